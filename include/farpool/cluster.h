@@ -1,0 +1,54 @@
+// ClusterConfig: how a client finds the memory servers of a pool (the cluster file).
+//
+//   {
+//     "version": 1,
+//     "transport": "shm",                      // default fabric for clients: auto|shm|tcp
+//     "servers": [
+//       {"id": 0, "address": "127.0.0.1:41000", "memory": 1073741824,
+//        "pid": 4242, "netns": ""}             // pid/netns: set by `farpool cluster up`
+//     ]
+//   }
+//
+// Server ids are unique and at most 65535; addresses are HOST:PORT. Every parse error names
+// the file and the offending field.
+//
+// Thread-safety: a value type.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "farpool/fabric.h"
+#include "farpool/status.h"
+
+namespace farpool {
+
+struct ServerAddress {
+  uint16_t id = 0;
+  std::string host;
+  uint16_t port = 0;
+  uint64_t memory = 0;   // bytes donated (informational; the server is authoritative)
+  int64_t pid = 0;       // process id when started by `farpool cluster up`, else 0
+  std::string netns;     // network namespace when started with --netns, else empty
+
+  std::string Endpoint() const { return host + ":" + std::to_string(port); }
+};
+
+struct ClusterConfig {
+  Fabric transport = Fabric::kAuto;
+  std::vector<ServerAddress> servers;
+
+  static Result<ClusterConfig> Load(const std::string& path);
+  // `origin` names the source in error messages (a file name).
+  static Result<ClusterConfig> Parse(std::string_view json, std::string_view origin);
+  std::string ToJson() const;
+  // Writes atomically (temporary file + rename).
+  Status Save(const std::string& path) const;
+};
+
+// Splits "HOST:PORT" ("[::1]:7000" for IPv6). Errors name the text.
+Result<std::pair<std::string, uint16_t>> ParseHostPort(std::string_view text);
+
+}  // namespace farpool

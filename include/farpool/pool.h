@@ -1,0 +1,187 @@
+// Pool: a compute process's view of the memory pool, one 64-bit address space spread over
+// many memory servers.
+//
+//   auto pool = Pool::Connect(*ClusterConfig::Load("cluster.json"));
+//   auto addr = (*pool)->Alloc(4096);                       // striped over the servers
+//   Status s  = (*pool)->Write(*addr, buf, 4096);           // one-sided
+//   auto old  = (*pool)->CompareAndSwap(*addr, 0, 1);       // 8-byte atomics
+//   Batch b(**pool);                                        // post many, wait once
+//   for (...) b.Read(a[i], out[i], 64);
+//   s = b.Wait();
+//
+// Semantics:
+//   - Reads, writes and atomics are one-sided: on shared memory they are loads, stores and CPU
+//     atomics on the server's region mapped into this process; over TCP or RDMA they are UCX
+//     get/put/atomic operations. A sync call returns when the operation is complete at the
+//     server (a write is visible to every other client).
+//   - Atomics are on 8-byte words at 8-byte-aligned addresses and are atomic with respect to
+//     every other atomic on the same word from any client. Plain reads and writes are not
+//     atomic beyond what the hardware gives; concurrent writers of the same bytes race.
+//   - Operations in one Batch are unordered with respect to each other; Wait() returns once
+//     all are complete at their servers.
+//   - Every address is checked before anything is posted: null, a server not in the cluster,
+//     a range past the server's region, a range inside memory this client freed, or a
+//     misaligned atomic give InvalidArgument and nothing is sent. A server that failed gives
+//     Unavailable; an operation that does not complete within PoolOptions::op_timeout gives
+//     TimedOut. Every message names the server ("server 3 (10.0.0.3:7000): ...").
+//   - Memory: Alloc carves objects out of chunks leased from the servers. Objects of up to
+//     chunk_size/4 bytes come from per-size-class slots; larger ones get a run of whole chunks
+//     of their own. An object lives on one server (striping spreads objects, not bytes).
+//     Leases belong to the pool, not to this process: data outlives the process that wrote it.
+//     Free works on objects this Pool allocated (another process's objects are freed by the
+//     database layer's own structures); an empty chunk is released to its server at once.
+//   - A server that dies is noticed by an error on its connection or by missed heartbeats
+//     (PoolOptions::failure_timeout); from then on every call that touches it fails fast with
+//     Unavailable, calls to other servers go on. It is not reconnected: connect a new Pool.
+//
+// Thread-safety: a Pool is safe for concurrent use by any number of threads. Each thread gets
+// its own UCX worker and endpoints on first use (one worker per thread, no shared queue).
+// A Batch belongs to the thread that created it. REQUIRES: the Pool outlives every thread's
+// use of it and every Batch.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "farpool/address.h"
+#include "farpool/cluster.h"
+#include "farpool/fabric.h"
+#include "farpool/status.h"
+
+namespace farpool {
+
+// Where Alloc puts an object.
+class Placement {
+ public:
+  enum class Kind : uint8_t { kStriped, kOnServer, kByKey };
+  // Round-robin over the servers; a full server is skipped.
+  static Placement Striped() { return Placement(Kind::kStriped, 0); }
+  // On server `id` only.
+  static Placement OnServer(uint16_t id) { return Placement(Kind::kOnServer, id); }
+  // On the server that jump-consistent-hashes `key`: the same key always lands on the same
+  // server of a given cluster, and growing the cluster moves few keys.
+  static Placement ByKey(uint64_t key) { return Placement(Kind::kByKey, key); }
+
+  Kind kind() const { return kind_; }
+  uint64_t value() const { return value_; }
+
+ private:
+  Placement(Kind kind, uint64_t value) : kind_(kind), value_(value) {}
+  Kind kind_;
+  uint64_t value_;
+};
+
+struct PoolOptions {
+  // Fabric to use; unset means the cluster file's "transport".
+  std::optional<Fabric> transport;
+  // Map same-host regions and access them with loads/stores/CPU atomics (shm and auto).
+  // false forces UCX get/put/atomics even where mapping is possible (for measurements).
+  bool direct_access = true;
+  std::chrono::milliseconds connect_timeout{5000};
+  std::chrono::milliseconds op_timeout{5000};
+  // A server that answers no heartbeat for this long is declared failed.
+  std::chrono::milliseconds failure_timeout{2000};
+};
+
+struct ServerStats {
+  uint16_t id = 0;
+  std::string endpoint;
+  uint32_t clients = 0;  // distinct client processes connected
+  uint64_t capacity = 0;
+  uint64_t leased = 0;
+  uint64_t largest_free = 0;
+  uint64_t chunk_size = 0;
+  uint64_t requests_served = 0;  // control requests; one-sided operations bypass the server
+  uint64_t rejected = 0;         // malformed or incompatible messages
+  uint64_t uptime_ns = 0;
+  int64_t pid = 0;
+  uint64_t rss_private = 0;  // private resident bytes beyond the region
+};
+
+// Operations this Pool has issued (all threads), for benchmarks and the simulator.
+struct OpCounters {
+  uint64_t reads = 0, writes = 0, cas = 0, faa = 0, bytes_read = 0, bytes_written = 0;
+};
+
+class Batch;
+
+class Pool {
+ public:
+  // Connects to every server of the cluster (hello, region key). Fails, naming the server,
+  // if any server is unreachable within options.connect_timeout.
+  static Result<std::unique_ptr<Pool>> Connect(const ClusterConfig& cluster,
+                                               const PoolOptions& options = {});
+  ~Pool();
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+
+  Fabric transport() const;
+  std::vector<uint16_t> server_ids() const;
+  // "direct" (mapped shared memory) or "ucx" (one-sided UCX operations) for server `id`.
+  std::string AccessPath(uint16_t id) const;
+
+  // The root area of server `id`: kRootSize bytes at a fixed address that every client of
+  // the cluster knows (the database keeps its catalog at server 0's root). Zero at start.
+  static constexpr uint64_t kRootSize = 4096 - 64;
+  static GlobalAddress Root(uint16_t id) { return GlobalAddress(id, 64); }
+
+  Result<GlobalAddress> Alloc(uint64_t size, Placement placement = Placement::Striped());
+  Status Free(GlobalAddress address);
+  // Gives the memory this client freed back to its servers (the destructor does it too).
+  // Until then freed memory is reused by later Allocs and accesses to it are rejected.
+  Status Trim();
+
+  Status Read(GlobalAddress source, void* destination, uint64_t size);
+  Status Write(GlobalAddress destination, const void* source, uint64_t size);
+  // Atomically: previous = *address; if previous == expected, *address = desired.
+  // Returns previous (the swap happened iff previous == expected).
+  Result<uint64_t> CompareAndSwap(GlobalAddress address, uint64_t expected, uint64_t desired);
+  // Atomically: previous = *address; *address += delta. Returns previous.
+  Result<uint64_t> FetchAdd(GlobalAddress address, uint64_t delta);
+
+  Result<ServerStats> Stats(uint16_t id);
+  OpCounters counters() const;
+
+  class Impl;  // internal; public for Batch and tests of internals
+
+ private:
+  explicit Pool(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+  friend class Batch;
+};
+
+// Operations posted together and completed by one Wait(). Post methods validate the address
+// and return an error without posting; results (`previous`) are written when Wait() returns
+// OK. Destroying a Batch with posted operations waits for them.
+//
+// Thread-safety: used only by the thread that created it.
+class Batch {
+ public:
+  explicit Batch(Pool& pool);
+  ~Batch();
+  Batch(const Batch&) = delete;
+  Batch& operator=(const Batch&) = delete;
+
+  Status Read(GlobalAddress source, void* destination, uint64_t size);
+  Status Write(GlobalAddress destination, const void* source, uint64_t size);
+  Status CompareAndSwap(GlobalAddress address, uint64_t expected, uint64_t desired,
+                        uint64_t* previous);
+  Status FetchAdd(GlobalAddress address, uint64_t delta, uint64_t* previous);
+
+  // Waits for every posted operation; returns the first error. The batch is empty afterwards
+  // and can be reused.
+  Status Wait();
+  size_t posted() const;
+
+ private:
+  struct State;
+  Pool::Impl& pool_;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace farpool

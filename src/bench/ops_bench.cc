@@ -1,0 +1,255 @@
+#include "bench/ops_bench.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "bench/histogram.h"
+#include "farpool/pool.h"
+
+#ifndef FARPOOL_GIT_SHA
+#define FARPOOL_GIT_SHA "unknown"
+#endif
+
+namespace farpool {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+enum class Op { kRead, kWrite, kCas, kFaa };
+
+Result<Op> ParseOp(const std::string& s) {
+  if (s == "read") return Op::kRead;
+  if (s == "write") return Op::kWrite;
+  if (s == "cas") return Op::kCas;
+  if (s == "faa") return Op::kFaa;
+  return Status::InvalidArgument("unknown op '" + s + "' (expected read, write, cas or faa)");
+}
+
+uint64_t Ns(Clock::duration d) {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
+}
+
+// The median cost of one clock read, subtracted from every sample.
+uint64_t TimerOverhead() {
+  std::vector<uint64_t> samples(2001);
+  for (auto& s : samples) {
+    auto a = Clock::now();
+    auto b = Clock::now();
+    s = Ns(b - a);
+  }
+  std::nth_element(samples.begin(), samples.begin() + 1000, samples.end());
+  return samples[1000];
+}
+
+struct ThreadResult {
+  Histogram latency;
+  uint64_t ops = 0;
+  Status status;
+};
+
+// Value a verify run expects in the first word of object i of thread t after setup.
+uint64_t Pattern(int thread, size_t i) { return (uint64_t(thread) << 40) ^ (i * 0x9E3779B97F4A7C15ull); }
+
+}  // namespace
+
+nlohmann::json RunContext() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  char when[32];
+  std::time_t now = std::time(nullptr);
+  std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return {{"git_sha", FARPOOL_GIT_SHA},
+          {"host", host},
+          {"cores", std::thread::hardware_concurrency()},
+          {"time", when}};
+}
+
+Result<nlohmann::json> RunOpsBench(const OpsBenchOptions& o) {
+  FARPOOL_ASSIGN_OR_RETURN(Op op, ParseOp(o.op));
+  if (o.threads < 1 || o.batch < 1) {
+    return Status::InvalidArgument("--threads and --batch must be at least 1");
+  }
+  const bool atomic = op == Op::kCas || op == Op::kFaa;
+  const uint64_t size = atomic ? 8 : o.size;
+  if (size == 0) return Status::InvalidArgument("--size must be at least 1 byte");
+  FARPOOL_ASSIGN_OR_RETURN(ClusterConfig cluster, ClusterConfig::Load(o.cluster_file));
+  PoolOptions po;
+  po.transport = o.transport;
+  po.direct_access = o.direct_access;
+  FARPOOL_ASSIGN_OR_RETURN(std::unique_ptr<Pool> pool, Pool::Connect(cluster, po));
+
+  const size_t objects = std::max<uint64_t>(1, std::min<uint64_t>(o.working_set / std::max<uint64_t>(size, 64), 1 << 16));
+  const uint64_t timer = TimerOverhead();
+  std::vector<ThreadResult> results(o.threads);
+  std::atomic<bool> measuring{false}, stop{false};
+  std::barrier ready(o.threads + 1);
+
+  auto worker = [&](int t) {
+    ThreadResult& r = results[t];
+    std::vector<GlobalAddress> addrs;
+    std::vector<uint64_t> shadow(objects, 0);  // cas: value last seen; faa: increments
+    Status setup;
+    std::vector<std::byte> buf(size * o.batch);
+    for (size_t i = 0; i < objects && setup.ok(); ++i) {
+      auto a = pool->Alloc(size);
+      if (!a.ok()) {
+        setup = a.status();
+        break;
+      }
+      addrs.push_back(*a);
+      std::vector<std::byte> init(size, std::byte{0});
+      if (!atomic) {
+        uint64_t p = Pattern(t, i);
+        std::memcpy(init.data(), &p, std::min<uint64_t>(8, size));
+      }
+      setup = pool->Write(*a, init.data(), size);
+    }
+    ready.arrive_and_wait();
+    if (!setup.ok()) {
+      r.status = setup;
+      return;
+    }
+    std::mt19937_64 rng(o.seed + t);
+    std::vector<size_t> picks(o.batch);
+    std::vector<uint64_t> previous(o.batch);
+    while (!stop.load(std::memory_order_relaxed)) {
+      for (auto& p : picks) p = rng() % objects;
+      const auto start = Clock::now();
+      Status s;
+      if (o.batch == 1) {
+        const size_t i = picks[0];
+        switch (op) {
+          case Op::kRead: s = pool->Read(addrs[i], buf.data(), size); break;
+          case Op::kWrite: s = pool->Write(addrs[i], buf.data(), size); break;
+          case Op::kCas: {
+            auto v = pool->CompareAndSwap(addrs[i], shadow[i], shadow[i] + 1);
+            s = v.status();
+            if (v.ok()) previous[0] = *v;
+            break;
+          }
+          case Op::kFaa: {
+            auto v = pool->FetchAdd(addrs[i], 1);
+            s = v.status();
+            if (v.ok()) previous[0] = *v;
+            break;
+          }
+        }
+      } else {
+        Batch b(*pool);
+        for (int k = 0; k < o.batch && s.ok(); ++k) {
+          const size_t i = picks[k];
+          switch (op) {
+            case Op::kRead: s = b.Read(addrs[i], buf.data() + k * size, size); break;
+            case Op::kWrite: s = b.Write(addrs[i], buf.data() + k * size, size); break;
+            case Op::kCas: s = b.CompareAndSwap(addrs[i], shadow[i], shadow[i] + 1, &previous[k]); break;
+            case Op::kFaa: s = b.FetchAdd(addrs[i], 1, &previous[k]); break;
+          }
+        }
+        Status w = b.Wait();
+        if (s.ok()) s = w;
+      }
+      const auto end = Clock::now();
+      if (!s.ok()) {
+        r.status = s;
+        break;
+      }
+      // Shadow bookkeeping after the clock stopped. A batch may pick an object twice; then
+      // only the first CAS of it can succeed, which the shadow follows from `previous`.
+      for (int k = 0; k < o.batch; ++k) {
+        const size_t i = picks[k];
+        if (op == Op::kCas) {
+          shadow[i] = previous[k] == shadow[i] ? shadow[i] + 1 : previous[k];
+        } else if (op == Op::kFaa) {
+          ++shadow[i];
+        } else if (op == Op::kRead && o.verify) {
+          uint64_t got = 0;
+          std::memcpy(&got, buf.data() + k * size, std::min<uint64_t>(8, size));
+          uint64_t want = Pattern(t, i);
+          if (std::memcmp(&got, &want, std::min<uint64_t>(8, size)) != 0) {
+            r.status = Status::Internal("verify: read of object " + std::to_string(i) +
+                                        " returned bytes that were never written");
+          }
+        }
+      }
+      if (!r.status.ok()) break;
+      if (measuring.load(std::memory_order_relaxed)) {
+        const uint64_t ns = Ns(end - start);
+        r.latency.Record(ns > timer ? ns - timer : 0);
+        r.ops += o.batch;
+      }
+    }
+    if (o.verify && r.status.ok() && atomic) {
+      // Every counted increment (and every successful CAS) must be in memory, exactly.
+      for (size_t i = 0; i < objects; ++i) {
+        uint64_t v = 0;
+        Status s = pool->Read(addrs[i], &v, 8);
+        if (!s.ok() || v != shadow[i]) {
+          r.status = s.ok() ? Status::Internal("verify: word " + std::to_string(i) + " holds " +
+                                               std::to_string(v) + ", expected " +
+                                               std::to_string(shadow[i]))
+                            : s;
+          break;
+        }
+      }
+    }
+    for (GlobalAddress a : addrs) {
+      Status s = pool->Free(a);
+      if (r.status.ok() && !s.ok()) r.status = s;
+    }
+  };
+
+  std::vector<std::thread> threads;
+  for (int t = 0; t < o.threads; ++t) threads.emplace_back(worker, t);
+  ready.arrive_and_wait();
+  std::this_thread::sleep_for(std::chrono::duration<double>(o.warmup_seconds));
+  measuring.store(true);
+  const auto begin = Clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(o.seconds));
+  measuring.store(false);
+  const double elapsed = std::chrono::duration<double>(Clock::now() - begin).count();
+  stop.store(true);
+  for (auto& th : threads) th.join();
+
+  Histogram all;
+  uint64_t ops = 0;
+  for (const ThreadResult& r : results) {
+    if (!r.status.ok()) return r.status;
+    all.Merge(r.latency);
+    ops += r.ops;
+  }
+  const uint16_t first = pool->server_ids().front();
+  nlohmann::json out = {
+      {"system", "farpool"},
+      {"op", o.op},
+      {"size", size},
+      {"threads", o.threads},
+      {"batch", o.batch},
+      {"transport", std::string(FabricName(pool->transport()))},
+      {"path", pool->AccessPath(first)},
+      {"servers", pool->server_ids().size()},
+      {"seconds", elapsed},
+      {"ops", ops},
+      {"ops_per_s", ops / elapsed},
+      {"mb_per_s", ops * static_cast<double>(size) / elapsed / 1e6},
+      {"p50_us", all.Percentile(0.50) / 1000.0},
+      {"p99_us", all.Percentile(0.99) / 1000.0},
+      {"p999_us", all.Percentile(0.999) / 1000.0},
+      {"mean_us", all.mean() / 1000.0},
+      {"latency_unit", o.batch == 1 ? "operation" : "batch"},
+      {"timer_overhead_ns", timer},
+      {"verified", o.verify},
+  };
+  out.update(RunContext());
+  return out;
+}
+
+}  // namespace farpool

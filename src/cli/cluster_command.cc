@@ -1,0 +1,153 @@
+// `farpool cluster up|status|down`: a local cluster of memory-server processes.
+#include <unistd.h>
+
+#include <climits>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "common/units.h"
+#include "pool/local_cluster.h"
+
+namespace farpool::cli {
+namespace {
+
+struct ClusterArgs {
+  std::string dir;
+  int servers = 1;
+  std::string memory = "256MiB";
+  std::string chunk_size = "4MiB";
+  std::string transport = "auto";
+  std::string progress = "busy";
+  bool netns = false;
+  std::string delay;
+  bool json = false;
+};
+
+std::string SelfBinary() {
+  char buf[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return "farpool";
+  buf[n] = '\0';
+  return buf;
+}
+
+int Up(const ClusterArgs& a) {
+  LocalClusterOptions o;
+  o.dir = a.dir;
+  o.servers = a.servers;
+  auto memory = ParseSize(a.memory);
+  if (!memory.ok()) return Fail("--memory: " + memory.status().message());
+  o.memory = *memory;
+  auto chunk = ParseSize(a.chunk_size);
+  if (!chunk.ok()) return Fail("--chunk-size: " + chunk.status().message());
+  o.chunk_size = *chunk;
+  auto fabric = ParseFabric(a.transport);
+  if (!fabric.ok()) return Fail("--transport: " + fabric.status().message());
+  o.transport = *fabric;
+  auto progress = ParseProgressMode(a.progress);
+  if (!progress.ok()) return Fail("--progress: " + progress.status().message());
+  o.progress = *progress;
+  o.netns = a.netns;
+  if (!a.delay.empty()) {
+    auto d = ParseDuration(a.delay);
+    if (!d.ok()) return Fail("--delay: " + d.status().message());
+    o.delay = *d;
+  }
+  o.binary = SelfBinary();
+  Status s = ClusterUp(o);
+  if (!s.ok()) return Fail("cluster up: " + s.message());
+  std::printf("cluster up: %d servers x %s in %s (transport %s, progress %s%s)\n", a.servers,
+              FormatSize(o.memory).c_str(), ClusterFile(a.dir).c_str(), a.transport.c_str(),
+              a.progress.c_str(), a.netns ? ", network namespaces" : "");
+  return 0;
+}
+
+int ShowStatus(const ClusterArgs& a) {
+  auto status = ClusterStatus(a.dir);
+  if (!status.ok()) return Fail("cluster status: " + status.status().message());
+  bool all_up = true;
+  uint64_t capacity = 0, leased = 0;
+  nlohmann::json servers = nlohmann::json::array();
+  for (const ServerStatus& s : *status) {
+    all_up = all_up && s.up;
+    capacity += s.stats.capacity;
+    leased += s.stats.leased;
+    servers.push_back({{"id", s.address.id},
+                       {"address", s.address.Endpoint()},
+                       {"up", s.up},
+                       {"error", s.error},
+                       {"pid", s.stats.pid},
+                       {"capacity", s.stats.capacity},
+                       {"leased", s.stats.leased},
+                       {"largest_free", s.stats.largest_free},
+                       {"clients", s.stats.clients},
+                       {"requests_served", s.stats.requests_served},
+                       {"rejected", s.stats.rejected},
+                       {"rss_private", s.stats.rss_private},
+                       {"uptime_s", s.stats.uptime_ns / 1e9}});
+  }
+  if (a.json) {
+    nlohmann::json doc = {{"servers", servers},
+                          {"capacity", capacity},
+                          {"leased", leased},
+                          {"all_up", all_up}};
+    std::printf("%s\n", doc.dump(2).c_str());
+  } else {
+    std::printf("%-4s %-22s %-8s %10s %10s %8s %10s %10s\n", "id", "address", "state",
+                "capacity", "leased", "clients", "requests", "overhead");
+    for (const ServerStatus& s : *status) {
+      if (!s.up) {
+        std::printf("%-4u %-22s %-8s %s\n", s.address.id, s.address.Endpoint().c_str(), "DOWN",
+                    s.error.c_str());
+        continue;
+      }
+      std::printf("%-4u %-22s %-8s %10s %10s %8u %10llu %10s\n", s.address.id,
+                  s.address.Endpoint().c_str(), "up", FormatSize(s.stats.capacity).c_str(),
+                  FormatSize(s.stats.leased).c_str(), s.stats.clients,
+                  static_cast<unsigned long long>(s.stats.requests_served),
+                  FormatSize(s.stats.rss_private).c_str());
+    }
+    std::printf("total: %s leased of %s\n", FormatSize(leased).c_str(),
+                FormatSize(capacity).c_str());
+  }
+  return all_up ? 0 : 1;
+}
+
+int Down(const ClusterArgs& a) {
+  Status s = ClusterDown(a.dir);
+  if (!s.ok()) return Fail("cluster down: " + s.message());
+  std::printf("cluster down: %s\n", a.dir.c_str());
+  return 0;
+}
+
+}  // namespace
+
+Command RegisterCluster(CLI::App& app) {
+  auto args = std::make_shared<ClusterArgs>();
+  CLI::App* sub = app.add_subcommand("cluster", "Run a local cluster of memory servers");
+  sub->require_subcommand(1);
+  CLI::App* up = sub->add_subcommand("up", "Start servers, wait until all answer, write cluster.json");
+  up->add_option("--dir", args->dir, "Directory for cluster.json and server logs")->required();
+  up->add_option("--servers", args->servers, "Number of memory servers");
+  up->add_option("--memory", args->memory, "Memory per server, e.g. 1GiB");
+  up->add_option("--chunk-size", args->chunk_size, "Lease granularity");
+  up->add_option("--transport", args->transport, "Clients' default fabric: auto, shm or tcp");
+  up->add_option("--progress", args->progress, "Servers' progress: busy or event");
+  up->add_flag("--netns", args->netns, "Each server in its own network namespace (root)");
+  up->add_option("--delay", args->delay, "One-way link delay with --netns, e.g. 20us");
+  CLI::App* status = sub->add_subcommand("status", "Show every server's state");
+  status->add_option("--dir", args->dir, "Cluster directory")->required();
+  status->add_flag("--json", args->json, "Print JSON");
+  CLI::App* down = sub->add_subcommand("down", "Stop every server of the cluster");
+  down->add_option("--dir", args->dir, "Cluster directory")->required();
+  return {sub, [args, up, status, down] {
+            if (up->parsed()) return Up(*args);
+            if (status->parsed()) return ShowStatus(*args);
+            if (down->parsed()) return Down(*args);
+            return Fail("cluster: expected up, status or down");
+          }};
+}
+
+}  // namespace farpool::cli

@@ -1,0 +1,26 @@
+// The `farpool` command line: one binary, one subcommand per role. Each Register* adds its
+// subcommand to the app and returns it with the function that runs it (the exit code).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <string>
+
+namespace farpool::cli {
+
+struct Command {
+  CLI::App* app;
+  std::function<int()> run;
+};
+
+Command RegisterServer(CLI::App& app);
+Command RegisterCluster(CLI::App& app);
+Command RegisterBench(CLI::App& app);
+
+// Prints "farpool: <message>" to stderr and returns 1.
+int Fail(const std::string& message);
+
+// Parses a size ("4GiB") for a CLI11 option, with the library's error on bad input.
+std::string SizeValidator(const std::string& text);
+
+}  // namespace farpool::cli

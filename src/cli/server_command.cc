@@ -1,0 +1,103 @@
+// `farpool server`: run one memory server until SIGTERM or SIGINT.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include "cli/commands.h"
+#include "common/units.h"
+#include "farpool/cluster.h"
+#include "pool/memory_server.h"
+
+namespace farpool::cli {
+namespace {
+
+struct ServerArgs {
+  std::string listen;
+  std::string memory;
+  std::string chunk_size = "4MiB";
+  int id = 0;
+  std::string progress = "busy";
+  std::string transport = "auto";
+  std::string ready_file;
+};
+
+Status WriteReadyFile(const std::string& path, uint16_t port) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << "{\"port\": " << port << ", \"pid\": " << getpid() << "}\n";
+    if (!out.flush()) return Status::IoError("cannot write ready file " + tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return Status::IoError("cannot rename ready file into " + path);
+  }
+  return Status::Ok();
+}
+
+int RunServer(const ServerArgs& a) {
+  auto hp = ParseHostPort(a.listen);
+  if (!hp.ok()) return Fail("--listen: " + hp.status().message());
+  auto memory = ParseSize(a.memory);
+  if (!memory.ok()) return Fail("--memory: " + memory.status().message());
+  auto chunk = ParseSize(a.chunk_size);
+  if (!chunk.ok()) return Fail("--chunk-size: " + chunk.status().message());
+  auto progress = ParseProgressMode(a.progress);
+  if (!progress.ok()) return Fail("--progress: " + progress.status().message());
+  auto fabric = ParseFabric(a.transport);
+  if (!fabric.ok()) return Fail("--transport: " + fabric.status().message());
+  if (a.id < 0 || a.id > 65535) return Fail("--id must be from 0 to 65535");
+
+  // SIGTERM/SIGINT are taken by sigwait below; block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  ServerOptions o;
+  o.host = hp->first;
+  o.port = hp->second;
+  o.memory = *memory;
+  o.chunk_size = *chunk;
+  o.id = static_cast<uint16_t>(a.id);
+  o.progress = *progress;
+  o.fabric = *fabric;
+  auto server = MemoryServer::Start(o);
+  if (!server.ok()) return Fail(server.status().message());
+  std::printf("farpool server %d listening on %s:%u, donating %s (progress %s, transport %s)\n",
+              a.id, o.host.c_str(), (*server)->port(), FormatSize(*memory).c_str(),
+              a.progress.c_str(), a.transport.c_str());
+  std::fflush(stdout);
+  if (!a.ready_file.empty()) {
+    Status s = WriteReadyFile(a.ready_file, (*server)->port());
+    if (!s.ok()) return Fail(s.message());
+  }
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::printf("farpool server %d: signal %d, shutting down\n", a.id, sig);
+  (*server)->Stop();
+  server->reset();
+  std::printf("farpool server %d: stopped\n", a.id);
+  return 0;
+}
+
+}  // namespace
+
+Command RegisterServer(CLI::App& app) {
+  auto args = std::make_shared<ServerArgs>();
+  CLI::App* sub = app.add_subcommand("server", "Run a memory server that donates RAM to the pool");
+  sub->add_option("--listen", args->listen, "HOST:PORT to listen on (port 0: any free port)")
+      ->required();
+  sub->add_option("--memory", args->memory, "Bytes to donate, e.g. 512MiB, 4GiB")->required();
+  sub->add_option("--chunk-size", args->chunk_size, "Lease granularity (default 4MiB)");
+  sub->add_option("--id", args->id, "Server id in the cluster (0-65535)");
+  sub->add_option("--progress", args->progress, "busy (lowest latency) or event (idle CPU)");
+  sub->add_option("--transport", args->transport, "Fabrics to accept: auto, shm or tcp");
+  sub->add_option("--ready-file", args->ready_file, "Write {\"port\": N} here once listening");
+  return {sub, [args] { return RunServer(*args); }};
+}
+
+}  // namespace farpool::cli

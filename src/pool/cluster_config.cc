@@ -1,0 +1,137 @@
+#include <unistd.h>
+
+#include <charconv>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "farpool/cluster.h"
+
+namespace farpool {
+
+Result<std::pair<std::string, uint16_t>> ParseHostPort(std::string_view text) {
+  auto bad = [&](std::string_view why) {
+    return Status::InvalidArgument("invalid address '" + std::string(text) + "': " +
+                                   std::string(why) + " (expected HOST:PORT)");
+  };
+  size_t colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return bad("no host or port");
+  std::string_view host = text.substr(0, colon);
+  std::string_view port_text = text.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  unsigned port = 0;
+  auto [ptr, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (port_text.empty() || ec != std::errc() || ptr != port_text.data() + port_text.size() ||
+      port > 65535) {
+    return bad("port is not a number from 0 to 65535");
+  }
+  return std::pair{std::string(host), static_cast<uint16_t>(port)};
+}
+
+Result<ClusterConfig> ClusterConfig::Parse(std::string_view json, std::string_view origin) {
+  const std::string where(origin);
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(json);
+  } catch (const nlohmann::json::parse_error& e) {
+    return Status::InvalidArgument("cluster file " + where + ": not valid JSON: " + e.what());
+  }
+  auto field_error = [&](const std::string& field, const std::string& why) {
+    return Status::InvalidArgument("cluster file " + where + ": " + field + ": " + why);
+  };
+  if (!doc.is_object()) return field_error("top level", "expected an object");
+  ClusterConfig config;
+  if (doc.contains("version") && doc["version"] != 1) {
+    return field_error("version", "unsupported version " + doc["version"].dump() + " (expected 1)");
+  }
+  if (doc.contains("transport")) {
+    if (!doc["transport"].is_string()) return field_error("transport", "expected a string");
+    auto fabric = ParseFabric(doc["transport"].get<std::string>());
+    if (!fabric.ok()) return field_error("transport", fabric.status().message());
+    config.transport = *fabric;
+  }
+  if (!doc.contains("servers") || !doc["servers"].is_array() || doc["servers"].empty()) {
+    return field_error("servers", "expected a non-empty array");
+  }
+  std::set<uint16_t> ids;
+  for (size_t i = 0; i < doc["servers"].size(); ++i) {
+    const auto& s = doc["servers"][i];
+    const std::string name = "servers[" + std::to_string(i) + "]";
+    if (!s.is_object()) return field_error(name, "expected an object");
+    ServerAddress server;
+    if (!s.contains("id") || !s["id"].is_number_unsigned() || s["id"].get<uint64_t>() > 65535) {
+      return field_error(name + ".id", "expected an integer from 0 to 65535");
+    }
+    server.id = s["id"].get<uint16_t>();
+    if (!ids.insert(server.id).second) {
+      return field_error(name + ".id", "duplicate server id " + std::to_string(server.id));
+    }
+    if (!s.contains("address") || !s["address"].is_string()) {
+      return field_error(name + ".address", "expected \"HOST:PORT\"");
+    }
+    auto hp = ParseHostPort(s["address"].get<std::string>());
+    if (!hp.ok()) return field_error(name + ".address", hp.status().message());
+    server.host = hp->first;
+    server.port = hp->second;
+    if (server.port == 0) return field_error(name + ".address", "port 0 is not a server's port");
+    if (s.contains("memory")) {
+      if (!s["memory"].is_number_unsigned()) return field_error(name + ".memory", "expected bytes");
+      server.memory = s["memory"].get<uint64_t>();
+    }
+    if (s.contains("pid")) {
+      if (!s["pid"].is_number_integer()) return field_error(name + ".pid", "expected an integer");
+      server.pid = s["pid"].get<int64_t>();
+    }
+    if (s.contains("netns")) {
+      if (!s["netns"].is_string()) return field_error(name + ".netns", "expected a string");
+      server.netns = s["netns"].get<std::string>();
+    }
+    config.servers.push_back(std::move(server));
+  }
+  return config;
+}
+
+Result<ClusterConfig> ClusterConfig::Load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return Status::InvalidArgument("cluster file " + path + ": cannot open: " + strerror(errno));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return Parse(ss.str(), path);
+}
+
+std::string ClusterConfig::ToJson() const {
+  nlohmann::json doc;
+  doc["version"] = 1;
+  doc["transport"] = std::string(FabricName(transport));
+  doc["servers"] = nlohmann::json::array();
+  for (const ServerAddress& s : servers) {
+    doc["servers"].push_back({{"id", s.id},
+                              {"address", s.Endpoint()},
+                              {"memory", s.memory},
+                              {"pid", s.pid},
+                              {"netns", s.netns}});
+  }
+  return doc.dump(2) + "\n";
+}
+
+Status ClusterConfig::Save(const std::string& path) const {
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  {
+    std::ofstream out(tmp);
+    if (!out) return Status::IoError("cannot write " + tmp + ": " + strerror(errno));
+    out << ToJson();
+    if (!out.flush()) return Status::IoError("cannot write " + tmp + ": " + strerror(errno));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return Status::IoError("cannot rename " + tmp + " to " + path + ": " + strerror(errno));
+  }
+  return Status::Ok();
+}
+
+}  // namespace farpool

@@ -1,0 +1,325 @@
+#include "pool/local_cluster.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "common/units.h"
+
+namespace farpool {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Names of one cluster's network objects, derived from its directory so that two clusters
+// on one machine do not collide. Interface names stay within Linux's 15 characters.
+struct NetNames {
+  std::string tag;  // 4 hex digits
+  int net;          // second octet of 10.<net>.0.0/16
+  std::string Bridge() const { return "fp" + tag + "br"; }
+  std::string Namespace(int i) const { return "fp" + tag + "s" + std::to_string(i); }
+  std::string HostVeth(int i) const { return "fp" + tag + "h" + std::to_string(i); }
+  std::string PeerVeth(int i) const { return "fp" + tag + "p" + std::to_string(i); }
+  std::string ServerIp(int i) const {
+    return "10." + std::to_string(net) + "." + std::to_string((i + 2) / 256) + "." +
+           std::to_string((i + 2) % 256);
+  }
+  std::string BridgeIp() const { return "10." + std::to_string(net) + ".0.1"; }
+};
+
+NetNames NamesFor(const std::string& dir) {
+  const size_t h = std::hash<std::string>()(fs::absolute(dir).lexically_normal().string());
+  char tag[8];
+  std::snprintf(tag, sizeof(tag), "%04x", static_cast<unsigned>(h & 0xffff));
+  return {tag, 150 + static_cast<int>((h >> 16) % 100)};
+}
+
+// Runs a command (argv) and waits; returns its output on failure in the Status.
+Status Run(const std::vector<std::string>& argv) {
+  std::string cmd;
+  for (const auto& a : argv) cmd += (cmd.empty() ? "" : " ") + a;
+  std::string full = cmd + " 2>&1";
+  FILE* p = popen(full.c_str(), "r");
+  if (p == nullptr) return Status::IoError("cannot run '" + cmd + "': " + strerror(errno));
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+  int rc = pclose(p);
+  if (rc != 0) return Status::IoError("'" + cmd + "' failed: " + out);
+  return Status::Ok();
+}
+
+Status SetUpNetwork(const NetNames& n, int servers, std::chrono::nanoseconds delay) {
+  const std::string us = std::to_string(delay.count() / 1000.0) + "us";
+  FARPOOL_RETURN_IF_ERROR(Run({"ip", "link", "add", n.Bridge(), "type", "bridge"}));
+  FARPOOL_RETURN_IF_ERROR(Run({"ip", "addr", "add", n.BridgeIp() + "/16", "dev", n.Bridge()}));
+  FARPOOL_RETURN_IF_ERROR(Run({"ip", "link", "set", n.Bridge(), "up"}));
+  for (int i = 0; i < servers; ++i) {
+    const std::string ns = n.Namespace(i);
+    FARPOOL_RETURN_IF_ERROR(Run({"ip", "netns", "add", ns}));
+    FARPOOL_RETURN_IF_ERROR(Run({"ip", "link", "add", n.HostVeth(i), "type", "veth", "peer",
+                                 "name", n.PeerVeth(i)}));
+    FARPOOL_RETURN_IF_ERROR(Run({"ip", "link", "set", n.PeerVeth(i), "netns", ns}));
+    FARPOOL_RETURN_IF_ERROR(Run({"ip", "link", "set", n.HostVeth(i), "master", n.Bridge()}));
+    FARPOOL_RETURN_IF_ERROR(Run({"ip", "link", "set", n.HostVeth(i), "up"}));
+    FARPOOL_RETURN_IF_ERROR(Run({"ip", "-n", ns, "link", "set", "lo", "up"}));
+    FARPOOL_RETURN_IF_ERROR(
+        Run({"ip", "-n", ns, "addr", "add", n.ServerIp(i) + "/16", "dev", n.PeerVeth(i)}));
+    FARPOOL_RETURN_IF_ERROR(Run({"ip", "-n", ns, "link", "set", n.PeerVeth(i), "up"}));
+    FARPOOL_RETURN_IF_ERROR(
+        Run({"ip", "-n", ns, "route", "add", "default", "via", n.BridgeIp()}));
+    if (delay.count() > 0) {
+      FARPOOL_RETURN_IF_ERROR(Run({"tc", "qdisc", "add", "dev", n.HostVeth(i), "root", "netem",
+                                   "delay", us}));
+      FARPOOL_RETURN_IF_ERROR(Run({"ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev",
+                                   n.PeerVeth(i), "root", "netem", "delay", us}));
+    }
+  }
+  return Status::Ok();
+}
+
+void TearDownNetwork(const NetNames& n, int servers) {
+  for (int i = 0; i < servers; ++i) {
+    Status a = Run({"ip", "netns", "del", n.Namespace(i)});
+    Status b = Run({"ip", "link", "del", n.HostVeth(i)});
+    (void)a;  // may not exist (a partial Up); removal is best effort by design
+    (void)b;
+  }
+  Status c = Run({"ip", "link", "del", n.Bridge()});
+  (void)c;
+}
+
+bool Alive(pid_t pid) {
+  if (pid <= 0) return false;
+  // Reap it if it is our child (a failed Up), then ask whether it still exists.
+  int status = 0;
+  if (waitpid(pid, &status, WNOHANG) == pid) return false;
+  if (kill(pid, 0) != 0) return false;
+  // A zombie of someone else still "exists"; check its state.
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string content((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  size_t close = content.rfind(')');
+  return close == std::string::npos || close + 2 >= content.size() || content[close + 2] != 'Z';
+}
+
+std::string Tail(const std::string& path, size_t max_bytes = 600) {
+  std::ifstream in(path);
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (s.size() > max_bytes) s = "..." + s.substr(s.size() - max_bytes);
+  return s;
+}
+
+pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  setsid();
+  int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd >= 0) {
+    dup2(fd, STDOUT_FILENO);
+    dup2(fd, STDERR_FILENO);
+    close(fd);
+  }
+  int devnull = open("/dev/null", O_RDONLY);
+  if (devnull >= 0) dup2(devnull, STDIN_FILENO);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execvp(args[0], args.data());
+  std::fprintf(stderr, "exec %s: %s\n", args[0], strerror(errno));
+  _exit(127);
+}
+
+void StopPids(const std::vector<pid_t>& pids) {
+  for (pid_t p : pids) {
+    if (Alive(p)) kill(p, SIGTERM);
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  for (;;) {
+    bool any = false;
+    for (pid_t p : pids) any = any || Alive(p);
+    if (!any) return;
+    if (Clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (pid_t p : pids) {
+    if (Alive(p)) kill(p, SIGKILL);
+  }
+  for (pid_t p : pids) {
+    while (Alive(p)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+}  // namespace
+
+std::string ClusterFile(const std::string& dir) { return (fs::path(dir) / "cluster.json").string(); }
+
+Status ClusterUp(const LocalClusterOptions& o) {
+  if (o.servers < 1 || o.servers > 250) {
+    return Status::InvalidArgument("--servers must be from 1 to 250, got " +
+                                   std::to_string(o.servers));
+  }
+  if (o.delay.count() > 0 && !o.netns) {
+    return Status::InvalidArgument("--delay needs --netns (the delay is put on each server's link)");
+  }
+  std::error_code ec;
+  fs::create_directories(o.dir, ec);
+  if (ec) return Status::IoError("cannot create " + o.dir + ": " + ec.message());
+  if (fs::exists(ClusterFile(o.dir))) {
+    auto existing = ClusterConfig::Load(ClusterFile(o.dir));
+    if (existing.ok()) {
+      for (const auto& s : existing->servers) {
+        if (Alive(static_cast<pid_t>(s.pid))) {
+          return Status::InvalidArgument("a cluster is already running in " + o.dir +
+                                         " (server " + std::to_string(s.id) + ", pid " +
+                                         std::to_string(s.pid) + "); run `farpool cluster down --dir " +
+                                         o.dir + "` first");
+        }
+      }
+    }
+    fs::remove(ClusterFile(o.dir), ec);
+  }
+  const NetNames names = NamesFor(o.dir);
+  if (o.netns) {
+    TearDownNetwork(names, o.servers);  // leftovers of a crashed earlier run
+    Status net = SetUpNetwork(names, o.servers, o.delay);
+    if (!net.ok()) {
+      TearDownNetwork(names, o.servers);
+      return net.WithContext("setting up network namespaces (needs root)");
+    }
+  }
+
+  ClusterConfig config;
+  config.transport = o.transport;
+  std::vector<pid_t> pids;
+  auto fail = [&](const Status& s) {
+    StopPids(pids);
+    if (o.netns) TearDownNetwork(names, o.servers);
+    return s;
+  };
+  for (int i = 0; i < o.servers; ++i) {
+    const std::string ready = (fs::path(o.dir) / ("server-" + std::to_string(i) + ".ready")).string();
+    const std::string log = (fs::path(o.dir) / ("server-" + std::to_string(i) + ".log")).string();
+    fs::remove(ready, ec);
+    const std::string host = o.netns ? names.ServerIp(i) : "127.0.0.1";
+    const std::string port = o.netns ? "7000" : "0";
+    std::vector<std::string> argv;
+    if (o.netns) argv = {"ip", "netns", "exec", names.Namespace(i)};
+    argv.insert(argv.end(),
+                {o.binary, "server", "--listen", host + ":" + port, "--memory",
+                 std::to_string(o.memory), "--chunk-size", std::to_string(o.chunk_size), "--id",
+                 std::to_string(i), "--progress",
+                 o.progress == ProgressMode::kBusy ? "busy" : "event", "--ready-file", ready});
+    pid_t pid = Spawn(argv, log);
+    if (pid < 0) return fail(Status::IoError(std::string("fork: ") + strerror(errno)));
+    pids.push_back(pid);
+    ServerAddress a;
+    a.id = static_cast<uint16_t>(i);
+    a.host = host;
+    a.memory = o.memory;
+    a.pid = pid;
+    a.netns = o.netns ? names.Namespace(i) : "";
+    config.servers.push_back(a);
+  }
+  // Wait for every ready file: {"port": N}.
+  const auto deadline = Clock::now() + o.start_timeout;
+  for (int i = 0; i < o.servers; ++i) {
+    const std::string ready = (fs::path(o.dir) / ("server-" + std::to_string(i) + ".ready")).string();
+    const std::string log = (fs::path(o.dir) / ("server-" + std::to_string(i) + ".log")).string();
+    for (;;) {
+      std::ifstream in(ready);
+      if (in) {
+        try {
+          auto doc = nlohmann::json::parse(in);
+          config.servers[i].port = doc.at("port").get<uint16_t>();
+          break;
+        } catch (const std::exception&) {
+          // written but not complete yet (the server renames it into place; retry)
+        }
+      }
+      if (!Alive(pids[i])) {
+        return fail(Status::Unavailable("server " + std::to_string(i) +
+                                        " exited during start-up; " + log + ":\n" + Tail(log)));
+      }
+      if (Clock::now() > deadline) {
+        return fail(Status::TimedOut("server " + std::to_string(i) + " not ready after " +
+                                     std::to_string(o.start_timeout.count()) + " s; " + log +
+                                     ":\n" + Tail(log)));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  FARPOOL_RETURN_IF_ERROR(config.Save(ClusterFile(o.dir)));
+  // Every server must answer, not just listen.
+  auto status = ClusterStatus(o.dir);
+  if (!status.ok()) return fail(status.status());
+  for (const ServerStatus& s : *status) {
+    if (!s.up) {
+      return fail(Status::Unavailable("server " + std::to_string(s.address.id) +
+                                      " does not answer: " + s.error));
+    }
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<ServerStatus>> ClusterStatus(const std::string& dir) {
+  FARPOOL_ASSIGN_OR_RETURN(ClusterConfig config, ClusterConfig::Load(ClusterFile(dir)));
+  std::vector<ServerStatus> out;
+  PoolOptions options;
+  options.transport = Fabric::kTcp;  // status works from anywhere the servers are reachable
+  options.direct_access = false;
+  options.connect_timeout = std::chrono::milliseconds(3000);
+  options.op_timeout = std::chrono::milliseconds(3000);
+  for (const ServerAddress& a : config.servers) {
+    ServerStatus st;
+    st.address = a;
+    ClusterConfig one;
+    one.transport = Fabric::kTcp;
+    one.servers = {a};
+    auto pool = Pool::Connect(one, options);
+    if (!pool.ok()) {
+      st.error = pool.status().message();
+    } else {
+      auto stats = (*pool)->Stats(a.id);
+      if (stats.ok()) {
+        st.up = true;
+        st.stats = *stats;
+      } else {
+        st.error = stats.status().message();
+      }
+    }
+    out.push_back(std::move(st));
+  }
+  return out;
+}
+
+Status ClusterDown(const std::string& dir) {
+  FARPOOL_ASSIGN_OR_RETURN(ClusterConfig config, ClusterConfig::Load(ClusterFile(dir)));
+  std::vector<pid_t> pids;
+  bool netns = false;
+  for (const auto& s : config.servers) {
+    pids.push_back(static_cast<pid_t>(s.pid));
+    netns = netns || !s.netns.empty();
+  }
+  StopPids(pids);
+  if (netns) TearDownNetwork(NamesFor(dir), static_cast<int>(config.servers.size()));
+  std::error_code ec;
+  fs::remove(ClusterFile(dir), ec);
+  for (size_t i = 0; i < config.servers.size(); ++i) {
+    fs::remove(fs::path(dir) / ("server-" + std::to_string(i) + ".ready"), ec);
+  }
+  return Status::Ok();
+}
+
+}  // namespace farpool

@@ -1,0 +1,57 @@
+// LocalCluster: runs a pool's memory servers as processes on this machine (the embedded
+// default for development, demos, tests and benchmarks): `farpool cluster up|status|down`.
+//
+// Up starts N `farpool server` processes (detached, in their own session, logs in
+// DIR/server-N.log), waits until every one has written its ready file and answers a stats
+// request, and writes DIR/cluster.json. With `netns`, each server gets its own network
+// namespace with its own address on a bridge (fp<tag>br, 10.<net>.0.1/16 on the host side),
+// and `delay` adds that one-way delay with tc netem on both directions of every server's link,
+// so traffic crosses a real network stack. Down sends SIGTERM (SIGKILL after a grace period),
+// waits until no server process is left, and deletes the namespaces and the bridge.
+//
+// A failed Up stops whatever it started. Every error names the server and its log file.
+//
+// Thread-safety: functions of one process; two clusters need two directories.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "farpool/cluster.h"
+#include "farpool/pool.h"
+#include "farpool/status.h"
+#include "pool/memory_server.h"
+
+namespace farpool {
+
+struct LocalClusterOptions {
+  std::string dir;
+  int servers = 1;
+  uint64_t memory = 256ull << 20;
+  uint64_t chunk_size = 4ull << 20;
+  Fabric transport = Fabric::kAuto;  // written to cluster.json for clients
+  ProgressMode progress = ProgressMode::kBusy;
+  bool netns = false;
+  std::chrono::nanoseconds delay{0};  // requires netns
+  std::string binary;                 // path of the farpool executable
+  std::chrono::seconds start_timeout{30};
+};
+
+Status ClusterUp(const LocalClusterOptions& options);
+Status ClusterDown(const std::string& dir);
+
+struct ServerStatus {
+  ServerAddress address;
+  bool up = false;
+  std::string error;  // why not up
+  ServerStats stats;
+};
+// Asks every server of DIR/cluster.json for its stats (each on its own, so one dead server
+// does not hide the others).
+Result<std::vector<ServerStatus>> ClusterStatus(const std::string& dir);
+
+std::string ClusterFile(const std::string& dir);
+
+}  // namespace farpool

@@ -1,0 +1,871 @@
+// The client side of the pool. See include/farpool/pool.h for the contract.
+//
+// How it works:
+//   - Connect() creates one UCX context, connects the calling thread to every server (hello:
+//     region base, size, chunk size, packed remote key) and starts a monitor thread.
+//   - Every thread that uses the Pool gets a ThreadContext on first use: its own worker, one
+//     endpoint and unpacked remote key per server (one worker per thread, no shared queue).
+//   - If a region can be mapped into this process (shared memory, same host) its local address
+//     is kept in ServerState::direct and reads, writes and atomics on it are loads, stores and
+//     CPU atomics: no UCX call, no server CPU. Otherwise they are ucp_get/put/atomic_op_nbx.
+//   - The monitor thread has its own worker and endpoints, sends a stats request to every
+//     server each failure_timeout/4 and declares a server failed when its connection errors
+//     or no answer came for failure_timeout. ServerState::failed is then set and every later
+//     call touching that server fails fast; pending UCX requests to it are abandoned by
+//     force-closing the thread's endpoint, which completes them with an error.
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <unordered_map>
+
+#include "common/units.h"
+#include "farpool/pool.h"
+#include "pool/chunk_allocator.h"
+#include "pool/object_allocator.h"
+#include "transport/ucx.h"
+#include "transport/wire.h"
+
+namespace farpool {
+
+using Clock = std::chrono::steady_clock;
+using transport::Endpoint;
+using transport::RemoteKey;
+using transport::Worker;
+
+namespace {
+
+std::atomic<uint64_t> g_next_generation{1};
+
+uint64_t RandomNonce() {
+  std::random_device rd;
+  uint64_t v = (uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
+  return v == 0 ? 1 : v;
+}
+
+// Lamping & Veach, "A Fast, Minimal Memory, Consistent Hash Algorithm" (2014).
+int32_t JumpConsistentHash(uint64_t key, int32_t buckets) {
+  int64_t b = -1, j = 0;
+  while (j < buckets) {
+    b = j;
+    key = key * 2862933555777941757ULL + 1;
+    j = static_cast<int64_t>((b + 1) * (double(1LL << 31) / double((key >> 33) + 1)));
+  }
+  return static_cast<int32_t>(b);
+}
+
+// Receives control replies on a worker: keeps each by request id for the waiting caller.
+struct ReplyBox {
+  std::unordered_map<uint64_t, std::vector<std::byte>> replies;
+
+  static ucs_status_t OnMessage(void* arg, const void*, size_t, void* data, size_t length,
+                                const ucp_am_recv_param_t* param) {
+    auto* box = static_cast<ReplyBox*>(arg);
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
+        length < sizeof(wire::MessageHeader)) {
+      return UCS_OK;  // not a reply we could have asked for; dropped
+    }
+    wire::MessageHeader h;
+    std::memcpy(&h, data, sizeof(h));
+    const auto* bytes = static_cast<const std::byte*>(data);
+    box->replies[h.request_id] = std::vector<std::byte>(bytes, bytes + length);
+    return UCS_OK;
+  }
+};
+
+}  // namespace
+
+// Shared per-server state. Immutable after Connect except `failed`/`failure`.
+struct ServerState {
+  ServerAddress address;
+  std::string name;  // "server 3 (127.0.0.1:7003)"
+  uint64_t region_base = 0;
+  uint64_t region_size = 0;
+  uint64_t chunk_size = 0;
+  std::vector<std::byte> rkey;
+  std::byte* direct = nullptr;  // region mapped into this process, or null
+  std::atomic<bool> failed{false};
+  mutable std::mutex mu;
+  std::string failure;  // guarded by mu
+
+  Status Failure() const {
+    std::lock_guard lock(mu);
+    return Status::Unavailable(name + ": unavailable: " + failure);
+  }
+};
+
+struct ThreadContext {
+  struct Peer {
+    std::unique_ptr<Endpoint> ep;
+    std::unique_ptr<RemoteKey> rkey;
+  };
+  std::unique_ptr<Worker> worker;
+  ReplyBox box;
+  std::vector<Peer> peers;  // by server index
+  uint64_t next_request_id = 1;
+  // Written by the owning thread only; read by counters() from any thread.
+  std::atomic<uint64_t> reads{0}, writes{0}, cas{0}, faa{0}, bytes_read{0}, bytes_written{0};
+};
+
+namespace {
+void Bump(std::atomic<uint64_t>& counter, uint64_t by = 1) {
+  counter.store(counter.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
+}
+}  // namespace
+
+class Pool::Impl {
+ public:
+  struct Target {
+    size_t index;
+    uint64_t remote;       // remote virtual address
+    std::byte* direct;     // mapped address, or null
+  };
+  struct Reply {
+    std::vector<std::byte> bytes;
+    wire::Message message;
+  };
+
+  ~Impl();
+  Status Init(const ClusterConfig& cluster, const PoolOptions& options);
+
+  Result<ThreadContext*> Local();
+  Result<Target> Resolve(GlobalAddress address, uint64_t size, const char* op, bool atomic);
+  // Sends a control request built by `encode(request_id)` to server `index` and waits for
+  // the reply of opcode `expected` (an ErrorReply becomes its Status).
+  Result<Reply> Call(ThreadContext& tc, size_t index,
+                     const std::function<std::vector<std::byte>(uint64_t)>& encode,
+                     wire::Opcode expected, std::chrono::milliseconds timeout);
+  // Waits for a posted UCX request to server `index`; on timeout or server failure abandons
+  // it (force-closing the endpoint, so the request completes before buffers are reused).
+  Status Complete(ThreadContext& tc, size_t index, ucs_status_ptr_t request, const char* what);
+  // Flushes the thread's endpoint to `index`: every write posted before is complete remotely.
+  Status Flush(ThreadContext& tc, size_t index);
+  Result<size_t> IndexOf(uint16_t id) const;
+  void MarkFailed(size_t index, const std::string& reason);
+  Result<ServerStats> Stats(size_t index);
+
+  PoolOptions options_;
+  Fabric fabric_ = Fabric::kAuto;
+  std::vector<std::unique_ptr<ServerState>> servers_;
+  std::vector<int32_t> index_of_;  // server id -> index, -1 if absent
+  std::unique_ptr<transport::Context> context_;
+  std::unique_ptr<ObjectAllocator> allocator_;
+  std::atomic<uint64_t> stripe_{0};
+  const uint64_t generation_ = g_next_generation.fetch_add(1);
+  const uint64_t nonce_ = RandomNonce();
+
+  std::mutex contexts_mu_;
+  std::map<std::thread::id, std::unique_ptr<ThreadContext>> contexts_;
+
+ private:
+  Result<std::unique_ptr<ThreadContext>> CreateThreadContext();
+  Status Hello(ThreadContext& tc, size_t index);
+  void Monitor();
+
+  std::thread monitor_;
+  std::atomic<bool> stop_monitor_{false};
+};
+
+// ------------------------------------------------------------------ connection management
+
+Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options) {
+  options_ = options;
+  fabric_ = options.transport.value_or(cluster.transport);
+  uint16_t max_id = 0;
+  for (const ServerAddress& a : cluster.servers) max_id = std::max(max_id, a.id);
+  index_of_.assign(size_t{max_id} + 1, -1);
+  for (const ServerAddress& a : cluster.servers) {
+    auto s = std::make_unique<ServerState>();
+    s->address = a;
+    s->name = "server " + std::to_string(a.id) + " (" + a.Endpoint() + ")";
+    index_of_[a.id] = static_cast<int32_t>(servers_.size());
+    servers_.push_back(std::move(s));
+  }
+  transport::Context::Options copts;
+  copts.fabric = fabric_;
+  copts.wakeup = true;  // the monitor sleeps on its worker
+  FARPOOL_ASSIGN_OR_RETURN(context_, transport::Context::Create(copts));
+
+  // The connecting thread's context learns every region (and, with direct access, maps it).
+  FARPOOL_ASSIGN_OR_RETURN(ThreadContext * tc, Local());
+  for (size_t i = 0; i < servers_.size(); ++i) {
+    if (servers_[i]->failed) return servers_[i]->Failure().WithContext("connecting");
+    ServerState& s = *servers_[i];
+    auto rkey = RemoteKey::Unpack(*tc->peers[i].ep, s.rkey);
+    if (!rkey.ok()) return rkey.status().WithContext(s.name);
+    tc->peers[i].rkey = std::move(*rkey);
+    if (options_.direct_access && fabric_ != Fabric::kTcp) {
+      s.direct = tc->peers[i].rkey->DirectPointer(s.region_base);
+    }
+    if (fabric_ == Fabric::kShm && s.direct == nullptr) {
+      return Status::Unavailable(s.name + ": transport shm needs the server's region mapped "
+                                 "into this process, which failed (is the server on another "
+                                 "host, or was --no-direct given?); use tcp or auto");
+    }
+  }
+  std::vector<ObjectAllocator::Geometry> geometry;
+  for (const auto& s : servers_) geometry.push_back({s->region_size, s->chunk_size});
+  allocator_ = std::make_unique<ObjectAllocator>(
+      std::move(geometry),
+      [this](size_t index, uint64_t size) -> Result<uint64_t> {
+        FARPOOL_ASSIGN_OR_RETURN(ThreadContext * t, Local());
+        FARPOOL_ASSIGN_OR_RETURN(
+            Reply r, Call(*t, index,
+                          [&](uint64_t id) { return wire::Encode(id, wire::LeaseRequest{size}); },
+                          wire::Opcode::kLeaseReply, options_.op_timeout));
+        return r.message.As<wire::LeaseReply>().offset;
+      },
+      [this](size_t index, uint64_t offset, uint64_t size) -> Status {
+        FARPOOL_ASSIGN_OR_RETURN(ThreadContext * t, Local());
+        auto r = Call(
+            *t, index,
+            [&](uint64_t id) { return wire::Encode(id, wire::ReleaseRequest{offset, size}); },
+            wire::Opcode::kReleaseReply, options_.op_timeout);
+        return r.ok() ? Status::Ok() : r.status();
+      });
+  monitor_ = std::thread([this] { Monitor(); });
+  return Status::Ok();
+}
+
+Pool::Impl::~Impl() {
+  stop_monitor_.store(true);
+  if (monitor_.joinable()) monitor_.join();
+  if (allocator_) {
+    Status s = allocator_->Trim();
+    (void)s;  // servers that are gone keep nothing for us to release
+  }
+  // Endpoints and keys before workers, workers before the context.
+  for (auto& [id, tc] : contexts_) {
+    for (auto& p : tc->peers) {
+      p.rkey.reset();
+      p.ep.reset();
+    }
+  }
+  contexts_.clear();
+  context_.reset();
+}
+
+Result<std::unique_ptr<ThreadContext>> Pool::Impl::CreateThreadContext() {
+  auto tc = std::make_unique<ThreadContext>();
+  FARPOOL_ASSIGN_OR_RETURN(tc->worker, Worker::Create(*context_, false));
+  FARPOOL_RETURN_IF_ERROR(
+      tc->worker->SetAmHandler(transport::kControlAm, &ReplyBox::OnMessage, &tc->box));
+  tc->peers.resize(servers_.size());
+  for (size_t i = 0; i < servers_.size(); ++i) {
+    ServerState& s = *servers_[i];
+    if (s.failed) continue;
+    auto ep = Endpoint::Connect(*tc->worker, s.address.host, s.address.port, nullptr);
+    if (!ep.ok()) {
+      MarkFailed(i, ep.status().message());
+      continue;
+    }
+    tc->peers[i].ep = std::move(*ep);
+  }
+  for (size_t i = 0; i < servers_.size(); ++i) {
+    if (servers_[i]->failed) continue;
+    Status hello = Hello(*tc, i);
+    if (!hello.ok()) {
+      std::string_view reason = hello.message();
+      const std::string prefix = servers_[i]->name + ": ";
+      if (reason.substr(0, prefix.size()) == prefix) reason.remove_prefix(prefix.size());
+      MarkFailed(i, "connect failed: " + std::string(reason));
+    }
+  }
+  return tc;
+}
+
+Status Pool::Impl::Hello(ThreadContext& tc, size_t index) {
+  ServerState& s = *servers_[index];
+  FARPOOL_ASSIGN_OR_RETURN(
+      Reply r, Call(tc, index,
+                    [&](uint64_t id) {
+                      return wire::Encode(
+                          id, wire::HelloRequest{static_cast<uint64_t>(getpid()), nonce_});
+                    },
+                    wire::Opcode::kHelloReply, options_.connect_timeout));
+  auto hello = r.message.As<wire::HelloReply>();
+  if (hello.server_id != s.address.id) {
+    return Status::Protocol(s.name + ": server says it is server " +
+                            std::to_string(hello.server_id) + "; the cluster file is stale");
+  }
+  if (s.region_size == 0) {  // first hello (Init, one thread): record the region
+    s.region_base = hello.region_base;
+    s.region_size = hello.region_size;
+    s.chunk_size = hello.chunk_size;
+    s.rkey.assign(r.message.tail.begin(), r.message.tail.end());
+    return Status::Ok();
+  }
+  auto rkey = RemoteKey::Unpack(*tc.peers[index].ep, s.rkey);
+  if (!rkey.ok()) return rkey.status().WithContext(s.name);
+  tc.peers[index].rkey = std::move(*rkey);
+  return Status::Ok();
+}
+
+Result<ThreadContext*> Pool::Impl::Local() {
+  struct Cache {
+    uint64_t generation = 0;
+    ThreadContext* context = nullptr;
+  };
+  thread_local Cache cache;
+  if (cache.generation == generation_) return cache.context;
+  std::lock_guard lock(contexts_mu_);
+  auto& slot = contexts_[std::this_thread::get_id()];
+  if (!slot) {
+    auto created = CreateThreadContext();
+    if (!created.ok()) {
+      contexts_.erase(std::this_thread::get_id());
+      return created.status();
+    }
+    slot = std::move(*created);
+  }
+  cache = {generation_, slot.get()};
+  return slot.get();
+}
+
+void Pool::Impl::MarkFailed(size_t index, const std::string& reason) {
+  ServerState& s = *servers_[index];
+  std::lock_guard lock(s.mu);
+  if (s.failed.load()) return;
+  s.failure = reason;
+  s.failed.store(true);
+}
+
+Result<size_t> Pool::Impl::IndexOf(uint16_t id) const {
+  if (id >= index_of_.size() || index_of_[id] < 0) {
+    return Status::InvalidArgument("no server " + std::to_string(id) + " in the cluster (" +
+                                   std::to_string(servers_.size()) + " servers)");
+  }
+  return static_cast<size_t>(index_of_[id]);
+}
+
+// ------------------------------------------------------------------ control requests
+
+Result<Pool::Impl::Reply> Pool::Impl::Call(
+    ThreadContext& tc, size_t index, const std::function<std::vector<std::byte>(uint64_t)>& encode,
+    wire::Opcode expected, std::chrono::milliseconds timeout) {
+  ServerState& s = *servers_[index];
+  if (s.failed) return s.Failure();
+  Endpoint* ep = tc.peers[index].ep.get();
+  if (ep == nullptr || ep->failed()) return Status::Unavailable(s.name + ": not connected");
+  const uint64_t id = tc.next_request_id++;
+  const auto deadline = Clock::now() + timeout;
+  auto abandon = [&] { return s.failed.load(std::memory_order_relaxed); };
+  std::vector<std::byte> request = encode(id);
+  Status sent = ep->SendAm(transport::kControlAm, request, true, deadline, abandon);
+  if (!sent.ok()) return sent.WithContext(s.name);
+  for (uint32_t spins = 0;; ++spins) {
+    auto it = tc.box.replies.find(id);
+    if (it != tc.box.replies.end()) {
+      Reply r{std::move(it->second), {}};
+      tc.box.replies.erase(it);
+      auto m = wire::Decode(r.bytes);
+      if (!m.ok()) return m.status().WithContext(s.name + ": bad reply");
+      r.message = *m;
+      if (m->opcode == wire::Opcode::kErrorReply) return wire::DecodeError(*m);
+      if (m->opcode != expected) {
+        return Status::Protocol(s.name + ": expected " + std::string(wire::OpcodeName(expected)) +
+                                ", got " + std::string(wire::OpcodeName(m->opcode)));
+      }
+      return r;
+    }
+    tc.worker->Progress();
+    if (ep->failed()) return Status::Unavailable(s.name + ": connection failed");
+    if ((spins & 63) == 63) {
+      if (abandon()) return s.Failure();
+      if (Clock::now() > deadline) {
+        return Status::TimedOut(s.name + ": no " + std::string(wire::OpcodeName(expected)) +
+                                " within " + std::to_string(timeout.count()) + " ms");
+      }
+    }
+  }
+}
+
+Result<ServerStats> Pool::Impl::Stats(size_t index) {
+  FARPOOL_ASSIGN_OR_RETURN(ThreadContext * tc, Local());
+  FARPOOL_ASSIGN_OR_RETURN(
+      Reply r, Call(*tc, index,
+                    [](uint64_t id) { return wire::Encode(id, wire::StatsRequest{0}); },
+                    wire::Opcode::kStatsReply, options_.op_timeout));
+  auto w = r.message.As<wire::StatsReply>();
+  ServerStats st;
+  st.id = w.server_id;
+  st.endpoint = servers_[index]->address.Endpoint();
+  st.clients = w.clients;
+  st.capacity = w.capacity;
+  st.leased = w.leased;
+  st.largest_free = w.largest_free;
+  st.chunk_size = w.chunk_size;
+  st.requests_served = w.requests_served;
+  st.rejected = w.rejected;
+  st.uptime_ns = w.uptime_ns;
+  st.pid = static_cast<int64_t>(w.server_pid);
+  st.rss_private = w.rss_private;
+  return st;
+}
+
+void Pool::Impl::Monitor() {
+  auto worker = Worker::Create(*context_, true);
+  if (!worker.ok()) return;  // without a monitor, failures are still seen by operations
+  ReplyBox box;
+  if (!(*worker)->SetAmHandler(transport::kControlAm, &ReplyBox::OnMessage, &box).ok()) return;
+  const auto timeout = options_.failure_timeout;
+  const auto interval = std::max(std::chrono::milliseconds(20), timeout / 4);
+  struct Watch {
+    std::unique_ptr<Endpoint> ep;
+    Clock::time_point last_answer;
+    uint64_t outstanding = 0;
+  };
+  std::vector<Watch> watch(servers_.size());
+  for (size_t i = 0; i < servers_.size(); ++i) {
+    watch[i].last_answer = Clock::now();
+    auto ep = Endpoint::Connect(**worker, servers_[i]->address.host, servers_[i]->address.port,
+                                nullptr);
+    if (ep.ok()) watch[i].ep = std::move(*ep);
+  }
+  uint64_t next_id = 1;
+  auto next_round = Clock::now();
+  while (!stop_monitor_.load()) {
+    while ((*worker)->Progress() != 0) {
+    }
+    for (auto& [id, bytes] : box.replies) {
+      for (Watch& w : watch) {
+        if (w.outstanding == id) w.last_answer = Clock::now();
+      }
+    }
+    box.replies.clear();
+    const auto now = Clock::now();
+    if (now >= next_round) {
+      next_round = now + interval;
+      for (size_t i = 0; i < servers_.size(); ++i) {
+        if (servers_[i]->failed) continue;
+        Watch& w = watch[i];
+        if (!w.ep || w.ep->failed()) {
+          MarkFailed(i, "connection lost");
+          continue;
+        }
+        if (now - w.last_answer > timeout) {
+          MarkFailed(i, "no answer to heartbeats for " + std::to_string(timeout.count()) + " ms");
+          continue;
+        }
+        w.outstanding = next_id++;
+        Status s = transport::PostAm(w.ep->get(), transport::kControlAm,
+                                     wire::Encode(w.outstanding, wire::StatsRequest{0}), true);
+        if (!s.ok()) MarkFailed(i, s.message());
+      }
+    }
+    Status s = (*worker)->Wait(std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::max(Clock::duration::zero(), next_round - Clock::now())));
+    (void)s;  // a failed wait only makes the next round come sooner
+  }
+  for (Watch& w : watch) {
+    if (w.ep) w.ep->ForceClose();
+  }
+}
+
+// ------------------------------------------------------------------ data path
+
+Result<Pool::Impl::Target> Pool::Impl::Resolve(GlobalAddress address, uint64_t size,
+                                               const char* op, bool atomic) {
+  if (address.is_null()) return Status::InvalidArgument(std::string(op) + " at the null address");
+  const uint16_t id = address.server();
+  if (id >= index_of_.size() || index_of_[id] < 0) {
+    return Status::InvalidArgument(std::string(op) + " at " + address.ToString() +
+                                   ": no server " + std::to_string(id) + " in the cluster");
+  }
+  const size_t index = static_cast<size_t>(index_of_[id]);
+  ServerState& s = *servers_[index];
+  const uint64_t offset = address.offset();
+  if (size > s.region_size || offset > s.region_size - size) {
+    return Status::InvalidArgument(s.name + ": " + op + " of " + std::to_string(size) +
+                                   " bytes at " + address.ToString() +
+                                   " is beyond the region (" + FormatSize(s.region_size) + ")");
+  }
+  if (atomic && offset % 8 != 0) {
+    return Status::InvalidArgument(s.name + ": " + op + " at " + address.ToString() +
+                                   " is not 8-byte aligned");
+  }
+  Status live = allocator_->CheckLive(index, offset, size);
+  if (!live.ok()) return live.WithContext(s.name + ": " + op);
+  if (s.failed.load(std::memory_order_relaxed)) return s.Failure();
+  return Target{index, s.region_base + offset, s.direct ? s.direct + offset : nullptr};
+}
+
+Status Pool::Impl::Complete(ThreadContext& tc, size_t index, ucs_status_ptr_t request,
+                            const char* what) {
+  ServerState& s = *servers_[index];
+  bool pending = false;
+  Status st = tc.worker->WaitRequest(
+      request, Clock::now() + options_.op_timeout,
+      [&] { return s.failed.load(std::memory_order_relaxed); }, what, &pending);
+  if (st.ok()) return st;
+  if (st.code() == StatusCode::kTimedOut || st.code() == StatusCode::kUnavailable) {
+    // The server is gone or stuck: no later call may wait on it again.
+    MarkFailed(index, st.code() == StatusCode::kTimedOut
+                          ? std::string(what) + " timed out after " +
+                                std::to_string(options_.op_timeout.count()) + " ms"
+                          : st.message());
+    // Completes every request still pending on the endpoint, with an error.
+    if (tc.peers[index].ep) tc.peers[index].ep->ForceClose();
+    if (pending) {
+      const auto limit = Clock::now() + std::chrono::seconds(1);
+      while (ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < limit) {
+        tc.worker->Progress();
+      }
+      ucp_request_free(request);
+    }
+    return s.Failure().WithContext(what);
+  }
+  return st.WithContext(s.name);
+}
+
+Status Pool::Impl::Flush(ThreadContext& tc, size_t index) {
+  ucp_request_param_t p{};
+  Endpoint& ep = *tc.peers[index].ep;
+  if (ep.failed()) return servers_[index]->Failure();
+  return Complete(tc, index, ucp_ep_flush_nbx(ep.get(), &p), "flush");
+}
+
+namespace {
+
+// Posts one UCX operation. `result`/`operand` must stay valid until it completes.
+ucs_status_ptr_t PostRead(ThreadContext::Peer& peer, void* dst, uint64_t size, uint64_t remote) {
+  ucp_request_param_t p{};
+  return ucp_get_nbx(peer.ep->get(), dst, size, remote, peer.rkey->get(), &p);
+}
+ucs_status_ptr_t PostWrite(ThreadContext::Peer& peer, const void* src, uint64_t size,
+                           uint64_t remote) {
+  ucp_request_param_t p{};
+  return ucp_put_nbx(peer.ep->get(), src, size, remote, peer.rkey->get(), &p);
+}
+ucs_status_ptr_t PostAtomic(ThreadContext::Peer& peer, ucp_atomic_op_t op, const uint64_t* operand,
+                            uint64_t* result, uint64_t remote) {
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_REPLY_BUFFER;
+  p.datatype = ucp_dt_make_contig(sizeof(uint64_t));
+  p.reply_buffer = result;
+  return ucp_atomic_op_nbx(peer.ep->get(), op, operand, 1, remote, peer.rkey->get(), &p);
+}
+
+uint64_t DirectCas(std::byte* p, uint64_t expected, uint64_t desired) {
+  __atomic_compare_exchange_n(reinterpret_cast<uint64_t*>(p), &expected, desired, false,
+                              __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  return expected;  // the previous value either way
+}
+uint64_t DirectFetchAdd(std::byte* p, uint64_t delta) {
+  return __atomic_fetch_add(reinterpret_cast<uint64_t*>(p), delta, __ATOMIC_SEQ_CST);
+}
+void DirectRead(void* dst, const std::byte* src, uint64_t size) {
+  std::atomic_thread_fence(std::memory_order_acquire);
+  std::memcpy(dst, src, size);
+}
+void DirectWrite(std::byte* dst, const void* src, uint64_t size) {
+  std::memcpy(dst, src, size);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ Pool
+
+Pool::Pool(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Pool::~Pool() = default;
+
+Result<std::unique_ptr<Pool>> Pool::Connect(const ClusterConfig& cluster,
+                                            const PoolOptions& options) {
+  if (cluster.servers.empty()) return Status::InvalidArgument("the cluster has no servers");
+  auto impl = std::make_unique<Impl>();
+  FARPOOL_RETURN_IF_ERROR(impl->Init(cluster, options));
+  return std::unique_ptr<Pool>(new Pool(std::move(impl)));
+}
+
+Fabric Pool::transport() const { return impl_->fabric_; }
+
+std::vector<uint16_t> Pool::server_ids() const {
+  std::vector<uint16_t> ids;
+  for (const auto& s : impl_->servers_) ids.push_back(s->address.id);
+  return ids;
+}
+
+std::string Pool::AccessPath(uint16_t id) const {
+  auto index = impl_->IndexOf(id);
+  if (!index.ok()) return "none";
+  return impl_->servers_[*index]->direct != nullptr ? "direct" : "ucx";
+}
+
+Result<GlobalAddress> Pool::Alloc(uint64_t size, Placement placement) {
+  if (size == 0) return Status::InvalidArgument("Alloc of 0 bytes");
+  Impl& im = *impl_;
+  auto on = [&](size_t index) -> Result<GlobalAddress> {
+    const ServerState& s = *im.servers_[index];
+    if (s.failed) return s.Failure();
+    auto offset = im.allocator_->Allocate(index, size);
+    if (!offset.ok()) {
+      if (offset.status().message().rfind("server ", 0) == 0) return offset.status();
+      return offset.status().WithContext(s.name);
+    }
+    return GlobalAddress(s.address.id, *offset);
+  };
+  switch (placement.kind()) {
+    case Placement::Kind::kOnServer: {
+      FARPOOL_ASSIGN_OR_RETURN(size_t index,
+                               im.IndexOf(static_cast<uint16_t>(placement.value())));
+      return on(index);
+    }
+    case Placement::Kind::kByKey:
+      return on(static_cast<size_t>(
+          JumpConsistentHash(placement.value(), static_cast<int32_t>(im.servers_.size()))));
+    case Placement::Kind::kStriped: {
+      const size_t n = im.servers_.size();
+      const size_t start = im.stripe_.fetch_add(1, std::memory_order_relaxed) % n;
+      Status last;
+      for (size_t k = 0; k < n; ++k) {
+        auto r = on((start + k) % n);
+        if (r.ok()) return r;
+        last = r.status();
+        if (r.status().code() != StatusCode::kOutOfMemory &&
+            r.status().code() != StatusCode::kUnavailable) {
+          return r;
+        }
+      }
+      if (last.code() == StatusCode::kUnavailable) return last;
+      uint64_t capacity = 0, free = 0;
+      for (size_t i = 0; i < n; ++i) {
+        auto st = im.Stats(i);
+        if (!st.ok()) continue;
+        capacity += st->capacity;
+        free += st->capacity - st->leased;
+      }
+      return Status::OutOfMemory("pool full: cannot allocate " + FormatSize(size) + " on any of " +
+                                 std::to_string(n) + " servers; " + FormatSize(free) +
+                                 " free of " + FormatSize(capacity) + " (last: " +
+                                 last.message() + ")");
+    }
+  }
+  return Status::Internal("unknown placement");
+}
+
+Status Pool::Free(GlobalAddress address) {
+  if (address.is_null()) return Status::InvalidArgument("Free of the null address");
+  FARPOOL_ASSIGN_OR_RETURN(size_t index, impl_->IndexOf(address.server()));
+  const ServerState& s = *impl_->servers_[index];
+  return impl_->allocator_->Free(index, address.offset())
+      .WithContext(s.name + ": Free(" + address.ToString() + ")");
+}
+
+Status Pool::Trim() { return impl_->allocator_->Trim(); }
+
+Status Pool::Read(GlobalAddress source, void* destination, uint64_t size) {
+  FARPOOL_ASSIGN_OR_RETURN(Impl::Target t, impl_->Resolve(source, size, "read", false));
+  FARPOOL_ASSIGN_OR_RETURN(ThreadContext * tc, impl_->Local());
+  Bump(tc->reads);
+  Bump(tc->bytes_read, size);
+  if (t.direct != nullptr) {
+    DirectRead(destination, t.direct, size);
+    return Status::Ok();
+  }
+  return impl_->Complete(*tc, t.index, PostRead(tc->peers[t.index], destination, size, t.remote),
+                         "read");
+}
+
+Status Pool::Write(GlobalAddress destination, const void* source, uint64_t size) {
+  FARPOOL_ASSIGN_OR_RETURN(Impl::Target t, impl_->Resolve(destination, size, "write", false));
+  FARPOOL_ASSIGN_OR_RETURN(ThreadContext * tc, impl_->Local());
+  Bump(tc->writes);
+  Bump(tc->bytes_written, size);
+  if (t.direct != nullptr) {
+    DirectWrite(t.direct, source, size);
+    return Status::Ok();
+  }
+  FARPOOL_RETURN_IF_ERROR(impl_->Complete(
+      *tc, t.index, PostWrite(tc->peers[t.index], source, size, t.remote), "write"));
+  return impl_->Flush(*tc, t.index);
+}
+
+Result<uint64_t> Pool::CompareAndSwap(GlobalAddress address, uint64_t expected,
+                                      uint64_t desired) {
+  FARPOOL_ASSIGN_OR_RETURN(Impl::Target t, impl_->Resolve(address, 8, "compare-and-swap", true));
+  FARPOOL_ASSIGN_OR_RETURN(ThreadContext * tc, impl_->Local());
+  Bump(tc->cas);
+  if (t.direct != nullptr) return DirectCas(t.direct, expected, desired);
+  uint64_t result = expected;
+  FARPOOL_RETURN_IF_ERROR(impl_->Complete(
+      *tc, t.index,
+      PostAtomic(tc->peers[t.index], UCP_ATOMIC_OP_CSWAP, &desired, &result, t.remote),
+      "compare-and-swap"));
+  return result;
+}
+
+Result<uint64_t> Pool::FetchAdd(GlobalAddress address, uint64_t delta) {
+  FARPOOL_ASSIGN_OR_RETURN(Impl::Target t, impl_->Resolve(address, 8, "fetch-and-add", true));
+  FARPOOL_ASSIGN_OR_RETURN(ThreadContext * tc, impl_->Local());
+  Bump(tc->faa);
+  if (t.direct != nullptr) return DirectFetchAdd(t.direct, delta);
+  uint64_t result = 0;
+  FARPOOL_RETURN_IF_ERROR(impl_->Complete(
+      *tc, t.index, PostAtomic(tc->peers[t.index], UCP_ATOMIC_OP_ADD, &delta, &result, t.remote),
+      "fetch-and-add"));
+  return result;
+}
+
+Result<ServerStats> Pool::Stats(uint16_t id) {
+  FARPOOL_ASSIGN_OR_RETURN(size_t index, impl_->IndexOf(id));
+  return impl_->Stats(index);
+}
+
+OpCounters Pool::counters() const {
+  OpCounters c;
+  std::lock_guard lock(impl_->contexts_mu_);
+  for (const auto& [id, tc] : impl_->contexts_) {
+    c.reads += tc->reads.load(std::memory_order_relaxed);
+    c.writes += tc->writes.load(std::memory_order_relaxed);
+    c.cas += tc->cas.load(std::memory_order_relaxed);
+    c.faa += tc->faa.load(std::memory_order_relaxed);
+    c.bytes_read += tc->bytes_read.load(std::memory_order_relaxed);
+    c.bytes_written += tc->bytes_written.load(std::memory_order_relaxed);
+  }
+  return c;
+}
+
+// ------------------------------------------------------------------ Batch
+
+struct Batch::State {
+  struct Pending {
+    ucs_status_ptr_t request = nullptr;
+    size_t index = 0;
+    const char* what = "";
+    uint64_t operand = 0;
+    uint64_t result = 0;
+    uint64_t* out = nullptr;
+  };
+  ThreadContext* tc = nullptr;
+  Status context_error;
+  std::deque<Pending> pending;  // deque: operand/result addresses stay put while posted
+  std::vector<uint8_t> wrote;   // per server index: a write was posted (flush at Wait)
+  size_t posted = 0;
+  Status direct_error;
+};
+
+Batch::Batch(Pool& pool) : pool_(*pool.impl_), state_(std::make_unique<State>()) {
+  auto tc = pool_.Local();
+  if (tc.ok()) {
+    state_->tc = *tc;
+  } else {
+    state_->context_error = tc.status();
+  }
+  state_->wrote.assign(pool_.servers_.size(), 0);
+}
+
+Batch::~Batch() {
+  Status s = Wait();
+  (void)s;  // the caller did not ask; completing the requests is what matters here
+}
+
+size_t Batch::posted() const { return state_->posted; }
+
+Status Batch::Read(GlobalAddress source, void* destination, uint64_t size) {
+  FARPOOL_RETURN_IF_ERROR(state_->context_error);
+  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Resolve(source, size, "read", false));
+  ThreadContext& tc = *state_->tc;
+  Bump(tc.reads);
+  Bump(tc.bytes_read, size);
+  ++state_->posted;
+  if (t.direct != nullptr) {
+    DirectRead(destination, t.direct, size);
+    return Status::Ok();
+  }
+  auto& p = state_->pending.emplace_back();
+  p.index = t.index;
+  p.what = "read";
+  p.request = PostRead(tc.peers[t.index], destination, size, t.remote);
+  return Status::Ok();
+}
+
+Status Batch::Write(GlobalAddress destination, const void* source, uint64_t size) {
+  FARPOOL_RETURN_IF_ERROR(state_->context_error);
+  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
+                           pool_.Resolve(destination, size, "write", false));
+  ThreadContext& tc = *state_->tc;
+  Bump(tc.writes);
+  Bump(tc.bytes_written, size);
+  ++state_->posted;
+  if (t.direct != nullptr) {
+    DirectWrite(t.direct, source, size);
+    return Status::Ok();
+  }
+  auto& p = state_->pending.emplace_back();
+  p.index = t.index;
+  p.what = "write";
+  p.request = PostWrite(tc.peers[t.index], source, size, t.remote);
+  state_->wrote[t.index] = 1;
+  return Status::Ok();
+}
+
+Status Batch::CompareAndSwap(GlobalAddress address, uint64_t expected, uint64_t desired,
+                             uint64_t* previous) {
+  FARPOOL_RETURN_IF_ERROR(state_->context_error);
+  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
+                           pool_.Resolve(address, 8, "compare-and-swap", true));
+  ThreadContext& tc = *state_->tc;
+  Bump(tc.cas);
+  ++state_->posted;
+  if (t.direct != nullptr) {
+    uint64_t prev = DirectCas(t.direct, expected, desired);
+    if (previous != nullptr) *previous = prev;
+    return Status::Ok();
+  }
+  auto& p = state_->pending.emplace_back();
+  p.index = t.index;
+  p.what = "compare-and-swap";
+  p.operand = desired;
+  p.result = expected;
+  p.out = previous;
+  p.request = PostAtomic(tc.peers[t.index], UCP_ATOMIC_OP_CSWAP, &p.operand, &p.result, t.remote);
+  return Status::Ok();
+}
+
+Status Batch::FetchAdd(GlobalAddress address, uint64_t delta, uint64_t* previous) {
+  FARPOOL_RETURN_IF_ERROR(state_->context_error);
+  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Resolve(address, 8, "fetch-and-add", true));
+  ThreadContext& tc = *state_->tc;
+  Bump(tc.faa);
+  ++state_->posted;
+  if (t.direct != nullptr) {
+    uint64_t prev = DirectFetchAdd(t.direct, delta);
+    if (previous != nullptr) *previous = prev;
+    return Status::Ok();
+  }
+  auto& p = state_->pending.emplace_back();
+  p.index = t.index;
+  p.what = "fetch-and-add";
+  p.operand = delta;
+  p.out = previous;
+  p.request = PostAtomic(tc.peers[t.index], UCP_ATOMIC_OP_ADD, &p.operand, &p.result, t.remote);
+  return Status::Ok();
+}
+
+Status Batch::Wait() {
+  Status first;
+  for (auto& p : state_->pending) {
+    Status s = pool_.Complete(*state_->tc, p.index, p.request, p.what);
+    if (s.ok() && p.out != nullptr) *p.out = p.result;
+    if (first.ok() && !s.ok()) first = s;
+  }
+  state_->pending.clear();
+  for (size_t i = 0; i < state_->wrote.size(); ++i) {
+    if (!state_->wrote[i]) continue;
+    state_->wrote[i] = 0;
+    Status s = pool_.Flush(*state_->tc, i);
+    if (first.ok() && !s.ok()) first = s;
+  }
+  state_->posted = 0;
+  return first;
+}
+
+}  // namespace farpool

@@ -1,0 +1,321 @@
+#include "transport/ucx.h"
+
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cstring>
+#include <string>
+
+namespace farpool::transport {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// UCX transports allowed per fabric. UCX 1.13's client-server connection (HOST:PORT) cannot
+// be wired up over shared-memory transports alone, so kShm keeps tcp for the connection and
+// control messages; its data path is the mapped region (the Pool refuses kShm to a server
+// whose region it cannot map).
+const char* TransportList(Fabric fabric) {
+  switch (fabric) {
+    case Fabric::kAuto: return "all";
+    case Fabric::kShm: return "sm,self,tcp";
+    case Fabric::kTcp: return "tcp,self";
+  }
+  return "all";
+}
+
+// Memory allocation order for ucp_mem_map(ALLOCATE): POSIX shared memory first. It is the
+// path on which a same-host client maps the region and reads it with plain loads (UCX's default
+// tries System V first, whose remote-key path measured 5x slower here).
+constexpr const char* kAllocPriority = "md:posix,md:sysv,huge,thp,md:*,mmap,heap";
+
+}  // namespace
+
+Status UcxStatus(ucs_status_t status, std::string_view what) {
+  std::string m(what);
+  m += ": ";
+  m += ucs_status_string(status);
+  switch (status) {
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_REJECTED:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+    case UCS_ERR_CANCELED:
+    case UCS_ERR_NOT_CONNECTED:
+    case UCS_ERR_IO_ERROR:
+      return Status::Unavailable(std::move(m));
+    case UCS_ERR_TIMED_OUT: return Status::TimedOut(std::move(m));
+    case UCS_ERR_NO_MEMORY: return Status::OutOfMemory(std::move(m));
+    default: return Status::Internal(std::move(m));
+  }
+}
+
+// ---------------------------------------------------------------- Context
+
+Result<std::unique_ptr<Context>> Context::Create(const Options& options) {
+  ucp_config_t* config = nullptr;
+  ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
+  if (st != UCS_OK) return UcxStatus(st, "reading UCX configuration");
+  auto modify = [&](const char* name, const std::string& value) -> Status {
+    ucs_status_t s = ucp_config_modify(config, name, value.c_str());
+    if (s != UCS_OK) return UcxStatus(s, std::string("setting UCX_") + name + "=" + value);
+    return Status::Ok();
+  };
+  Status s = modify("TLS", TransportList(options.fabric));
+  if (s.ok()) s = modify("ALLOC_PRIO", kAllocPriority);
+  if (s.ok()) s = modify("KEEPALIVE_INTERVAL", std::to_string(options.keepalive.count()) + "ms");
+  if (!s.ok()) {
+    ucp_config_release(config);
+    return s;
+  }
+
+  ucp_params_t params{};
+  params.field_mask =
+      UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AMO64 | UCP_FEATURE_AM;
+  if (options.wakeup) params.features |= UCP_FEATURE_WAKEUP;
+  params.mt_workers_shared = 1;  // each thread creates its own worker on this context
+  params.name = "farpool";
+  ucp_context_h context = nullptr;
+  st = ucp_init(&params, config, &context);
+  ucp_config_release(config);
+  if (st != UCS_OK) {
+    return UcxStatus(st, std::string("initialising UCX for transport ") +
+                             std::string(FabricName(options.fabric)));
+  }
+  return std::unique_ptr<Context>(new Context(context, options.fabric));
+}
+
+Context::~Context() { ucp_cleanup(context_); }
+
+// ---------------------------------------------------------------- Worker
+
+Result<std::unique_ptr<Worker>> Worker::Create(Context& context, bool wakeup) {
+  ucp_worker_params_t params{};
+  params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  params.thread_mode = UCS_THREAD_MODE_SINGLE;
+  ucp_worker_h handle = nullptr;
+  ucs_status_t st = ucp_worker_create(context.get(), &params, &handle);
+  if (st != UCS_OK) return UcxStatus(st, "creating UCX worker");
+  std::unique_ptr<Worker> worker(new Worker(handle));
+  if (wakeup) {
+    st = ucp_worker_get_efd(handle, &worker->event_fd_);
+    if (st != UCS_OK) return UcxStatus(st, "getting the UCX worker's event descriptor");
+  }
+  return worker;
+}
+
+Worker::~Worker() { ucp_worker_destroy(worker_); }
+
+Status Worker::SetAmHandler(unsigned id, ucp_am_recv_callback_t callback, void* arg) {
+  ucp_am_handler_param_t p{};
+  p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                 UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+  p.id = id;
+  p.cb = callback;
+  p.arg = arg;
+  p.flags = UCP_AM_FLAG_WHOLE_MSG;
+  ucs_status_t st = ucp_worker_set_am_recv_handler(worker_, &p);
+  if (st != UCS_OK) return UcxStatus(st, "registering active-message handler");
+  return Status::Ok();
+}
+
+Status Worker::Wait(std::chrono::milliseconds timeout) {
+  if (event_fd_ < 0) return Status::Internal("Worker::Wait on a worker created without wakeup");
+  ucs_status_t st = ucp_worker_arm(worker_);
+  if (st == UCS_ERR_BUSY) return Status::Ok();  // events pending: go progress them
+  if (st != UCS_OK) return UcxStatus(st, "arming UCX worker");
+  pollfd pfd{event_fd_, POLLIN, 0};
+  int rc = ::poll(&pfd, 1, static_cast<int>(timeout.count()));
+  if (rc < 0 && errno != EINTR) return Status::IoError(std::string("poll: ") + strerror(errno));
+  return Status::Ok();
+}
+
+Status Worker::WaitRequest(ucs_status_ptr_t request, Clock::time_point deadline,
+                           const std::function<bool()>& abandon, std::string_view what,
+                           bool* still_pending) {
+  if (still_pending != nullptr) *still_pending = false;
+  if (request == nullptr) return Status::Ok();
+  if (UCS_PTR_IS_ERR(request)) return UcxStatus(UCS_PTR_STATUS(request), what);
+  for (uint32_t spins = 0;; ++spins) {
+    ucs_status_t st = ucp_request_check_status(request);
+    if (st != UCS_INPROGRESS) {
+      ucp_request_free(request);
+      if (st == UCS_OK) return Status::Ok();
+      return UcxStatus(st, what);
+    }
+    Progress();
+    if ((spins & 63) == 63) {
+      const bool abandoned = abandon && abandon();
+      if (abandoned || Clock::now() > deadline) {
+        if (still_pending != nullptr) *still_pending = true;
+        if (abandoned) return Status::Unavailable(std::string(what) + ": peer failed");
+        return Status::TimedOut(std::string(what) + ": no completion before the deadline");
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- Endpoint
+
+Result<std::unique_ptr<Endpoint>> Endpoint::Connect(Worker& worker, const std::string& host,
+                                                    uint16_t port, EndpointErrorHandler on_error) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  std::string port_text = std::to_string(port);
+  int rc = getaddrinfo(host.c_str(), port_text.c_str(), &hints, &res);
+  if (rc != 0 || res == nullptr) {
+    return Status::InvalidArgument("cannot resolve '" + host + "': " + gai_strerror(rc));
+  }
+  sockaddr_storage addr{};
+  std::memcpy(&addr, res->ai_addr, res->ai_addrlen);
+  socklen_t addrlen = res->ai_addrlen;
+  freeaddrinfo(res);
+
+  std::unique_ptr<Endpoint> ep(new Endpoint(worker, std::move(on_error)));
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
+  params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+  params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
+  params.sockaddr.addrlen = addrlen;
+  FARPOOL_RETURN_IF_ERROR(ep->Create(params));
+  return ep;
+}
+
+Result<std::unique_ptr<Endpoint>> Endpoint::Accept(Worker& worker, ucp_conn_request_h request,
+                                                   EndpointErrorHandler on_error) {
+  std::unique_ptr<Endpoint> ep(new Endpoint(worker, std::move(on_error)));
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
+  params.conn_request = request;
+  FARPOOL_RETURN_IF_ERROR(ep->Create(params));
+  return ep;
+}
+
+Status Endpoint::Create(ucp_ep_params_t& params) {
+  params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = &Endpoint::ErrorCallback;
+  params.err_handler.arg = this;
+  ucs_status_t st = ucp_ep_create(worker_.get(), &params, &ep_);
+  if (st != UCS_OK) {
+    ep_ = nullptr;
+    return UcxStatus(st, "creating endpoint");
+  }
+  return Status::Ok();
+}
+
+void Endpoint::ErrorCallback(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+  auto* self = static_cast<Endpoint*>(arg);
+  if (self->failed_) return;
+  self->failed_ = true;
+  if (self->on_error_) self->on_error_(status);
+}
+
+void Endpoint::Close(bool force) {
+  if (ep_ == nullptr) return;
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = (force || failed_) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  ucs_status_ptr_t req = ucp_ep_close_nbx(ep_, &p);
+  ep_ = nullptr;
+  // A graceful close waits for the peer; bound it so a dead peer cannot hang the caller.
+  Status s = worker_.WaitRequest(req, Clock::now() + std::chrono::seconds(2), nullptr,
+                                 "closing endpoint");
+  (void)s;  // the endpoint is gone either way; nothing more to do about a failed close
+}
+
+void Endpoint::ForceClose() {
+  failed_ = true;
+  Close(true);
+}
+
+Endpoint::~Endpoint() { Close(false); }
+
+Status Endpoint::SendAm(unsigned id, std::span<const std::byte> bytes, bool want_reply_ep,
+                        Clock::time_point deadline, const std::function<bool()>& abandon) {
+  if (ep_ == nullptr || failed_) return Status::Unavailable("endpoint is closed");
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = want_reply_ep ? UCP_AM_SEND_FLAG_REPLY : 0;
+  ucs_status_ptr_t req = ucp_am_send_nbx(ep_, id, nullptr, 0, bytes.data(), bytes.size(), &p);
+  return worker_.WaitRequest(req, deadline, abandon, "sending control message");
+}
+
+Status PostAm(ucp_ep_h ep, unsigned id, std::vector<std::byte> bytes, bool want_reply_ep) {
+  auto* owned = new std::vector<std::byte>(std::move(bytes));
+  ucp_request_param_t p{};
+  p.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = want_reply_ep ? UCP_AM_SEND_FLAG_REPLY : 0;
+  p.cb.send = [](void* request, ucs_status_t, void* user_data) {
+    delete static_cast<std::vector<std::byte>*>(user_data);
+    ucp_request_free(request);
+  };
+  p.user_data = owned;
+  ucs_status_ptr_t req = ucp_am_send_nbx(ep, id, nullptr, 0, owned->data(), owned->size(), &p);
+  if (UCS_PTR_IS_PTR(req)) return Status::Ok();  // the callback frees the buffer
+  delete owned;
+  if (UCS_PTR_IS_ERR(req)) return UcxStatus(UCS_PTR_STATUS(req), "posting reply");
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------- MemoryRegion
+
+Result<std::unique_ptr<MemoryRegion>> MemoryRegion::Allocate(Context& context, uint64_t size) {
+  std::unique_ptr<MemoryRegion> region(new MemoryRegion(context));
+  ucp_mem_map_params_t params{};
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  params.address = nullptr;
+  params.length = size;
+  params.flags = UCP_MEM_MAP_ALLOCATE;
+  ucs_status_t st = ucp_mem_map(context.get(), &params, &region->memh_);
+  if (st != UCS_OK) return UcxStatus(st, "allocating a " + std::to_string(size) + "-byte region");
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  st = ucp_mem_query(region->memh_, &attr);
+  if (st != UCS_OK) return UcxStatus(st, "querying the allocated region");
+  region->data_ = static_cast<std::byte*>(attr.address);
+  region->size_ = size;
+
+  void* rkey = nullptr;
+  size_t rkey_size = 0;
+  st = ucp_rkey_pack(context.get(), region->memh_, &rkey, &rkey_size);
+  if (st != UCS_OK) return UcxStatus(st, "packing the region's remote key");
+  region->packed_rkey_ = std::make_unique<std::byte[]>(rkey_size);
+  std::memcpy(region->packed_rkey_.get(), rkey, rkey_size);
+  region->rkey_size_ = rkey_size;
+  ucp_rkey_buffer_release(rkey);
+  return region;
+}
+
+MemoryRegion::~MemoryRegion() {
+  if (memh_ != nullptr) {
+    ucs_status_t st = ucp_mem_unmap(context_.get(), memh_);
+    (void)st;  // process teardown; the mapping is released with the process anyway
+  }
+}
+
+// ---------------------------------------------------------------- RemoteKey
+
+Result<std::unique_ptr<RemoteKey>> RemoteKey::Unpack(Endpoint& ep,
+                                                     std::span<const std::byte> packed) {
+  ucp_rkey_h rkey = nullptr;
+  ucs_status_t st = ucp_ep_rkey_unpack(ep.get(), packed.data(), &rkey);
+  if (st != UCS_OK) return UcxStatus(st, "unpacking the server's remote key");
+  return std::unique_ptr<RemoteKey>(new RemoteKey(rkey));
+}
+
+RemoteKey::~RemoteKey() { ucp_rkey_destroy(rkey_); }
+
+std::byte* RemoteKey::DirectPointer(uint64_t remote_base) const {
+  void* p = nullptr;
+  if (ucp_rkey_ptr(rkey_, remote_base, &p) != UCS_OK) return nullptr;
+  return static_cast<std::byte*>(p);
+}
+
+}  // namespace farpool::transport

@@ -1,0 +1,189 @@
+// The transport layer: a thin RAII layer over UCX's UCP API. Nothing above this folder
+// includes <ucp/api/ucp.h> or knows which fabric carries the bytes.
+//
+// How it is used:
+//   - A Context per process role (one per memory server, one per client Pool). Its Fabric
+//     restricts which UCX transports may be used: kShm (posix/sysv/cma shared memory, same host
+//     only), kTcp (TCP sockets; one-sided operations are emulated by the target's progress
+//     thread), kAuto (whatever UCX finds best: RDMA verbs (rc/dc/ud) on a cluster that has
+//     them, shared memory to same-host peers, TCP otherwise).
+//   - A Worker per thread (UCX_THREAD_MODE_SINGLE: a Worker and every Endpoint, RemoteKey and
+//     request created from it must only be touched by one thread at a time).
+//   - Endpoints connect by socket address (the server's --listen HOST:PORT); UCX then wires up
+//     the best lanes both sides share.
+//   - Control messages are UCX active messages (id kControlAm) whose payload is wire.h.
+//   - A MemoryRegion is allocated *by UCX* (ucp_mem_map with UCP_MEM_MAP_ALLOCATE), preferring
+//     POSIX shared memory, so that a same-host client can map it (RemoteKey::DirectPointer) and
+//     read, write and run atomics on it with plain loads, stores and CPU atomics: no server CPU
+//     and no UCX call on the data path.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "farpool/fabric.h"
+#include "farpool/status.h"
+
+namespace farpool::transport {
+
+using ::farpool::Fabric;
+
+// Active-message id of control messages.
+inline constexpr unsigned kControlAm = 7;
+
+// "<what>: <UCX's reason>" as a Status (kUnavailable for connection errors, else kInternal).
+Status UcxStatus(ucs_status_t status, std::string_view what);
+
+class Context {
+ public:
+  struct Options {
+    Fabric fabric = Fabric::kAuto;
+    bool wakeup = false;  // allow event-driven waiting (Worker::Wait)
+    // Interval of UCX's keepalive between endpoints: how quickly a peer that died without
+    // closing its connection is noticed.
+    std::chrono::milliseconds keepalive = std::chrono::milliseconds(500);
+  };
+  static Result<std::unique_ptr<Context>> Create(const Options& options);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  ucp_context_h get() const { return context_; }
+  Fabric fabric() const { return fabric_; }
+
+ private:
+  Context(ucp_context_h context, Fabric fabric) : context_(context), fabric_(fabric) {}
+  ucp_context_h context_;
+  Fabric fabric_;
+};
+
+// Called (from Worker::Progress) when an endpoint fails: the peer died, the link broke.
+using EndpointErrorHandler = std::function<void(ucs_status_t)>;
+
+class Endpoint;
+
+class Worker {
+ public:
+  static Result<std::unique_ptr<Worker>> Create(Context& context, bool wakeup);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  ucp_worker_h get() const { return worker_; }
+  unsigned Progress() { return ucp_worker_progress(worker_); }
+
+  // Registers the handler of active message `id`. `callback` runs inside Progress().
+  Status SetAmHandler(unsigned id, ucp_am_recv_callback_t callback, void* arg);
+
+  // Event-driven wait (REQUIRES: created with wakeup): returns when there is work for
+  // Progress() or after `timeout`.
+  Status Wait(std::chrono::milliseconds timeout);
+
+  // Progress until `request` (a UCX request pointer or status) completes, `deadline` passes
+  // (-> kTimedOut), or `abandon()` returns true (-> kUnavailable). Frees the request on
+  // completion. On timeout or abandonment the request is still pending (*still_pending is
+  // set): the caller must force-close its endpoint, which completes it, and free it before
+  // reusing its buffers.
+  Status WaitRequest(ucs_status_ptr_t request, std::chrono::steady_clock::time_point deadline,
+                     const std::function<bool()>& abandon, std::string_view what,
+                     bool* still_pending = nullptr);
+
+ private:
+  explicit Worker(ucp_worker_h worker) : worker_(worker) {}
+  ucp_worker_h worker_;
+  int event_fd_ = -1;
+};
+
+class Endpoint {
+ public:
+  // Connects to a listening server. The connection completes asynchronously; operations
+  // posted before that are queued by UCX. `on_error` is called at most once.
+  static Result<std::unique_ptr<Endpoint>> Connect(Worker& worker, const std::string& host,
+                                                   uint16_t port, EndpointErrorHandler on_error);
+  // Accepts an incoming connection request (server side).
+  static Result<std::unique_ptr<Endpoint>> Accept(Worker& worker, ucp_conn_request_h request,
+                                                  EndpointErrorHandler on_error);
+  // Closes gracefully (flushing) unless the endpoint failed or `force`; never blocks for more
+  // than a short bound.
+  ~Endpoint();
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+
+  ucp_ep_h get() const { return ep_; }
+  bool failed() const { return failed_; }
+  // Closes with UCP_EP_CLOSE_FLAG_FORCE now: every pending request on it completes with an
+  // error. Later operations must not be posted.
+  void ForceClose();
+
+  // Sends an active message; `bytes` may be reused when this returns.
+  Status SendAm(unsigned id, std::span<const std::byte> bytes, bool want_reply_ep,
+                std::chrono::steady_clock::time_point deadline,
+                const std::function<bool()>& abandon);
+
+ private:
+  Endpoint(Worker& worker, EndpointErrorHandler on_error)
+      : worker_(worker), on_error_(std::move(on_error)) {}
+  Status Create(ucp_ep_params_t& params);
+  static void ErrorCallback(void* arg, ucp_ep_h ep, ucs_status_t status);
+  void Close(bool force);
+
+  Worker& worker_;
+  EndpointErrorHandler on_error_;
+  ucp_ep_h ep_ = nullptr;
+  bool failed_ = false;
+};
+
+// Posts an active message on `ep` without waiting for it; `bytes` are kept alive until UCX is
+// done with them. For a server's replies, which must never block its progress loop.
+Status PostAm(ucp_ep_h ep, unsigned id, std::vector<std::byte> bytes, bool want_reply_ep);
+
+// A region allocated and registered by UCX, owned by a memory server.
+class MemoryRegion {
+ public:
+  static Result<std::unique_ptr<MemoryRegion>> Allocate(Context& context, uint64_t size);
+  ~MemoryRegion();
+  MemoryRegion(const MemoryRegion&) = delete;
+  MemoryRegion& operator=(const MemoryRegion&) = delete;
+
+  std::byte* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  // The remote key a client unpacks to reach the region.
+  std::span<const std::byte> packed_rkey() const { return {packed_rkey_.get(), rkey_size_}; }
+
+ private:
+  MemoryRegion(Context& context) : context_(context) {}
+  Context& context_;
+  ucp_mem_h memh_ = nullptr;
+  std::byte* data_ = nullptr;
+  uint64_t size_ = 0;
+  std::unique_ptr<std::byte[]> packed_rkey_;
+  size_t rkey_size_ = 0;
+};
+
+// A remote region's key unpacked on one endpoint.
+class RemoteKey {
+ public:
+  static Result<std::unique_ptr<RemoteKey>> Unpack(Endpoint& ep, std::span<const std::byte> packed);
+  ~RemoteKey();
+  RemoteKey(const RemoteKey&) = delete;
+  RemoteKey& operator=(const RemoteKey&) = delete;
+
+  ucp_rkey_h get() const { return rkey_; }
+  // A local pointer to remote address `remote_base` if the region can be mapped into this
+  // process (same-host shared memory), else nullptr.
+  std::byte* DirectPointer(uint64_t remote_base) const;
+
+ private:
+  explicit RemoteKey(ucp_rkey_h rkey) : rkey_(rkey) {}
+  ucp_rkey_h rkey_;
+};
+
+}  // namespace farpool::transport

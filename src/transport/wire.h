@@ -1,0 +1,155 @@
+// Wire format of farpool's control messages (client <-> memory server), carried as UCX
+// active messages. Data never travels here: reads, writes and atomics are one-sided.
+//
+// Every message is one MessageHeader followed by one fixed-size body struct of the header's
+// opcode, then (for a few opcodes) a variable tail whose length is a field of the body:
+//
+//   | magic u32 | version u16 | opcode u16 | body_size u32 | flags u32 | request_id u64 |
+//   | body (sizeof(Body of opcode)) | tail (0..kMaxTail bytes) |
+//
+// All fields are fixed-width little-endian (the structs are copied with memcpy; a
+// static_assert pins the host to little-endian). A decoder never trusts a length: body_size
+// must equal the opcode's body size plus the tail length declared inside the body, and the
+// whole message must be exactly that long. Messages of another version are rejected with a
+// Protocol status that names both versions; the server answers them with an ErrorReply and
+// keeps running.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "farpool/status.h"
+
+namespace farpool::wire {
+
+static_assert(std::endian::native == std::endian::little, "farpool's wire format is little-endian");
+
+inline constexpr uint32_t kMagic = 0x31575046;  // "FPW1"
+inline constexpr uint16_t kVersion = 1;
+inline constexpr size_t kMaxTail = 4096;  // rkeys and error texts; UCX rkeys are < 1 KiB
+
+enum class Opcode : uint16_t {
+  kHelloRequest = 1,
+  kHelloReply = 2,
+  kLeaseRequest = 3,
+  kLeaseReply = 4,
+  kReleaseRequest = 5,
+  kReleaseReply = 6,
+  kStatsRequest = 7,
+  kStatsReply = 8,
+  kErrorReply = 9,
+};
+std::string_view OpcodeName(Opcode op);
+
+struct MessageHeader {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t opcode;
+  uint32_t body_size;  // bytes after this header
+  uint32_t flags;      // reserved, must be 0
+  uint64_t request_id;  // echoed in the reply
+};
+static_assert(sizeof(MessageHeader) == 24);
+
+// Client -> server, first message on a connection.
+struct HelloRequest {
+  uint64_t client_pid;
+  uint64_t client_nonce;  // random per client process, for the server's client count
+};
+static_assert(sizeof(HelloRequest) == 16);
+
+// Server -> client: what the client needs to address the region. Tail: packed rkey.
+struct HelloReply {
+  uint16_t server_id;
+  uint16_t reserved0;
+  uint32_t rkey_size;       // tail length
+  uint64_t region_base;     // virtual address of offset 0 in the server process
+  uint64_t region_size;     // bytes donated
+  uint64_t chunk_size;      // lease granularity
+  uint64_t server_pid;
+};
+static_assert(sizeof(HelloReply) == 40);
+
+// Lease `size` bytes (a multiple of chunk_size) as one contiguous run.
+struct LeaseRequest {
+  uint64_t size;
+};
+static_assert(sizeof(LeaseRequest) == 8);
+
+struct LeaseReply {
+  uint64_t offset;
+  uint64_t size;
+};
+static_assert(sizeof(LeaseReply) == 16);
+
+// Give back exactly one run previously leased.
+struct ReleaseRequest {
+  uint64_t offset;
+  uint64_t size;
+};
+static_assert(sizeof(ReleaseRequest) == 16);
+
+struct ReleaseReply {
+  uint64_t freed;
+};
+static_assert(sizeof(ReleaseReply) == 8);
+
+struct StatsRequest {
+  uint64_t reserved;
+};
+static_assert(sizeof(StatsRequest) == 8);
+
+struct StatsReply {
+  uint16_t server_id;
+  uint16_t reserved0;
+  uint32_t clients;          // connected endpoints
+  uint64_t capacity;         // bytes donated
+  uint64_t leased;           // bytes leased to clients
+  uint64_t largest_free;     // largest contiguous leasable run
+  uint64_t chunk_size;
+  uint64_t requests_served;  // control requests answered
+  uint64_t rejected;         // malformed or incompatible messages rejected
+  uint64_t uptime_ns;
+  uint64_t server_pid;
+  uint64_t rss_private;      // server's private resident memory (overhead beyond the region)
+};
+static_assert(sizeof(StatsReply) == 80);
+
+// Server -> client when a request failed. Tail: UTF-8 reason.
+struct ErrorReply {
+  uint32_t code;  // a farpool::StatusCode
+  uint32_t text_size;
+};
+static_assert(sizeof(ErrorReply) == 8);
+
+// A decoded message: the header plus views into the caller's buffer.
+struct Message {
+  MessageHeader header;
+  Opcode opcode;
+  std::span<const std::byte> body;  // exactly the opcode's body size
+  std::span<const std::byte> tail;
+
+  // REQUIRES: sizeof(Body) == body.size() (Decode guarantees it for the matching opcode)
+  template <typename Body>
+  Body As() const;
+};
+
+// Validates and splits one received message. Never reads outside `bytes`.
+Result<Message> Decode(std::span<const std::byte> bytes);
+
+// Encodes header + body + tail into one buffer. Encode and Message::As are instantiated in
+// wire.cc for exactly the body structs above.
+template <typename Body>
+std::vector<std::byte> Encode(uint64_t request_id, const Body& body,
+                              std::span<const std::byte> tail = {});
+
+std::vector<std::byte> EncodeError(uint64_t request_id, const Status& status);
+// Turns an ErrorReply back into the Status it carries.
+Status DecodeError(const Message& message);
+
+}  // namespace farpool::wire
