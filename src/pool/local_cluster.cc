@@ -81,8 +81,13 @@ Status SetUpNetwork(const NetNames& n, int servers, std::chrono::nanoseconds del
     FARPOOL_RETURN_IF_ERROR(
         Run({"ip", "-n", ns, "route", "add", "default", "via", n.BridgeIp()}));
     if (delay.count() > 0) {
-      FARPOOL_RETURN_IF_ERROR(Run({"tc", "qdisc", "add", "dev", n.HostVeth(i), "root", "netem",
-                                   "delay", us}));
+      Status netem = Run({"tc", "qdisc", "add", "dev", n.HostVeth(i), "root", "netem", "delay", us});
+      if (!netem.ok() && netem.message().find("qdisc kind is unknown") != std::string::npos) {
+        return Status::InvalidArgument(
+            "--delay needs the kernel's netem queueing discipline, which this kernel lacks "
+            "(CONFIG_NET_SCH_NETEM is off): " + netem.message());
+      }
+      FARPOOL_RETURN_IF_ERROR(netem);
       FARPOOL_RETURN_IF_ERROR(Run({"ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev",
                                    n.PeerVeth(i), "root", "netem", "delay", us}));
     }

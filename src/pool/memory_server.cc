@@ -162,7 +162,8 @@ ucs_status_t MemoryServer::Impl::OnControlMessage(void* arg, const void* /*heade
     if (reply_ep != nullptr) {
       Status s = transport::PostAm(
           reply_ep, transport::kControlAm,
-          wire::EncodeError(0, Status::Protocol("message of " + std::to_string(length) +
+          wire::EncodeError(0, Status::Protocol(self->Name() + ": message of " +
+                                                std::to_string(length) +
                                                 " bytes exceeds the control message limit")),
           false);
       (void)s;  // the peer may be gone; nothing to recover
@@ -177,7 +178,8 @@ ucs_status_t MemoryServer::Impl::OnControlMessage(void* arg, const void* /*heade
 void MemoryServer::Impl::Accept(ucp_conn_request_h request) {
   auto ep = Endpoint::Accept(*worker_, request, nullptr);
   if (!ep.ok()) {
-    ucp_listener_reject(listener_, request);
+    // The client went away before the connection was wired up (UCX has consumed the request
+    // either way); there is nobody to answer.
     return;
   }
   ucp_ep_h handle = (*ep)->get();

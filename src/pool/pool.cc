@@ -694,10 +694,12 @@ Result<uint64_t> Pool::CompareAndSwap(GlobalAddress address, uint64_t expected,
   FARPOOL_ASSIGN_OR_RETURN(ThreadContext * tc, impl_->Local());
   Bump(tc->cas);
   if (t.direct != nullptr) return DirectCas(t.direct, expected, desired);
-  uint64_t result = expected;
+  // UCX's CSWAP: compare with *buffer; the reply buffer holds the swap value going out and
+  // the previous value coming back.
+  uint64_t result = desired;
   FARPOOL_RETURN_IF_ERROR(impl_->Complete(
       *tc, t.index,
-      PostAtomic(tc->peers[t.index], UCP_ATOMIC_OP_CSWAP, &desired, &result, t.remote),
+      PostAtomic(tc->peers[t.index], UCP_ATOMIC_OP_CSWAP, &expected, &result, t.remote),
       "compare-and-swap"));
   return result;
 }
@@ -823,8 +825,8 @@ Status Batch::CompareAndSwap(GlobalAddress address, uint64_t expected, uint64_t 
   auto& p = state_->pending.emplace_back();
   p.index = t.index;
   p.what = "compare-and-swap";
-  p.operand = desired;
-  p.result = expected;
+  p.operand = expected;  // see Pool::CompareAndSwap for UCX's CSWAP operands
+  p.result = desired;
   p.out = previous;
   p.request = PostAtomic(tc.peers[t.index], UCP_ATOMIC_OP_CSWAP, &p.operand, &p.result, t.remote);
   return Status::Ok();

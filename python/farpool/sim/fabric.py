@@ -32,7 +32,8 @@ Assumptions and simplifications
   packets being injected -- SCI's "bypass FIFO first" rule and the usual router rule --, and
   within each class the higher VC goes first (callers put responses on the higher VC), then
   FIFO. Packets waiting for one output never block packets for another (virtual output
-  queues), so head-of-line blocking exists only per (output link, VC).
+  queues), so head-of-line blocking exists only per (output link, VC, class). Under bubble
+  flow control (below) packets entering a ring queue apart from those circulating in it.
 * Endpoints always accept a delivered packet. End-to-end flow control (SCI's busy echo, a
   memory server's queue) belongs to the node models (``sci.py``, ``nodes.py``).
 * Deadlock freedom: meshes use dimension-order routing and the fat tree up/down routing, both
@@ -375,10 +376,18 @@ class Fabric:
         v = params.vcs
         self._busy = [False] * nl
         self._transit = [[deque() for _ in range(v)] for _ in range(nl)]
+        self._entering_q = [[deque() for _ in range(v)] for _ in range(nl)]
         self._inject = [[deque() for _ in range(v)] for _ in range(nl)]
         self._occ = [[0] * v for _ in range(nl)]
         self._dim = [dim for _, _, dim in topology.links]
         self._bubble = params.policy == "credit" and topology.wraps
+        # Service order per link: (queues, credits needed). Under bubble flow control a
+        # packet entering a ring waits in its own queue for two free slots, so it never
+        # blocks the packets already circulating, which need one.
+        ring = [self._bubble and d >= 0 for d in self._dim]
+        self._order = [((self._transit[i], 1), (self._entering_q[i], 2 if ring[i] else 1),
+                        (self._inject[i], 2 if ring[i] else 1)) for i in range(nl)]
+        self._ring = ring
         self._vc_order = tuple(range(v - 1, -1, -1))
         self._tx_ns = 1.0 / params.bandwidth
         self._handlers: list[Callable[[Packet], None] | None] = [None] * topology.n_endpoints
@@ -438,7 +447,12 @@ class Fabric:
             ev.callbacks.append(self._on_local)
             return
         link = pkt.route[0]
-        (self._transit if transit else self._inject)[link][pkt.vc].append(pkt)
+        if not transit:
+            self._inject[link][pkt.vc].append(pkt)
+        elif self._ring[link]:
+            self._entering_q[link][pkt.vc].append(pkt)
+        else:
+            self._transit[link][pkt.vc].append(pkt)
         self._kick(link)
 
     def utilisation(self, elapsed_ns: float) -> list[float]:
@@ -454,24 +468,19 @@ class Fabric:
         if self._busy[link]:
             return
         credit = self.p.policy == "credit"
-        cap = self.p.buffer_pkts
-        occ = self._occ[link]
-        for queues, injecting in ((self._transit[link], False), (self._inject[link], True)):
+        free = [self.p.buffer_pkts - o for o in self._occ[link]]
+        for queues, need in self._order[link]:
             for vc in self._vc_order:
                 q = queues[vc]
-                if not q:
-                    continue
-                if credit:
-                    pkt = q[0]
-                    need = 1
-                    if self._bubble and self._dim[link] >= 0:
-                        h = pkt.hop
-                        if h == 0 or self._dim[pkt.route[h - 1]] != self._dim[link]:
-                            need = 2
-                    if cap - occ[vc] < need:
-                        continue  # a slot freeing in this buffer kicks this link again
-                self._start(link, q.popleft())
-                return
+                if q and (not credit or free[vc] >= need):
+                    self._start(link, q.popleft())
+                    return
+                # else: a slot freeing in this buffer kicks this link again
+
+    def _entering(self, pkt: Packet, link: int) -> bool:
+        """True if ``pkt`` enters the ring dimension of ``link`` there (bubble rule)."""
+        h = pkt.hop
+        return h == 0 or self._dim[pkt.route[h - 1]] != self._dim[link]
 
     def _start(self, link: int, pkt: Packet) -> None:
         p = self.p
@@ -522,7 +531,10 @@ class Fabric:
         pkt = ev.value
         pkt.hop += 1
         link = pkt.route[pkt.hop]
-        self._transit[link][pkt.vc].append(pkt)
+        if self._ring[link] and self._entering(pkt, link):
+            self._entering_q[link][pkt.vc].append(pkt)
+        else:
+            self._transit[link][pkt.vc].append(pkt)
         self._kick(link)
 
     def _on_deliver(self, ev: Timeout) -> None:

@@ -465,3 +465,53 @@ def params_dict(p: SciParams = SciParams()) -> dict:
 __all__ = ["SciParams", "SciRing", "PointResult", "run_point", "find_knee", "Knee",
            "bus_traffic", "fig8_table", "fig8_exact", "fig8_cell", "FIG8_PAPER",
            "DEFAULT_SWEEP", "params_dict", "CountingEnvironment"]
+
+
+def sweep(mix: str, n_ops: int | None, seed: int, loads: tuple[float, ...] = DEFAULT_SWEEP,
+          sim_seconds: float | None = None, params: SciParams = SciParams()) -> dict:
+    """Throughput/latency sweep of one mix, its knee, and the Fig. 8 tables.
+
+    Each load point runs ``n_ops`` operations, or as many as ``sim_seconds`` of simulated
+    time holds at that load. The unloaded read latency comes from a separate run at
+    1 MB/s.
+    """
+    m = sci_mix(mix)
+    if (n_ops is None) == (sim_seconds is None):
+        raise ValueError("give exactly one of an operation count or simulated seconds")
+
+    def ops_at(mb_s: float) -> int:
+        if n_ops is not None:
+            return n_ops
+        rate = mb_s * 1e6 / (64 * m.shares()["read"])  # ops/s
+        return max(10 * params.nodes, int(rate * sim_seconds))
+
+    zero = run_point(m, 1.0, max(10 * params.nodes, min(2000, ops_at(1.0))), seed, params)
+    points = [run_point(m, x, ops_at(x), seed + i + 1, params) for i, x in enumerate(loads)]
+    knee = find_knee(points, zero.latency_ns["read"])
+    per_node = knee.read_mb_s / params.nodes
+    return {
+        "mix": m.name, "mix_label": m.label, "mix_printed_percent": {
+            op: getattr(m, op) for op in SCI_OPS},
+        "mix_printed_total_percent": m.printed_total, "shares": m.shares(),
+        "params": params_dict(params), "seed": seed,
+        "knee_rule": "mean read latency = 2 x unloaded (linear interpolation)",
+        "zero_load_read_ns": zero.latency_ns["read"],
+        "knee_read_mb_s": knee.read_mb_s, "knee_read_mb_s_per_node": per_node,
+        "knee_latency_ns": knee.latency_ns, "total_mb_s_at_knee": knee.total_mb_s,
+        "wire_mb_s_per_link_at_knee": knee.wire_mb_s_per_link,
+        "link_util_at_knee": knee.link_util_mean,
+        "read_mb_s_at_400ns": knee.read_mb_s_at_400ns,
+        "total_mb_s_at_400ns": knee.total_mb_s_at_400ns,
+        "saturation_read_mb_s": max(p.read_mb_s for p in points),
+        "paper": {"knee_read_mb_s": 200, "knee_read_mb_s_per_node": 50,
+                  "knee_latency_ns": 400, "total_mb_s_at_knee": 400},
+        "fig8": fig8_table(), "fig8_paper": [list(r) for r in FIG8_PAPER],
+        "fig8_matches_paper": fig8_table() == [list(r) for r in FIG8_PAPER],
+        "fig8_unrounded": fig8_exact(PAPER_XR_MB_S),
+        "fig8_from_sim": fig8_exact(per_node),
+        "fig8_single_division_from_sim": [
+            [bus_traffic(per_node, p / 100, c / 100)["x_bus_single"] for c in FIG8_CHR]
+            for p in FIG8_PFR],
+        "events": zero.events + sum(p.events for p in points),
+        "points": [p.as_dict() for p in points],
+    }

@@ -1,0 +1,58 @@
+# farpool — the two commands of the README are `make demo` and `make test`.
+#   make setup      install every dependency (Debian packages, PyPI), idempotent
+#   make build      ./build/farpool and the tests (RelWithDebInfo)
+#   make demo       setup + build + start a local cluster, run the main job, stop it
+#   make test       setup + build + the whole test suite (C++ and Python)
+#   make test-asan  the C++ suite under AddressSanitizer + UndefinedBehaviorSanitizer
+#   make fuzz       build and run the wire-format decoder's libFuzzer target
+#   make format / make lint
+BUILD ?= build
+JOBS ?= $(shell nproc)
+FUZZ_SECONDS ?= 60
+PY ?= python3
+
+.PHONY: setup build demo test test-cpp test-python test-asan fuzz format lint bench-ops clean
+
+setup:
+	./scripts/setup.sh
+
+build: setup
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	ninja -C $(BUILD) -j $(JOBS)
+
+demo: build
+	./scripts/demo.sh
+
+test: build
+	$(MAKE) --no-print-directory test-cpp test-python
+
+test-cpp:
+	cd $(BUILD) && ctest --output-on-failure -j 1
+
+test-python:
+	$(PY) -m pytest -q python/tests
+
+test-asan: setup
+	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DFARPOOL_SANITIZE=ON >/dev/null
+	ninja -C build-asan -j $(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
+	  ctest --output-on-failure -j 1
+
+fuzz: setup
+	CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DFARPOOL_FUZZ=ON -DFARPOOL_BUILD_TESTS=OFF >/dev/null
+	ninja -C build-fuzz wire_fuzz
+	mkdir -p build-fuzz/corpus
+	./build-fuzz/wire_fuzz -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus src/transport/fuzz_seeds
+
+format:
+	clang-format -i $$(git ls-files '*.cc' '*.h')
+
+lint: build
+	run-clang-tidy -quiet -p $(BUILD) 'src/.*\.cc$$' 2>/dev/null | grep -E 'warning|error' || echo "lint: clean"
+
+bench-ops: build
+	$(PY) bench/ops_vs_peers
+
+clean:
+	rm -rf build build-asan build-fuzz

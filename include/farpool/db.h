@@ -1,0 +1,227 @@
+// farpool's transactional database: tables of typed records and their indexes kept in the
+// memory pool, snapshot-isolation transactions run by any number of compute processes at once.
+//
+//   auto db = Database::Open(DatabaseOptions{.engine = Engine::kPool, .cluster_file = "c.json"});
+//   Schema s{{"balance", ColumnType::kInt64}, {"name", ColumnType::kChar, 16}};
+//   auto accounts = (*db)->CreateTable("accounts", s, TableOptions{.ordered = true});
+//   auto session = (*db)->NewSession();          // one per thread
+//   Status st = RunTransaction(**session, [&](Transaction& txn) -> Status {
+//     Row row(s);
+//     FARPOOL_RETURN_IF_ERROR(txn.Get(**accounts, 42, &row));
+//     row.SetInt64(0, row.GetInt64(0) + 10);
+//     return txn.Put(**accounts, 42, row);
+//   });
+//
+// Engines (Engine), chosen at run time, all behind this one interface:
+//   kPool     the data lives in the memory pool; every compute process reaches it with
+//             one-sided reads, writes and atomics (NAM-DB's design). See docs/database.md.
+//   kLocal    the same code on this process's RAM (the upper bound; one process only).
+//   kSharded  shared-nothing: partition servers own the data and execute reads, locks and
+//             installs on request; the coordinator (this process) runs two-phase commit.
+//
+// Isolation: snapshot isolation. A transaction reads the versions committed before its read
+// timestamp, buffers its writes, and at commit the first committer wins: if a record it
+// writes got a version it cannot see, Commit returns Aborted. Write skew is allowed (as in
+// every SI system). Aborted is retryable and distinct from failures (RunTransaction retries).
+//
+// Keys: every table has an int64 primary key (not a column). Rows are fixed-layout; kBytes
+// columns hold variable-length values in blobs of their own.
+//
+// Thread-safety: a Database is safe for concurrent use; a Session and its Transactions belong
+// to one thread at a time. REQUIRES: the Database outlives its Sessions and Tables.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "farpool/status.h"
+
+namespace farpool {
+
+enum class Engine : uint8_t { kPool, kLocal, kSharded };
+Result<Engine> ParseEngine(std::string_view text);  // "pool" | "local" | "sharded"
+std::string_view EngineName(Engine engine);
+
+// How a transaction's read timestamp is taken (fixed when the database is created).
+//   kVector   one slot per compute thread (session); begin reads the vector, a commit
+//             publishes its own slot: no single word that every commit fights over.
+//   kCounter  one global fetch-and-add counter: begin reads it, commit increments it.
+enum class TimestampMode : uint8_t { kVector = 1, kCounter = 2 };
+Result<TimestampMode> ParseTimestampMode(std::string_view text);  // "vector" | "counter"
+
+enum class ColumnType : uint8_t { kInt64 = 1, kDouble = 2, kChar = 3, kBytes = 4 };
+
+struct Column {
+  std::string name;
+  ColumnType type = ColumnType::kInt64;
+  uint32_t length = 0;  // kChar only: bytes (values are zero-padded)
+};
+
+// Column names are unique, at most 23 bytes; at most kMaxColumns columns.
+class Schema {
+ public:
+  static constexpr size_t kMaxColumns = 16;
+  Schema() = default;
+  Schema(std::initializer_list<Column> columns) : columns_(columns) {}
+  explicit Schema(std::vector<Column> columns) : columns_(std::move(columns)) {}
+
+  const std::vector<Column>& columns() const { return columns_; }
+  size_t size() const { return columns_.size(); }
+  // -1 if absent.
+  int Find(std::string_view name) const;
+  Status Validate() const;
+  // Byte offset of column i in the fixed payload, and the payload's size.
+  uint32_t Offset(size_t i) const;
+  uint32_t PayloadSize() const;
+
+ private:
+  std::vector<Column> columns_;
+};
+
+// One row's values, in the table's fixed layout plus the bytes of kBytes columns.
+// REQUIRES: column indexes < schema.size() and of the accessor's type (checked by assert).
+class Row {
+ public:
+  Row() = default;
+  explicit Row(const Schema& schema);
+
+  int64_t GetInt64(size_t column) const;
+  double GetDouble(size_t column) const;
+  std::string_view GetChar(size_t column) const;  // without the zero padding
+  const std::string& GetBytes(size_t column) const;
+
+  void SetInt64(size_t column, int64_t value);
+  void SetDouble(size_t column, double value);
+  void SetChar(size_t column, std::string_view value);  // truncated to the column's length
+  void SetBytes(size_t column, std::string value);
+
+  const Schema* schema() const { return schema_; }
+  // The fixed payload (kBytes columns hold a blob reference there once written).
+  std::string& payload() { return payload_; }
+  const std::string& payload() const { return payload_; }
+  std::vector<std::string>& bytes() { return bytes_; }
+  const std::vector<std::string>& bytes() const { return bytes_; }
+
+ private:
+  const Schema* schema_ = nullptr;
+  std::string payload_;
+  std::vector<std::string> bytes_;  // per column; used by kBytes columns
+};
+
+struct TableOptions {
+  // Keep a B+tree on the key as well as the hash index, for ordered and range scans.
+  bool ordered = false;
+  // Initial hash buckets (7 keys each); the index grows past it by chaining buckets.
+  uint64_t expected_rows = 1024;
+};
+
+// A table's handle: its id, name, schema. Owned by the Database; valid until it is destroyed.
+class Table {
+ public:
+  virtual ~Table() = default;
+  virtual uint32_t id() const = 0;
+  virtual const std::string& name() const = 0;
+  virtual const Schema& schema() const = 0;
+  virtual bool ordered() const = 0;
+};
+
+// Counts of memory operations (pool engines) or messages (sharded), for benchmarks and the
+// simulator. Per session.
+struct TxnCounters {
+  uint64_t reads = 0, writes = 0, cas = 0, faa = 0;  // one-sided operations issued
+  uint64_t messages = 0;                             // sharded: request messages sent
+  uint64_t commits = 0, aborts = 0;
+};
+
+class Transaction {
+ public:
+  virtual ~Transaction() = default;
+
+  // Reads the row of `key` as of this transaction's snapshot (its own writes included).
+  // NotFound if the key has no visible row.
+  virtual Status Get(const Table& table, int64_t key, Row* row) = 0;
+  // Inserts or replaces the row of `key` (buffered until Commit).
+  virtual Status Put(const Table& table, int64_t key, const Row& row) = 0;
+  // Deletes `key` (buffered); NotFound if it has no visible row.
+  virtual Status Delete(const Table& table, int64_t key) = 0;
+  // Calls `visit` for the visible rows with lo <= key <= hi in key order (descending when
+  // `reverse`), at most `limit` of them (0: no limit); stops early if visit returns false.
+  // REQUIRES: table.ordered(). Does not see this transaction's own buffered writes.
+  virtual Status Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bool reverse,
+                      const std::function<bool(int64_t key, const Row& row)>& visit) = 0;
+
+  // Installs the writes atomically or returns Aborted (first committer wins; also a lock held
+  // by another transaction). Any other error is a failure. The transaction is finished
+  // afterwards either way.
+  virtual Status Commit() = 0;
+  // Drops the buffered writes. Idempotent; the destructor of an unfinished transaction calls it.
+  virtual void Rollback() = 0;
+};
+
+// A compute thread's context: NAM engines give it a slot of the timestamp vector and a commit
+// log in the pool. Thread-safety: one thread at a time.
+class Session {
+ public:
+  virtual ~Session() = default;
+  virtual Result<std::unique_ptr<Transaction>> Begin() = 0;
+  virtual const TxnCounters& counters() const = 0;
+};
+
+// Runs `body` in a transaction and commits, retrying on Aborted (from body or Commit) with
+// randomized backoff up to `max_attempts` times; other errors are returned at once. The last
+// Aborted is returned if every attempt aborted.
+Status RunTransaction(Session& session, const std::function<Status(Transaction&)>& body,
+                      int max_attempts = 1000);
+
+struct DatabaseOptions {
+  Engine engine = Engine::kPool;
+  // kPool: the cluster file. kSharded: the partition servers' cluster file (`farpool shard`),
+  // or empty to run `partitions` partition servers as threads of this process.
+  std::string cluster_file;
+  int partitions = 2;  // kSharded in-process only
+  // kLocal: bytes of local RAM per simulated server (reserved lazily) and server count.
+  uint64_t local_memory = 1ull << 30;
+  int local_servers = 2;
+
+  // Used only when this Open creates the database; an existing one keeps its own.
+  TimestampMode timestamps = TimestampMode::kVector;
+  uint32_t max_sessions = 256;  // slots of the timestamp vector
+  // A session that does not renew its lease for this long is presumed dead: its locks are
+  // broken and its commit in progress is finished (or undone) by whoever meets them.
+  std::chrono::milliseconds lease{2000};
+};
+
+class Database {
+ public:
+  // Opens the database of the cluster, creating its catalog if there is none.
+  static Result<std::unique_ptr<Database>> Open(const DatabaseOptions& options);
+  virtual ~Database() = default;
+
+  virtual Engine engine() const = 0;
+  virtual TimestampMode timestamp_mode() const = 0;
+
+  // AlreadyExists is reported as InvalidArgument naming the table.
+  virtual Result<const Table*> CreateTable(const std::string& name, const Schema& schema,
+                                           const TableOptions& options = {}) = 0;
+  virtual Result<const Table*> OpenTable(const std::string& name) = 0;
+  // Makes the name free again; the table's memory is not reclaimed.
+  // REQUIRES: no transaction of any process uses the table.
+  virtual Status DropTable(const std::string& name) = 0;
+  virtual Result<std::vector<std::string>> ListTables() = 0;
+
+  // Claims a session slot (NotFound-like OutOfMemory if all max_sessions are taken).
+  virtual Result<std::unique_ptr<Session>> NewSession() = 0;
+
+  // Finishes the commits of sessions whose lease expired and breaks their locks. Transactions
+  // do this on their own when they meet such a lock; this is for checkers and tools.
+  virtual Status RecoverExpired() = 0;
+  // Counts records of `table` still locked (a checker's question; not transactional).
+  virtual Result<uint64_t> CountLocked(const Table& table) = 0;
+};
+
+}  // namespace farpool

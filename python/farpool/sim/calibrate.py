@@ -1,0 +1,239 @@
+"""Experiment 3: predict farpool's TPC-B and bank throughput on this machine from its op costs.
+
+Inputs
+------
+* ``bench/results/ops.jsonl`` (or ``--ops FILE``), written by ``farpool bench ops --json``:
+  JSON lines with ``op`` (read|write|cas|faa), ``size``, ``threads``, ``batch``,
+  ``transport``, ``ops_per_s``, ``p50_us``, ``p99_us``, ``p999_us`` and ``system``. Only
+  ``system == "farpool"`` rows with ``batch == 1`` are used; peers' rows (redis, memcpy, ...)
+  are ignored. A missing file is an error naming the command that produces it; no number is
+  ever made up.
+* Per-transaction op counts: measured ones from a ``farpool bench txn --json`` file
+  (``--txn FILE``), otherwise the RSI derivation of ``mixes.rsi_op_counts``, labelled so.
+
+Model
+-----
+Each operation type is fitted with two numbers from its measured curve: the service time of
+the one shared station S = 1 / (highest measured ops/s), i.e. what saturates when many
+threads hammer the pool (the server's progress thread on TCP, the cores and memory system on
+shared memory), and a pure delay D = L1 - S, where L1 = 1 / (ops/s at 1 thread) is the mean
+latency of one synchronous thread (Little's law). The fit is checked against the measured
+ops/s at every other thread count (exact mean value analysis of the closed two-station
+model) and the error is reported.
+
+Transactions are then predicted two ways for 1..8 client threads:
+* ``des``: the RSI protocol of ``txn.py`` executed as a discrete-event simulation, each
+  operation a path delay D/2 -> station S -> delay D/2, with real record conflicts, aborts
+  and retries (TPC-B's branch hot spot) and the commit phases batched;
+* ``mva``: mean value analysis with the op counts (measured if given) run back to back, no
+  batching and no aborts -- the simplest model that uses the counts alone.
+
+What it cannot do here: compare with measured transaction throughput until
+``bench/results/txn.jsonl`` exists (``farpool bench txn ... --json``); until then the output
+says so (``"measured_txn": null``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import simpy
+
+from .mixes import OpCounts, load_txn_counts, load_txn_rows, rsi_op_counts, shape
+from .nodes import FifoServer, spawn_streams
+from .txn import APPLY, DELAY, FIFO, Context, Path as OpPath, RecordTable, TxnStats, \
+    Workload, start_clients
+
+OPS_FIELDS = ("op", "size", "threads", "batch", "transport", "ops_per_s", "p50_us", "p99_us",
+              "p999_us", "system")
+OP_KINDS = ("read", "write", "cas", "faa")
+OPS_HINT = ("run `farpool bench ops --json` (the C++ benchmark; it writes "
+            "bench/results/ops.jsonl) or pass --ops FILE")
+TXN_HINT = ("the comparison against measured transaction runs needs bench/results/txn.jsonl "
+            "(`farpool bench txn ... --json`, not available yet); pass it with --txn FILE")
+
+
+def repo_root(start: Path | None = None) -> Path:
+    """The nearest directory at or above ``start`` (default: cwd) holding ``bench/`` or
+    ``.git``; the cwd if there is none."""
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / ".git").exists() or (d / "bench").is_dir():
+            return d
+    return here
+
+
+def load_ops(path: Path) -> list[dict]:
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no operation-cost results; {OPS_HINT}")
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not a JSON object: {e}") from None
+        missing = [f for f in OPS_FIELDS if f not in row]
+        if missing:
+            raise ValueError(f"{path}:{n}: row lacks {', '.join(missing)}")
+        if row["op"] not in OP_KINDS:
+            raise ValueError(f"{path}:{n}: unknown op {row['op']!r} (want {OP_KINDS})")
+        if not row["ops_per_s"] > 0 or row["threads"] < 1 or row["batch"] < 1:
+            raise ValueError(f"{path}:{n}: need ops_per_s > 0, threads >= 1, batch >= 1")
+        rows.append(row)
+    if not rows:
+        raise ValueError(f"{path}: contains no rows; {OPS_HINT}")
+    return rows
+
+
+@dataclass
+class OpCost:
+    op: str
+    size: int
+    service_ns: float
+    delay_ns: float
+    measured: dict[int, float]  # threads -> ops/s
+
+    def model_ops_per_s(self, threads: int) -> float:
+        return mva(self.service_ns, self.delay_ns, threads)[0] * 1e9
+
+    def check(self) -> dict:
+        model = {t: self.model_ops_per_s(t) for t in self.measured}
+        err = {t: (model[t] - x) / x * 100 for t, x in self.measured.items()}
+        return {"op": self.op, "size": self.size, "service_us": self.service_ns / 1e3,
+                "delay_us": self.delay_ns / 1e3,
+                "latency_1thread_us": (self.service_ns + self.delay_ns) / 1e3,
+                "measured_ops_per_s": self.measured, "model_ops_per_s": model,
+                "max_abs_error_pct": max(abs(e) for e in err.values())}
+
+
+def mva(service_ns: float, delay_ns: float, customers: int) -> tuple[float, float]:
+    """Exact MVA of a closed network: one FCFS station plus a delay. Returns (X per ns, R ns)."""
+    q = 0.0
+    x = r = 0.0
+    for k in range(1, customers + 1):
+        r = service_ns * (1 + q)
+        x = k / (r + delay_ns)
+        q = x * r
+    return x, r + delay_ns
+
+
+def fit_costs(rows: list[dict], transport: str | None, size: int) -> tuple[str, dict[str, OpCost]]:
+    mine = [r for r in rows if r["system"] == "farpool" and r["batch"] == 1]
+    if not mine:
+        raise ValueError("no rows with system \"farpool\" and batch 1 in the ops file; "
+                         + OPS_HINT)
+    transports = sorted({r["transport"] for r in mine})
+    if transport is None:
+        transport = "shm" if "shm" in transports else transports[0]
+    elif transport not in transports:
+        raise ValueError(f"no farpool rows for transport {transport!r}; the file has "
+                         f"{', '.join(transports)}")
+    costs = {}
+    for op in OP_KINDS:
+        sel = [r for r in mine if r["transport"] == transport and r["op"] == op]
+        if not sel:
+            raise ValueError(f"no farpool {op} rows on transport {transport!r}; "
+                             "need read, write, cas and faa")
+        best = min({r["size"] for r in sel}, key=lambda s: (abs(s - size), s))
+        sel = [r for r in sel if r["size"] == best]
+        by_t: dict[int, list[float]] = {}
+        for r in sel:
+            by_t.setdefault(int(r["threads"]), []).append(float(r["ops_per_s"]))
+        measured = {t: sum(v) / len(v) for t, v in sorted(by_t.items())}
+        if 1 not in measured:
+            raise ValueError(f"farpool {op} ({transport}, {best} B) has no 1-thread row; "
+                             "the fit needs the single-thread latency")
+        s = 1e9 / max(measured.values())
+        d = max(0.0, 1e9 / measured[1] - s)
+        costs[op] = OpCost(op, best, s, d, measured)
+    return transport, costs
+
+
+class MeasuredCost:
+    """Cost model of one machine: every op is delay D/2, the shared station, delay D/2."""
+
+    def __init__(self, env: simpy.Environment, costs: dict[str, OpCost]) -> None:
+        self.costs = costs
+        self.server = FifoServer(env, 1, "pool")
+
+    def one_sided(self, op, src, dst, req_bytes, resp_bytes, apply=None, hot=False) -> OpPath:
+        c = self.costs[op]
+        path: OpPath = [(DELAY, c.delay_ns / 2), (FIFO, self.server, c.service_ns)]
+        if apply:
+            path.append((APPLY, apply))
+        path.append((DELAY, c.delay_ns / 2))
+        return path
+
+    def rpc(self, src, dst, req_bytes, resp_bytes, apply=None) -> OpPath:
+        raise ValueError("calibration models the pool engine only; 2PC has no measured costs")
+
+
+def predict_des(costs: dict[str, OpCost], workload: str, threads: int, scale: int,
+                seed: int, commits: int) -> dict:
+    env = simpy.Environment()
+    cm = MeasuredCost(env, costs)
+    stats = TxnStats(env, warm=commits // 5, target=commits)
+    wl = Workload(workload, 1, scale=scale, accounts=100_000 * scale)
+    ctx = Context(env, cm, wl, RecordTable(), stats, threads)
+    start_clients(ctx, "pool", [0] * threads, spawn_streams(seed, threads))
+    env.run(until=stats.done)
+    return stats.summary()
+
+
+def predict_mva(costs: dict[str, OpCost], counts: OpCounts, threads: int) -> float:
+    n = {"read": counts.reads, "write": counts.writes, "cas": counts.cas, "faa": counts.faa}
+    s = sum(n[o] * costs[o].service_ns for o in OP_KINDS)
+    d = sum(n[o] * costs[o].delay_ns for o in OP_KINDS)
+    return mva(s, d, threads)[0] * 1e9
+
+
+def calibrate(ops_path: Path, txn_path: Path | None = None, transport: str | None = None,
+              size: int = 64, threads: tuple[int, ...] = tuple(range(1, 9)), scale: int = 8,
+              seed: int = 1, commits: int = 5000) -> dict:
+    rows = load_ops(ops_path)
+    transport, costs = fit_costs(rows, transport, size)
+    txn_rows = load_txn_rows(txn_path) if txn_path is not None else None
+    counts = {}
+    for w in ("bank", "tpcb"):
+        measured = load_txn_counts(txn_rows, w) if txn_rows else None
+        counts[w] = measured or rsi_op_counts(shape(w))
+    predicted = []
+    for w in ("bank", "tpcb"):
+        for t in threads:
+            des = predict_des(costs, w, t, scale, seed, commits)
+            predicted.append({"workload": w, "threads": t, "des_tps": des["tps"],
+                              "des_abort_rate": des["abort_rate"],
+                              "des_mean_latency_us": des["mean_latency_us"],
+                              "mva_tps": predict_mva(costs, counts[w], t)})
+    out = {"ops_file": str(ops_path), "transport": transport, "record_size": size,
+           "scale": scale, "op_costs": {o: c.check() for o, c in costs.items()},
+           "op_counts": {w: c.as_dict() for w, c in counts.items()},
+           "predicted": predicted}
+    if txn_rows is None:
+        out["measured_txn"] = None
+        out["message"] = TXN_HINT
+        return out
+    comparison = []
+    for p in predicted:
+        meas = [r for r in txn_rows if r["engine"] == "pool" and r["workload"] == p["workload"]
+                and int(r["threads"]) == p["threads"]]
+        if not meas:
+            continue
+        m = sum(r["tps"] for r in meas) / len(meas)
+        comparison.append({"workload": p["workload"], "threads": p["threads"],
+                           "measured_tps": m, "des_tps": p["des_tps"], "mva_tps": p["mva_tps"],
+                           "des_error_pct": (p["des_tps"] - m) / m * 100,
+                           "mva_error_pct": (p["mva_tps"] - m) / m * 100})
+    out["measured_txn"] = comparison
+    if comparison:
+        worst = max(abs(c["des_error_pct"]) for c in comparison)
+        out["message"] = (f"compared with {len(comparison)} measured point(s) from {txn_path}; "
+                          f"largest DES error {worst:.1f}% (target: within 25%)")
+    else:
+        out["message"] = (f"{txn_path} has no engine=pool rows for bank/tpcb at "
+                          f"{min(threads)}..{max(threads)} threads; nothing to compare")
+    return out

@@ -1,0 +1,79 @@
+"""Calibration from ops.jsonl: parsing, the fit, RSI op counts, and the no-txn-file path."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from farpool.sim import calibrate as cal
+from farpool.sim.mixes import BANK, TPCB, rsi_op_counts
+
+FIXTURE = Path(__file__).parent / "fixtures" / "ops_fixture.jsonl"
+
+
+def test_missing_ops_file_names_the_command(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"ops\.jsonl.*farpool bench ops --json"):
+        cal.load_ops(tmp_path / "ops.jsonl")
+
+
+def test_malformed_rows_are_refused(tmp_path):
+    f = tmp_path / "ops.jsonl"
+    f.write_text('{"op": "read"}\n')
+    with pytest.raises(ValueError, match=":1: row lacks"):
+        cal.load_ops(f)
+    f.write_text("not json\n")
+    with pytest.raises(ValueError, match="not a JSON object"):
+        cal.load_ops(f)
+
+
+def test_fit_uses_farpool_batch1_rows_of_the_nearest_size():
+    transport, costs = cal.fit_costs(cal.load_ops(FIXTURE), None, 64)
+    assert transport == "shm"
+    read = costs["read"]
+    assert read.size == 64
+    assert read.measured == {1: 2.5e6, 2: 4.4e6, 4: 5.0e6, 8: 5.2e6}  # no redis/memcpy/batch
+    assert read.service_ns == pytest.approx(1e9 / 5.2e6)
+    assert read.service_ns + read.delay_ns == pytest.approx(400.0)  # 1 / 2.5 M/s
+    assert read.model_ops_per_s(1) == pytest.approx(2.5e6)
+    with pytest.raises(ValueError, match="transport 'rdma'"):
+        cal.fit_costs(cal.load_ops(FIXTURE), "rdma", 64)
+
+
+def test_mva_single_customer_and_saturation():
+    x, r = cal.mva(100.0, 300.0, 1)
+    assert x == pytest.approx(1 / 400) and r == pytest.approx(400)
+    x, _ = cal.mva(100.0, 300.0, 50)
+    assert x == pytest.approx(1 / 100, rel=1e-3)
+
+
+def test_rsi_op_counts():
+    b, t = rsi_op_counts(BANK), rsi_op_counts(TPCB)
+    assert (b.reads, b.writes, b.cas, b.faa) == (5, 5, 2, 0)
+    assert (t.reads, t.writes, t.cas, t.faa) == (7, 8, 3, 1)
+    assert "not measured" in t.source
+
+
+def test_calibrate_without_txn_file_says_so():
+    r = cal.calibrate(FIXTURE, None, threads=(1, 4), commits=600)
+    assert r["measured_txn"] is None
+    assert "bench/results/txn.jsonl" in r["message"]
+    by = {(p["workload"], p["threads"]): p for p in r["predicted"]}
+    assert set(by) == {("bank", 1), ("bank", 4), ("tpcb", 1), ("tpcb", 4)}
+    # One thread: no conflicts; the DES batches commit phases so it beats the serial MVA.
+    assert by["bank", 1]["des_abort_rate"] == 0
+    assert by["bank", 1]["des_tps"] > by["bank", 1]["mva_tps"]
+    assert by["bank", 4]["des_tps"] > by["bank", 1]["des_tps"]
+
+
+def test_calibrate_compares_with_measured_runs(tmp_path):
+    txn = tmp_path / "txn.jsonl"
+    rows = [{"engine": "pool", "workload": w, "clients": t, "threads": t, "tps": 100000.0,
+             "p50_us": 10, "p99_us": 30, "abort_rate": 0.0, "reads_per_txn": 5,
+             "writes_per_txn": 5, "cas_per_txn": 2, "faa_per_txn": 0}
+            for w in ("bank", "tpcb") for t in (1, 2)]
+    txn.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = cal.calibrate(FIXTURE, txn, threads=(1, 2), commits=600)
+    assert len(r["measured_txn"]) == 4
+    c = r["measured_txn"][0]
+    assert c["des_error_pct"] == pytest.approx((c["des_tps"] - 1e5) / 1e5 * 100)
+    assert r["op_counts"]["tpcb"]["source"].startswith("measured")

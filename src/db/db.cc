@@ -1,0 +1,183 @@
+// Schema, Row, option parsing, the retry helper and engine dispatch of include/farpool/db.h.
+#include "farpool/db.h"
+
+#include <cassert>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "db/nam_engine.h"
+#include "db/sharded_engine.h"
+
+namespace farpool {
+
+Result<Engine> ParseEngine(std::string_view text) {
+  if (text == "pool") return Engine::kPool;
+  if (text == "local") return Engine::kLocal;
+  if (text == "sharded") return Engine::kSharded;
+  return Status::InvalidArgument("unknown engine '" + std::string(text) +
+                                 "' (expected pool, local or sharded)");
+}
+
+std::string_view EngineName(Engine engine) {
+  switch (engine) {
+    case Engine::kPool: return "pool";
+    case Engine::kLocal: return "local";
+    case Engine::kSharded: return "sharded";
+  }
+  return "?";
+}
+
+Result<TimestampMode> ParseTimestampMode(std::string_view text) {
+  if (text == "vector") return TimestampMode::kVector;
+  if (text == "counter") return TimestampMode::kCounter;
+  return Status::InvalidArgument("unknown timestamp mode '" + std::string(text) +
+                                 "' (expected vector or counter)");
+}
+
+// ---------------------------------------------------------------- Schema
+
+namespace {
+uint32_t ColumnBytes(const Column& c) {
+  switch (c.type) {
+    case ColumnType::kInt64:
+    case ColumnType::kDouble: return 8;
+    case ColumnType::kChar: return (c.length + 7) & ~7u;
+    case ColumnType::kBytes: return 16;  // blob address + length
+  }
+  return 0;
+}
+}  // namespace
+
+int Schema::Find(std::string_view name) const {
+  for (size_t i = 0; i < columns_.size(); ++i) {
+    if (columns_[i].name == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+Status Schema::Validate() const {
+  if (columns_.empty()) return Status::InvalidArgument("schema: no columns");
+  if (columns_.size() > kMaxColumns) {
+    return Status::InvalidArgument("schema: " + std::to_string(columns_.size()) +
+                                   " columns (at most " + std::to_string(kMaxColumns) + ")");
+  }
+  std::set<std::string> names;
+  for (const auto& c : columns_) {
+    if (c.name.empty() || c.name.size() > 23) {
+      return Status::InvalidArgument("schema: column name '" + c.name + "' must be 1..23 bytes");
+    }
+    if (!names.insert(c.name).second) {
+      return Status::InvalidArgument("schema: duplicate column '" + c.name + "'");
+    }
+    if (c.type == ColumnType::kChar && (c.length == 0 || c.length > 4096)) {
+      return Status::InvalidArgument("schema: char column '" + c.name + "' needs a length of 1..4096");
+    }
+    if (c.type != ColumnType::kInt64 && c.type != ColumnType::kDouble &&
+        c.type != ColumnType::kChar && c.type != ColumnType::kBytes) {
+      return Status::InvalidArgument("schema: column '" + c.name + "' has an unknown type");
+    }
+  }
+  return Status::Ok();
+}
+
+uint32_t Schema::Offset(size_t i) const {
+  uint32_t off = 0;
+  for (size_t j = 0; j < i; ++j) off += ColumnBytes(columns_[j]);
+  return off;
+}
+
+uint32_t Schema::PayloadSize() const { return Offset(columns_.size()); }
+
+// ---------------------------------------------------------------- Row
+
+Row::Row(const Schema& schema)
+    : schema_(&schema), payload_(schema.PayloadSize(), '\0'), bytes_(schema.size()) {}
+
+int64_t Row::GetInt64(size_t c) const {
+  assert(schema_->columns()[c].type == ColumnType::kInt64);
+  int64_t v;
+  std::memcpy(&v, payload_.data() + schema_->Offset(c), 8);
+  return v;
+}
+double Row::GetDouble(size_t c) const {
+  assert(schema_->columns()[c].type == ColumnType::kDouble);
+  double v;
+  std::memcpy(&v, payload_.data() + schema_->Offset(c), 8);
+  return v;
+}
+std::string_view Row::GetChar(size_t c) const {
+  assert(schema_->columns()[c].type == ColumnType::kChar);
+  const char* p = payload_.data() + schema_->Offset(c);
+  size_t n = schema_->columns()[c].length;
+  return std::string_view(p, strnlen(p, n));
+}
+const std::string& Row::GetBytes(size_t c) const {
+  assert(schema_->columns()[c].type == ColumnType::kBytes);
+  return bytes_[c];
+}
+void Row::SetInt64(size_t c, int64_t v) {
+  assert(schema_->columns()[c].type == ColumnType::kInt64);
+  std::memcpy(payload_.data() + schema_->Offset(c), &v, 8);
+}
+void Row::SetDouble(size_t c, double v) {
+  assert(schema_->columns()[c].type == ColumnType::kDouble);
+  std::memcpy(payload_.data() + schema_->Offset(c), &v, 8);
+}
+void Row::SetChar(size_t c, std::string_view v) {
+  assert(schema_->columns()[c].type == ColumnType::kChar);
+  const size_t n = (schema_->columns()[c].length + 7) & ~7u;
+  char* p = payload_.data() + schema_->Offset(c);
+  std::memset(p, 0, n);
+  std::memcpy(p, v.data(), std::min<size_t>(v.size(), schema_->columns()[c].length));
+}
+void Row::SetBytes(size_t c, std::string v) {
+  assert(schema_->columns()[c].type == ColumnType::kBytes);
+  bytes_[c] = std::move(v);
+}
+
+// ---------------------------------------------------------------- RunTransaction
+
+Status RunTransaction(Session& session, const std::function<Status(Transaction&)>& body,
+                      int max_attempts) {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  Status last;
+  for (int attempt = 0; attempt < max_attempts; ++attempt) {
+    if (attempt > 0) {
+      // Randomized exponential backoff, capped at ~1 ms: colliding transactions spread out.
+      const uint64_t cap = std::min<uint64_t>(1000, uint64_t{2} << std::min(attempt, 9));
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % cap));
+    }
+    auto txn = session.Begin();
+    if (!txn.ok()) {
+      if (txn.status().code() == StatusCode::kAborted) {
+        last = txn.status();
+        continue;
+      }
+      return txn.status();
+    }
+    Status s = body(**txn);
+    if (s.ok()) s = (*txn)->Commit();
+    if (!s.ok()) (*txn)->Rollback();
+    if (s.code() != StatusCode::kAborted) return s;
+    last = s;
+  }
+  return last;
+}
+
+// ---------------------------------------------------------------- Open
+
+Result<std::unique_ptr<Database>> Database::Open(const DatabaseOptions& options) {
+  switch (options.engine) {
+    case Engine::kPool:
+    case Engine::kLocal:
+      return db::OpenNamDatabase(options);
+    case Engine::kSharded:
+      return db::OpenShardedDatabase(options);
+  }
+  return Status::InvalidArgument("unknown engine");
+}
+
+}  // namespace farpool

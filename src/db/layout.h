@@ -1,0 +1,167 @@
+// Layouts of the database's structures in memory (pool or local) and the small pure helpers
+// that read them. Everything is 8-byte words, little-endian, copied with memcpy.
+//
+// Record (one per key, never moved or removed; found through the indexes):
+//
+//   | lock u64 | key i64 | cell[0] | cell[1] | cell[2] |
+//   cell = | stamp u64 | seq u64 | flags u64 | chain u64 | payload (P bytes) | checksum u64 |
+//
+//   lock   unlocked: newest_seq << 1 (bit 0 clear), so a CAS that expects the version a
+//          transaction read both locks the record and proves it unchanged. Locked:
+//          slot << 48 | epoch << 1 | 1 (the session that holds it; see LockWord).
+//   cells  the kCells newest versions; version number `seq` lives in cell seq % kCells.
+//          stamp is the commit timestamp (see Stamp), flags bit 0 = deleted (a tombstone).
+//          chain is the head of the list of versions older than those in the cells: when
+//          version S evicts S-kCells, that old cell is copied to a new node whose chain is the
+//          previous newest cell's chain, and S's chain points at the node.
+//   checksum  over stamp..payload: a reader that copies a cell while its writer overwrites
+//          it sees a mismatch and reads again (the pool's reads are not atomic; Pilaf's
+//          self-verifying cells). seq == 0 is an empty cell.
+//
+// Version nodes of the chain have the layout of a cell and are immutable once linked.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "farpool/address.h"
+
+namespace farpool::db {
+
+inline constexpr int kCells = 3;
+inline constexpr uint64_t kCellHeader = 32;  // stamp, seq, flags, chain
+inline constexpr uint64_t kRecordHeader = 16;
+inline constexpr uint64_t kFlagDeleted = 1;
+
+inline uint64_t Mix64(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return x;
+}
+
+// A 64-bit hash of `n` bytes (n a multiple of 8); never 0.
+inline uint64_t Checksum(const void* data, uint64_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t h = 0x243F6A8885A308D3ULL ^ n;
+  for (uint64_t i = 0; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ Mix64(w + i)) * 0x9E3779B97F4A7C15ULL;
+    h ^= h >> 29;
+  }
+  return h == 0 ? 1 : h;
+}
+
+// ---------------------------------------------------------------- stamps, snapshots
+
+// Commit timestamps. Vector mode: slot << 48 | the slot's counter. Counter mode: the global
+// counter's value (slot bits 0).
+inline constexpr uint64_t kStampCounterMask = (uint64_t{1} << 48) - 1;
+inline uint64_t MakeStamp(uint32_t slot, uint64_t counter) {
+  return (uint64_t{slot} << 48) | (counter & kStampCounterMask);
+}
+
+struct Snapshot {
+  bool vector = true;
+  uint64_t counter = 0;          // counter mode: visible iff stamp <= counter
+  std::vector<uint64_t> slots;  // vector mode: visible iff stamp's counter <= slots[slot]
+
+  bool Visible(uint64_t stamp) const {
+    if (!vector) return stamp <= counter;
+    const uint64_t slot = stamp >> 48;
+    return slot < slots.size() && (stamp & kStampCounterMask) <= slots[slot];
+  }
+};
+
+// ---------------------------------------------------------------- lock words
+
+inline constexpr uint64_t kEpochMask = (uint64_t{1} << 47) - 1;
+inline uint64_t LockWord(uint32_t slot, uint64_t epoch) {
+  return (uint64_t{slot} << 48) | ((epoch & kEpochMask) << 1) | 1;
+}
+inline bool IsLocked(uint64_t word) { return (word & 1) != 0; }
+inline uint32_t LockSlot(uint64_t word) { return static_cast<uint32_t>(word >> 48); }
+inline uint64_t LockEpoch(uint64_t word) { return (word >> 1) & kEpochMask; }
+inline uint64_t UnlockedWord(uint64_t newest_seq) { return newest_seq << 1; }
+inline uint64_t UnlockedSeq(uint64_t word) { return word >> 1; }
+
+// ---------------------------------------------------------------- records
+
+struct RecordLayout {
+  uint64_t payload = 0;  // bytes, a multiple of 8
+  uint64_t cell_size() const { return kCellHeader + payload + 8; }
+  uint64_t record_size() const { return kRecordHeader + kCells * cell_size(); }
+  uint64_t cell_offset(uint64_t seq) const {
+    return kRecordHeader + (seq % kCells) * cell_size();
+  }
+};
+
+// A cell's fields, decoded from an image.
+struct CellView {
+  uint64_t stamp = 0, seq = 0, flags = 0, chain = 0;
+  const unsigned char* payload = nullptr;
+  bool valid = false;  // checksum matches (or the cell is empty)
+  bool empty() const { return seq == 0; }
+};
+
+inline CellView DecodeCell(const unsigned char* cell, const RecordLayout& layout) {
+  CellView v;
+  std::memcpy(&v.stamp, cell, 8);
+  std::memcpy(&v.seq, cell + 8, 8);
+  std::memcpy(&v.flags, cell + 16, 8);
+  std::memcpy(&v.chain, cell + 24, 8);
+  v.payload = cell + kCellHeader;
+  uint64_t sum;
+  std::memcpy(&sum, cell + kCellHeader + layout.payload, 8);
+  if (v.seq == 0) {
+    v.valid = true;
+  } else {
+    v.valid = sum == Checksum(cell, kCellHeader + layout.payload);
+  }
+  return v;
+}
+
+// Writes a complete cell image (with checksum) into `out` (layout.cell_size() bytes).
+inline void EncodeCell(unsigned char* out, const RecordLayout& layout, uint64_t stamp,
+                       uint64_t seq, uint64_t flags, uint64_t chain, const void* payload) {
+  std::memcpy(out, &stamp, 8);
+  std::memcpy(out + 8, &seq, 8);
+  std::memcpy(out + 16, &flags, 8);
+  std::memcpy(out + 24, &chain, 8);
+  std::memcpy(out + kCellHeader, payload, layout.payload);
+  uint64_t sum = Checksum(out, kCellHeader + layout.payload);
+  std::memcpy(out + kCellHeader + layout.payload, &sum, 8);
+}
+
+// A decoded copy of a record.
+struct RecordImage {
+  std::vector<unsigned char> bytes;
+  uint64_t lock = 0;
+  int64_t key = 0;
+  CellView cells[kCells];
+  bool torn = false;          // some non-empty cell failed its checksum
+  int newest = -1;            // index of the highest-seq cell, -1 if all empty
+  uint64_t newest_seq() const { return newest < 0 ? 0 : cells[newest].seq; }
+
+  void Decode(const RecordLayout& layout) {
+    std::memcpy(&lock, bytes.data(), 8);
+    std::memcpy(&key, bytes.data() + 8, 8);
+    torn = false;
+    newest = -1;
+    for (int i = 0; i < kCells; ++i) {
+      cells[i] = DecodeCell(bytes.data() + kRecordHeader + i * layout.cell_size(), layout);
+      if (!cells[i].valid) torn = true;
+      if (cells[i].valid && !cells[i].empty() &&
+          (newest < 0 || cells[i].seq > cells[newest].seq)) {
+        newest = i;
+      }
+    }
+  }
+};
+
+}  // namespace farpool::db

@@ -1,0 +1,259 @@
+#include "db/memory.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+namespace farpool::db {
+namespace {
+
+// ---------------------------------------------------------------- pool
+
+class PoolBatch final : public MemoryBatch {
+ public:
+  explicit PoolBatch(Pool& pool) : batch_(pool) {}
+  Status Read(GlobalAddress s, void* d, uint64_t n) override { return batch_.Read(s, d, n); }
+  Status Write(GlobalAddress d, const void* s, uint64_t n) override { return batch_.Write(d, s, n); }
+  Status CompareAndSwap(GlobalAddress a, uint64_t e, uint64_t d, uint64_t* p) override {
+    return batch_.CompareAndSwap(a, e, d, p);
+  }
+  Status FetchAdd(GlobalAddress a, uint64_t d, uint64_t* p) override {
+    return batch_.FetchAdd(a, d, p);
+  }
+  Status Wait() override { return batch_.Wait(); }
+  size_t posted() const override { return batch_.posted(); }
+
+ private:
+  Batch batch_;
+};
+
+class PoolMemory final : public Memory {
+ public:
+  explicit PoolMemory(Pool& pool) : pool_(pool) {
+    auto ids = pool.server_ids();
+    root_ = Pool::Root(ids.empty() ? 0 : *std::min_element(ids.begin(), ids.end()));
+  }
+  Status Read(GlobalAddress s, void* d, uint64_t n) override { return pool_.Read(s, d, n); }
+  Status Write(GlobalAddress d, const void* s, uint64_t n) override { return pool_.Write(d, s, n); }
+  Result<uint64_t> CompareAndSwap(GlobalAddress a, uint64_t e, uint64_t d) override {
+    return pool_.CompareAndSwap(a, e, d);
+  }
+  Result<uint64_t> FetchAdd(GlobalAddress a, uint64_t d) override { return pool_.FetchAdd(a, d); }
+  Result<GlobalAddress> Alloc(uint64_t size, Placement p) override { return pool_.Alloc(size, p); }
+  Status Free(GlobalAddress a) override { return pool_.Free(a); }
+  std::unique_ptr<MemoryBatch> NewBatch() override { return std::make_unique<PoolBatch>(pool_); }
+  std::vector<uint16_t> servers() const override { return pool_.server_ids(); }
+  GlobalAddress Root() const override { return root_; }
+
+ private:
+  Pool& pool_;
+  GlobalAddress root_;
+};
+
+// ---------------------------------------------------------------- local
+
+// Objects are rounded up to 64 bytes (cache lines, 8-byte atomics stay aligned) and carved by
+// a bump pointer per region; freed objects go to a free list of their size.
+class LocalMemory final : public Memory {
+ public:
+  static constexpr uint64_t kFirstObject = 4096;  // [64, 4096) is the root area
+
+  ~LocalMemory() override {
+    for (auto& r : regions_) munmap(r.base, size_);
+  }
+
+  static Result<std::unique_ptr<Memory>> Create(int servers, uint64_t bytes) {
+    if (servers < 1 || servers > 1024) {
+      return Status::InvalidArgument("local memory: " + std::to_string(servers) +
+                                     " servers (expected 1..1024)");
+    }
+    if (bytes < (1u << 20)) return Status::InvalidArgument("local memory: regions below 1 MiB");
+    std::unique_ptr<LocalMemory> m(new LocalMemory(bytes));
+    m->regions_ = std::vector<Region>(servers);
+    for (auto& r : m->regions_) {
+      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (p == MAP_FAILED) {
+        return Status::OutOfMemory("local memory: cannot reserve " + std::to_string(bytes) +
+                                   " bytes: " + std::strerror(errno));
+      }
+      r.base = static_cast<std::byte*>(p);
+      r.next.store(kFirstObject);
+    }
+    return std::unique_ptr<Memory>(std::move(m));
+  }
+
+  Status Read(GlobalAddress s, void* d, uint64_t n) override {
+    std::byte* p;
+    FARPOOL_RETURN_IF_ERROR(Resolve(s, n, false, &p));
+    std::memcpy(d, p, n);
+    return Status::Ok();
+  }
+  Status Write(GlobalAddress d, const void* s, uint64_t n) override {
+    std::byte* p;
+    FARPOOL_RETURN_IF_ERROR(Resolve(d, n, false, &p));
+    std::memcpy(p, s, n);
+    return Status::Ok();
+  }
+  Result<uint64_t> CompareAndSwap(GlobalAddress a, uint64_t e, uint64_t d) override {
+    std::byte* p;
+    FARPOOL_RETURN_IF_ERROR(Resolve(a, 8, true, &p));
+    std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(p));
+    word.compare_exchange_strong(e, d);
+    return e;
+  }
+  Result<uint64_t> FetchAdd(GlobalAddress a, uint64_t d) override {
+    std::byte* p;
+    FARPOOL_RETURN_IF_ERROR(Resolve(a, 8, true, &p));
+    std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(p));
+    return word.fetch_add(d);
+  }
+  Result<GlobalAddress> Alloc(uint64_t size, Placement placement) override {
+    if (size == 0) return Status::InvalidArgument("local memory: zero-byte allocation");
+    const uint64_t rounded = (size + 63) & ~uint64_t{63};
+    const size_t n = regions_.size();
+    size_t first;
+    switch (placement.kind()) {
+      case Placement::Kind::kOnServer:
+        if (placement.value() >= n) {
+          return Status::InvalidArgument("local memory: no server " +
+                                         std::to_string(placement.value()));
+        }
+        first = placement.value();
+        break;
+      case Placement::Kind::kByKey:
+        first = (placement.value() * 0x9E3779B97F4A7C15ull >> 32) % n;
+        break;
+      default:
+        first = stripe_.fetch_add(1, std::memory_order_relaxed) % n;
+    }
+    const size_t tries = placement.kind() == Placement::Kind::kOnServer ? 1 : n;
+    for (size_t t = 0; t < tries; ++t) {
+      const size_t s = (first + t) % n;
+      Region& r = regions_[s];
+      {
+        std::lock_guard<std::mutex> lock(r.mu);
+        auto it = r.free.find(rounded);
+        if (it != r.free.end() && !it->second.empty()) {
+          uint64_t off = it->second.back();
+          it->second.pop_back();
+          r.sizes[off] = rounded;
+          return GlobalAddress(static_cast<uint16_t>(s), off);
+        }
+      }
+      uint64_t off = r.next.fetch_add(rounded);
+      if (off + rounded <= size_) {
+        std::lock_guard<std::mutex> lock(r.mu);
+        r.sizes[off] = rounded;
+        return GlobalAddress(static_cast<uint16_t>(s), off);
+      }
+    }
+    return Status::OutOfMemory("local memory: no room for " + std::to_string(size) +
+                               " bytes (" + std::to_string(n) + " regions of " +
+                               std::to_string(size_) + " bytes)");
+  }
+  Status Free(GlobalAddress a) override {
+    if (a.server() >= regions_.size()) return Status::InvalidArgument("local memory: bad free " + a.ToString());
+    Region& r = regions_[a.server()];
+    std::lock_guard<std::mutex> lock(r.mu);
+    auto it = r.sizes.find(a.offset());
+    if (it == r.sizes.end()) {
+      return Status::InvalidArgument("local memory: free of " + a.ToString() +
+                                     ", which is not an allocated object");
+    }
+    r.free[it->second].push_back(a.offset());
+    r.sizes.erase(it);
+    return Status::Ok();
+  }
+  std::unique_ptr<MemoryBatch> NewBatch() override;
+  std::vector<uint16_t> servers() const override {
+    std::vector<uint16_t> ids(regions_.size());
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint16_t>(i);
+    return ids;
+  }
+  GlobalAddress Root() const override { return GlobalAddress(0, 64); }
+
+ private:
+  struct Region {
+    std::byte* base = nullptr;
+    std::atomic<uint64_t> next{0};
+    std::mutex mu;
+    std::unordered_map<uint64_t, std::vector<uint64_t>> free;  // size -> offsets
+    std::unordered_map<uint64_t, uint64_t> sizes;             // live offset -> size
+  };
+  explicit LocalMemory(uint64_t size) : size_(size) {}
+
+  Status Resolve(GlobalAddress a, uint64_t n, bool atomic, std::byte** out) const {
+    if (a.is_null()) return Status::InvalidArgument("local memory: null address");
+    if (a.server() >= regions_.size()) {
+      return Status::InvalidArgument("local memory: address " + a.ToString() +
+                                     " names no server");
+    }
+    if (a.offset() < 64 || a.offset() + n > size_ || n > size_) {
+      return Status::InvalidArgument("local memory: range " + a.ToString() + " + " +
+                                     std::to_string(n) + " is outside the region");
+    }
+    if (atomic && (a.offset() & 7) != 0) {
+      return Status::InvalidArgument("local memory: atomic on misaligned " + a.ToString());
+    }
+    *out = regions_[a.server()].base + a.offset();
+    return Status::Ok();
+  }
+
+  uint64_t size_;
+  std::vector<Region> regions_;
+  std::atomic<uint64_t> stripe_{0};
+};
+
+// Local operations complete at once; the batch only remembers the first error.
+class LocalBatch final : public MemoryBatch {
+ public:
+  explicit LocalBatch(Memory& m) : m_(m) {}
+  Status Read(GlobalAddress s, void* d, uint64_t n) override { return Note(m_.Read(s, d, n)); }
+  Status Write(GlobalAddress d, const void* s, uint64_t n) override {
+    return Note(m_.Write(d, s, n));
+  }
+  Status CompareAndSwap(GlobalAddress a, uint64_t e, uint64_t d, uint64_t* p) override {
+    auto r = m_.CompareAndSwap(a, e, d);
+    if (!r.ok()) return r.status();
+    *p = *r;
+    ++posted_;
+    return Status::Ok();
+  }
+  Status FetchAdd(GlobalAddress a, uint64_t d, uint64_t* p) override {
+    auto r = m_.FetchAdd(a, d);
+    if (!r.ok()) return r.status();
+    *p = *r;
+    ++posted_;
+    return Status::Ok();
+  }
+  Status Wait() override {
+    posted_ = 0;
+    return Status::Ok();
+  }
+  size_t posted() const override { return posted_; }
+
+ private:
+  Status Note(Status s) {
+    if (s.ok()) ++posted_;
+    return s;
+  }
+  Memory& m_;
+  size_t posted_ = 0;
+};
+
+std::unique_ptr<MemoryBatch> LocalMemory::NewBatch() { return std::make_unique<LocalBatch>(*this); }
+
+}  // namespace
+
+std::unique_ptr<Memory> NewPoolMemory(Pool& pool) { return std::make_unique<PoolMemory>(pool); }
+
+Result<std::unique_ptr<Memory>> NewLocalMemory(int servers, uint64_t bytes_per_server) {
+  return LocalMemory::Create(servers, bytes_per_server);
+}
+
+}  // namespace farpool::db

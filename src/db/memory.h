@@ -1,0 +1,130 @@
+// Memory: what the database code is written against. Global addresses (server 16 bits +
+// offset 48), reads, writes, 8-byte compare-and-swap and fetch-and-add, allocation, and
+// batches (post many, wait once). Two implementations with the same address format:
+//   PoolMemory   the memory pool (include/farpool/pool.h): the `pool` engine.
+//   LocalMemory  regions of this process's RAM: the `local` engine and the partitions of the
+//                `sharded` engine. The same database code runs on both.
+//
+// Semantics follow Pool: atomics are atomic w.r.t. each other on 8-byte aligned words; plain
+// reads and writes of the same bytes race (the database detects torn reads by checksums);
+// a sync call is complete (visible to everyone) when it returns; operations of one batch are
+// unordered; Wait completes them all.
+//
+// Thread-safety: Memory is safe for concurrent use; a MemoryBatch belongs to one thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "farpool/address.h"
+#include "farpool/pool.h"
+#include "farpool/status.h"
+
+namespace farpool::db {
+
+// Operation counts of one thread (the caller passes its own).
+struct OpCount {
+  uint64_t reads = 0, writes = 0, cas = 0, faa = 0;
+};
+
+class MemoryBatch {
+ public:
+  virtual ~MemoryBatch() = default;
+  virtual Status Read(GlobalAddress source, void* destination, uint64_t size) = 0;
+  virtual Status Write(GlobalAddress destination, const void* source, uint64_t size) = 0;
+  virtual Status CompareAndSwap(GlobalAddress address, uint64_t expected, uint64_t desired,
+                                uint64_t* previous) = 0;
+  virtual Status FetchAdd(GlobalAddress address, uint64_t delta, uint64_t* previous) = 0;
+  virtual Status Wait() = 0;
+  virtual size_t posted() const = 0;
+};
+
+class Memory {
+ public:
+  virtual ~Memory() = default;
+  virtual Status Read(GlobalAddress source, void* destination, uint64_t size) = 0;
+  virtual Status Write(GlobalAddress destination, const void* source, uint64_t size) = 0;
+  virtual Result<uint64_t> CompareAndSwap(GlobalAddress address, uint64_t expected,
+                                          uint64_t desired) = 0;
+  virtual Result<uint64_t> FetchAdd(GlobalAddress address, uint64_t delta) = 0;
+  // Zero-filled is NOT promised: callers initialise what they allocate.
+  virtual Result<GlobalAddress> Alloc(uint64_t size, Placement placement) = 0;
+  virtual Status Free(GlobalAddress address) = 0;
+  virtual std::unique_ptr<MemoryBatch> NewBatch() = 0;
+  virtual std::vector<uint16_t> servers() const = 0;
+  // The well-known root area (Pool::kRootSize bytes, zero at start) of the first server.
+  virtual GlobalAddress Root() const = 0;
+};
+
+// REQUIRES: `pool` outlives the PoolMemory.
+std::unique_ptr<Memory> NewPoolMemory(Pool& pool);
+
+// `servers` regions of `bytes_per_server` bytes each (reserved, committed on first touch).
+Result<std::unique_ptr<Memory>> NewLocalMemory(int servers, uint64_t bytes_per_server);
+
+// The database's handle on memory: forwards to a Memory and counts every operation in the
+// calling session's OpCount (reads_per_txn etc. of the benchmark). Not owning; one thread.
+class Access {
+ public:
+  Access(Memory& memory, OpCount& count) : memory_(&memory), count_(&count) {}
+  Memory& memory() const { return *memory_; }
+  OpCount& count() const { return *count_; }
+
+  Status Read(GlobalAddress a, void* d, uint64_t n) const {
+    ++count_->reads;
+    return memory_->Read(a, d, n);
+  }
+  Status Write(GlobalAddress a, const void* s, uint64_t n) const {
+    ++count_->writes;
+    return memory_->Write(a, s, n);
+  }
+  Result<uint64_t> Cas(GlobalAddress a, uint64_t expected, uint64_t desired) const {
+    ++count_->cas;
+    return memory_->CompareAndSwap(a, expected, desired);
+  }
+  Result<uint64_t> Faa(GlobalAddress a, uint64_t delta) const {
+    ++count_->faa;
+    return memory_->FetchAdd(a, delta);
+  }
+  Result<GlobalAddress> Alloc(uint64_t size, Placement p = Placement::Striped()) const {
+    return memory_->Alloc(size, p);
+  }
+  Status Free(GlobalAddress a) const { return memory_->Free(a); }
+
+  // A batch that counts what it posts.
+  class Batch {
+   public:
+    explicit Batch(const Access& access)
+        : batch_(access.memory_->NewBatch()), count_(access.count_) {}
+    Status Read(GlobalAddress a, void* d, uint64_t n) {
+      ++count_->reads;
+      return batch_->Read(a, d, n);
+    }
+    Status Write(GlobalAddress a, const void* s, uint64_t n) {
+      ++count_->writes;
+      return batch_->Write(a, s, n);
+    }
+    Status Cas(GlobalAddress a, uint64_t expected, uint64_t desired, uint64_t* previous) {
+      ++count_->cas;
+      return batch_->CompareAndSwap(a, expected, desired, previous);
+    }
+    Status Faa(GlobalAddress a, uint64_t delta, uint64_t* previous) {
+      ++count_->faa;
+      return batch_->FetchAdd(a, delta, previous);
+    }
+    Status Wait() { return batch_->Wait(); }
+    size_t posted() const { return batch_->posted(); }
+
+   private:
+    std::unique_ptr<MemoryBatch> batch_;
+    OpCount* count_;
+  };
+
+ private:
+  Memory* memory_;
+  OpCount* count_;
+};
+
+}  // namespace farpool::db

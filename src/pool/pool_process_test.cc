@@ -1,0 +1,512 @@
+// Integration tests with real processes: `farpool server` processes started by ClusterUp, and
+// client processes that are this test binary re-run as a worker (FARPOOL_WORKER=<role>).
+// Each test checks an invariant that only holds if one-sided operations from several
+// processes are atomic and visible: exact fetch-and-add totals, mutual exclusion by a CAS
+// lock, every byte written reading back, and faults that fail fast without hanging.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "farpool/pool.h"
+#include "pool/test_cluster.h"
+#include "transport/ucx.h"
+#include "transport/wire.h"
+
+namespace farpool {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string Env(const char* name, const char* fallback = "") {
+  const char* v = getenv(name);
+  return v ? v : fallback;
+}
+
+// ------------------------------------------------------------------ worker side
+
+// Bytes of object `i` of worker `w` after its `step`-th write: deterministic, so the parent
+// can recompute every object's final content.
+void Fill(uint8_t* p, size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (size_t i = 0; i < n; ++i) p[i] = static_cast<uint8_t>(rng());
+}
+
+// The shadow workload's schedule: which object each step writes and with which seed.
+struct ShadowStep {
+  size_t object;
+  uint64_t seed;
+  bool write;
+};
+ShadowStep Step(std::mt19937_64& rng, size_t objects) {
+  return {static_cast<size_t>(rng() % objects), rng(), rng() % 2 == 0};
+}
+
+Status RunWorker(const std::string& role) {
+  FARPOOL_ASSIGN_OR_RETURN(ClusterConfig cluster, ClusterConfig::Load(Env("FARPOOL_CLUSTER")));
+  PoolOptions po;
+  FARPOOL_ASSIGN_OR_RETURN(po.transport, ParseFabric(Env("FARPOOL_TRANSPORT", "auto")));
+  FARPOOL_ASSIGN_OR_RETURN(std::unique_ptr<Pool> pool, Pool::Connect(cluster, po));
+  const int threads = std::stoi(Env("FARPOOL_THREADS", "1"));
+  const int n = std::stoi(Env("FARPOOL_N", "1000"));
+  const GlobalAddress a = GlobalAddress::FromRaw(std::stoull(Env("FARPOOL_ADDR", "0")));
+  const GlobalAddress b = GlobalAddress::FromRaw(std::stoull(Env("FARPOOL_ADDR2", "0")));
+  std::vector<Status> results(threads);
+  auto body = [&](int t) -> Status {
+    if (role == "faa") {
+      for (int i = 0; i < n; ++i) FARPOOL_RETURN_IF_ERROR(pool->FetchAdd(a, 1).status());
+      return Status::Ok();
+    }
+    if (role == "lock") {  // a: lock word, b: counter updated non-atomically under the lock
+      const uint64_t me = (uint64_t(getpid()) << 8) | uint64_t(t + 1);
+      for (int i = 0; i < n; ++i) {
+        for (;;) {
+          FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, pool->CompareAndSwap(a, 0, me));
+          if (prev == 0) break;
+          std::this_thread::yield();
+        }
+        uint64_t v = 0;
+        FARPOOL_RETURN_IF_ERROR(pool->Read(b, &v, 8));
+        ++v;
+        FARPOOL_RETURN_IF_ERROR(pool->Write(b, &v, 8));
+        FARPOOL_ASSIGN_OR_RETURN(uint64_t held, pool->CompareAndSwap(a, me, 0));
+        if (held != me) return Status::Internal("lock stolen: held by " + std::to_string(held));
+      }
+      return Status::Ok();
+    }
+    if (role == "shadow") {  // a: table of object addresses; objects of this worker
+      const int w = std::stoi(Env("FARPOOL_WORKER_ID")) * threads + t;
+      const size_t objects = std::stoul(Env("FARPOOL_OBJECTS"));
+      const size_t size = std::stoul(Env("FARPOOL_SIZE"));
+      std::vector<uint64_t> table(objects);
+      FARPOOL_RETURN_IF_ERROR(pool->Read(a + uint64_t(w) * objects * 8, table.data(), objects * 8));
+      std::vector<std::vector<uint8_t>> shadow(objects, std::vector<uint8_t>(size, 0));
+      std::mt19937_64 rng(1000 + w);
+      std::vector<uint8_t> buf(size);
+      for (int i = 0; i < n; ++i) {
+        ShadowStep s = Step(rng, objects);
+        const GlobalAddress obj = GlobalAddress::FromRaw(table[s.object]);
+        if (s.write) {
+          Fill(shadow[s.object].data(), size, s.seed);
+          FARPOOL_RETURN_IF_ERROR(pool->Write(obj, shadow[s.object].data(), size));
+        } else {
+          FARPOOL_RETURN_IF_ERROR(pool->Read(obj, buf.data(), size));
+          if (buf != shadow[s.object]) {
+            return Status::Internal("object " + std::to_string(s.object) + " of worker " +
+                                    std::to_string(w) + " differs from its shadow at step " +
+                                    std::to_string(i));
+          }
+        }
+      }
+      return Status::Ok();
+    }
+    return Status::InvalidArgument("unknown worker role " + role);
+  };
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t) ts.emplace_back([&, t] { results[t] = body(t); });
+  for (auto& t : ts) t.join();
+  for (auto& r : results) FARPOOL_RETURN_IF_ERROR(r);
+  return Status::Ok();
+}
+
+// ------------------------------------------------------------------ parent side
+
+struct WorkerSpec {
+  std::string role;
+  std::vector<std::pair<std::string, std::string>> env;
+};
+
+// Runs `count` worker processes and waits for all (at most `limit`). Returns their failures.
+std::string RunWorkers(int count, const WorkerSpec& spec, std::chrono::seconds limit = 180s) {
+  std::vector<pid_t> pids;
+  for (int i = 0; i < count; ++i) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      setenv("FARPOOL_WORKER", spec.role.c_str(), 1);
+      setenv("FARPOOL_WORKER_ID", std::to_string(i).c_str(), 1);
+      for (auto& [k, v] : spec.env) setenv(k.c_str(), v.c_str(), 1);
+      execl("/proc/self/exe", "pool_process_test", nullptr);
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  std::string failures;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (pid_t pid : pids) {
+    int status = 0;
+    for (;;) {
+      pid_t r = waitpid(pid, &status, WNOHANG);
+      if (r == pid) break;
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        failures += "worker " + std::to_string(pid) + " hung; ";
+        break;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      failures += "worker " + std::to_string(pid) + " failed (status " + std::to_string(status) + "); ";
+    }
+  }
+  return failures;
+}
+
+LocalClusterOptions Options(int servers, uint64_t memory, Fabric fabric) {
+  LocalClusterOptions o;
+  o.servers = servers;
+  o.memory = memory;
+  o.transport = fabric;
+  o.progress = ProgressMode::kEvent;
+  return o;
+}
+
+std::unique_ptr<Pool> Connect(const TestCluster& c, Fabric fabric, PoolOptions o = {}) {
+  auto config = c.config();
+  EXPECT_TRUE(config.ok()) << config.status().ToString();
+  o.transport = fabric;
+  auto pool = Pool::Connect(*config, o);
+  EXPECT_TRUE(pool.ok()) << pool.status().ToString();
+  return pool.ok() ? std::move(*pool) : nullptr;
+}
+
+class ProcessTest : public ::testing::TestWithParam<Fabric> {};
+
+TEST_P(ProcessTest, FetchAddFromSeveralProcessesAndThreadsIsExact) {
+  TestCluster cluster(Options(2, 64 << 20, GetParam()));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto pool = Connect(cluster, GetParam());
+  ASSERT_TRUE(pool);
+  auto counter = *pool->Alloc(8, Placement::OnServer(1));
+  uint64_t zero = 0;
+  ASSERT_TRUE(pool->Write(counter, &zero, 8).ok());
+  const int kProcs = 3, kThreads = 2, kN = GetParam() == Fabric::kTcp ? 2000 : 50000;
+  std::string failures =
+      RunWorkers(kProcs, {"faa",
+                          {{"FARPOOL_CLUSTER", cluster.cluster_file()},
+                           {"FARPOOL_TRANSPORT", std::string(FabricName(GetParam()))},
+                           {"FARPOOL_THREADS", std::to_string(kThreads)},
+                           {"FARPOOL_N", std::to_string(kN)},
+                           {"FARPOOL_ADDR", std::to_string(counter.raw())}}});
+  EXPECT_EQ(failures, "");
+  uint64_t total = 0;
+  ASSERT_TRUE(pool->Read(counter, &total, 8).ok());
+  EXPECT_EQ(total, uint64_t{kProcs} * kThreads * kN);
+}
+
+TEST_P(ProcessTest, CompareAndSwapLockGivesMutualExclusion) {
+  TestCluster cluster(Options(2, 64 << 20, GetParam()));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto pool = Connect(cluster, GetParam());
+  ASSERT_TRUE(pool);
+  auto lock = *pool->Alloc(8, Placement::OnServer(0));
+  auto counter = *pool->Alloc(8, Placement::OnServer(1));
+  uint64_t zero = 0;
+  ASSERT_TRUE(pool->Write(lock, &zero, 8).ok());
+  ASSERT_TRUE(pool->Write(counter, &zero, 8).ok());
+  const int kProcs = 3, kThreads = 2, kN = GetParam() == Fabric::kTcp ? 300 : 20000;
+  std::string failures =
+      RunWorkers(kProcs, {"lock",
+                          {{"FARPOOL_CLUSTER", cluster.cluster_file()},
+                           {"FARPOOL_TRANSPORT", std::string(FabricName(GetParam()))},
+                           {"FARPOOL_THREADS", std::to_string(kThreads)},
+                           {"FARPOOL_N", std::to_string(kN)},
+                           {"FARPOOL_ADDR", std::to_string(lock.raw())},
+                           {"FARPOOL_ADDR2", std::to_string(counter.raw())}}});
+  EXPECT_EQ(failures, "");
+  uint64_t total = 0, held = 1;
+  ASSERT_TRUE(pool->Read(counter, &total, 8).ok());
+  ASSERT_TRUE(pool->Read(lock, &held, 8).ok());
+  EXPECT_EQ(total, uint64_t{kProcs} * kThreads * kN) << "an update under the lock was lost";
+  EXPECT_EQ(held, 0u);
+}
+
+TEST_P(ProcessTest, RandomReadsAndWritesFromSeveralProcessesMatchAShadow) {
+  TestCluster cluster(Options(3, 64 << 20, GetParam()));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto pool = Connect(cluster, GetParam());
+  ASSERT_TRUE(pool);
+  const int kProcs = 3, kThreads = 2, kWorkers = kProcs * kThreads;
+  const size_t kObjects = 64, kSize = 200;
+  const int kSteps = GetParam() == Fabric::kTcp ? 2000 : 20000;
+  // Objects of varied placement, zeroed; their addresses in a table in the pool.
+  std::vector<uint64_t> table(kWorkers * kObjects);
+  std::vector<uint8_t> zeros(kSize, 0);
+  for (auto& t : table) {
+    auto a = *pool->Alloc(kSize);
+    ASSERT_TRUE(pool->Write(a, zeros.data(), kSize).ok());
+    t = a.raw();
+  }
+  auto table_addr = *pool->Alloc(table.size() * 8);
+  ASSERT_TRUE(pool->Write(table_addr, table.data(), table.size() * 8).ok());
+  std::string failures =
+      RunWorkers(kProcs, {"shadow",
+                          {{"FARPOOL_CLUSTER", cluster.cluster_file()},
+                           {"FARPOOL_TRANSPORT", std::string(FabricName(GetParam()))},
+                           {"FARPOOL_THREADS", std::to_string(kThreads)},
+                           {"FARPOOL_N", std::to_string(kSteps)},
+                           {"FARPOOL_OBJECTS", std::to_string(kObjects)},
+                           {"FARPOOL_SIZE", std::to_string(kSize)},
+                           {"FARPOOL_ADDR", std::to_string(table_addr.raw())}}});
+  EXPECT_EQ(failures, "");
+  // Every object now holds what its worker wrote last: replay each worker's schedule.
+  for (int w = 0; w < kWorkers; ++w) {
+    std::vector<std::vector<uint8_t>> expect(kObjects, std::vector<uint8_t>(kSize, 0));
+    std::mt19937_64 rng(1000 + w);
+    for (int i = 0; i < kSteps; ++i) {
+      ShadowStep s = Step(rng, kObjects);
+      if (s.write) Fill(expect[s.object].data(), kSize, s.seed);
+    }
+    std::vector<uint8_t> got(kSize);
+    for (size_t o = 0; o < kObjects; ++o) {
+      ASSERT_TRUE(pool->Read(GlobalAddress::FromRaw(table[w * kObjects + o]), got.data(), kSize).ok());
+      ASSERT_EQ(got, expect[o]) << "worker " << w << " object " << o;
+    }
+  }
+}
+
+TEST_P(ProcessTest, KilledServerFailsPendingAndLaterCallsWithinABound) {
+  TestCluster cluster(Options(2, 64 << 20, GetParam()));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  PoolOptions po;
+  po.failure_timeout = 500ms;
+  po.op_timeout = 2000ms;
+  auto pool = Connect(cluster, GetParam(), po);
+  ASSERT_TRUE(pool);
+  auto on0 = *pool->Alloc(4096, Placement::OnServer(0));
+  auto on1 = *pool->Alloc(4096, Placement::OnServer(1));
+  // A thread keeps batches of operations in flight on server 1 while it is killed.
+  std::atomic<bool> running{true};
+  Status batch_error;
+  std::thread hammer([&] {
+    std::vector<uint8_t> buf(4096 * 8);
+    while (running) {
+      Batch b(*pool);
+      Status s;
+      for (int i = 0; i < 8 && s.ok(); ++i) s = b.Read(on1, buf.data() + i * 4096, 4096);
+      Status w = b.Wait();
+      if (!s.ok() || !w.ok()) {
+        batch_error = s.ok() ? w : s;
+        return;
+      }
+    }
+  });
+  std::this_thread::sleep_for(200ms);
+  auto config = *cluster.config();
+  const auto killed_at = std::chrono::steady_clock::now();
+  ASSERT_EQ(kill(static_cast<pid_t>(config.servers[1].pid), SIGKILL), 0);
+  // Pending and later calls fail with Unavailable; bound generously (no hang).
+  for (;;) {
+    uint64_t v = 0;
+    Status s = pool->Read(on1, &v, 8);
+    if (!s.ok()) {
+      EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+      EXPECT_NE(s.message().find("server 1"), std::string::npos) << s.message();
+      break;
+    }
+    ASSERT_LT(std::chrono::steady_clock::now() - killed_at, 20s) << "no failure noticed";
+    std::this_thread::sleep_for(10ms);
+  }
+  hammer.join();
+  EXPECT_EQ(batch_error.code(), StatusCode::kUnavailable) << batch_error.ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - killed_at, 20s);
+  uint64_t v = 7;
+  EXPECT_TRUE(pool->Write(on0, &v, 8).ok()) << "server 0 keeps serving";
+  EXPECT_TRUE(pool->Read(on0, &v, 8).ok());
+  EXPECT_EQ(v, 7u);
+  EXPECT_EQ(pool->FetchAdd(on1, 1).status().code(), StatusCode::kUnavailable);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fabrics, ProcessTest, ::testing::Values(Fabric::kShm, Fabric::kTcp),
+                         [](const auto& info) { return std::string(FabricName(info.param)); });
+
+// Malformed, truncated and wrong-version control messages sent to a real server: each gets an
+// ErrorReply naming the problem, and the server keeps serving normal clients.
+TEST(ServerProcess, RejectsMalformedControlMessagesAndKeepsRunning) {
+  TestCluster cluster(Options(1, 16 << 20, Fabric::kTcp));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto config = *cluster.config();
+  transport::Context::Options co;
+  co.fabric = Fabric::kTcp;
+  auto ctx = transport::Context::Create(co);
+  ASSERT_TRUE(ctx.ok());
+  auto worker = transport::Worker::Create(**ctx, false);
+  ASSERT_TRUE(worker.ok());
+  std::vector<std::vector<std::byte>> replies;
+  ASSERT_TRUE((*worker)
+                  ->SetAmHandler(
+                      transport::kControlAm,
+                      [](void* arg, const void*, size_t, void* data, size_t len,
+                         const ucp_am_recv_param_t*) -> ucs_status_t {
+                        auto* out = static_cast<std::vector<std::vector<std::byte>>*>(arg);
+                        auto* b = static_cast<std::byte*>(data);
+                        out->emplace_back(b, b + len);
+                        return UCS_OK;
+                      },
+                      &replies)
+                  .ok());
+  auto ep = transport::Endpoint::Connect(**worker, config.servers[0].host,
+                                         config.servers[0].port, nullptr);
+  ASSERT_TRUE(ep.ok());
+  auto good = wire::Encode(1, wire::StatsRequest{0});
+  std::vector<std::vector<std::byte>> bad;
+  bad.push_back({std::byte{1}, std::byte{2}, std::byte{3}});  // truncated
+  auto wrong_version = good;
+  wrong_version[4] = std::byte{9};
+  bad.push_back(wrong_version);
+  auto wrong_size = good;
+  wrong_size[8] = std::byte{200};
+  bad.push_back(wrong_size);
+  bad.push_back(wire::Encode(5, wire::LeaseReply{0, 0}));  // a reply sent as a request
+  bad.push_back(wire::Encode(6, wire::LeaseRequest{12345}));  // not a chunk multiple
+  bad.push_back(wire::Encode(7, wire::ReleaseRequest{4096, 4 << 20}));  // never leased
+  bad.push_back(std::vector<std::byte>(64 << 10, std::byte{0x5a}));  // oversized garbage
+  for (auto& m : bad) {
+    ASSERT_TRUE((*ep)->SendAm(transport::kControlAm, m, true,
+                              std::chrono::steady_clock::now() + 5s, nullptr)
+                    .ok());
+  }
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (replies.size() < bad.size() && std::chrono::steady_clock::now() < deadline) {
+    (*worker)->Progress();
+  }
+  ASSERT_EQ(replies.size(), bad.size()) << "every bad message is answered";
+  for (auto& r : replies) {
+    auto m = wire::Decode(r);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    ASSERT_EQ(m->opcode, wire::Opcode::kErrorReply);
+    Status s = wire::DecodeError(*m);
+    EXPECT_NE(s.message().find("server 0"), std::string::npos) << s.message();
+  }
+  EXPECT_NE(wire::DecodeError(*wire::Decode(replies[1])).message().find("version 9"),
+            std::string::npos);
+  ep->reset();
+  worker->reset();
+  ctx->reset();
+  // The server still serves a normal client, and counted what it rejected.
+  auto pool = Connect(cluster, Fabric::kTcp);
+  ASSERT_TRUE(pool);
+  auto a = pool->Alloc(64);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  auto stats = pool->Stats(0);
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->rejected, 5u) << "truncated, version, size, reply-as-request, oversized";
+}
+
+// The scale target: 16 servers of 1 GiB; one client fills 90% striped across all of
+// them, reads every byte back, frees it; then nothing is leased, and each server's private
+// memory beyond its region stays under 2%.
+TEST(ClusterScale, SixteenServersFilledToNinetyPercentReadBackAndFreed) {
+  constexpr uint64_t kMemory = 1ull << 30;
+  TestCluster cluster(Options(16, kMemory, Fabric::kShm));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto pool = Connect(cluster, Fabric::kShm);
+  ASSERT_TRUE(pool);
+  constexpr uint64_t kObject = 4 << 20;
+  const uint64_t count = 16 * kMemory * 9 / 10 / kObject;
+  std::vector<GlobalAddress> objs;
+  std::vector<uint64_t> buf(kObject / 8), in(kObject / 8);
+  std::map<uint16_t, int> per_server;
+  for (uint64_t i = 0; i < count; ++i) {
+    auto a = pool->Alloc(kObject);
+    ASSERT_TRUE(a.ok()) << "object " << i << ": " << a.status().ToString();
+    for (size_t k = 0; k < buf.size(); ++k) buf[k] = (i << 32) ^ k;
+    ASSERT_TRUE(pool->Write(*a, buf.data(), kObject).ok());
+    objs.push_back(*a);
+    ++per_server[a->server()];
+  }
+  EXPECT_EQ(per_server.size(), 16u) << "striped across all 16";
+  for (uint64_t i = 0; i < count; ++i) {
+    ASSERT_TRUE(pool->Read(objs[i], in.data(), kObject).ok());
+    for (size_t k = 0; k < in.size(); ++k) {
+      ASSERT_EQ(in[k], (i << 32) ^ k) << "object " << i << " word " << k;
+    }
+  }
+  for (uint16_t id : pool->server_ids()) {
+    auto st = pool->Stats(id);
+    ASSERT_TRUE(st.ok());
+    EXPECT_LT(st->rss_private, kMemory / 50) << "server " << id << " overhead";
+  }
+  for (auto a : objs) ASSERT_TRUE(pool->Free(a).ok());
+  ASSERT_TRUE(pool->Trim().ok());
+  auto status = ClusterStatus(cluster.dir());
+  ASSERT_TRUE(status.ok());
+  for (const auto& s : *status) {
+    EXPECT_TRUE(s.up);
+    EXPECT_EQ(s.stats.leased, 0u) << "server " << s.address.id;
+  }
+}
+
+// Servers in their own network namespaces: traffic crosses veth pairs and a bridge; totals
+// stay exact.
+TEST(NetworkNamespaces, FetchAddAcrossNamespacesIsExact) {
+  if (geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+  LocalClusterOptions o = Options(2, 32 << 20, Fabric::kTcp);
+  o.netns = true;
+  TestCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto config = *cluster.config();
+  EXPECT_NE(config.servers[0].host, "127.0.0.1");
+  EXPECT_FALSE(config.servers[0].netns.empty());
+  auto pool = Connect(cluster, Fabric::kTcp);
+  ASSERT_TRUE(pool);
+  auto counter = *pool->Alloc(8, Placement::OnServer(1));
+  uint64_t zero = 0;
+  ASSERT_TRUE(pool->Write(counter, &zero, 8).ok());
+  std::string failures =
+      RunWorkers(2, {"faa",
+                     {{"FARPOOL_CLUSTER", cluster.cluster_file()},
+                      {"FARPOOL_TRANSPORT", "tcp"},
+                      {"FARPOOL_THREADS", "2"},
+                      {"FARPOOL_N", "500"},
+                      {"FARPOOL_ADDR", std::to_string(counter.raw())}}});
+  EXPECT_EQ(failures, "");
+  uint64_t total = 0;
+  ASSERT_TRUE(pool->Read(counter, &total, 8).ok());
+  EXPECT_EQ(total, 2u * 2 * 500);
+}
+
+// --delay puts netem on both ends of every server's link. Kernels built without netem get a
+// clear error and no half-made cluster.
+TEST(NetworkNamespaces, LinkDelayIsAppliedOrRefusedClearly) {
+  if (geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+  LocalClusterOptions o = Options(1, 16 << 20, Fabric::kTcp);
+  o.netns = true;
+  o.delay = 20us;
+  TestCluster cluster(o);
+  if (!cluster.status().ok()) {
+    EXPECT_NE(cluster.status().message().find("netem"), std::string::npos)
+        << cluster.status().ToString();
+    return;
+  }
+  auto config = *cluster.config();
+  FILE* p = popen(("ip netns exec " + config.servers[0].netns + " tc qdisc show").c_str(), "r");
+  std::string out;
+  char buf[256];
+  while (fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+  pclose(p);
+  EXPECT_NE(out.find("netem"), std::string::npos) << out;
+  auto pool = Connect(cluster, Fabric::kTcp);
+  ASSERT_TRUE(pool);
+  EXPECT_TRUE(pool->Alloc(64).ok());
+}
+
+}  // namespace
+}  // namespace farpool
+
+int main(int argc, char** argv) {
+  const char* role = getenv("FARPOOL_WORKER");
+  if (role != nullptr) {
+    farpool::Status s = farpool::RunWorker(role);
+    if (!s.ok()) std::fprintf(stderr, "worker %s: %s\n", role, s.ToString().c_str());
+    return s.ok() ? 0 : 1;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,32 @@
+#include "pool/test_cluster.h"
+
+#include <stdlib.h>
+
+#include <filesystem>
+
+namespace farpool {
+
+std::string MakeTempDir(const std::string& prefix) {
+  const char* base = getenv("TMPDIR");
+  std::string tmpl = std::string(base ? base : "/tmp") + "/" + prefix + "-XXXXXX";
+  char* made = mkdtemp(tmpl.data());
+  return made ? std::string(made) : std::string();
+}
+
+TestCluster::TestCluster(LocalClusterOptions options) {
+  dir_ = MakeTempDir("farpool-test");
+  options.dir = dir_;
+  options.binary = FARPOOL_BINARY;
+  status_ = ClusterUp(options);
+}
+
+TestCluster::~TestCluster() {
+  if (status_.ok()) {
+    Status s = ClusterDown(dir_);
+    (void)s;  // the test has already reported; nothing else to do
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
+}
+
+}  // namespace farpool

@@ -1,0 +1,115 @@
+#include "transport/wire.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+namespace farpool::wire {
+namespace {
+
+std::vector<std::byte> Bytes(std::string_view s) {
+  auto b = std::as_bytes(std::span(s.data(), s.size()));
+  return {b.begin(), b.end()};
+}
+
+TEST(Wire, EveryMessageRoundTrips) {
+  auto lease = Encode(41, LeaseRequest{8 << 20});
+  auto m = Decode(lease);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->opcode, Opcode::kLeaseRequest);
+  EXPECT_EQ(m->header.request_id, 41u);
+  EXPECT_EQ(m->As<LeaseRequest>().size, 8u << 20);
+  EXPECT_TRUE(m->tail.empty());
+
+  HelloReply hr{};
+  hr.server_id = 9;
+  hr.region_size = 1 << 30;
+  auto rkey = Bytes("packed-remote-key");
+  hr.rkey_size = static_cast<uint32_t>(rkey.size());
+  auto hello = Encode(7, hr, rkey);
+  auto hm = Decode(hello);
+  ASSERT_TRUE(hm.ok()) << hm.status().ToString();
+  EXPECT_EQ(hm->As<HelloReply>().server_id, 9);
+  EXPECT_EQ(std::vector<std::byte>(hm->tail.begin(), hm->tail.end()), rkey);
+
+  for (auto bytes : {Encode(1, HelloRequest{1, 2}), Encode(2, LeaseReply{4096, 4096}),
+                     Encode(3, ReleaseRequest{4096, 4096}), Encode(4, ReleaseReply{4096}),
+                     Encode(5, StatsRequest{0}), Encode(6, StatsReply{})}) {
+    EXPECT_TRUE(Decode(bytes).ok());
+  }
+}
+
+TEST(Wire, ErrorRepliesCarryCodeAndReason) {
+  auto bytes = EncodeError(5, Status::OutOfMemory("server 3: pool full"));
+  auto m = Decode(bytes);
+  ASSERT_TRUE(m.ok());
+  ASSERT_EQ(m->opcode, Opcode::kErrorReply);
+  Status s = DecodeError(*m);
+  EXPECT_EQ(s.code(), StatusCode::kOutOfMemory);
+  EXPECT_EQ(s.message(), "server 3: pool full");
+}
+
+TEST(Wire, RejectsTruncatedMessagesAtEveryLength) {
+  auto bytes = Encode(1, StatsReply{});
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    auto m = Decode(std::span(bytes.data(), n));
+    ASSERT_FALSE(m.ok()) << "accepted a " << n << "-byte prefix";
+    EXPECT_EQ(m.status().code(), StatusCode::kProtocol);
+  }
+}
+
+TEST(Wire, RejectsWrongMagicVersionOpcodeAndSizes) {
+  auto base = Encode(1, LeaseRequest{4096});
+  auto patch = [&](size_t offset, auto value) {
+    auto b = base;
+    std::memcpy(b.data() + offset, &value, sizeof(value));
+    return b;
+  };
+  auto magic = Decode(patch(0, uint32_t{0xdeadbeef}));
+  EXPECT_NE(magic.status().message().find("magic"), std::string::npos);
+  auto version = Decode(patch(4, uint16_t{2}));
+  ASSERT_FALSE(version.ok());
+  EXPECT_NE(version.status().message().find("version 2 not supported"), std::string::npos);
+  auto opcode = Decode(patch(6, uint16_t{999}));
+  EXPECT_NE(opcode.status().message().find("unknown opcode 999"), std::string::npos);
+  EXPECT_FALSE(Decode(patch(8, uint32_t{9})).ok());         // body_size lies (short)
+  EXPECT_FALSE(Decode(patch(8, uint32_t{1u << 31})).ok());  // body_size lies (huge)
+  EXPECT_FALSE(Decode(patch(12, uint32_t{1})).ok());        // reserved flags set
+  auto longer = base;
+  longer.push_back(std::byte{0});
+  EXPECT_FALSE(Decode(longer).ok());  // trailing garbage
+}
+
+TEST(Wire, RejectsTailLengthsThatLie) {
+  auto bytes = EncodeError(1, Status::Internal("abc"));
+  // text_size is at header + 4.
+  uint32_t huge = kMaxTail + 1;
+  std::memcpy(bytes.data() + sizeof(MessageHeader) + 4, &huge, 4);
+  EXPECT_FALSE(Decode(bytes).ok());
+  uint32_t longer = 4;  // claims 4 bytes of text, message has 3
+  std::memcpy(bytes.data() + sizeof(MessageHeader) + 4, &longer, 4);
+  EXPECT_FALSE(Decode(bytes).ok());
+}
+
+TEST(Wire, RandomMutationsNeverMisreport) {
+  const uint64_t seed = 1234;
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<std::byte>> corpus = {Encode(1, HelloRequest{1, 2}),
+                                                EncodeError(2, Status::Internal("x")),
+                                                Encode(3, StatsReply{})};
+  for (int i = 0; i < 20000; ++i) {
+    auto b = corpus[rng() % corpus.size()];
+    const int flips = 1 + rng() % 4;
+    for (int k = 0; k < flips; ++k) b[rng() % b.size()] = std::byte(rng());
+    if (rng() % 4 == 0) b.resize(rng() % (b.size() + 8));
+    auto m = Decode(b);
+    if (m.ok()) {  // whatever is accepted is self-consistent
+      ASSERT_EQ(sizeof(MessageHeader) + m->body.size() + m->tail.size(), b.size())
+          << "seed " << seed << " iteration " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace farpool::wire
