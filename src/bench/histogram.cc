@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cmath>
 
 namespace farpool {
@@ -47,6 +48,18 @@ uint64_t Histogram::Percentile(double q) const {
     if (seen >= rank) return std::clamp(Midpoint(i), min_, max_);
   }
   return max_;
+}
+
+uint64_t ClockOverheadNs() {
+  using Clock = std::chrono::steady_clock;
+  std::vector<uint64_t> samples(2001);
+  for (auto& s : samples) {
+    const auto a = Clock::now();
+    const auto b = Clock::now();
+    s = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count());
+  }
+  std::nth_element(samples.begin(), samples.begin() + 1000, samples.end());
+  return samples[1000];
 }
 
 }  // namespace farpool

@@ -39,4 +39,8 @@ class Histogram {
   uint64_t max_ = 0;
 };
 
+// The median cost of reading the steady clock twice, in ns: benchmarks subtract it from every
+// sample so that sub-microsecond operations are not charged for their own measurement.
+uint64_t ClockOverheadNs();
+
 }  // namespace farpool

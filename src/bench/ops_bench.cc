@@ -38,18 +38,6 @@ uint64_t Ns(Clock::duration d) {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
 }
 
-// The median cost of one clock read, subtracted from every sample.
-uint64_t TimerOverhead() {
-  std::vector<uint64_t> samples(2001);
-  for (auto& s : samples) {
-    auto a = Clock::now();
-    auto b = Clock::now();
-    s = Ns(b - a);
-  }
-  std::nth_element(samples.begin(), samples.begin() + 1000, samples.end());
-  return samples[1000];
-}
-
 struct ThreadResult {
   Histogram latency;
   uint64_t ops = 0;
@@ -81,14 +69,17 @@ Result<nlohmann::json> RunOpsBench(const OpsBenchOptions& o) {
   const bool atomic = op == Op::kCas || op == Op::kFaa;
   const uint64_t size = atomic ? 8 : o.size;
   if (size == 0) return Status::InvalidArgument("--size must be at least 1 byte");
-  FARPOOL_ASSIGN_OR_RETURN(ClusterConfig cluster, ClusterConfig::Load(o.cluster_file));
-  PoolOptions po;
-  po.transport = o.transport;
-  po.direct_access = o.direct_access;
-  FARPOOL_ASSIGN_OR_RETURN(std::unique_ptr<Pool> pool, Pool::Connect(cluster, po));
+  std::unique_ptr<Pool> pool;
+  if (!o.local_memory) {
+    FARPOOL_ASSIGN_OR_RETURN(ClusterConfig cluster, ClusterConfig::Load(o.cluster_file));
+    PoolOptions po;
+    po.transport = o.transport;
+    po.direct_access = o.direct_access;
+    FARPOOL_ASSIGN_OR_RETURN(pool, Pool::Connect(cluster, po));
+  }
 
   const size_t objects = std::max<uint64_t>(1, std::min<uint64_t>(o.working_set / std::max<uint64_t>(size, 64), 1 << 16));
-  const uint64_t timer = TimerOverhead();
+  const uint64_t timer = ClockOverheadNs();
   std::vector<ThreadResult> results(o.threads);
   std::atomic<bool> measuring{false}, stop{false};
   std::barrier ready(o.threads + 1);
@@ -97,9 +88,35 @@ Result<nlohmann::json> RunOpsBench(const OpsBenchOptions& o) {
     ThreadResult& r = results[t];
     std::vector<GlobalAddress> addrs;
     std::vector<uint64_t> shadow(objects, 0);  // cas: value last seen; faa: increments
+    std::vector<uint64_t> previous(o.batch);
     Status setup;
     std::vector<std::byte> buf(size * o.batch);
-    for (size_t i = 0; i < objects && setup.ok(); ++i) {
+    // Local-memory baseline: the same objects in one arena of this process, 64-byte slots.
+    const uint64_t slot = (size + 63) / 64 * 64;
+    std::vector<std::byte> arena(o.local_memory ? objects * slot + 64 : 0);
+    std::byte* base = reinterpret_cast<std::byte*>(
+        (reinterpret_cast<uintptr_t>(arena.data()) + 63) & ~uintptr_t{63});
+    auto local_op = [&](size_t i, int k) {
+      std::byte* obj = base + i * slot;
+      auto* word = reinterpret_cast<uint64_t*>(obj);
+      switch (op) {
+        case Op::kRead: std::memcpy(buf.data() + k * size, obj, size); break;
+        case Op::kWrite: std::memcpy(obj, buf.data() + k * size, size); break;
+        case Op::kCas: {
+          uint64_t expected = shadow[i];
+          __atomic_compare_exchange_n(word, &expected, shadow[i] + 1, false, __ATOMIC_SEQ_CST,
+                                      __ATOMIC_SEQ_CST);
+          previous[k] = expected;
+          break;
+        }
+        case Op::kFaa: previous[k] = __atomic_fetch_add(word, 1, __ATOMIC_SEQ_CST); break;
+      }
+    };
+    for (size_t i = 0; i < objects && o.local_memory; ++i) {
+      uint64_t p = atomic ? 0 : Pattern(t, i);
+      std::memcpy(base + i * slot, &p, std::min<uint64_t>(8, size));
+    }
+    for (size_t i = 0; i < objects && setup.ok() && !o.local_memory; ++i) {
       auto a = pool->Alloc(size);
       if (!a.ok()) {
         setup = a.status();
@@ -120,12 +137,13 @@ Result<nlohmann::json> RunOpsBench(const OpsBenchOptions& o) {
     }
     std::mt19937_64 rng(o.seed + t);
     std::vector<size_t> picks(o.batch);
-    std::vector<uint64_t> previous(o.batch);
     while (!stop.load(std::memory_order_relaxed)) {
       for (auto& p : picks) p = rng() % objects;
       const auto start = Clock::now();
       Status s;
-      if (o.batch == 1) {
+      if (o.local_memory) {
+        for (int k = 0; k < o.batch; ++k) local_op(picks[k], k);
+      } else if (o.batch == 1) {
         const size_t i = picks[0];
         switch (op) {
           case Op::kRead: s = pool->Read(addrs[i], buf.data(), size); break;
@@ -191,7 +209,12 @@ Result<nlohmann::json> RunOpsBench(const OpsBenchOptions& o) {
       // Every counted increment (and every successful CAS) must be in memory, exactly.
       for (size_t i = 0; i < objects; ++i) {
         uint64_t v = 0;
-        Status s = pool->Read(addrs[i], &v, 8);
+        Status s;
+        if (o.local_memory) {
+          std::memcpy(&v, base + i * slot, 8);
+        } else {
+          s = pool->Read(addrs[i], &v, 8);
+        }
         if (!s.ok() || v != shadow[i]) {
           r.status = s.ok() ? Status::Internal("verify: word " + std::to_string(i) + " holds " +
                                                std::to_string(v) + ", expected " +
@@ -226,16 +249,15 @@ Result<nlohmann::json> RunOpsBench(const OpsBenchOptions& o) {
     all.Merge(r.latency);
     ops += r.ops;
   }
-  const uint16_t first = pool->server_ids().front();
   nlohmann::json out = {
-      {"system", "farpool"},
+      {"system", o.local_memory ? "local-memory" : "farpool"},
       {"op", o.op},
       {"size", size},
       {"threads", o.threads},
       {"batch", o.batch},
-      {"transport", std::string(FabricName(pool->transport()))},
-      {"path", pool->AccessPath(first)},
-      {"servers", pool->server_ids().size()},
+      {"transport", pool ? std::string(FabricName(pool->transport())) : "none"},
+      {"path", pool ? pool->AccessPath(pool->server_ids().front()) : "memcpy"},
+      {"servers", pool ? pool->server_ids().size() : 0},
       {"seconds", elapsed},
       {"ops", ops},
       {"ops_per_s", ops / elapsed},

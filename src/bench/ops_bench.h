@@ -10,6 +10,8 @@
 // Latency is measured per call (per batch when B > 1) with the steady clock, minus the
 // clock's own measured cost, recorded in a log-linear histogram (<1% error); throughput is
 // operations (not batches) per second over the measured interval, all threads together.
+// With `local_memory` the same workload runs on an array in this process (memcpy and CPU
+// atomics): the upper bound the pool is measured against.
 // Output: one JSON object (see OpsBenchResult fields); `verify` checks afterwards that every
 // faa was counted and every write reads back.
 #pragma once
@@ -37,6 +39,8 @@ struct OpsBenchOptions {
   std::optional<Fabric> transport;  // default: the cluster file's
   bool direct_access = true;
   bool verify = false;
+  // Run on a plain array in this process instead of the pool (the local-memory baseline).
+  bool local_memory = false;
 };
 
 Result<nlohmann::json> RunOpsBench(const OpsBenchOptions& options);

@@ -19,6 +19,9 @@ struct BenchArgs {
 };
 
 int RunOps(BenchArgs& a) {
+  if (a.ops.cluster_file.empty() && !a.ops.local_memory) {
+    return Fail("bench ops: --cluster FILE is required (or --local for the local-memory baseline)");
+  }
   auto size = ParseSize(a.size);
   if (!size.ok()) return Fail("--size: " + size.status().message());
   a.ops.size = *size;
@@ -54,7 +57,9 @@ Command RegisterBench(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("bench", "Benchmarks");
   sub->require_subcommand(1);
   CLI::App* ops = sub->add_subcommand("ops", "Raw pool operations: read, write, cas, faa");
-  ops->add_option("--cluster", args->ops.cluster_file, "cluster.json")->required();
+  ops->add_option("--cluster", args->ops.cluster_file, "cluster.json");
+  ops->add_flag("--local", args->ops.local_memory,
+                "Run on local memory instead of the pool (baseline; no cluster)");
   ops->add_option("--op", args->ops.op, "read, write, cas or faa");
   ops->add_option("--size", args->size, "Bytes per read/write (atomics are 8 bytes)");
   ops->add_option("--threads", args->ops.threads, "Client threads");

@@ -1,0 +1,1 @@
+"""Benchmark harness: runs farpool and its peers in one run and writes results, tables, plots."""
