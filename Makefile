@@ -49,7 +49,8 @@ format:
 	clang-format -i $$(git ls-files '*.cc' '*.h')
 
 lint: build
-	run-clang-tidy -quiet -p $(BUILD) 'src/.*\.cc$$' 2>/dev/null | grep -E 'warning|error' || echo "lint: clean"
+	@clang-format --dry-run -Werror $$(git ls-files '*.cc' '*.h') && echo "format: clean"
+	@! run-clang-tidy -quiet -p $(BUILD) 'src/.*\.cc$$' 2>/dev/null | grep -E '(warning|error):' && echo "clang-tidy: clean"
 
 bench-ops: build
 	$(PY) bench/ops_vs_peers

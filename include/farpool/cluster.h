@@ -29,9 +29,9 @@ struct ServerAddress {
   uint16_t id = 0;
   std::string host;
   uint16_t port = 0;
-  uint64_t memory = 0;   // bytes donated (informational; the server is authoritative)
-  int64_t pid = 0;       // process id when started by `farpool cluster up`, else 0
-  std::string netns;     // network namespace when started with --netns, else empty
+  uint64_t memory = 0;  // bytes donated (informational; the server is authoritative)
+  int64_t pid = 0;      // process id when started by `farpool cluster up`, else 0
+  std::string netns;    // network namespace when started with --netns, else empty
 
   std::string Endpoint() const { return host + ":" + std::to_string(port); }
 };

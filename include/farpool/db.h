@@ -194,6 +194,12 @@ struct DatabaseOptions {
   // A session that does not renew its lease for this long is presumed dead: its locks are
   // broken and its commit in progress is finished (or undone) by whoever meets them.
   std::chrono::milliseconds lease{2000};
+
+  // Testing only (a fault-injection site, as FoundationDB's workloads use): called inside
+  // Commit at "locked" (write set locked), "logged" (decision written), "installing" (after
+  // each new version is posted), "installed" and "published" (timestamp published, locks not
+  // yet released). Tests kill the process there.
+  std::function<void(std::string_view point)> commit_hook;
 };
 
 class Database {

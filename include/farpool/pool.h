@@ -29,7 +29,9 @@
 //     of their own. An object lives on one server (striping spreads objects, not bytes).
 //     Leases belong to the pool, not to this process: data outlives the process that wrote it.
 //     Free works on objects this Pool allocated (another process's objects are freed by the
-//     database layer's own structures); an empty chunk is released to its server at once.
+//     database layer's own structures). Freed memory stays leased to this client, is reused
+//     by later Allocs, and accesses to it are rejected, until Trim() (or the destructor)
+//     gives it back to the servers; a lease refused for lack of room trims first.
 //   - A server that dies is noticed by an error on its connection or by missed heartbeats
 //     (PoolOptions::failure_timeout); from then on every call that touches it fails fast with
 //     Unavailable, calls to other servers go on. It is not reconnected: connect a new Pool.

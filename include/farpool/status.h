@@ -38,7 +38,9 @@ class [[nodiscard]] Status {
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
 
   static Status Ok() { return Status(); }
-  static Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+  static Status InvalidArgument(std::string m) {
+    return {StatusCode::kInvalidArgument, std::move(m)};
+  }
   static Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
   static Status OutOfMemory(std::string m) { return {StatusCode::kOutOfMemory, std::move(m)}; }
   static Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
@@ -67,7 +69,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : value_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
   Result(Status status) : status_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     if (status_.ok()) status_ = Status::Internal("Result constructed from an OK status");
   }
@@ -95,9 +97,9 @@ class [[nodiscard]] Result {
 #define FARPOOL_CONCAT_(a, b) FARPOOL_CONCAT_INNER_(a, b)
 
 // Returns the Status of `expr` from the enclosing function if it is not OK.
-#define FARPOOL_RETURN_IF_ERROR(expr)             \
-  do {                                            \
-    ::farpool::Status farpool_status_ = (expr);   \
+#define FARPOOL_RETURN_IF_ERROR(expr)                  \
+  do {                                                 \
+    ::farpool::Status farpool_status_ = (expr);        \
     if (!farpool_status_.ok()) return farpool_status_; \
   } while (0)
 

@@ -45,7 +45,9 @@ struct ThreadResult {
 };
 
 // Value a verify run expects in the first word of object i of thread t after setup.
-uint64_t Pattern(int thread, size_t i) { return (uint64_t(thread) << 40) ^ (i * 0x9E3779B97F4A7C15ull); }
+uint64_t Pattern(int thread, size_t i) {
+  return (uint64_t(thread) << 40) ^ (i * 0x9E3779B97F4A7C15ull);
+}
 
 }  // namespace
 
@@ -78,7 +80,8 @@ Result<nlohmann::json> RunOpsBench(const OpsBenchOptions& o) {
     FARPOOL_ASSIGN_OR_RETURN(pool, Pool::Connect(cluster, po));
   }
 
-  const size_t objects = std::max<uint64_t>(1, std::min<uint64_t>(o.working_set / std::max<uint64_t>(size, 64), 1 << 16));
+  const size_t objects = std::max<uint64_t>(
+      1, std::min<uint64_t>(o.working_set / std::max<uint64_t>(size, 64), 1 << 16));
   const uint64_t timer = ClockOverheadNs();
   std::vector<ThreadResult> results(o.threads);
   std::atomic<bool> measuring{false}, stop{false};
@@ -100,8 +103,12 @@ Result<nlohmann::json> RunOpsBench(const OpsBenchOptions& o) {
       std::byte* obj = base + i * slot;
       auto* word = reinterpret_cast<uint64_t*>(obj);
       switch (op) {
-        case Op::kRead: std::memcpy(buf.data() + k * size, obj, size); break;
-        case Op::kWrite: std::memcpy(obj, buf.data() + k * size, size); break;
+        case Op::kRead:
+          std::memcpy(buf.data() + k * size, obj, size);
+          break;
+        case Op::kWrite:
+          std::memcpy(obj, buf.data() + k * size, size);
+          break;
         case Op::kCas: {
           uint64_t expected = shadow[i];
           __atomic_compare_exchange_n(word, &expected, shadow[i] + 1, false, __ATOMIC_SEQ_CST,
@@ -109,7 +116,9 @@ Result<nlohmann::json> RunOpsBench(const OpsBenchOptions& o) {
           previous[k] = expected;
           break;
         }
-        case Op::kFaa: previous[k] = __atomic_fetch_add(word, 1, __ATOMIC_SEQ_CST); break;
+        case Op::kFaa:
+          previous[k] = __atomic_fetch_add(word, 1, __ATOMIC_SEQ_CST);
+          break;
       }
     };
     for (size_t i = 0; i < objects && o.local_memory; ++i) {
@@ -146,8 +155,12 @@ Result<nlohmann::json> RunOpsBench(const OpsBenchOptions& o) {
       } else if (o.batch == 1) {
         const size_t i = picks[0];
         switch (op) {
-          case Op::kRead: s = pool->Read(addrs[i], buf.data(), size); break;
-          case Op::kWrite: s = pool->Write(addrs[i], buf.data(), size); break;
+          case Op::kRead:
+            s = pool->Read(addrs[i], buf.data(), size);
+            break;
+          case Op::kWrite:
+            s = pool->Write(addrs[i], buf.data(), size);
+            break;
           case Op::kCas: {
             auto v = pool->CompareAndSwap(addrs[i], shadow[i], shadow[i] + 1);
             s = v.status();
@@ -166,10 +179,18 @@ Result<nlohmann::json> RunOpsBench(const OpsBenchOptions& o) {
         for (int k = 0; k < o.batch && s.ok(); ++k) {
           const size_t i = picks[k];
           switch (op) {
-            case Op::kRead: s = b.Read(addrs[i], buf.data() + k * size, size); break;
-            case Op::kWrite: s = b.Write(addrs[i], buf.data() + k * size, size); break;
-            case Op::kCas: s = b.CompareAndSwap(addrs[i], shadow[i], shadow[i] + 1, &previous[k]); break;
-            case Op::kFaa: s = b.FetchAdd(addrs[i], 1, &previous[k]); break;
+            case Op::kRead:
+              s = b.Read(addrs[i], buf.data() + k * size, size);
+              break;
+            case Op::kWrite:
+              s = b.Write(addrs[i], buf.data() + k * size, size);
+              break;
+            case Op::kCas:
+              s = b.CompareAndSwap(addrs[i], shadow[i], shadow[i] + 1, &previous[k]);
+              break;
+            case Op::kFaa:
+              s = b.FetchAdd(addrs[i], 1, &previous[k]);
+              break;
           }
         }
         Status w = b.Wait();

@@ -180,8 +180,15 @@ int Client(const std::string& host, int port, const std::string& op, uint64_t si
     Check(ucp_rkey_ptr(rkey, base, &p), "ucp_rkey_ptr (no shared-memory mapping)");
     local = static_cast<char*>(p);
   }
-  enum { kGet, kPut, kFadd, kCswap } const kind =
-      op == "get" ? kGet : op == "put" ? kPut : op == "fadd" ? kFadd : kCswap;
+  enum {
+    kGet,
+    kPut,
+    kFadd,
+    kCswap
+  } const kind = op == "get"    ? kGet
+                 : op == "put"  ? kPut
+                 : op == "fadd" ? kFadd
+                                : kCswap;
   const bool atomic = kind == kFadd || kind == kCswap;
   if (atomic) size = 8;
   const uint64_t slot = std::max<uint64_t>(size, 64);
@@ -213,7 +220,8 @@ int Client(const std::string& host, int port, const std::string& op, uint64_t si
         if (kind == kFadd) result[k] = __atomic_fetch_add(word, 1, __ATOMIC_SEQ_CST);
         if (kind == kCswap) {
           uint64_t expected = 0;
-          __atomic_compare_exchange_n(word, &expected, 0, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+          __atomic_compare_exchange_n(word, &expected, 0, false, __ATOMIC_SEQ_CST,
+                                      __ATOMIC_SEQ_CST);
           result[k] = expected;
         }
         reqs[k] = nullptr;
@@ -281,16 +289,26 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) Die("missing value for " + a);
       return argv[++i];
     };
-    if (a == "--host") host = next();
-    else if (a == "--port") port = std::stoi(next());
-    else if (a == "--op") op = next();
-    else if (a == "--size") size = std::stoull(next());
-    else if (a == "--batch") batch = std::stoi(next());
-    else if (a == "--seconds") seconds = std::stod(next());
-    else if (a == "--region") region = std::stoull(next());
-    else if (a == "--working-set") working_set = std::stoull(next());
-    else if (a == "--mapped") mapped = true;
-    else Die("unknown option " + a);
+    if (a == "--host")
+      host = next();
+    else if (a == "--port")
+      port = std::stoi(next());
+    else if (a == "--op")
+      op = next();
+    else if (a == "--size")
+      size = std::stoull(next());
+    else if (a == "--batch")
+      batch = std::stoi(next());
+    else if (a == "--seconds")
+      seconds = std::stod(next());
+    else if (a == "--region")
+      region = std::stoull(next());
+    else if (a == "--working-set")
+      working_set = std::stoull(next());
+    else if (a == "--mapped")
+      mapped = true;
+    else
+      Die("unknown option " + a);
   }
   if (op != "get" && op != "put" && op != "fadd" && op != "cswap") Die("unknown --op " + op);
   if (mode == "server") return Server(port, region);

@@ -14,9 +14,12 @@ Result<Fabric> ParseFabric(std::string_view text) {
 
 std::string_view FabricName(Fabric fabric) {
   switch (fabric) {
-    case Fabric::kAuto: return "auto";
-    case Fabric::kShm: return "shm";
-    case Fabric::kTcp: return "tcp";
+    case Fabric::kAuto:
+      return "auto";
+    case Fabric::kShm:
+      return "shm";
+    case Fabric::kTcp:
+      return "tcp";
   }
   return "unknown";
 }

@@ -1,8 +1,9 @@
+#include "farpool/status.h"
+
 #include <gtest/gtest.h>
 
 #include "farpool/address.h"
 #include "farpool/fabric.h"
-#include "farpool/status.h"
 
 namespace farpool {
 namespace {

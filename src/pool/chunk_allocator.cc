@@ -35,9 +35,8 @@ Result<uint64_t> ChunkAllocator::Lease(uint64_t size) {
     return offset;
   }
   return Status::OutOfMemory("pool full: cannot lease " + FormatSize(size) + "; " +
-                             FormatSize(capacity_ - leased_) + " free of " +
-                             FormatSize(capacity_) + ", largest contiguous run " +
-                             FormatSize(largest_free()));
+                             FormatSize(capacity_ - leased_) + " free of " + FormatSize(capacity_) +
+                             ", largest contiguous run " + FormatSize(largest_free()));
 }
 
 Status ChunkAllocator::Release(uint64_t offset, uint64_t size) {

@@ -41,7 +41,7 @@ TEST(ChunkAllocator, ReleaseCoalescesAndRejectsWhatIsNotALease) {
   ChunkAllocator a(4 * kChunk, kChunk);
   std::vector<uint64_t> offs;
   for (int i = 0; i < 4; ++i) offs.push_back(*a.Lease(kChunk));
-  EXPECT_FALSE(a.Release(offs[0], 2 * kChunk).ok());  // wrong size
+  EXPECT_FALSE(a.Release(offs[0], 2 * kChunk).ok());   // wrong size
   EXPECT_FALSE(a.Release(offs[0] + 64, kChunk).ok());  // not a lease start
   for (int i : {1, 3, 2, 0}) ASSERT_TRUE(a.Release(offs[i], kChunk).ok());
   EXPECT_FALSE(a.Release(offs[2], kChunk).ok());  // double release

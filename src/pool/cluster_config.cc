@@ -13,8 +13,8 @@ namespace farpool {
 
 Result<std::pair<std::string, uint16_t>> ParseHostPort(std::string_view text) {
   auto bad = [&](std::string_view why) {
-    return Status::InvalidArgument("invalid address '" + std::string(text) + "': " +
-                                   std::string(why) + " (expected HOST:PORT)");
+    return Status::InvalidArgument("invalid address '" + std::string(text) +
+                                   "': " + std::string(why) + " (expected HOST:PORT)");
   };
   size_t colon = text.rfind(':');
   if (colon == std::string_view::npos || colon == 0) return bad("no host or port");

@@ -69,8 +69,8 @@ Status SetUpNetwork(const NetNames& n, int servers, std::chrono::nanoseconds del
   for (int i = 0; i < servers; ++i) {
     const std::string ns = n.Namespace(i);
     FARPOOL_RETURN_IF_ERROR(Run({"ip", "netns", "add", ns}));
-    FARPOOL_RETURN_IF_ERROR(Run({"ip", "link", "add", n.HostVeth(i), "type", "veth", "peer",
-                                 "name", n.PeerVeth(i)}));
+    FARPOOL_RETURN_IF_ERROR(
+        Run({"ip", "link", "add", n.HostVeth(i), "type", "veth", "peer", "name", n.PeerVeth(i)}));
     FARPOOL_RETURN_IF_ERROR(Run({"ip", "link", "set", n.PeerVeth(i), "netns", ns}));
     FARPOOL_RETURN_IF_ERROR(Run({"ip", "link", "set", n.HostVeth(i), "master", n.Bridge()}));
     FARPOOL_RETURN_IF_ERROR(Run({"ip", "link", "set", n.HostVeth(i), "up"}));
@@ -78,14 +78,15 @@ Status SetUpNetwork(const NetNames& n, int servers, std::chrono::nanoseconds del
     FARPOOL_RETURN_IF_ERROR(
         Run({"ip", "-n", ns, "addr", "add", n.ServerIp(i) + "/16", "dev", n.PeerVeth(i)}));
     FARPOOL_RETURN_IF_ERROR(Run({"ip", "-n", ns, "link", "set", n.PeerVeth(i), "up"}));
-    FARPOOL_RETURN_IF_ERROR(
-        Run({"ip", "-n", ns, "route", "add", "default", "via", n.BridgeIp()}));
+    FARPOOL_RETURN_IF_ERROR(Run({"ip", "-n", ns, "route", "add", "default", "via", n.BridgeIp()}));
     if (delay.count() > 0) {
-      Status netem = Run({"tc", "qdisc", "add", "dev", n.HostVeth(i), "root", "netem", "delay", us});
+      Status netem =
+          Run({"tc", "qdisc", "add", "dev", n.HostVeth(i), "root", "netem", "delay", us});
       if (!netem.ok() && netem.message().find("qdisc kind is unknown") != std::string::npos) {
         return Status::InvalidArgument(
             "--delay needs the kernel's netem queueing discipline, which this kernel lacks "
-            "(CONFIG_NET_SCH_NETEM is off): " + netem.message());
+            "(CONFIG_NET_SCH_NETEM is off): " +
+            netem.message());
       }
       FARPOOL_RETURN_IF_ERROR(netem);
       FARPOOL_RETURN_IF_ERROR(Run({"ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev",
@@ -168,7 +169,9 @@ void StopPids(const std::vector<pid_t>& pids) {
 
 }  // namespace
 
-std::string ClusterFile(const std::string& dir) { return (fs::path(dir) / "cluster.json").string(); }
+std::string ClusterFile(const std::string& dir) {
+  return (fs::path(dir) / "cluster.json").string();
+}
 
 Status ClusterUp(const LocalClusterOptions& o) {
   if (o.servers < 1 || o.servers > 250) {
@@ -176,7 +179,8 @@ Status ClusterUp(const LocalClusterOptions& o) {
                                    std::to_string(o.servers));
   }
   if (o.delay.count() > 0 && !o.netns) {
-    return Status::InvalidArgument("--delay needs --netns (the delay is put on each server's link)");
+    return Status::InvalidArgument(
+        "--delay needs --netns (the delay is put on each server's link)");
   }
   std::error_code ec;
   fs::create_directories(o.dir, ec);
@@ -186,10 +190,9 @@ Status ClusterUp(const LocalClusterOptions& o) {
     if (existing.ok()) {
       for (const auto& s : existing->servers) {
         if (Alive(static_cast<pid_t>(s.pid))) {
-          return Status::InvalidArgument("a cluster is already running in " + o.dir +
-                                         " (server " + std::to_string(s.id) + ", pid " +
-                                         std::to_string(s.pid) + "); run `farpool cluster down --dir " +
-                                         o.dir + "` first");
+          return Status::InvalidArgument("a cluster is already running in " + o.dir + " (server " +
+                                         std::to_string(s.id) + ", pid " + std::to_string(s.pid) +
+                                         "); run `farpool cluster down --dir " + o.dir + "` first");
         }
       }
     }
@@ -214,18 +217,19 @@ Status ClusterUp(const LocalClusterOptions& o) {
     return s;
   };
   for (int i = 0; i < o.servers; ++i) {
-    const std::string ready = (fs::path(o.dir) / ("server-" + std::to_string(i) + ".ready")).string();
+    const std::string ready =
+        (fs::path(o.dir) / ("server-" + std::to_string(i) + ".ready")).string();
     const std::string log = (fs::path(o.dir) / ("server-" + std::to_string(i) + ".log")).string();
     fs::remove(ready, ec);
     const std::string host = o.netns ? names.ServerIp(i) : "127.0.0.1";
     const std::string port = o.netns ? "7000" : "0";
     std::vector<std::string> argv;
     if (o.netns) argv = {"ip", "netns", "exec", names.Namespace(i)};
-    argv.insert(argv.end(),
-                {o.binary, "server", "--listen", host + ":" + port, "--memory",
-                 std::to_string(o.memory), "--chunk-size", std::to_string(o.chunk_size), "--id",
-                 std::to_string(i), "--progress",
-                 o.progress == ProgressMode::kBusy ? "busy" : "event", "--ready-file", ready});
+    argv.insert(
+        argv.end(),
+        {o.binary, "server", "--listen", host + ":" + port, "--memory", std::to_string(o.memory),
+         "--chunk-size", std::to_string(o.chunk_size), "--id", std::to_string(i), "--progress",
+         o.progress == ProgressMode::kBusy ? "busy" : "event", "--ready-file", ready});
     pid_t pid = Spawn(argv, log);
     if (pid < 0) return fail(Status::IoError(std::string("fork: ") + strerror(errno)));
     pids.push_back(pid);
@@ -240,7 +244,8 @@ Status ClusterUp(const LocalClusterOptions& o) {
   // Wait for every ready file: {"port": N}.
   const auto deadline = Clock::now() + o.start_timeout;
   for (int i = 0; i < o.servers; ++i) {
-    const std::string ready = (fs::path(o.dir) / ("server-" + std::to_string(i) + ".ready")).string();
+    const std::string ready =
+        (fs::path(o.dir) / ("server-" + std::to_string(i) + ".ready")).string();
     const std::string log = (fs::path(o.dir) / ("server-" + std::to_string(i) + ".log")).string();
     for (;;) {
       std::ifstream in(ready);

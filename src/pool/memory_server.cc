@@ -41,7 +41,8 @@ uint64_t PrivateResidentBytes() {
 
 class MemoryServer::Impl {
  public:
-  Impl(const ServerOptions& options) : options_(options), chunks_(options.memory, options.chunk_size) {}
+  Impl(const ServerOptions& options)
+      : options_(options), chunks_(options.memory, options.chunk_size) {}
 
   Status Init(uint16_t* port_out);
   // One iteration of the progress loop; returns whether anything happened.
@@ -150,8 +151,7 @@ Status MemoryServer::Impl::Init(uint16_t* port_out) {
 
 ucs_status_t MemoryServer::Impl::OnControlMessage(void* arg, const void* /*header*/,
                                                   size_t /*header_length*/, void* data,
-                                                  size_t length,
-                                                  const ucp_am_recv_param_t* param) {
+                                                  size_t length, const ucp_am_recv_param_t* param) {
   auto* self = static_cast<Impl*>(arg);
   ucp_ep_h reply_ep =
       (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
@@ -162,9 +162,9 @@ ucs_status_t MemoryServer::Impl::OnControlMessage(void* arg, const void* /*heade
     if (reply_ep != nullptr) {
       Status s = transport::PostAm(
           reply_ep, transport::kControlAm,
-          wire::EncodeError(0, Status::Protocol(self->Name() + ": message of " +
-                                                std::to_string(length) +
-                                                " bytes exceeds the control message limit")),
+          wire::EncodeError(
+              0, Status::Protocol(self->Name() + ": message of " + std::to_string(length) +
+                                  " bytes exceeds the control message limit")),
           false);
       (void)s;  // the peer may be gone; nothing to recover
     }

@@ -37,7 +37,7 @@ struct ObjectAllocator::Server {
   Geometry geometry;
   uint64_t num_chunks;
   std::unique_ptr<ChunkState[]> chunks;
-  std::vector<std::vector<uint64_t>> partial;  // per class: slab chunks with a free slot
+  std::vector<std::vector<uint64_t>> partial;           // per class: slab chunks with a free slot
   std::vector<std::pair<uint64_t, uint64_t>> retained;  // freed runs still leased
 
   uint64_t ChunkBase(uint64_t chunk) const { return kRootAreaSize + chunk * geometry.chunk_size; }
@@ -51,8 +51,8 @@ ObjectAllocator::ObjectAllocator(std::vector<Geometry> servers, LeaseFn lease, R
   for (const Geometry& g : servers) {
     auto s = std::make_unique<Server>();
     s->geometry = g;
-    s->num_chunks = g.region_size > kRootAreaSize ? (g.region_size - kRootAreaSize) / g.chunk_size
-                                                  : 0;
+    s->num_chunks =
+        g.region_size > kRootAreaSize ? (g.region_size - kRootAreaSize) / g.chunk_size : 0;
     s->chunks = std::make_unique<ChunkState[]>(s->num_chunks);
     s->partial.resize(s->NumClasses());
     servers_.push_back(std::move(s));
@@ -176,7 +176,8 @@ Result<uint64_t> ObjectAllocator::AllocateSlot(size_t index, unsigned cls) {
     if (++cs.live_count == slots) partial.pop_back();
     return s.ChunkBase(c) + (slot << shift);
   }
-  return Status::Internal("slab chunk " + std::to_string(c) + " in the partial list has no free slot");
+  return Status::Internal("slab chunk " + std::to_string(c) +
+                          " in the partial list has no free slot");
 }
 
 Status ObjectAllocator::Free(size_t index, uint64_t offset) {

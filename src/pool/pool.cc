@@ -13,6 +13,8 @@
 //     or no answer came for failure_timeout. ServerState::failed is then set and every later
 //     call touching that server fails fast; pending UCX requests to it are abandoned by
 //     force-closing the thread's endpoint, which completes them with an error.
+#include "farpool/pool.h"
+
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
@@ -27,7 +29,6 @@
 #include <unordered_map>
 
 #include "common/units.h"
-#include "farpool/pool.h"
 #include "pool/chunk_allocator.h"
 #include "pool/object_allocator.h"
 #include "transport/ucx.h"
@@ -68,8 +69,7 @@ struct ReplyBox {
   static ucs_status_t OnMessage(void* arg, const void*, size_t, void* data, size_t length,
                                 const ucp_am_recv_param_t* param) {
     auto* box = static_cast<ReplyBox*>(arg);
-    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
-        length < sizeof(wire::MessageHeader)) {
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || length < sizeof(wire::MessageHeader)) {
       return UCS_OK;  // not a reply we could have asked for; dropped
     }
     wire::MessageHeader h;
@@ -124,8 +124,8 @@ class Pool::Impl {
  public:
   struct Target {
     size_t index;
-    uint64_t remote;       // remote virtual address
-    std::byte* direct;     // mapped address, or null
+    uint64_t remote;    // remote virtual address
+    std::byte* direct;  // mapped address, or null
   };
   struct Reply {
     std::vector<std::byte> bytes;
@@ -205,7 +205,8 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
       s.direct = tc->peers[i].rkey->DirectPointer(s.region_base);
     }
     if (fabric_ == Fabric::kShm && s.direct == nullptr) {
-      return Status::Unavailable(s.name + ": transport shm needs the server's region mapped "
+      return Status::Unavailable(s.name +
+                                 ": transport shm needs the server's region mapped "
                                  "into this process, which failed (is the server on another "
                                  "host, or was --no-direct given?); use tcp or auto");
     }
@@ -217,16 +218,19 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
       [this](size_t index, uint64_t size) -> Result<uint64_t> {
         FARPOOL_ASSIGN_OR_RETURN(ThreadContext * t, Local());
         FARPOOL_ASSIGN_OR_RETURN(
-            Reply r, Call(*t, index,
-                          [&](uint64_t id) { return wire::Encode(id, wire::LeaseRequest{size}); },
-                          wire::Opcode::kLeaseReply, options_.op_timeout));
+            Reply r,
+            Call(
+                *t, index, [&](uint64_t id) { return wire::Encode(id, wire::LeaseRequest{size}); },
+                wire::Opcode::kLeaseReply, options_.op_timeout));
         return r.message.As<wire::LeaseReply>().offset;
       },
       [this](size_t index, uint64_t offset, uint64_t size) -> Status {
         FARPOOL_ASSIGN_OR_RETURN(ThreadContext * t, Local());
         auto r = Call(
             *t, index,
-            [&](uint64_t id) { return wire::Encode(id, wire::ReleaseRequest{offset, size}); },
+            [&](uint64_t id) {
+              return wire::Encode(id, wire::ReleaseRequest{offset, size});
+            },
             wire::Opcode::kReleaseReply, options_.op_timeout);
         return r.ok() ? Status::Ok() : r.status();
       });
@@ -284,12 +288,13 @@ Result<std::unique_ptr<ThreadContext>> Pool::Impl::CreateThreadContext() {
 Status Pool::Impl::Hello(ThreadContext& tc, size_t index) {
   ServerState& s = *servers_[index];
   FARPOOL_ASSIGN_OR_RETURN(
-      Reply r, Call(tc, index,
-                    [&](uint64_t id) {
-                      return wire::Encode(
-                          id, wire::HelloRequest{static_cast<uint64_t>(getpid()), nonce_});
-                    },
-                    wire::Opcode::kHelloReply, options_.connect_timeout));
+      Reply r,
+      Call(
+          tc, index,
+          [&](uint64_t id) {
+            return wire::Encode(id, wire::HelloRequest{static_cast<uint64_t>(getpid()), nonce_});
+          },
+          wire::Opcode::kHelloReply, options_.connect_timeout));
   auto hello = r.message.As<wire::HelloReply>();
   if (hello.server_id != s.address.id) {
     return Status::Protocol(s.name + ": server says it is server " +
@@ -390,9 +395,9 @@ Result<Pool::Impl::Reply> Pool::Impl::Call(
 Result<ServerStats> Pool::Impl::Stats(size_t index) {
   FARPOOL_ASSIGN_OR_RETURN(ThreadContext * tc, Local());
   FARPOOL_ASSIGN_OR_RETURN(
-      Reply r, Call(*tc, index,
-                    [](uint64_t id) { return wire::Encode(id, wire::StatsRequest{0}); },
-                    wire::Opcode::kStatsReply, options_.op_timeout));
+      Reply r, Call(
+                   *tc, index, [](uint64_t id) { return wire::Encode(id, wire::StatsRequest{0}); },
+                   wire::Opcode::kStatsReply, options_.op_timeout));
   auto w = r.message.As<wire::StatsReply>();
   ServerStats st;
   st.id = w.server_id;
@@ -425,8 +430,8 @@ void Pool::Impl::Monitor() {
   std::vector<Watch> watch(servers_.size());
   for (size_t i = 0; i < servers_.size(); ++i) {
     watch[i].last_answer = Clock::now();
-    auto ep = Endpoint::Connect(**worker, servers_[i]->address.host, servers_[i]->address.port,
-                                nullptr);
+    auto ep =
+        Endpoint::Connect(**worker, servers_[i]->address.host, servers_[i]->address.port, nullptr);
     if (ep.ok()) watch[i].ep = std::move(*ep);
   }
   uint64_t next_id = 1;
@@ -471,21 +476,21 @@ void Pool::Impl::Monitor() {
 
 // ------------------------------------------------------------------ data path
 
-Result<Pool::Impl::Target> Pool::Impl::Resolve(GlobalAddress address, uint64_t size,
-                                               const char* op, bool atomic) {
+Result<Pool::Impl::Target> Pool::Impl::Resolve(GlobalAddress address, uint64_t size, const char* op,
+                                               bool atomic) {
   if (address.is_null()) return Status::InvalidArgument(std::string(op) + " at the null address");
   const uint16_t id = address.server();
   if (id >= index_of_.size() || index_of_[id] < 0) {
-    return Status::InvalidArgument(std::string(op) + " at " + address.ToString() +
-                                   ": no server " + std::to_string(id) + " in the cluster");
+    return Status::InvalidArgument(std::string(op) + " at " + address.ToString() + ": no server " +
+                                   std::to_string(id) + " in the cluster");
   }
   const size_t index = static_cast<size_t>(index_of_[id]);
   ServerState& s = *servers_[index];
   const uint64_t offset = address.offset();
   if (size > s.region_size || offset > s.region_size - size) {
     return Status::InvalidArgument(s.name + ": " + op + " of " + std::to_string(size) +
-                                   " bytes at " + address.ToString() +
-                                   " is beyond the region (" + FormatSize(s.region_size) + ")");
+                                   " bytes at " + address.ToString() + " is beyond the region (" +
+                                   FormatSize(s.region_size) + ")");
   }
   if (atomic && offset % 8 != 0) {
     return Status::InvalidArgument(s.name + ": " + op + " at " + address.ToString() +
@@ -614,8 +619,7 @@ Result<GlobalAddress> Pool::Alloc(uint64_t size, Placement placement) {
   };
   switch (placement.kind()) {
     case Placement::Kind::kOnServer: {
-      FARPOOL_ASSIGN_OR_RETURN(size_t index,
-                               im.IndexOf(static_cast<uint16_t>(placement.value())));
+      FARPOOL_ASSIGN_OR_RETURN(size_t index, im.IndexOf(static_cast<uint16_t>(placement.value())));
       return on(index);
     }
     case Placement::Kind::kByKey:
@@ -643,9 +647,8 @@ Result<GlobalAddress> Pool::Alloc(uint64_t size, Placement placement) {
         free += st->capacity - st->leased;
       }
       return Status::OutOfMemory("pool full: cannot allocate " + FormatSize(size) + " on any of " +
-                                 std::to_string(n) + " servers; " + FormatSize(free) +
-                                 " free of " + FormatSize(capacity) + " (last: " +
-                                 last.message() + ")");
+                                 std::to_string(n) + " servers; " + FormatSize(free) + " free of " +
+                                 FormatSize(capacity) + " (last: " + last.message() + ")");
     }
   }
   return Status::Internal("unknown placement");
@@ -688,8 +691,7 @@ Status Pool::Write(GlobalAddress destination, const void* source, uint64_t size)
   return impl_->Flush(*tc, t.index);
 }
 
-Result<uint64_t> Pool::CompareAndSwap(GlobalAddress address, uint64_t expected,
-                                      uint64_t desired) {
+Result<uint64_t> Pool::CompareAndSwap(GlobalAddress address, uint64_t expected, uint64_t desired) {
   FARPOOL_ASSIGN_OR_RETURN(Impl::Target t, impl_->Resolve(address, 8, "compare-and-swap", true));
   FARPOOL_ASSIGN_OR_RETURN(ThreadContext * tc, impl_->Local());
   Bump(tc->cas);
@@ -791,8 +793,7 @@ Status Batch::Read(GlobalAddress source, void* destination, uint64_t size) {
 
 Status Batch::Write(GlobalAddress destination, const void* source, uint64_t size) {
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
-  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
-                           pool_.Resolve(destination, size, "write", false));
+  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Resolve(destination, size, "write", false));
   ThreadContext& tc = *state_->tc;
   Bump(tc.writes);
   Bump(tc.bytes_written, size);

@@ -3,11 +3,10 @@
 // Each test checks an invariant that only holds if one-sided operations from several
 // processes are atomic and visible: exact fetch-and-add totals, mutual exclusion by a CAS
 // lock, every byte written reading back, and faults that fail fast without hanging.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstring>
@@ -152,7 +151,8 @@ std::string RunWorkers(int count, const WorkerSpec& spec, std::chrono::seconds l
       std::this_thread::sleep_for(10ms);
     }
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      failures += "worker " + std::to_string(pid) + " failed (status " + std::to_string(status) + "); ";
+      failures +=
+          "worker " + std::to_string(pid) + " failed (status " + std::to_string(status) + "); ";
     }
   }
   return failures;
@@ -265,7 +265,8 @@ TEST_P(ProcessTest, RandomReadsAndWritesFromSeveralProcessesMatchAShadow) {
     }
     std::vector<uint8_t> got(kSize);
     for (size_t o = 0; o < kObjects; ++o) {
-      ASSERT_TRUE(pool->Read(GlobalAddress::FromRaw(table[w * kObjects + o]), got.data(), kSize).ok());
+      ASSERT_TRUE(
+          pool->Read(GlobalAddress::FromRaw(table[w * kObjects + o]), got.data(), kSize).ok());
       ASSERT_EQ(got, expect[o]) << "worker " << w << " object " << o;
     }
   }
@@ -351,8 +352,8 @@ TEST(ServerProcess, RejectsMalformedControlMessagesAndKeepsRunning) {
                       },
                       &replies)
                   .ok());
-  auto ep = transport::Endpoint::Connect(**worker, config.servers[0].host,
-                                         config.servers[0].port, nullptr);
+  auto ep = transport::Endpoint::Connect(**worker, config.servers[0].host, config.servers[0].port,
+                                         nullptr);
   ASSERT_TRUE(ep.ok());
   auto good = wire::Encode(1, wire::StatsRequest{0});
   std::vector<std::vector<std::byte>> bad;
@@ -363,14 +364,15 @@ TEST(ServerProcess, RejectsMalformedControlMessagesAndKeepsRunning) {
   auto wrong_size = good;
   wrong_size[8] = std::byte{200};
   bad.push_back(wrong_size);
-  bad.push_back(wire::Encode(5, wire::LeaseReply{0, 0}));  // a reply sent as a request
-  bad.push_back(wire::Encode(6, wire::LeaseRequest{12345}));  // not a chunk multiple
+  bad.push_back(wire::Encode(5, wire::LeaseReply{0, 0}));               // a reply sent as a request
+  bad.push_back(wire::Encode(6, wire::LeaseRequest{12345}));            // not a chunk multiple
   bad.push_back(wire::Encode(7, wire::ReleaseRequest{4096, 4 << 20}));  // never leased
-  bad.push_back(std::vector<std::byte>(64 << 10, std::byte{0x5a}));  // oversized garbage
+  bad.push_back(std::vector<std::byte>(64 << 10, std::byte{0x5a}));     // oversized garbage
   for (auto& m : bad) {
-    ASSERT_TRUE((*ep)->SendAm(transport::kControlAm, m, true,
-                              std::chrono::steady_clock::now() + 5s, nullptr)
-                    .ok());
+    ASSERT_TRUE(
+        (*ep)
+            ->SendAm(transport::kControlAm, m, true, std::chrono::steady_clock::now() + 5s, nullptr)
+            .ok());
   }
   const auto deadline = std::chrono::steady_clock::now() + 10s;
   while (replies.size() < bad.size() && std::chrono::steady_clock::now() < deadline) {
@@ -459,13 +461,12 @@ TEST(NetworkNamespaces, FetchAddAcrossNamespacesIsExact) {
   auto counter = *pool->Alloc(8, Placement::OnServer(1));
   uint64_t zero = 0;
   ASSERT_TRUE(pool->Write(counter, &zero, 8).ok());
-  std::string failures =
-      RunWorkers(2, {"faa",
-                     {{"FARPOOL_CLUSTER", cluster.cluster_file()},
-                      {"FARPOOL_TRANSPORT", "tcp"},
-                      {"FARPOOL_THREADS", "2"},
-                      {"FARPOOL_N", "500"},
-                      {"FARPOOL_ADDR", std::to_string(counter.raw())}}});
+  std::string failures = RunWorkers(2, {"faa",
+                                        {{"FARPOOL_CLUSTER", cluster.cluster_file()},
+                                         {"FARPOOL_TRANSPORT", "tcp"},
+                                         {"FARPOOL_THREADS", "2"},
+                                         {"FARPOOL_N", "500"},
+                                         {"FARPOOL_ADDR", std::to_string(counter.raw())}}});
   EXPECT_EQ(failures, "");
   uint64_t total = 0;
   ASSERT_TRUE(pool->Read(counter, &total, 8).ok());

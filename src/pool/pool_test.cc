@@ -7,8 +7,8 @@
 
 #include <array>
 #include <chrono>
-#include <map>
 #include <cstring>
+#include <map>
 #include <random>
 #include <thread>
 

@@ -18,9 +18,12 @@ using Clock = std::chrono::steady_clock;
 // whose region it cannot map).
 const char* TransportList(Fabric fabric) {
   switch (fabric) {
-    case Fabric::kAuto: return "all";
-    case Fabric::kShm: return "sm,self,tcp";
-    case Fabric::kTcp: return "tcp,self";
+    case Fabric::kAuto:
+      return "all";
+    case Fabric::kShm:
+      return "sm,self,tcp";
+    case Fabric::kTcp:
+      return "tcp,self";
   }
   return "all";
 }
@@ -45,9 +48,12 @@ Status UcxStatus(ucs_status_t status, std::string_view what) {
     case UCS_ERR_NOT_CONNECTED:
     case UCS_ERR_IO_ERROR:
       return Status::Unavailable(std::move(m));
-    case UCS_ERR_TIMED_OUT: return Status::TimedOut(std::move(m));
-    case UCS_ERR_NO_MEMORY: return Status::OutOfMemory(std::move(m));
-    default: return Status::Internal(std::move(m));
+    case UCS_ERR_TIMED_OUT:
+      return Status::TimedOut(std::move(m));
+    case UCS_ERR_NO_MEMORY:
+      return Status::OutOfMemory(std::move(m));
+    default:
+      return Status::Internal(std::move(m));
   }
 }
 
@@ -223,8 +229,8 @@ void Endpoint::Close(bool force) {
   ucs_status_ptr_t req = ucp_ep_close_nbx(ep_, &p);
   ep_ = nullptr;
   // A graceful close waits for the peer; bound it so a dead peer cannot hang the caller.
-  Status s = worker_.WaitRequest(req, Clock::now() + std::chrono::seconds(2), nullptr,
-                                 "closing endpoint");
+  Status s =
+      worker_.WaitRequest(req, Clock::now() + std::chrono::seconds(2), nullptr, "closing endpoint");
   (void)s;  // the endpoint is gone either way; nothing more to do about a failed close
 }
 

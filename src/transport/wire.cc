@@ -14,15 +14,22 @@ constexpr size_t kNoTail = ~size_t{0};
 
 Result<BodyLayout> LayoutOf(uint16_t opcode) {
   switch (static_cast<Opcode>(opcode)) {
-    case Opcode::kHelloRequest: return BodyLayout{sizeof(HelloRequest), kNoTail};
+    case Opcode::kHelloRequest:
+      return BodyLayout{sizeof(HelloRequest), kNoTail};
     case Opcode::kHelloReply:
       return BodyLayout{sizeof(HelloReply), offsetof(HelloReply, rkey_size)};
-    case Opcode::kLeaseRequest: return BodyLayout{sizeof(LeaseRequest), kNoTail};
-    case Opcode::kLeaseReply: return BodyLayout{sizeof(LeaseReply), kNoTail};
-    case Opcode::kReleaseRequest: return BodyLayout{sizeof(ReleaseRequest), kNoTail};
-    case Opcode::kReleaseReply: return BodyLayout{sizeof(ReleaseReply), kNoTail};
-    case Opcode::kStatsRequest: return BodyLayout{sizeof(StatsRequest), kNoTail};
-    case Opcode::kStatsReply: return BodyLayout{sizeof(StatsReply), kNoTail};
+    case Opcode::kLeaseRequest:
+      return BodyLayout{sizeof(LeaseRequest), kNoTail};
+    case Opcode::kLeaseReply:
+      return BodyLayout{sizeof(LeaseReply), kNoTail};
+    case Opcode::kReleaseRequest:
+      return BodyLayout{sizeof(ReleaseRequest), kNoTail};
+    case Opcode::kReleaseReply:
+      return BodyLayout{sizeof(ReleaseReply), kNoTail};
+    case Opcode::kStatsRequest:
+      return BodyLayout{sizeof(StatsRequest), kNoTail};
+    case Opcode::kStatsReply:
+      return BodyLayout{sizeof(StatsReply), kNoTail};
     case Opcode::kErrorReply:
       return BodyLayout{sizeof(ErrorReply), offsetof(ErrorReply, text_size)};
   }
@@ -33,15 +40,24 @@ Result<BodyLayout> LayoutOf(uint16_t opcode) {
 
 std::string_view OpcodeName(Opcode op) {
   switch (op) {
-    case Opcode::kHelloRequest: return "HelloRequest";
-    case Opcode::kHelloReply: return "HelloReply";
-    case Opcode::kLeaseRequest: return "LeaseRequest";
-    case Opcode::kLeaseReply: return "LeaseReply";
-    case Opcode::kReleaseRequest: return "ReleaseRequest";
-    case Opcode::kReleaseReply: return "ReleaseReply";
-    case Opcode::kStatsRequest: return "StatsRequest";
-    case Opcode::kStatsReply: return "StatsReply";
-    case Opcode::kErrorReply: return "ErrorReply";
+    case Opcode::kHelloRequest:
+      return "HelloRequest";
+    case Opcode::kHelloReply:
+      return "HelloReply";
+    case Opcode::kLeaseRequest:
+      return "LeaseRequest";
+    case Opcode::kLeaseReply:
+      return "LeaseReply";
+    case Opcode::kReleaseRequest:
+      return "ReleaseRequest";
+    case Opcode::kReleaseReply:
+      return "ReleaseReply";
+    case Opcode::kStatsRequest:
+      return "StatsRequest";
+    case Opcode::kStatsReply:
+      return "StatsReply";
+    case Opcode::kErrorReply:
+      return "ErrorReply";
   }
   return "Unknown";
 }
@@ -70,8 +86,8 @@ Result<Message> Decode(std::span<const std::byte> bytes) {
   }
   if (available < layout.body_size) {
     return Status::Protocol(std::string(OpcodeName(m.opcode)) + ": body truncated (" +
-                            std::to_string(available) + " of " +
-                            std::to_string(layout.body_size) + " bytes)");
+                            std::to_string(available) + " of " + std::to_string(layout.body_size) +
+                            " bytes)");
   }
   size_t tail_size = 0;
   if (layout.tail_len_offset != kNoTail) {
@@ -108,8 +124,12 @@ Opcode OpcodeOf();
 template <typename Body>
 std::vector<std::byte> Encode(uint64_t request_id, const Body& body,
                               std::span<const std::byte> tail) {
-  MessageHeader h{kMagic, kVersion, static_cast<uint16_t>(OpcodeOf<Body>()),
-                  static_cast<uint32_t>(sizeof(Body) + tail.size()), 0, request_id};
+  MessageHeader h{kMagic,
+                  kVersion,
+                  static_cast<uint16_t>(OpcodeOf<Body>()),
+                  static_cast<uint32_t>(sizeof(Body) + tail.size()),
+                  0,
+                  request_id};
   std::vector<std::byte> out(sizeof(h) + sizeof(Body) + tail.size());
   std::memcpy(out.data(), &h, sizeof(h));
   std::memcpy(out.data() + sizeof(h), &body, sizeof(Body));
@@ -117,12 +137,12 @@ std::vector<std::byte> Encode(uint64_t request_id, const Body& body,
   return out;
 }
 
-#define FARPOOL_WIRE_BODY(Type)                                                              \
-  template <>                                                                                \
-  Opcode OpcodeOf<Type>() {                                                                  \
-    return Opcode::k##Type;                                                                  \
-  }                                                                                          \
-  template Type Message::As<Type>() const;                                                   \
+#define FARPOOL_WIRE_BODY(Type)            \
+  template <>                              \
+  Opcode OpcodeOf<Type>() {                \
+    return Opcode::k##Type;                \
+  }                                        \
+  template Type Message::As<Type>() const; \
   template std::vector<std::byte> Encode<Type>(uint64_t, const Type&, std::span<const std::byte>);
 
 FARPOOL_WIRE_BODY(HelloRequest)

@@ -50,8 +50,8 @@ struct MessageHeader {
   uint32_t magic;
   uint16_t version;
   uint16_t opcode;
-  uint32_t body_size;  // bytes after this header
-  uint32_t flags;      // reserved, must be 0
+  uint32_t body_size;   // bytes after this header
+  uint32_t flags;       // reserved, must be 0
   uint64_t request_id;  // echoed in the reply
 };
 static_assert(sizeof(MessageHeader) == 24);
@@ -67,10 +67,10 @@ static_assert(sizeof(HelloRequest) == 16);
 struct HelloReply {
   uint16_t server_id;
   uint16_t reserved0;
-  uint32_t rkey_size;       // tail length
-  uint64_t region_base;     // virtual address of offset 0 in the server process
-  uint64_t region_size;     // bytes donated
-  uint64_t chunk_size;      // lease granularity
+  uint32_t rkey_size;    // tail length
+  uint64_t region_base;  // virtual address of offset 0 in the server process
+  uint64_t region_size;  // bytes donated
+  uint64_t chunk_size;   // lease granularity
   uint64_t server_pid;
 };
 static_assert(sizeof(HelloReply) == 40);
@@ -107,16 +107,16 @@ static_assert(sizeof(StatsRequest) == 8);
 struct StatsReply {
   uint16_t server_id;
   uint16_t reserved0;
-  uint32_t clients;          // connected endpoints
-  uint64_t capacity;         // bytes donated
-  uint64_t leased;           // bytes leased to clients
-  uint64_t largest_free;     // largest contiguous leasable run
+  uint32_t clients;       // connected endpoints
+  uint64_t capacity;      // bytes donated
+  uint64_t leased;        // bytes leased to clients
+  uint64_t largest_free;  // largest contiguous leasable run
   uint64_t chunk_size;
   uint64_t requests_served;  // control requests answered
   uint64_t rejected;         // malformed or incompatible messages rejected
   uint64_t uptime_ns;
   uint64_t server_pid;
-  uint64_t rss_private;      // server's private resident memory (overhead beyond the region)
+  uint64_t rss_private;  // server's private resident memory (overhead beyond the region)
 };
 static_assert(sizeof(StatsReply) == 80);
 
