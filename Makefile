@@ -35,7 +35,7 @@ test-python:
 test-asan: setup
 	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DFARPOOL_SANITIZE=ON >/dev/null
 	ninja -C build-asan -j $(JOBS)
-	cd build-asan && ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
+	cd build-asan && UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -j 1
 
 fuzz: setup
