@@ -106,7 +106,9 @@ class [[nodiscard]] Result {
 // Evaluates `rexpr` (a Result<T>); on error returns its Status, else moves the value to `lhs`.
 #define FARPOOL_ASSIGN_OR_RETURN(lhs, rexpr) \
   FARPOOL_ASSIGN_OR_RETURN_IMPL_(FARPOOL_CONCAT_(farpool_result_, __LINE__), lhs, rexpr)
+// NOLINTBEGIN(bugprone-macro-parentheses): `lhs` is a declaration, it cannot be parenthesised.
 #define FARPOOL_ASSIGN_OR_RETURN_IMPL_(result, lhs, rexpr) \
   auto result = (rexpr);                                   \
   if (!result.ok()) return result.status();                \
   lhs = std::move(result).value()
+// NOLINTEND(bugprone-macro-parentheses)

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
+#include <memory>
 #include <random>
 #include <thread>
 #include <vector>
@@ -97,8 +98,9 @@ Result<nlohmann::json> RunOpsBench(const OpsBenchOptions& o) {
     // Local-memory baseline: the same objects in one arena of this process, 64-byte slots.
     const uint64_t slot = (size + 63) / 64 * 64;
     std::vector<std::byte> arena(o.local_memory ? objects * slot + 64 : 0);
-    std::byte* base = reinterpret_cast<std::byte*>(
-        (reinterpret_cast<uintptr_t>(arena.data()) + 63) & ~uintptr_t{63});
+    void* aligned = arena.data();
+    size_t space = arena.size();
+    auto* base = static_cast<std::byte*>(std::align(64, objects * slot, aligned, space));
     auto local_op = [&](size_t i, int k) {
       std::byte* obj = base + i * slot;
       auto* word = reinterpret_cast<uint64_t*>(obj);
@@ -252,6 +254,7 @@ Result<nlohmann::json> RunOpsBench(const OpsBenchOptions& o) {
   };
 
   std::vector<std::thread> threads;
+  threads.reserve(o.threads);
   for (int t = 0; t < o.threads; ++t) threads.emplace_back(worker, t);
   ready.arrive_and_wait();
   std::this_thread::sleep_for(std::chrono::duration<double>(o.warmup_seconds));

@@ -103,17 +103,17 @@ int Server(int port, uint64_t region) {
   mp.address = nullptr;
   mp.length = region;
   mp.flags = UCP_MEM_MAP_ALLOCATE;
-  ucp_mem_h memh;
+  ucp_mem_h memh = nullptr;
   Check(ucp_mem_map(u.context, &mp, &memh), "ucp_mem_map");
   ucp_mem_attr_t attr{};
   attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
   Check(ucp_mem_query(memh, &attr), "ucp_mem_query");
   std::memset(attr.address, 0, region);
-  void* rkey;
-  size_t rkey_size;
+  void* rkey = nullptr;
+  size_t rkey_size = 0;
   Check(ucp_rkey_pack(u.context, memh, &rkey, &rkey_size), "ucp_rkey_pack");
-  ucp_address_t* addr;
-  size_t addr_len;
+  ucp_address_t* addr = nullptr;
+  size_t addr_len = 0;
   Check(ucp_worker_get_address(u.worker, &addr, &addr_len), "ucp_worker_get_address");
 
   int ls = socket(AF_INET, SOCK_STREAM, 0);
@@ -138,7 +138,7 @@ int Server(int port, uint64_t region) {
   for (uint64_t spins = 0;; ++spins) {
     ucp_worker_progress(u.worker);
     if ((spins & 1023) == 0) {
-      char c;
+      char c = 0;
       ssize_t k = ::recv(fd, &c, 1, MSG_DONTWAIT);
       if (k == 0) break;
     }
@@ -170,9 +170,9 @@ int Client(const std::string& host, int port, const std::string& op, uint64_t si
   ucp_ep_params_t ep_params{};
   ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
   ep_params.address = reinterpret_cast<ucp_address_t*>(addr.data());
-  ucp_ep_h ep;
+  ucp_ep_h ep = nullptr;
   Check(ucp_ep_create(u.worker, &ep_params, &ep), "ucp_ep_create");
-  ucp_rkey_h rkey;
+  ucp_rkey_h rkey = nullptr;
   Check(ucp_ep_rkey_unpack(ep, packed.data(), &rkey), "ucp_ep_rkey_unpack");
   char* local = nullptr;
   if (mapped) {

@@ -140,6 +140,7 @@ pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
   int devnull = open("/dev/null", O_RDONLY);
   if (devnull >= 0) dup2(devnull, STDIN_FILENO);
   std::vector<char*> args;
+  args.reserve(argv.size() + 1);
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   execvp(args[0], args.data());
@@ -227,7 +228,7 @@ Status ClusterUp(const LocalClusterOptions& o) {
     if (o.netns) argv = {"ip", "netns", "exec", names.Namespace(i)};
     argv.insert(
         argv.end(),
-        {o.binary, "server", "--listen", host + ":" + port, "--memory", std::to_string(o.memory),
+        {o.binary, "server", "--listen", std::string(host).append(":").append(port), "--memory", std::to_string(o.memory),
          "--chunk-size", std::to_string(o.chunk_size), "--id", std::to_string(i), "--progress",
          o.progress == ProgressMode::kBusy ? "busy" : "event", "--ready-file", ready});
     pid_t pid = Spawn(argv, log);

@@ -46,7 +46,8 @@ struct ObjectAllocator::Server {
   }
 };
 
-ObjectAllocator::ObjectAllocator(std::vector<Geometry> servers, LeaseFn lease, ReleaseFn release)
+ObjectAllocator::ObjectAllocator(const std::vector<Geometry>& servers, LeaseFn lease,
+                                 ReleaseFn release)
     : lease_(std::move(lease)), release_(std::move(release)) {
   for (const Geometry& g : servers) {
     auto s = std::make_unique<Server>();

@@ -41,7 +41,7 @@ class ObjectAllocator {
   using LeaseFn = std::function<Result<uint64_t>(size_t index, uint64_t size)>;
   using ReleaseFn = std::function<Status(size_t index, uint64_t offset, uint64_t size)>;
 
-  ObjectAllocator(std::vector<Geometry> servers, LeaseFn lease, ReleaseFn release);
+  ObjectAllocator(const std::vector<Geometry>& servers, LeaseFn lease, ReleaseFn release);
   ~ObjectAllocator();
 
   // Returns the offset of a new object of at least `size` bytes on server `index`.

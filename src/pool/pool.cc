@@ -214,7 +214,7 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
   std::vector<ObjectAllocator::Geometry> geometry;
   for (const auto& s : servers_) geometry.push_back({s->region_size, s->chunk_size});
   allocator_ = std::make_unique<ObjectAllocator>(
-      std::move(geometry),
+      geometry,
       [this](size_t index, uint64_t size) -> Result<uint64_t> {
         FARPOOL_ASSIGN_OR_RETURN(ThreadContext * t, Local());
         FARPOOL_ASSIGN_OR_RETURN(
