@@ -90,6 +90,7 @@ class MemoryServer::Impl {
   std::vector<ucp_conn_request_h> pending_accepts_;
   std::deque<Incoming> inbox_;
   Clock::time_point started_ = Clock::now();
+  bool reap_ = false;  // an endpoint failed since the last ReapFailed
   uint64_t requests_served_ = 0;
   uint64_t rejected_ = 0;
 };
@@ -176,7 +177,7 @@ ucs_status_t MemoryServer::Impl::OnControlMessage(void* arg, const void* /*heade
 }
 
 void MemoryServer::Impl::Accept(ucp_conn_request_h request) {
-  auto ep = Endpoint::Accept(*worker_, request, nullptr);
+  auto ep = Endpoint::Accept(*worker_, request, [this](ucs_status_t) { reap_ = true; });
   if (!ep.ok()) {
     // The client went away before the connection was wired up (UCX has consumed the request
     // either way); there is nobody to answer.
@@ -187,6 +188,8 @@ void MemoryServer::Impl::Accept(ucp_conn_request_h request) {
 }
 
 void MemoryServer::Impl::ReapFailed() {
+  if (!reap_) return;
+  reap_ = false;
   for (auto it = connections_.begin(); it != connections_.end();) {
     if (it->second.ep->failed()) {
       it->second.ep->ForceClose();

@@ -105,6 +105,17 @@ Status RunWorker(const std::string& role) {
       }
       return Status::Ok();
     }
+    if (role == "hold") {  // allocate and write, say so, then wait to be killed
+      if (t != 0) return Status::Ok();
+      for (int i = 0; i < n; ++i) {
+        FARPOOL_ASSIGN_OR_RETURN(GlobalAddress obj, pool->Alloc(1 << 20));
+        std::vector<uint8_t> bytes(1 << 20, 0xab);
+        FARPOOL_RETURN_IF_ERROR(pool->Write(obj, bytes.data(), bytes.size()));
+      }
+      std::printf("ready\n");
+      std::fflush(stdout);
+      for (;;) pause();
+    }
     return Status::InvalidArgument("unknown worker role " + role);
   };
   std::vector<std::thread> ts;
@@ -322,6 +333,53 @@ TEST_P(ProcessTest, KilledServerFailsPendingAndLaterCallsWithinABound) {
   EXPECT_TRUE(pool->Read(on0, &v, 8).ok());
   EXPECT_EQ(v, 7u);
   EXPECT_EQ(pool->FetchAdd(on1, 1).status().code(), StatusCode::kUnavailable);
+}
+
+// A client killed with SIGKILL: the server notices its connections drop, keeps the leases
+// (data outlives its writer: see chunk_allocator.h) and keeps serving everyone else.
+TEST_P(ProcessTest, KilledClientIsDroppedAndTheServerKeepsServing) {
+  TestCluster cluster(Options(1, 64 << 20, GetParam()));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    setenv("FARPOOL_WORKER", "hold", 1);
+    setenv("FARPOOL_CLUSTER", cluster.cluster_file().c_str(), 1);
+    setenv("FARPOOL_TRANSPORT", std::string(FabricName(GetParam())).c_str(), 1);
+    setenv("FARPOOL_N", "3", 1);
+    execl("/proc/self/exe", "pool_process_test", nullptr);
+    _exit(127);
+  }
+  close(out[1]);
+  char line[16] = {};
+  ASSERT_GT(read(out[0], line, sizeof(line) - 1), 0) << "the holding client did not start";
+  close(out[0]);
+  auto pool = Connect(cluster, GetParam());
+  ASSERT_TRUE(pool);
+  auto before = pool->Stats(0);
+  ASSERT_TRUE(before.ok());
+  EXPECT_EQ(before->clients, 2u) << "the holder and us";
+  EXPECT_EQ(before->leased, 4u << 20) << "three 1 MiB objects share one 4 MiB slab chunk";
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  // The server drops the dead client's connections within a bounded time.
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  uint32_t clients = 0;
+  do {
+    std::this_thread::sleep_for(50ms);
+    auto st = pool->Stats(0);
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    clients = st->clients;
+    EXPECT_EQ(st->leased, 4u << 20) << "leases outlive the client";
+  } while (clients != 1 && std::chrono::steady_clock::now() < deadline);
+  EXPECT_EQ(clients, 1u);
+  auto a = pool->Alloc(64);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  uint64_t v = 42;
+  EXPECT_TRUE(pool->Write(*a, &v, 8).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Fabrics, ProcessTest, ::testing::Values(Fabric::kShm, Fabric::kTcp),
