@@ -1,10 +1,9 @@
 // The `farpool` command line as a user runs it: bad input gets a message that says what and
 // where and a non-zero exit; a local cluster comes up, answers, and goes down leaving no
 // process behind.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
-
-#include <gtest/gtest.h>
 
 #include <array>
 #include <cstdio>
@@ -47,10 +46,12 @@ void ExpectFailure(const std::string& args, const std::string& needle) {
 }
 
 TEST(Cli, BadSizesTransportsAndAddressesAreExplained) {
-  ExpectFailure("server --listen 127.0.0.1:0 --memory 12parsecs", "--memory: invalid size '12parsecs'");
+  ExpectFailure("server --listen 127.0.0.1:0 --memory 12parsecs",
+                "--memory: invalid size '12parsecs'");
   ExpectFailure("server --listen 127.0.0.1 --memory 1GiB", "--listen: invalid address '127.0.0.1'");
   ExpectFailure("server --listen 127.0.0.1:0 --memory 1MiB", "smaller than one chunk");
-  ExpectFailure("server --listen 127.0.0.1:0 --memory 64MiB --progress lazy", "unknown progress mode 'lazy'");
+  ExpectFailure("server --listen 127.0.0.1:0 --memory 64MiB --progress lazy",
+                "unknown progress mode 'lazy'");
   ExpectFailure("server --listen 203.0.113.1:7000 --memory 64MiB", "server 0 (203.0.113.1:7000)");
   ExpectFailure("cluster up --dir /tmp/x --servers 0", "--servers must be from 1 to 250");
   ExpectFailure("cluster up --dir /tmp/x --memory 1XB", "--memory: invalid size '1XB'");
@@ -63,14 +64,16 @@ TEST(Cli, BadClusterFilesNameTheFileAndField) {
   ExpectFailure("bench ops --cluster " + dir + "/missing.json", dir + "/missing.json");
   std::ofstream(dir + "/bad.json") << R"({"servers": [{"id": 0, "address": "localhost"}]})";
   ExpectFailure("bench ops --cluster " + dir + "/bad.json", "servers[0].address");
-  std::ofstream(dir + "/dead.json") << R"({"transport": "tcp", "servers": [{"id": 4, "address": "127.0.0.1:1"}]})";
+  std::ofstream(dir + "/dead.json")
+      << R"({"transport": "tcp", "servers": [{"id": 4, "address": "127.0.0.1:1"}]})";
   ExpectFailure("bench ops --cluster " + dir + "/dead.json", "server 4 (127.0.0.1:1)");
   ExpectFailure("cluster status --dir " + dir + "/nothing", "cluster.json");
 }
 
 TEST(Cli, ClusterUpStatusBenchDownLeavesNoProcessBehind) {
   const std::string dir = MakeTempDir("farpool-cli");
-  CommandResult up = Farpool("cluster up --dir " + dir + " --servers 3 --memory 64MiB --transport shm --progress event");
+  CommandResult up = Farpool("cluster up --dir " + dir +
+                             " --servers 3 --memory 64MiB --transport shm --progress event");
   ASSERT_EQ(up.exit_code, 0) << up.output;
   CommandResult again = Farpool("cluster up --dir " + dir + " --servers 1");
   EXPECT_NE(again.exit_code, 0);
@@ -85,7 +88,9 @@ TEST(Cli, ClusterUpStatusBenchDownLeavesNoProcessBehind) {
   std::vector<int> pids;
   for (auto& s : doc["servers"]) pids.push_back(s["pid"].get<int>());
 
-  CommandResult bench = Farpool("bench ops --cluster " + dir + "/cluster.json --op faa --seconds 0.3 --warmup 0.1 --verify --json");
+  CommandResult bench =
+      Farpool("bench ops --cluster " + dir +
+              "/cluster.json --op faa --seconds 0.3 --warmup 0.1 --verify --json");
   ASSERT_EQ(bench.exit_code, 0) << bench.output;
   auto result = nlohmann::json::parse(bench.output);
   for (const char* key : {"op", "size", "threads", "batch", "transport", "ops_per_s", "p50_us",
@@ -98,6 +103,12 @@ TEST(Cli, ClusterUpStatusBenchDownLeavesNoProcessBehind) {
   CommandResult down = Farpool("cluster down --dir " + dir);
   ASSERT_EQ(down.exit_code, 0) << down.output;
   for (int pid : pids) EXPECT_FALSE(Running(pid)) << "server process " << pid << " survived";
+  for (int i = 0; i < 3; ++i) {  // each shut down on SIGTERM, not by the SIGKILL fallback
+    std::ifstream log(dir + "/server-" + std::to_string(i) + ".log");
+    std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("signal 15, shutting down"), std::string::npos) << text;
+    EXPECT_NE(text.find("stopped"), std::string::npos) << text;
+  }
   CommandResult after = Farpool("cluster status --dir " + dir);
   EXPECT_NE(after.exit_code, 0);
 }
