@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
+#include <fstream>
+#include <sstream>
 #include <memory>
 #include <random>
 #include <thread>
@@ -33,6 +35,22 @@ Result<Op> ParseOp(const std::string& s) {
   if (s == "cas") return Op::kCas;
   if (s == "faa") return Op::kFaa;
   return Status::InvalidArgument("unknown op '" + s + "' (expected read, write, cas or faa)");
+}
+
+// User + system CPU seconds of process `pid` so far, or -1 if it is not a process of this host.
+double ProcessCpuSeconds(int64_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream fields(stat.substr(close + 2));
+  std::string field;
+  uint64_t utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i) {  // fields 14 and 15: utime, stime
+    if (i == 14) utime = std::stoull(field);
+    if (i == 15) stime = std::stoull(field);
+  }
+  return double(utime + stime) / double(sysconf(_SC_CLK_TCK));
 }
 
 uint64_t Ns(Clock::duration d) {
@@ -73,8 +91,12 @@ Result<nlohmann::json> RunOpsBench(const OpsBenchOptions& o) {
   const uint64_t size = atomic ? 8 : o.size;
   if (size == 0) return Status::InvalidArgument("--size must be at least 1 byte");
   std::unique_ptr<Pool> pool;
+  std::vector<int64_t> server_pids;  // same-host servers, for their CPU time
   if (!o.local_memory) {
     FARPOOL_ASSIGN_OR_RETURN(ClusterConfig cluster, ClusterConfig::Load(o.cluster_file));
+    for (const ServerAddress& s : cluster.servers) {
+      if (s.pid > 0 && ProcessCpuSeconds(s.pid) >= 0) server_pids.push_back(s.pid);
+    }
     PoolOptions po;
     po.transport = o.transport;
     po.direct_access = o.direct_access;
@@ -258,11 +280,18 @@ Result<nlohmann::json> RunOpsBench(const OpsBenchOptions& o) {
   for (int t = 0; t < o.threads; ++t) threads.emplace_back(worker, t);
   ready.arrive_and_wait();
   std::this_thread::sleep_for(std::chrono::duration<double>(o.warmup_seconds));
+  auto server_cpu = [&] {
+    double total = 0;
+    for (int64_t pid : server_pids) total += std::max(0.0, ProcessCpuSeconds(pid));
+    return total;
+  };
   measuring.store(true);
+  const double cpu_before = server_cpu();
   const auto begin = Clock::now();
   std::this_thread::sleep_for(std::chrono::duration<double>(o.seconds));
   measuring.store(false);
   const double elapsed = std::chrono::duration<double>(Clock::now() - begin).count();
+  const double server_cpu_pct = (server_cpu() - cpu_before) / elapsed * 100.0;
   stop.store(true);
   for (auto& th : threads) th.join();
 
@@ -294,6 +323,10 @@ Result<nlohmann::json> RunOpsBench(const OpsBenchOptions& o) {
       {"timer_overhead_ns", timer},
       {"verified", o.verify},
   };
+  // Server CPU while measuring (all same-host servers together, % of one core): ~0 when
+  // clients reach the region without the server (mapped shared memory); one core per busy
+  // server otherwise. Absent when the servers are not processes of this host.
+  if (!server_pids.empty()) out["server_cpu_pct"] = server_cpu_pct;
   out.update(RunContext());
   return out;
 }

@@ -12,6 +12,7 @@
 // operations (not batches) per second over the measured interval, all threads together.
 // With `local_memory` the same workload runs on an array in this process (memcpy and CPU
 // atomics): the upper bound the pool is measured against.
+// `server_cpu_pct` is the CPU the (same-host) servers used while measuring, in % of a core.
 // Output: one JSON object (see OpsBenchResult fields); `verify` checks afterwards that every
 // faa was counted and every write reads back.
 #pragma once

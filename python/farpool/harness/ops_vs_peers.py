@@ -248,6 +248,16 @@ def table(rows: list[dict]) -> str:
         redis_ratio = f"{rd['p50_us'] / fp['p50_us']:.1f}x" if fp and rd and batch == 1 else "–"
         name = f"{op} {size} B" + (f", batch {batch}" if batch > 1 else "")
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {ratio} | {redis_ratio} |")
+    cpu = {}
+    for r in rows:
+        if r["system"] == "farpool" and "server_cpu_pct" in r:
+            cpu.setdefault(r["transport"], []).append(r["server_cpu_pct"])
+    if cpu:
+        lines.append("")
+        lines.append("Memory-server CPU while farpool was measured (% of one core, max over "
+                     "the rows): " + "; ".join(
+                         f"{t} ({'event' if t == 'shm' else 'busy'} progress) {max(v):.0f}%"
+                         for t, v in cpu.items()))
     perf = [r for r in rows if r["system"] == "ucx_perftest"]
     if perf:
         lines.append("")
