@@ -72,9 +72,11 @@ Command RegisterBench(CLI::App& app) {
   ops->add_flag("--no-direct", args->no_direct, "Use UCX operations even where mapping works");
   ops->add_flag("--verify", args->ops.verify, "Check reads and atomics against a shadow");
   ops->add_flag("--json", args->json, "Print one JSON object");
-  return {sub, [args, ops] {
+  Command txn = RegisterTxnBench(*sub);
+  return {sub, [args, ops, txn] {
             if (ops->parsed()) return RunOps(*args);
-            return Fail("bench: expected ops");
+            if (txn.app->parsed()) return txn.run();
+            return Fail("bench: expected ops or txn");
           }};
 }
 

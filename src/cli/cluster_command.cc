@@ -89,14 +89,12 @@ int ShowStatus(const ClusterArgs& a) {
                        {"uptime_s", s.stats.uptime_ns / 1e9}});
   }
   if (a.json) {
-    nlohmann::json doc = {{"servers", servers},
-                          {"capacity", capacity},
-                          {"leased", leased},
-                          {"all_up", all_up}};
+    nlohmann::json doc = {
+        {"servers", servers}, {"capacity", capacity}, {"leased", leased}, {"all_up", all_up}};
     std::printf("%s\n", doc.dump(2).c_str());
   } else {
-    std::printf("%-4s %-22s %-8s %10s %10s %8s %10s %10s\n", "id", "address", "state",
-                "capacity", "leased", "clients", "requests", "overhead");
+    std::printf("%-4s %-22s %-8s %10s %10s %8s %10s %10s\n", "id", "address", "state", "capacity",
+                "leased", "clients", "requests", "overhead");
     for (const ServerStatus& s : *status) {
       if (!s.up) {
         std::printf("%-4u %-22s %-8s %s\n", s.address.id, s.address.Endpoint().c_str(), "DOWN",
@@ -128,7 +126,8 @@ Command RegisterCluster(CLI::App& app) {
   auto args = std::make_shared<ClusterArgs>();
   CLI::App* sub = app.add_subcommand("cluster", "Run a local cluster of memory servers");
   sub->require_subcommand(1);
-  CLI::App* up = sub->add_subcommand("up", "Start servers, wait until all answer, write cluster.json");
+  CLI::App* up =
+      sub->add_subcommand("up", "Start servers, wait until all answer, write cluster.json");
   up->add_option("--dir", args->dir, "Directory for cluster.json and server logs")->required();
   up->add_option("--servers", args->servers, "Number of memory servers");
   up->add_option("--memory", args->memory, "Memory per server, e.g. 1GiB");

@@ -16,6 +16,8 @@ struct Command {
 Command RegisterServer(CLI::App& app);
 Command RegisterCluster(CLI::App& app);
 Command RegisterBench(CLI::App& app);
+// `bench txn` (src/cli/txn_command.cc), added under the `bench` subcommand.
+Command RegisterTxnBench(CLI::App& bench);
 
 // Prints "farpool: <message>" to stderr and returns 1.
 int Fail(const std::string& message);

@@ -1,0 +1,69 @@
+// `farpool bench txn`: see src/db/txn_bench.h for the workloads.
+#include <cstdio>
+#include <memory>
+
+#include "cli/commands.h"
+#include "db/txn_bench.h"
+
+namespace farpool::cli {
+namespace {
+
+struct TxnArgs {
+  db::TxnBenchOptions o;
+  std::string engine = "pool";
+  std::string timestamps = "vector";
+  bool json = false;
+};
+
+int RunTxn(TxnArgs& a) {
+  auto engine = ParseEngine(a.engine);
+  if (!engine.ok()) return Fail("--engine: " + engine.status().message());
+  a.o.engine = *engine;
+  auto ts = ParseTimestampMode(a.timestamps);
+  if (!ts.ok()) return Fail("--timestamps: " + ts.status().message());
+  a.o.timestamps = *ts;
+  if (a.o.engine != Engine::kLocal && a.o.cluster_file.empty() &&
+      !(a.o.engine == Engine::kSharded)) {
+    return Fail("--cluster is required for the " + a.engine + " engine");
+  }
+  auto r = db::RunTxnBench(a.o);
+  if (!r.ok()) return Fail("bench txn: " + r.status().message());
+  if (a.json || a.o.client_id >= 0) {
+    std::printf("%s\n", r->dump().c_str());
+  } else {
+    const auto& j = *r;
+    std::printf("%s %s: %d clients x %d threads: %.0f txn/s, p50 %.1f us, p99 %.1f us, abort rate "
+                "%.3f, per txn %.1f reads %.1f writes %.1f cas %.1f faa\n",
+                a.engine.c_str(), a.o.workload.c_str(), a.o.clients, a.o.threads,
+                j["tps"].get<double>(), j["p50_us"].get<double>(), j["p99_us"].get<double>(),
+                j["abort_rate"].get<double>(), j["reads_per_txn"].get<double>(),
+                j["writes_per_txn"].get<double>(), j["cas_per_txn"].get<double>(),
+                j["faa_per_txn"].get<double>());
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command RegisterTxnBench(CLI::App& bench) {
+  auto a = std::make_shared<TxnArgs>();
+  CLI::App* txn = bench.add_subcommand("txn", "Transactions on the database: bank or tpcb");
+  txn->add_option("--cluster", a->o.cluster_file, "cluster.json (pool: the memory servers)");
+  txn->add_option("--engine", a->engine, "pool, local or sharded");
+  txn->add_option("--workload", a->o.workload, "bank or tpcb");
+  txn->add_option("--timestamps", a->timestamps, "vector (one slot per session) or counter");
+  txn->add_option("--clients", a->o.clients, "Client processes");
+  txn->add_option("--threads", a->o.threads, "Threads (sessions) per client process");
+  txn->add_option("--seconds", a->o.seconds, "Measured seconds");
+  txn->add_option("--warmup", a->o.warmup_seconds, "Warm-up seconds (not measured)");
+  txn->add_option("--accounts", a->o.accounts, "bank: number of accounts");
+  txn->add_option("--scale", a->o.scale, "tpcb: scale factor (100000 accounts each)");
+  txn->add_option("--seed", a->o.seed, "Random seed");
+  txn->add_flag("--verify", a->o.verify, "Check the workload's invariant at the end");
+  txn->add_flag("--json", a->json, "Print one JSON object");
+  txn->add_option("--client-id", a->o.client_id, "(internal) client process number")->group("");
+  txn->add_option("--start-at", a->o.start_at_ms, "(internal) common start time")->group("");
+  return {txn, [a] { return RunTxn(*a); }};
+}
+
+}  // namespace farpool::cli

@@ -1,0 +1,327 @@
+// The database with real processes: `farpool server` processes hold the data (a local cluster
+// over shared memory), and compute processes (this test binary re-run as a worker,
+// FARPOOL_WORKER=<role>) run transactions on it at once.
+//
+//   Bank:  workers × threads transfer money with random voluntary aborts while auditors take
+//          read-only snapshots; every snapshot and the end state conserve the total.
+//   Cycle: a ring of records whose links concurrent transactions swap (FoundationDB's Cycle);
+//          workers die by SIGKILL in the middle of commits (at fault sites inside Commit, and
+//          from the parent at random moments). Afterwards the ring is still one ring and no
+//          record stays locked.
+//
+// Seeds: FARPOOL_SEED (printed) drives every worker's choices.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "db/db_test_util.h"
+#include "farpool/db.h"
+#include "pool/test_cluster.h"
+
+using namespace std::chrono_literals;
+
+namespace farpool::db {
+namespace {
+
+constexpr int kAccounts = 64;
+constexpr int64_t kInitial = 1000;
+constexpr int kRing = 24;
+
+std::string Env(const char* name, const char* fallback = "") {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+
+DatabaseOptions WorkerOptions() {
+  DatabaseOptions o;
+  o.engine = Engine::kPool;
+  o.cluster_file = Env("FARPOOL_CLUSTER");
+  o.lease = 1000ms;
+  o.max_sessions = 64;
+  return o;
+}
+
+Status PutInt(Transaction& txn, const Table& t, int64_t key, int64_t v) {
+  Row r(t.schema());
+  r.SetInt64(0, v);
+  return txn.Put(t, key, r);
+}
+Result<int64_t> GetInt(Transaction& txn, const Table& t, int64_t key) {
+  Row r;
+  FARPOOL_RETURN_IF_ERROR(txn.Get(t, key, &r));
+  return r.GetInt64(0);
+}
+
+// ------------------------------------------------------------------ workers
+
+Status BankWorker(uint64_t seed) {
+  FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(WorkerOptions()));
+  FARPOOL_ASSIGN_OR_RETURN(const Table* t, db->OpenTable("accounts"));
+  std::vector<Status> results(3);
+  std::vector<std::thread> threads;
+  for (int th = 0; th < 3; ++th) {
+    threads.emplace_back([&, th] {
+      auto session = db->NewSession();
+      if (!session.ok()) {
+        results[th] = session.status();
+        return;
+      }
+      std::mt19937_64 rng(seed * 31 + th);
+      for (int i = 0; i < 300 && results[th].ok(); ++i) {
+        if (th == 2) {  // the auditor thread
+          Status s = RunTransaction(**session, [&](Transaction& txn) -> Status {
+            int64_t sum = 0;
+            for (int a = 0; a < kAccounts; ++a) {
+              FARPOOL_ASSIGN_OR_RETURN(int64_t v, GetInt(txn, *t, a));
+              sum += v;
+            }
+            if (sum != kAccounts * kInitial) {
+              return Status::Internal("snapshot saw a total of " + std::to_string(sum));
+            }
+            return Status::Ok();
+          });
+          if (!s.ok()) results[th] = s;
+          continue;
+        }
+        const int from = rng() % kAccounts, to = rng() % kAccounts;
+        const int64_t amount = rng() % 100;
+        const bool give_up = rng() % 8 == 0;
+        Status s = RunTransaction(**session, [&](Transaction& txn) -> Status {
+          FARPOOL_ASSIGN_OR_RETURN(int64_t a, GetInt(txn, *t, from));
+          FARPOOL_RETURN_IF_ERROR(PutInt(txn, *t, from, a - amount));
+          FARPOOL_ASSIGN_OR_RETURN(int64_t b, GetInt(txn, *t, to));
+          FARPOOL_RETURN_IF_ERROR(PutInt(txn, *t, to, b + amount));
+          return give_up ? Status::InvalidArgument("voluntary abort") : Status::Ok();
+        }, 100000);
+        if (!s.ok() && !(give_up && s.code() == StatusCode::kInvalidArgument)) results[th] = s;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (auto& r : results) FARPOOL_RETURN_IF_ERROR(r);
+  return Status::Ok();
+}
+
+// One Cycle step: a -> b -> c -> d becomes a -> c -> b -> d.
+Status CycleStep(Transaction& txn, const Table& t, int64_t a) {
+  FARPOOL_ASSIGN_OR_RETURN(int64_t b, GetInt(txn, t, a));
+  FARPOOL_ASSIGN_OR_RETURN(int64_t c, GetInt(txn, t, b));
+  FARPOOL_ASSIGN_OR_RETURN(int64_t d, GetInt(txn, t, c));
+  FARPOOL_RETURN_IF_ERROR(PutInt(txn, t, a, c));
+  FARPOOL_RETURN_IF_ERROR(PutInt(txn, t, c, b));
+  return PutInt(txn, t, b, d);
+}
+
+Status CycleWorker(uint64_t seed, int id) {
+  DatabaseOptions o = WorkerOptions();
+  // Worker 0 kills itself at a random fault site inside a commit after a while.
+  std::atomic<int> commits{0};
+  std::mt19937_64 crash_rng(seed ^ 0xC0FFEE);
+  const int crash_after = 50 + crash_rng() % 100;
+  static const char* kSites[] = {"locked", "logged", "installing", "installed", "published"};
+  const std::string site = kSites[crash_rng() % 5];
+  if (id == 0) {
+    o.commit_hook = [&](std::string_view point) {
+      if (commits.load() >= crash_after && point == site) raise(SIGKILL);
+    };
+  }
+  FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(o));
+  FARPOOL_ASSIGN_OR_RETURN(const Table* t, db->OpenTable("ring"));
+  std::vector<Status> results(2);
+  std::vector<std::thread> threads;
+  for (int th = 0; th < 2; ++th) {
+    threads.emplace_back([&, th] {
+      auto session = db->NewSession();
+      if (!session.ok()) {
+        results[th] = session.status();
+        return;
+      }
+      std::mt19937_64 rng(seed * 131 + id * 7 + th);
+      for (int i = 0; i < 400 && results[th].ok(); ++i) {
+        const int64_t a = rng() % kRing;
+        Status s = RunTransaction(**session, [&](Transaction& txn) { return CycleStep(txn, *t, a); },
+                                  100000);
+        if (!s.ok()) results[th] = s;
+        ++commits;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (auto& r : results) FARPOOL_RETURN_IF_ERROR(r);
+  return Status::Ok();
+}
+
+// ------------------------------------------------------------------ parent side
+
+std::vector<pid_t> SpawnWorkers(int count, const std::string& role, const std::string& cluster,
+                                uint64_t seed) {
+  std::vector<pid_t> pids;
+  for (int i = 0; i < count; ++i) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      setenv("FARPOOL_WORKER", role.c_str(), 1);
+      setenv("FARPOOL_WORKER_ID", std::to_string(i).c_str(), 1);
+      setenv("FARPOOL_CLUSTER", cluster.c_str(), 1);
+      setenv("FARPOOL_SEED", std::to_string(seed).c_str(), 1);
+      execl("/proc/self/exe", "db_process_test", nullptr);
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  return pids;
+}
+
+// Waits for the workers; returns "pid: status" of those that did not exit 0 (killed ones too).
+std::vector<std::pair<pid_t, int>> Reap(const std::vector<pid_t>& pids,
+                                        std::chrono::seconds limit = 240s) {
+  std::vector<std::pair<pid_t, int>> out;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (pid_t pid : pids) {
+    int status = 0;
+    for (;;) {
+      if (waitpid(pid, &status, WNOHANG) == pid) break;
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        status = -1;
+        break;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    out.push_back({pid, status});
+  }
+  return out;
+}
+
+class DbProcessTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    LocalClusterOptions o;
+    o.servers = 2;
+    o.memory = 256ull << 20;
+    o.transport = Fabric::kShm;
+    o.progress = ProgressMode::kEvent;
+    o.binary = FARPOOL_BINARY;
+    cluster_ = std::make_unique<TestCluster>(o);
+    ASSERT_TRUE(cluster_->status().ok()) << cluster_->status().ToString();
+    DatabaseOptions d = WorkerOptions();
+    d.cluster_file = cluster_->cluster_file();
+    auto db = Database::Open(d);
+    ASSERT_TRUE(db.ok()) << db.status().ToString();
+    db_ = std::move(*db);
+  }
+  void TearDown() override {
+    db_.reset();
+    cluster_.reset();
+  }
+  std::unique_ptr<TestCluster> cluster_;
+  std::unique_ptr<Database> db_;
+};
+
+TEST_F(DbProcessTest, BankInvariantAcrossProcesses) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed));
+  Schema schema{{"balance", ColumnType::kInt64}};
+  auto t = db_->CreateTable("accounts", schema);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  auto session = db_->NewSession();
+  ASSERT_TRUE(session.ok());
+  ASSERT_TRUE(RunTransaction(**session, [&](Transaction& txn) -> Status {
+                for (int a = 0; a < kAccounts; ++a) FARPOOL_RETURN_IF_ERROR(PutInt(txn, **t, a, kInitial));
+                return Status::Ok();
+              }).ok());
+  auto pids = SpawnWorkers(3, "bank", cluster_->cluster_file(), seed);
+  for (auto [pid, status] : Reap(pids)) {
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "worker " << pid << " status " << status;
+  }
+  int64_t sum = 0;
+  ASSERT_TRUE(RunTransaction(**session, [&](Transaction& txn) -> Status {
+                sum = 0;
+                for (int a = 0; a < kAccounts; ++a) {
+                  FARPOOL_ASSIGN_OR_RETURN(int64_t v, GetInt(txn, **t, a));
+                  sum += v;
+                }
+                return Status::Ok();
+              }).ok());
+  EXPECT_EQ(sum, kAccounts * kInitial);
+  EXPECT_EQ(*db_->CountLocked(**t), 0u);
+}
+
+TEST_F(DbProcessTest, CycleSurvivesSigkillMidCommit) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed));
+  Schema schema{{"next", ColumnType::kInt64}};
+  auto t = db_->CreateTable("ring", schema);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  auto session = db_->NewSession();
+  ASSERT_TRUE(session.ok());
+  ASSERT_TRUE(RunTransaction(**session, [&](Transaction& txn) -> Status {
+                for (int i = 0; i < kRing; ++i) FARPOOL_RETURN_IF_ERROR(PutInt(txn, **t, i, (i + 1) % kRing));
+                return Status::Ok();
+              }).ok());
+  auto pids = SpawnWorkers(3, "cycle", cluster_->cluster_file(), seed);
+  // Worker 0 dies at a fault site on its own; worker 1 is killed from outside at a random time.
+  std::mt19937_64 rng(seed);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100 + rng() % 400));
+  kill(pids[1], SIGKILL);
+  int killed = 0;
+  for (auto [pid, status] : Reap(pids)) {
+    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) {
+      ++killed;
+      continue;
+    }
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "worker " << pid << " status " << status;
+  }
+  EXPECT_GE(killed, 1);
+  // Leases of the dead expire; recovery finishes their decided commits and breaks the rest.
+  std::this_thread::sleep_for(1100ms);
+  ASSERT_TRUE(db_->RecoverExpired().ok());
+  EXPECT_EQ(*db_->CountLocked(**t), 0u);
+  // The ring is one ring of kRing records.
+  std::set<int64_t> seen;
+  ASSERT_TRUE(RunTransaction(**session, [&](Transaction& txn) -> Status {
+                seen.clear();
+                int64_t at = 0;
+                for (int i = 0; i < kRing; ++i) {
+                  seen.insert(at);
+                  FARPOOL_ASSIGN_OR_RETURN(at, GetInt(txn, **t, at));
+                }
+                if (at != 0) return Status::Internal("the ring does not close after " + std::to_string(kRing) + " hops");
+                return Status::Ok();
+              }).ok());
+  EXPECT_EQ(seen.size(), static_cast<size_t>(kRing));
+  // And every record takes a write again (none is frozen by a dead lock).
+  Status s = RunTransaction(**session, [&](Transaction& txn) -> Status {
+    for (int i = 0; i < kRing; ++i) {
+      FARPOOL_ASSIGN_OR_RETURN(int64_t v, GetInt(txn, **t, i));
+      FARPOOL_RETURN_IF_ERROR(PutInt(txn, **t, i, v));
+    }
+    return Status::Ok();
+  });
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+}  // namespace
+}  // namespace farpool::db
+
+int main(int argc, char** argv) {
+  const std::string role = farpool::db::Env("FARPOOL_WORKER");
+  if (!role.empty()) {
+    const uint64_t seed = std::strtoull(farpool::db::Env("FARPOOL_SEED", "1").c_str(), nullptr, 10);
+    const int id = std::atoi(farpool::db::Env("FARPOOL_WORKER_ID", "0").c_str());
+    farpool::Status s = role == "bank"    ? farpool::db::BankWorker(seed + id)
+                        : role == "cycle" ? farpool::db::CycleWorker(seed, id)
+                                          : farpool::Status::InvalidArgument("unknown role " + role);
+    if (!s.ok()) std::fprintf(stderr, "worker %s %d: %s\n", role.c_str(), id, s.ToString().c_str());
+    return s.ok() ? 0 : 1;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

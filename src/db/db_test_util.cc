@@ -1,0 +1,73 @@
+#include "db/db_test_util.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+
+#include "farpool/cluster.h"
+
+namespace farpool::db {
+
+uint64_t TestSeed() {
+  if (const char* s = std::getenv("FARPOOL_SEED")) return std::strtoull(s, nullptr, 10);
+  return std::random_device{}() ^ (uint64_t{std::random_device{}()} << 32);
+}
+
+Result<std::unique_ptr<TestDatabase>> TestDatabase::Start(const std::string& engine,
+                                                          TimestampMode mode,
+                                                          std::chrono::milliseconds lease) {
+  auto t = std::unique_ptr<TestDatabase>(new TestDatabase());
+  FARPOOL_ASSIGN_OR_RETURN(t->options_.engine, ParseEngine(engine));
+  t->options_.timestamps = mode;
+  t->options_.lease = lease;
+  t->options_.max_sessions = 64;
+  t->options_.local_memory = 512ull << 20;
+  if (t->options_.engine == Engine::kPool) {
+    char tmpl[] = "/tmp/farpool-dbtest-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) return Status::IoError("mkdtemp failed");
+    t->dir_ = tmpl;
+    ClusterConfig config;
+    config.transport = Fabric::kShm;
+    for (uint16_t id = 0; id < 2; ++id) {
+      ServerOptions so;
+      so.memory = 256ull << 20;
+      so.chunk_size = 4ull << 20;
+      so.id = id;
+      so.progress = ProgressMode::kEvent;
+      so.fabric = Fabric::kShm;
+      FARPOOL_ASSIGN_OR_RETURN(auto server, MemoryServer::Start(so));
+      ServerAddress a;
+      a.id = id;
+      a.host = "127.0.0.1";
+      a.port = server->port();
+      a.memory = so.memory;
+      config.servers.push_back(a);
+      t->servers_.push_back(std::move(server));
+    }
+    t->options_.cluster_file = t->dir_ + "/cluster.json";
+    FARPOOL_RETURN_IF_ERROR(config.Save(t->options_.cluster_file));
+  }
+  FARPOOL_ASSIGN_OR_RETURN(t->db_, Database::Open(t->options_));
+  return t;
+}
+
+Result<std::unique_ptr<Database>> TestDatabase::OpenAnother() {
+  if (options_.engine == Engine::kLocal) {
+    return Status::InvalidArgument("the local engine is one process's memory");
+  }
+  return Database::Open(options_);
+}
+
+TestDatabase::~TestDatabase() {
+  db_.reset();
+  for (auto& s : servers_) s->Stop();
+  servers_.clear();
+  if (!dir_.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+}
+
+}  // namespace farpool::db

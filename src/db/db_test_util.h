@@ -1,0 +1,38 @@
+// Test fixtures of the database layer: a database of any engine inside the test process
+// (the pool engine against memory servers started in-process over shared memory).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "farpool/db.h"
+#include "pool/memory_server.h"
+
+namespace farpool::db {
+
+// A seed for randomized tests: FARPOOL_SEED from the environment, else a fresh one. Tests print
+// it (SCOPED_TRACE) so a failure can be replayed with FARPOOL_SEED=<seed>.
+uint64_t TestSeed();
+
+class TestDatabase {
+ public:
+  // engine: "local", "pool" or "sharded".
+  static Result<std::unique_ptr<TestDatabase>> Start(const std::string& engine,
+                                                     TimestampMode mode = TimestampMode::kVector,
+                                                     std::chrono::milliseconds lease = std::chrono::milliseconds(2000));
+  ~TestDatabase();
+  Database& db() { return *db_; }
+  const DatabaseOptions& options() const { return options_; }
+  // Opens another Database handle on the same data (another "compute process"); not for local.
+  Result<std::unique_ptr<Database>> OpenAnother();
+
+ private:
+  std::string dir_;
+  std::vector<std::unique_ptr<MemoryServer>> servers_;
+  DatabaseOptions options_;
+  std::unique_ptr<Database> db_;
+};
+
+}  // namespace farpool::db

@@ -1,0 +1,417 @@
+#include "db/txn_bench.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "bench/ops_bench.h"
+
+namespace farpool::db {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t WallMs() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1000000;
+}
+
+const Schema& BankSchema() {
+  static const Schema s{{"balance", ColumnType::kInt64}};
+  return s;
+}
+// pgbench's tables (filler widths as in pgbench).
+const Schema& BranchSchema() {
+  static const Schema s{{"bbalance", ColumnType::kInt64}, {"filler", ColumnType::kChar, 88}};
+  return s;
+}
+const Schema& TellerSchema() {
+  static const Schema s{{"bid", ColumnType::kInt64}, {"tbalance", ColumnType::kInt64},
+                        {"filler", ColumnType::kChar, 84}};
+  return s;
+}
+const Schema& AccountSchema() {
+  static const Schema s{{"bid", ColumnType::kInt64}, {"abalance", ColumnType::kInt64},
+                        {"filler", ColumnType::kChar, 84}};
+  return s;
+}
+const Schema& HistorySchema() {
+  static const Schema s{{"tid", ColumnType::kInt64}, {"bid", ColumnType::kInt64},
+                        {"aid", ColumnType::kInt64}, {"delta", ColumnType::kInt64},
+                        {"mtime", ColumnType::kInt64}, {"filler", ColumnType::kChar, 22}};
+  return s;
+}
+
+constexpr int64_t kInitialBalance = 1000;
+// A benchmark counts aborts rather than giving up: retry (practically) forever.
+constexpr int kAttempts = 1 << 30;
+
+struct Tables {
+  const Table* accounts = nullptr;
+  const Table* branches = nullptr;
+  const Table* tellers = nullptr;
+  const Table* history = nullptr;
+};
+
+Status LoadInBatches(Session& s, uint64_t n, const std::function<Status(Transaction&, uint64_t)>& put) {
+  for (uint64_t base = 0; base < n; base += 500) {
+    FARPOOL_RETURN_IF_ERROR(RunTransaction(s, [&](Transaction& txn) -> Status {
+      for (uint64_t i = base; i < std::min(n, base + 500); ++i) FARPOOL_RETURN_IF_ERROR(put(txn, i));
+      return Status::Ok();
+    }));
+  }
+  return Status::Ok();
+}
+
+Status Load(Database& db, const TxnBenchOptions& o) {
+  FARPOOL_ASSIGN_OR_RETURN(auto session, db.NewSession());
+  if (o.workload == "bank") {
+    FARPOOL_ASSIGN_OR_RETURN(const Table* t, db.CreateTable("accounts", BankSchema(), {false, o.accounts}));
+    Row r(t->schema());
+    r.SetInt64(0, kInitialBalance);
+    return LoadInBatches(*session, o.accounts, [&](Transaction& txn, uint64_t i) { return txn.Put(*t, i, r); });
+  }
+  const uint64_t nb = o.scale, nt = 10ull * o.scale, na = 100000ull * o.scale;
+  FARPOOL_ASSIGN_OR_RETURN(const Table* b, db.CreateTable("pgbench_branches", BranchSchema(), {false, nb}));
+  FARPOOL_ASSIGN_OR_RETURN(const Table* t, db.CreateTable("pgbench_tellers", TellerSchema(), {false, nt}));
+  FARPOOL_ASSIGN_OR_RETURN(const Table* a, db.CreateTable("pgbench_accounts", AccountSchema(), {false, na}));
+  FARPOOL_ASSIGN_OR_RETURN(const Table* h, db.CreateTable("pgbench_history", HistorySchema(), {false, 1 << 20}));
+  (void)h;
+  FARPOOL_RETURN_IF_ERROR(LoadInBatches(*session, nb, [&](Transaction& txn, uint64_t i) {
+    Row r(b->schema());
+    r.SetInt64(0, 0);
+    return txn.Put(*b, i, r);
+  }));
+  FARPOOL_RETURN_IF_ERROR(LoadInBatches(*session, nt, [&](Transaction& txn, uint64_t i) {
+    Row r(t->schema());
+    r.SetInt64(0, i / 10);
+    r.SetInt64(1, 0);
+    return txn.Put(*t, i, r);
+  }));
+  return LoadInBatches(*session, na, [&](Transaction& txn, uint64_t i) {
+    Row r(a->schema());
+    r.SetInt64(0, i / 100000);
+    r.SetInt64(1, 0);
+    return txn.Put(*a, i, r);
+  });
+}
+
+Result<Tables> OpenTables(Database& db, const std::string& workload) {
+  Tables t;
+  if (workload == "bank") {
+    FARPOOL_ASSIGN_OR_RETURN(t.accounts, db.OpenTable("accounts"));
+    return t;
+  }
+  FARPOOL_ASSIGN_OR_RETURN(t.accounts, db.OpenTable("pgbench_accounts"));
+  FARPOOL_ASSIGN_OR_RETURN(t.branches, db.OpenTable("pgbench_branches"));
+  FARPOOL_ASSIGN_OR_RETURN(t.tellers, db.OpenTable("pgbench_tellers"));
+  FARPOOL_ASSIGN_OR_RETURN(t.history, db.OpenTable("pgbench_history"));
+  return t;
+}
+
+Status Add(Transaction& txn, const Table& t, int64_t key, size_t column, int64_t delta,
+           int64_t* after = nullptr) {
+  Row r;
+  FARPOOL_RETURN_IF_ERROR(txn.Get(t, key, &r));
+  r.SetInt64(column, r.GetInt64(column) + delta);
+  if (after) *after = r.GetInt64(column);
+  return txn.Put(t, key, r);
+}
+
+struct ThreadStats {
+  uint64_t commits = 0, aborts = 0;
+  TxnCounters ops_start, ops_end;
+  std::vector<uint32_t> latency_ns;  // sampled
+  Status status;
+};
+
+// Runs this process's threads; returns raw stats as JSON (merged by the parent).
+Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_t start_ms) {
+  FARPOOL_ASSIGN_OR_RETURN(Tables tables, OpenTables(db, o.workload));
+  const int cid = std::max(0, o.client_id);
+  std::vector<ThreadStats> stats(o.threads);
+  std::vector<std::thread> threads;
+  for (int th = 0; th < o.threads; ++th) {
+    threads.emplace_back([&, th] {
+      ThreadStats& st = stats[th];
+      auto session = db.NewSession();
+      if (!session.ok()) {
+        st.status = session.status();
+        return;
+      }
+      Session& s = **session;
+      std::mt19937_64 rng(o.seed * 1000003 + cid * 1009 + th);
+      const uint64_t na = o.workload == "bank" ? o.accounts : 100000ull * o.scale;
+      uint64_t history_seq = 0;
+      while (WallMs() < start_ms) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      const auto begin = Clock::now();
+      const auto measure_from = begin + std::chrono::duration<double>(o.warmup_seconds);
+      const auto until = measure_from + std::chrono::duration<double>(o.seconds);
+      bool measuring = false;
+      uint64_t aborts_before = 0;
+      for (;;) {
+        const auto now = Clock::now();
+        if (now >= until) break;
+        if (!measuring && now >= measure_from) {
+          measuring = true;
+          st.ops_start = s.counters();
+          aborts_before = s.counters().aborts;
+        }
+        Status r;
+        const auto t0 = Clock::now();
+        if (o.workload == "bank") {
+          const int64_t from = rng() % na, to = rng() % na;
+          const int64_t amount = 1 + rng() % 100;
+          r = RunTransaction(s, [&](Transaction& txn) -> Status {
+            FARPOOL_RETURN_IF_ERROR(Add(txn, *tables.accounts, from, 0, -amount));
+            return Add(txn, *tables.accounts, to, 0, amount);
+          }, kAttempts);
+        } else {
+          const int64_t aid = rng() % na;
+          const int64_t tid = rng() % (10ull * o.scale);
+          const int64_t bid = tid / 10;
+          const int64_t delta = static_cast<int64_t>(rng() % 10001) - 5000;
+          const int64_t hkey = (int64_t(cid) << 48) | (int64_t(th) << 36) | int64_t(history_seq++);
+          r = RunTransaction(s, [&](Transaction& txn) -> Status {
+            int64_t balance;
+            FARPOOL_RETURN_IF_ERROR(Add(txn, *tables.accounts, aid, 1, delta, &balance));
+            (void)balance;  // pgbench's SELECT abalance: the value read back
+            FARPOOL_RETURN_IF_ERROR(Add(txn, *tables.tellers, tid, 1, delta));
+            FARPOOL_RETURN_IF_ERROR(Add(txn, *tables.branches, bid, 0, delta));
+            Row h(tables.history->schema());
+            h.SetInt64(0, tid);
+            h.SetInt64(1, bid);
+            h.SetInt64(2, aid);
+            h.SetInt64(3, delta);
+            h.SetInt64(4, static_cast<int64_t>(WallMs()));
+            return txn.Put(*tables.history, hkey, h);
+          }, kAttempts);
+        }
+        const auto t1 = Clock::now();
+        if (!r.ok()) {
+          st.status = r;
+          return;
+        }
+        if (measuring && t1 <= until) {
+          ++st.commits;
+          if (st.latency_ns.size() < 200000) {
+            st.latency_ns.push_back(static_cast<uint32_t>(std::min<int64_t>(
+                UINT32_MAX, std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count())));
+          }
+        }
+      }
+      st.ops_end = s.counters();
+      st.aborts = st.ops_end.aborts - aborts_before;
+    });
+  }
+  for (auto& t : threads) t.join();
+  nlohmann::json out;
+  uint64_t commits = 0, aborts = 0, reads = 0, writes = 0, cas = 0, faa = 0, messages = 0;
+  std::vector<uint32_t> lat;
+  for (auto& st : stats) {
+    FARPOOL_RETURN_IF_ERROR(st.status);
+    commits += st.commits;
+    aborts += st.aborts;
+    reads += st.ops_end.reads - st.ops_start.reads;
+    writes += st.ops_end.writes - st.ops_start.writes;
+    cas += st.ops_end.cas - st.ops_start.cas;
+    faa += st.ops_end.faa - st.ops_start.faa;
+    messages += st.ops_end.messages - st.ops_start.messages;
+    lat.insert(lat.end(), st.latency_ns.begin(), st.latency_ns.end());
+  }
+  out["commits"] = commits;
+  out["aborts"] = aborts;
+  out["reads"] = reads;
+  out["writes"] = writes;
+  out["cas"] = cas;
+  out["faa"] = faa;
+  out["messages"] = messages;
+  out["latency_ns"] = lat;
+  return out;
+}
+
+Status Verify(Database& db, const TxnBenchOptions& o) {
+  FARPOOL_ASSIGN_OR_RETURN(Tables t, OpenTables(db, o.workload));
+  FARPOOL_ASSIGN_OR_RETURN(auto session, db.NewSession());
+  return RunTransaction(*session, [&](Transaction& txn) -> Status {
+    auto sum = [&](const Table& table, uint64_t n, size_t col, int64_t* out) -> Status {
+      *out = 0;
+      for (uint64_t i = 0; i < n; ++i) {
+        Row r;
+        FARPOOL_RETURN_IF_ERROR(txn.Get(table, i, &r));
+        *out += r.GetInt64(col);
+      }
+      return Status::Ok();
+    };
+    if (o.workload == "bank") {
+      int64_t total;
+      FARPOOL_RETURN_IF_ERROR(sum(*t.accounts, o.accounts, 0, &total));
+      if (total != static_cast<int64_t>(o.accounts) * kInitialBalance) {
+        return Status::Internal("bank verify: total " + std::to_string(total) + ", expected " +
+                                std::to_string(o.accounts * kInitialBalance));
+      }
+      return Status::Ok();
+    }
+    int64_t a, tl, b;
+    FARPOOL_RETURN_IF_ERROR(sum(*t.accounts, 100000ull * o.scale, 1, &a));
+    FARPOOL_RETURN_IF_ERROR(sum(*t.tellers, 10ull * o.scale, 1, &tl));
+    FARPOOL_RETURN_IF_ERROR(sum(*t.branches, o.scale, 0, &b));
+    if (a != tl || tl != b) {
+      return Status::Internal("tpcb verify: sum(accounts) " + std::to_string(a) + ", sum(tellers) " +
+                              std::to_string(tl) + ", sum(branches) " + std::to_string(b));
+    }
+    return Status::Ok();
+  });
+}
+
+double Percentile(std::vector<uint32_t>& v, double q) {
+  if (v.empty()) return 0;
+  size_t i = std::min(v.size() - 1, static_cast<size_t>(q * (v.size() - 1)));
+  std::nth_element(v.begin(), v.begin() + i, v.end());
+  return v[i] / 1000.0;
+}
+
+std::vector<std::string> ChildArgs(const TxnBenchOptions& o, int id, uint64_t start_ms) {
+  return {"farpool", "bench", "txn", "--cluster", o.cluster_file,
+          "--engine", std::string(EngineName(o.engine)), "--workload", o.workload,
+          "--threads", std::to_string(o.threads), "--seconds", std::to_string(o.seconds),
+          "--warmup", std::to_string(o.warmup_seconds), "--accounts", std::to_string(o.accounts),
+          "--scale", std::to_string(o.scale), "--seed", std::to_string(o.seed),
+          "--client-id", std::to_string(id), "--start-at", std::to_string(start_ms)};
+}
+
+}  // namespace
+
+Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
+  if (o.workload != "bank" && o.workload != "tpcb") {
+    return Status::InvalidArgument("unknown workload '" + o.workload + "' (expected bank or tpcb)");
+  }
+  if (o.clients < 1 || o.threads < 1) return Status::InvalidArgument("--clients and --threads must be at least 1");
+  if (o.engine == Engine::kLocal && o.clients > 1) {
+    return Status::InvalidArgument("the local engine is one process's RAM: use --clients 1 (and --threads)");
+  }
+  DatabaseOptions dopts;
+  dopts.engine = o.engine;
+  dopts.cluster_file = o.cluster_file;
+  dopts.timestamps = o.timestamps;
+  dopts.local_memory = 2ull << 30;
+
+  if (o.client_id >= 0) {  // a client process of a multi-client run
+    FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(dopts));
+    return RunClient(*db, o, o.start_at_ms);
+  }
+
+  FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(dopts));
+  {
+    auto names = db->ListTables();
+    if (names.ok() && !names->empty()) {
+      return Status::InvalidArgument("the cluster already holds a database (tables: " + (*names)[0] +
+                                     ", ...): start a fresh cluster for each benchmark run");
+    }
+  }
+  FARPOOL_RETURN_IF_ERROR(Load(*db, o));
+  nlohmann::json merged = {{"commits", 0}, {"aborts", 0}, {"reads", 0}, {"writes", 0},
+                           {"cas", 0}, {"faa", 0}, {"messages", 0}};
+  std::vector<uint32_t> lat;
+  auto absorb = [&](const nlohmann::json& j) {
+    for (const char* k : {"commits", "aborts", "reads", "writes", "cas", "faa", "messages"}) {
+      merged[k] = merged[k].get<uint64_t>() + j[k].get<uint64_t>();
+    }
+    auto l = j["latency_ns"].get<std::vector<uint32_t>>();
+    lat.insert(lat.end(), l.begin(), l.end());
+  };
+  if (o.clients == 1) {
+    FARPOOL_ASSIGN_OR_RETURN(auto j, RunClient(*db, o, WallMs()));
+    absorb(j);
+  } else {
+    const uint64_t start_ms = WallMs() + 1500;
+    struct Child {
+      pid_t pid;
+      FILE* out;
+    };
+    std::vector<Child> children;
+    for (int i = 0; i < o.clients; ++i) {
+      int fds[2];
+      if (pipe(fds) != 0) return Status::IoError("pipe failed");
+      pid_t pid = fork();
+      if (pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        auto args = ChildArgs(o, i, start_ms);
+        std::vector<char*> argv;
+        for (auto& a : args) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        execv("/proc/self/exe", argv.data());
+        _exit(127);
+      }
+      close(fds[1]);
+      children.push_back({pid, fdopen(fds[0], "r")});
+    }
+    Status failed;
+    for (auto& c : children) {
+      std::string text;
+      char buf[65536];
+      size_t n;
+      while ((n = fread(buf, 1, sizeof(buf), c.out)) > 0) text.append(buf, n);
+      fclose(c.out);
+      int status = 0;
+      waitpid(c.pid, &status, 0);
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        failed = Status::Internal("client process " + std::to_string(c.pid) + " failed (status " +
+                                  std::to_string(status) + ")");
+        continue;
+      }
+      auto j = nlohmann::json::parse(text, nullptr, false);
+      if (j.is_discarded()) {
+        failed = Status::Internal("client process " + std::to_string(c.pid) + " printed no result");
+        continue;
+      }
+      absorb(j);
+    }
+    FARPOOL_RETURN_IF_ERROR(failed);
+  }
+  const double commits = merged["commits"].get<uint64_t>();
+  const double aborts = merged["aborts"].get<uint64_t>();
+  const double per = commits > 0 ? commits : 1;
+  nlohmann::json r = RunContext();
+  r["bench"] = "txn";
+  r["engine"] = std::string(EngineName(o.engine));
+  r["workload"] = o.workload;
+  r["timestamps"] = o.timestamps == TimestampMode::kVector ? "vector" : "counter";
+  r["clients"] = o.clients;
+  r["threads"] = o.threads;
+  r["seconds"] = o.seconds;
+  if (o.workload == "bank") r["accounts"] = o.accounts;
+  else r["scale"] = o.scale;
+  r["commits"] = merged["commits"];
+  r["aborts"] = merged["aborts"];
+  r["tps"] = commits / o.seconds;
+  r["p50_us"] = Percentile(lat, 0.50);
+  r["p99_us"] = Percentile(lat, 0.99);
+  r["p999_us"] = Percentile(lat, 0.999);
+  r["abort_rate"] = (commits + aborts) > 0 ? aborts / (commits + aborts) : 0.0;
+  r["reads_per_txn"] = merged["reads"].get<uint64_t>() / per;
+  r["writes_per_txn"] = merged["writes"].get<uint64_t>() / per;
+  r["cas_per_txn"] = merged["cas"].get<uint64_t>() / per;
+  r["faa_per_txn"] = merged["faa"].get<uint64_t>() / per;
+  r["messages_per_txn"] = merged["messages"].get<uint64_t>() / per;
+  r["seed"] = o.seed;
+  if (o.verify) {
+    Status v = Verify(*db, o);
+    r["verify"] = v.ok() ? "ok" : v.ToString();
+    if (!v.ok()) return v;
+  }
+  return r;
+}
+
+}  // namespace farpool::db

@@ -1,0 +1,50 @@
+// `farpool bench txn`: transactions per second of the database on each engine.
+//
+// Workloads (fixed seed per thread; keys uniform at random):
+//   bank   `accounts` rows (int64 balance). A transaction reads two random accounts and moves a
+//          random amount from one to the other (2 reads, 2 writes). --verify: the total is
+//          conserved.
+//   tpcb   pgbench's TPC-B-like schema and transaction at scale factor S: S branches, 10·S
+//          tellers, 100000·S accounts, history. A transaction updates one account (read,
+//          write), reads its balance, updates a teller and its branch, inserts a history row.
+//          --verify: sum(accounts) == sum(tellers) == sum(branches) == sum(history deltas).
+//
+// The first process loads the data (a fresh database: a fresh cluster for pool), then runs
+// `clients` client processes (this binary re-run) of `threads` threads each. Every thread has
+// its own session; after `warmup` seconds it counts, for `seconds`, the committed
+// transactions, the aborts (each retry of an Aborted transaction counts one), the latency of
+// each committed transaction including its retries, and the memory operations (pool/local)
+// or request messages (sharded) it issued. Output: one JSON object (TxnBench fields below
+// plus RunContext()).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "farpool/db.h"
+#include "farpool/status.h"
+
+namespace farpool::db {
+
+struct TxnBenchOptions {
+  std::string cluster_file;
+  Engine engine = Engine::kPool;
+  std::string workload = "bank";
+  TimestampMode timestamps = TimestampMode::kVector;
+  int clients = 1;
+  int threads = 1;
+  double seconds = 3.0;
+  double warmup_seconds = 0.5;
+  uint64_t accounts = 10000;  // bank
+  int scale = 1;              // tpcb
+  uint64_t seed = 42;
+  bool verify = false;
+  // Internal: set in client processes started by the benchmark.
+  int client_id = -1;
+  uint64_t start_at_ms = 0;
+};
+
+Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& options);
+
+}  // namespace farpool::db
