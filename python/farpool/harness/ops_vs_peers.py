@@ -6,6 +6,8 @@ Same operation, same sizes, same machine, one after the other:
   ucx            `farpool-rawucx`: a plain UCX program (ucp_mem_map(ALLOCATE) region, busy-
                  polling target) -- the floor for farpool over the same fabric; over shm it
                  maps the region (ucp_rkey_ptr) as farpool does
+  tcp-floor      `farpool-tcpfloor`: a bare request/response over busy-polled TCP loopback
+                 sockets; no TCP design answers faster on this machine
   ucx_perftest   UCX's own benchmark, `ucp_get`, as shipped (its target does not busy-poll
                  for emulated operations, so over TCP it is far slower than the plain program)
   farpool        `farpool bench ops` against a local cluster: one server over shm (event
@@ -39,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[3]
 BUILD = ROOT / "build"
 FARPOOL = BUILD / "farpool"
 RAWUCX = BUILD / "farpool-rawucx"
+TCPFLOOR = BUILD / "farpool-tcpfloor"
 
 
 def free_port() -> int:
@@ -189,6 +192,9 @@ def measure(seconds: float, quick: bool, log) -> list[dict]:
         for op, size, batch in ops:
             r = rawucx(tls, RAW_OP[op], size, batch, seconds, mapped)
             add(r, op=op, transport=transport, threads=1)
+    log("TCP loopback floor (farpool-tcpfloor)")
+    for size in (64, 4096):
+        add(run_json([str(TCPFLOOR), "--size", str(size), "--seconds", str(seconds)]))
     log("ucx_perftest ucp_get")
     for tls, transport in [("sm,self", "shm"), ("tcp", "tcp")]:
         iters = 200000 if transport == "shm" else 20000
@@ -224,13 +230,14 @@ def measured_ops(rows: list[dict]) -> list[tuple]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| operation | local memory | raw UCX shm | farpool shm | raw UCX tcp | "
+    lines = ["| operation | local memory | raw UCX shm | farpool shm | TCP floor | raw UCX tcp | "
              "farpool tcp | Redis | farpool tcp / raw UCX tcp | Redis / farpool tcp |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for op, size, batch in measured_ops(rows):
         cells = []
         for system, transport in [("local-memory", "local"), ("ucx", "shm"), ("farpool", "shm"),
-                                  ("ucx", "tcp"), ("farpool", "tcp"), ("redis", "tcp")]:
+                                  ("tcp-floor", "tcp"), ("ucx", "tcp"), ("farpool", "tcp"),
+                                  ("redis", "tcp")]:
             r = find(rows, system, transport, op, size, batch)
             if r is None:
                 cells.append("–")
@@ -301,7 +308,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer points, for the demo")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
-    for binary in (FARPOOL, RAWUCX):
+    for binary in (FARPOOL, RAWUCX, TCPFLOOR):
         if not binary.exists():
             print(f"ops_vs_peers: {binary} is missing; run `make build` first", file=sys.stderr)
             return 1
