@@ -189,16 +189,20 @@ struct DatabaseOptions {
   int local_servers = 2;
 
   // Used only when this Open creates the database; an existing one keeps its own.
+  // kSharded ignores it: its timestamps are one counter on partition 0 (timestamp_mode()
+  // reports kCounter).
   TimestampMode timestamps = TimestampMode::kVector;
   uint32_t max_sessions = 256;  // slots of the timestamp vector
   // A session that does not renew its lease for this long is presumed dead: its locks are
   // broken and its commit in progress is finished (or undone) by whoever meets them.
+  // kSharded: a commit's locks expire this long after its prepare.
   std::chrono::milliseconds lease{2000};
 
   // Testing only (a fault-injection site, as FoundationDB's workloads use): called inside
   // Commit at "locked" (write set locked), "logged" (decision written), "installing" (after
   // each new version is posted), "installed" and "published" (timestamp published, locks not
-  // yet released). Tests kill the process there.
+  // yet released). kSharded: "locked" (every participant prepared) and "decided" (partition 0
+  // committed and installed; the other participants not told yet). Tests kill the process there.
   std::function<void(std::string_view point)> commit_hook;
 };
 

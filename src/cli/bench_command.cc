@@ -73,9 +73,13 @@ Command RegisterBench(CLI::App& app) {
   ops->add_flag("--verify", args->ops.verify, "Check reads and atomics against a shadow");
   ops->add_flag("--json", args->json, "Print one JSON object");
   Command txn = RegisterTxnBench(*sub);
-  return {sub, [args, ops, txn] {
+  Command social = RegisterSocialBench(*sub);
+  Command tpcw = RegisterTpcwBench(*sub);
+  return {sub, [args, ops, txn, social, tpcw] {
             if (ops->parsed()) return RunOps(*args);
             if (txn.app->parsed()) return txn.run();
+            if (social.app->parsed()) return social.run();
+            if (tpcw.app->parsed()) return tpcw.run();
             return Fail("bench: expected ops or txn");
           }};
 }

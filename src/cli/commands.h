@@ -16,8 +16,14 @@ struct Command {
 Command RegisterServer(CLI::App& app);
 Command RegisterCluster(CLI::App& app);
 Command RegisterBench(CLI::App& app);
+// `shard` and `shard-cluster` (src/cli/shard_command.cc): the sharded engine's partition servers.
+Command RegisterShard(CLI::App& app);
+Command RegisterShardCluster(CLI::App& app);
 // `bench txn` (src/cli/txn_command.cc), added under the `bench` subcommand.
 Command RegisterTxnBench(CLI::App& bench);
+// `bench social` and `bench tpcw` (src/cli/social_command.cc).
+Command RegisterSocialBench(CLI::App& bench);
+Command RegisterTpcwBench(CLI::App& bench);
 
 // Prints "farpool: <message>" to stderr and returns 1.
 int Fail(const std::string& message);

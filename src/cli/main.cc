@@ -26,6 +26,8 @@ int main(int argc, char** argv) {
       farpool::cli::RegisterServer(app),
       farpool::cli::RegisterCluster(app),
       farpool::cli::RegisterBench(app),
+      farpool::cli::RegisterShard(app),
+      farpool::cli::RegisterShardCluster(app),
   };
   try {
     app.parse(argc, argv);

@@ -9,6 +9,10 @@
 //          from the parent at random moments). Afterwards the ring is still one ring and no
 //          record stays locked.
 //
+// Both engines: `pool` (memory servers) and `sharded` (`farpool shard` partition servers; its
+// fault sites are "locked" = all participants prepared, and "decided" = partition 0 committed
+// and installed, the others not yet told).
+//
 // Seeds: FARPOOL_SEED (printed) drives every worker's choices.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -17,11 +21,13 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <filesystem>
 #include <random>
 #include <set>
 #include <thread>
 
 #include "db/db_test_util.h"
+#include "db/shard_cluster.h"
 #include "farpool/db.h"
 #include "pool/test_cluster.h"
 
@@ -39,9 +45,15 @@ std::string Env(const char* name, const char* fallback = "") {
   return v ? v : fallback;
 }
 
+// FARPOOL_ENGINE: pool (memory servers) or sharded (`farpool shard` partition servers).
+Engine TestEngine() {
+  auto e = ParseEngine(Env("FARPOOL_ENGINE", "pool"));
+  return e.ok() ? *e : Engine::kPool;
+}
+
 DatabaseOptions WorkerOptions() {
   DatabaseOptions o;
-  o.engine = Engine::kPool;
+  o.engine = TestEngine();
   o.cluster_file = Env("FARPOOL_CLUSTER");
   o.lease = 1000ms;
   o.max_sessions = 64;
@@ -125,8 +137,10 @@ Status CycleWorker(uint64_t seed, int id) {
   std::atomic<int> commits{0};
   std::mt19937_64 crash_rng(seed ^ 0xC0FFEE);
   const int crash_after = 50 + crash_rng() % 100;
-  static const char* kSites[] = {"locked", "logged", "installing", "installed", "published"};
-  const std::string site = kSites[crash_rng() % 5];
+  static const char* kPoolSites[] = {"locked", "logged", "installing", "installed", "published"};
+  static const char* kShardedSites[] = {"locked", "decided"};
+  const std::string site = TestEngine() == Engine::kSharded ? kShardedSites[crash_rng() % 2]
+                                                            : kPoolSites[crash_rng() % 5];
   if (id == 0) {
     o.commit_hook = [&](std::string_view point) {
       if (commits.load() >= crash_after && point == site) raise(SIGKILL);
@@ -170,6 +184,7 @@ std::vector<pid_t> SpawnWorkers(int count, const std::string& role, const std::s
       setenv("FARPOOL_WORKER_ID", std::to_string(i).c_str(), 1);
       setenv("FARPOOL_CLUSTER", cluster.c_str(), 1);
       setenv("FARPOOL_SEED", std::to_string(seed).c_str(), 1);
+      setenv("FARPOOL_ENGINE", std::string(EngineName(TestEngine())).c_str(), 1);
       execl("/proc/self/exe", "db_process_test", nullptr);
       _exit(127);
     }
@@ -200,9 +215,32 @@ std::vector<std::pair<pid_t, int>> Reap(const std::vector<pid_t>& pids,
   return out;
 }
 
-class DbProcessTest : public testing::Test {
+class DbProcessTest : public testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
+    setenv("FARPOOL_ENGINE", GetParam().c_str(), 1);
+    if (GetParam() == "sharded") {
+      shard_dir_ = MakeTempDir("farpool-shards");
+      ShardClusterOptions so;
+      so.dir = shard_dir_;
+      so.partitions = 2;
+      so.transport = Fabric::kShm;
+      so.progress = ProgressMode::kEvent;
+      so.binary = FARPOOL_BINARY;
+      Status up = ShardClusterUp(so);
+      ASSERT_TRUE(up.ok()) << up.ToString();
+      cluster_file_ = ShardClusterFile(shard_dir_);
+    } else {
+      StartPoolCluster();
+      cluster_file_ = cluster_->cluster_file();
+    }
+    DatabaseOptions d = WorkerOptions();
+    d.cluster_file = cluster_file_;
+    auto db = Database::Open(d);
+    ASSERT_TRUE(db.ok()) << db.status().ToString();
+    db_ = std::move(*db);
+  }
+  void StartPoolCluster() {
     LocalClusterOptions o;
     o.servers = 2;
     o.memory = 256ull << 20;
@@ -211,21 +249,24 @@ class DbProcessTest : public testing::Test {
     o.binary = FARPOOL_BINARY;
     cluster_ = std::make_unique<TestCluster>(o);
     ASSERT_TRUE(cluster_->status().ok()) << cluster_->status().ToString();
-    DatabaseOptions d = WorkerOptions();
-    d.cluster_file = cluster_->cluster_file();
-    auto db = Database::Open(d);
-    ASSERT_TRUE(db.ok()) << db.status().ToString();
-    db_ = std::move(*db);
   }
   void TearDown() override {
     db_.reset();
     cluster_.reset();
+    if (!shard_dir_.empty()) {
+      Status down = ShardClusterDown(shard_dir_);
+      EXPECT_TRUE(down.ok()) << down.ToString();
+      std::error_code ec;
+      std::filesystem::remove_all(shard_dir_, ec);
+    }
   }
   std::unique_ptr<TestCluster> cluster_;
+  std::string shard_dir_;
+  std::string cluster_file_;
   std::unique_ptr<Database> db_;
 };
 
-TEST_F(DbProcessTest, BankInvariantAcrossProcesses) {
+TEST_P(DbProcessTest, BankInvariantAcrossProcesses) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed));
   Schema schema{{"balance", ColumnType::kInt64}};
@@ -237,7 +278,7 @@ TEST_F(DbProcessTest, BankInvariantAcrossProcesses) {
                 for (int a = 0; a < kAccounts; ++a) FARPOOL_RETURN_IF_ERROR(PutInt(txn, **t, a, kInitial));
                 return Status::Ok();
               }).ok());
-  auto pids = SpawnWorkers(3, "bank", cluster_->cluster_file(), seed);
+  auto pids = SpawnWorkers(3, "bank", cluster_file_, seed);
   for (auto [pid, status] : Reap(pids)) {
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "worker " << pid << " status " << status;
   }
@@ -254,7 +295,7 @@ TEST_F(DbProcessTest, BankInvariantAcrossProcesses) {
   EXPECT_EQ(*db_->CountLocked(**t), 0u);
 }
 
-TEST_F(DbProcessTest, CycleSurvivesSigkillMidCommit) {
+TEST_P(DbProcessTest, CycleSurvivesSigkillMidCommit) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed));
   Schema schema{{"next", ColumnType::kInt64}};
@@ -266,7 +307,7 @@ TEST_F(DbProcessTest, CycleSurvivesSigkillMidCommit) {
                 for (int i = 0; i < kRing; ++i) FARPOOL_RETURN_IF_ERROR(PutInt(txn, **t, i, (i + 1) % kRing));
                 return Status::Ok();
               }).ok());
-  auto pids = SpawnWorkers(3, "cycle", cluster_->cluster_file(), seed);
+  auto pids = SpawnWorkers(3, "cycle", cluster_file_, seed);
   // Worker 0 dies at a fault site on its own; worker 1 is killed from outside at a random time.
   std::mt19937_64 rng(seed);
   std::this_thread::sleep_for(std::chrono::milliseconds(100 + rng() % 400));
@@ -307,6 +348,9 @@ TEST_F(DbProcessTest, CycleSurvivesSigkillMidCommit) {
   });
   EXPECT_TRUE(s.ok()) << s.ToString();
 }
+
+INSTANTIATE_TEST_SUITE_P(Engines, DbProcessTest, testing::Values("pool", "sharded"),
+                         [](const auto& p) { return p.param; });
 
 }  // namespace
 }  // namespace farpool::db

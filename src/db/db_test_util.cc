@@ -57,6 +57,10 @@ Result<std::unique_ptr<Database>> TestDatabase::OpenAnother() {
   if (options_.engine == Engine::kLocal) {
     return Status::InvalidArgument("the local engine is one process's memory");
   }
+  if (options_.engine == Engine::kSharded && options_.cluster_file.empty()) {
+    return Status::InvalidArgument(
+        "sharded without a cluster file: the partitions are threads of the first Database");
+  }
   return Database::Open(options_);
 }
 

@@ -185,7 +185,7 @@ TEST_P(TableModelTest, RandomOperationsMatchModel) {
   EXPECT_EQ(scanned, all);
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, TableModelTest, testing::Values("local", "pool"));
+INSTANTIATE_TEST_SUITE_P(Engines, TableModelTest, testing::Values("local", "pool", "sharded"));
 
 TEST(MemoryTest, LocalMemoryRejectsBadAddresses) {
   auto mem = NewLocalMemory(2, 1 << 20);

@@ -1,10 +1,773 @@
+// The sharded engine: shared-nothing partitions (db/shard_server.h) and a coordinator per
+// session that runs message-based two-phase commit under snapshot isolation.
+//
+// How it works (see docs/database.md, "The sharded engine"):
+//   Partitioning: row (table, key) lives on partition Mix(key) % N. Partition 0 also holds the
+//   catalog and is the timestamp service.
+//   Begin: one BeginRequest to partition 0 -> read timestamp R (the last commit timestamp).
+//   Get: a ReadRequest to the key's partition at R (writes of this transaction first). A
+//   record locked by a transaction that may commit inside the snapshot answers kBusy; the
+//   coordinator retries (and resolves the holder if its lease expired).
+//   Put/Delete: buffered.
+//   Commit: group the write set per partition, one PrepareRequest per participant, all posted
+//   before waiting once (lock + first-committer-wins: any newer version or foreign lock is a
+//   conflict, nothing stays locked there); any conflict -> CommitRequest(ts 0) to the prepared
+//   ones, Aborted. Else DecideRequest to partition 0 (commit ts; it installs its own share in
+//   the same message when it is a participant), then CommitRequest(ts) to the others, whose
+//   acknowledgements are collected lazily (before the next request round of the session) —
+//   the outcome is already decided, and a later reader that finds the lock still there waits.
+//   A write set on partition 0 only commits in one message (Prepare with kPrepareOnePhase).
 #include "db/sharded_engine.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "db/shard_server.h"
+#include "farpool/cluster.h"
+#include "transport/ucx.h"
+
 namespace farpool::db {
+namespace {
+
+using namespace shard;
+using Clock = std::chrono::steady_clock;
+constexpr auto kRequestTimeout = std::chrono::seconds(30);
+constexpr uint32_t kSpinsBeforeSleep = 64;
+
+uint64_t MixKey(int64_t key) {
+  uint64_t x = static_cast<uint64_t>(key) + 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+class ShardTable final : public Table {
+ public:
+  uint32_t id() const override { return id_; }
+  const std::string& name() const override { return name_; }
+  const Schema& schema() const override { return schema_; }
+  bool ordered() const override { return ordered_; }
+  uint32_t id_ = 0;
+  std::string name_;
+  Schema schema_;
+  bool ordered_ = false;
+};
+
+// A row's value on the wire and in the partitions: the fixed payload, then per kBytes column
+// a u32 length and the bytes.
+std::string EncodeRow(const Row& row) {
+  std::string out = row.payload();
+  const auto& cols = row.schema()->columns();
+  for (size_t c = 0; c < cols.size(); ++c) {
+    if (cols[c].type != ColumnType::kBytes) continue;
+    const std::string& b = row.bytes()[c];
+    const uint32_t n = static_cast<uint32_t>(b.size());
+    out.append(reinterpret_cast<const char*>(&n), 4);
+    out.append(b);
+  }
+  return out;
+}
+
+Status DecodeRow(const Table& t, std::string_view value, Row* row) {
+  *row = Row(t.schema());
+  const uint32_t payload = t.schema().PayloadSize();
+  auto bad = [&] {
+    return Status::Protocol("row of table '" + t.name() + "' does not match its schema (" +
+                            std::to_string(value.size()) + " bytes)");
+  };
+  if (value.size() < payload) return bad();
+  row->payload().assign(value.substr(0, payload));
+  value.remove_prefix(payload);
+  const auto& cols = t.schema().columns();
+  for (size_t c = 0; c < cols.size(); ++c) {
+    if (cols[c].type != ColumnType::kBytes) continue;
+    uint32_t n;
+    if (value.size() < 4) return bad();
+    std::memcpy(&n, value.data(), 4);
+    value.remove_prefix(4);
+    if (value.size() < n) return bad();
+    row->bytes()[c].assign(value.substr(0, n));
+    value.remove_prefix(n);
+  }
+  return value.empty() ? Status::Ok() : bad();
+}
+
+// A decoded reply that owns its bytes.
+struct Reply {
+  std::vector<std::byte> bytes;
+  Message message;
+};
+
+// One thread's connections to every partition: a worker, an endpoint per partition, replies
+// by request id. Thread-safety: one thread at a time.
+class Client {
+ public:
+  static Result<std::unique_ptr<Client>> Connect(transport::Context& context,
+                                                 const std::vector<ServerAddress>& partitions,
+                                                 uint64_t* messages) {
+    std::unique_ptr<Client> c(new Client());
+    c->messages_ = messages;
+    FARPOOL_ASSIGN_OR_RETURN(c->worker_, transport::Worker::Create(context, /*wakeup=*/true));
+    FARPOOL_RETURN_IF_ERROR(c->worker_->SetAmHandler(kShardAm, &OnMessage, c.get()));
+    for (const ServerAddress& a : partitions) {
+      c->names_.push_back("partition " + std::to_string(a.id) + " (" + a.Endpoint() + ")");
+      auto ep = transport::Endpoint::Connect(*c->worker_, a.host, a.port, nullptr);
+      if (!ep.ok()) return ep.status().WithContext(c->names_.back());
+      c->eps_.push_back(std::move(*ep));
+    }
+    return c;
+  }
+  ~Client() {
+    DrainLazy(Clock::now() + std::chrono::seconds(2));
+    // Nothing of ours is in flight any more: close at once rather than wait for the peers'
+    // acknowledgement (a graceful close that outlives its bound leaves a request UCX asserts on).
+    for (auto& ep : eps_) ep->ForceClose();
+    eps_.clear();
+    worker_.reset();
+  }
+  size_t size() const { return eps_.size(); }
+  const std::string& name(size_t p) const { return names_[p]; }
+
+  // Posts a request to partition p; returns its id for Wait.
+  template <typename Body>
+  Result<uint64_t> Post(size_t p, Opcode op, const Body& body, std::span<const std::byte> tail = {}) {
+    const uint64_t id = next_id_++;
+    if (eps_[p]->failed()) return Status::Unavailable(names_[p] + ": connection failed");
+    FARPOOL_RETURN_IF_ERROR(
+        PostMessage(eps_[p]->get(), Encode(id, op, body, tail), true).WithContext(names_[p]));
+    ++*messages_;
+    pending_[id] = p;
+    return id;
+  }
+  // Waits for the reply of `id`; an ErrorReply becomes its Status; a reply of another opcode
+  // than `expected` is a Protocol error.
+  Result<Reply> Wait(uint64_t id, Opcode expected) {
+    const size_t p = pending_[id];
+    const auto deadline = Clock::now() + kRequestTimeout;
+    for (uint32_t spins = 0;; ++spins) {
+      auto it = box_.find(id);
+      if (it != box_.end()) {
+        Reply r{std::move(it->second), {}};
+        box_.erase(it);
+        pending_.erase(id);
+        auto m = Decode(r.bytes);
+        if (!m.ok()) return m.status().WithContext(names_[p] + ": bad reply");
+        r.message = *m;
+        if (m->opcode == Opcode::kErrorReply) return DecodeError(*m);
+        if (m->opcode != expected) {
+          return Status::Protocol(names_[p] + ": expected " + std::string(OpcodeName(expected)) +
+                                  ", got " + std::string(OpcodeName(m->opcode)));
+        }
+        return r;
+      }
+      // Spin briefly (a reply over shm takes a few microseconds), then sleep on the worker's
+      // event descriptor: partition servers and clients share the cores, and a spinning client
+      // would take them from the servers it waits for.
+      if (worker_->Progress() == 0 && spins >= kSpinsBeforeSleep) {
+        Status w = worker_->Wait(std::chrono::milliseconds(1));
+        (void)w;  // a failed wait only means we poll again sooner
+      }
+      if ((spins & 255) == 255) {
+        if (eps_[p]->failed()) {
+          pending_.erase(id);
+          return Status::Unavailable(names_[p] + ": connection failed");
+        }
+        if (Clock::now() > deadline) {
+          pending_.erase(id);
+          return Status::TimedOut(names_[p] + ": no " + std::string(OpcodeName(expected)) +
+                                  " within " + std::to_string(kRequestTimeout.count()) + " s");
+        }
+      }
+    }
+  }
+  template <typename Body>
+  Result<Reply> Call(size_t p, Opcode op, const Body& body, Opcode expected,
+                     std::span<const std::byte> tail = {}) {
+    FARPOOL_ASSIGN_OR_RETURN(uint64_t id, Post(p, op, body, tail));
+    return Wait(id, expected);
+  }
+  // A request whose reply is collected later (CollectLazy).
+  void MarkLazy(uint64_t id) { lazy_.insert(id); }
+  // Consumes the lazy replies that arrived; returns the first failure among them.
+  Status CollectLazy() {
+    Status first;
+    for (auto it = lazy_.begin(); it != lazy_.end();) {
+      auto r = box_.find(*it);
+      if (r == box_.end()) {
+        ++it;
+        continue;
+      }
+      auto m = Decode(r->second);
+      if (first.ok()) {
+        if (!m.ok()) first = m.status();
+        else if (m->opcode == Opcode::kErrorReply) first = DecodeError(*m);
+      }
+      box_.erase(r);
+      pending_.erase(*it);
+      it = lazy_.erase(it);
+    }
+    return first;
+  }
+  void DrainLazy(Clock::time_point deadline) {
+    while (!lazy_.empty() && Clock::now() < deadline) {
+      worker_->Progress();
+      Status s = CollectLazy();
+      (void)s;  // shutting down: a failed install shows as a lock that a later reader resolves
+    }
+  }
+
+ private:
+  Client() = default;
+  static ucs_status_t OnMessage(void* arg, const void*, size_t, void* data, size_t length,
+                                const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<Client*>(arg);
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || length < sizeof(Header)) {
+      if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ucp_am_data_release(self->worker_->get(), data);
+      return UCS_OK;  // not a reply we could have asked for
+    }
+    Header h;
+    std::memcpy(&h, data, sizeof(h));
+    if (!self->pending_.count(h.request_id)) return UCS_OK;
+    const auto* b = static_cast<const std::byte*>(data);
+    self->box_[h.request_id] = std::vector<std::byte>(b, b + length);
+    return UCS_OK;
+  }
+
+  uint64_t* messages_ = nullptr;
+  std::unique_ptr<transport::Worker> worker_;
+  std::vector<std::unique_ptr<transport::Endpoint>> eps_;
+  std::vector<std::string> names_;
+  uint64_t next_id_ = 1;
+  std::unordered_map<uint64_t, size_t> pending_;  // request id -> partition
+  std::unordered_map<uint64_t, std::vector<std::byte>> box_;
+  std::unordered_set<uint64_t> lazy_;
+};
+
+class ShardedDatabase;
+
+class ShardedSession final : public Session {
+ public:
+  ShardedSession(ShardedDatabase& db, std::unique_ptr<Client> client, uint64_t nonce)
+      : db_(db), client_(std::move(client)), nonce_(nonce) {}
+  Result<std::unique_ptr<Transaction>> Begin() override;
+  const TxnCounters& counters() const override { return counters_; }
+
+  uint64_t NextTxnId() { return (nonce_ << 32) | (++seq_ & 0xFFFFFFFFULL); }
+
+  ShardedDatabase& db_;
+  TxnCounters counters_;  // first: the client counts messages into it
+  std::unique_ptr<Client> client_;
+  const uint64_t nonce_;
+  uint64_t seq_ = 0;
+};
+
+class ShardedDatabase final : public Database {
+ public:
+  explicit ShardedDatabase(const DatabaseOptions& options) : options_(options) {}
+  ~ShardedDatabase() override {
+    admin_.reset();
+    context_.reset();
+    for (auto& s : servers_) s->Stop();
+  }
+
+  Status Init();
+  Engine engine() const override { return Engine::kSharded; }
+  TimestampMode timestamp_mode() const override { return TimestampMode::kCounter; }
+  Result<const Table*> CreateTable(const std::string& name, const Schema& schema,
+                                   const TableOptions& options) override;
+  Result<const Table*> OpenTable(const std::string& name) override;
+  Status DropTable(const std::string& name) override;
+  Result<std::vector<std::string>> ListTables() override;
+  Result<std::unique_ptr<Session>> NewSession() override;
+  Status RecoverExpired() override;
+  Result<uint64_t> CountLocked(const Table& table) override;
+
+  size_t PartitionOf(int64_t key) const { return ShardedPartitionOf(key, partitions_.size()); }
+  const DatabaseOptions& options() const { return options_; }
+  // Finishes the transaction `holder` (lease expired) on partition p: asks the timestamp
+  // service for its outcome (aborting it if undecided) and sends that to p.
+  Status ResolveHolder(Client& client, size_t p, uint64_t holder);
+
+ private:
+  const Table* Adopt(const TableDesc& desc);
+
+  DatabaseOptions options_;
+  std::vector<std::unique_ptr<PartitionServer>> servers_;  // in-process partitions
+  std::vector<ServerAddress> partitions_;
+  std::unique_ptr<transport::Context> context_;
+  std::mutex mu_;  // guards admin_ and tables_
+  uint64_t admin_messages_ = 0;
+  std::unique_ptr<Client> admin_;
+  std::map<uint32_t, std::unique_ptr<ShardTable>> tables_;  // by id; never removed
+};
+
+class ShardedTxn final : public Transaction {
+ public:
+  ShardedTxn(ShardedSession& s, uint64_t read_ts) : s_(s), read_ts_(read_ts) {}
+  ~ShardedTxn() override { Rollback(); }
+
+  Status Get(const Table& table, int64_t key, Row* row) override;
+  Status Put(const Table& table, int64_t key, const Row& row) override;
+  Status Delete(const Table& table, int64_t key) override;
+  Status Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bool reverse,
+              const std::function<bool(int64_t, const Row&)>& visit) override;
+  Status Commit() override;
+  void Rollback() override { finished_ = true; }
+
+ private:
+  struct WriteEntry {
+    const Table* table;
+    bool deleted;
+    std::string value;
+  };
+  using Key = std::pair<uint32_t, int64_t>;
+  // The visible value of key (nullopt: no visible row).
+  Result<std::optional<std::string>> ReadCommitted(const Table& t, int64_t key);
+  // After a kBusy answer: resolves an expired holder or backs off. Aborted after waiting long.
+  Status WaitForLock(size_t p, const ReadItem& busy, int attempt, Clock::time_point since);
+  Status Conflict(const std::string& what) {
+    ++s_.counters_.aborts;
+    return Status::Aborted(what);
+  }
+  void Hook(std::string_view point) {
+    if (s_.db_.options().commit_hook) s_.db_.options().commit_hook(point);
+  }
+
+  ShardedSession& s_;
+  const uint64_t read_ts_;
+  std::map<Key, WriteEntry> writes_;
+  bool finished_ = false;
+};
+
+// ================================================================ database
+
+Status ShardedDatabase::Init() {
+  Fabric fabric = Fabric::kShm;
+  if (options_.cluster_file.empty()) {
+    if (options_.partitions < 1 || options_.partitions > 1024) {
+      return Status::InvalidArgument("sharded: partitions must be 1..1024, not " +
+                                     std::to_string(options_.partitions));
+    }
+    for (int i = 0; i < options_.partitions; ++i) {
+      PartitionServerOptions so;
+      so.id = static_cast<uint16_t>(i);
+      so.progress = ProgressMode::kEvent;
+      so.fabric = fabric;
+      FARPOOL_ASSIGN_OR_RETURN(auto server, PartitionServer::Start(so));
+      ServerAddress a;
+      a.id = so.id;
+      a.host = so.host;
+      a.port = server->port();
+      partitions_.push_back(a);
+      servers_.push_back(std::move(server));
+    }
+  } else {
+    FARPOOL_ASSIGN_OR_RETURN(ClusterConfig config, ClusterConfig::Load(options_.cluster_file));
+    fabric = config.transport;
+    partitions_ = config.servers;
+    std::sort(partitions_.begin(), partitions_.end(),
+              [](const ServerAddress& a, const ServerAddress& b) { return a.id < b.id; });
+    for (size_t i = 0; i < partitions_.size(); ++i) {
+      if (partitions_[i].id != i) {
+        return Status::InvalidArgument(options_.cluster_file + ": partition ids must be 0.." +
+                                       std::to_string(partitions_.size() - 1) + " (found id " +
+                                       std::to_string(partitions_[i].id) + ")");
+      }
+    }
+    if (partitions_.empty()) {
+      return Status::InvalidArgument(options_.cluster_file + ": no partition servers");
+    }
+  }
+  transport::Context::Options copts;
+  copts.fabric = fabric;
+  copts.wakeup = true;
+  FARPOOL_ASSIGN_OR_RETURN(context_, transport::Context::Create(copts));
+  FARPOOL_ASSIGN_OR_RETURN(admin_, Client::Connect(*context_, partitions_, &admin_messages_));
+  // Fail early if the cluster does not answer.
+  FARPOOL_ASSIGN_OR_RETURN(Reply r, admin_->Call(0, Opcode::kBeginRequest, BeginRequest{0},
+                                                 Opcode::kBeginReply));
+  (void)r;
+  return Status::Ok();
+}
+
+const Table* ShardedDatabase::Adopt(const TableDesc& d) {
+  auto& slot = tables_[d.id];
+  if (!slot) {
+    auto t = std::make_unique<ShardTable>();
+    t->id_ = d.id;
+    t->name_ = std::string(d.name, strnlen(d.name, kNameSize));
+    t->ordered_ = d.flags & 1;
+    std::vector<Column> cols;
+    for (uint32_t i = 0; i < d.ncols && i < kMaxColumns; ++i) {
+      cols.push_back({std::string(d.cols[i].name, strnlen(d.cols[i].name, 24)),
+                      static_cast<ColumnType>(d.cols[i].type), d.cols[i].length});
+    }
+    t->schema_ = Schema(std::move(cols));
+    slot = std::move(t);
+  }
+  return slot.get();
+}
+
+Result<const Table*> ShardedDatabase::CreateTable(const std::string& name, const Schema& schema,
+                                                  const TableOptions& options) {
+  FARPOOL_RETURN_IF_ERROR(schema.Validate());
+  if (name.empty() || name.size() >= kNameSize) {
+    return Status::InvalidArgument("table name '" + name + "' must be 1..63 bytes");
+  }
+  TableDesc d{};
+  d.flags = options.ordered ? 1 : 0;
+  d.ncols = static_cast<uint32_t>(schema.size());
+  std::memcpy(d.name, name.data(), name.size());
+  for (size_t i = 0; i < schema.size(); ++i) {
+    const Column& c = schema.columns()[i];
+    std::memcpy(d.cols[i].name, c.name.data(), c.name.size());
+    d.cols[i].type = uint32_t(c.type);
+    d.cols[i].length = c.length;
+  }
+  std::lock_guard l(mu_);
+  FARPOOL_ASSIGN_OR_RETURN(Reply r,
+                           admin_->Call(0, Opcode::kCreateTableRequest, d, Opcode::kTableReply));
+  return Adopt(r.message.As<TableDesc>());
+}
+
+Result<const Table*> ShardedDatabase::OpenTable(const std::string& name) {
+  if (name.empty() || name.size() >= kNameSize) return Status::NotFound("no table '" + name + "'");
+  NameRequest n{};
+  std::memcpy(n.name, name.data(), name.size());
+  std::lock_guard l(mu_);
+  FARPOOL_ASSIGN_OR_RETURN(Reply r,
+                           admin_->Call(0, Opcode::kOpenTableRequest, n, Opcode::kTableReply));
+  return Adopt(r.message.As<TableDesc>());
+}
+
+Status ShardedDatabase::DropTable(const std::string& name) {
+  if (name.empty() || name.size() >= kNameSize) return Status::NotFound("no table '" + name + "'");
+  NameRequest n{};
+  std::memcpy(n.name, name.data(), name.size());
+  std::lock_guard l(mu_);
+  auto r = admin_->Call(0, Opcode::kDropTableRequest, n, Opcode::kDropTableReply);
+  return r.ok() ? Status::Ok() : r.status();
+}
+
+Result<std::vector<std::string>> ShardedDatabase::ListTables() {
+  std::lock_guard l(mu_);
+  FARPOOL_ASSIGN_OR_RETURN(Reply r, admin_->Call(0, Opcode::kListTablesRequest,
+                                                 ListTablesRequest{0}, Opcode::kListTablesReply));
+  return ParseNames(r.message);
+}
+
+Result<std::unique_ptr<Session>> ShardedDatabase::NewSession() {
+  static std::atomic<uint64_t> counter{0};
+  // A transaction id is nonce << 32 | sequence; the nonce is random per session (and never 0).
+  std::random_device rd;
+  const uint64_t nonce =
+      ((uint64_t(rd()) ^ (uint64_t(getpid()) << 8) ^ counter.fetch_add(1)) & 0xFFFFFFFFULL) | 1;
+  auto session = std::make_unique<ShardedSession>(*this, nullptr, nonce);
+  FARPOOL_ASSIGN_OR_RETURN(session->client_,
+                           Client::Connect(*context_, partitions_, &session->counters_.messages));
+  return std::unique_ptr<Session>(std::move(session));
+}
+
+Status ShardedDatabase::ResolveHolder(Client& client, size_t p, uint64_t holder) {
+  FARPOOL_ASSIGN_OR_RETURN(Reply r, client.Call(0, Opcode::kResolveRequest, ResolveRequest{holder},
+                                                Opcode::kResolveReply));
+  const uint64_t ts = r.message.As<ResolveReply>().commit_ts;
+  FARPOOL_ASSIGN_OR_RETURN(Reply c, client.Call(p, Opcode::kCommitRequest,
+                                                CommitRequest{holder, ts}, Opcode::kCommitReply));
+  (void)c;
+  return Status::Ok();
+}
+
+Status ShardedDatabase::RecoverExpired() {
+  std::lock_guard l(mu_);
+  for (size_t p = 0; p < partitions_.size(); ++p) {
+    FARPOOL_ASSIGN_OR_RETURN(Reply r, admin_->Call(p, Opcode::kLockedRequest,
+                                                   LockedRequest{UINT32_MAX, 0},
+                                                   Opcode::kLockedReply));
+    FARPOOL_ASSIGN_OR_RETURN(std::vector<uint64_t> holders, ParseHolders(r.message));
+    for (uint64_t h : holders) FARPOOL_RETURN_IF_ERROR(ResolveHolder(*admin_, p, h));
+  }
+  return Status::Ok();
+}
+
+Result<uint64_t> ShardedDatabase::CountLocked(const Table& table) {
+  std::lock_guard l(mu_);
+  uint64_t locked = 0;
+  for (size_t p = 0; p < partitions_.size(); ++p) {
+    FARPOOL_ASSIGN_OR_RETURN(Reply r, admin_->Call(p, Opcode::kLockedRequest,
+                                                   LockedRequest{table.id(), 0},
+                                                   Opcode::kLockedReply));
+    locked += r.message.As<LockedReply>().locked;
+  }
+  return locked;
+}
+
+// ================================================================ session / transaction
+
+Result<std::unique_ptr<Transaction>> ShardedSession::Begin() {
+  // Installs of earlier commits: their failures surface here.
+  FARPOOL_RETURN_IF_ERROR(client_->CollectLazy().WithContext("installing an earlier commit"));
+  FARPOOL_ASSIGN_OR_RETURN(Reply r, client_->Call(0, Opcode::kBeginRequest, BeginRequest{0},
+                                                  Opcode::kBeginReply));
+  return std::unique_ptr<Transaction>(
+      std::make_unique<ShardedTxn>(*this, r.message.As<BeginReply>().read_ts));
+}
+
+Status ShardedTxn::WaitForLock(size_t p, const ReadItem& busy, int attempt,
+                               Clock::time_point since) {
+  if (busy.expired) return s_.db_.ResolveHolder(*s_.client_, p, busy.holder);
+  if (Clock::now() - since > 2 * s_.db_.options().lease) {
+    return Conflict("key " + std::to_string(busy.key) + " stays locked by transaction " +
+                    std::to_string(busy.holder));
+  }
+  if (attempt < 16) {
+    std::this_thread::yield();
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(std::min(attempt, 200)));
+  }
+  return Status::Ok();
+}
+
+Result<std::optional<std::string>> ShardedTxn::ReadCommitted(const Table& t, int64_t key) {
+  const size_t p = s_.db_.PartitionOf(key);
+  const auto since = Clock::now();
+  for (int attempt = 0;; ++attempt) {
+    FARPOOL_ASSIGN_OR_RETURN(
+        Reply r, s_.client_->Call(p, Opcode::kReadRequest, ReadRequest{t.id(), 1, read_ts_},
+                                  Opcode::kReadReply,
+                                  std::span(reinterpret_cast<const std::byte*>(&key), 8)));
+    FARPOOL_ASSIGN_OR_RETURN(std::vector<ReadValue> items, ParseReadItems(r.message));
+    if (items.size() != 1 || items[0].item.key != key) {
+      return Status::Protocol(s_.client_->name(p) + ": read reply does not answer key " +
+                              std::to_string(key));
+    }
+    switch (static_cast<ReadState>(items[0].item.state)) {
+      case ReadState::kFound: return std::optional<std::string>(std::string(items[0].value));
+      case ReadState::kNotFound: return std::optional<std::string>();
+      case ReadState::kBusy: break;
+    }
+    FARPOOL_RETURN_IF_ERROR(WaitForLock(p, items[0].item, attempt, since));
+  }
+}
+
+Status ShardedTxn::Get(const Table& table, int64_t key, Row* row) {
+  if (finished_) return Status::InvalidArgument("transaction already finished");
+  auto w = writes_.find({table.id(), key});
+  if (w != writes_.end()) {
+    if (w->second.deleted) return Status::NotFound("key " + std::to_string(key) + " deleted");
+    return DecodeRow(table, w->second.value, row);
+  }
+  FARPOOL_ASSIGN_OR_RETURN(std::optional<std::string> v, ReadCommitted(table, key));
+  if (!v) return Status::NotFound("no row with key " + std::to_string(key) + " in '" + table.name() + "'");
+  return DecodeRow(table, *v, row);
+}
+
+Status ShardedTxn::Put(const Table& table, int64_t key, const Row& row) {
+  if (finished_) return Status::InvalidArgument("transaction already finished");
+  if (row.schema() == nullptr || row.payload().size() != table.schema().PayloadSize()) {
+    return Status::InvalidArgument("row does not match the schema of '" + table.name() + "'");
+  }
+  std::string value = EncodeRow(row);
+  if (value.size() > kMaxValue) {
+    return Status::InvalidArgument("row of " + std::to_string(value.size()) +
+                                   " bytes exceeds the limit of " + std::to_string(kMaxValue));
+  }
+  writes_[{table.id(), key}] = WriteEntry{&table, false, std::move(value)};
+  return Status::Ok();
+}
+
+Status ShardedTxn::Delete(const Table& table, int64_t key) {
+  if (finished_) return Status::InvalidArgument("transaction already finished");
+  auto w = writes_.find({table.id(), key});
+  if (w != writes_.end()) {
+    if (w->second.deleted) return Status::NotFound("key " + std::to_string(key) + " deleted");
+  } else {
+    FARPOOL_ASSIGN_OR_RETURN(std::optional<std::string> v, ReadCommitted(table, key));
+    if (!v) return Status::NotFound("no row with key " + std::to_string(key));
+  }
+  writes_[{table.id(), key}] = WriteEntry{&table, true, {}};
+  return Status::Ok();
+}
+
+Status ShardedTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bool reverse,
+                        const std::function<bool(int64_t, const Row&)>& visit) {
+  if (finished_) return Status::InvalidArgument("transaction already finished");
+  if (!table.ordered()) {
+    return Status::InvalidArgument("table '" + table.name() + "' is not ordered (no scans)");
+  }
+  Client& c = *s_.client_;
+  const auto since = Clock::now();
+  ScanRequest req{};
+  req.table = table.id();
+  req.limit = static_cast<uint32_t>(std::min<size_t>(limit, UINT32_MAX));
+  req.read_ts = read_ts_;
+  req.lo = lo;
+  req.hi = hi;
+  req.reverse = reverse;
+  for (int attempt = 0;; ++attempt) {
+    std::vector<uint64_t> ids;
+    for (size_t p = 0; p < c.size(); ++p) {
+      FARPOOL_ASSIGN_OR_RETURN(uint64_t id, c.Post(p, Opcode::kScanRequest, req));
+      ids.push_back(id);
+    }
+    std::vector<Reply> replies;
+    Status failed;
+    for (uint64_t id : ids) {
+      auto r = c.Wait(id, Opcode::kScanReply);
+      if (!r.ok()) {
+        if (failed.ok()) failed = r.status();
+        continue;
+      }
+      replies.push_back(std::move(*r));
+    }
+    FARPOOL_RETURN_IF_ERROR(failed);
+    std::vector<std::pair<int64_t, std::string_view>> rows;
+    std::optional<std::pair<size_t, ReadItem>> busy;
+    for (size_t p = 0; p < replies.size(); ++p) {
+      FARPOOL_ASSIGN_OR_RETURN(std::vector<ReadValue> items, ParseReadItems(replies[p].message));
+      for (const ReadValue& v : items) {
+        if (v.item.state == uint8_t(ReadState::kBusy)) busy = {p, v.item};
+        else if (v.item.state == uint8_t(ReadState::kFound)) rows.push_back({v.item.key, v.value});
+      }
+    }
+    if (busy) {
+      FARPOOL_RETURN_IF_ERROR(WaitForLock(busy->first, busy->second, attempt, since));
+      continue;
+    }
+    std::sort(rows.begin(), rows.end(), [&](const auto& a, const auto& b) {
+      return reverse ? a.first > b.first : a.first < b.first;
+    });
+    if (limit != 0 && rows.size() > limit) rows.resize(limit);
+    Row row;
+    for (const auto& [key, value] : rows) {
+      FARPOOL_RETURN_IF_ERROR(DecodeRow(table, value, &row));
+      if (!visit(key, row)) break;
+    }
+    return Status::Ok();
+  }
+}
+
+Status ShardedTxn::Commit() {
+  if (finished_) return Status::InvalidArgument("transaction already finished");
+  finished_ = true;
+  Client& c = *s_.client_;
+  if (writes_.empty()) {
+    ++s_.counters_.commits;
+    return Status::Ok();
+  }
+  const uint64_t txn = s_.NextTxnId();
+  const size_t n = c.size();
+  std::vector<TailWriter> tails(n);
+  std::vector<uint32_t> counts(n, 0);
+  for (const auto& [key, w] : writes_) {
+    const size_t p = s_.db_.PartitionOf(key.second);
+    WriteItem item{};
+    item.table = key.first;
+    item.op = uint8_t(w.deleted ? WriteOp::kDelete : WriteOp::kPut);
+    item.key = key.second;
+    item.value_size = static_cast<uint32_t>(w.value.size());
+    tails[p].Put(item);
+    tails[p].PutBytes(w.value);
+    ++counts[p];
+  }
+  std::vector<size_t> participants;
+  for (size_t p = 0; p < n; ++p) {
+    if (counts[p] > 0) participants.push_back(p);
+  }
+  const uint32_t lease_ms = static_cast<uint32_t>(s_.db_.options().lease.count());
+  const bool one_phase = participants.size() == 1 && participants[0] == 0;
+
+  // Phase 1: prepare on every participant, all posted before waiting.
+  std::vector<std::pair<size_t, uint64_t>> ids;
+  for (size_t p : participants) {
+    PrepareRequest req{txn, read_ts_, counts[p], lease_ms, one_phase ? kPrepareOnePhase : 0, 0};
+    FARPOOL_ASSIGN_OR_RETURN(uint64_t id, c.Post(p, Opcode::kPrepareRequest, req, tails[p].bytes()));
+    ids.push_back({p, id});
+  }
+  Status failed;
+  std::vector<size_t> prepared;
+  std::optional<std::pair<size_t, PrepareReply>> conflict;
+  for (const auto& [p, id] : ids) {
+    auto r = c.Wait(id, Opcode::kPrepareReply);
+    if (!r.ok()) {
+      if (failed.ok()) failed = r.status();
+      continue;
+    }
+    auto reply = r->message.As<PrepareReply>();
+    if (reply.conflict) {
+      if (!conflict || reply.expired) conflict = {p, reply};
+    } else {
+      prepared.push_back(p);
+    }
+  }
+  if (one_phase && failed.ok() && !conflict) {
+    ++s_.counters_.commits;
+    return Status::Ok();
+  }
+  auto release = [&](const std::vector<size_t>& parts) {
+    for (size_t p : parts) {
+      auto id = c.Post(p, Opcode::kCommitRequest, CommitRequest{txn, 0});
+      if (id.ok()) c.MarkLazy(*id);
+    }
+  };
+  if (!failed.ok() || conflict) {
+    release(prepared);
+    if (!failed.ok()) {
+      if (failed.code() == StatusCode::kAborted) ++s_.counters_.aborts;
+      return failed;
+    }
+    if (conflict->second.expired) {
+      FARPOOL_RETURN_IF_ERROR(s_.db_.ResolveHolder(c, conflict->first, conflict->second.holder));
+    }
+    return Conflict(conflict->second.holder != 0
+                        ? "write conflict: a key is locked by transaction " +
+                              std::to_string(conflict->second.holder)
+                        : std::string("write conflict: a key has a version newer than the snapshot "
+                                      "(first committer wins)"));
+  }
+  Hook("locked");
+
+  // Decision (and partition 0's install) at the timestamp service.
+  const bool zero_participates = participants[0] == 0;
+  auto decided = c.Call(0, Opcode::kDecideRequest, DecideRequest{txn, zero_participates ? 1u : 0u, 0},
+                        Opcode::kDecideReply);
+  if (!decided.ok()) {
+    // Aborted: a resolver found our locks expired and aborted us first. Any other failure
+    // leaves the outcome to the resolvers (I3): report it without touching the locks.
+    if (decided.status().code() == StatusCode::kAborted) {
+      release(participants);
+      ++s_.counters_.aborts;
+    }
+    return decided.status();
+  }
+  const uint64_t ts = decided->message.As<DecideReply>().commit_ts;
+  Hook("decided");
+  for (size_t p : participants) {
+    if (p == 0) continue;
+    FARPOOL_ASSIGN_OR_RETURN(uint64_t id, c.Post(p, Opcode::kCommitRequest, CommitRequest{txn, ts}));
+    c.MarkLazy(id);
+  }
+  ++s_.counters_.commits;
+  return Status::Ok();
+}
+
+}  // namespace
+
+size_t ShardedPartitionOf(int64_t key, size_t partitions) { return MixKey(key) % partitions; }
 
 Result<std::unique_ptr<Database>> OpenShardedDatabase(const DatabaseOptions& options) {
-  return Status::InvalidArgument(
-      "sharded engine: not implemented yet (see docs/database.md, \"Status\")");
+  auto db = std::make_unique<ShardedDatabase>(options);
+  FARPOOL_RETURN_IF_ERROR(db->Init().WithContext("sharded engine"));
+  return std::unique_ptr<Database>(std::move(db));
 }
 
 }  // namespace farpool::db

@@ -299,6 +299,11 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
   if (o.engine == Engine::kLocal && o.clients > 1) {
     return Status::InvalidArgument("the local engine is one process's RAM: use --clients 1 (and --threads)");
   }
+  if (o.engine == Engine::kSharded && o.clients > 1 && o.cluster_file.empty()) {
+    return Status::InvalidArgument(
+        "sharded without --cluster runs its partitions inside this process: use --clients 1, or "
+        "start `farpool shard-cluster up` and pass its cluster.json");
+  }
   DatabaseOptions dopts;
   dopts.engine = o.engine;
   dopts.cluster_file = o.cluster_file;
@@ -387,7 +392,7 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
   r["bench"] = "txn";
   r["engine"] = std::string(EngineName(o.engine));
   r["workload"] = o.workload;
-  r["timestamps"] = o.timestamps == TimestampMode::kVector ? "vector" : "counter";
+  r["timestamps"] = db->timestamp_mode() == TimestampMode::kVector ? "vector" : "counter";
   r["clients"] = o.clients;
   r["threads"] = o.threads;
   r["seconds"] = o.seconds;

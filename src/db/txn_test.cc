@@ -345,7 +345,8 @@ INSTANTIATE_TEST_SUITE_P(Engines, TxnTest,
                          testing::Values(Param{"local", TimestampMode::kVector},
                                          Param{"local", TimestampMode::kCounter},
                                          Param{"pool", TimestampMode::kVector},
-                                         Param{"pool", TimestampMode::kCounter}),
+                                         Param{"pool", TimestampMode::kCounter},
+                                         Param{"sharded", TimestampMode::kCounter}),
                          ParamName);
 
 }  // namespace

@@ -107,8 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=_positive_int, nargs="+", required=True)
     p.add_argument("--design", choices=["pool", "sharded", "both"], default="both")
     p.add_argument("--workload", choices=["tpcb", "bank", "both"], default="tpcb")
-    p.add_argument("--timestamp", choices=["vector", "counter"], default="vector",
-                   help="RSI read-timestamp source of the pool (default vector)")
+    p.add_argument("--timestamp", choices=["vector", "counter", "free"], default="vector",
+                   help="the pool's RSI timestamp source (default vector; the sharded design "
+                        "uses its oracle); 'free' idealises it away in both designs")
     p.add_argument("--threads", type=_positive_int, default=8, help="client threads per node")
     p.add_argument("--link-gbit", type=_positive_float, default=200.0)
     p.add_argument("--switch-ns", type=float, default=200.0)
@@ -116,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rpc-cpu-ns", type=_positive_float, default=1000.0)
     p.add_argument("--scale", type=_positive_int, default=None,
                    help="TPC-B branches (default: one per client thread)")
-    _common(p, "committed transactions per run (default max(20000, 4 x clients))",
+    _common(p, "committed transactions per run (default max(20000, 8 x clients))",
             "simulated seconds per run")
     return ap
 
@@ -255,8 +256,8 @@ def cmd_predict(args) -> int:
     for r in rows:
         lines.append(f"{r['nodes']:5d} nodes {r['workload']:4s} {r['design']:7s}: "
                      f"{r['tps']:>14,.0f} tps, aborts {r['abort_rate']:.0%}, "
-                     f"latency {r['mean_latency_us']:.1f} us; saturates on "
-                     f"{r['saturates_on']} (busiest: {r['busiest']}); {r['wall_s']:.0f} s")
+                     f"latency {r['mean_latency_us']:.1f} us; limited by {r['limited_by']}; "
+                     f"first bound: {r['saturates_on']}; {r['wall_s']:.0f} s")
     _emit(out, args.json, lines)
     return 0
 

@@ -381,6 +381,9 @@ class Fabric:
         self._occ = [[0] * v for _ in range(nl)]
         self._dim = [dim for _, _, dim in topology.links]
         self._bubble = params.policy == "credit" and topology.wraps
+        if self._bubble and params.buffer_pkts < 2:
+            raise ValueError(f"{topology.describe()}: bubble flow control on rings and tori "
+                             f"needs buffers of at least 2 packets, got {params.buffer_pkts}")
         # Service order per link: (queues, credits needed). Under bubble flow control a
         # packet entering a ring waits in its own queue for two free slots, so it never
         # blocks the packets already circulating, which need one.

@@ -172,7 +172,8 @@ class FifoServer:
     """FCFS station with ``servers`` identical servers; :meth:`delay` books one job.
 
     ``delay(service_ns)`` returns the job's time in the station (wait + service) for a job
-    arriving now. ``busy_ns`` accumulates service time; ``jobs`` counts jobs.
+    arriving now. ``busy_ns`` accumulates booked service time (some of it may still lie
+    ahead; :meth:`done_ns` is what has been served by now); ``jobs`` counts jobs.
     """
 
     def __init__(self, env: simpy.Environment, servers: int = 1, name: str = "") -> None:
@@ -197,7 +198,17 @@ class FifoServer:
         self.wait_ns += start - now
         return end - now
 
+    def done_ns(self) -> float:
+        """Service actually performed by now (booked service minus the backlog still ahead).
+
+        Every booking was made for a job that had arrived, so each server is busy without a
+        gap from now until its free instant; the backlog is exactly the time left to those.
+        """
+        now = self.env.now
+        return self.busy_ns - sum(f - now for f in self._free if f > now)
+
     def utilisation(self, elapsed_ns: float) -> float:
+        """Share of ``elapsed_ns`` (ending now, starting at 0) the servers spent serving."""
         if elapsed_ns <= 0:
             raise ValueError(f"elapsed time must be positive, got {elapsed_ns} ns")
-        return self.busy_ns / (elapsed_ns * self.servers)
+        return self.done_ns() / (elapsed_ns * self.servers)

@@ -32,10 +32,17 @@ within a leaf, three across the spines). Messages are not cut into MTU-sized pac
 keeps a 4096-node run (32768 client threads) to minutes; ``fabric.py`` is the packet-level
 model for the small configurations.
 
+Timestamps: the pool reads a timestamp vector (8 bytes per client thread, on node 0) or,
+as a variant, a global counter (a read and a same-address fetch-and-add on node 0); the
+sharded design asks an oracle on node 0 (two RPCs). ``free`` replaces either by a source that
+costs nothing, to show what saturates next.
+
 Saturation analysis: each run reports, per resource class, the busiest instance's
 utilisation in the measurement window and the analytic throughput bound (capacity divided by
 the demand one committed transaction puts on that instance), plus the abort rate (lock
-contention). The bottleneck is the resource with the lowest bound.
+contention). ``saturates_on`` is the class with the lowest bound (the first to saturate as
+load grows); ``limited_by`` says what holds this run: a class above 85 % busy, lock
+contention (30 % or more of the attempts abort), or latency.
 """
 
 from __future__ import annotations
@@ -159,14 +166,15 @@ def analytic_bounds(p: ClusterParams, design: str, wl: Workload, timestamp: str)
         out["nic"] = 1e9 / (nic / n + 2 * op_ns)
         if timestamp == "vector":
             out["timestamp_source"] = bw / (TS_SLOT_BYTES * n * p.threads + h) * 1e9
-        else:
+        elif timestamp == "counter":
             out["timestamp_source"] = p.hot_atomic_mops * 1e6
     else:
         msgs = 3 * n_rec  # one statement RPC, one prepare, one commit per record's partition
         net = (msgs * 2 * (MSG_BYTES + h) + n_rec * rec) * remote
         out["links"] = n * bw / net * 1e9
         out["cpu"] = n * p.cpu_cores / (msgs * p.rpc_cpu_ns) * 1e9
-        out["timestamp_source"] = p.cpu_cores / (2 * p.rpc_cpu_ns) * 1e9
+        if timestamp != "free":
+            out["timestamp_source"] = p.cpu_cores / (2 * p.rpc_cpu_ns) * 1e9
     return out
 
 
@@ -187,6 +195,7 @@ class Prediction:
     bounds_tps: dict
     saturates_on: str
     busiest: str
+    limited_by: str
     unloaded_read_us: float
     sim_ms: float
     wall_s: float
@@ -195,18 +204,39 @@ class Prediction:
         return asdict(self)
 
 
+SATURATED = 0.85
+
+
+def limited_by(util: dict[str, float], abort_rate: float) -> str:
+    """What holds a run's throughput: a resource above 85 % busy, aborts, or latency."""
+    busiest = max(util, key=util.get)
+    if util[busiest] >= SATURATED:
+        return f"{busiest} ({util[busiest]:.0%} busy)"
+    if abort_rate >= 0.3:
+        return f"lock contention ({abort_rate:.0%} of attempts abort)"
+    return "latency (no resource above 85% busy; throughput = clients / latency)"
+
+
 def run_prediction(p: ClusterParams, design: str, workload: str, *, timestamp: str = "vector",
                    seed: int = 1, commits: int | None = None, sim_seconds: float | None = None,
                    scale: int | None = None, accounts: int | None = None) -> Prediction:
     """Simulate ``workload`` on the ``design`` with ``p.nodes * p.threads`` client threads.
 
-    The window is the commits from 25 % to 100 % of ``commits`` (default: four per client,
-    at least 20000), or, with ``sim_seconds``, the last 75 % of that simulated time.
+    The window is the commits from 25 % to 100 % of ``commits`` (default: eight per client,
+    at least 20000, so that two per client are warm-up: a saturated closed system needs a
+    full round of every client before its queues are in steady state), or, with
+    ``sim_seconds``, the last 75 % of that simulated time.
     ``scale`` (TPC-B branches) defaults to one per client thread, pgbench's guidance;
     ``accounts`` (bank) to 100000 per node.
     """
     if design not in ("pool", "sharded"):
         raise ValueError(f"unknown design {design!r}; choose pool or sharded")
+    allowed = ("vector", "counter", "free") if design == "pool" else ("oracle", "free")
+    if design == "sharded" and timestamp in ("vector", "counter"):
+        timestamp = "oracle"  # the RSI sources do not apply; 2PC uses its oracle
+    if timestamp not in allowed:
+        raise ValueError(f"timestamp source {timestamp!r} does not apply to {design}; "
+                         f"use one of {', '.join(allowed)}")
     clients = p.nodes * p.threads
     wl = Workload(workload, p.nodes, scale=scale or clients,
                   accounts=accounts or 100_000 * p.nodes)
@@ -219,12 +249,12 @@ def run_prediction(p: ClusterParams, design: str, workload: str, *, timestamp: s
 
     def on_open() -> None:
         for g, srvs in groups.items():
-            snap[g] = [s.busy_ns for s in srvs]
+            snap[g] = [s.done_ns() for s in srvs]
 
     def on_close() -> None:
         span = stats.span
         for g, srvs in groups.items():
-            util[g] = max((s.busy_ns - b) / (span * s.servers) for s, b in zip(srvs, snap[g]))
+            util[g] = max((s.done_ns() - b) / (span * s.servers) for s, b in zip(srvs, snap[g]))
 
     if sim_seconds is not None:
         if sim_seconds <= 0:
@@ -233,7 +263,7 @@ def run_prediction(p: ClusterParams, design: str, workload: str, *, timestamp: s
         stats = TxnStats(env, by="time", t_open=0.25 * t_end, t_close=t_end,
                          on_open=on_open, on_close=on_close)
     else:
-        target = commits if commits is not None else max(20_000, 4 * clients)
+        target = commits if commits is not None else max(20_000, 8 * clients)
         if target < 4:
             raise ValueError(f"need at least 4 commits to measure, got {target}")
         stats = TxnStats(env, warm=target // 4, target=target, on_open=on_open,
@@ -252,10 +282,12 @@ def run_prediction(p: ClusterParams, design: str, workload: str, *, timestamp: s
                 and not (k == "hot_atomic" and timestamp != "counter")}
     return Prediction(
         nodes=p.nodes, design=design, workload=workload,
-        timestamp=timestamp if design == "pool" else "oracle", clients=clients,
+        timestamp=timestamp, clients=clients,
         scale=wl.scale if workload == "tpcb" else wl.accounts, tps=s["tps"],
         abort_rate=s["abort_rate"], mean_latency_us=s["mean_latency_us"],
         p99_latency_us=s["p99_latency_us"], committed=s["committed"], utilisation=relevant,
         bounds_tps=bounds, saturates_on=min(bounds, key=bounds.get),
-        busiest=max(relevant, key=relevant.get), unloaded_read_us=p.unloaded_read_ns() / 1e3,
+        busiest=max(relevant, key=relevant.get),
+        limited_by=limited_by(relevant, s["abort_rate"]),
+        unloaded_read_us=p.unloaded_read_ns() / 1e3,
         sim_ms=env.now / 1e6, wall_s=wall)

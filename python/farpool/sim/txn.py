@@ -14,8 +14,9 @@ What it models
   newer than the transaction's snapshot was committed (first committer wins); the
   transaction then releases what it locked, backs off and retries with the same records.
 * **RSI** (DESIGN.md "db"; NAM-DB's protocol): read timestamp from the timestamp vector (one
-  read of 8 bytes per compute thread) or, as a variant, a global counter (a read, and a
-  fetch-and-add at commit); per record one index-bucket read and one record read; commit:
+  read of 8 bytes per compute thread) or, as a variant, a global counter (a read at begin, and
+  a fetch-and-add for the commit timestamp before locking, as in the RSI paper's
+  pseudo-code); per record one index-bucket read and one record read; commit:
   CAS per written record in one batch, then the new versions in one batch, then the unlocks
   carrying the commit timestamp; each insert one fetch-and-add on the node's own history
   tail and one write; last, the commit timestamp written into the thread's vector slot.
@@ -24,6 +25,9 @@ What it models
   RPC to the partition owning the record (a local call when it is the coordinator's own
   partition); prepare (validate and lock) to every written partition in one batch, then
   commit (install and unlock) or abort. Every message costs CPU at the node that receives it.
+
+``timestamp="free"`` replaces the timestamp source of either design by one that costs nothing
+(an idealised, perfectly scalable source) to show what saturates once it is gone.
 
 Workloads: ``bank`` (transfer between two distinct accounts drawn uniformly) and ``tpcb``
 (pgbench: account, teller and branch drawn independently and uniformly, plus a history
@@ -244,6 +248,11 @@ class TxnStats:
                 "window_ns": self.span}
 
 
+# Where read and commit timestamps come from. RSI: "vector" or "counter"; 2PC: "oracle".
+# "free" (either design) costs nothing -- an idealised source that shows what saturates next.
+TIMESTAMPS = ("vector", "counter", "oracle", "free")
+
+
 @dataclass
 class Context:
     """Everything the client processes share."""
@@ -254,14 +263,14 @@ class Context:
     table: RecordTable
     stats: TxnStats
     clients: int
-    timestamp: str = "vector"   # RSI only: "vector" or "counter"
+    timestamp: str = "vector"   # see TIMESTAMPS
     ts_node: int = 0
     backoff_ns: float = 1000.0
 
     def __post_init__(self) -> None:
-        if self.timestamp not in ("vector", "counter"):
+        if self.timestamp not in TIMESTAMPS:
             raise ValueError(f"unknown timestamp source {self.timestamp!r}; "
-                             "use vector or counter")
+                             f"use one of {', '.join(TIMESTAMPS)}")
 
 
 def _backoff(ctx: Context, s: Stream, attempt: int) -> float:
@@ -282,13 +291,12 @@ def rsi_client(ctx: Context, cid: int, node: int, s: Stream) -> Iterator:
             def take_snapshot(t: float) -> None:
                 snap[0] = t
 
-            if ctx.timestamp == "vector":
-                begin = cm.one_sided("read", node, ctx.ts_node, 0, vector_bytes,
-                                     take_snapshot)
+            if ctx.timestamp == "free":
+                take_snapshot(env.now)
             else:
-                begin = cm.one_sided("read", node, ctx.ts_node, 0, TS_SLOT_BYTES,
-                                     take_snapshot)
-            yield from execute(env, [begin])
+                size = vector_bytes if ctx.timestamp == "vector" else TS_SLOT_BYTES
+                yield from execute(env, [cm.one_sided("read", node, ctx.ts_node, 0, size,
+                                                      take_snapshot)])
             for key, _ in recs:
                 home = wl.home(key)
                 yield from execute(env, [cm.one_sided("read", node, home, 0, BUCKET_BYTES)])
@@ -296,6 +304,8 @@ def rsi_client(ctx: Context, cid: int, node: int, s: Stream) -> Iterator:
                                                       RECORD_BYTES[key[0]])])
             got: dict[tuple, bool] = {}
             written = [k for k, w in recs if w]
+            if ctx.timestamp == "counter":  # commit timestamp before locking, as in RSI
+                yield from execute(env, [cm.one_sided("faa", node, ctx.ts_node, 8, 8, hot=True)])
 
             def cas(k: tuple) -> Callable[[float], None]:
                 return lambda t: got.__setitem__(k, tab.try_lock(k, cid, snap[0]))
@@ -313,8 +323,6 @@ def rsi_client(ctx: Context, cid: int, node: int, s: Stream) -> Iterator:
                 attempt += 1
                 yield env.timeout(_backoff(ctx, s, attempt))
                 continue
-            if ctx.timestamp == "counter":
-                yield from execute(env, [cm.one_sided("faa", node, ctx.ts_node, 8, 8, hot=True)])
             yield from execute(env, [cm.one_sided("write", node, wl.home(k),
                                                   RECORD_BYTES[k[0]], 0) for k in written])
             yield from execute(env, [
@@ -345,12 +353,17 @@ def twopc_client(ctx: Context, cid: int, node: int, s: Stream) -> Iterator:
             def take_snapshot(t: float) -> None:
                 snap[0] = t
 
-            yield from execute(env, [cm.rpc(node, ctx.ts_node, MSG_BYTES, MSG_BYTES,
-                                            take_snapshot)])
+            oracle = ctx.timestamp != "free"
+            if oracle:
+                yield from execute(env, [cm.rpc(node, ctx.ts_node, MSG_BYTES, MSG_BYTES,
+                                                take_snapshot)])
+            else:
+                take_snapshot(env.now)
             for key, _ in recs:
                 yield from execute(env, [cm.rpc(node, wl.home(key), MSG_BYTES,
                                                 MSG_BYTES + RECORD_BYTES[key[0]])])
-            yield from execute(env, [cm.rpc(node, ctx.ts_node, MSG_BYTES, MSG_BYTES)])
+            if oracle:
+                yield from execute(env, [cm.rpc(node, ctx.ts_node, MSG_BYTES, MSG_BYTES)])
             parts: dict[int, list[tuple]] = {}
             for k, w in recs:
                 if w:

@@ -141,3 +141,10 @@ def test_same_seed_same_run_different_seed_different_run():
 
     assert fingerprint(7) == fingerprint(7)
     assert fingerprint(7) != fingerprint(8)
+
+
+def test_credit_ring_needs_room_for_a_bubble():
+    env = simpy.Environment()
+    with pytest.raises(ValueError, match="at least 2 packets"):
+        Fabric(env, Ring(4), LinkParams(bandwidth=1.0, buffer_pkts=1, policy="credit"))
+    Fabric(env, Mesh((4, 4)), LinkParams(bandwidth=1.0, buffer_pkts=1, policy="credit"))

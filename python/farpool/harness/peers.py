@@ -1,0 +1,350 @@
+"""Systems the seed experiments compare farpool with, started and stopped by the harness.
+
+  farpool      `farpool bench social|txn` on the local engine (in-process RAM), the pool
+               engine on a local cluster (`farpool cluster up`: shm, or tcp with --netns), and
+               the sharded engine when the build has it.
+  PostgreSQL   15 from Debian, started here as the `postgres` user on a private port with its
+               data directory on tmpfs (/dev/shm) and fsync/synchronous_commit/full_page_writes
+               off (data in RAM), or with the defaults (`durable=True`, data dir on disk).
+               Queries are run by `pgbench` with one custom script per query (prepared
+               statements, `-l` per-transaction log for p50/p99): PostgreSQL's own C client, so
+               the client costs no more than farpool's in-process driver does.
+  SQLite       the `sqlite3` module on a database file on disk (page cache warm), one flow.
+
+All of them load the same data: the CSV files of `farpool bench social --export DIR`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import shutil
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+def farpool_bin() -> Path:
+    """The farpool binary: $FARPOOL_BIN, else build/farpool."""
+    return Path(os.environ.get("FARPOOL_BIN", ROOT / "build" / "farpool"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def context() -> dict:
+    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                         text=True).stdout.strip()
+    return {"git_sha": sha or "unknown", "host": platform.node(), "cores": os.cpu_count(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def run_json(cmd: list[str], timeout: float = 3600, stream_stderr: bool = False) -> dict:
+    """Runs a command that prints one JSON object last; its stderr (progress) passes through
+    when stream_stderr."""
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None if stream_stderr else subprocess.PIPE,
+                         text=True, timeout=timeout)
+    if out.returncode != 0:
+        err = (out.stderr or "").strip()
+        raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}): {err[-500:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------ farpool
+
+class Cluster:
+    """A local farpool cluster (`farpool cluster up`) for one benchmark run."""
+
+    def __init__(self, servers: int = 2, memory: str = "1GiB", transport: str = "shm",
+                 netns: bool = False, progress: str | None = None):
+        self.dir = tempfile.mkdtemp(prefix=f"farpool-{transport}-")
+        self.args = ["--servers", str(servers), "--memory", memory, "--transport", transport,
+                     "--progress", progress or ("event" if transport == "shm" else "busy")]
+        if netns:
+            self.args.append("--netns")
+
+    def __enter__(self) -> str:
+        out = subprocess.run([str(farpool_bin()), "cluster", "up", "--dir", self.dir, *self.args],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise RuntimeError(f"cluster up {' '.join(self.args)}: {out.stderr.strip()}")
+        return os.path.join(self.dir, "cluster.json")
+
+    def __exit__(self, *exc):
+        subprocess.run([str(farpool_bin()), "cluster", "down", "--dir", self.dir],
+                       capture_output=True, text=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def farpool_social(engine: str, scale: float, cluster: str | None = None, query: str = "all",
+                   flows: int = 1, seconds: float = 1.0, verify: bool = True,
+                   extra: list[str] | None = None) -> dict:
+    cmd = [str(farpool_bin()), "bench", "social", "--engine", engine, "--scale", str(scale),
+           "--query", query, "--flows", str(flows), "--seconds", str(seconds), "--json"]
+    if cluster:
+        cmd += ["--cluster", cluster]
+    if verify:
+        cmd.append("--verify")
+    return run_json(cmd + (extra or []), stream_stderr=True)
+
+
+def sharded_available() -> str | None:
+    """None if `--engine sharded` works in this build, else the reason it does not."""
+    try:
+        run_json([str(farpool_bin()), "bench", "txn", "--engine", "sharded", "--workload", "bank",
+                  "--accounts", "100", "--seconds", "0.1", "--warmup", "0", "--json"], timeout=60)
+        return None
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        return str(e).split(": ", 2)[-1][:200]
+
+
+# ------------------------------------------------------------------ the SQL schema
+
+SQL_SCHEMA = """
+CREATE TABLE sn_users (uid bigint PRIMARY KEY, name varchar(32) NOT NULL);
+CREATE TABLE sn_groups (gid bigint PRIMARY KEY, name varchar(32) NOT NULL);
+CREATE TABLE sn_friends (uid bigint NOT NULL, fid bigint NOT NULL, since bigint, PRIMARY KEY (uid, fid));
+CREATE TABLE sn_members (uid bigint NOT NULL, gid bigint NOT NULL, joined bigint, PRIMARY KEY (uid, gid));
+CREATE TABLE sn_messages (mid bigint PRIMARY KEY, sender bigint NOT NULL, to_user bigint,
+                          to_group bigint, time bigint NOT NULL, is_read int NOT NULL,
+                          text varchar(200) NOT NULL);
+"""
+SQL_INDEXES = """
+CREATE INDEX sn_by_sender ON sn_messages (sender, mid);
+CREATE INDEX sn_inbox ON sn_messages (to_user, mid);
+CREATE INDEX sn_group_inbox ON sn_messages (to_group, mid);
+"""
+TABLES = [("sn_users", "users.csv"), ("sn_groups", "groups.csv"), ("sn_friends", "friends.csv"),
+          ("sn_members", "members.csv"), ("sn_messages", "messages.csv")]
+
+# The six queries; :p is a uid (a mid for q5). Same indexes as farpool's index tables.
+QUERIES = {
+    "q1": "SELECT u.name FROM sn_friends f JOIN sn_users u ON u.uid = f.fid WHERE f.uid = :p",
+    "q2": "SELECT count(*) FROM sn_messages WHERE to_user = :p AND is_read = 0",
+    "q3": ("SELECT count(*) FROM sn_members s JOIN sn_messages m ON m.to_group = s.gid "
+           "WHERE s.uid = :p AND m.is_read = 0"),
+    "q4": "SELECT mid, time, text FROM sn_messages WHERE sender = :p ORDER BY mid DESC LIMIT 100",
+    "q5": "SELECT text FROM sn_messages WHERE mid = :p",
+    "q6": "SELECT g.name FROM sn_members s JOIN sn_groups g ON g.gid = s.gid WHERE s.uid = :p",
+}
+COUNT_QUERIES = {"q2", "q3"}
+
+
+def read_meta(export_dir: Path) -> dict:
+    with open(export_dir / "meta.csv") as f:
+        return {k: int(v) for k, v in next(csv.DictReader(f)).items()}
+
+
+def read_expect(export_dir: Path, limit: int = 20) -> list[tuple[str, int, int]]:
+    with open(export_dir / "expect.csv") as f:
+        rows = [(r["query"], int(r["param"]), int(r["rows"])) for r in csv.DictReader(f)]
+    return rows[: limit * 6]
+
+
+def percentiles(lat_us: list[float]) -> dict:
+    lat = sorted(lat_us)
+    if not lat:
+        return {"count": 0, "p50_us": 0.0, "p99_us": 0.0, "mean_us": 0.0}
+    pick = lambda q: lat[min(len(lat) - 1, int(q * (len(lat) - 1)))]
+    return {"count": len(lat), "p50_us": pick(0.5), "p99_us": pick(0.99),
+            "mean_us": statistics.fmean(lat)}
+
+
+# ------------------------------------------------------------------ PostgreSQL
+
+class Postgres:
+    """A private PostgreSQL 15 server. in_ram: data dir on /dev/shm, fsync and synchronous
+    commit off; else the defaults with the data dir on disk."""
+
+    def __init__(self, in_ram: bool = True, shared_buffers: str = "512MB"):
+        self.in_ram = in_ram
+        base = "/dev/shm" if in_ram else "/var/tmp"
+        self.dir = tempfile.mkdtemp(prefix="farpool-pg-", dir=base)
+        self.data = os.path.join(self.dir, "data")
+        self.port = free_port()
+        self.shared_buffers = shared_buffers
+
+    def _as_postgres(self, cmd: list[str], **kw) -> subprocess.CompletedProcess:
+        if os.geteuid() == 0:
+            cmd = ["runuser", "-u", "postgres", "--"] + cmd
+        return subprocess.run(cmd, capture_output=True, text=True, **kw)
+
+    def __enter__(self) -> "Postgres":
+        if not (PG_BIN / "initdb").exists():
+            raise RuntimeError(f"PostgreSQL not found in {PG_BIN}: run `make setup`")
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres", "postgres")
+        out = self._as_postgres([str(PG_BIN / "initdb"), "-D", self.data, "-A", "trust", "-U",
+                                 "postgres", "--no-sync"])
+        if out.returncode != 0:
+            raise RuntimeError(f"initdb failed: {out.stderr.strip()[-400:]}")
+        opts = [f"-p {self.port}", f"-k {self.dir}", "-c listen_addresses=''",
+                f"-c shared_buffers={self.shared_buffers}", "-c max_connections=200"]
+        if self.in_ram:
+            opts += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
+        out = self._as_postgres([str(PG_BIN / "pg_ctl"), "-D", self.data, "-l",
+                                 os.path.join(self.dir, "log"), "-w", "-o", " ".join(opts), "start"])
+        if out.returncode != 0:
+            log = Path(self.dir, "log").read_text() if Path(self.dir, "log").exists() else ""
+            raise RuntimeError(f"PostgreSQL did not start: {out.stderr.strip()} {log[-400:]}")
+        return self
+
+    def __exit__(self, *exc):
+        self._as_postgres([str(PG_BIN / "pg_ctl"), "-D", self.data, "-m", "immediate", "stop"])
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def conn_args(self) -> list[str]:
+        return ["-h", self.dir, "-p", str(self.port), "-U", "postgres"]
+
+    def psql(self, sql: str, db: str = "postgres") -> str:
+        out = subprocess.run(["psql", *self.conn_args(), "-d", db, "-v", "ON_ERROR_STOP=1", "-At",
+                              "-q"], input=sql, capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"psql: {out.stderr.strip()[-400:]}")
+        return out.stdout
+
+    def load_social(self, export_dir: Path) -> float:
+        t0 = time.perf_counter()
+        copies = "".join(f"\\copy {t} FROM '{export_dir / f}' WITH (FORMAT csv, HEADER true)\n"
+                         for t, f in TABLES)
+        self.psql(SQL_SCHEMA + copies + SQL_INDEXES + "VACUUM ANALYZE;\n")
+        return time.perf_counter() - t0
+
+    def verify_social(self, export_dir: Path, samples: int = 20) -> None:
+        script, expected = [], []
+        for q, p, rows in read_expect(export_dir, samples):
+            sql = QUERIES[q].replace(":p", str(p))
+            script.append(f"{sql};" if q in COUNT_QUERIES else f"SELECT count(*) FROM ({sql}) x;")
+            expected.append((q, p, rows))
+        got = self.psql("\n".join(script) + "\n").split()
+        for (q, p, rows), g in zip(expected, got):
+            if int(g) != rows:
+                raise RuntimeError(f"PostgreSQL verify: {q}({p}) returned {g}, expected {rows}")
+
+    def pgbench_script(self, script: str, clients: int, seconds: float, db: str = "postgres",
+                       extra: list[str] | None = None) -> dict:
+        """Runs one pgbench script file; returns count, qps and latency percentiles."""
+        work = tempfile.mkdtemp(prefix="farpool-pgbench-")
+        try:
+            path = os.path.join(work, "script.sql")
+            Path(path).write_text(script)
+            cmd = ["pgbench", *self.conn_args(), "-n", "-M", "prepared", "-c", str(clients),
+                   "-j", str(clients), "-T", str(max(1, round(seconds))), "-f", path, "-l",
+                   "--log-prefix", os.path.join(work, "log"), *(extra or []), db]
+            out = subprocess.run(cmd, capture_output=True, text=True, cwd=work)
+            if out.returncode != 0:
+                raise RuntimeError(f"pgbench failed: {out.stderr.strip()[-400:]}")
+            lat = []
+            for name in os.listdir(work):
+                if name.startswith("log"):
+                    with open(os.path.join(work, name)) as f:
+                        lat += [float(line.split()[2]) for line in f if line.strip()]
+            r = percentiles(lat)
+            tps = [line for line in out.stdout.splitlines() if line.startswith("tps")]
+            r["qps"] = float(tps[0].split()[2]) if tps else r["count"] / max(1, round(seconds))
+            return r
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def social_query(self, q: str, meta: dict, flows: int, seconds: float) -> dict:
+        n = meta["messages"] if q == "q5" else meta["users"]
+        script = f"\\set p random(0, {n - 1})\n{QUERIES[q]};\n"
+        return self.pgbench_script(script, flows, seconds)
+
+
+# ------------------------------------------------------------------ SQLite
+
+class SQLiteDb:
+    """The social network in an SQLite database file (on disk; the page cache keeps it warm)."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="farpool-sqlite-", dir="/var/tmp")
+        self.path = os.path.join(self.dir, "social.db")
+
+    def __enter__(self) -> "SQLiteDb":
+        return self
+
+    def __exit__(self, *exc):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def load_social(self, export_dir: Path) -> float:
+        t0 = time.perf_counter()
+        con = sqlite3.connect(self.path)
+        con.executescript(SQL_SCHEMA)
+        for table, name in TABLES:
+            with open(export_dir / name, newline="") as f:
+                rd = csv.reader(f)
+                header = next(rd)
+                marks = ",".join("?" * len(header))
+                con.executemany(f"INSERT INTO {table} VALUES ({marks})",
+                                ([None if v == "" else v for v in row] for row in rd))
+        con.executescript(SQL_INDEXES + "ANALYZE;")
+        con.commit()
+        con.close()
+        return time.perf_counter() - t0
+
+    def verify_social(self, export_dir: Path, samples: int = 20) -> None:
+        con = sqlite3.connect(self.path)
+        for q, p, rows in read_expect(export_dir, samples):
+            res = con.execute(QUERIES[q], {"p": p}).fetchall()
+            got = res[0][0] if q in COUNT_QUERIES else len(res)
+            if got != rows:
+                raise RuntimeError(f"SQLite verify: {q}({p}) returned {got}, expected {rows}")
+        con.close()
+
+    def social_query(self, q: str, meta: dict, seconds: float, seed: int = 42) -> dict:
+        import random
+        rnd = random.Random(seed)
+        n = meta["messages"] if q == "q5" else meta["users"]
+        con = sqlite3.connect(self.path)
+        sql = QUERIES[q]
+        lat = []
+        clock = time.perf_counter_ns
+        end = time.perf_counter() + seconds
+        warm = time.perf_counter() + 0.2
+        while True:
+            now = time.perf_counter()
+            if now >= end:
+                break
+            p = rnd.randrange(n)
+            t0 = clock()
+            con.execute(sql, {"p": p}).fetchall()
+            t1 = clock()
+            if now >= warm:
+                lat.append((t1 - t0) / 1000)
+        con.close()
+        r = percentiles(lat)
+        r["qps"] = len(lat) / max(1e-9, seconds - 0.2)
+        return r
+
+
+def export_social(scale: float, directory: str, seed: int = 42) -> Path:
+    subprocess.run([str(farpool_bin()), "bench", "social", "--export", directory, "--scale",
+                    str(scale), "--seed", str(seed), "--samples", "20"], check=True,
+                   capture_output=True, text=True)
+    return Path(directory)
+
+
+def write_jsonl(path: Path, rows: list[dict], append: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a" if append else "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)

@@ -1,0 +1,222 @@
+#include "workloads/social_bench.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <thread>
+
+#include "bench/histogram.h"
+#include "bench/ops_bench.h"
+
+namespace farpool::workloads {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+struct FlowStats {
+  std::vector<Histogram> per_query = std::vector<Histogram>(kSocialQueries);
+  Histogram writes;
+  Status status;
+};
+
+// Runs `flows` threads for warmup + seconds; `op(session, rng, flow, &query)` runs one
+// operation and says which query it was (0 for a write).
+Result<std::vector<FlowStats>> RunFlows(Database& db, const SocialBenchOptions& o,
+                                        const std::function<Status(Session&, std::mt19937_64&, int, int*)>& op) {
+  std::vector<FlowStats> stats(o.flows);
+  std::vector<std::thread> threads;
+  const uint64_t clock_ns = ClockOverheadNs();
+  // One measured window for every flow, so the sum of queries in it is a throughput.
+  const auto from = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                       std::chrono::duration<double>(0.2 + o.warmup_seconds));
+  const auto until = from + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.seconds));
+  for (int f = 0; f < o.flows; ++f) {
+    threads.emplace_back([&, f] {
+      FlowStats& st = stats[f];
+      auto session = db.NewSession();
+      if (!session.ok()) {
+        st.status = session.status();
+        return;
+      }
+      std::mt19937_64 rng(o.seed * 7919 + f);
+      for (;;) {
+        const auto t0 = Clock::now();
+        if (t0 >= until) break;
+        int q = 0;
+        Status s = op(**session, rng, f, &q);
+        const auto t1 = Clock::now();
+        if (!s.ok()) {
+          st.status = s;
+          return;
+        }
+        if (t0 >= from && t1 <= until) {
+          const uint64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+          (q == 0 ? st.writes : st.per_query[q - 1]).Record(ns > clock_ns ? ns - clock_ns : 0);
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& st : stats) FARPOOL_RETURN_IF_ERROR(st.status);
+  return stats;
+}
+
+nlohmann::json Summary(const Histogram& h, double seconds) {
+  return {{"count", h.count()},
+          {"qps", h.count() / seconds},
+          {"p50_us", h.Percentile(0.5) / 1000.0},
+          {"p99_us", h.Percentile(0.99) / 1000.0},
+          {"p999_us", h.Percentile(0.999) / 1000.0},
+          {"mean_us", h.mean() / 1000.0}};
+}
+
+}  // namespace
+
+Status VerifySocial(Database& db, const SocialData& data, int samples) {
+  FARPOOL_ASSIGN_OR_RETURN(SocialTables t, OpenSocialTables(db));
+  FARPOOL_ASSIGN_OR_RETURN(auto session, db.NewSession());
+  std::vector<uint64_t> users, mids;
+  SocialSample(data, samples, &users, &mids);
+  const auto expect = data.Expect(users, mids);
+  for (size_t i = 0; i < users.size(); ++i) {
+    for (int q = 1; q <= kSocialQueries; ++q) {
+      const int64_t param = int64_t(q == 5 ? mids[i] : users[i]);
+      Answer got;
+      FARPOOL_RETURN_IF_ERROR(RunSocialQuery(*session, t, SocialQuery(q), param, &got));
+      const Answer& want = expect[i][q - 1];
+      if (!(got == want)) {
+        return Status::Internal("social verify: q" + std::to_string(q) + "(" + std::to_string(param) +
+                                ") returned " + std::to_string(got.rows) + " rows (checksum " +
+                                std::to_string(got.checksum) + "), expected " + std::to_string(want.rows) +
+                                " rows (checksum " + std::to_string(want.checksum) + ")");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Result<nlohmann::json> RunSocialBench(const SocialBenchOptions& in) {
+  SocialBenchOptions o = in;
+  if (o.flows < 1) return Status::InvalidArgument("--flows must be at least 1");
+  if (o.scale < 0.1) return Status::InvalidArgument("--scale must be at least 0.1 (100 users)");
+  if (o.write_pct < 0 || o.write_pct > 100) return Status::InvalidArgument("--writes is a percentage 0..100");
+  if (o.queries.empty()) {
+    for (int q = 1; q <= kSocialQueries; ++q) o.queries.push_back(SocialQuery(q));
+  }
+  DatabaseOptions dopts;
+  dopts.engine = o.engine;
+  dopts.cluster_file = o.cluster_file;
+  dopts.local_memory = o.local_memory;
+  dopts.max_sessions = std::max<uint32_t>(256, uint32_t(o.flows + o.load_threads + 8));
+  FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(dopts));
+  {
+    auto names = db->ListTables();
+    if (names.ok() && !names->empty()) {
+      return Status::InvalidArgument("the cluster already holds a database (tables: " + (*names)[0] +
+                                     ", ...): start a fresh cluster for each benchmark run");
+    }
+  }
+  const SocialData data(o.scale, o.seed);
+  FARPOOL_ASSIGN_OR_RETURN(SocialTables tables, CreateSocialTables(*db, data));
+  const auto load_start = Clock::now();
+  auto last_print = load_start;
+  uint64_t rows_loaded = 0;
+  bool finished = false;
+  auto progress = [&](uint64_t done, uint64_t total) {
+    rows_loaded = done;
+    const auto now = Clock::now();
+    if (!o.progress || finished) return;
+    if (done < total && now - last_print < std::chrono::milliseconds(500)) return;
+    finished = done >= total;
+    last_print = now;
+    const double s = Seconds(now - load_start);
+    std::fprintf(stderr, "\r  loading %s: %5.1f%% of %llu rows, %.0f rows/s, %.0f s%s",
+                 std::string(EngineName(o.engine)).c_str(), 100.0 * done / total,
+                 static_cast<unsigned long long>(total), done / std::max(s, 1e-3), s,
+                 done >= total ? "\n" : "");
+    std::fflush(stderr);
+  };
+  FARPOOL_RETURN_IF_ERROR(LoadSocial(*db, tables, data, o.load_threads, progress));
+  const double load_seconds = Seconds(Clock::now() - load_start);
+
+  nlohmann::json r = RunContext();
+  r["bench"] = "social";
+  r["engine"] = std::string(EngineName(o.engine));
+  r["scale"] = o.scale;
+  r["users"] = data.users();
+  r["groups"] = data.groups();
+  r["messages"] = data.messages();
+  r["rows"] = rows_loaded;
+  r["load_seconds"] = load_seconds;
+  r["flows"] = o.flows;
+  r["seconds"] = o.seconds;
+  r["seed"] = o.seed;
+  if (o.verify) {
+    Status v = VerifySocial(*db, data, o.samples);
+    if (!v.ok()) return v;
+    r["verify"] = "ok";
+  }
+  const int64_t users = int64_t(data.users()), messages = int64_t(data.messages());
+  auto param = [&](SocialQuery q, std::mt19937_64& rng) {
+    return q == SocialQuery::kText ? int64_t(rng() % messages) : int64_t(rng() % users);
+  };
+  nlohmann::json per = nlohmann::json::array();
+  if (!o.mix) {
+    r["mode"] = "queries";
+    for (SocialQuery q : o.queries) {
+      FARPOOL_ASSIGN_OR_RETURN(auto stats, RunFlows(*db, o, [&](Session& s, std::mt19937_64& rng, int, int* which) {
+        *which = int(q);
+        Answer a;
+        return RunSocialQuery(s, tables, q, param(q, rng), &a);
+      }));
+      Histogram h;
+      for (auto& st : stats) h.Merge(st.per_query[int(q) - 1]);
+      nlohmann::json j = Summary(h, o.seconds);
+      j["query"] = std::string(SocialQueryName(q));
+      j["description"] = std::string(SocialQueryDescription(q));
+      per.push_back(j);
+    }
+  } else {
+    r["mode"] = "mix";
+    r["write_pct"] = o.write_pct;
+    std::vector<std::atomic<uint64_t>> next_mid(o.flows);
+    FARPOOL_ASSIGN_OR_RETURN(auto stats, RunFlows(*db, o, [&](Session& s, std::mt19937_64& rng, int flow, int* which) -> Status {
+      if (o.write_pct > 0 && double(rng() % 1000000) < o.write_pct * 10000) {
+        *which = 0;
+        if (rng() & 1) return MarkRead(s, tables, int64_t(rng() % messages));
+        Message m = data.GetMessage(rng() % messages);  // a realistic shape, new id and time
+        m.mid = messages + (int64_t(flow) << 28) + int64_t(next_mid[flow]++);
+        m.sender = int64_t(rng() % users);
+        m.time = m.mid + 1600000000;
+        m.is_read = 0;
+        return PostMessage(s, tables, m);
+      }
+      const SocialQuery q = o.queries[rng() % o.queries.size()];
+      *which = int(q);
+      Answer a;
+      return RunSocialQuery(s, tables, q, param(q, rng), &a);
+    }));
+    Histogram all, writes;
+    for (SocialQuery q : o.queries) {
+      Histogram h;
+      for (auto& st : stats) h.Merge(st.per_query[int(q) - 1]);
+      all.Merge(h);
+      nlohmann::json j = Summary(h, o.seconds);
+      j["query"] = std::string(SocialQueryName(q));
+      j["description"] = std::string(SocialQueryDescription(q));
+      per.push_back(j);
+    }
+    for (auto& st : stats) writes.Merge(st.writes);
+    r["all"] = Summary(all, o.seconds);
+    r["writes"] = Summary(writes, o.seconds);
+    r["qps"] = all.count() / o.seconds;
+  }
+  r["queries"] = per;
+  return r;
+}
+
+}  // namespace farpool::workloads

@@ -1,0 +1,79 @@
+// The social workload's answers on the local and pool engines match the generator's.
+#include "workloads/social.h"
+
+#include <gtest/gtest.h>
+
+#include "db/db_test_util.h"
+#include "workloads/social_bench.h"
+
+namespace farpool::workloads {
+namespace {
+
+TEST(SocialDataTest, FriendshipIsSymmetricAndDeterministic) {
+  SocialData a(0.2, 7), b(0.2, 7);
+  uint64_t total = 0;
+  for (uint64_t u = 0; u < a.users(); ++u) {
+    const auto f = a.Friends(u);
+    EXPECT_EQ(f, b.Friends(u));
+    total += f.size();
+    for (uint64_t v : f) {
+      const auto back = a.Friends(v);
+      EXPECT_TRUE(std::binary_search(back.begin(), back.end(), u)) << u << " " << v;
+    }
+    const auto g = a.Groups(u);
+    EXPECT_GE(g.size(), 1u);
+    EXPECT_LE(g.size(), 6u);
+  }
+  // About 11 friends each (64 candidates at 17%).
+  EXPECT_GT(total, a.users() * 6);
+  EXPECT_LT(total, a.users() * 16);
+  EXPECT_EQ(a.GetMessage(5).text, b.GetMessage(5).text);
+}
+
+TEST(SocialDataTest, ParsesQueries) {
+  EXPECT_EQ(*ParseSocialQuery("q3"), SocialQuery::kNewGroupMessages);
+  EXPECT_EQ(*ParseSocialQuery("6"), SocialQuery::kGroupNames);
+  EXPECT_FALSE(ParseSocialQuery("q7").ok());
+}
+
+class SocialEngineTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SocialEngineTest, QueriesMatchTheGenerator) {
+  auto tdb = db::TestDatabase::Start(GetParam());
+  ASSERT_TRUE(tdb.ok()) << tdb.status().ToString();
+  Database& db = (*tdb)->db();
+  const SocialData data(0.2, 11);
+  auto tables = CreateSocialTables(db, data);
+  ASSERT_TRUE(tables.ok()) << tables.status().ToString();
+  ASSERT_TRUE(LoadSocial(db, *tables, data, 2).ok());
+  Status v = VerifySocial(db, data, 40);
+  EXPECT_TRUE(v.ok()) << v.ToString();
+
+  // The write mix changes the answers the way it should.
+  auto session = db.NewSession();
+  ASSERT_TRUE(session.ok());
+  const int64_t user = 10;
+  Answer before, after;
+  ASSERT_TRUE(RunSocialQuery(**session, *tables, SocialQuery::kNewMessages, user, &before).ok());
+  Message m = data.GetMessage(0);
+  m.mid = int64_t(data.messages()) + 1;
+  m.to_user = user;
+  m.to_group = -1;
+  m.sender = 3;
+  m.time = 1600000000 + m.mid;
+  m.is_read = 0;
+  ASSERT_TRUE(PostMessage(**session, *tables, m).ok());
+  ASSERT_TRUE(RunSocialQuery(**session, *tables, SocialQuery::kNewMessages, user, &after).ok());
+  EXPECT_EQ(after.rows, before.rows + 1);
+  Answer last;
+  ASSERT_TRUE(RunSocialQuery(**session, *tables, SocialQuery::kLast100, 3, &last).ok());
+  EXPECT_GE(last.rows, 1u);
+  ASSERT_TRUE(MarkRead(**session, *tables, m.mid).ok());
+  ASSERT_TRUE(RunSocialQuery(**session, *tables, SocialQuery::kNewMessages, user, &after).ok());
+  EXPECT_EQ(after.rows, before.rows);
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, SocialEngineTest, ::testing::Values("local", "pool"));
+
+}  // namespace
+}  // namespace farpool::workloads

@@ -1,0 +1,266 @@
+#include "workloads/tpcw.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "bench/histogram.h"
+#include "bench/ops_bench.h"
+
+namespace farpool::workloads {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int64_t kInitialStock = 1000;
+constexpr int kAttempts = 1 << 30;
+
+const Schema& CustomerSchema() {
+  static const Schema s{{"name", ColumnType::kChar, 24}, {"cart_lines", ColumnType::kInt64},
+                        {"orders", ColumnType::kInt64}};
+  return s;
+}
+const Schema& CartSchema() {
+  static const Schema s{{"iid", ColumnType::kInt64}, {"qty", ColumnType::kInt64}};
+  return s;
+}
+const Schema& ItemSchema() {
+  static const Schema s{{"stock", ColumnType::kInt64}, {"restocks", ColumnType::kInt64},
+                        {"price", ColumnType::kInt64}, {"title", ColumnType::kChar, 24}};
+  return s;
+}
+const Schema& OrderSchema() {
+  static const Schema s{{"cid", ColumnType::kInt64}, {"lines", ColumnType::kInt64},
+                        {"total", ColumnType::kInt64}, {"time", ColumnType::kInt64}};
+  return s;
+}
+const Schema& OrderLineSchema() {
+  static const Schema s{{"iid", ColumnType::kInt64}, {"qty", ColumnType::kInt64},
+                        {"price", ColumnType::kInt64}};
+  return s;
+}
+
+struct Tables {
+  const Table *customer, *cart, *item, *order, *order_line;
+};
+
+Status Load(Database& db, const TpcwOptions& o, Tables* t) {
+  FARPOOL_ASSIGN_OR_RETURN(t->customer, db.CreateTable("tw_customer", CustomerSchema(), {false, o.customers}));
+  FARPOOL_ASSIGN_OR_RETURN(t->cart, db.CreateTable("tw_cart", CartSchema(), {false, o.customers * 3}));
+  FARPOOL_ASSIGN_OR_RETURN(t->item, db.CreateTable("tw_item", ItemSchema(), {false, o.items}));
+  FARPOOL_ASSIGN_OR_RETURN(t->order, db.CreateTable("tw_order", OrderSchema(), {false, 1 << 20}));
+  FARPOOL_ASSIGN_OR_RETURN(t->order_line, db.CreateTable("tw_order_line", OrderLineSchema(), {false, 1 << 22}));
+  FARPOOL_ASSIGN_OR_RETURN(auto s, db.NewSession());
+  std::mt19937_64 rng(o.seed);
+  for (uint64_t base = 0; base < o.items; base += 200) {
+    FARPOOL_RETURN_IF_ERROR(RunTransaction(*s, [&](Transaction& txn) -> Status {
+      for (uint64_t i = base; i < std::min(o.items, base + 200); ++i) {
+        Row r(ItemSchema());
+        r.SetInt64(0, kInitialStock);
+        r.SetInt64(1, 0);
+        r.SetInt64(2, 100 + int64_t(i % 900));
+        r.SetChar(3, "item " + std::to_string(i));
+        FARPOOL_RETURN_IF_ERROR(txn.Put(*t->item, int64_t(i), r));
+      }
+      return Status::Ok();
+    }));
+  }
+  for (uint64_t base = 0; base < o.customers; base += 50) {
+    FARPOOL_RETURN_IF_ERROR(RunTransaction(*s, [&](Transaction& txn) -> Status {
+      for (uint64_t c = base; c < std::min(o.customers, base + 50); ++c) {
+        const int64_t lines = 1 + int64_t(rng() % 5);
+        Row r(CustomerSchema());
+        r.SetChar(0, "customer " + std::to_string(c));
+        r.SetInt64(1, lines);
+        r.SetInt64(2, 0);
+        FARPOOL_RETURN_IF_ERROR(txn.Put(*t->customer, int64_t(c), r));
+        for (int64_t l = 0; l < lines; ++l) {
+          Row cl(CartSchema());
+          cl.SetInt64(0, int64_t(rng() % o.items));
+          cl.SetInt64(1, 1 + int64_t(rng() % 5));
+          FARPOOL_RETURN_IF_ERROR(txn.Put(*t->cart, int64_t(c) * 8 + l, cl));
+        }
+      }
+      return Status::Ok();
+    }));
+  }
+  return Status::Ok();
+}
+
+Status Buy(Transaction& txn, const Tables& t, int64_t cid, int64_t oid) {
+  Row c;
+  FARPOOL_RETURN_IF_ERROR(txn.Get(*t.customer, cid, &c));
+  const int64_t lines = c.GetInt64(1);
+  int64_t total = 0;
+  for (int64_t l = 0; l < lines; ++l) {
+    Row cl, item;
+    FARPOOL_RETURN_IF_ERROR(txn.Get(*t.cart, cid * 8 + l, &cl));
+    const int64_t iid = cl.GetInt64(0), qty = cl.GetInt64(1);
+    FARPOOL_RETURN_IF_ERROR(txn.Get(*t.item, iid, &item));
+    int64_t stock = item.GetInt64(0);
+    if (stock - qty < 10) {
+      stock += kInitialStock;
+      item.SetInt64(1, item.GetInt64(1) + 1);
+    }
+    item.SetInt64(0, stock - qty);
+    FARPOOL_RETURN_IF_ERROR(txn.Put(*t.item, iid, item));
+    Row ol(OrderLineSchema());
+    ol.SetInt64(0, iid);
+    ol.SetInt64(1, qty);
+    ol.SetInt64(2, item.GetInt64(2));
+    total += qty * item.GetInt64(2);
+    FARPOOL_RETURN_IF_ERROR(txn.Put(*t.order_line, oid * 8 + l, ol));
+  }
+  Row order(OrderSchema());
+  order.SetInt64(0, cid);
+  order.SetInt64(1, lines);
+  order.SetInt64(2, total);
+  order.SetInt64(3, oid);
+  FARPOOL_RETURN_IF_ERROR(txn.Put(*t.order, oid, order));
+  c.SetInt64(2, c.GetInt64(2) + 1);
+  return txn.Put(*t.customer, cid, c);
+}
+
+Status Verify(Database& db, const TpcwOptions& o, const Tables& t, const std::vector<uint64_t>& orders_per_flow) {
+  FARPOOL_ASSIGN_OR_RETURN(auto s, db.NewSession());
+  std::unordered_map<int64_t, int64_t> sold;
+  uint64_t orders = 0;
+  for (int f = 0; f < int(orders_per_flow.size()); ++f) {
+    for (uint64_t n = 0; n < orders_per_flow[f]; ++n) {
+      const int64_t oid = (int64_t(f) << 32) | int64_t(n);
+      FARPOOL_RETURN_IF_ERROR(RunTransaction(*s, [&](Transaction& txn) -> Status {
+        Row order;
+        FARPOOL_RETURN_IF_ERROR(txn.Get(*t.order, oid, &order));
+        for (int64_t l = 0; l < order.GetInt64(1); ++l) {
+          Row ol;
+          FARPOOL_RETURN_IF_ERROR(txn.Get(*t.order_line, oid * 8 + l, &ol));
+          sold[ol.GetInt64(0)] += ol.GetInt64(1);
+        }
+        return Status::Ok();
+      }));
+      ++orders;
+    }
+  }
+  int64_t customer_orders = 0;
+  Status st = RunTransaction(*s, [&](Transaction& txn) -> Status {
+    customer_orders = 0;
+    for (uint64_t i = 0; i < o.items; ++i) {
+      Row item;
+      FARPOOL_RETURN_IF_ERROR(txn.Get(*t.item, int64_t(i), &item));
+      const int64_t taken = kInitialStock + kInitialStock * item.GetInt64(1) - item.GetInt64(0);
+      if (taken != sold[int64_t(i)]) {
+        return Status::Internal("tpcw verify: item " + std::to_string(i) + " lost " + std::to_string(taken) +
+                                " from stock but order lines hold " + std::to_string(sold[int64_t(i)]));
+      }
+    }
+    for (uint64_t c = 0; c < o.customers; ++c) {
+      Row r;
+      FARPOOL_RETURN_IF_ERROR(txn.Get(*t.customer, int64_t(c), &r));
+      customer_orders += r.GetInt64(2);
+    }
+    return Status::Ok();
+  });
+  FARPOOL_RETURN_IF_ERROR(st);
+  if (uint64_t(customer_orders) != orders) {
+    return Status::Internal("tpcw verify: customers count " + std::to_string(customer_orders) +
+                            " orders, the order table holds " + std::to_string(orders));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<nlohmann::json> RunTpcwBench(const TpcwOptions& o) {
+  if (o.flows < 1 || o.customers < 1 || o.items < 1) {
+    return Status::InvalidArgument("--flows, --customers and --items must be at least 1");
+  }
+  DatabaseOptions dopts;
+  dopts.engine = o.engine;
+  dopts.cluster_file = o.cluster_file;
+  dopts.max_sessions = std::max<uint32_t>(256, uint32_t(o.flows + 8));
+  FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(dopts));
+  Tables t;
+  FARPOOL_RETURN_IF_ERROR(Load(*db, o, &t));
+  struct Flow {
+    Histogram lat;
+    uint64_t commits = 0, aborts = 0, orders = 0;
+    Status status;
+  };
+  std::vector<Flow> flows(o.flows);
+  std::vector<std::thread> threads;
+  const uint64_t clock_ns = ClockOverheadNs();
+  // One measured window for every flow (a flow that starts late still counts in it only), so
+  // the sum of commits over the window is a throughput.
+  const auto from = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                       std::chrono::duration<double>(0.2 + o.warmup_seconds));
+  const auto until = from + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.seconds));
+  for (int f = 0; f < o.flows; ++f) {
+    threads.emplace_back([&, f] {
+      Flow& st = flows[f];
+      auto session = db->NewSession();
+      if (!session.ok()) {
+        st.status = session.status();
+        return;
+      }
+      std::mt19937_64 rng(o.seed * 31 + f);
+      uint64_t aborts_from = 0;
+      bool measuring = false;
+      for (;;) {
+        const auto t0 = Clock::now();
+        if (t0 >= until) break;
+        if (!measuring && t0 >= from) {
+          measuring = true;
+          aborts_from = (*session)->counters().aborts;
+        }
+        const int64_t cid = int64_t(rng() % o.customers);
+        const int64_t oid = (int64_t(f) << 32) | int64_t(st.orders);
+        Status s = RunTransaction(**session, [&](Transaction& txn) { return Buy(txn, t, cid, oid); }, kAttempts);
+        const auto t1 = Clock::now();
+        if (!s.ok()) {
+          st.status = s;
+          return;
+        }
+        ++st.orders;
+        if (measuring && t1 <= until) {
+          ++st.commits;
+          const uint64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+          st.lat.Record(ns > clock_ns ? ns - clock_ns : 0);
+        }
+      }
+      st.aborts = (*session)->counters().aborts - aborts_from;
+    });
+  }
+  for (auto& th : threads) th.join();
+  Histogram lat;
+  uint64_t commits = 0, aborts = 0;
+  std::vector<uint64_t> orders;
+  for (auto& f : flows) {
+    FARPOOL_RETURN_IF_ERROR(f.status);
+    lat.Merge(f.lat);
+    commits += f.commits;
+    aborts += f.aborts;
+    orders.push_back(f.orders);
+  }
+  nlohmann::json r = RunContext();
+  r["bench"] = "tpcw";
+  r["engine"] = std::string(EngineName(o.engine));
+  r["customers"] = o.customers;
+  r["items"] = o.items;
+  r["flows"] = o.flows;
+  r["seconds"] = o.seconds;
+  r["commits"] = commits;
+  r["tps"] = commits / o.seconds;
+  r["p50_us"] = lat.Percentile(0.5) / 1000.0;
+  r["p99_us"] = lat.Percentile(0.99) / 1000.0;
+  r["abort_rate"] = commits + aborts ? double(aborts) / double(commits + aborts) : 0.0;
+  r["seed"] = o.seed;
+  if (o.verify) {
+    FARPOOL_RETURN_IF_ERROR(Verify(*db, o, t, orders));
+    r["verify"] = "ok";
+  }
+  return r;
+}
+
+}  // namespace farpool::workloads

@@ -1,0 +1,50 @@
+// A TPC-W-buy-like transaction (seed 004, NAM-DB's distributed-transaction benchmark) on any
+// engine of include/farpool/db.h: `farpool bench tpcw`.
+//
+// Schema (hash tables keyed by int64):
+//   tw_customer  cid                 name char(24), cart_lines (1..5), orders
+//   tw_cart      cid*8 + line        iid, qty (1..5)
+//   tw_item      iid                 stock (initially 1000), restocks, price, title char(24)
+//   tw_order     oid                 cid, lines, total, time
+//   tw_order_line oid*8 + line       iid, qty, price
+// Sizes: `customers` customers (each with 1..5 cart lines of uniform items), `items` items.
+//
+// The transaction (one per operation, retried on Aborted): pick a uniform customer; read it
+// and its cart lines; for each line read the item, take `qty` from its stock (when the stock
+// would fall below 10, restock it by 1000 as TPC-W does and count the restock), write it back;
+// insert the order and its order lines (oid unique per flow); update the customer's order
+// count. 2 + 2·lines reads, 2 + 2·lines writes; items are spread over every server/partition,
+// so most transactions are distributed.
+//
+// Run: `flows` threads, one session each, warm-up then `seconds`; tps, p50/p99 latency of a
+// committed transaction including its retries, abort rate. --verify: for every item,
+// 1000 + 1000·restocks − stock == the quantity of it in all order lines, and the customers'
+// order counts add up to the orders.
+//
+// Thread-safety: RunTpcwBench is a whole benchmark run; call it from one thread.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "farpool/db.h"
+#include "farpool/status.h"
+
+namespace farpool::workloads {
+
+struct TpcwOptions {
+  std::string cluster_file;
+  Engine engine = Engine::kPool;
+  uint64_t customers = 10000;
+  uint64_t items = 10000;
+  int flows = 1;
+  double seconds = 2.0;
+  double warmup_seconds = 0.3;
+  uint64_t seed = 42;
+  bool verify = false;
+};
+
+Result<nlohmann::json> RunTpcwBench(const TpcwOptions& options);
+
+}  // namespace farpool::workloads
