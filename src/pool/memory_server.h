@@ -10,8 +10,9 @@
 // dropped; their leases stay (see pool/chunk_allocator.h).
 //
 // Progress modes: kBusy polls without pause (lowest latency for TCP clients, one core per
-// server); kEvent sleeps on the worker's event descriptor when idle (for clusters that should
-// not burn CPU; same-host clients that map the region need no server CPU in either mode).
+// server); kEvent sleeps on the worker's event descriptor once it has been idle for 50 us
+// (for clusters that should not burn CPU: a burst of requests is served at polling speed,
+// an idle server sleeps; same-host clients that map the region need no server CPU at all).
 //
 // Thread-safety: Start/Stop/destructor from one owning thread; stats() from any thread.
 #pragma once
