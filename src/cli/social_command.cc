@@ -69,6 +69,7 @@ int RunSocial(SocialArgs& a) {
                 q["query"].get<std::string>().c_str(), q["description"].get<std::string>().c_str(),
                 q["p50_us"].get<double>(), q["p99_us"].get<double>(), q["qps"].get<double>());
   }
+  if (a.o.load_only) std::printf("  loaded; other processes can --attach\n");
   if (j.contains("qps")) {
     std::printf("  all: %.0f queries/s; writes: %.0f/s\n", j["qps"].get<double>(),
                 j["writes"]["qps"].get<double>());
@@ -138,6 +139,12 @@ Command RegisterSocialBench(CLI::App& bench) {
   c->add_flag("--verify", a->o.verify, "Check query answers against the generator after loading");
   c->add_option("--samples", a->o.samples, "Users (and messages) checked by --verify / exported");
   c->add_option("--export", a->export_dir, "Write the generated data as CSV to DIR and exit");
+  c->add_flag("--attach", a->o.attach,
+              "Run on the social network already loaded in the cluster (same --scale, --seed)");
+  c->add_flag("--load-only", a->o.load_only, "Create and load (and --verify), then exit");
+  c->add_option("--start-at", a->o.start_at_ms,
+                "Common start of several processes (Unix time in ms; warm-up from there)");
+  c->add_option("--client-id", a->o.client_id, "This process's number (disjoint ids for writes)");
   c->add_flag("--json", a->json, "Print one JSON object");
   return {c, [a] { return RunSocial(*a); }};
 }

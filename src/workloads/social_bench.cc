@@ -31,8 +31,16 @@ Result<std::vector<FlowStats>> RunFlows(Database& db, const SocialBenchOptions& 
   std::vector<std::thread> threads;
   const uint64_t clock_ns = ClockOverheadNs();
   // One measured window for every flow, so the sum of queries in it is a throughput.
-  const auto from = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                       std::chrono::duration<double>(0.2 + o.warmup_seconds));
+  // With a common start (several processes), the window starts at start_at + warmup on the
+  // system clock, translated to this process's steady clock.
+  auto start = Clock::now() + std::chrono::milliseconds(200);
+  if (o.start_at_ms > 0) {
+    const auto sys_now = std::chrono::system_clock::now();
+    const auto sys_start = std::chrono::system_clock::time_point(std::chrono::milliseconds(o.start_at_ms));
+    start = Clock::now() + std::chrono::duration_cast<Clock::duration>(sys_start - sys_now);
+  }
+  const auto from = start + std::chrono::duration_cast<Clock::duration>(
+                                std::chrono::duration<double>(o.warmup_seconds));
   const auto until = from + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.seconds));
   for (int f = 0; f < o.flows; ++f) {
     threads.emplace_back([&, f] {
@@ -99,11 +107,39 @@ Status VerifySocial(Database& db, const SocialData& data, int samples) {
   return Status::Ok();
 }
 
+// An attached process cannot see the generator's parameters in the database: check that the
+// user ids end where this --scale says they do (cheap, catches a wrong --scale).
+Status CheckLoadedScale(Database& db, const SocialTables& t, const SocialData& data) {
+  FARPOOL_ASSIGN_OR_RETURN(auto session, db.NewSession());
+  FARPOOL_ASSIGN_OR_RETURN(auto txn, session->Begin());
+  Row row(t.users->schema());
+  Status last = txn->Get(*t.users, int64_t(data.users()) - 1, &row);
+  Status past = txn->Get(*t.users, int64_t(data.users()), &row);
+  txn->Rollback();
+  if (!last.ok() && last.code() != StatusCode::kNotFound) return last;
+  if (!past.ok() && past.code() != StatusCode::kNotFound) return past;
+  if (!last.ok() || past.ok()) {
+    return Status::InvalidArgument("--attach: the loaded social network does not have " +
+                                   std::to_string(data.users()) +
+                                   " users: use the --scale (and --seed) it was loaded with");
+  }
+  return Status::Ok();
+}
+
 Result<nlohmann::json> RunSocialBench(const SocialBenchOptions& in) {
   SocialBenchOptions o = in;
   if (o.flows < 1) return Status::InvalidArgument("--flows must be at least 1");
   if (o.scale < 0.1) return Status::InvalidArgument("--scale must be at least 0.1 (100 users)");
   if (o.write_pct < 0 || o.write_pct > 100) return Status::InvalidArgument("--writes is a percentage 0..100");
+  if (o.attach && o.load_only) return Status::InvalidArgument("--attach and --load-only exclude each other");
+  if ((o.attach || o.load_only) && o.engine == Engine::kLocal) {
+    return Status::InvalidArgument(
+        "--attach/--load-only need a database that outlives the process (pool, or sharded with "
+        "--cluster); the local engine is this process's RAM");
+  }
+  if (o.client_id < 0 || o.client_id >= 64 || o.flows > 256) {
+    return Status::InvalidArgument("--client-id is 0..63 and --flows at most 256 (message ids of the write mix)");
+  }
   if (o.queries.empty()) {
     for (int q = 1; q <= kSocialQueries; ++q) o.queries.push_back(SocialQuery(q));
   }
@@ -113,15 +149,25 @@ Result<nlohmann::json> RunSocialBench(const SocialBenchOptions& in) {
   dopts.local_memory = o.local_memory;
   dopts.max_sessions = std::max<uint32_t>(256, uint32_t(o.flows + o.load_threads + 8));
   FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(dopts));
-  {
+  const SocialData data(o.scale, o.seed);
+  SocialTables tables;
+  if (o.attach) {
+    auto opened = OpenSocialTables(*db);
+    if (!opened.ok()) {
+      return Status::NotFound("--attach: no social network in this cluster (" + opened.status().message() +
+                              "): load one first with --load-only");
+    }
+    tables = *opened;
+    FARPOOL_RETURN_IF_ERROR(CheckLoadedScale(*db, tables, data));
+  } else {
     auto names = db->ListTables();
     if (names.ok() && !names->empty()) {
       return Status::InvalidArgument("the cluster already holds a database (tables: " + (*names)[0] +
-                                     ", ...): start a fresh cluster for each benchmark run");
+                                     ", ...): start a fresh cluster for each benchmark run, or "
+                                     "--attach to run on the loaded social network");
     }
+    FARPOOL_ASSIGN_OR_RETURN(tables, CreateSocialTables(*db, data));
   }
-  const SocialData data(o.scale, o.seed);
-  FARPOOL_ASSIGN_OR_RETURN(SocialTables tables, CreateSocialTables(*db, data));
   const auto load_start = Clock::now();
   auto last_print = load_start;
   uint64_t rows_loaded = 0;
@@ -140,8 +186,8 @@ Result<nlohmann::json> RunSocialBench(const SocialBenchOptions& in) {
                  done >= total ? "\n" : "");
     std::fflush(stderr);
   };
-  FARPOOL_RETURN_IF_ERROR(LoadSocial(*db, tables, data, o.load_threads, progress));
-  const double load_seconds = Seconds(Clock::now() - load_start);
+  if (!o.attach) FARPOOL_RETURN_IF_ERROR(LoadSocial(*db, tables, data, o.load_threads, progress));
+  const double load_seconds = o.attach ? 0.0 : Seconds(Clock::now() - load_start);
 
   nlohmann::json r = RunContext();
   r["bench"] = "social";
@@ -155,10 +201,17 @@ Result<nlohmann::json> RunSocialBench(const SocialBenchOptions& in) {
   r["flows"] = o.flows;
   r["seconds"] = o.seconds;
   r["seed"] = o.seed;
+  r["attach"] = o.attach;
+  r["client_id"] = o.client_id;
   if (o.verify) {
     Status v = VerifySocial(*db, data, o.samples);
     if (!v.ok()) return v;
     r["verify"] = "ok";
+  }
+  if (o.load_only) {
+    r["mode"] = "load";
+    r["queries"] = nlohmann::json::array();
+    return r;
   }
   const int64_t users = int64_t(data.users()), messages = int64_t(data.messages());
   auto param = [&](SocialQuery q, std::mt19937_64& rng) {
@@ -189,7 +242,14 @@ Result<nlohmann::json> RunSocialBench(const SocialBenchOptions& in) {
         *which = 0;
         if (rng() & 1) return MarkRead(s, tables, int64_t(rng() % messages));
         Message m = data.GetMessage(rng() % messages);  // a realistic shape, new id and time
-        m.mid = messages + (int64_t(flow) << 28) + int64_t(next_mid[flow]++);
+        // Disjoint ids for every flow of every process: 2^21 posts per flow and run, 256
+        // flows per process, 64 client ids (all below 2^36 with the generated messages).
+        const int64_t n = int64_t(next_mid[flow]++);
+        if (n >= (int64_t(1) << 21)) {
+          return Status::InvalidArgument("write mix: more than 2^21 posts by one flow in one run "
+                                         "(fewer --seconds or --writes)");
+        }
+        m.mid = messages + ((int64_t(o.client_id) * 256 + flow) << 21) + n;
         m.sender = int64_t(rng() % users);
         m.time = m.mid + 1600000000;
         m.is_read = 0;

@@ -16,6 +16,15 @@
 //             message", half "mark a message read"): one measurement of all flows together
 //             (MEMSCALE Fig. 4/7: throughput vs concurrent query flows). Per-query and
 //             overall numbers.
+// Several compute processes on one pool (MEMSCALE Fig. 7): one process loads the database into
+// the cluster and exits (`load_only`); then any number of processes open it (`attach`: no
+// create, no load; the tables must hold the network of the same --scale and --seed) and run
+// their flows. `start_at_ms` (Unix time in ms) makes every process measure the same window
+// (warm-up from start_at, measured from start_at + warmup), so their queries/s add up; a
+// distinct `client_id` (0..63) per process keeps the message ids its writes post disjoint
+// (also from earlier runs on the same cluster: a harness gives every process a new id).
+// `attach` and `load_only` need an engine whose data outlives the process (pool, or sharded
+// with --cluster); the local engine is this process's RAM.
 // Output: one JSON object (fields below plus RunContext()).
 #pragma once
 
@@ -46,6 +55,10 @@ struct SocialBenchOptions {
   int load_threads = 2;
   uint64_t local_memory = 4ull << 30;  // kLocal: per simulated server (reserved lazily)
   bool progress = true;                // loading progress on stderr
+  bool attach = false;                 // open the loaded database; do not create or load
+  bool load_only = false;              // create and load (and verify), then return
+  int64_t start_at_ms = 0;             // 0: start now; else the common start (Unix ms)
+  int client_id = 0;                   // this process's number in a multi-process run
 };
 
 Result<nlohmann::json> RunSocialBench(const SocialBenchOptions& options);

@@ -75,5 +75,50 @@ TEST_P(SocialEngineTest, QueriesMatchTheGenerator) {
 
 INSTANTIATE_TEST_SUITE_P(Engines, SocialEngineTest, ::testing::Values("local", "pool"));
 
+// Several compute processes on one pool: one loads (--load-only), the others --attach.
+TEST(SocialBenchTest, AttachRunsOnTheLoadedNetwork) {
+  auto tdb = db::TestDatabase::Start("pool");
+  ASSERT_TRUE(tdb.ok()) << tdb.status().ToString();
+  SocialBenchOptions o;
+  o.engine = Engine::kPool;
+  o.cluster_file = (*tdb)->options().cluster_file;
+  o.scale = 0.1;
+  o.seed = 5;
+  o.progress = false;
+  o.seconds = 0.05;
+  o.warmup_seconds = 0;
+
+  SocialBenchOptions attach = o;
+  attach.attach = true;
+  auto none = RunSocialBench(attach);
+  EXPECT_EQ(none.status().code(), StatusCode::kNotFound) << none.status().ToString();
+
+  SocialBenchOptions load = o;
+  load.load_only = true;
+  load.verify = true;
+  auto loaded = RunSocialBench(load);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ((*loaded)["mode"], "load");
+  EXPECT_EQ((*loaded)["verify"], "ok");
+
+  attach.mix = true;
+  attach.flows = 2;
+  attach.client_id = 1;
+  attach.verify = true;
+  auto ran = RunSocialBench(attach);
+  ASSERT_TRUE(ran.ok()) << ran.status().ToString();
+  EXPECT_EQ((*ran)["mode"], "mix");
+  EXPECT_EQ((*ran)["load_seconds"], 0.0);
+
+  SocialBenchOptions wrong = attach;
+  wrong.scale = 0.2;
+  EXPECT_EQ(RunSocialBench(wrong).status().code(), StatusCode::kInvalidArgument);
+  SocialBenchOptions local = attach;
+  local.engine = Engine::kLocal;
+  EXPECT_EQ(RunSocialBench(local).status().code(), StatusCode::kInvalidArgument);
+  // A second load on the same cluster is refused.
+  EXPECT_EQ(RunSocialBench(load).status().code(), StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace farpool::workloads
