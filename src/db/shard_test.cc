@@ -42,6 +42,19 @@ Status ReplyStatus(const std::vector<std::byte>& reply) {
   return m->opcode == Opcode::kErrorReply ? DecodeError(*m) : Status::Ok();
 }
 
+// The fixed body of a reply of opcode `expected`, copied out (the reply's bytes may go).
+template <typename Body>
+Body BodyOf(const std::vector<std::byte>& reply, Opcode expected) {
+  auto m = Decode(reply);
+  if (!m.ok() || m->opcode != expected) {
+    ADD_FAILURE() << "expected " << OpcodeName(expected) << ", got "
+                  << (m.ok() ? std::string(OpcodeName(m->opcode)) + ": " + ReplyStatus(reply).ToString()
+                             : m.status().ToString());
+    return Body{};
+  }
+  return m->As<Body>();
+}
+
 std::vector<std::byte> Prepare(uint64_t txn, uint64_t read_ts, uint32_t table,
                                std::vector<std::pair<int64_t, int64_t>> rows, uint32_t lease_ms,
                                uint32_t flags = 0) {
@@ -103,9 +116,9 @@ TEST(ShardWireTest, PartitionRejectsMalformedMessagesAndKeepsServing) {
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ(ok->opcode, Opcode::kBeginReply);
   EXPECT_EQ(ok->header.request_id, 7u);
-  auto locked = Decode(p.Handle(Encode(1, Opcode::kLockedRequest, LockedRequest{UINT32_MAX, 0})));
-  ASSERT_TRUE(locked.ok());
-  EXPECT_EQ(locked->As<LockedReply>().locked, 0u);
+  auto locked = BodyOf<LockedReply>(
+      p.Handle(Encode(1, Opcode::kLockedRequest, LockedRequest{UINT32_MAX, 0})), Opcode::kLockedReply);
+  EXPECT_EQ(locked.locked, 0u);
 }
 
 TEST(ShardWireTest, RandomlyCorruptedMessagesNeverCrashThePartition) {
@@ -147,22 +160,25 @@ TEST(ShardWireTest, OneDecisionPerTransaction) {
   PartitionState p(0);
   ASSERT_OK(ReplyStatus(p.Handle(Prepare(21, 1, 1, {{1, 10}}, 1000))));
   // A resolver gets there first: the transaction is aborted, and its own Decide fails.
-  auto r = Decode(p.Handle(Encode(1, Opcode::kResolveRequest, ResolveRequest{21})));
-  ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->As<ResolveReply>().commit_ts, 0u);
+  EXPECT_EQ(BodyOf<ResolveReply>(p.Handle(Encode(1, Opcode::kResolveRequest, ResolveRequest{21})),
+                                  Opcode::kResolveReply)
+                .commit_ts,
+            0u);
   EXPECT_EQ(ReplyStatus(p.Handle(Encode(1, Opcode::kDecideRequest, DecideRequest{21, 1, 0}))).code(),
             StatusCode::kAborted);
   // A decided transaction resolves to its commit timestamp, however often it is asked.
   ASSERT_OK(ReplyStatus(p.Handle(Encode(1, Opcode::kCommitRequest, CommitRequest{21, 0}))));
   ASSERT_OK(ReplyStatus(p.Handle(Prepare(22, 1, 1, {{1, 11}}, 1000))));
-  auto d = Decode(p.Handle(Encode(1, Opcode::kDecideRequest, DecideRequest{22, 1, 0})));
-  ASSERT_TRUE(d.ok());
-  const uint64_t ts = d->As<DecideReply>().commit_ts;
+  const uint64_t ts = BodyOf<DecideReply>(
+                         p.Handle(Encode(1, Opcode::kDecideRequest, DecideRequest{22, 1, 0})),
+                         Opcode::kDecideReply)
+                         .commit_ts;
   EXPECT_GT(ts, 1u);
   for (int i = 0; i < 2; ++i) {
-    auto again = Decode(p.Handle(Encode(1, Opcode::kResolveRequest, ResolveRequest{22})));
-    ASSERT_TRUE(again.ok());
-    EXPECT_EQ(again->As<ResolveReply>().commit_ts, ts);
+    EXPECT_EQ(BodyOf<ResolveReply>(p.Handle(Encode(1, Opcode::kResolveRequest, ResolveRequest{22})),
+                                    Opcode::kResolveReply)
+                  .commit_ts,
+              ts);
   }
 }
 
@@ -303,9 +319,9 @@ TEST_F(ShardClusterTest, LocksOfADeadCoordinatorAreResolvedAfterItsLease) {
     FARPOOL_RETURN_IF_ERROR(txn.Put(**t, a, r));
     return txn.Put(**t, b, r);
   }));
-  auto begin = Decode(Call(0, Encode(1, Opcode::kBeginRequest, BeginRequest{0})));
-  ASSERT_TRUE(begin.ok());
-  const uint64_t read_ts = begin->As<BeginReply>().read_ts;
+  const uint64_t read_ts =
+      BodyOf<BeginReply>(Call(0, Encode(1, Opcode::kBeginRequest, BeginRequest{0})), Opcode::kBeginReply)
+          .read_ts;
 
   // Coordinator 1 prepares a -> 0, b -> 200 on both partitions and dies undecided.
   const uint64_t dead1 = 0xDEAD00000001ULL;
@@ -327,14 +343,14 @@ TEST_F(ShardClusterTest, LocksOfADeadCoordinatorAreResolvedAfterItsLease) {
 
   // Coordinator 2 prepares both, is decided (partition 0 installs its part) and dies before
   // telling partition 1: the transaction committed, so partition 1 must install it too.
-  begin = Decode(Call(0, Encode(1, Opcode::kBeginRequest, BeginRequest{0})));
-  ASSERT_TRUE(begin.ok());
+  const uint64_t read_ts2 =
+      BodyOf<BeginReply>(Call(0, Encode(1, Opcode::kBeginRequest, BeginRequest{0})), Opcode::kBeginReply)
+          .read_ts;
   const uint64_t dead2 = 0xDEAD00000002ULL;
   for (auto [p, key, v] : {std::tuple<size_t, int64_t, int64_t>{0, a, 30}, {1, b, 170}}) {
-    auto reply = Decode(Call(p, Prepare(dead2, begin->As<BeginReply>().read_ts, table, {{key, v}}, 300)));
-    ASSERT_TRUE(reply.ok());
-    ASSERT_EQ(reply->opcode, Opcode::kPrepareReply);
-    ASSERT_EQ(reply->As<PrepareReply>().conflict, 0u) << "partition " << p;
+    auto reply = BodyOf<PrepareReply>(Call(p, Prepare(dead2, read_ts2, table, {{key, v}}, 300)),
+                                      Opcode::kPrepareReply);
+    ASSERT_EQ(reply.conflict, 0u) << "partition " << p;
   }
   ASSERT_OK(ReplyStatus(Call(0, Encode(1, Opcode::kDecideRequest, DecideRequest{dead2, 1, 0}))));
   // A writer meets b's lock: it aborts, resolves it once the lease expired, and its retry wins.
