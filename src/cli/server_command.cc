@@ -3,10 +3,10 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
 #include <memory>
 
 #include "cli/commands.h"
+#include "common/process.h"
 #include "common/units.h"
 #include "farpool/cluster.h"
 #include "pool/memory_server.h"
@@ -23,19 +23,6 @@ struct ServerArgs {
   std::string transport = "auto";
   std::string ready_file;
 };
-
-Status WriteReadyFile(const std::string& path, uint16_t port) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << "{\"port\": " << port << ", \"pid\": " << getpid() << "}\n";
-    if (!out.flush()) return Status::IoError("cannot write ready file " + tmp);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return Status::IoError("cannot rename ready file into " + path);
-  }
-  return Status::Ok();
-}
 
 int RunServer(const ServerArgs& a) {
   auto hp = ParseHostPort(a.listen);

@@ -6,10 +6,10 @@
 
 #include <climits>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 
 #include "cli/commands.h"
+#include "common/process.h"
 #include "db/shard_cluster.h"
 #include "db/shard_server.h"
 #include "farpool/cluster.h"
@@ -25,19 +25,6 @@ struct ShardArgs {
   std::string transport = "auto";
   std::string ready_file;
 };
-
-Status WriteReady(const std::string& path, uint16_t port) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << "{\"port\": " << port << ", \"pid\": " << getpid() << "}\n";
-    if (!out.flush()) return Status::IoError("cannot write ready file " + tmp);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return Status::IoError("cannot rename ready file into " + path);
-  }
-  return Status::Ok();
-}
 
 int RunShard(const ShardArgs& a) {
   auto hp = ParseHostPort(a.listen);
@@ -67,7 +54,7 @@ int RunShard(const ShardArgs& a) {
               o.host.c_str(), (*server)->port(), a.progress.c_str(), a.transport.c_str());
   std::fflush(stdout);
   if (!a.ready_file.empty()) {
-    Status s = WriteReady(a.ready_file, (*server)->port());
+    Status s = WriteReadyFile(a.ready_file, (*server)->port());
     if (!s.ok()) return Fail(s.message());
   }
   int sig = 0;
@@ -101,8 +88,9 @@ Command RegisterShard(CLI::App& app) {
       "shard", "Run a partition server of the sharded database engine (shared-nothing)");
   sub->add_option("--listen", args->listen, "HOST:PORT to listen on (port 0: any free port)")
       ->required();
-  sub->add_option("--id", args->id, "Partition id (0..N-1; partition 0 also keeps the catalog "
-                                    "and the timestamps)");
+  sub->add_option("--id", args->id,
+                  "Partition id (0..N-1; partition 0 also keeps the catalog "
+                  "and the timestamps)");
   sub->add_option("--progress", args->progress, "busy (lowest latency) or event (idle CPU)");
   sub->add_option("--spin-us", args->spin_us,
                   "event: poll this many microseconds after the last request before sleeping");
@@ -113,8 +101,8 @@ Command RegisterShard(CLI::App& app) {
 
 Command RegisterShardCluster(CLI::App& app) {
   auto args = std::make_shared<ShardClusterArgs>();
-  CLI::App* sub = app.add_subcommand(
-      "shard-cluster", "Start or stop a local set of `farpool shard` processes");
+  CLI::App* sub =
+      app.add_subcommand("shard-cluster", "Start or stop a local set of `farpool shard` processes");
   sub->require_subcommand(1);
   CLI::App* up = sub->add_subcommand("up", "Start N partition servers; writes DIR/cluster.json");
   up->add_option("--dir", args->dir, "State directory (cluster.json, logs)")->required();

@@ -1,6 +1,5 @@
 #include "pool/local_cluster.h"
 
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -11,10 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
+#include "common/process.h"
 #include "common/units.h"
 
 namespace farpool {
@@ -107,67 +106,6 @@ void TearDownNetwork(const NetNames& n, int servers) {
   (void)c;
 }
 
-bool Alive(pid_t pid) {
-  if (pid <= 0) return false;
-  // Reap it if it is our child (a failed Up), then ask whether it still exists.
-  int status = 0;
-  if (waitpid(pid, &status, WNOHANG) == pid) return false;
-  if (kill(pid, 0) != 0) return false;
-  // A zombie of someone else still "exists"; check its state.
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string content((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  size_t close = content.rfind(')');
-  return close == std::string::npos || close + 2 >= content.size() || content[close + 2] != 'Z';
-}
-
-std::string Tail(const std::string& path, size_t max_bytes = 600) {
-  std::ifstream in(path);
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (s.size() > max_bytes) s = "..." + s.substr(s.size() - max_bytes);
-  return s;
-}
-
-pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
-  pid_t pid = fork();
-  if (pid != 0) return pid;
-  setsid();
-  int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd >= 0) {
-    dup2(fd, STDOUT_FILENO);
-    dup2(fd, STDERR_FILENO);
-    close(fd);
-  }
-  int devnull = open("/dev/null", O_RDONLY);
-  if (devnull >= 0) dup2(devnull, STDIN_FILENO);
-  std::vector<char*> args;
-  args.reserve(argv.size() + 1);
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  execvp(args[0], args.data());
-  std::fprintf(stderr, "exec %s: %s\n", args[0], strerror(errno));
-  _exit(127);
-}
-
-void StopPids(const std::vector<pid_t>& pids) {
-  for (pid_t p : pids) {
-    if (Alive(p)) kill(p, SIGTERM);
-  }
-  const auto deadline = Clock::now() + std::chrono::seconds(5);
-  for (;;) {
-    bool any = false;
-    for (pid_t p : pids) any = any || Alive(p);
-    if (!any) return;
-    if (Clock::now() > deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  for (pid_t p : pids) {
-    if (Alive(p)) kill(p, SIGKILL);
-  }
-  for (pid_t p : pids) {
-    while (Alive(p)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-}
-
 }  // namespace
 
 std::string ClusterFile(const std::string& dir) {
@@ -190,7 +128,7 @@ Status ClusterUp(const LocalClusterOptions& o) {
     auto existing = ClusterConfig::Load(ClusterFile(o.dir));
     if (existing.ok()) {
       for (const auto& s : existing->servers) {
-        if (Alive(static_cast<pid_t>(s.pid))) {
+        if (ProcessRunning(static_cast<pid_t>(s.pid))) {
           return Status::InvalidArgument("a cluster is already running in " + o.dir + " (server " +
                                          std::to_string(s.id) + ", pid " + std::to_string(s.pid) +
                                          "); run `farpool cluster down --dir " + o.dir + "` first");
@@ -213,7 +151,7 @@ Status ClusterUp(const LocalClusterOptions& o) {
   config.transport = o.transport;
   std::vector<pid_t> pids;
   auto fail = [&](const Status& s) {
-    StopPids(pids);
+    StopProcesses(pids);
     if (o.netns) TearDownNetwork(names, o.servers);
     return s;
   };
@@ -226,12 +164,12 @@ Status ClusterUp(const LocalClusterOptions& o) {
     const std::string port = o.netns ? "7000" : "0";
     std::vector<std::string> argv;
     if (o.netns) argv = {"ip", "netns", "exec", names.Namespace(i)};
-    argv.insert(
-        argv.end(),
-        {o.binary, "server", "--listen", std::string(host).append(":").append(port), "--memory", std::to_string(o.memory),
-         "--chunk-size", std::to_string(o.chunk_size), "--id", std::to_string(i), "--progress",
-         o.progress == ProgressMode::kBusy ? "busy" : "event", "--ready-file", ready});
-    pid_t pid = Spawn(argv, log);
+    argv.insert(argv.end(),
+                {o.binary, "server", "--listen", std::string(host).append(":").append(port),
+                 "--memory", std::to_string(o.memory), "--chunk-size", std::to_string(o.chunk_size),
+                 "--id", std::to_string(i), "--progress",
+                 o.progress == ProgressMode::kBusy ? "busy" : "event", "--ready-file", ready});
+    pid_t pid = SpawnDetached(argv, log);
     if (pid < 0) return fail(Status::IoError(std::string("fork: ") + strerror(errno)));
     pids.push_back(pid);
     ServerAddress a;
@@ -242,34 +180,13 @@ Status ClusterUp(const LocalClusterOptions& o) {
     a.netns = o.netns ? names.Namespace(i) : "";
     config.servers.push_back(a);
   }
-  // Wait for every ready file: {"port": N}.
   const auto deadline = Clock::now() + o.start_timeout;
   for (int i = 0; i < o.servers; ++i) {
-    const std::string ready =
-        (fs::path(o.dir) / ("server-" + std::to_string(i) + ".ready")).string();
-    const std::string log = (fs::path(o.dir) / ("server-" + std::to_string(i) + ".log")).string();
-    for (;;) {
-      std::ifstream in(ready);
-      if (in) {
-        try {
-          auto doc = nlohmann::json::parse(in);
-          config.servers[i].port = doc.at("port").get<uint16_t>();
-          break;
-        } catch (const std::exception&) {
-          // written but not complete yet (the server renames it into place; retry)
-        }
-      }
-      if (!Alive(pids[i])) {
-        return fail(Status::Unavailable("server " + std::to_string(i) +
-                                        " exited during start-up; " + log + ":\n" + Tail(log)));
-      }
-      if (Clock::now() > deadline) {
-        return fail(Status::TimedOut("server " + std::to_string(i) + " not ready after " +
-                                     std::to_string(o.start_timeout.count()) + " s; " + log +
-                                     ":\n" + Tail(log)));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    const std::string base = (fs::path(o.dir) / ("server-" + std::to_string(i))).string();
+    auto port =
+        WaitReady(base + ".ready", pids[i], "server " + std::to_string(i), base + ".log", deadline);
+    if (!port.ok()) return fail(port.status());
+    config.servers[i].port = *port;
   }
   FARPOOL_RETURN_IF_ERROR(config.Save(ClusterFile(o.dir)));
   // Every server must answer, not just listen.
@@ -323,7 +240,7 @@ Status ClusterDown(const std::string& dir) {
     pids.push_back(static_cast<pid_t>(s.pid));
     netns = netns || !s.netns.empty();
   }
-  StopPids(pids);
+  StopProcesses(pids);
   if (netns) TearDownNetwork(NamesFor(dir), static_cast<int>(config.servers.size()));
   std::error_code ec;
   fs::remove(ClusterFile(dir), ec);

@@ -1,0 +1,113 @@
+#include "common/process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+namespace farpool {
+
+using Clock = std::chrono::steady_clock;
+
+pid_t SpawnDetached(const std::vector<std::string>& argv, const std::string& log) {
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  setsid();
+  int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd >= 0) {
+    dup2(fd, STDOUT_FILENO);
+    dup2(fd, STDERR_FILENO);
+    close(fd);
+  }
+  int devnull = open("/dev/null", O_RDONLY);
+  if (devnull >= 0) dup2(devnull, STDIN_FILENO);
+  std::vector<char*> args;
+  args.reserve(argv.size() + 1);
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execvp(args[0], args.data());
+  std::fprintf(stderr, "exec %s: %s\n", args[0], strerror(errno));
+  _exit(127);
+}
+
+bool ProcessRunning(pid_t pid) {
+  if (pid <= 0) return false;
+  int status = 0;
+  if (waitpid(pid, &status, WNOHANG) == pid) return false;  // our child, now reaped
+  if (kill(pid, 0) != 0) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string content((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t close = content.rfind(')');
+  return close == std::string::npos || close + 2 >= content.size() || content[close + 2] != 'Z';
+}
+
+void StopProcesses(const std::vector<pid_t>& pids, std::chrono::milliseconds grace) {
+  for (pid_t p : pids) {
+    if (ProcessRunning(p)) kill(p, SIGTERM);
+  }
+  const auto deadline = Clock::now() + grace;
+  for (;;) {
+    bool any = false;
+    for (pid_t p : pids) any = any || ProcessRunning(p);
+    if (!any) return;
+    if (Clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (pid_t p : pids) {
+    if (ProcessRunning(p)) kill(p, SIGKILL);
+  }
+  for (pid_t p : pids) {
+    while (ProcessRunning(p)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+std::string FileTail(const std::string& path, size_t max_bytes) {
+  std::ifstream in(path);
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (s.size() > max_bytes) s = "..." + s.substr(s.size() - max_bytes);
+  return s;
+}
+
+Status WriteReadyFile(const std::string& path, uint16_t port) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << "{\"port\": " << port << ", \"pid\": " << getpid() << "}\n";
+    if (!out.flush()) return Status::IoError("cannot write ready file " + tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return Status::IoError("cannot rename ready file into " + path + ": " + strerror(errno));
+  }
+  return Status::Ok();
+}
+
+Result<uint16_t> WaitReady(const std::string& ready_file, pid_t pid, const std::string& what,
+                           const std::string& log, Clock::time_point deadline) {
+  for (;;) {
+    std::ifstream in(ready_file);
+    if (in) {
+      try {
+        return nlohmann::json::parse(in).at("port").get<uint16_t>();
+      } catch (const std::exception&) {
+        // Never half-written (it is renamed into place); a stale or foreign file: keep waiting.
+      }
+    }
+    if (!ProcessRunning(pid)) {
+      return Status::Unavailable(what + " exited during start-up; " + log + ":\n" + FileTail(log));
+    }
+    if (Clock::now() > deadline) {
+      return Status::TimedOut(what + " not ready in time; " + log + ":\n" + FileTail(log));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+}  // namespace farpool

@@ -1,0 +1,44 @@
+// Child server processes of the local-cluster tools (`farpool cluster`, `farpool
+// shard-cluster`): start detached, tell when they are ready, stop without leaving any behind.
+//
+// Protocol: a server started with --ready-file PATH writes {"port": N, "pid": P} there
+// (atomically: temporary file + rename) once it is listening; WaitReady polls for it.
+//
+// Thread-safety: plain functions; no shared state.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "farpool/status.h"
+
+namespace farpool {
+
+// Forks and execs `argv` in its own session, stdout and stderr to `log`, stdin from
+// /dev/null. Returns the pid, or -1 if fork failed.
+pid_t SpawnDetached(const std::vector<std::string>& argv, const std::string& log);
+
+// Whether `pid` is a running process (reaps it if it is our exited child; a zombie is not
+// running).
+bool ProcessRunning(pid_t pid);
+
+// SIGTERM to each, SIGKILL to those still running after `grace`; returns when none runs.
+void StopProcesses(const std::vector<pid_t>& pids,
+                   std::chrono::milliseconds grace = std::chrono::seconds(5));
+
+// The last `max_bytes` of a file (a server's log, for error messages).
+std::string FileTail(const std::string& path, size_t max_bytes = 600);
+
+// Written by a server once it listens.
+Status WriteReadyFile(const std::string& path, uint16_t port);
+
+// Waits until `pid` has written its ready file and returns the port. Errors name `what` (e.g.
+// "server 3") and quote the tail of `log` if the process exited or `deadline` passed.
+Result<uint16_t> WaitReady(const std::string& ready_file, pid_t pid, const std::string& what,
+                           const std::string& log, std::chrono::steady_clock::time_point deadline);
+
+}  // namespace farpool
