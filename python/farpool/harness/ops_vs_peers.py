@@ -281,7 +281,8 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     systems = [("local-memory", "local", "local memory"), ("ucx", "shm", "raw UCX shm"),
-               ("farpool", "shm", "farpool shm"), ("ucx", "tcp", "raw UCX tcp"),
+               ("farpool", "shm", "farpool shm"), ("tcp-floor", "tcp", "TCP floor"),
+               ("ucx", "tcp", "raw UCX tcp"),
                ("farpool", "tcp", "farpool tcp"), ("redis", "tcp", "Redis")]
     ops = [o for o in measured_ops(rows) if o[2] == 1]
     fig, ax = plt.subplots(figsize=(11, 5))
