@@ -170,6 +170,8 @@ Result<nlohmann::json> RunOpsBench(const OpsBenchOptions& o) {
     }
     std::mt19937_64 rng(o.seed + t);
     std::vector<size_t> picks(o.batch);
+    // One Batch per thread, reused after every Wait (as an application would).
+    std::unique_ptr<Batch> batch = pool ? std::make_unique<Batch>(*pool) : nullptr;
     while (!stop.load(std::memory_order_relaxed)) {
       for (auto& p : picks) p = rng() % objects;
       const auto start = Clock::now();
@@ -199,7 +201,7 @@ Result<nlohmann::json> RunOpsBench(const OpsBenchOptions& o) {
           }
         }
       } else {
-        Batch b(*pool);
+        Batch& b = *batch;
         for (int k = 0; k < o.batch && s.ok(); ++k) {
           const size_t i = picks[k];
           switch (op) {
