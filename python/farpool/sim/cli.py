@@ -98,8 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", type=_positive_int, default=64, help="record size, bytes")
     p.add_argument("--threads", type=_threads, default=tuple(range(1, 9)),
                    help="client threads, e.g. 1-8 (default) or 1,2,4,8")
-    p.add_argument("--scale", type=_positive_int, default=8,
-                   help="TPC-B scale (branches) of the modelled run (default 8)")
+    p.add_argument("--scale", type=_positive_int, default=1,
+                   help="TPC-B branches of the modelled runs (default 1, as bench txn)")
+    p.add_argument("--accounts", type=_positive_int, default=10_000,
+                   help="bank accounts of the modelled runs (default 10000, as bench txn)")
     _common(p, "committed transactions per point (default 5000)",
             "not used (bounded by commits); rejected")
 
@@ -214,8 +216,9 @@ def cmd_calibrate(args) -> int:
         return _fail("calibrate is bounded by --events (commits per point), not --seconds")
     root = cal.repo_root()
     ops = args.ops or root / "bench" / "results" / "ops.jsonl"
-    r = cal.calibrate(ops, args.txn, args.transport, args.size, args.threads, args.scale,
-                      args.seed, args.events or 5000)
+    r = cal.calibrate(ops, args.txn, transport=args.transport, size=args.size,
+                      threads=args.threads, scale=args.scale, accounts=args.accounts,
+                      seed=args.seed, commits=args.events or 5000)
     if args.write:
         from .experiments import calibration
         r["written"] = [str(f) for f in calibration.write(r, _out_dir(args))]
@@ -226,6 +229,10 @@ def cmd_calibrate(args) -> int:
     for p in r["predicted"]:
         lines.append(f"  {p['workload']:5s} {p['threads']} threads: DES {p['des_tps']:,.0f} "
                      f"tps (aborts {p['des_abort_rate']:.0%}), MVA {p['mva_tps']:,.0f} tps")
+    for c in r["measured_txn"] or []:
+        lines.append(f"  measured {c['workload']:5s} {c['client_threads']} threads "
+                     f"(keys {c['key_space']}): {c['measured_tps']:,.0f} tps; DES "
+                     f"{c['des_error_pct']:+.0f}%, MVA {c['mva_error_pct']:+.0f}%")
     lines.append(r["message"])
     _emit(r, args.json, lines)
     return 0

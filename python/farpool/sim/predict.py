@@ -163,7 +163,8 @@ def analytic_bounds(p: ClusterParams, design: str, wl: Workload, timestamp: str)
         net = n_rec * sum(a + b + 2 * h for a, b in per_rec) * remote
         out["links"] = n * bw / net * 1e9
         nic = n_rec * (4 * op_ns + 1e3 / p.nic_atomic_mops)
-        out["nic"] = 1e9 / (nic / n + 2 * op_ns)
+        ts_ops = 0 if timestamp == "free" else 2  # begin read and publish/FAA on node 0
+        out["nic"] = 1e9 / (nic / n + ts_ops * op_ns)
         if timestamp == "vector":
             out["timestamp_source"] = bw / (TS_SLOT_BYTES * n * p.threads + h) * 1e9
         elif timestamp == "counter":

@@ -67,13 +67,37 @@ def test_calibrate_without_txn_file_says_so():
 
 def test_calibrate_compares_with_measured_runs(tmp_path):
     txn = tmp_path / "txn.jsonl"
-    rows = [{"engine": "pool", "workload": w, "clients": t, "threads": t, "tps": 100000.0,
+    rows = [{"engine": "pool", "workload": w, "clients": 1, "threads": t, "tps": 100000.0,
              "p50_us": 10, "p99_us": 30, "abort_rate": 0.0, "reads_per_txn": 5,
-             "writes_per_txn": 5, "cas_per_txn": 2, "faa_per_txn": 0}
+             "writes_per_txn": 9, "cas_per_txn": 2, "faa_per_txn": 0, "accounts": 1000}
             for w in ("bank", "tpcb") for t in (1, 2)]
+    rows.append(dict(rows[0], engine="sharded"))  # other engines are not compared
     txn.write_text("".join(json.dumps(r) + "\n" for r in rows))
     r = cal.calibrate(FIXTURE, txn, threads=(1, 2), commits=600)
     assert len(r["measured_txn"]) == 4
     c = r["measured_txn"][0]
+    assert (c["workload"], c["client_threads"], c["key_space"]) == ("bank", 1, 1000)
     assert c["des_error_pct"] == pytest.approx((c["des_tps"] - 1e5) / 1e5 * 100)
     assert r["op_counts"]["tpcb"]["source"].startswith("measured")
+    # bank measured 9 writes against 5 derived: the DES runs the 4 extra writes
+    assert r["extra_ops_per_txn"]["bank"] == {"write": pytest.approx(4.0)}
+
+
+def test_results_and_plot_are_written(tmp_path):
+    from farpool.sim.experiments import calibration
+
+    txn = tmp_path / "txn.jsonl"
+    txn.write_text(json.dumps({
+        "engine": "pool", "workload": "bank", "clients": 1, "threads": 2, "tps": 1e5,
+        "p50_us": 10, "p99_us": 30, "abort_rate": 0.0, "reads_per_txn": 4,
+        "writes_per_txn": 9, "cas_per_txn": 2, "faa_per_txn": 0}) + "\n" + json.dumps({
+        "engine": "local", "workload": "bank", "clients": 1, "threads": 1, "tps": 3e5,
+        "p50_us": 3, "p99_us": 9, "abort_rate": 0.0, "reads_per_txn": 4,
+        "writes_per_txn": 9, "cas_per_txn": 2, "faa_per_txn": 0}) + "\n")
+    for t in (None, txn):
+        r = cal.calibrate(FIXTURE, t, threads=(1, 2), commits=400)
+        files = calibration.write(r, tmp_path)
+        assert [f.name for f in files] == ["sim_calibrate.jsonl", "sim_calibrate.png"]
+        rows = [json.loads(x) for x in files[0].read_text().splitlines()]
+        assert rows[-1]["record"] == "summary"
+    assert r["engine_compute_us"]["bank"] == pytest.approx(1e6 / 3e5)

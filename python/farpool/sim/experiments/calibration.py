@@ -33,8 +33,15 @@ def write(r: dict, out: Path) -> list[Path]:
         ax.plot(t, [p["mva_tps"] for p in pts], "--", color=color, label=f"{w}: MVA")
         meas = [c for c in (r["measured_txn"] or []) if c["workload"] == w]
         if meas:
-            ax.plot([c["threads"] for c in meas], [c["measured_tps"] for c in meas], "s",
-                    color=color, mfc="none", ms=9, label=f"{w}: measured")
+            t = [c["client_threads"] for c in meas]
+            ax.plot(t, [c["measured_tps"] for c in meas], "s", color=color, mfc="none", ms=9,
+                    label=f"{w}: measured (bench txn)")
+            ax.plot(t, [c["des_tps"] for c in meas], "x", color=color, ms=8,
+                    label=f"{w}: DES for the measured configuration")
+            for c in meas:
+                ax.annotate(f"keys {c['key_space']}: {c['des_error_pct']:+.0f}%",
+                            (c["client_threads"], c["measured_tps"]), fontsize=6,
+                            xytext=(4, 4), textcoords="offset points")
     ax.set(xlabel="client threads", ylabel="transactions / s",
            title=f"Calibration from {Path(r['ops_file']).name} ({r['transport']})")
     if not r["measured_txn"]:
@@ -50,11 +57,16 @@ def write(r: dict, out: Path) -> list[Path]:
 
 
 def main() -> int:
+    """Uses bench/results/ops.jsonl, or else sim_calibrate_ops.jsonl (op costs measured for
+    the simulator, see docs/simulator.md), and txn.jsonl when it exists."""
     root = cal.repo_root()
-    txn = root / "bench" / "results" / "txn.jsonl"
+    res = root / "bench" / "results"
+    ops = res / "ops.jsonl"
+    if not ops.exists() and (res / "sim_calibrate_ops.jsonl").exists():
+        ops = res / "sim_calibrate_ops.jsonl"
+    txn = res / "txn.jsonl"
     try:
-        r = cal.calibrate(root / "bench" / "results" / "ops.jsonl",
-                          txn if txn.exists() else None)
+        r = cal.calibrate(ops, txn if txn.exists() else None)
     except (FileNotFoundError, ValueError) as e:
         print(f"calibration: {e}", file=sys.stderr)
         return 1
