@@ -29,7 +29,11 @@ fi
 
 PY=${PYTHON:-python3}
 if [ -f python/pyproject.toml ]; then
-  if ! $PY -c 'import farpool, simpy, matplotlib' >/dev/null 2>&1 || [ python/pyproject.toml -nt .setup-python-stamp ]; then
+  # Reinstall unless `farpool` already imports from this checkout (another clone's editable
+  # install would otherwise shadow this one's code).
+  here=$(cd python && pwd)
+  installed=$($PY -c 'import farpool, simpy, matplotlib, os; print(os.path.dirname(os.path.dirname(farpool.__file__)))' 2>/dev/null || true)
+  if [ "$installed" != "$here" ] || [ python/pyproject.toml -nt .setup-python-stamp ]; then
     echo "setup: installing the Python harness (python/) and its dependencies"
     $PY -m pip install -q -e 'python[test]'
     touch .setup-python-stamp
