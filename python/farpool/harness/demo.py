@@ -21,7 +21,6 @@ from pathlib import Path
 
 from farpool.harness import peers
 from farpool.harness import tpcb as tpcb_mod
-from farpool.harness.peers import log
 
 QUERIES = [("q1", "names of a user's friends"), ("q2", "number of new messages to a user"),
            ("q3", "new messages to the user's groups"), ("q4", "last 100 messages sent by a user"),
