@@ -9,9 +9,9 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
-#include <sstream>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <thread>
 #include <vector>
 

@@ -40,12 +40,13 @@ int RunOps(BenchArgs& a) {
   if (a.json) {
     std::printf("%s\n", r.dump().c_str());
   } else {
-    std::printf("%s %s B x%d threads, batch %d, %s (%s): %.0f ops/s, p50 %.3f us, p99 %.3f us, "
-                "p99.9 %.3f us\n",
-                r["op"].get<std::string>().c_str(), std::to_string(r["size"].get<uint64_t>()).c_str(),
-                a.ops.threads, a.ops.batch, r["transport"].get<std::string>().c_str(),
-                r["path"].get<std::string>().c_str(), r["ops_per_s"].get<double>(),
-                r["p50_us"].get<double>(), r["p99_us"].get<double>(), r["p999_us"].get<double>());
+    std::printf(
+        "%s %s B x%d threads, batch %d, %s (%s): %.0f ops/s, p50 %.3f us, p99 %.3f us, "
+        "p99.9 %.3f us\n",
+        r["op"].get<std::string>().c_str(), std::to_string(r["size"].get<uint64_t>()).c_str(),
+        a.ops.threads, a.ops.batch, r["transport"].get<std::string>().c_str(),
+        r["path"].get<std::string>().c_str(), r["ops_per_s"].get<double>(),
+        r["p50_us"].get<double>(), r["p99_us"].get<double>(), r["p999_us"].get<double>());
   }
   return 0;
 }

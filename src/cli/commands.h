@@ -31,4 +31,9 @@ int Fail(const std::string& message);
 // Parses a size ("4GiB") for a CLI11 option, with the library's error on bad input.
 std::string SizeValidator(const std::string& text);
 
+// For server commands: BlockTerminationSignals() before any thread starts, then
+// WaitForTerminationSignal() returns the signal (SIGTERM or SIGINT) that asked to stop.
+void BlockTerminationSignals();
+int WaitForTerminationSignal();
+
 }  // namespace farpool::cli

@@ -1,5 +1,4 @@
 // `farpool server`: run one memory server until SIGTERM or SIGINT.
-#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -37,12 +36,7 @@ int RunServer(const ServerArgs& a) {
   if (!fabric.ok()) return Fail("--transport: " + fabric.status().message());
   if (a.id < 0 || a.id > 65535) return Fail("--id must be from 0 to 65535");
 
-  // SIGTERM/SIGINT are taken by sigwait below; block them before any thread starts.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  BlockTerminationSignals();  // before any thread starts: they are taken by the wait below
 
   ServerOptions o;
   o.host = hp->first;
@@ -62,8 +56,7 @@ int RunServer(const ServerArgs& a) {
     Status s = WriteReadyFile(a.ready_file, (*server)->port());
     if (!s.ok()) return Fail(s.message());
   }
-  int sig = 0;
-  sigwait(&signals, &sig);
+  const int sig = WaitForTerminationSignal();
   std::printf("farpool server %d: signal %d, shutting down\n", a.id, sig);
   (*server)->Stop();
   server->reset();

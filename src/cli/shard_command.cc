@@ -1,7 +1,6 @@
 // `farpool shard`: run one partition server of the sharded database engine until SIGTERM or
 // SIGINT. `farpool shard-cluster up|down --dir DIR`: a local set of them (DIR/cluster.json is
 // what `--engine sharded --cluster` and DatabaseOptions::cluster_file take).
-#include <signal.h>
 #include <unistd.h>
 
 #include <climits>
@@ -34,11 +33,7 @@ int RunShard(const ShardArgs& a) {
   auto fabric = ParseFabric(a.transport);
   if (!fabric.ok()) return Fail("--transport: " + fabric.status().message());
   if (a.id < 0 || a.id > 65535) return Fail("--id must be from 0 to 65535");
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  BlockTerminationSignals();  // before any thread starts: they are taken by the wait below
 
   db::shard::PartitionServerOptions o;
   o.host = hp->first;
@@ -57,8 +52,7 @@ int RunShard(const ShardArgs& a) {
     Status s = WriteReadyFile(a.ready_file, (*server)->port());
     if (!s.ok()) return Fail(s.message());
   }
-  int sig = 0;
-  sigwait(&signals, &sig);
+  const int sig = WaitForTerminationSignal();
   std::printf("farpool shard %d: signal %d, shutting down\n", a.id, sig);
   (*server)->Stop();
   return 0;

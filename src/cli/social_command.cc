@@ -95,10 +95,11 @@ int RunTpcw(TpcwArgs& a) {
   if (a.json) {
     std::printf("%s\n", r->dump().c_str());
   } else {
-    std::printf("tpcw buy on %s, %d flows: %.0f txn/s, p50 %.1f us, p99 %.1f us, abort rate %.3f%s\n",
-                a.engine.c_str(), a.o.flows, (*r)["tps"].get<double>(), (*r)["p50_us"].get<double>(),
-                (*r)["p99_us"].get<double>(), (*r)["abort_rate"].get<double>(),
-                a.o.verify ? ", verified" : "");
+    std::printf(
+        "tpcw buy on %s, %d flows: %.0f txn/s, p50 %.1f us, p99 %.1f us, abort rate %.3f%s\n",
+        a.engine.c_str(), a.o.flows, (*r)["tps"].get<double>(), (*r)["p50_us"].get<double>(),
+        (*r)["p99_us"].get<double>(), (*r)["abort_rate"].get<double>(),
+        a.o.verify ? ", verified" : "");
   }
   return 0;
 }
@@ -123,7 +124,8 @@ Command RegisterTpcwBench(CLI::App& bench) {
 
 Command RegisterSocialBench(CLI::App& bench) {
   auto a = std::make_shared<SocialArgs>();
-  CLI::App* c = bench.add_subcommand("social", "The MEMSCALE social network: six queries, write mix");
+  CLI::App* c =
+      bench.add_subcommand("social", "The MEMSCALE social network: six queries, write mix");
   c->add_option("--cluster", a->o.cluster_file, "cluster.json (pool engine)");
   c->add_option("--engine", a->engine, "pool, local or sharded");
   c->add_option("--scale", a->o.scale, "1000 users (10000 messages) per unit; >= 0.1");

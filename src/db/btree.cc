@@ -307,15 +307,21 @@ Result<uint64_t> BTree::CheckStructure(const Access& access) const {
     for (;;) {
       FARPOOL_RETURN_IF_ERROR(ReadNode(access, at, &n));
       auto where = "b+tree node " + at.ToString() + " (level " + std::to_string(level) + ")";
-      if (n.level != level) return Status::Internal(where + ": wrong level " + std::to_string(n.level));
-      if (n.low != expect_low) return Status::Internal(where + ": low key does not follow its left sibling's high key");
-      if (n.count > static_cast<uint32_t>(kMaxEntries)) return Status::Internal(where + ": bad count");
+      if (n.level != level)
+        return Status::Internal(where + ": wrong level " + std::to_string(n.level));
+      if (n.low != expect_low)
+        return Status::Internal(where + ": low key does not follow its left sibling's high key");
+      if (n.count > static_cast<uint32_t>(kMaxEntries))
+        return Status::Internal(where + ": bad count");
       for (uint32_t i = 0; i < n.count; ++i) {
-        if (n.e[i].key < n.low || n.e[i].key >= n.high) return Status::Internal(where + ": key outside [low, high)");
-        if (i > 0 && n.e[i - 1].key >= n.e[i].key) return Status::Internal(where + ": keys not sorted");
+        if (n.e[i].key < n.low || n.e[i].key >= n.high)
+          return Status::Internal(where + ": key outside [low, high)");
+        if (i > 0 && n.e[i - 1].key >= n.e[i].key)
+          return Status::Internal(where + ": keys not sorted");
       }
       if (level == 0) leaf_entries += n.count;
-      if (next_leftmost.is_null() && level > 0) next_leftmost = GlobalAddress::FromRaw(n.e[0].value);
+      if (next_leftmost.is_null() && level > 0)
+        next_leftmost = GlobalAddress::FromRaw(n.e[0].value);
       if (n.right == 0) {
         if (n.high != INT64_MAX) return Status::Internal(where + ": rightmost node has a high key");
         break;

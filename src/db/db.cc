@@ -23,9 +23,12 @@ Result<Engine> ParseEngine(std::string_view text) {
 
 std::string_view EngineName(Engine engine) {
   switch (engine) {
-    case Engine::kPool: return "pool";
-    case Engine::kLocal: return "local";
-    case Engine::kSharded: return "sharded";
+    case Engine::kPool:
+      return "pool";
+    case Engine::kLocal:
+      return "local";
+    case Engine::kSharded:
+      return "sharded";
   }
   return "?";
 }
@@ -43,9 +46,12 @@ namespace {
 uint32_t ColumnBytes(const Column& c) {
   switch (c.type) {
     case ColumnType::kInt64:
-    case ColumnType::kDouble: return 8;
-    case ColumnType::kChar: return (c.length + 7) & ~7u;
-    case ColumnType::kBytes: return 16;  // blob address + length
+    case ColumnType::kDouble:
+      return 8;
+    case ColumnType::kChar:
+      return (c.length + 7) & ~7u;
+    case ColumnType::kBytes:
+      return 16;  // blob address + length
   }
   return 0;
 }
@@ -73,7 +79,8 @@ Status Schema::Validate() const {
       return Status::InvalidArgument("schema: duplicate column '" + c.name + "'");
     }
     if (c.type == ColumnType::kChar && (c.length == 0 || c.length > 4096)) {
-      return Status::InvalidArgument("schema: char column '" + c.name + "' needs a length of 1..4096");
+      return Status::InvalidArgument("schema: char column '" + c.name +
+                                     "' needs a length of 1..4096");
     }
     if (c.type != ColumnType::kInt64 && c.type != ColumnType::kDouble &&
         c.type != ColumnType::kChar && c.type != ColumnType::kBytes) {

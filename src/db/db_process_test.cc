@@ -105,13 +105,16 @@ Status BankWorker(uint64_t seed) {
         const int from = rng() % kAccounts, to = rng() % kAccounts;
         const int64_t amount = rng() % 100;
         const bool give_up = rng() % 8 == 0;
-        Status s = RunTransaction(**session, [&](Transaction& txn) -> Status {
-          FARPOOL_ASSIGN_OR_RETURN(int64_t a, GetInt(txn, *t, from));
-          FARPOOL_RETURN_IF_ERROR(PutInt(txn, *t, from, a - amount));
-          FARPOOL_ASSIGN_OR_RETURN(int64_t b, GetInt(txn, *t, to));
-          FARPOOL_RETURN_IF_ERROR(PutInt(txn, *t, to, b + amount));
-          return give_up ? Status::InvalidArgument("voluntary abort") : Status::Ok();
-        }, 100000);
+        Status s = RunTransaction(
+            **session,
+            [&](Transaction& txn) -> Status {
+              FARPOOL_ASSIGN_OR_RETURN(int64_t a, GetInt(txn, *t, from));
+              FARPOOL_RETURN_IF_ERROR(PutInt(txn, *t, from, a - amount));
+              FARPOOL_ASSIGN_OR_RETURN(int64_t b, GetInt(txn, *t, to));
+              FARPOOL_RETURN_IF_ERROR(PutInt(txn, *t, to, b + amount));
+              return give_up ? Status::InvalidArgument("voluntary abort") : Status::Ok();
+            },
+            100000);
         if (!s.ok() && !(give_up && s.code() == StatusCode::kInvalidArgument)) results[th] = s;
       }
     });
@@ -160,8 +163,8 @@ Status CycleWorker(uint64_t seed, int id) {
       std::mt19937_64 rng(seed * 131 + id * 7 + th);
       for (int i = 0; i < 400 && results[th].ok(); ++i) {
         const int64_t a = rng() % kRing;
-        Status s = RunTransaction(**session, [&](Transaction& txn) { return CycleStep(txn, *t, a); },
-                                  100000);
+        Status s = RunTransaction(
+            **session, [&](Transaction& txn) { return CycleStep(txn, *t, a); }, 100000);
         if (!s.ok()) results[th] = s;
         ++commits;
       }
@@ -275,12 +278,14 @@ TEST_P(DbProcessTest, BankInvariantAcrossProcesses) {
   auto session = db_->NewSession();
   ASSERT_TRUE(session.ok());
   ASSERT_TRUE(RunTransaction(**session, [&](Transaction& txn) -> Status {
-                for (int a = 0; a < kAccounts; ++a) FARPOOL_RETURN_IF_ERROR(PutInt(txn, **t, a, kInitial));
+                for (int a = 0; a < kAccounts; ++a)
+                  FARPOOL_RETURN_IF_ERROR(PutInt(txn, **t, a, kInitial));
                 return Status::Ok();
               }).ok());
   auto pids = SpawnWorkers(3, "bank", cluster_file_, seed);
   for (auto [pid, status] : Reap(pids)) {
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "worker " << pid << " status " << status;
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "worker " << pid << " status " << status;
   }
   int64_t sum = 0;
   ASSERT_TRUE(RunTransaction(**session, [&](Transaction& txn) -> Status {
@@ -304,7 +309,8 @@ TEST_P(DbProcessTest, CycleSurvivesSigkillMidCommit) {
   auto session = db_->NewSession();
   ASSERT_TRUE(session.ok());
   ASSERT_TRUE(RunTransaction(**session, [&](Transaction& txn) -> Status {
-                for (int i = 0; i < kRing; ++i) FARPOOL_RETURN_IF_ERROR(PutInt(txn, **t, i, (i + 1) % kRing));
+                for (int i = 0; i < kRing; ++i)
+                  FARPOOL_RETURN_IF_ERROR(PutInt(txn, **t, i, (i + 1) % kRing));
                 return Status::Ok();
               }).ok());
   auto pids = SpawnWorkers(3, "cycle", cluster_file_, seed);
@@ -318,7 +324,8 @@ TEST_P(DbProcessTest, CycleSurvivesSigkillMidCommit) {
       ++killed;
       continue;
     }
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "worker " << pid << " status " << status;
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "worker " << pid << " status " << status;
   }
   EXPECT_GE(killed, 1);
   // Leases of the dead expire; recovery finishes their decided commits and breaks the rest.
@@ -334,7 +341,9 @@ TEST_P(DbProcessTest, CycleSurvivesSigkillMidCommit) {
                   seen.insert(at);
                   FARPOOL_ASSIGN_OR_RETURN(at, GetInt(txn, **t, at));
                 }
-                if (at != 0) return Status::Internal("the ring does not close after " + std::to_string(kRing) + " hops");
+                if (at != 0)
+                  return Status::Internal("the ring does not close after " + std::to_string(kRing) +
+                                          " hops");
                 return Status::Ok();
               }).ok());
   EXPECT_EQ(seen.size(), static_cast<size_t>(kRing));
@@ -360,9 +369,10 @@ int main(int argc, char** argv) {
   if (!role.empty()) {
     const uint64_t seed = std::strtoull(farpool::db::Env("FARPOOL_SEED", "1").c_str(), nullptr, 10);
     const int id = std::atoi(farpool::db::Env("FARPOOL_WORKER_ID", "0").c_str());
-    farpool::Status s = role == "bank"    ? farpool::db::BankWorker(seed + id)
-                        : role == "cycle" ? farpool::db::CycleWorker(seed, id)
-                                          : farpool::Status::InvalidArgument("unknown role " + role);
+    farpool::Status s = role == "bank" ? farpool::db::BankWorker(seed + id)
+                        : role == "cycle"
+                            ? farpool::db::CycleWorker(seed, id)
+                            : farpool::Status::InvalidArgument("unknown role " + role);
     if (!s.ok()) std::fprintf(stderr, "worker %s %d: %s\n", role.c_str(), id, s.ToString().c_str());
     return s.ok() ? 0 : 1;
   }

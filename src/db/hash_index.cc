@@ -23,7 +23,8 @@ Result<GlobalAddress> ZeroedObject(const Access& access, uint64_t size, Placemen
   FARPOOL_ASSIGN_OR_RETURN(GlobalAddress a, access.Alloc(size, p));
   std::vector<unsigned char> zeros(std::min<uint64_t>(size, 1 << 20), 0);
   for (uint64_t off = 0; off < size; off += zeros.size()) {
-    FARPOOL_RETURN_IF_ERROR(access.Write(a + off, zeros.data(), std::min<uint64_t>(zeros.size(), size - off)));
+    FARPOOL_RETURN_IF_ERROR(
+        access.Write(a + off, zeros.data(), std::min<uint64_t>(zeros.size(), size - off)));
   }
   return a;
 }
@@ -61,7 +62,8 @@ Result<GlobalAddress> HashIndex::GetOrInsert(const Access& access, LockOwner& ow
   for (int spins = 0;; ++spins) {
     FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(head, 0, mine));
     if (prev == 0) break;
-    if (prev == mine) return Status::Internal("hash index: bucket lock already held by this session");
+    if (prev == mine)
+      return Status::Internal("hash index: bucket lock already held by this session");
     if ((spins & 63) == 63) {
       FARPOOL_ASSIGN_OR_RETURN(bool dead, owner.HolderDead(prev));
       if (dead) {

@@ -86,18 +86,23 @@ TEST(IndexTest, ConcurrentInsertsMatchModel) {
   ASSERT_TRUE(entries.ok()) << entries.status().ToString();
   EXPECT_EQ(*entries, model.size());
   std::vector<int64_t> scanned;
-  ASSERT_TRUE(tree.Scan(access, -500, 500, false, [&](int64_t k, uint64_t) {
-    scanned.push_back(k);
-    return true;
-  }).ok());
+  ASSERT_TRUE(tree.Scan(access, -500, 500, false,
+                        [&](int64_t k, uint64_t) {
+                          scanned.push_back(k);
+                          return true;
+                        })
+                  .ok());
   std::vector<int64_t> expect;
-  for (auto it = model.lower_bound(-500); it != model.end() && it->first <= 500; ++it) expect.push_back(it->first);
+  for (auto it = model.lower_bound(-500); it != model.end() && it->first <= 500; ++it)
+    expect.push_back(it->first);
   EXPECT_EQ(scanned, expect);
   scanned.clear();
-  ASSERT_TRUE(tree.Scan(access, -500, 500, true, [&](int64_t k, uint64_t) {
-    scanned.push_back(k);
-    return true;
-  }).ok());
+  ASSERT_TRUE(tree.Scan(access, -500, 500, true,
+                        [&](int64_t k, uint64_t) {
+                          scanned.push_back(k);
+                          return true;
+                        })
+                  .ok());
   std::reverse(expect.begin(), expect.end());
   EXPECT_EQ(scanned, expect);
   int64_t missing = 999999;
@@ -149,7 +154,8 @@ TEST_P(TableModelTest, RandomOperationsMatchModel) {
           Status g = txn.Get(**table, key, &r);
           auto it = model.find(key);
           if (g.code() == StatusCode::kNotFound) {
-            return it == model.end() ? Status::Ok() : Status::Internal("lost key " + std::to_string(key));
+            return it == model.end() ? Status::Ok()
+                                     : Status::Internal("lost key " + std::to_string(key));
           }
           FARPOOL_RETURN_IF_ERROR(g);
           if (it == model.end() || it->second != r.GetInt64(0) ||
@@ -177,10 +183,11 @@ TEST_P(TableModelTest, RandomOperationsMatchModel) {
   std::map<int64_t, int64_t> scanned;
   ASSERT_TRUE(RunTransaction(**session, [&](Transaction& txn) {
                 scanned.clear();
-                return txn.Scan(**table, INT64_MIN, INT64_MAX - 1, 0, false, [&](int64_t k, const Row& r) {
-                  scanned[k] = r.GetInt64(0);
-                  return true;
-                });
+                return txn.Scan(**table, INT64_MIN, INT64_MAX - 1, 0, false,
+                                [&](int64_t k, const Row& r) {
+                                  scanned[k] = r.GetInt64(0);
+                                  return true;
+                                });
               }).ok());
   EXPECT_EQ(scanned, all);
 }

@@ -68,7 +68,7 @@ inline uint64_t MakeStamp(uint32_t slot, uint64_t counter) {
 
 struct Snapshot {
   bool vector = true;
-  uint64_t counter = 0;          // counter mode: visible iff stamp <= counter
+  uint64_t counter = 0;         // counter mode: visible iff stamp <= counter
   std::vector<uint64_t> slots;  // vector mode: visible iff stamp's counter <= slots[slot]
 
   bool Visible(uint64_t stamp) const {
@@ -96,9 +96,7 @@ struct RecordLayout {
   uint64_t payload = 0;  // bytes, a multiple of 8
   uint64_t cell_size() const { return kCellHeader + payload + 8; }
   uint64_t record_size() const { return kRecordHeader + kCells * cell_size(); }
-  uint64_t cell_offset(uint64_t seq) const {
-    return kRecordHeader + (seq % kCells) * cell_size();
-  }
+  uint64_t cell_offset(uint64_t seq) const { return kRecordHeader + (seq % kCells) * cell_size(); }
 };
 
 // A cell's fields, decoded from an image.
@@ -127,8 +125,8 @@ inline CellView DecodeCell(const unsigned char* cell, const RecordLayout& layout
 }
 
 // Writes a complete cell image (with checksum) into `out` (layout.cell_size() bytes).
-inline void EncodeCell(unsigned char* out, const RecordLayout& layout, uint64_t stamp,
-                       uint64_t seq, uint64_t flags, uint64_t chain, const void* payload) {
+inline void EncodeCell(unsigned char* out, const RecordLayout& layout, uint64_t stamp, uint64_t seq,
+                       uint64_t flags, uint64_t chain, const void* payload) {
   std::memcpy(out, &stamp, 8);
   std::memcpy(out + 8, &seq, 8);
   std::memcpy(out + 16, &flags, 8);
@@ -144,8 +142,8 @@ struct RecordImage {
   uint64_t lock = 0;
   int64_t key = 0;
   CellView cells[kCells];
-  bool torn = false;          // some non-empty cell failed its checksum
-  int newest = -1;            // index of the highest-seq cell, -1 if all empty
+  bool torn = false;  // some non-empty cell failed its checksum
+  int newest = -1;    // index of the highest-seq cell, -1 if all empty
   uint64_t newest_seq() const { return newest < 0 ? 0 : cells[newest].seq; }
 
   void Decode(const RecordLayout& layout) {
@@ -156,8 +154,7 @@ struct RecordImage {
     for (int i = 0; i < kCells; ++i) {
       cells[i] = DecodeCell(bytes.data() + kRecordHeader + i * layout.cell_size(), layout);
       if (!cells[i].valid) torn = true;
-      if (cells[i].valid && !cells[i].empty() &&
-          (newest < 0 || cells[i].seq > cells[newest].seq)) {
+      if (cells[i].valid && !cells[i].empty() && (newest < 0 || cells[i].seq > cells[newest].seq)) {
         newest = i;
       }
     }

@@ -17,7 +17,9 @@ class PoolBatch final : public MemoryBatch {
  public:
   explicit PoolBatch(Pool& pool) : batch_(pool) {}
   Status Read(GlobalAddress s, void* d, uint64_t n) override { return batch_.Read(s, d, n); }
-  Status Write(GlobalAddress d, const void* s, uint64_t n) override { return batch_.Write(d, s, n); }
+  Status Write(GlobalAddress d, const void* s, uint64_t n) override {
+    return batch_.Write(d, s, n);
+  }
   Status CompareAndSwap(GlobalAddress a, uint64_t e, uint64_t d, uint64_t* p) override {
     return batch_.CompareAndSwap(a, e, d, p);
   }
@@ -152,12 +154,13 @@ class LocalMemory final : public Memory {
         return GlobalAddress(static_cast<uint16_t>(s), off);
       }
     }
-    return Status::OutOfMemory("local memory: no room for " + std::to_string(size) +
-                               " bytes (" + std::to_string(n) + " regions of " +
-                               std::to_string(size_) + " bytes)");
+    return Status::OutOfMemory("local memory: no room for " + std::to_string(size) + " bytes (" +
+                               std::to_string(n) + " regions of " + std::to_string(size_) +
+                               " bytes)");
   }
   Status Free(GlobalAddress a) override {
-    if (a.server() >= regions_.size()) return Status::InvalidArgument("local memory: bad free " + a.ToString());
+    if (a.server() >= regions_.size())
+      return Status::InvalidArgument("local memory: bad free " + a.ToString());
     Region& r = regions_[a.server()];
     std::lock_guard<std::mutex> lock(r.mu);
     auto it = r.sizes.find(a.offset());
@@ -183,15 +186,14 @@ class LocalMemory final : public Memory {
     std::atomic<uint64_t> next{0};
     std::mutex mu;
     std::unordered_map<uint64_t, std::vector<uint64_t>> free;  // size -> offsets
-    std::unordered_map<uint64_t, uint64_t> sizes;             // live offset -> size
+    std::unordered_map<uint64_t, uint64_t> sizes;              // live offset -> size
   };
   explicit LocalMemory(uint64_t size) : size_(size) {}
 
   Status Resolve(GlobalAddress a, uint64_t n, bool atomic, std::byte** out) const {
     if (a.is_null()) return Status::InvalidArgument("local memory: null address");
     if (a.server() >= regions_.size()) {
-      return Status::InvalidArgument("local memory: address " + a.ToString() +
-                                     " names no server");
+      return Status::InvalidArgument("local memory: address " + a.ToString() + " names no server");
     }
     if (a.offset() < 64 || a.offset() + n > size_ || n > size_) {
       return Status::InvalidArgument("local memory: range " + a.ToString() + " + " +

@@ -155,7 +155,7 @@ class NamDatabase final : public Database {
   Engine engine() const override { return engine_; }
   TimestampMode timestamp_mode() const override {
     return root_.ts_mode == uint64_t(TimestampMode::kCounter) ? TimestampMode::kCounter
-                                                               : TimestampMode::kVector;
+                                                              : TimestampMode::kVector;
   }
   Result<const Table*> CreateTable(const std::string& name, const Schema& schema,
                                    const TableOptions& options) override;
@@ -175,9 +175,10 @@ class NamDatabase final : public Database {
   // Lease times, in ms since the database's creation.
   uint64_t NowRel() const { return NowMs() - root_.base_ms; }
   uint64_t LeaseEnd() const { return NowRel() + root_.lease_ms; }
-  GlobalAddress SlotAddr(uint32_t s) const { return GlobalAddress::FromRaw(root_.slots) + s * kSlotSize; }
+  GlobalAddress SlotAddr(uint32_t s) const {
+    return GlobalAddress::FromRaw(root_.slots) + s * kSlotSize;
+  }
   GlobalAddress TsAddr(uint32_t s) const { return GlobalAddress::FromRaw(root_.tsvec) + s * 8; }
-  const NamTable* TableById(uint32_t id);
 
   Result<bool> HolderDead(const Access& access, uint64_t word);
   // Restores a record lock held by a dead session to the unlocked word of its newest version.
@@ -223,7 +224,11 @@ class NamDatabase final : public Database {
 class NamSession final : public Session, public LockOwner {
  public:
   NamSession(NamDatabase& db, uint32_t slot, uint64_t epoch, GlobalAddress log, uint64_t counter)
-      : db_(db), slot_(slot), epoch_(epoch), log_(log), counter_(counter),
+      : db_(db),
+        slot_(slot),
+        epoch_(epoch),
+        log_(log),
+        counter_(counter),
         access_(db.memory(), count_) {}
   ~NamSession() override;
 
@@ -338,15 +343,19 @@ Status NamDatabase::Init() {
     if (r.max_slots == 0 || r.max_slots > 65535) {
       return Status::InvalidArgument("max_sessions must be 1..65535");
     }
-    FARPOOL_ASSIGN_OR_RETURN(GlobalAddress slots, AllocZeroed(access, r.max_slots * kSlotSize, Placement::Striped()));
-    FARPOOL_ASSIGN_OR_RETURN(GlobalAddress tsvec, AllocZeroed(access, r.max_slots * 8, Placement::Striped()));
-    FARPOOL_ASSIGN_OR_RETURN(GlobalAddress tables, AllocZeroed(access, kMaxTables * kDescSize, Placement::Striped()));
+    FARPOOL_ASSIGN_OR_RETURN(GlobalAddress slots,
+                             AllocZeroed(access, r.max_slots * kSlotSize, Placement::Striped()));
+    FARPOOL_ASSIGN_OR_RETURN(GlobalAddress tsvec,
+                             AllocZeroed(access, r.max_slots * 8, Placement::Striped()));
+    FARPOOL_ASSIGN_OR_RETURN(GlobalAddress tables,
+                             AllocZeroed(access, kMaxTables * kDescSize, Placement::Striped()));
     r.slots = slots.raw();
     r.tsvec = tsvec.raw();
     r.tables = tables.raw();
     r.base_ms = NowMs() - 1000;
     // Everything but the state word, then the state that makes it visible.
-    FARPOOL_RETURN_IF_ERROR(access.Write(root + 8, reinterpret_cast<const unsigned char*>(&r) + 8, sizeof(r) - 8));
+    FARPOOL_RETURN_IF_ERROR(
+        access.Write(root + 8, reinterpret_cast<const unsigned char*>(&r) + 8, sizeof(r) - 8));
     uint64_t ready = kStateReady;
     FARPOOL_RETURN_IF_ERROR(access.Write(root + kRootState, &ready, 8));
   } else {
@@ -365,7 +374,8 @@ Status NamDatabase::Init() {
   FARPOOL_RETURN_IF_ERROR(access.Read(root, &root_, sizeof(root_)));
   if (root_.magic != kMagic) {
     return Status::Protocol("the root area at " + root.ToString() +
-                            " holds no farpool database (magic " + std::to_string(root_.magic) + ")");
+                            " holds no farpool database (magic " + std::to_string(root_.magic) +
+                            ")");
   }
   heartbeat_ = std::thread([this] { Heartbeat(); });
   return Status::Ok();
@@ -459,12 +469,14 @@ Status NamDatabase::RecoverLog(const Access& access, uint32_t slot) {
       off += e.cell_size;
       const unsigned char* spill = e.spill ? body.data() + off : nullptr;
       if (e.spill) off += e.cell_size;
-      if (off > body.size()) return Status::Internal("commit log of slot " + std::to_string(slot) + " is inconsistent");
+      if (off > body.size())
+        return Status::Internal("commit log of slot " + std::to_string(slot) + " is inconsistent");
       const GlobalAddress rec = GlobalAddress::FromRaw(e.record);
       uint64_t lock;
       FARPOOL_RETURN_IF_ERROR(access.Read(rec, &lock, 8));
       if (lock != dead_lock) continue;  // installed and released before the crash
-      if (spill) FARPOOL_RETURN_IF_ERROR(access.Write(GlobalAddress::FromRaw(e.spill), spill, e.cell_size));
+      if (spill)
+        FARPOOL_RETURN_IF_ERROR(access.Write(GlobalAddress::FromRaw(e.spill), spill, e.cell_size));
       FARPOOL_RETURN_IF_ERROR(access.Write(rec + e.cell_offset, cell, e.cell_size));
       unlocks.push_back({rec, e.new_seq});
     }
@@ -498,7 +510,8 @@ Result<bool> NamDatabase::FenceAndRecover(const Access& access, uint32_t slot, u
 Result<bool> NamDatabase::HolderDead(const Access& access, uint64_t word) {
   const uint32_t slot = LockSlot(word);
   const uint64_t epoch = LockEpoch(word);
-  if (slot >= root_.max_slots) return Status::Internal("lock word names slot " + std::to_string(slot));
+  if (slot >= root_.max_slots)
+    return Status::Internal("lock word names slot " + std::to_string(slot));
   SlotImage si;
   FARPOOL_RETURN_IF_ERROR(access.Read(SlotAddr(slot), &si.owner, 8));
   const uint64_t e = OwnerEpoch(si.owner), st = OwnerState(si.owner);
@@ -540,7 +553,9 @@ Result<std::unique_ptr<Session>> NamDatabase::NewSession() {
     const uint64_t epoch = (OwnerEpoch(si.owner) + 1) & kOwnerEpochMask;
     bool claimed = false;
     if (st == kSlotFree) {
-      FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(SlotAddr(s), si.owner, OwnerWord(epoch, kSlotActive, LeaseEnd())));
+      FARPOOL_ASSIGN_OR_RETURN(
+          uint64_t prev,
+          access.Cas(SlotAddr(s), si.owner, OwnerWord(epoch, kSlotActive, LeaseEnd())));
       claimed = prev == si.owner;
       // A free slot's log is clear, unless its recoverer died: recover to be sure.
       if (claimed) FARPOOL_RETURN_IF_ERROR(RecoverLog(access, s));
@@ -649,7 +664,8 @@ Result<std::unique_ptr<NamTable>> NamDatabase::MakeTable(uint32_t id, const Tabl
 Status NamDatabase::LoadTables(const Access& access) {
   std::vector<TableDesc> descs(kMaxTables);
   for (uint64_t i = 0; i < kMaxTables; ++i) {
-    FARPOOL_RETURN_IF_ERROR(access.Read(GlobalAddress::FromRaw(root_.tables) + i * kDescSize, &descs[i], sizeof(TableDesc)));
+    FARPOOL_RETURN_IF_ERROR(access.Read(GlobalAddress::FromRaw(root_.tables) + i * kDescSize,
+                                        &descs[i], sizeof(TableDesc)));
   }
   std::lock_guard<std::mutex> l(mu_);
   for (uint32_t i = 0; i < kMaxTables; ++i) {
@@ -712,7 +728,8 @@ Result<const Table*> NamDatabase::CreateTable(const std::string& name, const Sch
   if (!s.ok() || free_id < 0) {
     (void)unlock();
     if (!s.ok()) return s;
-    return Status::OutOfMemory("the catalog holds " + std::to_string(kMaxTables) + " tables already");
+    return Status::OutOfMemory("the catalog holds " + std::to_string(kMaxTables) +
+                               " tables already");
   }
   TableDesc d{};
   std::memcpy(d.name, name.data(), name.size());
@@ -759,12 +776,6 @@ Result<const Table*> NamDatabase::OpenTable(const std::string& name) {
   auto it = tables_.find(name);
   if (it == tables_.end()) return Status::NotFound("no table '" + name + "'");
   return static_cast<const Table*>(it->second.get());
-}
-
-const NamTable* NamDatabase::TableById(uint32_t id) {
-  std::lock_guard<std::mutex> l(mu_);
-  auto it = by_id_.find(id);
-  return it == by_id_.end() ? nullptr : it->second;
 }
 
 Status NamDatabase::DropTable(const std::string& name) {
@@ -867,7 +878,8 @@ Status NamTxn::ReadRecord(const NamTable& t, GlobalAddress record, int64_t key, 
     if (image->torn) {
       if ((tries & 1023) == 1023 && IsLocked(image->lock)) {
         FARPOOL_ASSIGN_OR_RETURN(bool dead, s_.HolderDead(image->lock));
-        if (dead) FARPOOL_RETURN_IF_ERROR(s_.db_.BreakRecordLock(s_.access_, record, layout, image->lock));
+        if (dead)
+          FARPOOL_RETURN_IF_ERROR(s_.db_.BreakRecordLock(s_.access_, record, layout, image->lock));
       }
       continue;
     }
@@ -877,7 +889,9 @@ Status NamTxn::ReadRecord(const NamTable& t, GlobalAddress record, int64_t key, 
       if (IsLocked(image->lock)) {
         if ((tries & 1023) == 1023) {
           FARPOOL_ASSIGN_OR_RETURN(bool dead, s_.HolderDead(image->lock));
-          if (dead) FARPOOL_RETURN_IF_ERROR(s_.db_.BreakRecordLock(s_.access_, record, layout, image->lock));
+          if (dead)
+            FARPOOL_RETURN_IF_ERROR(
+                s_.db_.BreakRecordLock(s_.access_, record, layout, image->lock));
         }
         continue;
       }
@@ -900,7 +914,8 @@ Status NamTxn::Visible(const NamTable& t, const RecordImage& image, bool* found,
   // Cells newest first.
   int order[kCells];
   for (int i = 0; i < kCells; ++i) order[i] = i;
-  std::sort(order, order + kCells, [&](int a, int b) { return image.cells[a].seq > image.cells[b].seq; });
+  std::sort(order, order + kCells,
+            [&](int a, int b) { return image.cells[a].seq > image.cells[b].seq; });
   for (int i : order) {
     const CellView& c = image.cells[i];
     if (c.empty()) break;
@@ -937,7 +952,8 @@ Status NamTxn::LoadBlobs(const NamTable& t, const std::string& payload, Row* row
     uint64_t ref[2];
     std::memcpy(ref, payload.data() + t.schema_.Offset(c), 16);
     std::string v(ref[1], '\0');
-    if (ref[1] > 0) FARPOOL_RETURN_IF_ERROR(s_.access_.Read(GlobalAddress::FromRaw(ref[0]), v.data(), ref[1]));
+    if (ref[1] > 0)
+      FARPOOL_RETURN_IF_ERROR(s_.access_.Read(GlobalAddress::FromRaw(ref[0]), v.data(), ref[1]));
     row->bytes()[c] = std::move(v);
   }
   return Status::Ok();
@@ -969,7 +985,8 @@ Status NamTxn::Get(const Table& table, int64_t key, Row* row) {
   const auto& t = static_cast<const NamTable&>(table);
   auto w = writes_.find({t.id_, key});
   if (w != writes_.end()) {
-    if (w->second.deleted) return Status::NotFound("key " + std::to_string(key) + " deleted by this transaction");
+    if (w->second.deleted)
+      return Status::NotFound("key " + std::to_string(key) + " deleted by this transaction");
     *row = Row(t.schema_);
     row->payload() = w->second.payload;
     row->bytes() = w->second.bytes;
@@ -1026,7 +1043,8 @@ Status NamTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bo
                     const std::function<bool(int64_t, const Row&)>& visit) {
   if (finished_) return Status::InvalidArgument("transaction already finished");
   const auto& t = static_cast<const NamTable&>(table);
-  if (!t.btree_) return Status::InvalidArgument("table '" + t.name_ + "' is not ordered (no B+tree)");
+  if (!t.btree_)
+    return Status::InvalidArgument("table '" + t.name_ + "' is not ordered (no B+tree)");
   // Collect index entries a leaf's worth at a time, then read their records in one batch.
   std::vector<std::pair<int64_t, GlobalAddress>> pending;
   size_t visited = 0;
@@ -1039,20 +1057,23 @@ Status NamTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bo
       Access::Batch b(s_.access_);
       for (size_t i = 0; i < pending.size(); ++i) {
         images[i].bytes.resize(t.layout_.record_size());
-        FARPOOL_RETURN_IF_ERROR(b.Read(pending[i].second, images[i].bytes.data(), images[i].bytes.size()));
+        FARPOOL_RETURN_IF_ERROR(
+            b.Read(pending[i].second, images[i].bytes.data(), images[i].bytes.size()));
       }
       FARPOOL_RETURN_IF_ERROR(b.Wait());
     }
     for (size_t i = 0; i < pending.size() && !stop; ++i) {
       RecordImage& img = images[i];
       img.Decode(t.layout_);
-      const bool consistent = img.key == pending[i].first && !img.torn &&
-                              (snap_.vector || (!IsLocked(img.lock) && UnlockedSeq(img.lock) == img.newest_seq()));
+      const bool consistent =
+          img.key == pending[i].first && !img.torn &&
+          (snap_.vector || (!IsLocked(img.lock) && UnlockedSeq(img.lock) == img.newest_seq()));
       if (!consistent) {
         // Raced with a writer: read this one on its own until consistent.
         ReadEntry re;
         bool key_ok;
-        FARPOOL_RETURN_IF_ERROR(ReadRecord(t, pending[i].second, pending[i].first, &re, &img, &key_ok));
+        FARPOOL_RETURN_IF_ERROR(
+            ReadRecord(t, pending[i].second, pending[i].first, &re, &img, &key_ok));
         if (!key_ok) continue;
       }
       bool found, deleted;
@@ -1110,8 +1131,8 @@ Status NamTxn::Commit() {
     WriteEntry* w;
     const NamTable* t;
     GlobalAddress record;
-    uint64_t expected = 0;   // unlocked word we expect (the version we validated)
-    RecordImage image;       // the record as of that version
+    uint64_t expected = 0;  // unlocked word we expect (the version we validated)
+    RecordImage image;      // the record as of that version
     bool locked = false;
     uint64_t prev = 0;
     GlobalAddress spill;
@@ -1251,7 +1272,8 @@ Status NamTxn::Commit() {
     for (Item& it : items) {
       if (!it.locked && IsLocked(it.prev)) {
         auto dead = s_.HolderDead(it.prev);
-        if (dead.ok() && *dead) (void)s_.db_.BreakRecordLock(access, it.record, it.t->layout_, it.prev);
+        if (dead.ok() && *dead)
+          (void)s_.db_.BreakRecordLock(access, it.record, it.t->layout_, it.prev);
       }
     }
     return Finish(Status::Aborted(conflict));
@@ -1289,7 +1311,8 @@ Status NamTxn::Commit() {
       }
       it.spill = *spill;
       it.spill_image.resize(layout.cell_size());
-      EncodeCell(it.spill_image.data(), layout, old.stamp, old.seq, old.flags, newest_chain, old.payload);
+      EncodeCell(it.spill_image.data(), layout, old.stamp, old.seq, old.flags, newest_chain,
+                 old.payload);
       chain = it.spill.raw();
     }
     it.cell.resize(layout.cell_size());
@@ -1303,7 +1326,8 @@ Status NamTxn::Commit() {
     std::memcpy(log.data() + at, &e, sizeof(e));
     std::memcpy(log.data() + at + sizeof(e), it.cell.data(), it.cell.size());
     if (!it.spill_image.empty()) {
-      std::memcpy(log.data() + at + sizeof(e) + it.cell.size(), it.spill_image.data(), it.spill_image.size());
+      std::memcpy(log.data() + at + sizeof(e) + it.cell.size(), it.spill_image.data(),
+                  it.spill_image.size());
     }
   }
   if (log.size() > kLogBytes) {
@@ -1323,7 +1347,8 @@ Status NamTxn::Commit() {
     Access::Batch b(access);
     Status s = b.Write(s_.log_, log.data(), log.size());
     for (Item& it : items) {
-      if (s.ok() && !it.spill.is_null()) s = b.Write(it.spill, it.spill_image.data(), it.spill_image.size());
+      if (s.ok() && !it.spill.is_null())
+        s = b.Write(it.spill, it.spill_image.data(), it.spill_image.size());
     }
     Status w = b.Wait();
     if (s.ok()) s = w;
@@ -1336,7 +1361,9 @@ Status NamTxn::Commit() {
     Access::Batch b(access);
     Status s;
     for (Item& it : items) {
-      if (s.ok()) s = b.Write(it.record + it.t->layout_.cell_offset(it.new_seq), it.cell.data(), it.cell.size());
+      if (s.ok())
+        s = b.Write(it.record + it.t->layout_.cell_offset(it.new_seq), it.cell.data(),
+                    it.cell.size());
       Hook("installing");
     }
     Status w = b.Wait();
@@ -1374,7 +1401,7 @@ Status NamTxn::Commit() {
 }  // namespace
 
 Result<std::unique_ptr<Database>> OpenNamDatabaseOn(Memory& memory, Engine engine,
-                                                   const DatabaseOptions& options) {
+                                                    const DatabaseOptions& options) {
   auto db = std::make_unique<NamDatabase>(engine, memory, options);
   FARPOOL_RETURN_IF_ERROR(db->Init());
   return std::unique_ptr<Database>(std::move(db));
@@ -1384,7 +1411,8 @@ Result<std::unique_ptr<Database>> OpenNamDatabase(const DatabaseOptions& options
   std::unique_ptr<Pool> pool;
   std::unique_ptr<Memory> memory;
   if (options.engine == Engine::kPool) {
-    if (options.cluster_file.empty()) return Status::InvalidArgument("pool engine: no cluster file");
+    if (options.cluster_file.empty())
+      return Status::InvalidArgument("pool engine: no cluster file");
     FARPOOL_ASSIGN_OR_RETURN(ClusterConfig config, ClusterConfig::Load(options.cluster_file));
     FARPOOL_ASSIGN_OR_RETURN(pool, Pool::Connect(config));
     memory = NewPoolMemory(*pool);

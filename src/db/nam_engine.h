@@ -5,8 +5,8 @@
 
 #include <memory>
 
-#include "farpool/db.h"
 #include "db/memory.h"
+#include "farpool/db.h"
 
 namespace farpool::db {
 
@@ -14,6 +14,6 @@ Result<std::unique_ptr<Database>> OpenNamDatabase(const DatabaseOptions& options
 
 // Opens the database kept in `memory` (not owned). REQUIRES: memory outlives the database.
 Result<std::unique_ptr<Database>> OpenNamDatabaseOn(Memory& memory, Engine engine,
-                                                   const DatabaseOptions& options);
+                                                    const DatabaseOptions& options);
 
 }  // namespace farpool::db

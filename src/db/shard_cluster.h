@@ -24,7 +24,7 @@ struct ShardClusterOptions {
   int partitions = 2;
   Fabric transport = Fabric::kShm;
   ProgressMode progress = ProgressMode::kEvent;
-  int spin_us = 0;  // event mode: `farpool shard --spin-us`
+  int spin_us = 0;     // event mode: `farpool shard --spin-us`
   std::string binary;  // path of the farpool executable
   std::chrono::seconds start_timeout{30};
 };

@@ -20,10 +20,12 @@ Status PostMessage(ucp_ep_h ep, std::vector<std::byte> bytes, bool want_reply_ep
     ucp_request_free(request);
   };
   p.user_data = owned;
-  ucs_status_ptr_t req = ucp_am_send_nbx(ep, kShardAm, nullptr, 0, owned->data(), owned->size(), &p);
+  ucs_status_ptr_t req =
+      ucp_am_send_nbx(ep, kShardAm, nullptr, 0, owned->data(), owned->size(), &p);
   if (UCS_PTR_IS_PTR(req)) return Status::Ok();  // the callback frees the buffer
   delete owned;
-  if (UCS_PTR_IS_ERR(req)) return transport::UcxStatus(UCS_PTR_STATUS(req), "sending a shard message");
+  if (UCS_PTR_IS_ERR(req))
+    return transport::UcxStatus(UCS_PTR_STATUS(req), "sending a shard message");
   return Status::Ok();
 }
 
@@ -145,7 +147,8 @@ Result<std::vector<std::byte>> PartitionState::Scan(const Message& m) {
 Result<std::vector<std::byte>> PartitionState::Prepare(const Message& m) {
   auto req = m.As<PrepareRequest>();
   if (req.txn == 0) return Status::Protocol("PrepareRequest: transaction id 0");
-  if ((req.flags & ~kPrepareOnePhase) != 0) return Status::Protocol("PrepareRequest: unknown flags");
+  if ((req.flags & ~kPrepareOnePhase) != 0)
+    return Status::Protocol("PrepareRequest: unknown flags");
   if (prepared_.count(req.txn)) {
     return Status::Protocol("PrepareRequest: transaction " + std::to_string(req.txn) +
                             " is already prepared here");
@@ -332,7 +335,6 @@ Result<std::vector<std::byte>> PartitionState::Answer(const Message& m) {
 
 using transport::Endpoint;
 
-
 class PartitionServer::Impl {
  public:
   explicit Impl(const PartitionServerOptions& o) : options_(o), state_(o.id) {}
@@ -344,52 +346,19 @@ class PartitionServer::Impl {
     FARPOOL_ASSIGN_OR_RETURN(context_, transport::Context::Create(copts));
     FARPOOL_ASSIGN_OR_RETURN(worker_, transport::Worker::Create(*context_, copts.wakeup));
     FARPOOL_RETURN_IF_ERROR(worker_->SetAmHandler(kShardAm, &OnMessage, this));
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE;
-    addrinfo* res = nullptr;
-    const std::string port_text = std::to_string(options_.port);
-    int rc = getaddrinfo(options_.host.c_str(), port_text.c_str(), &hints, &res);
-    if (rc != 0 || res == nullptr) {
-      return Status::InvalidArgument("cannot resolve listen address '" + options_.host +
-                                     "': " + gai_strerror(rc));
-    }
-    ucp_listener_params_t lp{};
-    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-    lp.sockaddr.addr = res->ai_addr;
-    lp.sockaddr.addrlen = res->ai_addrlen;
-    lp.conn_handler.cb = [](ucp_conn_request_h r, void* arg) {
-      static_cast<Impl*>(arg)->accepts_.push_back(r);
-    };
-    lp.conn_handler.arg = this;
-    ucs_status_t st = ucp_listener_create(worker_->get(), &lp, &listener_);
-    freeaddrinfo(res);
-    if (st != UCS_OK) {
-      listener_ = nullptr;
-      return transport::UcxStatus(st, "listening on " + options_.host + ":" + port_text);
-    }
-    ucp_listener_attr_t attr{};
-    attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-    st = ucp_listener_query(listener_, &attr);
-    if (st != UCS_OK) return transport::UcxStatus(st, "querying the listener's address");
-    *port_out = attr.sockaddr.ss_family == AF_INET
-                    ? ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port)
-                    : ntohs(reinterpret_cast<const sockaddr_in6*>(&attr.sockaddr)->sin6_port);
+    FARPOOL_ASSIGN_OR_RETURN(listener_,
+                             transport::Listener::Create(*worker_, options_.host, options_.port));
+    *port_out = listener_->port();
     return Status::Ok();
   }
 
   bool Poll() {
     bool busy = worker_->Progress() != 0;
-    if (!accepts_.empty()) {
-      auto accepts = std::move(accepts_);
-      accepts_.clear();
-      for (ucp_conn_request_h r : accepts) {
-        auto ep = Endpoint::Accept(*worker_, r, [this](ucs_status_t) { reap_ = true; });
-        if (ep.ok()) {
-          ucp_ep_h h = (*ep)->get();
-          connections_[h] = std::move(*ep);
-        }
+    for (ucp_conn_request_h r : listener_->TakeRequests()) {
+      auto ep = Endpoint::Accept(*worker_, r, [this](ucs_status_t) { reap_ = true; });
+      if (ep.ok()) {
+        ucp_ep_h h = (*ep)->get();
+        connections_[h] = std::move(*ep);
       }
       busy = true;
     }
@@ -425,8 +394,7 @@ class PartitionServer::Impl {
   void Shutdown() {
     for (auto& [h, ep] : connections_) ep->ForceClose();
     connections_.clear();
-    if (listener_ != nullptr) ucp_listener_destroy(listener_);
-    listener_ = nullptr;
+    listener_.reset();
     worker_.reset();
     context_.reset();
   }
@@ -464,9 +432,8 @@ class PartitionServer::Impl {
   PartitionState state_;
   std::unique_ptr<transport::Context> context_;
   std::unique_ptr<transport::Worker> worker_;
-  ucp_listener_h listener_ = nullptr;
+  std::unique_ptr<transport::Listener> listener_;
   std::unordered_map<ucp_ep_h, std::unique_ptr<Endpoint>> connections_;
-  std::vector<ucp_conn_request_h> accepts_;
   std::deque<Incoming> inbox_;
   bool reap_ = false;
 };

@@ -48,7 +48,8 @@ Body BodyOf(const std::vector<std::byte>& reply, Opcode expected) {
   auto m = Decode(reply);
   if (!m.ok() || m->opcode != expected) {
     ADD_FAILURE() << "expected " << OpcodeName(expected) << ", got "
-                  << (m.ok() ? std::string(OpcodeName(m->opcode)) + ": " + ReplyStatus(reply).ToString()
+                  << (m.ok() ? std::string(OpcodeName(m->opcode)) + ": " +
+                                   ReplyStatus(reply).ToString()
                              : m.status().ToString());
     return Body{};
   }
@@ -76,8 +77,8 @@ std::vector<std::byte> Prepare(uint64_t txn, uint64_t read_ts, uint32_t table,
 TEST(ShardWireTest, PartitionRejectsMalformedMessagesAndKeepsServing) {
   PartitionState p(0);
   std::vector<std::vector<std::byte>> bad;
-  bad.push_back({});                                    // empty
-  bad.push_back(std::vector<std::byte>(10));            // truncated header
+  bad.push_back({});                          // empty
+  bad.push_back(std::vector<std::byte>(10));  // truncated header
   auto begin = Encode(7, Opcode::kBeginRequest, BeginRequest{0});
   auto m = begin;
   m[0] = std::byte{0};  // bad magic
@@ -116,8 +117,9 @@ TEST(ShardWireTest, PartitionRejectsMalformedMessagesAndKeepsServing) {
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ(ok->opcode, Opcode::kBeginReply);
   EXPECT_EQ(ok->header.request_id, 7u);
-  auto locked = BodyOf<LockedReply>(
-      p.Handle(Encode(1, Opcode::kLockedRequest, LockedRequest{UINT32_MAX, 0})), Opcode::kLockedReply);
+  auto locked =
+      BodyOf<LockedReply>(p.Handle(Encode(1, Opcode::kLockedRequest, LockedRequest{UINT32_MAX, 0})),
+                          Opcode::kLockedReply);
   EXPECT_EQ(locked.locked, 0u);
 }
 
@@ -140,9 +142,15 @@ TEST(ShardWireTest, RandomlyCorruptedMessagesNeverCrashThePartition) {
     const int flips = 1 + rng() % 4;
     for (int f = 0; f < flips; ++f) {
       switch (rng() % 3) {
-        case 0: m[rng() % m.size()] = std::byte(rng()); break;
-        case 1: m.resize(rng() % (m.size() + 1)); break;
-        case 2: m.push_back(std::byte(rng())); break;
+        case 0:
+          m[rng() % m.size()] = std::byte(rng());
+          break;
+        case 1:
+          m.resize(rng() % (m.size() + 1));
+          break;
+        case 2:
+          m.push_back(std::byte(rng()));
+          break;
       }
       if (m.empty()) break;
     }
@@ -161,22 +169,23 @@ TEST(ShardWireTest, OneDecisionPerTransaction) {
   ASSERT_OK(ReplyStatus(p.Handle(Prepare(21, 1, 1, {{1, 10}}, 1000))));
   // A resolver gets there first: the transaction is aborted, and its own Decide fails.
   EXPECT_EQ(BodyOf<ResolveReply>(p.Handle(Encode(1, Opcode::kResolveRequest, ResolveRequest{21})),
-                                  Opcode::kResolveReply)
+                                 Opcode::kResolveReply)
                 .commit_ts,
             0u);
-  EXPECT_EQ(ReplyStatus(p.Handle(Encode(1, Opcode::kDecideRequest, DecideRequest{21, 1, 0}))).code(),
-            StatusCode::kAborted);
+  EXPECT_EQ(
+      ReplyStatus(p.Handle(Encode(1, Opcode::kDecideRequest, DecideRequest{21, 1, 0}))).code(),
+      StatusCode::kAborted);
   // A decided transaction resolves to its commit timestamp, however often it is asked.
   ASSERT_OK(ReplyStatus(p.Handle(Encode(1, Opcode::kCommitRequest, CommitRequest{21, 0}))));
   ASSERT_OK(ReplyStatus(p.Handle(Prepare(22, 1, 1, {{1, 11}}, 1000))));
-  const uint64_t ts = BodyOf<DecideReply>(
-                         p.Handle(Encode(1, Opcode::kDecideRequest, DecideRequest{22, 1, 0})),
-                         Opcode::kDecideReply)
-                         .commit_ts;
+  const uint64_t ts =
+      BodyOf<DecideReply>(p.Handle(Encode(1, Opcode::kDecideRequest, DecideRequest{22, 1, 0})),
+                          Opcode::kDecideReply)
+          .commit_ts;
   EXPECT_GT(ts, 1u);
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(BodyOf<ResolveReply>(p.Handle(Encode(1, Opcode::kResolveRequest, ResolveRequest{22})),
-                                    Opcode::kResolveReply)
+                                   Opcode::kResolveReply)
                   .commit_ts,
               ts);
   }
@@ -320,7 +329,8 @@ TEST_F(ShardClusterTest, LocksOfADeadCoordinatorAreResolvedAfterItsLease) {
     return txn.Put(**t, b, r);
   }));
   const uint64_t read_ts =
-      BodyOf<BeginReply>(Call(0, Encode(1, Opcode::kBeginRequest, BeginRequest{0})), Opcode::kBeginReply)
+      BodyOf<BeginReply>(Call(0, Encode(1, Opcode::kBeginRequest, BeginRequest{0})),
+                         Opcode::kBeginReply)
           .read_ts;
 
   // Coordinator 1 prepares a -> 0, b -> 200 on both partitions and dies undecided.
@@ -344,7 +354,8 @@ TEST_F(ShardClusterTest, LocksOfADeadCoordinatorAreResolvedAfterItsLease) {
   // Coordinator 2 prepares both, is decided (partition 0 installs its part) and dies before
   // telling partition 1: the transaction committed, so partition 1 must install it too.
   const uint64_t read_ts2 =
-      BodyOf<BeginReply>(Call(0, Encode(1, Opcode::kBeginRequest, BeginRequest{0})), Opcode::kBeginReply)
+      BodyOf<BeginReply>(Call(0, Encode(1, Opcode::kBeginRequest, BeginRequest{0})),
+                         Opcode::kBeginReply)
           .read_ts;
   const uint64_t dead2 = 0xDEAD00000002ULL;
   for (auto [p, key, v] : {std::tuple<size_t, int64_t, int64_t>{0, a, 30}, {1, b, 170}}) {

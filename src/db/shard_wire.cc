@@ -8,30 +8,54 @@ namespace {
 // The fixed body size of each opcode; 0 for unknown opcodes.
 size_t BodySize(uint16_t op) {
   switch (static_cast<Opcode>(op)) {
-    case Opcode::kErrorReply: return sizeof(ErrorReply);
-    case Opcode::kBeginRequest: return sizeof(BeginRequest);
-    case Opcode::kBeginReply: return sizeof(BeginReply);
-    case Opcode::kReadRequest: return sizeof(ReadRequest);
-    case Opcode::kReadReply: return sizeof(ReadReply);
-    case Opcode::kScanRequest: return sizeof(ScanRequest);
-    case Opcode::kScanReply: return sizeof(ReadReply);
-    case Opcode::kPrepareRequest: return sizeof(PrepareRequest);
-    case Opcode::kPrepareReply: return sizeof(PrepareReply);
-    case Opcode::kDecideRequest: return sizeof(DecideRequest);
-    case Opcode::kDecideReply: return sizeof(DecideReply);
-    case Opcode::kResolveRequest: return sizeof(ResolveRequest);
-    case Opcode::kResolveReply: return sizeof(ResolveReply);
-    case Opcode::kCommitRequest: return sizeof(CommitRequest);
-    case Opcode::kCommitReply: return sizeof(CommitReply);
-    case Opcode::kCreateTableRequest: return sizeof(TableDesc);
-    case Opcode::kTableReply: return sizeof(TableDesc);
-    case Opcode::kOpenTableRequest: return sizeof(NameRequest);
-    case Opcode::kDropTableRequest: return sizeof(NameRequest);
-    case Opcode::kDropTableReply: return sizeof(DropTableReply);
-    case Opcode::kListTablesRequest: return sizeof(ListTablesRequest);
-    case Opcode::kListTablesReply: return sizeof(ListTablesReply);
-    case Opcode::kLockedRequest: return sizeof(LockedRequest);
-    case Opcode::kLockedReply: return sizeof(LockedReply);
+    case Opcode::kErrorReply:
+      return sizeof(ErrorReply);
+    case Opcode::kBeginRequest:
+      return sizeof(BeginRequest);
+    case Opcode::kBeginReply:
+      return sizeof(BeginReply);
+    case Opcode::kReadRequest:
+      return sizeof(ReadRequest);
+    case Opcode::kReadReply:
+      return sizeof(ReadReply);
+    case Opcode::kScanRequest:
+      return sizeof(ScanRequest);
+    case Opcode::kScanReply:
+      return sizeof(ReadReply);
+    case Opcode::kPrepareRequest:
+      return sizeof(PrepareRequest);
+    case Opcode::kPrepareReply:
+      return sizeof(PrepareReply);
+    case Opcode::kDecideRequest:
+      return sizeof(DecideRequest);
+    case Opcode::kDecideReply:
+      return sizeof(DecideReply);
+    case Opcode::kResolveRequest:
+      return sizeof(ResolveRequest);
+    case Opcode::kResolveReply:
+      return sizeof(ResolveReply);
+    case Opcode::kCommitRequest:
+      return sizeof(CommitRequest);
+    case Opcode::kCommitReply:
+      return sizeof(CommitReply);
+    case Opcode::kCreateTableRequest:
+      return sizeof(TableDesc);
+    case Opcode::kTableReply:
+      return sizeof(TableDesc);
+    case Opcode::kOpenTableRequest:
+      return sizeof(NameRequest);
+    case Opcode::kDropTableRequest:
+      return sizeof(NameRequest);
+    case Opcode::kDropTableReply:
+      return sizeof(DropTableReply);
+    case Opcode::kListTablesRequest:
+      return sizeof(ListTablesRequest);
+    case Opcode::kListTablesReply:
+      return sizeof(ListTablesReply);
+    case Opcode::kLockedRequest:
+      return sizeof(LockedRequest);
+    case Opcode::kLockedReply:
+      return sizeof(LockedReply);
   }
   return 0;
 }
@@ -45,8 +69,10 @@ bool HasTail(Opcode op) {
     case Opcode::kScanReply:
     case Opcode::kPrepareRequest:
     case Opcode::kListTablesReply:
-    case Opcode::kLockedReply: return true;
-    default: return false;
+    case Opcode::kLockedReply:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -64,7 +90,8 @@ class Reader {
   Status TakeBytes(size_t n, std::string_view* out, size_t index) {
     if (n > kMaxValue) {
       return Status::Protocol(Name() + ": item " + std::to_string(index) + " declares a value of " +
-                              std::to_string(n) + " bytes (limit " + std::to_string(kMaxValue) + ")");
+                              std::to_string(n) + " bytes (limit " + std::to_string(kMaxValue) +
+                              ")");
     }
     if (rest_.size() < n) return Short(index, n);
     *out = std::string_view(reinterpret_cast<const char*>(rest_.data()), n);
@@ -73,8 +100,8 @@ class Reader {
   }
   Status CheckCount(uint64_t count, size_t min_item) const {
     if (min_item != 0 && count > rest_.size() / min_item) {
-      return Status::Protocol(Name() + ": declares " + std::to_string(count) + " items but the tail has " +
-                              std::to_string(rest_.size()) + " bytes");
+      return Status::Protocol(Name() + ": declares " + std::to_string(count) +
+                              " items but the tail has " + std::to_string(rest_.size()) + " bytes");
     }
     return Status::Ok();
   }
@@ -101,30 +128,54 @@ class Reader {
 
 std::string_view OpcodeName(Opcode op) {
   switch (op) {
-    case Opcode::kErrorReply: return "ErrorReply";
-    case Opcode::kBeginRequest: return "BeginRequest";
-    case Opcode::kBeginReply: return "BeginReply";
-    case Opcode::kReadRequest: return "ReadRequest";
-    case Opcode::kReadReply: return "ReadReply";
-    case Opcode::kScanRequest: return "ScanRequest";
-    case Opcode::kScanReply: return "ScanReply";
-    case Opcode::kPrepareRequest: return "PrepareRequest";
-    case Opcode::kPrepareReply: return "PrepareReply";
-    case Opcode::kDecideRequest: return "DecideRequest";
-    case Opcode::kDecideReply: return "DecideReply";
-    case Opcode::kResolveRequest: return "ResolveRequest";
-    case Opcode::kResolveReply: return "ResolveReply";
-    case Opcode::kCommitRequest: return "CommitRequest";
-    case Opcode::kCommitReply: return "CommitReply";
-    case Opcode::kCreateTableRequest: return "CreateTableRequest";
-    case Opcode::kTableReply: return "TableReply";
-    case Opcode::kOpenTableRequest: return "OpenTableRequest";
-    case Opcode::kDropTableRequest: return "DropTableRequest";
-    case Opcode::kDropTableReply: return "DropTableReply";
-    case Opcode::kListTablesRequest: return "ListTablesRequest";
-    case Opcode::kListTablesReply: return "ListTablesReply";
-    case Opcode::kLockedRequest: return "LockedRequest";
-    case Opcode::kLockedReply: return "LockedReply";
+    case Opcode::kErrorReply:
+      return "ErrorReply";
+    case Opcode::kBeginRequest:
+      return "BeginRequest";
+    case Opcode::kBeginReply:
+      return "BeginReply";
+    case Opcode::kReadRequest:
+      return "ReadRequest";
+    case Opcode::kReadReply:
+      return "ReadReply";
+    case Opcode::kScanRequest:
+      return "ScanRequest";
+    case Opcode::kScanReply:
+      return "ScanReply";
+    case Opcode::kPrepareRequest:
+      return "PrepareRequest";
+    case Opcode::kPrepareReply:
+      return "PrepareReply";
+    case Opcode::kDecideRequest:
+      return "DecideRequest";
+    case Opcode::kDecideReply:
+      return "DecideReply";
+    case Opcode::kResolveRequest:
+      return "ResolveRequest";
+    case Opcode::kResolveReply:
+      return "ResolveReply";
+    case Opcode::kCommitRequest:
+      return "CommitRequest";
+    case Opcode::kCommitReply:
+      return "CommitReply";
+    case Opcode::kCreateTableRequest:
+      return "CreateTableRequest";
+    case Opcode::kTableReply:
+      return "TableReply";
+    case Opcode::kOpenTableRequest:
+      return "OpenTableRequest";
+    case Opcode::kDropTableRequest:
+      return "DropTableRequest";
+    case Opcode::kDropTableReply:
+      return "DropTableReply";
+    case Opcode::kListTablesRequest:
+      return "ListTablesRequest";
+    case Opcode::kListTablesReply:
+      return "ListTablesReply";
+    case Opcode::kLockedRequest:
+      return "LockedRequest";
+    case Opcode::kLockedReply:
+      return "LockedReply";
   }
   return "Unknown";
 }
@@ -179,8 +230,12 @@ Body Message::As() const {
 template <typename Body>
 std::vector<std::byte> Encode(uint64_t request_id, Opcode op, const Body& body,
                               std::span<const std::byte> tail) {
-  Header h{kMagic, kVersion, static_cast<uint16_t>(op),
-           static_cast<uint32_t>(sizeof(Body) + tail.size()), 0, request_id};
+  Header h{kMagic,
+           kVersion,
+           static_cast<uint16_t>(op),
+           static_cast<uint32_t>(sizeof(Body) + tail.size()),
+           0,
+           request_id};
   std::vector<std::byte> out(sizeof(Header) + sizeof(Body) + tail.size());
   std::memcpy(out.data(), &h, sizeof(h));
   std::memcpy(out.data() + sizeof(h), &body, sizeof(Body));
@@ -188,8 +243,8 @@ std::vector<std::byte> Encode(uint64_t request_id, Opcode op, const Body& body,
   return out;
 }
 
-#define FARPOOL_SHARD_BODY(T)                                                           \
-  template T Message::As<T>() const;                                                    \
+#define FARPOOL_SHARD_BODY(T)        \
+  template T Message::As<T>() const; \
   template std::vector<std::byte> Encode<T>(uint64_t, Opcode, const T&, std::span<const std::byte>);
 FARPOOL_SHARD_BODY(ErrorReply)
 FARPOOL_SHARD_BODY(BeginRequest)

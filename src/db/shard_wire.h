@@ -31,10 +31,10 @@ static_assert(std::endian::native == std::endian::little, "the shard wire format
 
 inline constexpr uint32_t kMagic = 0x31535046;  // "FPS1"
 inline constexpr uint16_t kVersion = 1;
-inline constexpr unsigned kShardAm = 8;              // UCX active-message id
-inline constexpr size_t kMaxMessage = 64ull << 20;   // one message's bytes
-inline constexpr size_t kMaxValue = 16ull << 20;     // one row's bytes
-inline constexpr size_t kNameSize = 64;              // table names: 1..63 bytes
+inline constexpr unsigned kShardAm = 8;             // UCX active-message id
+inline constexpr size_t kMaxMessage = 64ull << 20;  // one message's bytes
+inline constexpr size_t kMaxValue = 16ull << 20;    // one row's bytes
+inline constexpr size_t kNameSize = 64;             // table names: 1..63 bytes
 inline constexpr size_t kMaxColumns = 16;
 
 enum class Opcode : uint16_t {
@@ -43,8 +43,8 @@ enum class Opcode : uint16_t {
   kBeginReply = 3,
   kReadRequest = 4,  // point reads at a snapshot
   kReadReply = 5,
-  kScanRequest = 6,  // range read at a snapshot
-  kScanReply = 7,    // a ReadReply body
+  kScanRequest = 6,     // range read at a snapshot
+  kScanReply = 7,       // a ReadReply body
   kPrepareRequest = 8,  // lock + first-committer-wins validation of a write set
   kPrepareReply = 9,
   kDecideRequest = 10,  // timestamp service: the commit decision and timestamp
@@ -136,7 +136,7 @@ struct WriteItem {  // followed by value_size bytes (kPut)
 static_assert(sizeof(WriteItem) == 24);
 inline constexpr uint32_t kPrepareOnePhase = 1;  // also decide and install (single participant
                                                  // that is the timestamp service)
-struct PrepareRequest {  // tail: count × (WriteItem, value)
+struct PrepareRequest {                          // tail: count × (WriteItem, value)
   uint64_t txn;
   uint64_t read_ts;
   uint32_t count;
@@ -146,9 +146,9 @@ struct PrepareRequest {  // tail: count × (WriteItem, value)
 };
 static_assert(sizeof(PrepareRequest) == 32);
 struct PrepareReply {
-  uint32_t conflict;  // 0: prepared (all locked); 1: nothing locked, conflict
-  uint32_t expired;   // conflict with a lock whose holder's lease has expired
-  uint64_t holder;    // that holder, 0 if the conflict was a newer version
+  uint32_t conflict;   // 0: prepared (all locked); 1: nothing locked, conflict
+  uint32_t expired;    // conflict with a lock whose holder's lease has expired
+  uint64_t holder;     // that holder, 0 if the conflict was a newer version
   uint64_t commit_ts;  // one-phase: the commit timestamp
 };
 static_assert(sizeof(PrepareReply) == 24);
@@ -274,11 +274,11 @@ struct WriteValue {
   WriteItem item;
   std::string_view value;
 };
-Result<std::vector<int64_t>> ParseReadKeys(const Message& m);             // kReadRequest
-Result<std::vector<ReadValue>> ParseReadItems(const Message& m);          // kRead/ScanReply
-Result<std::vector<WriteValue>> ParseWriteItems(const Message& m);        // kPrepareRequest
-Result<std::vector<std::string>> ParseNames(const Message& m);            // kListTablesReply
-Result<std::vector<uint64_t>> ParseHolders(const Message& m);             // kLockedReply
+Result<std::vector<int64_t>> ParseReadKeys(const Message& m);       // kReadRequest
+Result<std::vector<ReadValue>> ParseReadItems(const Message& m);    // kRead/ScanReply
+Result<std::vector<WriteValue>> ParseWriteItems(const Message& m);  // kPrepareRequest
+Result<std::vector<std::string>> ParseNames(const Message& m);      // kListTablesReply
+Result<std::vector<uint64_t>> ParseHolders(const Message& m);       // kLockedReply
 // A name field (zero-padded, at most kNameSize - 1 bytes).
 Result<std::string> NameOf(const char (&field)[kNameSize]);
 

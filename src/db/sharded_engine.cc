@@ -139,7 +139,8 @@ class Client {
 
   // Posts a request to partition p; returns its id for Wait.
   template <typename Body>
-  Result<uint64_t> Post(size_t p, Opcode op, const Body& body, std::span<const std::byte> tail = {}) {
+  Result<uint64_t> Post(size_t p, Opcode op, const Body& body,
+                        std::span<const std::byte> tail = {}) {
     const uint64_t id = next_id_++;
     if (eps_[p]->failed()) return Status::Unavailable(names_[p] + ": connection failed");
     FARPOOL_RETURN_IF_ERROR(
@@ -208,8 +209,10 @@ class Client {
       }
       auto m = Decode(r->second);
       if (first.ok()) {
-        if (!m.ok()) first = m.status();
-        else if (m->opcode == Opcode::kErrorReply) first = DecodeError(*m);
+        if (!m.ok())
+          first = m.status();
+        else if (m->opcode == Opcode::kErrorReply)
+          first = DecodeError(*m);
       }
       box_.erase(r);
       pending_.erase(*it);
@@ -231,7 +234,8 @@ class Client {
                                 const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Client*>(arg);
     if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || length < sizeof(Header)) {
-      if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ucp_am_data_release(self->worker_->get(), data);
+      if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)
+        ucp_am_data_release(self->worker_->get(), data);
       return UCS_OK;  // not a reply we could have asked for
     }
     Header h;
@@ -393,8 +397,8 @@ Status ShardedDatabase::Init() {
   FARPOOL_ASSIGN_OR_RETURN(context_, transport::Context::Create(copts));
   FARPOOL_ASSIGN_OR_RETURN(admin_, Client::Connect(*context_, partitions_, &admin_messages_));
   // Fail early if the cluster does not answer.
-  FARPOOL_ASSIGN_OR_RETURN(Reply r, admin_->Call(0, Opcode::kBeginRequest, BeginRequest{0},
-                                                 Opcode::kBeginReply));
+  FARPOOL_ASSIGN_OR_RETURN(
+      Reply r, admin_->Call(0, Opcode::kBeginRequest, BeginRequest{0}, Opcode::kBeginReply));
   (void)r;
   return Status::Ok();
 }
@@ -490,9 +494,9 @@ Status ShardedDatabase::ResolveHolder(Client& client, size_t p, uint64_t holder)
 Status ShardedDatabase::RecoverExpired() {
   std::lock_guard l(mu_);
   for (size_t p = 0; p < partitions_.size(); ++p) {
-    FARPOOL_ASSIGN_OR_RETURN(Reply r, admin_->Call(p, Opcode::kLockedRequest,
-                                                   LockedRequest{UINT32_MAX, 0},
-                                                   Opcode::kLockedReply));
+    FARPOOL_ASSIGN_OR_RETURN(Reply r,
+                             admin_->Call(p, Opcode::kLockedRequest, LockedRequest{UINT32_MAX, 0},
+                                          Opcode::kLockedReply));
     FARPOOL_ASSIGN_OR_RETURN(std::vector<uint64_t> holders, ParseHolders(r.message));
     for (uint64_t h : holders) FARPOOL_RETURN_IF_ERROR(ResolveHolder(*admin_, p, h));
   }
@@ -503,9 +507,9 @@ Result<uint64_t> ShardedDatabase::CountLocked(const Table& table) {
   std::lock_guard l(mu_);
   uint64_t locked = 0;
   for (size_t p = 0; p < partitions_.size(); ++p) {
-    FARPOOL_ASSIGN_OR_RETURN(Reply r, admin_->Call(p, Opcode::kLockedRequest,
-                                                   LockedRequest{table.id(), 0},
-                                                   Opcode::kLockedReply));
+    FARPOOL_ASSIGN_OR_RETURN(Reply r,
+                             admin_->Call(p, Opcode::kLockedRequest, LockedRequest{table.id(), 0},
+                                          Opcode::kLockedReply));
     locked += r.message.As<LockedReply>().locked;
   }
   return locked;
@@ -516,8 +520,8 @@ Result<uint64_t> ShardedDatabase::CountLocked(const Table& table) {
 Result<std::unique_ptr<Transaction>> ShardedSession::Begin() {
   // Installs of earlier commits: their failures surface here.
   FARPOOL_RETURN_IF_ERROR(client_->CollectLazy().WithContext("installing an earlier commit"));
-  FARPOOL_ASSIGN_OR_RETURN(Reply r, client_->Call(0, Opcode::kBeginRequest, BeginRequest{0},
-                                                  Opcode::kBeginReply));
+  FARPOOL_ASSIGN_OR_RETURN(
+      Reply r, client_->Call(0, Opcode::kBeginRequest, BeginRequest{0}, Opcode::kBeginReply));
   return std::unique_ptr<Transaction>(
       std::make_unique<ShardedTxn>(*this, r.message.As<BeginReply>().read_ts));
 }
@@ -551,9 +555,12 @@ Result<std::optional<std::string>> ShardedTxn::ReadCommitted(const Table& t, int
                               std::to_string(key));
     }
     switch (static_cast<ReadState>(items[0].item.state)) {
-      case ReadState::kFound: return std::optional<std::string>(std::string(items[0].value));
-      case ReadState::kNotFound: return std::optional<std::string>();
-      case ReadState::kBusy: break;
+      case ReadState::kFound:
+        return std::optional<std::string>(std::string(items[0].value));
+      case ReadState::kNotFound:
+        return std::optional<std::string>();
+      case ReadState::kBusy:
+        break;
     }
     FARPOOL_RETURN_IF_ERROR(WaitForLock(p, items[0].item, attempt, since));
   }
@@ -567,7 +574,9 @@ Status ShardedTxn::Get(const Table& table, int64_t key, Row* row) {
     return DecodeRow(table, w->second.value, row);
   }
   FARPOOL_ASSIGN_OR_RETURN(std::optional<std::string> v, ReadCommitted(table, key));
-  if (!v) return Status::NotFound("no row with key " + std::to_string(key) + " in '" + table.name() + "'");
+  if (!v)
+    return Status::NotFound("no row with key " + std::to_string(key) + " in '" + table.name() +
+                            "'");
   return DecodeRow(table, *v, row);
 }
 
@@ -635,8 +644,10 @@ Status ShardedTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit
     for (size_t p = 0; p < replies.size(); ++p) {
       FARPOOL_ASSIGN_OR_RETURN(std::vector<ReadValue> items, ParseReadItems(replies[p].message));
       for (const ReadValue& v : items) {
-        if (v.item.state == uint8_t(ReadState::kBusy)) busy = {p, v.item};
-        else if (v.item.state == uint8_t(ReadState::kFound)) rows.push_back({v.item.key, v.value});
+        if (v.item.state == uint8_t(ReadState::kBusy))
+          busy = {p, v.item};
+        else if (v.item.state == uint8_t(ReadState::kFound))
+          rows.push_back({v.item.key, v.value});
       }
     }
     if (busy) {
@@ -690,7 +701,8 @@ Status ShardedTxn::Commit() {
   std::vector<std::pair<size_t, uint64_t>> ids;
   for (size_t p : participants) {
     PrepareRequest req{txn, read_ts_, counts[p], lease_ms, one_phase ? kPrepareOnePhase : 0, 0};
-    FARPOOL_ASSIGN_OR_RETURN(uint64_t id, c.Post(p, Opcode::kPrepareRequest, req, tails[p].bytes()));
+    FARPOOL_ASSIGN_OR_RETURN(uint64_t id,
+                             c.Post(p, Opcode::kPrepareRequest, req, tails[p].bytes()));
     ids.push_back({p, id});
   }
   Status failed;
@@ -738,8 +750,8 @@ Status ShardedTxn::Commit() {
 
   // Decision (and partition 0's install) at the timestamp service.
   const bool zero_participates = participants[0] == 0;
-  auto decided = c.Call(0, Opcode::kDecideRequest, DecideRequest{txn, zero_participates ? 1u : 0u, 0},
-                        Opcode::kDecideReply);
+  auto decided = c.Call(0, Opcode::kDecideRequest,
+                        DecideRequest{txn, zero_participates ? 1u : 0u, 0}, Opcode::kDecideReply);
   if (!decided.ok()) {
     // Aborted: a resolver found our locks expired and aborted us first. Any other failure
     // leaves the outcome to the resolvers (I3): report it without touching the locks.
@@ -753,7 +765,8 @@ Status ShardedTxn::Commit() {
   Hook("decided");
   for (size_t p : participants) {
     if (p == 0) continue;
-    FARPOOL_ASSIGN_OR_RETURN(uint64_t id, c.Post(p, Opcode::kCommitRequest, CommitRequest{txn, ts}));
+    FARPOOL_ASSIGN_OR_RETURN(uint64_t id,
+                             c.Post(p, Opcode::kCommitRequest, CommitRequest{txn, ts}));
     c.MarkLazy(id);
   }
   ++s_.counters_.commits;

@@ -35,18 +35,20 @@ const Schema& BranchSchema() {
   return s;
 }
 const Schema& TellerSchema() {
-  static const Schema s{{"bid", ColumnType::kInt64}, {"tbalance", ColumnType::kInt64},
+  static const Schema s{{"bid", ColumnType::kInt64},
+                        {"tbalance", ColumnType::kInt64},
                         {"filler", ColumnType::kChar, 84}};
   return s;
 }
 const Schema& AccountSchema() {
-  static const Schema s{{"bid", ColumnType::kInt64}, {"abalance", ColumnType::kInt64},
+  static const Schema s{{"bid", ColumnType::kInt64},
+                        {"abalance", ColumnType::kInt64},
                         {"filler", ColumnType::kChar, 84}};
   return s;
 }
 const Schema& HistorySchema() {
-  static const Schema s{{"tid", ColumnType::kInt64}, {"bid", ColumnType::kInt64},
-                        {"aid", ColumnType::kInt64}, {"delta", ColumnType::kInt64},
+  static const Schema s{{"tid", ColumnType::kInt64},   {"bid", ColumnType::kInt64},
+                        {"aid", ColumnType::kInt64},   {"delta", ColumnType::kInt64},
                         {"mtime", ColumnType::kInt64}, {"filler", ColumnType::kChar, 22}};
   return s;
 }
@@ -62,10 +64,12 @@ struct Tables {
   const Table* history = nullptr;
 };
 
-Status LoadInBatches(Session& s, uint64_t n, const std::function<Status(Transaction&, uint64_t)>& put) {
+Status LoadInBatches(Session& s, uint64_t n,
+                     const std::function<Status(Transaction&, uint64_t)>& put) {
   for (uint64_t base = 0; base < n; base += 500) {
     FARPOOL_RETURN_IF_ERROR(RunTransaction(s, [&](Transaction& txn) -> Status {
-      for (uint64_t i = base; i < std::min(n, base + 500); ++i) FARPOOL_RETURN_IF_ERROR(put(txn, i));
+      for (uint64_t i = base; i < std::min(n, base + 500); ++i)
+        FARPOOL_RETURN_IF_ERROR(put(txn, i));
       return Status::Ok();
     }));
   }
@@ -75,16 +79,22 @@ Status LoadInBatches(Session& s, uint64_t n, const std::function<Status(Transact
 Status Load(Database& db, const TxnBenchOptions& o) {
   FARPOOL_ASSIGN_OR_RETURN(auto session, db.NewSession());
   if (o.workload == "bank") {
-    FARPOOL_ASSIGN_OR_RETURN(const Table* t, db.CreateTable("accounts", BankSchema(), {false, o.accounts}));
+    FARPOOL_ASSIGN_OR_RETURN(const Table* t,
+                             db.CreateTable("accounts", BankSchema(), {false, o.accounts}));
     Row r(t->schema());
     r.SetInt64(0, kInitialBalance);
-    return LoadInBatches(*session, o.accounts, [&](Transaction& txn, uint64_t i) { return txn.Put(*t, i, r); });
+    return LoadInBatches(*session, o.accounts,
+                         [&](Transaction& txn, uint64_t i) { return txn.Put(*t, i, r); });
   }
   const uint64_t nb = o.scale, nt = 10ull * o.scale, na = 100000ull * o.scale;
-  FARPOOL_ASSIGN_OR_RETURN(const Table* b, db.CreateTable("pgbench_branches", BranchSchema(), {false, nb}));
-  FARPOOL_ASSIGN_OR_RETURN(const Table* t, db.CreateTable("pgbench_tellers", TellerSchema(), {false, nt}));
-  FARPOOL_ASSIGN_OR_RETURN(const Table* a, db.CreateTable("pgbench_accounts", AccountSchema(), {false, na}));
-  FARPOOL_ASSIGN_OR_RETURN(const Table* h, db.CreateTable("pgbench_history", HistorySchema(), {false, 1 << 20}));
+  FARPOOL_ASSIGN_OR_RETURN(const Table* b,
+                           db.CreateTable("pgbench_branches", BranchSchema(), {false, nb}));
+  FARPOOL_ASSIGN_OR_RETURN(const Table* t,
+                           db.CreateTable("pgbench_tellers", TellerSchema(), {false, nt}));
+  FARPOOL_ASSIGN_OR_RETURN(const Table* a,
+                           db.CreateTable("pgbench_accounts", AccountSchema(), {false, na}));
+  FARPOOL_ASSIGN_OR_RETURN(const Table* h,
+                           db.CreateTable("pgbench_history", HistorySchema(), {false, 1 << 20}));
   (void)h;
   FARPOOL_RETURN_IF_ERROR(LoadInBatches(*session, nb, [&](Transaction& txn, uint64_t i) {
     Row r(b->schema());
@@ -171,30 +181,36 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
         if (o.workload == "bank") {
           const int64_t from = rng() % na, to = rng() % na;
           const int64_t amount = 1 + rng() % 100;
-          r = RunTransaction(s, [&](Transaction& txn) -> Status {
-            FARPOOL_RETURN_IF_ERROR(Add(txn, *tables.accounts, from, 0, -amount));
-            return Add(txn, *tables.accounts, to, 0, amount);
-          }, kAttempts);
+          r = RunTransaction(
+              s,
+              [&](Transaction& txn) -> Status {
+                FARPOOL_RETURN_IF_ERROR(Add(txn, *tables.accounts, from, 0, -amount));
+                return Add(txn, *tables.accounts, to, 0, amount);
+              },
+              kAttempts);
         } else {
           const int64_t aid = rng() % na;
           const int64_t tid = rng() % (10ull * o.scale);
           const int64_t bid = tid / 10;
           const int64_t delta = static_cast<int64_t>(rng() % 10001) - 5000;
           const int64_t hkey = (int64_t(cid) << 48) | (int64_t(th) << 36) | int64_t(history_seq++);
-          r = RunTransaction(s, [&](Transaction& txn) -> Status {
-            int64_t balance;
-            FARPOOL_RETURN_IF_ERROR(Add(txn, *tables.accounts, aid, 1, delta, &balance));
-            (void)balance;  // pgbench's SELECT abalance: the value read back
-            FARPOOL_RETURN_IF_ERROR(Add(txn, *tables.tellers, tid, 1, delta));
-            FARPOOL_RETURN_IF_ERROR(Add(txn, *tables.branches, bid, 0, delta));
-            Row h(tables.history->schema());
-            h.SetInt64(0, tid);
-            h.SetInt64(1, bid);
-            h.SetInt64(2, aid);
-            h.SetInt64(3, delta);
-            h.SetInt64(4, static_cast<int64_t>(WallMs()));
-            return txn.Put(*tables.history, hkey, h);
-          }, kAttempts);
+          r = RunTransaction(
+              s,
+              [&](Transaction& txn) -> Status {
+                int64_t balance;
+                FARPOOL_RETURN_IF_ERROR(Add(txn, *tables.accounts, aid, 1, delta, &balance));
+                (void)balance;  // pgbench's SELECT abalance: the value read back
+                FARPOOL_RETURN_IF_ERROR(Add(txn, *tables.tellers, tid, 1, delta));
+                FARPOOL_RETURN_IF_ERROR(Add(txn, *tables.branches, bid, 0, delta));
+                Row h(tables.history->schema());
+                h.SetInt64(0, tid);
+                h.SetInt64(1, bid);
+                h.SetInt64(2, aid);
+                h.SetInt64(3, delta);
+                h.SetInt64(4, static_cast<int64_t>(WallMs()));
+                return txn.Put(*tables.history, hkey, h);
+              },
+              kAttempts);
         }
         const auto t1 = Clock::now();
         if (!r.ok()) {
@@ -205,7 +221,8 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
           ++st.commits;
           if (st.latency_ns.size() < 200000) {
             st.latency_ns.push_back(static_cast<uint32_t>(std::min<int64_t>(
-                UINT32_MAX, std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count())));
+                UINT32_MAX,
+                std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count())));
           }
         }
       }
@@ -266,8 +283,9 @@ Status Verify(Database& db, const TxnBenchOptions& o) {
     FARPOOL_RETURN_IF_ERROR(sum(*t.tellers, 10ull * o.scale, 1, &tl));
     FARPOOL_RETURN_IF_ERROR(sum(*t.branches, o.scale, 0, &b));
     if (a != tl || tl != b) {
-      return Status::Internal("tpcb verify: sum(accounts) " + std::to_string(a) + ", sum(tellers) " +
-                              std::to_string(tl) + ", sum(branches) " + std::to_string(b));
+      return Status::Internal("tpcb verify: sum(accounts) " + std::to_string(a) +
+                              ", sum(tellers) " + std::to_string(tl) + ", sum(branches) " +
+                              std::to_string(b));
     }
     return Status::Ok();
   });
@@ -281,12 +299,31 @@ double Percentile(std::vector<uint32_t>& v, double q) {
 }
 
 std::vector<std::string> ChildArgs(const TxnBenchOptions& o, int id, uint64_t start_ms) {
-  return {"farpool", "bench", "txn", "--cluster", o.cluster_file,
-          "--engine", std::string(EngineName(o.engine)), "--workload", o.workload,
-          "--threads", std::to_string(o.threads), "--seconds", std::to_string(o.seconds),
-          "--warmup", std::to_string(o.warmup_seconds), "--accounts", std::to_string(o.accounts),
-          "--scale", std::to_string(o.scale), "--seed", std::to_string(o.seed),
-          "--client-id", std::to_string(id), "--start-at", std::to_string(start_ms)};
+  return {"farpool",
+          "bench",
+          "txn",
+          "--cluster",
+          o.cluster_file,
+          "--engine",
+          std::string(EngineName(o.engine)),
+          "--workload",
+          o.workload,
+          "--threads",
+          std::to_string(o.threads),
+          "--seconds",
+          std::to_string(o.seconds),
+          "--warmup",
+          std::to_string(o.warmup_seconds),
+          "--accounts",
+          std::to_string(o.accounts),
+          "--scale",
+          std::to_string(o.scale),
+          "--seed",
+          std::to_string(o.seed),
+          "--client-id",
+          std::to_string(id),
+          "--start-at",
+          std::to_string(start_ms)};
 }
 
 }  // namespace
@@ -295,9 +332,11 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
   if (o.workload != "bank" && o.workload != "tpcb") {
     return Status::InvalidArgument("unknown workload '" + o.workload + "' (expected bank or tpcb)");
   }
-  if (o.clients < 1 || o.threads < 1) return Status::InvalidArgument("--clients and --threads must be at least 1");
+  if (o.clients < 1 || o.threads < 1)
+    return Status::InvalidArgument("--clients and --threads must be at least 1");
   if (o.engine == Engine::kLocal && o.clients > 1) {
-    return Status::InvalidArgument("the local engine is one process's RAM: use --clients 1 (and --threads)");
+    return Status::InvalidArgument(
+        "the local engine is one process's RAM: use --clients 1 (and --threads)");
   }
   if (o.engine == Engine::kSharded && o.clients > 1 && o.cluster_file.empty()) {
     return Status::InvalidArgument(
@@ -319,13 +358,14 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
   {
     auto names = db->ListTables();
     if (names.ok() && !names->empty()) {
-      return Status::InvalidArgument("the cluster already holds a database (tables: " + (*names)[0] +
-                                     ", ...): start a fresh cluster for each benchmark run");
+      return Status::InvalidArgument(
+          "the cluster already holds a database (tables: " + (*names)[0] +
+          ", ...): start a fresh cluster for each benchmark run");
     }
   }
   FARPOOL_RETURN_IF_ERROR(Load(*db, o));
-  nlohmann::json merged = {{"commits", 0}, {"aborts", 0}, {"reads", 0}, {"writes", 0},
-                           {"cas", 0}, {"faa", 0}, {"messages", 0}};
+  nlohmann::json merged = {{"commits", 0}, {"aborts", 0}, {"reads", 0},   {"writes", 0},
+                           {"cas", 0},     {"faa", 0},    {"messages", 0}};
   std::vector<uint32_t> lat;
   auto absorb = [&](const nlohmann::json& j) {
     for (const char* k : {"commits", "aborts", "reads", "writes", "cas", "faa", "messages"}) {
@@ -396,8 +436,10 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
   r["clients"] = o.clients;
   r["threads"] = o.threads;
   r["seconds"] = o.seconds;
-  if (o.workload == "bank") r["accounts"] = o.accounts;
-  else r["scale"] = o.scale;
+  if (o.workload == "bank")
+    r["accounts"] = o.accounts;
+  else
+    r["scale"] = o.scale;
   r["commits"] = merged["commits"];
   r["aborts"] = merged["aborts"];
   r["tps"] = commits / o.seconds;

@@ -13,9 +13,9 @@
 namespace farpool::db {
 namespace {
 
-#define ASSERT_OK(expr)                                  \
-  do {                                                   \
-    ::farpool::Status s_ = (expr);                       \
+#define ASSERT_OK(expr)                                     \
+  do {                                                      \
+    ::farpool::Status s_ = (expr);                          \
     ASSERT_TRUE(s_.ok()) << #expr << ": " << s_.ToString(); \
   } while (0)
 
@@ -226,8 +226,10 @@ TEST_P(TxnTest, NoLostUpdate) {
           FARPOOL_ASSIGN_OR_RETURN(int64_t v, GetInt(txn, *t, 1));
           return PutInt(txn, *t, 1, v + 1);
         });
-        if (st.ok()) ++committed;
-        else ADD_FAILURE() << st.ToString();
+        if (st.ok())
+          ++committed;
+        else
+          ADD_FAILURE() << st.ToString();
       }
       aborts += s->counters().aborts;
     });

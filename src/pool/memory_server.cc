@@ -68,9 +68,6 @@ class MemoryServer::Impl {
     ucp_ep_h reply_ep;
   };
 
-  static void OnConnectionRequest(ucp_conn_request_h request, void* arg) {
-    static_cast<Impl*>(arg)->pending_accepts_.push_back(request);
-  }
   static ucs_status_t OnControlMessage(void* arg, const void* header, size_t header_length,
                                        void* data, size_t length, const ucp_am_recv_param_t* param);
 
@@ -90,9 +87,8 @@ class MemoryServer::Impl {
   std::unique_ptr<transport::Context> context_;
   std::unique_ptr<transport::Worker> worker_;
   std::unique_ptr<transport::MemoryRegion> region_;
-  ucp_listener_h listener_ = nullptr;
+  std::unique_ptr<transport::Listener> listener_;
   std::unordered_map<ucp_ep_h, Connection> connections_;
-  std::vector<ucp_conn_request_h> pending_accepts_;
   std::deque<Incoming> inbox_;
   Clock::time_point started_ = Clock::now();
   bool reap_ = false;  // an endpoint failed since the last ReapFailed
@@ -119,38 +115,9 @@ Status MemoryServer::Impl::Init(uint16_t* port_out) {
   FARPOOL_ASSIGN_OR_RETURN(region_,
                            transport::MemoryRegion::Allocate(*context_, chunks_.region_size()));
 
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* res = nullptr;
-  std::string port_text = std::to_string(options_.port);
-  int rc = getaddrinfo(options_.host.c_str(), port_text.c_str(), &hints, &res);
-  if (rc != 0 || res == nullptr) {
-    return Status::InvalidArgument("cannot resolve listen address '" + options_.host +
-                                   "': " + gai_strerror(rc));
-  }
-  ucp_listener_params_t lp{};
-  lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-  lp.sockaddr.addr = res->ai_addr;
-  lp.sockaddr.addrlen = res->ai_addrlen;
-  lp.conn_handler.cb = &OnConnectionRequest;
-  lp.conn_handler.arg = this;
-  ucs_status_t st = ucp_listener_create(worker_->get(), &lp, &listener_);
-  freeaddrinfo(res);
-  if (st != UCS_OK) {
-    listener_ = nullptr;
-    return transport::UcxStatus(st, "listening on " + options_.host + ":" + port_text);
-  }
-  ucp_listener_attr_t attr{};
-  attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-  st = ucp_listener_query(listener_, &attr);
-  if (st != UCS_OK) return transport::UcxStatus(st, "querying the listener's address");
-  if (attr.sockaddr.ss_family == AF_INET) {
-    port_ = ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
-  } else {
-    port_ = ntohs(reinterpret_cast<const sockaddr_in6*>(&attr.sockaddr)->sin6_port);
-  }
+  FARPOOL_ASSIGN_OR_RETURN(listener_,
+                           transport::Listener::Create(*worker_, options_.host, options_.port));
+  port_ = listener_->port();
   *port_out = port_;
   return Status::Ok();
 }
@@ -215,10 +182,8 @@ uint32_t MemoryServer::Impl::DistinctClients() const {
 
 bool MemoryServer::Impl::Poll() {
   bool busy = worker_->Progress() != 0;
-  if (!pending_accepts_.empty()) {
-    auto accepts = std::move(pending_accepts_);
-    pending_accepts_.clear();
-    for (ucp_conn_request_h r : accepts) Accept(r);
+  for (ucp_conn_request_h r : listener_->TakeRequests()) {
+    Accept(r);
     busy = true;
   }
   while (!inbox_.empty()) {
@@ -316,8 +281,7 @@ void MemoryServer::Impl::Shutdown() {
   // Endpoints first (they reference the worker), then the listener, region, worker, context.
   for (auto& [handle, c] : connections_) c.ep->ForceClose();
   connections_.clear();
-  if (listener_ != nullptr) ucp_listener_destroy(listener_);
-  listener_ = nullptr;
+  listener_.reset();
   region_.reset();
   worker_.reset();
   context_.reset();

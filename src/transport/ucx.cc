@@ -1,5 +1,6 @@
 #include "transport/ucx.h"
 
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -267,6 +268,56 @@ Status PostAm(ucp_ep_h ep, unsigned id, std::vector<std::byte> bytes, bool want_
   delete owned;
   if (UCS_PTR_IS_ERR(req)) return UcxStatus(UCS_PTR_STATUS(req), "posting reply");
   return Status::Ok();
+}
+
+// ---------------------------------------------------------------- Listener
+
+Result<std::unique_ptr<Listener>> Listener::Create(Worker& worker, const std::string& host,
+                                                   uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  const std::string port_text = std::to_string(port);
+  int rc = getaddrinfo(host.c_str(), port_text.c_str(), &hints, &res);
+  if (rc != 0 || res == nullptr) {
+    return Status::InvalidArgument("cannot resolve listen address '" + host +
+                                   "': " + gai_strerror(rc));
+  }
+  std::unique_ptr<Listener> l(new Listener());
+  ucp_listener_params_t lp{};
+  lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+  lp.sockaddr.addr = res->ai_addr;
+  lp.sockaddr.addrlen = res->ai_addrlen;
+  lp.conn_handler.cb = [](ucp_conn_request_h request, void* arg) {
+    static_cast<Listener*>(arg)->pending_.push_back(request);
+  };
+  lp.conn_handler.arg = l.get();
+  ucs_status_t st = ucp_listener_create(worker.get(), &lp, &l->listener_);
+  freeaddrinfo(res);
+  if (st != UCS_OK) {
+    l->listener_ = nullptr;
+    return UcxStatus(st, "listening on " + host + ":" + port_text);
+  }
+  ucp_listener_attr_t attr{};
+  attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+  st = ucp_listener_query(l->listener_, &attr);
+  if (st != UCS_OK) return UcxStatus(st, "querying the listener's address");
+  l->port_ = attr.sockaddr.ss_family == AF_INET
+                 ? ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port)
+                 : ntohs(reinterpret_cast<const sockaddr_in6*>(&attr.sockaddr)->sin6_port);
+  return l;
+}
+
+Listener::~Listener() {
+  if (listener_ != nullptr) ucp_listener_destroy(listener_);
+}
+
+std::vector<ucp_conn_request_h> Listener::TakeRequests() {
+  std::vector<ucp_conn_request_h> taken;
+  taken.swap(pending_);
+  return taken;
 }
 
 // ---------------------------------------------------------------- MemoryRegion

@@ -141,6 +141,29 @@ class Endpoint {
   bool failed_ = false;
 };
 
+// Accepts HOST:PORT connections for a worker (port 0: any free port). UCX's callback only
+// queues the requests; the owner's progress loop takes them (TakeRequests) and accepts each
+// with Endpoint::Accept, outside UCX's callback.
+class Listener {
+ public:
+  static Result<std::unique_ptr<Listener>> Create(Worker& worker, const std::string& host,
+                                                  uint16_t port);
+  ~Listener();
+  Listener(const Listener&) = delete;
+  Listener& operator=(const Listener&) = delete;
+
+  // The port actually listened on.
+  uint16_t port() const { return port_; }
+  // The connection requests that arrived since the last call.
+  std::vector<ucp_conn_request_h> TakeRequests();
+
+ private:
+  Listener() = default;
+  ucp_listener_h listener_ = nullptr;
+  uint16_t port_ = 0;
+  std::vector<ucp_conn_request_h> pending_;
+};
+
 // Posts an active message on `ep` without waiting for it; `bytes` are kept alive until UCX is
 // done with them. For a server's replies, which must never block its progress loop.
 Status PostAm(ucp_ep_h ep, unsigned id, std::vector<std::byte> bytes, bool want_reply_ep);

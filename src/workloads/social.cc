@@ -31,22 +31,25 @@ uint64_t Mix(uint64_t x) {  // splitmix64 finalizer
   return x ^ (x >> 31);
 }
 
-const char* const kFirst[] = {"Ada", "Alan", "Barbara", "Brian", "Claude", "Dennis", "Donald",
-                              "Edsger", "Frances", "Grace", "Jim", "John", "Ken", "Leslie",
-                              "Margaret", "Niklaus", "Radia", "Robin", "Shafi", "Tony"};
-const char* const kLast[] = {"Allen", "Backus", "Cerf", "Dijkstra", "Engelbart", "Floyd",
-                             "Gray", "Hamming", "Hoare", "Kahn", "Knuth", "Lamport", "Liskov",
-                             "McCarthy", "Milner", "Perlman", "Ritchie", "Thompson", "Wirth",
-                             "Yao"};
-const char* const kTopic[] = {"Chess", "Hiking", "Jazz", "Cooking", "Cycling", "Databases",
+const char* const kFirst[] = {"Ada",     "Alan",   "Barbara", "Brian",   "Claude",
+                              "Dennis",  "Donald", "Edsger",  "Frances", "Grace",
+                              "Jim",     "John",   "Ken",     "Leslie",  "Margaret",
+                              "Niklaus", "Radia",  "Robin",   "Shafi",   "Tony"};
+const char* const kLast[] = {"Allen",   "Backus",  "Cerf",     "Dijkstra", "Engelbart",
+                             "Floyd",   "Gray",    "Hamming",  "Hoare",    "Kahn",
+                             "Knuth",   "Lamport", "Liskov",   "McCarthy", "Milner",
+                             "Perlman", "Ritchie", "Thompson", "Wirth",    "Yao"};
+const char* const kTopic[] = {"Chess", "Hiking",    "Jazz",   "Cooking", "Cycling", "Databases",
                               "Films", "Gardening", "Poetry", "Running", "Sailing", "Go"};
-const char* const kWords[] = {"hello", "see", "you", "at", "the", "party", "tonight", "memory",
-                              "pool", "is", "fast", "did", "read", "my", "last", "message",
-                              "lunch", "tomorrow", "great", "news", "thanks", "for", "photos",
-                              "meeting", "moved", "to", "friday", "call", "me", "later", "ok",
-                              "cluster"};
+const char* const kWords[] = {
+    "hello", "see",      "you",    "at",   "the",    "party", "tonight", "memory",
+    "pool",  "is",       "fast",   "did",  "read",   "my",    "last",    "message",
+    "lunch", "tomorrow", "great",  "news", "thanks", "for",   "photos",  "meeting",
+    "moved", "to",       "friday", "call", "me",     "later", "ok",      "cluster"};
 template <typename T, size_t N>
-constexpr size_t Len(const T (&)[N]) { return N; }
+constexpr size_t Len(const T (&)[N]) {
+  return N;
+}
 
 const Schema& NameSchema() {
   static const Schema s{{"name", ColumnType::kChar, 32}};
@@ -57,9 +60,9 @@ const Schema& EdgeSchema() {
   return s;
 }
 const Schema& MessageSchema() {
-  static const Schema s{{"sender", ColumnType::kInt64}, {"to_user", ColumnType::kInt64},
+  static const Schema s{{"sender", ColumnType::kInt64},   {"to_user", ColumnType::kInt64},
                         {"to_group", ColumnType::kInt64}, {"time", ColumnType::kInt64},
-                        {"is_read", ColumnType::kInt64}, {"text", ColumnType::kBytes}};
+                        {"is_read", ColumnType::kInt64},  {"text", ColumnType::kBytes}};
   return s;
 }
 enum MsgCol { kSender = 0, kToUser, kToGroup, kTime, kIsRead, kTextCol };
@@ -235,8 +238,8 @@ void SocialSample(const SocialData& data, int n, std::vector<uint64_t>* users,
   mids->clear();
   for (int i = 0; i < n; ++i) {
     // Spread over the ids, including the "active" senders (multiples of 10).
-    users->push_back((Mix(data.seed() ^ 0xabcdef ^ uint64_t(i)) % data.users()) / (i % 3 == 0 ? 10 : 1) *
-                     (i % 3 == 0 ? 10 : 1));
+    users->push_back((Mix(data.seed() ^ 0xabcdef ^ uint64_t(i)) % data.users()) /
+                     (i % 3 == 0 ? 10 : 1) * (i % 3 == 0 ? 10 : 1));
     mids->push_back(Mix(data.seed() ^ 0x123457 ^ uint64_t(i)) % data.messages());
   }
 }
@@ -348,7 +351,8 @@ Status LoadSocial(Database& db, const SocialTables& t, const SocialData& d, int 
             case 1: {
               Row r(NameSchema());
               r.SetChar(0, task.kind == 0 ? d.UserName(k) : d.GroupName(k));
-              FARPOOL_RETURN_IF_ERROR(txn.Put(task.kind == 0 ? *t.users : *t.groups, int64_t(k), r));
+              FARPOOL_RETURN_IF_ERROR(
+                  txn.Put(task.kind == 0 ? *t.users : *t.groups, int64_t(k), r));
               ++rows;
               break;
             }
@@ -410,8 +414,8 @@ Status QueryBody(Transaction& txn, const SocialTables& t, SocialQuery q, int64_t
     case SocialQuery::kFriends:
     case SocialQuery::kGroupNames: {
       const bool friends = q == SocialQuery::kFriends;
-      FARPOOL_RETURN_IF_ERROR(CollectScan(txn, friends ? *t.friends : *t.members, p, kUserBits, 0,
-                                          false, &ids));
+      FARPOOL_RETURN_IF_ERROR(
+          CollectScan(txn, friends ? *t.friends : *t.members, p, kUserBits, 0, false, &ids));
       for (int64_t id : ids) {
         FARPOOL_RETURN_IF_ERROR(txn.Get(friends ? *t.users : *t.groups, id, &r));
         ++a->rows;
@@ -442,7 +446,8 @@ Status QueryBody(Transaction& txn, const SocialTables& t, SocialQuery q, int64_t
       for (int64_t mid : ids) {
         FARPOOL_RETURN_IF_ERROR(txn.Get(*t.messages, mid, &r));
         ++a->rows;
-        a->checksum = Chain(a->checksum, HashMessageRow(mid, r.GetInt64(kTime), r.GetBytes(kTextCol)));
+        a->checksum =
+            Chain(a->checksum, HashMessageRow(mid, r.GetInt64(kTime), r.GetBytes(kTextCol)));
       }
       return Status::Ok();
     }
@@ -459,13 +464,13 @@ Status QueryBody(Transaction& txn, const SocialTables& t, SocialQuery q, int64_t
 
 Status RunSocialQuery(Session& session, const SocialTables& t, SocialQuery q, int64_t param,
                       Answer* answer) {
-  return RunTransaction(session, [&](Transaction& txn) -> Status {
-    return QueryBody(txn, t, q, param, answer);
-  });
+  return RunTransaction(
+      session, [&](Transaction& txn) -> Status { return QueryBody(txn, t, q, param, answer); });
 }
 
 Status PostMessage(Session& session, const SocialTables& t, const Message& m) {
-  return RunTransaction(session, [&](Transaction& txn) -> Status { return PutMessageRows(txn, t, m); });
+  return RunTransaction(session,
+                        [&](Transaction& txn) -> Status { return PutMessageRows(txn, t, m); });
 }
 
 Status MarkRead(Session& session, const SocialTables& t, int64_t mid) {
@@ -500,7 +505,9 @@ class CsvFile {
     std::fprintf(f_, "%s\n", header);
     return Status::Ok();
   }
-  void Line(const std::string& line) { std::fwrite(line.data(), 1, line.size(), f_), std::fputc('\n', f_); }
+  void Line(const std::string& line) {
+    std::fwrite(line.data(), 1, line.size(), f_), std::fputc('\n', f_);
+  }
   Status Close() {
     const bool ok = f_ && std::ferror(f_) == 0;
     if (f_) std::fclose(f_);
@@ -538,10 +545,12 @@ Status ExportSocialCsv(const SocialData& d, const std::string& dir, int samples)
   FARPOOL_RETURN_IF_ERROR(f.Close());
   FARPOOL_RETURN_IF_ERROR(f.Open(p("members.csv"), "uid,gid,joined"));
   for (uint64_t u = 0; u < d.users(); ++u) {
-    for (uint64_t g : d.Groups(u)) f.Line(s(u) + "," + s(g) + "," + s(d.Since(u, g + (1ull << 40))));
+    for (uint64_t g : d.Groups(u))
+      f.Line(s(u) + "," + s(g) + "," + s(d.Since(u, g + (1ull << 40))));
   }
   FARPOOL_RETURN_IF_ERROR(f.Close());
-  FARPOOL_RETURN_IF_ERROR(f.Open(p("messages.csv"), "mid,sender,to_user,to_group,time,is_read,text"));
+  FARPOOL_RETURN_IF_ERROR(
+      f.Open(p("messages.csv"), "mid,sender,to_user,to_group,time,is_read,text"));
   for (uint64_t mid = 0; mid < d.messages(); ++mid) {
     Message m = d.GetMessage(mid);
     f.Line(s(m.mid) + "," + s(m.sender) + "," + (m.to_user >= 0 ? s(m.to_user) : "") + "," +

@@ -62,7 +62,14 @@
 
 namespace farpool::workloads {
 
-enum class SocialQuery : uint8_t { kFriends = 1, kNewMessages, kNewGroupMessages, kLast100, kText, kGroupNames };
+enum class SocialQuery : uint8_t {
+  kFriends = 1,
+  kNewMessages,
+  kNewGroupMessages,
+  kLast100,
+  kText,
+  kGroupNames
+};
 constexpr int kSocialQueries = 6;
 // "q1".."q6" (or 1..6).
 Result<SocialQuery> ParseSocialQuery(std::string_view text);

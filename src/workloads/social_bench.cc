@@ -25,8 +25,9 @@ struct FlowStats {
 
 // Runs `flows` threads for warmup + seconds; `op(session, rng, flow, &query)` runs one
 // operation and says which query it was (0 for a write).
-Result<std::vector<FlowStats>> RunFlows(Database& db, const SocialBenchOptions& o,
-                                        const std::function<Status(Session&, std::mt19937_64&, int, int*)>& op) {
+Result<std::vector<FlowStats>> RunFlows(
+    Database& db, const SocialBenchOptions& o,
+    const std::function<Status(Session&, std::mt19937_64&, int, int*)>& op) {
   std::vector<FlowStats> stats(o.flows);
   std::vector<std::thread> threads;
   const uint64_t clock_ns = ClockOverheadNs();
@@ -36,12 +37,14 @@ Result<std::vector<FlowStats>> RunFlows(Database& db, const SocialBenchOptions& 
   auto start = Clock::now() + std::chrono::milliseconds(200);
   if (o.start_at_ms > 0) {
     const auto sys_now = std::chrono::system_clock::now();
-    const auto sys_start = std::chrono::system_clock::time_point(std::chrono::milliseconds(o.start_at_ms));
+    const auto sys_start =
+        std::chrono::system_clock::time_point(std::chrono::milliseconds(o.start_at_ms));
     start = Clock::now() + std::chrono::duration_cast<Clock::duration>(sys_start - sys_now);
   }
   const auto from = start + std::chrono::duration_cast<Clock::duration>(
                                 std::chrono::duration<double>(o.warmup_seconds));
-  const auto until = from + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.seconds));
+  const auto until =
+      from + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.seconds));
   for (int f = 0; f < o.flows; ++f) {
     threads.emplace_back([&, f] {
       FlowStats& st = stats[f];
@@ -97,10 +100,11 @@ Status VerifySocial(Database& db, const SocialData& data, int samples) {
       FARPOOL_RETURN_IF_ERROR(RunSocialQuery(*session, t, SocialQuery(q), param, &got));
       const Answer& want = expect[i][q - 1];
       if (!(got == want)) {
-        return Status::Internal("social verify: q" + std::to_string(q) + "(" + std::to_string(param) +
-                                ") returned " + std::to_string(got.rows) + " rows (checksum " +
-                                std::to_string(got.checksum) + "), expected " + std::to_string(want.rows) +
-                                " rows (checksum " + std::to_string(want.checksum) + ")");
+        return Status::Internal("social verify: q" + std::to_string(q) + "(" +
+                                std::to_string(param) + ") returned " + std::to_string(got.rows) +
+                                " rows (checksum " + std::to_string(got.checksum) + "), expected " +
+                                std::to_string(want.rows) + " rows (checksum " +
+                                std::to_string(want.checksum) + ")");
       }
     }
   }
@@ -130,15 +134,18 @@ Result<nlohmann::json> RunSocialBench(const SocialBenchOptions& in) {
   SocialBenchOptions o = in;
   if (o.flows < 1) return Status::InvalidArgument("--flows must be at least 1");
   if (o.scale < 0.1) return Status::InvalidArgument("--scale must be at least 0.1 (100 users)");
-  if (o.write_pct < 0 || o.write_pct > 100) return Status::InvalidArgument("--writes is a percentage 0..100");
-  if (o.attach && o.load_only) return Status::InvalidArgument("--attach and --load-only exclude each other");
+  if (o.write_pct < 0 || o.write_pct > 100)
+    return Status::InvalidArgument("--writes is a percentage 0..100");
+  if (o.attach && o.load_only)
+    return Status::InvalidArgument("--attach and --load-only exclude each other");
   if ((o.attach || o.load_only) && o.engine == Engine::kLocal) {
     return Status::InvalidArgument(
         "--attach/--load-only need a database that outlives the process (pool, or sharded with "
         "--cluster); the local engine is this process's RAM");
   }
   if (o.client_id < 0 || o.client_id >= 64 || o.flows > 256) {
-    return Status::InvalidArgument("--client-id is 0..63 and --flows at most 256 (message ids of the write mix)");
+    return Status::InvalidArgument(
+        "--client-id is 0..63 and --flows at most 256 (message ids of the write mix)");
   }
   if (o.queries.empty()) {
     for (int q = 1; q <= kSocialQueries; ++q) o.queries.push_back(SocialQuery(q));
@@ -154,17 +161,18 @@ Result<nlohmann::json> RunSocialBench(const SocialBenchOptions& in) {
   if (o.attach) {
     auto opened = OpenSocialTables(*db);
     if (!opened.ok()) {
-      return Status::NotFound("--attach: no social network in this cluster (" + opened.status().message() +
-                              "): load one first with --load-only");
+      return Status::NotFound("--attach: no social network in this cluster (" +
+                              opened.status().message() + "): load one first with --load-only");
     }
     tables = *opened;
     FARPOOL_RETURN_IF_ERROR(CheckLoadedScale(*db, tables, data));
   } else {
     auto names = db->ListTables();
     if (names.ok() && !names->empty()) {
-      return Status::InvalidArgument("the cluster already holds a database (tables: " + (*names)[0] +
-                                     ", ...): start a fresh cluster for each benchmark run, or "
-                                     "--attach to run on the loaded social network");
+      return Status::InvalidArgument(
+          "the cluster already holds a database (tables: " + (*names)[0] +
+          ", ...): start a fresh cluster for each benchmark run, or "
+          "--attach to run on the loaded social network");
     }
     FARPOOL_ASSIGN_OR_RETURN(tables, CreateSocialTables(*db, data));
   }
@@ -221,11 +229,12 @@ Result<nlohmann::json> RunSocialBench(const SocialBenchOptions& in) {
   if (!o.mix) {
     r["mode"] = "queries";
     for (SocialQuery q : o.queries) {
-      FARPOOL_ASSIGN_OR_RETURN(auto stats, RunFlows(*db, o, [&](Session& s, std::mt19937_64& rng, int, int* which) {
-        *which = int(q);
-        Answer a;
-        return RunSocialQuery(s, tables, q, param(q, rng), &a);
-      }));
+      FARPOOL_ASSIGN_OR_RETURN(
+          auto stats, RunFlows(*db, o, [&](Session& s, std::mt19937_64& rng, int, int* which) {
+            *which = int(q);
+            Answer a;
+            return RunSocialQuery(s, tables, q, param(q, rng), &a);
+          }));
       Histogram h;
       for (auto& st : stats) h.Merge(st.per_query[int(q) - 1]);
       nlohmann::json j = Summary(h, o.seconds);
@@ -237,29 +246,32 @@ Result<nlohmann::json> RunSocialBench(const SocialBenchOptions& in) {
     r["mode"] = "mix";
     r["write_pct"] = o.write_pct;
     std::vector<std::atomic<uint64_t>> next_mid(o.flows);
-    FARPOOL_ASSIGN_OR_RETURN(auto stats, RunFlows(*db, o, [&](Session& s, std::mt19937_64& rng, int flow, int* which) -> Status {
-      if (o.write_pct > 0 && double(rng() % 1000000) < o.write_pct * 10000) {
-        *which = 0;
-        if (rng() & 1) return MarkRead(s, tables, int64_t(rng() % messages));
-        Message m = data.GetMessage(rng() % messages);  // a realistic shape, new id and time
-        // Disjoint ids for every flow of every process: 2^21 posts per flow and run, 256
-        // flows per process, 64 client ids (all below 2^36 with the generated messages).
-        const int64_t n = int64_t(next_mid[flow]++);
-        if (n >= (int64_t(1) << 21)) {
-          return Status::InvalidArgument("write mix: more than 2^21 posts by one flow in one run "
-                                         "(fewer --seconds or --writes)");
-        }
-        m.mid = messages + ((int64_t(o.client_id) * 256 + flow) << 21) + n;
-        m.sender = int64_t(rng() % users);
-        m.time = m.mid + 1600000000;
-        m.is_read = 0;
-        return PostMessage(s, tables, m);
-      }
-      const SocialQuery q = o.queries[rng() % o.queries.size()];
-      *which = int(q);
-      Answer a;
-      return RunSocialQuery(s, tables, q, param(q, rng), &a);
-    }));
+    FARPOOL_ASSIGN_OR_RETURN(
+        auto stats,
+        RunFlows(*db, o, [&](Session& s, std::mt19937_64& rng, int flow, int* which) -> Status {
+          if (o.write_pct > 0 && double(rng() % 1000000) < o.write_pct * 10000) {
+            *which = 0;
+            if (rng() & 1) return MarkRead(s, tables, int64_t(rng() % messages));
+            Message m = data.GetMessage(rng() % messages);  // a realistic shape, new id and time
+            // Disjoint ids for every flow of every process: 2^21 posts per flow and run, 256
+            // flows per process, 64 client ids (all below 2^36 with the generated messages).
+            const int64_t n = int64_t(next_mid[flow]++);
+            if (n >= (int64_t(1) << 21)) {
+              return Status::InvalidArgument(
+                  "write mix: more than 2^21 posts by one flow in one run "
+                  "(fewer --seconds or --writes)");
+            }
+            m.mid = messages + ((int64_t(o.client_id) * 256 + flow) << 21) + n;
+            m.sender = int64_t(rng() % users);
+            m.time = m.mid + 1600000000;
+            m.is_read = 0;
+            return PostMessage(s, tables, m);
+          }
+          const SocialQuery q = o.queries[rng() % o.queries.size()];
+          *which = int(q);
+          Answer a;
+          return RunSocialQuery(s, tables, q, param(q, rng), &a);
+        }));
     Histogram all, writes;
     for (SocialQuery q : o.queries) {
       Histogram h;

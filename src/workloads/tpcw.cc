@@ -18,7 +18,8 @@ constexpr int64_t kInitialStock = 1000;
 constexpr int kAttempts = 1 << 30;
 
 const Schema& CustomerSchema() {
-  static const Schema s{{"name", ColumnType::kChar, 24}, {"cart_lines", ColumnType::kInt64},
+  static const Schema s{{"name", ColumnType::kChar, 24},
+                        {"cart_lines", ColumnType::kInt64},
                         {"orders", ColumnType::kInt64}};
   return s;
 }
@@ -27,18 +28,22 @@ const Schema& CartSchema() {
   return s;
 }
 const Schema& ItemSchema() {
-  static const Schema s{{"stock", ColumnType::kInt64}, {"restocks", ColumnType::kInt64},
-                        {"price", ColumnType::kInt64}, {"title", ColumnType::kChar, 24}};
+  static const Schema s{{"stock", ColumnType::kInt64},
+                        {"restocks", ColumnType::kInt64},
+                        {"price", ColumnType::kInt64},
+                        {"title", ColumnType::kChar, 24}};
   return s;
 }
 const Schema& OrderSchema() {
-  static const Schema s{{"cid", ColumnType::kInt64}, {"lines", ColumnType::kInt64},
-                        {"total", ColumnType::kInt64}, {"time", ColumnType::kInt64}};
+  static const Schema s{{"cid", ColumnType::kInt64},
+                        {"lines", ColumnType::kInt64},
+                        {"total", ColumnType::kInt64},
+                        {"time", ColumnType::kInt64}};
   return s;
 }
 const Schema& OrderLineSchema() {
-  static const Schema s{{"iid", ColumnType::kInt64}, {"qty", ColumnType::kInt64},
-                        {"price", ColumnType::kInt64}};
+  static const Schema s{
+      {"iid", ColumnType::kInt64}, {"qty", ColumnType::kInt64}, {"price", ColumnType::kInt64}};
   return s;
 }
 
@@ -47,11 +52,14 @@ struct Tables {
 };
 
 Status Load(Database& db, const TpcwOptions& o, Tables* t) {
-  FARPOOL_ASSIGN_OR_RETURN(t->customer, db.CreateTable("tw_customer", CustomerSchema(), {false, o.customers}));
-  FARPOOL_ASSIGN_OR_RETURN(t->cart, db.CreateTable("tw_cart", CartSchema(), {false, o.customers * 3}));
+  FARPOOL_ASSIGN_OR_RETURN(t->customer,
+                           db.CreateTable("tw_customer", CustomerSchema(), {false, o.customers}));
+  FARPOOL_ASSIGN_OR_RETURN(t->cart,
+                           db.CreateTable("tw_cart", CartSchema(), {false, o.customers * 3}));
   FARPOOL_ASSIGN_OR_RETURN(t->item, db.CreateTable("tw_item", ItemSchema(), {false, o.items}));
   FARPOOL_ASSIGN_OR_RETURN(t->order, db.CreateTable("tw_order", OrderSchema(), {false, 1 << 20}));
-  FARPOOL_ASSIGN_OR_RETURN(t->order_line, db.CreateTable("tw_order_line", OrderLineSchema(), {false, 1 << 22}));
+  FARPOOL_ASSIGN_OR_RETURN(t->order_line,
+                           db.CreateTable("tw_order_line", OrderLineSchema(), {false, 1 << 22}));
   FARPOOL_ASSIGN_OR_RETURN(auto s, db.NewSession());
   std::mt19937_64 rng(o.seed);
   for (uint64_t base = 0; base < o.items; base += 200) {
@@ -123,7 +131,8 @@ Status Buy(Transaction& txn, const Tables& t, int64_t cid, int64_t oid) {
   return txn.Put(*t.customer, cid, c);
 }
 
-Status Verify(Database& db, const TpcwOptions& o, const Tables& t, const std::vector<uint64_t>& orders_per_flow) {
+Status Verify(Database& db, const TpcwOptions& o, const Tables& t,
+              const std::vector<uint64_t>& orders_per_flow) {
   FARPOOL_ASSIGN_OR_RETURN(auto s, db.NewSession());
   std::unordered_map<int64_t, int64_t> sold;
   uint64_t orders = 0;
@@ -151,8 +160,9 @@ Status Verify(Database& db, const TpcwOptions& o, const Tables& t, const std::ve
       FARPOOL_RETURN_IF_ERROR(txn.Get(*t.item, int64_t(i), &item));
       const int64_t taken = kInitialStock + kInitialStock * item.GetInt64(1) - item.GetInt64(0);
       if (taken != sold[int64_t(i)]) {
-        return Status::Internal("tpcw verify: item " + std::to_string(i) + " lost " + std::to_string(taken) +
-                                " from stock but order lines hold " + std::to_string(sold[int64_t(i)]));
+        return Status::Internal("tpcw verify: item " + std::to_string(i) + " lost " +
+                                std::to_string(taken) + " from stock but order lines hold " +
+                                std::to_string(sold[int64_t(i)]));
       }
     }
     for (uint64_t c = 0; c < o.customers; ++c) {
@@ -195,7 +205,8 @@ Result<nlohmann::json> RunTpcwBench(const TpcwOptions& o) {
   // the sum of commits over the window is a throughput.
   const auto from = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                        std::chrono::duration<double>(0.2 + o.warmup_seconds));
-  const auto until = from + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.seconds));
+  const auto until =
+      from + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.seconds));
   for (int f = 0; f < o.flows; ++f) {
     threads.emplace_back([&, f] {
       Flow& st = flows[f];
@@ -216,7 +227,8 @@ Result<nlohmann::json> RunTpcwBench(const TpcwOptions& o) {
         }
         const int64_t cid = int64_t(rng() % o.customers);
         const int64_t oid = (int64_t(f) << 32) | int64_t(st.orders);
-        Status s = RunTransaction(**session, [&](Transaction& txn) { return Buy(txn, t, cid, oid); }, kAttempts);
+        Status s = RunTransaction(
+            **session, [&](Transaction& txn) { return Buy(txn, t, cid, oid); }, kAttempts);
         const auto t1 = Clock::now();
         if (!s.ok()) {
           st.status = s;

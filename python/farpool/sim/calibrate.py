@@ -21,6 +21,12 @@ latency of one synchronous thread (Little's law). The fit is checked against the
 ops/s at every other thread count (exact mean value analysis of the closed two-station
 model) and the error is reported.
 
+Engine CPU per transaction comes from the ``local`` engine of the transaction file (the same
+code on local RAM, one thread): its time per transaction less its own memory accesses, each
+at the one-thread cost of ``farpool bench ops --local`` (``system == "local-memory"`` rows of
+the ops file). The pool engine's operations replace exactly those accesses and are added by
+the model, so without the subtraction they would be counted twice.
+
 Transactions are then predicted two ways for 1..8 client threads:
 * ``des``: the RSI protocol of ``txn.py`` executed as a discrete-event simulation, each
   operation a path delay D/2 -> station S -> delay D/2, with real record conflicts, aborts
@@ -210,14 +216,60 @@ def predict_mva(costs: dict[str, OpCost], counts: OpCounts, threads: int,
     return mva(s, d, threads)[0] * 1e9
 
 
-def local_compute_ns(rows: list[dict] | None, workload: str) -> float | None:
-    """Engine CPU per transaction: the ``local`` engine (same code on local RAM) at one
-    client thread, 1 / its transactions per second. None when not measured."""
+def local_op_ns(rows: list[dict], size: int) -> dict[str, float]:
+    """Latency of one operation on this process's RAM: ``farpool bench ops --local`` rows
+    (``system == "local-memory"``, batch 1, one thread, the size nearest ``size``), 1e9 / their
+    ops/s. Only the ops that have such rows are returned (none: an empty dict)."""
+    sel = [r for r in rows if r["system"] == "local-memory" and r["batch"] == 1
+           and int(r["threads"]) == 1]
+    out = {}
+    for op in OP_KINDS:
+        mine = [r for r in sel if r["op"] == op]
+        if not mine:
+            continue
+        best = min({r["size"] for r in mine}, key=lambda s: (abs(s - size), s))
+        v = [float(r["ops_per_s"]) for r in mine if r["size"] == best]
+        out[op] = 1e9 / (sum(v) / len(v))
+    return out
+
+
+def local_compute(rows: list[dict] | None, workload: str,
+                  local_ns: dict[str, float] | None = None) -> dict | None:
+    """Engine CPU per transaction, from the ``local`` engine (same code on local RAM) at one
+    client thread: its time per transaction, 1 / tps, *less* the memory accesses it performs
+    (its own measured op counts x the local-memory latency of each op). Those accesses are
+    what the pool engine replaces by pool operations, which the model adds separately;
+    without the subtraction every access would be counted twice. When an op the local engine
+    performs has no local-memory row, nothing is subtracted and ``note`` says so. None when
+    the local engine was not measured."""
     sel = [r for r in rows or [] if r["engine"] == "local" and r["workload"] == workload
            and int(r["clients"]) * int(r["threads"]) == 1 and r["tps"] > 0]
     if not sel:
         return None
-    return 1e9 / (sum(r["tps"] for r in sel) / len(sel))
+    per_txn = 1e9 / (sum(r["tps"] for r in sel) / len(sel))
+    counts = load_txn_counts(sel, workload, engine="local")
+    n = {"read": counts.reads, "write": counts.writes, "cas": counts.cas, "faa": counts.faa}
+    local_ns = local_ns or {}
+    missing = [o for o in OP_KINDS if n[o] > 0 and o not in local_ns]
+    out = {"local_txn_ns": per_txn, "local_counts": n}
+    if missing:
+        out.update(compute_ns=per_txn, memory_ns=None,
+                   note=("engine CPU includes its memory accesses (no local-memory rows for "
+                         f"{', '.join(missing)}: run `farpool bench ops --local --json`); "
+                         "at one thread the accesses are counted twice"))
+        return out
+    mem = sum(n[o] * local_ns[o] for o in OP_KINDS if n[o] > 0)
+    out.update(compute_ns=max(0.0, per_txn - mem), memory_ns=mem,
+               note="local engine time less its memory accesses at local-memory cost"
+                    + (" (clamped at 0)" if mem > per_txn else ""))
+    return out
+
+
+def local_compute_ns(rows: list[dict] | None, workload: str,
+                     local_ns: dict[str, float] | None = None) -> float | None:
+    """:func:`local_compute`'s engine CPU per transaction, ns; None when not measured."""
+    c = local_compute(rows, workload, local_ns)
+    return None if c is None else c["compute_ns"]
 
 
 def _groups(rows: list[dict]) -> dict[tuple, list[dict]]:
@@ -242,13 +294,15 @@ def calibrate(ops_path: Path, txn_path: Path | None = None, transport: str | Non
     transport, costs = fit_costs(rows, transport, size)
     txn_rows = load_txn_rows(txn_path) if txn_path is not None else None
     cores = max((int(r.get("cores", 0)) for r in rows), default=0) or 2
-    counts, extras, compute = {}, {}, {}
+    local_ns = local_op_ns(rows, size)
+    counts, extras, compute, compute_info = {}, {}, {}, {}
     for w in ("bank", "tpcb"):
         derived = rsi_op_counts(shape(w))
         measured = load_txn_counts(txn_rows, w) if txn_rows else None
         counts[w] = measured or derived
         extras[w] = extra_ops(measured, derived)
-        compute[w] = local_compute_ns(txn_rows, w)
+        compute_info[w] = local_compute(txn_rows, w, local_ns)
+        compute[w] = compute_info[w]["compute_ns"] if compute_info[w] else None
     predicted = []
     for w in ("bank", "tpcb"):
         for t in threads:
@@ -264,6 +318,15 @@ def calibrate(ops_path: Path, txn_path: Path | None = None, transport: str | Non
            "op_counts": {w: c.as_dict() for w, c in counts.items()},
            "extra_ops_per_txn": extras,
            "engine_compute_us": {w: (v / 1e3 if v else None) for w, v in compute.items()},
+           "local_memory_op_us": {o: v / 1e3 for o, v in local_ns.items()},
+           "engine_compute_detail": {
+               w: None if c is None else {
+                   "local_engine_txn_us": c["local_txn_ns"] / 1e3,
+                   "local_engine_ops_per_txn": c["local_counts"],
+                   "memory_accesses_us": (c["memory_ns"] / 1e3
+                                          if c["memory_ns"] is not None else None),
+                   "note": c["note"]}
+               for w, c in compute_info.items()},
            "predicted": predicted}
     if txn_rows is None:
         out["measured_txn"] = None

@@ -101,3 +101,60 @@ def test_results_and_plot_are_written(tmp_path):
         rows = [json.loads(x) for x in files[0].read_text().splitlines()]
         assert rows[-1]["record"] == "summary"
     assert r["engine_compute_us"]["bank"] == pytest.approx(1e6 / 3e5)
+
+
+def _local_rows(ns: dict[str, float], size: int = 64) -> list[dict]:
+    """``farpool bench ops --local`` rows (invented for the test) with the given one-thread
+    latency per op, plus a 2-thread row per op that must not be used."""
+    rows = []
+    for op, lat in ns.items():
+        for t, x in ((1, 1e9 / lat), (2, 3e9 / lat)):
+            rows.append({"op": op, "size": size if op in ("read", "write") else 8,
+                         "threads": t, "batch": 1, "transport": "none", "ops_per_s": x,
+                         "p50_us": 0.01, "p99_us": 0.1, "p999_us": 0.3,
+                         "system": "local-memory", "note": "test, invented"})
+    return rows
+
+
+def _txn_local(tps: float, counts=(4, 9, 2, 0)) -> dict:
+    r, w, c, f = counts
+    return {"engine": "local", "workload": "bank", "clients": 1, "threads": 1, "tps": tps,
+            "p50_us": 2, "p99_us": 5, "abort_rate": 0.0, "reads_per_txn": r,
+            "writes_per_txn": w, "cas_per_txn": c, "faa_per_txn": f}
+
+
+def test_local_memory_rows_are_one_thread_latencies():
+    rows = cal.load_ops(FIXTURE) + _local_rows({"read": 80.0, "write": 50.0})
+    got = cal.local_op_ns(rows, 64)
+    assert got == {"read": pytest.approx(80.0), "write": pytest.approx(50.0)}
+    assert cal.local_op_ns(cal.load_ops(FIXTURE), 64) == {}  # memcpy/redis rows are not it
+
+
+def test_engine_compute_excludes_the_local_engines_memory_accesses():
+    local_ns = {"read": 80.0, "write": 50.0, "cas": 100.0, "faa": 70.0}
+    c = cal.local_compute([_txn_local(250_000.0)], "bank", local_ns)
+    # 4 us per transaction, of which 4 x 80 + 9 x 50 + 2 x 100 ns are memory accesses
+    assert c["memory_ns"] == pytest.approx(970.0)
+    assert c["compute_ns"] == pytest.approx(4000.0 - 970.0)
+    # without local-memory rows nothing is subtracted, and the note says so
+    raw = cal.local_compute([_txn_local(250_000.0)], "bank", {"read": 80.0})
+    assert raw["compute_ns"] == pytest.approx(4000.0) and raw["memory_ns"] is None
+    assert "counted twice" in raw["note"] and "write, cas" in raw["note"]
+
+
+def test_one_thread_pool_on_local_speed_memory_matches_the_local_engine(tmp_path):
+    """The double count: if the pool's operations cost what local memory costs, the pool
+    engine at one thread must be predicted at the local engine's speed, not slower."""
+    lat = {"read": 400.0, "write": 1e9 / 2.4e6, "cas": 500.0, "faa": 1e9 / 2.1e6}  # = fixture
+    ops = tmp_path / "ops.jsonl"
+    ops.write_text(FIXTURE.read_text()
+                   + "".join(json.dumps(r) + "\n" for r in _local_rows(lat)))
+    txn = tmp_path / "txn.jsonl"
+    pool = dict(_txn_local(1.0), engine="pool", tps=1e5)
+    txn.write_text(json.dumps(_txn_local(100_000.0)) + "\n" + json.dumps(pool) + "\n")
+    r = cal.calibrate(ops, txn, threads=(1,), commits=400)
+    c = r["measured_txn"][0]
+    assert (c["workload"], c["client_threads"]) == ("bank", 1)
+    assert c["mva_tps"] == pytest.approx(100_000.0, rel=1e-9)
+    assert r["engine_compute_detail"]["bank"]["memory_accesses_us"] == pytest.approx(
+        (4 * 400 + 9 * 1e9 / 2.4e6 + 2 * 500) / 1e3)
