@@ -4,7 +4,7 @@
 #   make demo       setup + build + start a local cluster, run the main job, stop it
 #   make test       setup + build + the whole test suite (C++ and Python)
 #   make test-asan  the C++ suite under AddressSanitizer + UndefinedBehaviorSanitizer
-#   make fuzz       build and run the wire-format decoder's libFuzzer target
+#   make fuzz       build and run the libFuzzer targets of both wire-format decoders
 #   make format / make lint
 BUILD ?= build
 JOBS ?= $(shell nproc)
@@ -41,9 +41,10 @@ test-asan: setup
 fuzz: setup
 	CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DFARPOOL_FUZZ=ON -DFARPOOL_BUILD_TESTS=OFF >/dev/null
-	ninja -C build-fuzz wire_fuzz
-	mkdir -p build-fuzz/corpus
+	ninja -C build-fuzz wire_fuzz shard_wire_fuzz
+	mkdir -p build-fuzz/corpus build-fuzz/shard_corpus
 	./build-fuzz/wire_fuzz -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus src/transport/fuzz_seeds
+	./build-fuzz/src/db/shard_wire_fuzz -max_total_time=$(FUZZ_SECONDS) build-fuzz/shard_corpus
 
 format:
 	clang-format -i $$(git ls-files '*.cc' '*.h')

@@ -444,8 +444,14 @@ TEST(ServerProcess, RejectsMalformedControlMessagesAndKeepsRunning) {
     Status s = wire::DecodeError(*m);
     EXPECT_NE(s.message().find("server 0"), std::string::npos) << s.message();
   }
-  EXPECT_NE(wire::DecodeError(*wire::Decode(replies[1])).message().find("version 9"),
-            std::string::npos);
+  // Replies may arrive in any order; the wrong-version one names both versions.
+  bool version_named = false;
+  for (auto& r : replies) {
+    version_named =
+        version_named ||
+        wire::DecodeError(*wire::Decode(r)).message().find("version 9") != std::string::npos;
+  }
+  EXPECT_TRUE(version_named);
   ep->reset();
   worker->reset();
   ctx->reset();
@@ -491,7 +497,9 @@ TEST(ClusterScale, SixteenServersFilledToNinetyPercentReadBackAndFreed) {
   for (uint16_t id : pool->server_ids()) {
     auto st = pool->Stats(id);
     ASSERT_TRUE(st.ok());
+#if !defined(__SANITIZE_ADDRESS__)  // ASan's shadow memory is not the server's overhead
     EXPECT_LT(st->rss_private, kMemory / 50) << "server " << id << " overhead";
+#endif
   }
   for (auto a : objs) ASSERT_TRUE(pool->Free(a).ok());
   ASSERT_TRUE(pool->Trim().ok());
