@@ -28,59 +28,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+from farpool.harness import peers
+
+ROOT = peers.ROOT
 BUILD = ROOT / "build"
-FARPOOL = BUILD / "farpool"
+FARPOOL = peers.farpool_bin()
 RAWUCX = BUILD / "farpool-rawucx"
 TCPFLOOR = BUILD / "farpool-tcpfloor"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_json(cmd: list[str], env: dict | None = None, timeout: float = 300) -> dict:
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    if out.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}): {out.stderr.strip()}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-class LocalCluster:
-    """A one-server farpool cluster started and stopped with the farpool CLI."""
-
-    def __init__(self, transport: str, progress: str):
-        self.dir = tempfile.mkdtemp(prefix=f"farpool-ops-{transport}-")
-        self.args = ["--servers", "1", "--memory", "512MiB", "--transport", transport,
-                     "--progress", progress]
-
-    def __enter__(self):
-        subprocess.run([str(FARPOOL), "cluster", "up", "--dir", self.dir, *self.args],
-                       check=True, capture_output=True, text=True)
-        return os.path.join(self.dir, "cluster.json")
-
-    def __exit__(self, *exc):
-        subprocess.run([str(FARPOOL), "cluster", "down", "--dir", self.dir],
-                       capture_output=True, text=True)
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def farpool_ops(cluster: str | None, op: str, size: int, batch: int, seconds: float) -> dict:
     cmd = [str(FARPOOL), "bench", "ops", "--op", op, "--size", str(size), "--batch", str(batch),
            "--seconds", str(seconds), "--warmup", "0.3", "--json"]
     cmd += ["--cluster", cluster] if cluster else ["--local"]
-    return run_json(cmd)
+    return peers.run_json(cmd)
 
 
 # farpool's servers allocate their region from POSIX shared memory first (the path on which a
@@ -91,7 +57,7 @@ ALLOC_PRIO = "md:posix,md:sysv,huge,thp,md:*,mmap,heap"
 
 def rawucx(tls: str, op: str, size: int, batch: int, seconds: float, mapped: bool) -> dict:
     env = dict(os.environ, UCX_TLS=tls, UCX_ALLOC_PRIO=ALLOC_PRIO)
-    port = free_port()
+    port = peers.free_port()
     server = subprocess.Popen([str(RAWUCX), "server", "--port", str(port)], env=env,
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -100,7 +66,7 @@ def rawucx(tls: str, op: str, size: int, batch: int, seconds: float, mapped: boo
                "--batch", str(batch), "--seconds", str(seconds)]
         if mapped:
             cmd.append("--mapped")
-        return run_json(cmd, env=env)
+        return peers.run_json(cmd, env=env)
     finally:
         server.wait(timeout=30)
 
@@ -108,7 +74,7 @@ def rawucx(tls: str, op: str, size: int, batch: int, seconds: float, mapped: boo
 def perftest(tls: str, size: int, outstanding: int, iters: int) -> dict:
     """ucx_perftest ucp_get; returns typical latency and bandwidth from its 'Final:' line."""
     env = dict(os.environ, UCX_TLS=tls)
-    port = free_port()
+    port = peers.free_port()
     server = subprocess.Popen(["ucx_perftest", "-p", str(port)], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -130,7 +96,7 @@ def perftest(tls: str, size: int, outstanding: int, iters: int) -> dict:
 
 
 def redis(size: int, requests: int) -> list[dict]:
-    port = free_port()
+    port = peers.free_port()
     server = subprocess.Popen(["redis-server", "--port", str(port), "--save", "",
                                "--appendonly", "no", "--bind", "127.0.0.1"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -160,13 +126,6 @@ def redis(size: int, requests: int) -> list[dict]:
         server.wait(timeout=30)
 
 
-def context() -> dict:
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                         text=True).stdout.strip()
-    return {"git_sha": sha or "unknown", "host": platform.node(), "cores": os.cpu_count(),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-
-
 OPS = [("read", 64, 1), ("read", 4096, 1), ("write", 64, 1), ("write", 4096, 1),
        ("faa", 8, 1), ("cas", 8, 1), ("read", 4096, 32)]
 RAW_OP = {"read": "get", "write": "put", "faa": "fadd", "cas": "cswap"}
@@ -194,7 +153,7 @@ def measure(seconds: float, quick: bool, log) -> list[dict]:
             add(r, op=op, transport=transport, threads=1)
     log("TCP loopback floor (farpool-tcpfloor)")
     for size in (64, 4096):
-        add(run_json([str(TCPFLOOR), "--size", str(size), "--seconds", str(seconds)]))
+        add(peers.run_json([str(TCPFLOOR), "--size", str(size), "--seconds", str(seconds)]))
     log("ucx_perftest ucp_get")
     for tls, transport in [("sm,self", "shm"), ("tcp", "tcp")]:
         iters = 200000 if transport == "shm" else 20000
@@ -204,16 +163,14 @@ def measure(seconds: float, quick: bool, log) -> list[dict]:
                 transport=transport)
     for transport, progress in [("shm", "event"), ("tcp", "busy")]:
         log(f"farpool over {transport} (server progress {progress})")
-        with LocalCluster(transport, progress) as cluster:
+        with peers.Cluster(servers=1, memory="512MiB", transport=transport, progress=progress) as cluster:
             for op, size, batch in ops:
                 add(farpool_ops(cluster, op, size, batch, seconds), server_progress=progress)
     log("redis (redis-benchmark, 1 client)")
     for size in (64, 4096):
         for r in redis(size, 20000 if quick else 100000):
             add(r)
-    ctx = context()
-    for r in rows:
-        r.update({k: v for k, v in ctx.items() if k not in r})
+    peers.stamp(rows)
     return rows
 
 

@@ -52,11 +52,19 @@ def context() -> dict:
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
-def run_json(cmd: list[str], timeout: float = 3600, stream_stderr: bool = False) -> dict:
+def stamp(rows: list[dict]) -> None:
+    """Adds the run context (git sha, host, cores, time) to every row that lacks it."""
+    ctx = context()
+    for r in rows:
+        r.update({k: v for k, v in ctx.items() if k not in r})
+
+
+def run_json(cmd: list[str], timeout: float = 3600, stream_stderr: bool = False,
+             env: dict | None = None) -> dict:
     """Runs a command that prints one JSON object last; its stderr (progress) passes through
     when stream_stderr."""
     out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None if stream_stderr else subprocess.PIPE,
-                         text=True, timeout=timeout)
+                         text=True, timeout=timeout, env=env)
     if out.returncode != 0:
         err = (out.stderr or "").strip()
         raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}): {err[-500:]}")

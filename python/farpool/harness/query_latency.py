@@ -120,9 +120,7 @@ def measure(systems: list[str], scale: float, seconds: float, memory: str = "2Gi
         except (RuntimeError, OSError) as e:
             log(f"   {system} failed: {e}")
             notes[system] = f"failed: {str(e)[:300]}"
-    ctx = peers.context()
-    for r in rows:
-        r.update({k: v for k, v in ctx.items() if k not in r})
+    peers.stamp(rows)
     return rows, notes
 
 

@@ -93,9 +93,7 @@ def measure(systems, scale, clients, seconds):
         except (RuntimeError, OSError) as e:
             log(f"   {system} failed: {e}")
             notes[system] = f"failed: {str(e)[:300]}"
-    ctx = peers.context()
-    for r in rows:
-        r.update({k: v for k, v in ctx.items() if k not in r})
+    peers.stamp(rows)
     return rows, notes
 
 
