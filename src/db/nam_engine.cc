@@ -33,8 +33,8 @@
 #include <thread>
 #include <unordered_map>
 
-#include "db/btree.h"
-#include "db/hash_index.h"
+#include "db/index/btree.h"
+#include "db/index/hash_index.h"
 #include "db/layout.h"
 #include "db/lock_owner.h"
 

@@ -1,4 +1,4 @@
-#include "db/hash_index.h"
+#include "db/index/hash_index.h"
 
 #include <cstring>
 #include <thread>

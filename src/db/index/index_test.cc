@@ -8,9 +8,9 @@
 #include <random>
 #include <thread>
 
-#include "db/btree.h"
+#include "db/index/btree.h"
 #include "db/db_test_util.h"
-#include "db/hash_index.h"
+#include "db/index/hash_index.h"
 #include "db/layout.h"
 #include "db/memory.h"
 

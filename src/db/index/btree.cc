@@ -1,4 +1,4 @@
-#include "db/btree.h"
+#include "db/index/btree.h"
 
 #include <algorithm>
 #include <climits>
