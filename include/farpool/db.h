@@ -47,13 +47,6 @@ enum class Engine : uint8_t { kPool, kLocal, kSharded };
 Result<Engine> ParseEngine(std::string_view text);  // "pool" | "local" | "sharded"
 std::string_view EngineName(Engine engine);
 
-// How a transaction's read timestamp is taken (fixed when the database is created).
-//   kVector   one slot per compute thread (session); begin reads the vector, a commit
-//             publishes its own slot: no single word that every commit fights over.
-//   kCounter  one global fetch-and-add counter: begin reads it, commit increments it.
-enum class TimestampMode : uint8_t { kVector = 1, kCounter = 2 };
-Result<TimestampMode> ParseTimestampMode(std::string_view text);  // "vector" | "counter"
-
 enum class ColumnType : uint8_t { kInt64 = 1, kDouble = 2, kChar = 3, kBytes = 4 };
 
 struct Column {
@@ -130,6 +123,16 @@ class Table {
   virtual bool ordered() const = 0;
 };
 
+// What garbage collection has done in this process (Database::CollectGarbage).
+struct GcStats {
+  uint64_t lwm = 0;               // low-water mark: every active snapshot is at least this
+  uint64_t live_sessions = 0;     // slots holding it back (this pass)
+  uint64_t versions_dropped = 0;  // evicted versions that were garbage (not spilled)
+  uint64_t versions_spilled = 0;  // evicted versions still needed (kept in a chain)
+  uint64_t chains_cut = 0, nodes_freed = 0, blobs_freed = 0, tables_reclaimed = 0;
+  uint64_t objects_reused = 0, objects_fresh = 0;  // recycler: reused vs new pool memory
+};
+
 // Counts of memory operations (pool engines) or messages (sharded), for benchmarks and the
 // simulator. Per session.
 struct TxnCounters {
@@ -157,14 +160,17 @@ class Transaction {
 
   // Installs the writes atomically or returns Aborted (first committer wins; also a lock held
   // by another transaction). Any other error is a failure. The transaction is finished
-  // afterwards either way.
+  // afterwards either way. Unavailable "session fenced" means this session lost its lease
+  // (the process stalled longer than it): the commit's outcome is decided by recovery (it
+  // committed iff it had been decided), and the session can do nothing more: open a new one.
   virtual Status Commit() = 0;
   // Drops the buffered writes. Idempotent; the destructor of an unfinished transaction calls it.
   virtual void Rollback() = 0;
 };
 
-// A compute thread's context: NAM engines give it a slot of the timestamp vector and a commit
-// log in the pool. Thread-safety: one thread at a time.
+// A compute thread's context: NAM engines give it a session slot (lease, GC announcement) and
+// a commit log in the pool. Once fenced (Begin or Commit returned Unavailable), a session stays
+// unusable; the process opens a new one. Thread-safety: one thread at a time.
 class Session {
  public:
   virtual ~Session() = default;
@@ -173,8 +179,9 @@ class Session {
 };
 
 // Runs `body` in a transaction and commits, retrying on Aborted (from body or Commit) with
-// randomized backoff up to `max_attempts` times; other errors are returned at once. The last
-// Aborted is returned if every attempt aborted.
+// randomized backoff up to `max_attempts` times; other errors are returned at once. If every
+// attempt aborted, returns Aborted naming the attempts and the last conflict (its table and
+// key), never spins forever.
 Status RunTransaction(Session& session, const std::function<Status(Transaction&)>& body,
                       int max_attempts = 1000);
 
@@ -189,13 +196,12 @@ struct DatabaseOptions {
   int local_servers = 2;
 
   // Used only when this Open creates the database; an existing one keeps its own.
-  // kSharded ignores it: its timestamps are one counter on partition 0 (timestamp_mode()
-  // reports kCounter).
-  TimestampMode timestamps = TimestampMode::kVector;
-  uint32_t max_sessions = 256;  // slots of the timestamp vector
-  // A session that does not renew its lease for this long is presumed dead: its locks are
-  // broken and its commit in progress is finished (or undone) by whoever meets them.
-  // kSharded: a commit's locks expire this long after its prepare.
+  uint32_t max_sessions = 256;  // session slots (compute threads of all processes at once)
+  // A session whose lease word stays unchanged for lease + lease/4 (on the observer's
+  // monotonic clock) is presumed dead: it is fenced, its decided commit is finished and its
+  // locks are broken by whoever meets them. A session trusts its own lease for lease - lease/4
+  // after its last renewal and stops (Unavailable) past that. kSharded: a commit's locks
+  // expire this long after its prepare.
   std::chrono::milliseconds lease{2000};
 
   // Testing only (a fault-injection site, as FoundationDB's workloads use): called inside
@@ -204,6 +210,9 @@ struct DatabaseOptions {
   // yet released). kSharded: "locked" (every participant prepared) and "decided" (partition 0
   // committed and installed; the other participants not told yet). Tests kill the process there.
   std::function<void(std::string_view point)> commit_hook;
+  // Testing only: Commit skips first-committer-wins validation (locks without checking the
+  // version read), so the SI history checker can show that it finds lost updates.
+  bool testing_skip_validation = false;
 };
 
 class Database {
@@ -213,18 +222,18 @@ class Database {
   virtual ~Database() = default;
 
   virtual Engine engine() const = 0;
-  virtual TimestampMode timestamp_mode() const = 0;
 
   // AlreadyExists is reported as InvalidArgument naming the table.
   virtual Result<const Table*> CreateTable(const std::string& name, const Schema& schema,
                                            const TableOptions& options = {}) = 0;
   virtual Result<const Table*> OpenTable(const std::string& name) = 0;
-  // Makes the name free again; the table's memory is not reclaimed.
-  // REQUIRES: no transaction of any process uses the table.
+  // Makes the name free again. The table's memory (records, versions, blobs, index buckets)
+  // is reclaimed by this process once every snapshot older than the drop has ended.
+  // REQUIRES: no transaction of any process uses the table after the drop.
   virtual Status DropTable(const std::string& name) = 0;
   virtual Result<std::vector<std::string>> ListTables() = 0;
 
-  // Claims a session slot (NotFound-like OutOfMemory if all max_sessions are taken).
+  // Claims a session slot (OutOfMemory if all max_sessions are taken by live sessions).
   virtual Result<std::unique_ptr<Session>> NewSession() = 0;
 
   // Finishes the commits of sessions whose lease expired and breaks their locks. Transactions
@@ -232,6 +241,9 @@ class Database {
   virtual Status RecoverExpired() = 0;
   // Counts records of `table` still locked (a checker's question; not transactional).
   virtual Result<uint64_t> CountLocked(const Table& table) = 0;
+  // Runs one pass of this process's garbage collection now (it also runs in the background)
+  // and returns what it has done so far. kSharded keeps one version per key: zeros.
+  virtual Result<GcStats> CollectGarbage() = 0;
 };
 
 }  // namespace farpool

@@ -11,7 +11,6 @@ namespace {
 struct TxnArgs {
   db::TxnBenchOptions o;
   std::string engine = "pool";
-  std::string timestamps = "vector";
   bool json = false;
 };
 
@@ -19,9 +18,6 @@ int RunTxn(TxnArgs& a) {
   auto engine = ParseEngine(a.engine);
   if (!engine.ok()) return Fail("--engine: " + engine.status().message());
   a.o.engine = *engine;
-  auto ts = ParseTimestampMode(a.timestamps);
-  if (!ts.ok()) return Fail("--timestamps: " + ts.status().message());
-  a.o.timestamps = *ts;
   if (a.o.engine != Engine::kLocal && a.o.cluster_file.empty() &&
       !(a.o.engine == Engine::kSharded)) {
     return Fail("--cluster is required for the " + a.engine + " engine");
@@ -51,7 +47,6 @@ Command RegisterTxnBench(CLI::App& bench) {
   txn->add_option("--cluster", a->o.cluster_file, "cluster.json (pool: the memory servers)");
   txn->add_option("--engine", a->engine, "pool, local or sharded");
   txn->add_option("--workload", a->o.workload, "bank or tpcb");
-  txn->add_option("--timestamps", a->timestamps, "vector (one slot per session) or counter");
   txn->add_option("--clients", a->o.clients, "Client processes");
   txn->add_option("--threads", a->o.threads, "Threads (sessions) per client process");
   txn->add_option("--seconds", a->o.seconds, "Measured seconds");

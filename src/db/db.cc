@@ -8,7 +8,7 @@
 #include <set>
 #include <thread>
 
-#include "db/nam_engine.h"
+#include "db/nam/nam_engine.h"
 #include "db/sharded_engine.h"
 
 namespace farpool {
@@ -31,13 +31,6 @@ std::string_view EngineName(Engine engine) {
       return "sharded";
   }
   return "?";
-}
-
-Result<TimestampMode> ParseTimestampMode(std::string_view text) {
-  if (text == "vector") return TimestampMode::kVector;
-  if (text == "counter") return TimestampMode::kCounter;
-  return Status::InvalidArgument("unknown timestamp mode '" + std::string(text) +
-                                 "' (expected vector or counter)");
 }
 
 // ---------------------------------------------------------------- Schema
@@ -171,7 +164,8 @@ Status RunTransaction(Session& session, const std::function<Status(Transaction&)
     if (s.code() != StatusCode::kAborted) return s;
     last = s;
   }
-  return last;
+  return Status::Aborted("gave up after " + std::to_string(max_attempts) +
+                         " attempts, every one aborted; the last: " + last.message());
 }
 
 // ---------------------------------------------------------------- Open

@@ -140,10 +140,10 @@ Status CycleWorker(uint64_t seed, int id) {
   std::atomic<int> commits{0};
   std::mt19937_64 crash_rng(seed ^ 0xC0FFEE);
   const int crash_after = 50 + crash_rng() % 100;
-  static const char* kPoolSites[] = {"locked", "logged", "installing", "installed", "published"};
+  static const char* kPoolSites[] = {"locked", "logged", "installing", "installed"};
   static const char* kShardedSites[] = {"locked", "decided"};
   const std::string site = TestEngine() == Engine::kSharded ? kShardedSites[crash_rng() % 2]
-                                                            : kPoolSites[crash_rng() % 5];
+                                                            : kPoolSites[crash_rng() % 4];
   if (id == 0) {
     o.commit_hook = [&](std::string_view point) {
       if (commits.load() >= crash_after && point == site) raise(SIGKILL);

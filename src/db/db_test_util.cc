@@ -16,11 +16,9 @@ uint64_t TestSeed() {
 }
 
 Result<std::unique_ptr<TestDatabase>> TestDatabase::Start(const std::string& engine,
-                                                          TimestampMode mode,
                                                           std::chrono::milliseconds lease) {
   auto t = std::unique_ptr<TestDatabase>(new TestDatabase());
   FARPOOL_ASSIGN_OR_RETURN(t->options_.engine, ParseEngine(engine));
-  t->options_.timestamps = mode;
   t->options_.lease = lease;
   t->options_.max_sessions = 64;
   t->options_.local_memory = 512ull << 20;

@@ -20,8 +20,7 @@ class TestDatabase {
  public:
   // engine: "local", "pool" or "sharded".
   static Result<std::unique_ptr<TestDatabase>> Start(
-      const std::string& engine, TimestampMode mode = TimestampMode::kVector,
-      std::chrono::milliseconds lease = std::chrono::milliseconds(2000));
+      const std::string& engine, std::chrono::milliseconds lease = std::chrono::milliseconds(2000));
   ~TestDatabase();
   Database& db() { return *db_; }
   const DatabaseOptions& options() const { return options_; }

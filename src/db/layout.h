@@ -9,7 +9,8 @@
 //   lock   unlocked: newest_seq << 1 (bit 0 clear), so a CAS that expects the version a
 //          transaction read both locks the record and proves it unchanged. Locked:
 //          slot << 48 | epoch << 1 | 1 (the session that holds it; see LockWord).
-//   cells  the kCells newest versions; version number `seq` lives in cell seq % kCells.
+//   cells  the kCells newest versions; version number `seq` lives in cell seq % kCells, so an
+//          unlocked record with newest version n holds exactly n-2, n-1, n (those >= 1).
 //          stamp is the commit timestamp (see Stamp), flags bit 0 = deleted (a tombstone).
 //          chain is the head of the list of versions older than those in the cells: when
 //          version S evicts S-kCells, that old cell is copied to a new node whose chain is the
@@ -57,26 +58,10 @@ inline uint64_t Checksum(const void* data, uint64_t n) {
   return h == 0 ? 1 : h;
 }
 
-// ---------------------------------------------------------------- stamps, snapshots
+// ---------------------------------------------------------------- stamps
 
-// Commit timestamps. Vector mode: slot << 48 | the slot's counter. Counter mode: the global
-// counter's value (slot bits 0).
-inline constexpr uint64_t kStampCounterMask = (uint64_t{1} << 48) - 1;
-inline uint64_t MakeStamp(uint32_t slot, uint64_t counter) {
-  return (uint64_t{slot} << 48) | (counter & kStampCounterMask);
-}
-
-struct Snapshot {
-  bool vector = true;
-  uint64_t counter = 0;         // counter mode: visible iff stamp <= counter
-  std::vector<uint64_t> slots;  // vector mode: visible iff stamp's counter <= slots[slot]
-
-  bool Visible(uint64_t stamp) const {
-    if (!vector) return stamp <= counter;
-    const uint64_t slot = stamp >> 48;
-    return slot < slots.size() && (stamp & kStampCounterMask) <= slots[slot];
-  }
-};
+// Commit timestamps are values of the database's commit counter (fetch-and-add); a snapshot is
+// the counter read at Begin and sees exactly the versions with stamp <= snapshot.
 
 // ---------------------------------------------------------------- lock words
 
@@ -160,5 +145,25 @@ struct RecordImage {
     }
   }
 };
+
+// True if the cells hold exactly the versions they must for the newest one: cell i holds the
+// largest seq <= newest with seq % kCells == i (or is empty if that seq would be < 1). A copy
+// taken while commits install can pass every checksum and still mix moments; this catches it.
+inline bool CellsConsecutive(const RecordImage& img) {
+  const uint64_t n = img.newest_seq();
+  for (int i = 0; i < kCells; ++i) {
+    const uint64_t back = (n % kCells + kCells - uint64_t(i)) % kCells;
+    const uint64_t want = n >= back + 1 ? n - back : 0;
+    if (img.cells[i].seq != want) return false;
+  }
+  return true;
+}
+
+// An image a snapshot reader may use: unlocked, every cell whole, cells consecutive, and the
+// lock word naming the newest cell's version.
+inline bool ConsistentImage(const RecordImage& img) {
+  return !img.torn && !IsLocked(img.lock) && UnlockedSeq(img.lock) == img.newest_seq() &&
+         CellsConsecutive(img);
+}
 
 }  // namespace farpool::db

@@ -285,7 +285,6 @@ class ShardedDatabase final : public Database {
 
   Status Init();
   Engine engine() const override { return Engine::kSharded; }
-  TimestampMode timestamp_mode() const override { return TimestampMode::kCounter; }
   Result<const Table*> CreateTable(const std::string& name, const Schema& schema,
                                    const TableOptions& options) override;
   Result<const Table*> OpenTable(const std::string& name) override;
@@ -293,6 +292,8 @@ class ShardedDatabase final : public Database {
   Result<std::vector<std::string>> ListTables() override;
   Result<std::unique_ptr<Session>> NewSession() override;
   Status RecoverExpired() override;
+  // Partitions keep one version per key: nothing to collect.
+  Result<GcStats> CollectGarbage() override { return GcStats{}; }
   Result<uint64_t> CountLocked(const Table& table) override;
 
   size_t PartitionOf(int64_t key) const { return ShardedPartitionOf(key, partitions_.size()); }

@@ -346,7 +346,6 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
   DatabaseOptions dopts;
   dopts.engine = o.engine;
   dopts.cluster_file = o.cluster_file;
-  dopts.timestamps = o.timestamps;
   dopts.local_memory = 2ull << 30;
 
   if (o.client_id >= 0) {  // a client process of a multi-client run
@@ -432,7 +431,6 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
   r["bench"] = "txn";
   r["engine"] = std::string(EngineName(o.engine));
   r["workload"] = o.workload;
-  r["timestamps"] = db->timestamp_mode() == TimestampMode::kVector ? "vector" : "counter";
   r["clients"] = o.clients;
   r["threads"] = o.threads;
   r["seconds"] = o.seconds;

@@ -31,7 +31,6 @@ struct TxnBenchOptions {
   std::string cluster_file;
   Engine engine = Engine::kPool;
   std::string workload = "bank";
-  TimestampMode timestamps = TimestampMode::kVector;
   int clients = 1;
   int threads = 1;
   double seconds = 3.0;

@@ -19,18 +19,12 @@ namespace {
     ASSERT_TRUE(s_.ok()) << #expr << ": " << s_.ToString(); \
   } while (0)
 
-struct Param {
-  std::string engine;
-  TimestampMode mode;
-};
-std::string ParamName(const testing::TestParamInfo<Param>& p) {
-  return p.param.engine + (p.param.mode == TimestampMode::kVector ? "_vector" : "_counter");
-}
+std::string ParamName(const testing::TestParamInfo<std::string>& p) { return p.param; }
 
-class TxnTest : public testing::TestWithParam<Param> {
+class TxnTest : public testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    auto t = TestDatabase::Start(GetParam().engine, GetParam().mode);
+    auto t = TestDatabase::Start(GetParam());
     ASSERT_TRUE(t.ok()) << t.status().ToString();
     t_ = std::move(*t);
   }
@@ -343,13 +337,7 @@ TEST_P(TxnTest, OrderedScans) {
   EXPECT_TRUE(std::is_sorted(keys.begin(), keys.end()));
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, TxnTest,
-                         testing::Values(Param{"local", TimestampMode::kVector},
-                                         Param{"local", TimestampMode::kCounter},
-                                         Param{"pool", TimestampMode::kVector},
-                                         Param{"pool", TimestampMode::kCounter},
-                                         Param{"sharded", TimestampMode::kCounter}),
-                         ParamName);
+INSTANTIATE_TEST_SUITE_P(Engines, TxnTest, testing::Values("local", "pool", "sharded"), ParamName);
 
 }  // namespace
 }  // namespace farpool::db

@@ -8,8 +8,8 @@
 #include <random>
 #include <thread>
 
-#include "db/index/btree.h"
 #include "db/db_test_util.h"
+#include "db/index/btree.h"
 #include "db/index/hash_index.h"
 #include "db/layout.h"
 #include "db/memory.h"
@@ -23,6 +23,9 @@ class TestOwner : public LockOwner {
   explicit TestOwner(uint32_t slot) : slot_(slot) {}
   uint64_t lock_word() const override { return LockWord(slot_, 1); }
   Result<bool> HolderDead(uint64_t) override { return false; }
+  Status CheckLease() override { return Status::Ok(); }
+  GlobalAddress index_log() const override { return GlobalAddress(); }
+  Result<GlobalAddress> IndexLogOf(uint64_t) override { return GlobalAddress(); }
 
  private:
   uint32_t slot_;

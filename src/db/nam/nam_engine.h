@@ -1,19 +1,16 @@
 // The NAM engines (`pool` and `local`): the database of include/farpool/db.h run by compute
 // processes directly on memory (the pool, or this process's RAM) with one-sided operations.
-// See docs/database.md for the protocol; the layouts are in db/layout.h.
+// The protocol is in docs/database.md and nam_internal.h; record layouts in db/layout.h.
 #pragma once
 
 #include <memory>
 
-#include "db/memory.h"
 #include "farpool/db.h"
 
 namespace farpool::db {
 
+// Opens (creating it if the cluster holds none) the database of options.cluster_file (kPool)
+// or of a fresh region of this process's RAM (kLocal).
 Result<std::unique_ptr<Database>> OpenNamDatabase(const DatabaseOptions& options);
-
-// Opens the database kept in `memory` (not owned). REQUIRES: memory outlives the database.
-Result<std::unique_ptr<Database>> OpenNamDatabaseOn(Memory& memory, Engine engine,
-                                                    const DatabaseOptions& options);
 
 }  // namespace farpool::db

@@ -1,0 +1,321 @@
+// The catalog of the NAM engines: the root, table descriptors, DDL under the catalog lock, and
+// opening the database (nam_internal.h describes the whole engine).
+#include <unistd.h>
+
+#include <cstring>
+
+#include "db/nam/nam_engine.h"
+#include "db/nam/nam_internal.h"
+
+namespace farpool::db {
+
+Result<GlobalAddress> AllocZeroed(const Access& access, uint64_t size, Placement p) {
+  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress a, access.Alloc(size, p));
+  std::vector<unsigned char> zeros(std::min<uint64_t>(size, 1 << 20), 0);
+  for (uint64_t off = 0; off < size; off += zeros.size()) {
+    FARPOOL_RETURN_IF_ERROR(
+        access.Write(a + off, zeros.data(), std::min<uint64_t>(zeros.size(), size - off)));
+  }
+  return a;
+}
+
+Status NamDatabase::Init() {
+  OpCount c;
+  Access access(memory_, c);
+  const GlobalAddress root = memory_.Root();
+  FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(root, 0, kStateCreating));
+  if (prev == 0) {
+    // We create the catalog: everything but the state word, then the state that publishes it.
+    RootImage r{};
+    r.magic = kMagic;
+    r.max_slots = options_.max_sessions;
+    r.lease_ms = std::max<uint64_t>(50, options_.lease.count());
+    if (r.max_slots == 0 || r.max_slots > 65535) {
+      return Status::InvalidArgument("max_sessions must be 1..65535");
+    }
+    FARPOOL_ASSIGN_OR_RETURN(GlobalAddress slots,
+                             AllocZeroed(access, r.max_slots * kSlotSize, Placement::Striped()));
+    FARPOOL_ASSIGN_OR_RETURN(GlobalAddress snapshots,
+                             AllocZeroed(access, r.max_slots * 8, Placement::Striped()));
+    FARPOOL_ASSIGN_OR_RETURN(GlobalAddress tables,
+                             AllocZeroed(access, kMaxTables * kDescSize, Placement::Striped()));
+    FARPOOL_ASSIGN_OR_RETURN(GlobalAddress heads,
+                             AllocZeroed(access, Recycler::kHeadsBytes, Placement::Striped()));
+    r.slots = slots.raw();
+    r.snapshots = snapshots.raw();
+    r.tables = tables.raw();
+    r.freelists = heads.raw();
+    r.counter = 1;
+    FARPOOL_RETURN_IF_ERROR(
+        access.Write(root + 8, reinterpret_cast<const unsigned char*>(&r) + 8, sizeof(r) - 8));
+    uint64_t ready = kStateReady;
+    FARPOOL_RETURN_IF_ERROR(access.Write(root, &ready, 8));
+  } else {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    for (;;) {
+      FARPOOL_RETURN_IF_ERROR(access.Read(root, &root_, sizeof(root_)));
+      if (root_.state == kStateReady) break;
+      if (std::chrono::steady_clock::now() > deadline) {
+        return Status::Unavailable("database catalog at " + root.ToString() +
+                                   " is still being created by another process (state " +
+                                   std::to_string(root_.state) + ")");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  FARPOOL_RETURN_IF_ERROR(access.Read(root, &root_, sizeof(root_)));
+  if (root_.magic != kMagic) {
+    return Status::Protocol("the root area at " + root.ToString() +
+                            " holds no farpool database of this version (magic " +
+                            std::to_string(root_.magic) + ")");
+  }
+  observed_.resize(root_.max_slots);
+  recycler_ = std::make_unique<Recycler>(memory_, GlobalAddress::FromRaw(root_.freelists));
+  SlotImage image;
+  FARPOOL_ASSIGN_OR_RETURN(auto lease, ClaimSlot(access, &image));
+  system_ = std::make_unique<NamSession>(*this, lease, GlobalAddress::FromRaw(image.log),
+                                         GlobalAddress::FromRaw(image.index_log));
+  maintenance_ = std::thread([this] { Maintain(); });
+  return Status::Ok();
+}
+
+NamDatabase::~NamDatabase() {
+  {
+    std::lock_guard<std::mutex> l(stop_mu_);
+    stop_ = true;
+  }
+  stop_cv_.notify_all();
+  if (maintenance_.joinable()) maintenance_.join();
+  if (system_) {
+    // What this process retired but did not free yet is freed now; its cache goes back to
+    // the pool's free lists.
+    (void)ReclaimRetired(system_->access_);
+    (void)recycler_->Flush(system_->access_, *system_);
+    system_.reset();
+  }
+}
+
+// ---------------------------------------------------------------- DDL lock
+
+// The DDL lock word holds its holder's lock word (a system session); a dead holder's lock is
+// taken over after the holder is fenced.
+Status NamDatabase::LockDdl() {
+  NamSession& me = *system_;
+  const int64_t give_up = MonoNs() + 4 * lease_ns();
+  for (int i = 0;; ++i) {
+    FARPOOL_RETURN_IF_ERROR(me.CheckLease());
+    FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, me.access_.Cas(RootField(kRootDdl), 0, me.lock_word()));
+    if (prev == 0) return Status::Ok();
+    FARPOOL_ASSIGN_OR_RETURN(bool dead, me.HolderDead(prev));
+    if (dead) {
+      FARPOOL_ASSIGN_OR_RETURN(uint64_t p2,
+                               me.access_.Cas(RootField(kRootDdl), prev, me.lock_word()));
+      if (p2 == prev) return Status::Ok();
+    }
+    if (MonoNs() > give_up) {
+      return Status::TimedOut("the catalog's DDL lock stays held by session slot " +
+                              std::to_string(LockSlot(prev)) + " (alive)");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(std::min(1000, 10 + i * 10)));
+  }
+}
+
+Status NamDatabase::UnlockDdl() {
+  NamSession& me = *system_;
+  FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, me.access_.Cas(RootField(kRootDdl), me.lock_word(), 0));
+  if (prev != me.lock_word()) {
+    return Status::Unavailable(
+        "the catalog's DDL lock was taken over (this process lost its lease)");
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------- tables
+
+Result<std::unique_ptr<NamTable>> NamDatabase::MakeTable(uint32_t id, const TableDesc& d) const {
+  auto t = std::make_unique<NamTable>();
+  t->id_ = id;
+  t->incarnation_ = d.incarnation;
+  t->name_ = std::string(d.name, strnlen(d.name, sizeof(d.name)));
+  std::vector<Column> cols;
+  for (uint64_t i = 0; i < d.ncols && i < Schema::kMaxColumns; ++i) {
+    Column c;
+    c.name = std::string(d.cols[i].name, strnlen(d.cols[i].name, sizeof(d.cols[i].name)));
+    c.type = static_cast<ColumnType>(d.cols[i].type);
+    c.length = d.cols[i].length;
+    if (c.type == ColumnType::kBytes) t->bytes_columns_.push_back(static_cast<uint32_t>(i));
+    cols.push_back(c);
+  }
+  t->schema_ = Schema(std::move(cols));
+  t->layout_.payload = d.payload;
+  t->desc_ = GlobalAddress::FromRaw(root_.tables) + id * kDescSize;
+  t->hash_count_ = d.hash_count;
+  t->hash_.emplace(GlobalAddress::FromRaw(d.hash_addr), d.hash_count, d.hash_seed);
+  if (d.flags & 1) t->btree_.emplace(t->desc_ + kDescBtreeRoot);
+  return t;
+}
+
+Status NamDatabase::LoadTables(const Access& access) {
+  std::vector<TableDesc> descs(kMaxTables);
+  for (uint64_t i = 0; i < kMaxTables; ++i) {
+    FARPOOL_RETURN_IF_ERROR(access.Read(GlobalAddress::FromRaw(root_.tables) + i * kDescSize,
+                                        &descs[i], sizeof(TableDesc)));
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  for (uint32_t i = 0; i < kMaxTables; ++i) {
+    auto known = by_id_.find(i);
+    const bool current = descs[i].state == kDescLive && known != by_id_.end() &&
+                         known->second->incarnation_ == descs[i].incarnation;
+    if (known != by_id_.end() && !current) {
+      // Dropped (and maybe re-created) since we cached it: keep the object for old handles.
+      auto it = tables_.find(known->second->name_);
+      if (it != tables_.end() && it->second.get() == known->second) {
+        dropped_.push_back(std::move(it->second));
+        tables_.erase(it);
+      }
+      by_id_.erase(known);
+    }
+    if (descs[i].state != kDescLive || current) continue;
+    FARPOOL_ASSIGN_OR_RETURN(auto t, MakeTable(i, descs[i]));
+    by_id_[i] = t.get();
+    tables_[t->name_] = std::move(t);
+  }
+  return Status::Ok();
+}
+
+Result<const Table*> NamDatabase::CreateTable(const std::string& name, const Schema& schema,
+                                              const TableOptions& options) {
+  if (name.empty() || name.size() >= 64) {
+    return Status::InvalidArgument("table name '" + name + "' must be 1..63 bytes");
+  }
+  FARPOOL_RETURN_IF_ERROR(schema.Validate());
+  const Access& access = system_->access_;
+  FARPOOL_RETURN_IF_ERROR(LockDdl());
+  auto body = [&]() -> Status {
+    FARPOOL_RETURN_IF_ERROR(LoadTables(access));
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (tables_.count(name))
+        return Status::InvalidArgument("table '" + name + "' already exists");
+    }
+    int free_id = -1;
+    for (uint32_t i = 0; i < kMaxTables && free_id < 0; ++i) {
+      uint64_t state;
+      FARPOOL_RETURN_IF_ERROR(
+          access.Read(GlobalAddress::FromRaw(root_.tables) + i * kDescSize, &state, 8));
+      if (state == kDescEmpty) free_id = static_cast<int>(i);
+    }
+    if (free_id < 0) {
+      return Status::OutOfMemory("the catalog holds " + std::to_string(kMaxTables) +
+                                 " tables already (dropped ones are freed once reclaimed)");
+    }
+    TableDesc d{};
+    std::memcpy(d.name, name.data(), name.size());
+    d.flags = options.ordered ? 1 : 0;
+    d.payload = (schema.PayloadSize() + 7) & ~7u;
+    const uint64_t buckets = std::max<uint64_t>(16, options.expected_rows / 4 + 1);
+    FARPOOL_ASSIGN_OR_RETURN(GlobalAddress hash, HashIndex::Create(access, buckets));
+    d.hash_addr = hash.raw();
+    d.hash_count = buckets;
+    d.hash_seed = Mix64(free_id + 1);
+    FARPOOL_ASSIGN_OR_RETURN(uint64_t inc, access.Faa(RootField(kRootIncarnations), 1));
+    d.incarnation = inc + 1;
+    d.ncols = schema.size();
+    for (size_t i = 0; i < schema.size(); ++i) {
+      const auto& col = schema.columns()[i];
+      std::memcpy(d.cols[i].name, col.name.data(), col.name.size());
+      d.cols[i].type = uint32_t(col.type);
+      d.cols[i].length = col.length;
+    }
+    const GlobalAddress desc = GlobalAddress::FromRaw(root_.tables) + free_id * kDescSize;
+    // Body first, the state word that makes it live last.
+    FARPOOL_RETURN_IF_ERROR(system_->CheckLease());
+    FARPOOL_RETURN_IF_ERROR(
+        access.Write(desc + 8, reinterpret_cast<const unsigned char*>(&d) + 8, sizeof(d) - 8));
+    if (options.ordered) FARPOOL_RETURN_IF_ERROR(BTree::Create(access, desc + kDescBtreeRoot));
+    uint64_t live = kDescLive;
+    return access.Write(desc, &live, 8);
+  };
+  Status s = body();
+  Status u = UnlockDdl();
+  FARPOOL_RETURN_IF_ERROR(s);
+  FARPOOL_RETURN_IF_ERROR(u);
+  return OpenTable(name);
+}
+
+Result<const Table*> NamDatabase::OpenTable(const std::string& name) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = tables_.find(name);
+    if (it != tables_.end()) return static_cast<const Table*>(it->second.get());
+  }
+  OpCount c;
+  Access access(memory_, c);
+  FARPOOL_RETURN_IF_ERROR(LoadTables(access));
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = tables_.find(name);
+  if (it == tables_.end()) return Status::NotFound("no table '" + name + "'");
+  return static_cast<const Table*>(it->second.get());
+}
+
+Status NamDatabase::DropTable(const std::string& name) {
+  FARPOOL_ASSIGN_OR_RETURN(const Table* t, OpenTable(name));
+  const auto* nt = static_cast<const NamTable*>(t);
+  const Access& access = system_->access_;
+  FARPOOL_RETURN_IF_ERROR(LockDdl());
+  uint64_t dropped = kDescDropped;
+  Status s = system_->CheckLease();
+  if (s.ok()) s = access.Write(nt->desc_, &dropped, 8);
+  Status u = UnlockDdl();
+  FARPOOL_RETURN_IF_ERROR(s);
+  FARPOOL_RETURN_IF_ERROR(u);
+  // A stamp after the drop: once the low-water mark reaches it, no snapshot from before the
+  // drop is left, and the maintenance thread frees the table's memory.
+  FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Faa(RootField(kRootCounter), 1));
+  NoteCounter(prev + 1);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = tables_.find(name);
+    if (it != tables_.end()) {
+      dropped_.push_back(std::move(it->second));
+      tables_.erase(it);
+    }
+    by_id_.erase(nt->id_);
+  }
+  std::lock_guard<std::mutex> l(retire_mu_);
+  drop_queue_.push_back({nt, prev + 1});
+  return Status::Ok();
+}
+
+Result<std::vector<std::string>> NamDatabase::ListTables() {
+  OpCount c;
+  Access access(memory_, c);
+  FARPOOL_RETURN_IF_ERROR(LoadTables(access));
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<std::string> names;
+  for (const auto& [name, t] : tables_) names.push_back(name);
+  return names;
+}
+
+// ---------------------------------------------------------------- open
+
+Result<std::unique_ptr<Database>> OpenNamDatabase(const DatabaseOptions& options) {
+  std::unique_ptr<Pool> pool;
+  std::unique_ptr<Memory> memory;
+  if (options.engine == Engine::kPool) {
+    if (options.cluster_file.empty())
+      return Status::InvalidArgument("pool engine: no cluster file");
+    FARPOOL_ASSIGN_OR_RETURN(ClusterConfig config, ClusterConfig::Load(options.cluster_file));
+    FARPOOL_ASSIGN_OR_RETURN(pool, Pool::Connect(config));
+    memory = NewPoolMemory(*pool);
+  } else {
+    FARPOOL_ASSIGN_OR_RETURN(memory, NewLocalMemory(options.local_servers, options.local_memory));
+  }
+  auto db = std::make_unique<NamDatabase>(options.engine, *memory, options);
+  db->owned_pool_ = std::move(pool);
+  db->owned_memory_ = std::move(memory);
+  FARPOOL_RETURN_IF_ERROR(db->Init());
+  return std::unique_ptr<Database>(std::move(db));
+}
+
+}  // namespace farpool::db

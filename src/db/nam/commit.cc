@@ -1,0 +1,475 @@
+// Commit of the NAM engines, as phases that each return a Status (nam_internal.h; the
+// protocol with its reasoning is in docs/database.md):
+//
+//   Resolve   find or create each written key's record, the version it expects (the one read,
+//             or the newest if it was not read), blobs of variable-length columns.
+//   Lock      one batch: a CAS per record from the expected unlocked word to our lock word
+//             (locks and validates first-committer-wins at once) and a read of the snapshot
+//             announcements (for the GC decision). Any failure releases what was taken.
+//   Decide    the commit stamp (fetch-and-add), the new cells, spills of evicted versions that
+//             an announced snapshot still needs, and the commit log with them in one batch:
+//             once the log is whole the commit is decided.
+//   Install   the new cells.
+//   Release   a CAS per record from our lock word to the new unlocked word, and the log cleared.
+//   Reclaim   blobs of dropped versions freed, cut chains handed to the maintenance thread.
+//
+// Fencing: the lease is checked before Lock and before Decide and Install; releases are CAS
+// from our own word. An error before the decision releases the locks and leaves the session
+// usable; an error after it (the outcome is decided, recovery can finish it) abandons the
+// session: it stops renewing and others roll its log forward after its lease.
+#include <algorithm>
+#include <cstring>
+
+#include "db/nam/nam_internal.h"
+
+namespace farpool::db {
+
+class CommitRun {
+ public:
+  explicit CommitRun(NamTxn& txn) : txn_(txn), s_(txn.s_), access_(txn.s_.access_) {}
+
+  Status Run();
+
+ private:
+  struct Item {
+    WriteEntry* w;
+    const NamTable* t;
+    GlobalAddress record;
+    uint64_t expected = 0;  // unlocked word we expect (the version we validated)
+    RecordImage image;      // the record as of that version
+    bool locked = false;
+    uint64_t prev = 0;
+    GlobalAddress spill;
+    std::vector<unsigned char> cell, spill_image;
+    uint64_t new_seq = 0;
+    std::string dropped_payload;  // evicted version that was garbage: its blobs are freed
+    GlobalAddress cut;            // chain cut off the record: freed by the maintenance thread
+  };
+
+  Status Resolve();
+  Status ResolveUnread(const std::vector<size_t>& need_read);
+  Status Lock();
+  // Undoes Lock: CAS our word back to the expected one on every record we may hold.
+  void ReleaseLocks();
+  Status Decide();
+  Status Install();
+  Status Release();
+  void Reclaim();
+  Status Abort(std::string conflict) { return Status::Aborted(std::move(conflict)); }
+  // The session cannot finish a decided commit: stop it, recovery finishes the commit.
+  Status Abandon(const Status& why);
+  // Whether an announced snapshot (other than ours) lies in [lo, hi).
+  bool Needed(uint64_t lo, uint64_t hi) const;
+  bool AnyOlderThan(uint64_t hi) const { return Needed(0, hi); }
+
+  NamTxn& txn_;
+  NamSession& s_;
+  const Access& access_;
+  std::vector<Item> items_;
+  std::vector<uint64_t> announced_;
+  bool evicts_ = false;
+  uint64_t stamp_ = 0;
+};
+
+// ---------------------------------------------------------------- phases
+
+Status CommitRun::Resolve() {
+  std::vector<size_t> need_read;
+  items_.reserve(txn_.writes_.size());
+  for (auto& [k, w] : txn_.writes_) {
+    Item it;
+    it.w = &w;
+    it.t = w.table;
+    auto r = txn_.reads_.find(k);
+    if (r != txn_.reads_.end()) {
+      if (!r->second.newest_visible && !s_.db_.options().testing_skip_validation) {
+        return Abort("first committer wins: key " + std::to_string(w.key) + " of '" + it.t->name_ +
+                     "' has a newer version");
+      }
+      it.record = r->second.record;
+      it.expected = UnlockedWord(r->second.newest_seq);
+      it.image.bytes = r->second.image;
+      it.image.Decode(it.t->layout_);
+    } else {
+      FARPOOL_ASSIGN_OR_RETURN(it.record, s_.FindRecord(*it.t, w.key));
+      if (it.record.is_null()) {
+        // A new key: make its record (no versions) and publish it in the index(es).
+        const RecordLayout& layout = it.t->layout_;
+        FARPOOL_ASSIGN_OR_RETURN(
+            GlobalAddress fresh,
+            s_.db_.recycler().Alloc(access_, s_, layout.record_size(), Placement::Striped()));
+        std::vector<unsigned char> zero(layout.record_size(), 0);
+        std::memcpy(zero.data() + 8, &w.key, 8);
+        FARPOOL_RETURN_IF_ERROR(access_.Write(fresh, zero.data(), zero.size()));
+        FARPOOL_ASSIGN_OR_RETURN(GlobalAddress got,
+                                 it.t->hash_->GetOrInsert(access_, s_, w.key, fresh));
+        if (got != fresh)
+          FARPOOL_RETURN_IF_ERROR(s_.db_.recycler().Free(access_, s_, fresh, layout.record_size()));
+        it.record = got;
+        s_.RememberRecord(*it.t, w.key, it.record);
+      }
+      need_read.push_back(items_.size());
+    }
+    items_.push_back(std::move(it));
+  }
+  FARPOOL_RETURN_IF_ERROR(ResolveUnread(need_read));
+  // Keys new to an ordered table go into its B+tree (idempotent).
+  for (Item& it : items_) {
+    if (it.t->btree_ && it.image.newest < 0) {
+      FARPOOL_ASSIGN_OR_RETURN(uint64_t v,
+                               it.t->btree_->GetOrInsert(access_, s_, it.w->key, it.record.raw()));
+      (void)v;
+    }
+  }
+  // Blobs of variable-length columns (freed again unless the commit is decided).
+  for (Item& it : items_) {
+    for (uint32_t c : it.t->bytes_columns_) {
+      const std::string& v = it.w->bytes[c];
+      uint64_t ref[2] = {0, v.size()};
+      if (!v.empty()) {
+        FARPOOL_ASSIGN_OR_RETURN(GlobalAddress blob, s_.db_.recycler().Alloc(access_, s_, v.size(),
+                                                                             Placement::Striped()));
+        txn_.blobs_.push_back({blob, v.size()});
+        FARPOOL_RETURN_IF_ERROR(access_.Write(blob, v.data(), v.size()));
+        ref[0] = blob.raw();
+      }
+      std::memcpy(it.w->payload.data() + it.t->schema_.Offset(c), ref, 16);
+    }
+  }
+  return Status::Ok();
+}
+
+// Records written without being read: their current version, read now in one batch.
+Status CommitRun::ResolveUnread(const std::vector<size_t>& need_read) {
+  if (need_read.empty()) return Status::Ok();
+  {
+    Access::Batch b(access_);
+    for (size_t i : need_read) {
+      items_[i].image.bytes.resize(items_[i].t->layout_.record_size());
+      FARPOOL_RETURN_IF_ERROR(
+          b.Read(items_[i].record, items_[i].image.bytes.data(), items_[i].image.bytes.size()));
+    }
+    FARPOOL_RETURN_IF_ERROR(b.Wait());
+  }
+  for (size_t i : need_read) {
+    Item& it = items_[i];
+    it.image.Decode(it.t->layout_);
+    if (IsLocked(it.image.lock)) {
+      FARPOOL_ASSIGN_OR_RETURN(bool dead, s_.HolderDead(it.image.lock));
+      if (dead)
+        FARPOOL_RETURN_IF_ERROR(s_.db_.BreakRecordLock(access_, it.record, *it.t, it.image.lock));
+      return Abort("key " + std::to_string(it.w->key) + " of '" + it.t->name_ +
+                   "' is being written by another transaction");
+    }
+    if (!ConsistentImage(it.image)) {
+      // A torn copy (a commit raced our read): read it properly (or learn it is corrupt).
+      ReadEntry re;
+      bool key_ok;
+      FARPOOL_RETURN_IF_ERROR(
+          txn_.ReadRecord(*it.t, it.record, it.w->key, &re, &it.image, &key_ok));
+      if (!key_ok) {
+        s_.ForgetRecord(*it.t, it.w->key);
+        return Abort("index entry of key " + std::to_string(it.w->key) + " of '" + it.t->name_ +
+                     "' changed under the commit");
+      }
+    }
+    if (it.image.newest >= 0 && !txn_.Visible(it.image.cells[it.image.newest].stamp) &&
+        !s_.db_.options().testing_skip_validation) {
+      return Abort("first committer wins: key " + std::to_string(it.w->key) + " of '" +
+                   it.t->name_ + "' has a newer version");
+    }
+    it.expected = UnlockedWord(it.image.newest_seq());
+  }
+  return Status::Ok();
+}
+
+Status CommitRun::Lock() {
+  const uint64_t mine = s_.lock_word();
+  const bool skip = s_.db_.options().testing_skip_validation;
+  if (skip) {
+    // Broken on purpose (tests of the SI checker): expect whatever version is there now.
+    for (Item& it : items_) {
+      FARPOOL_RETURN_IF_ERROR(access_.Read(it.record, &it.expected, 8));
+      if (IsLocked(it.expected)) return Abort("key is locked (testing_skip_validation)");
+    }
+  }
+  evicts_ = skip;  // the base versions are re-read below
+  for (Item& it : items_) evicts_ = evicts_ || it.image.newest_seq() + 1 > uint64_t(kCells);
+  const uint64_t slots = s_.db_.root().max_slots;
+  if (evicts_) announced_.resize(slots);
+  Status posted;
+  Status waited;
+  {
+    Access::Batch b(access_);
+    for (Item& it : items_) {
+      posted = b.Cas(it.record, it.expected, mine, &it.prev);
+      if (!posted.ok()) break;
+    }
+    if (posted.ok() && evicts_)
+      posted = b.Read(s_.db_.AnnounceAddr(0), announced_.data(), slots * 8);
+    waited = b.Wait();
+  }
+  if (!posted.ok() || !waited.ok()) {
+    // Some CASes may have taken effect: undo every one that could have.
+    for (Item& it : items_) it.locked = true;
+    ReleaseLocks();
+    return !posted.ok() ? posted : waited;
+  }
+  std::string conflict;
+  for (Item& it : items_) {
+    it.locked = it.prev == it.expected;
+    if (!it.locked && conflict.empty()) {
+      conflict = "key " + std::to_string(it.w->key) + " of '" + it.t->name_ + "'";
+      conflict += IsLocked(it.prev) ? " is locked by another transaction"
+                                    : " got a newer version (first committer wins)";
+    }
+  }
+  if (!conflict.empty()) {
+    ReleaseLocks();
+    for (Item& it : items_) {
+      if (!it.locked && IsLocked(it.prev)) {
+        auto dead = s_.HolderDead(it.prev);
+        if (dead.ok() && *dead) (void)s_.db_.BreakRecordLock(access_, it.record, *it.t, it.prev);
+      }
+    }
+    return Abort(conflict);
+  }
+  if (skip) {
+    // We validated nothing: take the versions that are there now as the base.
+    Access::Batch b(access_);
+    for (Item& it : items_) {
+      it.image.bytes.resize(it.t->layout_.record_size());
+      FARPOOL_RETURN_IF_ERROR(b.Read(it.record, it.image.bytes.data(), it.image.bytes.size()));
+    }
+    Status w = b.Wait();
+    if (!w.ok()) {
+      ReleaseLocks();
+      return w;
+    }
+    for (Item& it : items_) it.image.Decode(it.t->layout_);
+  }
+  return Status::Ok();
+}
+
+void CommitRun::ReleaseLocks() {
+  const uint64_t mine = s_.lock_word();
+  std::vector<uint64_t> prev(items_.size());
+  Access::Batch b(access_);
+  for (size_t i = 0; i < items_.size(); ++i) {
+    if (items_[i].locked) (void)b.Cas(items_[i].record, mine, items_[i].expected, &prev[i]);
+  }
+  (void)b.Wait();  // a failure leaves locks that recovery breaks once this session is gone
+  for (Item& it : items_) {
+    it.locked = false;
+    if (!it.spill.is_null()) {
+      (void)s_.db_.recycler().Free(access_, s_, it.spill, it.t->layout_.cell_size());
+      it.spill = GlobalAddress();
+    }
+  }
+}
+
+bool CommitRun::Needed(uint64_t lo, uint64_t hi) const {
+  const uint32_t me = s_.lease_->slot;
+  for (uint32_t i = 0; i < announced_.size(); ++i) {
+    const uint64_t a = announced_[i];
+    if (i != me && a != 0 && a >= lo && a < hi) return true;
+  }
+  return false;
+}
+
+Status CommitRun::Decide() {
+  FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access_.Faa(s_.db_.RootField(kRootCounter), 1));
+  stamp_ = prev + 1;
+  s_.db_.NoteCounter(stamp_);
+  std::vector<unsigned char> log(sizeof(LogHeader));
+  for (Item& it : items_) {
+    const RecordLayout& layout = it.t->layout_;
+    const uint64_t newest = it.image.newest_seq();
+    it.new_seq = newest + 1;
+    const CellView& old = it.image.cells[it.new_seq % kCells];
+    const uint64_t newest_chain = it.image.newest >= 0 ? it.image.cells[it.image.newest].chain : 0;
+    uint64_t chain = newest_chain;
+    if (!old.empty()) {
+      // The evicted version is needed only by a snapshot in [its stamp, its successor's).
+      const uint64_t successor = it.image.cells[(it.new_seq + 1) % kCells].stamp;
+      if (Needed(old.stamp, successor)) {
+        FARPOOL_ASSIGN_OR_RETURN(it.spill,
+                                 s_.db_.recycler().Alloc(access_, s_, layout.cell_size(),
+                                                         Placement::OnServer(it.record.server())));
+        it.spill_image.resize(layout.cell_size());
+        EncodeCell(it.spill_image.data(), layout, old.stamp, old.seq, old.flags, newest_chain,
+                   old.payload);
+        chain = it.spill.raw();
+        ++s_.db_.gc_.spilled;
+      } else {
+        it.dropped_payload.assign(reinterpret_cast<const char*>(old.payload), layout.payload);
+        ++s_.db_.gc_.dropped;
+        // Older versions than the evicted one: garbage unless a snapshot predates it.
+        if (newest_chain != 0 && !AnyOlderThan(old.stamp)) {
+          it.cut = GlobalAddress::FromRaw(newest_chain);
+          chain = 0;
+        }
+      }
+    }
+    it.cell.resize(layout.cell_size());
+    EncodeCell(it.cell.data(), layout, stamp_, it.new_seq, it.w->deleted ? kFlagDeleted : 0, chain,
+               it.w->payload.data());
+    LogEntry e{it.record.raw(), it.spill.raw(), it.new_seq,
+               static_cast<uint32_t>(layout.cell_offset(it.new_seq)),
+               static_cast<uint32_t>(layout.cell_size())};
+    const size_t at = log.size();
+    log.resize(at + sizeof(e) + it.cell.size() + it.spill_image.size());
+    std::memcpy(log.data() + at, &e, sizeof(e));
+    std::memcpy(log.data() + at + sizeof(e), it.cell.data(), it.cell.size());
+    if (!it.spill_image.empty()) {
+      std::memcpy(log.data() + at + sizeof(e) + it.cell.size(), it.spill_image.data(),
+                  it.spill_image.size());
+    }
+  }
+  if (log.size() > kLogBytes) {
+    return Status::InvalidArgument("write set of " + std::to_string(items_.size()) +
+                                   " records exceeds the commit log (" + std::to_string(kLogBytes) +
+                                   " bytes)");
+  }
+  LogHeader h{};
+  h.state = LogState(s_.lease_->epoch);
+  h.stamp = stamp_;
+  h.count = items_.size();
+  h.bytes = log.size() - sizeof(LogHeader);
+  h.checksum = Checksum(log.data() + sizeof(LogHeader), h.bytes);
+  std::memcpy(log.data(), &h, sizeof(h));
+  FARPOOL_RETURN_IF_ERROR(s_.CheckLease());
+  Access::Batch b(access_);
+  Status s = b.Write(s_.log_, log.data(), log.size());
+  for (Item& it : items_) {
+    if (s.ok() && !it.spill.is_null())
+      s = b.Write(it.spill, it.spill_image.data(), it.spill_image.size());
+  }
+  Status w = b.Wait();
+  if (s.ok()) s = w;
+  if (!s.ok()) {
+    // The log may be partly written: undo it before releasing, or leave it to recovery.
+    const uint64_t zero = 0;
+    if (!access_.Write(s_.log_, &zero, 8).ok()) {
+      txn_.decided_ = true;  // unknown: recovery decides by the log's checksum
+      return Abandon(s.WithContext("writing the commit log"));
+    }
+  }
+  return s;
+}
+
+Status CommitRun::Install() {
+  FARPOOL_RETURN_IF_ERROR(s_.CheckLease());
+  Access::Batch b(access_);
+  Status s;
+  for (Item& it : items_) {
+    if (s.ok())
+      s = b.Write(it.record + it.t->layout_.cell_offset(it.new_seq), it.cell.data(),
+                  it.cell.size());
+    s_.db_.Hook("installing");
+  }
+  Status w = b.Wait();
+  return s.ok() ? w : s;
+}
+
+Status CommitRun::Release() {
+  const uint64_t mine = s_.lock_word();
+  std::vector<uint64_t> prev(items_.size());
+  Access::Batch b(access_);
+  Status s;
+  for (size_t i = 0; i < items_.size() && s.ok(); ++i) {
+    s = b.Cas(items_[i].record, mine, UnlockedWord(items_[i].new_seq), &prev[i]);
+  }
+  const uint64_t zero = 0;
+  if (s.ok()) s = b.Write(s_.log_, &zero, 8);
+  Status w = b.Wait();
+  if (s.ok()) s = w;
+  if (!s.ok()) return s;
+  for (size_t i = 0; i < items_.size(); ++i) {
+    if (prev[i] != mine) {
+      // Someone fenced us and finished this commit from our log: it is committed, but the
+      // session may do nothing more.
+      s_.lease_->fenced = true;
+      return Status::Unavailable("session slot " + std::to_string(s_.lease_->slot) +
+                                 " was fenced while releasing its commit (it was finished by "
+                                 "recovery); open a new session");
+    }
+  }
+  return Status::Ok();
+}
+
+void CommitRun::Reclaim() {
+  for (Item& it : items_) {
+    if (!it.dropped_payload.empty()) {
+      (void)s_.db_.FreeBlobs(access_, s_, *it.t,
+                             reinterpret_cast<const unsigned char*>(it.dropped_payload.data()));
+    }
+    if (!it.cut.is_null()) s_.db_.RetireChain(it.t, it.cut);
+  }
+}
+
+Status CommitRun::Abandon(const Status& why) {
+  s_.lease_->fenced = true;
+  s_.lease_->valid_until = 0;
+  return Status::Unavailable("commit decided but not finished (" + why.message() +
+                             "); the session stops and recovery finishes the commit after its "
+                             "lease");
+}
+
+Status CommitRun::Run() {
+  FARPOOL_RETURN_IF_ERROR(Resolve());
+  FARPOOL_RETURN_IF_ERROR(s_.CheckLease());
+  FARPOOL_RETURN_IF_ERROR(Lock());
+  s_.db_.Hook("locked");
+  Status s = Decide();
+  if (!s.ok()) {
+    if (!txn_.decided_) ReleaseLocks();
+    return s;
+  }
+  txn_.decided_ = true;
+  s_.db_.Hook("logged");
+  s = Install();
+  if (!s.ok()) return Abandon(s.WithContext("installing versions"));
+  s_.db_.Hook("installed");
+  s = Release();
+  if (s.code() == StatusCode::kUnavailable) return s;
+  if (!s.ok()) return Abandon(s.WithContext("releasing locks"));
+  Reclaim();
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------- NamTxn
+
+Status NamTxn::Commit() {
+  if (finished_) return Status::InvalidArgument("transaction already finished");
+  if (writes_.empty()) return Finish(s_.CheckLease());
+  CommitRun run(*this);
+  return Finish(run.Run());
+}
+
+void NamTxn::Rollback() {
+  if (finished_) return;
+  writes_.clear();  // nothing to count
+  (void)Finish(Status::Ok());
+}
+
+Status NamTxn::Finish(Status s) {
+  finished_ = true;
+  if (s.ok() && !writes_.empty()) {
+    ++s_.counters_.commits;
+  } else if (s.code() == StatusCode::kAborted) {
+    ++s_.counters_.aborts;
+  }
+  // Blobs belong to the new versions once the commit is decided; otherwise they go back.
+  if (!decided_) {
+    for (const auto& [blob, size] : blobs_)
+      (void)s_.db_.recycler().Free(s_.access_, s_, blob, size);
+  }
+  blobs_.clear();
+  writes_.clear();
+  reads_.clear();
+  s_.EndTransaction();
+  return s;
+}
+
+}  // namespace farpool::db

@@ -1,0 +1,256 @@
+// Garbage collection of the NAM engines: the recycler (free lists in the pool), freeing cut
+// version chains and blobs, and reclaiming dropped tables (nam_internal.h has the rules).
+#include <bit>
+#include <cstring>
+
+#include "db/nam/nam_internal.h"
+
+namespace farpool::db {
+
+// ================================================================ Recycler
+
+int Recycler::ClassOf(uint64_t size) {
+  const int c = size <= 1 ? 0 : 64 - std::countl_zero(size - 1);
+  return std::max(c, kMinClass);
+}
+
+Recycler::Stats Recycler::stats() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return stats_;
+}
+
+Status Recycler::LockClass(const Access& access, LockOwner& owner, int c) {
+  const GlobalAddress word = heads_ + uint64_t(c) * 16;
+  const uint64_t mine = owner.lock_word();
+  const int64_t give_up = MonoNs() + 10'000'000'000;  // ten seconds: far beyond any lease
+  for (int i = 0;; ++i) {
+    FARPOOL_RETURN_IF_ERROR(owner.CheckLease());
+    FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(word, 0, mine));
+    if (prev == 0) return Status::Ok();
+    if (i % 64 == 63) {
+      FARPOOL_ASSIGN_OR_RETURN(bool dead, owner.HolderDead(prev));
+      if (dead) {
+        // The holder's pushes and pops change the head with one write: the list is whole.
+        FARPOOL_ASSIGN_OR_RETURN(uint64_t p2, access.Cas(word, prev, mine));
+        if (p2 == prev) return Status::Ok();
+      }
+    }
+    if (MonoNs() > give_up) {
+      return Status::TimedOut("free list of size class " + std::to_string(ClassBytes(c)) +
+                              " B stays locked by session slot " + std::to_string(LockSlot(prev)));
+    }
+    std::this_thread::yield();
+  }
+}
+
+Status Recycler::UnlockClass(const Access& access, LockOwner& owner, int c) {
+  FARPOOL_ASSIGN_OR_RETURN(uint64_t prev,
+                           access.Cas(heads_ + uint64_t(c) * 16, owner.lock_word(), 0));
+  if (prev != owner.lock_word()) {
+    return Status::Unavailable("a free list lock was taken over: this session was fenced");
+  }
+  return Status::Ok();
+}
+
+Status Recycler::PushBundle(const Access& access, LockOwner& owner, int c) {
+  auto& cache = cache_[c];
+  const uint64_t cap = BundleCapacity(c);
+  if (cache.size() < cap + 1) return Status::Ok();
+  // The bundle: the last cached object holds the addresses of the `cap` before it.
+  const GlobalAddress container = GlobalAddress::FromRaw(cache.back());
+  std::vector<uint64_t> image(2 + cap);
+  image[1] = cap;
+  std::memcpy(image.data() + 2, cache.data() + cache.size() - 1 - cap, cap * 8);
+  FARPOOL_RETURN_IF_ERROR(LockClass(access, owner, c));
+  const GlobalAddress head = heads_ + uint64_t(c) * 16 + 8;
+  Status s = access.Read(head, &image[0], 8);
+  if (s.ok()) s = owner.CheckLease();
+  if (s.ok()) s = access.Write(container, image.data(), image.size() * 8);
+  const uint64_t raw = container.raw();
+  if (s.ok()) s = access.Write(head, &raw, 8);
+  Status u = UnlockClass(access, owner, c);
+  FARPOOL_RETURN_IF_ERROR(s);
+  cache.resize(cache.size() - 1 - cap);
+  return u;
+}
+
+Result<bool> Recycler::PopBundle(const Access& access, LockOwner& owner, int c) {
+  const uint64_t cap = BundleCapacity(c);
+  FARPOOL_RETURN_IF_ERROR(LockClass(access, owner, c));
+  const GlobalAddress head = heads_ + uint64_t(c) * 16 + 8;
+  uint64_t top = 0;
+  std::vector<uint64_t> image(2 + cap);
+  Status s = access.Read(head, &top, 8);
+  if (s.ok() && top != 0)
+    s = access.Read(GlobalAddress::FromRaw(top), image.data(), image.size() * 8);
+  if (s.ok() && top != 0 && image[1] > cap) {
+    s = Status::Internal("free list of size class " + std::to_string(ClassBytes(c)) +
+                         " B has a bundle at " + GlobalAddress::FromRaw(top).ToString() +
+                         " claiming " + std::to_string(image[1]) + " objects");
+  }
+  if (s.ok() && top != 0) s = owner.CheckLease();
+  if (s.ok() && top != 0) s = access.Write(head, &image[0], 8);
+  Status u = UnlockClass(access, owner, c);
+  FARPOOL_RETURN_IF_ERROR(s);
+  FARPOOL_RETURN_IF_ERROR(u);
+  if (top == 0) return false;
+  auto& cache = cache_[c];
+  cache.insert(cache.end(), image.begin() + 2, image.begin() + 2 + image[1]);
+  cache.push_back(top);
+  return true;
+}
+
+Result<GlobalAddress> Recycler::Alloc(const Access& access, LockOwner& owner, uint64_t size,
+                                      Placement placement) {
+  const int c = ClassOf(size);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto& cache = cache_[c];
+    if (cache.empty()) {
+      auto popped = PopBundle(access, owner, c);
+      if (!popped.ok() && popped.status().code() != StatusCode::kUnavailable)
+        return popped.status();
+    }
+    if (!cache.empty()) {
+      const GlobalAddress a = GlobalAddress::FromRaw(cache.back());
+      cache.pop_back();
+      ++stats_.reused;
+      return a;
+    }
+    ++stats_.fresh;
+  }
+  return memory_.Alloc(ClassBytes(c), placement);
+}
+
+Status Recycler::Free(const Access& access, LockOwner& owner, GlobalAddress address,
+                      uint64_t size) {
+  if (address.is_null()) return Status::InvalidArgument("Free of the null address");
+  const int c = ClassOf(size);
+  std::lock_guard<std::mutex> l(mu_);
+  auto& cache = cache_[c];
+  cache.push_back(address.raw());
+  ++stats_.freed;
+  if (cache.size() > 2 * (BundleCapacity(c) + 1)) {
+    // A failed push keeps the objects cached here (reused by this process).
+    return PushBundle(access, owner, c);
+  }
+  return Status::Ok();
+}
+
+Status Recycler::Flush(const Access& access, LockOwner& owner) {
+  std::lock_guard<std::mutex> l(mu_);
+  for (int c = kMinClass; c < kClasses; ++c) {
+    while (cache_[c].size() > BundleCapacity(c)) {
+      FARPOOL_RETURN_IF_ERROR(PushBundle(access, owner, c));
+    }
+    // The remainder (fewer than a bundle) becomes one smaller bundle.
+    auto& cache = cache_[c];
+    if (cache.size() >= 2) {
+      const GlobalAddress container = GlobalAddress::FromRaw(cache.back());
+      std::vector<uint64_t> image(2 + cache.size() - 1);
+      image[1] = cache.size() - 1;
+      std::memcpy(image.data() + 2, cache.data(), (cache.size() - 1) * 8);
+      FARPOOL_RETURN_IF_ERROR(LockClass(access, owner, c));
+      const GlobalAddress head = heads_ + uint64_t(c) * 16 + 8;
+      Status s = access.Read(head, &image[0], 8);
+      if (s.ok()) s = access.Write(container, image.data(), image.size() * 8);
+      const uint64_t raw = container.raw();
+      if (s.ok()) s = access.Write(head, &raw, 8);
+      Status u = UnlockClass(access, owner, c);
+      FARPOOL_RETURN_IF_ERROR(s);
+      FARPOOL_RETURN_IF_ERROR(u);
+      cache.clear();
+    }
+  }
+  return Status::Ok();
+}
+
+// ================================================================ versions and blobs
+
+Status NamDatabase::FreeBlobs(const Access& access, LockOwner& owner, const NamTable& t,
+                              const unsigned char* payload) {
+  for (const auto& [blob, size] : BlobRefs(t, payload)) {
+    FARPOOL_RETURN_IF_ERROR(recycler_->Free(access, owner, blob, size));
+    ++gc_.blobs_freed;
+  }
+  return Status::Ok();
+}
+
+void NamDatabase::RetireChain(const NamTable* t, GlobalAddress chain) {
+  ++gc_.chains_cut;
+  std::lock_guard<std::mutex> l(retire_mu_);
+  retired_.push_back({t, chain});
+}
+
+// Frees the nodes of a chain nobody can reach any more, with their versions' blobs.
+static Status FreeChain(NamDatabase& db, const Access& access, LockOwner& owner, const NamTable& t,
+                        GlobalAddress at) {
+  std::vector<unsigned char> node(t.layout_.cell_size());
+  while (!at.is_null()) {
+    FARPOOL_RETURN_IF_ERROR(access.Read(at, node.data(), node.size()));
+    const CellView c = DecodeCell(node.data(), t.layout_);
+    if (!c.valid) {
+      return Status::Internal("version node " + at.ToString() + " of table '" + t.name_ +
+                              "' fails its checksum while being freed");
+    }
+    FARPOOL_RETURN_IF_ERROR(db.FreeBlobs(access, owner, t, c.payload));
+    FARPOOL_RETURN_IF_ERROR(db.recycler().Free(access, owner, at, t.layout_.cell_size()));
+    ++db.gc_.nodes_freed;
+    at = GlobalAddress::FromRaw(c.chain);
+  }
+  return Status::Ok();
+}
+
+Status NamDatabase::ReclaimRetired(const Access& access) {
+  std::deque<Retired> chains;
+  std::vector<const NamTable*> tables;
+  {
+    std::lock_guard<std::mutex> l(retire_mu_);
+    chains.swap(retired_);
+    while (!drop_queue_.empty() && drop_queue_.front().stamp <= lwm()) {
+      tables.push_back(drop_queue_.front().table);
+      drop_queue_.pop_front();
+    }
+  }
+  Status first;
+  for (const Retired& r : chains) {
+    Status s = FreeChain(*this, access, *system_, *r.table, r.chain);
+    if (!s.ok() && first.ok()) first = s;
+  }
+  for (const NamTable* t : tables) {
+    Status s = ReclaimTable(access, *t);
+    if (!s.ok() && first.ok()) first = s;
+  }
+  return first;
+}
+
+// Every record of a dropped table, its versions and their blobs go back to the recycler, then
+// the descriptor becomes free for a new table. The hash bucket array and B+tree nodes stay
+// allocated (they were not allocated through the recycler): docs/database.md lists it.
+Status NamDatabase::ReclaimTable(const Access& access, const NamTable& t) {
+  std::vector<GlobalAddress> records;
+  FARPOOL_RETURN_IF_ERROR(t.hash_->ForEach(access, [&](int64_t, GlobalAddress rec) -> Status {
+    records.push_back(rec);
+    return Status::Ok();
+  }));
+  RecordImage img;
+  img.bytes.resize(t.layout_.record_size());
+  for (GlobalAddress rec : records) {
+    FARPOOL_RETURN_IF_ERROR(access.Read(rec, img.bytes.data(), img.bytes.size()));
+    img.Decode(t.layout_);
+    for (const CellView& c : img.cells) {
+      if (!c.empty() && c.valid) FARPOOL_RETURN_IF_ERROR(FreeBlobs(access, *system_, t, c.payload));
+    }
+    if (img.newest >= 0) {
+      FARPOOL_RETURN_IF_ERROR(FreeChain(*this, access, *system_, t,
+                                        GlobalAddress::FromRaw(img.cells[img.newest].chain)));
+    }
+    FARPOOL_RETURN_IF_ERROR(recycler_->Free(access, *system_, rec, t.layout_.record_size()));
+  }
+  uint64_t empty = kDescEmpty;
+  FARPOOL_RETURN_IF_ERROR(access.Write(t.desc_, &empty, 8));
+  ++gc_.tables_reclaimed;
+  return Status::Ok();
+}
+
+}  // namespace farpool::db

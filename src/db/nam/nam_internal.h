@@ -1,0 +1,500 @@
+// Internals of the NAM engines (`pool` and `local`), shared by the files of src/db/nam/:
+//   catalog.cc   the root, table descriptors, DDL, opening the database
+//   sessions.cc  session slots, leases, fencing, the maintenance thread, Begin
+//   recovery.cc  finishing a dead session's decided commit, breaking its locks
+//   read.cc      consistent record images, snapshot visibility, Get/Put/Delete/Scan
+//   commit.cc    Commit as phases: resolve, lock+validate, decide (log), install, release
+//   gc.cc        the low-water mark, the recycler (free lists in the pool), reclamation
+//
+// How it works (docs/database.md has the full story and the reasoning):
+//
+// Timestamps: one commit counter in the root. Begin reads it (8 bytes, one round trip); a
+// commit takes its stamp with one fetch-and-add after it has locked its write set, so a reader
+// whose snapshot includes a stamp meets that writer's lock until the version is installed and
+// waits for it.
+//
+// Leases and fencing: a session owns a slot whose owner word is | renewals | epoch | state |.
+// The maintenance thread renews it (CAS, renewals + 1) every lease/4. A session trusts its
+// lease for lease - margin after sending its last successful renewal (monotonic clock); others
+// judge it expired only after seeing its owner word unchanged for lease + margin on their own
+// monotonic clock, and act on an expired slot only after fencing it (CAS that bumps the epoch).
+// No wall clock is compared across processes. A session's lock word carries its epoch, so a
+// fenced session's locks are recognisable; it releases them only by CAS from its own word.
+//
+// Garbage collection: each session announces a lower bound of its snapshot in the
+// announcement array (one word per slot, 0 when idle); it writes the bound before it reads the
+// counter, so a snapshot is never smaller than what any reader of the array may have seen or
+// later snapshots will be. A version is needed only by a snapshot that falls between its
+// stamp and its successor's. A commit that evicts the oldest cell S-3 of a record reads the
+// array (in the lock batch: no extra round trip) and spills S-3 to the record's chain only if
+// an announced snapshot lies in [stamp(S-3), stamp(S-2)); otherwise it drops it and frees its
+// blobs. If no announced snapshot is older than stamp(S-3), the chain of older versions is
+// garbage too: the commit cuts it and hands it to the maintenance thread to free. Freed
+// objects go to per-size-class free lists in the pool (see Recycler): any process may free
+// any process's objects. The low-water mark (min of the array, or the counter when all are
+// idle) is kept per process by the maintenance thread for dropped tables and for reports.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "db/index/btree.h"
+#include "db/index/hash_index.h"
+#include "db/layout.h"
+#include "db/lock_owner.h"
+#include "db/memory.h"
+#include "farpool/db.h"
+
+namespace farpool::db {
+
+// ---------------------------------------------------------------- layouts in memory
+
+inline constexpr uint64_t kMagic = 0x4650444200000002ULL;  // "FPDB" v2
+inline constexpr uint64_t kMaxTables = 256;
+inline constexpr uint64_t kDescSize = 1024;
+inline constexpr uint64_t kSlotSize = 64;
+inline constexpr uint64_t kLogBytes = 256 << 10;
+inline constexpr uint64_t kStateCreating = 1, kStateReady = 2;
+
+// The catalog root at Memory::Root().
+struct RootImage {
+  uint64_t state, magic, max_slots, lease_ms;
+  uint64_t slots;         // slot table: max_slots × kSlotSize
+  uint64_t tables;        // kMaxTables descriptors of kDescSize
+  uint64_t counter;       // the commit counter (fetch-and-add); starts at 1
+  uint64_t ddl;           // DDL lock: holder's lock word, 0 when free
+  uint64_t freelists;     // Recycler heads: kClasses × (lock, head)
+  uint64_t incarnations;  // counter: every created table gets a new incarnation
+  uint64_t snapshots;     // announcement array: max_slots words
+};
+inline constexpr uint64_t kRootCounter = offsetof(RootImage, counter);
+inline constexpr uint64_t kRootDdl = offsetof(RootImage, ddl);
+inline constexpr uint64_t kRootIncarnations = offsetof(RootImage, incarnations);
+
+struct TableDesc {
+  uint64_t state;  // kDescEmpty, kDescLive, kDescDropped
+  char name[64];
+  uint64_t flags;  // bit 0: ordered
+  uint64_t payload;
+  uint64_t hash_addr, hash_count, hash_seed;
+  uint64_t btree_root;  // root word of the B+tree (this field's address is the root word)
+  uint64_t incarnation;
+  uint64_t ncols;
+  struct {
+    char name[24];
+    uint32_t type;
+    uint32_t length;
+  } cols[Schema::kMaxColumns];
+};
+static_assert(sizeof(TableDesc) <= kDescSize);
+inline constexpr uint64_t kDescEmpty = 0, kDescLive = 1, kDescDropped = 2;
+inline constexpr uint64_t kDescBtreeRoot = offsetof(TableDesc, btree_root);
+
+// A session slot.
+struct SlotImage {
+  uint64_t owner;      // OwnerWord
+  uint64_t log;        // commit log (kLogBytes), allocated once per slot
+  uint64_t index_log;  // index redo area (LockOwner::kIndexLogBytes)
+  uint64_t pid;
+  uint64_t pad[4];
+};
+static_assert(sizeof(SlotImage) == kSlotSize);
+inline constexpr uint64_t kSlotLog = offsetof(SlotImage, log);
+inline constexpr uint64_t kSlotIndexLog = offsetof(SlotImage, index_log);
+inline constexpr uint64_t kSlotPid = offsetof(SlotImage, pid);
+
+// Owner word: renewals (38 bits) << 26 | epoch (24 bits) << 2 | state (2 bits).
+inline constexpr uint64_t kSlotFree = 0, kSlotActive = 1, kSlotRecovering = 2;
+inline constexpr uint64_t kOwnerEpochMask = (1u << 24) - 1;
+inline uint64_t OwnerWord(uint64_t epoch, uint64_t state, uint64_t renewals) {
+  return (renewals << 26) | ((epoch & kOwnerEpochMask) << 2) | state;
+}
+inline uint64_t OwnerEpoch(uint64_t w) { return (w >> 2) & kOwnerEpochMask; }
+inline uint64_t OwnerState(uint64_t w) { return w & 3; }
+inline uint64_t OwnerRenewed(uint64_t w) {
+  return OwnerWord(OwnerEpoch(w), OwnerState(w), (w >> 26) + 1);
+}
+
+// Commit log: header, then per record a LogEntry, the new cell image and (if spill) the
+// spilled old version's image.
+struct LogHeader {
+  uint64_t state;  // epoch << 2 | 1 while a decided commit may be unfinished, else 0
+  uint64_t stamp;
+  uint64_t count;
+  uint64_t bytes;
+  uint64_t checksum;  // of the entries
+  uint64_t pad[3];
+};
+static_assert(sizeof(LogHeader) == 64);
+inline uint64_t LogState(uint64_t epoch) { return (epoch << 2) | 1; }
+struct LogEntry {
+  uint64_t record;
+  uint64_t spill;  // address of the spilled old version, 0 if none
+  uint64_t new_seq;
+  uint32_t cell_offset;
+  uint32_t cell_size;
+};
+static_assert(sizeof(LogEntry) == 32);
+
+// ---------------------------------------------------------------- helpers
+
+inline int64_t MonoNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+Result<GlobalAddress> AllocZeroed(const Access& access, uint64_t size, Placement p);
+
+class NamDatabase;
+class NamSession;
+
+// ---------------------------------------------------------------- tables
+
+class NamTable final : public Table {
+ public:
+  uint32_t id() const override { return id_; }
+  const std::string& name() const override { return name_; }
+  const Schema& schema() const override { return schema_; }
+  bool ordered() const override { return btree_.has_value(); }
+
+  uint32_t id_ = 0;
+  uint64_t incarnation_ = 0;
+  std::string name_;
+  Schema schema_;
+  RecordLayout layout_;
+  GlobalAddress desc_;
+  uint64_t hash_count_ = 0;
+  std::optional<HashIndex> hash_;
+  std::optional<BTree> btree_;
+  std::vector<uint32_t> bytes_columns_;
+};
+
+// The blob references (address, length) held in a version's payload.
+std::vector<std::pair<GlobalAddress, uint64_t>> BlobRefs(const NamTable& t,
+                                                         const unsigned char* payload);
+
+// ---------------------------------------------------------------- recycler
+
+// Recycler: the database's allocator for objects that any process may free (versions spilled
+// to chains, blobs, dropped tables' records). The pool's own allocator is per client: a client
+// can free only what it allocated, and a compute process that dies leaves its objects leased.
+// Database objects outlive processes and are freed by whichever process finds them garbage.
+//
+// How it works: power-of-two size classes (64 B .. 2^40). Each class has a free list in the
+// pool: a lock word and the head of a stack of bundles; a bundle is itself a free object of
+// the class holding (next, count, addresses...). Each process keeps a local cache per class;
+// a cache past two bundles pushes one to the pool (lock, read head, write bundle, write head,
+// unlock: ~5 operations for up to size/8 - 2 objects), an empty cache pops one. New memory
+// comes from the pool's allocator in the class's size. A process that dies loses at most its
+// cache (bounded; documented as a leak). Placement is not kept for recycled objects.
+//
+// Thread-safety: safe for concurrent use (one mutex per process; the pool lock per class).
+class Recycler {
+ public:
+  static constexpr int kMinClass = 6, kClasses = 41;  // 64 B .. 2^46
+  static constexpr uint64_t kHeadsBytes = kClasses * 16;
+
+  Recycler(Memory& memory, GlobalAddress heads) : memory_(memory), heads_(heads) {}
+  // An object of at least `size` bytes. Uninitialised.
+  Result<GlobalAddress> Alloc(const Access& access, LockOwner& owner, uint64_t size,
+                              Placement placement);
+  // REQUIRES: `address` came from Alloc with the same `size` and nobody can reach it any more.
+  Status Free(const Access& access, LockOwner& owner, GlobalAddress address, uint64_t size);
+  // Pushes every cached object to the pool's lists (at close).
+  Status Flush(const Access& access, LockOwner& owner);
+
+  // Objects freed / reused / newly allocated through this process (for the GC's figures).
+  struct Stats {
+    uint64_t freed = 0, reused = 0, fresh = 0;
+  };
+  Stats stats() const;
+
+ private:
+  static int ClassOf(uint64_t size);
+  static uint64_t ClassBytes(int c) { return uint64_t{1} << c; }
+  static uint64_t BundleCapacity(int c) { return std::min<uint64_t>(ClassBytes(c) / 8 - 2, 62); }
+  Status LockClass(const Access& access, LockOwner& owner, int c);
+  Status UnlockClass(const Access& access, LockOwner& owner, int c);
+  // REQUIRES: mu_ held (the pool-side work is done under it: one process, one writer per class).
+  Status PushBundle(const Access& access, LockOwner& owner, int c);
+  Result<bool> PopBundle(const Access& access, LockOwner& owner, int c);
+
+  Memory& memory_;
+  GlobalAddress heads_;
+  mutable std::mutex mu_;
+  std::vector<std::vector<uint64_t>> cache_ = std::vector<std::vector<uint64_t>>(kClasses);
+  Stats stats_;
+};
+
+// ---------------------------------------------------------------- sessions
+
+// A session slot claimed by this process: its epoch, lease and GC announcement. Shared by
+// the session that uses it (one thread) and the maintenance thread.
+struct SlotLease {
+  uint32_t slot = 0;
+  uint64_t epoch = 0;
+  std::mutex mu;                        // guards owner, announced, busy; serialises renewals
+  uint64_t owner = 0;                   // the owner word we last wrote
+  uint64_t announced = 0;               // what the slot's announcement word holds (0: idle)
+  bool busy = false;                    // a transaction is running
+  int64_t idle_since = 0;               // monotonic ns when the last transaction ended
+  std::atomic<int64_t> valid_until{0};  // monotonic ns; 0 once fenced
+  std::atomic<bool> fenced{false};
+};
+
+class NamSession final : public Session, public LockOwner {
+ public:
+  NamSession(NamDatabase& db, std::shared_ptr<SlotLease> lease, GlobalAddress log,
+             GlobalAddress index_log);
+  ~NamSession() override;
+
+  Result<std::unique_ptr<Transaction>> Begin() override;
+  const TxnCounters& counters() const override;
+
+  // LockOwner
+  uint64_t lock_word() const override { return LockWord(lease_->slot, lease_->epoch); }
+  Result<bool> HolderDead(uint64_t word) override;
+  Status CheckLease() override;
+  GlobalAddress index_log() const override { return index_log_; }
+  Result<GlobalAddress> IndexLogOf(uint64_t word) override;
+  void FaultPoint(std::string_view point) override;
+
+  // The record of (table, key) or null; consults the cache first.
+  Result<GlobalAddress> FindRecord(const NamTable& t, int64_t key);
+  void ForgetRecord(const NamTable& t, int64_t key);
+  void RememberRecord(const NamTable& t, int64_t key, GlobalAddress record);
+  // Marks the running transaction finished (its snapshot no longer needs protecting).
+  void EndTransaction();
+  // Claims the snapshot before reading the counter (see sessions.cc).
+  Result<uint64_t> TakeSnapshot();
+
+  NamDatabase& db_;
+  std::shared_ptr<SlotLease> lease_;
+  const GlobalAddress log_;
+  const GlobalAddress index_log_;
+  OpCount count_;
+  Access access_;
+  mutable TxnCounters counters_;
+
+ private:
+  static uint64_t CacheKey(const NamTable& t, int64_t key);
+  std::unordered_map<uint64_t, GlobalAddress> cache_;  // (table, key) -> record
+};
+
+// ---------------------------------------------------------------- transactions
+
+struct WriteEntry {
+  const NamTable* table = nullptr;
+  int64_t key = 0;
+  bool deleted = false;
+  std::string payload;
+  std::vector<std::string> bytes;  // per column, for kBytes columns
+};
+
+struct ReadEntry {
+  GlobalAddress record;
+  uint64_t newest_seq = 0;
+  bool newest_visible = true;
+  std::vector<unsigned char> image;  // the record copy the read decided on
+};
+
+class NamTxn final : public Transaction {
+ public:
+  NamTxn(NamSession& s, uint64_t snapshot) : s_(s), snapshot_(snapshot) {}
+  ~NamTxn() override { Rollback(); }
+
+  Status Get(const Table& table, int64_t key, Row* row) override;
+  Status Put(const Table& table, int64_t key, const Row& row) override;
+  Status Delete(const Table& table, int64_t key) override;
+  Status Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bool reverse,
+              const std::function<bool(int64_t, const Row&)>& visit) override;
+  Status Commit() override;
+  void Rollback() override;
+
+  bool Visible(uint64_t stamp) const { return stamp <= snapshot_; }
+
+ private:
+  friend class CommitRun;
+  using Key = std::pair<uint32_t, int64_t>;
+  // Reads `record` until a consistent image (see read.cc); fills `re`. `key_ok` false if the
+  // record is not key's (a raced or stale index entry).
+  Status ReadRecord(const NamTable& t, GlobalAddress record, int64_t key, ReadEntry* re,
+                    RecordImage* image, bool* key_ok);
+  // The version of `image` visible in the snapshot: sets *found, *deleted and copies payload.
+  Status VisibleVersion(const NamTable& t, const RecordImage& image, bool* found, bool* deleted,
+                        std::string* payload);
+  Status LoadBlobs(const NamTable& t, const std::string& payload, Row* row);
+  // Get without the write-set lookup, for Delete and Scan.
+  Status ReadVisible(const NamTable& t, int64_t key, bool* found, bool* deleted,
+                     std::string* payload);
+  // Ends the transaction: counts it, frees blobs of an undecided commit, ends the snapshot.
+  Status Finish(Status s);
+
+  NamSession& s_;
+  const uint64_t snapshot_;
+  std::map<Key, WriteEntry> writes_;
+  std::map<Key, ReadEntry> reads_;
+  std::vector<std::pair<GlobalAddress, uint64_t>> blobs_;  // allocated here, freed unless decided
+  bool decided_ = false;
+  bool finished_ = false;
+};
+
+// ---------------------------------------------------------------- the database
+
+class NamDatabase final : public Database {
+ public:
+  NamDatabase(Engine engine, Memory& memory, const DatabaseOptions& options)
+      : engine_(engine), memory_(memory), options_(options) {}
+  ~NamDatabase() override;
+
+  Status Init();
+
+  Engine engine() const override { return engine_; }
+  Result<const Table*> CreateTable(const std::string& name, const Schema& schema,
+                                   const TableOptions& options) override;
+  Result<const Table*> OpenTable(const std::string& name) override;
+  Status DropTable(const std::string& name) override;
+  Result<std::vector<std::string>> ListTables() override;
+  Result<std::unique_ptr<Session>> NewSession() override;
+  Status RecoverExpired() override;
+  Result<uint64_t> CountLocked(const Table& table) override;
+  Result<GcStats> CollectGarbage() override;
+
+  // ---- used by sessions, transactions and the files of src/db/nam/
+  Memory& memory() { return memory_; }
+  const DatabaseOptions& options() const { return options_; }
+  const RootImage& root() const { return root_; }
+  GlobalAddress RootField(uint64_t off) const { return memory_.Root() + off; }
+  GlobalAddress SlotAddr(uint32_t s) const {
+    return GlobalAddress::FromRaw(root_.slots) + s * kSlotSize;
+  }
+  GlobalAddress AnnounceAddr(uint32_t s) const {
+    return GlobalAddress::FromRaw(root_.snapshots) + s * 8;
+  }
+  int64_t lease_ns() const { return int64_t(root_.lease_ms) * 1000000; }
+  int64_t margin_ns() const { return lease_ns() / 4; }
+  Recycler& recycler() { return *recycler_; }
+  uint64_t lwm() const { return lwm_.load(std::memory_order_acquire); }
+  uint64_t latest_counter() const { return latest_counter_.load(std::memory_order_relaxed); }
+  void NoteCounter(uint64_t c);
+
+  // sessions.cc
+  // True once the owner word of `slot` was seen equal to `owner` for lease + margin.
+  bool ObservedExpired(uint32_t slot, uint64_t owner);
+  Result<bool> HolderDead(const Access& access, uint64_t word);
+  // Renews `lease` now (CAS on its owner word); fences it locally if that fails.
+  Status Renew(const Access& access, SlotLease& lease);
+  Status CheckLease(const Access& access, SlotLease& lease);
+  void Register(const std::shared_ptr<SlotLease>& lease);
+  void Unregister(const SlotLease* lease);
+  // Claims a free or expired slot for a session of this process.
+  Result<std::shared_ptr<SlotLease>> ClaimSlot(const Access& access, SlotImage* image);
+
+  // recovery.cc
+  // Fences slot `slot` from owner word `owner` (expired, or free), finishes its decided
+  // commit, and leaves it in `final_state` (active: claimed by the caller). False if someone
+  // else changed the slot first.
+  Result<bool> FenceAndRecover(const Access& access, uint32_t slot, uint64_t owner,
+                               uint64_t final_state, uint64_t* final_owner = nullptr);
+  // Rolls forward the decided commit in slot `slot`'s log, if any. `lock` is the lock word
+  // its records carry; `deadline` (monotonic ns) bounds the caller's right to write.
+  Status RecoverLog(const Access& access, uint32_t slot, int64_t deadline);
+  // Restores a record lock held by a dead session to the unlocked word of its newest version.
+  Status BreakRecordLock(const Access& access, GlobalAddress record, const NamTable& t,
+                         uint64_t word);
+
+  // gc.cc
+  // Hands a cut version chain (and its versions' blobs) to the maintenance thread.
+  void RetireChain(const NamTable* t, GlobalAddress chain);
+  // Frees a version's blobs now (the caller proved it garbage).
+  Status FreeBlobs(const Access& access, LockOwner& owner, const NamTable& t,
+                   const unsigned char* payload);
+
+  // The internal session of this process: DDL lock, recycler locks, reclamation.
+  NamSession& system() { return *system_; }
+  void Hook(std::string_view point) const {
+    if (options_.commit_hook) options_.commit_hook(point);
+  }
+
+ private:
+  Status LoadTables(const Access& access);
+  Result<std::unique_ptr<NamTable>> MakeTable(uint32_t id, const TableDesc& d) const;
+  Status LockDdl();
+  Status UnlockDdl();
+  // The maintenance thread: renews leases, marks idle sessions, computes the LWM, fences
+  // expired slots, frees retired chains and dropped tables.
+  void Maintain();
+  Status RenewAll(const Access& access);
+  Status ScanSlots(const Access& access);
+  Status ReclaimRetired(const Access& access);
+  Status ReclaimTable(const Access& access, const NamTable& t);
+
+  Engine engine_;
+  Memory& memory_;
+  DatabaseOptions options_;
+  RootImage root_{};
+  std::unique_ptr<Recycler> recycler_;
+  std::unique_ptr<NamSession> system_;
+
+  std::mutex mu_;  // guards tables_, by_id_, leases_, dropped_
+  std::map<std::string, std::unique_ptr<NamTable>> tables_;
+  std::unordered_map<uint32_t, NamTable*> by_id_;
+  std::vector<std::shared_ptr<SlotLease>> leases_;
+  std::vector<std::unique_ptr<NamTable>> dropped_;  // kept for handles still held
+
+  std::mutex observe_mu_;  // guards observed_
+  struct Observed {
+    uint64_t owner = 0;
+    int64_t since = 0;
+  };
+  std::vector<Observed> observed_;
+
+  std::mutex retire_mu_;  // guards retired_, drop_queue_
+  struct Retired {
+    const NamTable* table;
+    GlobalAddress chain;
+  };
+  std::deque<Retired> retired_;
+  struct DropWait {
+    const NamTable* table;
+    uint64_t stamp;  // reclaimed once the LWM passes it
+  };
+  std::deque<DropWait> drop_queue_;
+
+  std::atomic<uint64_t> lwm_{0};
+  std::atomic<uint64_t> latest_counter_{1};
+  std::atomic<uint64_t> live_sessions_{0};
+
+ public:
+  // What collection has done (GcStats), counted by commits and the maintenance thread.
+  struct GcCounters {
+    std::atomic<uint64_t> dropped{0}, spilled{0}, chains_cut{0}, nodes_freed{0}, blobs_freed{0},
+        tables_reclaimed{0};
+  };
+  GcCounters gc_;
+
+ private:
+  std::thread maintenance_;
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
+  bool stop_ = false;
+
+ public:
+  std::unique_ptr<Pool> owned_pool_;      // pool engine: the connection
+  std::unique_ptr<Memory> owned_memory_;  // the Memory above
+};
+
+}  // namespace farpool::db

@@ -1,0 +1,181 @@
+// Recovery of dead sessions: fencing a slot, rolling its decided commit forward, breaking the
+// locks of its undecided one (nam_internal.h; docs/database.md "Recovery").
+//
+// Invariants:
+//   - A commit is decided when its log is whole (checksum over the entries matches) and its
+//     state names the writer's epoch. Before that, it has written nothing but its locks (and
+//     spill nodes nobody links to): breaking its locks to the newest installed version undoes
+//     it. After that, recovery installs every cell the log names whose record still carries
+//     the dead writer's lock word, then unlocks them by CAS from that word.
+//   - Only whoever fenced the slot (CAS to "recovering" with the next epoch) recovers it, and
+//     it writes only before its own deadline (lease - margin after the fence). A recoverer that
+//     stalls is fenced in turn after its recovering word stays unchanged for lease + margin;
+//     the next one redoes the same idempotent work.
+#include <cstring>
+
+#include "db/nam/nam_internal.h"
+
+namespace farpool::db {
+
+Result<bool> NamDatabase::FenceAndRecover(const Access& access, uint32_t slot, uint64_t owner,
+                                          uint64_t final_state, uint64_t* final_owner) {
+  const uint64_t next = OwnerEpoch(owner) + 1;
+  const uint64_t recovering = OwnerWord(next, kSlotRecovering, 0);
+  const int64_t fenced_at = MonoNs();
+  FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(SlotAddr(slot), owner, recovering));
+  if (prev != owner) return false;
+  FARPOOL_RETURN_IF_ERROR(RecoverLog(access, slot, fenced_at + lease_ns() - margin_ns()));
+  if (final_state != kSlotActive) {
+    const uint64_t idle = 0;
+    FARPOOL_RETURN_IF_ERROR(access.Write(AnnounceAddr(slot), &idle, 8));
+  }
+  const uint64_t done = OwnerWord(next, final_state, 0);
+  FARPOOL_ASSIGN_OR_RETURN(prev, access.Cas(SlotAddr(slot), recovering, done));
+  if (final_owner != nullptr) *final_owner = done;
+  return prev == recovering;
+}
+
+Status NamDatabase::RecoverLog(const Access& access, uint32_t slot, int64_t deadline) {
+  uint64_t raw;
+  FARPOOL_RETURN_IF_ERROR(access.Read(SlotAddr(slot) + kSlotLog, &raw, 8));
+  if (raw == 0) return Status::Ok();
+  const GlobalAddress log = GlobalAddress::FromRaw(raw);
+  LogHeader h;
+  FARPOOL_RETURN_IF_ERROR(access.Read(log, &h, sizeof(h)));
+  if ((h.state & 3) != 1) return Status::Ok();
+  const uint64_t dead_lock = LockWord(slot, h.state >> 2);
+  auto late = [&] {
+    return Status::Unavailable("recovery of session slot " + std::to_string(slot) +
+                               " ran out of its lease; someone else will finish it");
+  };
+  std::vector<unsigned char> body;
+  bool whole = h.bytes > 0 && h.bytes <= kLogBytes - sizeof(h);
+  if (whole) {
+    body.resize(h.bytes);
+    FARPOOL_RETURN_IF_ERROR(access.Read(log + sizeof(h), body.data(), h.bytes));
+    whole = Checksum(body.data(), body.size()) == h.checksum;
+  }
+  if (whole) {
+    // Decided: finish it.
+    struct Unlock {
+      GlobalAddress record;
+      uint64_t seq;
+    };
+    std::vector<Unlock> unlocks;
+    size_t off = 0;
+    for (uint64_t i = 0; i < h.count; ++i) {
+      LogEntry e;
+      if (off + sizeof(e) > body.size()) break;
+      std::memcpy(&e, body.data() + off, sizeof(e));
+      off += sizeof(e);
+      const unsigned char* cell = body.data() + off;
+      off += e.cell_size;
+      const unsigned char* spill = e.spill ? body.data() + off : nullptr;
+      if (e.spill) off += e.cell_size;
+      if (off > body.size()) {
+        return Status::Internal("commit log of session slot " + std::to_string(slot) +
+                                " is inconsistent (entry " + std::to_string(i) + ")");
+      }
+      const GlobalAddress rec = GlobalAddress::FromRaw(e.record);
+      uint64_t lock;
+      FARPOOL_RETURN_IF_ERROR(access.Read(rec, &lock, 8));
+      if (lock != dead_lock) continue;  // installed and released before the crash
+      if (MonoNs() > deadline) return late();
+      if (spill)
+        FARPOOL_RETURN_IF_ERROR(access.Write(GlobalAddress::FromRaw(e.spill), spill, e.cell_size));
+      FARPOOL_RETURN_IF_ERROR(access.Write(rec + e.cell_offset, cell, e.cell_size));
+      unlocks.push_back({rec, e.new_seq});
+    }
+    for (const auto& u : unlocks) {
+      FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(u.record, dead_lock, UnlockedWord(u.seq)));
+      (void)prev;  // a different value: someone else's recovery unlocked it first
+    }
+  }
+  if (MonoNs() > deadline) return late();
+  uint64_t zero = 0;
+  return access.Write(log, &zero, 8);
+}
+
+Status NamDatabase::BreakRecordLock(const Access& access, GlobalAddress record, const NamTable& t,
+                                    uint64_t word) {
+  RecordImage img;
+  img.bytes.resize(t.layout_.record_size());
+  FARPOOL_RETURN_IF_ERROR(access.Read(record, img.bytes.data(), img.bytes.size()));
+  img.Decode(t.layout_);
+  if (img.lock != word) return Status::Ok();  // someone else broke or recovered it
+  // The holder never decided (or its decision was rolled forward already): its record still
+  // holds exactly the versions it had when it was locked.
+  if (img.torn || !CellsConsecutive(img)) {
+    return Status::Internal("record of key " + std::to_string(img.key) + " in table '" + t.name_ +
+                            "' at " + record.ToString() + " is locked by a dead session (slot " +
+                            std::to_string(LockSlot(word)) +
+                            ") and its versions are inconsistent: corruption");
+  }
+  FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(record, word, UnlockedWord(img.newest_seq())));
+  (void)prev;
+  return Status::Ok();
+}
+
+Status NamDatabase::RecoverExpired() {
+  const Access& access = system_->access_;
+  std::set<uint32_t> mine;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const auto& lease : leases_) {
+      if (!lease->fenced) mine.insert(lease->slot);
+    }
+  }
+  // Watch every other slot that is not free until it changes or has stayed unchanged for
+  // lease + margin (then fence and recover it). Bounded: each slot at most ~lease + margin.
+  const int64_t give_up = MonoNs() + 2 * (lease_ns() + margin_ns());
+  for (uint32_t s = 0; s < root_.max_slots; ++s) {
+    if (mine.count(s)) continue;
+    for (;;) {
+      uint64_t owner;
+      FARPOOL_RETURN_IF_ERROR(access.Read(SlotAddr(s), &owner, 8));
+      if (OwnerState(owner) == kSlotFree) break;
+      if (ObservedExpired(s, owner)) {
+        FARPOOL_ASSIGN_OR_RETURN(bool done, FenceAndRecover(access, s, owner, kSlotFree));
+        if (done) break;
+        continue;
+      }
+      // Alive if it renews within lease/2.
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      uint64_t again;
+      FARPOOL_RETURN_IF_ERROR(access.Read(SlotAddr(s), &again, 8));
+      if (again != owner && OwnerState(again) != kSlotRecovering) break;
+      if (MonoNs() > give_up) break;
+    }
+  }
+  // Break the record locks the dead left before their commits were decided.
+  FARPOOL_ASSIGN_OR_RETURN(auto names, ListTables());
+  for (const auto& name : names) {
+    FARPOOL_ASSIGN_OR_RETURN(const Table* t, OpenTable(name));
+    const auto& nt = static_cast<const NamTable&>(*t);
+    FARPOOL_RETURN_IF_ERROR(nt.hash_->ForEach(access, [&](int64_t, GlobalAddress rec) -> Status {
+      uint64_t lock;
+      FARPOOL_RETURN_IF_ERROR(access.Read(rec, &lock, 8));
+      if (!IsLocked(lock)) return Status::Ok();
+      FARPOOL_ASSIGN_OR_RETURN(bool dead, HolderDead(access, lock));
+      if (dead) return BreakRecordLock(access, rec, nt, lock);
+      return Status::Ok();
+    }));
+  }
+  return Status::Ok();
+}
+
+Result<uint64_t> NamDatabase::CountLocked(const Table& table) {
+  OpCount c;
+  Access access(memory_, c);
+  const auto& nt = static_cast<const NamTable&>(table);
+  uint64_t locked = 0;
+  FARPOOL_RETURN_IF_ERROR(nt.hash_->ForEach(access, [&](int64_t, GlobalAddress rec) -> Status {
+    uint64_t lock;
+    FARPOOL_RETURN_IF_ERROR(access.Read(rec, &lock, 8));
+    if (IsLocked(lock)) ++locked;
+    return Status::Ok();
+  }));
+  return locked;
+}
+
+}  // namespace farpool::db

@@ -1,0 +1,377 @@
+// Session slots, leases and fencing, the maintenance thread, and Begin (nam_internal.h has the
+// rules; docs/database.md "Leases and fencing" the reasoning).
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "db/nam/nam_internal.h"
+
+namespace farpool::db {
+
+// ================================================================ leases
+
+bool NamDatabase::ObservedExpired(uint32_t slot, uint64_t owner) {
+  const int64_t now = MonoNs();
+  std::lock_guard<std::mutex> l(observe_mu_);
+  Observed& o = observed_[slot];
+  if (o.since == 0 || o.owner != owner) {
+    o = {owner, now};
+    return false;
+  }
+  return now - o.since > lease_ns() + margin_ns();
+}
+
+Status NamDatabase::Renew(const Access& access, SlotLease& lease) {
+  std::lock_guard<std::mutex> l(lease.mu);
+  if (lease.fenced) {
+    return Status::Unavailable("session slot " + std::to_string(lease.slot) + " was fenced");
+  }
+  const int64_t sent = MonoNs();
+  const uint64_t next = OwnerRenewed(lease.owner);
+  FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(SlotAddr(lease.slot), lease.owner, next));
+  if (prev != lease.owner) {
+    lease.fenced = true;
+    lease.valid_until = 0;
+    return Status::Unavailable("session slot " + std::to_string(lease.slot) +
+                               " was fenced: this process stalled longer than the lease (" +
+                               std::to_string(root_.lease_ms) + " ms) and others recovered it");
+  }
+  lease.owner = next;
+  lease.valid_until = sent + lease_ns() - margin_ns();
+  return Status::Ok();
+}
+
+Status NamDatabase::CheckLease(const Access& access, SlotLease& lease) {
+  if (lease.fenced.load(std::memory_order_relaxed)) {
+    return Status::Unavailable("session slot " + std::to_string(lease.slot) +
+                               " lost its lease (fenced); open a new session");
+  }
+  if (MonoNs() < lease.valid_until.load(std::memory_order_relaxed)) return Status::Ok();
+  return Renew(access, lease);
+}
+
+void NamDatabase::Register(const std::shared_ptr<SlotLease>& lease) {
+  std::lock_guard<std::mutex> l(mu_);
+  leases_.push_back(lease);
+}
+
+void NamDatabase::Unregister(const SlotLease* lease) {
+  std::lock_guard<std::mutex> l(mu_);
+  leases_.erase(std::remove_if(leases_.begin(), leases_.end(),
+                               [&](const auto& p) { return p.get() == lease; }),
+                leases_.end());
+}
+
+Result<bool> NamDatabase::HolderDead(const Access& access, uint64_t word) {
+  const uint32_t slot = LockSlot(word);
+  const uint64_t epoch = LockEpoch(word) & kOwnerEpochMask;
+  if (slot >= root_.max_slots) {
+    return Status::Internal("a lock word names session slot " + std::to_string(slot) +
+                            " (the database has " + std::to_string(root_.max_slots) + ")");
+  }
+  uint64_t owner;
+  FARPOOL_RETURN_IF_ERROR(access.Read(SlotAddr(slot), &owner, 8));
+  const uint64_t st = OwnerState(owner);
+  if (OwnerEpoch(owner) != epoch) {
+    // The holder's epoch is over. Every state but "recovering" comes after its log was rolled
+    // forward; a recovery that stalls is taken over like an expired session.
+    if (st != kSlotRecovering) return true;
+    if (!ObservedExpired(slot, owner)) return false;
+    return FenceAndRecover(access, slot, owner, kSlotFree);
+  }
+  // Same epoch. A slot freed by its own session had its log finished first (see ~NamSession):
+  // a lock still carrying its word is from a commit that was never decided.
+  if (st == kSlotFree) return true;
+  if (st == kSlotActive && ObservedExpired(slot, owner)) {
+    return FenceAndRecover(access, slot, owner, kSlotFree);
+  }
+  return false;
+}
+
+Result<std::shared_ptr<SlotLease>> NamDatabase::ClaimSlot(const Access& access, SlotImage* image) {
+  for (uint32_t s = 0; s < root_.max_slots; ++s) {
+    FARPOOL_RETURN_IF_ERROR(access.Read(SlotAddr(s), image, sizeof(*image)));
+    const uint64_t st = OwnerState(image->owner);
+    if (st != kSlotFree && !ObservedExpired(s, image->owner)) continue;
+    // A free slot is claimed through the recovering state too, so that nobody mistakes the
+    // previous epoch's locks for broken before its log (if any) is finished.
+    const int64_t sent = MonoNs();
+    uint64_t owner = 0;
+    FARPOOL_ASSIGN_OR_RETURN(bool claimed,
+                             FenceAndRecover(access, s, image->owner, kSlotActive, &owner));
+    if (!claimed) continue;
+    auto lease = std::make_shared<SlotLease>();
+    lease->slot = s;
+    lease->epoch = OwnerEpoch(owner);
+    lease->owner = owner;
+    lease->valid_until = sent + lease_ns() - margin_ns();
+    FARPOOL_RETURN_IF_ERROR(access.Read(SlotAddr(s), image, sizeof(*image)));
+    const uint64_t pid = static_cast<uint64_t>(getpid());
+    FARPOOL_RETURN_IF_ERROR(access.Write(SlotAddr(s) + kSlotPid, &pid, 8));
+    if (image->log == 0) {
+      FARPOOL_ASSIGN_OR_RETURN(GlobalAddress log,
+                               AllocZeroed(access, kLogBytes, Placement::Striped()));
+      image->log = log.raw();
+      FARPOOL_RETURN_IF_ERROR(access.Write(SlotAddr(s) + kSlotLog, &image->log, 8));
+    }
+    if (image->index_log == 0) {
+      FARPOOL_ASSIGN_OR_RETURN(
+          GlobalAddress ilog, AllocZeroed(access, LockOwner::kIndexLogBytes, Placement::Striped()));
+      image->index_log = ilog.raw();
+      FARPOOL_RETURN_IF_ERROR(access.Write(SlotAddr(s) + kSlotIndexLog, &image->index_log, 8));
+    }
+    const uint64_t idle = 0;
+    FARPOOL_RETURN_IF_ERROR(access.Write(AnnounceAddr(s), &idle, 8));
+    Register(lease);
+    return lease;
+  }
+  return Status::OutOfMemory("all " + std::to_string(root_.max_slots) +
+                             " session slots of the database are held by live sessions");
+}
+
+Result<std::unique_ptr<Session>> NamDatabase::NewSession() {
+  const Access& access = system_->access_;
+  SlotImage image;
+  FARPOOL_ASSIGN_OR_RETURN(auto lease, ClaimSlot(access, &image));
+  return std::unique_ptr<Session>(new NamSession(*this, std::move(lease),
+                                                 GlobalAddress::FromRaw(image.log),
+                                                 GlobalAddress::FromRaw(image.index_log)));
+}
+
+void NamDatabase::NoteCounter(uint64_t c) {
+  uint64_t cur = latest_counter_.load(std::memory_order_relaxed);
+  while (c > cur && !latest_counter_.compare_exchange_weak(cur, c, std::memory_order_relaxed)) {
+  }
+}
+
+// ================================================================ maintenance thread
+
+// Every kGcPeriod: renew the leases that are due, mark long-idle sessions idle, compute the
+// LWM while fencing expired slots, free retired chains and dropped tables whose time came.
+namespace {
+constexpr auto kGcPeriod = std::chrono::milliseconds(10);
+constexpr int64_t kIdleAfterNs = 50'000'000;
+}  // namespace
+
+void NamDatabase::Maintain() {
+  const Access& access = system_->access_;
+  std::unique_lock<std::mutex> sl(stop_mu_);
+  while (!stop_) {
+    stop_cv_.wait_for(sl, kGcPeriod);
+    if (stop_) break;
+    sl.unlock();
+    // Errors are transient here (a server being slow or gone): the next pass tries again, and
+    // a lease that cannot be renewed simply runs out, which every user of it checks.
+    (void)RenewAll(access);
+    (void)ScanSlots(access);
+    (void)ReclaimRetired(access);
+    sl.lock();
+  }
+}
+
+Status NamDatabase::RenewAll(const Access& access) {
+  std::vector<std::shared_ptr<SlotLease>> leases;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    leases = leases_;
+  }
+  const int64_t now = MonoNs();
+  Status first;
+  for (auto& lease : leases) {
+    if (lease->fenced) continue;
+    // Renew every lease/4 (the trusted window is lease - margin from the last renewal).
+    if (lease->valid_until.load() - now < lease_ns() - margin_ns() - lease_ns() / 4) {
+      Status s = Renew(access, *lease);
+      if (!s.ok() && first.ok()) first = s;
+    }
+    std::unique_lock<std::mutex> l(lease->mu, std::try_to_lock);
+    if (l.owns_lock() && !lease->busy && lease->announced != 0 &&
+        now - lease->idle_since > kIdleAfterNs) {
+      const uint64_t idle = 0;
+      if (access.Write(AnnounceAddr(lease->slot), &idle, 8).ok()) lease->announced = 0;
+    }
+  }
+  return first;
+}
+
+Status NamDatabase::ScanSlots(const Access& access) {
+  const uint64_t n = root_.max_slots;
+  std::set<uint32_t> mine;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const auto& lease : leases_) {
+      if (!lease->fenced) mine.insert(lease->slot);
+    }
+  }
+  // The counter first, then the announcements (see nam_internal.h: a session announces before
+  // it reads the counter, so one that we see idle gets a snapshot >= this counter).
+  uint64_t counter;
+  FARPOOL_RETURN_IF_ERROR(access.Read(RootField(kRootCounter), &counter, 8));
+  std::vector<SlotImage> slots(n);
+  std::vector<uint64_t> announced(n);
+  {
+    Access::Batch b(access);
+    FARPOOL_RETURN_IF_ERROR(b.Read(SlotAddr(0), slots.data(), n * kSlotSize));
+    FARPOOL_RETURN_IF_ERROR(b.Read(AnnounceAddr(0), announced.data(), n * 8));
+    FARPOOL_RETURN_IF_ERROR(b.Wait());
+  }
+  uint64_t lwm = counter;
+  uint64_t live = 0;
+  for (uint32_t s = 0; s < n; ++s) {
+    const uint64_t st = OwnerState(slots[s].owner);
+    if (st == kSlotFree) continue;
+    if (!mine.count(s) && ObservedExpired(s, slots[s].owner)) {
+      auto fenced = FenceAndRecover(access, s, slots[s].owner, kSlotFree);
+      if (fenced.ok() && *fenced) continue;
+    }
+    if (st == kSlotActive && announced[s] != 0) {
+      lwm = std::min(lwm, announced[s]);
+      ++live;
+    }
+  }
+  NoteCounter(counter);
+  uint64_t cur = lwm_.load();
+  while (lwm > cur && !lwm_.compare_exchange_weak(cur, lwm)) {
+  }
+  live_sessions_ = live;
+  return Status::Ok();
+}
+
+Result<GcStats> NamDatabase::CollectGarbage() {
+  const Access& access = system_->access_;
+  FARPOOL_RETURN_IF_ERROR(RenewAll(access));
+  FARPOOL_RETURN_IF_ERROR(ScanSlots(access));
+  FARPOOL_RETURN_IF_ERROR(ReclaimRetired(access));
+  GcStats g;
+  g.lwm = lwm();
+  g.live_sessions = live_sessions_;
+  g.versions_dropped = gc_.dropped;
+  g.versions_spilled = gc_.spilled;
+  g.chains_cut = gc_.chains_cut;
+  g.nodes_freed = gc_.nodes_freed;
+  g.blobs_freed = gc_.blobs_freed;
+  g.tables_reclaimed = gc_.tables_reclaimed;
+  const Recycler::Stats r = recycler_->stats();
+  g.objects_reused = r.reused;
+  g.objects_fresh = r.fresh;
+  return g;
+}
+
+// ================================================================ NamSession
+
+NamSession::NamSession(NamDatabase& db, std::shared_ptr<SlotLease> lease, GlobalAddress log,
+                       GlobalAddress index_log)
+    : db_(db),
+      lease_(std::move(lease)),
+      log_(log),
+      index_log_(index_log),
+      access_(db.memory(), count_) {}
+
+NamSession::~NamSession() {
+  db_.Unregister(lease_.get());
+  if (lease_->fenced) return;  // others recover the slot after its lease runs out
+  // A decided commit left unfinished (an error after the decision) is finished first; if that
+  // fails, the slot is left to expire and be recovered by someone else.
+  LogHeader h;
+  if (!access_.Read(log_, &h, 8).ok()) return;
+  if ((h.state & 3) == 1 &&
+      !db_.RecoverLog(access_, lease_->slot, MonoNs() + db_.margin_ns()).ok()) {
+    return;
+  }
+  const uint64_t idle = 0;
+  (void)access_.Write(db_.AnnounceAddr(lease_->slot), &idle, 8);
+  std::lock_guard<std::mutex> l(lease_->mu);
+  auto prev = access_.Cas(db_.SlotAddr(lease_->slot), lease_->owner,
+                          OwnerWord(lease_->epoch, kSlotFree, 0));
+  (void)prev;  // a failed CAS means we were fenced: the slot is someone else's now
+}
+
+const TxnCounters& NamSession::counters() const {
+  counters_.reads = count_.reads;
+  counters_.writes = count_.writes;
+  counters_.cas = count_.cas;
+  counters_.faa = count_.faa;
+  return counters_;
+}
+
+Result<bool> NamSession::HolderDead(uint64_t word) { return db_.HolderDead(access_, word); }
+
+Status NamSession::CheckLease() { return db_.CheckLease(access_, *lease_); }
+
+Result<GlobalAddress> NamSession::IndexLogOf(uint64_t word) {
+  const uint32_t slot = LockSlot(word);
+  if (slot >= db_.root().max_slots) {
+    return Status::Internal("a lock word names session slot " + std::to_string(slot));
+  }
+  uint64_t raw;
+  FARPOOL_RETURN_IF_ERROR(access_.Read(db_.SlotAddr(slot) + kSlotIndexLog, &raw, 8));
+  return GlobalAddress::FromRaw(raw);
+}
+
+void NamSession::FaultPoint(std::string_view point) { db_.Hook(point); }
+
+uint64_t NamSession::CacheKey(const NamTable& t, int64_t key) {
+  return Mix64((t.incarnation_ << 40) ^ (uint64_t(t.id_) << 32)) ^ static_cast<uint64_t>(key);
+}
+
+Result<GlobalAddress> NamSession::FindRecord(const NamTable& t, int64_t key) {
+  constexpr size_t kAddressCacheLimit = 1 << 20;
+  const uint64_t ck = CacheKey(t, key);
+  auto it = cache_.find(ck);
+  if (it != cache_.end()) return it->second;
+  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress rec, t.hash_->Lookup(access_, key));
+  if (!rec.is_null()) {
+    if (cache_.size() >= kAddressCacheLimit) cache_.clear();
+    cache_[ck] = rec;
+  }
+  return rec;
+}
+
+void NamSession::ForgetRecord(const NamTable& t, int64_t key) { cache_.erase(CacheKey(t, key)); }
+
+void NamSession::RememberRecord(const NamTable& t, int64_t key, GlobalAddress record) {
+  cache_[CacheKey(t, key)] = record;
+}
+
+Result<uint64_t> NamSession::TakeSnapshot() {
+  SlotLease& l = *lease_;
+  std::lock_guard<std::mutex> g(l.mu);
+  l.busy = true;
+  const uint64_t floor = std::max<uint64_t>(1, db_.latest_counter());
+  uint64_t snapshot = 0;
+  Status s;
+  if (l.announced == 0) {
+    // From idle: the bound must be visible before we read the counter.
+    s = access_.Write(db_.AnnounceAddr(l.slot), &floor, 8);
+    if (s.ok()) s = access_.Read(db_.RootField(kRootCounter), &snapshot, 8);
+  } else {
+    // Already announced (a smaller bound stays visible meanwhile): raise it in the same round.
+    Access::Batch b(access_);
+    s = b.Write(db_.AnnounceAddr(l.slot), &floor, 8);
+    if (s.ok()) s = b.Read(db_.RootField(kRootCounter), &snapshot, 8);
+    Status w = b.Wait();
+    if (s.ok()) s = w;
+  }
+  if (!s.ok()) {
+    l.busy = false;
+    l.idle_since = MonoNs();
+    return s.WithContext("taking a snapshot");
+  }
+  l.announced = floor;
+  db_.NoteCounter(snapshot);
+  return snapshot;
+}
+
+void NamSession::EndTransaction() {
+  std::lock_guard<std::mutex> g(lease_->mu);
+  lease_->busy = false;
+  lease_->idle_since = MonoNs();
+}
+
+Result<std::unique_ptr<Transaction>> NamSession::Begin() {
+  FARPOOL_RETURN_IF_ERROR(CheckLease());
+  FARPOOL_ASSIGN_OR_RETURN(uint64_t snapshot, TakeSnapshot());
+  return std::unique_ptr<Transaction>(new NamTxn(*this, snapshot));
+}
+
+}  // namespace farpool::db
