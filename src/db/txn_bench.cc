@@ -451,6 +451,13 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
   r["faa_per_txn"] = merged["faa"].get<uint64_t>() / per;
   r["messages_per_txn"] = merged["messages"].get<uint64_t>() / per;
   r["seed"] = o.seed;
+  if (auto g = db->CollectGarbage(); g.ok() && o.clients == 1) {
+    // What version GC did in this process (multi-client runs collect in the children).
+    r["gc"] = {{"versions_dropped", g->versions_dropped}, {"versions_spilled", g->versions_spilled},
+               {"chains_cut", g->chains_cut},             {"nodes_freed", g->nodes_freed},
+               {"blobs_freed", g->blobs_freed},           {"objects_reused", g->objects_reused},
+               {"objects_fresh", g->objects_fresh}};
+  }
   if (o.verify) {
     Status v = Verify(*db, o);
     r["verify"] = v.ok() ? "ok" : v.ToString();
