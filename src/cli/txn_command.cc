@@ -53,6 +53,8 @@ Command RegisterTxnBench(CLI::App& bench) {
   txn->add_option("--warmup", a->o.warmup_seconds, "Warm-up seconds (not measured)");
   txn->add_option("--accounts", a->o.accounts, "bank: number of accounts");
   txn->add_option("--scale", a->o.scale, "tpcb: scale factor (100000 accounts each)");
+  txn->add_option("--history-keep", a->o.history_keep,
+                  "tpcb: keep the last N history rows per thread (delete older; 0: keep all)");
   txn->add_option("--seed", a->o.seed, "Random seed");
   txn->add_flag("--verify", a->o.verify, "Check the workload's invariant at the end");
   txn->add_flag("--json", a->json, "Print one JSON object");

@@ -1,7 +1,8 @@
 // Layouts of the database's structures in memory (pool or local) and the small pure helpers
 // that read them. Everything is 8-byte words, little-endian, copied with memcpy.
 //
-// Record (one per key, never moved or removed; found through the indexes):
+// Record (one per key, never moved; found through the indexes; removed once its deletion is
+// visible to every snapshot, see kRemovedLock):
 //
 //   | lock u64 | key i64 | cell[0] | cell[1] | cell[2] |
 //   cell = | stamp u64 | seq u64 | flags u64 | chain u64 | payload (P bytes) | checksum u64 |
@@ -61,7 +62,13 @@ inline uint64_t Checksum(const void* data, uint64_t n) {
 // ---------------------------------------------------------------- stamps
 
 // Commit timestamps are values of the database's commit counter (fetch-and-add); a snapshot is
-// the counter read at Begin and sees exactly the versions with stamp <= snapshot.
+// the counter read at Begin and sees exactly the versions with stamp <= snapshot. The counter
+// word's top 16 bits count batches of record removals (the removal epoch), so that one read at
+// Begin tells a session both its snapshot and whether cached record addresses may be stale.
+inline constexpr uint64_t kCounterMask = (uint64_t{1} << 48) - 1;
+inline constexpr uint64_t kRemovalStep = (uint64_t{1} << 48) + 1;  // next epoch and a stamp
+inline uint64_t CounterOf(uint64_t word) { return word & kCounterMask; }
+inline uint64_t RemovalEpochOf(uint64_t word) { return word >> 48; }
 
 // ---------------------------------------------------------------- lock words
 
@@ -70,6 +77,10 @@ inline uint64_t LockWord(uint32_t slot, uint64_t epoch) {
   return (uint64_t{slot} << 48) | ((epoch & kEpochMask) << 1) | 1;
 }
 inline bool IsLocked(uint64_t word) { return (word & 1) != 0; }
+// The lock word of a removed record (a deleted key whose record was unlinked from the indexes;
+// its memory is freed once no transaction can still hold its address). It names slot 0xFFFF,
+// which no session has, so it is never mistaken for a lock and never broken.
+inline constexpr uint64_t kRemovedLock = ~uint64_t{0};
 inline uint32_t LockSlot(uint64_t word) { return static_cast<uint32_t>(word >> 48); }
 inline uint64_t LockEpoch(uint64_t word) { return (word >> 1) & kEpochMask; }
 inline uint64_t UnlockedWord(uint64_t newest_seq) { return newest_seq << 1; }

@@ -208,7 +208,9 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
                 h.SetInt64(2, aid);
                 h.SetInt64(3, delta);
                 h.SetInt64(4, static_cast<int64_t>(WallMs()));
-                return txn.Put(*tables.history, hkey, h);
+                FARPOOL_RETURN_IF_ERROR(txn.Put(*tables.history, hkey, h));
+                if (o.history_keep == 0 || history_seq <= o.history_keep) return Status::Ok();
+                return txn.Delete(*tables.history, hkey - int64_t(o.history_keep));
               },
               kAttempts);
         }
@@ -318,6 +320,8 @@ std::vector<std::string> ChildArgs(const TxnBenchOptions& o, int id, uint64_t st
           std::to_string(o.accounts),
           "--scale",
           std::to_string(o.scale),
+          "--history-keep",
+          std::to_string(o.history_keep),
           "--seed",
           std::to_string(o.seed),
           "--client-id",
@@ -451,12 +455,17 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
   r["faa_per_txn"] = merged["faa"].get<uint64_t>() / per;
   r["messages_per_txn"] = merged["messages"].get<uint64_t>() / per;
   r["seed"] = o.seed;
+  if (o.workload == "tpcb") r["history_keep"] = o.history_keep;
   if (auto g = db->CollectGarbage(); g.ok() && o.clients == 1) {
     // What version GC did in this process (multi-client runs collect in the children).
-    r["gc"] = {{"versions_dropped", g->versions_dropped}, {"versions_spilled", g->versions_spilled},
-               {"chains_cut", g->chains_cut},             {"nodes_freed", g->nodes_freed},
-               {"blobs_freed", g->blobs_freed},           {"objects_reused", g->objects_reused},
-               {"objects_fresh", g->objects_fresh}};
+    r["gc"] = {{"versions_dropped", g->versions_dropped},
+               {"versions_spilled", g->versions_spilled},
+               {"chains_cut", g->chains_cut},
+               {"nodes_freed", g->nodes_freed},
+               {"blobs_freed", g->blobs_freed},
+               {"objects_reused", g->objects_reused},
+               {"objects_fresh", g->objects_fresh},
+               {"records_removed", g->records_removed}};
   }
   if (o.verify) {
     Status v = Verify(*db, o);

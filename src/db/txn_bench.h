@@ -7,7 +7,10 @@
 //   tpcb   pgbench's TPC-B-like schema and transaction at scale factor S: S branches, 10·S
 //          tellers, 100000·S accounts, history. A transaction updates one account (read,
 //          write), reads its balance, updates a teller and its branch, inserts a history row.
-//          --verify: sum(accounts) == sum(tellers) == sum(branches) == sum(history deltas).
+//          --history-keep N (not pgbench; for soaks): each thread also deletes the history row
+//          it inserted N transactions earlier, so the history table stays at N rows per
+//          thread and a run can last for hours in a fixed pool. 0 (default) keeps every row.
+//          --verify: sum(accounts) == sum(tellers) == sum(branches).
 //
 // The first process loads the data (a fresh database: a fresh cluster for pool), then runs
 // `clients` client processes (this binary re-run) of `threads` threads each. Every thread has
@@ -37,6 +40,7 @@ struct TxnBenchOptions {
   double warmup_seconds = 0.5;
   uint64_t accounts = 10000;  // bank
   int scale = 1;              // tpcb
+  uint64_t history_keep = 0;  // tpcb: history rows kept per thread (0: all)
   uint64_t seed = 42;
   bool verify = false;
   // Internal: set in client processes started by the benchmark.

@@ -240,6 +240,46 @@ Result<uint64_t> BTree::GetOrInsert(const Access& access, LockOwner& owner, int6
   }
 }
 
+Status BTree::Remove(const Access& access, LockOwner& owner, int64_t key, uint64_t value) const {
+  uint64_t raw;
+  FARPOOL_RETURN_IF_ERROR(access.Read(root_word_, &raw, 8));
+  GlobalAddress at = GlobalAddress::FromRaw(raw);
+  Node n;
+  FARPOOL_RETURN_IF_ERROR(ReadNode(access, at, &n));
+  for (;;) {
+    while (key >= n.high && n.right != 0) {
+      at = GlobalAddress::FromRaw(n.right);
+      FARPOOL_RETURN_IF_ERROR(ReadNode(access, at, &n));
+    }
+    if (n.level == 0) break;
+    at = GlobalAddress::FromRaw(n.e[ChildIndex(n, key)].value);
+    FARPOOL_RETURN_IF_ERROR(ReadNode(access, at, &n));
+  }
+  for (;;) {
+    FARPOOL_RETURN_IF_ERROR(LockNode(access, owner, at));
+    Status s = ReadNode(access, at, &n);
+    if (!s.ok()) {
+      (void)UnlockNode(access, at);
+      return s;
+    }
+    if (key < n.high || n.right == 0) break;
+    FARPOOL_RETURN_IF_ERROR(UnlockNode(access, at));
+    at = GlobalAddress::FromRaw(n.right);
+  }
+  Status s;
+  for (uint32_t i = 0; i < n.count; ++i) {
+    if (n.e[i].key == key && n.e[i].value == value) {
+      std::memmove(&n.e[i], &n.e[i + 1], (n.count - i - 1) * sizeof(Entry));
+      --n.count;
+      std::memset(&n.e[n.count], 0, sizeof(Entry));
+      s = WriteBody(access, at, n);
+      break;
+    }
+  }
+  Status u = UnlockNode(access, at);
+  return s.ok() ? u : s;
+}
+
 Status BTree::Scan(const Access& access, int64_t lo, int64_t hi, bool reverse,
                    const std::function<bool(int64_t, uint64_t)>& visit) const {
   if (lo > hi) return Status::Ok();

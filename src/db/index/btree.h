@@ -49,6 +49,9 @@ class BTree {
   // Inserts key -> value unless the key is present; returns the value now stored.
   Result<uint64_t> GetOrInsert(const Access& access, LockOwner& owner, int64_t key,
                                uint64_t value) const;
+  // Removes key -> value if present with that value (a deleted row whose record is being
+  // freed). Leaves never merge: an emptied leaf keeps its key range.
+  Status Remove(const Access& access, LockOwner& owner, int64_t key, uint64_t value) const;
   // Visits entries with lo <= key <= hi in order (descending if reverse) until `visit`
   // returns false. Entries inserted during the scan may or may not be visited.
   Status Scan(const Access& access, int64_t lo, int64_t hi, bool reverse,

@@ -126,6 +126,43 @@ Result<GlobalAddress> HashIndex::GetOrInsert(const Access& access, LockOwner& ow
   return record;
 }
 
+Status HashIndex::Remove(const Access& access, LockOwner& owner, int64_t key,
+                         GlobalAddress record) const {
+  const GlobalAddress head = Bucket(key);
+  const uint64_t mine = owner.lock_word();
+  for (int spins = 0;; ++spins) {
+    FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(head, 0, mine));
+    if (prev == 0) break;
+    if ((spins & 63) == 63) {
+      FARPOOL_ASSIGN_OR_RETURN(bool dead, owner.HolderDead(prev));
+      if (dead) {
+        FARPOOL_ASSIGN_OR_RETURN(uint64_t p2, access.Cas(head, prev, mine));
+        if (p2 == prev) break;
+      }
+    }
+    std::this_thread::yield();
+  }
+  Status s;
+  for (GlobalAddress at = head; !at.is_null() && s.ok();) {
+    struct Bucket b;
+    s = access.Read(at, &b, sizeof(b));
+    if (!s.ok()) break;
+    for (int i = 0; i < kEntries; ++i) {
+      if (b.entries[i].key == key && b.entries[i].record == record.raw()) {
+        const uint64_t zero = 0;
+        s = access.Write(at + (16 + 16 * i + 8), &zero, 8);
+        at = GlobalAddress();
+        break;
+      }
+    }
+    if (!at.is_null()) at = GlobalAddress::FromRaw(b.next);
+  }
+  FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(head, mine, 0));
+  if (prev != mine)
+    FARPOOL_RETURN_IF_ERROR(Status::Unavailable("hash index: bucket lock taken over"));
+  return s;
+}
+
 Status HashIndex::ForEach(
     const Access& access,
     const std::function<Status(int64_t key, GlobalAddress record)>& visit) const {

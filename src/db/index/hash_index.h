@@ -44,6 +44,10 @@ class HashIndex {
   // Returns the record of `key` if it exists, else inserts `record` and returns it.
   Result<GlobalAddress> GetOrInsert(const Access& access, LockOwner& owner, int64_t key,
                                     GlobalAddress record) const;
+  // Removes the entry key -> record if present (a deleted row whose record is being freed).
+  // The entry's address word is cleared with one write, so lock-free lookups see it whole or
+  // not at all; the slot is reused by later inserts.
+  Status Remove(const Access& access, LockOwner& owner, int64_t key, GlobalAddress record) const;
   // Calls `visit` for every entry (not safe against concurrent inserts: a checker's tool).
   Status ForEach(const Access& access,
                  const std::function<Status(int64_t key, GlobalAddress record)>& visit) const;

@@ -271,7 +271,8 @@ Status NamDatabase::DropTable(const std::string& name) {
   FARPOOL_RETURN_IF_ERROR(u);
   // A stamp after the drop: once the low-water mark reaches it, no snapshot from before the
   // drop is left, and the maintenance thread frees the table's memory.
-  FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Faa(RootField(kRootCounter), 1));
+  FARPOOL_ASSIGN_OR_RETURN(uint64_t word, access.Faa(RootField(kRootCounter), 1));
+  const uint64_t prev = CounterOf(word);
   NoteCounter(prev + 1);
   {
     std::lock_guard<std::mutex> l(mu_);

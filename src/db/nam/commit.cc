@@ -154,6 +154,11 @@ Status CommitRun::ResolveUnread(const std::vector<size_t>& need_read) {
   for (size_t i : need_read) {
     Item& it = items_[i];
     it.image.Decode(it.t->layout_);
+    if (it.image.lock == kRemovedLock || it.image.key != it.w->key) {
+      s_.ForgetRecord(*it.t, it.w->key);
+      return Abort("the record of key " + std::to_string(it.w->key) + " of '" + it.t->name_ +
+                   "' was removed under the commit");
+    }
     if (IsLocked(it.image.lock)) {
       FARPOOL_ASSIGN_OR_RETURN(bool dead, s_.HolderDead(it.image.lock));
       if (dead)
@@ -227,7 +232,8 @@ Status CommitRun::Lock() {
   if (!conflict.empty()) {
     ReleaseLocks();
     for (Item& it : items_) {
-      if (!it.locked && IsLocked(it.prev)) {
+      if (!it.locked && it.prev == kRemovedLock) s_.ForgetRecord(*it.t, it.w->key);
+      if (!it.locked && IsLocked(it.prev) && it.prev != kRemovedLock) {
         auto dead = s_.HolderDead(it.prev);
         if (dead.ok() && *dead) (void)s_.db_.BreakRecordLock(access_, it.record, *it.t, it.prev);
       }
@@ -278,8 +284,8 @@ bool CommitRun::Needed(uint64_t lo, uint64_t hi) const {
 }
 
 Status CommitRun::Decide() {
-  FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access_.Faa(s_.db_.RootField(kRootCounter), 1));
-  stamp_ = prev + 1;
+  FARPOOL_ASSIGN_OR_RETURN(uint64_t word, access_.Faa(s_.db_.RootField(kRootCounter), 1));
+  stamp_ = CounterOf(word) + 1;
   s_.db_.NoteCounter(stamp_);
   std::vector<unsigned char> log(sizeof(LogHeader));
   for (Item& it : items_) {
@@ -405,6 +411,7 @@ void CommitRun::Reclaim() {
                              reinterpret_cast<const unsigned char*>(it.dropped_payload.data()));
     }
     if (!it.cut.is_null()) s_.db_.RetireChain(it.t, it.cut);
+    if (it.w->deleted) s_.db_.QueueRemoval(it.t, it.record, it.w->key, it.new_seq, stamp_);
   }
 }
 

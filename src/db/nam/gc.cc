@@ -201,21 +201,122 @@ static Status FreeChain(NamDatabase& db, const Access& access, LockOwner& owner,
   return Status::Ok();
 }
 
+void NamDatabase::QueueRemoval(const NamTable* t, GlobalAddress record, int64_t key, uint64_t seq,
+                               uint64_t stamp) {
+  std::lock_guard<std::mutex> l(retire_mu_);
+  removals_.push_back({t, record, key, seq, stamp});
+}
+
+// Removing a deleted record, once every snapshot sees the deletion (LWM >= its stamp):
+//   1. lock it (CAS from the tombstone's unlocked word; a failure means it was written again:
+//      nothing to do — a later deletion queues it anew);
+//   2. unlink it from the hash index and the B+tree (lookups now miss it; a transaction that
+//      found it before waits on our lock);
+//   3. mark it removed (kRemovedLock: readers and writers that still hold the address, from an
+//      index lookup or a session's cache, see it is gone and look the key up again);
+//   4. free its versions' blobs and chain (nobody can read them: every snapshot sees the
+//      tombstone);
+//   5. after the batch, bump the removal epoch in the counter word (sessions drop cached
+//      addresses at their next Begin) and free the record's memory once the LWM passes that
+//      stamp, when no transaction that could hold the address is left.
+Result<bool> NamDatabase::RemoveRecord(const Access& access, const NamTable& t,
+                                       GlobalAddress record, int64_t key, uint64_t seq) {
+  NamSession& me = *system_;
+  FARPOOL_RETURN_IF_ERROR(me.CheckLease());
+  FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(record, UnlockedWord(seq), me.lock_word()));
+  if (prev != UnlockedWord(seq)) return false;
+  RecordImage img;
+  auto unlink = [&]() -> Status {
+    img.bytes.resize(t.layout_.record_size());
+    FARPOOL_RETURN_IF_ERROR(access.Read(record, img.bytes.data(), img.bytes.size()));
+    img.Decode(t.layout_);
+    if (img.torn || !CellsConsecutive(img) || img.newest_seq() != seq || img.key != key ||
+        !(img.cells[img.newest].flags & kFlagDeleted)) {
+      return Status::Internal("record of key " + std::to_string(key) + " in table '" + t.name_ +
+                              "' at " + record.ToString() +
+                              " does not hold the tombstone it was queued for: corruption");
+    }
+    FARPOOL_RETURN_IF_ERROR(t.hash_->Remove(access, me, key, record));
+    if (t.btree_) FARPOOL_RETURN_IF_ERROR(t.btree_->Remove(access, me, key, record.raw()));
+    return me.CheckLease();
+  };
+  if (Status s = unlink(); !s.ok()) {
+    // Give the record back as it was (an index entry removed already is harmless: the
+    // record stays a tombstone and is queued again by its next deletion).
+    (void)access.Cas(record, me.lock_word(), UnlockedWord(seq));
+    return s;
+  }
+  FARPOOL_ASSIGN_OR_RETURN(prev, access.Cas(record, me.lock_word(), kRemovedLock));
+  if (prev != me.lock_word()) {
+    return Status::Unavailable("removing key " + std::to_string(key) + " of '" + t.name_ +
+                               "': this process's lease was lost");
+  }
+  for (const CellView& c : img.cells) {
+    if (!c.empty()) FARPOOL_RETURN_IF_ERROR(FreeBlobs(access, me, t, c.payload));
+  }
+  FARPOOL_RETURN_IF_ERROR(
+      FreeChain(*this, access, me, t, GlobalAddress::FromRaw(img.cells[img.newest].chain)));
+  ++gc_.records_removed;
+  return true;
+}
+
 Status NamDatabase::ReclaimRetired(const Access& access) {
   std::deque<Retired> chains;
   std::vector<const NamTable*> tables;
+  std::vector<Removal> removals;
+  std::vector<Unlinked> unreachable;
+  const uint64_t lwm_now = lwm();
   {
     std::lock_guard<std::mutex> l(retire_mu_);
     chains.swap(retired_);
-    while (!drop_queue_.empty() && drop_queue_.front().stamp <= lwm()) {
+    while (!drop_queue_.empty() && drop_queue_.front().stamp <= lwm_now) {
       tables.push_back(drop_queue_.front().table);
       drop_queue_.pop_front();
     }
+    // Deletions commit roughly in stamp order per process; take those every snapshot sees.
+    for (auto it = removals_.begin(); it != removals_.end();) {
+      if (it->stamp <= lwm_now) {
+        removals.push_back(*it);
+        it = removals_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    while (!unlinked_.empty() && unlinked_.front().stamp <= lwm_now) {
+      unreachable.push_back(unlinked_.front());
+      unlinked_.pop_front();
+    }
   }
   Status first;
-  for (const Retired& r : chains) {
-    Status s = FreeChain(*this, access, *system_, *r.table, r.chain);
+  auto note = [&](const Status& s) {
     if (!s.ok() && first.ok()) first = s;
+  };
+  for (const Retired& r : chains) note(FreeChain(*this, access, *system_, *r.table, r.chain));
+  for (const Unlinked& u : unreachable) {
+    note(recycler_->Free(access, *system_, u.record, u.size));
+  }
+  std::vector<Unlinked> unlinked;
+  for (const Removal& r : removals) {
+    auto removed = RemoveRecord(access, *r.table, r.record, r.key, r.seq);
+    if (!removed.ok()) {
+      note(removed.status());
+    } else if (*removed) {
+      unlinked.push_back({r.record, r.table->layout_.record_size(), 0});
+    }
+  }
+  if (!unlinked.empty()) {
+    auto word = access.Faa(RootField(kRootCounter), kRemovalStep);
+    if (word.ok()) {
+      const uint64_t stamp = CounterOf(*word) + 1;
+      NoteCounter(stamp);
+      std::lock_guard<std::mutex> l(retire_mu_);
+      for (Unlinked& u : unlinked) {
+        u.stamp = stamp;
+        unlinked_.push_back(u);
+      }
+    } else {
+      note(word.status());  // the records stay marked removed; their memory leaks
+    }
   }
   for (const NamTable* t : tables) {
     Status s = ReclaimTable(access, *t);

@@ -292,6 +292,8 @@ class NamSession final : public Session, public LockOwner {
  private:
   static uint64_t CacheKey(const NamTable& t, int64_t key);
   std::unordered_map<uint64_t, GlobalAddress> cache_;  // (table, key) -> record
+  uint64_t cache_epoch_ = 0;                           // removal epoch the cache is valid for
+  int64_t last_begin_ = 0;
 };
 
 // ---------------------------------------------------------------- transactions
@@ -419,6 +421,10 @@ class NamDatabase final : public Database {
   // gc.cc
   // Hands a cut version chain (and its versions' blobs) to the maintenance thread.
   void RetireChain(const NamTable* t, GlobalAddress chain);
+  // A committed deletion: once every snapshot sees it (LWM >= stamp), the maintenance thread
+  // unlinks the record from the indexes and frees it (see gc.cc).
+  void QueueRemoval(const NamTable* t, GlobalAddress record, int64_t key, uint64_t seq,
+                    uint64_t stamp);
   // Frees a version's blobs now (the caller proved it garbage).
   Status FreeBlobs(const Access& access, LockOwner& owner, const NamTable& t,
                    const unsigned char* payload);
@@ -440,6 +446,9 @@ class NamDatabase final : public Database {
   Status RenewAll(const Access& access);
   Status ScanSlots(const Access& access);
   Status ReclaimRetired(const Access& access);
+  // Unlinks one deleted record; false if it changed (re-inserted) meanwhile.
+  Result<bool> RemoveRecord(const Access& access, const NamTable& t, GlobalAddress record,
+                            int64_t key, uint64_t seq);
   Status ReclaimTable(const Access& access, const NamTable& t);
 
   Engine engine_;
@@ -473,6 +482,20 @@ class NamDatabase final : public Database {
     uint64_t stamp;  // reclaimed once the LWM passes it
   };
   std::deque<DropWait> drop_queue_;
+  struct Removal {
+    const NamTable* table;
+    GlobalAddress record;
+    int64_t key;
+    uint64_t seq;    // the tombstone's version
+    uint64_t stamp;  // its commit stamp
+  };
+  std::deque<Removal> removals_;
+  struct Unlinked {
+    GlobalAddress record;
+    uint64_t size;
+    uint64_t stamp;  // freed once the LWM reaches it: no transaction holds the address then
+  };
+  std::deque<Unlinked> unlinked_;
 
   std::atomic<uint64_t> lwm_{0};
   std::atomic<uint64_t> latest_counter_{1};
@@ -482,7 +505,7 @@ class NamDatabase final : public Database {
   // What collection has done (GcStats), counted by commits and the maintenance thread.
   struct GcCounters {
     std::atomic<uint64_t> dropped{0}, spilled{0}, chains_cut{0}, nodes_freed{0}, blobs_freed{0},
-        tables_reclaimed{0};
+        tables_reclaimed{0}, records_removed{0};
   };
   GcCounters gc_;
 

@@ -40,7 +40,7 @@ Status NamTxn::ReadRecord(const NamTable& t, GlobalAddress record, int64_t key, 
   for (int tries = 0;; ++tries) {
     FARPOOL_RETURN_IF_ERROR(s_.access_.Read(record, image->bytes.data(), image->bytes.size()));
     image->Decode(layout);
-    if (image->key != key) {
+    if (image->key != key || image->lock == kRemovedLock) {
       *key_ok = false;
       return Status::Ok();
     }

@@ -205,8 +205,9 @@ Status NamDatabase::ScanSlots(const Access& access) {
   }
   // The counter first, then the announcements (see nam_internal.h: a session announces before
   // it reads the counter, so one that we see idle gets a snapshot >= this counter).
-  uint64_t counter;
-  FARPOOL_RETURN_IF_ERROR(access.Read(RootField(kRootCounter), &counter, 8));
+  uint64_t word;
+  FARPOOL_RETURN_IF_ERROR(access.Read(RootField(kRootCounter), &word, 8));
+  const uint64_t counter = CounterOf(word);
   std::vector<SlotImage> slots(n);
   std::vector<uint64_t> announced(n);
   {
@@ -251,6 +252,7 @@ Result<GcStats> NamDatabase::CollectGarbage() {
   g.nodes_freed = gc_.nodes_freed;
   g.blobs_freed = gc_.blobs_freed;
   g.tables_reclaimed = gc_.tables_reclaimed;
+  g.records_removed = gc_.records_removed;
   const Recycler::Stats r = recycler_->stats();
   g.objects_reused = r.reused;
   g.objects_fresh = r.fresh;
@@ -334,6 +336,7 @@ void NamSession::RememberRecord(const NamTable& t, int64_t key, GlobalAddress re
 }
 
 Result<uint64_t> NamSession::TakeSnapshot() {
+  constexpr int64_t kCacheIdleNs = 1'000'000'000;
   SlotLease& l = *lease_;
   std::lock_guard<std::mutex> g(l.mu);
   l.busy = true;
@@ -358,8 +361,16 @@ Result<uint64_t> NamSession::TakeSnapshot() {
     return s.WithContext("taking a snapshot");
   }
   l.announced = floor;
-  db_.NoteCounter(snapshot);
-  return snapshot;
+  // Cached record addresses are stale once records were removed since they were cached; and
+  // after a long idle time the 16-bit removal epoch may have wrapped around.
+  const int64_t now = MonoNs();
+  if (RemovalEpochOf(snapshot) != cache_epoch_ || now - last_begin_ > kCacheIdleNs) {
+    cache_.clear();
+    cache_epoch_ = RemovalEpochOf(snapshot);
+  }
+  last_begin_ = now;
+  db_.NoteCounter(CounterOf(snapshot));
+  return CounterOf(snapshot);
 }
 
 void NamSession::EndTransaction() {
