@@ -58,9 +58,9 @@ class CommitRun {
   Status Abort(std::string conflict) { return Status::Aborted(std::move(conflict)); }
   // The session cannot finish a decided commit: stop it, recovery finishes the commit.
   Status Abandon(const Status& why);
-  // Whether an announced snapshot (other than ours) lies in [lo, hi).
-  bool Needed(uint64_t lo, uint64_t hi) const;
-  bool AnyOlderThan(uint64_t hi) const { return Needed(0, hi); }
+  // Whether a snapshot older than `stamp` may be running: an announcement (a lower bound of
+  // its session's snapshot; ours excluded: our snapshot sees the newest version) below it.
+  bool AnyOlderThan(uint64_t stamp) const;
 
   NamTxn& txn_;
   NamSession& s_;
@@ -274,11 +274,11 @@ void CommitRun::ReleaseLocks() {
   }
 }
 
-bool CommitRun::Needed(uint64_t lo, uint64_t hi) const {
+bool CommitRun::AnyOlderThan(uint64_t stamp) const {
   const uint32_t me = s_.lease_->slot;
   for (uint32_t i = 0; i < announced_.size(); ++i) {
     const uint64_t a = announced_[i];
-    if (i != me && a != 0 && a >= lo && a < hi) return true;
+    if (i != me && a != 0 && a < stamp) return true;
   }
   return false;
 }
@@ -296,25 +296,24 @@ Status CommitRun::Decide() {
     const uint64_t newest_chain = it.image.newest >= 0 ? it.image.cells[it.image.newest].chain : 0;
     uint64_t chain = newest_chain;
     if (!old.empty()) {
-      // The evicted version is needed only by a snapshot in [its stamp, its successor's).
+      // The evicted version S-3 can be read only by a snapshot older than its successor S-2;
+      // the chain below it only by one older than S-3 itself.
       const uint64_t successor = it.image.cells[(it.new_seq + 1) % kCells].stamp;
-      if (Needed(old.stamp, successor)) {
+      const bool keep_chain = newest_chain != 0 && AnyOlderThan(old.stamp);
+      if (newest_chain != 0 && !keep_chain) it.cut = GlobalAddress::FromRaw(newest_chain);
+      chain = keep_chain ? newest_chain : 0;
+      if (AnyOlderThan(successor)) {
         FARPOOL_ASSIGN_OR_RETURN(it.spill,
                                  s_.db_.recycler().Alloc(access_, s_, layout.cell_size(),
                                                          Placement::OnServer(it.record.server())));
         it.spill_image.resize(layout.cell_size());
-        EncodeCell(it.spill_image.data(), layout, old.stamp, old.seq, old.flags, newest_chain,
+        EncodeCell(it.spill_image.data(), layout, old.stamp, old.seq, old.flags, chain,
                    old.payload);
         chain = it.spill.raw();
         ++s_.db_.gc_.spilled;
       } else {
         it.dropped_payload.assign(reinterpret_cast<const char*>(old.payload), layout.payload);
         ++s_.db_.gc_.dropped;
-        // Older versions than the evicted one: garbage unless a snapshot predates it.
-        if (newest_chain != 0 && !AnyOlderThan(old.stamp)) {
-          it.cut = GlobalAddress::FromRaw(newest_chain);
-          chain = 0;
-        }
       }
     }
     it.cell.resize(layout.cell_size());

@@ -24,12 +24,12 @@
 // Garbage collection: each session announces a lower bound of its snapshot in the
 // announcement array (one word per slot, 0 when idle); it writes the bound before it reads the
 // counter, so a snapshot is never smaller than what any reader of the array may have seen or
-// later snapshots will be. A version is needed only by a snapshot that falls between its
-// stamp and its successor's. A commit that evicts the oldest cell S-3 of a record reads the
-// array (in the lock batch: no extra round trip) and spills S-3 to the record's chain only if
-// an announced snapshot lies in [stamp(S-3), stamp(S-2)); otherwise it drops it and frees its
-// blobs. If no announced snapshot is older than stamp(S-3), the chain of older versions is
-// garbage too: the commit cuts it and hands it to the maintenance thread to free. Freed
+// later snapshots will be. A version can be read only by a snapshot older than its
+// successor's stamp. A commit that evicts the oldest cell S-3 of a record reads the array (in
+// the lock batch: no extra round trip) and spills S-3 to the record's chain only if some
+// announcement is below stamp(S-2); otherwise it drops it and frees its blobs. If no
+// announcement is below stamp(S-3), the chain of older versions is garbage: the commit cuts it
+// and hands it to the maintenance thread to free. Freed
 // objects go to per-size-class free lists in the pool (see Recycler): any process may free
 // any process's objects. The low-water mark (min of the array, or the counter when all are
 // idle) is kept per process by the maintenance thread for dropped tables and for reports.
