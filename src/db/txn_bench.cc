@@ -141,6 +141,7 @@ struct ThreadStats {
   uint64_t commits = 0, aborts = 0;
   TxnCounters ops_start, ops_end;
   std::vector<uint32_t> latency_ns;  // sampled
+  uint64_t max_ns = 0;               // every committed transaction, retries included
   Status status;
 };
 
@@ -221,6 +222,8 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
         }
         if (measuring && t1 <= until) {
           ++st.commits;
+          st.max_ns = std::max<uint64_t>(
+              st.max_ns, std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
           if (st.latency_ns.size() < 200000) {
             st.latency_ns.push_back(static_cast<uint32_t>(std::min<int64_t>(
                 UINT32_MAX,
@@ -236,8 +239,10 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
   nlohmann::json out;
   uint64_t commits = 0, aborts = 0, reads = 0, writes = 0, cas = 0, faa = 0, messages = 0;
   std::vector<uint32_t> lat;
+  uint64_t max_ns = 0;
   for (auto& st : stats) {
     FARPOOL_RETURN_IF_ERROR(st.status);
+    max_ns = std::max(max_ns, st.max_ns);
     commits += st.commits;
     aborts += st.aborts;
     reads += st.ops_end.reads - st.ops_start.reads;
@@ -255,6 +260,7 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
   out["faa"] = faa;
   out["messages"] = messages;
   out["latency_ns"] = lat;
+  out["max_ns"] = max_ns;
   return out;
 }
 
@@ -370,7 +376,9 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
   nlohmann::json merged = {{"commits", 0}, {"aborts", 0}, {"reads", 0},   {"writes", 0},
                            {"cas", 0},     {"faa", 0},    {"messages", 0}};
   std::vector<uint32_t> lat;
+  uint64_t max_ns = 0;
   auto absorb = [&](const nlohmann::json& j) {
+    max_ns = std::max(max_ns, j["max_ns"].get<uint64_t>());
     for (const char* k : {"commits", "aborts", "reads", "writes", "cas", "faa", "messages"}) {
       merged[k] = merged[k].get<uint64_t>() + j[k].get<uint64_t>();
     }
@@ -448,6 +456,7 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
   r["p50_us"] = Percentile(lat, 0.50);
   r["p99_us"] = Percentile(lat, 0.99);
   r["p999_us"] = Percentile(lat, 0.999);
+  r["max_us"] = max_ns / 1000.0;  // the longest wait of any committed transaction
   r["abort_rate"] = (commits + aborts) > 0 ? aborts / (commits + aborts) : 0.0;
   r["reads_per_txn"] = merged["reads"].get<uint64_t>() / per;
   r["writes_per_txn"] = merged["writes"].get<uint64_t>() / per;

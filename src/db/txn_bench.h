@@ -17,7 +17,8 @@
 // its own session; after `warmup` seconds it counts, for `seconds`, the committed
 // transactions, the aborts (each retry of an Aborted transaction counts one), the latency of
 // each committed transaction including its retries, and the memory operations (pool/local)
-// or request messages (sharded) it issued. Output: one JSON object (TxnBench fields below
+// or request messages (sharded) it issued, and the longest latency of any committed
+// transaction (max_us). Output: one JSON object (TxnBench fields below
 // plus RunContext()).
 #pragma once
 
