@@ -242,6 +242,17 @@ class NamSession final : public Session, public LockOwner {
   }
   uint64_t lock_word() const override { return LockWord(slot_, epoch_); }
   Result<bool> HolderDead(uint64_t word) override { return db_.HolderDead(access_, word); }
+  // Minimal stand-ins for the new LockOwner contract (the real ones are the lead's).
+  Status CheckLease() override {
+    return fenced_ ? Status::Unavailable("session was fenced") : Status::Ok();
+  }
+  GlobalAddress index_log() const override { return index_log_; }
+  Result<GlobalAddress> IndexLogOf(uint64_t word) override {
+    uint64_t raw = 0;
+    FARPOOL_RETURN_IF_ERROR(access_.Read(db_.SlotAddr(LockSlot(word)) + 8, &raw, 8));
+    return GlobalAddress::FromRaw(raw);
+  }
+  GlobalAddress index_log_;
 
   NamDatabase& db_;
   const uint32_t slot_;
@@ -571,9 +582,17 @@ Result<std::unique_ptr<Session>> NamDatabase::NewSession() {
       uint64_t raw = log.raw();
       FARPOOL_RETURN_IF_ERROR(access.Write(SlotAddr(s) + 16, &raw, 8));
     }
+    GlobalAddress index_log = GlobalAddress::FromRaw(si.reserved);
+    if (index_log.is_null()) {
+      FARPOOL_ASSIGN_OR_RETURN(index_log, AllocZeroed(access, LockOwner::kIndexLogBytes,
+                                                      Placement::Striped()));
+      uint64_t raw = index_log.raw();
+      FARPOOL_RETURN_IF_ERROR(access.Write(SlotAddr(s) + 8, &raw, 8));
+    }
     uint64_t counter = 0;
     FARPOOL_RETURN_IF_ERROR(access.Read(TsAddr(s), &counter, 8));
     auto session = std::make_unique<NamSession>(*this, s, epoch & kEpochMask, log, counter);
+    session->index_log_ = index_log;
     Register(session.get());
     return std::unique_ptr<Session>(std::move(session));
   }
@@ -1088,7 +1107,7 @@ Status NamTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bo
     pending.clear();
     return Status::Ok();
   };
-  FARPOOL_RETURN_IF_ERROR(t.btree_->Scan(s_.access_, lo, hi, reverse, [&](int64_t k, uint64_t v) {
+  FARPOOL_RETURN_IF_ERROR(t.btree_->Scan(s_.access_, s_, lo, hi, reverse, [&](int64_t k, uint64_t v) {
     pending.push_back({k, GlobalAddress::FromRaw(v)});
     if (pending.size() >= 64) {
       inner = flush();
