@@ -584,8 +584,8 @@ Result<std::unique_ptr<Session>> NamDatabase::NewSession() {
     }
     GlobalAddress index_log = GlobalAddress::FromRaw(si.reserved);
     if (index_log.is_null()) {
-      FARPOOL_ASSIGN_OR_RETURN(index_log, AllocZeroed(access, LockOwner::kIndexLogBytes,
-                                                      Placement::Striped()));
+      FARPOOL_ASSIGN_OR_RETURN(
+          index_log, AllocZeroed(access, LockOwner::kIndexLogBytes, Placement::Striped()));
       uint64_t raw = index_log.raw();
       FARPOOL_RETURN_IF_ERROR(access.Write(SlotAddr(s) + 8, &raw, 8));
     }
@@ -593,6 +593,8 @@ Result<std::unique_ptr<Session>> NamDatabase::NewSession() {
     FARPOOL_RETURN_IF_ERROR(access.Read(TsAddr(s), &counter, 8));
     auto session = std::make_unique<NamSession>(*this, s, epoch & kEpochMask, log, counter);
     session->index_log_ = index_log;
+    // The slot's earlier epoch may have died mid-way through an index node write.
+    FARPOOL_RETURN_IF_ERROR(BTree::RecoverRedo(session->access_, *session, index_log));
     Register(session.get());
     return std::unique_ptr<Session>(std::move(session));
   }
@@ -1107,14 +1109,15 @@ Status NamTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bo
     pending.clear();
     return Status::Ok();
   };
-  FARPOOL_RETURN_IF_ERROR(t.btree_->Scan(s_.access_, s_, lo, hi, reverse, [&](int64_t k, uint64_t v) {
-    pending.push_back({k, GlobalAddress::FromRaw(v)});
-    if (pending.size() >= 64) {
-      inner = flush();
-      if (!inner.ok()) return false;
-    }
-    return !stop;
-  }));
+  FARPOOL_RETURN_IF_ERROR(
+      t.btree_->Scan(s_.access_, s_, lo, hi, reverse, [&](int64_t k, uint64_t v) {
+        pending.push_back({k, GlobalAddress::FromRaw(v)});
+        if (pending.size() >= 64) {
+          inner = flush();
+          if (!inner.ok()) return false;
+        }
+        return !stop;
+      }));
   FARPOOL_RETURN_IF_ERROR(inner);
   if (!stop) FARPOOL_RETURN_IF_ERROR(flush());
   return Status::Ok();
