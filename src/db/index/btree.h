@@ -33,7 +33,9 @@
 //      entry for exactly this write (W writes an entry before every node write under W and
 //      holds one index lock at a time, so its newest entry naming this node under W is the
 //      one in flight). Entries are never cleared; a stale entry is never applied because it
-//      is used only for a node that is torn and still locked by the entry's lock word.
+//      is used only for a node that is torn and still locked by the entry's lock word (a
+//      breaker's copy whose CAS failed names a node W did not get; should W lock that node
+//      later, it logs a new entry before touching it).
 //   5. Breaking a dead holder's lock (HolderDead(W) true): read the node; if it verifies, CAS
 //      the lock W -> ours and continue (any half-done split is fine by 2). If it is torn, copy
 //      W's entry into our own redo area as an entry under our lock word *first*, then CAS the
@@ -56,7 +58,11 @@
 //      broken (we were judged dead): GetOrInsert stops and returns Unavailable. A holder
 //      judged dead that is in fact still running could land one last node write after the
 //      breaker repaired the node (the residual window of docs/database.md, "Leases and
-//      fencing"); CheckLease before each write keeps that window to one write.
+//      fencing"); CheckLease before each write keeps that window to one write. An error after
+//      a node write began (memory failure) keeps that node locked if it does not verify, so
+//      that whoever judges us dead repairs it from our entry: an owner that got such an
+//      error from GetOrInsert must be abandoned (its later inserts on that node would fail
+//      with Internal "lock already held by this owner").
 //   8. Waits are bounded: a lock wait or a reader's wait for a torn node asks HolderDead every
 //      64 spins and gives up after `wait_limit` with Unavailable naming the node and holder.
 //      Races (a root that grew, a lock broken by someone else first) are retried inside.
