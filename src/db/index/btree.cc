@@ -1,14 +1,17 @@
 #include "db/index/btree.h"
 
-#include <algorithm>
 #include <climits>
 #include <cstring>
+#include <string>
 #include <thread>
 
+#include "db/index/index_redo.h"
 #include "db/layout.h"
 
 namespace farpool::db {
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 struct Entry {
   int64_t key;
@@ -27,29 +30,237 @@ struct Node {
 };
 static_assert(sizeof(Node) == BTree::kNodeSize);
 
-constexpr uint64_t kBodyOffset = 8;
+// The body is everything but the lock word: what a node write replaces.
+constexpr uint64_t kBodyOffset = kIndexRedoImageOffset;
+constexpr uint64_t kBodySize = sizeof(Node) - kBodyOffset;
+static_assert(kBodySize <= kIndexRedoMaxImage && kBodySize % 8 == 0);
 constexpr uint64_t kSummed = 16;
+// Spins of a wait between two HolderDead calls (each costs at least one read).
+constexpr int kCheckEvery = 64;
 
 uint64_t NodeSum(const Node& n) {
   return Checksum(reinterpret_cast<const unsigned char*>(&n) + kSummed, sizeof(Node) - kSummed);
 }
+bool Verifies(const Node& n) { return n.checksum == NodeSum(n); }
+const unsigned char* Body(const Node& n) {
+  return reinterpret_cast<const unsigned char*>(&n) + kBodyOffset;
+}
 
-Status ReadNode(const Access& access, GlobalAddress at, Node* n) {
-  for (int tries = 0; tries < 1000000; ++tries) {
-    FARPOOL_RETURN_IF_ERROR(access.Read(at, n, sizeof(Node)));
-    if (n->checksum == NodeSum(*n)) return Status::Ok();
-    if (tries > 16) std::this_thread::yield();
+std::string NodeName(GlobalAddress at) { return "b+tree node " + at.ToString(); }
+std::string HolderName(uint64_t word) {
+  return "slot " + std::to_string(LockSlot(word)) + " epoch " + std::to_string(LockEpoch(word));
+}
+
+// What one index call works with. `owner` is null for CheckStructure (reads only, no repair).
+struct Ctx {
+  const Access& access;
+  LockOwner* owner;
+  std::chrono::milliseconds wait_limit;
+};
+
+Status ReadRaw(const Access& access, GlobalAddress at, Node* n) {
+  return access.Read(at, n, sizeof(Node));
+}
+
+Status WriteRedo(const Access& access, GlobalAddress area, GlobalAddress at, uint64_t lock,
+                 const unsigned char* body) {
+  unsigned char buf[sizeof(IndexRedoHeader) + kBodySize];
+  IndexRedoHeader h{kIndexRedoMagic, at.raw(), lock, kBodySize, 0};
+  h.checksum = IndexRedoSum(h, body);
+  std::memcpy(buf, &h, sizeof(h));
+  std::memcpy(buf + sizeof(h), body, kBodySize);
+  return access.Write(area, buf, sizeof(buf));
+}
+
+// Reads the redo entry at `entry` into *image. True if it is whole and is the write of node
+// `at` under lock word `lock` (invariant 4 of btree.h).
+Result<bool> ReadRedo(const Access& access, GlobalAddress entry, GlobalAddress at, uint64_t lock,
+                      Node* image) {
+  unsigned char buf[sizeof(IndexRedoHeader) + kBodySize];
+  FARPOOL_RETURN_IF_ERROR(access.Read(entry, buf, sizeof(buf)));
+  IndexRedoHeader h;
+  std::memcpy(&h, buf, sizeof(h));
+  if (h.magic != kIndexRedoMagic || h.target != at.raw() || h.lock != lock || h.size != kBodySize ||
+      h.checksum != IndexRedoSum(h, buf + sizeof(h))) {
+    return false;
   }
-  return Status::Internal("b+tree: node " + at.ToString() + " never read consistently");
+  image->lock = lock;
+  std::memcpy(reinterpret_cast<unsigned char*>(image) + kBodyOffset, buf + sizeof(h), kBodySize);
+  return Verifies(*image);
 }
 
-// Writes everything but the lock word.
-Status WriteBody(const Access& access, GlobalAddress at, Node& n) {
+// The position in `area` of the entry for the write of `at` under `lock` (the alternate one
+// first: it holds an entry only while its repair is in flight), or -1.
+Result<int64_t> FindRedo(const Access& access, GlobalAddress area, GlobalAddress at, uint64_t lock,
+                         Node* image) {
+  if (area.is_null()) return int64_t{-1};
+  for (uint64_t pos : {kIndexRedoAlternate, kIndexRedoPrimary}) {
+    FARPOOL_ASSIGN_OR_RETURN(bool found, ReadRedo(access, area + pos, at, lock, image));
+    if (found) return static_cast<int64_t>(pos);
+  }
+  return int64_t{-1};
+}
+
+Status ClearAlternate(const Access& access, GlobalAddress area) {
+  uint64_t zero = 0;
+  return access.Write(area + kIndexRedoAlternate, &zero, 8);
+}
+
+// Takes node `at`'s lock over from `dead` (HolderDead(dead) returned true), repairing the node
+// from the dead holder's redo entry if it does not verify (invariant 5). False if the lock is
+// no longer `dead` (someone else broke it first): the caller retries.
+Result<bool> TakeOver(const Ctx& c, GlobalAddress at, uint64_t dead) {
+  LockOwner& owner = *c.owner;
+  const uint64_t mine = owner.lock_word();
+  Node n;
+  FARPOOL_RETURN_IF_ERROR(ReadRaw(c.access, at, &n));
+  if (n.lock != dead) return false;
+  if (Verifies(n)) {
+    FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, c.access.Cas(at, dead, mine));
+    return prev == dead;
+  }
+  Node image;
+  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress dead_area, owner.IndexLogOf(dead));
+  FARPOOL_ASSIGN_OR_RETURN(int64_t pos, FindRedo(c.access, dead_area, at, dead, &image));
+  if (pos < 0) {
+    // Our copy may have raced with a breaker that got there first; look again before
+    // calling it corruption.
+    FARPOOL_RETURN_IF_ERROR(ReadRaw(c.access, at, &n));
+    if (n.lock != dead || Verifies(n)) return false;
+    return Status::Internal(NodeName(at) + " does not verify and its dead lock holder (" +
+                            HolderName(dead) + ") left no redo entry for it");
+  }
+  const GlobalAddress area = owner.index_log();
+  if (area.is_null()) {
+    return Status::InvalidArgument("b+tree: the lock owner has no index redo area");
+  }
+  // Our own entry first: if we die after the CAS, the node is locked by us and our entry
+  // names it. When the dead holder's area is ours (we inherited it), the copy goes to the
+  // other position so that the entry we replay stays until the repair is done.
+  const bool shared = area == dead_area;
+  const uint64_t copy_at =
+      shared && pos == int64_t(kIndexRedoPrimary) ? kIndexRedoAlternate : kIndexRedoPrimary;
+  FARPOOL_RETURN_IF_ERROR(owner.CheckLease());
+  FARPOOL_RETURN_IF_ERROR(WriteRedo(c.access, area + copy_at, at, mine, Body(image)));
+  owner.FaultPoint("btree.takeover.logged");
+  FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, c.access.Cas(at, dead, mine));
+  if (prev != dead) {
+    // A stale alternate entry under our word would shadow our later primary ones.
+    if (copy_at == kIndexRedoAlternate) FARPOOL_RETURN_IF_ERROR(ClearAlternate(c.access, area));
+    return false;
+  }
+  owner.FaultPoint("btree.takeover.locked");
+  FARPOOL_RETURN_IF_ERROR(owner.CheckLease());
+  FARPOOL_RETURN_IF_ERROR(c.access.Write(at + kBodyOffset, Body(image), kBodySize));
+  owner.FaultPoint("btree.takeover.written");
+  if (shared) FARPOOL_RETURN_IF_ERROR(ClearAlternate(c.access, area));
+  return true;
+}
+
+// Releases our lock on `at` (a CAS from our word; a failure means we were fenced).
+Status Release(const Ctx& c, GlobalAddress at) {
+  const uint64_t mine = c.owner->lock_word();
+  FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, c.access.Cas(at, mine, 0));
+  if (prev != mine) {
+    return Status::Unavailable(NodeName(at) + ": our lock (" + HolderName(mine) +
+                               ") was broken, now " +
+                               (IsLocked(prev) ? "held by " + HolderName(prev) : "free") +
+                               ": this owner was fenced and stopped writing");
+  }
+  return Status::Ok();
+}
+
+Status LockNode(const Ctx& c, GlobalAddress at) {
+  const uint64_t mine = c.owner->lock_word();
+  const auto deadline = Clock::now() + c.wait_limit;
+  for (int spins = 0;; ++spins) {
+    FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, c.access.Cas(at, 0, mine));
+    if (prev == 0) return Status::Ok();
+    if (prev == mine) {
+      return Status::Internal(NodeName(at) + ": lock already held by this owner (" +
+                              HolderName(mine) + ")");
+    }
+    if (spins % kCheckEvery == kCheckEvery - 1) {
+      FARPOOL_ASSIGN_OR_RETURN(bool dead, c.owner->HolderDead(prev));
+      if (dead) {
+        FARPOOL_ASSIGN_OR_RETURN(bool took, TakeOver(c, at, prev));
+        if (took) return Status::Ok();
+        continue;
+      }
+      if (Clock::now() > deadline) {
+        return Status::Unavailable(NodeName(at) + " stayed locked for over " +
+                                   std::to_string(c.wait_limit.count()) + " ms by " +
+                                   HolderName(prev) + ", which is not dead");
+      }
+    }
+    std::this_thread::yield();
+  }
+}
+
+// Reads a node until it verifies. A node that keeps failing its checksum is being written by
+// its lock holder; if that holder is dead, repairs it (invariant 5) when we have an owner.
+Status ReadNode(const Ctx& c, GlobalAddress at, Node* n) {
+  Clock::time_point deadline;
+  for (int tries = 0;; ++tries) {
+    FARPOOL_RETURN_IF_ERROR(ReadRaw(c.access, at, n));
+    if (Verifies(*n)) return Status::Ok();
+    if (tries < 16) continue;
+    if (tries == 16) deadline = Clock::now() + c.wait_limit;
+    std::this_thread::yield();
+    if (tries % kCheckEvery != kCheckEvery - 1) continue;
+    uint64_t lock;
+    FARPOOL_RETURN_IF_ERROR(c.access.Read(at, &lock, 8));
+    if (c.owner != nullptr && lock == c.owner->lock_word()) {
+      // Nobody else writes a node we hold: only a fenced owner's late write can tear it.
+      return Status::Internal(NodeName(at) + " does not verify under our own lock (" +
+                              HolderName(lock) + ")");
+    }
+    if (IsLocked(lock) && c.owner != nullptr) {
+      FARPOOL_ASSIGN_OR_RETURN(bool dead, c.owner->HolderDead(lock));
+      if (dead) {
+        FARPOOL_ASSIGN_OR_RETURN(bool took, TakeOver(c, at, lock));
+        if (took) FARPOOL_RETURN_IF_ERROR(Release(c, at));
+        continue;
+      }
+    }
+    if (Clock::now() > deadline) {
+      if (!IsLocked(lock)) {
+        return Status::Internal(NodeName(at) +
+                                " does not verify and is not locked: corrupt (or written late "
+                                "by a fenced owner)");
+      }
+      return Status::Unavailable(
+          NodeName(at) + " did not verify for over " + std::to_string(c.wait_limit.count()) +
+          " ms while locked by " + HolderName(lock) +
+          (c.owner != nullptr ? ", which is not dead" : " (no lock owner to repair it)"));
+    }
+  }
+}
+
+// Writes `n` (new checksum) to `at` under our lock, through our redo area (invariant 4).
+Status LoggedWrite(const Ctx& c, GlobalAddress at, Node& n, std::string_view logged,
+                   std::string_view written) {
+  LockOwner& owner = *c.owner;
+  n.lock = owner.lock_word();
   n.checksum = NodeSum(n);
-  return access.Write(at + kBodyOffset, reinterpret_cast<const unsigned char*>(&n) + kBodyOffset,
-                      sizeof(Node) - kBodyOffset);
+  FARPOOL_RETURN_IF_ERROR(owner.CheckLease());
+  FARPOOL_RETURN_IF_ERROR(
+      WriteRedo(c.access, owner.index_log() + kIndexRedoPrimary, at, n.lock, Body(n)));
+  owner.FaultPoint(logged);
+  FARPOOL_RETURN_IF_ERROR(c.access.Write(at + kBodyOffset, Body(n), kBodySize));
+  owner.FaultPoint(written);
+  return Status::Ok();
 }
 
+// An error under our lock on `at`: release it if the node is whole, else keep it locked so
+// that whoever judges us dead repairs it from our redo entry. Returns `s`.
+Status Unwind(const Ctx& c, GlobalAddress at, Status s) {
+  Node n;
+  if (ReadRaw(c.access, at, &n).ok() && Verifies(n)) (void)Release(c, at);
+  return s;
+}
+
+// A fresh node, written whole and unlocked, not yet reachable.
 Result<GlobalAddress> NewNode(const Access& access, Node& n) {
   FARPOOL_ASSIGN_OR_RETURN(GlobalAddress at, access.Alloc(sizeof(Node), Placement::Striped()));
   n.lock = 0;
@@ -73,26 +284,58 @@ int ChildIndex(const Node& n, int64_t key) {
   return ans;
 }
 
-Status LockNode(const Access& access, LockOwner& owner, GlobalAddress at) {
-  const uint64_t mine = owner.lock_word();
-  for (int spins = 0;; ++spins) {
-    FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(at, 0, mine));
-    if (prev == 0) return Status::Ok();
-    if (prev == mine) return Status::Internal("b+tree: node lock already held by this session");
-    if ((spins & 63) == 63) {
-      FARPOOL_ASSIGN_OR_RETURN(bool dead, owner.HolderDead(prev));
-      if (dead) {
-        FARPOOL_ASSIGN_OR_RETURN(uint64_t p2, access.Cas(at, prev, mine));
-        if (p2 == prev) return Status::Ok();
-      }
+Status ReadRoot(const Ctx& c, GlobalAddress root_word, GlobalAddress* at, Node* n) {
+  uint64_t raw;
+  FARPOOL_RETURN_IF_ERROR(c.access.Read(root_word, &raw, 8));
+  *at = GlobalAddress::FromRaw(raw);
+  if (at->is_null()) return Status::Internal("b+tree: root word " + root_word.ToString() + " is 0");
+  return ReadNode(c, *at, n);
+}
+
+// From node *n at *at (level >= `level`), moves right and down to the node at `level` whose
+// range holds `key`.
+Status Descend(const Ctx& c, int64_t key, uint32_t level, GlobalAddress* at, Node* n) {
+  for (;;) {
+    while (key >= n->high && n->right != 0) {
+      *at = GlobalAddress::FromRaw(n->right);
+      FARPOOL_RETURN_IF_ERROR(ReadNode(c, *at, n));
     }
-    std::this_thread::yield();
+    if (n->level == level) return Status::Ok();
+    if (n->count == 0 || n->level < level) {
+      return Status::Internal(NodeName(*at) + " (level " + std::to_string(n->level) +
+                              ") is an empty or misplaced inner node");
+    }
+    const uint32_t child_level = n->level - 1;
+    *at = GlobalAddress::FromRaw(n->e[ChildIndex(*n, key)].value);
+    FARPOOL_RETURN_IF_ERROR(ReadNode(c, *at, n));
+    if (n->level != child_level) {
+      return Status::Internal(NodeName(*at) + " has level " + std::to_string(n->level) +
+                              ", its parent expects " + std::to_string(child_level));
+    }
   }
 }
 
-Status UnlockNode(const Access& access, GlobalAddress at) {
-  uint64_t zero = 0;
-  return access.Write(at, &zero, 8);
+// Invariant 3: a new root above `old_root` (the root word's node at `old_level`) holding
+// `sep` -> `right`. False if the root word moved meanwhile (someone else grew the tree).
+Result<bool> GrowRoot(const Ctx& c, GlobalAddress root_word, GlobalAddress old_root,
+                      uint32_t old_level, int64_t sep, uint64_t right) {
+  Node r{};
+  r.level = old_level + 1;
+  r.count = 2;
+  r.low = INT64_MIN;
+  r.high = INT64_MAX;
+  r.right = 0;
+  r.e[0] = {INT64_MIN, old_root.raw()};
+  r.e[1] = {sep, right};
+  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress fresh, NewNode(c.access, r));
+  c.owner->FaultPoint("btree.grow.root-written");
+  FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, c.access.Cas(root_word, old_root.raw(), fresh.raw()));
+  if (prev == old_root.raw()) {
+    c.owner->FaultPoint("btree.grow.root-swapped");
+    return true;
+  }
+  (void)c.access.Free(fresh);  // never reachable
+  return false;
 }
 
 }  // namespace
@@ -108,21 +351,12 @@ Status BTree::Create(const Access& access, GlobalAddress root_word) {
   return access.Write(root_word, &raw, 8);
 }
 
-Result<uint64_t> BTree::Lookup(const Access& access, int64_t key) const {
-  uint64_t raw;
-  FARPOOL_RETURN_IF_ERROR(access.Read(root_word_, &raw, 8));
-  GlobalAddress at = GlobalAddress::FromRaw(raw);
+Result<uint64_t> BTree::Lookup(const Access& access, LockOwner& owner, int64_t key) const {
+  const Ctx c{access, &owner, wait_limit_};
+  GlobalAddress at;
   Node n;
-  FARPOOL_RETURN_IF_ERROR(ReadNode(access, at, &n));
-  for (;;) {
-    while (key >= n.high && n.right != 0) {
-      at = GlobalAddress::FromRaw(n.right);
-      FARPOOL_RETURN_IF_ERROR(ReadNode(access, at, &n));
-    }
-    if (n.level == 0) break;
-    at = GlobalAddress::FromRaw(n.e[ChildIndex(n, key)].value);
-    FARPOOL_RETURN_IF_ERROR(ReadNode(access, at, &n));
-  }
+  FARPOOL_RETURN_IF_ERROR(ReadRoot(c, root_word_, &at, &n));
+  FARPOOL_RETURN_IF_ERROR(Descend(c, key, 0, &at, &n));
   for (uint32_t i = 0; i < n.count; ++i) {
     if (n.e[i].key == key) return n.e[i].value;
   }
@@ -132,62 +366,67 @@ Result<uint64_t> BTree::Lookup(const Access& access, int64_t key) const {
 Result<uint64_t> BTree::GetOrInsert(const Access& access, LockOwner& owner, int64_t key,
                                     uint64_t value) const {
   if (key == INT64_MAX) return Status::InvalidArgument("b+tree: key INT64_MAX is reserved");
+  if (owner.index_log().is_null()) {
+    return Status::InvalidArgument("b+tree: the lock owner has no index redo area");
+  }
+  const Ctx c{access, &owner, wait_limit_};
+  // Level 0 inserts key -> value; level L + 1 posts the separator of a split at level L.
   uint32_t level = 0;
   int64_t ins_key = key;
   uint64_t ins_value = value;
   uint64_t result = value;
   for (;;) {
-    // Find the node at `level` covering ins_key.
-    uint64_t raw;
-    FARPOOL_RETURN_IF_ERROR(access.Read(root_word_, &raw, 8));
-    GlobalAddress at = GlobalAddress::FromRaw(raw);
+    GlobalAddress at;
     Node n;
-    FARPOOL_RETURN_IF_ERROR(ReadNode(access, at, &n));
+    FARPOOL_RETURN_IF_ERROR(ReadRoot(c, root_word_, &at, &n));
     if (n.level < level) {
-      // The root is being split by the session that split the old root: let it finish.
-      std::this_thread::yield();
-      continue;
-    }
-    for (;;) {
-      while (ins_key >= n.high && n.right != 0) {
-        at = GlobalAddress::FromRaw(n.right);
-        FARPOOL_RETURN_IF_ERROR(ReadNode(access, at, &n));
+      if (n.level + 1 != level || n.low != INT64_MIN) {
+        return Status::Internal(NodeName(at) + ": the root word names a node at level " +
+                                std::to_string(n.level) + " with low " + std::to_string(n.low) +
+                                " below a split at level " + std::to_string(level - 1));
       }
-      if (n.level == level) break;
-      at = GlobalAddress::FromRaw(n.e[ChildIndex(n, ins_key)].value);
-      FARPOOL_RETURN_IF_ERROR(ReadNode(access, at, &n));
+      FARPOOL_ASSIGN_OR_RETURN(bool grown,
+                               GrowRoot(c, root_word_, at, n.level, ins_key, ins_value));
+      if (grown) return result;
+      continue;  // the tree grew meanwhile: post into the new level like anyone else
     }
+    FARPOOL_RETURN_IF_ERROR(Descend(c, ins_key, level, &at, &n));
     // Lock it, moving right under the lock if it split meanwhile.
+    FARPOOL_RETURN_IF_ERROR(LockNode(c, at));
     for (;;) {
-      FARPOOL_RETURN_IF_ERROR(LockNode(access, owner, at));
-      Status s = ReadNode(access, at, &n);
-      if (!s.ok()) {
-        (void)UnlockNode(access, at);
-        return s;
+      Status s = ReadNode(c, at, &n);
+      if (!s.ok()) return Unwind(c, at, s);
+      if (ins_key < n.high) break;
+      if (n.right == 0) {
+        return Unwind(c, at,
+                      Status::Internal(NodeName(at) + ": rightmost node has high key " +
+                                       std::to_string(n.high)));
       }
-      if (ins_key < n.high || n.right == 0) break;
-      FARPOOL_RETURN_IF_ERROR(UnlockNode(access, at));
-      at = GlobalAddress::FromRaw(n.right);
+      const GlobalAddress next = GlobalAddress::FromRaw(n.right);
+      FARPOOL_RETURN_IF_ERROR(Release(c, at));
+      at = next;
+      FARPOOL_RETURN_IF_ERROR(LockNode(c, at));
     }
-    // Present already?
+    if (n.level != level) {
+      return Unwind(c, at, Status::Internal(NodeName(at) + ": level changed under its lock"));
+    }
     uint32_t pos = 0;
     while (pos < n.count && n.e[pos].key < ins_key) ++pos;
     if (pos < n.count && n.e[pos].key == ins_key) {
       if (level == 0) result = n.e[pos].value;
-      FARPOOL_RETURN_IF_ERROR(UnlockNode(access, at));
+      FARPOOL_RETURN_IF_ERROR(Release(c, at));
       return result;
     }
     if (n.count < static_cast<uint32_t>(kMaxEntries)) {
       std::memmove(&n.e[pos + 1], &n.e[pos], (n.count - pos) * sizeof(Entry));
       n.e[pos] = {ins_key, ins_value};
       ++n.count;
-      Status s = WriteBody(access, at, n);
-      Status u = UnlockNode(access, at);
-      if (!s.ok()) return s;
-      if (!u.ok()) return u;
+      Status s = LoggedWrite(c, at, n, "btree.insert.logged", "btree.insert.written");
+      if (!s.ok()) return Unwind(c, at, s);
+      FARPOOL_RETURN_IF_ERROR(Release(c, at));
       return result;
     }
-    // Split: the right half goes to a new node, written before the left one links to it.
+    // Split: the right half goes to a new node, written whole before the left one links to it.
     Entry all[kMaxEntries + 1];
     std::memcpy(all, n.e, pos * sizeof(Entry));
     all[pos] = {ins_key, ins_value};
@@ -201,39 +440,18 @@ Result<uint64_t> BTree::GetOrInsert(const Access& access, LockOwner& owner, int6
     r.high = n.high;
     r.right = n.right;
     auto right = NewNode(access, r);
-    if (!right.ok()) {
-      (void)UnlockNode(access, at);
-      return right.status();
-    }
+    if (!right.ok()) return Unwind(c, at, right.status());
+    owner.FaultPoint("btree.split.right-written");
     const int64_t sep = r.low;
     n.count = half;
     std::memcpy(n.e, all, half * sizeof(Entry));
     std::memset(n.e + half, 0, (kMaxEntries - half) * sizeof(Entry));
     n.high = sep;
     n.right = right->raw();
-    Status s = WriteBody(access, at, n);
-    uint64_t root_raw = 0;
-    if (s.ok()) s = access.Read(root_word_, &root_raw, 8);
-    Status u = UnlockNode(access, at);
-    if (!s.ok()) return s;
-    if (!u.ok()) return u;
-    if (root_raw == at.raw()) {
-      // Grow: a new root above the old one and its new sibling. Only the splitter of the
-      // root can get here, so the CAS succeeds unless memory fails.
-      Node root{};
-      root.level = n.level + 1;
-      root.count = 2;
-      root.low = INT64_MIN;
-      root.high = INT64_MAX;
-      root.e[0] = {INT64_MIN, at.raw()};
-      root.e[1] = {sep, right->raw()};
-      FARPOOL_ASSIGN_OR_RETURN(GlobalAddress nr, NewNode(access, root));
-      FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(root_word_, at.raw(), nr.raw()));
-      if (prev != at.raw()) {
-        return Status::Internal("b+tree: root changed during the root's own split");
-      }
-      return result;
-    }
+    Status s = LoggedWrite(c, at, n, "btree.split.logged", "btree.split.left-written");
+    if (!s.ok()) return Unwind(c, at, s);
+    FARPOOL_RETURN_IF_ERROR(Release(c, at));
+    owner.FaultPoint("btree.split.released");
     level = n.level + 1;
     ins_key = sep;
     ins_value = right->raw();
@@ -241,62 +459,44 @@ Result<uint64_t> BTree::GetOrInsert(const Access& access, LockOwner& owner, int6
 }
 
 Status BTree::Remove(const Access& access, LockOwner& owner, int64_t key, uint64_t value) const {
-  uint64_t raw;
-  FARPOOL_RETURN_IF_ERROR(access.Read(root_word_, &raw, 8));
-  GlobalAddress at = GlobalAddress::FromRaw(raw);
+  if (owner.index_log().is_null()) {
+    return Status::InvalidArgument("b+tree: the lock owner has no index redo area");
+  }
+  const Ctx c{access, &owner, wait_limit_};
+  GlobalAddress at;
   Node n;
-  FARPOOL_RETURN_IF_ERROR(ReadNode(access, at, &n));
+  FARPOOL_RETURN_IF_ERROR(ReadRoot(c, root_word_, &at, &n));
+  FARPOOL_RETURN_IF_ERROR(Descend(c, key, 0, &at, &n));
+  FARPOOL_RETURN_IF_ERROR(LockNode(c, at));
   for (;;) {
-    while (key >= n.high && n.right != 0) {
-      at = GlobalAddress::FromRaw(n.right);
-      FARPOOL_RETURN_IF_ERROR(ReadNode(access, at, &n));
-    }
-    if (n.level == 0) break;
-    at = GlobalAddress::FromRaw(n.e[ChildIndex(n, key)].value);
-    FARPOOL_RETURN_IF_ERROR(ReadNode(access, at, &n));
-  }
-  for (;;) {
-    FARPOOL_RETURN_IF_ERROR(LockNode(access, owner, at));
-    Status s = ReadNode(access, at, &n);
-    if (!s.ok()) {
-      (void)UnlockNode(access, at);
-      return s;
-    }
+    Status s = ReadNode(c, at, &n);
+    if (!s.ok()) return Unwind(c, at, s);
     if (key < n.high || n.right == 0) break;
-    FARPOOL_RETURN_IF_ERROR(UnlockNode(access, at));
-    at = GlobalAddress::FromRaw(n.right);
+    const GlobalAddress next = GlobalAddress::FromRaw(n.right);
+    FARPOOL_RETURN_IF_ERROR(Release(c, at));
+    at = next;
+    FARPOOL_RETURN_IF_ERROR(LockNode(c, at));
   }
-  Status s;
   for (uint32_t i = 0; i < n.count; ++i) {
-    if (n.e[i].key == key && n.e[i].value == value) {
-      std::memmove(&n.e[i], &n.e[i + 1], (n.count - i - 1) * sizeof(Entry));
-      --n.count;
-      std::memset(&n.e[n.count], 0, sizeof(Entry));
-      s = WriteBody(access, at, n);
-      break;
-    }
+    if (n.e[i].key != key || n.e[i].value != value) continue;
+    // Leaves never merge: the leaf keeps its key range, so the B-link invariants hold.
+    std::memmove(&n.e[i], &n.e[i + 1], (n.count - i - 1) * sizeof(Entry));
+    --n.count;
+    std::memset(&n.e[n.count], 0, sizeof(Entry));
+    Status s = LoggedWrite(c, at, n, "btree.remove.logged", "btree.remove.written");
+    if (!s.ok()) return Unwind(c, at, s);
+    break;
   }
-  Status u = UnlockNode(access, at);
-  return s.ok() ? u : s;
+  return Release(c, at);
 }
 
-Status BTree::Scan(const Access& access, int64_t lo, int64_t hi, bool reverse,
+Status BTree::Scan(const Access& access, LockOwner& owner, int64_t lo, int64_t hi, bool reverse,
                    const std::function<bool(int64_t, uint64_t)>& visit) const {
   if (lo > hi) return Status::Ok();
+  const Ctx c{access, &owner, wait_limit_};
   auto descend = [&](int64_t key, Node* n, GlobalAddress* at) -> Status {
-    uint64_t raw;
-    FARPOOL_RETURN_IF_ERROR(access.Read(root_word_, &raw, 8));
-    *at = GlobalAddress::FromRaw(raw);
-    FARPOOL_RETURN_IF_ERROR(ReadNode(access, *at, n));
-    for (;;) {
-      while (key >= n->high && n->right != 0) {
-        *at = GlobalAddress::FromRaw(n->right);
-        FARPOOL_RETURN_IF_ERROR(ReadNode(access, *at, n));
-      }
-      if (n->level == 0) return Status::Ok();
-      *at = GlobalAddress::FromRaw(n->e[ChildIndex(*n, key)].value);
-      FARPOOL_RETURN_IF_ERROR(ReadNode(access, *at, n));
-    }
+    FARPOOL_RETURN_IF_ERROR(ReadRoot(c, root_word_, at, n));
+    return Descend(c, key, 0, at, n);
   };
   Node n;
   GlobalAddress at;
@@ -315,7 +515,7 @@ Status BTree::Scan(const Access& access, int64_t lo, int64_t hi, bool reverse,
       }
       if (n.right == 0 || n.high > hi) return Status::Ok();
       at = GlobalAddress::FromRaw(n.right);
-      FARPOOL_RETURN_IF_ERROR(ReadNode(access, at, &n));
+      FARPOOL_RETURN_IF_ERROR(ReadNode(c, at, &n));
     }
   }
   int64_t key = hi;
@@ -333,11 +533,10 @@ Status BTree::Scan(const Access& access, int64_t lo, int64_t hi, bool reverse,
 }
 
 Result<uint64_t> BTree::CheckStructure(const Access& access) const {
-  uint64_t raw;
-  FARPOOL_RETURN_IF_ERROR(access.Read(root_word_, &raw, 8));
-  GlobalAddress leftmost = GlobalAddress::FromRaw(raw);
+  const Ctx c{access, nullptr, wait_limit_};
+  GlobalAddress leftmost;
   Node n;
-  FARPOOL_RETURN_IF_ERROR(ReadNode(access, leftmost, &n));
+  FARPOOL_RETURN_IF_ERROR(ReadRoot(c, root_word_, &leftmost, &n));
   const uint32_t top = n.level;
   uint64_t leaf_entries = 0;
   for (int64_t level = top; level >= 0; --level) {
@@ -345,8 +544,8 @@ Result<uint64_t> BTree::CheckStructure(const Access& access) const {
     int64_t expect_low = INT64_MIN;
     GlobalAddress next_leftmost;
     for (;;) {
-      FARPOOL_RETURN_IF_ERROR(ReadNode(access, at, &n));
-      auto where = "b+tree node " + at.ToString() + " (level " + std::to_string(level) + ")";
+      FARPOOL_RETURN_IF_ERROR(ReadNode(c, at, &n));
+      auto where = NodeName(at) + " (level " + std::to_string(level) + ")";
       if (n.level != level)
         return Status::Internal(where + ": wrong level " + std::to_string(n.level));
       if (n.low != expect_low)
@@ -359,7 +558,23 @@ Result<uint64_t> BTree::CheckStructure(const Access& access) const {
         if (i > 0 && n.e[i - 1].key >= n.e[i].key)
           return Status::Internal(where + ": keys not sorted");
       }
-      if (level == 0) leaf_entries += n.count;
+      if (level == 0) {
+        leaf_entries += n.count;
+      } else {
+        if (n.count == 0 || n.e[0].key != n.low)
+          return Status::Internal(where + ": inner node's first key is not its low key");
+        for (uint32_t i = 0; i < n.count; ++i) {
+          Node child;
+          const GlobalAddress child_at = GlobalAddress::FromRaw(n.e[i].value);
+          FARPOOL_RETURN_IF_ERROR(ReadNode(c, child_at, &child));
+          if (child.level != level - 1 || child.low != n.e[i].key) {
+            return Status::Internal(where + ": entry " + std::to_string(i) + " (key " +
+                                    std::to_string(n.e[i].key) + ") names " + NodeName(child_at) +
+                                    " at level " + std::to_string(child.level) + " with low " +
+                                    std::to_string(child.low));
+          }
+        }
+      }
       if (next_leftmost.is_null() && level > 0)
         next_leftmost = GlobalAddress::FromRaw(n.e[0].value);
       if (n.right == 0) {
@@ -372,6 +587,37 @@ Result<uint64_t> BTree::CheckStructure(const Access& access) const {
     leftmost = next_leftmost;
   }
   return leaf_entries;
+}
+
+Status BTree::RecoverRedo(const Access& access, LockOwner& owner, GlobalAddress area) {
+  if (area.is_null()) return Status::Ok();
+  const Ctx c{access, &owner, kDefaultWaitLimit};
+  for (uint64_t pos : {kIndexRedoAlternate, kIndexRedoPrimary}) {
+    IndexRedoHeader h;
+    FARPOOL_RETURN_IF_ERROR(access.Read(area + pos, &h, sizeof(h)));
+    if (h.magic != kIndexRedoMagic || h.size != kBodySize || !IsLocked(h.lock) ||
+        h.lock == owner.lock_word()) {
+      continue;
+    }
+    const GlobalAddress at = GlobalAddress::FromRaw(h.target);
+    Node image;
+    FARPOOL_ASSIGN_OR_RETURN(bool whole, ReadRedo(access, area + pos, at, h.lock, &image));
+    // An entry that is not whole was never followed by a write of its node.
+    if (!whole) continue;
+    for (;;) {
+      uint64_t lock;
+      FARPOOL_RETURN_IF_ERROR(access.Read(at, &lock, 8));
+      if (lock != h.lock) break;  // released before the death, or broken since
+      FARPOOL_ASSIGN_OR_RETURN(bool dead, owner.HolderDead(lock));
+      if (!dead) break;  // a live writer: its own business
+      FARPOOL_ASSIGN_OR_RETURN(bool took, TakeOver(c, at, lock));
+      if (took) {
+        FARPOOL_RETURN_IF_ERROR(Release(c, at));
+        break;
+      }
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace farpool::db

@@ -3,31 +3,81 @@
 //
 // How it works: 1 KiB nodes, each | lock | checksum | level, count | low | high | right |
 // 61 sorted (key, value) entries |. A node covers keys in [low, high); `right` links every
-// level left to right. Leaves map keys to record addresses, inner nodes map the first key of
+// level left to right. Leaves map keys to record addresses, inner nodes map the low key of
 // each child to the child. A root word (in the table's catalog entry) names the root node.
+// Readers take no lock and move right when a key is >= high. A writer locks one node at a
+// time (CAS of its lock word from 0 to LockOwner::lock_word()), re-reads it under the lock,
+// moves right under the lock if it split meanwhile, and writes the whole node body.
 //
-// Invariants:
-//   - Keys are only inserted (a deleted row is a tombstone in its record), so nodes only
-//     split, never merge; the tree grows by splitting the root (CAS on the root word) while
-//     everyone else keeps working: no stop-the-world.
-//   - Writers lock one node at a time (CAS on its lock word), re-read it under the lock, and
-//     write the whole node body with a new checksum in one write.
-//   - A split writes the new right node first, then the left node (new high key and right
-//     link), then inserts the separator into the parent. Between those steps the B-link
-//     right pointers keep every key reachable: a reader or writer that finds key >= high moves
-//     right.
-//   - Readers take no lock: they re-read a node whose checksum does not match (a concurrent
-//     write tore their copy).
+// Invariants / How it works (concurrency and crashes):
+//   1. Nodes only split, never merge, and a node's `low` never changes: every inner entry's
+//      key equals its child's low. The leftmost node of each level is fixed forever, so the
+//      root word always names the leftmost node of the top level.
+//   2. Every key stays reachable by "descend, then move right" at every moment: a split writes
+//      the new right node whole (unreachable until linked) before the left node's one write
+//      that shrinks its high key and links to it. Posting the separator to the parent is an
+//      optimisation; a node whose separator is missing (its splitter died) is reached by
+//      moving right from its left sibling.
+//   3. Root growth: whoever must post a separator above the top level builds a new root
+//      [INT64_MIN -> current root, sep -> right] and CASes the root word from the root it
+//      read. This is correct even when the top level has more nodes than those two (they are
+//      reached by moving right). A failed CAS means someone else grew the tree: the splitter
+//      re-reads the root and posts its separator into the new level like any other. Nobody
+//      ever waits for another process to grow the root, so a splitter that dies anywhere in
+//      growth leaves nothing to wait for (its separator is just missing, see 2).
+//   4. Torn nodes. A node write is not atomic. Before overwriting a node under its lock the
+//      holder CheckLease()s and writes a redo entry (node address, its lock word, the whole new
+//      image, checksum) to its index_log() (index_redo.h), then writes the node. A node can
+//      fail its checksum only while a holder is writing it, so: a node that does not verify
+//      and is locked by word W is being written by W right now, and W's redo area holds the
+//      entry for exactly this write (W writes an entry before every node write under W and
+//      holds one index lock at a time, so its newest entry naming this node under W is the
+//      one in flight). Entries are never cleared; a stale entry is never applied because it
+//      is used only for a node that is torn and still locked by the entry's lock word (a
+//      breaker's copy whose CAS failed names a node W did not get; should W lock that node
+//      later, it logs a new entry before touching it).
+//   5. Breaking a dead holder's lock (HolderDead(W) true): read the node; if it verifies, CAS
+//      the lock W -> ours and continue (any half-done split is fine by 2). If it is torn, copy
+//      W's entry into our own redo area as an entry under our lock word *first*, then CAS the
+//      lock W -> ours, then rewrite the node. A breaker that dies after the CAS thus leaves a
+//      torn node locked by itself with its own redo entry naming it (4 holds again); one that
+//      dies before the CAS leaves W's lock and W's entry in place. Readers that see a node
+//      fail its checksum repeatedly do the same when its holder is dead (and release).
+//      Areas are per session slot, so a new epoch of a slot inherits a dead epoch's area; it
+//      calls RecoverRedo before its first write, and a repair of an entry in its own area
+//      copies it to the area's other position (index_redo.h), cleared once the repair is done,
+//      so a crash during that repair still leaves an entry for whichever lock the node has.
+//   6. Crash points, for a split of node X into X + R under X's lock: R written, X not yet
+//      logged: R is unreachable garbage (a leak), X intact. X logged but not written: X
+//      intact (the entry is not applied: X verifies). X half-written: replayed from the entry
+//      (R is already whole). X written, separator not posted: reachable by moving right (2).
+//      Parent locked, logged or half-written: the same as any node. New root written but the
+//      root word not CASed: a leaked node; the next splitter at that level grows the root
+//      itself (3). Root word CASed: done.
+//   7. Fencing: releases are CASes from our lock word; a failed release means our lock was
+//      broken (we were judged dead): GetOrInsert stops and returns Unavailable. A holder
+//      judged dead that is in fact still running could land one last node write after the
+//      breaker repaired the node (the residual window of docs/database.md, "Leases and
+//      fencing"); CheckLease before each write keeps that window to one write. An error after
+//      a node write began (memory failure) keeps that node locked if it does not verify, so
+//      that whoever judges us dead repairs it from our entry: an owner that got such an
+//      error from GetOrInsert must be abandoned (its later inserts on that node would fail
+//      with Internal "lock already held by this owner").
+//   8. Waits are bounded: a lock wait or a reader's wait for a torn node asks HolderDead every
+//      64 spins and gives up after `wait_limit` with Unavailable naming the node and holder.
+//      Races (a root that grew, a lock broken by someone else first) are retried inside.
 //
+// REQUIRES: an owner holds at most one index lock at a time and is used by one thread at a
+// time (the tree never nests node locks: it releases a child before locking its parent).
 // Keys must be < INT64_MAX (the high key of the rightmost nodes).
 //
 // Thread-safety: immutable object, state in memory; safe for concurrent use from any number of
 // sessions and processes.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
-#include <vector>
 
 #include "db/lock_owner.h"
 #include "db/memory.h"
@@ -38,31 +88,52 @@ class BTree {
  public:
   static constexpr uint64_t kNodeSize = 1024;
   static constexpr int kMaxEntries = 61;
+  // How long a writer waits for a node lock held by a live holder, or a reader for a node that
+  // does not verify, before giving up. Callers whose lease judge death later than this should
+  // pass a longer limit (more than the time HolderDead needs to declare a holder dead).
+  static constexpr std::chrono::milliseconds kDefaultWaitLimit{10000};
 
   // Creates an empty tree: one leaf, written to *root_word.
   static Status Create(const Access& access, GlobalAddress root_word);
 
-  explicit BTree(GlobalAddress root_word) : root_word_(root_word) {}
+  explicit BTree(GlobalAddress root_word, std::chrono::milliseconds wait_limit = kDefaultWaitLimit)
+      : root_word_(root_word), wait_limit_(wait_limit) {}
 
-  // The value of `key`, or 0.
-  Result<uint64_t> Lookup(const Access& access, int64_t key) const;
+  // The value of `key`, or 0. `owner` is used only to repair a node left torn by a dead
+  // holder (readers otherwise take no lock and write nothing).
+  Result<uint64_t> Lookup(const Access& access, LockOwner& owner, int64_t key) const;
   // Inserts key -> value unless the key is present; returns the value now stored.
+  // REQUIRES: owner.index_log() is not null.
   Result<uint64_t> GetOrInsert(const Access& access, LockOwner& owner, int64_t key,
                                uint64_t value) const;
   // Removes key -> value if present with that value (a deleted row whose record is being
   // freed). Leaves never merge: an emptied leaf keeps its key range.
   Status Remove(const Access& access, LockOwner& owner, int64_t key, uint64_t value) const;
   // Visits entries with lo <= key <= hi in order (descending if reverse) until `visit`
-  // returns false. Entries inserted during the scan may or may not be visited.
-  Status Scan(const Access& access, int64_t lo, int64_t hi, bool reverse,
+  // returns false. Entries inserted during the scan may or may not be visited. `owner` as for
+  // Lookup.
+  Status Scan(const Access& access, LockOwner& owner, int64_t lo, int64_t hi, bool reverse,
               const std::function<bool(int64_t key, uint64_t value)>& visit) const;
 
-  // Checks the structure (sorted keys, key ranges, levels) and returns the number of leaf
-  // entries. For tests; not safe against concurrent writers.
+  // Checks the structure (sorted keys, key ranges, levels, every inner entry's key equal to
+  // its child's low key) and returns the number of leaf entries. For tests; not safe against
+  // concurrent writers; does not repair (run a Scan with an owner first after crashes).
   Result<uint64_t> CheckStructure(const Access& access) const;
+
+  // Finishes the node write that a dead writer left in flight in index redo area `area` (the
+  // entry's lock word names the writer; HolderDead is asked): if that node is still locked
+  // by the writer, repairs it if torn and releases the lock. Every tree shares an owner's one
+  // area, so this is not per tree. Call it
+  //   - when an owner starts using an index_log() area that an earlier owner used (a session
+  //     slot reused by a new epoch), before its first index write: otherwise its own entries
+  //     would overwrite the one a node torn by the earlier owner needs;
+  //   - optionally when recovering a dead owner (area = IndexLogOf(its word)), to free its
+  //     index lock at once instead of when someone meets it.
+  static Status RecoverRedo(const Access& access, LockOwner& owner, GlobalAddress area);
 
  private:
   GlobalAddress root_word_;
+  std::chrono::milliseconds wait_limit_;
 };
 
 }  // namespace farpool::db

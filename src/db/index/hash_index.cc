@@ -1,6 +1,7 @@
 #include "db/index/hash_index.h"
 
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -29,6 +30,10 @@ Result<GlobalAddress> ZeroedObject(const Access& access, uint64_t size, Placemen
   return a;
 }
 
+std::string HolderName(uint64_t word) {
+  return "slot " + std::to_string(LockSlot(word)) + " epoch " + std::to_string(LockEpoch(word));
+}
+
 }  // namespace
 
 Result<GlobalAddress> HashIndex::Create(const Access& access, uint64_t buckets) {
@@ -54,26 +59,61 @@ Result<GlobalAddress> HashIndex::Lookup(const Access& access, int64_t key) const
   return GlobalAddress();
 }
 
-Result<GlobalAddress> HashIndex::GetOrInsert(const Access& access, LockOwner& owner, int64_t key,
-                                             GlobalAddress record) const {
-  const GlobalAddress head = Bucket(key);
+Status HashIndex::LockHead(const Access& access, LockOwner& owner, GlobalAddress head) const {
   const uint64_t mine = owner.lock_word();
-  // Lock the head bucket (it guards its whole chain).
+  // A dead holder's lock is simply taken over: nothing it can have left needs repair (header,
+  // "Invariants").
+  const auto deadline = std::chrono::steady_clock::now() + wait_limit_;
   for (int spins = 0;; ++spins) {
     FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(head, 0, mine));
-    if (prev == 0) break;
-    if (prev == mine)
-      return Status::Internal("hash index: bucket lock already held by this session");
-    if ((spins & 63) == 63) {
+    if (prev == 0) return Status::Ok();
+    if (prev == mine) {
+      return Status::Internal("hash index: bucket " + head.ToString() +
+                              " lock already held by this owner (" + HolderName(mine) + ")");
+    }
+    if (spins % 64 == 63) {
       FARPOOL_ASSIGN_OR_RETURN(bool dead, owner.HolderDead(prev));
       if (dead) {
         FARPOOL_ASSIGN_OR_RETURN(uint64_t p2, access.Cas(head, prev, mine));
-        if (p2 == prev) break;
+        if (p2 == prev) return Status::Ok();
+        continue;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        return Status::Unavailable("hash index: bucket " + head.ToString() +
+                                   " stayed locked for over " +
+                                   std::to_string(wait_limit_.count()) + " ms by " +
+                                   HolderName(prev) + ", which is not dead");
       }
     }
     std::this_thread::yield();
   }
-  auto unlock = [&]() { return access.Write(head, "\0\0\0\0\0\0\0\0", 8); };
+}
+
+Status HashIndex::ReleaseHead(const Access& access, LockOwner& owner, GlobalAddress head) const {
+  const uint64_t mine = owner.lock_word();
+  FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(head, mine, 0));
+  if (prev != mine) {
+    return Status::Unavailable("hash index: bucket " + head.ToString() + ": our lock (" +
+                               HolderName(mine) +
+                               ") was broken: this owner was fenced and stopped writing");
+  }
+  return Status::Ok();
+}
+
+Result<GlobalAddress> HashIndex::GetOrInsert(const Access& access, LockOwner& owner, int64_t key,
+                                             GlobalAddress record) const {
+  if (record.is_null()) return Status::InvalidArgument("hash index: null record address");
+  const GlobalAddress head = Bucket(key);
+  const uint64_t mine = owner.lock_word();
+  FARPOOL_RETURN_IF_ERROR(LockHead(access, owner, head));
+  owner.FaultPoint("hash.locked");
+  auto release = [&]() { return ReleaseHead(access, owner, head); };
+  // Every error below leaves the chain whole (nothing live is ever overwritten), so the lock
+  // can always be released.
+  auto fail = [&](Status s) -> Status {
+    (void)release();
+    return s;
+  };
 
   GlobalAddress at = head;
   GlobalAddress free_slot;
@@ -81,14 +121,11 @@ Result<GlobalAddress> HashIndex::GetOrInsert(const Access& access, LockOwner& ow
   while (!at.is_null()) {
     struct Bucket b;
     Status s = access.Read(at, &b, sizeof(b));
-    if (!s.ok()) {
-      (void)unlock();
-      return s;
-    }
+    if (!s.ok()) return fail(s);
     for (int i = 0; i < kEntries; ++i) {
       const auto& e = b.entries[i];
       if (e.record != 0 && e.key == key) {
-        FARPOOL_RETURN_IF_ERROR(unlock());
+        FARPOOL_RETURN_IF_ERROR(release());
         return GlobalAddress::FromRaw(e.record);
       }
       if (e.record == 0 && free_slot.is_null()) {
@@ -98,69 +135,71 @@ Result<GlobalAddress> HashIndex::GetOrInsert(const Access& access, LockOwner& ow
     last = at;
     at = GlobalAddress::FromRaw(b.next);
   }
-  Status s;
+  Status s = owner.CheckLease();
+  if (!s.ok()) return fail(s);
   if (free_slot.is_null()) {
-    // Chain a new overflow bucket holding the entry; link it last so readers see it whole.
+    // A new overflow bucket holding the entry, written whole, then linked by one CAS.
     auto nb = ZeroedObject(access, kBucketSize, Placement::Striped());
-    if (!nb.ok()) {
-      (void)unlock();
-      return nb.status();
-    }
+    if (!nb.ok()) return fail(nb.status());
     struct Bucket fresh {};
     fresh.entries[0] = {key, record.raw()};
     s = access.Write(*nb, &fresh, sizeof(fresh));
-    if (s.ok()) {
-      uint64_t raw = nb->raw();
-      s = access.Write(last + 8, &raw, 8);
+    if (!s.ok()) return fail(s);
+    owner.FaultPoint("hash.bucket-written");
+    s = owner.CheckLease();
+    if (!s.ok()) return fail(s);
+    auto prev = access.Cas(last + 8, 0, nb->raw());
+    if (!prev.ok()) return fail(prev.status());
+    if (*prev != 0) {
+      (void)access.Free(*nb);
+      return fail(Status::Unavailable("hash index: bucket " + last.ToString() +
+                                      " was extended by someone else under our lock (" +
+                                      HolderName(mine) + "): this owner was fenced"));
     }
   } else {
-    // Key first, then the address that makes the entry live (a crash between leaves a free
-    // entry, never an entry naming the wrong key).
+    // Key first (the slot is free: readers skip it), then the record word by CAS, which makes
+    // the entry live in one atomic step.
     s = access.Write(free_slot, &key, 8);
-    uint64_t raw = record.raw();
-    if (s.ok()) s = access.Write(free_slot + 8, &raw, 8);
+    if (!s.ok()) return fail(s);
+    owner.FaultPoint("hash.key-written");
+    s = owner.CheckLease();
+    if (!s.ok()) return fail(s);
+    auto prev = access.Cas(free_slot + 8, 0, record.raw());
+    if (!prev.ok()) return fail(prev.status());
+    if (*prev != 0) {
+      return fail(Status::Unavailable("hash index: entry " + free_slot.ToString() +
+                                      " was filled by someone else under our lock (" +
+                                      HolderName(mine) + "): this owner was fenced"));
+    }
   }
-  Status u = unlock();
-  if (!s.ok()) return s;
-  if (!u.ok()) return u;
+  owner.FaultPoint("hash.published");
+  FARPOOL_RETURN_IF_ERROR(release());
   return record;
 }
 
 Status HashIndex::Remove(const Access& access, LockOwner& owner, int64_t key,
                          GlobalAddress record) const {
   const GlobalAddress head = Bucket(key);
-  const uint64_t mine = owner.lock_word();
-  for (int spins = 0;; ++spins) {
-    FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(head, 0, mine));
-    if (prev == 0) break;
-    if ((spins & 63) == 63) {
-      FARPOOL_ASSIGN_OR_RETURN(bool dead, owner.HolderDead(prev));
-      if (dead) {
-        FARPOOL_ASSIGN_OR_RETURN(uint64_t p2, access.Cas(head, prev, mine));
-        if (p2 == prev) break;
-      }
-    }
-    std::this_thread::yield();
-  }
-  Status s;
-  for (GlobalAddress at = head; !at.is_null() && s.ok();) {
+  FARPOOL_RETURN_IF_ERROR(LockHead(access, owner, head));
+  Status s = owner.CheckLease();
+  for (GlobalAddress at = head; s.ok() && !at.is_null();) {
     struct Bucket b;
     s = access.Read(at, &b, sizeof(b));
-    if (!s.ok()) break;
-    for (int i = 0; i < kEntries; ++i) {
+    GlobalAddress next = s.ok() ? GlobalAddress::FromRaw(b.next) : GlobalAddress();
+    for (int i = 0; s.ok() && i < kEntries; ++i) {
       if (b.entries[i].key == key && b.entries[i].record == record.raw()) {
-        const uint64_t zero = 0;
-        s = access.Write(at + (16 + 16 * i + 8), &zero, 8);
-        at = GlobalAddress();
+        // The record word goes to 0 in one step: lookups see the entry whole or not at all,
+        // and the slot is free for a later insert (key first, then the record word by CAS).
+        auto prev = access.Cas(at + (16 + 16 * i + 8), record.raw(), 0);
+        s = prev.status();
+        next = GlobalAddress();
         break;
       }
     }
-    if (!at.is_null()) at = GlobalAddress::FromRaw(b.next);
+    at = next;
   }
-  FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(head, mine, 0));
-  if (prev != mine)
-    FARPOOL_RETURN_IF_ERROR(Status::Unavailable("hash index: bucket lock taken over"));
-  return s;
+  Status u = ReleaseHead(access, owner, head);
+  return s.ok() ? u : s;
 }
 
 Status HashIndex::ForEach(

@@ -3,21 +3,36 @@
 // How it works: a fixed array of 128-byte buckets (lock word, overflow pointer, 7 entries of
 // key + address) chosen by a hash of the key; a full bucket gets an overflow bucket linked
 // from it, so the index grows without a rebuild (lookups of a long chain take one read per
-// bucket). Entries are only ever added: a key's record is never removed (a deleted row is a
-// tombstone version in its record), so an entry never changes once written.
+// bucket). A delete writes a tombstone version in the key's record; only once every snapshot
+// sees it does the garbage collector Remove the entry (its record word CASed to 0: the slot is
+// free for a later insert) and free the record.
 //
-// Invariants:
-//   - At most one entry per key: inserts hold the head bucket's lock (a CAS on its first
-//     word) while they search the chain and add the entry.
+// Invariants / How it works (concurrency and crashes):
+//   - At most one entry per key: inserts hold the head bucket's lock (a CAS of its first word
+//     from 0 to LockOwner::lock_word()) while they search the chain and add the entry, and
+//     release it by a CAS back to 0. A failed release means the lock was broken (this owner
+//     was fenced): Unavailable.
+//   - No write under the lock ever overwrites anything live, and every change that makes
+//     something live is one atomic CAS of one word: an entry is added by writing its key into
+//     a free slot (record 0, so readers skip it) and then CASing its record word from 0; a
+//     full chain gets a new overflow bucket written whole (unreachable) and then linked by a
+//     CAS of the last bucket's `next` word from 0. So a bucket can never be torn, and a holder
+//     that dies at any point leaves the chain whole: at worst a free slot with a stray key or
+//     an unlinked bucket (a leak). Whoever breaks a dead holder's lock (HolderDead true) just
+//     takes it over by CAS; there is nothing to repair, so the hash index needs no redo entry.
 //   - Lookups take no lock: they read buckets and accept an entry only if the record it
 //     points at carries the same key (a racing insert's half-written entry is skipped;
 //     its record is not committed yet, so no snapshot can miss it).
-//   - A lock held by a dead session is taken over (LockOwner::HolderDead).
+//   - A lock wait asks HolderDead every 64 spins and gives up after `wait_limit` with
+//     Unavailable naming the bucket and its holder. CheckLease() precedes every write; a
+//     holder judged dead that still runs can land one last write (the documented residual
+//     window of docs/database.md, "Leases and fencing").
 //
 // Thread-safety: the object is immutable after construction; all state is in memory, safe for
 // concurrent use by any number of sessions in any number of processes.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -31,12 +46,15 @@ class HashIndex {
  public:
   static constexpr uint64_t kBucketSize = 128;
   static constexpr int kEntries = 7;
+  // How long an insert waits for a bucket lock held by a live holder (see BTree).
+  static constexpr std::chrono::milliseconds kDefaultWaitLimit{10000};
 
   // Allocates and zeroes `buckets` buckets; returns the array's address.
   static Result<GlobalAddress> Create(const Access& access, uint64_t buckets);
 
-  HashIndex(GlobalAddress buckets, uint64_t count, uint64_t seed)
-      : buckets_(buckets), count_(count), seed_(seed) {}
+  HashIndex(GlobalAddress buckets, uint64_t count, uint64_t seed,
+            std::chrono::milliseconds wait_limit = kDefaultWaitLimit)
+      : buckets_(buckets), count_(count), seed_(seed), wait_limit_(wait_limit) {}
 
   // The record of `key`, or null if none. While an insert races, a caller may rarely get the
   // record of another key: callers compare the key stored in the record they read.
@@ -54,9 +72,14 @@ class HashIndex {
 
  private:
   GlobalAddress Bucket(int64_t key) const;
+  // Locks the head bucket `head` (it guards its whole chain), taking a dead holder's lock over.
+  Status LockHead(const Access& access, LockOwner& owner, GlobalAddress head) const;
+  // Releases it by CAS from our word; Unavailable if it was broken (we were fenced).
+  Status ReleaseHead(const Access& access, LockOwner& owner, GlobalAddress head) const;
   GlobalAddress buckets_;
   uint64_t count_;
   uint64_t seed_;
+  std::chrono::milliseconds wait_limit_;
 };
 
 }  // namespace farpool::db

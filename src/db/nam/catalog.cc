@@ -71,10 +71,7 @@ Status NamDatabase::Init() {
   }
   observed_.resize(root_.max_slots);
   recycler_ = std::make_unique<Recycler>(memory_, GlobalAddress::FromRaw(root_.freelists));
-  SlotImage image;
-  FARPOOL_ASSIGN_OR_RETURN(auto lease, ClaimSlot(access, &image));
-  system_ = std::make_unique<NamSession>(*this, lease, GlobalAddress::FromRaw(image.log),
-                                         GlobalAddress::FromRaw(image.index_log));
+  FARPOOL_ASSIGN_OR_RETURN(system_, OpenSession(access));
   maintenance_ = std::thread([this] { Maintain(); });
   return Status::Ok();
 }
@@ -150,8 +147,9 @@ Result<std::unique_ptr<NamTable>> NamDatabase::MakeTable(uint32_t id, const Tabl
   t->layout_.payload = d.payload;
   t->desc_ = GlobalAddress::FromRaw(root_.tables) + id * kDescSize;
   t->hash_count_ = d.hash_count;
-  t->hash_.emplace(GlobalAddress::FromRaw(d.hash_addr), d.hash_count, d.hash_seed);
-  if (d.flags & 1) t->btree_.emplace(t->desc_ + kDescBtreeRoot);
+  t->hash_.emplace(GlobalAddress::FromRaw(d.hash_addr), d.hash_count, d.hash_seed,
+                   IndexWaitLimit());
+  if (d.flags & 1) t->btree_.emplace(t->desc_ + kDescBtreeRoot, IndexWaitLimit());
   return t;
 }
 

@@ -58,6 +58,9 @@ class CommitRun {
   Status Abort(std::string conflict) { return Status::Aborted(std::move(conflict)); }
   // The session cannot finish a decided commit: stop it, recovery finishes the commit.
   Status Abandon(const Status& why);
+  // An index write failed: the index may keep a node locked by us for recovery to repair
+  // (index/btree.h), so the session stops; its lease runs out and others take over.
+  Status IndexFailed(const Status& why);
   // Whether a snapshot older than `stamp` may be running: an announcement (a lower bound of
   // its session's snapshot; ours excluded: our snapshot sees the newest version) below it.
   bool AnyOlderThan(uint64_t stamp) const;
@@ -101,8 +104,9 @@ Status CommitRun::Resolve() {
         std::vector<unsigned char> zero(layout.record_size(), 0);
         std::memcpy(zero.data() + 8, &w.key, 8);
         FARPOOL_RETURN_IF_ERROR(access_.Write(fresh, zero.data(), zero.size()));
-        FARPOOL_ASSIGN_OR_RETURN(GlobalAddress got,
-                                 it.t->hash_->GetOrInsert(access_, s_, w.key, fresh));
+        auto inserted = it.t->hash_->GetOrInsert(access_, s_, w.key, fresh);
+        if (!inserted.ok()) return IndexFailed(inserted.status());
+        const GlobalAddress got = *inserted;
         if (got != fresh)
           FARPOOL_RETURN_IF_ERROR(s_.db_.recycler().Free(access_, s_, fresh, layout.record_size()));
         it.record = got;
@@ -116,9 +120,8 @@ Status CommitRun::Resolve() {
   // Keys new to an ordered table go into its B+tree (idempotent).
   for (Item& it : items_) {
     if (it.t->btree_ && it.image.newest < 0) {
-      FARPOOL_ASSIGN_OR_RETURN(uint64_t v,
-                               it.t->btree_->GetOrInsert(access_, s_, it.w->key, it.record.raw()));
-      (void)v;
+      auto inserted = it.t->btree_->GetOrInsert(access_, s_, it.w->key, it.record.raw());
+      if (!inserted.ok()) return IndexFailed(inserted.status());
     }
   }
   // Blobs of variable-length columns (freed again unless the commit is decided).
@@ -420,6 +423,13 @@ Status CommitRun::Abandon(const Status& why) {
   return Status::Unavailable("commit decided but not finished (" + why.message() +
                              "); the session stops and recovery finishes the commit after its "
                              "lease");
+}
+
+Status CommitRun::IndexFailed(const Status& why) {
+  if (why.code() == StatusCode::kAborted || why.code() == StatusCode::kInvalidArgument) return why;
+  s_.lease_->fenced = true;
+  s_.lease_->valid_until = 0;
+  return why.WithContext("index insert failed; the session stops (open a new one)");
 }
 
 Status CommitRun::Run() {

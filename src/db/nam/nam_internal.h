@@ -404,6 +404,11 @@ class NamDatabase final : public Database {
   void Unregister(const SlotLease* lease);
   // Claims a free or expired slot for a session of this process.
   Result<std::shared_ptr<SlotLease>> ClaimSlot(const Access& access, SlotImage* image);
+  // A session on a newly claimed slot, with the index writes a dead previous owner of the
+  // slot left half done finished first (BTree::RecoverRedo).
+  Result<std::unique_ptr<NamSession>> OpenSession(const Access& access);
+  // How long index operations wait for a live lock holder: past any lease.
+  std::chrono::milliseconds IndexWaitLimit() const;
 
   // recovery.cc
   // Fences slot `slot` from owner word `owner` (expired, or free), finishes its decided

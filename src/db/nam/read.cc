@@ -275,14 +275,15 @@ Status NamTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bo
     }
     return Status::Ok();
   };
-  FARPOOL_RETURN_IF_ERROR(t.btree_->Scan(s_.access_, lo, hi, reverse, [&](int64_t k, uint64_t v) {
-    pending.push_back({k, GlobalAddress::FromRaw(v)});
-    if (pending.size() >= 64) {
-      inner = flush();
-      if (!inner.ok()) return false;
-    }
-    return !stop;
-  }));
+  FARPOOL_RETURN_IF_ERROR(
+      t.btree_->Scan(s_.access_, s_, lo, hi, reverse, [&](int64_t k, uint64_t v) {
+        pending.push_back({k, GlobalAddress::FromRaw(v)});
+        if (pending.size() >= 64) {
+          inner = flush();
+          if (!inner.ok()) return false;
+        }
+        return !stop;
+      }));
   FARPOOL_RETURN_IF_ERROR(inner);
   if (!stop) FARPOOL_RETURN_IF_ERROR(flush());
   return Status::Ok();

@@ -129,13 +129,23 @@ Result<std::shared_ptr<SlotLease>> NamDatabase::ClaimSlot(const Access& access, 
                              " session slots of the database are held by live sessions");
 }
 
-Result<std::unique_ptr<Session>> NamDatabase::NewSession() {
-  const Access& access = system_->access_;
+Result<std::unique_ptr<NamSession>> NamDatabase::OpenSession(const Access& access) {
   SlotImage image;
   FARPOOL_ASSIGN_OR_RETURN(auto lease, ClaimSlot(access, &image));
-  return std::unique_ptr<Session>(new NamSession(*this, std::move(lease),
-                                                 GlobalAddress::FromRaw(image.log),
-                                                 GlobalAddress::FromRaw(image.index_log)));
+  auto session =
+      std::make_unique<NamSession>(*this, std::move(lease), GlobalAddress::FromRaw(image.log),
+                                   GlobalAddress::FromRaw(image.index_log));
+  FARPOOL_RETURN_IF_ERROR(BTree::RecoverRedo(session->access_, *session, session->index_log()));
+  return session;
+}
+
+Result<std::unique_ptr<Session>> NamDatabase::NewSession() {
+  FARPOOL_ASSIGN_OR_RETURN(auto session, OpenSession(system_->access_));
+  return std::unique_ptr<Session>(std::move(session));
+}
+
+std::chrono::milliseconds NamDatabase::IndexWaitLimit() const {
+  return std::max(std::chrono::milliseconds(10000), std::chrono::milliseconds(3 * root_.lease_ms));
 }
 
 void NamDatabase::NoteCounter(uint64_t c) {
