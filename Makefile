@@ -9,7 +9,10 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
-PY ?= python3
+# Python runs from the repository's virtual environment, which `make setup` creates (Debian 12's
+# system python3 refuses `pip install`; see scripts/setup.sh). `. .venv/bin/activate` for a shell.
+VENV := $(CURDIR)/.venv
+PY ?= $(VENV)/bin/python
 
 .PHONY: setup build demo test test-cpp test-python test-asan fuzz format lint bench-ops clean
 
@@ -21,7 +24,7 @@ build: setup
 	ninja -C $(BUILD) -j $(JOBS)
 
 demo: build
-	./scripts/demo.sh
+	PY=$(PY) ./scripts/demo.sh
 
 test: build
 	$(MAKE) --no-print-directory test-cpp test-python
@@ -29,7 +32,7 @@ test: build
 test-cpp:
 	cd $(BUILD) && ctest --output-on-failure -j 1
 
-test-python:
+test-python: $(VENV)/bin/python
 	$(PY) -m pytest -q python/tests
 
 test-asan: setup
@@ -52,6 +55,9 @@ format:
 lint: build
 	@clang-format --dry-run -Werror $$(git ls-files '*.cc' '*.h') && echo "format: clean"
 	@! run-clang-tidy -quiet -p $(BUILD) 'src/.*\.cc$$' 2>/dev/null | grep -E '(warning|error):' && echo "clang-tidy: clean"
+
+$(VENV)/bin/python:
+	./scripts/setup.sh
 
 bench-ops: build
 	$(PY) bench/ops_vs_peers
