@@ -4,6 +4,7 @@
 #   make demo       setup + build + start a local cluster, run the main job, stop it
 #   make test       setup + build + the whole test suite (C++ and Python)
 #   make test-asan  the C++ suite under AddressSanitizer + UndefinedBehaviorSanitizer
+#   make test-tsan  the C++ suite under ThreadSanitizer (suppressions: tsan.supp, UCX only)
 #   make fuzz       build and run the libFuzzer targets of both wire-format decoders
 #   make format / make lint
 BUILD ?= build
@@ -14,7 +15,7 @@ FUZZ_SECONDS ?= 60
 VENV := $(CURDIR)/.venv
 PY ?= $(VENV)/bin/python
 
-.PHONY: setup build demo test test-cpp test-python test-asan fuzz format lint bench-ops clean
+.PHONY: setup build demo test test-cpp test-python test-asan test-tsan fuzz format lint bench-ops clean
 
 setup:
 	./scripts/setup.sh
@@ -41,6 +42,20 @@ test-asan: setup
 	cd build-asan && UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -j 1
 
+# RelWithDebInfo: at -O0 the suite's process tests run too slowly under TSan's 5-15x. Every
+# process (tests, and the `farpool server`s they start, whose stderr goes to log files) writes
+# its reports to build-tsan/reports/; any report fails the target.
+TSAN_REPORTS = $(CURDIR)/build-tsan/reports
+test-tsan: setup
+	cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFARPOOL_TSAN=ON >/dev/null
+	ninja -C build-tsan -j $(JOBS)
+	rm -rf $(TSAN_REPORTS) && mkdir -p $(TSAN_REPORTS)
+	cd build-tsan && TSAN_OPTIONS="second_deadlock_stack=1 suppressions=$(CURDIR)/tsan.supp log_path=$(TSAN_REPORTS)/tsan" \
+	  ctest --output-on-failure -j 1
+	@if ls $(TSAN_REPORTS)/tsan.* >/dev/null 2>&1; then \
+	  cat $(TSAN_REPORTS)/tsan.*; echo "test-tsan: ThreadSanitizer reports above ($(TSAN_REPORTS))"; exit 1; \
+	fi; echo "test-tsan: no ThreadSanitizer report"
+
 fuzz: setup
 	CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DFARPOOL_FUZZ=ON -DFARPOOL_BUILD_TESTS=OFF >/dev/null
@@ -63,4 +78,4 @@ bench-ops: build
 	$(PY) bench/ops_vs_peers
 
 clean:
-	rm -rf build build-asan build-fuzz
+	rm -rf build build-asan build-tsan build-fuzz
