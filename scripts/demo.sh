@@ -6,5 +6,11 @@
 # (see python/farpool/harness/demo.py). The old operations comparison is `make bench-ops`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The harness runs from the repository's virtual environment, made by `make setup`.
+PY=${PY:-$PWD/.venv/bin/python}
+if [ ! -x "$PY" ]; then
+  echo "demo: $PY not found: run \`make setup\` first" >&2
+  exit 1
+fi
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
-exec python3 -m farpool.harness.demo "$@"
+exec "$PY" -m farpool.harness.demo "$@"

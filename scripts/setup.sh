@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything farpool needs on Debian 12, idempotently: the C++ toolchain and
 # libraries, the peers the benchmarks start (Redis, PostgreSQL, SQLite), network tools for
-# namespaces, and the Python harness/simulator with its PyPI dependencies.
+# namespaces, and the Python harness/simulator with its PyPI dependencies (into .venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,16 +27,31 @@ fi
 # Redis and PostgreSQL are started by the benchmarks themselves, on private ports; the
 # packaged system services are not needed.
 
-PY=${PYTHON:-python3}
+# The Python harness and simulator go into a virtual environment in the repository (.venv):
+# Debian 12's python3 refuses `pip install` outside one (PEP 668, "externally-managed-
+# environment"). It is made from Debian's own interpreter (/usr/bin/python3, the python3-venv
+# package above), not whatever `python3` comes first on PATH (a pyenv shim, say), so that the
+# same interpreter is used on every machine; PYTHON=/path/to/python3 overrides it. Every Make
+# target and script runs .venv/bin/python; `. .venv/bin/activate` puts it first on PATH.
+VENV=.venv
+BASE_PY=${PYTHON:-/usr/bin/python3}
+[ -x "$BASE_PY" ] || BASE_PY=$(command -v python3)
 if [ -f python/pyproject.toml ]; then
-  # Reinstall unless `farpool` already imports from this checkout (another clone's editable
-  # install would otherwise shadow this one's code).
+  if ! "$VENV/bin/python" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)' 2>/dev/null; then
+    # Missing, or broken (its interpreter moved away): make it anew.
+    echo "setup: creating the Python virtual environment $VENV (from $BASE_PY)"
+    rm -rf "$VENV"
+    "$BASE_PY" -m venv "$VENV"
+  fi
+  PY=$VENV/bin/python
+  # Reinstall unless `farpool` already imports from this checkout with its dependencies, or
+  # python/pyproject.toml changed since the last install.
   here=$(cd python && pwd)
-  installed=$($PY -c 'import farpool, simpy, matplotlib, os; print(os.path.dirname(os.path.dirname(farpool.__file__)))' 2>/dev/null || true)
-  if [ "$installed" != "$here" ] || [ python/pyproject.toml -nt .setup-python-stamp ]; then
-    echo "setup: installing the Python harness (python/) and its dependencies"
-    $PY -m pip install -q -e 'python[test]'
-    touch .setup-python-stamp
+  installed=$($PY -c 'import farpool, simpy, matplotlib, pytest, os; print(os.path.dirname(os.path.dirname(farpool.__file__)))' 2>/dev/null || true)
+  if [ "$installed" != "$here" ] || [ python/pyproject.toml -nt "$VENV/.farpool-installed" ]; then
+    echo "setup: installing the Python harness (python/) and its dependencies into $VENV"
+    $PY -m pip install -q --disable-pip-version-check -e 'python[test]'
+    touch "$VENV/.farpool-installed"
   fi
 fi
 echo "setup: ok"

@@ -2,14 +2,23 @@
 // where and a non-zero exit; a local cluster comes up, answers, and goes down leaving no
 // process behind.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
+#include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
+#include "common/host.h"
+#include "common/process.h"
 #include "pool/test_cluster.h"
 
 namespace farpool {
@@ -20,8 +29,9 @@ struct CommandResult {
   std::string output;  // stdout and stderr
 };
 
-CommandResult Farpool(const std::string& args) {
-  std::string cmd = std::string(FARPOOL_BINARY) + " " + args + " 2>&1";
+// Runs `prefix farpool args` (prefix: e.g. "taskset -c 0 ").
+CommandResult Farpool(const std::string& args, const std::string& prefix = "") {
+  std::string cmd = prefix + std::string(FARPOOL_BINARY) + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   std::array<char, 4096> buf;
@@ -56,7 +66,199 @@ TEST(Cli, BadSizesTransportsAndAddressesAreExplained) {
   ExpectFailure("cluster up --dir /tmp/x --servers 0", "--servers must be from 1 to 250");
   ExpectFailure("cluster up --dir /tmp/x --memory 1XB", "--memory: invalid size '1XB'");
   ExpectFailure("cluster up --dir /tmp/x --delay 20us", "--delay needs --netns");
-  ExpectFailure("no-such-command", "subcommand");
+  ExpectFailure("no-such-command", "unknown command 'no-such-command'");
+}
+
+TEST(Cli, VersionNamesTheProjectVersion) {
+  CommandResult r = Farpool("--version");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("farpool 0.1.0", 0), 0u) << r.output;  // then "(git <sha>)" if known
+}
+
+TEST(Cli, UnknownCommandIsNamedWithTheValidOnes) {
+  ExpectFailure("frobnicate",
+                "unknown command 'frobnicate' for `farpool`; valid: server, cluster, bench, shard, "
+                "shard-cluster");
+  ExpectFailure("cluster upp --dir /tmp/x",
+                "unknown command 'upp' for `farpool cluster`; valid: up, status, down");
+  ExpectFailure("bench opz", "unknown command 'opz' for `farpool bench`; valid: ops, txn");
+}
+
+// The first CPU this process may run on, for `taskset -c`.
+int FirstUsableCpu() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 0;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) return c;
+  }
+  return 0;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+TEST(Cli, ProgressModeDefaultsToEventWithFewerCoresThanServersPlusOne) {
+  const std::string one_core = "taskset -c " + std::to_string(FirstUsableCpu()) + " ";
+  const std::string dir = MakeTempDir("farpool-cli");
+  CommandResult up = Farpool("cluster up --dir " + dir + " --servers 2 --memory 32MiB", one_core);
+  ASSERT_EQ(up.exit_code, 0) << up.output;
+  EXPECT_NE(up.output.find("progress event: 1 core for 2 servers + 1 client"), std::string::npos)
+      << up.output;
+  for (int i = 0; i < 2; ++i) {
+    const std::string log = ReadFile(dir + "/server-" + std::to_string(i) + ".log");
+    EXPECT_NE(log.find("(progress event,"), std::string::npos) << log;
+  }
+  ASSERT_EQ(Farpool("cluster down --dir " + dir).exit_code, 0);
+
+  // An explicit --progress wins.
+  up = Farpool("cluster up --dir " + dir + " --servers 2 --memory 32MiB --progress busy", one_core);
+  ASSERT_EQ(up.exit_code, 0) << up.output;
+  EXPECT_NE(up.output.find("progress busy)"), std::string::npos) << up.output;
+  EXPECT_NE(ReadFile(dir + "/server-0.log").find("(progress busy,"), std::string::npos);
+  ASSERT_EQ(Farpool("cluster down --dir " + dir).exit_code, 0);
+
+  // One server by hand on one core: event too.
+  CommandResult server =
+      Farpool("server --listen 127.0.0.1:0 --memory 32MiB --ready-file " + dir + "/ready",
+              "timeout -s TERM 2 " + one_core);
+  EXPECT_NE(server.output.find("progress event: 1 core for 1 server + 1 client"), std::string::npos)
+      << server.output;
+}
+
+TEST(Cli, MemoryBeyondWhatTheHostCanGiveIsRefusedUpFront) {
+  ExpectFailure("server --listen 127.0.0.1:0 --memory 100TiB",
+                "--memory 100 TiB is more memory than this host can give: ");
+  ExpectFailure("server --listen 127.0.0.1:0 --memory 100TiB", "available (MemAvailable");
+  const std::string dir = MakeTempDir("farpool-cli");
+  ExpectFailure("cluster up --dir " + dir + " --servers 2 --memory 100TiB",
+                "--servers 2 x --memory 100 TiB (200 TiB in all) is more memory than this host "
+                "can give");
+  // Each server would fit; all of them do not.
+  auto available = AvailableMemory();
+  ASSERT_TRUE(available.ok()) << available.status().ToString();
+  const uint64_t each_mib = *available / 10 * 6 / (1 << 20);
+  ExpectFailure(
+      "cluster up --dir " + dir + " --servers 2 --memory " + std::to_string(each_mib) + "MiB",
+      "in all) is more memory than this host can give");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/server-0.log")) << "a server was started";
+}
+
+TEST(Cli, FailedStartUpsSayWhy) {
+  // A port in use.
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(s, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(s, 1), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(s, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string port = std::to_string(ntohs(addr.sin_port));
+  ExpectFailure("server --listen 127.0.0.1:" + port + " --memory 32MiB",
+                "port " + port + " is in use by another process");
+  close(s);
+
+  // A server that dies at start in `cluster up`: which one, how it ended, and its log's reason.
+  const std::string dir = MakeTempDir("farpool-cli");
+  ExpectFailure("cluster up --dir " + dir + " --servers 2 --memory 32MiB --chunk-size 3000",
+                "server 0 exited with status 1 during start-up; " + dir + "/server-0.log:");
+  ExpectFailure("cluster up --dir " + dir + " --servers 2 --memory 32MiB --chunk-size 3000",
+                "chunk size 3000 is not a positive multiple of 4096");
+}
+
+// /dev/shm/farpool-ucx-PID: where a farpool process's UCX shared-memory files live (see
+// transport/shm_dir.h).
+std::string ShmDirOf(pid_t pid) { return "/dev/shm/farpool-ucx-" + std::to_string(pid); }
+
+bool WaitGone(const std::string& path) {
+  for (int i = 0; i < 1000 && std::filesystem::exists(path); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return !std::filesystem::exists(path);
+}
+
+TEST(Cli, ServerKilledBySigkillLeavesNothingInDevShm) {
+  const std::string dir = MakeTempDir("farpool-cli");
+  // Large enough that UCX spends a while writing the region's file before it unlinks it: the
+  // kill lands in that window when it can (the worst case: the whole region stays in /dev/shm).
+  auto available = AvailableMemory();
+  ASSERT_TRUE(available.ok());
+  const uint64_t mib = std::min<uint64_t>(2048, *available / 4 / (1 << 20));
+  const pid_t pid = SpawnDetached(
+      {FARPOOL_BINARY, "server", "--listen", "127.0.0.1:0", "--memory", std::to_string(mib) + "MiB",
+       "--transport", "shm", "--progress", "event", "--ready-file", dir + "/ready"},
+      dir + "/server.log");
+  ASSERT_GT(pid, 0);
+  const std::string shm = ShmDirOf(pid);
+  bool saw_file = false;
+  for (int i = 0; i < 3000 && !saw_file && ProcessRunning(pid); ++i) {
+    std::error_code ec;
+    saw_file = std::filesystem::exists(shm, ec) && !std::filesystem::is_empty(shm, ec);
+    if (!saw_file) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(ProcessRunning(pid)) << ReadFile(dir + "/server.log");
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WaitGone(shm)) << shm << " outlived its server (saw a file in it: " << saw_file
+                             << ")";
+
+  // A cluster's server, killed once up and serving.
+  LocalClusterOptions o;
+  o.servers = 2;
+  o.memory = 64 << 20;
+  o.progress = ProgressMode::kEvent;
+  TestCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  const pid_t server = static_cast<pid_t>(cluster.config()->servers[1].pid);
+  EXPECT_TRUE(std::filesystem::exists(ShmDirOf(server)));
+  ASSERT_EQ(kill(server, SIGKILL), 0);
+  EXPECT_TRUE(WaitGone(ShmDirOf(server)));
+}
+
+TEST(Cli, ShmDirectoriesOfDeadProcessesAreRemovedByClusterUpAndDown) {
+  // A process that died with its janitor: a directory with a file, and no one to remove it.
+  const pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  ASSERT_EQ(waitpid(dead, nullptr, 0), dead);
+  const std::string stale = ShmDirOf(dead);
+  std::filesystem::create_directories(stale);
+  std::ofstream(stale + "/ucx_shm_posix_1234") << "leftover";
+  LocalClusterOptions o;
+  o.servers = 1;
+  o.memory = 32 << 20;
+  o.progress = ProgressMode::kEvent;
+  TestCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  EXPECT_FALSE(std::filesystem::exists(stale));
+
+  std::filesystem::create_directories(stale);
+  ASSERT_EQ(Farpool("cluster down --dir " + cluster.dir()).exit_code, 0);
+  EXPECT_FALSE(std::filesystem::exists(stale));
+}
+
+TEST(Cli, ProgressLinesAreRedrawnOnlyOnATerminal) {
+  const std::string bench =
+      "bench social --engine local --scale 0.1 --seconds 0.1 --warmup 0 "
+      "--query q1";
+  CommandResult piped = Farpool(bench);
+  ASSERT_EQ(piped.exit_code, 0) << piped.output;
+  EXPECT_NE(piped.output.find("  loading local: 100.0%"), std::string::npos) << piped.output;
+  EXPECT_EQ(piped.output.find('\r'), std::string::npos) << piped.output;
+  // On a terminal (a pseudo-terminal from script(1)): the line is redrawn in place.
+  const std::string cmd =
+      "script -qec '" + std::string(FARPOOL_BINARY) + " " + bench + "' /dev/null 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  std::array<char, 4096> buf;
+  while (fgets(buf.data(), buf.size(), p) != nullptr) out += buf.data();
+  ASSERT_EQ(pclose(p), 0) << out;
+  EXPECT_NE(out.find("\r  loading local:"), std::string::npos) << out;
 }
 
 TEST(Cli, BadClusterFilesNameTheFileAndField) {

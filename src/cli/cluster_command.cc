@@ -19,7 +19,7 @@ struct ClusterArgs {
   std::string memory = "256MiB";
   std::string chunk_size = "4MiB";
   std::string transport = "auto";
-  std::string progress = "busy";
+  std::string progress;  // empty: chosen from the cores (ChooseProgressMode)
   bool netns = false;
   std::string delay;
   bool json = false;
@@ -46,7 +46,8 @@ int Up(const ClusterArgs& a) {
   auto fabric = ParseFabric(a.transport);
   if (!fabric.ok()) return Fail("--transport: " + fabric.status().message());
   o.transport = *fabric;
-  auto progress = ParseProgressMode(a.progress);
+  std::string progress_name;
+  auto progress = ChooseProgressMode(a.progress, a.servers, &progress_name);
   if (!progress.ok()) return Fail("--progress: " + progress.status().message());
   o.progress = *progress;
   o.netns = a.netns;
@@ -60,7 +61,7 @@ int Up(const ClusterArgs& a) {
   if (!s.ok()) return Fail("cluster up: " + s.message());
   std::printf("cluster up: %d servers x %s in %s (transport %s, progress %s%s)\n", a.servers,
               FormatSize(o.memory).c_str(), ClusterFile(a.dir).c_str(), a.transport.c_str(),
-              a.progress.c_str(), a.netns ? ", network namespaces" : "");
+              progress_name.c_str(), a.netns ? ", network namespaces" : "");
   return 0;
 }
 
@@ -133,7 +134,9 @@ Command RegisterCluster(CLI::App& app) {
   up->add_option("--memory", args->memory, "Memory per server, e.g. 1GiB");
   up->add_option("--chunk-size", args->chunk_size, "Lease granularity");
   up->add_option("--transport", args->transport, "Clients' default fabric: auto, shm or tcp");
-  up->add_option("--progress", args->progress, "Servers' progress: busy or event");
+  up->add_option("--progress", args->progress,
+                 "Servers' progress: busy or event; default: busy if this process may use "
+                 "more cores than there are servers, else event");
   up->add_flag("--netns", args->netns, "Each server in its own network namespace (root)");
   up->add_option("--delay", args->delay, "One-way link delay with --netns, e.g. 20us");
   CLI::App* status = sub->add_subcommand("status", "Show every server's state");

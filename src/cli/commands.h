@@ -6,6 +6,8 @@
 #include <functional>
 #include <string>
 
+#include "pool/memory_server.h"
+
 namespace farpool::cli {
 
 struct Command {
@@ -27,6 +29,13 @@ Command RegisterTpcwBench(CLI::App& bench);
 
 // Prints "farpool: <message>" to stderr and returns 1.
 int Fail(const std::string& message);
+
+// The servers' progress mode for --progress `text`; empty `text` chooses from the cores this
+// process may use: busy polling only if each of `servers` servers and one client get a core
+// of their own (busy servers on fewer cores starve each other and every client), else event.
+// `*chosen` gets the mode's name and, when chosen here, why ("event: 2 cores for 2 servers +
+// 1 client").
+Result<ProgressMode> ChooseProgressMode(const std::string& text, int servers, std::string* chosen);
 
 // Parses a size ("4GiB") for a CLI11 option, with the library's error on bad input.
 std::string SizeValidator(const std::string& text);

@@ -3,10 +3,14 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <cstring>
+#include <optional>
 #include <vector>
 
 #include "cli/commands.h"
+#include "common/host.h"
 #include "common/units.h"
+#include "farpool_version.h"  // generated at build time: cmake/version.cmake
 
 namespace farpool::cli {
 
@@ -37,9 +41,50 @@ int WaitForTerminationSignal() {
   return sig;
 }
 
+Result<ProgressMode> ChooseProgressMode(const std::string& text, int servers, std::string* chosen) {
+  if (!text.empty()) {
+    auto mode = ParseProgressMode(text);
+    if (mode.ok()) *chosen = text;
+    return mode;
+  }
+  const int cores = UsableCores();
+  const bool busy = cores >= servers + 1;
+  *chosen = std::string(busy ? "busy" : "event") + ": " + std::to_string(cores) + " core" +
+            (cores == 1 ? "" : "s") + " for " + std::to_string(servers) + " server" +
+            (servers == 1 ? "" : "s") + " + 1 client";
+  return busy ? ProgressMode::kBusy : ProgressMode::kEvent;
+}
+
 std::string SizeValidator(const std::string& text) {
   auto size = ParseSize(text);
   return size.ok() ? std::string() : size.status().message();
+}
+
+// For `farpool frobnicate` or `farpool cluster upp` (CLI11 only says "The following argument
+// was not expected"): names the word at the deepest command the user reached and lists the
+// commands valid there. nullopt if the words name commands all the way down.
+std::optional<std::string> UnknownCommand(CLI::App& app, int argc, char** argv) {
+  CLI::App* current = &app;
+  std::string path = "farpool";
+  for (int i = 1; i < argc; ++i) {
+    if (argv[i][0] == '-') continue;  // above the last command level, options take no values
+    std::vector<CLI::App*> subs = current->get_subcommands([](CLI::App*) { return true; });
+    if (subs.empty()) return std::nullopt;  // a leaf command: the rest are its options
+    CLI::App* next = nullptr;
+    for (CLI::App* s : subs) {
+      if (s->check_name(argv[i])) next = s;
+    }
+    if (next != nullptr) {
+      current = next;
+      path += " " + current->get_name();
+      continue;
+    }
+    std::string valid;
+    for (CLI::App* s : subs) valid += (valid.empty() ? "" : ", ") + s->get_name();
+    return "unknown command '" + std::string(argv[i]) + "' for `" + path + "`; valid: " + valid +
+           " (see `" + path + " --help`)";
+  }
+  return std::nullopt;
 }
 
 }  // namespace farpool::cli
@@ -47,6 +92,7 @@ std::string SizeValidator(const std::string& text) {
 int main(int argc, char** argv) {
   CLI::App app{"farpool: databases on pooled, network-attached memory"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", FARPOOL_VERSION_STRING, "Print the version and exit");
   std::vector<farpool::cli::Command> commands = {
       farpool::cli::RegisterServer(app),       farpool::cli::RegisterCluster(app),
       farpool::cli::RegisterBench(app),        farpool::cli::RegisterShard(app),
@@ -55,6 +101,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() != 0) {  // not --help or --version
+      if (auto unknown = farpool::cli::UnknownCommand(app, argc, argv)) {
+        return farpool::cli::Fail(*unknown);
+      }
+    }
     return app.exit(e);
   }
   for (auto& c : commands) {

@@ -9,6 +9,7 @@
 #include "common/units.h"
 #include "farpool/cluster.h"
 #include "pool/memory_server.h"
+#include "transport/shm_dir.h"
 
 namespace farpool::cli {
 namespace {
@@ -18,7 +19,7 @@ struct ServerArgs {
   std::string memory;
   std::string chunk_size = "4MiB";
   int id = 0;
-  std::string progress = "busy";
+  std::string progress;  // empty: chosen from the cores (ChooseProgressMode)
   std::string transport = "auto";
   std::string ready_file;
 };
@@ -30,13 +31,18 @@ int RunServer(const ServerArgs& a) {
   if (!memory.ok()) return Fail("--memory: " + memory.status().message());
   auto chunk = ParseSize(a.chunk_size);
   if (!chunk.ok()) return Fail("--chunk-size: " + chunk.status().message());
-  auto progress = ParseProgressMode(a.progress);
+  std::string progress_name;
+  auto progress = ChooseProgressMode(a.progress, 1, &progress_name);
   if (!progress.ok()) return Fail("--progress: " + progress.status().message());
   auto fabric = ParseFabric(a.transport);
   if (!fabric.ok()) return Fail("--transport: " + fabric.status().message());
   if (a.id < 0 || a.id > 65535) return Fail("--id must be from 0 to 65535");
 
   BlockTerminationSignals();  // before any thread starts: they are taken by the wait below
+  // Also before any thread: it forks. Whatever kills this server, the janitor then removes its
+  // shared-memory files (see transport/shm_dir.h).
+  Status janitor = transport::StartShmJanitor();
+  if (!janitor.ok()) return Fail(janitor.message());
 
   ServerOptions o;
   o.host = hp->first;
@@ -50,7 +56,7 @@ int RunServer(const ServerArgs& a) {
   if (!server.ok()) return Fail(server.status().message());
   std::printf("farpool server %d listening on %s:%u, donating %s (progress %s, transport %s)\n",
               a.id, o.host.c_str(), (*server)->port(), FormatSize(*memory).c_str(),
-              a.progress.c_str(), a.transport.c_str());
+              progress_name.c_str(), a.transport.c_str());
   std::fflush(stdout);
   if (!a.ready_file.empty()) {
     Status s = WriteReadyFile(a.ready_file, (*server)->port());
@@ -74,7 +80,9 @@ Command RegisterServer(CLI::App& app) {
   sub->add_option("--memory", args->memory, "Bytes to donate, e.g. 512MiB, 4GiB")->required();
   sub->add_option("--chunk-size", args->chunk_size, "Lease granularity (default 4MiB)");
   sub->add_option("--id", args->id, "Server id in the cluster (0-65535)");
-  sub->add_option("--progress", args->progress, "busy (lowest latency) or event (idle CPU)");
+  sub->add_option("--progress", args->progress,
+                  "busy (lowest latency, one core) or event (idle CPU); default: busy if this "
+                  "process may use 2 cores or more, else event");
   sub->add_option("--transport", args->transport, "Fabrics to accept: auto, shm or tcp");
   sub->add_option("--ready-file", args->ready_file, "Write {\"port\": N} here once listening");
   return {sub, [args] { return RunServer(*args); }};

@@ -100,6 +100,19 @@ Result<uint16_t> WaitReady(const std::string& ready_file, pid_t pid, const std::
         // Never half-written (it is renamed into place); a stale or foreign file: keep waiting.
       }
     }
+    int wait_status = 0;
+    if (waitpid(pid, &wait_status, WNOHANG) == pid) {  // our child: say how it ended
+      std::string how;
+      if (WIFSIGNALED(wait_status)) {
+        const int sig = WTERMSIG(wait_status);
+        how = "was killed by signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
+        if (sig == SIGKILL) how += ", perhaps by the kernel's OOM killer (see dmesg)";
+      } else {
+        how = "exited with status " + std::to_string(WEXITSTATUS(wait_status));
+      }
+      return Status::Unavailable(what + " " + how + " during start-up; " + log + ":\n" +
+                                 FileTail(log));
+    }
     if (!ProcessRunning(pid)) {
       return Status::Unavailable(what + " exited during start-up; " + log + ":\n" + FileTail(log));
     }

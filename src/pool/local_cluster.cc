@@ -13,8 +13,10 @@
 #include <sstream>
 #include <thread>
 
+#include "common/host.h"
 #include "common/process.h"
 #include "common/units.h"
+#include "transport/shm_dir.h"
 
 namespace farpool {
 namespace fs = std::filesystem;
@@ -121,6 +123,14 @@ Status ClusterUp(const LocalClusterOptions& o) {
     return Status::InvalidArgument(
         "--delay needs --netns (the delay is put on each server's link)");
   }
+  // Each server commits its whole region at start (UCX writes every page of a shared-memory
+  // segment before mapping it): refuse up front what the host cannot give, instead of letting
+  // the servers eat the machine's memory until the OOM killer steps in.
+  uint64_t total = 0;
+  if (__builtin_mul_overflow(o.memory, static_cast<uint64_t>(o.servers), &total)) total = ~0ull;
+  FARPOOL_RETURN_IF_ERROR(CheckFitsInAvailableMemory(
+      total, "--servers " + std::to_string(o.servers) + " x --memory " + FormatSize(o.memory) +
+                 " (" + FormatSize(total) + " in all)"));
   std::error_code ec;
   fs::create_directories(o.dir, ec);
   if (ec) return Status::IoError("cannot create " + o.dir + ": " + ec.message());
@@ -137,6 +147,7 @@ Status ClusterUp(const LocalClusterOptions& o) {
     }
     fs::remove(ClusterFile(o.dir), ec);
   }
+  transport::RemoveStaleShmDirectories();  // of servers killed before, here or elsewhere
   const NetNames names = NamesFor(o.dir);
   if (o.netns) {
     TearDownNetwork(names, o.servers);  // leftovers of a crashed earlier run
@@ -241,6 +252,9 @@ Status ClusterDown(const std::string& dir) {
     netns = netns || !s.netns.empty();
   }
   StopProcesses(pids);
+  // Each server's janitor removes its shared-memory files; this catches those whose janitor
+  // was killed too.
+  transport::RemoveStaleShmDirectories();
   if (netns) TearDownNetwork(NamesFor(dir), static_cast<int>(config.servers.size()));
   std::error_code ec;
   fs::remove(ClusterFile(dir), ec);

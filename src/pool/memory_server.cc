@@ -14,6 +14,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/host.h"
 #include "common/units.h"
 #include "pool/chunk_allocator.h"
 #include "transport/wire.h"
@@ -106,6 +107,10 @@ Status MemoryServer::Impl::Init(uint16_t* port_out) {
                                    " is smaller than one chunk (" +
                                    FormatSize(options_.chunk_size) + ")");
   }
+  // The region is committed at start (UCX writes every page of a shared-memory segment before
+  // mapping it): a size the host cannot give would take its memory until the OOM killer acts.
+  FARPOOL_RETURN_IF_ERROR(
+      CheckFitsInAvailableMemory(chunks_.region_size(), "--memory " + FormatSize(options_.memory)));
   transport::Context::Options copts;
   copts.fabric = options_.fabric;
   copts.wakeup = options_.progress == ProgressMode::kEvent;

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <string>
 
+#include "transport/shm_dir.h"
+
 namespace farpool::transport {
 namespace {
 
@@ -61,6 +63,9 @@ Status UcxStatus(ucs_status_t status, std::string_view what) {
 // ---------------------------------------------------------------- Context
 
 Result<std::unique_ptr<Context>> Context::Create(const Options& options) {
+  // Shared-memory files in a directory of this process's own (see transport/shm_dir.h); sets
+  // UCX_POSIX_DIR, which ucp_init reads.
+  ShmDirectory();
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) return UcxStatus(st, "reading UCX configuration");
@@ -298,6 +303,12 @@ Result<std::unique_ptr<Listener>> Listener::Create(Worker& worker, const std::st
   freeaddrinfo(res);
   if (st != UCS_OK) {
     l->listener_ = nullptr;
+    if (st == UCS_ERR_BUSY) {  // bind(): EADDRINUSE, which UCX reports as "Device is busy"
+      return Status::Unavailable("cannot listen on " + host + ":" + port_text + ": port " +
+                                 port_text +
+                                 " is in use by another process (choose another port, or 0 "
+                                 "for any free one)");
+    }
     return UcxStatus(st, "listening on " + host + ":" + port_text);
   }
   ucp_listener_attr_t attr{};

@@ -7,7 +7,7 @@ pool (the memory servers) and into PostgreSQL (started here, data on tmpfs, fsyn
 sample of answers on each; run each of the six queries for --seconds with one query flow; then
 TPC-B (pgbench's transaction) for --seconds on each with one client; stop everything.
 
-Usage: python3 -m farpool.harness.demo [--scale S] [--seconds S] [--tpcb-scale N] [--out DIR]
+Usage: python -m farpool.harness.demo [--scale S] [--seconds S] [--tpcb-scale N] [--out DIR]
 """
 
 from __future__ import annotations

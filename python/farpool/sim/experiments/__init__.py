@@ -1,6 +1,6 @@
 """The simulator's experiments: each runs, writes JSON lines and a plot into bench/results/.
 
-Run one with ``python3 -m farpool.sim.experiments.<name>`` from the repository root, or through
+Run one with ``python -m farpool.sim.experiments.<name>`` from the repository root, or through
 ``farpool-sim <command> --write``. Files are named ``sim_*.jsonl`` and ``sim_*.png``. Each JSON
 line carries a ``record`` field saying what it is (``point``, ``summary``, ``run`` ...) and the
 plots are drawn only from the rows written next to them.
