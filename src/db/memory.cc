@@ -8,6 +8,8 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "common/far_copy.h"
+
 namespace farpool::db {
 namespace {
 
@@ -92,13 +94,13 @@ class LocalMemory final : public Memory {
   Status Read(GlobalAddress s, void* d, uint64_t n) override {
     std::byte* p;
     FARPOOL_RETURN_IF_ERROR(Resolve(s, n, false, &p));
-    std::memcpy(d, p, n);
+    FarRead(d, p, n);
     return Status::Ok();
   }
   Status Write(GlobalAddress d, const void* s, uint64_t n) override {
     std::byte* p;
     FARPOOL_RETURN_IF_ERROR(Resolve(d, n, false, &p));
-    std::memcpy(p, s, n);
+    FarWrite(p, s, n);
     return Status::Ok();
   }
   Result<uint64_t> CompareAndSwap(GlobalAddress a, uint64_t e, uint64_t d) override {

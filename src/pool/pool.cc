@@ -28,6 +28,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "common/far_copy.h"
 #include "common/units.h"
 #include "pool/chunk_allocator.h"
 #include "pool/object_allocator.h"
@@ -566,64 +567,6 @@ uint64_t DirectCas(std::byte* p, uint64_t expected, uint64_t desired) {
 uint64_t DirectFetchAdd(std::byte* p, uint64_t delta) {
   return __atomic_fetch_add(reinterpret_cast<uint64_t*>(p), delta, __ATOMIC_SEQ_CST);
 }
-// Mapped far memory is shared with other threads and processes that may write it while it is
-// read (as RDMA memory is): the API promises no more than 8-byte-word atomicity for aligned
-// words, and the protocols above validate what they read (versions, lock words). memcpy makes
-// exactly those word accesses on x86-64 and is several times faster than a loop of atomic
-// words for 4 KiB (SIMD). Under ThreadSanitizer the copies are made as relaxed atomic words
-// (bytes at unaligned ends) instead: the same accesses, in a form TSan understands, so that it
-// checks farpool's own state rather than flagging this intended sharing on every read.
-#if defined(__SANITIZE_THREAD__)
-constexpr bool kWordAtomicCopies = true;
-#else
-constexpr bool kWordAtomicCopies = false;
-#endif
-
-// Copies `size` bytes; `far_src` (a read) or `far_dst` (a write) says which side is shared.
-void CopyWords(std::byte* dst, const std::byte* src, uint64_t size, bool far_src) {
-  uint64_t i = 0;
-  auto copy_byte = [&](uint64_t k) {
-    if (far_src) {
-      dst[k] = std::atomic_ref<std::byte>(const_cast<std::byte&>(src[k]))
-                   .load(std::memory_order_relaxed);
-    } else {
-      std::atomic_ref<std::byte>(dst[k]).store(src[k], std::memory_order_relaxed);
-    }
-  };
-  const std::byte* far = far_src ? src : dst;
-  for (; i < size && reinterpret_cast<uintptr_t>(far + i) % 8 != 0; ++i) copy_byte(i);
-  for (; i + 8 <= size; i += 8) {
-    uint64_t w;
-    if (far_src) {
-      w = std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(const_cast<std::byte*>(src + i)))
-              .load(std::memory_order_relaxed);
-      std::memcpy(dst + i, &w, 8);
-    } else {
-      std::memcpy(&w, src + i, 8);
-      std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(dst + i))
-          .store(w, std::memory_order_relaxed);
-    }
-  }
-  for (; i < size; ++i) copy_byte(i);
-}
-
-void DirectRead(void* dst, const std::byte* src, uint64_t size) {
-  std::atomic_thread_fence(std::memory_order_acquire);
-  if constexpr (kWordAtomicCopies) {
-    CopyWords(static_cast<std::byte*>(dst), src, size, /*far_src=*/true);
-  } else {
-    std::memcpy(dst, src, size);
-  }
-}
-void DirectWrite(std::byte* dst, const void* src, uint64_t size) {
-  if constexpr (kWordAtomicCopies) {
-    CopyWords(dst, static_cast<const std::byte*>(src), size, /*far_src=*/false);
-  } else {
-    std::memcpy(dst, src, size);
-  }
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-}
-
 }  // namespace
 
 // ------------------------------------------------------------------ Pool
@@ -719,7 +662,7 @@ Status Pool::Read(GlobalAddress source, void* destination, uint64_t size) {
   Bump(tc->reads);
   Bump(tc->bytes_read, size);
   if (t.direct != nullptr) {
-    DirectRead(destination, t.direct, size);
+    FarRead(destination, t.direct, size);
     return Status::Ok();
   }
   return impl_->Complete(*tc, t.index, PostRead(tc->peers[t.index], destination, size, t.remote),
@@ -732,7 +675,7 @@ Status Pool::Write(GlobalAddress destination, const void* source, uint64_t size)
   Bump(tc->writes);
   Bump(tc->bytes_written, size);
   if (t.direct != nullptr) {
-    DirectWrite(t.direct, source, size);
+    FarWrite(t.direct, source, size);
     return Status::Ok();
   }
   FARPOOL_RETURN_IF_ERROR(impl_->Complete(
@@ -830,7 +773,7 @@ Status Batch::Read(GlobalAddress source, void* destination, uint64_t size) {
   Bump(tc.bytes_read, size);
   ++state_->posted;
   if (t.direct != nullptr) {
-    DirectRead(destination, t.direct, size);
+    FarRead(destination, t.direct, size);
     return Status::Ok();
   }
   auto& p = state_->pending.emplace_back();
@@ -848,7 +791,7 @@ Status Batch::Write(GlobalAddress destination, const void* source, uint64_t size
   Bump(tc.bytes_written, size);
   ++state_->posted;
   if (t.direct != nullptr) {
-    DirectWrite(t.direct, source, size);
+    FarWrite(t.direct, source, size);
     return Status::Ok();
   }
   auto& p = state_->pending.emplace_back();
