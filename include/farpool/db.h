@@ -204,6 +204,9 @@ struct DatabaseOptions {
   // yet released). kSharded: "locked" (every participant prepared) and "decided" (partition 0
   // committed and installed; the other participants not told yet). Tests kill the process there.
   std::function<void(std::string_view point)> commit_hook;
+  // Testing only: Commit skips first-committer-wins validation (locks without checking the
+  // version read), so the SI checker can show it finds lost updates. kPool and kLocal only.
+  bool testing_skip_validation = false;
 };
 
 class Database {
