@@ -5,13 +5,16 @@
 #   make test       setup + build + the whole test suite (C++ and Python)
 #   make test-asan  the C++ suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make fuzz       build and run the libFuzzer targets of both wire-format decoders
+#   make soak       bank + TPC-B at full speed for SOAK_SECONDS (600): pool memory must stay
+#                   bounded after the warm-up, invariants must hold (bench/results/soak.jsonl)
 #   make format / make lint
 BUILD ?= build
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
+SOAK_SECONDS ?= 600
 PY ?= python3
 
-.PHONY: setup build demo test test-cpp test-python test-asan fuzz format lint bench-ops clean
+.PHONY: setup build demo test test-cpp test-python test-asan fuzz soak format lint bench-ops clean
 
 setup:
 	./scripts/setup.sh
@@ -45,6 +48,9 @@ fuzz: setup
 	mkdir -p build-fuzz/corpus build-fuzz/shard_corpus
 	./build-fuzz/wire_fuzz -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus src/transport/fuzz_seeds
 	./build-fuzz/src/db/shard_wire_fuzz -max_total_time=$(FUZZ_SECONDS) build-fuzz/shard_corpus
+
+soak: build
+	FARPOOL_BIN=$(BUILD)/farpool PYTHONPATH=python $(PY) -m farpool.harness.soak --seconds $(SOAK_SECONDS)
 
 format:
 	clang-format -i $$(git ls-files '*.cc' '*.h')
