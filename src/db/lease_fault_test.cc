@@ -53,6 +53,8 @@ constexpr std::chrono::milliseconds kControlLease{5000};  // the control's: a lo
                                                           // must not fence it
 constexpr std::chrono::seconds kDeadline{180};
 constexpr int kMaxTxnsPerThread = 200000;  // a bound in case the stop file never comes
+constexpr int kMaxAttempts = 20000;        // of one transaction that keeps aborting
+constexpr int kReconnects = 300;           // new sessions (or databases) for one transaction
 
 // The lease counts only where the database is created (the parent); workers open it.
 DatabaseOptions Options(std::chrono::milliseconds lease = kLease) {
@@ -111,61 +113,89 @@ Status CycleStep(Transaction& txn, const Table& t, int64_t a) {
 
 // ------------------------------------------------------------------ worker
 
+// A thread's connection: its own Database handle (its own pool connection), the tables, a
+// session. Each piece is made again when it is found broken.
+struct Connection {
+  std::unique_ptr<Database> db;
+  const Table* accounts = nullptr;
+  const Table* ring = nullptr;
+  std::unique_ptr<Session> session;
+
+  Status Ensure() {
+    if (!db) {
+      FARPOOL_ASSIGN_OR_RETURN(db, Database::Open(Options()));
+      FARPOOL_ASSIGN_OR_RETURN(accounts, db->OpenTable("accounts"));
+      FARPOOL_ASSIGN_OR_RETURN(ring, db->OpenTable("ring"));
+    }
+    if (!session) {
+      FARPOOL_ASSIGN_OR_RETURN(session, db->NewSession());
+    }
+    return Status::Ok();
+  }
+  void Drop(bool database) {
+    session.reset();
+    if (database) db.reset();
+  }
+};
+
 Status MixedWorker(uint64_t seed, int id) {
-  FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(Options()));
-  FARPOOL_ASSIGN_OR_RETURN(const Table* accounts, db->OpenTable("accounts"));
-  FARPOOL_ASSIGN_OR_RETURN(const Table* ring, db->OpenTable("ring"));
   const std::string stop_file = Env("FARPOOL_STOP_FILE");
   std::vector<Status> results(kThreads);
-  std::atomic<int> fenced{0};
+  std::atomic<int> fenced{0}, reconnected{0};
   std::vector<std::thread> threads;
   for (int th = 0; th < kThreads; ++th) {
     threads.emplace_back([&, th] {
       Status& result = results[th];
-      std::unique_ptr<Session> session;
-      // Runs `body` to commit; a fenced session (Unavailable) is replaced by a new one and the
-      // transaction runs again as a new one (a transfer or Cycle step may run twice: both
-      // invariants hold either way).
+      Connection c;
+      // Runs `body` to commit. A fenced session (Unavailable) is replaced by a new one; if no
+      // new session can be had (the pool connection itself gave up on a server), the database
+      // is opened again. The transaction then runs again as a new one: a transfer or Cycle
+      // step may run twice, and both invariants hold either way.
       auto run = [&](const std::function<Status(Transaction&)>& body) -> Status {
-        for (int attempt = 0;; ++attempt) {
-          if (!session) {
-            auto s = db->NewSession();
-            if (!s.ok()) {
-              if (attempt > 200) return s.status().WithContext("no new session");
-              std::this_thread::sleep_for(10ms);
-              continue;
-            }
-            session = std::move(*s);
+        Status last;
+        for (int attempt = 0; attempt < kReconnects; ++attempt) {
+          if (Status e = c.Ensure(); !e.ok()) {
+            last = e.WithContext("reconnecting");
+            ++reconnected;
+            c.Drop(/*database=*/true);
+            std::this_thread::sleep_for(20ms);
+            continue;
           }
-          Status s = RunTransaction(*session, body, 100000);
+          Status s = RunTransaction(*c.session, body, kMaxAttempts);
           if (s.code() != StatusCode::kUnavailable) return s;
+          last = s;
           ++fenced;
-          session.reset();
-          if (attempt > 200) return s.WithContext("fenced again and again");
+          c.Drop(/*database=*/false);
         }
+        return last.WithContext("still unavailable after " + std::to_string(kReconnects) +
+                                " new sessions");
       };
+      // The tables of the current connection (valid while it lasts; run() re-resolves them).
+      auto accounts = [&]() -> const Table& { return *c.accounts; };
+      auto ring = [&]() -> const Table& { return *c.ring; };
       std::mt19937_64 rng(seed * 7919 + id * 31 + th);
       for (int i = 0; i < kMaxTxnsPerThread && result.ok(); ++i) {
         if (i % 16 == 0 && std::filesystem::exists(stop_file)) break;
         if (th == kThreads - 1) {
-          result = run([&](Transaction& txn) { return Audit(txn, *accounts, *ring); });
+          result = run([&](Transaction& txn) { return Audit(txn, accounts(), ring()); });
         } else if (rng() % 2 == 0) {
           const int64_t from = rng() % kAccounts, to = rng() % kAccounts, amount = rng() % 100;
           result = run([&](Transaction& txn) -> Status {
-            FARPOOL_ASSIGN_OR_RETURN(int64_t a, GetInt(txn, *accounts, from));
-            FARPOOL_RETURN_IF_ERROR(PutInt(txn, *accounts, from, a - amount));
-            FARPOOL_ASSIGN_OR_RETURN(int64_t b, GetInt(txn, *accounts, to));
-            return PutInt(txn, *accounts, to, b + amount);
+            FARPOOL_ASSIGN_OR_RETURN(int64_t a, GetInt(txn, accounts(), from));
+            FARPOOL_RETURN_IF_ERROR(PutInt(txn, accounts(), from, a - amount));
+            FARPOOL_ASSIGN_OR_RETURN(int64_t b, GetInt(txn, accounts(), to));
+            return PutInt(txn, accounts(), to, b + amount);
           });
         } else {
           const int64_t a = rng() % kRing;
-          result = run([&](Transaction& txn) { return CycleStep(txn, *ring, a); });
+          result = run([&](Transaction& txn) { return CycleStep(txn, ring(), a); });
         }
       }
     });
   }
   for (auto& th : threads) th.join();
-  std::fprintf(stderr, "worker %d: %d fenced sessions replaced\n", id, fenced.load());
+  std::fprintf(stderr, "worker %d: %d sessions replaced after Unavailable, %d reconnects\n", id,
+               fenced.load(), reconnected.load());
   for (auto& r : results) FARPOOL_RETURN_IF_ERROR(r);
   return Status::Ok();
 }
@@ -244,7 +274,7 @@ class LeaseFaultTest : public ::testing::Test {
         if (!fresh.ok()) return fresh.status().WithContext("a new session for the checker");
         session_ = std::move(*fresh);
       }
-      Status s = RunTransaction(*session_, body, 100000);
+      Status s = RunTransaction(*session_, body, kMaxAttempts);
       if (s.code() != StatusCode::kUnavailable || attempt == 3) return s;
       std::fprintf(stderr, "checker: %s; taking a new session\n", s.ToString().c_str());
       session_.reset();
