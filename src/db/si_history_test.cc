@@ -73,13 +73,23 @@ DatabaseOptions Options() {
 // ------------------------------------------------------------------ worker
 
 // One attempt: random reads and appends, recorded whatever its outcome.
+// Unavailable (the session was fenced, or the pool connection gave up on a server) sets
+// *unavailable: the caller replaces the session. Before Commit the attempt counts as aborted
+// (nothing was installed); from Commit its outcome is unknown.
 Result<Txn> Attempt(Session& session, const Table& t, std::mt19937_64& rng, uint64_t txn_id,
-                    uint64_t session_id, int64_t* next_element) {
+                    uint64_t session_id, int64_t* next_element, bool* unavailable) {
   Txn rec;
   rec.id = txn_id;
   rec.session = session_id;
   rec.begin_ns = MonotonicNs();
-  FARPOOL_ASSIGN_OR_RETURN(auto txn, session.Begin());
+  auto begun = session.Begin();
+  if (!begun.ok()) {
+    if (begun.status().code() != StatusCode::kUnavailable) return begun.status();
+    *unavailable = true;
+    rec.outcome = Outcome::kAborted;
+    return rec;
+  }
+  auto txn = std::move(*begun);
   std::map<int64_t, std::vector<int64_t>> current;  // key → list as this transaction sees it
   const int ops = 1 + static_cast<int>(rng() % 4);
   Status s;
@@ -113,9 +123,11 @@ Result<Txn> Attempt(Session& session, const Table& t, std::mt19937_64& rng, uint
     rec.outcome = s.ok()                             ? Outcome::kCommitted
                   : s.code() == StatusCode::kAborted ? Outcome::kAborted
                                                      : Outcome::kUnknown;
+    if (s.code() == StatusCode::kUnavailable) *unavailable = true;
   } else {
     txn->Rollback();
-    if (s.code() != StatusCode::kAborted)
+    if (s.code() == StatusCode::kUnavailable) *unavailable = true;
+    if (s.code() != StatusCode::kAborted && s.code() != StatusCode::kUnavailable)
       return s.WithContext("transaction " + std::to_string(txn_id));
     rec.outcome = Outcome::kAborted;
   }
@@ -124,8 +136,6 @@ Result<Txn> Attempt(Session& session, const Table& t, std::mt19937_64& rng, uint
 }
 
 Status SiWorker(uint64_t seed, int id) {
-  FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(Options()));
-  FARPOOL_ASSIGN_OR_RETURN(const Table* t, db->OpenTable(kTable));
   const std::string dir = Env("FARPOOL_HISTORY_DIR");
   std::vector<Status> results(kThreads);
   std::vector<std::thread> threads;
@@ -139,23 +149,46 @@ Status SiWorker(uint64_t seed, int id) {
         result = Status::IoError("cannot write " + path);
         return;
       }
-      auto session = db->NewSession();
-      if (!session.ok()) {
-        result = session.status();
-        return;
-      }
+      // This thread's own database handle and session, made again when Unavailable.
+      std::unique_ptr<Database> db;
+      const Table* t = nullptr;
+      std::unique_ptr<Session> session;
+      auto connect = [&]() -> Status {
+        if (!db) {
+          FARPOOL_ASSIGN_OR_RETURN(db, Database::Open(Options()));
+          FARPOOL_ASSIGN_OR_RETURN(t, db->OpenTable(kTable));
+        }
+        if (!session) {
+          FARPOOL_ASSIGN_OR_RETURN(session, db->NewSession());
+        }
+        return Status::Ok();
+      };
       std::mt19937_64 rng(seed * 1000003 + id * 101 + th);
       // Readable in reports: worker 2, thread 1 runs T3100000.. and appends 3100000...
       const uint64_t base = (uint64_t(id) + 1) * 1000000 + uint64_t(th) * 100000;
       const uint64_t session_id = (uint64_t(id) + 1) * 10 + th;
       int64_t next_element = static_cast<int64_t>(base);
+      int reconnects = 0;
       for (int i = 0; i < kAttempts; ++i) {
-        auto rec = Attempt(**session, *t, rng, base + i, session_id, &next_element);
+        if (Status c = connect(); !c.ok()) {
+          session.reset();
+          db.reset();
+          if (++reconnects > 100) {
+            result = c.WithContext("reconnecting");
+            return;
+          }
+          std::this_thread::sleep_for(20ms);
+          --i;
+          continue;
+        }
+        bool unavailable = false;
+        auto rec = Attempt(*session, *t, rng, base + i, session_id, &next_element, &unavailable);
         if (!rec.ok()) {
           result = rec.status();
           return;
         }
         out << testing::FormatTxn(*rec) << "\n";
+        if (unavailable) session.reset();
       }
       out.flush();
       if (!out) result = Status::IoError("writing " + path + " failed");
