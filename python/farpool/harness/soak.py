@@ -57,7 +57,9 @@ def judge_memory(timeline: list[tuple[float, int]], wall: float, warmup: float, 
     warm = [m for t, m in timeline if t <= warm_end]
     later = [m for t, m in timeline if t > warm_end]
     if not warm or not later:
-        return {"failure": f"too few memory samples ({len(timeline)}) to judge growth"}
+        end = timeline[-1][0] if timeline else 0
+        return {"failure": f"no memory sample after the warm-up (t={warm_end:.0f}s; "
+                           f"{len(timeline)} samples, the last at t={end:.0f}s): cannot judge growth"}
     base = warm[-1]
     bound = int(1.1 * base + CHUNK * clients * servers)
     peak = max(later)
