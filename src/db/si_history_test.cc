@@ -5,6 +5,9 @@
 // (db/testing/si_checker.h) then builds the dependency graph and looks for anomalies.
 //
 //   ListAppendHistoryIsSnapshotIsolated   the engine as built: no anomaly may be found.
+//   ListAppendHistoryUnderSigstopIsSnapshotIsolated
+//                                          the same (longer, lease 400 ms) while a worker is
+//                                          SIGSTOPped past its lease, twice: no anomaly.
 //   CheckerFindsLostUpdatesWithoutValidation
 //                                          workers open the database with
 //                                          testing_skip_validation: the checker must report
@@ -14,12 +17,14 @@
 // and writes it back one element longer. Elements are unique across the run:
 // (worker+1)·10⁶ + thread·10⁵ + counter (transaction ids likewise). Seeds: FARPOOL_SEED (printed).
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <time.h>
 
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <thread>
@@ -43,8 +48,9 @@ using testing::Txn;
 constexpr int kWorkers = 3;
 constexpr int kThreads = 3;
 constexpr int kKeys = 10;
-constexpr int kAttempts = 400;  // transactions tried per thread
-static_assert(kAttempts * 4 < 100000, "ids and elements of a thread stay below the next thread's");
+constexpr int kAttempts = 400;  // transactions tried per thread (FARPOOL_SI_ATTEMPTS in workers)
+constexpr int kMaxAttempts = 20000;  // ids and elements of a thread stay below the next thread's
+constexpr std::chrono::milliseconds kFaultLease{400};
 constexpr char kTable[] = "lists";
 
 int64_t MonotonicNs() {
@@ -74,10 +80,10 @@ DatabaseOptions Options() {
 
 // One attempt: random reads and appends, recorded whatever its outcome.
 // Unavailable (the session was fenced, or the pool connection gave up on a server) sets
-// *unavailable: the caller replaces the session. Before Commit the attempt counts as aborted
-// (nothing was installed); from Commit its outcome is unknown.
+// *unavailable (with the reason): the caller replaces the session. Before Commit the attempt counts
+// as aborted (nothing was installed); from Commit its outcome is unknown.
 Result<Txn> Attempt(Session& session, const Table& t, std::mt19937_64& rng, uint64_t txn_id,
-                    uint64_t session_id, int64_t* next_element, bool* unavailable) {
+                    uint64_t session_id, int64_t* next_element, Status* unavailable) {
   Txn rec;
   rec.id = txn_id;
   rec.session = session_id;
@@ -85,7 +91,7 @@ Result<Txn> Attempt(Session& session, const Table& t, std::mt19937_64& rng, uint
   auto begun = session.Begin();
   if (!begun.ok()) {
     if (begun.status().code() != StatusCode::kUnavailable) return begun.status();
-    *unavailable = true;
+    *unavailable = begun.status();
     rec.outcome = Outcome::kAborted;
     return rec;
   }
@@ -123,10 +129,10 @@ Result<Txn> Attempt(Session& session, const Table& t, std::mt19937_64& rng, uint
     rec.outcome = s.ok()                             ? Outcome::kCommitted
                   : s.code() == StatusCode::kAborted ? Outcome::kAborted
                                                      : Outcome::kUnknown;
-    if (s.code() == StatusCode::kUnavailable) *unavailable = true;
+    if (s.code() == StatusCode::kUnavailable) *unavailable = s;
   } else {
     txn->Rollback();
-    if (s.code() == StatusCode::kUnavailable) *unavailable = true;
+    if (s.code() == StatusCode::kUnavailable) *unavailable = s;
     if (s.code() != StatusCode::kAborted && s.code() != StatusCode::kUnavailable)
       return s.WithContext("transaction " + std::to_string(txn_id));
     rec.outcome = Outcome::kAborted;
@@ -168,8 +174,10 @@ Status SiWorker(uint64_t seed, int id) {
       const uint64_t base = (uint64_t(id) + 1) * 1000000 + uint64_t(th) * 100000;
       const uint64_t session_id = (uint64_t(id) + 1) * 10 + th;
       int64_t next_element = static_cast<int64_t>(base);
-      int reconnects = 0;
-      for (int i = 0; i < kAttempts; ++i) {
+      int reconnects = 0, replaced = 0;
+      const int attempts =
+          std::clamp(std::atoi(Env("FARPOOL_SI_ATTEMPTS", "400").c_str()), 1, kMaxAttempts);
+      for (int i = 0; i < attempts; ++i) {
         if (Status c = connect(); !c.ok()) {
           session.reset();
           db.reset();
@@ -181,14 +189,23 @@ Status SiWorker(uint64_t seed, int id) {
           --i;
           continue;
         }
-        bool unavailable = false;
+        Status unavailable;
         auto rec = Attempt(*session, *t, rng, base + i, session_id, &next_element, &unavailable);
         if (!rec.ok()) {
           result = rec.status();
           return;
         }
         out << testing::FormatTxn(*rec) << "\n";
-        if (unavailable) session.reset();
+        if (!unavailable.ok()) {
+          // A few of them on stderr: why sessions were replaced.
+          if (++replaced <= 2) {
+            std::fprintf(stderr, "worker %d thread %d: T%llu %s: %s\n", id, th,
+                         static_cast<unsigned long long>(rec->id),
+                         rec->outcome == Outcome::kUnknown ? "unknown outcome" : "aborted",
+                         unavailable.ToString().c_str());
+          }
+          session.reset();
+        }
       }
       out.flush();
       if (!out) result = Status::IoError("writing " + path + " failed");
@@ -212,8 +229,10 @@ class SiHistoryTest : public ::testing::Test {
     o.binary = FARPOOL_BINARY;
     cluster_ = std::make_unique<TestCluster>(o);
     ASSERT_TRUE(cluster_->status().ok()) << cluster_->status().ToString();
-    DatabaseOptions d;
+    DatabaseOptions d;  // creates the database: default options, or a short lease for faults
     d.cluster_file = cluster_->cluster_file();
+    const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    if (test.find("Sigstop") != std::string::npos) d.lease = kFaultLease;
     auto db = Database::Open(d);
     ASSERT_TRUE(db.ok()) << db.status().ToString();
     db_ = std::move(*db);
@@ -249,18 +268,22 @@ class SiHistoryTest : public ::testing::Test {
     }
   }
 
-  // Runs the workers, adds a final read of every key, and checks the history.
-  CheckReport RunAndCheck(uint64_t seed, bool skip_validation) {
+  // Runs the workers (`attempts` transactions per thread; `fault` is called with their pids
+  // while they run), adds a final read of every key, and checks the history.
+  CheckReport RunAndCheck(uint64_t seed, bool skip_validation, int attempts = kAttempts,
+                          const std::function<void(const std::vector<pid_t>&)>& fault = {}) {
     std::vector<pid_t> pids;
     for (int w = 0; w < kWorkers; ++w) {
       auto pid = testing::SpawnWorker("si", w,
                                       {{"FARPOOL_CLUSTER", cluster_->cluster_file()},
                                        {"FARPOOL_SEED", std::to_string(seed)},
                                        {"FARPOOL_HISTORY_DIR", history_dir_},
-                                       {"FARPOOL_SKIP_VALIDATION", skip_validation ? "1" : "0"}});
+                                       {"FARPOOL_SKIP_VALIDATION", skip_validation ? "1" : "0"},
+                                       {"FARPOOL_SI_ATTEMPTS", std::to_string(attempts)}});
       EXPECT_TRUE(pid.ok()) << pid.status().ToString();
       if (pid.ok()) pids.push_back(*pid);
     }
+    if (fault && pids.size() == size_t{kWorkers}) fault(pids);
     for (const auto& w : testing::ReapWorkers(pids, 300s))
       EXPECT_TRUE(w.Succeeded()) << w.Describe();
     // The final state of every key, read by the parent: the last word on each version order.
@@ -297,7 +320,7 @@ class SiHistoryTest : public ::testing::Test {
     EXPECT_TRUE(history.ok()) << history.status().ToString();
     if (!history.ok()) return {};
     history->push_back(last);
-    EXPECT_EQ(history->size(), size_t{kWorkers} * kThreads * kAttempts + 1);
+    EXPECT_EQ(history->size(), size_t{kWorkers} * kThreads * attempts + 1);
     return testing::CheckSnapshotIsolation(*history);
   }
 
@@ -329,6 +352,26 @@ TEST_F(SiHistoryTest, CheckerFindsLostUpdatesWithoutValidation) {
   EXPECT_TRUE(r.Has("lost-update") || r.Has("G-single"))
       << "the broken build's history shows no lost update:\n"
       << r.ToString();
+}
+
+TEST_F(SiHistoryTest, ListAppendHistoryUnderSigstopIsSnapshotIsolated) {
+  // As above, longer, with a lease of 400 ms, while the parent SIGSTOPs a worker for 4 leases
+  // (twice): the others fence it; when it resumes, its sessions must find themselves fenced
+  // (Unavailable: recorded as aborted before Commit, unknown from Commit) and replaced.
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed));
+  CheckReport r = RunAndCheck(seed, /*skip_validation=*/false, 1500, [&](const auto& pids) {
+    std::mt19937_64 rng(seed);
+    for (int round = 0; round < 2; ++round) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300 + rng() % 700));
+      const pid_t victim = pids[1 + round % (kWorkers - 1)];
+      kill(victim, SIGSTOP);
+      std::this_thread::sleep_for(kFaultLease * 4);
+      kill(victim, SIGCONT);
+    }
+  });
+  std::printf("%s", r.ToString().c_str());
+  EXPECT_TRUE(r.ok()) << r.ToString();
 }
 
 }  // namespace
