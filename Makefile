@@ -6,16 +6,19 @@
 #   make test-asan  the C++ suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make test-tsan  the C++ suite under ThreadSanitizer (suppressions: tsan.supp, UCX only)
 #   make fuzz       build and run the libFuzzer targets of both wire-format decoders
+#   make soak       bank + TPC-B at full speed for SOAK_SECONDS (600): pool memory must stay
+#                   bounded after the warm-up, invariants must hold (bench/results/soak.jsonl)
 #   make format / make lint
 BUILD ?= build
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
+SOAK_SECONDS ?= 600
 # Python runs from the repository's virtual environment, which `make setup` creates (Debian 12's
 # system python3 refuses `pip install`; see scripts/setup.sh). `. .venv/bin/activate` for a shell.
 VENV := $(CURDIR)/.venv
 PY ?= $(VENV)/bin/python
 
-.PHONY: setup build demo test test-cpp test-python test-asan test-tsan fuzz format lint bench-ops clean
+.PHONY: setup build demo test test-cpp test-python test-asan test-tsan fuzz soak format lint bench-ops clean
 
 setup:
 	./scripts/setup.sh
@@ -63,6 +66,9 @@ fuzz: setup
 	mkdir -p build-fuzz/corpus build-fuzz/shard_corpus
 	./build-fuzz/wire_fuzz -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus src/transport/fuzz_seeds
 	./build-fuzz/src/db/shard_wire_fuzz -max_total_time=$(FUZZ_SECONDS) build-fuzz/shard_corpus
+
+soak: build
+	FARPOOL_BIN=$(BUILD)/farpool PYTHONPATH=python $(PY) -m farpool.harness.soak --seconds $(SOAK_SECONDS)
 
 format:
 	clang-format -i $$(git ls-files '*.cc' '*.h')

@@ -212,7 +212,7 @@ struct DatabaseOptions {
   // committed and installed; the other participants not told yet). Tests kill the process there.
   std::function<void(std::string_view point)> commit_hook;
   // Testing only: Commit skips first-committer-wins validation (locks without checking the
-  // version read), so the SI history checker can show that it finds lost updates.
+  // version read), so the SI checker can show it finds lost updates. kPool and kLocal only.
   bool testing_skip_validation = false;
 };
 

@@ -1,0 +1,426 @@
+// Live sessions that lose their lease in the middle of commits, with real processes:
+// `farpool server` processes hold the data; kWorkers compute processes (this binary re-run
+// with FARPOOL_WORKER=mixed) run bank transfers and Cycle steps on kThreads sessions each,
+// plus an auditor session that checks, in every snapshot, the bank total and that the ring
+// is one ring. The database's lease is short (kLease) and one worker is made to outlive it:
+//
+//   ControlWithoutFaults     the same run without a fault (the checks themselves are sound).
+//   SigstopOutlivesLease     the parent SIGSTOPs a worker for several leases, then SIGCONTs it
+//                            (twice, different workers): the others fence it and recover its
+//                            commits while it is stopped; when it resumes it must find its
+//                            sessions fenced (Unavailable) and not damage anything.
+//   WallClockStepsInOneWorker
+//                            one worker runs under libfaketime (FAKETIME_TIMESTAMP_FILE,
+//                            FAKETIME_NO_CACHE=1, DONT_FAKE_MONOTONIC=1): its wall clock
+//                            jumps forward, then backward, while the others run. Skipped
+//                            when libfaketime is not installed (Debian package `faketime`).
+//
+// A session that gets Unavailable from Begin/Commit (fenced) is dropped and the worker opens a
+// new one and goes on. After the run: the bank total is conserved (auditors saw it in every
+// snapshot), the ring is one ring, no record stays locked after RecoverExpired, every record
+// takes a write, and every worker finished within kDeadline (stragglers are killed: failure).
+//
+// Seeds: FARPOOL_SEED (printed).
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "db/db_test_util.h"
+#include "db/testing/worker_processes.h"
+#include "farpool/db.h"
+#include "pool/test_cluster.h"
+
+using namespace std::chrono_literals;
+
+namespace farpool::db {
+namespace {
+
+using testing::Env;
+
+constexpr int kWorkers = 3;
+constexpr int kThreads = 3;  // two writers and an auditor
+constexpr int kAccounts = 32;
+constexpr int64_t kInitial = 1000;
+constexpr int kRing = 16;
+constexpr std::chrono::milliseconds kLease{400};          // the fault tests' database
+constexpr std::chrono::milliseconds kControlLease{5000};  // the control's: a loaded machine
+                                                          // must not fence it
+constexpr std::chrono::seconds kDeadline{180};
+constexpr int kMaxTxnsPerThread = 200000;  // a bound in case the stop file never comes
+constexpr int kMaxAttempts = 20000;        // of one transaction that keeps aborting
+constexpr int kReconnects = 300;           // new sessions (or databases) for one transaction
+
+// The lease counts only where the database is created (the parent); workers open it.
+DatabaseOptions Options(std::chrono::milliseconds lease = kLease) {
+  DatabaseOptions o;
+  o.engine = Engine::kPool;
+  o.cluster_file = Env("FARPOOL_CLUSTER");
+  o.lease = lease;
+  return o;
+}
+
+Status PutInt(Transaction& txn, const Table& t, int64_t key, int64_t v) {
+  Row r(t.schema());
+  r.SetInt64(0, v);
+  return txn.Put(t, key, r);
+}
+Result<int64_t> GetInt(Transaction& txn, const Table& t, int64_t key) {
+  Row r;
+  FARPOOL_RETURN_IF_ERROR(txn.Get(t, key, &r));
+  return r.GetInt64(0);
+}
+
+// In one snapshot: the bank total, and the ring's length from 0 back to 0 (0 if it does not
+// close within kRing hops or visits a node twice).
+Status Audit(Transaction& txn, const Table& accounts, const Table& ring) {
+  int64_t sum = 0;
+  for (int a = 0; a < kAccounts; ++a) {
+    FARPOOL_ASSIGN_OR_RETURN(int64_t v, GetInt(txn, accounts, a));
+    sum += v;
+  }
+  if (sum != kAccounts * kInitial) {
+    return Status::Internal("audit: a snapshot saw a bank total of " + std::to_string(sum) +
+                            ", not " + std::to_string(kAccounts * kInitial));
+  }
+  std::set<int64_t> seen;
+  int64_t at = 0;
+  for (int i = 0; i < kRing; ++i) {
+    if (!seen.insert(at).second) break;
+    FARPOOL_ASSIGN_OR_RETURN(at, GetInt(txn, ring, at));
+  }
+  if (at != 0 || seen.size() != static_cast<size_t>(kRing)) {
+    return Status::Internal("audit: the ring is broken (" + std::to_string(seen.size()) +
+                            " distinct nodes before returning to " + std::to_string(at) + ")");
+  }
+  return Status::Ok();
+}
+
+// One Cycle step: a -> b -> c -> d becomes a -> c -> b -> d.
+Status CycleStep(Transaction& txn, const Table& t, int64_t a) {
+  FARPOOL_ASSIGN_OR_RETURN(int64_t b, GetInt(txn, t, a));
+  FARPOOL_ASSIGN_OR_RETURN(int64_t c, GetInt(txn, t, b));
+  FARPOOL_ASSIGN_OR_RETURN(int64_t d, GetInt(txn, t, c));
+  FARPOOL_RETURN_IF_ERROR(PutInt(txn, t, a, c));
+  FARPOOL_RETURN_IF_ERROR(PutInt(txn, t, c, b));
+  return PutInt(txn, t, b, d);
+}
+
+// ------------------------------------------------------------------ worker
+
+// A thread's connection: its own Database handle (its own pool connection), the tables, a
+// session. Each piece is made again when it is found broken.
+struct Connection {
+  std::unique_ptr<Database> db;
+  const Table* accounts = nullptr;
+  const Table* ring = nullptr;
+  std::unique_ptr<Session> session;
+
+  Status Ensure() {
+    if (!db) {
+      FARPOOL_ASSIGN_OR_RETURN(db, Database::Open(Options()));
+      FARPOOL_ASSIGN_OR_RETURN(accounts, db->OpenTable("accounts"));
+      FARPOOL_ASSIGN_OR_RETURN(ring, db->OpenTable("ring"));
+    }
+    if (!session) {
+      FARPOOL_ASSIGN_OR_RETURN(session, db->NewSession());
+    }
+    return Status::Ok();
+  }
+  void Drop(bool database) {
+    session.reset();
+    if (database) db.reset();
+  }
+};
+
+Status MixedWorker(uint64_t seed, int id) {
+  const std::string stop_file = Env("FARPOOL_STOP_FILE");
+  std::vector<Status> results(kThreads);
+  std::atomic<int> fenced{0}, reconnected{0};
+  std::vector<std::thread> threads;
+  for (int th = 0; th < kThreads; ++th) {
+    threads.emplace_back([&, th] {
+      Status& result = results[th];
+      Connection c;
+      // Runs `body` to commit. A fenced session (Unavailable) is replaced by a new one; if no
+      // new session can be had (the pool connection itself gave up on a server), the database
+      // is opened again. The transaction then runs again as a new one: a transfer or Cycle
+      // step may run twice, and both invariants hold either way.
+      auto run = [&](const std::function<Status(Transaction&)>& body) -> Status {
+        Status last;
+        for (int attempt = 0; attempt < kReconnects; ++attempt) {
+          if (Status e = c.Ensure(); !e.ok()) {
+            last = e.WithContext("reconnecting");
+            ++reconnected;
+            c.Drop(/*database=*/true);
+            std::this_thread::sleep_for(20ms);
+            continue;
+          }
+          Status s = RunTransaction(*c.session, body, kMaxAttempts);
+          if (s.code() != StatusCode::kUnavailable) return s;
+          last = s;
+          ++fenced;
+          c.Drop(/*database=*/false);
+        }
+        return last.WithContext("still unavailable after " + std::to_string(kReconnects) +
+                                " new sessions");
+      };
+      // The tables of the current connection (valid while it lasts; run() re-resolves them).
+      auto accounts = [&]() -> const Table& { return *c.accounts; };
+      auto ring = [&]() -> const Table& { return *c.ring; };
+      std::mt19937_64 rng(seed * 7919 + id * 31 + th);
+      for (int i = 0; i < kMaxTxnsPerThread && result.ok(); ++i) {
+        if (i % 16 == 0 && std::filesystem::exists(stop_file)) break;
+        if (th == kThreads - 1) {
+          result = run([&](Transaction& txn) { return Audit(txn, accounts(), ring()); });
+        } else if (rng() % 2 == 0) {
+          const int64_t from = rng() % kAccounts, to = rng() % kAccounts, amount = rng() % 100;
+          result = run([&](Transaction& txn) -> Status {
+            FARPOOL_ASSIGN_OR_RETURN(int64_t a, GetInt(txn, accounts(), from));
+            FARPOOL_RETURN_IF_ERROR(PutInt(txn, accounts(), from, a - amount));
+            FARPOOL_ASSIGN_OR_RETURN(int64_t b, GetInt(txn, accounts(), to));
+            return PutInt(txn, accounts(), to, b + amount);
+          });
+        } else {
+          const int64_t a = rng() % kRing;
+          result = run([&](Transaction& txn) { return CycleStep(txn, ring(), a); });
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  std::fprintf(stderr, "worker %d: %d sessions replaced after Unavailable, %d reconnects\n", id,
+               fenced.load(), reconnected.load());
+  for (auto& r : results) FARPOOL_RETURN_IF_ERROR(r);
+  return Status::Ok();
+}
+
+// ------------------------------------------------------------------ parent
+
+class LeaseFaultTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    seed_ = TestSeed();
+    LocalClusterOptions o;
+    o.servers = 2;
+    o.memory = 256ull << 20;
+    o.transport = Fabric::kShm;
+    o.progress = ProgressMode::kEvent;
+    o.binary = FARPOOL_BINARY;
+    cluster_ = std::make_unique<TestCluster>(o);
+    ASSERT_TRUE(cluster_->status().ok()) << cluster_->status().ToString();
+    dir_ = MakeTempDir("farpool-lease-fault");
+    setenv("FARPOOL_CLUSTER", cluster_->cluster_file().c_str(), 1);
+    const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    lease_ = test == "ControlWithoutFaults" ? kControlLease : kLease;
+    auto db = Database::Open(Options(lease_));  // creates the database with lease_
+    ASSERT_TRUE(db.ok()) << db.status().ToString();
+    db_ = std::move(*db);
+    auto a = db_->CreateTable("accounts", Schema{{"balance", ColumnType::kInt64}});
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    auto r = db_->CreateTable("ring", Schema{{"next", ColumnType::kInt64}});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    accounts_ = *a;
+    ring_ = *r;
+    auto session = db_->NewSession();
+    ASSERT_TRUE(session.ok()) << session.status().ToString();
+    session_ = std::move(*session);
+    Status s = RunTransaction(*session_, [&](Transaction& txn) -> Status {
+      for (int i = 0; i < kAccounts; ++i)
+        FARPOOL_RETURN_IF_ERROR(PutInt(txn, *accounts_, i, kInitial));
+      for (int i = 0; i < kRing; ++i)
+        FARPOOL_RETURN_IF_ERROR(PutInt(txn, *ring_, i, (i + 1) % kRing));
+      return Status::Ok();
+    });
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    // The parent takes no part in the run (its own lease and server connections could suffer
+    // from the faults); it opens the database again to check it afterwards.
+    session_.reset();
+    db_.reset();
+  }
+  void Reopen() {
+    auto db = Database::Open(Options(lease_));
+    ASSERT_TRUE(db.ok()) << db.status().ToString();
+    db_ = std::move(*db);
+    auto a = db_->OpenTable("accounts");
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    auto r = db_->OpenTable("ring");
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    accounts_ = *a;
+    ring_ = *r;
+    auto session = db_->NewSession();
+    ASSERT_TRUE(session.ok()) << session.status().ToString();
+    session_ = std::move(*session);
+  }
+  void TearDown() override {
+    session_.reset();
+    db_.reset();
+    cluster_.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  // The parent's own session may have been fenced too (a worker whose clock jumped forward
+  // sees every lease expired): like the workers, it takes a new session.
+  Status RunChecker(const std::function<Status(Transaction&)>& body) {
+    for (int attempt = 0;; ++attempt) {
+      if (!session_) {
+        auto fresh = db_->NewSession();
+        if (!fresh.ok()) return fresh.status().WithContext("a new session for the checker");
+        session_ = std::move(*fresh);
+      }
+      Status s = RunTransaction(*session_, body, kMaxAttempts);
+      if (s.code() != StatusCode::kUnavailable || attempt == 3) return s;
+      std::fprintf(stderr, "checker: %s; taking a new session\n", s.ToString().c_str());
+      session_.reset();
+    }
+  }
+
+  std::string StopFile() const { return dir_ + "/stop"; }
+
+  std::vector<pid_t> Spawn(const std::vector<testing::EnvVars>& extra) {
+    std::vector<pid_t> pids;
+    for (int w = 0; w < kWorkers; ++w) {
+      testing::EnvVars env = {{"FARPOOL_CLUSTER", cluster_->cluster_file()},
+                              {"FARPOOL_SEED", std::to_string(seed_)},
+                              {"FARPOOL_STOP_FILE", StopFile()}};
+      if (w < static_cast<int>(extra.size()))
+        env.insert(env.end(), extra[w].begin(), extra[w].end());
+      auto pid = testing::SpawnWorker("mixed", w, env);
+      EXPECT_TRUE(pid.ok()) << pid.status().ToString();
+      if (pid.ok()) pids.push_back(*pid);
+    }
+    return pids;
+  }
+
+  // Tells the workers to stop, waits for them (bounded), then checks every invariant.
+  void StopAndCheck(const std::vector<pid_t>& pids) {
+    std::ofstream(StopFile()) << "stop\n";
+    for (const auto& w : testing::ReapWorkers(pids, kDeadline))
+      EXPECT_TRUE(w.Succeeded()) << w.Describe() << " (its stderr says why)";
+    // Sessions of the workers are gone; wait out their leases, then recover.
+    std::this_thread::sleep_for(lease_ + lease_ / 2);
+    ASSERT_NO_FATAL_FAILURE(Reopen());
+    Status rs = db_->RecoverExpired();
+    ASSERT_TRUE(rs.ok()) << rs.ToString();
+    for (const Table* t : {accounts_, ring_}) {
+      auto locked = db_->CountLocked(*t);
+      ASSERT_TRUE(locked.ok()) << locked.status().ToString();
+      EXPECT_EQ(*locked, 0u) << "records of '" << t->name() << "' still locked";
+    }
+    Status audit = RunChecker([&](Transaction& txn) { return Audit(txn, *accounts_, *ring_); });
+    EXPECT_TRUE(audit.ok()) << audit.ToString();
+    // Every record takes a write (none is frozen by a lock nobody will release).
+    Status s = RunChecker([&](Transaction& txn) -> Status {
+      for (const Table* t : {accounts_, ring_}) {
+        const int n = t == accounts_ ? kAccounts : kRing;
+        for (int i = 0; i < n; ++i) {
+          FARPOOL_ASSIGN_OR_RETURN(int64_t v, GetInt(txn, *t, i));
+          FARPOOL_RETURN_IF_ERROR(PutInt(txn, *t, i, v));
+        }
+      }
+      return Status::Ok();
+    });
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
+
+  uint64_t seed_ = 0;
+  std::chrono::milliseconds lease_{kLease};
+  std::unique_ptr<TestCluster> cluster_;
+  std::string dir_;
+  std::unique_ptr<Database> db_;
+  std::unique_ptr<Session> session_;
+  const Table* accounts_ = nullptr;
+  const Table* ring_ = nullptr;
+};
+
+// The same workload without a fault (and a lease long enough that a loaded machine does not
+// fence anyone): the harness and its checks are sound, so a failure of the tests below comes
+// from their fault.
+TEST_F(LeaseFaultTest, ControlWithoutFaults) {
+  SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed_));
+  auto pids = Spawn({});
+  ASSERT_EQ(pids.size(), size_t{kWorkers});
+  std::this_thread::sleep_for(2s);
+  StopAndCheck(pids);
+}
+
+TEST_F(LeaseFaultTest, SigstopOutlivesLease) {
+  SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed_));
+  std::mt19937_64 rng(seed_);
+  auto pids = Spawn({});
+  ASSERT_EQ(pids.size(), size_t{kWorkers});
+  for (int round = 0; round < 2; ++round) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300 + rng() % 500));
+    const pid_t victim = pids[1 + round % (kWorkers - 1)];
+    kill(victim, SIGSTOP);
+    std::this_thread::sleep_for(kLease * 4);  // the others meet its locks and fence it
+    kill(victim, SIGCONT);
+  }
+  std::this_thread::sleep_for(1s);
+  StopAndCheck(pids);
+}
+
+// The multi-threaded libfaketime, or "" if it is not installed.
+std::string LibFaketime() {
+  std::vector<std::string> candidates = {
+      Env("FARPOOL_LIBFAKETIME"), "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
+      "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1",
+      "/usr/lib/faketime/libfaketimeMT.so.1", "/usr/local/lib/faketime/libfaketimeMT.so.1"};
+  for (const auto& c : candidates)
+    if (!c.empty() && std::filesystem::exists(c)) return c;
+  return "";
+}
+
+TEST_F(LeaseFaultTest, WallClockStepsInOneWorker) {
+  const std::string lib = LibFaketime();
+  if (lib.empty()) {
+    GTEST_SKIP() << "libfaketime is not installed (Debian: apt-get install faketime; or set "
+                    "FARPOOL_LIBFAKETIME to libfaketimeMT.so.1): cannot step one process's "
+                    "wall clock";
+  }
+  SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed_));
+  const std::string offset_file = dir_ + "/faketime";
+  auto set_offset = [&](const std::string& spec) {
+    std::ofstream(offset_file, std::ios::trunc) << spec << "\n";
+  };
+  set_offset("+0");
+  auto pids = Spawn({{},
+                     {{"LD_PRELOAD", lib},
+                      {"FAKETIME_TIMESTAMP_FILE", offset_file},
+                      {"FAKETIME_NO_CACHE", "1"},
+                      {"DONT_FAKE_MONOTONIC", "1"}}});
+  ASSERT_EQ(pids.size(), size_t{kWorkers});
+  std::mt19937_64 rng(seed_);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300 + rng() % 500));
+  set_offset("+5");  // forward by many leases: to this worker every other lease has expired
+  std::this_thread::sleep_for(1500ms);
+  set_offset("-5");  // backward: its own renewals now look long expired to the others
+  std::this_thread::sleep_for(1500ms);
+  set_offset("+0");
+  std::this_thread::sleep_for(1s);
+  StopAndCheck(pids);
+}
+
+}  // namespace
+}  // namespace farpool::db
+
+int main(int argc, char** argv) {
+  const std::string role = farpool::db::testing::Env("FARPOOL_WORKER");
+  if (!role.empty()) {
+    const uint64_t seed =
+        std::strtoull(farpool::db::testing::Env("FARPOOL_SEED", "1").c_str(), nullptr, 10);
+    const int id = std::atoi(farpool::db::testing::Env("FARPOOL_WORKER_ID", "0").c_str());
+    farpool::Status s = role == "mixed" ? farpool::db::MixedWorker(seed, id)
+                                        : farpool::Status::InvalidArgument("unknown role " + role);
+    if (!s.ok()) std::fprintf(stderr, "worker %s %d: %s\n", role.c_str(), id, s.ToString().c_str());
+    return s.ok() ? 0 : 1;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,66 @@
+#include "db/testing/worker_processes.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+namespace farpool::db::testing {
+
+std::string Env(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+
+Result<pid_t> SpawnWorker(const std::string& role, int id, const EnvVars& env) {
+  const pid_t pid = fork();
+  if (pid < 0) return Status::IoError(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    setenv("FARPOOL_WORKER", role.c_str(), 1);
+    setenv("FARPOOL_WORKER_ID", std::to_string(id).c_str(), 1);
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+    execl("/proc/self/exe", "worker", nullptr);
+    _exit(127);
+  }
+  return pid;
+}
+
+bool WorkerExit::Succeeded() const {
+  return !timed_out && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+std::string WorkerExit::Describe() const {
+  std::string s = "worker pid " + std::to_string(pid) + ": ";
+  if (timed_out) return s + "did not finish in time (killed)";
+  if (WIFEXITED(status)) return s + "exit code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return s + "killed by signal " + std::to_string(WTERMSIG(status));
+  return s + "status " + std::to_string(status);
+}
+
+std::vector<WorkerExit> ReapWorkers(const std::vector<pid_t>& pids, std::chrono::seconds limit) {
+  std::vector<WorkerExit> out;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (pid_t pid : pids) {
+    WorkerExit w;
+    w.pid = pid;
+    for (;;) {
+      if (waitpid(pid, &w.status, WNOHANG) == pid) break;
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(pid, SIGCONT);
+        kill(pid, SIGKILL);
+        waitpid(pid, &w.status, 0);
+        w.timed_out = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    out.push_back(w);
+  }
+  return out;
+}
+
+}  // namespace farpool::db::testing

@@ -1,0 +1,40 @@
+// Worker processes for real-process tests: the test binary re-runs itself (/proc/self/exe)
+// with FARPOOL_WORKER=<role> and FARPOOL_WORKER_ID=<id> in its environment, and its main()
+// dispatches on them. The parent waits for all of them within one bounded time and kills the
+// stragglers, so a hung worker fails the test instead of hanging it.
+//
+// Thread-safety: call from the test's main thread (fork).
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "farpool/status.h"
+
+namespace farpool::db::testing {
+
+using EnvVars = std::vector<std::pair<std::string, std::string>>;
+
+// The value of environment variable `name`, or `fallback`.
+std::string Env(const char* name, const char* fallback = "");
+
+// Starts a worker with `env` added to (or replacing in) this process's environment.
+Result<pid_t> SpawnWorker(const std::string& role, int id, const EnvVars& env);
+
+struct WorkerExit {
+  pid_t pid = 0;
+  int status = 0;          // as waitpid reports it
+  bool timed_out = false;  // still running at the deadline: killed
+  bool Succeeded() const;  // exited with 0, in time
+  std::string Describe() const;
+};
+
+// Waits for every worker until `limit` has passed since the call; workers still running then
+// are continued (in case they are stopped) and killed with SIGKILL.
+std::vector<WorkerExit> ReapWorkers(const std::vector<pid_t>& pids, std::chrono::seconds limit);
+
+}  // namespace farpool::db::testing
