@@ -232,6 +232,7 @@ Result<const Table*> NamDatabase::CreateTable(const std::string& name, const Sch
         access.Write(desc + 8, reinterpret_cast<const unsigned char*>(&d) + 8, sizeof(d) - 8));
     if (options.ordered) FARPOOL_RETURN_IF_ERROR(BTree::Create(access, desc + kDescBtreeRoot));
     uint64_t live = kDescLive;
+    FARPOOL_RETURN_IF_ERROR(system_->CheckLease());
     return access.Write(desc, &live, 8);
   };
   Status s = body();
@@ -261,10 +262,18 @@ Status NamDatabase::DropTable(const std::string& name) {
   const auto* nt = static_cast<const NamTable*>(t);
   const Access& access = system_->access_;
   FARPOOL_RETURN_IF_ERROR(LockDdl());
+  // Our handle may be stale (dropped, even re-created, by another process): drop only the
+  // table it names, once.
+  auto live = TableLive(access, *nt);
+  Status s = live.ok() ? (*live ? Status::Ok()
+                                : Status::NotFound("table '" + name +
+                                                   "' was dropped already (by another process)"))
+                       : live.status();
   uint64_t dropped = kDescDropped;
-  Status s = system_->CheckLease();
+  if (s.ok()) s = system_->CheckLease();
   if (s.ok()) s = access.Write(nt->desc_, &dropped, 8);
   Status u = UnlockDdl();
+  if (s.code() == StatusCode::kNotFound) (void)LoadTables(access);  // forget the stale handle
   FARPOOL_RETURN_IF_ERROR(s);
   FARPOOL_RETURN_IF_ERROR(u);
   // A stamp after the drop: once the low-water mark reaches it, no snapshot from before the

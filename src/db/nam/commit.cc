@@ -18,7 +18,9 @@
 // usable; an error after it (the outcome is decided, recovery can finish it) abandons the
 // session: it stops renewing and others roll its log forward after its lease.
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <map>
 
 #include "db/nam/nam_internal.h"
 
@@ -72,6 +74,7 @@ class CommitRun {
   std::vector<uint64_t> announced_;
   bool evicts_ = false;
   uint64_t stamp_ = 0;
+  uint64_t log_state_ = 0;  // the state word of our commit log
 };
 
 // ---------------------------------------------------------------- phases
@@ -122,6 +125,22 @@ Status CommitRun::Resolve() {
     if (it.t->btree_ && it.image.newest < 0) {
       auto inserted = it.t->btree_->GetOrInsert(access_, s_, it.w->key, it.record.raw());
       if (!inserted.ok()) return IndexFailed(inserted.status());
+      if (*inserted != it.record.raw()) {
+        // The tree still names an earlier record of this key: one whose removal stopped
+        // between the two indexes. Finish it and retry.
+        uint64_t lock;
+        FARPOOL_RETURN_IF_ERROR(access_.Read(GlobalAddress::FromRaw(*inserted), &lock, 8));
+        if (lock != kRemovedLock) {
+          return Status::Internal("key " + std::to_string(it.w->key) + " of '" + it.t->name_ +
+                                  "' has two records (" + it.record.ToString() +
+                                  " in the hash "
+                                  "index, " +
+                                  GlobalAddress::FromRaw(*inserted).ToString() + " in the B+tree)");
+        }
+        FARPOOL_RETURN_IF_ERROR(s_.HelpUnlink(*it.t, it.w->key, GlobalAddress::FromRaw(*inserted)));
+        return Abort("key " + std::to_string(it.w->key) + " of '" + it.t->name_ +
+                     "' had a stale index entry (repaired); retry");
+      }
     }
   }
   // Blobs of variable-length columns (freed again unless the commit is decided).
@@ -158,6 +177,9 @@ Status CommitRun::ResolveUnread(const std::vector<size_t>& need_read) {
     Item& it = items_[i];
     it.image.Decode(it.t->layout_);
     if (it.image.lock == kRemovedLock || it.image.key != it.w->key) {
+      if (it.image.lock == kRemovedLock && it.image.key == it.w->key) {
+        FARPOOL_RETURN_IF_ERROR(s_.HelpUnlink(*it.t, it.w->key, it.record));
+      }
       s_.ForgetRecord(*it.t, it.w->key);
       return Abort("the record of key " + std::to_string(it.w->key) + " of '" + it.t->name_ +
                    "' was removed under the commit");
@@ -205,6 +227,10 @@ Status CommitRun::Lock() {
   for (Item& it : items_) evicts_ = evicts_ || it.image.newest_seq() + 1 > uint64_t(kCells);
   const uint64_t slots = s_.db_.root().max_slots;
   if (evicts_) announced_.resize(slots);
+  // The tables' descriptors, in the same batch: a handle of a dropped table (another
+  // process dropped it) must not write into memory that its reclamation frees.
+  std::map<const NamTable*, std::array<uint64_t, 2>> descs;
+  for (Item& it : items_) descs[it.t] = {0, 0};
   Status posted;
   Status waited;
   {
@@ -212,6 +238,9 @@ Status CommitRun::Lock() {
     for (Item& it : items_) {
       posted = b.Cas(it.record, it.expected, mine, &it.prev);
       if (!posted.ok()) break;
+    }
+    for (auto& [t, words] : descs) {
+      if (posted.ok()) posted = b.Read(t->desc_, words.data(), 16);
     }
     if (posted.ok() && evicts_)
       posted = b.Read(s_.db_.AnnounceAddr(0), announced_.data(), slots * 8);
@@ -223,9 +252,15 @@ Status CommitRun::Lock() {
     ReleaseLocks();
     return !posted.ok() ? posted : waited;
   }
+  for (Item& it : items_) it.locked = it.prev == it.expected;
+  for (const auto& [t, words] : descs) {
+    if (words[0] != kDescLive || words[1] != t->incarnation_) {
+      ReleaseLocks();
+      return Status::NotFound("table '" + t->name_ + "' was dropped");
+    }
+  }
   std::string conflict;
   for (Item& it : items_) {
-    it.locked = it.prev == it.expected;
     if (!it.locked && conflict.empty()) {
       conflict = "key " + std::to_string(it.w->key) + " of '" + it.t->name_ + "'";
       conflict += IsLocked(it.prev) ? " is locked by another transaction"
@@ -267,7 +302,12 @@ void CommitRun::ReleaseLocks() {
   for (size_t i = 0; i < items_.size(); ++i) {
     if (items_[i].locked) (void)b.Cas(items_[i].record, mine, items_[i].expected, &prev[i]);
   }
-  (void)b.Wait();  // a failure leaves locks that recovery breaks once this session is gone
+  if (!b.Wait().ok()) {
+    // Some locks may still be ours: stop the session, so that others judge it dead after its
+    // lease and break them (a live session's locks are never broken).
+    s_.lease_->fenced = true;
+    s_.lease_->valid_until = 0;
+  }
   for (Item& it : items_) {
     it.locked = false;
     if (!it.spill.is_null()) {
@@ -278,7 +318,8 @@ void CommitRun::ReleaseLocks() {
 }
 
 bool CommitRun::AnyOlderThan(uint64_t stamp) const {
-  const uint32_t me = s_.lease_->slot;
+  // Our own announcement counts only if another transaction of this session is open.
+  const uint32_t me = s_.lease_->open > 1 ? UINT32_MAX : s_.lease_->slot;
   for (uint32_t i = 0; i < announced_.size(); ++i) {
     const uint64_t a = announced_[i];
     if (i != me && a != 0 && a < stamp) return true;
@@ -340,11 +381,12 @@ Status CommitRun::Decide() {
                                    " bytes)");
   }
   LogHeader h{};
-  h.state = LogState(s_.lease_->epoch);
+  h.state = LogState(s_.lease_->epoch, stamp_);
   h.stamp = stamp_;
   h.count = items_.size();
   h.bytes = log.size() - sizeof(LogHeader);
-  h.checksum = Checksum(log.data() + sizeof(LogHeader), h.bytes);
+  h.checksum = LogChecksum(h, log.data() + sizeof(LogHeader));
+  log_state_ = h.state;
   std::memcpy(log.data(), &h, sizeof(h));
   FARPOOL_RETURN_IF_ERROR(s_.CheckLease());
   Access::Batch b(access_);
@@ -357,8 +399,8 @@ Status CommitRun::Decide() {
   if (s.ok()) s = w;
   if (!s.ok()) {
     // The log may be partly written: undo it before releasing, or leave it to recovery.
-    const uint64_t zero = 0;
-    if (!access_.Write(s_.log_, &zero, 8).ok()) {
+    auto prev = access_.Cas(s_.log_, log_state_, 0);
+    if (!prev.ok()) {
       txn_.decided_ = true;  // unknown: recovery decides by the log's checksum
       return Abandon(s.WithContext("writing the commit log"));
     }
@@ -383,13 +425,16 @@ Status CommitRun::Install() {
 Status CommitRun::Release() {
   const uint64_t mine = s_.lock_word();
   std::vector<uint64_t> prev(items_.size());
+  uint64_t log_prev = 0;
+  FARPOOL_RETURN_IF_ERROR(s_.CheckLease());
   Access::Batch b(access_);
   Status s;
   for (size_t i = 0; i < items_.size() && s.ok(); ++i) {
     s = b.Cas(items_[i].record, mine, UnlockedWord(items_[i].new_seq), &prev[i]);
   }
-  const uint64_t zero = 0;
-  if (s.ok()) s = b.Write(s_.log_, &zero, 8);
+  // The log is cleared by CAS from our own state: a session fenced meanwhile never clears the
+  // log of the slot's next owner.
+  if (s.ok()) s = b.Cas(s_.log_, log_state_, 0, &log_prev);
   Status w = b.Wait();
   if (s.ok()) s = w;
   if (!s.ok()) return s;
@@ -448,7 +493,7 @@ Status CommitRun::Run() {
   if (!s.ok()) return Abandon(s.WithContext("installing versions"));
   s_.db_.Hook("installed");
   s = Release();
-  if (s.code() == StatusCode::kUnavailable) return s;
+  if (s_.lease_->fenced) return s;  // fenced: recovery finished the commit
   if (!s.ok()) return Abandon(s.WithContext("releasing locks"));
   Reclaim();
   return Status::Ok();

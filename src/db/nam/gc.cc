@@ -2,6 +2,7 @@
 // version chains and blobs, and reclaiming dropped tables (nam_internal.h has the rules).
 #include <bit>
 #include <cstring>
+#include <map>
 
 #include "db/nam/nam_internal.h"
 
@@ -209,40 +210,39 @@ void NamDatabase::QueueRemoval(const NamTable* t, GlobalAddress record, int64_t 
 
 // Removing a deleted record, once every snapshot sees the deletion (LWM >= its stamp):
 //   1. lock it (CAS from the tombstone's unlocked word; a failure means it was written again:
-//      nothing to do — a later deletion queues it anew);
-//   2. unlink it from the hash index and the B+tree (lookups now miss it; a transaction that
-//      found it before waits on our lock);
-//   3. mark it removed (kRemovedLock: readers and writers that still hold the address, from an
-//      index lookup or a session's cache, see it is gone and look the key up again);
-//   4. free its versions' blobs and chain (nobody can read them: every snapshot sees the
-//      tombstone);
+//      nothing to do — a later deletion queues it anew) and check it holds that tombstone;
+//   2. mark it removed (CAS to kRemovedLock): the one atomic step that decides. Readers and
+//      writers that reach it (from an index or a session's cache) see it is gone;
+//   3. free its versions' blobs and chain (nobody can read them any more);
+//   4. unlink it from the B+tree and the hash index. A remover that dies before this leaves
+//      entries naming a removed record; whoever meets one finishes the unlinking
+//      (NamSession::HelpUnlink) and such a record is never freed (a bounded leak);
 //   5. after the batch, bump the removal epoch in the counter word (sessions drop cached
 //      addresses at their next Begin) and free the record's memory once the LWM passes that
 //      stamp, when no transaction that could hold the address is left.
 Result<bool> NamDatabase::RemoveRecord(const Access& access, const NamTable& t,
-                                       GlobalAddress record, int64_t key, uint64_t seq) {
+                                       GlobalAddress record, int64_t key, uint64_t seq,
+                                       uint64_t stamp, bool* unlinked) {
+  *unlinked = false;
   NamSession& me = *system_;
   FARPOOL_RETURN_IF_ERROR(me.CheckLease());
   FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(record, UnlockedWord(seq), me.lock_word()));
   if (prev != UnlockedWord(seq)) return false;
   RecordImage img;
-  auto unlink = [&]() -> Status {
-    img.bytes.resize(t.layout_.record_size());
-    FARPOOL_RETURN_IF_ERROR(access.Read(record, img.bytes.data(), img.bytes.size()));
+  img.bytes.resize(t.layout_.record_size());
+  Status s = access.Read(record, img.bytes.data(), img.bytes.size());
+  if (s.ok()) {
     img.Decode(t.layout_);
+    // The stamp too: the memory of a record removed by someone else may hold this key's
+    // record again by now, at the same version.
     if (img.torn || !CellsConsecutive(img) || img.newest_seq() != seq || img.key != key ||
-        !(img.cells[img.newest].flags & kFlagDeleted)) {
-      return Status::Internal("record of key " + std::to_string(key) + " in table '" + t.name_ +
-                              "' at " + record.ToString() +
-                              " does not hold the tombstone it was queued for: corruption");
+        !(img.cells[img.newest].flags & kFlagDeleted) || img.cells[img.newest].stamp != stamp) {
+      (void)access.Cas(record, me.lock_word(), UnlockedWord(seq));
+      return false;
     }
-    FARPOOL_RETURN_IF_ERROR(t.hash_->Remove(access, me, key, record));
-    if (t.btree_) FARPOOL_RETURN_IF_ERROR(t.btree_->Remove(access, me, key, record.raw()));
-    return me.CheckLease();
-  };
-  if (Status s = unlink(); !s.ok()) {
-    // Give the record back as it was (an index entry removed already is harmless: the
-    // record stays a tombstone and is queued again by its next deletion).
+  }
+  if (s.ok()) s = me.CheckLease();
+  if (!s.ok()) {
     (void)access.Cas(record, me.lock_word(), UnlockedWord(seq));
     return s;
   }
@@ -251,13 +251,22 @@ Result<bool> NamDatabase::RemoveRecord(const Access& access, const NamTable& t,
     return Status::Unavailable("removing key " + std::to_string(key) + " of '" + t.name_ +
                                "': this process's lease was lost");
   }
+  ++gc_.records_removed;
   for (const CellView& c : img.cells) {
     if (!c.empty()) FARPOOL_RETURN_IF_ERROR(FreeBlobs(access, me, t, c.payload));
   }
   FARPOOL_RETURN_IF_ERROR(
       FreeChain(*this, access, me, t, GlobalAddress::FromRaw(img.cells[img.newest].chain)));
-  ++gc_.records_removed;
+  if (t.btree_) FARPOOL_RETURN_IF_ERROR(t.btree_->Remove(access, me, key, record.raw()));
+  FARPOOL_RETURN_IF_ERROR(t.hash_->Remove(access, me, key, record));
+  *unlinked = true;
   return true;
+}
+
+Result<bool> NamDatabase::TableLive(const Access& access, const NamTable& t) {
+  uint64_t words[2];
+  FARPOOL_RETURN_IF_ERROR(access.Read(t.desc_, words, 16));
+  return words[0] == kDescLive && words[1] == t.incarnation_;
 }
 
 Status NamDatabase::ReclaimRetired(const Access& access) {
@@ -296,14 +305,29 @@ Status NamDatabase::ReclaimRetired(const Access& access) {
     note(recycler_->Free(access, *system_, u.record, u.size));
   }
   std::vector<Unlinked> unlinked;
+  // This pass reads records and frees what hangs off them: it holds a snapshot announcement
+  // meanwhile, so that no table it works on is reclaimed under it (a drop after the
+  // announcement waits for it; a drop before it is seen by TableLive).
+  const bool announced = !removals.empty() && system_->TakeSnapshot().ok();
+  std::map<const NamTable*, bool> live;
   for (const Removal& r : removals) {
-    auto removed = RemoveRecord(access, *r.table, r.record, r.key, r.seq);
-    if (!removed.ok()) {
-      note(removed.status());
-    } else if (*removed) {
-      unlinked.push_back({r.record, r.table->layout_.record_size(), 0});
+    if (!announced) break;
+    auto it = live.find(r.table);
+    if (it == live.end()) {
+      auto l = TableLive(access, *r.table);
+      if (!l.ok()) {
+        note(l.status());
+        continue;
+      }
+      it = live.emplace(r.table, *l).first;
     }
+    if (!it->second) continue;  // dropped: the table's reclamation frees the record
+    bool done = false;
+    auto removed = RemoveRecord(access, *r.table, r.record, r.key, r.seq, r.stamp, &done);
+    if (!removed.ok()) note(removed.status());
+    if (done) unlinked.push_back({r.record, r.table->layout_.record_size(), 0});
   }
+  if (announced) system_->EndTransaction(/*withdraw=*/true);
   if (!unlinked.empty()) {
     auto word = access.Faa(RootField(kRootCounter), kRemovalStep);
     if (word.ok()) {
@@ -326,29 +350,49 @@ Status NamDatabase::ReclaimRetired(const Access& access) {
 }
 
 // Every record of a dropped table, its versions and their blobs go back to the recycler, then
-// the descriptor becomes free for a new table. The hash bucket array and B+tree nodes stay
-// allocated (they were not allocated through the recycler): docs/database.md lists it.
+// the descriptor becomes free for a new table. Each record is claimed by one CAS from its
+// unlocked word to kRemovedLock first, so that a concurrent removal (RemoveRecord) and this
+// never both free it; a record left locked by a transaction that will abort is waited for
+// (bounded; else it leaks). The hash bucket array and B+tree nodes stay allocated (they were
+// not allocated through the recycler): docs/database.md lists it.
 Status NamDatabase::ReclaimTable(const Access& access, const NamTable& t) {
   std::vector<GlobalAddress> records;
   FARPOOL_RETURN_IF_ERROR(t.hash_->ForEach(access, [&](int64_t, GlobalAddress rec) -> Status {
     records.push_back(rec);
     return Status::Ok();
   }));
+  NamSession& me = *system_;
   RecordImage img;
   img.bytes.resize(t.layout_.record_size());
   for (GlobalAddress rec : records) {
-    FARPOOL_RETURN_IF_ERROR(access.Read(rec, img.bytes.data(), img.bytes.size()));
-    img.Decode(t.layout_);
+    bool claimed = false;
+    for (int tries = 0; tries < 1000 && !claimed; ++tries) {
+      FARPOOL_RETURN_IF_ERROR(access.Read(rec, img.bytes.data(), img.bytes.size()));
+      img.Decode(t.layout_);
+      if (img.lock == kRemovedLock) break;  // a removal owns it
+      if (IsLocked(img.lock)) {
+        FARPOOL_ASSIGN_OR_RETURN(bool dead, me.HolderDead(img.lock));
+        if (dead) FARPOOL_RETURN_IF_ERROR(BreakRecordLock(access, rec, t, img.lock));
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
+      if (!ConsistentImage(img)) continue;
+      FARPOOL_RETURN_IF_ERROR(me.CheckLease());
+      FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(rec, img.lock, kRemovedLock));
+      claimed = prev == img.lock;
+    }
+    if (!claimed) continue;
     for (const CellView& c : img.cells) {
-      if (!c.empty() && c.valid) FARPOOL_RETURN_IF_ERROR(FreeBlobs(access, *system_, t, c.payload));
+      if (!c.empty()) FARPOOL_RETURN_IF_ERROR(FreeBlobs(access, me, t, c.payload));
     }
     if (img.newest >= 0) {
-      FARPOOL_RETURN_IF_ERROR(FreeChain(*this, access, *system_, t,
-                                        GlobalAddress::FromRaw(img.cells[img.newest].chain)));
+      FARPOOL_RETURN_IF_ERROR(
+          FreeChain(*this, access, me, t, GlobalAddress::FromRaw(img.cells[img.newest].chain)));
     }
-    FARPOOL_RETURN_IF_ERROR(recycler_->Free(access, *system_, rec, t.layout_.record_size()));
+    FARPOOL_RETURN_IF_ERROR(recycler_->Free(access, me, rec, t.layout_.record_size()));
   }
   uint64_t empty = kDescEmpty;
+  FARPOOL_RETURN_IF_ERROR(me.CheckLease());
   FARPOOL_RETURN_IF_ERROR(access.Write(t.desc_, &empty, 8));
   ++gc_.tables_reclaimed;
   return Status::Ok();

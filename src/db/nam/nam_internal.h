@@ -35,6 +35,8 @@
 // idle) is kept per process by the maintenance thread for dropped tables and for reports.
 #pragma once
 
+#include <time.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -84,13 +86,13 @@ inline constexpr uint64_t kRootDdl = offsetof(RootImage, ddl);
 inline constexpr uint64_t kRootIncarnations = offsetof(RootImage, incarnations);
 
 struct TableDesc {
-  uint64_t state;  // kDescEmpty, kDescLive, kDescDropped
+  uint64_t state;        // kDescEmpty, kDescLive, kDescDropped
+  uint64_t incarnation;  // next to the state: one 16-byte read says "still this live table"
   char name[64];
   uint64_t flags;  // bit 0: ordered
   uint64_t payload;
   uint64_t hash_addr, hash_count, hash_seed;
   uint64_t btree_root;  // root word of the B+tree (this field's address is the root word)
-  uint64_t incarnation;
   uint64_t ncols;
   struct {
     char name[24];
@@ -130,15 +132,25 @@ inline uint64_t OwnerRenewed(uint64_t w) {
 // Commit log: header, then per record a LogEntry, the new cell image and (if spill) the
 // spilled old version's image.
 struct LogHeader {
-  uint64_t state;  // epoch << 2 | 1 while a decided commit may be unfinished, else 0
+  uint64_t state;  // LogState(epoch, stamp) while a decided commit may be unfinished, else 0
   uint64_t stamp;
   uint64_t count;
   uint64_t bytes;
-  uint64_t checksum;  // of the entries
+  uint64_t checksum;  // LogChecksum: of the four words above and the entries
   uint64_t pad[3];
 };
 static_assert(sizeof(LogHeader) == 64);
-inline uint64_t LogState(uint64_t epoch) { return (epoch << 2) | 1; }
+// The state names the writer's epoch and (36 bits of) its stamp, and the checksum covers the
+// header: a log torn by a crash mid-write never verifies with a previous commit's checksum and
+// entries, which stay in the area after it is cleared (clearing is one CAS of the state word).
+inline uint64_t LogState(uint64_t epoch, uint64_t stamp) {
+  return ((stamp & ((uint64_t{1} << 36) - 1)) << 28) | ((epoch & kOwnerEpochMask) << 2) | 1;
+}
+inline bool LogDecided(uint64_t state) { return (state & 3) == 1; }
+inline uint64_t LogEpoch(uint64_t state) { return (state >> 2) & kOwnerEpochMask; }
+inline uint64_t LogChecksum(const LogHeader& h, const unsigned char* entries) {
+  return Checksum(&h, 32) ^ Mix64(Checksum(entries, h.bytes));
+}
 struct LogEntry {
   uint64_t record;
   uint64_t spill;  // address of the spilled old version, 0 if none
@@ -150,10 +162,12 @@ static_assert(sizeof(LogEntry) == 32);
 
 // ---------------------------------------------------------------- helpers
 
+// Lease time: CLOCK_BOOTTIME, monotonic and (unlike CLOCK_MONOTONIC) still running while the
+// host is suspended, so a session never trusts a lease across a suspend.
 inline int64_t MonoNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  timespec ts;
+  clock_gettime(CLOCK_BOOTTIME, &ts);
+  return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
 Result<GlobalAddress> AllocZeroed(const Access& access, uint64_t size, Placement p);
@@ -246,10 +260,11 @@ class Recycler {
 struct SlotLease {
   uint32_t slot = 0;
   uint64_t epoch = 0;
-  std::mutex mu;                        // guards owner, announced, busy; serialises renewals
+  std::mutex mu;                        // guards owner, announced, open; serialises renewals
   uint64_t owner = 0;                   // the owner word we last wrote
   uint64_t announced = 0;               // what the slot's announcement word holds (0: idle)
-  bool busy = false;                    // a transaction is running
+  int open = 0;                         // transactions running (their oldest snapshot is
+                                        // what `announced` protects)
   int64_t idle_since = 0;               // monotonic ns when the last transaction ended
   std::atomic<int64_t> valid_until{0};  // monotonic ns; 0 once fenced
   std::atomic<bool> fenced{false};
@@ -274,10 +289,15 @@ class NamSession final : public Session, public LockOwner {
 
   // The record of (table, key) or null; consults the cache first.
   Result<GlobalAddress> FindRecord(const NamTable& t, int64_t key);
+  // An index entry of `key` named `record`, which is removed (kRemovedLock): finishes its
+  // removal from the indexes (its remover may have died half-way) and forgets the address.
+  Status HelpUnlink(const NamTable& t, int64_t key, GlobalAddress record);
   void ForgetRecord(const NamTable& t, int64_t key);
   void RememberRecord(const NamTable& t, int64_t key, GlobalAddress record);
   // Marks the running transaction finished (its snapshot no longer needs protecting).
-  void EndTransaction();
+  // `withdraw`: also clear the announcement now, instead of after 50 ms idle (a session that
+  // begins rarely, such as the maintenance pass, should not hold the GC back meanwhile).
+  void EndTransaction(bool withdraw = false);
   // Claims the snapshot before reading the counter (see sessions.cc).
   Result<uint64_t> TakeSnapshot();
 
@@ -451,9 +471,12 @@ class NamDatabase final : public Database {
   Status RenewAll(const Access& access);
   Status ScanSlots(const Access& access);
   Status ReclaimRetired(const Access& access);
-  // Unlinks one deleted record; false if it changed (re-inserted) meanwhile.
+  // Removes one deleted record (see gc.cc); false if it changed (re-inserted) meanwhile.
+  // `unlinked`: its index entries are gone too (else helpers finish, and it is not freed).
   Result<bool> RemoveRecord(const Access& access, const NamTable& t, GlobalAddress record,
-                            int64_t key, uint64_t seq);
+                            int64_t key, uint64_t seq, uint64_t stamp, bool* unlinked);
+  // Whether table `t` is still live in the catalog (not dropped, not re-created).
+  Result<bool> TableLive(const Access& access, const NamTable& t);
   Status ReclaimTable(const Access& access, const NamTable& t);
 
   Engine engine_;

@@ -148,6 +148,9 @@ Status NamTxn::ReadVisible(const NamTable& t, int64_t key, bool* found, bool* de
     bool key_ok;
     FARPOOL_RETURN_IF_ERROR(ReadRecord(t, rec, key, &re, &image, &key_ok));
     if (!key_ok) {
+      if (image.lock == kRemovedLock && image.key == key) {
+        FARPOOL_RETURN_IF_ERROR(s_.HelpUnlink(t, key, rec));
+      }
       s_.ForgetRecord(t, key);
       continue;
     }

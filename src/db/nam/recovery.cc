@@ -24,7 +24,12 @@ Result<bool> NamDatabase::FenceAndRecover(const Access& access, uint32_t slot, u
   const int64_t fenced_at = MonoNs();
   FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(SlotAddr(slot), owner, recovering));
   if (prev != owner) return false;
-  FARPOOL_RETURN_IF_ERROR(RecoverLog(access, slot, fenced_at + lease_ns() - margin_ns()));
+  const int64_t deadline = fenced_at + lease_ns() - margin_ns();
+  FARPOOL_RETURN_IF_ERROR(RecoverLog(access, slot, deadline));
+  if (MonoNs() > deadline) {
+    return Status::Unavailable("recovery of session slot " + std::to_string(slot) +
+                               " ran out of its lease; someone else will finish it");
+  }
   if (final_state != kSlotActive) {
     const uint64_t idle = 0;
     FARPOOL_RETURN_IF_ERROR(access.Write(AnnounceAddr(slot), &idle, 8));
@@ -42,8 +47,8 @@ Status NamDatabase::RecoverLog(const Access& access, uint32_t slot, int64_t dead
   const GlobalAddress log = GlobalAddress::FromRaw(raw);
   LogHeader h;
   FARPOOL_RETURN_IF_ERROR(access.Read(log, &h, sizeof(h)));
-  if ((h.state & 3) != 1) return Status::Ok();
-  const uint64_t dead_lock = LockWord(slot, h.state >> 2);
+  if (!LogDecided(h.state)) return Status::Ok();
+  const uint64_t dead_lock = LockWord(slot, LogEpoch(h.state));
   auto late = [&] {
     return Status::Unavailable("recovery of session slot " + std::to_string(slot) +
                                " ran out of its lease; someone else will finish it");
@@ -53,7 +58,7 @@ Status NamDatabase::RecoverLog(const Access& access, uint32_t slot, int64_t dead
   if (whole) {
     body.resize(h.bytes);
     FARPOOL_RETURN_IF_ERROR(access.Read(log + sizeof(h), body.data(), h.bytes));
-    whole = Checksum(body.data(), body.size()) == h.checksum;
+    whole = LogChecksum(h, body.data()) == h.checksum;
   }
   if (whole) {
     // Decided: finish it.
@@ -92,8 +97,9 @@ Status NamDatabase::RecoverLog(const Access& access, uint32_t slot, int64_t dead
     }
   }
   if (MonoNs() > deadline) return late();
-  uint64_t zero = 0;
-  return access.Write(log, &zero, 8);
+  FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(log, h.state, 0));
+  (void)prev;  // changed: another recoverer finished it first
+  return Status::Ok();
 }
 
 Status NamDatabase::BreakRecordLock(const Access& access, GlobalAddress record, const NamTable& t,

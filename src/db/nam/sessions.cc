@@ -108,18 +108,18 @@ Result<std::shared_ptr<SlotLease>> NamDatabase::ClaimSlot(const Access& access, 
     FARPOOL_RETURN_IF_ERROR(access.Read(SlotAddr(s), image, sizeof(*image)));
     const uint64_t pid = static_cast<uint64_t>(getpid());
     FARPOOL_RETURN_IF_ERROR(access.Write(SlotAddr(s) + kSlotPid, &pid, 8));
-    if (image->log == 0) {
-      FARPOOL_ASSIGN_OR_RETURN(GlobalAddress log,
-                               AllocZeroed(access, kLogBytes, Placement::Striped()));
-      image->log = log.raw();
-      FARPOOL_RETURN_IF_ERROR(access.Write(SlotAddr(s) + kSlotLog, &image->log, 8));
-    }
-    if (image->index_log == 0) {
-      FARPOOL_ASSIGN_OR_RETURN(
-          GlobalAddress ilog, AllocZeroed(access, LockOwner::kIndexLogBytes, Placement::Striped()));
-      image->index_log = ilog.raw();
-      FARPOOL_RETURN_IF_ERROR(access.Write(SlotAddr(s) + kSlotIndexLog, &image->index_log, 8));
-    }
+    // The slot's log areas, allocated by its first owner and kept by the slot. Published by
+    // CAS from 0, so a claimer that was fenced while allocating never replaces the areas of
+    // the slot's next owner (whose decided commits recovery finds there).
+    auto area = [&](uint64_t field, uint64_t bytes, uint64_t* raw) -> Status {
+      if (*raw != 0) return Status::Ok();
+      FARPOOL_ASSIGN_OR_RETURN(GlobalAddress a, AllocZeroed(access, bytes, Placement::Striped()));
+      FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(SlotAddr(s) + field, 0, a.raw()));
+      *raw = prev == 0 ? a.raw() : prev;
+      return Status::Ok();
+    };
+    FARPOOL_RETURN_IF_ERROR(area(kSlotLog, kLogBytes, &image->log));
+    FARPOOL_RETURN_IF_ERROR(area(kSlotIndexLog, LockOwner::kIndexLogBytes, &image->index_log));
     const uint64_t idle = 0;
     FARPOOL_RETURN_IF_ERROR(access.Write(AnnounceAddr(s), &idle, 8));
     Register(lease);
@@ -192,13 +192,21 @@ Status NamDatabase::RenewAll(const Access& access) {
     // Renew every lease/4 (the trusted window is lease - margin from the last renewal).
     if (lease->valid_until.load() - now < lease_ns() - margin_ns() - lease_ns() / 4) {
       Status s = Renew(access, *lease);
-      if (!s.ok() && first.ok()) first = s;
+      if (!s.ok()) {
+        if (first.ok()) first = s;
+        continue;
+      }
     }
+    // The announcement word is the slot owner's: written only while our lease is certainly
+    // valid (a fenced or closed session's slot may belong to someone else by now).
     std::unique_lock<std::mutex> l(lease->mu, std::try_to_lock);
-    if (l.owns_lock() && !lease->busy && lease->announced != 0 &&
-        now - lease->idle_since > kIdleAfterNs) {
+    if (l.owns_lock() && lease->open == 0 && lease->announced != 0 && !lease->fenced &&
+        now - lease->idle_since > kIdleAfterNs && MonoNs() < lease->valid_until.load()) {
+      // Forget the old value first: if the write's outcome is unknown, the next Begin takes
+      // the synchronous path.
+      lease->announced = 0;
       const uint64_t idle = 0;
-      if (access.Write(AnnounceAddr(lease->slot), &idle, 8).ok()) lease->announced = 0;
+      (void)access.Write(AnnounceAddr(lease->slot), &idle, 8);
     }
   }
   return first;
@@ -281,15 +289,23 @@ NamSession::NamSession(NamDatabase& db, std::shared_ptr<SlotLease> lease, Global
 
 NamSession::~NamSession() {
   db_.Unregister(lease_.get());
-  if (lease_->fenced) return;  // others recover the slot after its lease runs out
+  // From here on nothing of ours writes to the slot but this destructor (the maintenance
+  // thread may hold a copy of the lease: it sees it fenced).
+  const bool valid = CheckLease().ok();
+  {
+    std::lock_guard<std::mutex> l(lease_->mu);
+    lease_->fenced = true;
+  }
+  if (!valid) return;  // others recover the slot after its lease runs out
   // A decided commit left unfinished (an error after the decision) is finished first; if that
   // fails, the slot is left to expire and be recovered by someone else.
   LogHeader h;
   if (!access_.Read(log_, &h, 8).ok()) return;
-  if ((h.state & 3) == 1 &&
-      !db_.RecoverLog(access_, lease_->slot, MonoNs() + db_.margin_ns()).ok()) {
+  if (LogDecided(h.state) &&
+      !db_.RecoverLog(access_, lease_->slot, lease_->valid_until.load()).ok()) {
     return;
   }
+  if (MonoNs() >= lease_->valid_until.load()) return;
   const uint64_t idle = 0;
   (void)access_.Write(db_.AnnounceAddr(lease_->slot), &idle, 8);
   std::lock_guard<std::mutex> l(lease_->mu);
@@ -349,11 +365,14 @@ Result<uint64_t> NamSession::TakeSnapshot() {
   constexpr int64_t kCacheIdleNs = 1'000'000'000;
   SlotLease& l = *lease_;
   std::lock_guard<std::mutex> g(l.mu);
-  l.busy = true;
   const uint64_t floor = std::max<uint64_t>(1, db_.latest_counter());
   uint64_t snapshot = 0;
   Status s;
-  if (l.announced == 0) {
+  if (l.open > 0) {
+    // Another transaction of this session is open: the announcement protects its (older)
+    // snapshot, and so ours; it is not raised.
+    s = access_.Read(db_.RootField(kRootCounter), &snapshot, 8);
+  } else if (l.announced == 0) {
     // From idle: the bound must be visible before we read the counter.
     s = access_.Write(db_.AnnounceAddr(l.slot), &floor, 8);
     if (s.ok()) s = access_.Read(db_.RootField(kRootCounter), &snapshot, 8);
@@ -366,11 +385,11 @@ Result<uint64_t> NamSession::TakeSnapshot() {
     if (s.ok()) s = w;
   }
   if (!s.ok()) {
-    l.busy = false;
-    l.idle_since = MonoNs();
+    if (l.open == 0) l.idle_since = MonoNs();
     return s.WithContext("taking a snapshot");
   }
-  l.announced = floor;
+  if (l.open == 0) l.announced = floor;
+  ++l.open;
   // Cached record addresses are stale once records were removed since they were cached; and
   // after a long idle time the 16-bit removal epoch may have wrapped around.
   const int64_t now = MonoNs();
@@ -383,10 +402,21 @@ Result<uint64_t> NamSession::TakeSnapshot() {
   return CounterOf(snapshot);
 }
 
-void NamSession::EndTransaction() {
+void NamSession::EndTransaction(bool withdraw) {
   std::lock_guard<std::mutex> g(lease_->mu);
-  lease_->busy = false;
+  if (--lease_->open > 0) return;
   lease_->idle_since = MonoNs();
+  if (withdraw && lease_->announced != 0 && MonoNs() < lease_->valid_until.load()) {
+    lease_->announced = 0;
+    const uint64_t idle = 0;
+    (void)access_.Write(db_.AnnounceAddr(lease_->slot), &idle, 8);
+  }
+}
+
+Status NamSession::HelpUnlink(const NamTable& t, int64_t key, GlobalAddress record) {
+  ForgetRecord(t, key);
+  if (t.btree_) FARPOOL_RETURN_IF_ERROR(t.btree_->Remove(access_, *this, key, record.raw()));
+  return t.hash_->Remove(access_, *this, key, record);
 }
 
 Result<std::unique_ptr<Transaction>> NamSession::Begin() {
