@@ -71,8 +71,8 @@ class CommitRun {
   NamSession& s_;
   const Access& access_;
   std::vector<Item> items_;
-  std::vector<uint64_t> announced_;
-  bool evicts_ = false;
+  std::vector<uint64_t> announced_;  // read only if the process's LWM does not decide
+  uint64_t lwm_ = 0;                 // the process's low-water mark when we locked
   uint64_t stamp_ = 0;
   uint64_t log_state_ = 0;  // the state word of our commit log
 };
@@ -223,10 +223,19 @@ Status CommitRun::Lock() {
       if (IsLocked(it.expected)) return Abort("key is locked (testing_skip_validation)");
     }
   }
-  evicts_ = skip;  // the base versions are re-read below
-  for (Item& it : items_) evicts_ = evicts_ || it.image.newest_seq() + 1 > uint64_t(kCells);
+  // The announcement array is needed only for a version this commit evicts whose successor is
+  // newer than the process's LWM (a hot record): below the LWM, every snapshot that could
+  // read it is already accounted for (see AnyOlderThan).
+  lwm_ = s_.db_.lwm();
+  bool recent = skip;  // the base versions are re-read below
+  for (Item& it : items_) {
+    const uint64_t new_seq = it.image.newest_seq() + 1;
+    if (new_seq > uint64_t(kCells)) {
+      recent = recent || it.image.cells[(new_seq + 1) % kCells].stamp > lwm_;
+    }
+  }
   const uint64_t slots = s_.db_.root().max_slots;
-  if (evicts_) announced_.resize(slots);
+  if (recent) announced_.resize(slots);
   // The tables' descriptors, in the same batch: a handle of a dropped table (another
   // process dropped it) must not write into memory that its reclamation frees.
   std::map<const NamTable*, std::array<uint64_t, 2>> descs;
@@ -242,7 +251,7 @@ Status CommitRun::Lock() {
     for (auto& [t, words] : descs) {
       if (posted.ok()) posted = b.Read(t->desc_, words.data(), 16);
     }
-    if (posted.ok() && evicts_)
+    if (posted.ok() && recent)
       posted = b.Read(s_.db_.AnnounceAddr(0), announced_.data(), slots * 8);
     waited = b.Wait();
   }
@@ -317,7 +326,14 @@ void CommitRun::ReleaseLocks() {
   }
 }
 
+// Below the LWM the answer is no without the array: the LWM is the minimum of the
+// announcements the maintenance thread saw, and a session it did not see announced its bound
+// after that scan read the counter, so its snapshot is at least that counter, itself at least
+// the LWM (an announcement below the LWM can only be such a late session's, which cannot read
+// anything older).
 bool CommitRun::AnyOlderThan(uint64_t stamp) const {
+  if (stamp <= lwm_) return false;
+  if (announced_.empty()) return true;  // not read: keep (Lock reads it whenever this matters)
   // Our own announcement counts only if another transaction of this session is open.
   const uint32_t me = s_.lease_->open > 1 ? UINT32_MAX : s_.lease_->slot;
   for (uint32_t i = 0; i < announced_.size(); ++i) {
