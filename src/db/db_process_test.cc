@@ -60,17 +60,6 @@ DatabaseOptions WorkerOptions() {
   return o;
 }
 
-Status PutInt(Transaction& txn, const Table& t, int64_t key, int64_t v) {
-  Row r(t.schema());
-  r.SetInt64(0, v);
-  return txn.Put(t, key, r);
-}
-Result<int64_t> GetInt(Transaction& txn, const Table& t, int64_t key) {
-  Row r;
-  FARPOOL_RETURN_IF_ERROR(txn.Get(t, key, &r));
-  return r.GetInt64(0);
-}
-
 // ------------------------------------------------------------------ workers
 
 Status BankWorker(uint64_t seed) {

@@ -15,6 +15,17 @@ uint64_t TestSeed() {
   return std::random_device{}() ^ (uint64_t{std::random_device{}()} << 32);
 }
 
+Status PutInt(Transaction& txn, const Table& t, int64_t key, int64_t v) {
+  Row r(t.schema());
+  r.SetInt64(0, v);
+  return txn.Put(t, key, r);
+}
+Result<int64_t> GetInt(Transaction& txn, const Table& t, int64_t key) {
+  Row r;
+  FARPOOL_RETURN_IF_ERROR(txn.Get(t, key, &r));
+  return r.GetInt64(0);
+}
+
 Result<std::unique_ptr<TestDatabase>> TestDatabase::Start(const std::string& engine,
                                                           std::chrono::milliseconds lease) {
   auto t = std::unique_ptr<TestDatabase>(new TestDatabase());

@@ -16,6 +16,10 @@ namespace farpool::db {
 // it (SCOPED_TRACE) so a failure can be replayed with FARPOOL_SEED=<seed>.
 uint64_t TestSeed();
 
+// One-column int64 rows (column 0), as most invariant tests use them.
+Status PutInt(Transaction& txn, const Table& t, int64_t key, int64_t v);
+Result<int64_t> GetInt(Transaction& txn, const Table& t, int64_t key);
+
 class TestDatabase {
  public:
   // engine: "local", "pool" or "sharded".

@@ -65,17 +65,6 @@ DatabaseOptions Options(std::chrono::milliseconds lease = kLease) {
   return o;
 }
 
-Status PutInt(Transaction& txn, const Table& t, int64_t key, int64_t v) {
-  Row r(t.schema());
-  r.SetInt64(0, v);
-  return txn.Put(t, key, r);
-}
-Result<int64_t> GetInt(Transaction& txn, const Table& t, int64_t key) {
-  Row r;
-  FARPOOL_RETURN_IF_ERROR(txn.Get(t, key, &r));
-  return r.GetInt64(0);
-}
-
 // In one snapshot: the bank total, and the ring's length from 0 back to 0 (0 if it does not
 // close within kRing hops or visits a node twice).
 Status Audit(Transaction& txn, const Table& accounts, const Table& ring) {

@@ -54,18 +54,6 @@ const Schema& IntSchema() {
   return s;
 }
 
-Status PutInt(Transaction& txn, const Table& t, int64_t key, int64_t v) {
-  Row r(t.schema());
-  r.SetInt64(0, v);
-  return txn.Put(t, key, r);
-}
-
-Result<int64_t> GetInt(Transaction& txn, const Table& t, int64_t key) {
-  Row r;
-  FARPOOL_RETURN_IF_ERROR(txn.Get(t, key, &r));
-  return r.GetInt64(0);
-}
-
 TEST_P(TxnTest, CrudAndTypes) {
   Schema schema{{"id", ColumnType::kInt64},
                 {"score", ColumnType::kDouble},
