@@ -12,15 +12,19 @@
 //          slot << 48 | epoch << 1 | 1 (the session that holds it; see LockWord).
 //   cells  the kCells newest versions; version number `seq` lives in cell seq % kCells, so an
 //          unlocked record with newest version n holds exactly n-2, n-1, n (those >= 1).
-//          stamp is the commit timestamp (see Stamp), flags bit 0 = deleted (a tombstone).
+//          stamp is the commit timestamp (see Stamp), flags bit 0 = deleted (a tombstone),
+//          flags >> 8 = how many chain nodes were reachable from `chain` when it was written
+//          (a hint that tells a writer when to trim the chain; never used for visibility).
 //          chain is the head of the list of versions older than those in the cells: when
 //          version S evicts S-kCells, that old cell is copied to a new node whose chain is the
 //          previous newest cell's chain, and S's chain points at the node.
-//   checksum  over stamp..payload: a reader that copies a cell while its writer overwrites
-//          it sees a mismatch and reads again (the pool's reads are not atomic; Pilaf's
-//          self-verifying cells). seq == 0 is an empty cell.
+//   checksum  over stamp, seq, flags and payload: a reader that copies a cell while its writer
+//          overwrites it sees a mismatch and reads again (the pool's reads are not atomic;
+//          Pilaf's self-verifying cells). seq == 0 is an empty cell.
 //
-// Version nodes of the chain have the layout of a cell and are immutable once linked.
+// Version nodes of the chain have the layout of a cell. Everything but `chain` is immutable
+// once linked; `chain` (outside the checksum, one aligned word) may be set to 0 by the holder
+// of the record's lock when every version below the node is garbage (a trim).
 #pragma once
 
 #include <cstdint>
@@ -95,6 +99,15 @@ struct RecordLayout {
   uint64_t cell_offset(uint64_t seq) const { return kRecordHeader + (seq % kCells) * cell_size(); }
 };
 
+inline constexpr uint64_t kCellChain = 24;  // offset of `chain` in a cell or node
+inline uint64_t ChainLength(uint64_t flags) { return flags >> 8; }
+inline uint64_t WithChainLength(uint64_t flags, uint64_t n) { return (flags & 0xff) | (n << 8); }
+
+// The checksum of a cell image: stamp, seq, flags and payload (not chain).
+inline uint64_t CellChecksum(const unsigned char* cell, uint64_t payload) {
+  return Checksum(cell, 24) ^ Mix64(Checksum(cell + kCellHeader, payload) + 1);
+}
+
 // A cell's fields, decoded from an image.
 struct CellView {
   uint64_t stamp = 0, seq = 0, flags = 0, chain = 0;
@@ -115,7 +128,7 @@ inline CellView DecodeCell(const unsigned char* cell, const RecordLayout& layout
   if (v.seq == 0) {
     v.valid = true;
   } else {
-    v.valid = sum == Checksum(cell, kCellHeader + layout.payload);
+    v.valid = sum == CellChecksum(cell, layout.payload);
   }
   return v;
 }
@@ -128,7 +141,7 @@ inline void EncodeCell(unsigned char* out, const RecordLayout& layout, uint64_t 
   std::memcpy(out + 16, &flags, 8);
   std::memcpy(out + 24, &chain, 8);
   std::memcpy(out + kCellHeader, payload, layout.payload);
-  uint64_t sum = Checksum(out, kCellHeader + layout.payload);
+  uint64_t sum = CellChecksum(out, layout.payload);
   std::memcpy(out + kCellHeader + layout.payload, &sum, 8);
 }
 

@@ -37,6 +37,10 @@ class LockOwner {
   // of `word` (for whoever breaks a dead holder's index lock). Null if the owner has none.
   virtual GlobalAddress index_log() const = 0;
   virtual Result<GlobalAddress> IndexLogOf(uint64_t word) = 0;
+  // This owner holds a lock it could not release (a release failed on a transport error, not
+  // by fencing): it stops renewing its lease, so that others judge it dead and break its locks
+  // instead of waiting on a live holder forever. No-op by default.
+  virtual void Abandon() {}
   // Testing only: a fault-injection site (DatabaseOptions::commit_hook). No-op by default.
   virtual void FaultPoint(std::string_view /*point*/) {}
 

@@ -426,8 +426,10 @@ void Pool::Impl::Monitor() {
   struct Watch {
     std::unique_ptr<Endpoint> ep;
     Clock::time_point last_answer;
-    uint64_t outstanding = 0;
   };
+  // Every heartbeat in flight, by request id: any answer proves its server alive, even one
+  // slower than the interval (a loaded host), not only the answer to the latest request.
+  std::unordered_map<uint64_t, size_t> in_flight;
   std::vector<Watch> watch(servers_.size());
   for (size_t i = 0; i < servers_.size(); ++i) {
     watch[i].last_answer = Clock::now();
@@ -437,17 +439,26 @@ void Pool::Impl::Monitor() {
   }
   uint64_t next_id = 1;
   auto next_round = Clock::now();
+  auto last_round = next_round;
   while (!stop_monitor_.load()) {
     while ((*worker)->Progress() != 0) {
     }
     for (auto& [id, bytes] : box.replies) {
-      for (Watch& w : watch) {
-        if (w.outstanding == id) w.last_answer = Clock::now();
+      auto it = in_flight.find(id);
+      if (it != in_flight.end()) {
+        watch[it->second].last_answer = Clock::now();
+        in_flight.erase(it);
       }
     }
     box.replies.clear();
     const auto now = Clock::now();
     if (now >= next_round) {
+      if (now - last_round > timeout) {
+        // This process itself did not run for longer than the timeout (stopped, or starved):
+        // silence meanwhile says nothing about the servers; give each a fresh round.
+        for (Watch& w : watch) w.last_answer = now;
+      }
+      last_round = now;
       next_round = now + interval;
       for (size_t i = 0; i < servers_.size(); ++i) {
         if (servers_[i]->failed) continue;
@@ -460,9 +471,10 @@ void Pool::Impl::Monitor() {
           MarkFailed(i, "no answer to heartbeats for " + std::to_string(timeout.count()) + " ms");
           continue;
         }
-        w.outstanding = next_id++;
+        const uint64_t id = next_id++;
+        in_flight[id] = i;
         Status s = transport::PostAm(w.ep->get(), transport::kControlAm,
-                                     wire::Encode(w.outstanding, wire::StatsRequest{0}), true);
+                                     wire::Encode(id, wire::StatsRequest{0}), true);
         if (!s.ok()) MarkFailed(i, s.message());
       }
     }

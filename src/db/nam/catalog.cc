@@ -70,7 +70,8 @@ Status NamDatabase::Init() {
                             std::to_string(root_.magic) + ")");
   }
   observed_.resize(root_.max_slots);
-  recycler_ = std::make_unique<Recycler>(memory_, GlobalAddress::FromRaw(root_.freelists));
+  recycler_ = std::make_unique<Recycler>(memory_, GlobalAddress::FromRaw(root_.freelists),
+                                         2 * (lease_ns() + margin_ns()));
   FARPOOL_ASSIGN_OR_RETURN(system_, OpenSession(access));
   maintenance_ = std::thread([this] { Maintain(); });
   return Status::Ok();

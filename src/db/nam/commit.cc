@@ -66,6 +66,12 @@ class CommitRun {
   // Whether a snapshot older than `stamp` may be running: an announcement (a lower bound of
   // its session's snapshot; ours excluded: our snapshot sees the newest version) below it.
   bool AnyOlderThan(uint64_t stamp) const;
+  // A hot record's chain (versions kept because snapshots overlap them) is trimmed under its
+  // lock once it holds kTrimAt nodes: below the first node that the oldest announced snapshot
+  // can see, nothing is needed; that node's chain word is set to 0 and the rest retired.
+  // Returns how many nodes stay. REQUIRES: the announcement array was read.
+  static constexpr uint64_t kTrimAt = 8;
+  Result<uint64_t> Trim(const NamTable& t, GlobalAddress head, uint64_t length);
 
   NamTxn& txn_;
   NamSession& s_;
@@ -311,12 +317,9 @@ void CommitRun::ReleaseLocks() {
   for (size_t i = 0; i < items_.size(); ++i) {
     if (items_[i].locked) (void)b.Cas(items_[i].record, mine, items_[i].expected, &prev[i]);
   }
-  if (!b.Wait().ok()) {
-    // Some locks may still be ours: stop the session, so that others judge it dead after its
-    // lease and break them (a live session's locks are never broken).
-    s_.lease_->fenced = true;
-    s_.lease_->valid_until = 0;
-  }
+  // Some locks may still be ours: stop the session, so that others judge it dead after its
+  // lease and break them (a live session's locks are never broken).
+  if (!b.Wait().ok()) s_.Abandon();
   for (Item& it : items_) {
     it.locked = false;
     if (!it.spill.is_null()) {
@@ -331,6 +334,36 @@ void CommitRun::ReleaseLocks() {
 // after that scan read the counter, so its snapshot is at least that counter, itself at least
 // the LWM (an announcement below the LWM can only be such a late session's, which cannot read
 // anything older).
+Result<uint64_t> CommitRun::Trim(const NamTable& t, GlobalAddress head, uint64_t length) {
+  const uint32_t me = s_.lease_->open > 1 ? UINT32_MAX : s_.lease_->slot;
+  uint64_t oldest = UINT64_MAX;
+  for (uint32_t i = 0; i < announced_.size(); ++i) {
+    if (i != me && announced_[i] != 0) oldest = std::min(oldest, announced_[i]);
+  }
+  if (announced_.empty() || oldest == UINT64_MAX) return length;  // nothing to decide with
+  std::vector<unsigned char> node(t.layout_.cell_size());
+  uint64_t kept = 0;
+  for (GlobalAddress at = head; !at.is_null();) {
+    FARPOOL_RETURN_IF_ERROR(access_.Read(at, node.data(), node.size()));
+    const CellView c = DecodeCell(node.data(), t.layout_);
+    if (!c.valid) {
+      return Status::Internal("version node " + at.ToString() + " of table '" + t.name_ +
+                              "' fails its checksum");
+    }
+    ++kept;
+    if (c.stamp <= oldest) {
+      // Every snapshot sees this version or a newer one: the rest is garbage.
+      if (c.chain != 0) {
+        FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access_.Cas(at + kCellChain, c.chain, 0));
+        if (prev == c.chain) s_.db_.RetireChain(&t, GlobalAddress::FromRaw(c.chain));
+      }
+      return kept;
+    }
+    at = GlobalAddress::FromRaw(c.chain);
+  }
+  return kept;
+}
+
 bool CommitRun::AnyOlderThan(uint64_t stamp) const {
   if (stamp <= lwm_) return false;
   if (announced_.empty()) return true;  // not read: keep (Lock reads it whenever this matters)
@@ -353,8 +386,10 @@ Status CommitRun::Decide() {
     const uint64_t newest = it.image.newest_seq();
     it.new_seq = newest + 1;
     const CellView& old = it.image.cells[it.new_seq % kCells];
-    const uint64_t newest_chain = it.image.newest >= 0 ? it.image.cells[it.image.newest].chain : 0;
+    const CellView* top = it.image.newest >= 0 ? &it.image.cells[it.image.newest] : nullptr;
+    const uint64_t newest_chain = top != nullptr ? top->chain : 0;
     uint64_t chain = newest_chain;
+    uint64_t length = top != nullptr ? ChainLength(top->flags) : 0;  // nodes below `chain`
     if (!old.empty()) {
       // The evicted version S-3 can be read only by a snapshot older than its successor S-2;
       // the chain below it only by one older than S-3 itself.
@@ -362,14 +397,19 @@ Status CommitRun::Decide() {
       const bool keep_chain = newest_chain != 0 && AnyOlderThan(old.stamp);
       if (newest_chain != 0 && !keep_chain) it.cut = GlobalAddress::FromRaw(newest_chain);
       chain = keep_chain ? newest_chain : 0;
+      length = keep_chain ? length : 0;
+      if (keep_chain && length >= kTrimAt) {
+        FARPOOL_ASSIGN_OR_RETURN(length, Trim(*it.t, GlobalAddress::FromRaw(newest_chain), length));
+      }
       if (AnyOlderThan(successor)) {
         FARPOOL_ASSIGN_OR_RETURN(it.spill,
                                  s_.db_.recycler().Alloc(access_, s_, layout.cell_size(),
                                                          Placement::OnServer(it.record.server())));
         it.spill_image.resize(layout.cell_size());
-        EncodeCell(it.spill_image.data(), layout, old.stamp, old.seq, old.flags, chain,
-                   old.payload);
+        EncodeCell(it.spill_image.data(), layout, old.stamp, old.seq,
+                   WithChainLength(old.flags, length), chain, old.payload);
         chain = it.spill.raw();
+        ++length;
         ++s_.db_.gc_.spilled;
       } else {
         it.dropped_payload.assign(reinterpret_cast<const char*>(old.payload), layout.payload);
@@ -377,7 +417,8 @@ Status CommitRun::Decide() {
       }
     }
     it.cell.resize(layout.cell_size());
-    EncodeCell(it.cell.data(), layout, stamp_, it.new_seq, it.w->deleted ? kFlagDeleted : 0, chain,
+    EncodeCell(it.cell.data(), layout, stamp_, it.new_seq,
+               WithChainLength(it.w->deleted ? kFlagDeleted : 0, length), chain,
                it.w->payload.data());
     LogEntry e{it.record.raw(), it.spill.raw(), it.new_seq,
                static_cast<uint32_t>(layout.cell_offset(it.new_seq)),
@@ -479,8 +520,7 @@ void CommitRun::Reclaim() {
 }
 
 Status CommitRun::Abandon(const Status& why) {
-  s_.lease_->fenced = true;
-  s_.lease_->valid_until = 0;
+  s_.Abandon();
   return Status::Unavailable("commit decided but not finished (" + why.message() +
                              "); the session stops and recovery finishes the commit after its "
                              "lease");
@@ -488,8 +528,7 @@ Status CommitRun::Abandon(const Status& why) {
 
 Status CommitRun::IndexFailed(const Status& why) {
   if (why.code() == StatusCode::kAborted || why.code() == StatusCode::kInvalidArgument) return why;
-  s_.lease_->fenced = true;
-  s_.lease_->valid_until = 0;
+  s_.Abandon();
   return why.WithContext("index insert failed; the session stops (open a new one)");
 }
 

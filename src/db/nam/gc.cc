@@ -23,7 +23,9 @@ Recycler::Stats Recycler::stats() const {
 Status Recycler::LockClass(const Access& access, LockOwner& owner, int c) {
   const GlobalAddress word = heads_ + uint64_t(c) * 16;
   const uint64_t mine = owner.lock_word();
-  const int64_t give_up = MonoNs() + 10'000'000'000;  // ten seconds: far beyond any lease
+  // A holder that neither finishes nor dies within two leases (plus margins) is not waited
+  // for longer: the caller keeps its objects in its cache meanwhile.
+  const int64_t give_up = MonoNs() + wait_ns_;
   for (int i = 0;; ++i) {
     FARPOOL_RETURN_IF_ERROR(owner.CheckLease());
     FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(word, 0, mine));
@@ -45,8 +47,12 @@ Status Recycler::LockClass(const Access& access, LockOwner& owner, int c) {
 }
 
 Status Recycler::UnlockClass(const Access& access, LockOwner& owner, int c) {
-  FARPOOL_ASSIGN_OR_RETURN(uint64_t prev,
-                           access.Cas(heads_ + uint64_t(c) * 16, owner.lock_word(), 0));
+  auto released = access.Cas(heads_ + uint64_t(c) * 16, owner.lock_word(), 0);
+  if (!released.ok()) {
+    owner.Abandon();  // the lock may still be ours: let others take it over after our lease
+    return released.status();
+  }
+  const uint64_t prev = *released;
   if (prev != owner.lock_word()) {
     return Status::Unavailable("a free list lock was taken over: this session was fenced");
   }

@@ -221,7 +221,9 @@ class Recycler {
   static constexpr int kMinClass = 6, kClasses = 41;  // 64 B .. 2^46
   static constexpr uint64_t kHeadsBytes = kClasses * 16;
 
-  Recycler(Memory& memory, GlobalAddress heads) : memory_(memory), heads_(heads) {}
+  // `wait_ns`: how long a free-list lock held by a live holder is waited for.
+  Recycler(Memory& memory, GlobalAddress heads, int64_t wait_ns)
+      : memory_(memory), heads_(heads), wait_ns_(wait_ns) {}
   // An object of at least `size` bytes. Uninitialised.
   Result<GlobalAddress> Alloc(const Access& access, LockOwner& owner, uint64_t size,
                               Placement placement);
@@ -248,6 +250,7 @@ class Recycler {
 
   Memory& memory_;
   GlobalAddress heads_;
+  const int64_t wait_ns_;
   mutable std::mutex mu_;
   std::vector<std::vector<uint64_t>> cache_ = std::vector<std::vector<uint64_t>>(kClasses);
   Stats stats_;
@@ -286,6 +289,7 @@ class NamSession final : public Session, public LockOwner {
   GlobalAddress index_log() const override { return index_log_; }
   Result<GlobalAddress> IndexLogOf(uint64_t word) override;
   void FaultPoint(std::string_view point) override;
+  void Abandon() override;
 
   // The record of (table, key) or null; consults the cache first.
   Result<GlobalAddress> FindRecord(const NamTable& t, int64_t key);

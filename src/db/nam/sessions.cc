@@ -338,6 +338,11 @@ Result<GlobalAddress> NamSession::IndexLogOf(uint64_t word) {
 
 void NamSession::FaultPoint(std::string_view point) { db_.Hook(point); }
 
+void NamSession::Abandon() {
+  lease_->fenced = true;
+  lease_->valid_until = 0;
+}
+
 uint64_t NamSession::CacheKey(const NamTable& t, int64_t key) {
   return Mix64((t.incarnation_ << 40) ^ (uint64_t(t.id_) << 32)) ^ static_cast<uint64_t>(key);
 }
