@@ -10,6 +10,14 @@
 #include "farpool/db.h"
 #include "pool/memory_server.h"
 
+// ASSERT_TRUE on a Status, printing the expression and the Status when it is not OK.
+// REQUIRES: gtest included before this header (as every test does).
+#define ASSERT_OK(expr)                                     \
+  do {                                                      \
+    ::farpool::Status s_ = (expr);                          \
+    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_.ToString(); \
+  } while (0)
+
 namespace farpool::db {
 
 // A seed for randomized tests: FARPOOL_SEED from the environment, else a fresh one. Tests print

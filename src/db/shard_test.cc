@@ -25,12 +25,6 @@ namespace {
 
 using namespace shard;
 
-#define ASSERT_OK(expr)                                     \
-  do {                                                      \
-    ::farpool::Status s_ = (expr);                          \
-    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_.ToString(); \
-  } while (0)
-
 std::span<const std::byte> AsBytes(const void* p, size_t n) {
   return {static_cast<const std::byte*>(p), n};
 }

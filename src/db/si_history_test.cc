@@ -378,16 +378,5 @@ TEST_F(SiHistoryTest, ListAppendHistoryUnderSigstopIsSnapshotIsolated) {
 }  // namespace farpool::db
 
 int main(int argc, char** argv) {
-  const std::string role = farpool::db::testing::Env("FARPOOL_WORKER");
-  if (!role.empty()) {
-    const uint64_t seed =
-        std::strtoull(farpool::db::testing::Env("FARPOOL_SEED", "1").c_str(), nullptr, 10);
-    const int id = std::atoi(farpool::db::testing::Env("FARPOOL_WORKER_ID", "0").c_str());
-    farpool::Status s = role == "si" ? farpool::db::SiWorker(seed, id)
-                                     : farpool::Status::InvalidArgument("unknown role " + role);
-    if (!s.ok()) std::fprintf(stderr, "worker %s %d: %s\n", role.c_str(), id, s.ToString().c_str());
-    return s.ok() ? 0 : 1;
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return farpool::db::testing::WorkerMain(argc, argv, {{"si", farpool::db::SiWorker}});
 }

@@ -13,12 +13,6 @@
 namespace farpool::db {
 namespace {
 
-#define ASSERT_OK(expr)                                     \
-  do {                                                      \
-    ::farpool::Status s_ = (expr);                          \
-    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_.ToString(); \
-  } while (0)
-
 std::string ParamName(const testing::TestParamInfo<std::string>& p) { return p.param; }
 
 class TxnTest : public testing::TestWithParam<std::string> {

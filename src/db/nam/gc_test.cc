@@ -13,12 +13,6 @@
 namespace farpool::db {
 namespace {
 
-#define ASSERT_OK(expr)                                     \
-  do {                                                      \
-    ::farpool::Status s_ = (expr);                          \
-    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_.ToString(); \
-  } while (0)
-
 const Schema& BlobSchema() {
   static const Schema s{{"v", ColumnType::kInt64}, {"note", ColumnType::kBytes}};
   return s;

@@ -1,10 +1,12 @@
 #include "db/testing/worker_processes.h"
 
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -61,6 +63,21 @@ std::vector<WorkerExit> ReapWorkers(const std::vector<pid_t>& pids, std::chrono:
     out.push_back(w);
   }
   return out;
+}
+
+int WorkerMain(int argc, char** argv, const std::map<std::string, WorkerRole>& roles) {
+  const std::string role = Env("FARPOOL_WORKER");
+  if (!role.empty()) {
+    const uint64_t seed = std::strtoull(Env("FARPOOL_SEED", "1").c_str(), nullptr, 10);
+    const int id = std::atoi(Env("FARPOOL_WORKER_ID", "0").c_str());
+    auto it = roles.find(role);
+    const Status s = it != roles.end() ? it->second(seed, id)
+                                       : Status::InvalidArgument("unknown worker role " + role);
+    if (!s.ok()) std::fprintf(stderr, "worker %s %d: %s\n", role.c_str(), id, s.ToString().c_str());
+    return s.ok() ? 0 : 1;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
 }
 
 }  // namespace farpool::db::testing

@@ -9,6 +9,8 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,5 +38,11 @@ struct WorkerExit {
 // Waits for every worker until `limit` has passed since the call; workers still running then
 // are continued (in case they are stopped) and killed with SIGKILL.
 std::vector<WorkerExit> ReapWorkers(const std::vector<pid_t>& pids, std::chrono::seconds limit);
+
+// main() of a test binary with workers: if FARPOOL_WORKER names a role, runs it with
+// FARPOOL_SEED and FARPOOL_WORKER_ID and exits 0 on success (the error on stderr otherwise);
+// else runs the tests.
+using WorkerRole = std::function<Status(uint64_t seed, int id)>;
+int WorkerMain(int argc, char** argv, const std::map<std::string, WorkerRole>& roles);
 
 }  // namespace farpool::db::testing
