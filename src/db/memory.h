@@ -24,9 +24,13 @@
 
 namespace farpool::db {
 
-// Operation counts of one thread (the caller passes its own).
+// Operation counts of a session (the caller passes its own). Safe for concurrent use: the
+// process's system session (DDL, recycler, reclamation) is used by the maintenance thread and
+// by the threads that open sessions or run DDL at the same time, so its counts are shared.
+// Relaxed: the counts order nothing.
 struct OpCount {
-  uint64_t reads = 0, writes = 0, cas = 0, faa = 0;
+  std::atomic<uint64_t> reads{0}, writes{0}, cas{0}, faa{0};
+  static void Bump(std::atomic<uint64_t>& n) { n.fetch_add(1, std::memory_order_relaxed); }
 };
 
 class MemoryBatch {
@@ -65,7 +69,8 @@ std::unique_ptr<Memory> NewPoolMemory(Pool& pool);
 Result<std::unique_ptr<Memory>> NewLocalMemory(int servers, uint64_t bytes_per_server);
 
 // The database's handle on memory: forwards to a Memory and counts every operation in the
-// calling session's OpCount (reads_per_txn etc. of the benchmark). Not owning; one thread.
+// calling session's OpCount (reads_per_txn etc. of the benchmark). Not owning; safe for
+// concurrent use (a Batch belongs to one thread).
 class Access {
  public:
   Access(Memory& memory, OpCount& count) : memory_(&memory), count_(&count) {}
@@ -73,19 +78,19 @@ class Access {
   OpCount& count() const { return *count_; }
 
   Status Read(GlobalAddress a, void* d, uint64_t n) const {
-    ++count_->reads;
+    OpCount::Bump(count_->reads);
     return memory_->Read(a, d, n);
   }
   Status Write(GlobalAddress a, const void* s, uint64_t n) const {
-    ++count_->writes;
+    OpCount::Bump(count_->writes);
     return memory_->Write(a, s, n);
   }
   Result<uint64_t> Cas(GlobalAddress a, uint64_t expected, uint64_t desired) const {
-    ++count_->cas;
+    OpCount::Bump(count_->cas);
     return memory_->CompareAndSwap(a, expected, desired);
   }
   Result<uint64_t> Faa(GlobalAddress a, uint64_t delta) const {
-    ++count_->faa;
+    OpCount::Bump(count_->faa);
     return memory_->FetchAdd(a, delta);
   }
   Result<GlobalAddress> Alloc(uint64_t size, Placement p = Placement::Striped()) const {
@@ -99,19 +104,19 @@ class Access {
     explicit Batch(const Access& access)
         : batch_(access.memory_->NewBatch()), count_(access.count_) {}
     Status Read(GlobalAddress a, void* d, uint64_t n) {
-      ++count_->reads;
+      OpCount::Bump(count_->reads);
       return batch_->Read(a, d, n);
     }
     Status Write(GlobalAddress a, const void* s, uint64_t n) {
-      ++count_->writes;
+      OpCount::Bump(count_->writes);
       return batch_->Write(a, s, n);
     }
     Status Cas(GlobalAddress a, uint64_t expected, uint64_t desired, uint64_t* previous) {
-      ++count_->cas;
+      OpCount::Bump(count_->cas);
       return batch_->CompareAndSwap(a, expected, desired, previous);
     }
     Status Faa(GlobalAddress a, uint64_t delta, uint64_t* previous) {
-      ++count_->faa;
+      OpCount::Bump(count_->faa);
       return batch_->FetchAdd(a, delta, previous);
     }
     Status Wait() { return batch_->Wait(); }

@@ -276,6 +276,7 @@ Result<bool> NamDatabase::TableLive(const Access& access, const NamTable& t) {
 }
 
 Status NamDatabase::ReclaimRetired(const Access& access) {
+  std::lock_guard<std::mutex> reclaiming(reclaim_mu_);
   std::deque<Retired> chains;
   std::vector<const NamTable*> tables;
   std::vector<Removal> removals;

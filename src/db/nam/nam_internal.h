@@ -504,6 +504,11 @@ class NamDatabase final : public Database {
   std::vector<Observed> observed_;
 
   std::mutex retire_mu_;  // guards retired_, drop_queue_
+  // Serialises ReclaimRetired (the maintenance thread, CollectGarbage, the destructor): its
+  // index and record writes use the system session as their lock owner, and an owner is used
+  // by one thread at a time (index/btree.h: a second thread would meet its own lock word and
+  // share its index redo area).
+  std::mutex reclaim_mu_;
   struct Retired {
     const NamTable* table;
     GlobalAddress chain;

@@ -315,10 +315,10 @@ NamSession::~NamSession() {
 }
 
 const TxnCounters& NamSession::counters() const {
-  counters_.reads = count_.reads;
-  counters_.writes = count_.writes;
-  counters_.cas = count_.cas;
-  counters_.faa = count_.faa;
+  counters_.reads = count_.reads.load(std::memory_order_relaxed);
+  counters_.writes = count_.writes.load(std::memory_order_relaxed);
+  counters_.cas = count_.cas.load(std::memory_order_relaxed);
+  counters_.faa = count_.faa.load(std::memory_order_relaxed);
   return counters_;
 }
 
