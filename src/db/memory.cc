@@ -260,4 +260,14 @@ Result<std::unique_ptr<Memory>> NewLocalMemory(int servers, uint64_t bytes_per_s
   return LocalMemory::Create(servers, bytes_per_server);
 }
 
+Result<GlobalAddress> AllocZeroed(const Access& access, uint64_t size, Placement placement) {
+  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress a, access.Alloc(size, placement));
+  std::vector<unsigned char> zeros(std::min<uint64_t>(size, 1 << 20), 0);
+  for (uint64_t off = 0; off < size; off += zeros.size()) {
+    FARPOOL_RETURN_IF_ERROR(
+        access.Write(a + off, zeros.data(), std::min<uint64_t>(zeros.size(), size - off)));
+  }
+  return a;
+}
+
 }  // namespace farpool::db

@@ -132,4 +132,8 @@ class Access {
   OpCount* count_;
 };
 
+// Allocates `size` bytes and writes zeros over them (Memory::Alloc does not promise zeroed
+// memory): what the database's fixed structures start from.
+Result<GlobalAddress> AllocZeroed(const Access& access, uint64_t size, Placement placement);
+
 }  // namespace farpool::db

@@ -20,16 +20,6 @@ struct Bucket {
 };
 static_assert(sizeof(Bucket) == HashIndex::kBucketSize);
 
-Result<GlobalAddress> ZeroedObject(const Access& access, uint64_t size, Placement p) {
-  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress a, access.Alloc(size, p));
-  std::vector<unsigned char> zeros(std::min<uint64_t>(size, 1 << 20), 0);
-  for (uint64_t off = 0; off < size; off += zeros.size()) {
-    FARPOOL_RETURN_IF_ERROR(
-        access.Write(a + off, zeros.data(), std::min<uint64_t>(zeros.size(), size - off)));
-  }
-  return a;
-}
-
 std::string HolderName(uint64_t word) {
   return "slot " + std::to_string(LockSlot(word)) + " epoch " + std::to_string(LockEpoch(word));
 }
@@ -38,7 +28,7 @@ std::string HolderName(uint64_t word) {
 
 Result<GlobalAddress> HashIndex::Create(const Access& access, uint64_t buckets) {
   if (buckets == 0) return Status::InvalidArgument("hash index: zero buckets");
-  return ZeroedObject(access, buckets * kBucketSize, Placement::Striped());
+  return AllocZeroed(access, buckets * kBucketSize, Placement::Striped());
 }
 
 GlobalAddress HashIndex::Bucket(int64_t key) const {
@@ -139,7 +129,7 @@ Result<GlobalAddress> HashIndex::GetOrInsert(const Access& access, LockOwner& ow
   if (!s.ok()) return fail(s);
   if (free_slot.is_null()) {
     // A new overflow bucket holding the entry, written whole, then linked by one CAS.
-    auto nb = ZeroedObject(access, kBucketSize, Placement::Striped());
+    auto nb = AllocZeroed(access, kBucketSize, Placement::Striped());
     if (!nb.ok()) return fail(nb.status());
     struct Bucket fresh {};
     fresh.entries[0] = {key, record.raw()};

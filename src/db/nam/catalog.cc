@@ -9,16 +9,6 @@
 
 namespace farpool::db {
 
-Result<GlobalAddress> AllocZeroed(const Access& access, uint64_t size, Placement p) {
-  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress a, access.Alloc(size, p));
-  std::vector<unsigned char> zeros(std::min<uint64_t>(size, 1 << 20), 0);
-  for (uint64_t off = 0; off < size; off += zeros.size()) {
-    FARPOOL_RETURN_IF_ERROR(
-        access.Write(a + off, zeros.data(), std::min<uint64_t>(zeros.size(), size - off)));
-  }
-  return a;
-}
-
 Status NamDatabase::Init() {
   OpCount c;
   Access access(memory_, c);

@@ -170,8 +170,6 @@ inline int64_t MonoNs() {
   return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
-Result<GlobalAddress> AllocZeroed(const Access& access, uint64_t size, Placement p);
-
 class NamDatabase;
 class NamSession;
 
