@@ -21,8 +21,8 @@
 //   - Atomics are on 8-byte words at 8-byte-aligned addresses and are atomic with respect to
 //     every other atomic on the same word from any client. Plain reads and writes are not
 //     atomic beyond what the hardware gives; concurrent writers of the same bytes race.
-//   - Operations in one Batch are unordered with respect to each other; Wait() returns once
-//     all are complete at their servers.
+//   - Operations in one Batch are unordered with respect to each other, except across a
+//     Batch::Fence() (per server); Wait() returns once all are complete at their servers.
 //   - Every address is checked before anything is posted: null, a server not in the cluster,
 //     a range past the server's region, a range inside memory this client freed, or a
 //     misaligned atomic give InvalidArgument and nothing is sent. A server that failed gives
@@ -203,6 +203,14 @@ class Batch {
                         uint64_t* previous);
   Status FetchAdd(GlobalAddress address, uint64_t delta, uint64_t* previous);
 
+  // Operations posted after the fence take effect at a server after every operation posted
+  // before it to that server (there is no order across servers: a protocol that needs one
+  // waits). Usually free: a batch message is executed in order (TCP), mapped memory at once;
+  // one-sided operations get a UCX fence. It waits (one round trip) only when a server's
+  // operations before it fill more than one message or mix messages with one-sided
+  // operations; an error then is returned here and again by Wait().
+  Status Fence();
+
   // Waits for every posted operation; returns the first error. The batch is empty afterwards
   // and can be reused.
   Status Wait();
@@ -210,6 +218,13 @@ class Batch {
 
  private:
   struct State;
+  // Sends and completes everything posted so far (results written); the first error is also
+  // kept for Wait().
+  Status Drain();
+  // Makes room for an operation of `kind`/`size` (memory_ops::OpKind) in server `index`'s
+  // open message: starts a new one when it is full, draining first if the new one could
+  // overtake a fence.
+  Status Reserve(size_t index, uint8_t kind, uint64_t size);
   Pool::Impl& pool_;
   std::unique_ptr<State> state_;
 };

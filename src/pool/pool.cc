@@ -819,22 +819,21 @@ struct Batch::State {
     uint64_t request_id = 0;
   };
 
-  // The message of server `index` that the next operation of `kind`/`size` goes into.
-  Message& MessageFor(size_t index, memory_ops::OpKind kind, uint64_t size) {
-    int& at = open[index];
-    if (at < 0 || !messages[at].request.Fits(kind, size)) {
-      at = static_cast<int>(messages.size());
-      messages.emplace_back().index = index;
-    }
-    return messages[at];
-  }
+  Message& Open(size_t index) { return messages[static_cast<size_t>(open[index])]; }
 
   ThreadContext* tc = nullptr;
   Status context_error;
   std::deque<Pending> pending;    // deque: operand/result addresses stay put while posted
   std::vector<uint8_t> wrote;     // per server index: a one-sided write was posted (flush)
   std::vector<Message> messages;  // sent at Wait()
-  std::vector<int> open;          // per server index: the message being filled, or -1
+  // Per server index: the message being filled (or -1), the batch's messages to it, whether
+  // one-sided operations to it are pending, and whether its open message holds operations
+  // from before a Fence (a second message could overtake them).
+  std::vector<int> open;
+  std::vector<uint32_t> message_count;
+  std::vector<uint8_t> one_sided;
+  std::vector<uint8_t> fenced;
+  Status error;  // of a drain inside Fence or a post, returned again by Wait
   size_t posted = 0;
 };
 
@@ -845,8 +844,12 @@ Batch::Batch(Pool& pool) : pool_(*pool.impl_), state_(std::make_unique<State>())
   } else {
     state_->context_error = tc.status();
   }
-  state_->wrote.assign(pool_.servers_.size(), 0);
-  state_->open.assign(pool_.servers_.size(), -1);
+  const size_t n = pool_.servers_.size();
+  state_->wrote.assign(n, 0);
+  state_->open.assign(n, -1);
+  state_->message_count.assign(n, 0);
+  state_->one_sided.assign(n, 0);
+  state_->fenced.assign(n, 0);
 }
 
 Batch::~Batch() {
@@ -865,6 +868,9 @@ bool InMessage(const Pool::Impl::Target& t, uint64_t size) {
 Status Batch::Read(GlobalAddress source, void* destination, uint64_t size) {
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Resolve(source, size, "read", false));
+  if (t.direct == nullptr && InMessage(t, size)) {
+    FARPOOL_RETURN_IF_ERROR(Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kRead), size));
+  }
   ThreadContext& tc = *state_->tc;
   Bump(tc.reads);
   Bump(tc.bytes_read, size);
@@ -874,11 +880,12 @@ Status Batch::Read(GlobalAddress source, void* destination, uint64_t size) {
     return Status::Ok();
   }
   if (InMessage(t, size)) {
-    auto& m = state_->MessageFor(t.index, memory_ops::OpKind::kRead, size);
+    auto& m = state_->Open(t.index);
     m.request.Read(t.remote - pool_.servers_[t.index]->region_base, static_cast<uint32_t>(size));
     m.sinks.push_back({destination, size, nullptr});
     return Status::Ok();
   }
+  state_->one_sided[t.index] = 1;
   auto& p = state_->pending.emplace_back();
   p.index = t.index;
   p.what = "read";
@@ -889,6 +896,9 @@ Status Batch::Read(GlobalAddress source, void* destination, uint64_t size) {
 Status Batch::Write(GlobalAddress destination, const void* source, uint64_t size) {
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Resolve(destination, size, "write", false));
+  if (t.direct == nullptr && InMessage(t, size)) {
+    FARPOOL_RETURN_IF_ERROR(Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kWrite), size));
+  }
   ThreadContext& tc = *state_->tc;
   Bump(tc.writes);
   Bump(tc.bytes_written, size);
@@ -898,11 +908,12 @@ Status Batch::Write(GlobalAddress destination, const void* source, uint64_t size
     return Status::Ok();
   }
   if (InMessage(t, size)) {
-    auto& m = state_->MessageFor(t.index, memory_ops::OpKind::kWrite, size);
+    auto& m = state_->Open(t.index);
     m.request.Write(t.remote - pool_.servers_[t.index]->region_base, source,
                     static_cast<uint32_t>(size));
     return Status::Ok();
   }
+  state_->one_sided[t.index] = 1;
   auto& p = state_->pending.emplace_back();
   p.index = t.index;
   p.what = "write";
@@ -916,6 +927,9 @@ Status Batch::CompareAndSwap(GlobalAddress address, uint64_t expected, uint64_t 
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
                            pool_.Resolve(address, 8, "compare-and-swap", true));
+  if (t.direct == nullptr && t.messages) {
+    FARPOOL_RETURN_IF_ERROR(Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kCompareAndSwap), 8));
+  }
   ThreadContext& tc = *state_->tc;
   Bump(tc.cas);
   ++state_->posted;
@@ -925,11 +939,12 @@ Status Batch::CompareAndSwap(GlobalAddress address, uint64_t expected, uint64_t 
     return Status::Ok();
   }
   if (t.messages) {
-    auto& m = state_->MessageFor(t.index, memory_ops::OpKind::kCompareAndSwap, 8);
+    auto& m = state_->Open(t.index);
     m.request.CompareAndSwap(t.remote - pool_.servers_[t.index]->region_base, expected, desired);
     m.sinks.push_back({nullptr, 8, previous});
     return Status::Ok();
   }
+  state_->one_sided[t.index] = 1;
   auto& p = state_->pending.emplace_back();
   p.index = t.index;
   p.what = "compare-and-swap";
@@ -943,6 +958,9 @@ Status Batch::CompareAndSwap(GlobalAddress address, uint64_t expected, uint64_t 
 Status Batch::FetchAdd(GlobalAddress address, uint64_t delta, uint64_t* previous) {
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Resolve(address, 8, "fetch-and-add", true));
+  if (t.direct == nullptr && t.messages) {
+    FARPOOL_RETURN_IF_ERROR(Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kFetchAdd), 8));
+  }
   ThreadContext& tc = *state_->tc;
   Bump(tc.faa);
   ++state_->posted;
@@ -952,11 +970,12 @@ Status Batch::FetchAdd(GlobalAddress address, uint64_t delta, uint64_t* previous
     return Status::Ok();
   }
   if (t.messages) {
-    auto& m = state_->MessageFor(t.index, memory_ops::OpKind::kFetchAdd, 8);
+    auto& m = state_->Open(t.index);
     m.request.FetchAdd(t.remote - pool_.servers_[t.index]->region_base, delta);
     m.sinks.push_back({nullptr, 8, previous});
     return Status::Ok();
   }
+  state_->one_sided[t.index] = 1;
   auto& p = state_->pending.emplace_back();
   p.index = t.index;
   p.what = "fetch-and-add";
@@ -1017,7 +1036,40 @@ Status Pool::Impl::FinishBatch(ThreadContext& tc, size_t index, uint64_t request
   return Status::Ok();
 }
 
-Status Batch::Wait() {
+Status Batch::Reserve(size_t index, uint8_t kind, uint64_t size) {
+  State& st = *state_;
+  const auto op = static_cast<memory_ops::OpKind>(kind);
+  if (st.open[index] >= 0 && st.Open(index).request.Fits(op, size)) return Status::Ok();
+  if (st.fenced[index]) {
+    // A second message to this server could be executed before the first one's operations
+    // from before the fence: complete those first.
+    FARPOOL_RETURN_IF_ERROR(Drain());
+  }
+  st.open[index] = static_cast<int>(st.messages.size());
+  st.messages.emplace_back().index = index;
+  ++st.message_count[index];
+  return Status::Ok();
+}
+
+Status Batch::Fence() {
+  State& st = *state_;
+  FARPOOL_RETURN_IF_ERROR(st.context_error);
+  bool drain = false, ucx_fence = false;
+  for (size_t i = 0; i < st.open.size(); ++i) {
+    drain = drain || st.message_count[i] > 1 || (st.message_count[i] > 0 && st.one_sided[i]);
+    ucx_fence = ucx_fence || st.one_sided[i];
+  }
+  if (drain) return Drain();
+  if (ucx_fence) {
+    ucs_status_t s = ucp_worker_fence(st.tc->worker->get());
+    if (s != UCS_OK) return transport::UcxStatus(s, "fence");
+  }
+  // Later operations append to the open messages, which the servers execute in order.
+  for (size_t i = 0; i < st.open.size(); ++i) st.fenced[i] = st.open[i] >= 0;
+  return Status::Ok();
+}
+
+Status Batch::Drain() {
   State& st = *state_;
   Status first;
   auto note = [&first](const Status& s) {
@@ -1051,9 +1103,21 @@ Status Batch::Wait() {
   }
   st.messages.clear();
   std::fill(st.open.begin(), st.open.end(), -1);
+  std::fill(st.message_count.begin(), st.message_count.end(), 0);
+  std::fill(st.one_sided.begin(), st.one_sided.end(), 0);
+  std::fill(st.fenced.begin(), st.fenced.end(), 0);
   if (waits) Bump(st.tc->round_trips);
-  st.posted = 0;
+  if (st.error.ok()) st.error = first;
   return first;
+}
+
+Status Batch::Wait() {
+  if (!state_->context_error.ok()) return state_->context_error;
+  (void)Drain();  // its first error is kept in state_->error
+  Status result = state_->error;
+  state_->error = Status::Ok();
+  state_->posted = 0;
+  return result;
 }
 
 }  // namespace farpool

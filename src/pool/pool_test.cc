@@ -377,6 +377,60 @@ TEST_F(AccessPaths, ABatchIsOneRoundTripWithOneMessagePerServer) {
   EXPECT_EQ(pool.counters().round_trips - last.round_trips, 1u);
 }
 
+TEST_F(AccessPaths, AFenceOrdersEachServersOperationsOnEveryPath) {
+  for (const auto& p : pools_) ASSERT_TRUE(p);
+  for (size_t k = 0; k < pools_.size(); ++k) {
+    SCOPED_TRACE("path " + pools_[k]->AccessPath(0));
+    Pool& pool = *pools_[k];
+    auto word = *pool.Alloc(8, Placement::OnServer(0));
+    auto big = *pool.Alloc(20 << 10, Placement::OnServer(1));  // one-sided even over TCP
+    std::vector<GlobalAddress> small;
+    for (int i = 0; i < 80; ++i) small.push_back(*pool.Alloc(1024, Placement::OnServer(1)));
+    for (int round = 1; round <= 20; ++round) {
+      const uint64_t base = uint64_t(round) * 1000;
+      std::vector<uint8_t> big_data(20 << 10, static_cast<uint8_t>(round));
+      std::vector<std::vector<uint8_t>> small_data(small.size(),
+                                                   std::vector<uint8_t>(1024, uint8_t(round + 1)));
+      const OpCounters before = pool.counters();
+      Batch b(pool);
+      // Server 0: a write, then (fenced) a CAS that only succeeds if the write landed first.
+      ASSERT_TRUE(b.Write(word, &base, 8).ok());
+      // Server 1: a one-sided write and 80 KiB of writes in more than one message.
+      ASSERT_TRUE(b.Write(big, big_data.data(), big_data.size()).ok());
+      for (size_t i = 0; i < small.size(); ++i) {
+        ASSERT_TRUE(b.Write(small[i], small_data[i].data(), 1024).ok());
+      }
+      ASSERT_TRUE(b.Fence().ok());
+      uint64_t previous = 0;
+      ASSERT_TRUE(b.CompareAndSwap(word, base, base + 1, &previous).ok());
+      std::vector<uint8_t> big_back(20 << 10);
+      std::vector<uint8_t> small_back(1024);
+      ASSERT_TRUE(b.Read(big, big_back.data(), big_back.size()).ok());
+      ASSERT_TRUE(b.Read(small.back(), small_back.data(), 1024).ok());
+      ASSERT_TRUE(b.Wait().ok());
+      ASSERT_EQ(previous, base) << "the CAS overtook the write before the fence";
+      ASSERT_EQ(big_back, big_data);
+      ASSERT_EQ(small_back, small_data.back());
+      if (k == 1) {
+        // Messages: server 1's operations before the fence filled two messages, so the fence
+        // waited once; the rest is the batch's own round trip.
+        EXPECT_EQ(pool.counters().round_trips - before.round_trips, 2u);
+      }
+    }
+    // One message per server: the fence is free.
+    const OpCounters before = pool.counters();
+    Batch b(pool);
+    const uint64_t one = 1;
+    ASSERT_TRUE(b.Write(word, &one, 8).ok());
+    ASSERT_TRUE(b.Fence().ok());
+    uint64_t previous = 0;
+    ASSERT_TRUE(b.CompareAndSwap(word, 1, 2, &previous).ok());
+    ASSERT_TRUE(b.Wait().ok());
+    EXPECT_EQ(previous, 1u);
+    if (k == 1) EXPECT_EQ(pool.counters().round_trips - before.round_trips, 1u);
+  }
+}
+
 TEST(PoolConnect, UnreachableServerIsNamed) {
   ClusterConfig c;
   c.transport = Fabric::kTcp;
