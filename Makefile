@@ -5,7 +5,8 @@
 #   make test       setup + build + the whole test suite (C++ and Python)
 #   make test-asan  the C++ suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make test-tsan  the C++ suite under ThreadSanitizer (suppressions: tsan.supp, UCX only)
-#   make fuzz       build and run the libFuzzer targets of both wire-format decoders
+#   make fuzz       build and run the libFuzzer targets of the wire-format decoders and of the
+#                   memory server's batch executor
 #   make soak       bank + TPC-B at full speed for SOAK_SECONDS (600): pool memory must stay
 #                   bounded after the warm-up, invariants must hold (bench/results/soak.jsonl)
 #   make format / make lint
@@ -62,10 +63,11 @@ test-tsan: setup
 fuzz: setup
 	CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DFARPOOL_FUZZ=ON -DFARPOOL_BUILD_TESTS=OFF >/dev/null
-	ninja -C build-fuzz wire_fuzz shard_wire_fuzz
-	mkdir -p build-fuzz/corpus build-fuzz/shard_corpus
+	ninja -C build-fuzz wire_fuzz shard_wire_fuzz memory_ops_fuzz
+	mkdir -p build-fuzz/corpus build-fuzz/shard_corpus build-fuzz/memory_ops_corpus
 	./build-fuzz/wire_fuzz -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus src/transport/fuzz_seeds
 	./build-fuzz/src/db/shard_wire_fuzz -max_total_time=$(FUZZ_SECONDS) build-fuzz/shard_corpus
+	./build-fuzz/memory_ops_fuzz -max_total_time=$(FUZZ_SECONDS) build-fuzz/memory_ops_corpus
 
 soak: build
 	FARPOOL_BIN=$(BUILD)/farpool PYTHONPATH=python $(PY) -m farpool.harness.soak --seconds $(SOAK_SECONDS)

@@ -10,15 +10,19 @@
 //   s = b.Wait();
 //
 // Semantics:
-//   - Reads, writes and atomics are one-sided: on shared memory they are loads, stores and CPU
-//     atomics on the server's region mapped into this process; over TCP or RDMA they are UCX
-//     get/put/atomic operations. A sync call returns when the operation is complete at the
-//     server (a write is visible to every other client).
+//   - Reads, writes and atomics are one-sided where the fabric allows: on shared memory they
+//     are loads, stores and CPU atomics on the server's region mapped into this process; on
+//     RDMA they are UCX get/put/atomic operations. Over TCP a one-sided operation would be a
+//     message anyway, so each Batch goes to each server it touches as ONE message that the
+//     server executes (a batch costs one round trip however many operations it holds; see
+//     PoolOptions::remote_access). The semantics are the same on every path, so processes on
+//     different fabrics share one pool. A sync call returns when the operation is complete at
+//     the server (a write is visible to every other client).
 //   - Atomics are on 8-byte words at 8-byte-aligned addresses and are atomic with respect to
 //     every other atomic on the same word from any client. Plain reads and writes are not
 //     atomic beyond what the hardware gives; concurrent writers of the same bytes race.
-//   - Operations in one Batch are unordered with respect to each other; Wait() returns once
-//     all are complete at their servers.
+//   - Operations in one Batch are unordered with respect to each other, except across a
+//     Batch::Fence() (per server); Wait() returns once all are complete at their servers.
 //   - Every address is checked before anything is posted: null, a server not in the cluster,
 //     a range past the server's region, a range inside memory this client freed, or a
 //     misaligned atomic give InvalidArgument and nothing is sent. A server that failed gives
@@ -78,12 +82,29 @@ class Placement {
   uint64_t value_;
 };
 
+// How operations reach a server whose region this process has not mapped.
+enum class RemoteAccess : uint8_t {
+  // kMessages over TCP (transport tcp, or auto on a host without RDMA devices), kOneSided
+  // where UCX may use RDMA.
+  kAuto,
+  // UCX get/put/atomics. Over TCP UCX emulates each one with a message to the server: one
+  // round trip per operation, a write two (put + flush). For measurements.
+  kOneSided,
+  // Each Batch as one message per server, executed by the server (reads and writes above
+  // 16 KiB stay one-sided: UCX moves them without copies through the server's loop).
+  kMessages,
+};
+
+// "auto", "one-sided", "messages".
+Result<RemoteAccess> ParseRemoteAccess(std::string_view text);
+
 struct PoolOptions {
   // Fabric to use; unset means the cluster file's "transport".
   std::optional<Fabric> transport;
   // Map same-host regions and access them with loads/stores/CPU atomics (shm and auto).
-  // false forces UCX get/put/atomics even where mapping is possible (for measurements).
+  // false forces UCX even where mapping is possible (for measurements).
   bool direct_access = true;
+  RemoteAccess remote_access = RemoteAccess::kAuto;
   std::chrono::milliseconds connect_timeout{5000};
   std::chrono::milliseconds op_timeout{5000};
   // A server that answers no heartbeat for this long is declared failed.
@@ -98,7 +119,7 @@ struct ServerStats {
   uint64_t leased = 0;
   uint64_t largest_free = 0;
   uint64_t chunk_size = 0;
-  uint64_t requests_served = 0;  // control requests; one-sided operations bypass the server
+  uint64_t requests_served = 0;  // control requests and batches; one-sided operations bypass it
   uint64_t rejected = 0;         // malformed or incompatible messages
   uint64_t uptime_ns = 0;
   int64_t pid = 0;
@@ -106,8 +127,12 @@ struct ServerStats {
 };
 
 // Operations this Pool has issued (all threads), for benchmarks and the simulator.
+// round_trips: sync operations and Batch::Wait()s that had to wait for a server (the mapped
+// shared-memory path waits for none); messages: batch messages sent (one per server per
+// round trip, more for batches beyond one message's size).
 struct OpCounters {
   uint64_t reads = 0, writes = 0, cas = 0, faa = 0, bytes_read = 0, bytes_written = 0;
+  uint64_t round_trips = 0, messages = 0;
 };
 
 class Batch;
@@ -124,13 +149,14 @@ class Pool {
 
   Fabric transport() const;
   std::vector<uint16_t> server_ids() const;
-  // "direct" (mapped shared memory) or "ucx" (one-sided UCX operations) for server `id`.
+  // How operations reach server `id`: "direct" (mapped shared memory), "one-sided" (UCX
+  // get/put/atomics) or "messages" (a batch per message, executed by the server).
   std::string AccessPath(uint16_t id) const;
 
   // The root area of server `id`: kRootSize bytes at a fixed address that every client of
   // the cluster knows (the database keeps its catalog at server 0's root). Zero at start.
   static constexpr uint64_t kRootSize = 4096 - 64;
-  static GlobalAddress Root(uint16_t id) { return GlobalAddress(id, 64); }
+  static constexpr GlobalAddress Root(uint16_t id) { return GlobalAddress(id, 64); }
 
   Result<GlobalAddress> Alloc(uint64_t size, Placement placement = Placement::Striped());
   Status Free(GlobalAddress address);
@@ -158,8 +184,10 @@ class Pool {
 };
 
 // Operations posted together and completed by one Wait(). Post methods validate the address
-// and return an error without posting; results (`previous`) are written when Wait() returns
-// OK. Destroying a Batch with posted operations waits for them.
+// and return an error without posting; read data and results (`previous`) are written, and
+// writes are complete, when Wait() returns OK (on the mapped path they happen at once).
+// REQUIRES: a write's source and a read's destination stay valid until Wait() returns.
+// Destroying a Batch with posted operations waits for them.
 //
 // Thread-safety: used only by the thread that created it.
 class Batch {
@@ -175,6 +203,14 @@ class Batch {
                         uint64_t* previous);
   Status FetchAdd(GlobalAddress address, uint64_t delta, uint64_t* previous);
 
+  // Operations posted after the fence take effect at a server after every operation posted
+  // before it to that server (there is no order across servers: a protocol that needs one
+  // waits). Usually free: a batch message is executed in order (TCP), mapped memory at once;
+  // one-sided operations get a UCX fence. It waits (one round trip) only when a server's
+  // operations before it fill more than one message or mix messages with one-sided
+  // operations; an error then is returned here and again by Wait().
+  Status Fence();
+
   // Waits for every posted operation; returns the first error. The batch is empty afterwards
   // and can be reused.
   Status Wait();
@@ -182,6 +218,13 @@ class Batch {
 
  private:
   struct State;
+  // Sends and completes everything posted so far (results written); the first error is also
+  // kept for Wait().
+  Status Drain();
+  // Makes room for an operation of `kind`/`size` (memory_ops::OpKind) in server `index`'s
+  // open message: starts a new one when it is full, draining first if the new one could
+  // overtake a fence.
+  Status Reserve(size_t index, uint8_t kind, uint64_t size);
   Pool::Impl& pool_;
   std::unique_ptr<State> state_;
 };

@@ -100,6 +100,7 @@ Result<nlohmann::json> RunOpsBench(const OpsBenchOptions& o) {
     PoolOptions po;
     po.transport = o.transport;
     po.direct_access = o.direct_access;
+    po.remote_access = o.remote_access;
     FARPOOL_ASSIGN_OR_RETURN(pool, Pool::Connect(cluster, po));
   }
 
@@ -287,11 +288,15 @@ Result<nlohmann::json> RunOpsBench(const OpsBenchOptions& o) {
     for (int64_t pid : server_pids) total += std::max(0.0, ProcessCpuSeconds(pid));
     return total;
   };
+  const OpCounters counters_before = pool ? pool->counters() : OpCounters{};
   measuring.store(true);
   const double cpu_before = server_cpu();
   const auto begin = Clock::now();
   std::this_thread::sleep_for(std::chrono::duration<double>(o.seconds));
   measuring.store(false);
+  OpCounters measured_counters = pool ? pool->counters() : OpCounters{};
+  measured_counters.round_trips -= counters_before.round_trips;
+  measured_counters.messages -= counters_before.messages;
   const double elapsed = std::chrono::duration<double>(Clock::now() - begin).count();
   const double server_cpu_pct = (server_cpu() - cpu_before) / elapsed * 100.0;
   stop.store(true);
@@ -322,6 +327,8 @@ Result<nlohmann::json> RunOpsBench(const OpsBenchOptions& o) {
       {"p999_us", all.Percentile(0.999) / 1000.0},
       {"mean_us", all.mean() / 1000.0},
       {"latency_unit", o.batch == 1 ? "operation" : "batch"},
+      {"round_trips_per_op", pool && ops > 0 ? double(measured_counters.round_trips) / ops : 0.0},
+      {"messages_per_op", pool && ops > 0 ? double(measured_counters.messages) / ops : 0.0},
       {"timer_overhead_ns", timer},
       {"verified", o.verify},
   };

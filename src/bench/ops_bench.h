@@ -23,6 +23,7 @@
 #include <string>
 
 #include "farpool/fabric.h"
+#include "farpool/pool.h"
 #include "farpool/status.h"
 
 namespace farpool {
@@ -39,6 +40,7 @@ struct OpsBenchOptions {
   uint64_t seed = 42;
   std::optional<Fabric> transport;  // default: the cluster file's
   bool direct_access = true;
+  RemoteAccess remote_access = RemoteAccess::kAuto;
   bool verify = false;
   // Run on a plain array in this process instead of the pool (the local-memory baseline).
   bool local_memory = false;

@@ -15,6 +15,7 @@ struct BenchArgs {
   std::string working_set = "16MiB";
   std::string transport;
   bool no_direct = false;
+  std::string remote_access = "auto";
   bool json = false;
 };
 
@@ -34,6 +35,9 @@ int RunOps(BenchArgs& a) {
     a.ops.transport = *f;
   }
   a.ops.direct_access = !a.no_direct;
+  auto remote = ParseRemoteAccess(a.remote_access);
+  if (!remote.ok()) return Fail("--remote-access: " + remote.status().message());
+  a.ops.remote_access = *remote;
   auto result = RunOpsBench(a.ops);
   if (!result.ok()) return Fail("bench ops: " + result.status().message());
   const auto& r = *result;
@@ -71,6 +75,9 @@ Command RegisterBench(CLI::App& app) {
   ops->add_option("--seed", args->ops.seed, "Random seed");
   ops->add_option("--transport", args->transport, "Override the cluster's fabric: auto, shm, tcp");
   ops->add_flag("--no-direct", args->no_direct, "Use UCX operations even where mapping works");
+  ops->add_option("--remote-access", args->remote_access,
+                  "Unmapped servers: auto, one-sided (UCX get/put/atomics) or messages "
+                  "(a batch per message, executed by the server)");
   ops->add_flag("--verify", args->ops.verify, "Check reads and atomics against a shadow");
   ops->add_flag("--json", args->json, "Print one JSON object");
   Command txn = RegisterTxnBench(*sub);

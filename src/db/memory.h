@@ -8,7 +8,7 @@
 // Semantics follow Pool: atomics are atomic w.r.t. each other on 8-byte aligned words; plain
 // reads and writes of the same bytes race (the database detects torn reads by checksums);
 // a sync call is complete (visible to everyone) when it returns; operations of one batch are
-// unordered; Wait completes them all.
+// unordered except across a Fence (per server); Wait completes them all.
 //
 // Thread-safety: Memory is safe for concurrent use; a MemoryBatch belongs to one thread.
 #pragma once
@@ -41,6 +41,10 @@ class MemoryBatch {
   virtual Status CompareAndSwap(GlobalAddress address, uint64_t expected, uint64_t desired,
                                 uint64_t* previous) = 0;
   virtual Status FetchAdd(GlobalAddress address, uint64_t delta, uint64_t* previous) = 0;
+  // Operations posted after it take effect at a server after those posted before it to that
+  // server (Batch::Fence of pool.h): e.g. install a record's cells, fence, unlock it, in one
+  // round trip. No order across servers.
+  virtual Status Fence() = 0;
   virtual Status Wait() = 0;
   virtual size_t posted() const = 0;
 };
@@ -119,6 +123,7 @@ class Access {
       OpCount::Bump(count_->faa);
       return batch_->FetchAdd(a, delta, previous);
     }
+    Status Fence() { return batch_->Fence(); }
     Status Wait() { return batch_->Wait(); }
     size_t posted() const { return batch_->posted(); }
 

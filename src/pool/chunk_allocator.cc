@@ -65,4 +65,15 @@ Status ChunkAllocator::Release(uint64_t offset, uint64_t size) {
   return Status::Ok();
 }
 
+bool ChunkAllocator::Covers(uint64_t offset, uint64_t size) const {
+  if (offset >= kRootReserved && offset <= kRootAreaSize && size <= kRootAreaSize - offset) {
+    return true;
+  }
+  auto lease = leases_.upper_bound(offset);
+  if (lease == leases_.begin()) return false;
+  --lease;
+  const uint64_t end = lease->first + lease->second;
+  return offset < end && size <= end - offset;
+}
+
 }  // namespace farpool

@@ -19,6 +19,9 @@
 namespace farpool {
 
 inline constexpr uint64_t kRootAreaSize = 4096;
+// The first bytes of the root area are touched by nobody (offset 0 of server 0 is the null
+// address); clients use the rest (Pool::Root).
+inline constexpr uint64_t kRootReserved = 64;
 
 class ChunkAllocator {
  public:
@@ -30,6 +33,9 @@ class ChunkAllocator {
   Result<uint64_t> Lease(uint64_t size);
   // Errors: InvalidArgument unless [offset, offset+size) is exactly one current lease.
   Status Release(uint64_t offset, uint64_t size);
+  // Whether [offset, offset+size) lies inside the root area (past the null word) or inside
+  // one current lease: what a client may touch.
+  bool Covers(uint64_t offset, uint64_t size) const;
 
   uint64_t chunk_size() const { return chunk_size_; }
   uint64_t capacity() const { return capacity_; }

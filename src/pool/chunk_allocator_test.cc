@@ -20,6 +20,22 @@ TEST(ChunkAllocator, LeasesContiguousRunsAfterTheRootArea) {
   EXPECT_EQ(a.largest_free(), 5 * kChunk);
 }
 
+TEST(ChunkAllocator, CoversTheRootAreaAndCurrentLeasesOnly) {
+  ChunkAllocator a(4 * kChunk, kChunk);
+  EXPECT_FALSE(a.Covers(0, 8)) << "the null word";
+  EXPECT_TRUE(a.Covers(kRootReserved, kRootAreaSize - kRootReserved));
+  EXPECT_FALSE(a.Covers(kRootAreaSize - 8, 16)) << "crosses into an unleased chunk";
+  auto x = a.Lease(kChunk);
+  auto y = a.Lease(kChunk);
+  ASSERT_TRUE(x.ok() && y.ok());
+  EXPECT_TRUE(a.Covers(*x, kChunk));
+  EXPECT_TRUE(a.Covers(*y + kChunk - 8, 8));
+  EXPECT_FALSE(a.Covers(*x + kChunk - 8, 16)) << "crosses from one lease into another";
+  EXPECT_FALSE(a.Covers(*y + kChunk, 8)) << "past the last lease";
+  ASSERT_TRUE(a.Release(*x, kChunk).ok());
+  EXPECT_FALSE(a.Covers(*x, 8)) << "released";
+}
+
 TEST(ChunkAllocator, FullPoolErrorNamesCapacityFreeAndLargestRun) {
   ChunkAllocator a(4 * kChunk, kChunk);
   auto x = a.Lease(kChunk);

@@ -16,10 +16,16 @@
 
 #include "common/host.h"
 #include "common/units.h"
+#include "farpool/pool.h"
 #include "pool/chunk_allocator.h"
+#include "pool/memory_ops.h"
 #include "transport/wire.h"
 
 namespace farpool {
+
+static_assert(Pool::kRootSize == kRootAreaSize - kRootReserved &&
+                  Pool::Root(0).offset() == kRootReserved,
+              "the clients' root area is the servers' root area past the reserved bytes");
 
 using transport::Endpoint;
 using Clock = std::chrono::steady_clock;
@@ -270,7 +276,22 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
       r.rss_private = PrivateResidentBytes();
       return wire::Encode(id, r);
     }
+    case wire::Opcode::kBatchRequest: {
+      auto req = m.As<wire::BatchRequest>();
+      memory_ops::Region region{region_->data(), chunks_.region_size(),
+                                [this](uint64_t offset, uint64_t size) {
+                                  return chunks_.Covers(offset, size);
+                                }};
+      auto results = memory_ops::Execute(req.op_count, m.tail, region);
+      if (!results.ok()) {
+        ++rejected_;
+        return results.status().WithContext(Name());
+      }
+      return wire::Encode(id, wire::BatchReply{req.op_count, static_cast<uint32_t>(results->size())},
+                          *results);
+    }
     case wire::Opcode::kHelloReply:
+    case wire::Opcode::kBatchReply:
     case wire::Opcode::kLeaseReply:
     case wire::Opcode::kReleaseReply:
     case wire::Opcode::kStatsReply:

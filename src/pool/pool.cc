@@ -7,7 +7,11 @@
 //     endpoint and unpacked remote key per server (one worker per thread, no shared queue).
 //   - If a region can be mapped into this process (shared memory, same host) its local address
 //     is kept in ServerState::direct and reads, writes and atomics on it are loads, stores and
-//     CPU atomics: no UCX call, no server CPU. Otherwise they are ucp_get/put/atomic_op_nbx.
+//     CPU atomics: no UCX call, no server CPU. Otherwise, over TCP (RemoteAccess::kMessages),
+//     a Batch collects each server's operations into one BatchRequest (pool/memory_ops.h) sent
+//     at Wait(), all servers' messages first, then every reply awaited: one round trip per
+//     batch. Where UCX may use RDMA (kOneSided) they are ucp_get/put/atomic_op_nbx, posted at
+//     once and completed at Wait(). Sync calls are batches of one.
 //   - The monitor thread has its own worker and endpoints, sends a stats request to every
 //     server each failure_timeout/4 and declares a server failed when its connection errors
 //     or no answer came for failure_timeout. ServerState::failed is then set and every later
@@ -31,6 +35,7 @@
 #include "common/far_copy.h"
 #include "common/units.h"
 #include "pool/chunk_allocator.h"
+#include "pool/memory_ops.h"
 #include "pool/object_allocator.h"
 #include "transport/ucx.h"
 #include "transport/wire.h"
@@ -92,6 +97,7 @@ struct ServerState {
   uint64_t chunk_size = 0;
   std::vector<std::byte> rkey;
   std::byte* direct = nullptr;  // region mapped into this process, or null
+  bool messages = false;        // not mapped: operations go as batch messages, not one-sided
   std::atomic<bool> failed{false};
   mutable std::mutex mu;
   std::string failure;  // guarded by mu
@@ -113,6 +119,14 @@ struct ThreadContext {
   uint64_t next_request_id = 1;
   // Written by the owning thread only; read by counters() from any thread.
   std::atomic<uint64_t> reads{0}, writes{0}, cas{0}, faa{0}, bytes_read{0}, bytes_written{0};
+  std::atomic<uint64_t> round_trips{0}, messages{0};
+};
+
+// Where part of a batch message's reply goes: one per read or atomic, in request order.
+struct BatchSink {
+  void* read_into = nullptr;     // reads
+  uint64_t size = 0;             // bytes in the reply
+  uint64_t* previous = nullptr;  // atomics; may be null
 };
 
 namespace {
@@ -127,6 +141,7 @@ class Pool::Impl {
     size_t index;
     uint64_t remote;    // remote virtual address
     std::byte* direct;  // mapped address, or null
+    bool messages;      // not mapped; goes in a batch message (ServerState::messages)
   };
   struct Reply {
     std::vector<std::byte> bytes;
@@ -143,11 +158,23 @@ class Pool::Impl {
   Result<Reply> Call(ThreadContext& tc, size_t index,
                      const std::function<std::vector<std::byte>(uint64_t)>& encode,
                      wire::Opcode expected, std::chrono::milliseconds timeout);
+  // Waits until the reply to request `id`, sent to server `index` from this thread, arrives
+  // (of opcode `expected`; an ErrorReply becomes its Status), the server fails
+  // (Unavailable) or `deadline` passes (TimedOut; `timeout` is for the message).
+  Result<Reply> AwaitReply(ThreadContext& tc, size_t index, uint64_t id, wire::Opcode expected,
+                           Clock::time_point deadline, std::chrono::milliseconds timeout);
   // Waits for a posted UCX request to server `index`; on timeout or server failure abandons
   // it (force-closing the endpoint, so the request completes before buffers are reused).
   Status Complete(ThreadContext& tc, size_t index, ucs_status_ptr_t request, const char* what);
   // Flushes the thread's endpoint to `index`: every write posted before is complete remotely.
   Status Flush(ThreadContext& tc, size_t index);
+  // Sends one batch message to server `index`; FinishBatch awaits its reply and scatters the
+  // results into `sinks` (Batch::State::Sink, in request order).
+  Status SendBatch(ThreadContext& tc, size_t index, uint64_t request_id,
+                   const memory_ops::RequestBuilder& request, Clock::time_point deadline);
+  Status FinishBatch(ThreadContext& tc, size_t index, uint64_t request_id,
+                     const memory_ops::RequestBuilder& request,
+                     std::span<const BatchSink> sinks, Clock::time_point deadline);
   Result<size_t> IndexOf(uint16_t id) const;
   void MarkFailed(size_t index, const std::string& reason);
   Result<ServerStats> Stats(size_t index);
@@ -205,6 +232,12 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
     if (options_.direct_access && fabric_ != Fabric::kTcp) {
       s.direct = tc->peers[i].rkey->DirectPointer(s.region_base);
     }
+    const bool messages =
+        options_.remote_access == RemoteAccess::kMessages ||
+        (options_.remote_access == RemoteAccess::kAuto &&
+         (fabric_ == Fabric::kTcp ||
+          (fabric_ == Fabric::kAuto && !transport::RdmaDevicesPresent())));
+    s.messages = s.direct == nullptr && messages;
     if (fabric_ == Fabric::kShm && s.direct == nullptr) {
       return Status::Unavailable(s.name +
                                  ": transport shm needs the server's region mapped "
@@ -366,6 +399,14 @@ Result<Pool::Impl::Reply> Pool::Impl::Call(
   std::vector<std::byte> request = encode(id);
   Status sent = ep->SendAm(transport::kControlAm, request, true, deadline, abandon);
   if (!sent.ok()) return sent.WithContext(s.name);
+  return AwaitReply(tc, index, id, expected, deadline, timeout);
+}
+
+Result<Pool::Impl::Reply> Pool::Impl::AwaitReply(ThreadContext& tc, size_t index, uint64_t id,
+                                                 wire::Opcode expected, Clock::time_point deadline,
+                                                 std::chrono::milliseconds timeout) {
+  ServerState& s = *servers_[index];
+  Endpoint* ep = tc.peers[index].ep.get();
   for (uint32_t spins = 0;; ++spins) {
     auto it = tc.box.replies.find(id);
     if (it != tc.box.replies.end()) {
@@ -384,7 +425,7 @@ Result<Pool::Impl::Reply> Pool::Impl::Call(
     tc.worker->Progress();
     if (ep->failed()) return Status::Unavailable(s.name + ": connection failed");
     if ((spins & 63) == 63) {
-      if (abandon()) return s.Failure();
+      if (s.failed.load(std::memory_order_relaxed)) return s.Failure();
       if (Clock::now() > deadline) {
         return Status::TimedOut(s.name + ": no " + std::string(wire::OpcodeName(expected)) +
                                 " within " + std::to_string(timeout.count()) + " ms");
@@ -512,7 +553,7 @@ Result<Pool::Impl::Target> Pool::Impl::Resolve(GlobalAddress address, uint64_t s
   Status live = allocator_->CheckLive(index, offset, size);
   if (!live.ok()) return live.WithContext(s.name + ": " + op);
   if (s.failed.load(std::memory_order_relaxed)) return s.Failure();
-  return Target{index, s.region_base + offset, s.direct ? s.direct + offset : nullptr};
+  return Target{index, s.region_base + offset, s.direct ? s.direct + offset : nullptr, s.messages};
 }
 
 Status Pool::Impl::Complete(ThreadContext& tc, size_t index, ucs_status_ptr_t request,
@@ -594,6 +635,14 @@ Result<std::unique_ptr<Pool>> Pool::Connect(const ClusterConfig& cluster,
   return std::unique_ptr<Pool>(new Pool(std::move(impl)));
 }
 
+Result<RemoteAccess> ParseRemoteAccess(std::string_view text) {
+  if (text == "auto") return RemoteAccess::kAuto;
+  if (text == "one-sided") return RemoteAccess::kOneSided;
+  if (text == "messages") return RemoteAccess::kMessages;
+  return Status::InvalidArgument("unknown remote access '" + std::string(text) +
+                                 "' (expected auto, one-sided or messages)");
+}
+
 Fabric Pool::transport() const { return impl_->fabric_; }
 
 std::vector<uint16_t> Pool::server_ids() const {
@@ -605,7 +654,8 @@ std::vector<uint16_t> Pool::server_ids() const {
 std::string Pool::AccessPath(uint16_t id) const {
   auto index = impl_->IndexOf(id);
   if (!index.ok()) return "none";
-  return impl_->servers_[*index]->direct != nullptr ? "direct" : "ucx";
+  const ServerState& s = *impl_->servers_[*index];
+  return s.direct != nullptr ? "direct" : s.messages ? "messages" : "one-sided";
 }
 
 Result<GlobalAddress> Pool::Alloc(uint64_t size, Placement placement) {
@@ -668,58 +718,64 @@ Status Pool::Free(GlobalAddress address) {
 
 Status Pool::Trim() { return impl_->allocator_->Trim(); }
 
+namespace {
+// A sync operation on a server whose region is not mapped: a batch of one.
+template <typename Post>
+Status RunAlone(Pool& pool, const Post& post) {
+  Batch batch(pool);
+  FARPOOL_RETURN_IF_ERROR(post(batch));
+  return batch.Wait();
+}
+}  // namespace
+
 Status Pool::Read(GlobalAddress source, void* destination, uint64_t size) {
   FARPOOL_ASSIGN_OR_RETURN(Impl::Target t, impl_->Resolve(source, size, "read", false));
+  if (t.direct == nullptr) {
+    return RunAlone(*this, [&](Batch& b) { return b.Read(source, destination, size); });
+  }
   FARPOOL_ASSIGN_OR_RETURN(ThreadContext * tc, impl_->Local());
   Bump(tc->reads);
   Bump(tc->bytes_read, size);
-  if (t.direct != nullptr) {
-    FarRead(destination, t.direct, size);
-    return Status::Ok();
-  }
-  return impl_->Complete(*tc, t.index, PostRead(tc->peers[t.index], destination, size, t.remote),
-                         "read");
+  FarRead(destination, t.direct, size);
+  return Status::Ok();
 }
 
 Status Pool::Write(GlobalAddress destination, const void* source, uint64_t size) {
   FARPOOL_ASSIGN_OR_RETURN(Impl::Target t, impl_->Resolve(destination, size, "write", false));
+  if (t.direct == nullptr) {
+    return RunAlone(*this, [&](Batch& b) { return b.Write(destination, source, size); });
+  }
   FARPOOL_ASSIGN_OR_RETURN(ThreadContext * tc, impl_->Local());
   Bump(tc->writes);
   Bump(tc->bytes_written, size);
-  if (t.direct != nullptr) {
-    FarWrite(t.direct, source, size);
-    return Status::Ok();
-  }
-  FARPOOL_RETURN_IF_ERROR(impl_->Complete(
-      *tc, t.index, PostWrite(tc->peers[t.index], source, size, t.remote), "write"));
-  return impl_->Flush(*tc, t.index);
+  FarWrite(t.direct, source, size);
+  return Status::Ok();
 }
 
 Result<uint64_t> Pool::CompareAndSwap(GlobalAddress address, uint64_t expected, uint64_t desired) {
   FARPOOL_ASSIGN_OR_RETURN(Impl::Target t, impl_->Resolve(address, 8, "compare-and-swap", true));
+  uint64_t previous = 0;
+  if (t.direct == nullptr) {
+    FARPOOL_RETURN_IF_ERROR(RunAlone(
+        *this, [&](Batch& b) { return b.CompareAndSwap(address, expected, desired, &previous); }));
+    return previous;
+  }
   FARPOOL_ASSIGN_OR_RETURN(ThreadContext * tc, impl_->Local());
   Bump(tc->cas);
-  if (t.direct != nullptr) return DirectCas(t.direct, expected, desired);
-  // UCX's CSWAP: compare with *buffer; the reply buffer holds the swap value going out and
-  // the previous value coming back.
-  uint64_t result = desired;
-  FARPOOL_RETURN_IF_ERROR(impl_->Complete(
-      *tc, t.index,
-      PostAtomic(tc->peers[t.index], UCP_ATOMIC_OP_CSWAP, &expected, &result, t.remote),
-      "compare-and-swap"));
-  return result;
+  return DirectCas(t.direct, expected, desired);
 }
 
 Result<uint64_t> Pool::FetchAdd(GlobalAddress address, uint64_t delta) {
   FARPOOL_ASSIGN_OR_RETURN(Impl::Target t, impl_->Resolve(address, 8, "fetch-and-add", true));
+  uint64_t previous = 0;
+  if (t.direct == nullptr) {
+    FARPOOL_RETURN_IF_ERROR(
+        RunAlone(*this, [&](Batch& b) { return b.FetchAdd(address, delta, &previous); }));
+    return previous;
+  }
   FARPOOL_ASSIGN_OR_RETURN(ThreadContext * tc, impl_->Local());
   Bump(tc->faa);
-  if (t.direct != nullptr) return DirectFetchAdd(t.direct, delta);
-  uint64_t result = 0;
-  FARPOOL_RETURN_IF_ERROR(impl_->Complete(
-      *tc, t.index, PostAtomic(tc->peers[t.index], UCP_ATOMIC_OP_ADD, &delta, &result, t.remote),
-      "fetch-and-add"));
-  return result;
+  return DirectFetchAdd(t.direct, delta);
 }
 
 Result<ServerStats> Pool::Stats(uint16_t id) {
@@ -737,6 +793,8 @@ OpCounters Pool::counters() const {
     c.faa += tc->faa.load(std::memory_order_relaxed);
     c.bytes_read += tc->bytes_read.load(std::memory_order_relaxed);
     c.bytes_written += tc->bytes_written.load(std::memory_order_relaxed);
+    c.round_trips += tc->round_trips.load(std::memory_order_relaxed);
+    c.messages += tc->messages.load(std::memory_order_relaxed);
   }
   return c;
 }
@@ -744,6 +802,7 @@ OpCounters Pool::counters() const {
 // ------------------------------------------------------------------ Batch
 
 struct Batch::State {
+  // A one-sided UCX operation in flight.
   struct Pending {
     ucs_status_ptr_t request = nullptr;
     size_t index = 0;
@@ -752,12 +811,30 @@ struct Batch::State {
     uint64_t result = 0;
     uint64_t* out = nullptr;
   };
+  using Sink = BatchSink;
+  struct Message {
+    size_t index = 0;
+    memory_ops::RequestBuilder request;
+    std::vector<Sink> sinks;
+    uint64_t request_id = 0;
+  };
+
+  Message& Open(size_t index) { return messages[static_cast<size_t>(open[index])]; }
+
   ThreadContext* tc = nullptr;
   Status context_error;
-  std::deque<Pending> pending;  // deque: operand/result addresses stay put while posted
-  std::vector<uint8_t> wrote;   // per server index: a write was posted (flush at Wait)
+  std::deque<Pending> pending;    // deque: operand/result addresses stay put while posted
+  std::vector<uint8_t> wrote;     // per server index: a one-sided write was posted (flush)
+  std::vector<Message> messages;  // sent at Wait()
+  // Per server index: the message being filled (or -1), the batch's messages to it, whether
+  // one-sided operations to it are pending, and whether its open message holds operations
+  // from before a Fence (a second message could overtake them).
+  std::vector<int> open;
+  std::vector<uint32_t> message_count;
+  std::vector<uint8_t> one_sided;
+  std::vector<uint8_t> fenced;
+  Status error;  // of a drain inside Fence or a post, returned again by Wait
   size_t posted = 0;
-  Status direct_error;
 };
 
 Batch::Batch(Pool& pool) : pool_(*pool.impl_), state_(std::make_unique<State>()) {
@@ -767,7 +844,12 @@ Batch::Batch(Pool& pool) : pool_(*pool.impl_), state_(std::make_unique<State>())
   } else {
     state_->context_error = tc.status();
   }
-  state_->wrote.assign(pool_.servers_.size(), 0);
+  const size_t n = pool_.servers_.size();
+  state_->wrote.assign(n, 0);
+  state_->open.assign(n, -1);
+  state_->message_count.assign(n, 0);
+  state_->one_sided.assign(n, 0);
+  state_->fenced.assign(n, 0);
 }
 
 Batch::~Batch() {
@@ -777,9 +859,18 @@ Batch::~Batch() {
 
 size_t Batch::posted() const { return state_->posted; }
 
+namespace {
+bool InMessage(const Pool::Impl::Target& t, uint64_t size) {
+  return t.messages && size <= memory_ops::kMaxInlineBytes;
+}
+}  // namespace
+
 Status Batch::Read(GlobalAddress source, void* destination, uint64_t size) {
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Resolve(source, size, "read", false));
+  if (t.direct == nullptr && InMessage(t, size)) {
+    FARPOOL_RETURN_IF_ERROR(Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kRead), size));
+  }
   ThreadContext& tc = *state_->tc;
   Bump(tc.reads);
   Bump(tc.bytes_read, size);
@@ -788,6 +879,13 @@ Status Batch::Read(GlobalAddress source, void* destination, uint64_t size) {
     FarRead(destination, t.direct, size);
     return Status::Ok();
   }
+  if (InMessage(t, size)) {
+    auto& m = state_->Open(t.index);
+    m.request.Read(t.remote - pool_.servers_[t.index]->region_base, static_cast<uint32_t>(size));
+    m.sinks.push_back({destination, size, nullptr});
+    return Status::Ok();
+  }
+  state_->one_sided[t.index] = 1;
   auto& p = state_->pending.emplace_back();
   p.index = t.index;
   p.what = "read";
@@ -798,6 +896,9 @@ Status Batch::Read(GlobalAddress source, void* destination, uint64_t size) {
 Status Batch::Write(GlobalAddress destination, const void* source, uint64_t size) {
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Resolve(destination, size, "write", false));
+  if (t.direct == nullptr && InMessage(t, size)) {
+    FARPOOL_RETURN_IF_ERROR(Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kWrite), size));
+  }
   ThreadContext& tc = *state_->tc;
   Bump(tc.writes);
   Bump(tc.bytes_written, size);
@@ -806,6 +907,13 @@ Status Batch::Write(GlobalAddress destination, const void* source, uint64_t size
     FarWrite(t.direct, source, size);
     return Status::Ok();
   }
+  if (InMessage(t, size)) {
+    auto& m = state_->Open(t.index);
+    m.request.Write(t.remote - pool_.servers_[t.index]->region_base, source,
+                    static_cast<uint32_t>(size));
+    return Status::Ok();
+  }
+  state_->one_sided[t.index] = 1;
   auto& p = state_->pending.emplace_back();
   p.index = t.index;
   p.what = "write";
@@ -819,6 +927,9 @@ Status Batch::CompareAndSwap(GlobalAddress address, uint64_t expected, uint64_t 
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
                            pool_.Resolve(address, 8, "compare-and-swap", true));
+  if (t.direct == nullptr && t.messages) {
+    FARPOOL_RETURN_IF_ERROR(Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kCompareAndSwap), 8));
+  }
   ThreadContext& tc = *state_->tc;
   Bump(tc.cas);
   ++state_->posted;
@@ -827,11 +938,18 @@ Status Batch::CompareAndSwap(GlobalAddress address, uint64_t expected, uint64_t 
     if (previous != nullptr) *previous = prev;
     return Status::Ok();
   }
+  if (t.messages) {
+    auto& m = state_->Open(t.index);
+    m.request.CompareAndSwap(t.remote - pool_.servers_[t.index]->region_base, expected, desired);
+    m.sinks.push_back({nullptr, 8, previous});
+    return Status::Ok();
+  }
+  state_->one_sided[t.index] = 1;
   auto& p = state_->pending.emplace_back();
   p.index = t.index;
   p.what = "compare-and-swap";
-  p.operand = expected;  // see Pool::CompareAndSwap for UCX's CSWAP operands
-  p.result = desired;
+  p.operand = expected;  // UCX's CSWAP compares with the operand; the reply buffer holds the
+  p.result = desired;    // swap value going out and the previous value coming back
   p.out = previous;
   p.request = PostAtomic(tc.peers[t.index], UCP_ATOMIC_OP_CSWAP, &p.operand, &p.result, t.remote);
   return Status::Ok();
@@ -840,6 +958,9 @@ Status Batch::CompareAndSwap(GlobalAddress address, uint64_t expected, uint64_t 
 Status Batch::FetchAdd(GlobalAddress address, uint64_t delta, uint64_t* previous) {
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Resolve(address, 8, "fetch-and-add", true));
+  if (t.direct == nullptr && t.messages) {
+    FARPOOL_RETURN_IF_ERROR(Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kFetchAdd), 8));
+  }
   ThreadContext& tc = *state_->tc;
   Bump(tc.faa);
   ++state_->posted;
@@ -848,6 +969,13 @@ Status Batch::FetchAdd(GlobalAddress address, uint64_t delta, uint64_t* previous
     if (previous != nullptr) *previous = prev;
     return Status::Ok();
   }
+  if (t.messages) {
+    auto& m = state_->Open(t.index);
+    m.request.FetchAdd(t.remote - pool_.servers_[t.index]->region_base, delta);
+    m.sinks.push_back({nullptr, 8, previous});
+    return Status::Ok();
+  }
+  state_->one_sided[t.index] = 1;
   auto& p = state_->pending.emplace_back();
   p.index = t.index;
   p.what = "fetch-and-add";
@@ -857,22 +985,139 @@ Status Batch::FetchAdd(GlobalAddress address, uint64_t delta, uint64_t* previous
   return Status::Ok();
 }
 
-Status Batch::Wait() {
+Status Pool::Impl::SendBatch(ThreadContext& tc, size_t index, uint64_t request_id,
+                             const memory_ops::RequestBuilder& request,
+                             Clock::time_point deadline) {
+  ServerState& s = *servers_[index];
+  if (s.failed.load(std::memory_order_relaxed)) return s.Failure();
+  Endpoint* ep = tc.peers[index].ep.get();
+  if (ep == nullptr || ep->failed()) return Status::Unavailable(s.name + ": not connected");
+  std::vector<std::byte> bytes =
+      wire::Encode(request_id,
+                   wire::BatchRequest{request.op_count(), static_cast<uint32_t>(request.bytes().size())},
+                   request.bytes());
+  Status sent = ep->SendAm(transport::kControlAm, bytes, true, deadline,
+                           [&] { return s.failed.load(std::memory_order_relaxed); });
+  Bump(tc.messages);
+  if (!sent.ok()) MarkFailed(index, "sending a batch: " + sent.message());
+  return sent.WithContext(s.name + ": batch");
+}
+
+Status Pool::Impl::FinishBatch(ThreadContext& tc, size_t index, uint64_t request_id,
+                               const memory_ops::RequestBuilder& request,
+                               std::span<const BatchSink> sinks,
+                               Clock::time_point deadline) {
+  ServerState& s = *servers_[index];
+  auto reply = AwaitReply(tc, index, request_id, wire::Opcode::kBatchReply, deadline,
+                          options_.op_timeout);
+  if (!reply.ok()) {
+    // The server is gone or stuck: no later call may wait on it again.
+    if (reply.status().code() == StatusCode::kTimedOut) {
+      MarkFailed(index, "batch timed out after " + std::to_string(options_.op_timeout.count()) +
+                            " ms");
+    } else if (reply.status().code() == StatusCode::kUnavailable) {
+      MarkFailed(index, "connection lost");
+    }
+    return reply.status();
+  }
+  const auto body = reply->message.As<wire::BatchReply>();
+  if (body.op_count != request.op_count() || reply->message.tail.size() != request.reply_size()) {
+    return Status::Protocol(s.name + ": batch reply of " + std::to_string(body.op_count) +
+                            " operations and " + std::to_string(reply->message.tail.size()) +
+                            " bytes for a request of " + std::to_string(request.op_count()) +
+                            " operations expecting " + std::to_string(request.reply_size()));
+  }
+  const std::byte* at = reply->message.tail.data();
+  for (const BatchSink& sink : sinks) {
+    if (sink.read_into != nullptr) std::memcpy(sink.read_into, at, sink.size);
+    if (sink.previous != nullptr) std::memcpy(sink.previous, at, sizeof(uint64_t));
+    at += sink.size;
+  }
+  return Status::Ok();
+}
+
+Status Batch::Reserve(size_t index, uint8_t kind, uint64_t size) {
+  State& st = *state_;
+  const auto op = static_cast<memory_ops::OpKind>(kind);
+  if (st.open[index] >= 0 && st.Open(index).request.Fits(op, size)) return Status::Ok();
+  if (st.fenced[index]) {
+    // A second message to this server could be executed before the first one's operations
+    // from before the fence: complete those first.
+    FARPOOL_RETURN_IF_ERROR(Drain());
+  }
+  st.open[index] = static_cast<int>(st.messages.size());
+  st.messages.emplace_back().index = index;
+  ++st.message_count[index];
+  return Status::Ok();
+}
+
+Status Batch::Fence() {
+  State& st = *state_;
+  FARPOOL_RETURN_IF_ERROR(st.context_error);
+  bool drain = false, ucx_fence = false;
+  for (size_t i = 0; i < st.open.size(); ++i) {
+    drain = drain || st.message_count[i] > 1 || (st.message_count[i] > 0 && st.one_sided[i]);
+    ucx_fence = ucx_fence || st.one_sided[i];
+  }
+  if (drain) return Drain();
+  if (ucx_fence) {
+    ucs_status_t s = ucp_worker_fence(st.tc->worker->get());
+    if (s != UCS_OK) return transport::UcxStatus(s, "fence");
+  }
+  // Later operations append to the open messages, which the servers execute in order.
+  for (size_t i = 0; i < st.open.size(); ++i) st.fenced[i] = st.open[i] >= 0;
+  return Status::Ok();
+}
+
+Status Batch::Drain() {
+  State& st = *state_;
   Status first;
-  for (auto& p : state_->pending) {
-    Status s = pool_.Complete(*state_->tc, p.index, p.request, p.what);
+  auto note = [&first](const Status& s) {
+    if (first.ok() && !s.ok()) first = s;
+  };
+  const bool waits = !st.messages.empty() || !st.pending.empty();
+  const auto deadline = Clock::now() + pool_.options_.op_timeout;
+  // Every server's messages go out before any reply is awaited: one round trip in all.
+  std::vector<Status> sent(st.messages.size());
+  for (size_t k = 0; k < st.messages.size(); ++k) {
+    State::Message& m = st.messages[k];
+    m.request_id = st.tc->next_request_id++;
+    sent[k] = pool_.SendBatch(*st.tc, m.index, m.request_id, m.request, deadline);
+  }
+  for (auto& p : st.pending) {
+    Status s = pool_.Complete(*st.tc, p.index, p.request, p.what);
     if (s.ok() && p.out != nullptr) *p.out = p.result;
-    if (first.ok() && !s.ok()) first = s;
+    note(s);
   }
-  state_->pending.clear();
-  for (size_t i = 0; i < state_->wrote.size(); ++i) {
-    if (!state_->wrote[i]) continue;
-    state_->wrote[i] = 0;
-    Status s = pool_.Flush(*state_->tc, i);
-    if (first.ok() && !s.ok()) first = s;
+  st.pending.clear();
+  for (size_t i = 0; i < st.wrote.size(); ++i) {
+    if (!st.wrote[i]) continue;
+    st.wrote[i] = 0;
+    note(pool_.Flush(*st.tc, i));
   }
-  state_->posted = 0;
+  for (size_t k = 0; k < st.messages.size(); ++k) {
+    const State::Message& m = st.messages[k];
+    note(sent[k].ok() ? pool_.FinishBatch(*st.tc, m.index, m.request_id, m.request, m.sinks,
+                                          deadline)
+                      : sent[k]);
+  }
+  st.messages.clear();
+  std::fill(st.open.begin(), st.open.end(), -1);
+  std::fill(st.message_count.begin(), st.message_count.end(), 0);
+  std::fill(st.one_sided.begin(), st.one_sided.end(), 0);
+  std::fill(st.fenced.begin(), st.fenced.end(), 0);
+  if (waits) Bump(st.tc->round_trips);
+  if (st.error.ok()) st.error = first;
   return first;
+}
+
+Status Batch::Wait() {
+  if (!state_->context_error.ok()) return state_->context_error;
+  (void)Drain();  // its first error is kept in state_->error
+  Status result = state_->error;
+  state_->error = Status::Ok();
+  state_->posted = 0;
+  return result;
 }
 
 }  // namespace farpool

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "farpool/pool.h"
+#include "pool/memory_ops.h"
 #include "pool/test_cluster.h"
 #include "transport/ucx.h"
 #include "transport/wire.h"
@@ -426,6 +427,16 @@ TEST(ServerProcess, RejectsMalformedControlMessagesAndKeepsRunning) {
   bad.push_back(wire::Encode(6, wire::LeaseRequest{12345}));            // not a chunk multiple
   bad.push_back(wire::Encode(7, wire::ReleaseRequest{4096, 4 << 20}));  // never leased
   bad.push_back(std::vector<std::byte>(64 << 10, std::byte{0x5a}));     // oversized garbage
+  // Batches: a read of memory nobody leased, a count that disagrees with the operations, and
+  // a tail beyond the limit.
+  memory_ops::RequestBuilder unleased;
+  unleased.Read(4096, 64);
+  bad.push_back(wire::Encode(8, wire::BatchRequest{1, static_cast<uint32_t>(unleased.bytes().size())},
+                             unleased.bytes()));
+  bad.push_back(wire::Encode(9, wire::BatchRequest{3, static_cast<uint32_t>(unleased.bytes().size())},
+                             unleased.bytes()));
+  std::vector<std::byte> huge(wire::kMaxBatchTail + 32);
+  bad.push_back(wire::Encode(10, wire::BatchRequest{1, static_cast<uint32_t>(huge.size())}, huge));
   for (auto& m : bad) {
     ASSERT_TRUE(
         (*ep)
@@ -462,7 +473,8 @@ TEST(ServerProcess, RejectsMalformedControlMessagesAndKeepsRunning) {
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   auto stats = pool->Stats(0);
   ASSERT_TRUE(stats.ok());
-  EXPECT_EQ(stats->rejected, 5u) << "truncated, version, size, reply-as-request, oversized";
+  EXPECT_EQ(stats->rejected, 8u)
+      << "truncated, version, size, reply-as-request, oversized, 3 batches";
 }
 
 // The scale target: 16 servers of 1 GiB; one client fills 90% striped across all of

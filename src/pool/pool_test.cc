@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <numeric>
 #include <random>
 #include <thread>
 
@@ -234,6 +235,201 @@ TEST_P(PoolTest, AStoppedServerFailsItsCallsAndNotTheOthers) {
 
 INSTANTIATE_TEST_SUITE_P(Fabrics, PoolTest, ::testing::Values(Fabric::kShm, Fabric::kTcp),
                          [](const auto& info) { return std::string(FabricName(info.param)); });
+
+// Three clients of one region, one per access path: mapped shared memory, TCP batch messages
+// executed by the server, and TCP one-sided UCX operations. The same operations must give the
+// same answers on each (a shadow copy decides), and atomics from all three must be atomic
+// with respect to each other, so processes on different fabrics can share one database.
+class AccessPaths : public ::testing::Test {
+ protected:
+  AccessPaths() : cluster_(2, 16 << 20) {
+    PoolOptions one_sided;
+    one_sided.remote_access = RemoteAccess::kOneSided;
+    pools_.push_back(cluster_.Connect(Fabric::kShm));
+    pools_.push_back(cluster_.Connect(Fabric::kTcp));
+    pools_.push_back(cluster_.Connect(Fabric::kTcp, one_sided));
+  }
+  InProcessCluster cluster_;
+  std::vector<std::unique_ptr<Pool>> pools_;
+};
+
+TEST_F(AccessPaths, EveryPathGivesTheSameAnswers) {
+  for (const auto& p : pools_) ASSERT_TRUE(p);
+  EXPECT_EQ(pools_[0]->AccessPath(0), "direct");
+  EXPECT_EQ(pools_[1]->AccessPath(0), "messages");
+  EXPECT_EQ(pools_[2]->AccessPath(1), "one-sided");
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  // Objects on both servers, some larger than a message's inline limit (16 KiB).
+  constexpr int kObjects = 24;
+  std::vector<GlobalAddress> objects;
+  std::vector<std::vector<uint8_t>> shadow;
+  for (int i = 0; i < kObjects; ++i) {
+    const uint64_t size = i % 6 == 0 ? 40 << 10 : 256;
+    objects.push_back(*pools_[0]->Alloc(size));
+    shadow.emplace_back(size, 0);
+    std::vector<uint8_t> zero(size, 0);
+    ASSERT_TRUE(pools_[0]->Write(objects.back(), zero.data(), size).ok());
+  }
+  for (int step = 0; step < 400; ++step) {
+    Pool& pool = *pools_[rng() % pools_.size()];
+    // A batch of writes to distinct objects (a batch is unordered), then a batch reading
+    // everything back, each on a randomly chosen path.
+    Batch w(pool);
+    std::vector<std::vector<uint8_t>> sources;
+    std::vector<int> picked(kObjects);
+    std::iota(picked.begin(), picked.end(), 0);
+    std::shuffle(picked.begin(), picked.end(), rng);
+    picked.resize(1 + rng() % 8);
+    for (int o : picked) {
+      const uint64_t len = 1 + rng() % shadow[o].size();
+      const uint64_t at = rng() % (shadow[o].size() - len + 1);
+      auto& src = sources.emplace_back(len);
+      for (auto& b : src) b = static_cast<uint8_t>(rng());
+      std::copy(src.begin(), src.end(), shadow[o].begin() + static_cast<long>(at));
+      ASSERT_TRUE(w.Write(objects[o] + at, src.data(), len).ok());
+    }
+    ASSERT_TRUE(w.Wait().ok());
+    Pool& reader = *pools_[rng() % pools_.size()];
+    Batch r(reader);
+    std::vector<std::vector<uint8_t>> got(kObjects);
+    for (int o = 0; o < kObjects; ++o) {
+      got[o].resize(shadow[o].size());
+      ASSERT_TRUE(r.Read(objects[o], got[o].data(), got[o].size()).ok());
+    }
+    ASSERT_TRUE(r.Wait().ok());
+    for (int o = 0; o < kObjects; ++o) ASSERT_EQ(got[o], shadow[o]) << "object " << o;
+  }
+}
+
+TEST_F(AccessPaths, AtomicsFromEveryPathAreAtomicTogether) {
+  for (const auto& p : pools_) ASSERT_TRUE(p);
+  auto counter = *pools_[0]->Alloc(8, Placement::OnServer(1));
+  auto lock = *pools_[0]->Alloc(8, Placement::OnServer(0));
+  auto guarded = *pools_[0]->Alloc(8, Placement::OnServer(1));
+  uint64_t zero = 0;
+  for (auto a : {counter, lock, guarded}) ASSERT_TRUE(pools_[0]->Write(a, &zero, 8).ok());
+  constexpr int kRounds = 300;
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < pools_.size(); ++t) {
+    threads.emplace_back([&, t] {
+      Pool& pool = *pools_[t];
+      const uint64_t me = t + 1;
+      for (int i = 0; i < kRounds; ++i) {
+        ASSERT_TRUE(pool.FetchAdd(counter, 1).ok());
+        // A CAS lock around a plain read-modify-write: lost updates would show in the total.
+        for (;;) {
+          auto prev = pool.CompareAndSwap(lock, 0, me);
+          ASSERT_TRUE(prev.ok()) << prev.status().ToString();
+          if (*prev == 0) break;
+          std::this_thread::yield();
+        }
+        uint64_t v = 0;
+        ASSERT_TRUE(pool.Read(guarded, &v, 8).ok());
+        ++v;
+        ASSERT_TRUE(pool.Write(guarded, &v, 8).ok());
+        auto held = pool.CompareAndSwap(lock, me, 0);
+        ASSERT_TRUE(held.ok());
+        ASSERT_EQ(*held, me) << "the lock was taken while held";
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  uint64_t total = 0, guarded_total = 0;
+  ASSERT_TRUE(pools_[1]->Read(counter, &total, 8).ok());
+  ASSERT_TRUE(pools_[2]->Read(guarded, &guarded_total, 8).ok());
+  EXPECT_EQ(total, kRounds * pools_.size());
+  EXPECT_EQ(guarded_total, kRounds * pools_.size());
+}
+
+TEST_F(AccessPaths, ABatchIsOneRoundTripWithOneMessagePerServer) {
+  Pool& pool = *pools_[1];
+  ASSERT_TRUE(pools_[1]);
+  std::vector<GlobalAddress> on0, on1;
+  for (int i = 0; i < 32; ++i) {
+    on0.push_back(*pool.Alloc(64, Placement::OnServer(0)));
+    on1.push_back(*pool.Alloc(1024, Placement::OnServer(1)));
+  }
+  std::vector<uint8_t> sink(64 * 1024 * 2);
+  const OpCounters before = pool.counters();
+  Batch b(pool);
+  for (int i = 0; i < 32; ++i) ASSERT_TRUE(b.Read(on0[i], sink.data() + i * 64, 64).ok());
+  ASSERT_TRUE(b.Wait().ok());
+  OpCounters after = pool.counters();
+  EXPECT_EQ(after.round_trips - before.round_trips, 1u);
+  EXPECT_EQ(after.messages - before.messages, 1u) << "32 reads of one server: one message";
+  // Two servers, and more reply bytes than one message holds (100 KiB > 64 KiB): still one
+  // round trip, with server 1's reads split over two messages.
+  for (int i = 0; i < 32; ++i) ASSERT_TRUE(b.Read(on0[i], sink.data() + i * 64, 64).ok());
+  for (int k = 0; k < 3; ++k) {
+    for (int i = 0; i < 32; ++i) {
+      ASSERT_TRUE(b.Read(on1[i], sink.data() + 4096 + i * 1024, 1024).ok());
+    }
+  }
+  ASSERT_TRUE(b.Wait().ok());
+  const OpCounters last = pool.counters();
+  EXPECT_EQ(last.round_trips - after.round_trips, 1u);
+  EXPECT_EQ(last.messages - after.messages, 3u);
+  // Sync calls are one round trip each; a write too (no separate flush).
+  uint64_t v = 7;
+  ASSERT_TRUE(pool.Write(on0[0], &v, 8).ok());
+  EXPECT_EQ(pool.counters().round_trips - last.round_trips, 1u);
+}
+
+TEST_F(AccessPaths, AFenceOrdersEachServersOperationsOnEveryPath) {
+  for (const auto& p : pools_) ASSERT_TRUE(p);
+  for (size_t k = 0; k < pools_.size(); ++k) {
+    SCOPED_TRACE("path " + pools_[k]->AccessPath(0));
+    Pool& pool = *pools_[k];
+    auto word = *pool.Alloc(8, Placement::OnServer(0));
+    auto big = *pool.Alloc(20 << 10, Placement::OnServer(1));  // one-sided even over TCP
+    std::vector<GlobalAddress> small;
+    for (int i = 0; i < 80; ++i) small.push_back(*pool.Alloc(1024, Placement::OnServer(1)));
+    for (int round = 1; round <= 20; ++round) {
+      const uint64_t base = uint64_t(round) * 1000;
+      std::vector<uint8_t> big_data(20 << 10, static_cast<uint8_t>(round));
+      std::vector<std::vector<uint8_t>> small_data(small.size(),
+                                                   std::vector<uint8_t>(1024, uint8_t(round + 1)));
+      const OpCounters before = pool.counters();
+      Batch b(pool);
+      // Server 0: a write, then (fenced) a CAS that only succeeds if the write landed first.
+      ASSERT_TRUE(b.Write(word, &base, 8).ok());
+      // Server 1: a one-sided write and 80 KiB of writes in more than one message.
+      ASSERT_TRUE(b.Write(big, big_data.data(), big_data.size()).ok());
+      for (size_t i = 0; i < small.size(); ++i) {
+        ASSERT_TRUE(b.Write(small[i], small_data[i].data(), 1024).ok());
+      }
+      ASSERT_TRUE(b.Fence().ok());
+      uint64_t previous = 0;
+      ASSERT_TRUE(b.CompareAndSwap(word, base, base + 1, &previous).ok());
+      std::vector<uint8_t> big_back(20 << 10);
+      std::vector<uint8_t> small_back(1024);
+      ASSERT_TRUE(b.Read(big, big_back.data(), big_back.size()).ok());
+      ASSERT_TRUE(b.Read(small.back(), small_back.data(), 1024).ok());
+      ASSERT_TRUE(b.Wait().ok());
+      ASSERT_EQ(previous, base) << "the CAS overtook the write before the fence";
+      ASSERT_EQ(big_back, big_data);
+      ASSERT_EQ(small_back, small_data.back());
+      if (k == 1) {
+        // Messages: server 1's operations before the fence filled two messages, so the fence
+        // waited once; the rest is the batch's own round trip.
+        EXPECT_EQ(pool.counters().round_trips - before.round_trips, 2u);
+      }
+    }
+    // One message per server: the fence is free.
+    const OpCounters before = pool.counters();
+    Batch b(pool);
+    const uint64_t one = 1;
+    ASSERT_TRUE(b.Write(word, &one, 8).ok());
+    ASSERT_TRUE(b.Fence().ok());
+    uint64_t previous = 0;
+    ASSERT_TRUE(b.CompareAndSwap(word, 1, 2, &previous).ok());
+    ASSERT_TRUE(b.Wait().ok());
+    EXPECT_EQ(previous, 1u);
+    if (k == 1) EXPECT_EQ(pool.counters().round_trips - before.round_trips, 1u);
+  }
+}
 
 TEST(PoolConnect, UnreachableServerIsNamed) {
   ClusterConfig c;

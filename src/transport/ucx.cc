@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include <cstring>
+#include <filesystem>
 #include <string>
 
 #include "transport/shm_dir.h"
@@ -247,12 +248,20 @@ void Endpoint::ForceClose() {
 
 Endpoint::~Endpoint() { Close(false); }
 
+namespace {
+// Messages always go eagerly: receivers take them whole in the callback (UCP_AM_FLAG_WHOLE_MSG)
+// and drop rendezvous ones, and farpool's messages are bounded (wire::kMaxBatchTail).
+uint32_t AmSendFlags(bool want_reply_ep) {
+  return UCP_AM_SEND_FLAG_EAGER | (want_reply_ep ? UCP_AM_SEND_FLAG_REPLY : 0);
+}
+}  // namespace
+
 Status Endpoint::SendAm(unsigned id, std::span<const std::byte> bytes, bool want_reply_ep,
                         Clock::time_point deadline, const std::function<bool()>& abandon) {
   if (ep_ == nullptr || failed_) return Status::Unavailable("endpoint is closed");
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  p.flags = want_reply_ep ? UCP_AM_SEND_FLAG_REPLY : 0;
+  p.flags = AmSendFlags(want_reply_ep);
   ucs_status_ptr_t req = ucp_am_send_nbx(ep_, id, nullptr, 0, bytes.data(), bytes.size(), &p);
   return worker_.WaitRequest(req, deadline, abandon, "sending control message");
 }
@@ -262,7 +271,7 @@ Status PostAm(ucp_ep_h ep, unsigned id, std::vector<std::byte> bytes, bool want_
   ucp_request_param_t p{};
   p.op_attr_mask =
       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-  p.flags = want_reply_ep ? UCP_AM_SEND_FLAG_REPLY : 0;
+  p.flags = AmSendFlags(want_reply_ep);
   p.cb.send = [](void* request, ucs_status_t, void* user_data) {
     delete static_cast<std::vector<std::byte>*>(user_data);
     ucp_request_free(request);
@@ -384,6 +393,12 @@ std::byte* RemoteKey::DirectPointer(uint64_t remote_base) const {
   void* p = nullptr;
   if (ucp_rkey_ptr(rkey_, remote_base, &p) != UCS_OK) return nullptr;
   return static_cast<std::byte*>(p);
+}
+
+bool RdmaDevicesPresent() {
+  std::error_code ec;
+  std::filesystem::directory_iterator devices("/sys/class/infiniband", ec);
+  return !ec && devices != std::filesystem::directory_iterator();
 }
 
 }  // namespace farpool::transport

@@ -164,6 +164,10 @@ class Listener {
   std::vector<ucp_conn_request_h> pending_;
 };
 
+// Whether this host has RDMA devices (InfiniBand, RoCE, iWARP) that UCX could use: where it
+// has none, the auto fabric reaches other hosts over TCP.
+bool RdmaDevicesPresent();
+
 // Posts an active message on `ep` without waiting for it; `bytes` are kept alive until UCX is
 // done with them. For a server's replies, which must never block its progress loop.
 Status PostAm(ucp_ep_h ep, unsigned id, std::vector<std::byte> bytes, bool want_reply_ep);

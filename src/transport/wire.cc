@@ -9,6 +9,7 @@ struct BodyLayout {
   size_t body_size;
   // Offset of the u32 tail-length field inside the body, or kNoTail.
   size_t tail_len_offset;
+  size_t max_tail = kMaxTail;
 };
 constexpr size_t kNoTail = ~size_t{0};
 
@@ -32,6 +33,10 @@ Result<BodyLayout> LayoutOf(uint16_t opcode) {
       return BodyLayout{sizeof(StatsReply), kNoTail};
     case Opcode::kErrorReply:
       return BodyLayout{sizeof(ErrorReply), offsetof(ErrorReply, text_size)};
+    case Opcode::kBatchRequest:
+      return BodyLayout{sizeof(BatchRequest), offsetof(BatchRequest, ops_size), kMaxBatchTail};
+    case Opcode::kBatchReply:
+      return BodyLayout{sizeof(BatchReply), offsetof(BatchReply, results_size), kMaxBatchTail};
   }
   return Status::Protocol("unknown opcode " + std::to_string(opcode));
 }
@@ -58,6 +63,10 @@ std::string_view OpcodeName(Opcode op) {
       return "StatsReply";
     case Opcode::kErrorReply:
       return "ErrorReply";
+    case Opcode::kBatchRequest:
+      return "BatchRequest";
+    case Opcode::kBatchReply:
+      return "BatchReply";
   }
   return "Unknown";
 }
@@ -94,10 +103,10 @@ Result<Message> Decode(std::span<const std::byte> bytes) {
     uint32_t declared = 0;
     std::memcpy(&declared, bytes.data() + sizeof(MessageHeader) + layout.tail_len_offset,
                 sizeof(declared));
-    if (declared > kMaxTail) {
+    if (declared > layout.max_tail) {
       return Status::Protocol(std::string(OpcodeName(m.opcode)) + ": tail of " +
                               std::to_string(declared) + " bytes exceeds the limit of " +
-                              std::to_string(kMaxTail));
+                              std::to_string(layout.max_tail));
     }
     tail_size = declared;
   }
@@ -154,6 +163,8 @@ FARPOOL_WIRE_BODY(ReleaseReply)
 FARPOOL_WIRE_BODY(StatsRequest)
 FARPOOL_WIRE_BODY(StatsReply)
 FARPOOL_WIRE_BODY(ErrorReply)
+FARPOOL_WIRE_BODY(BatchRequest)
+FARPOOL_WIRE_BODY(BatchReply)
 #undef FARPOOL_WIRE_BODY
 
 std::vector<std::byte> EncodeError(uint64_t request_id, const Status& status) {

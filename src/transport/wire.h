@@ -1,11 +1,15 @@
-// Wire format of farpool's control messages (client <-> memory server), carried as UCX
-// active messages. Data never travels here: reads, writes and atomics are one-sided.
+// Wire format of farpool's messages between a client and a memory server, carried as UCX
+// active messages: control (hello, lease, release, stats) and batches of memory operations.
+// Where a client maps the region (shared memory) or has one-sided verbs (RDMA), data never
+// travels here; over TCP a client sends each batch of reads, writes and atomics to a server as
+// one BatchRequest, which the server executes on its region (pool/memory_ops.h has the layout
+// of the operations in the tail).
 //
 // Every message is one MessageHeader followed by one fixed-size body struct of the header's
 // opcode, then (for a few opcodes) a variable tail whose length is a field of the body:
 //
 //   | magic u32 | version u16 | opcode u16 | body_size u32 | flags u32 | request_id u64 |
-//   | body (sizeof(Body of opcode)) | tail (0..kMaxTail bytes) |
+//   | body (sizeof(Body of opcode)) | tail (0..kMaxTail bytes; batches 0..kMaxBatchTail) |
 //
 // All fields are fixed-width little-endian (the structs are copied with memcpy; a
 // static_assert pins the host to little-endian). A decoder never trusts a length: body_size
@@ -32,6 +36,10 @@ static_assert(std::endian::native == std::endian::little, "farpool's wire format
 inline constexpr uint32_t kMagic = 0x31575046;  // "FPW1"
 inline constexpr uint16_t kVersion = 1;
 inline constexpr size_t kMaxTail = 4096;  // rkeys and error texts; UCX rkeys are < 1 KiB
+// Batches: the operations of a request, the read data and atomic results of a reply. Small
+// enough to go eagerly in one UCX active message, large enough for a commit's worth of
+// records; a client splits larger batches into several messages.
+inline constexpr size_t kMaxBatchTail = 64 << 10;
 
 enum class Opcode : uint16_t {
   kHelloRequest = 1,
@@ -43,6 +51,8 @@ enum class Opcode : uint16_t {
   kStatsRequest = 7,
   kStatsReply = 8,
   kErrorReply = 9,
+  kBatchRequest = 10,
+  kBatchReply = 11,
 };
 std::string_view OpcodeName(Opcode op);
 
@@ -119,6 +129,22 @@ struct StatsReply {
   uint64_t rss_private;  // server's private resident memory (overhead beyond the region)
 };
 static_assert(sizeof(StatsReply) == 80);
+
+// Client -> server: `op_count` memory operations (pool/memory_ops.h) in the tail. The server
+// checks every operation before it executes any, then executes them in order.
+struct BatchRequest {
+  uint32_t op_count;
+  uint32_t ops_size;  // tail length
+};
+static_assert(sizeof(BatchRequest) == 8);
+
+// Server -> client: the results of every operation, in request order (read data, 8-byte
+// previous values of atomics; writes contribute nothing).
+struct BatchReply {
+  uint32_t op_count;
+  uint32_t results_size;  // tail length
+};
+static_assert(sizeof(BatchReply) == 8);
 
 // Server -> client when a request failed. Tail: UTF-8 reason.
 struct ErrorReply {

@@ -1,0 +1,40 @@
+// libFuzzer target for the memory server's batch executor (`make fuzz`): the first 4 bytes are
+// the operation count, the rest the request's tail. Execute must never touch memory outside
+// its region or outside what `accessible` allows, and a reply must hold exactly the bytes the
+// accepted operations promise.
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "pool/memory_ops.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace farpool::memory_ops;
+  if (size < 4) return 0;
+  uint32_t count = 0;
+  std::memcpy(&count, data, 4);
+  std::vector<std::byte> ops(reinterpret_cast<const std::byte*>(data) + 4,
+                             reinterpret_cast<const std::byte*>(data) + size);
+  // 16 KiB region; the first 4 KiB are off limits (ASan catches any access past the end).
+  std::vector<std::byte> memory(16 << 10);
+  Region region{memory.data(), memory.size(), [](uint64_t offset, uint64_t length) {
+                  return offset >= 4096 && length <= (16 << 10) - offset;
+                }};
+  auto reply = Execute(count, ops, region);
+  if (!reply.ok()) return 0;
+  for (size_t i = 0; i < 4096; ++i) {
+    if (memory[i] != std::byte{0}) std::abort();  // a write landed where it may not
+  }
+  uint64_t expected = 0;
+  size_t at = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    OpHeader h;
+    std::memcpy(&h, ops.data() + at, sizeof(h));
+    const auto kind = static_cast<OpKind>(h.kind);
+    expected += RequestBuilder::ReplyBytes(kind, h.size);
+    at += RequestBuilder::RequestBytes(kind, h.size);
+  }
+  if (at != ops.size() || expected != reply->size()) std::abort();
+  return 0;
+}
