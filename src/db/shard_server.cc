@@ -38,12 +38,7 @@ int64_t PartitionState::NowMs() const {
 }
 
 std::vector<std::byte> PartitionState::Handle(std::span<const std::byte> request) {
-  uint64_t request_id = 0;
-  if (request.size() >= sizeof(Header)) {
-    Header h;
-    std::memcpy(&h, request.data(), sizeof(h));
-    request_id = h.request_id;
-  }
+  const uint64_t request_id = transport::RequestIdOf(request).value_or(0);
   auto m = Decode(request);
   Result<std::vector<std::byte>> reply =
       m.ok() ? Answer(*m) : Result<std::vector<std::byte>>(m.status());

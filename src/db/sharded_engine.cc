@@ -233,16 +233,14 @@ class Client {
   static ucs_status_t OnMessage(void* arg, const void*, size_t, void* data, size_t length,
                                 const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Client*>(arg);
-    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || length < sizeof(Header)) {
-      if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)
-        ucp_am_data_release(self->worker_->get(), data);
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+      ucp_am_data_release(self->worker_->get(), data);
       return UCS_OK;  // not a reply we could have asked for
     }
-    Header h;
-    std::memcpy(&h, data, sizeof(h));
-    if (!self->pending_.count(h.request_id)) return UCS_OK;
     const auto* b = static_cast<const std::byte*>(data);
-    self->box_[h.request_id] = std::vector<std::byte>(b, b + length);
+    const auto id = transport::RequestIdOf({b, length});
+    if (!id || !self->pending_.count(*id)) return UCS_OK;
+    self->box_[*id] = std::vector<std::byte>(b, b + length);
     return UCS_OK;
   }
 

@@ -208,11 +208,7 @@ void MemoryServer::Impl::Handle(const Incoming& in) {
   if (!message.ok()) {
     ++rejected_;
     // Echo the request id if the header at least was readable, so the client can match it.
-    if (in.bytes.size() >= sizeof(wire::MessageHeader)) {
-      wire::MessageHeader h;
-      std::memcpy(&h, in.bytes.data(), sizeof(h));
-      request_id = h.request_id;
-    }
+    request_id = transport::RequestIdOf(in.bytes).value_or(0);
     reply = message.status().WithContext(Name() + ": rejected message");
   } else {
     request_id = message->header.request_id;

@@ -1,37 +1,28 @@
 // Wire format of farpool's control messages (client <-> memory server), carried as UCX
-// active messages. Data never travels here: reads, writes and atomics are one-sided.
+// active messages (id kControlAm). Data never travels here: reads, writes and atomics are
+// one-sided.
 //
-// Every message is one MessageHeader followed by one fixed-size body struct of the header's
-// opcode, then (for a few opcodes) a variable tail whose length is a field of the body:
-//
-//   | magic u32 | version u16 | opcode u16 | body_size u32 | flags u32 | request_id u64 |
-//   | body (sizeof(Body of opcode)) | tail (0..kMaxTail bytes) |
-//
-// All fields are fixed-width little-endian (the structs are copied with memcpy; a
-// static_assert pins the host to little-endian). A decoder never trusts a length: body_size
-// must equal the opcode's body size plus the tail length declared inside the body, and the
-// whole message must be exactly that long. Messages of another version are rejected with a
+// Every message is one frame of transport/frame.h (magic "FPW1", version 1): the 24-byte
+// header, one fixed-size body struct of the header's opcode, then (for a few opcodes) a tail
+// whose length is a field of the body (TailRule::kDeclared, at most kMaxDeclaredTail bytes).
+// The frame codec checks every length; messages of another version are rejected with a
 // Protocol status that names both versions; the server answers them with an ErrorReply and
 // keeps running.
 #pragma once
 
-#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <string>
 #include <string_view>
 #include <vector>
 
 #include "farpool/status.h"
+#include "transport/frame.h"
 
 namespace farpool::wire {
 
-static_assert(std::endian::native == std::endian::little, "farpool's wire format is little-endian");
-
 inline constexpr uint32_t kMagic = 0x31575046;  // "FPW1"
 inline constexpr uint16_t kVersion = 1;
-inline constexpr size_t kMaxTail = 4096;  // rkeys and error texts; UCX rkeys are < 1 KiB
 
 enum class Opcode : uint16_t {
   kHelloRequest = 1,
@@ -42,19 +33,9 @@ enum class Opcode : uint16_t {
   kReleaseReply = 6,
   kStatsRequest = 7,
   kStatsReply = 8,
-  kErrorReply = 9,
+  kErrorReply = 9,  // server -> client when a request failed: transport::ErrorBody + reason
 };
 std::string_view OpcodeName(Opcode op);
-
-struct MessageHeader {
-  uint32_t magic;
-  uint16_t version;
-  uint16_t opcode;
-  uint32_t body_size;   // bytes after this header
-  uint32_t flags;       // reserved, must be 0
-  uint64_t request_id;  // echoed in the reply
-};
-static_assert(sizeof(MessageHeader) == 24);
 
 // Client -> server, first message on a connection.
 struct HelloRequest {
@@ -120,30 +101,14 @@ struct StatsReply {
 };
 static_assert(sizeof(StatsReply) == 80);
 
-// Server -> client when a request failed. Tail: UTF-8 reason.
-struct ErrorReply {
-  uint32_t code;  // a farpool::StatusCode
-  uint32_t text_size;
-};
-static_assert(sizeof(ErrorReply) == 8);
-
 // A decoded message: the header plus views into the caller's buffer.
-struct Message {
-  MessageHeader header;
-  Opcode opcode;
-  std::span<const std::byte> body;  // exactly the opcode's body size
-  std::span<const std::byte> tail;
-
-  // REQUIRES: sizeof(Body) == body.size() (Decode guarantees it for the matching opcode)
-  template <typename Body>
-  Body As() const;
-};
+using Message = transport::Message<Opcode>;
 
 // Validates and splits one received message. Never reads outside `bytes`.
 Result<Message> Decode(std::span<const std::byte> bytes);
 
-// Encodes header + body + tail into one buffer. Encode and Message::As are instantiated in
-// wire.cc for exactly the body structs above.
+// Encodes header + body + tail into one buffer; instantiated in wire.cc for exactly the body
+// structs above.
 template <typename Body>
 std::vector<std::byte> Encode(uint64_t request_id, const Body& body,
                               std::span<const std::byte> tail = {});
