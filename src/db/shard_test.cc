@@ -249,7 +249,7 @@ class ShardClusterTest : public testing::Test {
   // Sends raw bytes to partition p and returns the reply.
   std::vector<std::byte> Call(size_t p, std::vector<std::byte> bytes) {
     replies_.clear();
-    Status s = PostMessage(eps_[p]->get(), std::move(bytes), true);
+    Status s = transport::PostAm(eps_[p]->get(), kShardAm, std::move(bytes), true);
     EXPECT_TRUE(s.ok()) << s.ToString();
     const auto deadline = std::chrono::steady_clock::now() + 10s;
     while (replies_.empty() && std::chrono::steady_clock::now() < deadline) worker_->Progress();

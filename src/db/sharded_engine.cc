@@ -144,7 +144,8 @@ class Client {
     const uint64_t id = next_id_++;
     if (eps_[p]->failed()) return Status::Unavailable(names_[p] + ": connection failed");
     FARPOOL_RETURN_IF_ERROR(
-        PostMessage(eps_[p]->get(), Encode(id, op, body, tail), true).WithContext(names_[p]));
+        transport::PostAm(eps_[p]->get(), kShardAm, Encode(id, op, body, tail), true)
+            .WithContext(names_[p]));
     ++*messages_;
     pending_[id] = p;
     return id;

@@ -252,7 +252,7 @@ Status Endpoint::SendAm(unsigned id, std::span<const std::byte> bytes, bool want
   if (ep_ == nullptr || failed_) return Status::Unavailable("endpoint is closed");
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  p.flags = want_reply_ep ? UCP_AM_SEND_FLAG_REPLY : 0;
+  p.flags = UCP_AM_SEND_FLAG_EAGER | (want_reply_ep ? UCP_AM_SEND_FLAG_REPLY : 0);
   ucs_status_ptr_t req = ucp_am_send_nbx(ep_, id, nullptr, 0, bytes.data(), bytes.size(), &p);
   return worker_.WaitRequest(req, deadline, abandon, "sending control message");
 }
@@ -262,7 +262,7 @@ Status PostAm(ucp_ep_h ep, unsigned id, std::vector<std::byte> bytes, bool want_
   ucp_request_param_t p{};
   p.op_attr_mask =
       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-  p.flags = want_reply_ep ? UCP_AM_SEND_FLAG_REPLY : 0;
+  p.flags = UCP_AM_SEND_FLAG_EAGER | (want_reply_ep ? UCP_AM_SEND_FLAG_REPLY : 0);
   p.cb.send = [](void* request, ucs_status_t, void* user_data) {
     delete static_cast<std::vector<std::byte>*>(user_data);
     ucp_request_free(request);
@@ -271,7 +271,7 @@ Status PostAm(ucp_ep_h ep, unsigned id, std::vector<std::byte> bytes, bool want_
   ucs_status_ptr_t req = ucp_am_send_nbx(ep, id, nullptr, 0, owned->data(), owned->size(), &p);
   if (UCS_PTR_IS_PTR(req)) return Status::Ok();  // the callback frees the buffer
   delete owned;
-  if (UCS_PTR_IS_ERR(req)) return UcxStatus(UCS_PTR_STATUS(req), "posting reply");
+  if (UCS_PTR_IS_ERR(req)) return UcxStatus(UCS_PTR_STATUS(req), "posting an active message");
   return Status::Ok();
 }
 
