@@ -66,7 +66,7 @@ fuzz: setup
 	ninja -C build-fuzz wire_fuzz shard_wire_fuzz memory_ops_fuzz
 	mkdir -p build-fuzz/corpus build-fuzz/shard_corpus build-fuzz/memory_ops_corpus
 	./build-fuzz/wire_fuzz -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus src/transport/fuzz_seeds
-	./build-fuzz/src/db/shard_wire_fuzz -max_total_time=$(FUZZ_SECONDS) build-fuzz/shard_corpus
+	./build-fuzz/src/db/shard_wire_fuzz -max_total_time=$(FUZZ_SECONDS) build-fuzz/shard_corpus src/db/fuzz_seeds
 	./build-fuzz/memory_ops_fuzz -max_total_time=$(FUZZ_SECONDS) build-fuzz/memory_ops_corpus
 
 soak: build

@@ -6,7 +6,7 @@
 #include <functional>
 #include <string>
 
-#include "pool/memory_server.h"
+#include "transport/am_server.h"
 
 namespace farpool::cli {
 

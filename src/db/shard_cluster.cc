@@ -43,7 +43,7 @@ Status ShardClusterUp(const ShardClusterOptions& o) {
   };
   ClusterConfig config;
   config.transport = o.transport;
-  const std::string progress = o.progress == ProgressMode::kBusy ? "busy" : "event";
+  const std::string progress(ProgressModeName(o.progress));
   for (int i = 0; i < o.partitions; ++i) {
     const std::string base = (fs::path(o.dir) / ("shard-" + std::to_string(i))).string();
     fs::remove(base + ".ready", ec);

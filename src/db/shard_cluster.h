@@ -15,7 +15,7 @@
 
 #include "farpool/fabric.h"
 #include "farpool/status.h"
-#include "pool/memory_server.h"
+#include "transport/am_server.h"
 
 namespace farpool::db {
 

@@ -1,33 +1,9 @@
 #include "db/shard_server.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <sys/socket.h>
-
 #include <cstring>
 #include <set>
 
 namespace farpool::db::shard {
-
-Status PostMessage(ucp_ep_h ep, std::vector<std::byte> bytes, bool want_reply_ep) {
-  auto* owned = new std::vector<std::byte>(std::move(bytes));
-  ucp_request_param_t p{};
-  p.op_attr_mask =
-      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-  p.flags = UCP_AM_SEND_FLAG_EAGER | (want_reply_ep ? UCP_AM_SEND_FLAG_REPLY : 0);
-  p.cb.send = [](void* request, ucs_status_t, void* user_data) {
-    delete static_cast<std::vector<std::byte>*>(user_data);
-    ucp_request_free(request);
-  };
-  p.user_data = owned;
-  ucs_status_ptr_t req =
-      ucp_am_send_nbx(ep, kShardAm, nullptr, 0, owned->data(), owned->size(), &p);
-  if (UCS_PTR_IS_PTR(req)) return Status::Ok();  // the callback frees the buffer
-  delete owned;
-  if (UCS_PTR_IS_ERR(req))
-    return transport::UcxStatus(UCS_PTR_STATUS(req), "sending a shard message");
-  return Status::Ok();
-}
 
 // ================================================================ PartitionState
 
@@ -38,12 +14,7 @@ int64_t PartitionState::NowMs() const {
 }
 
 std::vector<std::byte> PartitionState::Handle(std::span<const std::byte> request) {
-  uint64_t request_id = 0;
-  if (request.size() >= sizeof(Header)) {
-    Header h;
-    std::memcpy(&h, request.data(), sizeof(h));
-    request_id = h.request_id;
-  }
+  const uint64_t request_id = transport::RequestIdOf(request).value_or(0);
   auto m = Decode(request);
   Result<std::vector<std::byte>> reply =
       m.ok() ? Answer(*m) : Result<std::vector<std::byte>>(m.status());
@@ -333,109 +304,41 @@ Result<std::vector<std::byte>> PartitionState::Answer(const Message& m) {
 
 // ================================================================ PartitionServer
 
-using transport::Endpoint;
-
-class PartitionServer::Impl {
+// Serves the partition on its AmServer's progress thread.
+class PartitionServer::Impl : public transport::AmHandler {
  public:
   explicit Impl(const PartitionServerOptions& o) : options_(o), state_(o.id) {}
+  // Joins the progress thread while this handler is still whole.
+  ~Impl() override { Stop(); }
 
   Status Init(uint16_t* port_out) {
-    transport::Context::Options copts;
-    copts.fabric = options_.fabric;
-    copts.wakeup = options_.progress == ProgressMode::kEvent;
-    FARPOOL_ASSIGN_OR_RETURN(context_, transport::Context::Create(copts));
-    FARPOOL_ASSIGN_OR_RETURN(worker_, transport::Worker::Create(*context_, copts.wakeup));
-    FARPOOL_RETURN_IF_ERROR(worker_->SetAmHandler(kShardAm, &OnMessage, this));
-    FARPOOL_ASSIGN_OR_RETURN(listener_,
-                             transport::Listener::Create(*worker_, options_.host, options_.port));
-    *port_out = listener_->port();
+    transport::AmServerOptions ao;
+    ao.host = options_.host;
+    ao.port = options_.port;
+    ao.am_id = kShardAm;
+    ao.progress = options_.progress;
+    ao.event_spin = options_.event_spin;
+    ao.fabric = options_.fabric;
+    FARPOOL_ASSIGN_OR_RETURN(am_, transport::AmServer::Listen(ao));
+    *port_out = am_->port();
     return Status::Ok();
   }
+  void Serve() { am_->Start(*this); }
+  void Stop() {
+    if (am_) am_->Stop();
+  }
 
-  bool Poll() {
-    bool busy = worker_->Progress() != 0;
-    for (ucp_conn_request_h r : listener_->TakeRequests()) {
-      auto ep = Endpoint::Accept(*worker_, r, [this](ucs_status_t) { reap_ = true; });
-      if (ep.ok()) {
-        ucp_ep_h h = (*ep)->get();
-        connections_[h] = std::move(*ep);
-      }
-      busy = true;
-    }
-    while (!inbox_.empty()) {
-      Incoming in = std::move(inbox_.front());
-      inbox_.pop_front();
-      std::vector<std::byte> reply = state_.Handle(in.bytes);
-      if (in.reply_ep != nullptr) {
-        Status s = PostMessage(in.reply_ep, std::move(reply), false);
-        (void)s;  // a coordinator that vanished gets no answer; its endpoint is reaped
-      }
-      busy = true;
-    }
-    if (reap_) {
-      reap_ = false;
-      for (auto it = connections_.begin(); it != connections_.end();) {
-        if (it->second->failed()) {
-          it->second->ForceClose();
-          it = connections_.erase(it);
-        } else {
-          ++it;
-        }
-      }
-    }
-    return busy;
+  std::vector<std::byte> Handle(std::span<const std::byte> message, transport::Peer*) override {
+    return state_.Handle(message);
   }
-  void Idle() {
-    if (options_.progress == ProgressMode::kEvent) {
-      Status s = worker_->Wait(std::chrono::milliseconds(100));
-      (void)s;  // a failed wait only means we poll again sooner
-    }
-  }
-  void Shutdown() {
-    for (auto& [h, ep] : connections_) ep->ForceClose();
-    connections_.clear();
-    listener_.reset();
-    worker_.reset();
-    context_.reset();
+  std::vector<std::byte> Refuse(const Status& reason) override {
+    return EncodeError(0, reason.WithContext("partition " + std::to_string(options_.id)));
   }
 
  private:
-  struct Incoming {
-    std::vector<std::byte> bytes;
-    ucp_ep_h reply_ep;
-  };
-  static ucs_status_t OnMessage(void* arg, const void*, size_t, void* data, size_t length,
-                                const ucp_am_recv_param_t* param) {
-    auto* self = static_cast<Impl*>(arg);
-    ucp_ep_h reply_ep =
-        (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
-    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-      // Coordinators send eagerly; a rendezvous message is not ours. Refuse without reading.
-      ucp_am_data_release(self->worker_->get(), data);
-      if (reply_ep != nullptr) {
-        Status s = PostMessage(
-            reply_ep,
-            EncodeError(0, Status::Protocol("partition " + std::to_string(self->options_.id) +
-                                            ": rendezvous message of " + std::to_string(length) +
-                                            " bytes refused (send eagerly)")),
-            false);
-        (void)s;
-      }
-      return UCS_OK;
-    }
-    const auto* b = static_cast<const std::byte*>(data);
-    self->inbox_.push_back({std::vector<std::byte>(b, b + length), reply_ep});
-    return UCS_OK;
-  }
-
   PartitionServerOptions options_;
   PartitionState state_;
-  std::unique_ptr<transport::Context> context_;
-  std::unique_ptr<transport::Worker> worker_;
-  std::unique_ptr<transport::Listener> listener_;
-  std::unordered_map<ucp_ep_h, std::unique_ptr<Endpoint>> connections_;
-  std::deque<Incoming> inbox_;
-  bool reap_ = false;
+  std::unique_ptr<transport::AmServer> am_;
 };
 
 Result<std::unique_ptr<PartitionServer>> PartitionServer::Start(
@@ -444,32 +347,14 @@ Result<std::unique_ptr<PartitionServer>> PartitionServer::Start(
   server->impl_ = std::make_unique<Impl>(options);
   Status s = server->impl_->Init(&server->port_);
   if (!s.ok()) {
-    server->impl_->Shutdown();
     return s.WithContext("partition " + std::to_string(options.id) + " (" + options.host + ":" +
                          std::to_string(options.port) + ")");
   }
-  Impl* impl = server->impl_.get();
-  std::atomic<bool>* stop = &server->stop_;
-  const auto spin = options.event_spin;
-  server->thread_ = std::thread([impl, stop, spin] {
-    // Event mode may poll for options.event_spin after the last request before it sleeps.
-    auto last_work = std::chrono::steady_clock::now();
-    while (!stop->load(std::memory_order_relaxed)) {
-      if (impl->Poll()) {
-        last_work = std::chrono::steady_clock::now();
-      } else if (std::chrono::steady_clock::now() - last_work >= spin) {
-        impl->Idle();
-      }
-    }
-    impl->Shutdown();
-  });
+  server->impl_->Serve();
   return server;
 }
 
-void PartitionServer::Stop() {
-  stop_.store(true);
-  if (thread_.joinable()) thread_.join();
-}
+void PartitionServer::Stop() { impl_->Stop(); }
 
 PartitionServer::~PartitionServer() { Stop(); }
 

@@ -4,9 +4,10 @@
 //
 // How it works
 //   PartitionState is the partition, message in -> reply out, with no I/O (so tests and the
-//   fuzz-style test drive it directly). PartitionServer wraps it in a UCX listener and one
-//   progress thread, the only thread that touches the state: requests are executed one at a
-//   time, so a Prepare checks and locks its whole write set atomically.
+//   fuzz-style test drive it directly). PartitionServer serves it with an AmServer
+//   (transport/am_server.h: listener, one progress thread, inbox, reaping of dead
+//   coordinators); the progress thread is the only thread that touches the state: requests
+//   are executed one at a time, so a Prepare checks and locks its whole write set atomically.
 //
 //   Records: per table an ordered map key -> record: committed versions (ascending commit
 //   timestamp; a delete is a tombstone version; never garbage-collected, like the pool engine)
@@ -41,7 +42,6 @@
 // owning thread.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -49,22 +49,17 @@
 #include <memory>
 #include <span>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "db/shard_wire.h"
+#include "farpool/fabric.h"
 #include "farpool/status.h"
-#include "pool/memory_server.h"
-#include "transport/ucx.h"
+#include "transport/am_server.h"
 
 namespace farpool::db::shard {
 
 inline constexpr std::chrono::seconds kDecisionRetention{120};
-
-// Posts an active message of kShardAm without waiting (bytes are kept until UCX is done),
-// forcing the eager protocol so receivers always get the whole message in their callback.
-Status PostMessage(ucp_ep_h ep, std::vector<std::byte> bytes, bool want_reply_ep);
 
 class PartitionState {
  public:
@@ -140,7 +135,7 @@ class PartitionServer {
   PartitionServer& operator=(const PartitionServer&) = delete;
 
   uint16_t port() const { return port_; }
-  // Closes connections and joins the progress thread. Idempotent.
+  // Joins the progress thread and closes connections. Idempotent.
   void Stop();
 
  private:
@@ -148,8 +143,6 @@ class PartitionServer {
   PartitionServer() = default;
   uint16_t port_ = 0;
   std::unique_ptr<Impl> impl_;
-  std::thread thread_;
-  std::atomic<bool> stop_{false};
 };
 
 }  // namespace farpool::db::shard

@@ -92,10 +92,11 @@ TEST(ShardWireTest, PartitionRejectsMalformedMessagesAndKeepsServing) {
   // A prepare with an unknown write op, and one whose value runs past the end.
   auto prep = Prepare(11, 1, 1, {{1, 1}}, 1000);
   m = prep;
-  m[sizeof(Header) + sizeof(PrepareRequest) + 4] = std::byte{9};
+  m[sizeof(transport::FrameHeader) + sizeof(PrepareRequest) + 4] = std::byte{9};
   bad.push_back(m);
   m = prep;
-  m[sizeof(Header) + sizeof(PrepareRequest) + 16] = std::byte{200};  // value_size 200
+  // value_size 200
+  m[sizeof(transport::FrameHeader) + sizeof(PrepareRequest) + 16] = std::byte{200};
   bad.push_back(m);
   bad.push_back(Encode(1, Opcode::kBeginReply, BeginReply{3}));  // a reply sent as a request
   for (size_t i = 0; i < bad.size(); ++i) {
@@ -248,7 +249,7 @@ class ShardClusterTest : public testing::Test {
   // Sends raw bytes to partition p and returns the reply.
   std::vector<std::byte> Call(size_t p, std::vector<std::byte> bytes) {
     replies_.clear();
-    Status s = PostMessage(eps_[p]->get(), std::move(bytes), true);
+    Status s = transport::PostAm(eps_[p]->get(), kShardAm, std::move(bytes), true);
     EXPECT_TRUE(s.ok()) << s.ToString();
     const auto deadline = std::chrono::steady_clock::now() + 10s;
     while (replies_.empty() && std::chrono::steady_clock::now() < deadline) worker_->Progress();

@@ -5,76 +5,69 @@
 namespace farpool::db::shard {
 namespace {
 
-// The fixed body size of each opcode; 0 for unknown opcodes.
-size_t BodySize(uint16_t op) {
+using transport::BodyLayout;
+using transport::FixedBody;
+using transport::ItemsTail;
+
+std::optional<BodyLayout> LayoutOf(uint16_t op) {
   switch (static_cast<Opcode>(op)) {
     case Opcode::kErrorReply:
-      return sizeof(ErrorReply);
+      return transport::kErrorLayout;
     case Opcode::kBeginRequest:
-      return sizeof(BeginRequest);
+      return FixedBody(sizeof(BeginRequest));
     case Opcode::kBeginReply:
-      return sizeof(BeginReply);
+      return FixedBody(sizeof(BeginReply));
     case Opcode::kReadRequest:
-      return sizeof(ReadRequest);
+      return ItemsTail(sizeof(ReadRequest));
     case Opcode::kReadReply:
-      return sizeof(ReadReply);
+      return ItemsTail(sizeof(ReadReply));
     case Opcode::kScanRequest:
-      return sizeof(ScanRequest);
+      return FixedBody(sizeof(ScanRequest));
     case Opcode::kScanReply:
-      return sizeof(ReadReply);
+      return ItemsTail(sizeof(ReadReply));
     case Opcode::kPrepareRequest:
-      return sizeof(PrepareRequest);
+      return ItemsTail(sizeof(PrepareRequest));
     case Opcode::kPrepareReply:
-      return sizeof(PrepareReply);
+      return FixedBody(sizeof(PrepareReply));
     case Opcode::kDecideRequest:
-      return sizeof(DecideRequest);
+      return FixedBody(sizeof(DecideRequest));
     case Opcode::kDecideReply:
-      return sizeof(DecideReply);
+      return FixedBody(sizeof(DecideReply));
     case Opcode::kResolveRequest:
-      return sizeof(ResolveRequest);
+      return FixedBody(sizeof(ResolveRequest));
     case Opcode::kResolveReply:
-      return sizeof(ResolveReply);
+      return FixedBody(sizeof(ResolveReply));
     case Opcode::kCommitRequest:
-      return sizeof(CommitRequest);
+      return FixedBody(sizeof(CommitRequest));
     case Opcode::kCommitReply:
-      return sizeof(CommitReply);
+      return FixedBody(sizeof(CommitReply));
     case Opcode::kCreateTableRequest:
-      return sizeof(TableDesc);
+      return FixedBody(sizeof(TableDesc));
     case Opcode::kTableReply:
-      return sizeof(TableDesc);
+      return FixedBody(sizeof(TableDesc));
     case Opcode::kOpenTableRequest:
-      return sizeof(NameRequest);
+      return FixedBody(sizeof(NameRequest));
     case Opcode::kDropTableRequest:
-      return sizeof(NameRequest);
+      return FixedBody(sizeof(NameRequest));
     case Opcode::kDropTableReply:
-      return sizeof(DropTableReply);
+      return FixedBody(sizeof(DropTableReply));
     case Opcode::kListTablesRequest:
-      return sizeof(ListTablesRequest);
+      return FixedBody(sizeof(ListTablesRequest));
     case Opcode::kListTablesReply:
-      return sizeof(ListTablesReply);
+      return ItemsTail(sizeof(ListTablesReply));
     case Opcode::kLockedRequest:
-      return sizeof(LockedRequest);
+      return FixedBody(sizeof(LockedRequest));
     case Opcode::kLockedReply:
-      return sizeof(LockedReply);
+      return ItemsTail(sizeof(LockedReply));
   }
-  return 0;
+  return std::nullopt;
 }
 
-// Opcodes whose tail is free-form or item lists; all others must have an empty tail.
-bool HasTail(Opcode op) {
-  switch (op) {
-    case Opcode::kErrorReply:
-    case Opcode::kReadRequest:
-    case Opcode::kReadReply:
-    case Opcode::kScanReply:
-    case Opcode::kPrepareRequest:
-    case Opcode::kListTablesReply:
-    case Opcode::kLockedReply:
-      return true;
-    default:
-      return false;
-  }
-}
+std::string_view OpcodeNameOf(uint16_t op) { return OpcodeName(static_cast<Opcode>(op)); }
+
+constexpr transport::FrameFormat kFormat{"shard",   kMagic,
+                                         kVersion,  static_cast<uint16_t>(Opcode::kErrorReply),
+                                         &LayoutOf, &OpcodeNameOf};
 
 // Bounds-checked reads from a tail.
 class Reader {
@@ -180,115 +173,17 @@ std::string_view OpcodeName(Opcode op) {
   return "Unknown";
 }
 
+const transport::FrameFormat& Format() { return kFormat; }
+
 Result<Message> Decode(std::span<const std::byte> bytes) {
-  if (bytes.size() < sizeof(Header)) {
-    return Status::Protocol("truncated shard message: " + std::to_string(bytes.size()) +
-                            " bytes, the header needs " + std::to_string(sizeof(Header)));
-  }
-  if (bytes.size() > kMaxMessage) {
-    return Status::Protocol("shard message of " + std::to_string(bytes.size()) +
-                            " bytes exceeds the limit of " + std::to_string(kMaxMessage));
-  }
-  Message m{};
-  std::memcpy(&m.header, bytes.data(), sizeof(Header));
-  if (m.header.magic != kMagic) return Status::Protocol("bad magic (not a farpool shard message)");
-  if (m.header.version != kVersion) {
-    return Status::Protocol("shard protocol version " + std::to_string(m.header.version) +
-                            " not supported (this build speaks version " +
-                            std::to_string(kVersion) + ")");
-  }
-  if (m.header.flags != 0) return Status::Protocol("reserved header flags are not zero");
-  const size_t body = BodySize(m.header.opcode);
-  if (body == 0) return Status::Protocol("unknown shard opcode " + std::to_string(m.header.opcode));
-  m.opcode = static_cast<Opcode>(m.header.opcode);
-  const size_t available = bytes.size() - sizeof(Header);
-  if (m.header.body_size != available) {
-    return Status::Protocol(std::string(OpcodeName(m.opcode)) + ": header says " +
-                            std::to_string(m.header.body_size) + " body bytes, message has " +
-                            std::to_string(available));
-  }
-  if (available < body) {
-    return Status::Protocol(std::string(OpcodeName(m.opcode)) + ": body truncated (" +
-                            std::to_string(available) + " of " + std::to_string(body) + " bytes)");
-  }
-  if (!HasTail(m.opcode) && available != body) {
-    return Status::Protocol(std::string(OpcodeName(m.opcode)) + ": " +
-                            std::to_string(available - body) + " unexpected bytes after the body");
-  }
-  m.body = bytes.subspan(sizeof(Header), body);
-  m.tail = bytes.subspan(sizeof(Header) + body);
-  return m;
+  return transport::DecodeMessage<Opcode>(kFormat, bytes);
 }
-
-template <typename Body>
-Body Message::As() const {
-  Body b;
-  std::memcpy(&b, body.data(), sizeof(Body));
-  return b;
-}
-
-template <typename Body>
-std::vector<std::byte> Encode(uint64_t request_id, Opcode op, const Body& body,
-                              std::span<const std::byte> tail) {
-  Header h{kMagic,
-           kVersion,
-           static_cast<uint16_t>(op),
-           static_cast<uint32_t>(sizeof(Body) + tail.size()),
-           0,
-           request_id};
-  std::vector<std::byte> out(sizeof(Header) + sizeof(Body) + tail.size());
-  std::memcpy(out.data(), &h, sizeof(h));
-  std::memcpy(out.data() + sizeof(h), &body, sizeof(Body));
-  if (!tail.empty()) std::memcpy(out.data() + sizeof(h) + sizeof(Body), tail.data(), tail.size());
-  return out;
-}
-
-#define FARPOOL_SHARD_BODY(T)        \
-  template T Message::As<T>() const; \
-  template std::vector<std::byte> Encode<T>(uint64_t, Opcode, const T&, std::span<const std::byte>);
-FARPOOL_SHARD_BODY(ErrorReply)
-FARPOOL_SHARD_BODY(BeginRequest)
-FARPOOL_SHARD_BODY(ReadRequest)
-FARPOOL_SHARD_BODY(ReadReply)
-FARPOOL_SHARD_BODY(ScanRequest)
-FARPOOL_SHARD_BODY(PrepareRequest)
-FARPOOL_SHARD_BODY(PrepareReply)
-FARPOOL_SHARD_BODY(DecideRequest)
-FARPOOL_SHARD_BODY(ResolveRequest)
-FARPOOL_SHARD_BODY(CommitRequest)
-FARPOOL_SHARD_BODY(TableDesc)
-FARPOOL_SHARD_BODY(NameRequest)
-FARPOOL_SHARD_BODY(ListTablesReply)
-FARPOOL_SHARD_BODY(LockedRequest)
-FARPOOL_SHARD_BODY(LockedReply)
-FARPOOL_SHARD_BODY(BeginReply)
-FARPOOL_SHARD_BODY(DecideReply)
-FARPOOL_SHARD_BODY(ResolveReply)
-FARPOOL_SHARD_BODY(CommitReply)
-FARPOOL_SHARD_BODY(DropTableReply)
-FARPOOL_SHARD_BODY(ListTablesRequest)
-#undef FARPOOL_SHARD_BODY
 
 std::vector<std::byte> EncodeError(uint64_t request_id, const Status& status) {
-  std::string text(status.message());
-  if (text.size() > 4096) text.resize(4096);
-  ErrorReply e{static_cast<uint32_t>(status.code()), static_cast<uint32_t>(text.size())};
-  return Encode(request_id, Opcode::kErrorReply, e,
-                std::span(reinterpret_cast<const std::byte*>(text.data()), text.size()));
+  return transport::EncodeErrorFrame(kFormat, request_id, status);
 }
 
-Status DecodeError(const Message& m) {
-  auto e = m.As<ErrorReply>();
-  if (e.text_size != m.tail.size()) {
-    return Status::Protocol("ErrorReply: declares " + std::to_string(e.text_size) +
-                            " text bytes, has " + std::to_string(m.tail.size()));
-  }
-  std::string text(reinterpret_cast<const char*>(m.tail.data()), m.tail.size());
-  if (e.code == 0 || e.code > static_cast<uint32_t>(StatusCode::kInternal)) {
-    return Status::Protocol("ErrorReply with unknown code " + std::to_string(e.code) + ": " + text);
-  }
-  return Status(static_cast<StatusCode>(e.code), std::move(text));
-}
+Status DecodeError(const Message& m) { return transport::DecodeErrorFrame(m); }
 
 Result<std::vector<int64_t>> ParseReadKeys(const Message& m) {
   auto body = m.As<ReadRequest>();

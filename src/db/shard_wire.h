@@ -1,21 +1,21 @@
 // Wire format of the sharded engine: coordinator (a compute process's session) <-> partition
 // server (`farpool shard`, or a thread of the compute process), carried as UCX active messages
-// (id kShardAm) over farpool's transport layer. In the style of transport/wire.h:
+// (id kShardAm, sent eagerly) over farpool's transport layer. Every message is one frame of
+// transport/frame.h (magic "FPS1", version 1):
 //
 //   | magic u32 | version u16 | opcode u16 | body_size u32 | flags u32 | request_id u64 |
 //   | body (the opcode's fixed struct) | tail (items of the opcode, see each struct) |
 //
 // Fixed-width little-endian fields, one packed struct per message with a size static_assert.
 // Every message of one phase for one partition is one message: a Read carries any number of
-// keys, a Prepare the partition's whole write set. Decoding never trusts a length: Decode
-// checks the header (magic, version, known opcode, body_size == bytes after the header, at
-// least the opcode's fixed body), and each Parse* checks that the tail is exactly its items
-// (counts, per-item value sizes, enum values) and returns Protocol naming what is wrong.
+// keys, a Prepare the partition's whole write set. Decoding never trusts a length: Decode (the
+// frame codec) checks the header, the opcode's fixed body and that opcodes without items have
+// no tail; each Parse* checks that the tail is exactly its items (counts, per-item value sizes,
+// enum values) and returns Protocol naming what is wrong.
 //
 // Thread-safety: pure functions.
 #pragma once
 
-#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -24,21 +24,19 @@
 #include <vector>
 
 #include "farpool/status.h"
+#include "transport/frame.h"
 
 namespace farpool::db::shard {
 
-static_assert(std::endian::native == std::endian::little, "the shard wire format is little-endian");
-
 inline constexpr uint32_t kMagic = 0x31535046;  // "FPS1"
 inline constexpr uint16_t kVersion = 1;
-inline constexpr unsigned kShardAm = 8;             // UCX active-message id
-inline constexpr size_t kMaxMessage = 64ull << 20;  // one message's bytes
-inline constexpr size_t kMaxValue = 16ull << 20;    // one row's bytes
-inline constexpr size_t kNameSize = 64;             // table names: 1..63 bytes
+inline constexpr unsigned kShardAm = 8;           // UCX active-message id
+inline constexpr size_t kMaxValue = 16ull << 20;  // one row's bytes
+inline constexpr size_t kNameSize = 64;           // table names: 1..63 bytes
 inline constexpr size_t kMaxColumns = 16;
 
 enum class Opcode : uint16_t {
-  kErrorReply = 1,
+  kErrorReply = 1,    // a failed request: transport::ErrorBody + reason
   kBeginRequest = 2,  // timestamp service: the read timestamp
   kBeginReply = 3,
   kReadRequest = 4,  // point reads at a snapshot
@@ -64,22 +62,6 @@ enum class Opcode : uint16_t {
   kLockedReply = 24,
 };
 std::string_view OpcodeName(Opcode op);
-
-struct Header {
-  uint32_t magic;
-  uint16_t version;
-  uint16_t opcode;
-  uint32_t body_size;  // bytes after the header
-  uint32_t flags;      // reserved, 0
-  uint64_t request_id;
-};
-static_assert(sizeof(Header) == 24);
-
-struct ErrorReply {  // tail: text_size bytes of reason
-  uint32_t code;     // a farpool::StatusCode
-  uint32_t text_size;
-};
-static_assert(sizeof(ErrorReply) == 8);
 
 struct BeginRequest {
   uint64_t reserved;
@@ -229,21 +211,20 @@ struct LockedReply {  // tail: count × uint64 expired holder
 static_assert(sizeof(LockedReply) == 16);
 
 // A decoded message: views into the caller's buffer.
-struct Message {
-  Header header;
-  Opcode opcode;
-  std::span<const std::byte> body;  // the opcode's fixed struct
-  std::span<const std::byte> tail;
-  template <typename Body>
-  Body As() const;  // REQUIRES: body.size() == sizeof(Body) (Decode checks it per opcode)
-};
+using Message = transport::Message<Opcode>;
+
+// This format for the frame codec.
+const transport::FrameFormat& Format();
 
 Result<Message> Decode(std::span<const std::byte> bytes);
 
 // Builds header + body + tail.
 template <typename Body>
 std::vector<std::byte> Encode(uint64_t request_id, Opcode op, const Body& body,
-                              std::span<const std::byte> tail = {});
+                              std::span<const std::byte> tail = {}) {
+  return transport::EncodeFrame(Format(), request_id, static_cast<uint16_t>(op),
+                                transport::BodyBytes(body), tail);
+}
 std::vector<std::byte> EncodeError(uint64_t request_id, const Status& status);
 Status DecodeError(const Message& m);
 

@@ -144,7 +144,8 @@ class Client {
     const uint64_t id = next_id_++;
     if (eps_[p]->failed()) return Status::Unavailable(names_[p] + ": connection failed");
     FARPOOL_RETURN_IF_ERROR(
-        PostMessage(eps_[p]->get(), Encode(id, op, body, tail), true).WithContext(names_[p]));
+        transport::PostAm(eps_[p]->get(), kShardAm, Encode(id, op, body, tail), true)
+            .WithContext(names_[p]));
     ++*messages_;
     pending_[id] = p;
     return id;
@@ -233,16 +234,14 @@ class Client {
   static ucs_status_t OnMessage(void* arg, const void*, size_t, void* data, size_t length,
                                 const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Client*>(arg);
-    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || length < sizeof(Header)) {
-      if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)
-        ucp_am_data_release(self->worker_->get(), data);
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+      ucp_am_data_release(self->worker_->get(), data);
       return UCS_OK;  // not a reply we could have asked for
     }
-    Header h;
-    std::memcpy(&h, data, sizeof(h));
-    if (!self->pending_.count(h.request_id)) return UCS_OK;
     const auto* b = static_cast<const std::byte*>(data);
-    self->box_[h.request_id] = std::vector<std::byte>(b, b + length);
+    const auto id = transport::RequestIdOf({b, length});
+    if (!id || !self->pending_.count(*id)) return UCS_OK;
+    self->box_[*id] = std::vector<std::byte>(b, b + length);
     return UCS_OK;
   }
 

@@ -178,8 +178,8 @@ Status ClusterUp(const LocalClusterOptions& o) {
     argv.insert(argv.end(),
                 {o.binary, "server", "--listen", std::string(host).append(":").append(port),
                  "--memory", std::to_string(o.memory), "--chunk-size", std::to_string(o.chunk_size),
-                 "--id", std::to_string(i), "--progress",
-                 o.progress == ProgressMode::kBusy ? "busy" : "event", "--ready-file", ready});
+                 "--id", std::to_string(i), "--progress", std::string(ProgressModeName(o.progress)),
+                 "--ready-file", ready});
     pid_t pid = SpawnDetached(argv, log);
     if (pid < 0) return fail(Status::IoError(std::string("fork: ") + strerror(errno)));
     pids.push_back(pid);

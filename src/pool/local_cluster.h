@@ -22,7 +22,7 @@
 #include "farpool/cluster.h"
 #include "farpool/pool.h"
 #include "farpool/status.h"
-#include "pool/memory_server.h"
+#include "transport/am_server.h"
 
 namespace farpool {
 

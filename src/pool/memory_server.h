@@ -1,35 +1,30 @@
 // MemoryServer: donates a region of this machine's RAM to the pool.
 //
 // How it works: Start() allocates the region through UCX (so same-host clients can map it and
-// remote clients reach it with one-sided operations), listens on HOST:PORT, and runs one
-// progress thread. That thread is the only one that touches UCX objects; it accepts
-// connections, answers control messages (hello, lease, release, stats; see
-// transport/wire.h) and, on TCP, executes the one-sided operations UCX emulates for remote
-// clients. Malformed or incompatible messages are answered with an ErrorReply and counted;
-// they never stop the server. Clients that die are noticed by UCX's error handling and
-// dropped; their leases stay (see pool/chunk_allocator.h).
+// remote clients reach it with one-sided operations) and serves on HOST:PORT with an AmServer
+// (transport/am_server.h: listener, one progress thread, inbox, reaping of dead clients). The
+// progress thread is the only one that touches UCX objects and the lease book; it answers
+// control messages (hello, lease, release, stats; see transport/wire.h) and, on TCP, executes
+// the one-sided operations UCX emulates for remote clients. Malformed or incompatible messages
+// are answered with an ErrorReply and counted; they never stop the server. Clients that die
+// are noticed by UCX's error handling and dropped; their leases stay (see
+// pool/chunk_allocator.h).
 //
-// Progress modes: kBusy polls without pause (lowest latency for TCP clients, one core per
-// server); kEvent sleeps on the worker's event descriptor once it has been idle for 50 us
-// (for clusters that should not burn CPU: a burst of requests is served at polling speed,
-// an idle server sleeps; same-host clients that map the region need no server CPU at all).
+// Progress modes (ProgressMode, transport/am_server.h): kBusy polls without pause; kEvent
+// sleeps on the worker's event descriptor once it has been idle for 50 us.
 //
-// Thread-safety: Start/Stop/destructor from one owning thread; stats() from any thread.
+// Thread-safety: Start/Stop/destructor from one owning thread.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <thread>
 
+#include "farpool/fabric.h"
 #include "farpool/status.h"
-#include "transport/ucx.h"
+#include "transport/am_server.h"
 
 namespace farpool {
-
-enum class ProgressMode : uint8_t { kBusy, kEvent };
-Result<ProgressMode> ParseProgressMode(std::string_view text);
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
@@ -38,7 +33,7 @@ struct ServerOptions {
   uint64_t chunk_size = 4ull << 20;
   uint16_t id = 0;
   ProgressMode progress = ProgressMode::kBusy;
-  transport::Fabric fabric = transport::Fabric::kAuto;
+  Fabric fabric = Fabric::kAuto;
 };
 
 // Private resident memory (RssAnon) of this process, in bytes; 0 if unknown.
@@ -54,7 +49,7 @@ class MemoryServer {
   // The port actually listened on.
   uint16_t port() const { return port_; }
   const ServerOptions& options() const { return options_; }
-  // Stops serving: closes connections and joins the progress thread. Idempotent.
+  // Stops serving: joins the progress thread and closes connections. Idempotent.
   void Stop();
 
  private:
@@ -64,8 +59,6 @@ class MemoryServer {
   ServerOptions options_;
   uint16_t port_ = 0;
   std::unique_ptr<Impl> impl_;
-  std::thread progress_thread_;
-  std::atomic<bool> stop_{false};
 };
 
 }  // namespace farpool

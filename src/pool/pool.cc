@@ -75,13 +75,12 @@ struct ReplyBox {
   static ucs_status_t OnMessage(void* arg, const void*, size_t, void* data, size_t length,
                                 const ucp_am_recv_param_t* param) {
     auto* box = static_cast<ReplyBox*>(arg);
-    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || length < sizeof(wire::MessageHeader)) {
+    const auto* bytes = static_cast<const std::byte*>(data);
+    const auto id = transport::RequestIdOf({bytes, length});
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || !id) {
       return UCS_OK;  // not a reply we could have asked for; dropped
     }
-    wire::MessageHeader h;
-    std::memcpy(&h, data, sizeof(h));
-    const auto* bytes = static_cast<const std::byte*>(data);
-    box->replies[h.request_id] = std::vector<std::byte>(bytes, bytes + length);
+    box->replies[*id] = std::vector<std::byte>(bytes, bytes + length);
     return UCS_OK;
   }
 };

@@ -280,7 +280,7 @@ Status PostAm(ucp_ep_h ep, unsigned id, std::vector<std::byte> bytes, bool want_
   ucs_status_ptr_t req = ucp_am_send_nbx(ep, id, nullptr, 0, owned->data(), owned->size(), &p);
   if (UCS_PTR_IS_PTR(req)) return Status::Ok();  // the callback frees the buffer
   delete owned;
-  if (UCS_PTR_IS_ERR(req)) return UcxStatus(UCS_PTR_STATUS(req), "posting reply");
+  if (UCS_PTR_IS_ERR(req)) return UcxStatus(UCS_PTR_STATUS(req), "posting an active message");
   return Status::Ok();
 }
 

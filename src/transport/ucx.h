@@ -11,7 +11,10 @@
 //     request created from it must only be touched by one thread at a time).
 //   - Endpoints connect by socket address (the server's --listen HOST:PORT); UCX then wires up
 //     the best lanes both sides share.
-//   - Control messages are UCX active messages (id kControlAm) whose payload is wire.h.
+//   - Messages are UCX active messages whose payload is one frame (frame.h): the pool's control
+//     messages (id kControlAm, wire.h) and the sharded engine's (db/shard_wire.h). They are
+//     always sent eagerly, so that a receiver gets the whole message in its callback (servers,
+//     am_server.h, refuse rendezvous messages).
 //   - A MemoryRegion is allocated *by UCX* (ucp_mem_map with UCP_MEM_MAP_ALLOCATE), preferring
 //     POSIX shared memory, so that a same-host client can map it (RemoteKey::DirectPointer) and
 //     read, write and run atomics on it with plain loads, stores and CPU atomics: no server CPU
@@ -123,7 +126,7 @@ class Endpoint {
   // error. Later operations must not be posted.
   void ForceClose();
 
-  // Sends an active message; `bytes` may be reused when this returns.
+  // Sends an active message eagerly; `bytes` may be reused when this returns.
   Status SendAm(unsigned id, std::span<const std::byte> bytes, bool want_reply_ep,
                 std::chrono::steady_clock::time_point deadline,
                 const std::function<bool()>& abandon);
@@ -168,8 +171,9 @@ class Listener {
 // has none, the auto fabric reaches other hosts over TCP.
 bool RdmaDevicesPresent();
 
-// Posts an active message on `ep` without waiting for it; `bytes` are kept alive until UCX is
-// done with them. For a server's replies, which must never block its progress loop.
+// Posts an active message on `ep` eagerly without waiting for it; `bytes` are kept alive until
+// UCX is done with them. For messages that must never block the caller's loop: a server's
+// replies, requests posted before waiting for their replies together.
 Status PostAm(ucp_ep_h ep, unsigned id, std::vector<std::byte> bytes, bool want_reply_ep);
 
 // A region allocated and registered by UCX, owned by a memory server.

@@ -1,41 +1,31 @@
 // Wire format of farpool's messages between a client and a memory server, carried as UCX
-// active messages: control (hello, lease, release, stats) and batches of memory operations.
-// Where a client maps the region (shared memory) or has one-sided verbs (RDMA), data never
-// travels here; over TCP a client sends each batch of reads, writes and atomics to a server as
-// one BatchRequest, which the server executes on its region (pool/memory_ops.h has the layout
-// of the operations in the tail).
+// active messages (id kControlAm): control (hello, lease, release, stats) and batches of memory
+// operations. Where a client maps the region (shared memory) or has one-sided verbs (RDMA),
+// data never travels here; over TCP a client sends each batch of reads, writes and atomics to
+// a server as one BatchRequest, which the server executes on its region (pool/memory_ops.h
+// has the layout of the operations in the tail).
 //
-// Every message is one MessageHeader followed by one fixed-size body struct of the header's
-// opcode, then (for a few opcodes) a variable tail whose length is a field of the body:
-//
-//   | magic u32 | version u16 | opcode u16 | body_size u32 | flags u32 | request_id u64 |
-//   | body (sizeof(Body of opcode)) | tail (0..kMaxTail bytes; batches 0..kMaxBatchTail) |
-//
-// All fields are fixed-width little-endian (the structs are copied with memcpy; a
-// static_assert pins the host to little-endian). A decoder never trusts a length: body_size
-// must equal the opcode's body size plus the tail length declared inside the body, and the
-// whole message must be exactly that long. Messages of another version are rejected with a
-// Protocol status that names both versions; the server answers them with an ErrorReply and
-// keeps running.
+// Every message is one frame of transport/frame.h (magic "FPW1", version 1): the 24-byte
+// header, one fixed-size body struct of the header's opcode, then (for a few opcodes) a tail
+// whose length is a field of the body (TailRule::kDeclared: at most kMaxDeclaredTail bytes,
+// kMaxBatchTail for batches). The frame codec checks every length; messages of another
+// version are rejected with a Protocol status that names both versions; the server answers
+// them with an ErrorReply and keeps running.
 #pragma once
 
-#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <string>
 #include <string_view>
 #include <vector>
 
 #include "farpool/status.h"
+#include "transport/frame.h"
 
 namespace farpool::wire {
 
-static_assert(std::endian::native == std::endian::little, "farpool's wire format is little-endian");
-
 inline constexpr uint32_t kMagic = 0x31575046;  // "FPW1"
 inline constexpr uint16_t kVersion = 1;
-inline constexpr size_t kMaxTail = 4096;  // rkeys and error texts; UCX rkeys are < 1 KiB
 // Batches: the operations of a request, the read data and atomic results of a reply. Small
 // enough to go eagerly in one UCX active message, large enough for a commit's worth of
 // records; a client splits larger batches into several messages.
@@ -50,21 +40,11 @@ enum class Opcode : uint16_t {
   kReleaseReply = 6,
   kStatsRequest = 7,
   kStatsReply = 8,
-  kErrorReply = 9,
+  kErrorReply = 9,  // server -> client when a request failed: transport::ErrorBody + reason
   kBatchRequest = 10,
   kBatchReply = 11,
 };
 std::string_view OpcodeName(Opcode op);
-
-struct MessageHeader {
-  uint32_t magic;
-  uint16_t version;
-  uint16_t opcode;
-  uint32_t body_size;   // bytes after this header
-  uint32_t flags;       // reserved, must be 0
-  uint64_t request_id;  // echoed in the reply
-};
-static_assert(sizeof(MessageHeader) == 24);
 
 // Client -> server, first message on a connection.
 struct HelloRequest {
@@ -146,30 +126,14 @@ struct BatchReply {
 };
 static_assert(sizeof(BatchReply) == 8);
 
-// Server -> client when a request failed. Tail: UTF-8 reason.
-struct ErrorReply {
-  uint32_t code;  // a farpool::StatusCode
-  uint32_t text_size;
-};
-static_assert(sizeof(ErrorReply) == 8);
-
 // A decoded message: the header plus views into the caller's buffer.
-struct Message {
-  MessageHeader header;
-  Opcode opcode;
-  std::span<const std::byte> body;  // exactly the opcode's body size
-  std::span<const std::byte> tail;
-
-  // REQUIRES: sizeof(Body) == body.size() (Decode guarantees it for the matching opcode)
-  template <typename Body>
-  Body As() const;
-};
+using Message = transport::Message<Opcode>;
 
 // Validates and splits one received message. Never reads outside `bytes`.
 Result<Message> Decode(std::span<const std::byte> bytes);
 
-// Encodes header + body + tail into one buffer. Encode and Message::As are instantiated in
-// wire.cc for exactly the body structs above.
+// Encodes header + body + tail into one buffer; instantiated in wire.cc for exactly the body
+// structs above.
 template <typename Body>
 std::vector<std::byte> Encode(uint64_t request_id, const Body& body,
                               std::span<const std::byte> tail = {});

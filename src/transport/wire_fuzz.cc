@@ -12,7 +12,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                               reinterpret_cast<const std::byte*>(data) + size);
   auto m = Decode(copy);
   if (!m.ok()) return 0;
-  if (sizeof(MessageHeader) + m->body.size() + m->tail.size() != size) std::abort();
+  if (sizeof(farpool::transport::FrameHeader) + m->body.size() + m->tail.size() != size)
+    std::abort();
   if (m->opcode == Opcode::kErrorReply) (void)DecodeError(*m);
   return 0;
 }

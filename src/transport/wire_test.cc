@@ -50,6 +50,15 @@ TEST(Wire, ErrorRepliesCarryCodeAndReason) {
   EXPECT_EQ(s.message(), "server 3: pool full");
 }
 
+TEST(Wire, LongErrorReasonsAreCutToTheTailLimit) {
+  auto m =
+      Decode(EncodeError(2, Status::Internal(std::string(3 * transport::kMaxDeclaredTail, 'x'))));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  Status s = DecodeError(*m);
+  EXPECT_EQ(s.code(), StatusCode::kInternal);
+  EXPECT_EQ(s.message().size(), transport::kMaxDeclaredTail);
+}
+
 TEST(Wire, RejectsTruncatedMessagesAtEveryLength) {
   auto bytes = Encode(1, StatsReply{});
   for (size_t n = 0; n < bytes.size(); ++n) {
@@ -84,11 +93,11 @@ TEST(Wire, RejectsWrongMagicVersionOpcodeAndSizes) {
 TEST(Wire, RejectsTailLengthsThatLie) {
   auto bytes = EncodeError(1, Status::Internal("abc"));
   // text_size is at header + 4.
-  uint32_t huge = kMaxTail + 1;
-  std::memcpy(bytes.data() + sizeof(MessageHeader) + 4, &huge, 4);
+  uint32_t huge = transport::kMaxDeclaredTail + 1;
+  std::memcpy(bytes.data() + sizeof(transport::FrameHeader) + 4, &huge, 4);
   EXPECT_FALSE(Decode(bytes).ok());
   uint32_t longer = 4;  // claims 4 bytes of text, message has 3
-  std::memcpy(bytes.data() + sizeof(MessageHeader) + 4, &longer, 4);
+  std::memcpy(bytes.data() + sizeof(transport::FrameHeader) + 4, &longer, 4);
   EXPECT_FALSE(Decode(bytes).ok());
 }
 
@@ -105,7 +114,7 @@ TEST(Wire, RandomMutationsNeverMisreport) {
     if (rng() % 4 == 0) b.resize(rng() % (b.size() + 8));
     auto m = Decode(b);
     if (m.ok()) {  // whatever is accepted is self-consistent
-      ASSERT_EQ(sizeof(MessageHeader) + m->body.size() + m->tail.size(), b.size())
+      ASSERT_EQ(sizeof(transport::FrameHeader) + m->body.size() + m->tail.size(), b.size())
           << "seed " << seed << " iteration " << i;
     }
   }

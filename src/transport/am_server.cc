@@ -1,0 +1,213 @@
+#include "transport/am_server.h"
+
+#include <deque>
+#include <unordered_map>
+
+#include "transport/ucx.h"
+
+namespace farpool {
+
+Result<ProgressMode> ParseProgressMode(std::string_view text) {
+  if (text == "busy") return ProgressMode::kBusy;
+  if (text == "event") return ProgressMode::kEvent;
+  return Status::InvalidArgument("unknown progress mode '" + std::string(text) +
+                                 "' (expected busy or event)");
+}
+
+std::string_view ProgressModeName(ProgressMode mode) {
+  return mode == ProgressMode::kBusy ? "busy" : "event";
+}
+
+}  // namespace farpool
+
+namespace farpool::transport {
+
+using Clock = std::chrono::steady_clock;
+
+class AmServer::Impl {
+ public:
+  explicit Impl(const AmServerOptions& options) : options_(options) {}
+
+  Status Init();
+  // Serves until `stop` is set.
+  void Run(AmHandler& handler, const std::atomic<bool>& stop);
+  // Endpoints first (they reference the worker), then the listener, the region, the worker and
+  // the context. Idempotent.
+  void Close();
+
+  uint16_t port() const { return port_; }
+  MemoryRegion* region() { return region_.get(); }
+  std::vector<uint64_t> tags() const;
+
+ private:
+  struct Connection {
+    std::unique_ptr<Endpoint> ep;
+    Peer peer;
+  };
+  struct Incoming {
+    std::vector<std::byte> bytes;
+    ucp_ep_h reply_ep;  // null: the sender gave no reply path
+  };
+
+  static ucs_status_t OnMessage(void* arg, const void* header, size_t header_length, void* data,
+                                size_t length, const ucp_am_recv_param_t* param);
+  // One iteration of the loop; returns whether anything happened.
+  bool Poll();
+  void Accept(ucp_conn_request_h request);
+  void Reply(ucp_ep_h reply_ep, std::vector<std::byte> bytes);
+  void ReapFailed();
+
+  AmServerOptions options_;
+  AmHandler* handler_ = nullptr;  // set by Run
+  std::unique_ptr<Context> context_;
+  std::unique_ptr<Worker> worker_;
+  std::unique_ptr<MemoryRegion> region_;
+  std::unique_ptr<Listener> listener_;
+  uint16_t port_ = 0;
+  std::unordered_map<ucp_ep_h, Connection> connections_;
+  std::deque<Incoming> inbox_;
+  bool reap_ = false;  // an endpoint failed since the last ReapFailed
+};
+
+Status AmServer::Impl::Init() {
+  Context::Options copts;
+  copts.fabric = options_.fabric;
+  copts.wakeup = options_.progress == ProgressMode::kEvent;
+  FARPOOL_ASSIGN_OR_RETURN(context_, Context::Create(copts));
+  FARPOOL_ASSIGN_OR_RETURN(worker_, Worker::Create(*context_, copts.wakeup));
+  FARPOOL_RETURN_IF_ERROR(worker_->SetAmHandler(options_.am_id, &OnMessage, this));
+  if (options_.region_size > 0) {
+    FARPOOL_ASSIGN_OR_RETURN(region_, MemoryRegion::Allocate(*context_, options_.region_size));
+  }
+  FARPOOL_ASSIGN_OR_RETURN(listener_, Listener::Create(*worker_, options_.host, options_.port));
+  port_ = listener_->port();
+  return Status::Ok();
+}
+
+ucs_status_t AmServer::Impl::OnMessage(void* arg, const void* /*header*/, size_t /*header_length*/,
+                                       void* data, size_t length,
+                                       const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<Impl*>(arg);
+  ucp_ep_h reply_ep =
+      (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
+  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+    // Receiving it would take a rendezvous transfer the loop does not run: drop the payload.
+    ucp_am_data_release(self->worker_->get(), data);
+    std::vector<std::byte> refusal = self->handler_->Refuse(
+        Status::Protocol("rendezvous message of " + std::to_string(length) +
+                         " bytes refused (this server takes eager messages only)"));
+    if (reply_ep != nullptr) self->Reply(reply_ep, std::move(refusal));
+    return UCS_OK;
+  }
+  const auto* bytes = static_cast<const std::byte*>(data);
+  self->inbox_.push_back({std::vector<std::byte>(bytes, bytes + length), reply_ep});
+  return UCS_OK;
+}
+
+void AmServer::Impl::Accept(ucp_conn_request_h request) {
+  auto ep = Endpoint::Accept(*worker_, request, [this](ucs_status_t) { reap_ = true; });
+  if (!ep.ok()) {
+    // The client went away before the connection was wired up (UCX has consumed the request
+    // either way); there is nobody to answer.
+    return;
+  }
+  ucp_ep_h handle = (*ep)->get();
+  connections_[handle].ep = std::move(*ep);
+}
+
+void AmServer::Impl::Reply(ucp_ep_h reply_ep, std::vector<std::byte> bytes) {
+  Status s = PostAm(reply_ep, options_.am_id, std::move(bytes), false);
+  (void)s;  // a peer that vanished gets no answer; its endpoint is reaped on error
+}
+
+void AmServer::Impl::ReapFailed() {
+  if (!reap_) return;
+  reap_ = false;
+  for (auto it = connections_.begin(); it != connections_.end();) {
+    if (it->second.ep->failed()) {
+      it->second.ep->ForceClose();
+      it = connections_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+bool AmServer::Impl::Poll() {
+  bool busy = worker_->Progress() != 0;
+  for (ucp_conn_request_h r : listener_->TakeRequests()) {
+    Accept(r);
+    busy = true;
+  }
+  while (!inbox_.empty()) {
+    Incoming in = std::move(inbox_.front());
+    inbox_.pop_front();
+    auto c = connections_.find(in.reply_ep);
+    Peer* from = c == connections_.end() ? nullptr : &c->second.peer;
+    std::vector<std::byte> reply = handler_->Handle(in.bytes, from);
+    if (in.reply_ep != nullptr) Reply(in.reply_ep, std::move(reply));
+    busy = true;
+  }
+  ReapFailed();
+  return busy;
+}
+
+void AmServer::Impl::Run(AmHandler& handler, const std::atomic<bool>& stop) {
+  handler_ = &handler;
+  const bool event = options_.progress == ProgressMode::kEvent;
+  auto last_work = Clock::now();
+  while (!stop.load(std::memory_order_relaxed)) {
+    if (Poll()) {
+      last_work = Clock::now();
+    } else if (event && Clock::now() - last_work > options_.event_spin) {
+      Status s = worker_->Wait(std::chrono::milliseconds(100));
+      (void)s;  // a failed wait only means we poll again sooner
+      last_work = Clock::now();
+    }
+  }
+}
+
+std::vector<uint64_t> AmServer::Impl::tags() const {
+  std::vector<uint64_t> out;
+  for (const auto& [handle, c] : connections_) {
+    if (!c.ep->failed()) out.push_back(c.peer.tag);
+  }
+  return out;
+}
+
+void AmServer::Impl::Close() {
+  for (auto& [handle, c] : connections_) c.ep->ForceClose();
+  connections_.clear();
+  listener_.reset();
+  region_.reset();
+  worker_.reset();
+  context_.reset();
+}
+
+Result<std::unique_ptr<AmServer>> AmServer::Listen(const AmServerOptions& options) {
+  auto impl = std::make_unique<Impl>(options);
+  FARPOOL_RETURN_IF_ERROR(impl->Init());
+  return std::unique_ptr<AmServer>(new AmServer(std::move(impl)));
+}
+
+AmServer::AmServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+AmServer::~AmServer() { Stop(); }
+
+uint16_t AmServer::port() const { return impl_->port(); }
+
+MemoryRegion* AmServer::region() { return impl_->region(); }
+
+void AmServer::Start(AmHandler& handler) {
+  thread_ = std::thread([this, &handler] { impl_->Run(handler, stop_); });
+}
+
+void AmServer::Stop() {
+  stop_.store(true);
+  if (thread_.joinable()) thread_.join();
+  impl_->Close();
+}
+
+std::vector<uint64_t> AmServer::tags() const { return impl_->tags(); }
+
+}  // namespace farpool::transport

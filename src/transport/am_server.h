@@ -1,0 +1,118 @@
+// AmServer: the UCX server loop of farpool's servers (`farpool server`, the memory server, and
+// `farpool shard`, the partition server). It listens on HOST:PORT, accepts connections, and
+// hands every active message of its id to an AmHandler, whose reply it posts back.
+//
+// How it works: Listen() creates a UCX context and worker, registers the active-message
+// handler, allocates the memory region if the options ask for one (the memory server's
+// donation, registered on the server's context) and listens; nothing is served until Start(),
+// so the owner can first learn port() and region(). Start() runs one progress thread, the only
+// thread that touches the worker, the region's UCX state and the endpoints once it runs. Each
+// iteration of its loop
+//   1. progresses the worker: UCX's callbacks queue connection requests, copy each eager
+//      message into the inbox, and mark endpoints whose peer died;
+//   2. accepts the queued connection requests;
+//   3. passes each inbox message to AmHandler::Handle and posts the reply (eagerly, without
+//      waiting) to the sender, if it asked for a reply path;
+//   4. closes and forgets the endpoints that failed (reap).
+// A message that arrives by rendezvous (larger than the eager limit) is refused unread: the
+// sender gets AmHandler::Refuse's error reply. Every farpool sender posts eagerly (PostAm,
+// Endpoint::SendAm), so only a foreign or broken sender meets this.
+//
+// Progress modes: kBusy polls without pause (lowest latency for TCP clients, one core per
+// server); kEvent keeps polling for `event_spin` after the last piece of work, then sleeps on
+// the worker's event descriptor (a burst of requests is served at polling speed, an idle server
+// sleeps; same-host clients that map a memory server's region need no server CPU at all).
+//
+// Stop() tears down in the order UCX needs: connections, listener, region, worker, context
+// (destroying the worker is what closes the peers' sockets, so they see the server go at once).
+//
+// Thread-safety: Listen/port/region/Start/Stop/destructor from one owning thread. The handler
+// and tags() run on the progress thread only (before Start: not at all).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "farpool/fabric.h"
+#include "farpool/status.h"
+
+namespace farpool {
+
+// A runtime option of every server, like Fabric.
+enum class ProgressMode : uint8_t { kBusy, kEvent };
+Result<ProgressMode> ParseProgressMode(std::string_view text);
+std::string_view ProgressModeName(ProgressMode mode);  // "busy", "event"
+
+}  // namespace farpool
+
+namespace farpool::transport {
+
+class MemoryRegion;
+
+// One accepted connection as a handler sees it.
+struct Peer {
+  // The handler's label for this peer, 0 until it sets one (the memory server: the client
+  // nonce of its hello, to count distinct client processes).
+  uint64_t tag = 0;
+};
+
+// What a server does with its messages. Called on the progress thread only.
+class AmHandler {
+ public:
+  virtual ~AmHandler() = default;
+  // The reply to one message. `from` is the connection it arrived on, or null if the sender
+  // gave no reply path (then the reply is dropped).
+  virtual std::vector<std::byte> Handle(std::span<const std::byte> message, Peer* from) = 0;
+  // The error reply, in the handler's wire format, to a message refused unread for `reason`.
+  virtual std::vector<std::byte> Refuse(const Status& reason) = 0;
+};
+
+struct AmServerOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;  // 0: any free port; see AmServer::port()
+  unsigned am_id = 0;
+  ProgressMode progress = ProgressMode::kBusy;
+  std::chrono::microseconds event_spin{0};  // kEvent: poll this long after the last work
+  Fabric fabric = Fabric::kAuto;
+  uint64_t region_size = 0;  // > 0: allocate a memory region of this many bytes (see region())
+};
+
+class AmServer {
+ public:
+  // Creates the context, worker and region, and listens.
+  static Result<std::unique_ptr<AmServer>> Listen(const AmServerOptions& options);
+  ~AmServer();
+  AmServer(const AmServer&) = delete;
+  AmServer& operator=(const AmServer&) = delete;
+
+  // The port actually listened on.
+  uint16_t port() const;
+  // The region of options.region_size bytes, or null; valid until Stop().
+  MemoryRegion* region();
+  // Starts the progress thread. REQUIRES: not started; `handler` outlives Stop().
+  void Start(AmHandler& handler);
+  // Joins the progress thread and tears everything down (see above). Idempotent.
+  void Stop();
+
+  // The tags of the connections that have not failed, one per connection.
+  // REQUIRES: on the progress thread (from the handler).
+  std::vector<uint64_t> tags() const;
+
+ private:
+  class Impl;
+  explicit AmServer(std::unique_ptr<Impl> impl);
+
+  std::unique_ptr<Impl> impl_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+};
+
+}  // namespace farpool::transport
