@@ -1,4 +1,4 @@
-#include "pool/chunk_allocator.h"
+#include "pool/server/chunk_allocator.h"
 
 #include <algorithm>
 #include <iterator>
@@ -9,7 +9,7 @@ namespace farpool {
 
 ChunkAllocator::ChunkAllocator(uint64_t capacity_hint, uint64_t chunk_size)
     : chunk_size_(chunk_size), capacity_(capacity_hint / chunk_size * chunk_size) {
-  if (capacity_ > 0) free_.emplace(kRootAreaSize, capacity_);
+  if (capacity_ > 0) free_.emplace(wire::kRootAreaSize, capacity_);
 }
 
 uint64_t ChunkAllocator::largest_free() const {

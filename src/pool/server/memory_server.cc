@@ -1,4 +1,4 @@
-#include "pool/memory_server.h"
+#include "pool/server/memory_server.h"
 
 #include <unistd.h>
 
@@ -9,7 +9,7 @@
 
 #include "common/host.h"
 #include "common/units.h"
-#include "pool/chunk_allocator.h"
+#include "pool/server/chunk_allocator.h"
 #include "transport/ucx.h"
 #include "transport/wire.h"
 
