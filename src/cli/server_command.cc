@@ -8,7 +8,7 @@
 #include "common/process.h"
 #include "common/units.h"
 #include "farpool/cluster.h"
-#include "pool/memory_server.h"
+#include "pool/server/memory_server.h"
 #include "transport/shm_dir.h"
 
 namespace farpool::cli {

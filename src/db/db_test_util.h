@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "farpool/db.h"
-#include "pool/memory_server.h"
+#include "pool/server/memory_server.h"
 
 // ASSERT_TRUE on a Status, printing the expression and the Status when it is not OK.
 // REQUIRES: gtest included before this header (as every test does).

@@ -4,7 +4,7 @@
 #include <bit>
 #include <string>
 
-#include "pool/chunk_allocator.h"
+#include "transport/wire.h"
 
 namespace farpool {
 namespace {
@@ -40,7 +40,9 @@ struct ObjectAllocator::Server {
   std::vector<std::vector<uint64_t>> partial;           // per class: slab chunks with a free slot
   std::vector<std::pair<uint64_t, uint64_t>> retained;  // freed runs still leased
 
-  uint64_t ChunkBase(uint64_t chunk) const { return kRootAreaSize + chunk * geometry.chunk_size; }
+  uint64_t ChunkBase(uint64_t chunk) const {
+    return wire::kRootAreaSize + chunk * geometry.chunk_size;
+  }
   unsigned NumClasses() const {
     return static_cast<unsigned>(std::bit_width(geometry.chunk_size / 4) - kMinSlotShift);
   }
@@ -52,8 +54,9 @@ ObjectAllocator::ObjectAllocator(const std::vector<Geometry>& servers, LeaseFn l
   for (const Geometry& g : servers) {
     auto s = std::make_unique<Server>();
     s->geometry = g;
-    s->num_chunks =
-        g.region_size > kRootAreaSize ? (g.region_size - kRootAreaSize) / g.chunk_size : 0;
+    s->num_chunks = g.region_size > wire::kRootAreaSize
+                        ? (g.region_size - wire::kRootAreaSize) / g.chunk_size
+                        : 0;
     s->chunks = std::make_unique<ChunkState[]>(s->num_chunks);
     s->partial.resize(s->NumClasses());
     servers_.push_back(std::move(s));
@@ -79,7 +82,7 @@ Result<uint64_t> ObjectAllocator::AllocateRun(size_t index, uint64_t size) {
   const uint64_t chunk = s.geometry.chunk_size;
   const uint64_t leased = (size + chunk - 1) / chunk * chunk;
   FARPOOL_ASSIGN_OR_RETURN(uint64_t offset, TakeRun(index, leased));
-  const uint64_t first = (offset - kRootAreaSize) / chunk;
+  const uint64_t first = (offset - wire::kRootAreaSize) / chunk;
   for (uint64_t c = first; c < first + leased / chunk; ++c) {
     ChunkState& cs = s.chunks[c];
     cs.run_offset.store(offset, std::memory_order_relaxed);
@@ -108,7 +111,7 @@ Result<uint64_t> ObjectAllocator::TakeRun(size_t index, uint64_t size) {
 
 void ObjectAllocator::Retain(size_t index, uint64_t offset, uint64_t size) {
   Server& s = *servers_[index];
-  const uint64_t first = (offset - kRootAreaSize) / s.geometry.chunk_size;
+  const uint64_t first = (offset - wire::kRootAreaSize) / s.geometry.chunk_size;
   for (uint64_t c = first; c < first + size / s.geometry.chunk_size; ++c) {
     s.chunks[c].kind.store(kFreed, std::memory_order_release);
   }
@@ -126,7 +129,7 @@ Status ObjectAllocator::TrimLocked(size_t index) {
       kept.emplace_back(offset, size);
       continue;
     }
-    const uint64_t first = (offset - kRootAreaSize) / s.geometry.chunk_size;
+    const uint64_t first = (offset - wire::kRootAreaSize) / s.geometry.chunk_size;
     for (uint64_t c = first; c < first + size / s.geometry.chunk_size; ++c) {
       s.chunks[c].kind.store(kNone, std::memory_order_release);
     }
@@ -153,7 +156,7 @@ Result<uint64_t> ObjectAllocator::AllocateSlot(size_t index, unsigned cls) {
   auto& partial = s.partial[cls];
   if (partial.empty()) {
     FARPOOL_ASSIGN_OR_RETURN(uint64_t offset, TakeRun(index, s.geometry.chunk_size));
-    const uint64_t c = (offset - kRootAreaSize) / s.geometry.chunk_size;
+    const uint64_t c = (offset - wire::kRootAreaSize) / s.geometry.chunk_size;
     ChunkState& cs = s.chunks[c];
     const uint64_t max_words = (s.geometry.chunk_size >> kMinSlotShift) / 64;
     if (!cs.live) cs.live = std::make_unique<std::atomic<uint64_t>[]>(max_words);
@@ -189,8 +192,8 @@ Status ObjectAllocator::Free(size_t index, uint64_t offset) {
     return Status::InvalidArgument("offset " + Hex(offset) +
                                    " is not a live object allocated by this client");
   };
-  if (offset < kRootAreaSize) return not_ours();
-  const uint64_t c = (offset - kRootAreaSize) / chunk;
+  if (offset < wire::kRootAreaSize) return not_ours();
+  const uint64_t c = (offset - wire::kRootAreaSize) / chunk;
   if (c >= s.num_chunks) return not_ours();
   ChunkState& cs = s.chunks[c];
   switch (cs.kind.load(std::memory_order_relaxed)) {
@@ -231,9 +234,9 @@ Status ObjectAllocator::Free(size_t index, uint64_t offset) {
 
 Status ObjectAllocator::CheckLive(size_t index, uint64_t offset, uint64_t size) const {
   const Server& s = *servers_[index];
-  if (offset < kRootAreaSize) return Status::Ok();
+  if (offset < wire::kRootAreaSize) return Status::Ok();
   const uint64_t chunk = s.geometry.chunk_size;
-  const uint64_t c = (offset - kRootAreaSize) / chunk;
+  const uint64_t c = (offset - wire::kRootAreaSize) / chunk;
   if (c >= s.num_chunks) return Status::Ok();  // the caller checks region bounds
   const ChunkState& cs = s.chunks[c];
   switch (cs.kind.load(std::memory_order_acquire)) {

@@ -5,7 +5,7 @@
 #include <map>
 #include <random>
 
-#include "pool/chunk_allocator.h"
+#include "pool/server/chunk_allocator.h"
 
 namespace farpool {
 namespace {

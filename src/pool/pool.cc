@@ -34,7 +34,6 @@
 
 #include "common/far_copy.h"
 #include "common/units.h"
-#include "pool/chunk_allocator.h"
 #include "pool/memory_ops.h"
 #include "pool/object_allocator.h"
 #include "transport/ucx.h"

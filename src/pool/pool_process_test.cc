@@ -337,7 +337,7 @@ TEST_P(ProcessTest, KilledServerFailsPendingAndLaterCallsWithinABound) {
 }
 
 // A client killed with SIGKILL: the server notices its connections drop, keeps the leases
-// (data outlives its writer: see chunk_allocator.h) and keeps serving everyone else.
+// (data outlives its writer: see pool/server/chunk_allocator.h) and keeps serving everyone else.
 TEST_P(ProcessTest, KilledClientIsDroppedAndTheServerKeepsServing) {
   TestCluster cluster(Options(1, 64 << 20, GetParam()));
   ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();

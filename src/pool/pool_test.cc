@@ -13,7 +13,7 @@
 #include <random>
 #include <thread>
 
-#include "pool/memory_server.h"
+#include "pool/server/memory_server.h"
 
 namespace farpool {
 namespace {

@@ -53,13 +53,21 @@ struct HelloRequest {
 };
 static_assert(sizeof(HelloRequest) == 16);
 
+// A memory server's region is [root area | chunk 0 | chunk 1 | ...]: the root area, the first
+// kRootAreaSize bytes, is never leased (pool/server/chunk_allocator.h); clients place objects in
+// the chunks after it (pool/object_allocator.h).
+inline constexpr uint64_t kRootAreaSize = 4096;
+// The first bytes of the root area are touched by nobody (offset 0 of server 0 is the null
+// address); clients use the rest (Pool::Root).
+inline constexpr uint64_t kRootReserved = 64;
+
 // Server -> client: what the client needs to address the region. Tail: packed rkey.
 struct HelloReply {
   uint16_t server_id;
   uint16_t reserved0;
   uint32_t rkey_size;    // tail length
   uint64_t region_base;  // virtual address of offset 0 in the server process
-  uint64_t region_size;  // bytes donated
+  uint64_t region_size;  // bytes donated, the root area included
   uint64_t chunk_size;   // lease granularity
   uint64_t server_pid;
 };

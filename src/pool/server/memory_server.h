@@ -8,7 +8,7 @@
 // the one-sided operations UCX emulates for remote clients. Malformed or incompatible messages
 // are answered with an ErrorReply and counted; they never stop the server. Clients that die
 // are noticed by UCX's error handling and dropped; their leases stay (see
-// pool/chunk_allocator.h).
+// pool/server/chunk_allocator.h).
 //
 // Progress modes (ProgressMode, transport/am_server.h): kBusy polls without pause; kEvent
 // sleeps on the worker's event descriptor once it has been idle for 50 us.

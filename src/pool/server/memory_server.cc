@@ -1,4 +1,4 @@
-#include "pool/memory_server.h"
+#include "pool/server/memory_server.h"
 
 #include <unistd.h>
 
@@ -10,15 +10,15 @@
 #include "common/host.h"
 #include "common/units.h"
 #include "farpool/pool.h"
-#include "pool/chunk_allocator.h"
 #include "pool/memory_ops.h"
+#include "pool/server/chunk_allocator.h"
 #include "transport/ucx.h"
 #include "transport/wire.h"
 
 namespace farpool {
 
-static_assert(Pool::kRootSize == kRootAreaSize - kRootReserved &&
-                  Pool::Root(0).offset() == kRootReserved,
+static_assert(Pool::kRootSize == wire::kRootAreaSize - wire::kRootReserved &&
+                  Pool::Root(0).offset() == wire::kRootReserved,
               "the clients' root area is the servers' root area past the reserved bytes");
 
 using Clock = std::chrono::steady_clock;

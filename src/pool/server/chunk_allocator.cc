@@ -1,4 +1,4 @@
-#include "pool/chunk_allocator.h"
+#include "pool/server/chunk_allocator.h"
 
 #include <algorithm>
 #include <iterator>
@@ -9,7 +9,7 @@ namespace farpool {
 
 ChunkAllocator::ChunkAllocator(uint64_t capacity_hint, uint64_t chunk_size)
     : chunk_size_(chunk_size), capacity_(capacity_hint / chunk_size * chunk_size) {
-  if (capacity_ > 0) free_.emplace(kRootAreaSize, capacity_);
+  if (capacity_ > 0) free_.emplace(wire::kRootAreaSize, capacity_);
 }
 
 uint64_t ChunkAllocator::largest_free() const {
@@ -66,7 +66,8 @@ Status ChunkAllocator::Release(uint64_t offset, uint64_t size) {
 }
 
 bool ChunkAllocator::Covers(uint64_t offset, uint64_t size) const {
-  if (offset >= kRootReserved && offset <= kRootAreaSize && size <= kRootAreaSize - offset) {
+  if (offset >= wire::kRootReserved && offset <= wire::kRootAreaSize &&
+      size <= wire::kRootAreaSize - offset) {
     return true;
   }
   auto lease = leases_.upper_bound(offset);

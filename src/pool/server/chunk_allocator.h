@@ -1,7 +1,7 @@
 // ChunkAllocator: a memory server's book of which parts of its region are leased.
 //
-// The region is [root area | chunk 0 | chunk 1 | ...]. The root area (kRootAreaSize bytes at
-// offset 0) is never leased: it holds well-known roots (the database catalog lives at server
+// The region is [root area | chunk 0 | chunk 1 | ...]. The root area (wire::kRootAreaSize bytes
+// at offset 0) is never leased: it holds well-known roots (the database catalog lives at server
 // 0's root) and keeps offset 0 of server 0, the null address, out of every allocation. A lease
 // is one contiguous run of whole chunks, found first-fit; a release must name exactly one
 // earlier lease. Leases are owned by the pool, not by the connection that asked for them:
@@ -15,13 +15,9 @@
 #include <map>
 
 #include "farpool/status.h"
+#include "transport/wire.h"
 
 namespace farpool {
-
-inline constexpr uint64_t kRootAreaSize = 4096;
-// The first bytes of the root area are touched by nobody (offset 0 of server 0 is the null
-// address); clients use the rest (Pool::Root).
-inline constexpr uint64_t kRootReserved = 64;
 
 class ChunkAllocator {
  public:
@@ -42,7 +38,7 @@ class ChunkAllocator {
   uint64_t leased() const { return leased_; }
   uint64_t largest_free() const;
   // Bytes the region must span: root area + capacity.
-  uint64_t region_size() const { return kRootAreaSize + capacity_; }
+  uint64_t region_size() const { return wire::kRootAreaSize + capacity_; }
 
  private:
   uint64_t chunk_size_;

@@ -1,4 +1,4 @@
-#include "pool/chunk_allocator.h"
+#include "pool/server/chunk_allocator.h"
 
 #include <gtest/gtest.h>
 
@@ -10,12 +10,12 @@ constexpr uint64_t kChunk = 1 << 20;
 TEST(ChunkAllocator, LeasesContiguousRunsAfterTheRootArea) {
   ChunkAllocator a(8 * kChunk + 123, kChunk);  // the partial chunk is not leasable
   EXPECT_EQ(a.capacity(), 8 * kChunk);
-  EXPECT_EQ(a.region_size(), kRootAreaSize + 8 * kChunk);
+  EXPECT_EQ(a.region_size(), wire::kRootAreaSize + 8 * kChunk);
   auto x = a.Lease(2 * kChunk);
   auto y = a.Lease(kChunk);
   ASSERT_TRUE(x.ok() && y.ok());
-  EXPECT_EQ(*x, kRootAreaSize);
-  EXPECT_EQ(*y, kRootAreaSize + 2 * kChunk);
+  EXPECT_EQ(*x, wire::kRootAreaSize);
+  EXPECT_EQ(*y, wire::kRootAreaSize + 2 * kChunk);
   EXPECT_EQ(a.leased(), 3 * kChunk);
   EXPECT_EQ(a.largest_free(), 5 * kChunk);
 }
@@ -23,8 +23,8 @@ TEST(ChunkAllocator, LeasesContiguousRunsAfterTheRootArea) {
 TEST(ChunkAllocator, CoversTheRootAreaAndCurrentLeasesOnly) {
   ChunkAllocator a(4 * kChunk, kChunk);
   EXPECT_FALSE(a.Covers(0, 8)) << "the null word";
-  EXPECT_TRUE(a.Covers(kRootReserved, kRootAreaSize - kRootReserved));
-  EXPECT_FALSE(a.Covers(kRootAreaSize - 8, 16)) << "crosses into an unleased chunk";
+  EXPECT_TRUE(a.Covers(wire::kRootReserved, wire::kRootAreaSize - wire::kRootReserved));
+  EXPECT_FALSE(a.Covers(wire::kRootAreaSize - 8, 16)) << "crosses into an unleased chunk";
   auto x = a.Lease(kChunk);
   auto y = a.Lease(kChunk);
   ASSERT_TRUE(x.ok() && y.ok());
