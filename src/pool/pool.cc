@@ -570,13 +570,7 @@ Status Pool::Impl::Complete(ThreadContext& tc, size_t index, ucs_status_ptr_t re
                           : st.message());
     // Completes every request still pending on the endpoint, with an error.
     if (tc.peers[index].ep) tc.peers[index].ep->ForceClose();
-    if (pending) {
-      const auto limit = Clock::now() + std::chrono::seconds(1);
-      while (ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < limit) {
-        tc.worker->Progress();
-      }
-      ucp_request_free(request);
-    }
+    if (pending) tc.worker->FinishAbandoned(request);
     return s.Failure().WithContext(what);
   }
   return st.WithContext(s.name);

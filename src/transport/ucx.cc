@@ -170,6 +170,12 @@ Status Worker::WaitRequest(ucs_status_ptr_t request, Clock::time_point deadline,
   }
 }
 
+void Worker::FinishAbandoned(ucs_status_ptr_t request) {
+  const auto limit = Clock::now() + std::chrono::seconds(1);
+  while (ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < limit) Progress();
+  ucp_request_free(request);
+}
+
 // ---------------------------------------------------------------- Endpoint
 
 Result<std::unique_ptr<Endpoint>> Endpoint::Connect(Worker& worker, const std::string& host,
@@ -263,7 +269,14 @@ Status Endpoint::SendAm(unsigned id, std::span<const std::byte> bytes, bool want
   p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   p.flags = AmSendFlags(want_reply_ep);
   ucs_status_ptr_t req = ucp_am_send_nbx(ep_, id, nullptr, 0, bytes.data(), bytes.size(), &p);
-  return worker_.WaitRequest(req, deadline, abandon, "sending control message");
+  bool pending = false;
+  Status s = worker_.WaitRequest(req, deadline, abandon, "sending a message", &pending);
+  if (pending) {
+    // `bytes` are the caller's: the send must be over before they are reused or freed.
+    ForceClose();
+    worker_.FinishAbandoned(req);
+  }
+  return s;
 }
 
 Status PostAm(ucp_ep_h ep, unsigned id, std::vector<std::byte> bytes, bool want_reply_ep) {

@@ -98,6 +98,10 @@ class Worker {
   Status WaitRequest(ucs_status_ptr_t request, std::chrono::steady_clock::time_point deadline,
                      const std::function<bool()>& abandon, std::string_view what,
                      bool* still_pending = nullptr);
+  // Finishes a request left pending by WaitRequest after its endpoint was force-closed
+  // (which completes it with an error): progresses until it is done, at most a second, and
+  // frees it. Then its buffers may be reused.
+  void FinishAbandoned(ucs_status_ptr_t request);
 
  private:
   explicit Worker(ucp_worker_h worker) : worker_(worker) {}
