@@ -95,11 +95,10 @@ struct MixedSite {
   int max_hit;
 };
 constexpr MixedSite kMixedSites[] = {
-    {"btree.insert.logged", 300},      {"btree.insert.written", 300},
-    {"btree.split.right-written", 8},  {"btree.split.logged", 8},
-    {"btree.split.left-written", 8},   {"btree.split.released", 8},
-    {"hash.locked", 600},              {"hash.key-written", 600},
-    {"hash.bucket-written", 60},       {"hash.published", 600},
+    {"btree.insert.logged", 300}, {"btree.insert.written", 300},   {"btree.split.right-written", 8},
+    {"btree.split.logged", 8},    {"btree.split.left-written", 8}, {"btree.split.released", 8},
+    {"hash.locked", 600},         {"hash.key-written", 600},       {"hash.bucket-written", 60},
+    {"hash.published", 600},
 };
 constexpr const char* kGrowSites[] = {"btree.grow.root-written", "btree.grow.root-swapped"};
 
@@ -145,8 +144,8 @@ Status InsertWorker(uint64_t seed, int id) {
   if (!plan.site.empty()) {
     o.commit_hook = [&](std::string_view point) {
       if (point != plan.site || hits.fetch_add(1) + 1 != plan.hit) return;
-      const std::string why = "worker " + std::to_string(id) + ": killing myself at " +
-                              plan.site + " (hit " + std::to_string(plan.hit) + ")\n";
+      const std::string why = "worker " + std::to_string(id) + ": killing myself at " + plan.site +
+                              " (hit " + std::to_string(plan.hit) + ")\n";
       (void)!write(STDERR_FILENO, why.data(), why.size());
       raise(SIGKILL);
     };
@@ -332,8 +331,8 @@ class IndexCrashTest : public ::testing::Test {
           if (g.code() == StatusCode::kNotFound) continue;
           FARPOOL_RETURN_IF_ERROR(g);
           if (row.GetInt64(0) != Value(k)) {
-            return Status::Internal("key " + std::to_string(k) + " of '" + t->name() +
-                                    "' holds " + std::to_string(row.GetInt64(0)));
+            return Status::Internal("key " + std::to_string(k) + " of '" + t->name() + "' holds " +
+                                    std::to_string(row.GetInt64(0)));
           }
           (t == *hash ? found_hash : found_ordered).insert(k);
         }
@@ -366,9 +365,9 @@ class IndexCrashTest : public ::testing::Test {
     for (int64_t k : log->committed) {
       if (!found_hash.count(k) || !found_ordered.count(k) || !scanned.count(k)) {
         if (++missing <= 5) {
-          ADD_FAILURE() << "committed key " << k << ": Get(hash table) "
-                        << found_hash.count(k) << ", Get(ordered) " << found_ordered.count(k)
-                        << ", scan " << scanned.count(k);
+          ADD_FAILURE() << "committed key " << k << ": Get(hash table) " << found_hash.count(k)
+                        << ", Get(ordered) " << found_ordered.count(k) << ", scan "
+                        << scanned.count(k);
         }
       }
     }

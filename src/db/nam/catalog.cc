@@ -63,24 +63,21 @@ Status NamDatabase::Init() {
   recycler_ = std::make_unique<Recycler>(memory_, GlobalAddress::FromRaw(root_.freelists),
                                          2 * (lease_ns() + margin_ns()));
   FARPOOL_ASSIGN_OR_RETURN(system_, OpenSession(access));
-  maintenance_ = std::thread([this] { Maintain(); });
+  StartThreads();
   return Status::Ok();
 }
 
 NamDatabase::~NamDatabase() {
-  {
-    std::lock_guard<std::mutex> l(stop_mu_);
-    stop_ = true;
-  }
-  stop_cv_.notify_all();
-  if (maintenance_.joinable()) maintenance_.join();
+  // Reclamation first, while the renewal thread still keeps the system session's lease.
+  StopThread(&stop_maintenance_, maintenance_);
   if (system_) {
     // What this process retired but did not free yet is freed now; its cache goes back to
     // the pool's free lists.
-    (void)ReclaimRetired(system_->access_);
-    (void)recycler_->Flush(system_->access_, *system_);
-    system_.reset();
+    (void)ReclaimRetired(access_);
+    (void)recycler_->Flush(access_, *system_);
   }
+  StopThread(&stop_renewals_, renewals_);
+  system_.reset();
 }
 
 // ---------------------------------------------------------------- DDL lock

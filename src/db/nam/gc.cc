@@ -372,6 +372,7 @@ Status NamDatabase::ReclaimTable(const Access& access, const NamTable& t) {
   RecordImage img;
   img.bytes.resize(t.layout_.record_size());
   for (GlobalAddress rec : records) {
+    Hook("gc.table-record");
     bool claimed = false;
     for (int tries = 0; tries < 1000 && !claimed; ++tries) {
       FARPOOL_RETURN_IF_ERROR(access.Read(rec, img.bytes.data(), img.bytes.size()));

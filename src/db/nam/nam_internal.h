@@ -1,6 +1,6 @@
 // Internals of the NAM engines (`pool` and `local`), shared by the files of src/db/nam/:
 //   catalog.cc   the root, table descriptors, DDL, opening the database
-//   sessions.cc  session slots, leases, fencing, the maintenance thread, Begin
+//   sessions.cc  session slots, leases, fencing, the renewal and maintenance threads, Begin
 //   recovery.cc  finishing a dead session's decided commit, breaking its locks
 //   read.cc      consistent record images, snapshot visibility, Get/Put/Delete/Scan
 //   commit.cc    Commit as phases: resolve, lock+validate, decide (log), install, release
@@ -14,7 +14,8 @@
 // waits for it.
 //
 // Leases and fencing: a session owns a slot whose owner word is | renewals | epoch | state |.
-// The maintenance thread renews it (CAS, renewals + 1) every lease/4. A session trusts its
+// The process's renewal thread renews it (CAS, renewals + 1) every lease/4; that thread does
+// nothing else, so no amount of reclamation work can delay a renewal. A session trusts its
 // lease for lease - margin after sending its last successful renewal (monotonic clock); others
 // judge it expired only after seeing its owner word unchanged for lease + margin on their own
 // monotonic clock, and act on an expired slot only after fencing it (CAS that bumps the epoch).
@@ -42,6 +43,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -257,7 +259,7 @@ class Recycler {
 // ---------------------------------------------------------------- sessions
 
 // A session slot claimed by this process: its epoch, lease and GC announcement. Shared by
-// the session that uses it (one thread) and the maintenance thread.
+// the session that uses it (one thread) and the renewal thread.
 struct SlotLease {
   uint32_t slot = 0;
   uint64_t epoch = 0;
@@ -467,9 +469,14 @@ class NamDatabase final : public Database {
   Result<std::unique_ptr<NamTable>> MakeTable(uint32_t id, const TableDesc& d) const;
   Status LockDdl();
   Status UnlockDdl();
-  // The maintenance thread: renews leases, marks idle sessions, computes the LWM, fences
-  // expired slots, frees retired chains and dropped tables.
-  void Maintain();
+  // The background threads (sessions.cc). The renewal thread renews leases and marks idle
+  // sessions idle; the maintenance thread computes the LWM, fences expired slots, frees
+  // retired chains, deleted records and dropped tables. Each runs `pass` every `period` until
+  // `*stop` (under stop_mu_).
+  void RunEvery(std::chrono::milliseconds period, const bool* stop,
+                const std::function<void()>& pass);
+  void StartThreads();
+  void StopThread(bool* stop, std::thread& thread);
   Status RenewAll(const Access& access);
   Status ScanSlots(const Access& access);
   Status ReclaimRetired(const Access& access);
@@ -545,10 +552,15 @@ class NamDatabase final : public Database {
   GcCounters gc_;
 
  private:
-  std::thread maintenance_;
+  // The process's own operations that need no lock owner (renewals, slot scans, claims).
+  OpCount count_;
+  Access access_{memory_, count_};
+  // Shutdown: the maintenance thread stops first (its last reclamation pass needs the system
+  // session's lease), then the destructor's final pass, then the renewal thread.
+  std::thread maintenance_, renewals_;
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
-  bool stop_ = false;
+  bool stop_maintenance_ = false, stop_renewals_ = false;
 
  public:
   std::unique_ptr<Pool> owned_pool_;      // pool engine: the connection

@@ -123,7 +123,7 @@ Status NamDatabase::BreakRecordLock(const Access& access, GlobalAddress record, 
 }
 
 Status NamDatabase::RecoverExpired() {
-  const Access& access = system_->access_;
+  const Access& access = access_;
   std::set<uint32_t> mine;
   {
     std::lock_guard<std::mutex> l(mu_);
