@@ -9,6 +9,11 @@
 //                            (twice, different workers): the others fence it and recover its
 //                            commits while it is stopped; when it resumes it must find its
 //                            sessions fenced (Unavailable) and not damage anything.
+//   SystemSessionReclaimedAfterSigstop
+//                            one worker (FARPOOL_WORKER=ddl) is SIGSTOPped while the parent
+//                            fences its slots, its system session's included; after SIGCONT
+//                            its old session says Unavailable, and CreateTable, DropTable
+//                            and a new session's transactions work in that same process.
 //   WallClockStepsInOneWorker
 //                            one worker runs under libfaketime (FAKETIME_TIMESTAMP_FILE,
 //                            FAKETIME_NO_CACHE=1, DONT_FAKE_MONOTONIC=1): its wall clock
@@ -24,6 +29,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -186,6 +192,47 @@ Status MixedWorker(uint64_t seed, int id) {
   std::fprintf(stderr, "worker %d: %d sessions replaced after Unavailable, %d reconnects\n", id,
                fenced.load(), reconnected.load());
   for (auto& r : results) FARPOOL_RETURN_IF_ERROR(r);
+  return Status::Ok();
+}
+
+// Runs a transfer, says it is ready (FARPOOL_READY_FILE), waits for FARPOOL_RESUMED_FILE (the
+// parent stops it past the lease meanwhile and fences its slots), then checks that its old
+// session was fenced (else the stop proved nothing) and that this process still runs DDL and
+// transactions: its fenced system session is replaced by a new one without a reopen.
+Status DdlWorker(uint64_t /*seed*/, int id) {
+  FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(Options()));
+  FARPOOL_ASSIGN_OR_RETURN(const Table* accounts, db->OpenTable("accounts"));
+  FARPOOL_ASSIGN_OR_RETURN(auto session, db->NewSession());
+  auto transfer = [&](Session& s) {
+    return RunTransaction(s, [&](Transaction& txn) -> Status {
+      FARPOOL_ASSIGN_OR_RETURN(int64_t a, GetInt(txn, *accounts, 0));
+      FARPOOL_RETURN_IF_ERROR(PutInt(txn, *accounts, 0, a - 5));
+      FARPOOL_ASSIGN_OR_RETURN(int64_t b, GetInt(txn, *accounts, 1));
+      return PutInt(txn, *accounts, 1, b + 5);
+    });
+  };
+  FARPOOL_RETURN_IF_ERROR(transfer(*session));
+  std::ofstream(Env("FARPOOL_READY_FILE")) << "ready\n";
+  const std::string resumed = Env("FARPOOL_RESUMED_FILE");
+  for (int i = 0; !std::filesystem::exists(resumed); ++i) {
+    if (i > 6000) return Status::TimedOut("the parent did not resume this worker within 60 s");
+    std::this_thread::sleep_for(10ms);
+  }
+  Status stale = transfer(*session);
+  if (stale.code() != StatusCode::kUnavailable) {
+    return Status::Internal("the session outlived a stop past its lease (" + stale.ToString() +
+                            "): the parent did not fence this process, the test proves nothing");
+  }
+  const std::string name = "ddl" + std::to_string(id);
+  auto created = db->CreateTable(name, Schema{{"v", ColumnType::kInt64}});
+  if (!created.ok()) return created.status().WithContext("CreateTable after the stop");
+  auto fresh = db->NewSession();
+  if (!fresh.ok()) return fresh.status().WithContext("a new session after the stop");
+  FARPOOL_RETURN_IF_ERROR(
+      RunTransaction(**fresh, [&](Transaction& txn) { return PutInt(txn, **created, 1, 1); }));
+  FARPOOL_RETURN_IF_ERROR(transfer(**fresh));
+  Status dropped = db->DropTable(name);
+  if (!dropped.ok()) return dropped.WithContext("DropTable after the stop");
   return Status::Ok();
 }
 
@@ -355,6 +402,35 @@ TEST_F(LeaseFaultTest, SigstopOutlivesLease) {
   StopAndCheck(pids);
 }
 
+TEST_F(LeaseFaultTest, SystemSessionReclaimedAfterSigstop) {
+  SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed_));
+  const std::string ready = dir_ + "/ready", resumed = dir_ + "/resumed";
+  auto pid = testing::SpawnWorker("ddl", 0,
+                                  {{"FARPOOL_CLUSTER", cluster_->cluster_file()},
+                                   {"FARPOOL_SEED", std::to_string(seed_)},
+                                   {"FARPOOL_READY_FILE", ready},
+                                   {"FARPOOL_RESUMED_FILE", resumed}});
+  ASSERT_TRUE(pid.ok()) << pid.status().ToString();
+  for (int i = 0; i < 6000 && !std::filesystem::exists(ready); ++i)
+    std::this_thread::sleep_for(10ms);
+  ASSERT_NO_FATAL_FAILURE(Reopen());
+  kill(*pid, SIGSTOP);
+  // Watches every other slot until it has stayed unchanged for lease + margin, then fences it:
+  // both of the stopped worker's (its system session's and its session's).
+  Status recovered = db_->RecoverExpired();
+  std::this_thread::sleep_for(2 * kLease);  // and the maintenance thread, should it lag
+  kill(*pid, SIGCONT);
+  std::ofstream(resumed) << "resumed\n";
+  EXPECT_TRUE(std::filesystem::exists(ready)) << "the worker never got ready";
+  EXPECT_TRUE(recovered.ok()) << recovered.ToString();
+  session_.reset();
+  db_.reset();
+  StopAndCheck({*pid});
+  auto names = db_->ListTables();
+  ASSERT_TRUE(names.ok()) << names.status().ToString();
+  EXPECT_EQ(std::count(names->begin(), names->end(), "ddl0"), 0) << "the worker's drop is lost";
+}
+
 // The multi-threaded libfaketime, or "" if it is not installed.
 std::string LibFaketime() {
   std::vector<std::string> candidates = {
@@ -400,5 +476,6 @@ TEST_F(LeaseFaultTest, WallClockStepsInOneWorker) {
 }  // namespace farpool::db
 
 int main(int argc, char** argv) {
-  return farpool::db::testing::WorkerMain(argc, argv, {{"mixed", farpool::db::MixedWorker}});
+  return farpool::db::testing::WorkerMain(
+      argc, argv, {{"mixed", farpool::db::MixedWorker}, {"ddl", farpool::db::DdlWorker}});
 }

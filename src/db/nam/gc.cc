@@ -226,11 +226,10 @@ void NamDatabase::QueueRemoval(const NamTable* t, GlobalAddress record, int64_t 
 //   5. after the batch, bump the removal epoch in the counter word (sessions drop cached
 //      addresses at their next Begin) and free the record's memory once the LWM passes that
 //      stamp, when no transaction that could hold the address is left.
-Result<bool> NamDatabase::RemoveRecord(const Access& access, const NamTable& t,
+Result<bool> NamDatabase::RemoveRecord(const Access& access, NamSession& me, const NamTable& t,
                                        GlobalAddress record, int64_t key, uint64_t seq,
                                        uint64_t stamp, bool* unlinked) {
   *unlinked = false;
-  NamSession& me = *system_;
   FARPOOL_RETURN_IF_ERROR(me.CheckLease());
   FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(record, UnlockedWord(seq), me.lock_word()));
   if (prev != UnlockedWord(seq)) return false;
@@ -277,6 +276,15 @@ Result<bool> NamDatabase::TableLive(const Access& access, const NamTable& t) {
 
 Status NamDatabase::ReclaimRetired(const Access& access) {
   std::lock_guard<std::mutex> reclaiming(reclaim_mu_);
+  {
+    std::lock_guard<std::mutex> l(retire_mu_);
+    if (retired_.empty() && drop_queue_.empty() && removals_.empty() && unlinked_.empty()) {
+      return Status::Ok();
+    }
+  }
+  // The lock owner of this pass (taken before the work, which stays queued if there is none).
+  FARPOOL_ASSIGN_OR_RETURN(std::shared_ptr<NamSession> sys, System());
+  NamSession& me = *sys;
   std::deque<Retired> chains;
   std::vector<const NamTable*> tables;
   std::vector<Removal> removals;
@@ -307,18 +315,21 @@ Status NamDatabase::ReclaimRetired(const Access& access) {
   auto note = [&](const Status& s) {
     if (!s.ok() && first.ok()) first = s;
   };
-  for (const Retired& r : chains) note(FreeChain(*this, access, *system_, *r.table, r.chain));
-  for (const Unlinked& u : unreachable) {
-    note(recycler_->Free(access, *system_, u.record, u.size));
-  }
+  for (const Retired& r : chains) note(FreeChain(*this, access, me, *r.table, r.chain));
+  for (const Unlinked& u : unreachable) note(recycler_->Free(access, me, u.record, u.size));
   std::vector<Unlinked> unlinked;
   // This pass reads records and frees what hangs off them: it holds a snapshot announcement
   // meanwhile, so that no table it works on is reclaimed under it (a drop after the
   // announcement waits for it; a drop before it is seen by TableLive).
-  const bool announced = !removals.empty() && system_->TakeSnapshot().ok();
+  const bool announced = !removals.empty() && me.TakeSnapshot().ok();
+  if (!announced && !removals.empty()) {
+    // Not now: the deletions wait for the next pass.
+    std::lock_guard<std::mutex> l(retire_mu_);
+    removals_.insert(removals_.end(), removals.begin(), removals.end());
+    removals.clear();
+  }
   std::map<const NamTable*, bool> live;
   for (const Removal& r : removals) {
-    if (!announced) break;
     auto it = live.find(r.table);
     if (it == live.end()) {
       auto l = TableLive(access, *r.table);
@@ -330,11 +341,11 @@ Status NamDatabase::ReclaimRetired(const Access& access) {
     }
     if (!it->second) continue;  // dropped: the table's reclamation frees the record
     bool done = false;
-    auto removed = RemoveRecord(access, *r.table, r.record, r.key, r.seq, r.stamp, &done);
+    auto removed = RemoveRecord(access, me, *r.table, r.record, r.key, r.seq, r.stamp, &done);
     if (!removed.ok()) note(removed.status());
     if (done) unlinked.push_back({r.record, r.table->layout_.record_size(), 0});
   }
-  if (announced) system_->EndTransaction(/*withdraw=*/true);
+  if (announced) me.EndTransaction(/*withdraw=*/true);
   if (!unlinked.empty()) {
     auto word = access.Faa(RootField(kRootCounter), kRemovalStep);
     if (word.ok()) {
@@ -350,7 +361,7 @@ Status NamDatabase::ReclaimRetired(const Access& access) {
     }
   }
   for (const NamTable* t : tables) {
-    Status s = ReclaimTable(access, *t);
+    Status s = ReclaimTable(access, me, *t);
     if (!s.ok() && first.ok()) first = s;
   }
   return first;
@@ -362,13 +373,12 @@ Status NamDatabase::ReclaimRetired(const Access& access) {
 // never both free it; a record left locked by a transaction that will abort is waited for
 // (bounded; else it leaks). The hash bucket array and B+tree nodes stay allocated (they were
 // not allocated through the recycler): docs/database.md lists it.
-Status NamDatabase::ReclaimTable(const Access& access, const NamTable& t) {
+Status NamDatabase::ReclaimTable(const Access& access, NamSession& me, const NamTable& t) {
   std::vector<GlobalAddress> records;
   FARPOOL_RETURN_IF_ERROR(t.hash_->ForEach(access, [&](int64_t, GlobalAddress rec) -> Status {
     records.push_back(rec);
     return Status::Ok();
   }));
-  NamSession& me = *system_;
   RecordImage img;
   img.bytes.resize(t.layout_.record_size());
   for (GlobalAddress rec : records) {

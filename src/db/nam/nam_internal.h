@@ -458,8 +458,11 @@ class NamDatabase final : public Database {
   Status FreeBlobs(const Access& access, LockOwner& owner, const NamTable& t,
                    const unsigned char* payload);
 
-  // The internal session of this process: DDL lock, recycler locks, reclamation.
-  NamSession& system() { return *system_; }
+  // The internal session of this process (DDL lock, recycler locks, reclamation). One that
+  // lost its lease (the process stalled past it, or it was abandoned) is replaced by a newly
+  // claimed one here; others recover the old slot like any fenced session's, and the old
+  // object ends when its last user lets go. Callers hold the result for one operation.
+  Result<std::shared_ptr<NamSession>> System();
   void Hook(std::string_view point) const {
     if (options_.commit_hook) options_.commit_hook(point);
   }
@@ -467,8 +470,8 @@ class NamDatabase final : public Database {
  private:
   Status LoadTables(const Access& access);
   Result<std::unique_ptr<NamTable>> MakeTable(uint32_t id, const TableDesc& d) const;
-  Status LockDdl();
-  Status UnlockDdl();
+  Status LockDdl(NamSession& me);
+  Status UnlockDdl(NamSession& me);
   // The background threads (sessions.cc). The renewal thread renews leases and marks idle
   // sessions idle; the maintenance thread computes the LWM, fences expired slots, frees
   // retired chains, deleted records and dropped tables. Each runs `pass` every `period` until
@@ -482,18 +485,20 @@ class NamDatabase final : public Database {
   Status ReclaimRetired(const Access& access);
   // Removes one deleted record (see gc.cc); false if it changed (re-inserted) meanwhile.
   // `unlinked`: its index entries are gone too (else helpers finish, and it is not freed).
-  Result<bool> RemoveRecord(const Access& access, const NamTable& t, GlobalAddress record,
-                            int64_t key, uint64_t seq, uint64_t stamp, bool* unlinked);
+  Result<bool> RemoveRecord(const Access& access, NamSession& me, const NamTable& t,
+                            GlobalAddress record, int64_t key, uint64_t seq, uint64_t stamp,
+                            bool* unlinked);
   // Whether table `t` is still live in the catalog (not dropped, not re-created).
   Result<bool> TableLive(const Access& access, const NamTable& t);
-  Status ReclaimTable(const Access& access, const NamTable& t);
+  Status ReclaimTable(const Access& access, NamSession& me, const NamTable& t);
 
   Engine engine_;
   Memory& memory_;
   DatabaseOptions options_;
   RootImage root_{};
   std::unique_ptr<Recycler> recycler_;
-  std::unique_ptr<NamSession> system_;
+  std::mutex system_mu_;  // guards system_ (the pointer; the session is safe to share)
+  std::shared_ptr<NamSession> system_;
 
   std::mutex mu_;  // guards tables_, by_id_, leases_, dropped_
   std::map<std::string, std::unique_ptr<NamTable>> tables_;
