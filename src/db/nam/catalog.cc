@@ -2,6 +2,7 @@
 // opening the database (nam_internal.h describes the whole engine).
 #include <unistd.h>
 
+#include <bit>
 #include <cstring>
 
 #include "db/nam/nam_engine.h"
@@ -212,8 +213,10 @@ Result<const Table*> NamDatabase::CreateTable(const std::string& name, const Sch
     std::memcpy(d.name, name.data(), name.size());
     d.flags = options.ordered ? 1 : 0;
     d.payload = (schema.PayloadSize() + 7) & ~7u;
-    const uint64_t buckets = std::max<uint64_t>(16, options.expected_rows / 4 + 1);
-    FARPOOL_ASSIGN_OR_RETURN(GlobalAddress hash, HashIndex::Create(access, buckets));
+    // A power of two: the array is a recycler object of exactly its size class, so a dropped
+    // table's array is reused whole by the next table of that size.
+    const uint64_t buckets = std::bit_ceil(std::max<uint64_t>(16, options.expected_rows / 4));
+    FARPOOL_ASSIGN_OR_RETURN(GlobalAddress hash, HashIndex::Create(access, *sys, buckets));
     d.hash_addr = hash.raw();
     d.hash_count = buckets;
     d.hash_seed = Mix64(free_id + 1);
@@ -231,7 +234,9 @@ Result<const Table*> NamDatabase::CreateTable(const std::string& name, const Sch
     FARPOOL_RETURN_IF_ERROR(sys->CheckLease());
     FARPOOL_RETURN_IF_ERROR(
         access.Write(desc + 8, reinterpret_cast<const unsigned char*>(&d) + 8, sizeof(d) - 8));
-    if (options.ordered) FARPOOL_RETURN_IF_ERROR(BTree::Create(access, desc + kDescBtreeRoot));
+    if (options.ordered) {
+      FARPOOL_RETURN_IF_ERROR(BTree::Create(access, *sys, desc + kDescBtreeRoot));
+    }
     uint64_t live = kDescLive;
     FARPOOL_RETURN_IF_ERROR(sys->CheckLease());
     return access.Write(desc, &live, 8);

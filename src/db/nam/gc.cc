@@ -59,15 +59,13 @@ Status Recycler::UnlockClass(const Access& access, LockOwner& owner, int c) {
   return Status::Ok();
 }
 
-Status Recycler::PushBundle(const Access& access, LockOwner& owner, int c) {
+Status Recycler::PushBundle(const Access& access, LockOwner& owner, int c, uint64_t n) {
   auto& cache = cache_[c];
-  const uint64_t cap = BundleCapacity(c);
-  if (cache.size() < cap + 1) return Status::Ok();
-  // The bundle: the last cached object holds the addresses of the `cap` before it.
+  // The bundle: the last cached object holds the addresses of the `n` before it.
   const GlobalAddress container = GlobalAddress::FromRaw(cache.back());
-  std::vector<uint64_t> image(2 + cap);
-  image[1] = cap;
-  std::memcpy(image.data() + 2, cache.data() + cache.size() - 1 - cap, cap * 8);
+  std::vector<uint64_t> image(2 + n);
+  image[1] = n;
+  std::memcpy(image.data() + 2, cache.data() + cache.size() - 1 - n, n * 8);
   FARPOOL_RETURN_IF_ERROR(LockClass(access, owner, c));
   const GlobalAddress head = heads_ + uint64_t(c) * 16 + 8;
   Status s = access.Read(head, &image[0], 8);
@@ -77,7 +75,7 @@ Status Recycler::PushBundle(const Access& access, LockOwner& owner, int c) {
   if (s.ok()) s = access.Write(head, &raw, 8);
   Status u = UnlockClass(access, owner, c);
   FARPOOL_RETURN_IF_ERROR(s);
-  cache.resize(cache.size() - 1 - cap);
+  cache.resize(cache.size() - 1 - n);
   return u;
 }
 
@@ -137,9 +135,13 @@ Status Recycler::Free(const Access& access, LockOwner& owner, GlobalAddress addr
   auto& cache = cache_[c];
   cache.push_back(address.raw());
   ++stats_.freed;
-  if (cache.size() > 2 * (BundleCapacity(c) + 1)) {
+  // Small objects stay here up to two bundles' worth; big ones go to the pool's list at once
+  // (a bundle of one), so that other processes reuse them and a process that dies never takes
+  // them along.
+  const uint64_t keep = ClassBytes(c) < kCachedClassBytes ? 2 * (BundleCapacity(c) + 1) : 0;
+  if (cache.size() > keep) {
     // A failed push keeps the objects cached here (reused by this process).
-    return PushBundle(access, owner, c);
+    return PushBundle(access, owner, c, std::min<uint64_t>(BundleCapacity(c), cache.size() - 1));
   }
   return Status::Ok();
 }
@@ -147,26 +149,12 @@ Status Recycler::Free(const Access& access, LockOwner& owner, GlobalAddress addr
 Status Recycler::Flush(const Access& access, LockOwner& owner) {
   std::lock_guard<std::mutex> l(mu_);
   for (int c = kMinClass; c < kClasses; ++c) {
-    while (cache_[c].size() > BundleCapacity(c)) {
-      FARPOOL_RETURN_IF_ERROR(PushBundle(access, owner, c));
-    }
-    // The remainder (fewer than a bundle) becomes one smaller bundle.
+    // Whole bundles, then the remainder as one smaller bundle (a lone object is a bundle of
+    // itself and nothing else).
     auto& cache = cache_[c];
-    if (cache.size() >= 2) {
-      const GlobalAddress container = GlobalAddress::FromRaw(cache.back());
-      std::vector<uint64_t> image(2 + cache.size() - 1);
-      image[1] = cache.size() - 1;
-      std::memcpy(image.data() + 2, cache.data(), (cache.size() - 1) * 8);
-      FARPOOL_RETURN_IF_ERROR(LockClass(access, owner, c));
-      const GlobalAddress head = heads_ + uint64_t(c) * 16 + 8;
-      Status s = access.Read(head, &image[0], 8);
-      if (s.ok()) s = access.Write(container, image.data(), image.size() * 8);
-      const uint64_t raw = container.raw();
-      if (s.ok()) s = access.Write(head, &raw, 8);
-      Status u = UnlockClass(access, owner, c);
-      FARPOOL_RETURN_IF_ERROR(s);
-      FARPOOL_RETURN_IF_ERROR(u);
-      cache.clear();
+    while (!cache.empty()) {
+      const uint64_t n = std::min<uint64_t>(BundleCapacity(c), cache.size() - 1);
+      FARPOOL_RETURN_IF_ERROR(PushBundle(access, owner, c, n));
     }
   }
   return Status::Ok();
@@ -371,8 +359,10 @@ Status NamDatabase::ReclaimRetired(const Access& access) {
 // the descriptor becomes free for a new table. Each record is claimed by one CAS from its
 // unlocked word to kRemovedLock first, so that a concurrent removal (RemoveRecord) and this
 // never both free it; a record left locked by a transaction that will abort is waited for
-// (bounded; else it leaks). The hash bucket array and B+tree nodes stay allocated (they were
-// not allocated through the recycler): docs/database.md lists it.
+// (bounded; else it leaks). Then the B+tree's nodes and the hash index's buckets go back too
+// (they came from the recycler: NamSession::AllocObject). Nothing reaches them any more: every
+// snapshot from before the drop has ended (the LWM passed the drop's stamp), and no
+// transaction uses a dropped table (Database::DropTable's contract).
 Status NamDatabase::ReclaimTable(const Access& access, NamSession& me, const NamTable& t) {
   std::vector<GlobalAddress> records;
   FARPOOL_RETURN_IF_ERROR(t.hash_->ForEach(access, [&](int64_t, GlobalAddress rec) -> Status {
@@ -409,6 +399,8 @@ Status NamDatabase::ReclaimTable(const Access& access, NamSession& me, const Nam
     }
     FARPOOL_RETURN_IF_ERROR(recycler_->Free(access, me, rec, t.layout_.record_size()));
   }
+  if (t.btree_) FARPOOL_RETURN_IF_ERROR(t.btree_->Destroy(access, me));
+  FARPOOL_RETURN_IF_ERROR(t.hash_->Destroy(access, me));
   uint64_t empty = kDescEmpty;
   FARPOOL_RETURN_IF_ERROR(me.CheckLease());
   FARPOOL_RETURN_IF_ERROR(access.Write(t.desc_, &empty, 8));

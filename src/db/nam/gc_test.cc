@@ -10,7 +10,9 @@
 #include <random>
 
 #include "db/db_test_util.h"
+#include "farpool/cluster.h"
 #include "farpool/db.h"
+#include "farpool/pool.h"
 
 namespace farpool::db {
 namespace {
@@ -237,6 +239,62 @@ TEST_P(GcTest, DroppedTableIsReclaimed) {
   ASSERT_TRUE(txn.ok());
   for (int64_t k = 0; k < 100; ++k) {
     EXPECT_EQ(GetRow(**txn, **again, k).status().code(), StatusCode::kNotFound) << k;
+  }
+}
+
+// Bytes the memory servers have leased to clients, summed (pool engine).
+Result<uint64_t> PoolLeased(const std::string& cluster_file) {
+  FARPOOL_ASSIGN_OR_RETURN(ClusterConfig config, ClusterConfig::Load(cluster_file));
+  FARPOOL_ASSIGN_OR_RETURN(auto pool, Pool::Connect(config));
+  uint64_t leased = 0;
+  for (uint16_t id : pool->server_ids()) {
+    FARPOOL_ASSIGN_OR_RETURN(ServerStats st, pool->Stats(id));
+    leased += st.leased;
+  }
+  return leased;
+}
+
+// Create, fill and drop tables again and again: once a drop is reclaimed, its records, blobs,
+// hash bucket array (8 MiB for the big table), overflow buckets (the small table's 16 buckets
+// chain hundreds) and B+tree nodes are back in the recycler, and the next cycle's tables are
+// built from them. So after the first cycle the recycler takes nothing fresh from the pool,
+// and (pool engine) the bytes the servers have leased stay at the first cycle's level.
+TEST_P(GcTest, CreateFillDropCyclesStayAtTheFirstCyclesMemory) {
+  auto s = db().NewSession();
+  ASSERT_TRUE(s.ok());
+  constexpr int kCycles = 4, kRows = 2000;
+  const TableOptions big{.ordered = true, .expected_rows = 1 << 18};
+  const TableOptions small{.ordered = false, .expected_rows = 16};
+  uint64_t first_fresh = 0, first_leased = 0;
+  for (int cycle = 0; cycle < kCycles; ++cycle) {
+    SCOPED_TRACE("cycle " + std::to_string(cycle));
+    auto b = db().CreateTable("big", BlobSchema(), big);
+    auto t = db().CreateTable("small", BlobSchema(), small);
+    ASSERT_TRUE(b.ok() && t.ok());
+    for (int64_t i = 0; i < kRows; ++i) {
+      const int64_t key = (i * 7919) % kRows;  // not in key order: splits all over the tree
+      ASSERT_OK(PutRow(**s, **b, key, i));
+      ASSERT_OK(PutRow(**s, **t, key, i));
+    }
+    ASSERT_OK(db().DropTable("big"));
+    ASSERT_OK(db().DropTable("small"));
+    const uint64_t reclaimed = 2 * (cycle + 1);
+    GcStats g =
+        CollectUntil(db(), [&](const GcStats& g) { return g.tables_reclaimed >= reclaimed; });
+    ASSERT_EQ(g.tables_reclaimed, reclaimed);
+    uint64_t leased = 0;
+    if (GetParam() == "pool") {
+      auto l = PoolLeased(t_->options().cluster_file);
+      ASSERT_TRUE(l.ok()) << l.status().ToString();
+      leased = *l;
+    }
+    if (cycle == 0) {
+      first_fresh = g.objects_fresh;
+      first_leased = leased;
+      continue;
+    }
+    EXPECT_EQ(g.objects_fresh, first_fresh) << "the recycler took new memory";
+    EXPECT_LE(leased, first_leased) << "pool memory grew: " << first_leased << " -> " << leased;
   }
 }
 

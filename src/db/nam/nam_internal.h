@@ -211,14 +211,19 @@ std::vector<std::pair<GlobalAddress, uint64_t>> BlobRefs(const NamTable& t,
 // pool: a lock word and the head of a stack of bundles; a bundle is itself a free object of
 // the class holding (next, count, addresses...). Each process keeps a local cache per class;
 // a cache past two bundles pushes one to the pool (lock, read head, write bundle, write head,
-// unlock: ~5 operations for up to size/8 - 2 objects), an empty cache pops one. New memory
-// comes from the pool's allocator in the class's size. A process that dies loses at most its
-// cache (bounded; documented as a leak). Placement is not kept for recycled objects.
+// unlock: ~5 operations for up to size/8 - 2 objects), an empty cache pops one. Objects of
+// kCachedClassBytes and more (hash bucket arrays, big blobs) are not cached: each goes to the
+// pool's list at once as a bundle of itself. New memory comes from the pool's allocator in
+// the class's size. A process that dies loses at most its cache (bounded: two bundles of each
+// class below kCachedClassBytes; documented as a leak). Placement is not kept for recycled
+// objects.
 //
 // Thread-safety: safe for concurrent use (one mutex per process; the pool lock per class).
 class Recycler {
  public:
-  static constexpr int kMinClass = 6, kClasses = 41;  // 64 B .. 2^46
+  static constexpr int kMinClass = 6, kClasses = 41;  // 64 B .. 2^40
+  // Freed objects of smaller classes are cached per process; bigger ones are not.
+  static constexpr uint64_t kCachedClassBytes = 64 << 10;
   static constexpr uint64_t kHeadsBytes = kClasses * 16;
 
   // `wait_ns`: how long a free-list lock held by a live holder is waited for.
@@ -244,8 +249,10 @@ class Recycler {
   static uint64_t BundleCapacity(int c) { return std::min<uint64_t>(ClassBytes(c) / 8 - 2, 62); }
   Status LockClass(const Access& access, LockOwner& owner, int c);
   Status UnlockClass(const Access& access, LockOwner& owner, int c);
-  // REQUIRES: mu_ held (the pool-side work is done under it: one process, one writer per class).
-  Status PushBundle(const Access& access, LockOwner& owner, int c);
+  // Pushes the last n + 1 cached objects of class c as one bundle (the last one holds the
+  // addresses of the n before it). REQUIRES: mu_ held (the pool-side work is done under it:
+  // one process, one writer per class); n < cache size; n <= BundleCapacity(c).
+  Status PushBundle(const Access& access, LockOwner& owner, int c, uint64_t n);
   Result<bool> PopBundle(const Access& access, LockOwner& owner, int c);
 
   Memory& memory_;
@@ -288,6 +295,9 @@ class NamSession final : public Session, public LockOwner {
   Status CheckLease() override;
   GlobalAddress index_log() const override { return index_log_; }
   Result<GlobalAddress> IndexLogOf(uint64_t word) override;
+  // Index memory comes from the recycler (any process frees a dropped table's index).
+  Result<GlobalAddress> AllocObject(const Access& access, uint64_t size) override;
+  Status FreeObject(const Access& access, GlobalAddress address, uint64_t size) override;
   void FaultPoint(std::string_view point) override;
   void Abandon() override;
 

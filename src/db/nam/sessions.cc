@@ -363,6 +363,14 @@ Result<GlobalAddress> NamSession::IndexLogOf(uint64_t word) {
 
 void NamSession::FaultPoint(std::string_view point) { db_.Hook(point); }
 
+Result<GlobalAddress> NamSession::AllocObject(const Access& access, uint64_t size) {
+  return db_.recycler().Alloc(access, *this, size, Placement::Striped());
+}
+
+Status NamSession::FreeObject(const Access& access, GlobalAddress address, uint64_t size) {
+  return db_.recycler().Free(access, *this, address, size);
+}
+
 void NamSession::Abandon() {
   lease_->fenced = true;
   lease_->valid_until = 0;
