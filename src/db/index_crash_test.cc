@@ -43,9 +43,9 @@
 #include <thread>
 
 #include "db/db_test_util.h"
+#include "db/testing/cluster_test.h"
 #include "db/testing/worker_processes.h"
 #include "farpool/db.h"
-#include "pool/test_cluster.h"
 
 using namespace std::chrono_literals;
 
@@ -230,28 +230,9 @@ Result<KeyLog> ReadKeyLogs(const std::vector<std::string>& paths) {
   return log;
 }
 
-class IndexCrashTest : public ::testing::Test {
+class IndexCrashTest : public testing::ClusterTest {
  protected:
-  void SetUp() override {
-    seed_ = TestSeed();
-    LocalClusterOptions o;
-    o.servers = 2;
-    o.memory = 256ull << 20;
-    o.transport = Fabric::kShm;
-    o.progress = ProgressMode::kEvent;
-    o.binary = FARPOOL_BINARY;
-    cluster_ = std::make_unique<TestCluster>(o);
-    ASSERT_TRUE(cluster_->status().ok()) << cluster_->status().ToString();
-    dir_ = MakeTempDir("farpool-index-crash");
-    setenv("FARPOOL_CLUSTER", cluster_->cluster_file().c_str(), 1);
-  }
-  void TearDown() override {
-    session_.reset();
-    db_.reset();
-    cluster_.reset();
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
+  IndexCrashTest() : ClusterTest("farpool-index-crash") {}
 
   // A new handle on the database, as a process that starts now would open it.
   void Open() {
@@ -379,12 +360,6 @@ class IndexCrashTest : public ::testing::Test {
     std::fprintf(stderr, "round %d: %zu keys attempted, %zu confirmed, %zu found\n", round,
                  log->attempted.size(), log->committed.size(), scanned.size());
   }
-
-  uint64_t seed_ = 0;
-  std::unique_ptr<TestCluster> cluster_;
-  std::string dir_;
-  std::unique_ptr<Database> db_;
-  std::unique_ptr<Session> session_;
 };
 
 TEST_F(IndexCrashTest, KilledMidSplitRootGrowthAndHashInsert) {

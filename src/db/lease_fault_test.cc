@@ -38,9 +38,9 @@
 #include <thread>
 
 #include "db/db_test_util.h"
+#include "db/testing/cluster_test.h"
 #include "db/testing/worker_processes.h"
 #include "farpool/db.h"
-#include "pool/test_cluster.h"
 
 using namespace std::chrono_literals;
 
@@ -238,20 +238,11 @@ Status DdlWorker(uint64_t /*seed*/, int id) {
 
 // ------------------------------------------------------------------ parent
 
-class LeaseFaultTest : public ::testing::Test {
+class LeaseFaultTest : public testing::ClusterTest {
  protected:
+  LeaseFaultTest() : ClusterTest("farpool-lease-fault") {}
   void SetUp() override {
-    seed_ = TestSeed();
-    LocalClusterOptions o;
-    o.servers = 2;
-    o.memory = 256ull << 20;
-    o.transport = Fabric::kShm;
-    o.progress = ProgressMode::kEvent;
-    o.binary = FARPOOL_BINARY;
-    cluster_ = std::make_unique<TestCluster>(o);
-    ASSERT_TRUE(cluster_->status().ok()) << cluster_->status().ToString();
-    dir_ = MakeTempDir("farpool-lease-fault");
-    setenv("FARPOOL_CLUSTER", cluster_->cluster_file().c_str(), 1);
+    ASSERT_NO_FATAL_FAILURE(ClusterTest::SetUp());
     const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
     lease_ = test == "ControlWithoutFaults" ? kControlLease : kLease;
     auto db = Database::Open(Options(lease_));  // creates the database with lease_
@@ -293,14 +284,6 @@ class LeaseFaultTest : public ::testing::Test {
     ASSERT_TRUE(session.ok()) << session.status().ToString();
     session_ = std::move(*session);
   }
-  void TearDown() override {
-    session_.reset();
-    db_.reset();
-    cluster_.reset();
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
-
   // The parent's own session may have been fenced too (a worker whose clock jumped forward
   // sees every lease expired): like the workers, it takes a new session.
   Status RunChecker(const std::function<Status(Transaction&)>& body) {
@@ -365,12 +348,7 @@ class LeaseFaultTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s.ToString();
   }
 
-  uint64_t seed_ = 0;
   std::chrono::milliseconds lease_{kLease};
-  std::unique_ptr<TestCluster> cluster_;
-  std::string dir_;
-  std::unique_ptr<Database> db_;
-  std::unique_ptr<Session> session_;
   const Table* accounts_ = nullptr;
   const Table* ring_ = nullptr;
 };
