@@ -28,6 +28,7 @@
 // Seeds: FARPOOL_SEED (printed).
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <atomic>
@@ -213,11 +214,7 @@ Status DdlWorker(uint64_t /*seed*/, int id) {
   };
   FARPOOL_RETURN_IF_ERROR(transfer(*session));
   std::ofstream(Env("FARPOOL_READY_FILE")) << "ready\n";
-  const std::string resumed = Env("FARPOOL_RESUMED_FILE");
-  for (int i = 0; !std::filesystem::exists(resumed); ++i) {
-    if (i > 6000) return Status::TimedOut("the parent did not resume this worker within 60 s");
-    std::this_thread::sleep_for(10ms);
-  }
+  FARPOOL_RETURN_IF_ERROR(testing::WaitForFile(Env("FARPOOL_RESUMED_FILE"), 60s));
   Status stale = transfer(*session);
   if (stale.code() != StatusCode::kUnavailable) {
     return Status::Internal("the session outlived a stop past its lease (" + stale.ToString() +
@@ -234,6 +231,35 @@ Status DdlWorker(uint64_t /*seed*/, int id) {
   Status dropped = db->DropTable(name);
   if (!dropped.ok()) return dropped.WithContext("DropTable after the stop");
   return Status::Ok();
+}
+
+constexpr int kOrphanRows = 200;
+
+// Leaves work for the garbage collector and is killed with it still queued (the parent holds a
+// snapshot older than all of it, so none of it can be collected first): "od" (ordered,
+// kOrphanRows rows) is dropped, and every other key of "ot" (kOrphanRows rows) is deleted.
+// Then says it is ready (FARPOOL_READY_FILE) and waits to be killed.
+Status OrphansWorker(uint64_t /*seed*/, int /*id*/) {
+  FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(Options()));
+  const Schema schema{{"v", ColumnType::kInt64}};
+  FARPOOL_ASSIGN_OR_RETURN(const Table* od,
+                           db->CreateTable("od", schema, TableOptions{.ordered = true}));
+  FARPOOL_ASSIGN_OR_RETURN(const Table* ot, db->CreateTable("ot", schema));
+  FARPOOL_ASSIGN_OR_RETURN(auto session, db->NewSession());
+  FARPOOL_RETURN_IF_ERROR(RunTransaction(*session, [&](Transaction& txn) -> Status {
+    for (int k = 0; k < kOrphanRows; ++k) {
+      FARPOOL_RETURN_IF_ERROR(PutInt(txn, *od, k, k));
+      FARPOOL_RETURN_IF_ERROR(PutInt(txn, *ot, k, k));
+    }
+    return Status::Ok();
+  }));
+  FARPOOL_RETURN_IF_ERROR(RunTransaction(*session, [&](Transaction& txn) -> Status {
+    for (int k = 0; k < kOrphanRows; k += 2) FARPOOL_RETURN_IF_ERROR(txn.Delete(*ot, k));
+    return Status::Ok();
+  }));
+  FARPOOL_RETURN_IF_ERROR(db->DropTable("od"));
+  std::ofstream(Env("FARPOOL_READY_FILE")) << "ready\n";
+  for (;;) std::this_thread::sleep_for(1s);
 }
 
 // ------------------------------------------------------------------ parent
@@ -389,8 +415,7 @@ TEST_F(LeaseFaultTest, SystemSessionReclaimedAfterSigstop) {
                                    {"FARPOOL_READY_FILE", ready},
                                    {"FARPOOL_RESUMED_FILE", resumed}});
   ASSERT_TRUE(pid.ok()) << pid.status().ToString();
-  for (int i = 0; i < 6000 && !std::filesystem::exists(ready); ++i)
-    std::this_thread::sleep_for(10ms);
+  Status got_ready = testing::WaitForFile(ready, 60s);
   ASSERT_NO_FATAL_FAILURE(Reopen());
   kill(*pid, SIGSTOP);
   // Watches every other slot until it has stayed unchanged for lease + margin, then fences it:
@@ -399,7 +424,7 @@ TEST_F(LeaseFaultTest, SystemSessionReclaimedAfterSigstop) {
   std::this_thread::sleep_for(2 * kLease);  // and the maintenance thread, should it lag
   kill(*pid, SIGCONT);
   std::ofstream(resumed) << "resumed\n";
-  EXPECT_TRUE(std::filesystem::exists(ready)) << "the worker never got ready";
+  EXPECT_TRUE(got_ready.ok()) << got_ready.ToString();
   EXPECT_TRUE(recovered.ok()) << recovered.ToString();
   session_.reset();
   db_.reset();
@@ -407,6 +432,56 @@ TEST_F(LeaseFaultTest, SystemSessionReclaimedAfterSigstop) {
   auto names = db_->ListTables();
   ASSERT_TRUE(names.ok()) << names.status().ToString();
   EXPECT_EQ(std::count(names->begin(), names->end(), "ddl0"), 0) << "the worker's drop is lost";
+}
+
+// A process killed with collection work queued (a dropped table not reclaimed yet, deleted
+// records not removed yet) does not leak it: once its slots are fenced and every snapshot from
+// before has ended, a sweep adopts the dropped table and queues the tombstones, and this
+// process (which did neither) reclaims the table and removes exactly the deleted records.
+TEST_F(LeaseFaultTest, CollectionQueuedByAKilledProcessIsFoundAgain) {
+  SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed_));
+  ASSERT_NO_FATAL_FAILURE(Reopen());
+  auto old = session_->Begin();  // holds the LWM below everything the worker will do
+  ASSERT_TRUE(old.ok()) << old.status().ToString();
+  const std::string ready = dir_ + "/ready";
+  auto pid = testing::SpawnWorker(
+      "orphans", 0, {{"FARPOOL_CLUSTER", cluster_->cluster_file()}, {"FARPOOL_READY_FILE", ready}});
+  ASSERT_TRUE(pid.ok()) << pid.status().ToString();
+  Status got_ready = testing::WaitForFile(ready, 60s);
+  kill(*pid, SIGKILL);
+  for (const auto& w : testing::ReapWorkers({*pid}, kDeadline)) {
+    EXPECT_TRUE(WIFSIGNALED(w.status) && WTERMSIG(w.status) == SIGKILL) << w.Describe();
+  }
+  ASSERT_TRUE(got_ready.ok()) << got_ready.ToString();
+  (*old)->Rollback();
+  old->reset();
+  GcStats g;
+  for (int i = 0; i < 3000 && (g.tables_reclaimed < 1 || g.records_removed < kOrphanRows / 2);
+       ++i) {
+    auto r = db_->CollectGarbage();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    g = *r;
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(g.tables_reclaimed, 1u) << "the killed process's dropped table was not reclaimed";
+  EXPECT_EQ(g.records_removed, uint64_t{kOrphanRows / 2})
+      << "the killed process's deleted records were not removed";
+  auto ot = db_->OpenTable("ot");
+  ASSERT_TRUE(ot.ok()) << ot.status().ToString();
+  Status s = RunChecker([&](Transaction& txn) -> Status {
+    for (int k = 0; k < kOrphanRows; ++k) {
+      auto v = GetInt(txn, **ot, k);
+      if (k % 2 == 0 && v.status().code() != StatusCode::kNotFound) {
+        return Status::Internal("deleted key " + std::to_string(k) + " reads " +
+                                v.status().ToString());
+      }
+      if (k % 2 == 1 && (!v.ok() || *v != k)) {
+        return Status::Internal("key " + std::to_string(k) + " lost: " + v.status().ToString());
+      }
+    }
+    return Status::Ok();
+  });
+  EXPECT_TRUE(s.ok()) << s.ToString();
 }
 
 // The multi-threaded libfaketime, or "" if it is not installed.
@@ -454,6 +529,8 @@ TEST_F(LeaseFaultTest, WallClockStepsInOneWorker) {
 }  // namespace farpool::db
 
 int main(int argc, char** argv) {
-  return farpool::db::testing::WorkerMain(
-      argc, argv, {{"mixed", farpool::db::MixedWorker}, {"ddl", farpool::db::DdlWorker}});
+  return farpool::db::testing::WorkerMain(argc, argv,
+                                          {{"mixed", farpool::db::MixedWorker},
+                                           {"ddl", farpool::db::DdlWorker},
+                                           {"orphans", farpool::db::OrphansWorker}});
 }

@@ -276,8 +276,10 @@ Status NamDatabase::DropTable(const std::string& name) {
                                 : Status::NotFound("table '" + name +
                                                    "' was dropped already (by another process)"))
                        : live.status();
-  uint64_t dropped = kDescDropped;
+  // Who reclaims it, then the state that publishes the drop.
+  const uint64_t dropped = kDescDropped, reclaimer = sys->lock_word();
   if (s.ok()) s = sys->CheckLease();
+  if (s.ok()) s = access.Write(nt->desc_ + kDescReclaimer, &reclaimer, 8);
   if (s.ok()) s = access.Write(nt->desc_, &dropped, 8);
   Status u = UnlockDdl(*sys);
   if (s.code() == StatusCode::kNotFound) (void)LoadTables(access);  // forget the stale handle
@@ -298,7 +300,7 @@ Status NamDatabase::DropTable(const std::string& name) {
     by_id_.erase(nt->id_);
   }
   std::lock_guard<std::mutex> l(retire_mu_);
-  drop_queue_.push_back({nt, prev + 1});
+  drop_queue_.push_back({nt, prev + 1, reclaimer});
   return Status::Ok();
 }
 

@@ -3,6 +3,7 @@
 #include <bit>
 #include <cstring>
 #include <map>
+#include <utility>
 
 #include "db/nam/nam_internal.h"
 
@@ -274,7 +275,7 @@ Status NamDatabase::ReclaimRetired(const Access& access) {
   FARPOOL_ASSIGN_OR_RETURN(std::shared_ptr<NamSession> sys, System());
   NamSession& me = *sys;
   std::deque<Retired> chains;
-  std::vector<const NamTable*> tables;
+  std::vector<DropWait> tables;
   std::vector<Removal> removals;
   std::vector<Unlinked> unreachable;
   const uint64_t lwm_now = lwm();
@@ -282,7 +283,7 @@ Status NamDatabase::ReclaimRetired(const Access& access) {
     std::lock_guard<std::mutex> l(retire_mu_);
     chains.swap(retired_);
     while (!drop_queue_.empty() && drop_queue_.front().stamp <= lwm_now) {
-      tables.push_back(drop_queue_.front().table);
+      tables.push_back(drop_queue_.front());
       drop_queue_.pop_front();
     }
     // Deletions commit roughly in stamp order per process; take those every snapshot sees.
@@ -348,11 +349,120 @@ Status NamDatabase::ReclaimRetired(const Access& access) {
       note(word.status());  // the records stay marked removed; their memory leaks
     }
   }
-  for (const NamTable* t : tables) {
-    Status s = ReclaimTable(access, me, *t);
-    if (!s.ok() && first.ok()) first = s;
+  for (const DropWait& d : tables) {
+    // The job is ours unless another process adopted it (it found the reclaimer word dead:
+    // ours, after our system session was fenced and replaced).
+    auto prev = access.Cas(d.table->desc_ + kDescReclaimer, d.word, kReclaimStarted);
+    if (!prev.ok()) {
+      note(prev.status());
+      std::lock_guard<std::mutex> l(retire_mu_);
+      drop_queue_.push_back(d);  // nothing started: try again next pass
+      continue;
+    }
+    if (*prev == d.word) note(ReclaimTable(access, me, *d.table));
   }
   return first;
+}
+
+void NamDatabase::ScheduleSweep(uint64_t counter) {
+  std::lock_guard<std::mutex> l(retire_mu_);
+  sweep_at_ = std::max(sweep_at_, counter);
+}
+
+// The sweep after a death (nam_internal.h). It runs once the LWM has passed the counter at
+// the death, so every tombstone the dead process committed is visible to every snapshot and
+// every drop it made is older than every snapshot. Its cost is a read of the catalog and of
+// every record of every table (only after a session died). What it cannot find: chains the
+// dead process had cut and records it had unlinked but not freed yet (nothing points at them
+// any more), its recycler cache, and a table whose reclamation it had begun.
+Status NamDatabase::SweepOrphans(const Access& access) {
+  std::lock_guard<std::mutex> reclaiming(reclaim_mu_);
+  uint64_t at;
+  {
+    std::lock_guard<std::mutex> l(retire_mu_);
+    if (sweep_at_ == 0 || lwm() < sweep_at_) return Status::Ok();
+    at = std::exchange(sweep_at_, 0);
+  }
+  auto sys = System();
+  Status s = sys.ok() ? AdoptDroppedTables(access, **sys) : sys.status();
+  if (s.ok()) s = QueueTombstones(access);
+  if (!s.ok()) ScheduleSweep(at);  // again next pass
+  return s;
+}
+
+// A dropped table whose reclaimer word names a dead session: CAS it to our word (exactly one
+// process wins) and reclaim it once the LWM passes the counter now (it was dropped before, so
+// this only waits for snapshots that began since).
+Status NamDatabase::AdoptDroppedTables(const Access& access, NamSession& me) {
+  std::vector<unsigned char> area(kMaxTables * kDescSize);
+  FARPOOL_RETURN_IF_ERROR(
+      access.Read(GlobalAddress::FromRaw(root_.tables), area.data(), area.size()));
+  uint64_t word;
+  FARPOOL_RETURN_IF_ERROR(access.Read(RootField(kRootCounter), &word, 8));
+  const uint64_t stamp = CounterOf(word);
+  for (uint32_t i = 0; i < kMaxTables; ++i) {
+    TableDesc d;
+    std::memcpy(&d, area.data() + i * kDescSize, sizeof(d));
+    if (d.state != kDescDropped || !IsLocked(d.reclaimer)) continue;
+    FARPOOL_ASSIGN_OR_RETURN(bool dead, me.HolderDead(d.reclaimer));
+    if (!dead) continue;
+    FARPOOL_ASSIGN_OR_RETURN(auto t, MakeTable(i, d));
+    FARPOOL_RETURN_IF_ERROR(me.CheckLease());
+    FARPOOL_ASSIGN_OR_RETURN(uint64_t prev,
+                             access.Cas(t->desc_ + kDescReclaimer, d.reclaimer, me.lock_word()));
+    if (prev != d.reclaimer) continue;  // someone else adopted it first
+    const NamTable* adopted = t.get();
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      dropped_.push_back(std::move(t));
+    }
+    std::lock_guard<std::mutex> l(retire_mu_);
+    drop_queue_.push_back({adopted, stamp, me.lock_word()});
+  }
+  return Status::Ok();
+}
+
+// Every unlocked record whose newest version is a tombstone that all snapshots see goes to the
+// removal queue (RemoveRecord checks it again under its lock, so a record that a live process
+// removes at the same time is removed once).
+Status NamDatabase::QueueTombstones(const Access& access) {
+  FARPOOL_RETURN_IF_ERROR(LoadTables(access));
+  std::vector<const NamTable*> tables;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const auto& [name, t] : tables_) tables.push_back(t.get());
+  }
+  const uint64_t lwm_now = lwm();
+  constexpr size_t kBatch = 256;
+  for (const NamTable* t : tables) {
+    std::vector<std::pair<int64_t, GlobalAddress>> entries;
+    FARPOOL_RETURN_IF_ERROR(t->hash_->ForEach(access, [&](int64_t key, GlobalAddress rec) {
+      entries.push_back({key, rec});
+      return Status::Ok();
+    }));
+    std::vector<RecordImage> images(kBatch);
+    for (size_t first = 0; first < entries.size(); first += kBatch) {
+      const size_t n = std::min(kBatch, entries.size() - first);
+      Access::Batch b(access);
+      for (size_t i = 0; i < n; ++i) {
+        images[i].bytes.resize(t->layout_.record_size());
+        FARPOOL_RETURN_IF_ERROR(
+            b.Read(entries[first + i].second, images[i].bytes.data(), images[i].bytes.size()));
+      }
+      FARPOOL_RETURN_IF_ERROR(b.Wait());
+      for (size_t i = 0; i < n; ++i) {
+        RecordImage& img = images[i];
+        img.Decode(t->layout_);
+        const auto [key, rec] = entries[first + i];
+        if (img.key != key || !ConsistentImage(img) || img.newest < 0) continue;
+        const CellView& c = img.cells[img.newest];
+        if ((c.flags & kFlagDeleted) && c.stamp <= lwm_now) {
+          QueueRemoval(t, rec, key, img.newest_seq(), c.stamp);
+        }
+      }
+    }
+  }
+  return Status::Ok();
 }
 
 // Every record of a dropped table, its versions and their blobs go back to the recycler, then

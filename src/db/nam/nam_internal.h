@@ -65,7 +65,7 @@ namespace farpool::db {
 
 // ---------------------------------------------------------------- layouts in memory
 
-inline constexpr uint64_t kMagic = 0x4650444200000002ULL;  // "FPDB" v2
+inline constexpr uint64_t kMagic = 0x4650444200000003ULL;  // "FPDB" v3
 inline constexpr uint64_t kMaxTables = 256;
 inline constexpr uint64_t kDescSize = 1024;
 inline constexpr uint64_t kSlotSize = 64;
@@ -95,6 +95,10 @@ struct TableDesc {
   uint64_t payload;
   uint64_t hash_addr, hash_count, hash_seed;
   uint64_t btree_root;  // root word of the B+tree (this field's address is the root word)
+  // Dropped: the lock word of the system session that is to reclaim the table (whoever CASes
+  // it from a dead holder's word to its own takes the job over), kReclaimStarted once its
+  // reclamation began.
+  uint64_t reclaimer;
   uint64_t ncols;
   struct {
     char name[24];
@@ -105,6 +109,8 @@ struct TableDesc {
 static_assert(sizeof(TableDesc) <= kDescSize);
 inline constexpr uint64_t kDescEmpty = 0, kDescLive = 1, kDescDropped = 2;
 inline constexpr uint64_t kDescBtreeRoot = offsetof(TableDesc, btree_root);
+inline constexpr uint64_t kDescReclaimer = offsetof(TableDesc, reclaimer);
+inline constexpr uint64_t kReclaimStarted = 2;  // no lock word is even
 
 // A session slot.
 struct SlotImage {
@@ -501,6 +507,14 @@ class NamDatabase final : public Database {
   // Whether table `t` is still live in the catalog (not dropped, not re-created).
   Result<bool> TableLive(const Access& access, const NamTable& t);
   Status ReclaimTable(const Access& access, NamSession& me, const NamTable& t);
+  // What a dead process had queued for collection is lost with it. Once every snapshot from
+  // before a session died has ended (LWM >= the counter when it was fenced), a sweep finds it
+  // again: dropped tables whose reclaimer is dead are adopted (AdoptDroppedTables), and every
+  // tombstone all snapshots see is queued for removal (QueueTombstones). See gc.cc.
+  void ScheduleSweep(uint64_t counter);
+  Status SweepOrphans(const Access& access);
+  Status AdoptDroppedTables(const Access& access, NamSession& me);
+  Status QueueTombstones(const Access& access);
 
   Engine engine_;
   Memory& memory_;
@@ -523,7 +537,7 @@ class NamDatabase final : public Database {
   };
   std::vector<Observed> observed_;
 
-  std::mutex retire_mu_;  // guards retired_, drop_queue_
+  std::mutex retire_mu_;  // guards retired_, drop_queue_, removals_, unlinked_, sweep_at_
   // Serialises ReclaimRetired (the maintenance thread, CollectGarbage, the destructor): its
   // index and record writes use the system session as their lock owner, and an owner is used
   // by one thread at a time (index/btree.h: a second thread would meet its own lock word and
@@ -537,6 +551,7 @@ class NamDatabase final : public Database {
   struct DropWait {
     const NamTable* table;
     uint64_t stamp;  // reclaimed once the LWM passes it
+    uint64_t word;   // the descriptor's reclaimer word we expect (our system session's)
   };
   std::deque<DropWait> drop_queue_;
   struct Removal {
@@ -553,6 +568,7 @@ class NamDatabase final : public Database {
     uint64_t stamp;  // freed once the LWM reaches it: no transaction holds the address then
   };
   std::deque<Unlinked> unlinked_;
+  uint64_t sweep_at_ = 0;  // a sweep is due once the LWM reaches this (0: none)
 
   std::atomic<uint64_t> lwm_{0};
   std::atomic<uint64_t> latest_counter_{1};

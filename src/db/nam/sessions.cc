@@ -202,6 +202,7 @@ void NamDatabase::StartThreads() {
     RunEvery(kGcPeriod, &stop_maintenance_, [this] {
       (void)ScanSlots(access_);
       (void)ReclaimRetired(access_);
+      (void)SweepOrphans(access_);
     });
   });
 }
@@ -286,6 +287,7 @@ Status NamDatabase::ScanSlots(const Access& access) {
 Result<GcStats> NamDatabase::CollectGarbage() {
   FARPOOL_RETURN_IF_ERROR(ScanSlots(access_));
   FARPOOL_RETURN_IF_ERROR(ReclaimRetired(access_));
+  FARPOOL_RETURN_IF_ERROR(SweepOrphans(access_));
   GcStats g;
   g.lwm = lwm();
   g.live_sessions = live_sessions_;
