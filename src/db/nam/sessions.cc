@@ -157,8 +157,9 @@ void NamDatabase::NoteCounter(uint64_t c) {
 // ================================================================ background threads
 
 // Two threads per process. The renewal thread renews the leases that are due and marks
-// long-idle sessions idle: a CAS per due lease and nothing that waits on anything else, so a
-// renewal is never later than the renewal period plus one round trip. The maintenance thread
+// long-idle sessions idle: a CAS per due lease and nothing that waits for more than a
+// session's own short critical sections, so a renewal is late by at most the renewal period
+// and a few round trips. The maintenance thread
 // (every kGcPeriod) computes the LWM while fencing expired slots (recovering a dead session
 // takes as long as its log) and frees retired chains, deleted records and dropped tables (a
 // dropped table takes as long as it is big). When both shared one thread, a long reclamation
