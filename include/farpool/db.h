@@ -210,6 +210,8 @@ struct DatabaseOptions {
   // each new version is posted), "installed" and "published" (timestamp published, locks not
   // yet released). kSharded: "locked" (every participant prepared) and "decided" (partition 0
   // committed and installed; the other participants not told yet). Tests kill the process there.
+  // kPool and kLocal also call it inside index writes ("btree.*" and "hash.*" sites, named in
+  // src/db/index/) and before each record of a dropped table is reclaimed ("gc.table-record").
   std::function<void(std::string_view point)> commit_hook;
   // Testing only: Commit skips first-committer-wins validation (locks without checking the
   // version read), so the SI checker can show it finds lost updates. kPool and kLocal only.

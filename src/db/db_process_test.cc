@@ -233,13 +233,7 @@ class DbProcessTest : public testing::TestWithParam<std::string> {
     db_ = std::move(*db);
   }
   void StartPoolCluster() {
-    LocalClusterOptions o;
-    o.servers = 2;
-    o.memory = 256ull << 20;
-    o.transport = Fabric::kShm;
-    o.progress = ProgressMode::kEvent;
-    o.binary = FARPOOL_BINARY;
-    cluster_ = std::make_unique<TestCluster>(o);
+    cluster_ = std::make_unique<TestCluster>(ShmTestCluster(FARPOOL_BINARY));
     ASSERT_TRUE(cluster_->status().ok()) << cluster_->status().ToString();
   }
   void TearDown() override {

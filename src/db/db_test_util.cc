@@ -15,6 +15,16 @@ uint64_t TestSeed() {
   return std::random_device{}() ^ (uint64_t{std::random_device{}()} << 32);
 }
 
+LocalClusterOptions ShmTestCluster(const std::string& binary) {
+  LocalClusterOptions o;
+  o.servers = 2;
+  o.memory = 256ull << 20;
+  o.transport = Fabric::kShm;
+  o.progress = ProgressMode::kEvent;
+  o.binary = binary;
+  return o;
+}
+
 Status PutInt(Transaction& txn, const Table& t, int64_t key, int64_t v) {
   Row r(t.schema());
   r.SetInt64(0, v);

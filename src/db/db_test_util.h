@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "farpool/db.h"
+#include "pool/local_cluster.h"
 #include "pool/server/memory_server.h"
 
 // ASSERT_TRUE on a Status, printing the expression and the Status when it is not OK.
@@ -23,6 +24,10 @@ namespace farpool::db {
 // A seed for randomized tests: FARPOOL_SEED from the environment, else a fresh one. Tests print
 // it (SCOPED_TRACE) so a failure can be replayed with FARPOOL_SEED=<seed>.
 uint64_t TestSeed();
+
+// The cluster of the real-process tests: 2 `farpool server` processes (`binary`) of 256 MiB
+// over shared memory, event progress (the tests share 2 cores with their workers).
+LocalClusterOptions ShmTestCluster(const std::string& binary);
 
 // One-column int64 rows (column 0), as most invariant tests use them.
 Status PutInt(Transaction& txn, const Table& t, int64_t key, int64_t v);

@@ -9,6 +9,11 @@
 //                            (twice, different workers): the others fence it and recover its
 //                            commits while it is stopped; when it resumes it must find its
 //                            sessions fenced (Unavailable) and not damage anything.
+//   SystemSessionReclaimedAfterSigstop
+//                            one worker (FARPOOL_WORKER=ddl) is SIGSTOPped while the parent
+//                            fences its slots, its system session's included; after SIGCONT
+//                            its old session says Unavailable, and CreateTable, DropTable
+//                            and a new session's transactions work in that same process.
 //   WallClockStepsInOneWorker
 //                            one worker runs under libfaketime (FAKETIME_TIMESTAMP_FILE,
 //                            FAKETIME_NO_CACHE=1, DONT_FAKE_MONOTONIC=1): its wall clock
@@ -23,7 +28,9 @@
 // Seeds: FARPOOL_SEED (printed).
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -32,9 +39,9 @@
 #include <thread>
 
 #include "db/db_test_util.h"
+#include "db/testing/cluster_test.h"
 #include "db/testing/worker_processes.h"
 #include "farpool/db.h"
-#include "pool/test_cluster.h"
 
 using namespace std::chrono_literals;
 
@@ -189,22 +196,79 @@ Status MixedWorker(uint64_t seed, int id) {
   return Status::Ok();
 }
 
+// Runs a transfer, says it is ready (FARPOOL_READY_FILE), waits for FARPOOL_RESUMED_FILE (the
+// parent stops it past the lease meanwhile and fences its slots), then checks that its old
+// session was fenced (else the stop proved nothing) and that this process still runs DDL and
+// transactions: its fenced system session is replaced by a new one without a reopen.
+Status DdlWorker(uint64_t /*seed*/, int id) {
+  FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(Options()));
+  FARPOOL_ASSIGN_OR_RETURN(const Table* accounts, db->OpenTable("accounts"));
+  FARPOOL_ASSIGN_OR_RETURN(auto session, db->NewSession());
+  auto transfer = [&](Session& s) {
+    return RunTransaction(s, [&](Transaction& txn) -> Status {
+      FARPOOL_ASSIGN_OR_RETURN(int64_t a, GetInt(txn, *accounts, 0));
+      FARPOOL_RETURN_IF_ERROR(PutInt(txn, *accounts, 0, a - 5));
+      FARPOOL_ASSIGN_OR_RETURN(int64_t b, GetInt(txn, *accounts, 1));
+      return PutInt(txn, *accounts, 1, b + 5);
+    });
+  };
+  FARPOOL_RETURN_IF_ERROR(transfer(*session));
+  std::ofstream(Env("FARPOOL_READY_FILE")) << "ready\n";
+  FARPOOL_RETURN_IF_ERROR(testing::WaitForFile(Env("FARPOOL_RESUMED_FILE"), 60s));
+  Status stale = transfer(*session);
+  if (stale.code() != StatusCode::kUnavailable) {
+    return Status::Internal("the session outlived a stop past its lease (" + stale.ToString() +
+                            "): the parent did not fence this process, the test proves nothing");
+  }
+  const std::string name = "ddl" + std::to_string(id);
+  auto created = db->CreateTable(name, Schema{{"v", ColumnType::kInt64}});
+  if (!created.ok()) return created.status().WithContext("CreateTable after the stop");
+  auto fresh = db->NewSession();
+  if (!fresh.ok()) return fresh.status().WithContext("a new session after the stop");
+  FARPOOL_RETURN_IF_ERROR(
+      RunTransaction(**fresh, [&](Transaction& txn) { return PutInt(txn, **created, 1, 1); }));
+  FARPOOL_RETURN_IF_ERROR(transfer(**fresh));
+  Status dropped = db->DropTable(name);
+  if (!dropped.ok()) return dropped.WithContext("DropTable after the stop");
+  return Status::Ok();
+}
+
+constexpr int kOrphanRows = 200;
+
+// Leaves work for the garbage collector and is killed with it still queued (the parent holds a
+// snapshot older than all of it, so none of it can be collected first): "od" (ordered,
+// kOrphanRows rows) is dropped, and every other key of "ot" (kOrphanRows rows) is deleted.
+// Then says it is ready (FARPOOL_READY_FILE) and waits to be killed.
+Status OrphansWorker(uint64_t /*seed*/, int /*id*/) {
+  FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(Options()));
+  const Schema schema{{"v", ColumnType::kInt64}};
+  FARPOOL_ASSIGN_OR_RETURN(const Table* od,
+                           db->CreateTable("od", schema, TableOptions{.ordered = true}));
+  FARPOOL_ASSIGN_OR_RETURN(const Table* ot, db->CreateTable("ot", schema));
+  FARPOOL_ASSIGN_OR_RETURN(auto session, db->NewSession());
+  FARPOOL_RETURN_IF_ERROR(RunTransaction(*session, [&](Transaction& txn) -> Status {
+    for (int k = 0; k < kOrphanRows; ++k) {
+      FARPOOL_RETURN_IF_ERROR(PutInt(txn, *od, k, k));
+      FARPOOL_RETURN_IF_ERROR(PutInt(txn, *ot, k, k));
+    }
+    return Status::Ok();
+  }));
+  FARPOOL_RETURN_IF_ERROR(RunTransaction(*session, [&](Transaction& txn) -> Status {
+    for (int k = 0; k < kOrphanRows; k += 2) FARPOOL_RETURN_IF_ERROR(txn.Delete(*ot, k));
+    return Status::Ok();
+  }));
+  FARPOOL_RETURN_IF_ERROR(db->DropTable("od"));
+  std::ofstream(Env("FARPOOL_READY_FILE")) << "ready\n";
+  for (;;) std::this_thread::sleep_for(1s);
+}
+
 // ------------------------------------------------------------------ parent
 
-class LeaseFaultTest : public ::testing::Test {
+class LeaseFaultTest : public testing::ClusterTest {
  protected:
+  LeaseFaultTest() : ClusterTest("farpool-lease-fault") {}
   void SetUp() override {
-    seed_ = TestSeed();
-    LocalClusterOptions o;
-    o.servers = 2;
-    o.memory = 256ull << 20;
-    o.transport = Fabric::kShm;
-    o.progress = ProgressMode::kEvent;
-    o.binary = FARPOOL_BINARY;
-    cluster_ = std::make_unique<TestCluster>(o);
-    ASSERT_TRUE(cluster_->status().ok()) << cluster_->status().ToString();
-    dir_ = MakeTempDir("farpool-lease-fault");
-    setenv("FARPOOL_CLUSTER", cluster_->cluster_file().c_str(), 1);
+    ASSERT_NO_FATAL_FAILURE(ClusterTest::SetUp());
     const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
     lease_ = test == "ControlWithoutFaults" ? kControlLease : kLease;
     auto db = Database::Open(Options(lease_));  // creates the database with lease_
@@ -246,14 +310,6 @@ class LeaseFaultTest : public ::testing::Test {
     ASSERT_TRUE(session.ok()) << session.status().ToString();
     session_ = std::move(*session);
   }
-  void TearDown() override {
-    session_.reset();
-    db_.reset();
-    cluster_.reset();
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
-
   // The parent's own session may have been fenced too (a worker whose clock jumped forward
   // sees every lease expired): like the workers, it takes a new session.
   Status RunChecker(const std::function<Status(Transaction&)>& body) {
@@ -318,12 +374,7 @@ class LeaseFaultTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s.ToString();
   }
 
-  uint64_t seed_ = 0;
   std::chrono::milliseconds lease_{kLease};
-  std::unique_ptr<TestCluster> cluster_;
-  std::string dir_;
-  std::unique_ptr<Database> db_;
-  std::unique_ptr<Session> session_;
   const Table* accounts_ = nullptr;
   const Table* ring_ = nullptr;
 };
@@ -353,6 +404,84 @@ TEST_F(LeaseFaultTest, SigstopOutlivesLease) {
   }
   std::this_thread::sleep_for(1s);
   StopAndCheck(pids);
+}
+
+TEST_F(LeaseFaultTest, SystemSessionReclaimedAfterSigstop) {
+  SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed_));
+  const std::string ready = dir_ + "/ready", resumed = dir_ + "/resumed";
+  auto pid = testing::SpawnWorker("ddl", 0,
+                                  {{"FARPOOL_CLUSTER", cluster_->cluster_file()},
+                                   {"FARPOOL_SEED", std::to_string(seed_)},
+                                   {"FARPOOL_READY_FILE", ready},
+                                   {"FARPOOL_RESUMED_FILE", resumed}});
+  ASSERT_TRUE(pid.ok()) << pid.status().ToString();
+  Status got_ready = testing::WaitForFile(ready, 60s);
+  ASSERT_NO_FATAL_FAILURE(Reopen());
+  kill(*pid, SIGSTOP);
+  // Watches every other slot until it has stayed unchanged for lease + margin, then fences it:
+  // both of the stopped worker's (its system session's and its session's).
+  Status recovered = db_->RecoverExpired();
+  std::this_thread::sleep_for(2 * kLease);  // and the maintenance thread, should it lag
+  kill(*pid, SIGCONT);
+  std::ofstream(resumed) << "resumed\n";
+  EXPECT_TRUE(got_ready.ok()) << got_ready.ToString();
+  EXPECT_TRUE(recovered.ok()) << recovered.ToString();
+  session_.reset();
+  db_.reset();
+  StopAndCheck({*pid});
+  auto names = db_->ListTables();
+  ASSERT_TRUE(names.ok()) << names.status().ToString();
+  EXPECT_EQ(std::count(names->begin(), names->end(), "ddl0"), 0) << "the worker's drop is lost";
+}
+
+// A process killed with collection work queued (a dropped table not reclaimed yet, deleted
+// records not removed yet) does not leak it: once its slots are fenced and every snapshot from
+// before has ended, a sweep adopts the dropped table and queues the tombstones, and this
+// process (which did neither) reclaims the table and removes exactly the deleted records.
+TEST_F(LeaseFaultTest, CollectionQueuedByAKilledProcessIsFoundAgain) {
+  SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed_));
+  ASSERT_NO_FATAL_FAILURE(Reopen());
+  auto old = session_->Begin();  // holds the LWM below everything the worker will do
+  ASSERT_TRUE(old.ok()) << old.status().ToString();
+  const std::string ready = dir_ + "/ready";
+  auto pid = testing::SpawnWorker(
+      "orphans", 0, {{"FARPOOL_CLUSTER", cluster_->cluster_file()}, {"FARPOOL_READY_FILE", ready}});
+  ASSERT_TRUE(pid.ok()) << pid.status().ToString();
+  Status got_ready = testing::WaitForFile(ready, 60s);
+  kill(*pid, SIGKILL);
+  for (const auto& w : testing::ReapWorkers({*pid}, kDeadline)) {
+    EXPECT_TRUE(WIFSIGNALED(w.status) && WTERMSIG(w.status) == SIGKILL) << w.Describe();
+  }
+  ASSERT_TRUE(got_ready.ok()) << got_ready.ToString();
+  (*old)->Rollback();
+  old->reset();
+  GcStats g;
+  for (int i = 0; i < 3000 && (g.tables_reclaimed < 1 || g.records_removed < kOrphanRows / 2);
+       ++i) {
+    auto r = db_->CollectGarbage();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    g = *r;
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(g.tables_reclaimed, 1u) << "the killed process's dropped table was not reclaimed";
+  EXPECT_EQ(g.records_removed, uint64_t{kOrphanRows / 2})
+      << "the killed process's deleted records were not removed";
+  auto ot = db_->OpenTable("ot");
+  ASSERT_TRUE(ot.ok()) << ot.status().ToString();
+  Status s = RunChecker([&](Transaction& txn) -> Status {
+    for (int k = 0; k < kOrphanRows; ++k) {
+      auto v = GetInt(txn, **ot, k);
+      if (k % 2 == 0 && v.status().code() != StatusCode::kNotFound) {
+        return Status::Internal("deleted key " + std::to_string(k) + " reads " +
+                                v.status().ToString());
+      }
+      if (k % 2 == 1 && (!v.ok() || *v != k)) {
+        return Status::Internal("key " + std::to_string(k) + " lost: " + v.status().ToString());
+      }
+    }
+    return Status::Ok();
+  });
+  EXPECT_TRUE(s.ok()) << s.ToString();
 }
 
 // The multi-threaded libfaketime, or "" if it is not installed.
@@ -400,5 +529,8 @@ TEST_F(LeaseFaultTest, WallClockStepsInOneWorker) {
 }  // namespace farpool::db
 
 int main(int argc, char** argv) {
-  return farpool::db::testing::WorkerMain(argc, argv, {{"mixed", farpool::db::MixedWorker}});
+  return farpool::db::testing::WorkerMain(argc, argv,
+                                          {{"mixed", farpool::db::MixedWorker},
+                                           {"ddl", farpool::db::DdlWorker},
+                                           {"orphans", farpool::db::OrphansWorker}});
 }

@@ -1,6 +1,7 @@
 // LockOwner: who takes locks in the pool (a session: slot + lease epoch), how a lock left by a
-// dead session is recognised, and how a holder proves it may still write. Implemented by the
-// NAM engine's sessions; used by the indexes and the record code.
+// dead session is recognised, how a holder proves it may still write, and where the memory of
+// index structures comes from. Implemented by the NAM engine's sessions; used by the indexes
+// and the record code.
 //
 // Fencing rules every user follows (docs/database.md, "Leases and fencing"):
 //   - Take a lock by CAS from its unlocked value to lock_word().
@@ -15,6 +16,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "db/memory.h"
 #include "farpool/address.h"
 #include "farpool/status.h"
 
@@ -43,6 +45,19 @@ class LockOwner {
   virtual void Abandon() {}
   // Testing only: a fault-injection site (DatabaseOptions::commit_hook). No-op by default.
   virtual void FaultPoint(std::string_view /*point*/) {}
+
+  // Memory for index structures (hash bucket arrays and overflow buckets, B+tree nodes),
+  // uninitialised. By default the memory's own allocator, whose objects only the allocating
+  // process may free; the NAM sessions use the database's recycler instead, so that whichever
+  // process reclaims a dropped table frees its index too.
+  virtual Result<GlobalAddress> AllocObject(const Access& access, uint64_t size) {
+    return access.Alloc(size, Placement::Striped());
+  }
+  // REQUIRES: `address` came from AllocObject(size) of an owner of the same kind (the same
+  // process, for the default), and nothing can reach it any more.
+  virtual Status FreeObject(const Access& access, GlobalAddress address, uint64_t /*size*/) {
+    return access.Free(address);
+  }
 
   static constexpr uint64_t kIndexLogBytes = 4096;
 };

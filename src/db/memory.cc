@@ -262,13 +262,18 @@ Result<std::unique_ptr<Memory>> NewLocalMemory(int servers, uint64_t bytes_per_s
   return LocalMemory::Create(servers, bytes_per_server);
 }
 
-Result<GlobalAddress> AllocZeroed(const Access& access, uint64_t size, Placement placement) {
-  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress a, access.Alloc(size, placement));
+Status WriteZeros(const Access& access, GlobalAddress address, uint64_t size) {
   std::vector<unsigned char> zeros(std::min<uint64_t>(size, 1 << 20), 0);
   for (uint64_t off = 0; off < size; off += zeros.size()) {
     FARPOOL_RETURN_IF_ERROR(
-        access.Write(a + off, zeros.data(), std::min<uint64_t>(zeros.size(), size - off)));
+        access.Write(address + off, zeros.data(), std::min<uint64_t>(zeros.size(), size - off)));
   }
+  return Status::Ok();
+}
+
+Result<GlobalAddress> AllocZeroed(const Access& access, uint64_t size, Placement placement) {
+  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress a, access.Alloc(size, placement));
+  FARPOOL_RETURN_IF_ERROR(WriteZeros(access, a, size));
   return a;
 }
 

@@ -137,6 +137,9 @@ class Access {
   OpCount* count_;
 };
 
+// Writes zeros over `size` bytes at `address` (in writes of at most 1 MiB).
+Status WriteZeros(const Access& access, GlobalAddress address, uint64_t size);
+
 // Allocates `size` bytes and writes zeros over them (Memory::Alloc does not promise zeroed
 // memory): what the database's fixed structures start from.
 Result<GlobalAddress> AllocZeroed(const Access& access, uint64_t size, Placement placement);

@@ -221,13 +221,7 @@ Status SiWorker(uint64_t seed, int id) {
 class SiHistoryTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    LocalClusterOptions o;
-    o.servers = 2;
-    o.memory = 256ull << 20;
-    o.transport = Fabric::kShm;
-    o.progress = ProgressMode::kEvent;
-    o.binary = FARPOOL_BINARY;
-    cluster_ = std::make_unique<TestCluster>(o);
+    cluster_ = std::make_unique<TestCluster>(ShmTestCluster(FARPOOL_BINARY));
     ASSERT_TRUE(cluster_->status().ok()) << cluster_->status().ToString();
     DatabaseOptions d;  // creates the database: default options, or a short lease for faults
     d.cluster_file = cluster_->cluster_file();

@@ -2,8 +2,10 @@
 
 #include <climits>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "db/index/index_redo.h"
 #include "db/layout.h"
@@ -261,8 +263,8 @@ Status Unwind(const Ctx& c, GlobalAddress at, Status s) {
 }
 
 // A fresh node, written whole and unlocked, not yet reachable.
-Result<GlobalAddress> NewNode(const Access& access, Node& n) {
-  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress at, access.Alloc(sizeof(Node), Placement::Striped()));
+Result<GlobalAddress> NewNode(const Access& access, LockOwner& owner, Node& n) {
+  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress at, owner.AllocObject(access, sizeof(Node)));
   n.lock = 0;
   n.checksum = NodeSum(n);
   FARPOOL_RETURN_IF_ERROR(access.Write(at, &n, sizeof(Node)));
@@ -327,26 +329,26 @@ Result<bool> GrowRoot(const Ctx& c, GlobalAddress root_word, GlobalAddress old_r
   r.right = 0;
   r.e[0] = {INT64_MIN, old_root.raw()};
   r.e[1] = {sep, right};
-  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress fresh, NewNode(c.access, r));
+  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress fresh, NewNode(c.access, *c.owner, r));
   c.owner->FaultPoint("btree.grow.root-written");
   FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, c.access.Cas(root_word, old_root.raw(), fresh.raw()));
   if (prev == old_root.raw()) {
     c.owner->FaultPoint("btree.grow.root-swapped");
     return true;
   }
-  (void)c.access.Free(fresh);  // never reachable
+  (void)c.owner->FreeObject(c.access, fresh, sizeof(Node));  // never reachable
   return false;
 }
 
 }  // namespace
 
-Status BTree::Create(const Access& access, GlobalAddress root_word) {
+Status BTree::Create(const Access& access, LockOwner& owner, GlobalAddress root_word) {
   Node n{};
   n.level = 0;
   n.count = 0;
   n.low = INT64_MIN;
   n.high = INT64_MAX;
-  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress leaf, NewNode(access, n));
+  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress leaf, NewNode(access, owner, n));
   uint64_t raw = leaf.raw();
   return access.Write(root_word, &raw, 8);
 }
@@ -439,7 +441,7 @@ Result<uint64_t> BTree::GetOrInsert(const Access& access, LockOwner& owner, int6
     r.low = r.e[0].key;
     r.high = n.high;
     r.right = n.right;
-    auto right = NewNode(access, r);
+    auto right = NewNode(access, owner, r);
     if (!right.ok()) return Unwind(c, at, right.status());
     owner.FaultPoint("btree.split.right-written");
     const int64_t sep = r.low;
@@ -532,61 +534,84 @@ Status BTree::Scan(const Access& access, LockOwner& owner, int64_t lo, int64_t h
   }
 }
 
-Result<uint64_t> BTree::CheckStructure(const Access& access) const {
-  const Ctx c{access, nullptr, wait_limit_};
+// Visits every node reachable from the root word: level by level from the top, each level
+// from its leftmost node (the first child of the level above's leftmost) to the right.
+static Status WalkLevels(const Ctx& c, GlobalAddress root_word,
+                         const std::function<Status(GlobalAddress at, const Node& n, int64_t level,
+                                                    bool leftmost)>& visit) {
   GlobalAddress leftmost;
   Node n;
-  FARPOOL_RETURN_IF_ERROR(ReadRoot(c, root_word_, &leftmost, &n));
-  const uint32_t top = n.level;
-  uint64_t leaf_entries = 0;
-  for (int64_t level = top; level >= 0; --level) {
-    GlobalAddress at = leftmost;
-    int64_t expect_low = INT64_MIN;
+  FARPOOL_RETURN_IF_ERROR(ReadRoot(c, root_word, &leftmost, &n));
+  for (int64_t level = n.level; level >= 0; --level) {
     GlobalAddress next_leftmost;
-    for (;;) {
+    for (GlobalAddress at = leftmost; !at.is_null(); at = GlobalAddress::FromRaw(n.right)) {
       FARPOOL_RETURN_IF_ERROR(ReadNode(c, at, &n));
-      auto where = NodeName(at) + " (level " + std::to_string(level) + ")";
-      if (n.level != level)
-        return Status::Internal(where + ": wrong level " + std::to_string(n.level));
-      if (n.low != expect_low)
-        return Status::Internal(where + ": low key does not follow its left sibling's high key");
-      if (n.count > static_cast<uint32_t>(kMaxEntries))
-        return Status::Internal(where + ": bad count");
-      for (uint32_t i = 0; i < n.count; ++i) {
-        if (n.e[i].key < n.low || n.e[i].key >= n.high)
-          return Status::Internal(where + ": key outside [low, high)");
-        if (i > 0 && n.e[i - 1].key >= n.e[i].key)
-          return Status::Internal(where + ": keys not sorted");
-      }
-      if (level == 0) {
-        leaf_entries += n.count;
-      } else {
-        if (n.count == 0 || n.e[0].key != n.low)
-          return Status::Internal(where + ": inner node's first key is not its low key");
-        for (uint32_t i = 0; i < n.count; ++i) {
-          Node child;
-          const GlobalAddress child_at = GlobalAddress::FromRaw(n.e[i].value);
-          FARPOOL_RETURN_IF_ERROR(ReadNode(c, child_at, &child));
-          if (child.level != level - 1 || child.low != n.e[i].key) {
-            return Status::Internal(where + ": entry " + std::to_string(i) + " (key " +
-                                    std::to_string(n.e[i].key) + ") names " + NodeName(child_at) +
-                                    " at level " + std::to_string(child.level) + " with low " +
-                                    std::to_string(child.low));
-          }
-        }
-      }
-      if (next_leftmost.is_null() && level > 0)
+      FARPOOL_RETURN_IF_ERROR(visit(at, n, level, at == leftmost));
+      if (next_leftmost.is_null() && level > 0 && n.count > 0) {
         next_leftmost = GlobalAddress::FromRaw(n.e[0].value);
-      if (n.right == 0) {
-        if (n.high != INT64_MAX) return Status::Internal(where + ": rightmost node has a high key");
-        break;
       }
-      expect_low = n.high;
-      at = GlobalAddress::FromRaw(n.right);
     }
     leftmost = next_leftmost;
   }
+  return Status::Ok();
+}
+
+Result<uint64_t> BTree::CheckStructure(const Access& access) const {
+  const Ctx c{access, nullptr, wait_limit_};
+  uint64_t leaf_entries = 0;
+  int64_t expect_low = INT64_MIN;
+  FARPOOL_RETURN_IF_ERROR(WalkLevels(
+      c, root_word_, [&](GlobalAddress at, const Node& n, int64_t level, bool leftmost) -> Status {
+        if (leftmost) expect_low = INT64_MIN;
+        auto where = NodeName(at) + " (level " + std::to_string(level) + ")";
+        if (n.level != level)
+          return Status::Internal(where + ": wrong level " + std::to_string(n.level));
+        if (n.low != expect_low)
+          return Status::Internal(where + ": low key does not follow its left sibling's high key");
+        if (n.count > static_cast<uint32_t>(kMaxEntries))
+          return Status::Internal(where + ": bad count");
+        for (uint32_t i = 0; i < n.count; ++i) {
+          if (n.e[i].key < n.low || n.e[i].key >= n.high)
+            return Status::Internal(where + ": key outside [low, high)");
+          if (i > 0 && n.e[i - 1].key >= n.e[i].key)
+            return Status::Internal(where + ": keys not sorted");
+        }
+        if (level == 0) {
+          leaf_entries += n.count;
+        } else {
+          if (n.count == 0 || n.e[0].key != n.low)
+            return Status::Internal(where + ": inner node's first key is not its low key");
+          for (uint32_t i = 0; i < n.count; ++i) {
+            Node child;
+            const GlobalAddress child_at = GlobalAddress::FromRaw(n.e[i].value);
+            FARPOOL_RETURN_IF_ERROR(ReadNode(c, child_at, &child));
+            if (child.level != level - 1 || child.low != n.e[i].key) {
+              return Status::Internal(where + ": entry " + std::to_string(i) + " (key " +
+                                      std::to_string(n.e[i].key) + ") names " + NodeName(child_at) +
+                                      " at level " + std::to_string(child.level) + " with low " +
+                                      std::to_string(child.low));
+            }
+          }
+        }
+        if (n.right == 0 && n.high != INT64_MAX)
+          return Status::Internal(where + ": rightmost node has a high key");
+        expect_low = n.high;
+        return Status::Ok();
+      }));
   return leaf_entries;
+}
+
+Status BTree::Destroy(const Access& access, LockOwner& owner) const {
+  const Ctx c{access, &owner, wait_limit_};
+  std::vector<GlobalAddress> nodes;
+  FARPOOL_RETURN_IF_ERROR(
+      WalkLevels(c, root_word_, [&](GlobalAddress at, const Node&, int64_t, bool) {
+        nodes.push_back(at);
+        return Status::Ok();
+      }));
+  for (GlobalAddress at : nodes)
+    FARPOOL_RETURN_IF_ERROR(owner.FreeObject(access, at, sizeof(Node)));
+  return Status::Ok();
 }
 
 Status BTree::RecoverRedo(const Access& access, LockOwner& owner, GlobalAddress area) {

@@ -93,8 +93,9 @@ class BTree {
   // pass a longer limit (more than the time HolderDead needs to declare a holder dead).
   static constexpr std::chrono::milliseconds kDefaultWaitLimit{10000};
 
-  // Creates an empty tree: one leaf, written to *root_word.
-  static Status Create(const Access& access, GlobalAddress root_word);
+  // Creates an empty tree: one leaf, written to *root_word. Nodes come from
+  // owner.AllocObject (here and in splits), so that Destroy can free them from any process.
+  static Status Create(const Access& access, LockOwner& owner, GlobalAddress root_word);
 
   explicit BTree(GlobalAddress root_word, std::chrono::milliseconds wait_limit = kDefaultWaitLimit)
       : root_word_(root_word), wait_limit_(wait_limit) {}
@@ -114,6 +115,13 @@ class BTree {
   // Lookup.
   Status Scan(const Access& access, LockOwner& owner, int64_t lo, int64_t hi, bool reverse,
               const std::function<bool(int64_t key, uint64_t value)>& visit) const;
+
+  // Frees every node reachable from the root word, level by level (owner.FreeObject), after
+  // repairing any a dead holder left torn (so the walk can read it). Nodes that dead
+  // splitters wrote but never linked (crash points of invariant 6) are not found (a leak).
+  // REQUIRES: nobody uses the tree any more, nor will (a dropped table past its last
+  // snapshot).
+  Status Destroy(const Access& access, LockOwner& owner) const;
 
   // Checks the structure (sorted keys, key ranges, levels, every inner entry's key equal to
   // its child's low key) and returns the number of leaf entries. For tests; not safe against

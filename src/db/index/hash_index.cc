@@ -26,9 +26,11 @@ std::string HolderName(uint64_t word) {
 
 }  // namespace
 
-Result<GlobalAddress> HashIndex::Create(const Access& access, uint64_t buckets) {
+Result<GlobalAddress> HashIndex::Create(const Access& access, LockOwner& owner, uint64_t buckets) {
   if (buckets == 0) return Status::InvalidArgument("hash index: zero buckets");
-  return AllocZeroed(access, buckets * kBucketSize, Placement::Striped());
+  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress a, owner.AllocObject(access, buckets * kBucketSize));
+  FARPOOL_RETURN_IF_ERROR(WriteZeros(access, a, buckets * kBucketSize));
+  return a;
 }
 
 GlobalAddress HashIndex::Bucket(int64_t key) const {
@@ -129,7 +131,7 @@ Result<GlobalAddress> HashIndex::GetOrInsert(const Access& access, LockOwner& ow
   if (!s.ok()) return fail(s);
   if (free_slot.is_null()) {
     // A new overflow bucket holding the entry, written whole, then linked by one CAS.
-    auto nb = AllocZeroed(access, kBucketSize, Placement::Striped());
+    auto nb = owner.AllocObject(access, kBucketSize);
     if (!nb.ok()) return fail(nb.status());
     struct Bucket fresh {};
     fresh.entries[0] = {key, record.raw()};
@@ -141,7 +143,7 @@ Result<GlobalAddress> HashIndex::GetOrInsert(const Access& access, LockOwner& ow
     auto prev = access.Cas(last + 8, 0, nb->raw());
     if (!prev.ok()) return fail(prev.status());
     if (*prev != 0) {
-      (void)access.Free(*nb);
+      (void)owner.FreeObject(access, *nb, kBucketSize);
       return fail(Status::Unavailable("hash index: bucket " + last.ToString() +
                                       " was extended by someone else under our lock (" +
                                       HolderName(mine) + "): this owner was fenced"));
@@ -192,22 +194,46 @@ Status HashIndex::Remove(const Access& access, LockOwner& owner, int64_t key,
   return s.ok() ? u : s;
 }
 
-Status HashIndex::ForEach(
-    const Access& access,
-    const std::function<Status(int64_t key, GlobalAddress record)>& visit) const {
-  std::vector<struct Bucket> all(count_);
-  FARPOOL_RETURN_IF_ERROR(access.Read(buckets_, all.data(), count_ * kBucketSize));
-  for (const auto& head : all) {
-    struct Bucket b = head;
-    for (;;) {
-      for (const auto& e : b.entries) {
-        if (e.record != 0) FARPOOL_RETURN_IF_ERROR(visit(e.key, GlobalAddress::FromRaw(e.record)));
-      }
-      if (b.next == 0) break;
-      FARPOOL_RETURN_IF_ERROR(access.Read(GlobalAddress::FromRaw(b.next), &b, sizeof(b)));
+// Calls `visit` for every bucket of every chain (heads read in one go), with the overflow
+// bucket's address (null for a head).
+static Status WalkBuckets(
+    const Access& access, GlobalAddress buckets, uint64_t count,
+    const std::function<Status(GlobalAddress overflow, const struct Bucket& b)>& visit) {
+  std::vector<struct Bucket> heads(count);
+  FARPOOL_RETURN_IF_ERROR(access.Read(buckets, heads.data(), count * HashIndex::kBucketSize));
+  for (const auto& head : heads) {
+    FARPOOL_RETURN_IF_ERROR(visit(GlobalAddress(), head));
+    for (uint64_t next = head.next; next != 0;) {
+      struct Bucket b;
+      FARPOOL_RETURN_IF_ERROR(access.Read(GlobalAddress::FromRaw(next), &b, sizeof(b)));
+      FARPOOL_RETURN_IF_ERROR(visit(GlobalAddress::FromRaw(next), b));
+      next = b.next;
     }
   }
   return Status::Ok();
+}
+
+Status HashIndex::ForEach(
+    const Access& access,
+    const std::function<Status(int64_t key, GlobalAddress record)>& visit) const {
+  return WalkBuckets(access, buckets_, count_, [&](GlobalAddress, const struct Bucket& b) {
+    for (const auto& e : b.entries) {
+      if (e.record != 0) FARPOOL_RETURN_IF_ERROR(visit(e.key, GlobalAddress::FromRaw(e.record)));
+    }
+    return Status::Ok();
+  });
+}
+
+Status HashIndex::Destroy(const Access& access, LockOwner& owner) const {
+  std::vector<GlobalAddress> overflow;
+  FARPOOL_RETURN_IF_ERROR(
+      WalkBuckets(access, buckets_, count_, [&](GlobalAddress at, const struct Bucket&) {
+        if (!at.is_null()) overflow.push_back(at);
+        return Status::Ok();
+      }));
+  for (GlobalAddress b : overflow)
+    FARPOOL_RETURN_IF_ERROR(owner.FreeObject(access, b, kBucketSize));
+  return owner.FreeObject(access, buckets_, count_ * kBucketSize);
 }
 
 }  // namespace farpool::db

@@ -5,7 +5,8 @@
 // from it, so the index grows without a rebuild (lookups of a long chain take one read per
 // bucket). A delete writes a tombstone version in the key's record; only once every snapshot
 // sees it does the garbage collector Remove the entry (its record word CASed to 0: the slot is
-// free for a later insert) and free the record.
+// free for a later insert) and free the record. The array and overflow buckets come from the
+// lock owner's AllocObject, so that whoever reclaims a dropped table can Destroy the index.
 //
 // Invariants / How it works (concurrency and crashes):
 //   - At most one entry per key: inserts hold the head bucket's lock (a CAS of its first word
@@ -49,8 +50,8 @@ class HashIndex {
   // How long an insert waits for a bucket lock held by a live holder (see BTree).
   static constexpr std::chrono::milliseconds kDefaultWaitLimit{10000};
 
-  // Allocates and zeroes `buckets` buckets; returns the array's address.
-  static Result<GlobalAddress> Create(const Access& access, uint64_t buckets);
+  // Allocates (owner.AllocObject) and zeroes `buckets` buckets; returns the array's address.
+  static Result<GlobalAddress> Create(const Access& access, LockOwner& owner, uint64_t buckets);
 
   HashIndex(GlobalAddress buckets, uint64_t count, uint64_t seed,
             std::chrono::milliseconds wait_limit = kDefaultWaitLimit)
@@ -69,6 +70,10 @@ class HashIndex {
   // Calls `visit` for every entry (not safe against concurrent inserts: a checker's tool).
   Status ForEach(const Access& access,
                  const std::function<Status(int64_t key, GlobalAddress record)>& visit) const;
+  // Frees every overflow bucket and the array (owner.FreeObject). Overflow buckets that a dead
+  // inserter wrote but never linked are not found (a leak).
+  // REQUIRES: nobody uses the index any more, nor will (a dropped table past its last snapshot).
+  Status Destroy(const Access& access, LockOwner& owner) const;
 
  private:
   GlobalAddress Bucket(int64_t key) const;

@@ -73,9 +73,14 @@ std::unique_ptr<Env> MakeEnv(std::chrono::milliseconds wait = BTree::kDefaultWai
   env->owners = std::make_unique<OwnerRegistry>(*env->memory);
   OpCount c;
   Access a(*env->memory, c);
+  auto creator = env->owners->NewOwner();
+  if (!creator.ok()) {
+    ADD_FAILURE() << creator.status().ToString();
+    return nullptr;
+  }
   auto root_word = a.Alloc(64);
-  auto b = HashIndex::Create(a, buckets);
-  if (!root_word.ok() || !b.ok() || !BTree::Create(a, *root_word).ok()) {
+  auto b = HashIndex::Create(a, **creator, buckets);
+  if (!root_word.ok() || !b.ok() || !BTree::Create(a, **creator, *root_word).ok()) {
     ADD_FAILURE() << "cannot create the indexes";
     return nullptr;
   }

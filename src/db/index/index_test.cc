@@ -26,16 +26,16 @@ TEST(IndexTest, ConcurrentInsertsMatchModel) {
   ASSERT_TRUE(mem.ok());
   OpCount count;
   Access access(**mem, count);
-  auto buckets = HashIndex::Create(access, 64);  // small: forces overflow chains
+  OwnerRegistry owners(**mem);
+  auto checker = owners.NewOwner();
+  ASSERT_TRUE(checker.ok());
+  auto buckets = HashIndex::Create(access, **checker, 64);  // small: forces overflow chains
   ASSERT_TRUE(buckets.ok());
   HashIndex hash(*buckets, 64, 12345);
   auto root_word = access.Alloc(64);
   ASSERT_TRUE(root_word.ok());
-  ASSERT_TRUE(BTree::Create(access, *root_word).ok());
+  ASSERT_TRUE(BTree::Create(access, **checker, *root_word).ok());
   BTree tree(*root_word);
-  OwnerRegistry owners(**mem);
-  auto checker = owners.NewOwner();
-  ASSERT_TRUE(checker.ok());
 
   constexpr int kThreads = 4, kOps = 3000;
   std::mutex mu;
@@ -117,17 +117,17 @@ TEST(IndexTest, RemovedKeysMissAndTheirSlotsAreReused) {
   ASSERT_TRUE(mem.ok());
   OpCount count;
   Access access(**mem, count);
-  auto buckets = HashIndex::Create(access, 8);  // small: entries live in overflow chains
-  ASSERT_TRUE(buckets.ok());
-  HashIndex hash(*buckets, 8, 777);
-  auto root_word = access.Alloc(64);
-  ASSERT_TRUE(root_word.ok());
-  ASSERT_TRUE(BTree::Create(access, *root_word).ok());
-  BTree tree(*root_word);
   OwnerRegistry owners(**mem);
   auto o = owners.NewOwner();
   ASSERT_TRUE(o.ok());
   TestOwner& owner = **o;
+  auto buckets = HashIndex::Create(access, owner, 8);  // small: entries live in overflow chains
+  ASSERT_TRUE(buckets.ok());
+  HashIndex hash(*buckets, 8, 777);
+  auto root_word = access.Alloc(64);
+  ASSERT_TRUE(root_word.ok());
+  ASSERT_TRUE(BTree::Create(access, owner, *root_word).ok());
+  BTree tree(*root_word);
   constexpr int64_t kKeys = 500;
   auto value = [](int64_t k, int gen) { return GlobalAddress(1, 4096 + 64 * (k + 1000 * gen)); };
   for (int64_t k = 0; k < kKeys; ++k) {
@@ -169,6 +169,42 @@ TEST(IndexTest, RemovedKeysMissAndTheirSlotsAreReused) {
   entries = tree.CheckStructure(access);
   ASSERT_TRUE(entries.ok());
   EXPECT_EQ(*entries, uint64_t(kKeys));
+}
+
+// Destroy (a dropped table's indexes) frees every object the indexes allocated: the bucket
+// array, overflow buckets, and every B+tree node of every level after splits and root growth.
+TEST(IndexTest, DestroyFreesEverythingTheIndexesAllocated) {
+  const uint64_t seed = IndexTestSeed();
+  SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed));
+  auto mem = NewLocalMemory(2, 64ull << 20);
+  ASSERT_TRUE(mem.ok());
+  KillableMemory counted(**mem);  // never killed: counts what is allocated through it
+  OwnerRegistry owners(counted);
+  auto o = owners.NewOwner();
+  ASSERT_TRUE(o.ok());
+  TestOwner& owner = **o;
+  const Access& access = owner.access();
+  auto root_word = (*mem)->Alloc(64, Placement::Striped());  // the table descriptor's word
+  ASSERT_TRUE(root_word.ok());
+  const int64_t before = counted.live_objects();
+  auto buckets = HashIndex::Create(access, owner, 8);
+  ASSERT_TRUE(buckets.ok());
+  HashIndex hash(*buckets, 8, 99);
+  ASSERT_TRUE(BTree::Create(access, owner, *root_word).ok());
+  BTree tree(*root_word);
+  std::mt19937_64 rng(seed);
+  constexpr int kKeys = 5000;  // ~120 leaves: two levels of inner nodes
+  for (int i = 0; i < kKeys; ++i) {
+    const int64_t key = static_cast<int64_t>(rng() >> 4);
+    const GlobalAddress value(1, 4096 + 64 * i);
+    ASSERT_TRUE(hash.GetOrInsert(access, owner, key, value).ok());
+    ASSERT_TRUE(tree.GetOrInsert(access, owner, key, value.raw()).ok());
+  }
+  // 8 head buckets hold 56 entries: the rest live in overflow buckets.
+  EXPECT_GT(counted.live_objects() - before, (kKeys - 56) / HashIndex::kEntries);
+  ASSERT_TRUE(tree.Destroy(access, owner).ok());
+  ASSERT_TRUE(hash.Destroy(access, owner).ok());
+  EXPECT_EQ(counted.live_objects(), before) << "objects of the indexes left allocated";
 }
 
 }  // namespace

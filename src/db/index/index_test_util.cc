@@ -46,11 +46,15 @@ Result<uint64_t> KillableMemory::FetchAdd(GlobalAddress address, uint64_t delta)
 }
 Result<GlobalAddress> KillableMemory::Alloc(uint64_t size, Placement placement) {
   if (killed_) return Dead();
-  return inner_.Alloc(size, placement);
+  auto a = inner_.Alloc(size, placement);
+  if (a.ok()) ++live_;
+  return a;
 }
 Status KillableMemory::Free(GlobalAddress address) {
   if (killed_) return Dead();
-  return inner_.Free(address);
+  Status s = inner_.Free(address);
+  if (s.ok()) --live_;
+  return s;
 }
 std::unique_ptr<MemoryBatch> KillableMemory::NewBatch() {
   // The indexes use no batches; a test that needs one would have to kill it too.

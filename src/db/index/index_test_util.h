@@ -23,11 +23,12 @@ namespace farpool::db {
 uint64_t IndexTestSeed();
 
 // Forwards to another Memory until Kill(); afterwards every operation fails with Unavailable
-// and touches nothing.
+// and touches nothing. Counts the objects allocated through it and not freed yet.
 class KillableMemory final : public Memory {
  public:
   explicit KillableMemory(Memory& inner) : inner_(inner) {}
   void Kill() { killed_ = true; }
+  int64_t live_objects() const { return live_; }
 
   Status Read(GlobalAddress source, void* destination, uint64_t size) override;
   Status Write(GlobalAddress destination, const void* source, uint64_t size) override;
@@ -44,6 +45,7 @@ class KillableMemory final : public Memory {
   Status Dead() const { return Status::Unavailable("test: this owner's process was killed"); }
   Memory& inner_;
   std::atomic<bool> killed_{false};
+  std::atomic<int64_t> live_{0};
 };
 
 // Writes part of the image of the redo entry at `area` to that entry's node, as a writer

@@ -2,6 +2,7 @@
 // opening the database (nam_internal.h describes the whole engine).
 #include <unistd.h>
 
+#include <bit>
 #include <cstring>
 
 #include "db/nam/nam_engine.h"
@@ -63,32 +64,42 @@ Status NamDatabase::Init() {
   recycler_ = std::make_unique<Recycler>(memory_, GlobalAddress::FromRaw(root_.freelists),
                                          2 * (lease_ns() + margin_ns()));
   FARPOOL_ASSIGN_OR_RETURN(system_, OpenSession(access));
-  maintenance_ = std::thread([this] { Maintain(); });
+  StartThreads();
   return Status::Ok();
 }
 
 NamDatabase::~NamDatabase() {
-  {
-    std::lock_guard<std::mutex> l(stop_mu_);
-    stop_ = true;
-  }
-  stop_cv_.notify_all();
-  if (maintenance_.joinable()) maintenance_.join();
+  // Reclamation first, while the renewal thread still keeps the system session's lease.
+  StopThread(&stop_maintenance_, maintenance_);
   if (system_) {
     // What this process retired but did not free yet is freed now; its cache goes back to
     // the pool's free lists.
-    (void)ReclaimRetired(system_->access_);
-    (void)recycler_->Flush(system_->access_, *system_);
-    system_.reset();
+    (void)ReclaimRetired(access_);
+    auto sys = System();
+    if (sys.ok()) (void)recycler_->Flush(access_, **sys);
   }
+  StopThread(&stop_renewals_, renewals_);
+  system_.reset();
+}
+
+Result<std::shared_ptr<NamSession>> NamDatabase::System() {
+  std::lock_guard<std::mutex> l(system_mu_);
+  if (system_ != nullptr) {
+    Status s = system_->CheckLease();
+    if (s.ok()) return system_;
+    // A renewal that failed on the transport may leave the lease ours: only a fenced
+    // (or abandoned) session is replaced.
+    if (!system_->lease_->fenced.load()) return s;
+  }
+  FARPOOL_ASSIGN_OR_RETURN(system_, OpenSession(access_));
+  return system_;
 }
 
 // ---------------------------------------------------------------- DDL lock
 
 // The DDL lock word holds its holder's lock word (a system session); a dead holder's lock is
 // taken over after the holder is fenced.
-Status NamDatabase::LockDdl() {
-  NamSession& me = *system_;
+Status NamDatabase::LockDdl(NamSession& me) {
   const int64_t give_up = MonoNs() + 4 * lease_ns();
   for (int i = 0;; ++i) {
     FARPOOL_RETURN_IF_ERROR(me.CheckLease());
@@ -108,8 +119,7 @@ Status NamDatabase::LockDdl() {
   }
 }
 
-Status NamDatabase::UnlockDdl() {
-  NamSession& me = *system_;
+Status NamDatabase::UnlockDdl(NamSession& me) {
   FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, me.access_.Cas(RootField(kRootDdl), me.lock_word(), 0));
   if (prev != me.lock_word()) {
     return Status::Unavailable(
@@ -178,8 +188,9 @@ Result<const Table*> NamDatabase::CreateTable(const std::string& name, const Sch
     return Status::InvalidArgument("table name '" + name + "' must be 1..63 bytes");
   }
   FARPOOL_RETURN_IF_ERROR(schema.Validate());
-  const Access& access = system_->access_;
-  FARPOOL_RETURN_IF_ERROR(LockDdl());
+  FARPOOL_ASSIGN_OR_RETURN(std::shared_ptr<NamSession> sys, System());
+  const Access& access = sys->access_;
+  FARPOOL_RETURN_IF_ERROR(LockDdl(*sys));
   auto body = [&]() -> Status {
     FARPOOL_RETURN_IF_ERROR(LoadTables(access));
     {
@@ -202,8 +213,10 @@ Result<const Table*> NamDatabase::CreateTable(const std::string& name, const Sch
     std::memcpy(d.name, name.data(), name.size());
     d.flags = options.ordered ? 1 : 0;
     d.payload = (schema.PayloadSize() + 7) & ~7u;
-    const uint64_t buckets = std::max<uint64_t>(16, options.expected_rows / 4 + 1);
-    FARPOOL_ASSIGN_OR_RETURN(GlobalAddress hash, HashIndex::Create(access, buckets));
+    // A power of two: the array is a recycler object of exactly its size class, so a dropped
+    // table's array is reused whole by the next table of that size.
+    const uint64_t buckets = std::bit_ceil(std::max<uint64_t>(16, options.expected_rows / 4));
+    FARPOOL_ASSIGN_OR_RETURN(GlobalAddress hash, HashIndex::Create(access, *sys, buckets));
     d.hash_addr = hash.raw();
     d.hash_count = buckets;
     d.hash_seed = Mix64(free_id + 1);
@@ -218,16 +231,18 @@ Result<const Table*> NamDatabase::CreateTable(const std::string& name, const Sch
     }
     const GlobalAddress desc = GlobalAddress::FromRaw(root_.tables) + free_id * kDescSize;
     // Body first, the state word that makes it live last.
-    FARPOOL_RETURN_IF_ERROR(system_->CheckLease());
+    FARPOOL_RETURN_IF_ERROR(sys->CheckLease());
     FARPOOL_RETURN_IF_ERROR(
         access.Write(desc + 8, reinterpret_cast<const unsigned char*>(&d) + 8, sizeof(d) - 8));
-    if (options.ordered) FARPOOL_RETURN_IF_ERROR(BTree::Create(access, desc + kDescBtreeRoot));
+    if (options.ordered) {
+      FARPOOL_RETURN_IF_ERROR(BTree::Create(access, *sys, desc + kDescBtreeRoot));
+    }
     uint64_t live = kDescLive;
-    FARPOOL_RETURN_IF_ERROR(system_->CheckLease());
+    FARPOOL_RETURN_IF_ERROR(sys->CheckLease());
     return access.Write(desc, &live, 8);
   };
   Status s = body();
-  Status u = UnlockDdl();
+  Status u = UnlockDdl(*sys);
   FARPOOL_RETURN_IF_ERROR(s);
   FARPOOL_RETURN_IF_ERROR(u);
   return OpenTable(name);
@@ -251,8 +266,9 @@ Result<const Table*> NamDatabase::OpenTable(const std::string& name) {
 Status NamDatabase::DropTable(const std::string& name) {
   FARPOOL_ASSIGN_OR_RETURN(const Table* t, OpenTable(name));
   const auto* nt = static_cast<const NamTable*>(t);
-  const Access& access = system_->access_;
-  FARPOOL_RETURN_IF_ERROR(LockDdl());
+  FARPOOL_ASSIGN_OR_RETURN(std::shared_ptr<NamSession> sys, System());
+  const Access& access = sys->access_;
+  FARPOOL_RETURN_IF_ERROR(LockDdl(*sys));
   // Our handle may be stale (dropped, even re-created, by another process): drop only the
   // table it names, once.
   auto live = TableLive(access, *nt);
@@ -260,10 +276,12 @@ Status NamDatabase::DropTable(const std::string& name) {
                                 : Status::NotFound("table '" + name +
                                                    "' was dropped already (by another process)"))
                        : live.status();
-  uint64_t dropped = kDescDropped;
-  if (s.ok()) s = system_->CheckLease();
+  // Who reclaims it, then the state that publishes the drop.
+  const uint64_t dropped = kDescDropped, reclaimer = sys->lock_word();
+  if (s.ok()) s = sys->CheckLease();
+  if (s.ok()) s = access.Write(nt->desc_ + kDescReclaimer, &reclaimer, 8);
   if (s.ok()) s = access.Write(nt->desc_, &dropped, 8);
-  Status u = UnlockDdl();
+  Status u = UnlockDdl(*sys);
   if (s.code() == StatusCode::kNotFound) (void)LoadTables(access);  // forget the stale handle
   FARPOOL_RETURN_IF_ERROR(s);
   FARPOOL_RETURN_IF_ERROR(u);
@@ -282,7 +300,7 @@ Status NamDatabase::DropTable(const std::string& name) {
     by_id_.erase(nt->id_);
   }
   std::lock_guard<std::mutex> l(retire_mu_);
-  drop_queue_.push_back({nt, prev + 1});
+  drop_queue_.push_back({nt, prev + 1, reclaimer});
   return Status::Ok();
 }
 

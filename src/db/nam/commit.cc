@@ -347,13 +347,18 @@ Result<uint64_t> CommitRun::Trim(const NamTable& t, GlobalAddress head, uint64_t
     FARPOOL_RETURN_IF_ERROR(access_.Read(at, node.data(), node.size()));
     const CellView c = DecodeCell(node.data(), t.layout_);
     if (!c.valid) {
+      // A session that lost its lease may walk a chain that others cut and freed meanwhile.
+      FARPOOL_RETURN_IF_ERROR(s_.CheckLease());
       return Status::Internal("version node " + at.ToString() + " of table '" + t.name_ +
                               "' fails its checksum");
     }
     ++kept;
     if (c.stamp <= oldest) {
-      // Every snapshot sees this version or a newer one: the rest is garbage.
+      // Every snapshot sees this version or a newer one: the rest is garbage. Only while the
+      // record is still ours: a session stalled since Lock may have lost it, and the nodes it
+      // walked may be other records' by now.
       if (c.chain != 0) {
+        FARPOOL_RETURN_IF_ERROR(s_.CheckLease());
         FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access_.Cas(at + kCellChain, c.chain, 0));
         if (prev == c.chain) s_.db_.RetireChain(&t, GlobalAddress::FromRaw(c.chain));
       }

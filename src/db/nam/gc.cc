@@ -3,6 +3,7 @@
 #include <bit>
 #include <cstring>
 #include <map>
+#include <utility>
 
 #include "db/nam/nam_internal.h"
 
@@ -59,15 +60,13 @@ Status Recycler::UnlockClass(const Access& access, LockOwner& owner, int c) {
   return Status::Ok();
 }
 
-Status Recycler::PushBundle(const Access& access, LockOwner& owner, int c) {
+Status Recycler::PushBundle(const Access& access, LockOwner& owner, int c, uint64_t n) {
   auto& cache = cache_[c];
-  const uint64_t cap = BundleCapacity(c);
-  if (cache.size() < cap + 1) return Status::Ok();
-  // The bundle: the last cached object holds the addresses of the `cap` before it.
+  // The bundle: the last cached object holds the addresses of the `n` before it.
   const GlobalAddress container = GlobalAddress::FromRaw(cache.back());
-  std::vector<uint64_t> image(2 + cap);
-  image[1] = cap;
-  std::memcpy(image.data() + 2, cache.data() + cache.size() - 1 - cap, cap * 8);
+  std::vector<uint64_t> image(2 + n);
+  image[1] = n;
+  std::memcpy(image.data() + 2, cache.data() + cache.size() - 1 - n, n * 8);
   FARPOOL_RETURN_IF_ERROR(LockClass(access, owner, c));
   const GlobalAddress head = heads_ + uint64_t(c) * 16 + 8;
   Status s = access.Read(head, &image[0], 8);
@@ -77,7 +76,7 @@ Status Recycler::PushBundle(const Access& access, LockOwner& owner, int c) {
   if (s.ok()) s = access.Write(head, &raw, 8);
   Status u = UnlockClass(access, owner, c);
   FARPOOL_RETURN_IF_ERROR(s);
-  cache.resize(cache.size() - 1 - cap);
+  cache.resize(cache.size() - 1 - n);
   return u;
 }
 
@@ -137,9 +136,13 @@ Status Recycler::Free(const Access& access, LockOwner& owner, GlobalAddress addr
   auto& cache = cache_[c];
   cache.push_back(address.raw());
   ++stats_.freed;
-  if (cache.size() > 2 * (BundleCapacity(c) + 1)) {
+  // Small objects stay here up to two bundles' worth; big ones go to the pool's list at once
+  // (a bundle of one), so that other processes reuse them and a process that dies never takes
+  // them along.
+  const uint64_t keep = ClassBytes(c) < kCachedClassBytes ? 2 * (BundleCapacity(c) + 1) : 0;
+  if (cache.size() > keep) {
     // A failed push keeps the objects cached here (reused by this process).
-    return PushBundle(access, owner, c);
+    return PushBundle(access, owner, c, std::min<uint64_t>(BundleCapacity(c), cache.size() - 1));
   }
   return Status::Ok();
 }
@@ -147,26 +150,12 @@ Status Recycler::Free(const Access& access, LockOwner& owner, GlobalAddress addr
 Status Recycler::Flush(const Access& access, LockOwner& owner) {
   std::lock_guard<std::mutex> l(mu_);
   for (int c = kMinClass; c < kClasses; ++c) {
-    while (cache_[c].size() > BundleCapacity(c)) {
-      FARPOOL_RETURN_IF_ERROR(PushBundle(access, owner, c));
-    }
-    // The remainder (fewer than a bundle) becomes one smaller bundle.
+    // Whole bundles, then the remainder as one smaller bundle (a lone object is a bundle of
+    // itself and nothing else).
     auto& cache = cache_[c];
-    if (cache.size() >= 2) {
-      const GlobalAddress container = GlobalAddress::FromRaw(cache.back());
-      std::vector<uint64_t> image(2 + cache.size() - 1);
-      image[1] = cache.size() - 1;
-      std::memcpy(image.data() + 2, cache.data(), (cache.size() - 1) * 8);
-      FARPOOL_RETURN_IF_ERROR(LockClass(access, owner, c));
-      const GlobalAddress head = heads_ + uint64_t(c) * 16 + 8;
-      Status s = access.Read(head, &image[0], 8);
-      if (s.ok()) s = access.Write(container, image.data(), image.size() * 8);
-      const uint64_t raw = container.raw();
-      if (s.ok()) s = access.Write(head, &raw, 8);
-      Status u = UnlockClass(access, owner, c);
-      FARPOOL_RETURN_IF_ERROR(s);
-      FARPOOL_RETURN_IF_ERROR(u);
-      cache.clear();
+    while (!cache.empty()) {
+      const uint64_t n = std::min<uint64_t>(BundleCapacity(c), cache.size() - 1);
+      FARPOOL_RETURN_IF_ERROR(PushBundle(access, owner, c, n));
     }
   }
   return Status::Ok();
@@ -226,11 +215,10 @@ void NamDatabase::QueueRemoval(const NamTable* t, GlobalAddress record, int64_t 
 //   5. after the batch, bump the removal epoch in the counter word (sessions drop cached
 //      addresses at their next Begin) and free the record's memory once the LWM passes that
 //      stamp, when no transaction that could hold the address is left.
-Result<bool> NamDatabase::RemoveRecord(const Access& access, const NamTable& t,
+Result<bool> NamDatabase::RemoveRecord(const Access& access, NamSession& me, const NamTable& t,
                                        GlobalAddress record, int64_t key, uint64_t seq,
                                        uint64_t stamp, bool* unlinked) {
   *unlinked = false;
-  NamSession& me = *system_;
   FARPOOL_RETURN_IF_ERROR(me.CheckLease());
   FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(record, UnlockedWord(seq), me.lock_word()));
   if (prev != UnlockedWord(seq)) return false;
@@ -277,8 +265,17 @@ Result<bool> NamDatabase::TableLive(const Access& access, const NamTable& t) {
 
 Status NamDatabase::ReclaimRetired(const Access& access) {
   std::lock_guard<std::mutex> reclaiming(reclaim_mu_);
+  {
+    std::lock_guard<std::mutex> l(retire_mu_);
+    if (retired_.empty() && drop_queue_.empty() && removals_.empty() && unlinked_.empty()) {
+      return Status::Ok();
+    }
+  }
+  // The lock owner of this pass (taken before the work, which stays queued if there is none).
+  FARPOOL_ASSIGN_OR_RETURN(std::shared_ptr<NamSession> sys, System());
+  NamSession& me = *sys;
   std::deque<Retired> chains;
-  std::vector<const NamTable*> tables;
+  std::vector<DropWait> tables;
   std::vector<Removal> removals;
   std::vector<Unlinked> unreachable;
   const uint64_t lwm_now = lwm();
@@ -286,7 +283,7 @@ Status NamDatabase::ReclaimRetired(const Access& access) {
     std::lock_guard<std::mutex> l(retire_mu_);
     chains.swap(retired_);
     while (!drop_queue_.empty() && drop_queue_.front().stamp <= lwm_now) {
-      tables.push_back(drop_queue_.front().table);
+      tables.push_back(drop_queue_.front());
       drop_queue_.pop_front();
     }
     // Deletions commit roughly in stamp order per process; take those every snapshot sees.
@@ -307,18 +304,21 @@ Status NamDatabase::ReclaimRetired(const Access& access) {
   auto note = [&](const Status& s) {
     if (!s.ok() && first.ok()) first = s;
   };
-  for (const Retired& r : chains) note(FreeChain(*this, access, *system_, *r.table, r.chain));
-  for (const Unlinked& u : unreachable) {
-    note(recycler_->Free(access, *system_, u.record, u.size));
-  }
+  for (const Retired& r : chains) note(FreeChain(*this, access, me, *r.table, r.chain));
+  for (const Unlinked& u : unreachable) note(recycler_->Free(access, me, u.record, u.size));
   std::vector<Unlinked> unlinked;
   // This pass reads records and frees what hangs off them: it holds a snapshot announcement
   // meanwhile, so that no table it works on is reclaimed under it (a drop after the
   // announcement waits for it; a drop before it is seen by TableLive).
-  const bool announced = !removals.empty() && system_->TakeSnapshot().ok();
+  const bool announced = !removals.empty() && me.TakeSnapshot().ok();
+  if (!announced && !removals.empty()) {
+    // Not now: the deletions wait for the next pass.
+    std::lock_guard<std::mutex> l(retire_mu_);
+    removals_.insert(removals_.end(), removals.begin(), removals.end());
+    removals.clear();
+  }
   std::map<const NamTable*, bool> live;
   for (const Removal& r : removals) {
-    if (!announced) break;
     auto it = live.find(r.table);
     if (it == live.end()) {
       auto l = TableLive(access, *r.table);
@@ -330,11 +330,11 @@ Status NamDatabase::ReclaimRetired(const Access& access) {
     }
     if (!it->second) continue;  // dropped: the table's reclamation frees the record
     bool done = false;
-    auto removed = RemoveRecord(access, *r.table, r.record, r.key, r.seq, r.stamp, &done);
+    auto removed = RemoveRecord(access, me, *r.table, r.record, r.key, r.seq, r.stamp, &done);
     if (!removed.ok()) note(removed.status());
     if (done) unlinked.push_back({r.record, r.table->layout_.record_size(), 0});
   }
-  if (announced) system_->EndTransaction(/*withdraw=*/true);
+  if (announced) me.EndTransaction(/*withdraw=*/true);
   if (!unlinked.empty()) {
     auto word = access.Faa(RootField(kRootCounter), kRemovalStep);
     if (word.ok()) {
@@ -349,29 +349,140 @@ Status NamDatabase::ReclaimRetired(const Access& access) {
       note(word.status());  // the records stay marked removed; their memory leaks
     }
   }
-  for (const NamTable* t : tables) {
-    Status s = ReclaimTable(access, *t);
-    if (!s.ok() && first.ok()) first = s;
+  for (const DropWait& d : tables) {
+    // The job is ours unless another process adopted it (it found the reclaimer word dead:
+    // ours, after our system session was fenced and replaced).
+    auto prev = access.Cas(d.table->desc_ + kDescReclaimer, d.word, kReclaimStarted);
+    if (!prev.ok()) {
+      note(prev.status());
+      std::lock_guard<std::mutex> l(retire_mu_);
+      drop_queue_.push_back(d);  // nothing started: try again next pass
+      continue;
+    }
+    if (*prev == d.word) note(ReclaimTable(access, me, *d.table));
   }
   return first;
+}
+
+void NamDatabase::ScheduleSweep(uint64_t counter) {
+  std::lock_guard<std::mutex> l(retire_mu_);
+  sweep_at_ = std::max(sweep_at_, counter);
+}
+
+// The sweep after a death (nam_internal.h). It runs once the LWM has passed the counter at
+// the death, so every tombstone the dead process committed is visible to every snapshot and
+// every drop it made is older than every snapshot. Its cost is a read of the catalog and of
+// every record of every table (only after a session died). What it cannot find: chains the
+// dead process had cut and records it had unlinked but not freed yet (nothing points at them
+// any more), its recycler cache, and a table whose reclamation it had begun.
+Status NamDatabase::SweepOrphans(const Access& access) {
+  std::lock_guard<std::mutex> reclaiming(reclaim_mu_);
+  uint64_t at;
+  {
+    std::lock_guard<std::mutex> l(retire_mu_);
+    if (sweep_at_ == 0 || lwm() < sweep_at_) return Status::Ok();
+    at = std::exchange(sweep_at_, 0);
+  }
+  auto sys = System();
+  Status s = sys.ok() ? AdoptDroppedTables(access, **sys) : sys.status();
+  if (s.ok()) s = QueueTombstones(access);
+  if (!s.ok()) ScheduleSweep(at);  // again next pass
+  return s;
+}
+
+// A dropped table whose reclaimer word names a dead session: CAS it to our word (exactly one
+// process wins) and reclaim it once the LWM passes the counter now (it was dropped before, so
+// this only waits for snapshots that began since).
+Status NamDatabase::AdoptDroppedTables(const Access& access, NamSession& me) {
+  std::vector<unsigned char> area(kMaxTables * kDescSize);
+  FARPOOL_RETURN_IF_ERROR(
+      access.Read(GlobalAddress::FromRaw(root_.tables), area.data(), area.size()));
+  uint64_t word;
+  FARPOOL_RETURN_IF_ERROR(access.Read(RootField(kRootCounter), &word, 8));
+  const uint64_t stamp = CounterOf(word);
+  for (uint32_t i = 0; i < kMaxTables; ++i) {
+    TableDesc d;
+    std::memcpy(&d, area.data() + i * kDescSize, sizeof(d));
+    if (d.state != kDescDropped || !IsLocked(d.reclaimer)) continue;
+    FARPOOL_ASSIGN_OR_RETURN(bool dead, me.HolderDead(d.reclaimer));
+    if (!dead) continue;
+    FARPOOL_ASSIGN_OR_RETURN(auto t, MakeTable(i, d));
+    FARPOOL_RETURN_IF_ERROR(me.CheckLease());
+    FARPOOL_ASSIGN_OR_RETURN(uint64_t prev,
+                             access.Cas(t->desc_ + kDescReclaimer, d.reclaimer, me.lock_word()));
+    if (prev != d.reclaimer) continue;  // someone else adopted it first
+    const NamTable* adopted = t.get();
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      dropped_.push_back(std::move(t));
+    }
+    std::lock_guard<std::mutex> l(retire_mu_);
+    drop_queue_.push_back({adopted, stamp, me.lock_word()});
+  }
+  return Status::Ok();
+}
+
+// Every unlocked record whose newest version is a tombstone that all snapshots see goes to the
+// removal queue (RemoveRecord checks it again under its lock, so a record that a live process
+// removes at the same time is removed once).
+Status NamDatabase::QueueTombstones(const Access& access) {
+  FARPOOL_RETURN_IF_ERROR(LoadTables(access));
+  std::vector<const NamTable*> tables;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const auto& [name, t] : tables_) tables.push_back(t.get());
+  }
+  const uint64_t lwm_now = lwm();
+  constexpr size_t kBatch = 256;
+  for (const NamTable* t : tables) {
+    std::vector<std::pair<int64_t, GlobalAddress>> entries;
+    FARPOOL_RETURN_IF_ERROR(t->hash_->ForEach(access, [&](int64_t key, GlobalAddress rec) {
+      entries.push_back({key, rec});
+      return Status::Ok();
+    }));
+    std::vector<RecordImage> images(kBatch);
+    for (size_t first = 0; first < entries.size(); first += kBatch) {
+      const size_t n = std::min(kBatch, entries.size() - first);
+      Access::Batch b(access);
+      for (size_t i = 0; i < n; ++i) {
+        images[i].bytes.resize(t->layout_.record_size());
+        FARPOOL_RETURN_IF_ERROR(
+            b.Read(entries[first + i].second, images[i].bytes.data(), images[i].bytes.size()));
+      }
+      FARPOOL_RETURN_IF_ERROR(b.Wait());
+      for (size_t i = 0; i < n; ++i) {
+        RecordImage& img = images[i];
+        img.Decode(t->layout_);
+        const auto [key, rec] = entries[first + i];
+        if (img.key != key || !ConsistentImage(img) || img.newest < 0) continue;
+        const CellView& c = img.cells[img.newest];
+        if ((c.flags & kFlagDeleted) && c.stamp <= lwm_now) {
+          QueueRemoval(t, rec, key, img.newest_seq(), c.stamp);
+        }
+      }
+    }
+  }
+  return Status::Ok();
 }
 
 // Every record of a dropped table, its versions and their blobs go back to the recycler, then
 // the descriptor becomes free for a new table. Each record is claimed by one CAS from its
 // unlocked word to kRemovedLock first, so that a concurrent removal (RemoveRecord) and this
 // never both free it; a record left locked by a transaction that will abort is waited for
-// (bounded; else it leaks). The hash bucket array and B+tree nodes stay allocated (they were
-// not allocated through the recycler): docs/database.md lists it.
-Status NamDatabase::ReclaimTable(const Access& access, const NamTable& t) {
+// (bounded; else it leaks). Then the B+tree's nodes and the hash index's buckets go back too
+// (they came from the recycler: NamSession::AllocObject). Nothing reaches them any more: every
+// snapshot from before the drop has ended (the LWM passed the drop's stamp), and no
+// transaction uses a dropped table (Database::DropTable's contract).
+Status NamDatabase::ReclaimTable(const Access& access, NamSession& me, const NamTable& t) {
   std::vector<GlobalAddress> records;
   FARPOOL_RETURN_IF_ERROR(t.hash_->ForEach(access, [&](int64_t, GlobalAddress rec) -> Status {
     records.push_back(rec);
     return Status::Ok();
   }));
-  NamSession& me = *system_;
   RecordImage img;
   img.bytes.resize(t.layout_.record_size());
   for (GlobalAddress rec : records) {
+    Hook("gc.table-record");
     bool claimed = false;
     for (int tries = 0; tries < 1000 && !claimed; ++tries) {
       FARPOOL_RETURN_IF_ERROR(access.Read(rec, img.bytes.data(), img.bytes.size()));
@@ -398,6 +509,8 @@ Status NamDatabase::ReclaimTable(const Access& access, const NamTable& t) {
     }
     FARPOOL_RETURN_IF_ERROR(recycler_->Free(access, me, rec, t.layout_.record_size()));
   }
+  if (t.btree_) FARPOOL_RETURN_IF_ERROR(t.btree_->Destroy(access, me));
+  FARPOOL_RETURN_IF_ERROR(t.hash_->Destroy(access, me));
   uint64_t empty = kDescEmpty;
   FARPOOL_RETURN_IF_ERROR(me.CheckLease());
   FARPOOL_RETURN_IF_ERROR(access.Write(t.desc_, &empty, 8));

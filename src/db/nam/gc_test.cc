@@ -4,11 +4,15 @@
 // stays right throughout (every key reads back its last committed value).
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <random>
 
 #include "db/db_test_util.h"
+#include "farpool/cluster.h"
 #include "farpool/db.h"
+#include "farpool/pool.h"
 
 namespace farpool::db {
 namespace {
@@ -236,6 +240,138 @@ TEST_P(GcTest, DroppedTableIsReclaimed) {
   for (int64_t k = 0; k < 100; ++k) {
     EXPECT_EQ(GetRow(**txn, **again, k).status().code(), StatusCode::kNotFound) << k;
   }
+}
+
+// Bytes the memory servers have leased to clients, summed (pool engine).
+Result<uint64_t> PoolLeased(const std::string& cluster_file) {
+  FARPOOL_ASSIGN_OR_RETURN(ClusterConfig config, ClusterConfig::Load(cluster_file));
+  FARPOOL_ASSIGN_OR_RETURN(auto pool, Pool::Connect(config));
+  uint64_t leased = 0;
+  for (uint16_t id : pool->server_ids()) {
+    FARPOOL_ASSIGN_OR_RETURN(ServerStats st, pool->Stats(id));
+    leased += st.leased;
+  }
+  return leased;
+}
+
+// Create, fill and drop tables again and again: once a drop is reclaimed, its records, blobs,
+// hash bucket array (8 MiB for the big table), overflow buckets (the small table's 16 buckets
+// chain hundreds) and B+tree nodes are back in the recycler, and the next cycle's tables are
+// built from them. So after the first cycle the recycler takes nothing fresh from the pool,
+// and (pool engine) the bytes the servers have leased stay at the first cycle's level.
+TEST_P(GcTest, CreateFillDropCyclesStayAtTheFirstCyclesMemory) {
+  auto s = db().NewSession();
+  ASSERT_TRUE(s.ok());
+  constexpr int kCycles = 4, kRows = 2000;
+  const TableOptions big{.ordered = true, .expected_rows = 1 << 18};
+  const TableOptions small{.ordered = false, .expected_rows = 16};
+  uint64_t first_fresh = 0, first_leased = 0;
+  for (int cycle = 0; cycle < kCycles; ++cycle) {
+    SCOPED_TRACE("cycle " + std::to_string(cycle));
+    auto b = db().CreateTable("big", BlobSchema(), big);
+    auto t = db().CreateTable("small", BlobSchema(), small);
+    ASSERT_TRUE(b.ok() && t.ok());
+    for (int64_t i = 0; i < kRows; ++i) {
+      const int64_t key = (i * 7919) % kRows;  // not in key order: splits all over the tree
+      ASSERT_OK(PutRow(**s, **b, key, i));
+      ASSERT_OK(PutRow(**s, **t, key, i));
+    }
+    ASSERT_OK(db().DropTable("big"));
+    ASSERT_OK(db().DropTable("small"));
+    const uint64_t reclaimed = 2 * (cycle + 1);
+    GcStats g =
+        CollectUntil(db(), [&](const GcStats& g) { return g.tables_reclaimed >= reclaimed; });
+    ASSERT_EQ(g.tables_reclaimed, reclaimed);
+    uint64_t leased = 0;
+    if (GetParam() == "pool") {
+      auto l = PoolLeased(t_->options().cluster_file);
+      ASSERT_TRUE(l.ok()) << l.status().ToString();
+      leased = *l;
+    }
+    if (cycle == 0) {
+      first_fresh = g.objects_fresh;
+      first_leased = leased;
+      continue;
+    }
+    EXPECT_EQ(g.objects_fresh, first_fresh) << "the recycler took new memory";
+    EXPECT_LE(leased, first_leased) << "pool memory grew: " << first_leased << " -> " << leased;
+  }
+}
+
+// Holds every thread that calls Hold() until Open(). The test opens it before anything that
+// waits for those threads (a Database's destructor joins its maintenance thread).
+class Gate {
+ public:
+  void Hold() {
+    std::unique_lock<std::mutex> l(mu_);
+    held_ = true;
+    cv_.notify_all();
+    cv_.wait(l, [&] { return open_; });
+  }
+  bool WaitHeld(std::chrono::seconds limit) {
+    std::unique_lock<std::mutex> l(mu_);
+    return cv_.wait_for(l, limit, [&] { return held_; });
+  }
+  void Open() {
+    std::lock_guard<std::mutex> l(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool held_ = false, open_ = false;
+};
+
+// A reclamation pass that takes long must not delay lease renewals. Process A (a second
+// Database handle) drops a table, and its maintenance thread is held at the table's first
+// record for 6 leases (the gate stands for a table so big that freeing it takes that long).
+// Process B's maintenance thread fences every slot it sees unchanged for lease + margin; A's
+// idle session and A's system session must still be A's afterwards: the session commits
+// without Unavailable and A runs DDL. Then reclamation resumes and frees the table.
+TEST(GcLeaseTest, SlowReclamationDoesNotDelayRenewals) {
+  constexpr std::chrono::milliseconds kLease{500};
+  auto t = TestDatabase::Start("pool", kLease);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  Database& b = (*t)->db();
+  Gate gate;
+  DatabaseOptions o = (*t)->options();
+  o.commit_hook = [&](std::string_view point) {
+    if (point == "gc.table-record") gate.Hold();
+  };
+  auto a = Database::Open(o);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  struct OpenAtExit {
+    Gate& gate;
+    ~OpenAtExit() { gate.Open(); }
+  } open_at_exit{gate};
+  auto keep = (*a)->CreateTable("keep", BlobSchema());
+  auto big = (*a)->CreateTable("big", BlobSchema());
+  ASSERT_TRUE(keep.ok() && big.ok());
+  auto idle = (*a)->NewSession();
+  ASSERT_TRUE(idle.ok()) << idle.status().ToString();
+  for (int64_t k = 0; k < 50; ++k) ASSERT_OK(PutRow(**idle, **big, k, k));
+  ASSERT_OK((*a)->DropTable("big"));
+  ASSERT_TRUE(gate.WaitHeld(std::chrono::seconds(30)))
+      << "A's maintenance thread never started reclaiming the dropped table";
+  std::this_thread::sleep_for(6 * kLease);  // B would have fenced A's slots by now
+  Status s = PutRow(**idle, **keep, 1, 1);
+  EXPECT_TRUE(s.ok()) << "A's idle session lost its lease while A reclaimed: " << s.ToString();
+  auto ddl = (*a)->CreateTable("after", BlobSchema());
+  EXPECT_TRUE(ddl.ok()) << "A's system session lost its lease while A reclaimed: "
+                        << ddl.status().ToString();
+  gate.Open();
+  GcStats g = CollectUntil(**a, [](const GcStats& g) { return g.tables_reclaimed >= 1; });
+  EXPECT_EQ(g.tables_reclaimed, 1u);
+  auto bs = b.NewSession();
+  auto keep_b = b.OpenTable("keep");
+  ASSERT_TRUE(bs.ok() && keep_b.ok());
+  auto txn = (*bs)->Begin();
+  ASSERT_TRUE(txn.ok());
+  auto v = GetRow(**txn, **keep_b, 1);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(*v, 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, GcTest, testing::Values("local", "pool"),

@@ -1,6 +1,6 @@
 // Internals of the NAM engines (`pool` and `local`), shared by the files of src/db/nam/:
 //   catalog.cc   the root, table descriptors, DDL, opening the database
-//   sessions.cc  session slots, leases, fencing, the maintenance thread, Begin
+//   sessions.cc  session slots, leases, fencing, the renewal and maintenance threads, Begin
 //   recovery.cc  finishing a dead session's decided commit, breaking its locks
 //   read.cc      consistent record images, snapshot visibility, Get/Put/Delete/Scan
 //   commit.cc    Commit as phases: resolve, lock+validate, decide (log), install, release
@@ -14,7 +14,8 @@
 // waits for it.
 //
 // Leases and fencing: a session owns a slot whose owner word is | renewals | epoch | state |.
-// The maintenance thread renews it (CAS, renewals + 1) every lease/4. A session trusts its
+// The process's renewal thread renews it (CAS, renewals + 1) every lease/4; that thread does
+// nothing else, so no amount of reclamation work can delay a renewal. A session trusts its
 // lease for lease - margin after sending its last successful renewal (monotonic clock); others
 // judge it expired only after seeing its owner word unchanged for lease + margin on their own
 // monotonic clock, and act on an expired slot only after fencing it (CAS that bumps the epoch).
@@ -42,6 +43,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -63,7 +65,7 @@ namespace farpool::db {
 
 // ---------------------------------------------------------------- layouts in memory
 
-inline constexpr uint64_t kMagic = 0x4650444200000002ULL;  // "FPDB" v2
+inline constexpr uint64_t kMagic = 0x4650444200000003ULL;  // "FPDB" v3
 inline constexpr uint64_t kMaxTables = 256;
 inline constexpr uint64_t kDescSize = 1024;
 inline constexpr uint64_t kSlotSize = 64;
@@ -93,6 +95,10 @@ struct TableDesc {
   uint64_t payload;
   uint64_t hash_addr, hash_count, hash_seed;
   uint64_t btree_root;  // root word of the B+tree (this field's address is the root word)
+  // Dropped: the lock word of the system session that is to reclaim the table (whoever CASes
+  // it from a dead holder's word to its own takes the job over), kReclaimStarted once its
+  // reclamation began.
+  uint64_t reclaimer;
   uint64_t ncols;
   struct {
     char name[24];
@@ -103,6 +109,8 @@ struct TableDesc {
 static_assert(sizeof(TableDesc) <= kDescSize);
 inline constexpr uint64_t kDescEmpty = 0, kDescLive = 1, kDescDropped = 2;
 inline constexpr uint64_t kDescBtreeRoot = offsetof(TableDesc, btree_root);
+inline constexpr uint64_t kDescReclaimer = offsetof(TableDesc, reclaimer);
+inline constexpr uint64_t kReclaimStarted = 2;  // no lock word is even
 
 // A session slot.
 struct SlotImage {
@@ -209,14 +217,19 @@ std::vector<std::pair<GlobalAddress, uint64_t>> BlobRefs(const NamTable& t,
 // pool: a lock word and the head of a stack of bundles; a bundle is itself a free object of
 // the class holding (next, count, addresses...). Each process keeps a local cache per class;
 // a cache past two bundles pushes one to the pool (lock, read head, write bundle, write head,
-// unlock: ~5 operations for up to size/8 - 2 objects), an empty cache pops one. New memory
-// comes from the pool's allocator in the class's size. A process that dies loses at most its
-// cache (bounded; documented as a leak). Placement is not kept for recycled objects.
+// unlock: ~5 operations for up to size/8 - 2 objects), an empty cache pops one. Objects of
+// kCachedClassBytes and more (hash bucket arrays, big blobs) are not cached: each goes to the
+// pool's list at once as a bundle of itself. New memory comes from the pool's allocator in
+// the class's size. A process that dies loses at most its cache (bounded: two bundles of each
+// class below kCachedClassBytes; documented as a leak). Placement is not kept for recycled
+// objects.
 //
 // Thread-safety: safe for concurrent use (one mutex per process; the pool lock per class).
 class Recycler {
  public:
-  static constexpr int kMinClass = 6, kClasses = 41;  // 64 B .. 2^46
+  static constexpr int kMinClass = 6, kClasses = 41;  // 64 B .. 2^40
+  // Freed objects of smaller classes are cached per process; bigger ones are not.
+  static constexpr uint64_t kCachedClassBytes = 64 << 10;
   static constexpr uint64_t kHeadsBytes = kClasses * 16;
 
   // `wait_ns`: how long a free-list lock held by a live holder is waited for.
@@ -242,8 +255,10 @@ class Recycler {
   static uint64_t BundleCapacity(int c) { return std::min<uint64_t>(ClassBytes(c) / 8 - 2, 62); }
   Status LockClass(const Access& access, LockOwner& owner, int c);
   Status UnlockClass(const Access& access, LockOwner& owner, int c);
-  // REQUIRES: mu_ held (the pool-side work is done under it: one process, one writer per class).
-  Status PushBundle(const Access& access, LockOwner& owner, int c);
+  // Pushes the last n + 1 cached objects of class c as one bundle (the last one holds the
+  // addresses of the n before it). REQUIRES: mu_ held (the pool-side work is done under it:
+  // one process, one writer per class); n < cache size; n <= BundleCapacity(c).
+  Status PushBundle(const Access& access, LockOwner& owner, int c, uint64_t n);
   Result<bool> PopBundle(const Access& access, LockOwner& owner, int c);
 
   Memory& memory_;
@@ -257,7 +272,7 @@ class Recycler {
 // ---------------------------------------------------------------- sessions
 
 // A session slot claimed by this process: its epoch, lease and GC announcement. Shared by
-// the session that uses it (one thread) and the maintenance thread.
+// the session that uses it (one thread) and the renewal thread.
 struct SlotLease {
   uint32_t slot = 0;
   uint64_t epoch = 0;
@@ -286,6 +301,9 @@ class NamSession final : public Session, public LockOwner {
   Status CheckLease() override;
   GlobalAddress index_log() const override { return index_log_; }
   Result<GlobalAddress> IndexLogOf(uint64_t word) override;
+  // Index memory comes from the recycler (any process frees a dropped table's index).
+  Result<GlobalAddress> AllocObject(const Access& access, uint64_t size) override;
+  Status FreeObject(const Access& access, GlobalAddress address, uint64_t size) override;
   void FaultPoint(std::string_view point) override;
   void Abandon() override;
 
@@ -456,8 +474,11 @@ class NamDatabase final : public Database {
   Status FreeBlobs(const Access& access, LockOwner& owner, const NamTable& t,
                    const unsigned char* payload);
 
-  // The internal session of this process: DDL lock, recycler locks, reclamation.
-  NamSession& system() { return *system_; }
+  // The internal session of this process (DDL lock, recycler locks, reclamation). One that
+  // lost its lease (the process stalled past it, or it was abandoned) is replaced by a newly
+  // claimed one here; others recover the old slot like any fenced session's, and the old
+  // object ends when its last user lets go. Callers hold the result for one operation.
+  Result<std::shared_ptr<NamSession>> System();
   void Hook(std::string_view point) const {
     if (options_.commit_hook) options_.commit_hook(point);
   }
@@ -465,28 +486,43 @@ class NamDatabase final : public Database {
  private:
   Status LoadTables(const Access& access);
   Result<std::unique_ptr<NamTable>> MakeTable(uint32_t id, const TableDesc& d) const;
-  Status LockDdl();
-  Status UnlockDdl();
-  // The maintenance thread: renews leases, marks idle sessions, computes the LWM, fences
-  // expired slots, frees retired chains and dropped tables.
-  void Maintain();
+  Status LockDdl(NamSession& me);
+  Status UnlockDdl(NamSession& me);
+  // The background threads (sessions.cc). The renewal thread renews leases and marks idle
+  // sessions idle; the maintenance thread computes the LWM, fences expired slots, frees
+  // retired chains, deleted records and dropped tables. Each runs `pass` every `period` until
+  // `*stop` (under stop_mu_).
+  void RunEvery(std::chrono::milliseconds period, const bool* stop,
+                const std::function<void()>& pass);
+  void StartThreads();
+  void StopThread(bool* stop, std::thread& thread);
   Status RenewAll(const Access& access);
   Status ScanSlots(const Access& access);
   Status ReclaimRetired(const Access& access);
   // Removes one deleted record (see gc.cc); false if it changed (re-inserted) meanwhile.
   // `unlinked`: its index entries are gone too (else helpers finish, and it is not freed).
-  Result<bool> RemoveRecord(const Access& access, const NamTable& t, GlobalAddress record,
-                            int64_t key, uint64_t seq, uint64_t stamp, bool* unlinked);
+  Result<bool> RemoveRecord(const Access& access, NamSession& me, const NamTable& t,
+                            GlobalAddress record, int64_t key, uint64_t seq, uint64_t stamp,
+                            bool* unlinked);
   // Whether table `t` is still live in the catalog (not dropped, not re-created).
   Result<bool> TableLive(const Access& access, const NamTable& t);
-  Status ReclaimTable(const Access& access, const NamTable& t);
+  Status ReclaimTable(const Access& access, NamSession& me, const NamTable& t);
+  // What a dead process had queued for collection is lost with it. Once every snapshot from
+  // before a session died has ended (LWM >= the counter when it was fenced), a sweep finds it
+  // again: dropped tables whose reclaimer is dead are adopted (AdoptDroppedTables), and every
+  // tombstone all snapshots see is queued for removal (QueueTombstones). See gc.cc.
+  void ScheduleSweep(uint64_t counter);
+  Status SweepOrphans(const Access& access);
+  Status AdoptDroppedTables(const Access& access, NamSession& me);
+  Status QueueTombstones(const Access& access);
 
   Engine engine_;
   Memory& memory_;
   DatabaseOptions options_;
   RootImage root_{};
   std::unique_ptr<Recycler> recycler_;
-  std::unique_ptr<NamSession> system_;
+  std::mutex system_mu_;  // guards system_ (the pointer; the session is safe to share)
+  std::shared_ptr<NamSession> system_;
 
   std::mutex mu_;  // guards tables_, by_id_, leases_, dropped_
   std::map<std::string, std::unique_ptr<NamTable>> tables_;
@@ -501,7 +537,7 @@ class NamDatabase final : public Database {
   };
   std::vector<Observed> observed_;
 
-  std::mutex retire_mu_;  // guards retired_, drop_queue_
+  std::mutex retire_mu_;  // guards retired_, drop_queue_, removals_, unlinked_, sweep_at_
   // Serialises ReclaimRetired (the maintenance thread, CollectGarbage, the destructor): its
   // index and record writes use the system session as their lock owner, and an owner is used
   // by one thread at a time (index/btree.h: a second thread would meet its own lock word and
@@ -515,6 +551,7 @@ class NamDatabase final : public Database {
   struct DropWait {
     const NamTable* table;
     uint64_t stamp;  // reclaimed once the LWM passes it
+    uint64_t word;   // the descriptor's reclaimer word we expect (our system session's)
   };
   std::deque<DropWait> drop_queue_;
   struct Removal {
@@ -531,6 +568,7 @@ class NamDatabase final : public Database {
     uint64_t stamp;  // freed once the LWM reaches it: no transaction holds the address then
   };
   std::deque<Unlinked> unlinked_;
+  uint64_t sweep_at_ = 0;  // a sweep is due once the LWM reaches this (0: none)
 
   std::atomic<uint64_t> lwm_{0};
   std::atomic<uint64_t> latest_counter_{1};
@@ -545,10 +583,15 @@ class NamDatabase final : public Database {
   GcCounters gc_;
 
  private:
-  std::thread maintenance_;
+  // The process's own operations that need no lock owner (renewals, slot scans, claims).
+  OpCount count_;
+  Access access_{memory_, count_};
+  // Shutdown: the maintenance thread stops first (its last reclamation pass needs the system
+  // session's lease), then the destructor's final pass, then the renewal thread.
+  std::thread maintenance_, renewals_;
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
-  bool stop_ = false;
+  bool stop_maintenance_ = false, stop_renewals_ = false;
 
  public:
   std::unique_ptr<Pool> owned_pool_;      // pool engine: the connection

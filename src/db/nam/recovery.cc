@@ -26,6 +26,13 @@ Result<bool> NamDatabase::FenceAndRecover(const Access& access, uint32_t slot, u
   if (prev != owner) return false;
   const int64_t deadline = fenced_at + lease_ns() - margin_ns();
   FARPOOL_RETURN_IF_ERROR(RecoverLog(access, slot, deadline));
+  if (OwnerState(owner) != kSlotFree) {
+    // A session died (or stalled past its lease): what its process had queued for collection
+    // is found again by a sweep once no snapshot from before now is left (gc.cc).
+    uint64_t word;
+    FARPOOL_RETURN_IF_ERROR(access.Read(RootField(kRootCounter), &word, 8));
+    ScheduleSweep(CounterOf(word));
+  }
   if (MonoNs() > deadline) {
     return Status::Unavailable("recovery of session slot " + std::to_string(slot) +
                                " ran out of its lease; someone else will finish it");
@@ -123,7 +130,7 @@ Status NamDatabase::BreakRecordLock(const Access& access, GlobalAddress record, 
 }
 
 Status NamDatabase::RecoverExpired() {
-  const Access& access = system_->access_;
+  const Access& access = access_;
   std::set<uint32_t> mine;
   {
     std::lock_guard<std::mutex> l(mu_);

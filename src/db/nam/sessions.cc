@@ -1,5 +1,5 @@
-// Session slots, leases and fencing, the maintenance thread, and Begin (nam_internal.h has the
-// rules; docs/database.md "Leases and fencing" the reasoning).
+// Session slots, leases and fencing, the renewal and maintenance threads, and Begin
+// (nam_internal.h has the rules; docs/database.md "Leases and fencing" the reasoning).
 #include <unistd.h>
 
 #include <algorithm>
@@ -140,7 +140,7 @@ Result<std::unique_ptr<NamSession>> NamDatabase::OpenSession(const Access& acces
 }
 
 Result<std::unique_ptr<Session>> NamDatabase::NewSession() {
-  FARPOOL_ASSIGN_OR_RETURN(auto session, OpenSession(system_->access_));
+  FARPOOL_ASSIGN_OR_RETURN(auto session, OpenSession(access_));
   return std::unique_ptr<Session>(std::move(session));
 }
 
@@ -154,29 +154,58 @@ void NamDatabase::NoteCounter(uint64_t c) {
   }
 }
 
-// ================================================================ maintenance thread
+// ================================================================ background threads
 
-// Every kGcPeriod: renew the leases that are due, mark long-idle sessions idle, compute the
-// LWM while fencing expired slots, free retired chains and dropped tables whose time came.
+// Two threads per process. The renewal thread renews the leases that are due and marks
+// long-idle sessions idle: a CAS per due lease and nothing that waits for more than a
+// session's own short critical sections, so a renewal is late by at most the renewal period
+// and a few round trips. The maintenance thread
+// (every kGcPeriod) computes the LWM while fencing expired slots (recovering a dead session
+// takes as long as its log) and frees retired chains, deleted records and dropped tables (a
+// dropped table takes as long as it is big). When both shared one thread, a long reclamation
+// delayed renewals past the lease and others fenced this process's live sessions.
 namespace {
 constexpr auto kGcPeriod = std::chrono::milliseconds(10);
 constexpr int64_t kIdleAfterNs = 50'000'000;
 }  // namespace
 
-void NamDatabase::Maintain() {
-  const Access& access = system_->access_;
+void NamDatabase::RunEvery(std::chrono::milliseconds period, const bool* stop,
+                           const std::function<void()>& pass) {
   std::unique_lock<std::mutex> sl(stop_mu_);
-  while (!stop_) {
-    stop_cv_.wait_for(sl, kGcPeriod);
-    if (stop_) break;
+  while (!*stop) {
+    stop_cv_.wait_for(sl, period);
+    if (*stop) break;
     sl.unlock();
-    // Errors are transient here (a server being slow or gone): the next pass tries again, and
-    // a lease that cannot be renewed simply runs out, which every user of it checks.
-    (void)RenewAll(access);
-    (void)ScanSlots(access);
-    (void)ReclaimRetired(access);
+    pass();
     sl.lock();
   }
+}
+
+void NamDatabase::StopThread(bool* stop, std::thread& thread) {
+  {
+    std::lock_guard<std::mutex> l(stop_mu_);
+    *stop = true;
+  }
+  stop_cv_.notify_all();
+  if (thread.joinable()) thread.join();
+}
+
+void NamDatabase::StartThreads() {
+  // Errors of a pass are transient (a server being slow or gone): the next pass tries again,
+  // and a lease that cannot be renewed simply runs out, which every user of it checks.
+  // Renewals are due every lease/4; looking 8 times per lease keeps them on time.
+  const auto renew_period = std::clamp(std::chrono::milliseconds(root_.lease_ms / 8),
+                                       std::chrono::milliseconds(1), kGcPeriod);
+  renewals_ = std::thread([this, renew_period] {
+    RunEvery(renew_period, &stop_renewals_, [this] { (void)RenewAll(access_); });
+  });
+  maintenance_ = std::thread([this] {
+    RunEvery(kGcPeriod, &stop_maintenance_, [this] {
+      (void)ScanSlots(access_);
+      (void)ReclaimRetired(access_);
+      (void)SweepOrphans(access_);
+    });
+  });
 }
 
 Status NamDatabase::RenewAll(const Access& access) {
@@ -257,10 +286,9 @@ Status NamDatabase::ScanSlots(const Access& access) {
 }
 
 Result<GcStats> NamDatabase::CollectGarbage() {
-  const Access& access = system_->access_;
-  FARPOOL_RETURN_IF_ERROR(RenewAll(access));
-  FARPOOL_RETURN_IF_ERROR(ScanSlots(access));
-  FARPOOL_RETURN_IF_ERROR(ReclaimRetired(access));
+  FARPOOL_RETURN_IF_ERROR(ScanSlots(access_));
+  FARPOOL_RETURN_IF_ERROR(ReclaimRetired(access_));
+  FARPOOL_RETURN_IF_ERROR(SweepOrphans(access_));
   GcStats g;
   g.lwm = lwm();
   g.live_sessions = live_sessions_;
@@ -289,8 +317,8 @@ NamSession::NamSession(NamDatabase& db, std::shared_ptr<SlotLease> lease, Global
 
 NamSession::~NamSession() {
   db_.Unregister(lease_.get());
-  // From here on nothing of ours writes to the slot but this destructor (the maintenance
-  // thread may hold a copy of the lease: it sees it fenced).
+  // From here on nothing of ours writes to the slot but this destructor (the renewal thread
+  // may hold a copy of the lease: it sees it fenced).
   const bool valid = CheckLease().ok();
   {
     std::lock_guard<std::mutex> l(lease_->mu);
@@ -337,6 +365,14 @@ Result<GlobalAddress> NamSession::IndexLogOf(uint64_t word) {
 }
 
 void NamSession::FaultPoint(std::string_view point) { db_.Hook(point); }
+
+Result<GlobalAddress> NamSession::AllocObject(const Access& access, uint64_t size) {
+  return db_.recycler().Alloc(access, *this, size, Placement::Striped());
+}
+
+Status NamSession::FreeObject(const Access& access, GlobalAddress address, uint64_t size) {
+  return db_.recycler().Free(access, *this, address, size);
+}
 
 void NamSession::Abandon() {
   lease_->fenced = true;

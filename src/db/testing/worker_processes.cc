@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 namespace farpool::db::testing {
@@ -41,6 +42,18 @@ std::string WorkerExit::Describe() const {
   if (WIFEXITED(status)) return s + "exit code " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return s + "killed by signal " + std::to_string(WTERMSIG(status));
   return s + "status " + std::to_string(status);
+}
+
+Status WaitForFile(const std::string& path, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!std::filesystem::exists(path)) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      return Status::TimedOut(path + " did not appear within " + std::to_string(limit.count()) +
+                              " s");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return Status::Ok();
 }
 
 std::vector<WorkerExit> ReapWorkers(const std::vector<pid_t>& pids, std::chrono::seconds limit) {

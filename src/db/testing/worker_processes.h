@@ -35,6 +35,9 @@ struct WorkerExit {
   std::string Describe() const;
 };
 
+// Waits until `path` exists (a worker or the parent says it is ready); TimedOut after `limit`.
+Status WaitForFile(const std::string& path, std::chrono::seconds limit);
+
 // Waits for every worker until `limit` has passed since the call; workers still running then
 // are continued (in case they are stopped) and killed with SIGKILL.
 std::vector<WorkerExit> ReapWorkers(const std::vector<pid_t>& pids, std::chrono::seconds limit);

@@ -1,0 +1,52 @@
+// A gtest fixture for real-process tests of the database: a cluster of `farpool server`
+// processes (ShmTestCluster; FARPOOL_CLUSTER names its cluster file, for the workers this
+// binary starts), a temporary directory for the test's files, the test's seed, and the
+// parent's own database handle and session. TearDown closes the handle before the cluster
+// goes down and removes the directory.
+//
+// REQUIRES: FARPOOL_BINARY (the farpool executable's path) is defined by the test's target.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "db/db_test_util.h"
+#include "farpool/db.h"
+#include "pool/test_cluster.h"
+
+namespace farpool::db::testing {
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  explicit ClusterTest(std::string dir_prefix) : dir_prefix_(std::move(dir_prefix)) {}
+
+  void SetUp() override {
+    seed_ = TestSeed();
+    cluster_ = std::make_unique<TestCluster>(ShmTestCluster(FARPOOL_BINARY));
+    ASSERT_TRUE(cluster_->status().ok()) << cluster_->status().ToString();
+    dir_ = MakeTempDir(dir_prefix_);
+    setenv("FARPOOL_CLUSTER", cluster_->cluster_file().c_str(), 1);
+  }
+  void TearDown() override {
+    session_.reset();
+    db_.reset();
+    cluster_.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  uint64_t seed_ = 0;
+  std::unique_ptr<TestCluster> cluster_;
+  std::string dir_;
+  std::unique_ptr<Database> db_;
+  std::unique_ptr<Session> session_;
+
+ private:
+  std::string dir_prefix_;
+};
+
+}  // namespace farpool::db::testing
