@@ -206,12 +206,14 @@ struct DatabaseOptions {
   std::chrono::milliseconds lease{2000};
 
   // Testing only (a fault-injection site, as FoundationDB's workloads use): called inside
-  // Commit at "locked" (write set locked), "logged" (decision written), "installing" (after
-  // each new version is posted), "installed" and "published" (timestamp published, locks not
-  // yet released). kSharded: "locked" (every participant prepared) and "decided" (partition 0
-  // committed and installed; the other participants not told yet). Tests kill the process there.
+  // Commit at "locked" (write set locked), "trimming" (kPool/kLocal: a hot record's version
+  // chain is about to be cut, the lease just checked), "logged" (decision written),
+  // "installing" (after each new version is posted), "installed" and "published" (timestamp
+  // published, locks not yet released). kSharded: "locked" (every participant prepared) and
+  // "decided" (partition 0 committed and installed; the other participants not told yet).
   // kPool and kLocal also call it inside index writes ("btree.*" and "hash.*" sites, named in
   // src/db/index/) and before each record of a dropped table is reclaimed ("gc.table-record").
+  // Tests kill or stop the process there.
   std::function<void(std::string_view point)> commit_hook;
   // Testing only: Commit skips first-committer-wins validation (locks without checking the
   // version read), so the SI checker can show it finds lost updates. kPool and kLocal only.

@@ -14,6 +14,12 @@
 //                            fences its slots, its system session's included; after SIGCONT
 //                            its old session says Unavailable, and CreateTable, DropTable
 //                            and a new session's transactions work in that same process.
+//   SigstopBetweenLockAndTrim{Deep,Shallow}, SigstopBetweenTrimCheckAndCut
+//                            deterministic: a worker stops itself (SIGSTOP) in a commit after
+//                            locking a record whose version chain it will trim; the
+//                            parent fences it, rewrites the record, cuts and frees the chain,
+//                            then continues it. The commit must return Unavailable (fenced)
+//                            and cut nothing: the chain is no longer its to walk or cut.
 //   WallClockStepsInOneWorker
 //                            one worker runs under libfaketime (FAKETIME_TIMESTAMP_FILE,
 //                            FAKETIME_NO_CACHE=1, DONT_FAKE_MONOTONIC=1): its wall clock
@@ -32,6 +38,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -262,6 +270,45 @@ Status OrphansWorker(uint64_t /*seed*/, int /*id*/) {
   for (;;) std::this_thread::sleep_for(1s);
 }
 
+// A commit that stops its own process (SIGSTOP) at fault point FARPOOL_STALL_AT ("locked" or
+// "trimming"): one rewrite of account 0, whose chain the parent made long enough to be
+// trimmed by this commit. The parent continues it after fencing it and freeing that chain.
+Status StalledTrimWorker(uint64_t, int) {
+  DatabaseOptions o = Options();
+  const std::string at = Env("FARPOOL_STALL_AT");
+  o.commit_hook = [at](std::string_view point) {
+    if (point == at) raise(SIGSTOP);
+  };
+  FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(o));
+  FARPOOL_ASSIGN_OR_RETURN(const Table* accounts, db->OpenTable("accounts"));
+  FARPOOL_ASSIGN_OR_RETURN(auto session, db->NewSession());
+  FARPOOL_ASSIGN_OR_RETURN(auto txn, session->Begin());
+  FARPOOL_ASSIGN_OR_RETURN(int64_t v, GetInt(*txn, *accounts, 0));
+  FARPOOL_RETURN_IF_ERROR(PutInt(*txn, *accounts, 0, v));
+  Status s = txn->Commit();
+  if (s.code() != StatusCode::kUnavailable) {
+    return Status::Internal("the commit that outlived its lease returned " + s.ToString() +
+                            ", not Unavailable (fenced)");
+  }
+  // Nothing this process cut may be freed: the chain is no longer its to cut. (A maintenance
+  // pass can fail once on the fenced system session; the counters are read either way.)
+  GcStats g;
+  for (int i = 0; i < 50; ++i) {
+    auto r = db->CollectGarbage();
+    if (r.ok()) {
+      g = *r;
+      break;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  if (g.chains_cut != 0 || g.nodes_freed != 0) {
+    return Status::Internal("the fenced commit cut " + std::to_string(g.chains_cut) +
+                            " chain(s) and this process freed " + std::to_string(g.nodes_freed) +
+                            " version node(s) of a chain others had rewritten");
+  }
+  return Status::Ok();
+}
+
 // ------------------------------------------------------------------ parent
 
 class LeaseFaultTest : public testing::ClusterTest {
@@ -324,6 +371,86 @@ class LeaseFaultTest : public testing::ClusterTest {
       std::fprintf(stderr, "checker: %s; taking a new session\n", s.ToString().c_str());
       session_.reset();
     }
+  }
+
+  // The interleaving behind a rare failure of SigstopOutlivesLease (a worker exiting with
+  // "version node ... fails its checksum"), made deterministic. A commit reads the
+  // announcement array when it locks, and then trims a hot record's chain (>= 8 nodes) below
+  // the version the oldest snapshot sees. A worker stops itself between the lock and the trim
+  // (SIGSTOP at "locked") while this process fences it, rewrites the record, cuts its whole
+  // chain and frees it (some nodes become free-list bundles, others stay intact), then
+  // continues it. The stalled commit must return Unavailable and cut nothing; walking on into
+  // the freed chain it either meets a node that fails its checksum or cuts a chain that was
+  // freed already, whose nodes are then freed twice (later handed to two writers at once,
+  // under readers whose leases are valid). `seen`: the version of account 0 that the oldest
+  // snapshot sees when the worker locks, i.e. where its trim would cut; `at`: where the worker
+  // stops ("locked", or "trimming": after its last lease check, before the cut's CAS).
+  void StallBeforeTrim(int seen, const std::string& at) {
+    ASSERT_NO_FATAL_FAILURE(Reopen());
+    auto write = [&] {
+      return RunChecker([&](Transaction& txn) { return PutInt(txn, *accounts_, 0, kInitial); });
+    };
+    auto r0 = db_->NewSession();
+    auto r = db_->NewSession();
+    ASSERT_TRUE(r0.ok() && r.ok());
+    // Account 0 holds version 1. r0's snapshot sees it and keeps every later version (no trim
+    // cuts anything while it runs); r's sees version `seen`.
+    auto old = (*r0)->Begin();
+    ASSERT_TRUE(old.ok()) << old.status().ToString();
+    for (int v = 2; v <= seen; ++v) ASSERT_OK(write());
+    auto mid = (*r)->Begin();
+    ASSERT_TRUE(mid.ok()) << mid.status().ToString();
+    for (int v = seen + 1; v <= 20; ++v) ASSERT_OK(write());  // chain: versions 17 .. 1
+    old->reset();
+    r0->reset();  // its announcement goes: r's is the oldest when the worker locks
+
+    auto spawned = testing::SpawnWorker("stalled_trim", 0,
+                                        {{"FARPOOL_CLUSTER", cluster_->cluster_file()},
+                                         {"FARPOOL_SEED", std::to_string(seed_)},
+                                         {"FARPOOL_STALL_AT", at}});
+    ASSERT_TRUE(spawned.ok()) << spawned.status().ToString();
+    const pid_t worker = *spawned;
+    // Wait (bounded) until it has locked account 0 and stopped itself.
+    bool stopped = false;
+    for (auto give_up = std::chrono::steady_clock::now() + kDeadline;
+         !stopped && std::chrono::steady_clock::now() < give_up;) {
+      int status = 0;
+      const pid_t w = waitpid(worker, &status, WNOHANG | WUNTRACED);
+      ASSERT_NE(w, -1) << "waitpid: " << strerror(errno);
+      if (w == worker) {
+        ASSERT_TRUE(WIFSTOPPED(status)) << "the worker ended before its commit locked (status "
+                                        << status << "; its stderr says why)";
+        stopped = true;
+      } else {
+        std::this_thread::sleep_for(10ms);
+      }
+    }
+    if (!stopped) {
+      testing::ReapWorkers({worker}, 0s);
+      FAIL() << "the worker never reached its commit";
+    }
+    // While it is stopped: r ends, the worker's slots are fenced and its lock broken, and the
+    // next write of account 0 (no snapshot older than it now) cuts the whole chain, which
+    // this process frees.
+    mid->reset();
+    r->reset();
+    ASSERT_OK(db_->RecoverExpired());
+    auto before = db_->CollectGarbage();
+    ASSERT_TRUE(before.ok()) << before.status().ToString();
+    ASSERT_OK(write());
+    uint64_t freed = 0;
+    for (int i = 0; i < 500 && freed < 17; ++i) {
+      auto g = db_->CollectGarbage();
+      ASSERT_TRUE(g.ok()) << g.status().ToString();
+      freed = g->nodes_freed - before->nodes_freed;
+      if (freed < 17) std::this_thread::sleep_for(10ms);
+    }
+    ASSERT_EQ(freed, 17u) << "the chain of account 0 (versions 17 .. 1) was not freed";
+    kill(worker, SIGCONT);
+    for (const auto& w : testing::ReapWorkers({worker}, kDeadline))
+      EXPECT_TRUE(w.Succeeded()) << w.Describe() << " (its stderr says why)";
+    Status audit = RunChecker([&](Transaction& txn) { return Audit(txn, *accounts_, *ring_); });
+    EXPECT_TRUE(audit.ok()) << audit.ToString();
   }
 
   std::string StopFile() const { return dir_ + "/stop"; }
@@ -482,6 +609,23 @@ TEST_F(LeaseFaultTest, CollectionQueuedByAKilledProcessIsFoundAgain) {
     return Status::Ok();
   });
   EXPECT_TRUE(s.ok()) << s.ToString();
+// A trim down to version 2: the stalled walk passes nodes that are free-list bundles now.
+TEST_F(LeaseFaultTest, SigstopBetweenLockAndTrimDeep) {
+  SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed_));
+  StallBeforeTrim(2, "locked");
+}
+
+// A trim down to version 6: the stalled walk meets only freed nodes that still verify.
+TEST_F(LeaseFaultTest, SigstopBetweenLockAndTrimShallow) {
+  SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed_));
+  StallBeforeTrim(6, "locked");
+}
+
+// The residual window: stopped after the walk's last lease check, right before the cut's CAS,
+// which then lands on a freed node. What it cut must not be freed (it was freed already).
+TEST_F(LeaseFaultTest, SigstopBetweenTrimCheckAndCut) {
+  SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed_));
+  StallBeforeTrim(6, "trimming");
 }
 
 // The multi-threaded libfaketime, or "" if it is not installed.
@@ -532,5 +676,6 @@ int main(int argc, char** argv) {
   return farpool::db::testing::WorkerMain(argc, argv,
                                           {{"mixed", farpool::db::MixedWorker},
                                            {"ddl", farpool::db::DdlWorker},
-                                           {"orphans", farpool::db::OrphansWorker}});
+                                           {"orphans", farpool::db::OrphansWorker},
+                                           {"stalled_trim", farpool::db::StalledTrimWorker}});
 }

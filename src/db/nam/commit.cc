@@ -46,6 +46,8 @@ class CommitRun {
     uint64_t new_seq = 0;
     std::string dropped_payload;  // evicted version that was garbage: its blobs are freed
     GlobalAddress cut;            // chain cut off the record: freed by the maintenance thread
+    GlobalAddress trimmed;        // chain cut off a chain node by Trim: retired once the
+                                  // release proves our lock was never broken
   };
 
   Status Resolve();
@@ -68,10 +70,12 @@ class CommitRun {
   bool AnyOlderThan(uint64_t stamp) const;
   // A hot record's chain (versions kept because snapshots overlap them) is trimmed under its
   // lock once it holds kTrimAt nodes: below the first node that the oldest announced snapshot
-  // can see, nothing is needed; that node's chain word is set to 0 and the rest retired.
-  // Returns how many nodes stay. REQUIRES: the announcement array was read.
+  // can see, nothing is needed; that node's chain word is set to 0 and what hung below it goes
+  // to *trimmed (retired by Reclaim or ReleaseLocks, see there). Returns how many nodes stay.
+  // REQUIRES: the announcement array was read; we hold the record's lock.
   static constexpr uint64_t kTrimAt = 8;
-  Result<uint64_t> Trim(const NamTable& t, GlobalAddress head, uint64_t length);
+  Result<uint64_t> Trim(const NamTable& t, GlobalAddress head, uint64_t length,
+                        GlobalAddress* trimmed);
 
   NamTxn& txn_;
   NamSession& s_;
@@ -319,8 +323,16 @@ void CommitRun::ReleaseLocks() {
   }
   // Some locks may still be ours: stop the session, so that others judge it dead after its
   // lease and break them (a live session's locks are never broken).
-  if (!b.Wait().ok()) s_.Abandon();
-  for (Item& it : items_) {
+  const bool released = b.Wait().ok();
+  if (!released) s_.Abandon();
+  for (size_t i = 0; i < items_.size(); ++i) {
+    Item& it = items_[i];
+    // A trim of a commit that did not get decided stands (the horizon only moves on); what it
+    // cut is ours to free only if the lock was still ours when released (see Trim).
+    if (!it.trimmed.is_null() && released && it.locked && prev[i] == mine) {
+      s_.db_.RetireChain(it.t, it.trimmed);
+    }
+    it.trimmed = GlobalAddress();
     it.locked = false;
     if (!it.spill.is_null()) {
       (void)s_.db_.recycler().Free(access_, s_, it.spill, it.t->layout_.cell_size());
@@ -334,7 +346,18 @@ void CommitRun::ReleaseLocks() {
 // after that scan read the counter, so its snapshot is at least that counter, itself at least
 // the LWM (an announcement below the LWM can only be such a late session's, which cannot read
 // anything older).
-Result<uint64_t> CommitRun::Trim(const NamTable& t, GlobalAddress head, uint64_t length) {
+
+// Trim walks and cuts what the record's lock protects, so it may act only while the lock is
+// ours. A commit that stalls past its lease after Lock is fenced and its lock broken; others
+// rewrite the record and cut, free and recycle its chain meanwhile. So: the lease is checked
+// after each node is read and before it is judged (a node that fails its checksum is then
+// never reported by a live session, and the cut's CAS follows a passed check directly: the
+// residual window of one operation, as for every store), and the cut-off nodes are retired
+// only after the CAS that releases the lock from our own word has succeeded, which proves
+// nobody broke the lock meanwhile. A trimmer stalled in that window leaks what it cut; it
+// never frees nodes that someone else freed or will free too.
+Result<uint64_t> CommitRun::Trim(const NamTable& t, GlobalAddress head, uint64_t length,
+                                 GlobalAddress* trimmed) {
   const uint32_t me = s_.lease_->open > 1 ? UINT32_MAX : s_.lease_->slot;
   uint64_t oldest = UINT64_MAX;
   for (uint32_t i = 0; i < announced_.size(); ++i) {
@@ -345,6 +368,7 @@ Result<uint64_t> CommitRun::Trim(const NamTable& t, GlobalAddress head, uint64_t
   uint64_t kept = 0;
   for (GlobalAddress at = head; !at.is_null();) {
     FARPOOL_RETURN_IF_ERROR(access_.Read(at, node.data(), node.size()));
+    FARPOOL_RETURN_IF_ERROR(s_.CheckLease());  // the node is ours to judge (see above)
     const CellView c = DecodeCell(node.data(), t.layout_);
     if (!c.valid) {
       // A session that lost its lease may walk a chain that others cut and freed meanwhile.
@@ -354,13 +378,11 @@ Result<uint64_t> CommitRun::Trim(const NamTable& t, GlobalAddress head, uint64_t
     }
     ++kept;
     if (c.stamp <= oldest) {
-      // Every snapshot sees this version or a newer one: the rest is garbage. Only while the
-      // record is still ours: a session stalled since Lock may have lost it, and the nodes it
-      // walked may be other records' by now.
+      // Every snapshot sees this version or a newer one: the rest is garbage.
       if (c.chain != 0) {
-        FARPOOL_RETURN_IF_ERROR(s_.CheckLease());
+        s_.db_.Hook("trimming");
         FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access_.Cas(at + kCellChain, c.chain, 0));
-        if (prev == c.chain) s_.db_.RetireChain(&t, GlobalAddress::FromRaw(c.chain));
+        if (prev == c.chain) *trimmed = GlobalAddress::FromRaw(c.chain);
       }
       return kept;
     }
@@ -404,7 +426,8 @@ Status CommitRun::Decide() {
       chain = keep_chain ? newest_chain : 0;
       length = keep_chain ? length : 0;
       if (keep_chain && length >= kTrimAt) {
-        FARPOOL_ASSIGN_OR_RETURN(length, Trim(*it.t, GlobalAddress::FromRaw(newest_chain), length));
+        FARPOOL_ASSIGN_OR_RETURN(
+            length, Trim(*it.t, GlobalAddress::FromRaw(newest_chain), length, &it.trimmed));
       }
       if (AnyOlderThan(successor)) {
         FARPOOL_ASSIGN_OR_RETURN(it.spill,
@@ -520,6 +543,7 @@ void CommitRun::Reclaim() {
                              reinterpret_cast<const unsigned char*>(it.dropped_payload.data()));
     }
     if (!it.cut.is_null()) s_.db_.RetireChain(it.t, it.cut);
+    if (!it.trimmed.is_null()) s_.db_.RetireChain(it.t, it.trimmed);
     if (it.w->deleted) s_.db_.QueueRemoval(it.t, it.record, it.w->key, it.new_seq, stamp_);
   }
 }

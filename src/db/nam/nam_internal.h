@@ -21,6 +21,10 @@
 // monotonic clock, and act on an expired slot only after fencing it (CAS that bumps the epoch).
 // No wall clock is compared across processes. A session's lock word carries its epoch, so a
 // fenced session's locks are recognisable; it releases them only by CAS from its own word.
+// What a lock proves, and when: reads made under a lock count only once a later lease check
+// passed (until then the lock may have been broken and the data rewritten, freed, recycled);
+// a store follows a passed check directly (one batch); and memory freed on the strength of a
+// lock (a trimmed chain) is freed only after the release CAS from our own word succeeded.
 //
 // Garbage collection: each session announces a lower bound of its snapshot in the
 // announcement array (one word per slot, 0 when idle); it writes the bound before it reads the
