@@ -371,8 +371,6 @@ Result<uint64_t> CommitRun::Trim(const NamTable& t, GlobalAddress head, uint64_t
     FARPOOL_RETURN_IF_ERROR(s_.CheckLease());  // the node is ours to judge (see above)
     const CellView c = DecodeCell(node.data(), t.layout_);
     if (!c.valid) {
-      // A session that lost its lease may walk a chain that others cut and freed meanwhile.
-      FARPOOL_RETURN_IF_ERROR(s_.CheckLease());
       return Status::Internal("version node " + at.ToString() + " of table '" + t.name_ +
                               "' fails its checksum");
     }
