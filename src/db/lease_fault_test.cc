@@ -609,6 +609,8 @@ TEST_F(LeaseFaultTest, CollectionQueuedByAKilledProcessIsFoundAgain) {
     return Status::Ok();
   });
   EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
 // A trim down to version 2: the stalled walk passes nodes that are free-list bundles now.
 TEST_F(LeaseFaultTest, SigstopBetweenLockAndTrimDeep) {
   SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed_));
