@@ -139,6 +139,10 @@ struct GcStats {
 struct TxnCounters {
   uint64_t reads = 0, writes = 0, cas = 0, faa = 0;  // one-sided operations issued
   uint64_t messages = 0;                             // sharded: request messages sent
+  // Sequential network round trips: pool engines, one per sync operation and one per batch
+  // of operations posted together; sharded, one per round of requests awaited together.
+  // Independent of the fabric: this times a fabric's latency is the waiting it implies.
+  uint64_t round_trips = 0;
   uint64_t commits = 0, aborts = 0;
 };
 

@@ -28,8 +28,15 @@ namespace farpool::db {
 // process's system session (DDL, recycler, reclamation) is used by the maintenance thread and
 // by the threads that open sessions or run DDL at the same time, so its counts are shared.
 // Relaxed: the counts order nothing.
+//
+// `round_trips` is the dependency depth of the session's memory accesses, the same on every
+// fabric: a sync operation is one round trip, a batch is one round trip however many
+// operations (and servers) it has, since its operations go out together and one Wait
+// completes them. Across a network each round trip costs one network latency, so this count
+// times the fabric's latency is what a transaction waits for (allocation is local but for the
+// occasional chunk lease, which is not counted).
 struct OpCount {
-  std::atomic<uint64_t> reads{0}, writes{0}, cas{0}, faa{0};
+  std::atomic<uint64_t> reads{0}, writes{0}, cas{0}, faa{0}, round_trips{0};
   static void Bump(std::atomic<uint64_t>& n) { n.fetch_add(1, std::memory_order_relaxed); }
 };
 
@@ -77,20 +84,21 @@ class Access {
   Memory& memory() const { return *memory_; }
   OpCount& count() const { return *count_; }
 
+  // Sync operations: one round trip each.
   Status Read(GlobalAddress a, void* d, uint64_t n) const {
-    OpCount::Bump(count_->reads);
+    Sync(count_->reads);
     return memory_->Read(a, d, n);
   }
   Status Write(GlobalAddress a, const void* s, uint64_t n) const {
-    OpCount::Bump(count_->writes);
+    Sync(count_->writes);
     return memory_->Write(a, s, n);
   }
   Result<uint64_t> Cas(GlobalAddress a, uint64_t expected, uint64_t desired) const {
-    OpCount::Bump(count_->cas);
+    Sync(count_->cas);
     return memory_->CompareAndSwap(a, expected, desired);
   }
   Result<uint64_t> Faa(GlobalAddress a, uint64_t delta) const {
-    OpCount::Bump(count_->faa);
+    Sync(count_->faa);
     return memory_->FetchAdd(a, delta);
   }
   Result<GlobalAddress> Alloc(uint64_t size, Placement p = Placement::Striped()) const {
@@ -98,7 +106,8 @@ class Access {
   }
   Status Free(GlobalAddress a) const { return memory_->Free(a); }
 
-  // A batch that counts what it posts.
+  // A batch that counts what it posts, and one round trip per Wait that has something to wait
+  // for.
   class Batch {
    public:
     explicit Batch(const Access& access)
@@ -119,7 +128,10 @@ class Access {
       OpCount::Bump(count_->faa);
       return batch_->FetchAdd(a, delta, previous);
     }
-    Status Wait() { return batch_->Wait(); }
+    Status Wait() {
+      if (batch_->posted() > 0) OpCount::Bump(count_->round_trips);
+      return batch_->Wait();
+    }
     size_t posted() const { return batch_->posted(); }
 
    private:
@@ -128,6 +140,10 @@ class Access {
   };
 
  private:
+  void Sync(std::atomic<uint64_t>& op) const {
+    OpCount::Bump(op);
+    OpCount::Bump(count_->round_trips);
+  }
   Memory* memory_;
   OpCount* count_;
 };

@@ -113,9 +113,9 @@ class Client {
  public:
   static Result<std::unique_ptr<Client>> Connect(transport::Context& context,
                                                  const std::vector<ServerAddress>& partitions,
-                                                 uint64_t* messages) {
+                                                 TxnCounters* counters) {
     std::unique_ptr<Client> c(new Client());
-    c->messages_ = messages;
+    c->counters_ = counters;
     FARPOOL_ASSIGN_OR_RETURN(c->worker_, transport::Worker::Create(context, /*wakeup=*/true));
     FARPOOL_RETURN_IF_ERROR(c->worker_->SetAmHandler(kShardAm, &OnMessage, c.get()));
     for (const ServerAddress& a : partitions) {
@@ -145,13 +145,20 @@ class Client {
     if (eps_[p]->failed()) return Status::Unavailable(names_[p] + ": connection failed");
     FARPOOL_RETURN_IF_ERROR(
         PostMessage(eps_[p]->get(), Encode(id, op, body, tail), true).WithContext(names_[p]));
-    ++*messages_;
+    ++counters_->messages;
+    ++unwaited_;
     pending_[id] = p;
     return id;
   }
   // Waits for the reply of `id`; an ErrorReply becomes its Status; a reply of another opcode
   // than `expected` is a Protocol error.
+  // The first Wait after requests were posted is one round trip: those requests went out
+  // together (the partitions work on them in parallel).
   Result<Reply> Wait(uint64_t id, Opcode expected) {
+    if (unwaited_ > 0) {
+      ++counters_->round_trips;
+      unwaited_ = 0;
+    }
     const size_t p = pending_[id];
     const auto deadline = Clock::now() + kRequestTimeout;
     for (uint32_t spins = 0;; ++spins) {
@@ -246,7 +253,8 @@ class Client {
     return UCS_OK;
   }
 
-  uint64_t* messages_ = nullptr;
+  TxnCounters* counters_ = nullptr;  // messages and round trips are counted here
+  uint64_t unwaited_ = 0;            // requests posted since the last Wait
   std::unique_ptr<transport::Worker> worker_;
   std::vector<std::unique_ptr<transport::Endpoint>> eps_;
   std::vector<std::string> names_;
@@ -268,7 +276,7 @@ class ShardedSession final : public Session {
   uint64_t NextTxnId() { return (nonce_ << 32) | (++seq_ & 0xFFFFFFFFULL); }
 
   ShardedDatabase& db_;
-  TxnCounters counters_;  // first: the client counts messages into it
+  TxnCounters counters_;  // first: the client counts messages and round trips into it
   std::unique_ptr<Client> client_;
   const uint64_t nonce_;
   uint64_t seq_ = 0;
@@ -310,7 +318,7 @@ class ShardedDatabase final : public Database {
   std::vector<ServerAddress> partitions_;
   std::unique_ptr<transport::Context> context_;
   std::mutex mu_;  // guards admin_ and tables_
-  uint64_t admin_messages_ = 0;
+  TxnCounters admin_counters_;
   std::unique_ptr<Client> admin_;
   std::map<uint32_t, std::unique_ptr<ShardTable>> tables_;  // by id; never removed
 };
@@ -396,7 +404,7 @@ Status ShardedDatabase::Init() {
   copts.fabric = fabric;
   copts.wakeup = true;
   FARPOOL_ASSIGN_OR_RETURN(context_, transport::Context::Create(copts));
-  FARPOOL_ASSIGN_OR_RETURN(admin_, Client::Connect(*context_, partitions_, &admin_messages_));
+  FARPOOL_ASSIGN_OR_RETURN(admin_, Client::Connect(*context_, partitions_, &admin_counters_));
   // Fail early if the cluster does not answer.
   FARPOOL_ASSIGN_OR_RETURN(
       Reply r, admin_->Call(0, Opcode::kBeginRequest, BeginRequest{0}, Opcode::kBeginReply));
@@ -478,7 +486,7 @@ Result<std::unique_ptr<Session>> ShardedDatabase::NewSession() {
       ((uint64_t(rd()) ^ (uint64_t(getpid()) << 8) ^ counter.fetch_add(1)) & 0xFFFFFFFFULL) | 1;
   auto session = std::make_unique<ShardedSession>(*this, nullptr, nonce);
   FARPOOL_ASSIGN_OR_RETURN(session->client_,
-                           Client::Connect(*context_, partitions_, &session->counters_.messages));
+                           Client::Connect(*context_, partitions_, &session->counters_));
   return std::unique_ptr<Session>(std::move(session));
 }
 

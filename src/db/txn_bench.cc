@@ -237,7 +237,8 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
   }
   for (auto& t : threads) t.join();
   nlohmann::json out;
-  uint64_t commits = 0, aborts = 0, reads = 0, writes = 0, cas = 0, faa = 0, messages = 0;
+  uint64_t commits = 0, aborts = 0, reads = 0, writes = 0, cas = 0, faa = 0, messages = 0,
+           round_trips = 0;
   std::vector<uint32_t> lat;
   uint64_t max_ns = 0;
   for (auto& st : stats) {
@@ -250,6 +251,7 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
     cas += st.ops_end.cas - st.ops_start.cas;
     faa += st.ops_end.faa - st.ops_start.faa;
     messages += st.ops_end.messages - st.ops_start.messages;
+    round_trips += st.ops_end.round_trips - st.ops_start.round_trips;
     lat.insert(lat.end(), st.latency_ns.begin(), st.latency_ns.end());
   }
   out["commits"] = commits;
@@ -259,6 +261,7 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
   out["cas"] = cas;
   out["faa"] = faa;
   out["messages"] = messages;
+  out["round_trips"] = round_trips;
   out["latency_ns"] = lat;
   out["max_ns"] = max_ns;
   return out;
@@ -373,13 +376,15 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
     }
   }
   FARPOOL_RETURN_IF_ERROR(Load(*db, o));
-  nlohmann::json merged = {{"commits", 0}, {"aborts", 0}, {"reads", 0},   {"writes", 0},
-                           {"cas", 0},     {"faa", 0},    {"messages", 0}};
+  nlohmann::json merged = {{"commits", 0}, {"aborts", 0},   {"reads", 0},
+                           {"writes", 0},  {"cas", 0},      {"faa", 0},
+                           {"messages", 0}, {"round_trips", 0}};
   std::vector<uint32_t> lat;
   uint64_t max_ns = 0;
   auto absorb = [&](const nlohmann::json& j) {
     max_ns = std::max(max_ns, j["max_ns"].get<uint64_t>());
-    for (const char* k : {"commits", "aborts", "reads", "writes", "cas", "faa", "messages"}) {
+    for (const char* k :
+         {"commits", "aborts", "reads", "writes", "cas", "faa", "messages", "round_trips"}) {
       merged[k] = merged[k].get<uint64_t>() + j[k].get<uint64_t>();
     }
     auto l = j["latency_ns"].get<std::vector<uint32_t>>();
@@ -463,6 +468,7 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
   r["cas_per_txn"] = merged["cas"].get<uint64_t>() / per;
   r["faa_per_txn"] = merged["faa"].get<uint64_t>() / per;
   r["messages_per_txn"] = merged["messages"].get<uint64_t>() / per;
+  r["round_trips_per_txn"] = merged["round_trips"].get<uint64_t>() / per;
   r["seed"] = o.seed;
   if (o.workload == "tpcb") r["history_keep"] = o.history_keep;
   if (auto g = db->CollectGarbage(); g.ok() && o.clients == 1) {

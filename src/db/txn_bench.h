@@ -17,8 +17,10 @@
 // its own session; after `warmup` seconds it counts, for `seconds`, the committed
 // transactions, the aborts (each retry of an Aborted transaction counts one), the latency of
 // each committed transaction including its retries, and the memory operations (pool/local)
-// or request messages (sharded) it issued, and the longest latency of any committed
-// transaction (max_us). Output: one JSON object (TxnBench fields below
+// or request messages (sharded) it issued, the round trips they took (round_trips_per_txn:
+// sequential waits on the pool or the partitions, see TxnCounters), and the longest latency of
+// any committed transaction (max_us). Per-transaction counts divide by committed transactions,
+// so they include the work of aborted attempts. Output: one JSON object (TxnBench fields below
 // plus RunContext()).
 #pragma once
 

@@ -196,6 +196,7 @@ Result<nlohmann::json> RunTpcwBench(const TpcwOptions& o) {
   struct Flow {
     Histogram lat;
     uint64_t commits = 0, aborts = 0, orders = 0;
+    TxnCounters from, to;  // the session's counts when measuring started and ended
     Status status;
   };
   std::vector<Flow> flows(o.flows);
@@ -223,7 +224,8 @@ Result<nlohmann::json> RunTpcwBench(const TpcwOptions& o) {
         if (t0 >= until) break;
         if (!measuring && t0 >= from) {
           measuring = true;
-          aborts_from = (*session)->counters().aborts;
+          st.from = (*session)->counters();
+          aborts_from = st.from.aborts;
         }
         const int64_t cid = int64_t(rng() % o.customers);
         const int64_t oid = (int64_t(f) << 32) | int64_t(st.orders);
@@ -241,20 +243,30 @@ Result<nlohmann::json> RunTpcwBench(const TpcwOptions& o) {
           st.lat.Record(ns > clock_ns ? ns - clock_ns : 0);
         }
       }
-      st.aborts = (*session)->counters().aborts - aborts_from;
+      if (!measuring) st.from = (*session)->counters();
+      st.to = (*session)->counters();
+      st.aborts = st.to.aborts - aborts_from;
     });
   }
   for (auto& th : threads) th.join();
   Histogram lat;
   uint64_t commits = 0, aborts = 0;
+  TxnCounters ops;  // over the measured window, every flow
   std::vector<uint64_t> orders;
   for (auto& f : flows) {
     FARPOOL_RETURN_IF_ERROR(f.status);
     lat.Merge(f.lat);
     commits += f.commits;
     aborts += f.aborts;
+    ops.reads += f.to.reads - f.from.reads;
+    ops.writes += f.to.writes - f.from.writes;
+    ops.cas += f.to.cas - f.from.cas;
+    ops.faa += f.to.faa - f.from.faa;
+    ops.messages += f.to.messages - f.from.messages;
+    ops.round_trips += f.to.round_trips - f.from.round_trips;
     orders.push_back(f.orders);
   }
+  const double per = commits > 0 ? double(commits) : 1.0;
   nlohmann::json r = RunContext();
   r["bench"] = "tpcw";
   r["engine"] = std::string(EngineName(o.engine));
@@ -267,6 +279,12 @@ Result<nlohmann::json> RunTpcwBench(const TpcwOptions& o) {
   r["p50_us"] = lat.Percentile(0.5) / 1000.0;
   r["p99_us"] = lat.Percentile(0.99) / 1000.0;
   r["abort_rate"] = commits + aborts ? double(aborts) / double(commits + aborts) : 0.0;
+  r["round_trips_per_txn"] = ops.round_trips / per;
+  r["reads_per_txn"] = ops.reads / per;
+  r["writes_per_txn"] = ops.writes / per;
+  r["cas_per_txn"] = ops.cas / per;
+  r["faa_per_txn"] = ops.faa / per;
+  r["messages_per_txn"] = ops.messages / per;
   r["seed"] = o.seed;
   if (o.verify) {
     FARPOOL_RETURN_IF_ERROR(Verify(*db, o, t, orders));

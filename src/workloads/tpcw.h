@@ -17,7 +17,9 @@
 // so most transactions are distributed.
 //
 // Run: `flows` threads, one session each, warm-up then `seconds`; tps, p50/p99 latency of a
-// committed transaction including its retries, abort rate. --verify: for every item,
+// committed transaction including its retries, abort rate, and per committed transaction the
+// round trips (round_trips_per_txn, see TxnCounters) and operations (pool, local) or messages
+// (sharded) of all its attempts. --verify: for every item,
 // 1000 + 1000·restocks − stock == the quantity of it in all order lines, and the customers'
 // order counts add up to the orders.
 //

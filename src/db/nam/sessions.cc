@@ -319,6 +319,7 @@ const TxnCounters& NamSession::counters() const {
   counters_.writes = count_.writes.load(std::memory_order_relaxed);
   counters_.cas = count_.cas.load(std::memory_order_relaxed);
   counters_.faa = count_.faa.load(std::memory_order_relaxed);
+  counters_.round_trips = count_.round_trips.load(std::memory_order_relaxed);
   return counters_;
 }
 
