@@ -25,6 +25,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -325,7 +326,7 @@ class ShardedDatabase final : public Database {
 
 class ShardedTxn final : public Transaction {
  public:
-  ShardedTxn(ShardedSession& s, uint64_t read_ts) : s_(s), read_ts_(read_ts) {}
+  explicit ShardedTxn(ShardedSession& s) : s_(s) {}
   ~ShardedTxn() override { Rollback(); }
 
   Status Get(const Table& table, int64_t key, Row* row) override;
@@ -343,6 +344,9 @@ class ShardedTxn final : public Transaction {
     std::string value;
   };
   using Key = std::pair<uint32_t, int64_t>;
+  // The read timestamp, asked of the timestamp service by the transaction's first read (as
+  // the pool engines take their snapshot: include/farpool/db.h).
+  Result<uint64_t> ReadTs();
   // The visible value of key (nullopt: no visible row).
   Result<std::optional<std::string>> ReadCommitted(const Table& t, int64_t key);
   // After a kBusy answer: resolves an expired holder or backs off. Aborted after waiting long.
@@ -356,7 +360,7 @@ class ShardedTxn final : public Transaction {
   }
 
   ShardedSession& s_;
-  const uint64_t read_ts_;
+  std::optional<uint64_t> read_ts_;
   std::map<Key, WriteEntry> writes_;
   bool finished_ = false;
 };
@@ -529,10 +533,16 @@ Result<uint64_t> ShardedDatabase::CountLocked(const Table& table) {
 Result<std::unique_ptr<Transaction>> ShardedSession::Begin() {
   // Installs of earlier commits: their failures surface here.
   FARPOOL_RETURN_IF_ERROR(client_->CollectLazy().WithContext("installing an earlier commit"));
-  FARPOOL_ASSIGN_OR_RETURN(
-      Reply r, client_->Call(0, Opcode::kBeginRequest, BeginRequest{0}, Opcode::kBeginReply));
-  return std::unique_ptr<Transaction>(
-      std::make_unique<ShardedTxn>(*this, r.message.As<BeginReply>().read_ts));
+  return std::unique_ptr<Transaction>(std::make_unique<ShardedTxn>(*this));
+}
+
+Result<uint64_t> ShardedTxn::ReadTs() {
+  if (!read_ts_) {
+    FARPOOL_ASSIGN_OR_RETURN(
+        Reply r, s_.client_->Call(0, Opcode::kBeginRequest, BeginRequest{0}, Opcode::kBeginReply));
+    read_ts_ = r.message.As<BeginReply>().read_ts;
+  }
+  return *read_ts_;
 }
 
 Status ShardedTxn::WaitForLock(size_t p, const ReadItem& busy, int attempt,
@@ -552,10 +562,11 @@ Status ShardedTxn::WaitForLock(size_t p, const ReadItem& busy, int attempt,
 
 Result<std::optional<std::string>> ShardedTxn::ReadCommitted(const Table& t, int64_t key) {
   const size_t p = s_.db_.PartitionOf(key);
+  FARPOOL_ASSIGN_OR_RETURN(const uint64_t read_ts, ReadTs());
   const auto since = Clock::now();
   for (int attempt = 0;; ++attempt) {
     FARPOOL_ASSIGN_OR_RETURN(
-        Reply r, s_.client_->Call(p, Opcode::kReadRequest, ReadRequest{t.id(), 1, read_ts_},
+        Reply r, s_.client_->Call(p, Opcode::kReadRequest, ReadRequest{t.id(), 1, read_ts},
                                   Opcode::kReadReply,
                                   std::span(reinterpret_cast<const std::byte*>(&key), 8)));
     FARPOOL_ASSIGN_OR_RETURN(std::vector<ReadValue> items, ParseReadItems(r.message));
@@ -627,7 +638,7 @@ Status ShardedTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit
   ScanRequest req{};
   req.table = table.id();
   req.limit = static_cast<uint32_t>(std::min<size_t>(limit, UINT32_MAX));
-  req.read_ts = read_ts_;
+  FARPOOL_ASSIGN_OR_RETURN(req.read_ts, ReadTs());
   req.lo = lo;
   req.hi = hi;
   req.reverse = reverse;
@@ -684,6 +695,7 @@ Status ShardedTxn::Commit() {
     ++s_.counters_.commits;
     return Status::Ok();
   }
+  FARPOOL_ASSIGN_OR_RETURN(const uint64_t read_ts, ReadTs());
   const uint64_t txn = s_.NextTxnId();
   const size_t n = c.size();
   std::vector<TailWriter> tails(n);
@@ -709,7 +721,7 @@ Status ShardedTxn::Commit() {
   // Phase 1: prepare on every participant, all posted before waiting.
   std::vector<std::pair<size_t, uint64_t>> ids;
   for (size_t p : participants) {
-    PrepareRequest req{txn, read_ts_, counts[p], lease_ms, one_phase ? kPrepareOnePhase : 0, 0};
+    PrepareRequest req{txn, read_ts, counts[p], lease_ms, one_phase ? kPrepareOnePhase : 0, 0};
     FARPOOL_ASSIGN_OR_RETURN(uint64_t id,
                              c.Post(p, Opcode::kPrepareRequest, req, tails[p].bytes()));
     ids.push_back({p, id});

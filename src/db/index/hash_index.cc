@@ -37,16 +37,26 @@ GlobalAddress HashIndex::Bucket(int64_t key) const {
 }
 
 Result<GlobalAddress> HashIndex::Lookup(const Access& access, int64_t key) const {
-  GlobalAddress at = Bucket(key);
-  for (int hops = 0; !at.is_null(); ++hops) {
-    struct Bucket b;
-    FARPOOL_RETURN_IF_ERROR(access.Read(at, &b, sizeof(b)));
+  struct Bucket b;
+  FARPOOL_RETURN_IF_ERROR(access.Read(Bucket(key), &b, sizeof(b)));
+  return FinishLookup(access, key, &b);
+}
+
+Status HashIndex::PostLookup(Access::Batch& batch, int64_t key, void* bucket) const {
+  return batch.Read(Bucket(key), bucket, kBucketSize);
+}
+
+Result<GlobalAddress> HashIndex::FinishLookup(const Access& access, int64_t key,
+                                              const void* bucket) const {
+  struct Bucket b;
+  std::memcpy(&b, bucket, sizeof(b));
+  for (;;) {
     for (const auto& e : b.entries) {
       if (e.record != 0 && e.key == key) return GlobalAddress::FromRaw(e.record);
     }
-    at = GlobalAddress::FromRaw(b.next);
+    if (b.next == 0) return GlobalAddress();
+    FARPOOL_RETURN_IF_ERROR(access.Read(GlobalAddress::FromRaw(b.next), &b, sizeof(b)));
   }
-  return GlobalAddress();
 }
 
 Status HashIndex::LockHead(const Access& access, LockOwner& owner, GlobalAddress head) const {

@@ -59,6 +59,13 @@ class HashIndex {
   // The record of `key`, or null if none. While an insert races, a caller may rarely get the
   // record of another key: callers compare the key stored in the record they read.
   Result<GlobalAddress> Lookup(const Access& access, int64_t key) const;
+  // Lookup split in two, so that the lookups of many keys share one round trip: PostLookup
+  // posts the read of key's head bucket into `bucket` (kBucketSize bytes, kept alive until
+  // the batch has completed); after the batch's Wait, FinishLookup answers as Lookup does,
+  // reading overflow buckets (one round trip each) only when the head bucket is full and does
+  // not hold the key.
+  Status PostLookup(Access::Batch& batch, int64_t key, void* bucket) const;
+  Result<GlobalAddress> FinishLookup(const Access& access, int64_t key, const void* bucket) const;
   // Returns the record of `key` if it exists, else inserts `record` and returns it.
   Result<GlobalAddress> GetOrInsert(const Access& access, LockOwner& owner, int64_t key,
                                     GlobalAddress record) const;
