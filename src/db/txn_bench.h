@@ -1,12 +1,13 @@
 // `farpool bench txn`: transactions per second of the database on each engine.
 //
 // Workloads (fixed seed per thread; keys uniform at random):
-//   bank   `accounts` rows (int64 balance). A transaction reads two random accounts and moves a
-//          random amount from one to the other (2 reads, 2 writes). --verify: the total is
-//          conserved.
+//   bank   `accounts` rows (int64 balance). A transaction reads two random accounts (one
+//          MultiGet) and moves a random amount from one to the other (2 reads, 2 writes).
+//          --verify: the total is conserved.
 //   tpcb   pgbench's TPC-B-like schema and transaction at scale factor S: S branches, 10·S
-//          tellers, 100000·S accounts, history. A transaction updates one account (read,
-//          write), reads its balance, updates a teller and its branch, inserts a history row.
+//          tellers, 100000·S accounts, history. A transaction reads one account, a teller and
+//          its branch (one MultiGet), updates the three (the account's new balance is what
+//          pgbench's SELECT reads back), inserts a history row.
 //          --history-keep N (not pgbench; for soaks): each thread also deletes the history row
 //          it inserted N transactions earlier, so the history table stays at N rows per
 //          thread and a run can last for hours in a fixed pool. 0 (default) keeps every row.

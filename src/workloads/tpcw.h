@@ -10,8 +10,9 @@
 // Sizes: `customers` customers (each with 1..5 cart lines of uniform items), `items` items.
 //
 // The transaction (one per operation, retried on Aborted): pick a uniform customer; read it
-// and its cart lines; for each line read the item, take `qty` from its stock (when the stock
-// would fall below 10, restock it by 1000 as TPC-W does and count the restock), write it back;
+// and its cart lines (one MultiGet, with the keys of all 5 possible lines); read the cart's
+// items (one MultiGet); for each line take `qty` from its item's stock (when the stock would
+// fall below 10, restock it by 1000 as TPC-W does and count the restock), write it back;
 // insert the order and its order lines (oid unique per flow); update the customer's order
 // count. 2 + 2·lines reads, 2 + 2·lines writes; items are spread over every server/partition,
 // so most transactions are distributed.
