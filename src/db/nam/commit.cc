@@ -62,9 +62,15 @@ class CommitRun {
   Status Resolve();
   // The records of written keys that were not read (see the top of this file).
   Status FindUnread(const std::vector<size_t>& unread);
-  // Makes `fresh` (an empty record of it.w->key, written) the key's record, unless the index
-  // has one already (then `fresh` is freed and that one is taken).
-  Status Publish(Item& it, GlobalAddress fresh);
+  // A new key's record: an empty record of the key (written) that Publish puts in the index.
+  struct NewKey {
+    size_t item;
+    GlobalAddress fresh;
+  };
+  // Makes each new key's `fresh` record the key's record, unless the index has one already
+  // (then `fresh` is freed and that one is taken): all keys go in together, whatever their
+  // tables (HashIndex::GetOrInsertMany).
+  Status Publish(const std::vector<NewKey>& news);
   // A new empty record of it.w->key, written (not published).
   Result<GlobalAddress> NewRecord(const Item& it, std::vector<unsigned char>* image);
   Status ResolveUnread(const std::vector<size_t>& need_read);
@@ -200,19 +206,25 @@ Result<GlobalAddress> CommitRun::NewRecord(const Item& it, std::vector<unsigned 
   return fresh;
 }
 
-Status CommitRun::Publish(Item& it, GlobalAddress fresh) {
-  auto inserted = it.t->hash_->GetOrInsert(access_, s_, it.w->key, fresh);
-  if (!inserted.ok()) {
-    (void)s_.db_.recycler().Free(access_, s_, fresh, it.t->layout_.record_size());
-    return IndexFailed(inserted.status());
+Status CommitRun::Publish(const std::vector<NewKey>& news) {
+  std::vector<HashIndex::Insert> inserts;
+  for (const NewKey& n : news) {
+    const Item& it = items_[n.item];
+    inserts.push_back({&*it.t->hash_, it.w->key, n.fresh});
   }
-  it.record = *inserted;
-  it.fresh = it.record == fresh;
-  if (!it.fresh) {
-    FARPOOL_RETURN_IF_ERROR(
-        s_.db_.recycler().Free(access_, s_, fresh, it.t->layout_.record_size()));
+  // On a failure some entries may be live: their records are not freed (a leak at worst).
+  Status s = HashIndex::GetOrInsertMany(access_, s_, inserts);
+  if (!s.ok()) return IndexFailed(s);
+  for (size_t j = 0; j < news.size(); ++j) {
+    Item& it = items_[news[j].item];
+    it.record = inserts[j].record;
+    it.fresh = it.record == news[j].fresh;
+    if (!it.fresh) {
+      FARPOOL_RETURN_IF_ERROR(
+          s_.db_.recycler().Free(access_, s_, news[j].fresh, it.t->layout_.record_size()));
+    }
+    s_.RememberRecord(*it.t, it.w->key, it.record);
   }
-  s_.RememberRecord(*it.t, it.w->key, it.record);
   return Status::Ok();
 }
 
@@ -271,6 +283,7 @@ Status CommitRun::FindUnread(const std::vector<size_t>& unread) {
     }
   }
   Status failed;
+  std::vector<NewKey> news;
   for (size_t j = 0; j < lookups.size(); ++j) {
     Item& it = items_[lookups[j]];
     const GlobalAddress fresh = probes[j].fresh;
@@ -278,7 +291,7 @@ Status CommitRun::FindUnread(const std::vector<size_t>& unread) {
                      ? it.t->hash_->FinishLookup(access_, it.w->key, probes[j].bucket.data())
                      : Result<GlobalAddress>(failed);
     if (found.ok() && found->is_null()) {
-      failed = Publish(it, fresh);  // frees `fresh` if it is not taken
+      news.push_back({lookups[j], fresh});
       continue;
     }
     (void)s_.db_.recycler().Free(access_, s_, fresh, it.t->layout_.record_size());
@@ -289,7 +302,13 @@ Status CommitRun::FindUnread(const std::vector<size_t>& unread) {
     it.record = *found;
     s_.RememberRecord(*it.t, it.w->key, it.record);
   }
-  FARPOOL_RETURN_IF_ERROR(failed);
+  if (!failed.ok()) {
+    for (const NewKey& n : news) {
+      (void)s_.db_.recycler().Free(access_, s_, n.fresh, items_[n.item].t->layout_.record_size());
+    }
+    return failed;
+  }
+  FARPOOL_RETURN_IF_ERROR(Publish(news));
   if (cache_cleared) {
     // Records were removed since the cache was filled: find the cached ones again.
     for (size_t i : unread) {
@@ -304,7 +323,7 @@ Status CommitRun::FindUnread(const std::vector<size_t>& unread) {
         (void)s_.db_.recycler().Free(access_, s_, fresh, it.t->layout_.record_size());
         return w;
       }
-      FARPOOL_RETURN_IF_ERROR(Publish(it, fresh));
+      FARPOOL_RETURN_IF_ERROR(Publish({{i, fresh}}));
     }
   }
   return Status::Ok();
@@ -342,10 +361,8 @@ Status CommitRun::ResolveUnread(const std::vector<size_t>& need_read) {
     }
     if (!ConsistentImage(it.image)) {
       // A torn copy (a commit raced our read): read it properly (or learn it is corrupt).
-      ReadEntry re;
       bool key_ok;
-      FARPOOL_RETURN_IF_ERROR(
-          txn_.ReadRecord(*it.t, it.record, it.w->key, &re, &it.image, &key_ok));
+      FARPOOL_RETURN_IF_ERROR(txn_.ReadRecord(*it.t, it.record, it.w->key, &it.image, &key_ok));
       if (!key_ok) {
         s_.ForgetRecord(*it.t, it.w->key);
         return Abort("index entry of key " + std::to_string(it.w->key) + " of '" + it.t->name_ +

@@ -218,7 +218,10 @@ std::vector<std::pair<GlobalAddress, uint64_t>> BlobRefs(const NamTable& t,
 // a cache past two bundles pushes one to the pool (lock, read head, write bundle, write head,
 // unlock: ~5 operations for up to size/8 - 2 objects), an empty cache pops one. New memory
 // comes from the pool's allocator in the class's size. A process that dies loses at most its
-// cache (bounded; documented as a leak). Placement is not kept for recycled objects.
+// cache (bounded; documented as a leak). Placement is not kept for recycled objects. A class
+// whose pool list was found empty is not asked again for kEmptyRetryNs (its objects come new
+// meanwhile): an insert-only workload would otherwise pay three round trips (lock, read,
+// unlock) for every allocation to learn that the list is still empty.
 //
 // Thread-safety: safe for concurrent use (one mutex per process; the pool lock per class).
 class Recycler {
@@ -253,11 +256,13 @@ class Recycler {
   Status PushBundle(const Access& access, LockOwner& owner, int c);
   Result<bool> PopBundle(const Access& access, LockOwner& owner, int c);
 
+  static constexpr int64_t kEmptyRetryNs = 10'000'000;
   Memory& memory_;
   GlobalAddress heads_;
   const int64_t wait_ns_;
   mutable std::mutex mu_;
   std::vector<std::vector<uint64_t>> cache_ = std::vector<std::vector<uint64_t>>(kClasses);
+  std::vector<int64_t> empty_until_ = std::vector<int64_t>(kClasses, 0);  // monotonic ns
   Stats stats_;
 };
 
@@ -372,7 +377,6 @@ struct KeyRead {
   GlobalAddress record;  // null: the key has no record
   bool cached = false;   // `record` came from the session's address cache
   bool done = false;     // read (or known absent)
-  std::array<unsigned char, HashIndex::kBucketSize> bucket;  // its index lookup
   RecordImage image;
   bool found = false, deleted = false;
   std::string payload;  // the visible version's fixed payload, if found
@@ -421,13 +425,13 @@ class NamTxn final : public Transaction {
   // *row and *status).
   bool ReadOwnWrite(const NamTable& t, int64_t key, Row* row, Status* status) const;
   // Given the first copy of `record` in image->bytes (read by the caller, maybe in a batch),
-  // reads again until the copy is consistent (see read.cc); fills `re`. `key_ok` false if the
-  // record is not key's (a raced or stale index entry).
-  Status SettleRecord(const NamTable& t, GlobalAddress record, int64_t key, ReadEntry* re,
-                      RecordImage* image, bool* key_ok);
+  // reads again until the copy is consistent (see read.cc). `key_ok` false if the record is
+  // not key's (a raced or stale index entry).
+  Status SettleRecord(const NamTable& t, GlobalAddress record, int64_t key, RecordImage* image,
+                      bool* key_ok);
   // Reads `record` and settles it.
-  Status ReadRecord(const NamTable& t, GlobalAddress record, int64_t key, ReadEntry* re,
-                    RecordImage* image, bool* key_ok);
+  Status ReadRecord(const NamTable& t, GlobalAddress record, int64_t key, RecordImage* image,
+                    bool* key_ok);
   // The version of `image` visible in the snapshot: sets *found, *deleted and copies payload.
   Status VisibleVersion(const NamTable& t, const RecordImage& image, bool* found, bool* deleted,
                         std::string* payload);

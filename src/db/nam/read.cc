@@ -29,14 +29,14 @@ std::vector<std::pair<GlobalAddress, uint64_t>> BlobRefs(const NamTable& t,
   return refs;
 }
 
-Status NamTxn::ReadRecord(const NamTable& t, GlobalAddress record, int64_t key, ReadEntry* re,
-                          RecordImage* image, bool* key_ok) {
+Status NamTxn::ReadRecord(const NamTable& t, GlobalAddress record, int64_t key, RecordImage* image,
+                          bool* key_ok) {
   image->bytes.resize(t.layout_.record_size());
   FARPOOL_RETURN_IF_ERROR(s_.access_.Read(record, image->bytes.data(), image->bytes.size()));
-  return SettleRecord(t, record, key, re, image, key_ok);
+  return SettleRecord(t, record, key, image, key_ok);
 }
 
-Status NamTxn::SettleRecord(const NamTable& t, GlobalAddress record, int64_t key, ReadEntry* re,
+Status NamTxn::SettleRecord(const NamTable& t, GlobalAddress record, int64_t key,
                             RecordImage* image, bool* key_ok) {
   const auto& layout = t.layout_;
   int64_t start = 0, next_check = 0;  // set at the first inconsistent copy
@@ -86,10 +86,6 @@ Status NamTxn::SettleRecord(const NamTable& t, GlobalAddress record, int64_t key
     }
     if (tries > 16) std::this_thread::yield();
   }
-  re->record = record;
-  re->newest_seq = image->newest_seq();
-  re->newest_visible = image->newest < 0 || Visible(image->cells[image->newest].stamp);
-  re->image = image->bytes;
   return Status::Ok();
 }
 
@@ -184,22 +180,24 @@ Status NamTxn::ReadKeys(std::span<KeyRead> keys) {
       NamSession::SnapshotRead snap;
       const bool taking = !has_snapshot_;
       bool cache_cleared = false;
+      std::vector<std::array<unsigned char, HashIndex::kBucketSize>> buckets(lookups.size());
       {
         Access::Batch b(s_.access_);
         Status posted = taking ? s_.PostSnapshot(b, &snap) : Status::Ok();
         if (taking && !posted.ok()) return posted;
-        for (KeyRead* k : lookups) {
-          if (posted.ok()) posted = k->t->hash_->PostLookup(b, k->key, k->bucket.data());
+        for (size_t j = 0; j < lookups.size() && posted.ok(); ++j) {
+          posted = lookups[j]->t->hash_->PostLookup(b, lookups[j]->key, buckets[j].data());
         }
         Status waited = b.Wait();
         if (!posted.ok()) waited = posted;
         if (taking) FARPOOL_RETURN_IF_ERROR(FinishSnapshot(snap, waited, &cache_cleared));
         FARPOOL_RETURN_IF_ERROR(waited);
       }
-      for (KeyRead* k : lookups) {
-        FARPOOL_ASSIGN_OR_RETURN(k->record,
-                                 k->t->hash_->FinishLookup(s_.access_, k->key, k->bucket.data()));
-        if (!k->record.is_null()) s_.RememberRecord(*k->t, k->key, k->record);
+      for (size_t j = 0; j < lookups.size(); ++j) {
+        KeyRead& k = *lookups[j];
+        FARPOOL_ASSIGN_OR_RETURN(k.record,
+                                 k.t->hash_->FinishLookup(s_.access_, k.key, buckets[j].data()));
+        if (!k.record.is_null()) s_.RememberRecord(*k.t, k.key, k.record);
       }
       if (cache_cleared) {
         // Records were removed since the cache was filled: look the cached ones up again.
@@ -226,9 +224,8 @@ Status NamTxn::ReadKeys(std::span<KeyRead> keys) {
     }
     for (KeyRead& k : keys) {
       if (k.done) continue;
-      ReadEntry re;
       bool key_ok;
-      FARPOOL_RETURN_IF_ERROR(SettleRecord(*k.t, k.record, k.key, &re, &k.image, &key_ok));
+      FARPOOL_RETURN_IF_ERROR(SettleRecord(*k.t, k.record, k.key, &k.image, &key_ok));
       if (!key_ok) {
         // A stale cache entry or a raced index entry: the next attempt looks the key up.
         if (k.image.lock == kRemovedLock && k.image.key == k.key) {
@@ -238,7 +235,12 @@ Status NamTxn::ReadKeys(std::span<KeyRead> keys) {
         continue;
       }
       FARPOOL_RETURN_IF_ERROR(VisibleVersion(*k.t, k.image, &k.found, &k.deleted, &k.payload));
-      reads_[{k.t->id_, k.key}] = std::move(re);
+      // The read, for the commit's validation (the image's bytes move there: done with them).
+      ReadEntry& re = reads_[{k.t->id_, k.key}];
+      re.record = k.record;
+      re.newest_seq = k.image.newest_seq();
+      re.newest_visible = k.image.newest < 0 || Visible(k.image.cells[k.image.newest].stamp);
+      re.image = std::move(k.image.bytes);
       k.done = true;
     }
     if (std::all_of(keys.begin(), keys.end(), [](const KeyRead& k) { return k.done; })) {
@@ -396,10 +398,9 @@ Status NamTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bo
     std::vector<int64_t> keys;
     std::vector<std::string> payloads;
     for (size_t i = 0; i < pending.size(); ++i) {
-      ReadEntry re;
       bool key_ok;
       FARPOOL_RETURN_IF_ERROR(
-          SettleRecord(t, pending[i].second, pending[i].first, &re, &images[i], &key_ok));
+          SettleRecord(t, pending[i].second, pending[i].first, &images[i], &key_ok));
       if (!key_ok) continue;
       bool found, deleted;
       std::string payload;
