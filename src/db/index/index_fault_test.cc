@@ -85,6 +85,51 @@ std::unique_ptr<Env> MakeEnv(std::chrono::milliseconds wait = BTree::kDefaultWai
   return env;
 }
 
+// One thread's lock owner, replaced by a new one (a new process taking over the work, with a
+// slot of its own) whenever it dies; every owner gets the same fault hook.
+class OwnerChain {
+ public:
+  OwnerChain(Env& env, TestOwner::Hook hook) : env_(env), hook_(std::move(hook)) {}
+  // The next owner; false if none could be made. Dead owners are kept (their slots stay).
+  bool Next() {
+    if (owner_) dead_.push_back(std::move(owner_));
+    owner_ = env_.Owner();
+    if (!owner_) return false;
+    owner_->set_hook(hook_);
+    return true;
+  }
+  TestOwner& operator*() { return *owner_; }
+  TestOwner* operator->() { return owner_.get(); }
+
+ private:
+  Env& env_;
+  TestOwner::Hook hook_;
+  std::unique_ptr<TestOwner> owner_;
+  std::vector<std::unique_ptr<TestOwner>> dead_;
+};
+
+// The hash index holds exactly `expect`: every key found by Lookup with its record, and no
+// other entry.
+void ExpectHash(Env& env, TestOwner& checker, const std::map<int64_t, GlobalAddress>& expect) {
+  for (const auto& [k, rec] : expect) {
+    auto got = env.hash->Lookup(checker.access(), k);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(*got, rec) << "key " << k;
+  }
+  size_t entries = 0;
+  ASSERT_TRUE(env.hash
+                  ->ForEach(checker.access(),
+                            [&](int64_t k, GlobalAddress rec) {
+                              ++entries;
+                              auto it = expect.find(k);
+                              EXPECT_TRUE(it != expect.end() && it->second == rec)
+                                  << "stray hash entry for key " << k;
+                              return Status::Ok();
+                            })
+                  .ok());
+  EXPECT_EQ(entries, expect.size());
+}
+
 // The tree holds exactly `expect`: a scan both ways, a lookup of every key (these read every
 // node, so they repair whatever a dead holder tore) and the structure check.
 void ExpectTree(Env& env, TestOwner& reader, const std::map<int64_t, uint64_t>& expect) {
@@ -142,22 +187,14 @@ TEST(IndexFaultTest, ConcurrentInsertsWithDyingHolders) {
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       std::mt19937_64 rng(seed * 31 + t);
-      std::vector<std::unique_ptr<TestOwner>> dead;
-      std::unique_ptr<TestOwner> owner;
-      auto fresh_owner = [&]() -> bool {
-        if (owner) dead.push_back(std::move(owner));
-        owner = env->Owner();
-        if (!owner) return false;
-        owner->set_hook([&](std::string_view p) {
-          if (p == "btree.takeover.written") ++repairs;
-          const bool structural = p.starts_with("btree.split") || p.starts_with("btree.grow") ||
-                                  p.starts_with("btree.takeover");
-          if (rng() % (structural ? 8 : 600) != 0) return Fault::kNone;
-          return EndsWith(p, ".logged") && (rng() & 1) ? Fault::kTearAndDie : Fault::kDie;
-        });
-        return true;
-      };
-      if (!fresh_owner()) {
+      OwnerChain owner(*env, [&](std::string_view p) {
+        if (p == "btree.takeover.written") ++repairs;
+        const bool structural = p.starts_with("btree.split") || p.starts_with("btree.grow") ||
+                                p.starts_with("btree.takeover");
+        if (rng() % (structural ? 8 : 600) != 0) return Fault::kNone;
+        return EndsWith(p, ".logged") && (rng() & 1) ? Fault::kTearAndDie : Fault::kDie;
+      });
+      if (!owner.Next()) {
         ++failures;
         return;
       }
@@ -173,7 +210,7 @@ TEST(IndexFaultTest, ConcurrentInsertsWithDyingHolders) {
           if (h.ok()) b = env->tree->GetOrInsert(owner->access(), *owner, key, value);
           if (h.ok() && b.ok()) break;
           if (!owner->dead()) break;
-          if (!fresh_owner()) break;
+          if (!owner.Next()) break;
         }
         if (!h.ok() || !b.ok()) {
           ADD_FAILURE() << "key " << key << ": " << h.status().ToString() << " / "
@@ -196,23 +233,7 @@ TEST(IndexFaultTest, ConcurrentInsertsWithDyingHolders) {
             << " torn nodes repaired, " << tree_model.size() << " keys\n";
   auto checker = env->Owner();
   ASSERT_NE(checker, nullptr);
-  for (const auto& [k, rec] : hash_model) {
-    auto got = env->hash->Lookup(checker->access(), k);
-    ASSERT_TRUE(got.ok()) << got.status().ToString();
-    EXPECT_EQ(*got, rec) << "key " << k;
-  }
-  size_t hash_entries = 0;
-  ASSERT_TRUE(env->hash
-                  ->ForEach(checker->access(),
-                            [&](int64_t k, GlobalAddress rec) {
-                              ++hash_entries;
-                              auto it = hash_model.find(k);
-                              EXPECT_TRUE(it != hash_model.end() && it->second == rec)
-                                  << "stray hash entry for key " << k;
-                              return Status::Ok();
-                            })
-                  .ok());
-  EXPECT_EQ(hash_entries, hash_model.size());
+  ExpectHash(*env, *checker, hash_model);
   ExpectTree(*env, *checker, tree_model);
 }
 
@@ -646,17 +667,9 @@ TEST(IndexFaultTest, HashInsertManyRacesWithDyingHolders) {
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       std::mt19937_64 rng(seed * 17 + t);
-      std::vector<std::unique_ptr<TestOwner>> dead;
-      std::unique_ptr<TestOwner> owner;
-      auto fresh_owner = [&]() -> bool {
-        if (owner) dead.push_back(std::move(owner));
-        owner = env->Owner();
-        if (!owner) return false;
-        owner->set_hook(
-            [&](std::string_view) { return rng() % 100 == 0 ? Fault::kDie : Fault::kNone; });
-        return true;
-      };
-      if (!fresh_owner()) {
+      OwnerChain owner(
+          *env, [&](std::string_view) { return rng() % 100 == 0 ? Fault::kDie : Fault::kNone; });
+      if (!owner.Next()) {
         ++failures;
         return;
       }
@@ -686,7 +699,7 @@ TEST(IndexFaultTest, HashInsertManyRacesWithDyingHolders) {
             }
           }
           if (s.ok() || !owner->dead()) break;
-          if (!fresh_owner()) break;
+          if (!owner.Next()) break;
         }
         if (!s.ok()) {
           ADD_FAILURE() << s.ToString();
@@ -706,23 +719,7 @@ TEST(IndexFaultTest, HashInsertManyRacesWithDyingHolders) {
   EXPECT_GT(env->owners->deaths(), 0u);
   auto checker = env->Owner();
   ASSERT_NE(checker, nullptr);
-  for (const auto& [k, rec] : model) {
-    auto got = env->hash->Lookup(checker->access(), k);
-    ASSERT_TRUE(got.ok()) << got.status().ToString();
-    EXPECT_EQ(*got, rec) << "key " << k;
-  }
-  size_t entries = 0;
-  ASSERT_TRUE(env->hash
-                  ->ForEach(checker->access(),
-                            [&](int64_t k, GlobalAddress rec) {
-                              ++entries;
-                              auto it = model.find(k);
-                              EXPECT_TRUE(it != model.end() && it->second == rec)
-                                  << "stray hash entry for key " << k;
-                              return Status::Ok();
-                            })
-                  .ok());
-  EXPECT_EQ(entries, model.size());
+  ExpectHash(*env, *checker, model);
 }
 
 TEST(IndexFaultTest, WaitsOnLiveHoldersEndInAClearError) {
