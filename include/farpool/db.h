@@ -23,6 +23,10 @@
 // timestamp, buffers its writes, and at commit the first committer wins: if a record it
 // writes got a version it cannot see, Commit returns Aborted. Write skew is allowed (as in
 // every SI system). Aborted is retryable and distinct from failures (RunTransaction retries).
+// The read timestamp is taken by the transaction's first read (Get, MultiGet, Delete, Scan;
+// Commit for a transaction that only wrote), as PostgreSQL's repeatable read takes its
+// snapshot at the first statement: so it includes every commit that finished before that
+// read began, in particular before Begin returned, and Begin itself costs no round trip.
 //
 // Keys: every table has an int64 primary key (not a column). Rows are fixed-layout; kBytes
 // columns hold variable-length values in blobs of their own.
@@ -35,6 +39,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -139,7 +144,17 @@ struct GcStats {
 struct TxnCounters {
   uint64_t reads = 0, writes = 0, cas = 0, faa = 0;  // one-sided operations issued
   uint64_t messages = 0;                             // sharded: request messages sent
+  // Sequential network round trips: pool engines, one per sync operation and one per batch
+  // of operations posted together; sharded, one per round of requests awaited together.
+  // Independent of the fabric: this times a fabric's latency is the waiting it implies.
+  uint64_t round_trips = 0;
   uint64_t commits = 0, aborts = 0;
+};
+
+// A key of a table (MultiGet).
+struct TableKey {
+  const Table* table = nullptr;
+  int64_t key = 0;
 };
 
 class Transaction {
@@ -149,6 +164,14 @@ class Transaction {
   // Reads the row of `key` as of this transaction's snapshot (its own writes included).
   // NotFound if the key has no visible row.
   virtual Status Get(const Table& table, int64_t key, Row* row) = 0;
+  // Get of several keys (of one or several tables) at once: (*statuses)[i] is what Get of
+  // keys[i] would return (OK, or NotFound), with the row in (*rows)[i]. Any other outcome
+  // (Aborted, a failure) is returned for the whole call. The pool engines look up every key's
+  // index entry in one round trip and read every record in the next (plus one for the rows'
+  // variable-length values, and rare follow-ups); the default, for other engines, calls Get
+  // for each key in turn. REQUIRES: every table pointer non-null.
+  virtual Status MultiGet(std::span<const TableKey> keys, std::vector<Row>* rows,
+                          std::vector<Status>* statuses);
   // Inserts or replaces the row of `key` (buffered until Commit).
   virtual Status Put(const Table& table, int64_t key, const Row& row) = 0;
   // Deletes `key` (buffered); NotFound if it has no visible row.

@@ -65,9 +65,10 @@ int RunSocial(SocialArgs& a) {
               j["load_seconds"].get<double>(), a.o.flows,
               j.contains("verify") ? ", answers verified" : "");
   for (const auto& q : j["queries"]) {
-    std::printf("  %s %-44s p50 %9.1f us  p99 %9.1f us  %10.0f queries/s\n",
+    std::printf("  %s %-44s p50 %9.1f us  p99 %9.1f us  %10.0f queries/s  %6.1f round trips\n",
                 q["query"].get<std::string>().c_str(), q["description"].get<std::string>().c_str(),
-                q["p50_us"].get<double>(), q["p99_us"].get<double>(), q["qps"].get<double>());
+                q["p50_us"].get<double>(), q["p99_us"].get<double>(), q["qps"].get<double>(),
+                q["round_trips_per_query"].get<double>());
   }
   if (a.o.load_only) std::printf("  loaded; other processes can --attach\n");
   if (j.contains("qps")) {
@@ -96,10 +97,11 @@ int RunTpcw(TpcwArgs& a) {
     std::printf("%s\n", r->dump().c_str());
   } else {
     std::printf(
-        "tpcw buy on %s, %d flows: %.0f txn/s, p50 %.1f us, p99 %.1f us, abort rate %.3f%s\n",
+        "tpcw buy on %s, %d flows: %.0f txn/s, p50 %.1f us, p99 %.1f us, abort rate %.3f, "
+        "%.1f round trips per txn%s\n",
         a.engine.c_str(), a.o.flows, (*r)["tps"].get<double>(), (*r)["p50_us"].get<double>(),
         (*r)["p99_us"].get<double>(), (*r)["abort_rate"].get<double>(),
-        a.o.verify ? ", verified" : "");
+        (*r)["round_trips_per_txn"].get<double>(), a.o.verify ? ", verified" : "");
   }
   return 0;
 }

@@ -30,11 +30,12 @@ int RunTxn(TxnArgs& a) {
     const auto& j = *r;
     std::printf(
         "%s %s: %d clients x %d threads: %.0f txn/s, p50 %.1f us, p99 %.1f us, abort rate "
-        "%.3f, per txn %.1f reads %.1f writes %.1f cas %.1f faa\n",
+        "%.3f, per txn %.1f round trips, %.1f reads %.1f writes %.1f cas %.1f faa\n",
         a.engine.c_str(), a.o.workload.c_str(), a.o.clients, a.o.threads, j["tps"].get<double>(),
         j["p50_us"].get<double>(), j["p99_us"].get<double>(), j["abort_rate"].get<double>(),
-        j["reads_per_txn"].get<double>(), j["writes_per_txn"].get<double>(),
-        j["cas_per_txn"].get<double>(), j["faa_per_txn"].get<double>());
+        j["round_trips_per_txn"].get<double>(), j["reads_per_txn"].get<double>(),
+        j["writes_per_txn"].get<double>(), j["cas_per_txn"].get<double>(),
+        j["faa_per_txn"].get<double>());
   }
   return 0;
 }

@@ -138,6 +138,20 @@ void Row::SetBytes(size_t c, std::string v) {
   bytes_[c] = std::move(v);
 }
 
+// ---------------------------------------------------------------- Transaction
+
+Status Transaction::MultiGet(std::span<const TableKey> keys, std::vector<Row>* rows,
+                             std::vector<Status>* statuses) {
+  rows->assign(keys.size(), Row());
+  statuses->assign(keys.size(), Status::Ok());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Status s = Get(*keys[i].table, keys[i].key, &(*rows)[i]);
+    if (!s.ok() && s.code() != StatusCode::kNotFound) return s;
+    (*statuses)[i] = std::move(s);
+  }
+  return Status::Ok();
+}
+
 // ---------------------------------------------------------------- RunTransaction
 
 Status RunTransaction(Session& session, const std::function<Status(Transaction&)>& body,

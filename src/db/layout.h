@@ -145,6 +145,14 @@ inline void EncodeCell(unsigned char* out, const RecordLayout& layout, uint64_t 
   std::memcpy(out + kCellHeader + layout.payload, &sum, 8);
 }
 
+// Sets the stamp of a complete cell image, and its checksum: cells are logged before the
+// commit's stamp is known (it comes back in the same round trip) and stamped afterwards.
+inline void StampCell(unsigned char* cell, const RecordLayout& layout, uint64_t stamp) {
+  std::memcpy(cell, &stamp, 8);
+  const uint64_t sum = CellChecksum(cell, layout.payload);
+  std::memcpy(cell + kCellHeader + layout.payload, &sum, 8);
+}
+
 // A decoded copy of a record.
 struct RecordImage {
   std::vector<unsigned char> bytes;

@@ -28,8 +28,15 @@ namespace farpool::db {
 // process's system session (DDL, recycler, reclamation) is used by the maintenance thread and
 // by the threads that open sessions or run DDL at the same time, so its counts are shared.
 // Relaxed: the counts order nothing.
+//
+// `round_trips` is the dependency depth of the session's memory accesses, the same on every
+// fabric: a sync operation is one round trip, a batch is one round trip however many
+// operations (and servers) it has, since its operations go out together and one Wait
+// completes them. Across a network each round trip costs one network latency, so this count
+// times the fabric's latency is what a transaction waits for (allocation is local but for the
+// occasional chunk lease, which is not counted).
 struct OpCount {
-  std::atomic<uint64_t> reads{0}, writes{0}, cas{0}, faa{0};
+  std::atomic<uint64_t> reads{0}, writes{0}, cas{0}, faa{0}, round_trips{0};
   static void Bump(std::atomic<uint64_t>& n) { n.fetch_add(1, std::memory_order_relaxed); }
 };
 
@@ -61,6 +68,10 @@ class Memory {
   virtual Result<GlobalAddress> Alloc(uint64_t size, Placement placement) = 0;
   virtual Status Free(GlobalAddress address) = 0;
   virtual std::unique_ptr<MemoryBatch> NewBatch() = 0;
+  // Takes back a batch of NewBatch for reuse by later NewBatch calls of the same thread (a
+  // batch may be bound to the thread that made it), or drops it.
+  // REQUIRES: `batch` came from this Memory's NewBatch on this thread and has nothing posted.
+  virtual void RecycleBatch(std::unique_ptr<MemoryBatch> batch) { batch.reset(); }
   virtual std::vector<uint16_t> servers() const = 0;
   // The well-known root area (Pool::kRootSize bytes, zero at start) of the first server.
   virtual GlobalAddress Root() const = 0;
@@ -81,20 +92,21 @@ class Access {
   Memory& memory() const { return *memory_; }
   OpCount& count() const { return *count_; }
 
+  // Sync operations: one round trip each.
   Status Read(GlobalAddress a, void* d, uint64_t n) const {
-    OpCount::Bump(count_->reads);
+    Sync(count_->reads);
     return memory_->Read(a, d, n);
   }
   Status Write(GlobalAddress a, const void* s, uint64_t n) const {
-    OpCount::Bump(count_->writes);
+    Sync(count_->writes);
     return memory_->Write(a, s, n);
   }
   Result<uint64_t> Cas(GlobalAddress a, uint64_t expected, uint64_t desired) const {
-    OpCount::Bump(count_->cas);
+    Sync(count_->cas);
     return memory_->CompareAndSwap(a, expected, desired);
   }
   Result<uint64_t> Faa(GlobalAddress a, uint64_t delta) const {
-    OpCount::Bump(count_->faa);
+    Sync(count_->faa);
     return memory_->FetchAdd(a, delta);
   }
   Result<GlobalAddress> Alloc(uint64_t size, Placement p = Placement::Striped()) const {
@@ -102,37 +114,58 @@ class Access {
   }
   Status Free(GlobalAddress a) const { return memory_->Free(a); }
 
-  // A batch that counts what it posts.
+  // A batch that counts what it posts, and one round trip per Wait that has something to wait
+  // for. The memory's batch is made at the first post, so a batch that turns out empty costs
+  // nothing.
   class Batch {
    public:
-    explicit Batch(const Access& access)
-        : batch_(access.memory_->NewBatch()), count_(access.count_) {}
+    explicit Batch(const Access& access) : memory_(access.memory_), count_(access.count_) {}
+    ~Batch() {
+      if (!batch_) return;
+      if (batch_->posted() > 0) (void)batch_->Wait();  // an error path: completes them
+      memory_->RecycleBatch(std::move(batch_));
+    }
+    Batch(const Batch&) = delete;
+    Batch& operator=(const Batch&) = delete;
     Status Read(GlobalAddress a, void* d, uint64_t n) {
       OpCount::Bump(count_->reads);
-      return batch_->Read(a, d, n);
+      return Get().Read(a, d, n);
     }
     Status Write(GlobalAddress a, const void* s, uint64_t n) {
       OpCount::Bump(count_->writes);
-      return batch_->Write(a, s, n);
+      return Get().Write(a, s, n);
     }
     Status Cas(GlobalAddress a, uint64_t expected, uint64_t desired, uint64_t* previous) {
       OpCount::Bump(count_->cas);
-      return batch_->CompareAndSwap(a, expected, desired, previous);
+      return Get().CompareAndSwap(a, expected, desired, previous);
     }
     Status Faa(GlobalAddress a, uint64_t delta, uint64_t* previous) {
       OpCount::Bump(count_->faa);
-      return batch_->FetchAdd(a, delta, previous);
+      return Get().FetchAdd(a, delta, previous);
     }
-    Status Fence() { return batch_->Fence(); }
-    Status Wait() { return batch_->Wait(); }
-    size_t posted() const { return batch_->posted(); }
+    Status Fence() { return Get().Fence(); }
+    Status Wait() {
+      if (posted() == 0) return batch_ ? batch_->Wait() : Status::Ok();
+      OpCount::Bump(count_->round_trips);
+      return batch_->Wait();
+    }
+    size_t posted() const { return batch_ ? batch_->posted() : 0; }
 
    private:
+    MemoryBatch& Get() {
+      if (!batch_) batch_ = memory_->NewBatch();
+      return *batch_;
+    }
+    Memory* memory_;
     std::unique_ptr<MemoryBatch> batch_;
     OpCount* count_;
   };
 
  private:
+  void Sync(std::atomic<uint64_t>& op) const {
+    OpCount::Bump(op);
+    OpCount::Bump(count_->round_trips);
+  }
   Memory* memory_;
   OpCount* count_;
 };

@@ -25,6 +25,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -113,9 +114,9 @@ class Client {
  public:
   static Result<std::unique_ptr<Client>> Connect(transport::Context& context,
                                                  const std::vector<ServerAddress>& partitions,
-                                                 uint64_t* messages) {
+                                                 TxnCounters* counters) {
     std::unique_ptr<Client> c(new Client());
-    c->messages_ = messages;
+    c->counters_ = counters;
     FARPOOL_ASSIGN_OR_RETURN(c->worker_, transport::Worker::Create(context, /*wakeup=*/true));
     FARPOOL_RETURN_IF_ERROR(c->worker_->SetAmHandler(kShardAm, &OnMessage, c.get()));
     for (const ServerAddress& a : partitions) {
@@ -146,13 +147,20 @@ class Client {
     FARPOOL_RETURN_IF_ERROR(
         transport::PostAm(eps_[p]->get(), kShardAm, Encode(id, op, body, tail), true)
             .WithContext(names_[p]));
-    ++*messages_;
+    ++counters_->messages;
+    ++unwaited_;
     pending_[id] = p;
     return id;
   }
   // Waits for the reply of `id`; an ErrorReply becomes its Status; a reply of another opcode
   // than `expected` is a Protocol error.
+  // The first Wait after requests were posted is one round trip: those requests went out
+  // together (the partitions work on them in parallel).
   Result<Reply> Wait(uint64_t id, Opcode expected) {
+    if (unwaited_ > 0) {
+      ++counters_->round_trips;
+      unwaited_ = 0;
+    }
     const size_t p = pending_[id];
     const auto deadline = Clock::now() + kRequestTimeout;
     for (uint32_t spins = 0;; ++spins) {
@@ -245,7 +253,8 @@ class Client {
     return UCS_OK;
   }
 
-  uint64_t* messages_ = nullptr;
+  TxnCounters* counters_ = nullptr;  // messages and round trips are counted here
+  uint64_t unwaited_ = 0;            // requests posted since the last Wait
   std::unique_ptr<transport::Worker> worker_;
   std::vector<std::unique_ptr<transport::Endpoint>> eps_;
   std::vector<std::string> names_;
@@ -267,7 +276,7 @@ class ShardedSession final : public Session {
   uint64_t NextTxnId() { return (nonce_ << 32) | (++seq_ & 0xFFFFFFFFULL); }
 
   ShardedDatabase& db_;
-  TxnCounters counters_;  // first: the client counts messages into it
+  TxnCounters counters_;  // first: the client counts messages and round trips into it
   std::unique_ptr<Client> client_;
   const uint64_t nonce_;
   uint64_t seq_ = 0;
@@ -309,14 +318,14 @@ class ShardedDatabase final : public Database {
   std::vector<ServerAddress> partitions_;
   std::unique_ptr<transport::Context> context_;
   std::mutex mu_;  // guards admin_ and tables_
-  uint64_t admin_messages_ = 0;
+  TxnCounters admin_counters_;
   std::unique_ptr<Client> admin_;
   std::map<uint32_t, std::unique_ptr<ShardTable>> tables_;  // by id; never removed
 };
 
 class ShardedTxn final : public Transaction {
  public:
-  ShardedTxn(ShardedSession& s, uint64_t read_ts) : s_(s), read_ts_(read_ts) {}
+  explicit ShardedTxn(ShardedSession& s) : s_(s) {}
   ~ShardedTxn() override { Rollback(); }
 
   Status Get(const Table& table, int64_t key, Row* row) override;
@@ -334,6 +343,9 @@ class ShardedTxn final : public Transaction {
     std::string value;
   };
   using Key = std::pair<uint32_t, int64_t>;
+  // The read timestamp, asked of the timestamp service by the transaction's first read (as
+  // the pool engines take their snapshot: include/farpool/db.h).
+  Result<uint64_t> ReadTs();
   // The visible value of key (nullopt: no visible row).
   Result<std::optional<std::string>> ReadCommitted(const Table& t, int64_t key);
   // After a kBusy answer: resolves an expired holder or backs off. Aborted after waiting long.
@@ -347,7 +359,7 @@ class ShardedTxn final : public Transaction {
   }
 
   ShardedSession& s_;
-  const uint64_t read_ts_;
+  std::optional<uint64_t> read_ts_;
   std::map<Key, WriteEntry> writes_;
   bool finished_ = false;
 };
@@ -395,7 +407,7 @@ Status ShardedDatabase::Init() {
   copts.fabric = fabric;
   copts.wakeup = true;
   FARPOOL_ASSIGN_OR_RETURN(context_, transport::Context::Create(copts));
-  FARPOOL_ASSIGN_OR_RETURN(admin_, Client::Connect(*context_, partitions_, &admin_messages_));
+  FARPOOL_ASSIGN_OR_RETURN(admin_, Client::Connect(*context_, partitions_, &admin_counters_));
   // Fail early if the cluster does not answer.
   FARPOOL_ASSIGN_OR_RETURN(
       Reply r, admin_->Call(0, Opcode::kBeginRequest, BeginRequest{0}, Opcode::kBeginReply));
@@ -477,7 +489,7 @@ Result<std::unique_ptr<Session>> ShardedDatabase::NewSession() {
       ((uint64_t(rd()) ^ (uint64_t(getpid()) << 8) ^ counter.fetch_add(1)) & 0xFFFFFFFFULL) | 1;
   auto session = std::make_unique<ShardedSession>(*this, nullptr, nonce);
   FARPOOL_ASSIGN_OR_RETURN(session->client_,
-                           Client::Connect(*context_, partitions_, &session->counters_.messages));
+                           Client::Connect(*context_, partitions_, &session->counters_));
   return std::unique_ptr<Session>(std::move(session));
 }
 
@@ -520,10 +532,16 @@ Result<uint64_t> ShardedDatabase::CountLocked(const Table& table) {
 Result<std::unique_ptr<Transaction>> ShardedSession::Begin() {
   // Installs of earlier commits: their failures surface here.
   FARPOOL_RETURN_IF_ERROR(client_->CollectLazy().WithContext("installing an earlier commit"));
-  FARPOOL_ASSIGN_OR_RETURN(
-      Reply r, client_->Call(0, Opcode::kBeginRequest, BeginRequest{0}, Opcode::kBeginReply));
-  return std::unique_ptr<Transaction>(
-      std::make_unique<ShardedTxn>(*this, r.message.As<BeginReply>().read_ts));
+  return std::unique_ptr<Transaction>(std::make_unique<ShardedTxn>(*this));
+}
+
+Result<uint64_t> ShardedTxn::ReadTs() {
+  if (!read_ts_) {
+    FARPOOL_ASSIGN_OR_RETURN(
+        Reply r, s_.client_->Call(0, Opcode::kBeginRequest, BeginRequest{0}, Opcode::kBeginReply));
+    read_ts_ = r.message.As<BeginReply>().read_ts;
+  }
+  return *read_ts_;
 }
 
 Status ShardedTxn::WaitForLock(size_t p, const ReadItem& busy, int attempt,
@@ -543,10 +561,11 @@ Status ShardedTxn::WaitForLock(size_t p, const ReadItem& busy, int attempt,
 
 Result<std::optional<std::string>> ShardedTxn::ReadCommitted(const Table& t, int64_t key) {
   const size_t p = s_.db_.PartitionOf(key);
+  FARPOOL_ASSIGN_OR_RETURN(const uint64_t read_ts, ReadTs());
   const auto since = Clock::now();
   for (int attempt = 0;; ++attempt) {
     FARPOOL_ASSIGN_OR_RETURN(
-        Reply r, s_.client_->Call(p, Opcode::kReadRequest, ReadRequest{t.id(), 1, read_ts_},
+        Reply r, s_.client_->Call(p, Opcode::kReadRequest, ReadRequest{t.id(), 1, read_ts},
                                   Opcode::kReadReply,
                                   std::span(reinterpret_cast<const std::byte*>(&key), 8)));
     FARPOOL_ASSIGN_OR_RETURN(std::vector<ReadValue> items, ParseReadItems(r.message));
@@ -618,7 +637,7 @@ Status ShardedTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit
   ScanRequest req{};
   req.table = table.id();
   req.limit = static_cast<uint32_t>(std::min<size_t>(limit, UINT32_MAX));
-  req.read_ts = read_ts_;
+  FARPOOL_ASSIGN_OR_RETURN(req.read_ts, ReadTs());
   req.lo = lo;
   req.hi = hi;
   req.reverse = reverse;
@@ -675,6 +694,7 @@ Status ShardedTxn::Commit() {
     ++s_.counters_.commits;
     return Status::Ok();
   }
+  FARPOOL_ASSIGN_OR_RETURN(const uint64_t read_ts, ReadTs());
   const uint64_t txn = s_.NextTxnId();
   const size_t n = c.size();
   std::vector<TailWriter> tails(n);
@@ -700,7 +720,7 @@ Status ShardedTxn::Commit() {
   // Phase 1: prepare on every participant, all posted before waiting.
   std::vector<std::pair<size_t, uint64_t>> ids;
   for (size_t p : participants) {
-    PrepareRequest req{txn, read_ts_, counts[p], lease_ms, one_phase ? kPrepareOnePhase : 0, 0};
+    PrepareRequest req{txn, read_ts, counts[p], lease_ms, one_phase ? kPrepareOnePhase : 0, 0};
     FARPOOL_ASSIGN_OR_RETURN(uint64_t id,
                              c.Post(p, Opcode::kPrepareRequest, req, tails[p].bytes()));
     ids.push_back({p, id});

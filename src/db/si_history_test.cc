@@ -14,7 +14,8 @@
 //                                          lost updates (or read skew) — it can see them.
 //
 // Each key's row holds its list as a kBytes column (int64 elements); an append reads the list
-// and writes it back one element longer. Elements are unique across the run:
+// and writes it back one element longer. Every other transaction reads all its keys up front
+// with one MultiGet, the others one Get at a time. Elements are unique across the run:
 // (worker+1)·10⁶ + thread·10⁵ + counter (transaction ids likewise). Seeds: FARPOOL_SEED (printed).
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -97,11 +98,37 @@ Result<Txn> Attempt(Session& session, const Table& t, std::mt19937_64& rng, uint
   }
   auto txn = std::move(*begun);
   std::map<int64_t, std::vector<int64_t>> current;  // key → list as this transaction sees it
-  const int ops = 1 + static_cast<int>(rng() % 4);
+  struct Op {
+    int64_t key;
+    bool append;
+  };
+  std::vector<Op> plan(1 + rng() % 4);
+  for (Op& op : plan) {
+    op.key = static_cast<int64_t>(rng() % kKeys);
+    op.append = rng() % 2 == 0;
+  }
   Status s;
-  for (int i = 0; i < ops && s.ok(); ++i) {
-    const int64_t key = static_cast<int64_t>(rng() % kKeys);
-    const bool append = rng() % 2 == 0;
+  if (txn_id % 2 == 0) {
+    // Every other transaction reads all its keys first, with one MultiGet.
+    std::vector<TableKey> keys;
+    for (const Op& op : plan) {
+      if (std::none_of(keys.begin(), keys.end(),
+                       [&](const TableKey& k) { return k.key == op.key; }))
+        keys.push_back({&t, op.key});
+    }
+    std::vector<Row> rows;
+    std::vector<Status> found;
+    s = txn->MultiGet(keys, &rows, &found);
+    for (size_t i = 0; i < keys.size() && s.ok(); ++i) {
+      s = found[i];
+      if (!s.ok()) break;
+      auto it = current.emplace(keys[i].key, Decode(rows[i].GetBytes(0))).first;
+      rec.reads.push_back({keys[i].key, it->second});
+    }
+  }
+  for (size_t i = 0; i < plan.size() && s.ok(); ++i) {
+    const int64_t key = plan[i].key;
+    const bool append = plan[i].append;
     auto it = current.find(key);
     if (it == current.end()) {  // the external read of this key
       Row row;

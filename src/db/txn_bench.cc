@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <ctime>
 #include <random>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -128,13 +129,53 @@ Result<Tables> OpenTables(Database& db, const std::string& workload) {
   return t;
 }
 
-Status Add(Transaction& txn, const Table& t, int64_t key, size_t column, int64_t delta,
-           int64_t* after = nullptr) {
-  Row r;
-  FARPOOL_RETURN_IF_ERROR(txn.Get(t, key, &r));
-  r.SetInt64(column, r.GetInt64(column) + delta);
-  if (after) *after = r.GetInt64(column);
-  return txn.Put(t, key, r);
+// Reads the rows of `keys` in one MultiGet; every key must exist.
+Status GetAll(Transaction& txn, std::span<const TableKey> keys, std::vector<Row>* rows) {
+  std::vector<Status> found;
+  FARPOOL_RETURN_IF_ERROR(txn.MultiGet(keys, rows, &found));
+  for (Status& s : found) FARPOOL_RETURN_IF_ERROR(s);
+  return Status::Ok();
+}
+
+void AddTo(Row& row, size_t column, int64_t delta) {
+  row.SetInt64(column, row.GetInt64(column) + delta);
+}
+
+// Moves `amount` from account `from` to `to` (the same account: no change).
+Status Transfer(Transaction& txn, const Table& accounts, int64_t from, int64_t to, int64_t amount) {
+  const TableKey keys[] = {{&accounts, from}, {&accounts, to}};
+  std::vector<Row> rows;
+  FARPOOL_RETURN_IF_ERROR(GetAll(txn, keys, &rows));
+  Row& debit = rows[0];
+  Row& credit = from == to ? rows[0] : rows[1];
+  AddTo(debit, 0, -amount);
+  AddTo(credit, 0, amount);
+  FARPOOL_RETURN_IF_ERROR(txn.Put(accounts, from, debit));
+  return txn.Put(accounts, to, credit);
+}
+
+// pgbench's transaction: the account, teller and branch read together, updated, and a history
+// row inserted (and, with history_keep, the row `history_keep` transactions back deleted).
+Status TpcbTransaction(Transaction& txn, const Tables& t, int64_t aid, int64_t tid, int64_t bid,
+                       int64_t delta, int64_t hkey, int64_t drop_hkey) {
+  const TableKey keys[] = {{t.accounts, aid}, {t.tellers, tid}, {t.branches, bid}};
+  std::vector<Row> rows;
+  FARPOOL_RETURN_IF_ERROR(GetAll(txn, keys, &rows));
+  AddTo(rows[0], 1, delta);
+  (void)rows[0].GetInt64(1);  // pgbench's SELECT abalance: the value read back
+  AddTo(rows[1], 1, delta);
+  AddTo(rows[2], 0, delta);
+  FARPOOL_RETURN_IF_ERROR(txn.Put(*t.accounts, aid, rows[0]));
+  FARPOOL_RETURN_IF_ERROR(txn.Put(*t.tellers, tid, rows[1]));
+  FARPOOL_RETURN_IF_ERROR(txn.Put(*t.branches, bid, rows[2]));
+  Row h(t.history->schema());
+  h.SetInt64(0, tid);
+  h.SetInt64(1, bid);
+  h.SetInt64(2, aid);
+  h.SetInt64(3, delta);
+  h.SetInt64(4, static_cast<int64_t>(WallMs()));
+  FARPOOL_RETURN_IF_ERROR(txn.Put(*t.history, hkey, h));
+  return drop_hkey < 0 ? Status::Ok() : txn.Delete(*t.history, drop_hkey);
 }
 
 struct ThreadStats {
@@ -184,10 +225,7 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
           const int64_t amount = 1 + rng() % 100;
           r = RunTransaction(
               s,
-              [&](Transaction& txn) -> Status {
-                FARPOOL_RETURN_IF_ERROR(Add(txn, *tables.accounts, from, 0, -amount));
-                return Add(txn, *tables.accounts, to, 0, amount);
-              },
+              [&](Transaction& txn) { return Transfer(txn, *tables.accounts, from, to, amount); },
               kAttempts);
         } else {
           const int64_t aid = rng() % na;
@@ -195,23 +233,13 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
           const int64_t bid = tid / 10;
           const int64_t delta = static_cast<int64_t>(rng() % 10001) - 5000;
           const int64_t hkey = (int64_t(cid) << 48) | (int64_t(th) << 36) | int64_t(history_seq++);
+          const int64_t drop_hkey = o.history_keep == 0 || history_seq <= o.history_keep
+                                        ? -1
+                                        : hkey - int64_t(o.history_keep);
           r = RunTransaction(
               s,
-              [&](Transaction& txn) -> Status {
-                int64_t balance;
-                FARPOOL_RETURN_IF_ERROR(Add(txn, *tables.accounts, aid, 1, delta, &balance));
-                (void)balance;  // pgbench's SELECT abalance: the value read back
-                FARPOOL_RETURN_IF_ERROR(Add(txn, *tables.tellers, tid, 1, delta));
-                FARPOOL_RETURN_IF_ERROR(Add(txn, *tables.branches, bid, 0, delta));
-                Row h(tables.history->schema());
-                h.SetInt64(0, tid);
-                h.SetInt64(1, bid);
-                h.SetInt64(2, aid);
-                h.SetInt64(3, delta);
-                h.SetInt64(4, static_cast<int64_t>(WallMs()));
-                FARPOOL_RETURN_IF_ERROR(txn.Put(*tables.history, hkey, h));
-                if (o.history_keep == 0 || history_seq <= o.history_keep) return Status::Ok();
-                return txn.Delete(*tables.history, hkey - int64_t(o.history_keep));
+              [&](Transaction& txn) {
+                return TpcbTransaction(txn, tables, aid, tid, bid, delta, hkey, drop_hkey);
               },
               kAttempts);
         }
@@ -237,7 +265,8 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
   }
   for (auto& t : threads) t.join();
   nlohmann::json out;
-  uint64_t commits = 0, aborts = 0, reads = 0, writes = 0, cas = 0, faa = 0, messages = 0;
+  uint64_t commits = 0, aborts = 0, reads = 0, writes = 0, cas = 0, faa = 0, messages = 0,
+           round_trips = 0;
   std::vector<uint32_t> lat;
   uint64_t max_ns = 0;
   for (auto& st : stats) {
@@ -250,6 +279,7 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
     cas += st.ops_end.cas - st.ops_start.cas;
     faa += st.ops_end.faa - st.ops_start.faa;
     messages += st.ops_end.messages - st.ops_start.messages;
+    round_trips += st.ops_end.round_trips - st.ops_start.round_trips;
     lat.insert(lat.end(), st.latency_ns.begin(), st.latency_ns.end());
   }
   out["commits"] = commits;
@@ -259,6 +289,7 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
   out["cas"] = cas;
   out["faa"] = faa;
   out["messages"] = messages;
+  out["round_trips"] = round_trips;
   out["latency_ns"] = lat;
   out["max_ns"] = max_ns;
   return out;
@@ -269,11 +300,16 @@ Status Verify(Database& db, const TxnBenchOptions& o) {
   FARPOOL_ASSIGN_OR_RETURN(auto session, db.NewSession());
   return RunTransaction(*session, [&](Transaction& txn) -> Status {
     auto sum = [&](const Table& table, uint64_t n, size_t col, int64_t* out) -> Status {
+      constexpr uint64_t kChunk = 1000;
       *out = 0;
-      for (uint64_t i = 0; i < n; ++i) {
-        Row r;
-        FARPOOL_RETURN_IF_ERROR(txn.Get(table, i, &r));
-        *out += r.GetInt64(col);
+      std::vector<TableKey> keys;
+      std::vector<Row> rows;
+      for (uint64_t base = 0; base < n; base += kChunk) {
+        keys.clear();
+        for (uint64_t i = base; i < std::min(n, base + kChunk); ++i)
+          keys.push_back({&table, int64_t(i)});
+        FARPOOL_RETURN_IF_ERROR(GetAll(txn, keys, &rows));
+        for (const Row& r : rows) *out += r.GetInt64(col);
       }
       return Status::Ok();
     };
@@ -373,13 +409,14 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
     }
   }
   FARPOOL_RETURN_IF_ERROR(Load(*db, o));
-  nlohmann::json merged = {{"commits", 0}, {"aborts", 0}, {"reads", 0},   {"writes", 0},
-                           {"cas", 0},     {"faa", 0},    {"messages", 0}};
+  nlohmann::json merged = {{"commits", 0}, {"aborts", 0}, {"reads", 0},    {"writes", 0},
+                           {"cas", 0},     {"faa", 0},    {"messages", 0}, {"round_trips", 0}};
   std::vector<uint32_t> lat;
   uint64_t max_ns = 0;
   auto absorb = [&](const nlohmann::json& j) {
     max_ns = std::max(max_ns, j["max_ns"].get<uint64_t>());
-    for (const char* k : {"commits", "aborts", "reads", "writes", "cas", "faa", "messages"}) {
+    for (const char* k :
+         {"commits", "aborts", "reads", "writes", "cas", "faa", "messages", "round_trips"}) {
       merged[k] = merged[k].get<uint64_t>() + j[k].get<uint64_t>();
     }
     auto l = j["latency_ns"].get<std::vector<uint32_t>>();
@@ -463,6 +500,7 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
   r["cas_per_txn"] = merged["cas"].get<uint64_t>() / per;
   r["faa_per_txn"] = merged["faa"].get<uint64_t>() / per;
   r["messages_per_txn"] = merged["messages"].get<uint64_t>() / per;
+  r["round_trips_per_txn"] = merged["round_trips"].get<uint64_t>() / per;
   r["seed"] = o.seed;
   if (o.workload == "tpcb") r["history_keep"] = o.history_keep;
   if (auto g = db->CollectGarbage(); g.ok() && o.clients == 1) {

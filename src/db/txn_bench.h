@@ -1,12 +1,13 @@
 // `farpool bench txn`: transactions per second of the database on each engine.
 //
 // Workloads (fixed seed per thread; keys uniform at random):
-//   bank   `accounts` rows (int64 balance). A transaction reads two random accounts and moves a
-//          random amount from one to the other (2 reads, 2 writes). --verify: the total is
-//          conserved.
+//   bank   `accounts` rows (int64 balance). A transaction reads two random accounts (one
+//          MultiGet) and moves a random amount from one to the other (2 reads, 2 writes).
+//          --verify: the total is conserved.
 //   tpcb   pgbench's TPC-B-like schema and transaction at scale factor S: S branches, 10·S
-//          tellers, 100000·S accounts, history. A transaction updates one account (read,
-//          write), reads its balance, updates a teller and its branch, inserts a history row.
+//          tellers, 100000·S accounts, history. A transaction reads one account, a teller and
+//          its branch (one MultiGet), updates the three (the account's new balance is what
+//          pgbench's SELECT reads back), inserts a history row.
 //          --history-keep N (not pgbench; for soaks): each thread also deletes the history row
 //          it inserted N transactions earlier, so the history table stays at N rows per
 //          thread and a run can last for hours in a fixed pool. 0 (default) keeps every row.
@@ -17,8 +18,10 @@
 // its own session; after `warmup` seconds it counts, for `seconds`, the committed
 // transactions, the aborts (each retry of an Aborted transaction counts one), the latency of
 // each committed transaction including its retries, and the memory operations (pool/local)
-// or request messages (sharded) it issued, and the longest latency of any committed
-// transaction (max_us). Output: one JSON object (TxnBench fields below
+// or request messages (sharded) it issued, the round trips they took (round_trips_per_txn:
+// sequential waits on the pool or the partitions, see TxnCounters), and the longest latency of
+// any committed transaction (max_us). Per-transaction counts divide by committed transactions,
+// so they include the work of aborted attempts. Output: one JSON object (TxnBench fields below
 // plus RunContext()).
 #pragma once
 

@@ -31,7 +31,7 @@
 //             uniform group; 60% are read; the text is 3..20 words.
 //
 // Queries (each one read-only transaction; the parameter is a uniform user, or a uniform
-// message for q5):
+// message for q5; the rows an index scan names are read with one MultiGet):
 //   q1  names of the user's friends          scan sn_friends prefix, get each sn_users row
 //   q2  number of new (unread) messages sent to the user
 //                                            scan sn_inbox prefix, get each message's is_read

@@ -19,9 +19,20 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+// A kind of operation (one query, or the writes): its latencies and the round trips of the
+// measured ones.
+struct OpStats {
+  Histogram latency;
+  uint64_t round_trips = 0;
+  void Merge(const OpStats& o) {
+    latency.Merge(o.latency);
+    round_trips += o.round_trips;
+  }
+};
+
 struct FlowStats {
-  std::vector<Histogram> per_query = std::vector<Histogram>(kSocialQueries);
-  Histogram writes;
+  std::vector<OpStats> per_query = std::vector<OpStats>(kSocialQueries);
+  OpStats writes;
   Status status;
 };
 
@@ -60,6 +71,7 @@ Result<std::vector<FlowStats>> RunFlows(
         const auto t0 = Clock::now();
         if (t0 >= until) break;
         int q = 0;
+        const uint64_t rt0 = (*session)->counters().round_trips;
         Status s = op(**session, rng, f, &q);
         const auto t1 = Clock::now();
         if (!s.ok()) {
@@ -68,7 +80,9 @@ Result<std::vector<FlowStats>> RunFlows(
         }
         if (t0 >= from && t1 <= until) {
           const uint64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
-          (q == 0 ? st.writes : st.per_query[q - 1]).Record(ns > clock_ns ? ns - clock_ns : 0);
+          OpStats& kind = q == 0 ? st.writes : st.per_query[q - 1];
+          kind.latency.Record(ns > clock_ns ? ns - clock_ns : 0);
+          kind.round_trips += (*session)->counters().round_trips - rt0;
         }
       }
     });
@@ -78,13 +92,15 @@ Result<std::vector<FlowStats>> RunFlows(
   return stats;
 }
 
-nlohmann::json Summary(const Histogram& h, double seconds) {
+nlohmann::json Summary(const OpStats& o, double seconds) {
+  const Histogram& h = o.latency;
   return {{"count", h.count()},
           {"qps", h.count() / seconds},
           {"p50_us", h.Percentile(0.5) / 1000.0},
           {"p99_us", h.Percentile(0.99) / 1000.0},
           {"p999_us", h.Percentile(0.999) / 1000.0},
-          {"mean_us", h.mean() / 1000.0}};
+          {"mean_us", h.mean() / 1000.0},
+          {"round_trips_per_query", h.count() > 0 ? double(o.round_trips) / h.count() : 0.0}};
 }
 
 }  // namespace
@@ -241,7 +257,7 @@ Result<nlohmann::json> RunSocialBench(const SocialBenchOptions& in) {
             Answer a;
             return RunSocialQuery(s, tables, q, param(q, rng), &a);
           }));
-      Histogram h;
+      OpStats h;
       for (auto& st : stats) h.Merge(st.per_query[int(q) - 1]);
       nlohmann::json j = Summary(h, o.seconds);
       j["query"] = std::string(SocialQueryName(q));
@@ -278,9 +294,9 @@ Result<nlohmann::json> RunSocialBench(const SocialBenchOptions& in) {
           Answer a;
           return RunSocialQuery(s, tables, q, param(q, rng), &a);
         }));
-    Histogram all, writes;
+    OpStats all, writes;
     for (SocialQuery q : o.queries) {
-      Histogram h;
+      OpStats h;
       for (auto& st : stats) h.Merge(st.per_query[int(q) - 1]);
       all.Merge(h);
       nlohmann::json j = Summary(h, o.seconds);
@@ -291,7 +307,7 @@ Result<nlohmann::json> RunSocialBench(const SocialBenchOptions& in) {
     for (auto& st : stats) writes.Merge(st.writes);
     r["all"] = Summary(all, o.seconds);
     r["writes"] = Summary(writes, o.seconds);
-    r["qps"] = all.count() / o.seconds;
+    r["qps"] = all.latency.count() / o.seconds;
   }
   r["queries"] = per;
   return r;

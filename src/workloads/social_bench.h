@@ -9,7 +9,8 @@
 //   queries   for each query in `queries`, in turn: `flows` threads (one session each, fixed
 //             seed per thread) run that query back to back with a uniform random user (a
 //             uniform message for q5) for `warmup` + `seconds`; latency of each query (one
-//             read-only transaction) in a log-linear histogram -> p50/p99/mean, and qps.
+//             read-only transaction) in a log-linear histogram -> p50/p99/mean, qps, and the
+//             mean round trips of a query (round_trips_per_query; see TxnCounters).
 //             With flows 1 this is MEMSCALE Fig. 3 (one query flow).
 //   mix       (`mix`) every flow picks one of the six queries uniformly for each operation,
 //             and with probability `write_pct`/100 does a write instead (half "post a

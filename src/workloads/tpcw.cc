@@ -15,6 +15,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr int64_t kInitialStock = 1000;
+constexpr int64_t kMaxLines = 5;  // cart lines of a customer: 1..kMaxLines
 constexpr int kAttempts = 1 << 30;
 
 const Schema& CustomerSchema() {
@@ -78,7 +79,7 @@ Status Load(Database& db, const TpcwOptions& o, Tables* t) {
   for (uint64_t base = 0; base < o.customers; base += 50) {
     FARPOOL_RETURN_IF_ERROR(RunTransaction(*s, [&](Transaction& txn) -> Status {
       for (uint64_t c = base; c < std::min(o.customers, base + 50); ++c) {
-        const int64_t lines = 1 + int64_t(rng() % 5);
+        const int64_t lines = 1 + int64_t(rng() % kMaxLines);
         Row r(CustomerSchema());
         r.SetChar(0, "customer " + std::to_string(c));
         r.SetInt64(1, lines);
@@ -97,16 +98,40 @@ Status Load(Database& db, const TpcwOptions& o, Tables* t) {
   return Status::Ok();
 }
 
+// The customer and every cart line it may have are read in one MultiGet (lines past its count
+// are simply not found), then every item of its cart in another: two round trips of reads
+// whatever the cart's size. Two lines may name one item: they share its row.
 Status Buy(Transaction& txn, const Tables& t, int64_t cid, int64_t oid) {
-  Row c;
-  FARPOOL_RETURN_IF_ERROR(txn.Get(*t.customer, cid, &c));
+  std::vector<TableKey> keys{{t.customer, cid}};
+  for (int64_t l = 0; l < kMaxLines; ++l) keys.push_back({t.cart, cid * 8 + l});
+  std::vector<Row> rows;
+  std::vector<Status> found;
+  FARPOOL_RETURN_IF_ERROR(txn.MultiGet(keys, &rows, &found));
+  FARPOOL_RETURN_IF_ERROR(found[0]);
+  Row& c = rows[0];
   const int64_t lines = c.GetInt64(1);
+  if (lines < 1 || lines > kMaxLines) {
+    return Status::Internal("tpcw: customer " + std::to_string(cid) + " has " +
+                            std::to_string(lines) + " cart lines (expected 1.." +
+                            std::to_string(kMaxLines) + ")");
+  }
+  std::vector<TableKey> item_keys;
+  std::vector<size_t> item_of(lines);  // line -> index in item_keys
+  for (int64_t l = 0; l < lines; ++l) {
+    FARPOOL_RETURN_IF_ERROR(found[1 + l]);
+    const int64_t iid = rows[1 + l].GetInt64(0);
+    auto same = std::find_if(item_keys.begin(), item_keys.end(),
+                             [&](const TableKey& k) { return k.key == iid; });
+    item_of[l] = size_t(same - item_keys.begin());
+    if (same == item_keys.end()) item_keys.push_back({t.item, iid});
+  }
+  std::vector<Row> items;
+  FARPOOL_RETURN_IF_ERROR(txn.MultiGet(item_keys, &items, &found));
+  for (const Status& f : found) FARPOOL_RETURN_IF_ERROR(f);
   int64_t total = 0;
   for (int64_t l = 0; l < lines; ++l) {
-    Row cl, item;
-    FARPOOL_RETURN_IF_ERROR(txn.Get(*t.cart, cid * 8 + l, &cl));
-    const int64_t iid = cl.GetInt64(0), qty = cl.GetInt64(1);
-    FARPOOL_RETURN_IF_ERROR(txn.Get(*t.item, iid, &item));
+    const int64_t iid = rows[1 + l].GetInt64(0), qty = rows[1 + l].GetInt64(1);
+    Row& item = items[item_of[l]];
     int64_t stock = item.GetInt64(0);
     if (stock - qty < 10) {
       stock += kInitialStock;
@@ -196,6 +221,7 @@ Result<nlohmann::json> RunTpcwBench(const TpcwOptions& o) {
   struct Flow {
     Histogram lat;
     uint64_t commits = 0, aborts = 0, orders = 0;
+    TxnCounters from, to;  // the session's counts when measuring started and ended
     Status status;
   };
   std::vector<Flow> flows(o.flows);
@@ -223,7 +249,8 @@ Result<nlohmann::json> RunTpcwBench(const TpcwOptions& o) {
         if (t0 >= until) break;
         if (!measuring && t0 >= from) {
           measuring = true;
-          aborts_from = (*session)->counters().aborts;
+          st.from = (*session)->counters();
+          aborts_from = st.from.aborts;
         }
         const int64_t cid = int64_t(rng() % o.customers);
         const int64_t oid = (int64_t(f) << 32) | int64_t(st.orders);
@@ -241,20 +268,30 @@ Result<nlohmann::json> RunTpcwBench(const TpcwOptions& o) {
           st.lat.Record(ns > clock_ns ? ns - clock_ns : 0);
         }
       }
-      st.aborts = (*session)->counters().aborts - aborts_from;
+      if (!measuring) st.from = (*session)->counters();
+      st.to = (*session)->counters();
+      st.aborts = st.to.aborts - aborts_from;
     });
   }
   for (auto& th : threads) th.join();
   Histogram lat;
   uint64_t commits = 0, aborts = 0;
+  TxnCounters ops;  // over the measured window, every flow
   std::vector<uint64_t> orders;
   for (auto& f : flows) {
     FARPOOL_RETURN_IF_ERROR(f.status);
     lat.Merge(f.lat);
     commits += f.commits;
     aborts += f.aborts;
+    ops.reads += f.to.reads - f.from.reads;
+    ops.writes += f.to.writes - f.from.writes;
+    ops.cas += f.to.cas - f.from.cas;
+    ops.faa += f.to.faa - f.from.faa;
+    ops.messages += f.to.messages - f.from.messages;
+    ops.round_trips += f.to.round_trips - f.from.round_trips;
     orders.push_back(f.orders);
   }
+  const double per = commits > 0 ? double(commits) : 1.0;
   nlohmann::json r = RunContext();
   r["bench"] = "tpcw";
   r["engine"] = std::string(EngineName(o.engine));
@@ -267,6 +304,12 @@ Result<nlohmann::json> RunTpcwBench(const TpcwOptions& o) {
   r["p50_us"] = lat.Percentile(0.5) / 1000.0;
   r["p99_us"] = lat.Percentile(0.99) / 1000.0;
   r["abort_rate"] = commits + aborts ? double(aborts) / double(commits + aborts) : 0.0;
+  r["round_trips_per_txn"] = ops.round_trips / per;
+  r["reads_per_txn"] = ops.reads / per;
+  r["writes_per_txn"] = ops.writes / per;
+  r["cas_per_txn"] = ops.cas / per;
+  r["faa_per_txn"] = ops.faa / per;
+  r["messages_per_txn"] = ops.messages / per;
   r["seed"] = o.seed;
   if (o.verify) {
     FARPOOL_RETURN_IF_ERROR(Verify(*db, o, t, orders));

@@ -10,14 +10,17 @@
 // Sizes: `customers` customers (each with 1..5 cart lines of uniform items), `items` items.
 //
 // The transaction (one per operation, retried on Aborted): pick a uniform customer; read it
-// and its cart lines; for each line read the item, take `qty` from its stock (when the stock
-// would fall below 10, restock it by 1000 as TPC-W does and count the restock), write it back;
+// and its cart lines (one MultiGet, with the keys of all 5 possible lines); read the cart's
+// items (one MultiGet); for each line take `qty` from its item's stock (when the stock would
+// fall below 10, restock it by 1000 as TPC-W does and count the restock), write it back;
 // insert the order and its order lines (oid unique per flow); update the customer's order
 // count. 2 + 2·lines reads, 2 + 2·lines writes; items are spread over every server/partition,
 // so most transactions are distributed.
 //
 // Run: `flows` threads, one session each, warm-up then `seconds`; tps, p50/p99 latency of a
-// committed transaction including its retries, abort rate. --verify: for every item,
+// committed transaction including its retries, abort rate, and per committed transaction the
+// round trips (round_trips_per_txn, see TxnCounters) and operations (pool, local) or messages
+// (sharded) of all its attempts. --verify: for every item,
 // 1000 + 1000·restocks − stock == the quantity of it in all order lines, and the customers'
 // order counts add up to the orders.
 //

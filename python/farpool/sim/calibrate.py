@@ -31,8 +31,10 @@ Transactions are then predicted two ways for 1..8 client threads:
 * ``des``: the RSI protocol of ``txn.py`` executed as a discrete-event simulation, each
   operation a path delay D/2 -> station S -> delay D/2, with real record conflicts, aborts
   and retries (TPC-B's branch hot spot) and the commit phases batched;
-* ``mva``: mean value analysis with the op counts (measured if given) run back to back, no
-  batching and no aborts -- the simplest model that uses the counts alone.
+* ``mva``: mean value analysis with the op counts (measured if given), no aborts -- the
+  simplest model that uses the counts alone. Every operation takes its turn at the station;
+  the path delay is paid once per operation (back to back), or, when the measured rows carry
+  ``round_trips_per_txn``, once per round trip (operations posted together travel together).
 
 What it cannot do here: compare with measured transaction throughput until
 ``bench/results/txn.jsonl`` exists (``farpool bench txn ... --json``); until then the output
@@ -209,11 +211,15 @@ def predict_des(costs: dict[str, OpCost], workload: str, threads: int, seed: int
 
 def predict_mva(costs: dict[str, OpCost], counts: OpCounts, threads: int,
                 compute_ns: float = 0.0) -> float:
-    """MVA with the op station; the engine's compute is counted as delay (no core queue)."""
+    """MVA with the op station; the engine's compute is counted as delay (no core queue).
+    With measured round trips the path delay is their count times the mean delay of the
+    transaction's operations, instead of one delay per operation."""
     n = {"read": counts.reads, "write": counts.writes, "cas": counts.cas, "faa": counts.faa}
     s = sum(n[o] * costs[o].service_ns for o in OP_KINDS)
-    d = sum(n[o] * costs[o].delay_ns for o in OP_KINDS) + compute_ns
-    return mva(s, d, threads)[0] * 1e9
+    d = sum(n[o] * costs[o].delay_ns for o in OP_KINDS)
+    if counts.round_trips is not None and counts.total() > 0:
+        d = d / counts.total() * counts.round_trips
+    return mva(s, d + compute_ns, threads)[0] * 1e9
 
 
 def local_op_ns(rows: list[dict], size: int) -> dict[str, float]:

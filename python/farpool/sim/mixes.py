@@ -11,8 +11,8 @@ farpool's transactions are described by their record accesses (:class:`TxnShape`
 one-sided operation counts under the RSI protocol (DESIGN.md, "db") are derived step by step
 in :func:`rsi_op_counts` so that every count has a stated reason. Measured counts from
 ``farpool bench txn --json`` (fields ``reads_per_txn``, ``writes_per_txn``, ``cas_per_txn``,
-``faa_per_txn``) replace the derived ones when a results file is given
-(:func:`load_txn_counts`).
+``faa_per_txn``, and ``round_trips_per_txn`` where the row has it) replace the derived ones when
+a results file is given (:func:`load_txn_counts`).
 """
 
 from __future__ import annotations
@@ -113,7 +113,8 @@ def shape(name: str) -> TxnShape:
 
 @dataclass
 class OpCounts:
-    """One-sided operations per committed transaction (no aborts)."""
+    """One-sided operations per committed transaction (no aborts), and, when measured, the
+    sequential round trips they take (operations posted together share one)."""
 
     reads: float
     writes: float
@@ -121,10 +122,12 @@ class OpCounts:
     faa: float
     source: str
     steps: list[str] = field(default_factory=list)
+    round_trips: float | None = None
 
     def as_dict(self) -> dict:
         return {"reads": self.reads, "writes": self.writes, "cas": self.cas,
-                "faa": self.faa, "source": self.source, "steps": list(self.steps)}
+                "faa": self.faa, "round_trips": self.round_trips, "source": self.source,
+                "steps": list(self.steps)}
 
     def total(self) -> float:
         return self.reads + self.writes + self.cas + self.faa
@@ -194,9 +197,12 @@ def load_txn_counts(rows: list[dict], workload: str, engine: str = "pool") -> Op
     if not sel:
         return None
     n = len(sel)
+    # Rows written before the benchmark counted round trips lack the field: then none is used.
+    rts = [r["round_trips_per_txn"] for r in sel if "round_trips_per_txn" in r]
     return OpCounts(
         reads=sum(r["reads_per_txn"] for r in sel) / n,
         writes=sum(r["writes_per_txn"] for r in sel) / n,
         cas=sum(r["cas_per_txn"] for r in sel) / n,
         faa=sum(r["faa_per_txn"] for r in sel) / n,
-        source=f"measured ({n} row(s) of farpool bench txn, engine {engine})")
+        source=f"measured ({n} row(s) of farpool bench txn, engine {engine})",
+        round_trips=sum(rts) / n if len(rts) == n else None)

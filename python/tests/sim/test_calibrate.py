@@ -158,3 +158,17 @@ def test_one_thread_pool_on_local_speed_memory_matches_the_local_engine(tmp_path
     assert c["mva_tps"] == pytest.approx(100_000.0, rel=1e-9)
     assert r["engine_compute_detail"]["bank"]["memory_accesses_us"] == pytest.approx(
         (4 * 400 + 9 * 1e9 / 2.4e6 + 2 * 500) / 1e3)
+
+
+def test_mva_pays_the_path_delay_once_per_round_trip():
+    costs = cal.fit_costs(cal.load_ops(FIXTURE), None, 64)[1]
+    row = dict(_txn_local(1e5), engine="pool")
+    back_to_back = cal.load_txn_counts([row], "bank")
+    assert back_to_back.round_trips is None  # rows written before the field existed
+    batched = cal.load_txn_counts([dict(row, round_trips_per_txn=3)], "bank")
+    assert batched.round_trips == 3
+    one = cal.predict_mva(costs, back_to_back, 1)
+    assert cal.predict_mva(costs, batched, 1) > one  # 3 delays instead of 15
+    every_op = dict(row, round_trips_per_txn=back_to_back.total())
+    assert cal.predict_mva(costs, cal.load_txn_counts([every_op], "bank"), 1) == \
+        pytest.approx(one)

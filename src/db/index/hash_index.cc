@@ -1,5 +1,6 @@
 #include "db/index/hash_index.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -39,16 +40,26 @@ GlobalAddress HashIndex::Bucket(int64_t key) const {
 }
 
 Result<GlobalAddress> HashIndex::Lookup(const Access& access, int64_t key) const {
-  GlobalAddress at = Bucket(key);
-  for (int hops = 0; !at.is_null(); ++hops) {
-    struct Bucket b;
-    FARPOOL_RETURN_IF_ERROR(access.Read(at, &b, sizeof(b)));
+  struct Bucket b;
+  FARPOOL_RETURN_IF_ERROR(access.Read(Bucket(key), &b, sizeof(b)));
+  return FinishLookup(access, key, &b);
+}
+
+Status HashIndex::PostLookup(Access::Batch& batch, int64_t key, void* bucket) const {
+  return batch.Read(Bucket(key), bucket, kBucketSize);
+}
+
+Result<GlobalAddress> HashIndex::FinishLookup(const Access& access, int64_t key,
+                                              const void* bucket) const {
+  struct Bucket b;
+  std::memcpy(&b, bucket, sizeof(b));
+  for (;;) {
     for (const auto& e : b.entries) {
       if (e.record != 0 && e.key == key) return GlobalAddress::FromRaw(e.record);
     }
-    at = GlobalAddress::FromRaw(b.next);
+    if (b.next == 0) return GlobalAddress();
+    FARPOOL_RETURN_IF_ERROR(access.Read(GlobalAddress::FromRaw(b.next), &b, sizeof(b)));
   }
-  return GlobalAddress();
 }
 
 Status HashIndex::LockHead(const Access& access, LockOwner& owner, GlobalAddress head) const {
@@ -96,30 +107,30 @@ Result<GlobalAddress> HashIndex::GetOrInsert(const Access& access, LockOwner& ow
                                              GlobalAddress record) const {
   if (record.is_null()) return Status::InvalidArgument("hash index: null record address");
   const GlobalAddress head = Bucket(key);
-  const uint64_t mine = owner.lock_word();
   FARPOOL_RETURN_IF_ERROR(LockHead(access, owner, head));
   owner.FaultPoint("hash.locked");
-  auto release = [&]() { return ReleaseHead(access, owner, head); };
-  // Every error below leaves the chain whole (nothing live is ever overwritten), so the lock
-  // can always be released.
-  auto fail = [&](Status s) -> Status {
-    (void)release();
-    return s;
-  };
+  // Every error of InsertLocked leaves the chain whole (nothing live is ever overwritten), so
+  // the lock can always be released.
+  auto got = InsertLocked(access, owner, head, key, record);
+  const Status released = ReleaseHead(access, owner, head);
+  if (!got.ok()) return got.status();
+  FARPOOL_RETURN_IF_ERROR(released);
+  return got;
+}
 
+Result<GlobalAddress> HashIndex::InsertLocked(const Access& access, LockOwner& owner,
+                                              GlobalAddress head, int64_t key,
+                                              GlobalAddress record) const {
+  const uint64_t mine = owner.lock_word();
   GlobalAddress at = head;
   GlobalAddress free_slot;
   GlobalAddress last = head;
   while (!at.is_null()) {
     struct Bucket b;
-    Status s = access.Read(at, &b, sizeof(b));
-    if (!s.ok()) return fail(s);
+    FARPOOL_RETURN_IF_ERROR(access.Read(at, &b, sizeof(b)));
     for (int i = 0; i < kEntries; ++i) {
       const auto& e = b.entries[i];
-      if (e.record != 0 && e.key == key) {
-        FARPOOL_RETURN_IF_ERROR(release());
-        return GlobalAddress::FromRaw(e.record);
-      }
+      if (e.record != 0 && e.key == key) return GlobalAddress::FromRaw(e.record);
       if (e.record == 0 && free_slot.is_null()) {
         free_slot = at + (16 + 16 * i);
       }
@@ -127,46 +138,191 @@ Result<GlobalAddress> HashIndex::GetOrInsert(const Access& access, LockOwner& ow
     last = at;
     at = GlobalAddress::FromRaw(b.next);
   }
-  Status s = owner.CheckLease();
-  if (!s.ok()) return fail(s);
+  FARPOOL_RETURN_IF_ERROR(owner.CheckLease());
   if (free_slot.is_null()) {
     // A new overflow bucket holding the entry, written whole, then linked by one CAS.
-    auto nb = owner.AllocObject(access, kBucketSize);
-    if (!nb.ok()) return fail(nb.status());
+    FARPOOL_ASSIGN_OR_RETURN(GlobalAddress nb, owner.AllocObject(access, kBucketSize));
     struct Bucket fresh {};
     fresh.entries[0] = {key, record.raw()};
-    s = access.Write(*nb, &fresh, sizeof(fresh));
-    if (!s.ok()) return fail(s);
+    FARPOOL_RETURN_IF_ERROR(access.Write(nb, &fresh, sizeof(fresh)));
     owner.FaultPoint("hash.bucket-written");
-    s = owner.CheckLease();
-    if (!s.ok()) return fail(s);
-    auto prev = access.Cas(last + 8, 0, nb->raw());
-    if (!prev.ok()) return fail(prev.status());
-    if (*prev != 0) {
-      (void)owner.FreeObject(access, *nb, kBucketSize);
-      return fail(Status::Unavailable("hash index: bucket " + last.ToString() +
-                                      " was extended by someone else under our lock (" +
-                                      HolderName(mine) + "): this owner was fenced"));
+    FARPOOL_RETURN_IF_ERROR(owner.CheckLease());
+    FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(last + 8, 0, nb.raw()));
+    if (prev != 0) {
+      (void)owner.FreeObject(access, nb, kBucketSize);
+      return Status::Unavailable("hash index: bucket " + last.ToString() +
+                                 " was extended by someone else under our lock (" +
+                                 HolderName(mine) + "): this owner was fenced");
     }
   } else {
     // Key first (the slot is free: readers skip it), then the record word by CAS, which makes
     // the entry live in one atomic step.
-    s = access.Write(free_slot, &key, 8);
-    if (!s.ok()) return fail(s);
+    FARPOOL_RETURN_IF_ERROR(access.Write(free_slot, &key, 8));
     owner.FaultPoint("hash.key-written");
-    s = owner.CheckLease();
-    if (!s.ok()) return fail(s);
-    auto prev = access.Cas(free_slot + 8, 0, record.raw());
-    if (!prev.ok()) return fail(prev.status());
-    if (*prev != 0) {
-      return fail(Status::Unavailable("hash index: entry " + free_slot.ToString() +
-                                      " was filled by someone else under our lock (" +
-                                      HolderName(mine) + "): this owner was fenced"));
+    FARPOOL_RETURN_IF_ERROR(owner.CheckLease());
+    FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(free_slot + 8, 0, record.raw()));
+    if (prev != 0) {
+      return Status::Unavailable("hash index: entry " + free_slot.ToString() +
+                                 " was filled by someone else under our lock (" + HolderName(mine) +
+                                 "): this owner was fenced");
     }
   }
   owner.FaultPoint("hash.published");
-  FARPOOL_RETURN_IF_ERROR(release());
   return record;
+}
+
+Status HashIndex::GetOrInsertMany(const Access& access, LockOwner& owner,
+                                  std::span<Insert> inserts) {
+  const uint64_t mine = owner.lock_word();
+  struct Head {
+    const HashIndex* index;
+    GlobalAddress at;
+    std::vector<size_t> keys;  // indexes into `inserts`
+    uint64_t prev = 1;         // the lock word our CAS found (0: we hold it)
+    struct Bucket image;
+    bool one_by_one = false;  // a key needs a new overflow bucket: InsertLocked for each
+  };
+  std::vector<Head> heads;
+  for (size_t i = 0; i < inserts.size(); ++i) {
+    if (inserts[i].record.is_null()) {
+      return Status::InvalidArgument("hash index: null record address");
+    }
+    const GlobalAddress at = inserts[i].index->Bucket(inserts[i].key);
+    auto h = std::find_if(heads.begin(), heads.end(), [&](const Head& x) { return x.at == at; });
+    if (h == heads.end()) {
+      h = heads.emplace(heads.end());
+      h->index = inserts[i].index;
+      h->at = at;
+    }
+    h->keys.push_back(i);
+  }
+  // Releases every head we hold; Unavailable if a lock was broken (we were fenced).
+  auto release = [&]() -> Status {
+    std::vector<uint64_t> was(heads.size(), mine);
+    Access::Batch b(access);
+    for (size_t j = 0; j < heads.size(); ++j) {
+      if (heads[j].prev == 0) FARPOOL_RETURN_IF_ERROR(b.Cas(heads[j].at, mine, 0, &was[j]));
+    }
+    FARPOOL_RETURN_IF_ERROR(b.Wait());
+    for (size_t j = 0; j < heads.size(); ++j) {
+      if (was[j] != mine) {
+        return Status::Unavailable("hash index: bucket " + heads[j].at.ToString() + ": our lock (" +
+                                   HolderName(mine) +
+                                   ") was broken: this owner was fenced and stopped writing");
+      }
+    }
+    return Status::Ok();
+  };
+  // Round 1: every head locked and read. The read may come before our CAS (a batch's
+  // operations are unordered): a copy that does not show our lock is read again below.
+  {
+    Access::Batch b(access);
+    Status posted;
+    for (Head& h : heads) {
+      if (posted.ok()) posted = b.Cas(h.at, 0, mine, &h.prev);
+      if (posted.ok()) posted = b.Read(h.at, &h.image, sizeof(h.image));
+    }
+    const Status waited = b.Wait();
+    if (!posted.ok() || !waited.ok()) {
+      // Any CAS may have landed: give back whatever we may hold (a CAS from our own word).
+      for (Head& h : heads) (void)access.Cas(h.at, mine, 0);
+      return !posted.ok() ? posted : waited;
+    }
+  }
+  for (const Head& h : heads) {
+    if (h.prev == mine) {
+      for (Head& x : heads) x.prev = x.prev == 0 ? 0 : 1;
+      (void)release();
+      return Status::Internal("hash index: bucket " + h.at.ToString() +
+                              " lock already held by this owner (" + HolderName(mine) + ")");
+    }
+  }
+  if (!std::all_of(heads.begin(), heads.end(), [](const Head& h) { return h.prev == 0; })) {
+    FARPOOL_RETURN_IF_ERROR(release());
+    for (Insert& in : inserts) {
+      FARPOOL_ASSIGN_OR_RETURN(in.record, in.index->GetOrInsert(access, owner, in.key, in.record));
+    }
+    return Status::Ok();
+  }
+  owner.FaultPoint("hash.locked");
+  // Under the locks. Every error leaves the chains whole, so the locks can always be released.
+  auto locked = [&]() -> Status {
+    struct Slot {
+      size_t key;
+      GlobalAddress at;
+      uint64_t prev = 0;
+    };
+    std::vector<Slot> slots;
+    for (Head& h : heads) {
+      if (h.image.lock != mine) FARPOOL_RETURN_IF_ERROR(access.Read(h.at, &h.image, kBucketSize));
+      std::vector<std::pair<GlobalAddress, struct Bucket>> chain{{h.at, h.image}};
+      while (chain.back().second.next != 0) {
+        const GlobalAddress next = GlobalAddress::FromRaw(chain.back().second.next);
+        struct Bucket b;
+        FARPOOL_RETURN_IF_ERROR(access.Read(next, &b, sizeof(b)));
+        chain.push_back({next, b});
+      }
+      std::vector<GlobalAddress> free;
+      for (const auto& [at, b] : chain) {
+        for (int e = 0; e < kEntries; ++e) {
+          if (b.entries[e].record == 0) free.push_back(at + (16 + 16 * e));
+        }
+      }
+      std::vector<Slot> mine_here;
+      for (size_t i : h.keys) {
+        uint64_t found = 0;
+        for (const auto& [at, b] : chain) {
+          for (const auto& e : b.entries) {
+            if (e.record != 0 && e.key == inserts[i].key) found = e.record;
+          }
+        }
+        if (found != 0) {
+          inserts[i].record = GlobalAddress::FromRaw(found);
+        } else if (mine_here.size() < free.size()) {
+          mine_here.push_back({i, free[mine_here.size()]});
+        } else {
+          h.one_by_one = true;
+        }
+      }
+      if (!h.one_by_one) slots.insert(slots.end(), mine_here.begin(), mine_here.end());
+    }
+    FARPOOL_RETURN_IF_ERROR(owner.CheckLease());
+    if (!slots.empty()) {
+      // Keys first (the slots are free: readers skip them), then the record words by CAS.
+      Access::Batch keys_batch(access);
+      for (const Slot& x : slots) {
+        FARPOOL_RETURN_IF_ERROR(keys_batch.Write(x.at, &inserts[x.key].key, 8));
+      }
+      FARPOOL_RETURN_IF_ERROR(keys_batch.Wait());
+      owner.FaultPoint("hash.key-written");
+      FARPOOL_RETURN_IF_ERROR(owner.CheckLease());
+      Access::Batch live(access);
+      for (Slot& x : slots) {
+        FARPOOL_RETURN_IF_ERROR(live.Cas(x.at + 8, 0, inserts[x.key].record.raw(), &x.prev));
+      }
+      FARPOOL_RETURN_IF_ERROR(live.Wait());
+      for (const Slot& x : slots) {
+        if (x.prev != 0) {
+          return Status::Unavailable("hash index: entry " + x.at.ToString() +
+                                     " was filled by someone else under our lock (" +
+                                     HolderName(mine) + "): this owner was fenced");
+        }
+      }
+      owner.FaultPoint("hash.published");
+    }
+    for (const Head& h : heads) {
+      if (!h.one_by_one) continue;
+      for (size_t i : h.keys) {
+        Insert& in = inserts[i];
+        FARPOOL_ASSIGN_OR_RETURN(in.record,
+                                 h.index->InsertLocked(access, owner, h.at, in.key, in.record));
+      }
+    }
+    return Status::Ok();
+  };
+  const Status s = locked();
+  const Status r = release();
+  return s.ok() ? r : s;
 }
 
 Status HashIndex::Remove(const Access& access, LockOwner& owner, int64_t key,

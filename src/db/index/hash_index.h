@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 
 #include "db/lock_owner.h"
 #include "db/memory.h"
@@ -60,9 +61,33 @@ class HashIndex {
   // The record of `key`, or null if none. While an insert races, a caller may rarely get the
   // record of another key: callers compare the key stored in the record they read.
   Result<GlobalAddress> Lookup(const Access& access, int64_t key) const;
+  // Lookup split in two, so that the lookups of many keys share one round trip: PostLookup
+  // posts the read of key's head bucket into `bucket` (kBucketSize bytes, kept alive until
+  // the batch has completed); after the batch's Wait, FinishLookup answers as Lookup does,
+  // reading overflow buckets (one round trip each) only when the head bucket is full and does
+  // not hold the key.
+  Status PostLookup(Access::Batch& batch, int64_t key, void* bucket) const;
+  Result<GlobalAddress> FinishLookup(const Access& access, int64_t key, const void* bucket) const;
   // Returns the record of `key` if it exists, else inserts `record` and returns it.
   Result<GlobalAddress> GetOrInsert(const Access& access, LockOwner& owner, int64_t key,
                                     GlobalAddress record) const;
+  // GetOrInsert of several keys, of one or several hash indexes, in round trips shared by all
+  // of them: every head bucket locked and read in one batch, the new entries' keys written in
+  // the next, made live in the next, the locks released in the last (plus a read per overflow
+  // bucket of a chain longer than its head, and GetOrInsert's own steps for the keys of a
+  // chain with no free slot left). The rules are GetOrInsert's: a chain is searched and
+  // changed only under its head's lock, a key before its record word, which a CAS makes live.
+  // If another holder has one of the heads, none is waited for while others are held: they
+  // are released and the keys are inserted one at a time (GetOrInsert), so two such callers
+  // never deadlock. Each insert's `record` is the record to insert; it becomes the key's
+  // record (the one found if the key is there already).
+  // REQUIRES: the keys of each index distinct, records non-null.
+  struct Insert {
+    const HashIndex* index;
+    int64_t key;
+    GlobalAddress record;
+  };
+  static Status GetOrInsertMany(const Access& access, LockOwner& owner, std::span<Insert> inserts);
   // Removes the entry key -> record if present (a deleted row whose record is being freed).
   // The entry's address word is cleared with one write, so lock-free lookups see it whole or
   // not at all; the slot is reused by later inserts.
@@ -81,6 +106,10 @@ class HashIndex {
   Status LockHead(const Access& access, LockOwner& owner, GlobalAddress head) const;
   // Releases it by CAS from our word; Unavailable if it was broken (we were fenced).
   Status ReleaseHead(const Access& access, LockOwner& owner, GlobalAddress head) const;
+  // GetOrInsert's work under the lock of `head` (key's head bucket): the key's record, found
+  // or `record` inserted. Releases nothing; every error leaves the chain whole.
+  Result<GlobalAddress> InsertLocked(const Access& access, LockOwner& owner, GlobalAddress head,
+                                     int64_t key, GlobalAddress record) const;
   GlobalAddress buckets_;
   uint64_t count_;
   uint64_t seed_;

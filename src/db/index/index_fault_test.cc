@@ -90,6 +90,51 @@ std::unique_ptr<Env> MakeEnv(std::chrono::milliseconds wait = BTree::kDefaultWai
   return env;
 }
 
+// One thread's lock owner, replaced by a new one (a new process taking over the work, with a
+// slot of its own) whenever it dies; every owner gets the same fault hook.
+class OwnerChain {
+ public:
+  OwnerChain(Env& env, TestOwner::Hook hook) : env_(env), hook_(std::move(hook)) {}
+  // The next owner; false if none could be made. Dead owners are kept (their slots stay).
+  bool Next() {
+    if (owner_) dead_.push_back(std::move(owner_));
+    owner_ = env_.Owner();
+    if (!owner_) return false;
+    owner_->set_hook(hook_);
+    return true;
+  }
+  TestOwner& operator*() { return *owner_; }
+  TestOwner* operator->() { return owner_.get(); }
+
+ private:
+  Env& env_;
+  TestOwner::Hook hook_;
+  std::unique_ptr<TestOwner> owner_;
+  std::vector<std::unique_ptr<TestOwner>> dead_;
+};
+
+// The hash index holds exactly `expect`: every key found by Lookup with its record, and no
+// other entry.
+void ExpectHash(Env& env, TestOwner& checker, const std::map<int64_t, GlobalAddress>& expect) {
+  for (const auto& [k, rec] : expect) {
+    auto got = env.hash->Lookup(checker.access(), k);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(*got, rec) << "key " << k;
+  }
+  size_t entries = 0;
+  ASSERT_TRUE(env.hash
+                  ->ForEach(checker.access(),
+                            [&](int64_t k, GlobalAddress rec) {
+                              ++entries;
+                              auto it = expect.find(k);
+                              EXPECT_TRUE(it != expect.end() && it->second == rec)
+                                  << "stray hash entry for key " << k;
+                              return Status::Ok();
+                            })
+                  .ok());
+  EXPECT_EQ(entries, expect.size());
+}
+
 // The tree holds exactly `expect`: a scan both ways, a lookup of every key (these read every
 // node, so they repair whatever a dead holder tore) and the structure check.
 void ExpectTree(Env& env, TestOwner& reader, const std::map<int64_t, uint64_t>& expect) {
@@ -147,22 +192,14 @@ TEST(IndexFaultTest, ConcurrentInsertsWithDyingHolders) {
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       std::mt19937_64 rng(seed * 31 + t);
-      std::vector<std::unique_ptr<TestOwner>> dead;
-      std::unique_ptr<TestOwner> owner;
-      auto fresh_owner = [&]() -> bool {
-        if (owner) dead.push_back(std::move(owner));
-        owner = env->Owner();
-        if (!owner) return false;
-        owner->set_hook([&](std::string_view p) {
-          if (p == "btree.takeover.written") ++repairs;
-          const bool structural = p.starts_with("btree.split") || p.starts_with("btree.grow") ||
-                                  p.starts_with("btree.takeover");
-          if (rng() % (structural ? 8 : 600) != 0) return Fault::kNone;
-          return EndsWith(p, ".logged") && (rng() & 1) ? Fault::kTearAndDie : Fault::kDie;
-        });
-        return true;
-      };
-      if (!fresh_owner()) {
+      OwnerChain owner(*env, [&](std::string_view p) {
+        if (p == "btree.takeover.written") ++repairs;
+        const bool structural = p.starts_with("btree.split") || p.starts_with("btree.grow") ||
+                                p.starts_with("btree.takeover");
+        if (rng() % (structural ? 8 : 600) != 0) return Fault::kNone;
+        return EndsWith(p, ".logged") && (rng() & 1) ? Fault::kTearAndDie : Fault::kDie;
+      });
+      if (!owner.Next()) {
         ++failures;
         return;
       }
@@ -178,7 +215,7 @@ TEST(IndexFaultTest, ConcurrentInsertsWithDyingHolders) {
           if (h.ok()) b = env->tree->GetOrInsert(owner->access(), *owner, key, value);
           if (h.ok() && b.ok()) break;
           if (!owner->dead()) break;
-          if (!fresh_owner()) break;
+          if (!owner.Next()) break;
         }
         if (!h.ok() || !b.ok()) {
           ADD_FAILURE() << "key " << key << ": " << h.status().ToString() << " / "
@@ -201,23 +238,7 @@ TEST(IndexFaultTest, ConcurrentInsertsWithDyingHolders) {
             << " torn nodes repaired, " << tree_model.size() << " keys\n";
   auto checker = env->Owner();
   ASSERT_NE(checker, nullptr);
-  for (const auto& [k, rec] : hash_model) {
-    auto got = env->hash->Lookup(checker->access(), k);
-    ASSERT_TRUE(got.ok()) << got.status().ToString();
-    EXPECT_EQ(*got, rec) << "key " << k;
-  }
-  size_t hash_entries = 0;
-  ASSERT_TRUE(env->hash
-                  ->ForEach(checker->access(),
-                            [&](int64_t k, GlobalAddress rec) {
-                              ++hash_entries;
-                              auto it = hash_model.find(k);
-                              EXPECT_TRUE(it != hash_model.end() && it->second == rec)
-                                  << "stray hash entry for key " << k;
-                              return Status::Ok();
-                            })
-                  .ok());
-  EXPECT_EQ(hash_entries, hash_model.size());
+  ExpectHash(*env, *checker, hash_model);
   ExpectTree(*env, *checker, tree_model);
 }
 
@@ -593,6 +614,117 @@ TEST(IndexFaultTest, FencedHashWriterStopsAndReportsUnavailable) {
     ASSERT_TRUE(again.ok()) << again.status().ToString();
     EXPECT_EQ(*env->hash->Lookup(b->access(), 1), rec_a);
   }
+}
+
+// GetOrInsertMany: keys already there come back as they are; the rest are inserted, also into
+// chains that have to grow (two buckets of 7 entries) and into a second index in the same
+// call; every key once, as Lookup sees it.
+TEST(IndexFaultTest, HashInsertManyFindsAndInserts) {
+  auto env = MakeEnv(BTree::kDefaultWaitLimit, 2);
+  ASSERT_NE(env, nullptr);
+  auto a = env->Owner();
+  ASSERT_NE(a, nullptr);
+  auto other_buckets = HashIndex::Create(a->access(), *a, 4);
+  ASSERT_TRUE(other_buckets.ok());
+  const HashIndex other(*other_buckets, 4, 4242);
+  auto rec = [](int64_t k, int gen) { return GlobalAddress(1, 4096 + 64 * (k + 1000 * gen)); };
+  for (int64_t k = 0; k < 10; k += 3) {
+    ASSERT_TRUE(env->hash->GetOrInsert(a->access(), *a, k, rec(k, 0)).ok());
+  }
+  std::vector<HashIndex::Insert> inserts;
+  for (int64_t k = 0; k < 40; ++k) inserts.push_back({env->hash.get(), k, rec(k, 1)});
+  for (int64_t k = 0; k < 20; ++k) inserts.push_back({&other, k, rec(k, 2)});
+  const Status many = HashIndex::GetOrInsertMany(a->access(), *a, inserts);
+  ASSERT_TRUE(many.ok()) << many.ToString();
+  for (int64_t k = 0; k < 40; ++k) {
+    const GlobalAddress want = k < 10 && k % 3 == 0 ? rec(k, 0) : rec(k, 1);
+    EXPECT_EQ(inserts[k].record, want) << "key " << k;
+    EXPECT_EQ(*env->hash->Lookup(a->access(), k), want) << "key " << k;
+  }
+  for (int64_t k = 0; k < 20; ++k) {
+    EXPECT_EQ(inserts[40 + k].record, rec(k, 2)) << "key " << k << " of the other index";
+    EXPECT_EQ(*other.Lookup(a->access(), k), rec(k, 2)) << "key " << k << " of the other index";
+  }
+  size_t entries = 0;
+  ASSERT_TRUE(env->hash
+                  ->ForEach(a->access(),
+                            [&](int64_t, GlobalAddress) {
+                              ++entries;
+                              return Status::Ok();
+                            })
+                  .ok());
+  EXPECT_EQ(entries, 40u);
+}
+
+// GetOrInsertMany against GetOrInsert under 4 threads racing on overlapping keys, with holders
+// dying at every hash fault site now and then (a new owner retries the same insert): one
+// winner per key, every key found by Lookup with it, no stray entry.
+TEST(IndexFaultTest, HashInsertManyRacesWithDyingHolders) {
+  const uint64_t seed = IndexTestSeed();
+  SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed));
+  auto env = MakeEnv(BTree::kDefaultWaitLimit, 16);  // ~40 keys a chain: overflow buckets
+  ASSERT_NE(env, nullptr);
+  constexpr int kThreads = 4, kOps = 300;
+  std::mutex mu;
+  std::map<int64_t, GlobalAddress> model;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(seed * 17 + t);
+      OwnerChain owner(
+          *env, [&](std::string_view) { return rng() % 100 == 0 ? Fault::kDie : Fault::kNone; });
+      if (!owner.Next()) {
+        ++failures;
+        return;
+      }
+      for (int i = 0; i < kOps; ++i) {
+        std::vector<int64_t> keys;
+        while (keys.size() < 1 + rng() % 8) {
+          const int64_t k = static_cast<int64_t>(rng() % 640) - 320;
+          if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+        }
+        const bool many = rng() % 4 != 0;
+        std::vector<HashIndex::Insert> inserts;
+        Status s = Status::Unavailable("not run");
+        for (int attempt = 0; attempt < 100; ++attempt) {
+          inserts.clear();
+          for (size_t j = 0; j < keys.size(); ++j) {
+            inserts.push_back({env->hash.get(), keys[j],
+                               GlobalAddress(1, 4096 + 64 * (uint64_t(t) * 100000 + i * 8 + j))});
+          }
+          if (many) {
+            s = HashIndex::GetOrInsertMany(owner->access(), *owner, inserts);
+          } else {
+            s = Status::Ok();
+            for (size_t j = 0; j < keys.size() && s.ok(); ++j) {
+              auto r = env->hash->GetOrInsert(owner->access(), *owner, keys[j], inserts[j].record);
+              s = r.status();
+              if (r.ok()) inserts[j].record = *r;
+            }
+          }
+          if (s.ok() || !owner->dead()) break;
+          if (!owner.Next()) break;
+        }
+        if (!s.ok()) {
+          ADD_FAILURE() << s.ToString();
+          ++failures;
+          return;
+        }
+        std::lock_guard<std::mutex> l(mu);
+        for (const HashIndex::Insert& in : inserts) {
+          auto [it, inserted] = model.emplace(in.key, in.record);
+          if (!inserted && it->second != in.record) ++failures;  // two winners for one key
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  ASSERT_EQ(failures.load(), 0);
+  EXPECT_GT(env->owners->deaths(), 0u);
+  auto checker = env->Owner();
+  ASSERT_NE(checker, nullptr);
+  ExpectHash(*env, *checker, model);
 }
 
 TEST(IndexFaultTest, WaitsOnLiveHoldersEndInAClearError) {

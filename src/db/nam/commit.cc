@@ -2,16 +2,25 @@
 // protocol with its reasoning is in docs/database.md):
 //
 //   Resolve   find or create each written key's record, the version it expects (the one read,
-//             or the newest if it was not read), blobs of variable-length columns.
+//             or the newest if it was not read), blobs of variable-length columns. Written keys
+//             that were not read cost one round trip together (their index lookups, a new
+//             record for each in case it is new, the snapshot if none was taken), plus the
+//             index inserts of new keys and one read of the records that already existed.
 //   Lock      one batch: a CAS per record from the expected unlocked word to our lock word
-//             (locks and validates first-committer-wins at once) and a read of the snapshot
-//             announcements (for the GC decision). Any failure releases what was taken.
-//   Decide    the commit stamp (fetch-and-add), the new cells, spills of evicted versions that
-//             an announced snapshot still needs, and the commit log with them in one batch:
-//             once the log is whole the commit is decided.
-//   Install   the new cells.
+//             (locks and validates first-committer-wins at once), the tables' descriptors, a
+//             read of the snapshot announcements (for the GC decision) when needed, and the
+//             blobs' contents. Any failure releases what was taken.
+//   Decide    one batch: the commit stamp (fetch-and-add), the commit log (the new cells, with
+//             stamp 0: the stamp comes back in this same round trip) and the spills of evicted
+//             versions that an announced snapshot still needs. Once the log is whole the
+//             commit is decided; recovery stamps its cells (recovery.cc).
+//   Install   the new cells, stamped.
 //   Release   a CAS per record from our lock word to the new unlocked word, and the log cleared.
 //   Reclaim   blobs of dropped versions freed, cut chains handed to the maintenance thread.
+// A commit of keys that were all read takes 4 round trips: each phase needs the one before it
+// to have landed (the stamp after the locks, so that a snapshot that includes it meets them;
+// the cells after the log, so that a crash leaves either a decision to finish or nothing to
+// undo; the releases after the cells, since a batch's operations are unordered).
 //
 // Fencing: the lease is checked before Lock and before Decide and Install; releases are CAS
 // from our own word. An error before the decision releases the locks and leaves the session
@@ -37,6 +46,8 @@ class CommitRun {
     WriteEntry* w;
     const NamTable* t;
     GlobalAddress record;
+    bool cached = false;    // `record` came from the session's cache (the key was not read)
+    bool fresh = false;     // we created `record` (the key is new): it holds no version
     uint64_t expected = 0;  // unlocked word we expect (the version we validated)
     RecordImage image;      // the record as of that version
     bool locked = false;
@@ -51,6 +62,19 @@ class CommitRun {
   };
 
   Status Resolve();
+  // The records of written keys that were not read (see the top of this file).
+  Status FindUnread(const std::vector<size_t>& unread);
+  // A new key's record: an empty record of the key (written) that Publish puts in the index.
+  struct NewKey {
+    size_t item;
+    GlobalAddress fresh;
+  };
+  // Makes each new key's `fresh` record the key's record, unless the index has one already
+  // (then `fresh` is freed and that one is taken): all keys go in together, whatever their
+  // tables (HashIndex::GetOrInsertMany).
+  Status Publish(const std::vector<NewKey>& news);
+  // A new empty record of it.w->key, written (not published).
+  Result<GlobalAddress> NewRecord(const Item& it, std::vector<unsigned char>* image);
   Status ResolveUnread(const std::vector<size_t>& need_read);
   Status Lock();
   // Undoes Lock: CAS our word back to the expected one on every record we may hold.
@@ -81,8 +105,13 @@ class CommitRun {
   NamSession& s_;
   const Access& access_;
   std::vector<Item> items_;
-  std::vector<uint64_t> announced_;  // read only if the process's LWM does not decide
-  uint64_t lwm_ = 0;                 // the process's low-water mark when we locked
+  struct BlobWrite {
+    GlobalAddress at;
+    const std::string* value;
+  };
+  std::vector<BlobWrite> blob_writes_;  // written in the Lock batch
+  std::vector<uint64_t> announced_;     // read only if the process's LWM does not decide
+  uint64_t lwm_ = 0;                    // the process's low-water mark when we locked
   uint64_t stamp_ = 0;
   uint64_t log_state_ = 0;  // the state word of our commit log
 };
@@ -90,7 +119,7 @@ class CommitRun {
 // ---------------------------------------------------------------- phases
 
 Status CommitRun::Resolve() {
-  std::vector<size_t> need_read;
+  std::vector<size_t> unread;
   items_.reserve(txn_.writes_.size());
   for (auto& [k, w] : txn_.writes_) {
     Item it;
@@ -107,27 +136,26 @@ Status CommitRun::Resolve() {
       it.image.bytes = r->second.image;
       it.image.Decode(it.t->layout_);
     } else {
-      FARPOOL_ASSIGN_OR_RETURN(it.record, s_.FindRecord(*it.t, w.key));
-      if (it.record.is_null()) {
-        // A new key: make its record (no versions) and publish it in the index(es).
-        const RecordLayout& layout = it.t->layout_;
-        FARPOOL_ASSIGN_OR_RETURN(
-            GlobalAddress fresh,
-            s_.db_.recycler().Alloc(access_, s_, layout.record_size(), Placement::Striped()));
-        std::vector<unsigned char> zero(layout.record_size(), 0);
-        std::memcpy(zero.data() + 8, &w.key, 8);
-        FARPOOL_RETURN_IF_ERROR(access_.Write(fresh, zero.data(), zero.size()));
-        auto inserted = it.t->hash_->GetOrInsert(access_, s_, w.key, fresh);
-        if (!inserted.ok()) return IndexFailed(inserted.status());
-        const GlobalAddress got = *inserted;
-        if (got != fresh)
-          FARPOOL_RETURN_IF_ERROR(s_.db_.recycler().Free(access_, s_, fresh, layout.record_size()));
-        it.record = got;
-        s_.RememberRecord(*it.t, w.key, it.record);
-      }
-      need_read.push_back(items_.size());
+      it.record = s_.CachedRecord(*it.t, w.key);
+      it.cached = !it.record.is_null();
+      unread.push_back(items_.size());
     }
     items_.push_back(std::move(it));
+  }
+  FARPOOL_RETURN_IF_ERROR(FindUnread(unread));
+  std::vector<size_t> need_read;
+  for (size_t i : unread) {
+    Item& it = items_[i];
+    if (!it.fresh) {
+      need_read.push_back(i);
+      continue;
+    }
+    // Our own new record: nothing is in it but its key. Anyone who commits a version into it
+    // meanwhile changes its lock word, and our lock (expecting 0) fails.
+    it.image.bytes.assign(it.t->layout_.record_size(), 0);
+    std::memcpy(it.image.bytes.data() + 8, &it.w->key, 8);
+    it.image.Decode(it.t->layout_);
+    it.expected = UnlockedWord(0);
   }
   FARPOOL_RETURN_IF_ERROR(ResolveUnread(need_read));
   // Keys new to an ordered table go into its B+tree (idempotent).
@@ -153,7 +181,8 @@ Status CommitRun::Resolve() {
       }
     }
   }
-  // Blobs of variable-length columns (freed again unless the commit is decided).
+  // Blobs of variable-length columns (freed again unless the commit is decided); their
+  // contents go out with the locks.
   for (Item& it : items_) {
     for (uint32_t c : it.t->bytes_columns_) {
       const std::string& v = it.w->bytes[c];
@@ -162,10 +191,143 @@ Status CommitRun::Resolve() {
         FARPOOL_ASSIGN_OR_RETURN(GlobalAddress blob, s_.db_.recycler().Alloc(access_, s_, v.size(),
                                                                              Placement::Striped()));
         txn_.blobs_.push_back({blob, v.size()});
-        FARPOOL_RETURN_IF_ERROR(access_.Write(blob, v.data(), v.size()));
+        blob_writes_.push_back({blob, &v});
         ref[0] = blob.raw();
       }
       std::memcpy(it.w->payload.data() + it.t->schema_.Offset(c), ref, 16);
+    }
+  }
+  return Status::Ok();
+}
+
+Result<GlobalAddress> CommitRun::NewRecord(const Item& it, std::vector<unsigned char>* image) {
+  const RecordLayout& layout = it.t->layout_;
+  FARPOOL_ASSIGN_OR_RETURN(
+      GlobalAddress fresh,
+      s_.db_.recycler().Alloc(access_, s_, layout.record_size(), Placement::Striped()));
+  image->assign(layout.record_size(), 0);
+  std::memcpy(image->data() + 8, &it.w->key, 8);
+  return fresh;
+}
+
+Status CommitRun::Publish(const std::vector<NewKey>& news) {
+  std::vector<HashIndex::Insert> inserts;
+  for (const NewKey& n : news) {
+    const Item& it = items_[n.item];
+    inserts.push_back({&*it.t->hash_, it.w->key, n.fresh});
+  }
+  // On a failure some entries may be live: their records are not freed (a leak at worst).
+  Status s = HashIndex::GetOrInsertMany(access_, s_, inserts);
+  if (!s.ok()) return IndexFailed(s);
+  for (size_t j = 0; j < news.size(); ++j) {
+    Item& it = items_[news[j].item];
+    it.record = inserts[j].record;
+    it.fresh = it.record == news[j].fresh;
+    if (!it.fresh) {
+      FARPOOL_RETURN_IF_ERROR(
+          s_.db_.recycler().Free(access_, s_, news[j].fresh, it.t->layout_.record_size()));
+    }
+    s_.RememberRecord(*it.t, it.w->key, it.record);
+  }
+  return Status::Ok();
+}
+
+Status CommitRun::FindUnread(const std::vector<size_t>& unread) {
+  std::vector<size_t> lookups;
+  for (size_t i : unread) {
+    if (items_[i].record.is_null()) lookups.push_back(i);
+  }
+  if (txn_.has_snapshot_ && lookups.empty()) return Status::Ok();
+  // One round trip: the lookups, a new record for each looked-up key (written keys that were
+  // neither read nor cached are mostly new ones: inserts), the snapshot's counter read.
+  struct Probe {
+    std::array<unsigned char, HashIndex::kBucketSize> bucket;
+    GlobalAddress fresh;
+    std::vector<unsigned char> image;
+  };
+  std::vector<Probe> probes(lookups.size());
+  auto free_fresh = [&] {
+    for (size_t j = 0; j < lookups.size(); ++j) {
+      if (!probes[j].fresh.is_null()) {
+        (void)s_.db_.recycler().Free(access_, s_, probes[j].fresh,
+                                     items_[lookups[j]].t->layout_.record_size());
+      }
+    }
+  };
+  for (size_t j = 0; j < lookups.size(); ++j) {
+    auto fresh = NewRecord(items_[lookups[j]], &probes[j].image);
+    if (!fresh.ok()) {
+      free_fresh();
+      return fresh.status();
+    }
+    probes[j].fresh = *fresh;
+  }
+  NamSession::SnapshotRead snap;
+  const bool taking = !txn_.has_snapshot_;
+  bool cache_cleared = false;
+  {
+    Access::Batch b(access_);
+    Status posted = taking ? s_.PostSnapshot(b, &snap) : Status::Ok();
+    if (taking && !posted.ok()) {
+      free_fresh();
+      return posted;
+    }
+    for (size_t j = 0; j < lookups.size() && posted.ok(); ++j) {
+      const Item& it = items_[lookups[j]];
+      posted = it.t->hash_->PostLookup(b, it.w->key, probes[j].bucket.data());
+      if (posted.ok())
+        posted = b.Write(probes[j].fresh, probes[j].image.data(), probes[j].image.size());
+    }
+    Status waited = b.Wait();
+    if (!posted.ok()) waited = posted;
+    if (taking) waited = txn_.FinishSnapshot(snap, waited, &cache_cleared);
+    if (!waited.ok()) {
+      free_fresh();
+      return waited;
+    }
+  }
+  Status failed;
+  std::vector<NewKey> news;
+  for (size_t j = 0; j < lookups.size(); ++j) {
+    Item& it = items_[lookups[j]];
+    const GlobalAddress fresh = probes[j].fresh;
+    auto found = failed.ok()
+                     ? it.t->hash_->FinishLookup(access_, it.w->key, probes[j].bucket.data())
+                     : Result<GlobalAddress>(failed);
+    if (found.ok() && found->is_null()) {
+      news.push_back({lookups[j], fresh});
+      continue;
+    }
+    (void)s_.db_.recycler().Free(access_, s_, fresh, it.t->layout_.record_size());
+    if (!found.ok()) {
+      failed = found.status();
+      continue;
+    }
+    it.record = *found;
+    s_.RememberRecord(*it.t, it.w->key, it.record);
+  }
+  if (!failed.ok()) {
+    for (const NewKey& n : news) {
+      (void)s_.db_.recycler().Free(access_, s_, n.fresh, items_[n.item].t->layout_.record_size());
+    }
+    return failed;
+  }
+  FARPOOL_RETURN_IF_ERROR(Publish(news));
+  if (cache_cleared) {
+    // Records were removed since the cache was filled: find the cached ones again.
+    for (size_t i : unread) {
+      Item& it = items_[i];
+      if (!it.cached) continue;
+      FARPOOL_ASSIGN_OR_RETURN(it.record, s_.FindRecord(*it.t, it.w->key));
+      if (!it.record.is_null()) continue;
+      std::vector<unsigned char> image;
+      FARPOOL_ASSIGN_OR_RETURN(GlobalAddress fresh, NewRecord(it, &image));
+      Status w = access_.Write(fresh, image.data(), image.size());
+      if (!w.ok()) {
+        (void)s_.db_.recycler().Free(access_, s_, fresh, it.t->layout_.record_size());
+        return w;
+      }
+      FARPOOL_RETURN_IF_ERROR(Publish({{i, fresh}}));
     }
   }
   return Status::Ok();
@@ -203,10 +365,8 @@ Status CommitRun::ResolveUnread(const std::vector<size_t>& need_read) {
     }
     if (!ConsistentImage(it.image)) {
       // A torn copy (a commit raced our read): read it properly (or learn it is corrupt).
-      ReadEntry re;
       bool key_ok;
-      FARPOOL_RETURN_IF_ERROR(
-          txn_.ReadRecord(*it.t, it.record, it.w->key, &re, &it.image, &key_ok));
+      FARPOOL_RETURN_IF_ERROR(txn_.ReadRecord(*it.t, it.record, it.w->key, &it.image, &key_ok));
       if (!key_ok) {
         s_.ForgetRecord(*it.t, it.w->key);
         return Abort("index entry of key " + std::to_string(it.w->key) + " of '" + it.t->name_ +
@@ -263,6 +423,10 @@ Status CommitRun::Lock() {
     }
     if (posted.ok() && recent)
       posted = b.Read(s_.db_.AnnounceAddr(0), announced_.data(), slots * 8);
+    // The blobs are nobody else's until the commit installs versions naming them.
+    for (const BlobWrite& bw : blob_writes_) {
+      if (posted.ok()) posted = b.Write(bw.at, bw.value->data(), bw.value->size());
+    }
     waited = b.Wait();
   }
   if (!posted.ok() || !waited.ok()) {
@@ -402,9 +566,6 @@ bool CommitRun::AnyOlderThan(uint64_t stamp) const {
 }
 
 Status CommitRun::Decide() {
-  FARPOOL_ASSIGN_OR_RETURN(uint64_t word, access_.Faa(s_.db_.RootField(kRootCounter), 1));
-  stamp_ = CounterOf(word) + 1;
-  s_.db_.NoteCounter(stamp_);
   std::vector<unsigned char> log(sizeof(LogHeader));
   for (Item& it : items_) {
     const RecordLayout& layout = it.t->layout_;
@@ -443,7 +604,7 @@ Status CommitRun::Decide() {
       }
     }
     it.cell.resize(layout.cell_size());
-    EncodeCell(it.cell.data(), layout, stamp_, it.new_seq,
+    EncodeCell(it.cell.data(), layout, /*stamp=*/0, it.new_seq,
                WithChainLength(it.w->deleted ? kFlagDeleted : 0, length), chain,
                it.w->payload.data());
     LogEntry e{it.record.raw(), it.spill.raw(), it.new_seq,
@@ -464,16 +625,20 @@ Status CommitRun::Decide() {
                                    " bytes)");
   }
   LogHeader h{};
-  h.state = LogState(s_.lease_->epoch, stamp_);
-  h.stamp = stamp_;
+  h.number = s_.NextLogNumber();
+  h.state = LogState(s_.lease_->epoch, h.number);
   h.count = items_.size();
   h.bytes = log.size() - sizeof(LogHeader);
   h.checksum = LogChecksum(h, log.data() + sizeof(LogHeader));
   log_state_ = h.state;
   std::memcpy(log.data(), &h, sizeof(h));
   FARPOOL_RETURN_IF_ERROR(s_.CheckLease());
+  // The stamp, the log and the spills in one round trip: the locks are held, so the stamp may
+  // be taken now; and the log needs no stamp (its cells are stamped by whoever installs them).
+  uint64_t word = 0;
   Access::Batch b(access_);
-  Status s = b.Write(s_.log_, log.data(), log.size());
+  Status s = b.Faa(s_.db_.RootField(kRootCounter), 1, &word);
+  if (s.ok()) s = b.Write(s_.log_, log.data(), log.size());
   for (Item& it : items_) {
     if (s.ok() && !it.spill.is_null())
       s = b.Write(it.spill, it.spill_image.data(), it.spill_image.size());
@@ -481,14 +646,19 @@ Status CommitRun::Decide() {
   Status w = b.Wait();
   if (s.ok()) s = w;
   if (!s.ok()) {
-    // The log may be partly written: undo it before releasing, or leave it to recovery.
+    // The log may be partly written: undo it before releasing, or leave it to recovery. (A
+    // stamp taken and not used is a gap in the counter, which nothing minds.)
     auto prev = access_.Cas(s_.log_, log_state_, 0);
     if (!prev.ok()) {
       txn_.decided_ = true;  // unknown: recovery decides by the log's checksum
       return Abandon(s.WithContext("writing the commit log"));
     }
+    return s;
   }
-  return s;
+  stamp_ = CounterOf(word) + 1;
+  s_.db_.NoteCounter(stamp_);
+  for (Item& it : items_) StampCell(it.cell.data(), it.t->layout_, stamp_);
+  return Status::Ok();
 }
 
 Status CommitRun::Install() {
@@ -611,7 +781,8 @@ Status NamTxn::Finish(Status s) {
   blobs_.clear();
   writes_.clear();
   reads_.clear();
-  s_.EndTransaction();
+  if (has_snapshot_) s_.EndTransaction();
+  has_snapshot_ = false;
   return s;
 }
 

@@ -112,10 +112,11 @@ Result<GlobalAddress> Recycler::Alloc(const Access& access, LockOwner& owner, ui
   {
     std::lock_guard<std::mutex> l(mu_);
     auto& cache = cache_[c];
-    if (cache.empty()) {
+    if (cache.empty() && MonoNs() >= empty_until_[c]) {
       auto popped = PopBundle(access, owner, c);
       if (!popped.ok() && popped.status().code() != StatusCode::kUnavailable)
         return popped.status();
+      if (popped.ok() && !*popped) empty_until_[c] = MonoNs() + kEmptyRetryNs;
     }
     if (!cache.empty()) {
       const GlobalAddress a = GlobalAddress::FromRaw(cache.back());

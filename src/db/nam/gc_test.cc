@@ -95,8 +95,9 @@ TEST_P(GcTest, LongReaderKeepsWhatItSeesThenChainIsFreed) {
   auto reader = db().NewSession();
   ASSERT_TRUE(writer.ok() && reader.ok());
   for (int64_t k = 0; k < 10; ++k) ASSERT_OK(PutRow(**writer, **table, k, 1000 + k));
-  auto old = (*reader)->Begin();  // sees 1000 + k
+  auto old = (*reader)->Begin();
   ASSERT_TRUE(old.ok());
+  ASSERT_EQ(*GetRow(**old, **table, 0), 1000);  // the first read takes the snapshot: 1000 + k
   for (int round = 0; round < 20; ++round) {
     for (int64_t k = 0; k < 10; ++k) ASSERT_OK(PutRow(**writer, **table, k, round * 100 + k));
   }
@@ -194,6 +195,9 @@ TEST_P(GcTest, RandomWorkloadMatchesModelWhileCollecting) {
       ASSERT_TRUE(t.ok());
       held = std::move(*t);
       held_model = model;
+      // The first read takes the snapshot (of the model just copied).
+      const auto first = GetRow(*held, **table, 0);
+      ASSERT_TRUE(first.ok() || first.status().code() == StatusCode::kNotFound);
     } else if (held) {
       for (int64_t k = 0; k < 64; ++k) {
         auto v = GetRow(*held, **table, k);

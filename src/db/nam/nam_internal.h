@@ -8,10 +8,11 @@
 //
 // How it works (docs/database.md has the full story and the reasoning):
 //
-// Timestamps: one commit counter in the root. Begin reads it (8 bytes, one round trip); a
-// commit takes its stamp with one fetch-and-add after it has locked its write set, so a reader
-// whose snapshot includes a stamp meets that writer's lock until the version is installed and
-// waits for it.
+// Timestamps: one commit counter in the root. A transaction's first read reads it (8 bytes,
+// in the same round trip as that read's index lookups; the records are read after it
+// returned); a commit takes its stamp with one fetch-and-add after it has locked its write
+// set, so a reader whose snapshot includes a stamp meets that writer's lock until the version
+// is installed and waits for it.
 //
 // Leases and fencing: a session owns a slot whose owner word is | renewals | epoch | state |.
 // The process's renewal thread renews it (CAS, renewals + 1) every lease/4; that thread does
@@ -42,6 +43,7 @@
 
 #include <time.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -53,6 +55,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -142,21 +145,25 @@ inline uint64_t OwnerRenewed(uint64_t w) {
 }
 
 // Commit log: header, then per record a LogEntry, the new cell image and (if spill) the
-// spilled old version's image.
+// spilled old version's image. The log is written in the same batch as the fetch-and-add that
+// gives the commit its stamp, so its cell images carry stamp 0: recovery stamps them (with the
+// stamp of a new cell the writer installed, or with a stamp of its own if it installed none;
+// see recovery.cc).
 struct LogHeader {
-  uint64_t state;  // LogState(epoch, stamp) while a decided commit may be unfinished, else 0
-  uint64_t stamp;
+  uint64_t state;   // LogState(epoch, number) while a decided commit may be unfinished, else 0
+  uint64_t number;  // the session's count of logged commits: no two logs of an epoch alike
   uint64_t count;
   uint64_t bytes;
   uint64_t checksum;  // LogChecksum: of the four words above and the entries
   uint64_t pad[3];
 };
 static_assert(sizeof(LogHeader) == 64);
-// The state names the writer's epoch and (36 bits of) its stamp, and the checksum covers the
-// header: a log torn by a crash mid-write never verifies with a previous commit's checksum and
-// entries, which stay in the area after it is cleared (clearing is one CAS of the state word).
-inline uint64_t LogState(uint64_t epoch, uint64_t stamp) {
-  return ((stamp & ((uint64_t{1} << 36) - 1)) << 28) | ((epoch & kOwnerEpochMask) << 2) | 1;
+// The state names the writer's epoch and (36 bits of) its commit number, and the checksum
+// covers the header: a log torn by a crash mid-write never verifies with a previous commit's
+// checksum and entries, which stay in the area after it is cleared (clearing is one CAS of
+// the state word).
+inline uint64_t LogState(uint64_t epoch, uint64_t number) {
+  return ((number & ((uint64_t{1} << 36) - 1)) << 28) | ((epoch & kOwnerEpochMask) << 2) | 1;
 }
 inline bool LogDecided(uint64_t state) { return (state & 3) == 1; }
 inline uint64_t LogEpoch(uint64_t state) { return (state >> 2) & kOwnerEpochMask; }
@@ -226,7 +233,9 @@ std::vector<std::pair<GlobalAddress, uint64_t>> BlobRefs(const NamTable& t,
 // pool's list at once as a bundle of itself. New memory comes from the pool's allocator in
 // the class's size. A process that dies loses at most its cache (bounded: two bundles of each
 // class below kCachedClassBytes; documented as a leak). Placement is not kept for recycled
-// objects.
+// objects. A class whose pool list was found empty is not asked again for kEmptyRetryNs (its
+// objects come new meanwhile): an insert-only workload would otherwise pay three round trips
+// (lock, read, unlock) for every allocation to learn that the list is still empty.
 //
 // Thread-safety: safe for concurrent use (one mutex per process; the pool lock per class).
 class Recycler {
@@ -265,11 +274,13 @@ class Recycler {
   Status PushBundle(const Access& access, LockOwner& owner, int c, uint64_t n);
   Result<bool> PopBundle(const Access& access, LockOwner& owner, int c);
 
+  static constexpr int64_t kEmptyRetryNs = 10'000'000;
   Memory& memory_;
   GlobalAddress heads_;
   const int64_t wait_ns_;
   mutable std::mutex mu_;
   std::vector<std::vector<uint64_t>> cache_ = std::vector<std::vector<uint64_t>>(kClasses);
+  std::vector<int64_t> empty_until_ = std::vector<int64_t>(kClasses, 0);  // monotonic ns
   Stats stats_;
 };
 
@@ -313,6 +324,8 @@ class NamSession final : public Session, public LockOwner {
 
   // The record of (table, key) or null; consults the cache first.
   Result<GlobalAddress> FindRecord(const NamTable& t, int64_t key);
+  // The cached record of (table, key), or null if it is not cached.
+  GlobalAddress CachedRecord(const NamTable& t, int64_t key) const;
   // An index entry of `key` named `record`, which is removed (kRemovedLock): finishes its
   // removal from the indexes (its remover may have died half-way) and forgets the address.
   Status HelpUnlink(const NamTable& t, int64_t key, GlobalAddress record);
@@ -322,8 +335,27 @@ class NamSession final : public Session, public LockOwner {
   // `withdraw`: also clear the announcement now, instead of after 50 ms idle (a session that
   // begins rarely, such as the maintenance pass, should not hold the GC back meanwhile).
   void EndTransaction(bool withdraw = false);
-  // Claims the snapshot before reading the counter (see sessions.cc).
+  // Taking a snapshot: the announcement (a lower bound of the snapshot) is visible before the
+  // counter is read (see sessions.cc). PostSnapshot posts the counter read into `batch`, so
+  // that it shares a round trip with other work that does not depend on the snapshot (index
+  // lookups): with the raise of the announcement when one is in place already (its older,
+  // smaller bound protects meanwhile), after a synchronous announcement when the session is
+  // idle. On OK the snapshot counts as open and FinishSnapshot must follow, with the batch's
+  // outcome; on an error nothing changed. FinishSnapshot returns the snapshot, or the error
+  // (the snapshot is closed again); *cache_cleared says that addresses taken from the
+  // session's record cache before it may be stale (records were removed meanwhile).
+  struct SnapshotRead {
+    uint64_t word = 0;    // the counter word
+    uint64_t floor = 0;   // the bound announced with it
+    bool raised = false;  // the announcement is raised to `floor` in the batch
+  };
+  Status PostSnapshot(Access::Batch& batch, SnapshotRead* read);
+  Result<uint64_t> FinishSnapshot(const SnapshotRead& read, const Status& batch_status,
+                                  bool* cache_cleared);
+  // Both, in a batch of their own.
   Result<uint64_t> TakeSnapshot();
+  // The number of the next commit log this session writes (LogHeader::number).
+  uint64_t NextLogNumber() { return ++logs_written_; }
 
   NamDatabase& db_;
   std::shared_ptr<SlotLease> lease_;
@@ -338,6 +370,7 @@ class NamSession final : public Session, public LockOwner {
   std::unordered_map<uint64_t, GlobalAddress> cache_;  // (table, key) -> record
   uint64_t cache_epoch_ = 0;                           // removal epoch the cache is valid for
   int64_t last_begin_ = 0;
+  uint64_t logs_written_ = 0;
 };
 
 // ---------------------------------------------------------------- transactions
@@ -357,12 +390,34 @@ struct ReadEntry {
   std::vector<unsigned char> image;  // the record copy the read decided on
 };
 
+// One key being read (MultiGet, Get, Delete): where its record is, the copy read, and the
+// version the snapshot sees.
+struct KeyRead {
+  const NamTable* t = nullptr;
+  int64_t key = 0;
+  GlobalAddress record;  // null: the key has no record
+  bool cached = false;   // `record` came from the session's address cache
+  bool done = false;     // read (or known absent)
+  RecordImage image;
+  bool found = false, deleted = false;
+  std::string payload;  // the visible version's fixed payload, if found
+};
+
+// A row to fill from a version's payload (its kBytes values read from their blobs).
+struct RowLoad {
+  const NamTable* t;
+  const std::string* payload;
+  Row* row;
+};
+
 class NamTxn final : public Transaction {
  public:
-  NamTxn(NamSession& s, uint64_t snapshot) : s_(s), snapshot_(snapshot) {}
+  explicit NamTxn(NamSession& s) : s_(s) {}
   ~NamTxn() override { Rollback(); }
 
   Status Get(const Table& table, int64_t key, Row* row) override;
+  Status MultiGet(std::span<const TableKey> keys, std::vector<Row>* rows,
+                  std::vector<Status>* statuses) override;
   Status Put(const Table& table, int64_t key, const Row& row) override;
   Status Delete(const Table& table, int64_t key) override;
   Status Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bool reverse,
@@ -370,27 +425,45 @@ class NamTxn final : public Transaction {
   Status Commit() override;
   void Rollback() override;
 
+  // REQUIRES: the snapshot was taken.
   bool Visible(uint64_t stamp) const { return stamp <= snapshot_; }
 
  private:
   friend class CommitRun;
   using Key = std::pair<uint32_t, int64_t>;
-  // Reads `record` until a consistent image (see read.cc); fills `re`. `key_ok` false if the
-  // record is not key's (a raced or stale index entry).
-  Status ReadRecord(const NamTable& t, GlobalAddress record, int64_t key, ReadEntry* re,
-                    RecordImage* image, bool* key_ok);
+  // The snapshot is taken by the transaction's first read, its counter read in the round trip
+  // of that read's index lookups (PostSnapshot into the lookup batch, then FinishSnapshot).
+  // With nothing to look up, TakeSnapshot takes it in a round trip of its own.
+  Status TakeSnapshot();
+  Status FinishSnapshot(const NamSession::SnapshotRead& read, const Status& batch_status,
+                        bool* cache_cleared);
+  // Finds the records of `keys` (one round trip for every lookup the cache does not answer,
+  // with the counter read if the snapshot is not taken yet), reads them (one round trip),
+  // settles each copy (SettleRecord) and finds the version the snapshot sees; records the
+  // read of every key with a record in reads_.
+  Status ReadKeys(std::span<KeyRead> keys);
+  // Get from the transaction's own writes: true if it has written `key` (the answer is then in
+  // *row and *status).
+  bool ReadOwnWrite(const NamTable& t, int64_t key, Row* row, Status* status) const;
+  // Given the first copy of `record` in image->bytes (read by the caller, maybe in a batch),
+  // reads again until the copy is consistent (see read.cc). `key_ok` false if the record is
+  // not key's (a raced or stale index entry).
+  Status SettleRecord(const NamTable& t, GlobalAddress record, int64_t key, RecordImage* image,
+                      bool* key_ok);
+  // Reads `record` and settles it.
+  Status ReadRecord(const NamTable& t, GlobalAddress record, int64_t key, RecordImage* image,
+                    bool* key_ok);
   // The version of `image` visible in the snapshot: sets *found, *deleted and copies payload.
   Status VisibleVersion(const NamTable& t, const RecordImage& image, bool* found, bool* deleted,
                         std::string* payload);
-  Status LoadBlobs(const NamTable& t, const std::string& payload, Row* row);
-  // Get without the write-set lookup, for Delete and Scan.
-  Status ReadVisible(const NamTable& t, int64_t key, bool* found, bool* deleted,
-                     std::string* payload);
+  // Fills the rows, reading the blobs of all of them in one round trip.
+  Status LoadRows(std::span<const RowLoad> loads);
   // Ends the transaction: counts it, frees blobs of an undecided commit, ends the snapshot.
   Status Finish(Status s);
 
   NamSession& s_;
-  const uint64_t snapshot_;
+  uint64_t snapshot_ = 0;
+  bool has_snapshot_ = false;  // taken (and open in the session) until Finish
   std::map<Key, WriteEntry> writes_;
   std::map<Key, ReadEntry> reads_;
   std::vector<std::pair<GlobalAddress, uint64_t>> blobs_;  // allocated here, freed unless decided

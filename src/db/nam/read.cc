@@ -29,16 +29,23 @@ std::vector<std::pair<GlobalAddress, uint64_t>> BlobRefs(const NamTable& t,
   return refs;
 }
 
-Status NamTxn::ReadRecord(const NamTable& t, GlobalAddress record, int64_t key, ReadEntry* re,
-                          RecordImage* image, bool* key_ok) {
+Status NamTxn::ReadRecord(const NamTable& t, GlobalAddress record, int64_t key, RecordImage* image,
+                          bool* key_ok) {
+  image->bytes.resize(t.layout_.record_size());
+  FARPOOL_RETURN_IF_ERROR(s_.access_.Read(record, image->bytes.data(), image->bytes.size()));
+  return SettleRecord(t, record, key, image, key_ok);
+}
+
+Status NamTxn::SettleRecord(const NamTable& t, GlobalAddress record, int64_t key,
+                            RecordImage* image, bool* key_ok) {
   const auto& layout = t.layout_;
-  image->bytes.resize(layout.record_size());
-  const int64_t start = MonoNs();
-  int64_t next_check = start + 1'000'000;
+  int64_t start = 0, next_check = 0;  // set at the first inconsistent copy
   std::vector<unsigned char> previous;
   int same = 0;
   for (int tries = 0;; ++tries) {
-    FARPOOL_RETURN_IF_ERROR(s_.access_.Read(record, image->bytes.data(), image->bytes.size()));
+    if (tries > 0) {
+      FARPOOL_RETURN_IF_ERROR(s_.access_.Read(record, image->bytes.data(), image->bytes.size()));
+    }
     image->Decode(layout);
     if (image->key != key || image->lock == kRemovedLock) {
       *key_ok = false;
@@ -47,6 +54,10 @@ Status NamTxn::ReadRecord(const NamTable& t, GlobalAddress record, int64_t key, 
     *key_ok = true;
     if (ConsistentImage(*image)) break;
     const int64_t now = MonoNs();
+    if (start == 0) {
+      start = now;
+      next_check = now + 1'000'000;
+    }
     if (IsLocked(image->lock)) {
       same = 0;
       if (now > next_check) {
@@ -75,10 +86,6 @@ Status NamTxn::ReadRecord(const NamTable& t, GlobalAddress record, int64_t key, 
     }
     if (tries > 16) std::this_thread::yield();
   }
-  re->record = record;
-  re->newest_seq = image->newest_seq();
-  re->newest_visible = image->newest < 0 || Visible(image->cells[image->newest].stamp);
-  re->image = image->bytes;
   return Status::Ok();
 }
 
@@ -122,65 +129,199 @@ Status NamTxn::VisibleVersion(const NamTable& t, const RecordImage& image, bool*
   return Status::Ok();  // no version old enough: the key did not exist at our snapshot
 }
 
-Status NamTxn::LoadBlobs(const NamTable& t, const std::string& payload, Row* row) {
-  *row = Row(t.schema_);
-  row->payload() = payload;
-  row->payload().resize(t.schema_.PayloadSize());
-  for (uint32_t c : t.bytes_columns_) {
-    uint64_t ref[2];
-    std::memcpy(ref, payload.data() + t.schema_.Offset(c), 16);
-    std::string v(ref[1], '\0');
-    if (ref[1] > 0)
-      FARPOOL_RETURN_IF_ERROR(s_.access_.Read(GlobalAddress::FromRaw(ref[0]), v.data(), ref[1]));
-    row->bytes()[c] = std::move(v);
+Status NamTxn::LoadRows(std::span<const RowLoad> loads) {
+  Access::Batch b(s_.access_);
+  for (const RowLoad& l : loads) {
+    const NamTable& t = *l.t;
+    Row& row = *l.row;
+    row = Row(t.schema_);
+    row.payload() = *l.payload;
+    row.payload().resize(t.schema_.PayloadSize());
+    for (uint32_t c : t.bytes_columns_) {
+      uint64_t ref[2];
+      std::memcpy(ref, l.payload->data() + t.schema_.Offset(c), 16);
+      std::string& v = row.bytes()[c];
+      v.assign(ref[1], '\0');
+      if (ref[1] > 0)
+        FARPOOL_RETURN_IF_ERROR(b.Read(GlobalAddress::FromRaw(ref[0]), v.data(), ref[1]));
+    }
+  }
+  return b.Wait();
+}
+
+Status NamTxn::FinishSnapshot(const NamSession::SnapshotRead& read, const Status& batch_status,
+                              bool* cache_cleared) {
+  FARPOOL_ASSIGN_OR_RETURN(snapshot_, s_.FinishSnapshot(read, batch_status, cache_cleared));
+  has_snapshot_ = true;
+  return Status::Ok();
+}
+
+Status NamTxn::TakeSnapshot() {
+  if (has_snapshot_) return Status::Ok();
+  FARPOOL_ASSIGN_OR_RETURN(snapshot_, s_.TakeSnapshot());
+  has_snapshot_ = true;
+  return Status::Ok();
+}
+
+Status NamTxn::ReadKeys(std::span<KeyRead> keys) {
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    // Round 1: the index lookups the cache does not answer, with the snapshot's counter read
+    // if this is the transaction's first read. The records must be read after the counter
+    // (a commit locks before it takes its stamp: a snapshot that includes the stamp then
+    // meets the lock), so they wait for round 2.
+    std::vector<KeyRead*> lookups;
+    for (KeyRead& k : keys) {
+      if (k.done) continue;
+      k.record = s_.CachedRecord(*k.t, k.key);
+      k.cached = !k.record.is_null();
+      if (!k.cached) lookups.push_back(&k);
+    }
+    if (!has_snapshot_ || !lookups.empty()) {
+      NamSession::SnapshotRead snap;
+      const bool taking = !has_snapshot_;
+      bool cache_cleared = false;
+      std::vector<std::array<unsigned char, HashIndex::kBucketSize>> buckets(lookups.size());
+      {
+        Access::Batch b(s_.access_);
+        Status posted = taking ? s_.PostSnapshot(b, &snap) : Status::Ok();
+        if (taking && !posted.ok()) return posted;
+        for (size_t j = 0; j < lookups.size() && posted.ok(); ++j) {
+          posted = lookups[j]->t->hash_->PostLookup(b, lookups[j]->key, buckets[j].data());
+        }
+        Status waited = b.Wait();
+        if (!posted.ok()) waited = posted;
+        if (taking) FARPOOL_RETURN_IF_ERROR(FinishSnapshot(snap, waited, &cache_cleared));
+        FARPOOL_RETURN_IF_ERROR(waited);
+      }
+      for (size_t j = 0; j < lookups.size(); ++j) {
+        KeyRead& k = *lookups[j];
+        FARPOOL_ASSIGN_OR_RETURN(k.record,
+                                 k.t->hash_->FinishLookup(s_.access_, k.key, buckets[j].data()));
+        if (!k.record.is_null()) s_.RememberRecord(*k.t, k.key, k.record);
+      }
+      if (cache_cleared) {
+        // Records were removed since the cache was filled: look the cached ones up again.
+        for (KeyRead& k : keys) {
+          if (!k.done && k.cached) {
+            FARPOOL_ASSIGN_OR_RETURN(k.record, s_.FindRecord(*k.t, k.key));
+          }
+        }
+      }
+    }
+    // Round 2: every record, in one batch.
+    {
+      Access::Batch b(s_.access_);
+      for (KeyRead& k : keys) {
+        if (k.done) continue;
+        if (k.record.is_null()) {
+          k.done = true;  // no record: the key does not exist
+          continue;
+        }
+        k.image.bytes.resize(k.t->layout_.record_size());
+        FARPOOL_RETURN_IF_ERROR(b.Read(k.record, k.image.bytes.data(), k.image.bytes.size()));
+      }
+      FARPOOL_RETURN_IF_ERROR(b.Wait());
+    }
+    for (KeyRead& k : keys) {
+      if (k.done) continue;
+      bool key_ok;
+      FARPOOL_RETURN_IF_ERROR(SettleRecord(*k.t, k.record, k.key, &k.image, &key_ok));
+      if (!key_ok) {
+        // A stale cache entry or a raced index entry: the next attempt looks the key up.
+        if (k.image.lock == kRemovedLock && k.image.key == k.key) {
+          FARPOOL_RETURN_IF_ERROR(s_.HelpUnlink(*k.t, k.key, k.record));
+        }
+        s_.ForgetRecord(*k.t, k.key);
+        continue;
+      }
+      FARPOOL_RETURN_IF_ERROR(VisibleVersion(*k.t, k.image, &k.found, &k.deleted, &k.payload));
+      // The read, for the commit's validation (the image's bytes move there: done with them).
+      ReadEntry& re = reads_[{k.t->id_, k.key}];
+      re.record = k.record;
+      re.newest_seq = k.image.newest_seq();
+      re.newest_visible = k.image.newest < 0 || Visible(k.image.cells[k.image.newest].stamp);
+      re.image = std::move(k.image.bytes);
+      k.done = true;
+    }
+    if (std::all_of(keys.begin(), keys.end(), [](const KeyRead& k) { return k.done; })) {
+      return Status::Ok();
+    }
+  }
+  for (const KeyRead& k : keys) {
+    if (!k.done) {
+      return Status::Internal("index entry of key " + std::to_string(k.key) + " in table '" +
+                              k.t->name_ + "' names a record of another key");
+    }
   }
   return Status::Ok();
 }
 
-Status NamTxn::ReadVisible(const NamTable& t, int64_t key, bool* found, bool* deleted,
-                           std::string* payload) {
-  *found = false;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    FARPOOL_ASSIGN_OR_RETURN(GlobalAddress rec, s_.FindRecord(t, key));
-    if (rec.is_null()) return Status::Ok();
-    ReadEntry re;
-    RecordImage image;
-    bool key_ok;
-    FARPOOL_RETURN_IF_ERROR(ReadRecord(t, rec, key, &re, &image, &key_ok));
-    if (!key_ok) {
-      if (image.lock == kRemovedLock && image.key == key) {
-        FARPOOL_RETURN_IF_ERROR(s_.HelpUnlink(t, key, rec));
-      }
-      s_.ForgetRecord(t, key);
-      continue;
-    }
-    FARPOOL_RETURN_IF_ERROR(VisibleVersion(t, image, found, deleted, payload));
-    reads_[{t.id_, key}] = std::move(re);
-    return Status::Ok();
-  }
-  return Status::Internal("index entry of key " + std::to_string(key) + " in table '" + t.name_ +
-                          "' names a record of another key");
+namespace {
+Status NoKey(const NamTable& t, int64_t key) {
+  return Status::NotFound("table '" + t.name_ + "' has no key " + std::to_string(key));
 }
+}  // namespace
 
-Status NamTxn::Get(const Table& table, int64_t key, Row* row) {
-  if (finished_) return Status::InvalidArgument("transaction already finished");
-  const auto& t = static_cast<const NamTable&>(table);
+bool NamTxn::ReadOwnWrite(const NamTable& t, int64_t key, Row* row, Status* status) const {
   auto w = writes_.find({t.id_, key});
-  if (w != writes_.end()) {
-    if (w->second.deleted)
-      return Status::NotFound("key " + std::to_string(key) + " deleted by this transaction");
+  if (w == writes_.end()) return false;
+  if (w->second.deleted) {
+    *status = Status::NotFound("key " + std::to_string(key) + " deleted by this transaction");
+  } else {
     *row = Row(t.schema_);
     row->payload() = w->second.payload;
     row->bytes() = w->second.bytes;
-    return Status::Ok();
+    *status = Status::Ok();
   }
-  bool found, deleted;
-  std::string payload;
-  FARPOOL_RETURN_IF_ERROR(ReadVisible(t, key, &found, &deleted, &payload));
-  if (found) FARPOOL_RETURN_IF_ERROR(LoadBlobs(t, payload, row));
+  return true;
+}
+
+// MultiGet of one key, without its vectors (the most common read).
+Status NamTxn::Get(const Table& table, int64_t key, Row* row) {
+  if (finished_) return Status::InvalidArgument("transaction already finished");
+  const auto& t = static_cast<const NamTable&>(table);
+  Status own;
+  if (ReadOwnWrite(t, key, row, &own)) return own;
+  KeyRead k;
+  k.t = &t;
+  k.key = key;
+  FARPOOL_RETURN_IF_ERROR(ReadKeys(std::span<KeyRead>(&k, 1)));
+  if (k.found) {
+    const RowLoad load{&t, &k.payload, row};
+    FARPOOL_RETURN_IF_ERROR(LoadRows(std::span<const RowLoad>(&load, 1)));
+  }
   FARPOOL_RETURN_IF_ERROR(s_.CheckLease());
-  if (!found) return Status::NotFound("table '" + t.name_ + "' has no key " + std::to_string(key));
-  return Status::Ok();
+  return k.found ? Status::Ok() : NoKey(t, key);
+}
+
+Status NamTxn::MultiGet(std::span<const TableKey> keys, std::vector<Row>* rows,
+                        std::vector<Status>* statuses) {
+  if (finished_) return Status::InvalidArgument("transaction already finished");
+  rows->assign(keys.size(), Row());
+  statuses->assign(keys.size(), Status::Ok());
+  std::vector<KeyRead> reads;
+  std::vector<size_t> at;  // keys index of each read
+  reads.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const auto& t = static_cast<const NamTable&>(*keys[i].table);
+    if (ReadOwnWrite(t, keys[i].key, &(*rows)[i], &(*statuses)[i])) continue;
+    KeyRead& k = reads.emplace_back();
+    k.t = &t;
+    k.key = keys[i].key;
+    at.push_back(i);
+  }
+  if (reads.empty()) return Status::Ok();
+  FARPOOL_RETURN_IF_ERROR(ReadKeys(reads));
+  std::vector<RowLoad> loads;
+  for (size_t j = 0; j < reads.size(); ++j) {
+    if (reads[j].found) {
+      loads.push_back({reads[j].t, &reads[j].payload, &(*rows)[at[j]]});
+    } else {
+      (*statuses)[at[j]] = NoKey(*reads[j].t, reads[j].key);
+    }
+  }
+  FARPOOL_RETURN_IF_ERROR(LoadRows(loads));
+  return s_.CheckLease();
 }
 
 Status NamTxn::Put(const Table& table, int64_t key, const Row& row) {
@@ -209,11 +350,13 @@ Status NamTxn::Delete(const Table& table, int64_t key) {
   if (w != writes_.end()) {
     exists = !w->second.deleted;
   } else {
-    bool deleted;
-    std::string payload;
-    FARPOOL_RETURN_IF_ERROR(ReadVisible(t, key, &exists, &deleted, &payload));
+    KeyRead read;
+    read.t = &t;
+    read.key = key;
+    FARPOOL_RETURN_IF_ERROR(ReadKeys(std::span<KeyRead>(&read, 1)));
+    exists = read.found;
   }
-  if (!exists) return Status::NotFound("table '" + t.name_ + "' has no key " + std::to_string(key));
+  if (!exists) return NoKey(t, key);
   WriteEntry& e = writes_[{t.id_, key}];
   e.table = &t;
   e.key = key;
@@ -229,8 +372,13 @@ Status NamTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bo
   const auto& t = static_cast<const NamTable&>(table);
   if (!t.btree_)
     return Status::InvalidArgument("table '" + t.name_ + "' is not ordered (no B+tree)");
-  // Collect index entries a leaf's worth at a time, then read their records in one batch.
+  // The snapshot first (its own round trip if this is the transaction's first read: the B+tree
+  // walk does not take other work along). Then index entries are collected, up to the limit
+  // (or kScanBatch) at a time, and their records read in one batch, their blobs in another.
   // Rows are handed to `visit` only after the lease check that covers their reads.
+  FARPOOL_RETURN_IF_ERROR(TakeSnapshot());
+  constexpr size_t kScanBatch = 256;
+  const size_t batch = limit == 0 ? kScanBatch : std::min(limit, kScanBatch);
   std::vector<std::pair<int64_t, GlobalAddress>> pending;
   size_t visited = 0;
   bool stop = false;
@@ -247,31 +395,29 @@ Status NamTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bo
       }
       FARPOOL_RETURN_IF_ERROR(b.Wait());
     }
-    std::vector<std::pair<int64_t, Row>> rows;
+    std::vector<int64_t> keys;
+    std::vector<std::string> payloads;
     for (size_t i = 0; i < pending.size(); ++i) {
-      RecordImage& img = images[i];
-      img.Decode(t.layout_);
-      if (img.key != pending[i].first || !ConsistentImage(img)) {
-        // Raced with a writer: read this one on its own until consistent.
-        ReadEntry re;
-        bool key_ok;
-        FARPOOL_RETURN_IF_ERROR(
-            ReadRecord(t, pending[i].second, pending[i].first, &re, &img, &key_ok));
-        if (!key_ok) continue;
-      }
+      bool key_ok;
+      FARPOOL_RETURN_IF_ERROR(
+          SettleRecord(t, pending[i].second, pending[i].first, &images[i], &key_ok));
+      if (!key_ok) continue;
       bool found, deleted;
       std::string payload;
-      FARPOOL_RETURN_IF_ERROR(VisibleVersion(t, img, &found, &deleted, &payload));
+      FARPOOL_RETURN_IF_ERROR(VisibleVersion(t, images[i], &found, &deleted, &payload));
       if (!found) continue;
-      Row row;
-      FARPOOL_RETURN_IF_ERROR(LoadBlobs(t, payload, &row));
-      rows.emplace_back(pending[i].first, std::move(row));
+      keys.push_back(pending[i].first);
+      payloads.push_back(std::move(payload));
     }
     pending.clear();
+    std::vector<Row> rows(keys.size());
+    std::vector<RowLoad> loads;
+    for (size_t i = 0; i < keys.size(); ++i) loads.push_back({&t, &payloads[i], &rows[i]});
+    FARPOOL_RETURN_IF_ERROR(LoadRows(loads));
     FARPOOL_RETURN_IF_ERROR(s_.CheckLease());
-    for (const auto& [key, row] : rows) {
+    for (size_t i = 0; i < keys.size(); ++i) {
       ++visited;
-      if (!visit(key, row) || (limit != 0 && visited >= limit)) {
+      if (!visit(keys[i], rows[i]) || (limit != 0 && visited >= limit)) {
         stop = true;
         break;
       }
@@ -281,7 +427,7 @@ Status NamTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bo
   FARPOOL_RETURN_IF_ERROR(
       t.btree_->Scan(s_.access_, s_, lo, hi, reverse, [&](int64_t k, uint64_t v) {
         pending.push_back({k, GlobalAddress::FromRaw(v)});
-        if (pending.size() >= 64) {
+        if (pending.size() >= batch) {
           inner = flush();
           if (!inner.ok()) return false;
         }

@@ -4,9 +4,17 @@
 // Invariants:
 //   - A commit is decided when its log is whole (checksum over the entries matches) and its
 //     state names the writer's epoch. Before that, it has written nothing but its locks (and
-//     spill nodes nobody links to): breaking its locks to the newest installed version undoes
-//     it. After that, recovery installs every cell the log names whose record still carries
-//     the dead writer's lock word, then unlocks them by CAS from that word.
+//     spill nodes and blobs nobody links to): breaking its locks to the newest installed
+//     version undoes it. After that, recovery installs every cell the log names whose record
+//     still carries the dead writer's lock word, then unlocks them by CAS from that word.
+//   - The log's cells carry no stamp (the writer took its stamp in the round trip that wrote
+//     the log). The writer installs only after that round trip, and releases only after all
+//     its installs, so: if a record still locked by the dead writer holds the new cell whole,
+//     its stamp is the commit's (every installed cell has the same one); if none does, no
+//     record of the commit was installed whole and none was released, nobody has seen the
+//     commit, and recovery gives it a stamp of its own (a fetch-and-add: the records have been
+//     locked since before it, as a stamp must be). A recoverer that dies half-way leaves cells
+//     with the stamp it chose, which the next one finds.
 //   - Only whoever fenced the slot (CAS to "recovering" with the next epoch) recovers it, and
 //     it writes only before its own deadline (lease - margin after the fence). A recoverer that
 //     stalls is fenced in turn after its recovering word stays unchanged for lease + margin;
@@ -16,6 +24,16 @@
 #include "db/nam/nam_internal.h"
 
 namespace farpool::db {
+namespace {
+
+// The layout of a record whose cells are `cell_size` bytes (a log entry names only that).
+RecordLayout CellLayout(uint64_t cell_size) {
+  RecordLayout l;
+  l.payload = cell_size - kCellHeader - 8;
+  return l;
+}
+
+}  // namespace
 
 Result<bool> NamDatabase::FenceAndRecover(const Access& access, uint32_t slot, uint64_t owner,
                                           uint64_t final_state, uint64_t* final_owner) {
@@ -68,38 +86,64 @@ Status NamDatabase::RecoverLog(const Access& access, uint32_t slot, int64_t dead
     whole = LogChecksum(h, body.data()) == h.checksum;
   }
   if (whole) {
-    // Decided: finish it.
-    struct Unlock {
-      GlobalAddress record;
-      uint64_t seq;
+    // Decided: finish it. First the entries whose records are still locked by the writer.
+    struct Pending {
+      LogEntry e;
+      const unsigned char* cell;
+      const unsigned char* spill;
     };
-    std::vector<Unlock> unlocks;
+    std::vector<Pending> pending;
+    uint64_t stamp = 0;
+    std::vector<unsigned char> installed;
     size_t off = 0;
     for (uint64_t i = 0; i < h.count; ++i) {
-      LogEntry e;
-      if (off + sizeof(e) > body.size()) break;
-      std::memcpy(&e, body.data() + off, sizeof(e));
-      off += sizeof(e);
-      const unsigned char* cell = body.data() + off;
-      off += e.cell_size;
-      const unsigned char* spill = e.spill ? body.data() + off : nullptr;
-      if (e.spill) off += e.cell_size;
-      if (off > body.size()) {
+      Pending p;
+      if (off + sizeof(p.e) > body.size()) break;
+      std::memcpy(&p.e, body.data() + off, sizeof(p.e));
+      off += sizeof(p.e);
+      p.cell = body.data() + off;
+      off += p.e.cell_size;
+      p.spill = p.e.spill ? body.data() + off : nullptr;
+      if (p.e.spill) off += p.e.cell_size;
+      if (off > body.size() || p.e.cell_size < kCellHeader + 8) {
         return Status::Internal("commit log of session slot " + std::to_string(slot) +
                                 " is inconsistent (entry " + std::to_string(i) + ")");
       }
-      const GlobalAddress rec = GlobalAddress::FromRaw(e.record);
+      const GlobalAddress rec = GlobalAddress::FromRaw(p.e.record);
       uint64_t lock;
       FARPOOL_RETURN_IF_ERROR(access.Read(rec, &lock, 8));
       if (lock != dead_lock) continue;  // installed and released before the crash
-      if (MonoNs() > deadline) return late();
-      if (spill)
-        FARPOOL_RETURN_IF_ERROR(access.Write(GlobalAddress::FromRaw(e.spill), spill, e.cell_size));
-      FARPOOL_RETURN_IF_ERROR(access.Write(rec + e.cell_offset, cell, e.cell_size));
-      unlocks.push_back({rec, e.new_seq});
+      if (stamp == 0) {
+        // Did the writer install this one? Then its stamp is the commit's.
+        installed.resize(p.e.cell_size);
+        FARPOOL_RETURN_IF_ERROR(
+            access.Read(rec + p.e.cell_offset, installed.data(), installed.size()));
+        const CellView c = DecodeCell(installed.data(), CellLayout(p.e.cell_size));
+        if (c.valid && c.seq == p.e.new_seq) stamp = c.stamp;
+      }
+      pending.push_back(p);
     }
-    for (const auto& u : unlocks) {
-      FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(u.record, dead_lock, UnlockedWord(u.seq)));
+    if (!pending.empty() && stamp == 0) {
+      if (MonoNs() > deadline) return late();
+      FARPOOL_ASSIGN_OR_RETURN(uint64_t word, access.Faa(RootField(kRootCounter), 1));
+      stamp = CounterOf(word) + 1;
+      NoteCounter(stamp);
+    }
+    std::vector<unsigned char> cell;
+    for (const Pending& p : pending) {
+      if (MonoNs() > deadline) return late();
+      const GlobalAddress rec = GlobalAddress::FromRaw(p.e.record);
+      if (p.spill) {
+        FARPOOL_RETURN_IF_ERROR(
+            access.Write(GlobalAddress::FromRaw(p.e.spill), p.spill, p.e.cell_size));
+      }
+      cell.assign(p.cell, p.cell + p.e.cell_size);
+      StampCell(cell.data(), CellLayout(p.e.cell_size), stamp);
+      FARPOOL_RETURN_IF_ERROR(access.Write(rec + p.e.cell_offset, cell.data(), cell.size()));
+    }
+    for (const Pending& p : pending) {
+      FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(GlobalAddress::FromRaw(p.e.record),
+                                                         dead_lock, UnlockedWord(p.e.new_seq)));
       (void)prev;  // a different value: someone else's recovery unlocked it first
     }
   }

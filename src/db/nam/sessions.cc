@@ -347,6 +347,7 @@ const TxnCounters& NamSession::counters() const {
   counters_.writes = count_.writes.load(std::memory_order_relaxed);
   counters_.cas = count_.cas.load(std::memory_order_relaxed);
   counters_.faa = count_.faa.load(std::memory_order_relaxed);
+  counters_.round_trips = count_.round_trips.load(std::memory_order_relaxed);
   return counters_;
 }
 
@@ -384,63 +385,93 @@ uint64_t NamSession::CacheKey(const NamTable& t, int64_t key) {
 }
 
 Result<GlobalAddress> NamSession::FindRecord(const NamTable& t, int64_t key) {
-  constexpr size_t kAddressCacheLimit = 1 << 20;
-  const uint64_t ck = CacheKey(t, key);
-  auto it = cache_.find(ck);
-  if (it != cache_.end()) return it->second;
+  const GlobalAddress cached = CachedRecord(t, key);
+  if (!cached.is_null()) return cached;
   FARPOOL_ASSIGN_OR_RETURN(GlobalAddress rec, t.hash_->Lookup(access_, key));
-  if (!rec.is_null()) {
-    if (cache_.size() >= kAddressCacheLimit) cache_.clear();
-    cache_[ck] = rec;
-  }
+  if (!rec.is_null()) RememberRecord(t, key, rec);
   return rec;
+}
+
+GlobalAddress NamSession::CachedRecord(const NamTable& t, int64_t key) const {
+  auto it = cache_.find(CacheKey(t, key));
+  return it == cache_.end() ? GlobalAddress() : it->second;
 }
 
 void NamSession::ForgetRecord(const NamTable& t, int64_t key) { cache_.erase(CacheKey(t, key)); }
 
 void NamSession::RememberRecord(const NamTable& t, int64_t key, GlobalAddress record) {
+  constexpr size_t kAddressCacheLimit = 1 << 20;
+  if (cache_.size() >= kAddressCacheLimit) cache_.clear();
   cache_[CacheKey(t, key)] = record;
 }
 
-Result<uint64_t> NamSession::TakeSnapshot() {
-  constexpr int64_t kCacheIdleNs = 1'000'000'000;
+Status NamSession::PostSnapshot(Access::Batch& batch, SnapshotRead* read) {
   SlotLease& l = *lease_;
   std::lock_guard<std::mutex> g(l.mu);
-  const uint64_t floor = std::max<uint64_t>(1, db_.latest_counter());
-  uint64_t snapshot = 0;
-  Status s;
-  if (l.open > 0) {
-    // Another transaction of this session is open: the announcement protects its (older)
-    // snapshot, and so ours; it is not raised.
-    s = access_.Read(db_.RootField(kRootCounter), &snapshot, 8);
-  } else if (l.announced == 0) {
-    // From idle: the bound must be visible before we read the counter.
-    s = access_.Write(db_.AnnounceAddr(l.slot), &floor, 8);
-    if (s.ok()) s = access_.Read(db_.RootField(kRootCounter), &snapshot, 8);
-  } else {
-    // Already announced (a smaller bound stays visible meanwhile): raise it in the same round.
-    Access::Batch b(access_);
-    s = b.Write(db_.AnnounceAddr(l.slot), &floor, 8);
-    if (s.ok()) s = b.Read(db_.RootField(kRootCounter), &snapshot, 8);
-    Status w = b.Wait();
-    if (s.ok()) s = w;
+  read->floor = std::max<uint64_t>(1, db_.latest_counter());
+  read->raised = false;
+  if (l.open == 0 && l.announced == 0) {
+    // From idle: the bound must be visible before the counter is read.
+    Status s = access_.Write(db_.AnnounceAddr(l.slot), &read->floor, 8);
+    if (!s.ok()) {
+      l.idle_since = MonoNs();
+      return s.WithContext("announcing a snapshot");
+    }
+    l.announced = read->floor;
+  } else if (l.open == 0) {
+    // Announced already: raise it in the same round (the smaller bound protects meanwhile).
+    // With another transaction of this session open, the announcement protects its older
+    // snapshot, and so ours: it is not raised.
+    FARPOOL_RETURN_IF_ERROR(batch.Write(db_.AnnounceAddr(l.slot), &read->floor, 8));
+    read->raised = true;
   }
-  if (!s.ok()) {
-    if (l.open == 0) l.idle_since = MonoNs();
-    return s.WithContext("taking a snapshot");
-  }
-  if (l.open == 0) l.announced = floor;
+  // From here the announcement is ours until FinishSnapshot: the maintenance thread leaves
+  // the announcement of a session with open transactions alone.
   ++l.open;
+  Status s = batch.Read(db_.RootField(kRootCounter), &read->word, 8);
+  if (!s.ok()) {
+    // The raise, if posted, writes a bound that is still below any later snapshot.
+    if (--l.open == 0) l.idle_since = MonoNs();
+    return s;
+  }
+  return Status::Ok();
+}
+
+Result<uint64_t> NamSession::FinishSnapshot(const SnapshotRead& read, const Status& batch_status,
+                                            bool* cache_cleared) {
+  constexpr int64_t kCacheIdleNs = 1'000'000'000;
+  *cache_cleared = false;
+  {
+    SlotLease& l = *lease_;
+    std::lock_guard<std::mutex> g(l.mu);
+    if (!batch_status.ok()) {
+      // A raise that may or may not have landed leaves a bound at most `floor`: still a lower
+      // bound of every later snapshot, so `announced` (the smaller value) stays right.
+      if (--l.open == 0) l.idle_since = MonoNs();
+      return batch_status.WithContext("taking a snapshot");
+    }
+    if (read.raised) l.announced = read.floor;
+  }
   // Cached record addresses are stale once records were removed since they were cached; and
   // after a long idle time the 16-bit removal epoch may have wrapped around.
   const int64_t now = MonoNs();
-  if (RemovalEpochOf(snapshot) != cache_epoch_ || now - last_begin_ > kCacheIdleNs) {
+  if (RemovalEpochOf(read.word) != cache_epoch_ || now - last_begin_ > kCacheIdleNs) {
+    *cache_cleared = !cache_.empty();
     cache_.clear();
-    cache_epoch_ = RemovalEpochOf(snapshot);
+    cache_epoch_ = RemovalEpochOf(read.word);
   }
   last_begin_ = now;
-  db_.NoteCounter(CounterOf(snapshot));
-  return CounterOf(snapshot);
+  db_.NoteCounter(CounterOf(read.word));
+  return CounterOf(read.word);
+}
+
+Result<uint64_t> NamSession::TakeSnapshot() {
+  SnapshotRead read;
+  Access::Batch b(access_);
+  FARPOOL_RETURN_IF_ERROR(PostSnapshot(b, &read));
+  const Status waited = b.Wait();
+  bool cache_cleared;
+  return FinishSnapshot(read, waited, &cache_cleared);
 }
 
 void NamSession::EndTransaction(bool withdraw) {
@@ -460,10 +491,10 @@ Status NamSession::HelpUnlink(const NamTable& t, int64_t key, GlobalAddress reco
   return t.hash_->Remove(access_, *this, key, record);
 }
 
+// No round trip: the snapshot is taken by the transaction's first read (nam_internal.h).
 Result<std::unique_ptr<Transaction>> NamSession::Begin() {
   FARPOOL_RETURN_IF_ERROR(CheckLease());
-  FARPOOL_ASSIGN_OR_RETURN(uint64_t snapshot, TakeSnapshot());
-  return std::unique_ptr<Transaction>(new NamTxn(*this, snapshot));
+  return std::unique_ptr<Transaction>(new NamTxn(*this));
 }
 
 }  // namespace farpool::db
