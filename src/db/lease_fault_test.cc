@@ -395,11 +395,14 @@ class LeaseFaultTest : public testing::ClusterTest {
     ASSERT_TRUE(r0.ok() && r.ok());
     // Account 0 holds version 1. r0's snapshot sees it and keeps every later version (no trim
     // cuts anything while it runs); r's sees version `seen`.
+    // (A transaction takes its snapshot at its first read.)
     auto old = (*r0)->Begin();
     ASSERT_TRUE(old.ok()) << old.status().ToString();
+    ASSERT_TRUE(GetInt(**old, *accounts_, 0).ok());
     for (int v = 2; v <= seen; ++v) ASSERT_OK(write());
     auto mid = (*r)->Begin();
     ASSERT_TRUE(mid.ok()) << mid.status().ToString();
+    ASSERT_TRUE(GetInt(**mid, *accounts_, 0).ok());
     for (int v = seen + 1; v <= 20; ++v) ASSERT_OK(write());  // chain: versions 17 .. 1
     old->reset();
     r0->reset();  // its announcement goes: r's is the oldest when the worker locks
