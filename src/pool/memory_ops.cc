@@ -11,9 +11,7 @@ namespace {
 
 uint64_t Padded(uint64_t size) { return (size + 7) & ~uint64_t{7}; }
 
-bool IsAtomic(OpKind kind) {
-  return kind == OpKind::kCompareAndSwap || kind == OpKind::kFetchAdd;
-}
+bool IsAtomic(OpKind kind) { return kind == OpKind::kCompareAndSwap || kind == OpKind::kFetchAdd; }
 
 const char* KindName(OpKind kind) {
   switch (kind) {
@@ -78,7 +76,11 @@ void RequestBuilder::Write(uint64_t offset, const void* data, uint32_t size) {
 }
 
 void RequestBuilder::CompareAndSwap(uint64_t offset, uint64_t expected, uint64_t desired) {
-  Append({static_cast<uint8_t>(OpKind::kCompareAndSwap), {}, sizeof(uint64_t), offset, expected,
+  Append({static_cast<uint8_t>(OpKind::kCompareAndSwap),
+          {},
+          sizeof(uint64_t),
+          offset,
+          expected,
           desired},
          nullptr);
 }

@@ -109,8 +109,7 @@ TEST_F(MemoryOpsTest, ABadOperationAnywhereRejectsTheWholeRequestBeforeAnythingR
        [](std::vector<std::byte>& t) { t[40 + 24] = std::byte{1}; },  // FAA's desired
        "unused operand"},
       {"truncated", [](std::vector<std::byte>& t) { t.resize(t.size() - 1); }, "truncated"},
-      {"trailing bytes", [](std::vector<std::byte>& t) { t.resize(t.size() + 8); },
-       "trailing"},
+      {"trailing bytes", [](std::vector<std::byte>& t) { t.resize(t.size() + 8); }, "trailing"},
       {"write data cut off", [](std::vector<std::byte>& t) { t.resize(36); }, "truncated"},
   };
   for (const Case& c : cases) {

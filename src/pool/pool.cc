@@ -171,8 +171,8 @@ class Pool::Impl {
   Status SendBatch(ThreadContext& tc, size_t index, uint64_t request_id,
                    const memory_ops::RequestBuilder& request, Clock::time_point deadline);
   Status FinishBatch(ThreadContext& tc, size_t index, uint64_t request_id,
-                     const memory_ops::RequestBuilder& request,
-                     std::span<const BatchSink> sinks, Clock::time_point deadline);
+                     const memory_ops::RequestBuilder& request, std::span<const BatchSink> sinks,
+                     Clock::time_point deadline);
   Result<size_t> IndexOf(uint16_t id) const;
   void MarkFailed(size_t index, const std::string& reason);
   Result<ServerStats> Stats(size_t index);
@@ -230,11 +230,10 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
     if (options_.direct_access && fabric_ != Fabric::kTcp) {
       s.direct = tc->peers[i].rkey->DirectPointer(s.region_base);
     }
-    const bool messages =
-        options_.remote_access == RemoteAccess::kMessages ||
-        (options_.remote_access == RemoteAccess::kAuto &&
-         (fabric_ == Fabric::kTcp ||
-          (fabric_ == Fabric::kAuto && !transport::RdmaDevicesPresent())));
+    const bool messages = options_.remote_access == RemoteAccess::kMessages ||
+                          (options_.remote_access == RemoteAccess::kAuto &&
+                           (fabric_ == Fabric::kTcp ||
+                            (fabric_ == Fabric::kAuto && !transport::RdmaDevicesPresent())));
     s.messages = s.direct == nullptr && messages;
     if (fabric_ == Fabric::kShm && s.direct == nullptr) {
       return Status::Unavailable(s.name +
@@ -861,7 +860,8 @@ Status Batch::Read(GlobalAddress source, void* destination, uint64_t size) {
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Resolve(source, size, "read", false));
   if (t.direct == nullptr && InMessage(t, size)) {
-    FARPOOL_RETURN_IF_ERROR(Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kRead), size));
+    FARPOOL_RETURN_IF_ERROR(
+        Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kRead), size));
   }
   ThreadContext& tc = *state_->tc;
   Bump(tc.reads);
@@ -889,7 +889,8 @@ Status Batch::Write(GlobalAddress destination, const void* source, uint64_t size
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Resolve(destination, size, "write", false));
   if (t.direct == nullptr && InMessage(t, size)) {
-    FARPOOL_RETURN_IF_ERROR(Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kWrite), size));
+    FARPOOL_RETURN_IF_ERROR(
+        Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kWrite), size));
   }
   ThreadContext& tc = *state_->tc;
   Bump(tc.writes);
@@ -920,7 +921,8 @@ Status Batch::CompareAndSwap(GlobalAddress address, uint64_t expected, uint64_t 
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
                            pool_.Resolve(address, 8, "compare-and-swap", true));
   if (t.direct == nullptr && t.messages) {
-    FARPOOL_RETURN_IF_ERROR(Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kCompareAndSwap), 8));
+    FARPOOL_RETURN_IF_ERROR(
+        Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kCompareAndSwap), 8));
   }
   ThreadContext& tc = *state_->tc;
   Bump(tc.cas);
@@ -951,7 +953,8 @@ Status Batch::FetchAdd(GlobalAddress address, uint64_t delta, uint64_t* previous
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Resolve(address, 8, "fetch-and-add", true));
   if (t.direct == nullptr && t.messages) {
-    FARPOOL_RETURN_IF_ERROR(Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kFetchAdd), 8));
+    FARPOOL_RETURN_IF_ERROR(
+        Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kFetchAdd), 8));
   }
   ThreadContext& tc = *state_->tc;
   Bump(tc.faa);
@@ -984,10 +987,10 @@ Status Pool::Impl::SendBatch(ThreadContext& tc, size_t index, uint64_t request_i
   if (s.failed.load(std::memory_order_relaxed)) return s.Failure();
   Endpoint* ep = tc.peers[index].ep.get();
   if (ep == nullptr || ep->failed()) return Status::Unavailable(s.name + ": not connected");
-  std::vector<std::byte> bytes =
-      wire::Encode(request_id,
-                   wire::BatchRequest{request.op_count(), static_cast<uint32_t>(request.bytes().size())},
-                   request.bytes());
+  std::vector<std::byte> bytes = wire::Encode(
+      request_id,
+      wire::BatchRequest{request.op_count(), static_cast<uint32_t>(request.bytes().size())},
+      request.bytes());
   Status sent = ep->SendAm(transport::kControlAm, bytes, true, deadline,
                            [&] { return s.failed.load(std::memory_order_relaxed); });
   Bump(tc.messages);
@@ -997,16 +1000,15 @@ Status Pool::Impl::SendBatch(ThreadContext& tc, size_t index, uint64_t request_i
 
 Status Pool::Impl::FinishBatch(ThreadContext& tc, size_t index, uint64_t request_id,
                                const memory_ops::RequestBuilder& request,
-                               std::span<const BatchSink> sinks,
-                               Clock::time_point deadline) {
+                               std::span<const BatchSink> sinks, Clock::time_point deadline) {
   ServerState& s = *servers_[index];
-  auto reply = AwaitReply(tc, index, request_id, wire::Opcode::kBatchReply, deadline,
-                          options_.op_timeout);
+  auto reply =
+      AwaitReply(tc, index, request_id, wire::Opcode::kBatchReply, deadline, options_.op_timeout);
   if (!reply.ok()) {
     // The server is gone or stuck: no later call may wait on it again.
     if (reply.status().code() == StatusCode::kTimedOut) {
-      MarkFailed(index, "batch timed out after " + std::to_string(options_.op_timeout.count()) +
-                            " ms");
+      MarkFailed(index,
+                 "batch timed out after " + std::to_string(options_.op_timeout.count()) + " ms");
     } else if (reply.status().code() == StatusCode::kUnavailable) {
       MarkFailed(index, "connection lost");
     }
@@ -1089,9 +1091,9 @@ Status Batch::Drain() {
   }
   for (size_t k = 0; k < st.messages.size(); ++k) {
     const State::Message& m = st.messages[k];
-    note(sent[k].ok() ? pool_.FinishBatch(*st.tc, m.index, m.request_id, m.request, m.sinks,
-                                          deadline)
-                      : sent[k]);
+    note(sent[k].ok()
+             ? pool_.FinishBatch(*st.tc, m.index, m.request_id, m.request, m.sinks, deadline)
+             : sent[k]);
   }
   st.messages.clear();
   std::fill(st.open.begin(), st.open.end(), -1);

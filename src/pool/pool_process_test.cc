@@ -431,10 +431,10 @@ TEST(ServerProcess, RejectsMalformedControlMessagesAndKeepsRunning) {
   // a tail beyond the limit.
   memory_ops::RequestBuilder unleased;
   unleased.Read(4096, 64);
-  bad.push_back(wire::Encode(8, wire::BatchRequest{1, static_cast<uint32_t>(unleased.bytes().size())},
-                             unleased.bytes()));
-  bad.push_back(wire::Encode(9, wire::BatchRequest{3, static_cast<uint32_t>(unleased.bytes().size())},
-                             unleased.bytes()));
+  bad.push_back(wire::Encode(
+      8, wire::BatchRequest{1, static_cast<uint32_t>(unleased.bytes().size())}, unleased.bytes()));
+  bad.push_back(wire::Encode(
+      9, wire::BatchRequest{3, static_cast<uint32_t>(unleased.bytes().size())}, unleased.bytes()));
   std::vector<std::byte> huge(wire::kMaxBatchTail + 32);
   bad.push_back(wire::Encode(10, wire::BatchRequest{1, static_cast<uint32_t>(huge.size())}, huge));
   for (auto& m : bad) {

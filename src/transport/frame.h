@@ -67,7 +67,7 @@ enum class TailRule : uint8_t {
 struct BodyLayout {
   size_t size;  // the fixed body
   TailRule tail = TailRule::kNone;
-  size_t length_offset = 0;  // kDeclared only
+  size_t length_offset = 0;            // kDeclared only
   size_t max_tail = kMaxDeclaredTail;  // kDeclared only
 };
 constexpr BodyLayout FixedBody(size_t size) { return {size, TailRule::kNone, 0, 0}; }

@@ -175,17 +175,16 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
     }
     case wire::Opcode::kBatchRequest: {
       auto req = m.As<wire::BatchRequest>();
-      memory_ops::Region region{region_->data(), chunks_.region_size(),
-                                [this](uint64_t offset, uint64_t size) {
-                                  return chunks_.Covers(offset, size);
-                                }};
+      memory_ops::Region region{
+          region_->data(), chunks_.region_size(),
+          [this](uint64_t offset, uint64_t size) { return chunks_.Covers(offset, size); }};
       auto results = memory_ops::Execute(req.op_count, m.tail, region);
       if (!results.ok()) {
         ++rejected_;
         return results.status().WithContext(Name());
       }
-      return wire::Encode(id, wire::BatchReply{req.op_count, static_cast<uint32_t>(results->size())},
-                          *results);
+      return wire::Encode(
+          id, wire::BatchReply{req.op_count, static_cast<uint32_t>(results->size())}, *results);
     }
     case wire::Opcode::kHelloReply:
     case wire::Opcode::kBatchReply:
