@@ -131,15 +131,16 @@ Status NamDatabase::RecoverLog(const Access& access, uint32_t slot, int64_t dead
     }
     std::vector<unsigned char> cell;
     for (const Pending& p : pending) {
+      cell.assign(p.cell, p.cell + p.e.cell_size);
+      StampCell(cell.data(), CellLayout(p.e.cell_size), stamp);
+      // Nothing but the writes between the deadline check and them (the residual window).
       if (MonoNs() > deadline) return late();
-      const GlobalAddress rec = GlobalAddress::FromRaw(p.e.record);
       if (p.spill) {
         FARPOOL_RETURN_IF_ERROR(
             access.Write(GlobalAddress::FromRaw(p.e.spill), p.spill, p.e.cell_size));
       }
-      cell.assign(p.cell, p.cell + p.e.cell_size);
-      StampCell(cell.data(), CellLayout(p.e.cell_size), stamp);
-      FARPOOL_RETURN_IF_ERROR(access.Write(rec + p.e.cell_offset, cell.data(), cell.size()));
+      FARPOOL_RETURN_IF_ERROR(access.Write(GlobalAddress::FromRaw(p.e.record) + p.e.cell_offset,
+                                           cell.data(), cell.size()));
     }
     for (const Pending& p : pending) {
       FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(GlobalAddress::FromRaw(p.e.record),

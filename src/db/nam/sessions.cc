@@ -406,6 +406,10 @@ void NamSession::RememberRecord(const NamTable& t, int64_t key, GlobalAddress re
 }
 
 Status NamSession::PostSnapshot(Access::Batch& batch, SnapshotRead* read) {
+  // The announcement word is the slot owner's: a session fenced since Begin (its slot may have
+  // a new owner by now) must not write it. A clock read, right before the write (Renew, if it
+  // is due, takes l.mu itself).
+  FARPOOL_RETURN_IF_ERROR(CheckLease());
   SlotLease& l = *lease_;
   std::lock_guard<std::mutex> g(l.mu);
   read->floor = std::max<uint64_t>(1, db_.latest_counter());
