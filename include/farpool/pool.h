@@ -175,6 +175,31 @@ class Pool {
   Result<ServerStats> Stats(uint16_t id);
   OpCounters counters() const;
 
+  // Eviction: the fence the memory servers enforce (docs/pool.md). A process evicted from every
+  // server can no longer reach pool memory: one that maps a server's region has been killed
+  // (SIGKILL) and has exited; any other has had every connection closed and is refused from
+  // then on (its next operations fail with Unavailable, "evicted by server N: ..."). A server
+  // lets a process map its region only if it could pin it for such a kill (same boot, a pidfd,
+  // a matching start time, permission to signal it); otherwise the Pool falls back to messages
+  // or one-sided access as if direct access were off, and transport shm fails to connect,
+  // saying why.
+
+  // This process's identity on every server of the pool: nonzero, the same on every server and
+  // for every thread, different for every Pool::Connect (32 bits of the client nonce sent in
+  // the hello; random, so two Pools share one with probability 2^-32).
+  uint32_t process_tag() const;
+  // Evicts the client process whose Pool has process_tag() == `tag` from every server: returns
+  // Ok once every server has (a) closed all of that client's connections and will refuse it
+  // from now on (hellos and requests carrying that tag get an error reply), and (b) if that
+  // client maps the server's region, killed it (SIGKILL) and seen it exit. Idempotent; a tag no
+  // server knows is Ok. Never evicts this Pool itself (InvalidArgument for its own tag, and for
+  // 0, which is no process's tag).
+  // Fails (Unavailable, naming the server) if a server cannot be reached or the process does not
+  // exit within `timeout`; the caller retries later. Servers evicted by an earlier call stay so.
+  // Each server remembers the last 65,536 evicted tags (kMaxEvictedTags in
+  // pool/server/memory_server.h).
+  Status Evict(uint32_t tag, std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
   class Impl;  // internal; public for Batch and tests of internals
 
  private:

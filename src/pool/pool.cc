@@ -17,6 +17,11 @@
 //     or no answer came for failure_timeout. ServerState::failed is then set and every later
 //     call touching that server fails fast; pending UCX requests to it are abandoned by
 //     force-closing the thread's endpoint, which completes them with an error.
+//   - Eviction: the hello carries this Pool's process tag (the low 32 bits of its nonce) and
+//     what pins the process (pid, start time, boot id). A region is mapped only if the server
+//     says it pinned us (kHelloMayMap): then an eviction can kill us. A connection that fails
+//     is explained by a fresh hello (WhyLost): a server that evicted us refuses it, and the
+//     server is marked failed with its words ("evicted by server N: ...").
 #include "farpool/pool.h"
 
 #include <ucp/api/ucp.h>
@@ -33,6 +38,7 @@
 #include <unordered_map>
 
 #include "common/far_copy.h"
+#include "common/host.h"
 #include "common/units.h"
 #include "pool/memory_ops.h"
 #include "pool/object_allocator.h"
@@ -53,7 +59,7 @@ std::atomic<uint64_t> g_next_generation{1};
 uint64_t RandomNonce() {
   std::random_device rd;
   uint64_t v = (uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
-  return v == 0 ? 1 : v;
+  return static_cast<uint32_t>(v) == 0 ? v | 1 : v;  // the low 32 bits, the tag, are nonzero
 }
 
 // Lamping & Veach, "A Fast, Minimal Memory, Consistent Hash Algorithm" (2014).
@@ -66,6 +72,15 @@ int32_t JumpConsistentHash(uint64_t key, int32_t buckets) {
   }
   return static_cast<int32_t>(b);
 }
+
+std::string TagName(uint32_t tag) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "0x%08x", tag);
+  return buf;
+}
+
+// How long a fresh hello that asks a server why a connection failed may take (WhyLost).
+constexpr auto kProbeTimeout = std::chrono::milliseconds(1000);
 
 // Receives control replies on a worker: keeps each by request id for the waiting caller.
 struct ReplyBox {
@@ -94,6 +109,7 @@ struct ServerState {
   uint64_t region_size = 0;
   uint64_t chunk_size = 0;
   std::vector<std::byte> rkey;
+  uint16_t hello_flags = 0;     // of the first hello: wire::kHelloMayMap, or why not
   std::byte* direct = nullptr;  // region mapped into this process, or null
   bool messages = false;        // not mapped: operations go as batch messages, not one-sided
   std::atomic<bool> failed{false};
@@ -175,6 +191,16 @@ class Pool::Impl {
                      Clock::time_point deadline);
   Result<size_t> IndexOf(uint16_t id) const;
   void MarkFailed(size_t index, const std::string& reason);
+  // A connection of `tc` to server `index` failed: marks the server failed with the reason
+  // WhyLost finds (unless it already is) and returns its Failure().
+  Status ConnectionLost(ThreadContext& tc, size_t index);
+  // Why server `index` dropped a connection of ours: a fresh hello from `worker` (replies in
+  // `box`, request id from `next_id`) gets the server's error if it refuses us (evicted), else
+  // "connection lost". Waits at most kProbeTimeout.
+  std::string WhyLost(Worker& worker, ReplyBox& box, uint64_t& next_id, size_t index);
+  // This Pool's hello; asks to be pinned (kHelloWantsMap) if `map`.
+  wire::HelloRequest HelloFor(bool map) const;
+  uint32_t tag() const { return static_cast<uint32_t>(nonce_); }
   Result<ServerStats> Stats(size_t index);
 
   PoolOptions options_;
@@ -186,6 +212,9 @@ class Pool::Impl {
   std::atomic<uint64_t> stripe_{0};
   const uint64_t generation_ = g_next_generation.fetch_add(1);
   const uint64_t nonce_ = RandomNonce();
+  uint64_t start_time_ = 0;  // this process's, for the hello; 0 if unknown
+  BootIdBytes boot_id_{};    // zero if unknown
+  bool map_ = false;         // direct access wanted: the connecting thread's hellos ask to pin
 
   std::mutex contexts_mu_;
   std::map<std::thread::id, std::unique_ptr<ThreadContext>> contexts_;
@@ -204,6 +233,10 @@ class Pool::Impl {
 Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options) {
   options_ = options;
   fabric_ = options.transport.value_or(cluster.transport);
+  map_ = options_.direct_access && fabric_ != Fabric::kTcp;
+  // Unknown, they make servers refuse the mapping (with the reason), nothing else.
+  if (auto start = ProcessStartTime(getpid()); start.ok()) start_time_ = *start;
+  if (auto boot = BootId(); boot.ok()) boot_id_ = *boot;
   uint16_t max_id = 0;
   for (const ServerAddress& a : cluster.servers) max_id = std::max(max_id, a.id);
   index_of_.assign(size_t{max_id} + 1, -1);
@@ -227,7 +260,8 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
     auto rkey = RemoteKey::Unpack(*tc->peers[i].ep, s.rkey);
     if (!rkey.ok()) return rkey.status().WithContext(s.name);
     tc->peers[i].rkey = std::move(*rkey);
-    if (options_.direct_access && fabric_ != Fabric::kTcp) {
+    // Only a client the server pinned may map: only it can be fenced by a kill (docs/pool.md).
+    if (map_ && (s.hello_flags & wire::kHelloMayMap)) {
       s.direct = tc->peers[i].rkey->DirectPointer(s.region_base);
     }
     const bool messages = options_.remote_access == RemoteAccess::kMessages ||
@@ -236,10 +270,16 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
                             (fabric_ == Fabric::kAuto && !transport::RdmaDevicesPresent())));
     s.messages = s.direct == nullptr && messages;
     if (fabric_ == Fabric::kShm && s.direct == nullptr) {
+      const std::string why =
+          !options_.direct_access ? "direct access is off (--no-direct)"
+          : !(s.hello_flags & wire::kHelloMayMap)
+              ? "the server does not let this process map it: " +
+                    wire::HelloMapRefusal(s.hello_flags)
+              : "UCX cannot map it (is the server on another host?)";
       return Status::Unavailable(s.name +
                                  ": transport shm needs the server's region mapped "
-                                 "into this process, which failed (is the server on another "
-                                 "host, or was --no-direct given?); use tcp or auto");
+                                 "into this process, which failed (" +
+                                 why + "); use tcp or auto");
     }
   }
   std::vector<ObjectAllocator::Geometry> geometry;
@@ -322,9 +362,7 @@ Status Pool::Impl::Hello(ThreadContext& tc, size_t index) {
       Reply r,
       Call(
           tc, index,
-          [&](uint64_t id) {
-            return wire::Encode(id, wire::HelloRequest{static_cast<uint64_t>(getpid()), nonce_});
-          },
+          [&](uint64_t id) { return wire::Encode(id, HelloFor(map_)); },
           wire::Opcode::kHelloReply, options_.connect_timeout));
   auto hello = r.message.As<wire::HelloReply>();
   if (hello.server_id != s.address.id) {
@@ -335,6 +373,7 @@ Status Pool::Impl::Hello(ThreadContext& tc, size_t index) {
     s.region_base = hello.region_base;
     s.region_size = hello.region_size;
     s.chunk_size = hello.chunk_size;
+    s.hello_flags = hello.flags;
     s.rkey.assign(r.message.tail.begin(), r.message.tail.end());
     return Status::Ok();
   }
@@ -373,6 +412,52 @@ void Pool::Impl::MarkFailed(size_t index, const std::string& reason) {
   s.failed.store(true);
 }
 
+wire::HelloRequest Pool::Impl::HelloFor(bool map) const {
+  wire::HelloRequest h{};
+  h.client_pid = static_cast<uint64_t>(getpid());
+  h.client_nonce = nonce_;
+  h.start_time = start_time_;
+  std::memcpy(h.boot_id, boot_id_.data(), sizeof(h.boot_id));
+  h.flags = map ? wire::kHelloWantsMap : 0;
+  return h;
+}
+
+Status Pool::Impl::ConnectionLost(ThreadContext& tc, size_t index) {
+  ServerState& s = *servers_[index];
+  if (!s.failed.load()) MarkFailed(index, WhyLost(*tc.worker, tc.box, tc.next_request_id, index));
+  return s.Failure();
+}
+
+std::string Pool::Impl::WhyLost(Worker& worker, ReplyBox& box, uint64_t& next_id, size_t index) {
+  const ServerState& s = *servers_[index];
+  std::string why = "connection lost";
+  auto ep = Endpoint::Connect(worker, s.address.host, s.address.port, nullptr);
+  if (!ep.ok()) return why;
+  const uint64_t id = next_id++;
+  const auto deadline = Clock::now() + std::min<Clock::duration>(options_.connect_timeout,
+                                                                 kProbeTimeout);
+  // Not pinned again: the answer is all this hello is for.
+  if ((*ep)->SendAm(transport::kControlAm, wire::Encode(id, HelloFor(false)), true, deadline,
+                    nullptr)
+          .ok()) {
+    while (Clock::now() < deadline && !(*ep)->failed()) {
+      auto it = box.replies.find(id);
+      if (it == box.replies.end()) {
+        worker.Progress();
+        continue;
+      }
+      auto m = wire::Decode(it->second);
+      if (m.ok() && m->opcode == wire::Opcode::kErrorReply) {
+        why = wire::DecodeError(*m).message();
+      }
+      box.replies.erase(it);
+      break;
+    }
+  }
+  (*ep)->ForceClose();
+  return why;
+}
+
 Result<size_t> Pool::Impl::IndexOf(uint16_t id) const {
   if (id >= index_of_.size() || index_of_[id] < 0) {
     return Status::InvalidArgument("no server " + std::to_string(id) + " in the cluster (" +
@@ -389,12 +474,14 @@ Result<Pool::Impl::Reply> Pool::Impl::Call(
   ServerState& s = *servers_[index];
   if (s.failed) return s.Failure();
   Endpoint* ep = tc.peers[index].ep.get();
-  if (ep == nullptr || ep->failed()) return Status::Unavailable(s.name + ": not connected");
+  if (ep == nullptr) return Status::Unavailable(s.name + ": not connected");
+  if (ep->failed()) return ConnectionLost(tc, index);
   const uint64_t id = tc.next_request_id++;
   const auto deadline = Clock::now() + timeout;
   auto abandon = [&] { return s.failed.load(std::memory_order_relaxed); };
   std::vector<std::byte> request = encode(id);
   Status sent = ep->SendAm(transport::kControlAm, request, true, deadline, abandon);
+  if (!sent.ok() && ep->failed()) return ConnectionLost(tc, index);
   if (!sent.ok()) return sent.WithContext(s.name);
   return AwaitReply(tc, index, id, expected, deadline, timeout);
 }
@@ -420,7 +507,7 @@ Result<Pool::Impl::Reply> Pool::Impl::AwaitReply(ThreadContext& tc, size_t index
       return r;
     }
     tc.worker->Progress();
-    if (ep->failed()) return Status::Unavailable(s.name + ": connection failed");
+    if (ep->failed()) return ConnectionLost(tc, index);
     if ((spins & 63) == 63) {
       if (s.failed.load(std::memory_order_relaxed)) return s.Failure();
       if (Clock::now() > deadline) {
@@ -476,6 +563,16 @@ void Pool::Impl::Monitor() {
     if (ep.ok()) watch[i].ep = std::move(*ep);
   }
   uint64_t next_id = 1;
+  // A hello first: the monitor's connections carry this Pool's tag, so an eviction closes them
+  // too, and the monitor learns of it.
+  for (size_t i = 0; i < servers_.size(); ++i) {
+    if (!watch[i].ep) continue;
+    const uint64_t id = next_id++;
+    in_flight[id] = i;
+    Status s = transport::PostAm(watch[i].ep->get(), transport::kControlAm,
+                                 wire::Encode(id, HelloFor(false)), true);
+    (void)s;  // a connection that cannot take it fails, and the loop below notices
+  }
   auto next_round = Clock::now();
   auto last_round = next_round;
   while (!stop_monitor_.load()) {
@@ -485,6 +582,11 @@ void Pool::Impl::Monitor() {
       auto it = in_flight.find(id);
       if (it != in_flight.end()) {
         watch[it->second].last_answer = Clock::now();
+        // Heartbeats and the hello fail only if the server refuses us (evicted).
+        auto m = wire::Decode(bytes);
+        if (m.ok() && m->opcode == wire::Opcode::kErrorReply) {
+          MarkFailed(it->second, wire::DecodeError(*m).message());
+        }
         in_flight.erase(it);
       }
     }
@@ -501,8 +603,12 @@ void Pool::Impl::Monitor() {
       for (size_t i = 0; i < servers_.size(); ++i) {
         if (servers_[i]->failed) continue;
         Watch& w = watch[i];
-        if (!w.ep || w.ep->failed()) {
+        if (!w.ep) {
           MarkFailed(i, "connection lost");
+          continue;
+        }
+        if (w.ep->failed()) {
+          MarkFailed(i, WhyLost(**worker, box, next_id, i));
           continue;
         }
         if (now - w.last_answer > timeout) {
@@ -562,7 +668,10 @@ Status Pool::Impl::Complete(ThreadContext& tc, size_t index, ucs_status_ptr_t re
       [&] { return s.failed.load(std::memory_order_relaxed); }, what, &pending);
   if (st.ok()) return st;
   if (st.code() == StatusCode::kTimedOut || st.code() == StatusCode::kUnavailable) {
-    // The server is gone or stuck: no later call may wait on it again.
+    // The server is gone, stuck, or evicted us: no later call may wait on it again.
+    if (!s.failed.load() && tc.peers[index].ep && tc.peers[index].ep->failed()) {
+      MarkFailed(index, WhyLost(*tc.worker, tc.box, tc.next_request_id, index));
+    }
     MarkFailed(index, st.code() == StatusCode::kTimedOut
                           ? std::string(what) + " timed out after " +
                                 std::to_string(options_.op_timeout.count()) + " ms"
@@ -635,6 +744,47 @@ Result<RemoteAccess> ParseRemoteAccess(std::string_view text) {
 }
 
 Fabric Pool::transport() const { return impl_->fabric_; }
+
+uint32_t Pool::process_tag() const { return impl_->tag(); }
+
+Status Pool::Evict(uint32_t tag, std::chrono::milliseconds timeout) {
+  const std::string what = "evicting process tag " + TagName(tag);
+  if (tag == 0) return Status::InvalidArgument(what + ": no process has tag 0");
+  if (tag == process_tag()) {
+    return Status::InvalidArgument(what + ": that is this Pool's own tag");
+  }
+  FARPOOL_ASSIGN_OR_RETURN(ThreadContext * tc, impl_->Local());
+  const auto deadline = Clock::now() + timeout;
+  // The servers never wait for a killed process to exit: ask each again until it has.
+  std::vector<size_t> pending(impl_->servers_.size());
+  for (size_t i = 0; i < pending.size(); ++i) pending[i] = i;
+  for (;;) {
+    std::vector<size_t> left;
+    for (size_t index : pending) {
+      const ServerState& s = *impl_->servers_[index];
+      auto r = impl_->Call(
+          *tc, index,
+          [&](uint64_t id) { return wire::Encode(id, wire::EvictRequest{tag}); },
+          wire::Opcode::kEvictReply, impl_->options_.op_timeout);
+      if (!r.ok()) {
+        if (r.status().code() == StatusCode::kInvalidArgument) return r.status().WithContext(what);
+        return Status::Unavailable(what + ": " + r.status().message());
+      }
+      const auto reply = r->message.As<wire::EvictReply>();
+      if ((reply.flags & wire::kEvictKilled) && !(reply.flags & wire::kEvictExited)) {
+        if (Clock::now() > deadline) {
+          return Status::Unavailable(what + ": " + s.name + ": the process was sent SIGKILL " +
+                                     "but has not exited within " +
+                                     std::to_string(timeout.count()) + " ms");
+        }
+        left.push_back(index);
+      }
+    }
+    if (left.empty()) return Status::Ok();
+    pending = std::move(left);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
 
 std::vector<uint16_t> Pool::server_ids() const {
   std::vector<uint16_t> ids;
@@ -986,7 +1136,8 @@ Status Pool::Impl::SendBatch(ThreadContext& tc, size_t index, uint64_t request_i
   ServerState& s = *servers_[index];
   if (s.failed.load(std::memory_order_relaxed)) return s.Failure();
   Endpoint* ep = tc.peers[index].ep.get();
-  if (ep == nullptr || ep->failed()) return Status::Unavailable(s.name + ": not connected");
+  if (ep == nullptr) return Status::Unavailable(s.name + ": not connected");
+  if (ep->failed()) return ConnectionLost(tc, index);
   std::vector<std::byte> bytes = wire::Encode(
       request_id,
       wire::BatchRequest{request.op_count(), static_cast<uint32_t>(request.bytes().size())},
@@ -994,6 +1145,7 @@ Status Pool::Impl::SendBatch(ThreadContext& tc, size_t index, uint64_t request_i
   Status sent = ep->SendAm(transport::kControlAm, bytes, true, deadline,
                            [&] { return s.failed.load(std::memory_order_relaxed); });
   Bump(tc.messages);
+  if (!sent.ok() && ep->failed()) return ConnectionLost(tc, index);
   if (!sent.ok()) MarkFailed(index, "sending a batch: " + sent.message());
   return sent.WithContext(s.name + ": batch");
 }

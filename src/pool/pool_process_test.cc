@@ -13,6 +13,7 @@
 #include <random>
 #include <thread>
 
+#include "common/host.h"
 #include "farpool/pool.h"
 #include "pool/memory_ops.h"
 #include "pool/test_cluster.h"
@@ -105,6 +106,17 @@ Status RunWorker(const std::string& role) {
         }
       }
       return Status::Ok();
+    }
+    if (role == "evictee") {  // say our tag, then stop ourselves until evicted (killed)
+      if (t != 0) return Status::Ok();
+      if (pool->AccessPath(cluster.servers[0].id) != "direct") {
+        return Status::Internal("the evictee is not mapping server 0: " +
+                                pool->AccessPath(cluster.servers[0].id));
+      }
+      std::printf("%u\n", pool->process_tag());
+      std::fflush(stdout);
+      raise(SIGSTOP);
+      for (;;) pause();  // resumed by someone else: still wait to be killed
     }
     if (role == "hold") {  // allocate and write, say so, then wait to be killed
       if (t != 0) return Status::Ok();
@@ -383,6 +395,203 @@ TEST_P(ProcessTest, KilledClientIsDroppedAndTheServerKeepsServing) {
   EXPECT_TRUE(pool->Write(*a, &v, 8).ok());
 }
 
+// Eviction of a process that maps the region: it is stopped (as a stalled session would be);
+// Evict kills it through the server's pidfd and returns once it has exited; the server goes on.
+TEST(Eviction, MappedClientIsKilledAndTheServerKeepsServing) {
+  TestCluster cluster(Options(2, 32 << 20, Fabric::kShm));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    setenv("FARPOOL_WORKER", "evictee", 1);
+    setenv("FARPOOL_CLUSTER", cluster.cluster_file().c_str(), 1);
+    setenv("FARPOOL_TRANSPORT", "shm", 1);
+    execl("/proc/self/exe", "pool_process_test", nullptr);
+    _exit(127);
+  }
+  close(out[1]);
+  char line[32] = {};
+  ASSERT_GT(read(out[0], line, sizeof(line) - 1), 0) << "the evictee did not start";
+  close(out[0]);
+  const uint32_t tag = static_cast<uint32_t>(std::stoul(line));
+  ASSERT_NE(tag, 0u);
+  auto pool = Connect(cluster, Fabric::kShm);
+  ASSERT_TRUE(pool);
+  EXPECT_EQ(pool->AccessPath(0), "direct") << "this process is pinned too";
+  ASSERT_EQ(pool->Stats(0)->clients, 2u) << "the evictee and us";
+  Status s = pool->Evict(tag);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, WNOHANG), pid) << "Evict returned before the process exited";
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+  EXPECT_TRUE(pool->Evict(tag).ok()) << "idempotent";
+  // The servers keep serving this Pool and new ones.
+  auto st = pool->Stats(0);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(st->clients, 1u);
+  auto fresh = Connect(cluster, Fabric::kShm);
+  ASSERT_TRUE(fresh);
+  auto a = fresh->Alloc(64, Placement::OnServer(1));
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  uint64_t v = 99, back = 0;
+  ASSERT_TRUE(fresh->Write(*a, &v, 8).ok());
+  ASSERT_TRUE(pool->Read(*a, &back, 8).ok());
+  EXPECT_EQ(back, 99u);
+}
+
+// A raw connection to server 0 that collects every reply (for hand-made control messages).
+struct RawClient {
+  std::unique_ptr<transport::Context> ctx;
+  std::unique_ptr<transport::Worker> worker;
+  std::unique_ptr<transport::Endpoint> ep;
+  std::vector<std::vector<std::byte>> replies;
+
+  Status Open(const ServerAddress& server) {
+    transport::Context::Options co;
+    co.fabric = Fabric::kTcp;
+    FARPOOL_ASSIGN_OR_RETURN(ctx, transport::Context::Create(co));
+    FARPOOL_ASSIGN_OR_RETURN(worker, transport::Worker::Create(*ctx, false));
+    FARPOOL_RETURN_IF_ERROR(worker->SetAmHandler(
+        transport::kControlAm,
+        [](void* arg, const void*, size_t, void* data, size_t len,
+           const ucp_am_recv_param_t*) -> ucs_status_t {
+          auto* out = static_cast<std::vector<std::vector<std::byte>>*>(arg);
+          auto* b = static_cast<std::byte*>(data);
+          out->emplace_back(b, b + len);
+          return UCS_OK;
+        },
+        &replies));
+    FARPOOL_ASSIGN_OR_RETURN(ep,
+                             transport::Endpoint::Connect(*worker, server.host, server.port, nullptr));
+    return Status::Ok();
+  }
+  // Sends `m` and waits for one more reply (at most 10 s).
+  Result<wire::Message> Ask(const std::vector<std::byte>& m) {
+    const size_t before = replies.size();
+    FARPOOL_RETURN_IF_ERROR(ep->SendAm(transport::kControlAm, m, true,
+                                       std::chrono::steady_clock::now() + 5s, nullptr));
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (replies.size() == before && std::chrono::steady_clock::now() < deadline) {
+      worker->Progress();
+    }
+    if (replies.size() == before) return Status::TimedOut("no reply");
+    return wire::Decode(replies.back());
+  }
+  ~RawClient() {
+    ep.reset();
+    worker.reset();
+    ctx.reset();
+  }
+};
+
+// Eviction of a client that does not map (messages over TCP): its connections are closed, its
+// next operation fails with the server's reason, a hello with its tag is refused; the evicting
+// Pool keeps working. Evicting an unknown tag is Ok, evicting oneself is refused.
+TEST(Eviction, MessagesClientIsCutOffAndRefused) {
+  TestCluster cluster(Options(1, 32 << 20, Fabric::kTcp));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  PoolOptions po;
+  po.remote_access = RemoteAccess::kMessages;
+  auto evictor = Connect(cluster, Fabric::kTcp, po);
+  auto victim = Connect(cluster, Fabric::kTcp, po);
+  ASSERT_TRUE(evictor && victim);
+  ASSERT_NE(evictor->process_tag(), victim->process_tag());
+  EXPECT_EQ(victim->AccessPath(0), "messages");
+  auto a = evictor->Alloc(64);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  uint64_t v = 5;
+  ASSERT_TRUE(victim->Write(*a, &v, 8).ok());
+  ASSERT_EQ(evictor->Stats(0)->clients, 2u);
+
+  Status s = evictor->Evict(victim->process_tag());
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  auto st = evictor->Stats(0);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(st->clients, 1u) << "the victim's connections are closed";
+
+  // The victim's next operations fail with the reason, never hang.
+  const auto started = std::chrono::steady_clock::now();
+  Status r = victim->Read(*a, &v, 8);
+  EXPECT_EQ(r.code(), StatusCode::kUnavailable) << r.ToString();
+  EXPECT_NE(r.message().find("evicted by server 0"), std::string::npos) << r.message();
+  EXPECT_EQ(victim->Write(*a, &v, 8).code(), StatusCode::kUnavailable);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 30s);
+
+  // A hello carrying the evicted tag is refused.
+  auto config = *cluster.config();
+  RawClient raw;
+  ASSERT_TRUE(raw.Open(config.servers[0]).ok());
+  wire::HelloRequest hello{};
+  hello.client_pid = static_cast<uint64_t>(getpid());
+  hello.client_nonce = (uint64_t{0xfeed} << 32) | victim->process_tag();
+  auto refused = raw.Ask(wire::Encode(1, hello));
+  ASSERT_TRUE(refused.ok()) << refused.status().ToString();
+  ASSERT_EQ(refused->opcode, wire::Opcode::kErrorReply);
+  Status why = wire::DecodeError(*refused);
+  EXPECT_EQ(why.code(), StatusCode::kUnavailable);
+  EXPECT_NE(why.message().find("evicted by server 0"), std::string::npos) << why.message();
+  // ... and so is everything else on that connection.
+  auto stats = raw.Ask(wire::Encode(2, wire::StatsRequest{0}));
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->opcode, wire::Opcode::kErrorReply);
+
+  // The evictor keeps working; unknown tags are Ok, its own tag and 0 are not.
+  uint64_t back = 0;
+  ASSERT_TRUE(evictor->Read(*a, &back, 8).ok());
+  EXPECT_EQ(back, 5u);
+  uint32_t unknown = victim->process_tag() ^ 0x5a5a5a5a;
+  if (unknown == evictor->process_tag() || unknown == 0) unknown ^= 1;
+  EXPECT_TRUE(evictor->Evict(unknown).ok());
+  EXPECT_TRUE(evictor->Evict(victim->process_tag()).ok()) << "idempotent";
+  EXPECT_EQ(evictor->Evict(evictor->process_tag()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(evictor->Evict(0).code(), StatusCode::kInvalidArgument);
+}
+
+// A hello asking to map, from a pid whose start time is not the hello's (a reused pid), or from
+// another boot, is not allowed to map, and says why.
+TEST(Eviction, MappingIsRefusedToAProcessTheServerCannotPin) {
+  TestCluster cluster(Options(1, 16 << 20, Fabric::kTcp));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto config = *cluster.config();
+  RawClient raw;
+  ASSERT_TRUE(raw.Open(config.servers[0]).ok());
+  wire::HelloRequest hello{};
+  hello.client_pid = static_cast<uint64_t>(getpid());
+  hello.client_nonce = 0x1111;
+  hello.flags = wire::kHelloWantsMap;
+  auto boot = BootId();
+  ASSERT_TRUE(boot.ok()) << boot.status().ToString();
+  std::memcpy(hello.boot_id, boot->data(), 16);
+  auto start = ProcessStartTime(getpid());
+  ASSERT_TRUE(start.ok()) << start.status().ToString();
+
+  hello.start_time = *start + 1;
+  auto r = raw.Ask(wire::Encode(1, hello));
+  ASSERT_TRUE(r.ok() && r->opcode == wire::Opcode::kHelloReply);
+  EXPECT_EQ(r->As<wire::HelloReply>().flags, wire::kHelloStartMismatch);
+
+  hello.start_time = *start;
+  hello.boot_id[0] ^= 0xff;
+  hello.client_nonce = 0x2222;
+  r = raw.Ask(wire::Encode(2, hello));
+  ASSERT_TRUE(r.ok() && r->opcode == wire::Opcode::kHelloReply);
+  EXPECT_EQ(r->As<wire::HelloReply>().flags, wire::kHelloOtherBoot);
+
+  hello.boot_id[0] ^= 0xff;
+  hello.client_nonce = 0x3333;
+  r = raw.Ask(wire::Encode(3, hello));
+  ASSERT_TRUE(r.ok() && r->opcode == wire::Opcode::kHelloReply);
+  EXPECT_EQ(r->As<wire::HelloReply>().flags, wire::kHelloMayMap) << "this process it can pin";
+
+  hello.flags = 0;
+  hello.client_nonce = 0x4444;
+  r = raw.Ask(wire::Encode(4, hello));
+  ASSERT_TRUE(r.ok() && r->opcode == wire::Opcode::kHelloReply);
+  EXPECT_EQ(r->As<wire::HelloReply>().flags, 0) << "not asked to pin, it does not";
+}
+
 INSTANTIATE_TEST_SUITE_P(Fabrics, ProcessTest, ::testing::Values(Fabric::kShm, Fabric::kTcp),
                          [](const auto& info) { return std::string(FabricName(info.param)); });
 
@@ -437,6 +646,12 @@ TEST(ServerProcess, RejectsMalformedControlMessagesAndKeepsRunning) {
       9, wire::BatchRequest{3, static_cast<uint32_t>(unleased.bytes().size())}, unleased.bytes()));
   std::vector<std::byte> huge(wire::kMaxBatchTail + 32);
   bad.push_back(wire::Encode(10, wire::BatchRequest{1, static_cast<uint32_t>(huge.size())}, huge));
+  // Evictions: of tag 0, of a tag beyond 32 bits, and a request whose body is cut short.
+  bad.push_back(wire::Encode(11, wire::EvictRequest{0}));
+  bad.push_back(wire::Encode(12, wire::EvictRequest{uint64_t{1} << 40}));
+  auto short_evict = wire::Encode(13, wire::EvictRequest{7});
+  short_evict.resize(short_evict.size() - 4);
+  bad.push_back(short_evict);
   for (auto& m : bad) {
     ASSERT_TRUE(
         (*ep)
@@ -473,8 +688,8 @@ TEST(ServerProcess, RejectsMalformedControlMessagesAndKeepsRunning) {
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   auto stats = pool->Stats(0);
   ASSERT_TRUE(stats.ok());
-  EXPECT_EQ(stats->rejected, 8u)
-      << "truncated, version, size, reply-as-request, oversized, 3 batches";
+  EXPECT_EQ(stats->rejected, 9u)
+      << "truncated, version, size, reply-as-request, oversized, 3 batches, short evict";
 }
 
 // The scale target: 16 servers of 1 GiB; one client fills 90% striped across all of

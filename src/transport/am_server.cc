@@ -1,7 +1,9 @@
 #include "transport/am_server.h"
 
+#include <algorithm>
 #include <deque>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "transport/ucx.h"
 
@@ -38,6 +40,7 @@ class AmServer::Impl {
   uint16_t port() const { return port_; }
   MemoryRegion* region() { return region_.get(); }
   std::vector<uint64_t> tags() const;
+  size_t CloseConnections(uint64_t tag, const Peer* keep);
 
  private:
   struct Connection {
@@ -67,6 +70,11 @@ class AmServer::Impl {
   std::unordered_map<ucp_ep_h, Connection> connections_;
   std::deque<Incoming> inbox_;
   bool reap_ = false;  // an endpoint failed since the last ReapFailed
+  // Asked to close by the handler of the current message (CloseConnections).
+  std::vector<ucp_ep_h> to_close_;
+  // Closed during this Poll: their messages left in the inbox are dropped. Cleared when the
+  // inbox is empty, before UCX can reuse a handle for a new connection.
+  std::unordered_set<ucp_ep_h> closed_;
 };
 
 Status AmServer::Impl::Init() {
@@ -142,12 +150,21 @@ bool AmServer::Impl::Poll() {
   while (!inbox_.empty()) {
     Incoming in = std::move(inbox_.front());
     inbox_.pop_front();
+    busy = true;
+    if (in.reply_ep != nullptr && closed_.count(in.reply_ep) != 0) continue;
     auto c = connections_.find(in.reply_ep);
     Peer* from = c == connections_.end() ? nullptr : &c->second.peer;
     std::vector<std::byte> reply = handler_->Handle(in.bytes, from);
+    for (ucp_ep_h handle : to_close_) {
+      auto closing = connections_.find(handle);
+      closing->second.ep->ForceClose();
+      connections_.erase(closing);
+      closed_.insert(handle);
+    }
+    to_close_.clear();
     if (in.reply_ep != nullptr) Reply(in.reply_ep, std::move(reply));
-    busy = true;
   }
+  closed_.clear();
   ReapFailed();
   return busy;
 }
@@ -173,6 +190,19 @@ std::vector<uint64_t> AmServer::Impl::tags() const {
     if (!c.ep->failed()) out.push_back(c.peer.tag);
   }
   return out;
+}
+
+size_t AmServer::Impl::CloseConnections(uint64_t tag, const Peer* keep) {
+  size_t n = 0;
+  if (tag == 0) return 0;  // the tag of connections that have none
+  for (auto& [handle, c] : connections_) {
+    if (c.peer.tag != tag || &c.peer == keep) continue;
+    if (std::find(to_close_.begin(), to_close_.end(), handle) == to_close_.end()) {
+      to_close_.push_back(handle);
+      ++n;
+    }
+  }
+  return n;
 }
 
 void AmServer::Impl::Close() {
@@ -209,5 +239,9 @@ void AmServer::Stop() {
 }
 
 std::vector<uint64_t> AmServer::tags() const { return impl_->tags(); }
+
+size_t AmServer::CloseConnections(uint64_t tag, const Peer* keep) {
+  return impl_->CloseConnections(tag, keep);
+}
 
 }  // namespace farpool::transport

@@ -11,8 +11,11 @@
 //   1. progresses the worker: UCX's callbacks queue connection requests, copy each eager
 //      message into the inbox, and mark endpoints whose peer died;
 //   2. accepts the queued connection requests;
-//   3. passes each inbox message to AmHandler::Handle and posts the reply (eagerly, without
-//      waiting) to the sender, if it asked for a reply path;
+//   3. passes each inbox message to AmHandler::Handle, force-closes the connections the handler
+//      asked to close (CloseConnections) and then posts the reply (eagerly, without waiting) to
+//      the sender, if it asked for a reply path; messages still in the inbox from a connection
+//      closed so are dropped unread (there is nobody left to answer, and a handler that closed
+//      a connection wants nothing more from it executed);
 //   4. closes and forgets the endpoints that failed (reap).
 // A message that arrives by rendezvous (larger than the eager limit) is refused unread: the
 // sender gets AmHandler::Refuse's error reply. Every farpool sender posts eagerly (PostAm,
@@ -26,8 +29,8 @@
 // Stop() tears down in the order UCX needs: connections, listener, region, worker, context
 // (destroying the worker is what closes the peers' sockets, so they see the server go at once).
 //
-// Thread-safety: Listen/port/region/Start/Stop/destructor from one owning thread. The handler
-// and tags() run on the progress thread only (before Start: not at all).
+// Thread-safety: Listen/port/region/Start/Stop/destructor from one owning thread. The handler,
+// tags() and CloseConnections() run on the progress thread only (before Start: not at all).
 #pragma once
 
 #include <atomic>
@@ -59,8 +62,8 @@ class MemoryRegion;
 
 // One accepted connection as a handler sees it.
 struct Peer {
-  // The handler's label for this peer, 0 until it sets one (the memory server: the client
-  // nonce of its hello, to count distinct client processes).
+  // The handler's label for this peer, 0 until it sets one (the memory server: the process tag
+  // of its hello, to count distinct client processes and to evict them).
   uint64_t tag = 0;
 };
 
@@ -105,6 +108,12 @@ class AmServer {
   // The tags of the connections that have not failed, one per connection.
   // REQUIRES: on the progress thread (from the handler).
   std::vector<uint64_t> tags() const;
+
+  // Closes every connection whose tag is `tag` (nonzero), except `keep`'s (the sender of the
+  // current message, or null): they are force-closed when the current Handle returns, before
+  // its reply is posted, and their messages still in the inbox are dropped unread. Returns how
+  // many. REQUIRES: on the progress thread (from the handler).
+  size_t CloseConnections(uint64_t tag, const Peer* keep);
 
  private:
   class Impl;

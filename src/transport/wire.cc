@@ -31,6 +31,10 @@ std::optional<BodyLayout> LayoutOf(uint16_t opcode) {
       return DeclaredTail(sizeof(BatchRequest), offsetof(BatchRequest, ops_size), kMaxBatchTail);
     case Opcode::kBatchReply:
       return DeclaredTail(sizeof(BatchReply), offsetof(BatchReply, results_size), kMaxBatchTail);
+    case Opcode::kEvictRequest:
+      return FixedBody(sizeof(EvictRequest));
+    case Opcode::kEvictReply:
+      return FixedBody(sizeof(EvictReply));
   }
   return std::nullopt;
 }
@@ -70,8 +74,28 @@ std::string_view OpcodeName(Opcode op) {
       return "BatchRequest";
     case Opcode::kBatchReply:
       return "BatchReply";
+    case Opcode::kEvictRequest:
+      return "EvictRequest";
+    case Opcode::kEvictReply:
+      return "EvictReply";
   }
   return "Unknown";
+}
+
+std::string HelloMapRefusal(uint16_t flags) {
+  if (flags & kHelloMayMap) return "";
+  std::string why;
+  auto add = [&](uint16_t bit, const char* text) {
+    if (!(flags & bit)) return;
+    if (!why.empty()) why += "; ";
+    why += text;
+  };
+  add(kHelloOtherBoot, "the server runs on another host or boot (boot ids differ)");
+  add(kHelloNoPidfd, "the server cannot open a pidfd for this process (another pid namespace?)");
+  add(kHelloStartMismatch, "this pid is another process for the server (start times differ)");
+  add(kHelloNoSignal, "the server may not signal this process (another user?)");
+  add(kHelloPinRefused, "the server has this process tag pinned to another pid");
+  return why.empty() ? "the server did not pin this process" : why;
 }
 
 Result<Message> Decode(std::span<const std::byte> bytes) {
@@ -102,6 +126,8 @@ FARPOOL_WIRE_BODY(StatsRequest)
 FARPOOL_WIRE_BODY(StatsReply)
 FARPOOL_WIRE_BODY(BatchRequest)
 FARPOOL_WIRE_BODY(BatchReply)
+FARPOOL_WIRE_BODY(EvictRequest)
+FARPOOL_WIRE_BODY(EvictReply)
 #undef FARPOOL_WIRE_BODY
 
 std::vector<std::byte> EncodeError(uint64_t request_id, const Status& status) {

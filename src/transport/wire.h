@@ -1,11 +1,11 @@
 // Wire format of farpool's messages between a client and a memory server, carried as UCX
-// active messages (id kControlAm): control (hello, lease, release, stats) and batches of memory
-// operations. Where a client maps the region (shared memory) or has one-sided verbs (RDMA),
+// active messages (id kControlAm): control (hello, lease, release, stats, evict) and batches of
+// memory operations. Where a client maps the region (shared memory) or has one-sided verbs (RDMA),
 // data never travels here; over TCP a client sends each batch of reads, writes and atomics to
 // a server as one BatchRequest, which the server executes on its region (pool/memory_ops.h
 // has the layout of the operations in the tail).
 //
-// Every message is one frame of transport/frame.h (magic "FPW1", version 1): the 24-byte
+// Every message is one frame of transport/frame.h (magic "FPW1", version 2): the 24-byte
 // header, one fixed-size body struct of the header's opcode, then (for a few opcodes) a tail
 // whose length is a field of the body (TailRule::kDeclared: at most kMaxDeclaredTail bytes,
 // kMaxBatchTail for batches). The frame codec checks every length; messages of another
@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -25,7 +26,8 @@
 namespace farpool::wire {
 
 inline constexpr uint32_t kMagic = 0x31575046;  // "FPW1"
-inline constexpr uint16_t kVersion = 1;
+// 2: the hello pins the client process (boot id, start time, HelloReply::flags); evict.
+inline constexpr uint16_t kVersion = 2;
 // Batches: the operations of a request, the read data and atomic results of a reply. Small
 // enough to go eagerly in one UCX active message, large enough for a commit's worth of
 // records; a client splits larger batches into several messages.
@@ -43,15 +45,44 @@ enum class Opcode : uint16_t {
   kErrorReply = 9,  // server -> client when a request failed: transport::ErrorBody + reason
   kBatchRequest = 10,
   kBatchReply = 11,
+  kEvictRequest = 12,
+  kEvictReply = 13,
 };
 std::string_view OpcodeName(Opcode op);
 
-// Client -> server, first message on a connection.
+// HelloRequest::flags.
+// The client will map the region if the server allows it (kHelloMayMap): it asks to be pinned.
+inline constexpr uint32_t kHelloWantsMap = 1u << 0;
+
+// Client -> server, first message on a connection. Every connection of one Pool carries the
+// same nonce; its low 32 bits, never 0, are the Pool's process tag (Pool::process_tag): what
+// the server counts clients by and what an EvictRequest names.
 struct HelloRequest {
   uint64_t client_pid;
-  uint64_t client_nonce;  // random per client process, for the server's client count
+  uint64_t client_nonce;  // random per Pool
+  // Field 22 of /proc/<pid>/stat (clock ticks since boot) and the kernel's boot id
+  // (common/host.h): with client_pid they name the process for good, so that a server on the
+  // same host can pin it (pidfd) before it lets it map the region. Zero if unknown.
+  uint64_t start_time;
+  uint8_t boot_id[16];
+  uint32_t flags;  // kHelloWantsMap
+  uint32_t reserved;
 };
-static_assert(sizeof(HelloRequest) == 16);
+static_assert(sizeof(HelloRequest) == 48);
+
+// HelloReply::flags. kHelloMayMap is set only if the client asked (kHelloWantsMap) and the
+// server pinned its process: the same boot id as the server's, pidfd_open(client_pid)
+// succeeded, the process's start time read after opening the pidfd is the hello's, and the
+// server may signal it. Only then can an eviction kill it (a store into a mapping cannot be
+// revoked any other way), so only then may it map. Otherwise the other bits say why not.
+inline constexpr uint16_t kHelloMayMap = 1u << 0;
+inline constexpr uint16_t kHelloOtherBoot = 1u << 1;     // another host, or another boot
+inline constexpr uint16_t kHelloNoPidfd = 1u << 2;       // pidfd_open failed (no such pid here)
+inline constexpr uint16_t kHelloStartMismatch = 1u << 3;  // the pid is another process here
+inline constexpr uint16_t kHelloNoSignal = 1u << 4;      // the server may not signal it
+inline constexpr uint16_t kHelloPinRefused = 1u << 5;    // the tag is pinned to another pid
+// "" if `flags` allow mapping, else why not, for error messages.
+std::string HelloMapRefusal(uint16_t flags);
 
 // A memory server's region is [root area | chunk 0 | chunk 1 | ...]: the root area, the first
 // kRootAreaSize bytes, is never leased (pool/server/chunk_allocator.h); clients place objects in
@@ -64,7 +95,7 @@ inline constexpr uint64_t kRootReserved = 64;
 // Server -> client: what the client needs to address the region. Tail: packed rkey.
 struct HelloReply {
   uint16_t server_id;
-  uint16_t reserved0;
+  uint16_t flags;        // kHelloMayMap, or why not
   uint32_t rkey_size;    // tail length
   uint64_t region_base;  // virtual address of offset 0 in the server process
   uint64_t region_size;  // bytes donated, the root area included
@@ -133,6 +164,28 @@ struct BatchReply {
   uint32_t results_size;  // tail length
 };
 static_assert(sizeof(BatchReply) == 8);
+
+// Client -> server: evict the client process whose hello carried process tag `tag` (nonzero,
+// at most 32 bits; not the sender's own). The server refuses the tag from now on (hellos and
+// requests carrying it get an ErrorReply), closes every connection carrying it, and if it pinned
+// that process (it may map the region) sends it SIGKILL once. It never waits: the reply says
+// whether the killed process has exited yet, and the client asks again until it has
+// (Pool::Evict).
+struct EvictRequest {
+  uint64_t tag;
+};
+static_assert(sizeof(EvictRequest) == 8);
+
+// EvictReply::flags.
+inline constexpr uint32_t kEvictKilled = 1u << 0;  // the process maps the region: SIGKILL sent
+inline constexpr uint32_t kEvictExited = 1u << 1;  // ... and it has exited
+// Server -> client. The eviction is complete at this server iff !(flags & kEvictKilled) or
+// (flags & kEvictExited).
+struct EvictReply {
+  uint32_t connections_closed;  // by this request (0 when asked again)
+  uint32_t flags;
+};
+static_assert(sizeof(EvictReply) == 8);
 
 // A decoded message: the header plus views into the caller's buffer.
 using Message = transport::Message<Opcode>;

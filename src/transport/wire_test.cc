@@ -35,9 +35,47 @@ TEST(Wire, EveryMessageRoundTrips) {
 
   for (auto bytes : {Encode(1, HelloRequest{1, 2}), Encode(2, LeaseReply{4096, 4096}),
                      Encode(3, ReleaseRequest{4096, 4096}), Encode(4, ReleaseReply{4096}),
-                     Encode(5, StatsRequest{0}), Encode(6, StatsReply{})}) {
+                     Encode(5, StatsRequest{0}), Encode(6, StatsReply{}),
+                     Encode(7, EvictRequest{0x1234}), Encode(8, EvictReply{2, kEvictKilled})}) {
     EXPECT_TRUE(Decode(bytes).ok());
   }
+
+  HelloRequest pin{};
+  pin.client_pid = 77;
+  pin.client_nonce = 0xabcdef0012345678;
+  pin.start_time = 123456;
+  pin.boot_id[15] = 0x5a;
+  pin.flags = kHelloWantsMap;
+  auto pm = Decode(Encode(9, pin));
+  ASSERT_TRUE(pm.ok()) << pm.status().ToString();
+  const auto back = pm->As<HelloRequest>();
+  EXPECT_EQ(back.start_time, 123456u);
+  EXPECT_EQ(back.boot_id[15], 0x5a);
+  EXPECT_EQ(back.flags, kHelloWantsMap);
+
+  auto em = Decode(Encode(10, EvictReply{3, kEvictKilled | kEvictExited}));
+  ASSERT_TRUE(em.ok());
+  EXPECT_EQ(em->opcode, Opcode::kEvictReply);
+  EXPECT_EQ(em->As<EvictReply>().connections_closed, 3u);
+  EXPECT_EQ(em->As<EvictReply>().flags, kEvictKilled | kEvictExited);
+}
+
+TEST(Wire, RejectsEvictRequestsOfTheWrongSize) {
+  auto bytes = Encode(1, EvictRequest{42});
+  auto short_body = bytes;
+  short_body.resize(bytes.size() - 4);
+  EXPECT_FALSE(Decode(short_body).ok());
+  auto long_body = bytes;
+  long_body.push_back(std::byte{0});
+  EXPECT_FALSE(Decode(long_body).ok());
+}
+
+TEST(Wire, HelloMapRefusalNamesEveryReason) {
+  EXPECT_EQ(HelloMapRefusal(kHelloMayMap), "");
+  EXPECT_NE(HelloMapRefusal(kHelloOtherBoot).find("boot ids differ"), std::string::npos);
+  EXPECT_NE(HelloMapRefusal(kHelloStartMismatch | kHelloNoSignal).find("may not signal"),
+            std::string::npos);
+  EXPECT_NE(HelloMapRefusal(0).find("did not pin"), std::string::npos);
 }
 
 TEST(Wire, ErrorRepliesCarryCodeAndReason) {
@@ -77,9 +115,15 @@ TEST(Wire, RejectsWrongMagicVersionOpcodeAndSizes) {
   };
   auto magic = Decode(patch(0, uint32_t{0xdeadbeef}));
   EXPECT_NE(magic.status().message().find("magic"), std::string::npos);
-  auto version = Decode(patch(4, uint16_t{2}));
+  auto version = Decode(patch(4, uint16_t{kVersion + 1}));
   ASSERT_FALSE(version.ok());
-  EXPECT_NE(version.status().message().find("version 2 not supported"), std::string::npos);
+  EXPECT_NE(version.status().message().find("version " + std::to_string(kVersion + 1) +
+                                            " not supported"),
+            std::string::npos);
+  // A version-1 hello is refused by its version, before its size is looked at.
+  auto old = Encode(1, HelloRequest{});
+  std::memcpy(old.data() + 4, "\x01\x00", 2);
+  EXPECT_NE(Decode(old).status().message().find("version 1"), std::string::npos);
   auto opcode = Decode(patch(6, uint16_t{999}));
   EXPECT_NE(opcode.status().message().find("unknown opcode 999"), std::string::npos);
   EXPECT_FALSE(Decode(patch(8, uint32_t{9})).ok());         // body_size lies (short)
@@ -104,9 +148,9 @@ TEST(Wire, RejectsTailLengthsThatLie) {
 TEST(Wire, RandomMutationsNeverMisreport) {
   const uint64_t seed = 1234;
   std::mt19937_64 rng(seed);
-  std::vector<std::vector<std::byte>> corpus = {Encode(1, HelloRequest{1, 2}),
-                                                EncodeError(2, Status::Internal("x")),
-                                                Encode(3, StatsReply{})};
+  std::vector<std::vector<std::byte>> corpus = {
+      Encode(1, HelloRequest{1, 2}), EncodeError(2, Status::Internal("x")),
+      Encode(3, StatsReply{}), Encode(4, EvictRequest{5})};
   for (int i = 0; i < 20000; ++i) {
     auto b = corpus[rng() % corpus.size()];
     const int flips = 1 + rng() % 4;

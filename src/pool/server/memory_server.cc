@@ -1,9 +1,19 @@
 #include "pool/server/memory_server.h"
 
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <deque>
 #include <fstream>
+#include <optional>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -37,13 +47,37 @@ uint64_t PrivateResidentBytes() {
   return 0;
 }
 
+namespace {
+
+// The pidfd calls through syscall(2): not every C library has the wrappers.
+int PidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
+int PidfdSendSignal(int pidfd, int signal) {
+  return static_cast<int>(syscall(SYS_pidfd_send_signal, pidfd, signal, nullptr, 0));
+}
+// Whether the process of `pidfd` has exited (the pidfd is readable then).
+bool Exited(int pidfd) {
+  pollfd p{pidfd, POLLIN, 0};
+  return poll(&p, 1, 0) > 0;
+}
+
+std::string TagName(uint64_t tag) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "0x%08llx", static_cast<unsigned long long>(tag));
+  return buf;
+}
+
+}  // namespace
+
 // The control-message handler of the server's AmServer; runs on its progress thread.
 class MemoryServer::Impl : public transport::AmHandler {
  public:
   Impl(const ServerOptions& options)
       : options_(options), chunks_(options.memory, options.chunk_size) {}
   // Joins the progress thread while this handler is still whole.
-  ~Impl() override { Stop(); }
+  ~Impl() override {
+    Stop();
+    for (auto& [tag, pin] : pins_) close(pin.pidfd);
+  }
 
   // Listens and allocates the region; serving begins with Serve().
   Status Init();
@@ -63,6 +97,24 @@ class MemoryServer::Impl : public transport::AmHandler {
            std::to_string(port_) + ")";
   }
   uint32_t DistinctClients() const;
+  // Pins the client of `hello` if it asks to map the region: HelloReply::flags.
+  uint16_t Pin(const wire::HelloRequest& hello, uint32_t tag);
+  // Forgets the pins of processes that have exited.
+  void SweepPins();
+  Result<wire::EvictReply> Evict(uint64_t tag, const transport::Peer* from);
+  bool IsEvicted(uint64_t tag) const { return evicted_.count(tag) != 0; }
+  Status Evicted(uint64_t tag) const {
+    return Status::Unavailable("evicted by " + Name() + ": process tag " + TagName(tag) +
+                               " is fenced off this server (Pool::Evict); its connections are "
+                               "closed and refused");
+  }
+
+  // A client process that may map the region: what an eviction kills.
+  struct ProcessPin {
+    pid_t pid = 0;
+    int pidfd = -1;  // owned
+    bool killed = false;
+  };
 
   ServerOptions options_;
   uint16_t port_ = 0;
@@ -72,6 +124,11 @@ class MemoryServer::Impl : public transport::AmHandler {
   Clock::time_point started_ = Clock::now();
   uint64_t requests_served_ = 0;
   uint64_t rejected_ = 0;
+  std::optional<BootIdBytes> boot_id_;  // unknown: no client may map
+  std::unordered_map<uint64_t, ProcessPin> pins_;  // by process tag
+  // Evicted process tags, at most kMaxEvictedTags; `evicted_order_` oldest first.
+  std::unordered_set<uint64_t> evicted_;
+  std::deque<uint64_t> evicted_order_;
 };
 
 Status MemoryServer::Impl::Init() {
@@ -99,15 +156,97 @@ Status MemoryServer::Impl::Init() {
   FARPOOL_ASSIGN_OR_RETURN(am_, transport::AmServer::Listen(ao));
   port_ = am_->port();
   region_ = am_->region();
+  auto boot = BootId();
+  if (boot.ok()) boot_id_ = *boot;
   return Status::Ok();
 }
 
-uint32_t MemoryServer::Impl::DistinctClients() const {
-  std::unordered_set<uint64_t> nonces;
-  for (uint64_t nonce : am_->tags()) {
-    if (nonce != 0) nonces.insert(nonce);
+uint16_t MemoryServer::Impl::Pin(const wire::HelloRequest& hello, uint32_t tag) {
+  if (!(hello.flags & wire::kHelloWantsMap)) return 0;
+  SweepPins();
+  auto it = pins_.find(tag);
+  if (it != pins_.end()) {
+    return it->second.pid == static_cast<pid_t>(hello.client_pid) ? wire::kHelloMayMap
+                                                                  : wire::kHelloPinRefused;
   }
-  return static_cast<uint32_t>(nonces.size());
+  if (!boot_id_ || std::memcmp(boot_id_->data(), hello.boot_id, boot_id_->size()) != 0) {
+    return wire::kHelloOtherBoot;
+  }
+  if (hello.client_pid == 0 || hello.client_pid > INT_MAX) return wire::kHelloNoPidfd;
+  const auto pid = static_cast<pid_t>(hello.client_pid);
+  const int pidfd = PidfdOpen(pid);
+  if (pidfd < 0) return wire::kHelloNoPidfd;
+  // Read after the pidfd is open: if the start time matches now, the pidfd is that process
+  // (a pid is not reused while the process lives, and a pidfd never follows a reuse).
+  auto start = ProcessStartTime(pid);
+  if (!start.ok() || *start != hello.start_time) {
+    close(pidfd);
+    return wire::kHelloStartMismatch;
+  }
+  if (PidfdSendSignal(pidfd, 0) != 0) {
+    close(pidfd);
+    return wire::kHelloNoSignal;
+  }
+  pins_[tag] = ProcessPin{pid, pidfd, false};
+  return wire::kHelloMayMap;
+}
+
+void MemoryServer::Impl::SweepPins() {
+  for (auto it = pins_.begin(); it != pins_.end();) {
+    if (Exited(it->second.pidfd)) {
+      close(it->second.pidfd);
+      it = pins_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+Result<wire::EvictReply> MemoryServer::Impl::Evict(uint64_t tag, const transport::Peer* from) {
+  if (tag == 0 || tag > UINT32_MAX) {
+    return Status::InvalidArgument(Name() + ": cannot evict " + TagName(tag) +
+                                   ": a process tag is nonzero and 32 bits");
+  }
+  if (from != nullptr && from->tag == tag) {
+    return Status::InvalidArgument(Name() + ": process tag " + TagName(tag) +
+                                   " asked to evict itself");
+  }
+  if (!IsEvicted(tag)) {
+    if (evicted_order_.size() >= kMaxEvictedTags) {
+      evicted_.erase(evicted_order_.front());
+      evicted_order_.pop_front();
+    }
+    evicted_.insert(tag);
+    evicted_order_.push_back(tag);
+  }
+  wire::EvictReply reply{};
+  reply.connections_closed = static_cast<uint32_t>(am_->CloseConnections(tag, from));
+  auto it = pins_.find(tag);
+  if (it == pins_.end()) return reply;  // not mapped here (or gone): closing was all
+  ProcessPin& pin = it->second;
+  if (!pin.killed) {
+    // A stopped process dies of SIGKILL too. ESRCH: it has exited already.
+    if (PidfdSendSignal(pin.pidfd, SIGKILL) != 0 && errno != ESRCH) {
+      return Status::Unavailable(Name() + ": cannot kill pid " + std::to_string(pin.pid) +
+                                 " (process tag " + TagName(tag) + "): " + std::strerror(errno));
+    }
+    pin.killed = true;
+  }
+  reply.flags = wire::kEvictKilled;
+  if (Exited(pin.pidfd)) {
+    reply.flags |= wire::kEvictExited;
+    close(pin.pidfd);
+    pins_.erase(it);
+  }
+  return reply;
+}
+
+uint32_t MemoryServer::Impl::DistinctClients() const {
+  std::unordered_set<uint64_t> tags;
+  for (uint64_t tag : am_->tags()) {
+    if (tag != 0) tags.insert(tag);
+  }
+  return static_cast<uint32_t>(tags.size());
 }
 
 std::vector<std::byte> MemoryServer::Impl::Refuse(const Status& reason) {
@@ -133,12 +272,20 @@ std::vector<std::byte> MemoryServer::Impl::Handle(std::span<const std::byte> byt
 Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m,
                                                           transport::Peer* from) {
   const uint64_t id = m.header.request_id;
+  if (from != nullptr && from->tag != 0 && IsEvicted(from->tag)) return Evicted(from->tag);
   switch (m.opcode) {
     case wire::Opcode::kHelloRequest: {
       auto hello = m.As<wire::HelloRequest>();
-      if (from != nullptr) from->tag = hello.client_nonce;
+      const uint32_t tag = static_cast<uint32_t>(hello.client_nonce);
+      if (tag == 0) {
+        return Status::InvalidArgument(Name() + ": hello without a process tag (the low 32 "
+                                                "bits of the client nonce are 0)");
+      }
+      if (from != nullptr) from->tag = tag;
+      if (IsEvicted(tag)) return Evicted(tag);
       wire::HelloReply r{};
       r.server_id = options_.id;
+      r.flags = Pin(hello, tag);
       r.rkey_size = static_cast<uint32_t>(region_->packed_rkey().size());
       r.region_base = reinterpret_cast<uint64_t>(region_->data());
       r.region_size = chunks_.region_size();
@@ -186,7 +333,12 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
       return wire::Encode(
           id, wire::BatchReply{req.op_count, static_cast<uint32_t>(results->size())}, *results);
     }
+    case wire::Opcode::kEvictRequest: {
+      FARPOOL_ASSIGN_OR_RETURN(wire::EvictReply r, Evict(m.As<wire::EvictRequest>().tag, from));
+      return wire::Encode(id, r);
+    }
     case wire::Opcode::kHelloReply:
+    case wire::Opcode::kEvictReply:
     case wire::Opcode::kBatchReply:
     case wire::Opcode::kLeaseReply:
     case wire::Opcode::kReleaseReply:

@@ -10,6 +10,14 @@
 // are noticed by UCX's error handling and dropped; their leases stay (see
 // pool/server/chunk_allocator.h).
 //
+// Eviction (the fence the servers enforce; docs/pool.md): a client that asks to map the region
+// is pinned at its hello (a pidfd, after checking boot id and start time; wire::HelloReply) and
+// may map only then. An EvictRequest for a process tag refuses that tag from then on, closes its
+// connections and, if the process is pinned, sends it SIGKILL once; the replies say when it has
+// exited. The server never waits for it. Pins live until their process exits (checked at each
+// hello and eviction), at most one open pidfd per live pinned client process. Evicted tags are
+// remembered up to kMaxEvictedTags, the oldest forgotten first.
+//
 // Progress modes (ProgressMode, transport/am_server.h): kBusy polls without pause; kEvent
 // sleeps on the worker's event descriptor once it has been idle for 50 us.
 //
@@ -35,6 +43,11 @@ struct ServerOptions {
   ProgressMode progress = ProgressMode::kBusy;
   Fabric fabric = Fabric::kAuto;
 };
+
+// How many evicted process tags a server remembers (the oldest is forgotten first): 8 bytes each
+// and then some. A forgotten tag matters only if its process, not killed (it does not map the
+// region), is still alive and opens a new connection after 65,536 later evictions.
+inline constexpr size_t kMaxEvictedTags = 1 << 16;
 
 // Private resident memory (RssAnon) of this process, in bytes; 0 if unknown.
 uint64_t PrivateResidentBytes();
