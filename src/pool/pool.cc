@@ -33,6 +33,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 #include <unordered_map>
@@ -194,10 +195,10 @@ class Pool::Impl {
   // A connection of `tc` to server `index` failed: marks the server failed with the reason
   // WhyLost finds (unless it already is) and returns its Failure().
   Status ConnectionLost(ThreadContext& tc, size_t index);
-  // Why server `index` dropped a connection of ours: a fresh hello from `worker` (replies in
-  // `box`, request id from `next_id`) gets the server's error if it refuses us (evicted), else
-  // "connection lost". Waits at most kProbeTimeout.
-  std::string WhyLost(Worker& worker, ReplyBox& box, uint64_t& next_id, size_t index);
+  // Why server `index` dropped a connection of ours: a fresh hello on a connection of its own
+  // gets the server's error if it refuses us (evicted), else "connection lost". Waits at most
+  // kProbeTimeout. Any thread.
+  std::string WhyLost(size_t index);
   // This Pool's hello; asks to be pinned (kHelloWantsMap) if `map`.
   wire::HelloRequest HelloFor(bool map) const;
   uint32_t tag() const { return static_cast<uint32_t>(nonce_); }
@@ -424,38 +425,46 @@ wire::HelloRequest Pool::Impl::HelloFor(bool map) const {
 
 Status Pool::Impl::ConnectionLost(ThreadContext& tc, size_t index) {
   ServerState& s = *servers_[index];
-  if (!s.failed.load()) MarkFailed(index, WhyLost(*tc.worker, tc.box, tc.next_request_id, index));
+  if (!s.failed.load()) MarkFailed(index, WhyLost(index));
   return s.Failure();
 }
 
-std::string Pool::Impl::WhyLost(Worker& worker, ReplyBox& box, uint64_t& next_id, size_t index) {
+std::string Pool::Impl::WhyLost(size_t index) {
   const ServerState& s = *servers_[index];
-  std::string why = "connection lost";
-  auto ep = Endpoint::Connect(worker, s.address.host, s.address.port, nullptr);
-  if (!ep.ok()) return why;
-  const uint64_t id = next_id++;
-  const auto deadline = Clock::now() + std::min<Clock::duration>(options_.connect_timeout,
-                                                                 kProbeTimeout);
-  // Not pinned again: the answer is all this hello is for.
-  if ((*ep)->SendAm(transport::kControlAm, wire::Encode(id, HelloFor(false)), true, deadline,
-                    nullptr)
-          .ok()) {
-    while (Clock::now() < deadline && !(*ep)->failed()) {
-      auto it = box.replies.find(id);
-      if (it == box.replies.end()) {
-        worker.Progress();
-        continue;
+  const auto deadline =
+      Clock::now() + std::min<Clock::duration>(options_.connect_timeout, kProbeTimeout);
+  // A fresh connection can fail on its own (UCX may pick a lane over an interface that has just
+  // gone): try again until the deadline. Each try has a worker of its own: new endpoints on a
+  // worker whose connection to the same server has just failed leave UCX requests behind that
+  // it asserts on when that worker is destroyed.
+  while (Clock::now() < deadline) {
+    auto worker = Worker::Create(*context_, false);
+    if (!worker.ok()) break;
+    ReplyBox box;
+    if (!(*worker)->SetAmHandler(transport::kControlAm, &ReplyBox::OnMessage, &box).ok()) break;
+    auto ep = Endpoint::Connect(**worker, s.address.host, s.address.port, nullptr);
+    if (!ep.ok()) break;  // the server's address does not resolve or accept: it is gone
+    std::optional<std::string> why;
+    // Not pinned again: the answer is all this hello is for.
+    if ((*ep)->SendAm(transport::kControlAm, wire::Encode(1, HelloFor(false)), true, deadline,
+                      nullptr)
+            .ok()) {
+      while (Clock::now() < deadline && !(*ep)->failed()) {
+        auto it = box.replies.find(1);
+        if (it == box.replies.end()) {
+          (*worker)->Progress();
+          continue;
+        }
+        auto m = wire::Decode(it->second);
+        why = m.ok() && m->opcode == wire::Opcode::kErrorReply ? wire::DecodeError(*m).message()
+                                                                : "connection lost";
+        break;
       }
-      auto m = wire::Decode(it->second);
-      if (m.ok() && m->opcode == wire::Opcode::kErrorReply) {
-        why = wire::DecodeError(*m).message();
-      }
-      box.replies.erase(it);
-      break;
     }
+    ep->reset();  // gracefully (forced if it failed), before its worker
+    if (why) return *why;
   }
-  (*ep)->ForceClose();
-  return why;
+  return "connection lost";
 }
 
 Result<size_t> Pool::Impl::IndexOf(uint16_t id) const {
@@ -608,7 +617,7 @@ void Pool::Impl::Monitor() {
           continue;
         }
         if (w.ep->failed()) {
-          MarkFailed(i, WhyLost(**worker, box, next_id, i));
+          MarkFailed(i, WhyLost(i));
           continue;
         }
         if (now - w.last_answer > timeout) {
@@ -670,7 +679,7 @@ Status Pool::Impl::Complete(ThreadContext& tc, size_t index, ucs_status_ptr_t re
   if (st.code() == StatusCode::kTimedOut || st.code() == StatusCode::kUnavailable) {
     // The server is gone, stuck, or evicted us: no later call may wait on it again.
     if (!s.failed.load() && tc.peers[index].ep && tc.peers[index].ep->failed()) {
-      MarkFailed(index, WhyLost(*tc.worker, tc.box, tc.next_request_id, index));
+      MarkFailed(index, WhyLost(index));
     }
     MarkFailed(index, st.code() == StatusCode::kTimedOut
                           ? std::string(what) + " timed out after " +
