@@ -7,27 +7,32 @@
 //   ControlWithoutFaults     the same run without a fault (the checks themselves are sound).
 //   SigstopOutlivesLease     the parent SIGSTOPs a worker for several leases, then SIGCONTs it
 //                            (twice, different workers): the others fence it and recover its
-//                            commits while it is stopped; when it resumes it must find its
-//                            sessions fenced (Unavailable) and not damage anything.
-//   SystemSessionReclaimedAfterSigstop
+//                            commits while it is stopped. On shared memory fencing evicts it
+//                            first: its memory servers kill it (a store it was about to make
+//                            can never land late); a stopped worker that was not fenced
+//                            resumes and goes on.
+//   StoppedProcessIsEvictedAndReopens (TCP)
 //                            one worker (FARPOOL_WORKER=ddl) is SIGSTOPped while the parent
-//                            fences its slots, its system session's included; after SIGCONT
-//                            its old session says Unavailable, and CreateTable, DropTable
-//                            and a new session's transactions work in that same process.
-//   SigstopBetweenLockAndTrim{Deep,Shallow}, SigstopBetweenTrimCheckAndCut
+//                            fences its slots, its system session's included, which evicts
+//                            it: the servers close its connections. After SIGCONT its old
+//                            session says Unavailable, and a database it opens again runs
+//                            CreateTable, DropTable and transactions.
+//   SigstopBetweenLockAndTrim{Deep,Shallow}, SigstopBetweenTrimCheckAndCut (TCP)
 //                            deterministic: a worker stops itself (SIGSTOP) in a commit after
 //                            locking a record whose version chain it will trim; the
-//                            parent fences it, rewrites the record, cuts and frees the chain,
-//                            then continues it. The commit must return Unavailable (fenced)
-//                            and cut nothing: the chain is no longer its to walk or cut.
+//                            parent fences (evicts) it, rewrites the record, cuts and frees
+//                            the chain, then continues it. The commit must return
+//                            Unavailable and nothing it issues may reach the pool any more.
 //   WallClockStepsInOneWorker
 //                            one worker runs under libfaketime (FAKETIME_TIMESTAMP_FILE,
 //                            FAKETIME_NO_CACHE=1, DONT_FAKE_MONOTONIC=1): its wall clock
 //                            jumps forward, then backward, while the others run. Skipped
 //                            when libfaketime is not installed (Debian package `faketime`).
 //
-// A session that gets Unavailable from Begin/Commit (fenced) is dropped and the worker opens a
-// new one and goes on. After the run: the bank total is conserved (auditors saw it in every
+// The TCP tests are the ones whose stopped worker must go on after it was fenced: over TCP an
+// evicted process is disconnected, on shared memory it is killed. A session that gets
+// Unavailable from Begin/Commit (fenced) is dropped and the worker opens a new one (or a new
+// database) and goes on. After the run: the bank total is conserved (auditors saw it in every
 // snapshot), the ring is one ring, no record stays locked after RecoverExpired, every record
 // takes a write, and every worker finished within kDeadline (stragglers are killed: failure).
 //
@@ -205,9 +210,9 @@ Status MixedWorker(uint64_t seed, int id) {
 }
 
 // Runs a transfer, says it is ready (FARPOOL_READY_FILE), waits for FARPOOL_RESUMED_FILE (the
-// parent stops it past the lease meanwhile and fences its slots), then checks that its old
-// session was fenced (else the stop proved nothing) and that this process still runs DDL and
-// transactions: its fenced system session is replaced by a new one without a reopen.
+// parent stops it past the lease meanwhile and fences its slots, which evicts this process from
+// the servers), then checks that its old session was fenced (else the stop proved nothing) and
+// that this process, with a database opened again, runs DDL and transactions.
 Status DdlWorker(uint64_t /*seed*/, int id) {
   FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(Options()));
   FARPOOL_ASSIGN_OR_RETURN(const Table* accounts, db->OpenTable("accounts"));
@@ -228,6 +233,9 @@ Status DdlWorker(uint64_t /*seed*/, int id) {
     return Status::Internal("the session outlived a stop past its lease (" + stale.ToString() +
                             "): the parent did not fence this process, the test proves nothing");
   }
+  session.reset();
+  FARPOOL_ASSIGN_OR_RETURN(db, Database::Open(Options()));
+  FARPOOL_ASSIGN_OR_RETURN(accounts, db->OpenTable("accounts"));
   const std::string name = "ddl" + std::to_string(id);
   auto created = db->CreateTable(name, Schema{{"v", ColumnType::kInt64}});
   if (!created.ok()) return created.status().WithContext("CreateTable after the stop");
@@ -272,7 +280,8 @@ Status OrphansWorker(uint64_t /*seed*/, int /*id*/) {
 
 // A commit that stops its own process (SIGSTOP) at fault point FARPOOL_STALL_AT ("locked" or
 // "trimming"): one rewrite of account 0, whose chain the parent made long enough to be
-// trimmed by this commit. The parent continues it after fencing it and freeing that chain.
+// trimmed by this commit. The parent continues it after fencing (evicting) it and freeing that
+// chain.
 Status StalledTrimWorker(uint64_t, int) {
   DatabaseOptions o = Options();
   const std::string at = Env("FARPOOL_STALL_AT");
@@ -290,21 +299,12 @@ Status StalledTrimWorker(uint64_t, int) {
     return Status::Internal("the commit that outlived its lease returned " + s.ToString() +
                             ", not Unavailable (fenced)");
   }
-  // Nothing this process cut may be freed: the chain is no longer its to cut. (A maintenance
-  // pass can fail once on the fenced system session; the counters are read either way.)
-  GcStats g;
-  for (int i = 0; i < 50; ++i) {
-    auto r = db->CollectGarbage();
-    if (r.ok()) {
-      g = *r;
-      break;
-    }
-    std::this_thread::sleep_for(20ms);
-  }
-  if (g.chains_cut != 0 || g.nodes_freed != 0) {
-    return Status::Internal("the fenced commit cut " + std::to_string(g.chains_cut) +
-                            " chain(s) and this process freed " + std::to_string(g.nodes_freed) +
-                            " version node(s) of a chain others had rewritten");
+  // Evicted: nothing this process issues reaches the pool, so it can neither cut nor free the
+  // chain that is no longer its own.
+  auto r = db->CollectGarbage();
+  if (r.ok() || r.status().code() != StatusCode::kUnavailable) {
+    return Status::Internal("the fenced process still works on the pool (collection: " +
+                            r.status().ToString() + "): it was not evicted");
   }
   return Status::Ok();
 }
@@ -313,7 +313,14 @@ Status StalledTrimWorker(uint64_t, int) {
 
 class LeaseFaultTest : public testing::ClusterTest {
  protected:
-  LeaseFaultTest() : ClusterTest("farpool-lease-fault") {}
+  LeaseFaultTest() : ClusterTest("farpool-lease-fault", FabricOfThisTest()) {}
+  // TCP for the tests whose stopped worker must find itself fenced and go on.
+  static Fabric FabricOfThisTest() {
+    const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    return test.rfind("SigstopBetween", 0) == 0 || test == "StoppedProcessIsEvictedAndReopens"
+               ? Fabric::kTcp
+               : Fabric::kShm;
+  }
   void SetUp() override {
     ASSERT_NO_FATAL_FAILURE(ClusterTest::SetUp());
     const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
@@ -474,10 +481,16 @@ class LeaseFaultTest : public testing::ClusterTest {
   }
 
   // Tells the workers to stop, waits for them (bounded), then checks every invariant.
+  // A worker in stopped_ may have been evicted (killed) instead.
   void StopAndCheck(const std::vector<pid_t>& pids) {
     std::ofstream(StopFile()) << "stop\n";
-    for (const auto& w : testing::ReapWorkers(pids, kDeadline))
+    for (const auto& w : testing::ReapWorkers(pids, kDeadline)) {
+      if (stopped_.count(w.pid) && w.Evicted()) {
+        ++evicted_;
+        continue;
+      }
       EXPECT_TRUE(w.Succeeded()) << w.Describe() << " (its stderr says why)";
+    }
     // Sessions of the workers are gone; wait out their leases, then recover.
     std::this_thread::sleep_for(lease_ + lease_ / 2);
     ASSERT_NO_FATAL_FAILURE(Reopen());
@@ -505,6 +518,8 @@ class LeaseFaultTest : public testing::ClusterTest {
   }
 
   std::chrono::milliseconds lease_{kLease};
+  std::set<pid_t> stopped_;  // workers stopped past their lease
+  int evicted_ = 0;          // of those, killed by their memory servers
   const Table* accounts_ = nullptr;
   const Table* ring_ = nullptr;
 };
@@ -528,15 +543,17 @@ TEST_F(LeaseFaultTest, SigstopOutlivesLease) {
   for (int round = 0; round < 2; ++round) {
     std::this_thread::sleep_for(std::chrono::milliseconds(300 + rng() % 500));
     const pid_t victim = pids[1 + round % (kWorkers - 1)];
+    stopped_.insert(victim);
     kill(victim, SIGSTOP);
     std::this_thread::sleep_for(kLease * 4);  // the others meet its locks and fence it
     kill(victim, SIGCONT);
   }
   std::this_thread::sleep_for(1s);
   StopAndCheck(pids);
+  EXPECT_GE(evicted_, 1) << "no stopped worker was evicted: were they fenced at all?";
 }
 
-TEST_F(LeaseFaultTest, SystemSessionReclaimedAfterSigstop) {
+TEST_F(LeaseFaultTest, StoppedProcessIsEvictedAndReopens) {
   SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed_));
   const std::string ready = dir_ + "/ready", resumed = dir_ + "/resumed";
   auto pid = testing::SpawnWorker("ddl", 0,

@@ -74,6 +74,8 @@ class PoolMemory final : public Memory {
   }
   std::vector<uint16_t> servers() const override { return pool_.server_ids(); }
   GlobalAddress Root() const override { return root_; }
+  uint32_t process_tag() const override { return pool_.process_tag(); }
+  Status Evict(uint32_t tag) override { return pool_.Evict(tag); }
 
  private:
   Pool& pool_;
@@ -205,6 +207,12 @@ class LocalMemory final : public Memory {
     return ids;
   }
   GlobalAddress Root() const override { return GlobalAddress(0, 64); }
+  // Private memory of one process: every session is this process's, none is ever evicted.
+  uint32_t process_tag() const override { return 1; }
+  Status Evict(uint32_t tag) override {
+    return Status::InvalidArgument("local memory belongs to one process: there is no process " +
+                                   std::to_string(tag) + " to evict");
+  }
 
  private:
   struct Region {

@@ -75,6 +75,12 @@ class Memory {
   virtual std::vector<uint16_t> servers() const = 0;
   // The well-known root area (Pool::kRootSize bytes, zero at start) of the first server.
   virtual GlobalAddress Root() const = 0;
+  // This process's identity to the memory (Pool::process_tag): nonzero, the same for every
+  // thread of the process, another for every other process.
+  virtual uint32_t process_tag() const = 0;
+  // Pool::Evict: once Ok, the process tagged `tag` can reach this memory no more (killed if it
+  // mapped it, disconnected otherwise). REQUIRES: `tag` is not process_tag().
+  virtual Status Evict(uint32_t tag) = 0;
 };
 
 // REQUIRES: `pool` outlives the PoolMemory.

@@ -242,9 +242,13 @@ void Endpoint::Close(bool force) {
   ucs_status_ptr_t req = ucp_ep_close_nbx(ep_, &p);
   ep_ = nullptr;
   // A graceful close waits for the peer; bound it so a dead peer cannot hang the caller.
-  Status s =
-      worker_.WaitRequest(req, Clock::now() + std::chrono::seconds(2), nullptr, "closing endpoint");
+  bool pending = false;
+  Status s = worker_.WaitRequest(req, Clock::now() + std::chrono::seconds(2), nullptr,
+                                 "closing endpoint", &pending);
   (void)s;  // the endpoint is gone either way; nothing more to do about a failed close
+  // Still in progress: released now (it holds no buffer of ours), so that UCX frees it when it
+  // completes; a request never released trips UCX's assertion when the worker is destroyed.
+  if (pending) ucp_request_free(req);
 }
 
 void Endpoint::ForceClose() {

@@ -40,6 +40,8 @@ class KillableMemory final : public Memory {
   std::unique_ptr<MemoryBatch> NewBatch() override;
   std::vector<uint16_t> servers() const override { return inner_.servers(); }
   GlobalAddress Root() const override { return inner_.Root(); }
+  uint32_t process_tag() const override { return inner_.process_tag(); }
+  Status Evict(uint32_t tag) override { return inner_.Evict(tag); }
 
  private:
   Status Dead() const { return Status::Unavailable("test: this owner's process was killed"); }

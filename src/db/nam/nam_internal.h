@@ -72,7 +72,7 @@ namespace farpool::db {
 
 // ---------------------------------------------------------------- layouts in memory
 
-inline constexpr uint64_t kMagic = 0x4650444200000003ULL;  // "FPDB" v3
+inline constexpr uint64_t kMagic = 0x4650444200000004ULL;  // "FPDB" v4
 inline constexpr uint64_t kMaxTables = 256;
 inline constexpr uint64_t kDescSize = 1024;
 inline constexpr uint64_t kSlotSize = 64;
@@ -132,16 +132,23 @@ inline constexpr uint64_t kSlotLog = offsetof(SlotImage, log);
 inline constexpr uint64_t kSlotIndexLog = offsetof(SlotImage, index_log);
 inline constexpr uint64_t kSlotPid = offsetof(SlotImage, pid);
 
-// Owner word: renewals (38 bits) << 26 | epoch (24 bits) << 2 | state (2 bits).
+// Owner word: tag (32 bits) << 32 | renewals (6 bits) << 26 | epoch (24 bits) << 2 | state.
+// The tag is the pool process tag (Pool::process_tag) of the process that may write on the
+// slot's behalf: the session's while active, the recoverer's while recovering (0: a recovery
+// given up, nobody writes for it), 0 when free. Fencing an active or recovering slot first
+// evicts that process from every memory server (FenceAndRecover): a process stopped between a
+// lease check and a store can then never land that store. Renewals only need to change the
+// word between two observations lease + margin apart, so 6 bits (wrapping) are plenty.
 inline constexpr uint64_t kSlotFree = 0, kSlotActive = 1, kSlotRecovering = 2;
 inline constexpr uint64_t kOwnerEpochMask = (1u << 24) - 1;
-inline uint64_t OwnerWord(uint64_t epoch, uint64_t state, uint64_t renewals) {
-  return (renewals << 26) | ((epoch & kOwnerEpochMask) << 2) | state;
+inline uint64_t OwnerWord(uint64_t epoch, uint64_t state, uint32_t tag, uint64_t renewals = 0) {
+  return (uint64_t{tag} << 32) | ((renewals & 63) << 26) | ((epoch & kOwnerEpochMask) << 2) | state;
 }
 inline uint64_t OwnerEpoch(uint64_t w) { return (w >> 2) & kOwnerEpochMask; }
 inline uint64_t OwnerState(uint64_t w) { return w & 3; }
+inline uint32_t OwnerTag(uint64_t w) { return static_cast<uint32_t>(w >> 32); }
 inline uint64_t OwnerRenewed(uint64_t w) {
-  return OwnerWord(OwnerEpoch(w), OwnerState(w), (w >> 26) + 1);
+  return OwnerWord(OwnerEpoch(w), OwnerState(w), OwnerTag(w), ((w >> 26) & 63) + 1);
 }
 
 // Commit log: header, then per record a LogEntry, the new cell image and (if spill) the
@@ -511,7 +518,8 @@ class NamDatabase final : public Database {
   void NoteCounter(uint64_t c);
 
   // sessions.cc
-  // True once the owner word of `slot` was seen equal to `owner` for lease + margin.
+  // True once the owner word of `slot` was seen equal to `owner` for lease + margin, or at
+  // once for a recovery given up (recovering, tag 0: nobody writes for it).
   bool ObservedExpired(uint32_t slot, uint64_t owner);
   Result<bool> HolderDead(const Access& access, uint64_t word);
   // Renews `lease` now (CAS on its owner word); fences it locally if that fails.
@@ -528,9 +536,13 @@ class NamDatabase final : public Database {
   std::chrono::milliseconds IndexWaitLimit() const;
 
   // recovery.cc
-  // Fences slot `slot` from owner word `owner` (expired, or free), finishes its decided
-  // commit, and leaves it in `final_state` (active: claimed by the caller). False if someone
-  // else changed the slot first.
+  // Evicts the process that may write for `slot` while its owner word is `owner` (its tag),
+  // so that the slot may be fenced. False if that is this process and it still uses the slot
+  // (a live session, a recovery under way), or another live Pool of this process.
+  Result<bool> EvictWriterOf(uint32_t slot, uint64_t owner);
+  // Fences slot `slot` from owner word `owner` (expired, or free) after EvictWriterOf,
+  // finishes its decided commit, and leaves it in `final_state` (active: claimed by the
+  // caller). False if someone else changed the slot first or its writer may not be evicted.
   Result<bool> FenceAndRecover(const Access& access, uint32_t slot, uint64_t owner,
                                uint64_t final_state, uint64_t* final_owner = nullptr);
   // Rolls forward the decided commit in slot `slot`'s log, if any. `lock` is the lock word
@@ -601,10 +613,11 @@ class NamDatabase final : public Database {
   std::mutex system_mu_;  // guards system_ (the pointer; the session is safe to share)
   std::shared_ptr<NamSession> system_;
 
-  std::mutex mu_;  // guards tables_, by_id_, leases_, dropped_
+  std::mutex mu_;  // guards tables_, by_id_, leases_, recovering_here_, dropped_
   std::map<std::string, std::unique_ptr<NamTable>> tables_;
   std::unordered_map<uint32_t, NamTable*> by_id_;
   std::vector<std::shared_ptr<SlotLease>> leases_;
+  std::set<uint32_t> recovering_here_;              // slots a thread of this process is recovering
   std::vector<std::unique_ptr<NamTable>> dropped_;  // kept for handles still held
 
   std::mutex observe_mu_;  // guards observed_

@@ -15,10 +15,16 @@
 //     commit, and recovery gives it a stamp of its own (a fetch-and-add: the records have been
 //     locked since before it, as a stamp must be). A recoverer that dies half-way leaves cells
 //     with the stamp it chose, which the next one finds.
-//   - Only whoever fenced the slot (CAS to "recovering" with the next epoch) recovers it, and
-//     it writes only before its own deadline (lease - margin after the fence). A recoverer that
-//     stalls is fenced in turn after its recovering word stays unchanged for lease + margin;
-//     the next one redoes the same idempotent work.
+//   - Before anyone fences a slot, the process that may write for it (the owner word's tag:
+//     the session's, or a recoverer's) is evicted from every memory server (Pool::Evict:
+//     killed if it maps the memory, disconnected otherwise): a process stopped between a lease
+//     check and a store never lands that store afterwards. A process never evicts itself; its
+//     own slots are taken over only once it gave them up.
+//   - Only whoever fenced the slot (CAS to "recovering" with the next epoch and its own tag)
+//     recovers it, and it writes only before its own deadline (lease - margin after the
+//     fence). A recoverer that gives up says so (tag 0); one that stalls is fenced in turn
+//     (and evicted) after its recovering word stays unchanged for lease + margin; the next one
+//     redoes the same idempotent work.
 #include <cstring>
 
 #include "db/nam/nam_internal.h"
@@ -35,34 +41,83 @@ RecordLayout CellLayout(uint64_t cell_size) {
 
 }  // namespace
 
+Result<bool> NamDatabase::EvictWriterOf(uint32_t slot, uint64_t owner) {
+  if (OwnerState(owner) == kSlotFree) return true;  // a free slot has nobody writing for it
+  const uint32_t tag = OwnerTag(owner);
+  if (tag == 0) return true;  // a recovery given up: its recoverer stopped writing first
+  if (tag == memory_.process_tag()) {
+    // Ours: a thread of this process may be between a check and a store for this slot, and a
+    // process cannot evict itself. Only a slot this process gave up may be taken over.
+    std::lock_guard<std::mutex> l(mu_);
+    if (recovering_here_.count(slot)) return false;
+    for (const auto& lease : leases_) {
+      if (lease->slot == slot && !lease->fenced) return false;
+    }
+    return true;
+  }
+  Status s = memory_.Evict(tag);
+  if (s.code() == StatusCode::kInvalidArgument) return false;  // another Pool of this process
+  FARPOOL_RETURN_IF_ERROR(s.WithContext("fencing session slot " + std::to_string(slot) +
+                                        ": evicting process " + std::to_string(tag)));
+  return true;
+}
+
 Result<bool> NamDatabase::FenceAndRecover(const Access& access, uint32_t slot, uint64_t owner,
                                           uint64_t final_state, uint64_t* final_owner) {
+  // Whoever may still write for the slot is shut out of the memory first: from here on nothing
+  // it issues lands, however long it was stopped between a lease check and a store.
+  FARPOOL_ASSIGN_OR_RETURN(bool evicted, EvictWriterOf(slot, owner));
+  if (!evicted) return false;
+  const uint32_t me = memory_.process_tag();
   const uint64_t next = OwnerEpoch(owner) + 1;
-  const uint64_t recovering = OwnerWord(next, kSlotRecovering, 0);
+  const uint64_t recovering = OwnerWord(next, kSlotRecovering, me);
   const int64_t fenced_at = MonoNs();
-  FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(SlotAddr(slot), owner, recovering));
-  if (prev != owner) return false;
-  const int64_t deadline = fenced_at + lease_ns() - margin_ns();
-  FARPOOL_RETURN_IF_ERROR(RecoverLog(access, slot, deadline));
-  if (OwnerState(owner) != kSlotFree) {
-    // A session died (or stalled past its lease): what its process had queued for collection
-    // is found again by a sweep once no snapshot from before now is left (gc.cc).
-    uint64_t word;
-    FARPOOL_RETURN_IF_ERROR(access.Read(RootField(kRootCounter), &word, 8));
-    ScheduleSweep(CounterOf(word));
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    recovering_here_.insert(slot);
   }
-  if (MonoNs() > deadline) {
-    return Status::Unavailable("recovery of session slot " + std::to_string(slot) +
-                               " ran out of its lease; someone else will finish it");
+  Status s;
+  bool fenced = false;
+  uint64_t done = 0;
+  auto recover = [&]() -> Status {
+    FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(SlotAddr(slot), owner, recovering));
+    if (prev != owner) return Status::Ok();
+    fenced = true;
+    const int64_t deadline = fenced_at + lease_ns() - margin_ns();
+    FARPOOL_RETURN_IF_ERROR(RecoverLog(access, slot, deadline));
+    if (OwnerState(owner) != kSlotFree) {
+      // A session died (or stalled past its lease): what its process had queued for
+      // collection is found again by a sweep once no snapshot from before now is left (gc.cc).
+      uint64_t word;
+      FARPOOL_RETURN_IF_ERROR(access.Read(RootField(kRootCounter), &word, 8));
+      ScheduleSweep(CounterOf(word));
+    }
+    if (MonoNs() > deadline) {
+      return Status::Unavailable("recovery of session slot " + std::to_string(slot) +
+                                 " ran out of its lease; someone else will finish it");
+    }
+    if (final_state != kSlotActive) {
+      const uint64_t idle = 0;
+      FARPOOL_RETURN_IF_ERROR(access.Write(AnnounceAddr(slot), &idle, 8));
+    }
+    done = OwnerWord(next, final_state, final_state == kSlotActive ? me : 0);
+    FARPOOL_ASSIGN_OR_RETURN(prev, access.Cas(SlotAddr(slot), recovering, done));
+    if (prev != recovering) done = 0;
+    return Status::Ok();
+  };
+  s = recover();
+  if (fenced && done == 0) {
+    // Given up (an error, the deadline) or taken over: say so in the word, so that the next
+    // recoverer need not evict this live process (a CAS: a no-op if someone took over).
+    (void)access.Cas(SlotAddr(slot), recovering, OwnerWord(next, kSlotRecovering, 0));
   }
-  if (final_state != kSlotActive) {
-    const uint64_t idle = 0;
-    FARPOOL_RETURN_IF_ERROR(access.Write(AnnounceAddr(slot), &idle, 8));
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    recovering_here_.erase(slot);
   }
-  const uint64_t done = OwnerWord(next, final_state, 0);
-  FARPOOL_ASSIGN_OR_RETURN(prev, access.Cas(SlotAddr(slot), recovering, done));
+  FARPOOL_RETURN_IF_ERROR(s);
   if (final_owner != nullptr) *final_owner = done;
-  return prev == recovering;
+  return done != 0;
 }
 
 Status NamDatabase::RecoverLog(const Access& access, uint32_t slot, int64_t deadline) {
@@ -194,8 +249,7 @@ Status NamDatabase::RecoverExpired() {
       if (OwnerState(owner) == kSlotFree) break;
       if (ObservedExpired(s, owner)) {
         FARPOOL_ASSIGN_OR_RETURN(bool done, FenceAndRecover(access, s, owner, kSlotFree));
-        if (done) break;
-        continue;
+        if (done) break;  // else changed meanwhile, or a slot this process still uses
       }
       // Alive if it renews within lease/2.
       std::this_thread::sleep_for(std::chrono::milliseconds(5));

@@ -11,6 +11,7 @@ namespace farpool::db {
 // ================================================================ leases
 
 bool NamDatabase::ObservedExpired(uint32_t slot, uint64_t owner) {
+  if (OwnerState(owner) == kSlotRecovering && OwnerTag(owner) == 0) return true;
   const int64_t now = MonoNs();
   std::lock_guard<std::mutex> l(observe_mu_);
   Observed& o = observed_[slot];

@@ -4,6 +4,7 @@
 #include <deque>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -453,6 +454,7 @@ Result<Txn> ParseTxn(std::string_view line) {
 
 Result<std::vector<Txn>> LoadHistory(const std::vector<std::string>& paths) {
   std::vector<Txn> out;
+  std::map<uint64_t, size_t> at;  // transaction id -> its entry in `out`
   for (const auto& p : paths) {
     std::ifstream in(p);
     if (!in) return Status::IoError("history: cannot open " + p);
@@ -463,7 +465,12 @@ Result<std::vector<Txn>> LoadHistory(const std::vector<std::string>& paths) {
       if (line.empty()) continue;
       auto t = ParseTxn(line);
       if (!t.ok()) return t.status().WithContext(p + ":" + std::to_string(n));
-      out.push_back(std::move(*t));
+      auto [it, added] = at.emplace(t->id, out.size());
+      if (added) {
+        out.push_back(std::move(*t));
+      } else {
+        out[it->second] = std::move(*t);  // the outcome, after the attempt written as unknown
+      }
     }
   }
   return out;

@@ -73,7 +73,9 @@ struct Txn {
 //    "reads":[[key,[e,...]],...],"appends":[[key,[e,...]],...]}
 std::string FormatTxn(const Txn& txn);
 Result<Txn> ParseTxn(std::string_view line);
-// Reads every line of every file (a history is the union of per-session files).
+// Reads every line of every file (a history is the union of per-session files). A later line
+// with the same transaction id replaces the earlier one (an attempt is written as unknown
+// before its Commit, so that a process killed in Commit leaves it, then with its outcome).
 Result<std::vector<Txn>> LoadHistory(const std::vector<std::string>& paths);
 
 struct Anomaly {

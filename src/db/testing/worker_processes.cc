@@ -36,6 +36,10 @@ bool WorkerExit::Succeeded() const {
   return !timed_out && WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
+bool WorkerExit::Evicted() const {
+  return !timed_out && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+}
+
 std::string WorkerExit::Describe() const {
   std::string s = "worker pid " + std::to_string(pid) + ": ";
   if (timed_out) return s + "did not finish in time (killed)";

@@ -32,6 +32,9 @@ struct WorkerExit {
   int status = 0;          // as waitpid reports it
   bool timed_out = false;  // still running at the deadline: killed
   bool Succeeded() const;  // exited with 0, in time
+  // Ended by SIGKILL before the deadline: how a memory server evicts a process that maps its
+  // memory once others fence it (Pool::Evict), e.g. after it was stopped past its lease.
+  bool Evicted() const;
   std::string Describe() const;
 };
 
