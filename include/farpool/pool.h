@@ -192,8 +192,9 @@ class Pool {
   // Ok once every server has (a) closed all of that client's connections and will refuse it
   // from now on (hellos and requests carrying that tag get an error reply), and (b) if that
   // client maps the server's region, killed it (SIGKILL) and seen it exit. Idempotent; a tag no
-  // server knows is Ok. Never evicts this Pool itself (InvalidArgument for its own tag, and for
-  // 0, which is no process's tag).
+  // server knows is Ok. Never evicts this process: InvalidArgument for this Pool's own tag, for
+  // the tag of another live Pool of this process that may map a region (they share its pid: it
+  // would be killed with it), and for 0, which is no process's tag.
   // Fails (Unavailable, naming the server) if a server cannot be reached or the process does not
   // exit within `timeout`; the caller retries later. Servers evicted by an earlier call stay so.
   // Each server remembers the last 65,536 evicted tags (kMaxEvictedTags in

@@ -35,6 +35,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
@@ -61,6 +62,17 @@ uint64_t RandomNonce() {
   std::random_device rd;
   uint64_t v = (uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
   return static_cast<uint32_t>(v) == 0 ? v | 1 : v;  // the low 32 bits, the tag, are nonzero
+}
+
+// The process tags of this process's live Pools that ask to map a region. A process never
+// evicts one of them: they share its pid, so a server that pinned it would kill the caller
+// itself. (Evicting a Pool of this process that maps nothing only disconnects it.)
+std::mutex g_live_tags_mu;
+std::multiset<uint32_t> g_live_tags;  // GUARDED_BY(g_live_tags_mu)
+
+bool LiveInThisProcess(uint32_t tag) {
+  std::lock_guard<std::mutex> l(g_live_tags_mu);
+  return g_live_tags.count(tag) > 0;
 }
 
 // Lamping & Veach, "A Fast, Minimal Memory, Consistent Hash Algorithm" (2014).
@@ -235,6 +247,10 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
   options_ = options;
   fabric_ = options.transport.value_or(cluster.transport);
   map_ = options_.direct_access && fabric_ != Fabric::kTcp;
+  if (map_) {
+    std::lock_guard<std::mutex> l(g_live_tags_mu);
+    g_live_tags.insert(tag());
+  }
   // Unknown, they make servers refuse the mapping (with the reason), nothing else.
   if (auto start = ProcessStartTime(getpid()); start.ok()) start_time_ = *start;
   if (auto boot = BootId(); boot.ok()) boot_id_ = *boot;
@@ -271,12 +287,11 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
                             (fabric_ == Fabric::kAuto && !transport::RdmaDevicesPresent())));
     s.messages = s.direct == nullptr && messages;
     if (fabric_ == Fabric::kShm && s.direct == nullptr) {
-      const std::string why =
-          !options_.direct_access ? "direct access is off (--no-direct)"
-          : !(s.hello_flags & wire::kHelloMayMap)
-              ? "the server does not let this process map it: " +
-                    wire::HelloMapRefusal(s.hello_flags)
-              : "UCX cannot map it (is the server on another host?)";
+      const std::string why = !options_.direct_access ? "direct access is off (--no-direct)"
+                              : !(s.hello_flags & wire::kHelloMayMap)
+                                  ? "the server does not let this process map it: " +
+                                        wire::HelloMapRefusal(s.hello_flags)
+                                  : "UCX cannot map it (is the server on another host?)";
       return Status::Unavailable(s.name +
                                  ": transport shm needs the server's region mapped "
                                  "into this process, which failed (" +
@@ -311,6 +326,11 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
 }
 
 Pool::Impl::~Impl() {
+  if (map_) {
+    std::lock_guard<std::mutex> l(g_live_tags_mu);
+    auto it = g_live_tags.find(tag());
+    if (it != g_live_tags.end()) g_live_tags.erase(it);
+  }
   stop_monitor_.store(true);
   if (monitor_.joinable()) monitor_.join();
   if (allocator_) {
@@ -360,11 +380,9 @@ Result<std::unique_ptr<ThreadContext>> Pool::Impl::CreateThreadContext() {
 Status Pool::Impl::Hello(ThreadContext& tc, size_t index) {
   ServerState& s = *servers_[index];
   FARPOOL_ASSIGN_OR_RETURN(
-      Reply r,
-      Call(
-          tc, index,
-          [&](uint64_t id) { return wire::Encode(id, HelloFor(map_)); },
-          wire::Opcode::kHelloReply, options_.connect_timeout));
+      Reply r, Call(
+                   tc, index, [&](uint64_t id) { return wire::Encode(id, HelloFor(map_)); },
+                   wire::Opcode::kHelloReply, options_.connect_timeout));
   auto hello = r.message.As<wire::HelloReply>();
   if (hello.server_id != s.address.id) {
     return Status::Protocol(s.name + ": server says it is server " +
@@ -446,8 +464,9 @@ std::string Pool::Impl::WhyLost(size_t index) {
     if (!ep.ok()) break;  // the server's address does not resolve or accept: it is gone
     std::optional<std::string> why;
     // Not pinned again: the answer is all this hello is for.
-    if ((*ep)->SendAm(transport::kControlAm, wire::Encode(1, HelloFor(false)), true, deadline,
-                      nullptr)
+    if ((*ep)
+            ->SendAm(transport::kControlAm, wire::Encode(1, HelloFor(false)), true, deadline,
+                     nullptr)
             .ok()) {
       while (Clock::now() < deadline && !(*ep)->failed()) {
         auto it = box.replies.find(1);
@@ -457,7 +476,7 @@ std::string Pool::Impl::WhyLost(size_t index) {
         }
         auto m = wire::Decode(it->second);
         why = m.ok() && m->opcode == wire::Opcode::kErrorReply ? wire::DecodeError(*m).message()
-                                                                : "connection lost";
+                                                               : "connection lost";
         break;
       }
     }
@@ -762,6 +781,11 @@ Status Pool::Evict(uint32_t tag, std::chrono::milliseconds timeout) {
   if (tag == process_tag()) {
     return Status::InvalidArgument(what + ": that is this Pool's own tag");
   }
+  if (LiveInThisProcess(tag)) {
+    return Status::InvalidArgument(what +
+                                   ": that is another live Pool of this process, which may map "
+                                   "the servers' memory (a server would kill this process)");
+  }
   FARPOOL_ASSIGN_OR_RETURN(ThreadContext * tc, impl_->Local());
   const auto deadline = Clock::now() + timeout;
   // The servers never wait for a killed process to exit: ask each again until it has.
@@ -772,8 +796,7 @@ Status Pool::Evict(uint32_t tag, std::chrono::milliseconds timeout) {
     for (size_t index : pending) {
       const ServerState& s = *impl_->servers_[index];
       auto r = impl_->Call(
-          *tc, index,
-          [&](uint64_t id) { return wire::Encode(id, wire::EvictRequest{tag}); },
+          *tc, index, [&](uint64_t id) { return wire::Encode(id, wire::EvictRequest{tag}); },
           wire::Opcode::kEvictReply, impl_->options_.op_timeout);
       if (!r.ok()) {
         if (r.status().code() == StatusCode::kInvalidArgument) return r.status().WithContext(what);

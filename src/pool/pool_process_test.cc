@@ -463,15 +463,15 @@ struct RawClient {
           return UCS_OK;
         },
         &replies));
-    FARPOOL_ASSIGN_OR_RETURN(ep,
-                             transport::Endpoint::Connect(*worker, server.host, server.port, nullptr));
+    FARPOOL_ASSIGN_OR_RETURN(
+        ep, transport::Endpoint::Connect(*worker, server.host, server.port, nullptr));
     return Status::Ok();
   }
   // Sends `m` and waits for one more reply (at most 10 s).
   Result<wire::Message> Ask(const std::vector<std::byte>& m) {
     const size_t before = replies.size();
-    FARPOOL_RETURN_IF_ERROR(ep->SendAm(transport::kControlAm, m, true,
-                                       std::chrono::steady_clock::now() + 5s, nullptr));
+    FARPOOL_RETURN_IF_ERROR(
+        ep->SendAm(transport::kControlAm, m, true, std::chrono::steady_clock::now() + 5s, nullptr));
     const auto deadline = std::chrono::steady_clock::now() + 10s;
     while (replies.size() == before && std::chrono::steady_clock::now() < deadline) {
       worker->Progress();
@@ -547,6 +547,25 @@ TEST(Eviction, MessagesClientIsCutOffAndRefused) {
   EXPECT_TRUE(evictor->Evict(victim->process_tag()).ok()) << "idempotent";
   EXPECT_EQ(evictor->Evict(evictor->process_tag()).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(evictor->Evict(0).code(), StatusCode::kInvalidArgument);
+}
+
+// Two Pools of one process that map the same server share its pid: evicting one would kill
+// both, so Evict refuses; the sibling keeps working.
+TEST(Eviction, NeverEvictsAMappingPoolOfThisProcess) {
+  TestCluster cluster(Options(1, 16 << 20, Fabric::kShm));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto first = Connect(cluster, Fabric::kShm, {});
+  auto second = Connect(cluster, Fabric::kShm, {});
+  ASSERT_TRUE(first && second);
+  ASSERT_EQ(second->AccessPath(0), "direct");
+  Status s = first->Evict(second->process_tag());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("another live Pool of this process"), std::string::npos)
+      << s.message();
+  auto a = second->Alloc(64);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  uint64_t v = 7;
+  EXPECT_TRUE(second->Write(*a, &v, 8).ok());
 }
 
 // A hello asking to map, from a pid whose start time is not the hello's (a reused pid), or from
