@@ -2,8 +2,8 @@
 // journals live in the pool's file store (src/files), SQLite's locks on the file's lock word
 // with leases, so processes on different hosts share one database (docs/files.md).
 //
-//   sqlite3 -cmd ".load build/src/tier/farpool_vfs" \
-//           "file:social.db?vfs=farpool&cluster=/tmp/c/cluster.json"
+//   sqlite3 -cmd ".load build/src/tier/farpool_vfs" -cmd ".open file:social.db?vfs=farpool&cluster=/tmp/c/cluster.json" :memory:
+//   (the CLI opens a database named as an argument before it runs -cmd, hence .open)
 //
 // How it works: a process has one Connection (pool, store, lease slot) per cluster file,
 // opened with the first file and closed with the last. The main database, rollback journal,

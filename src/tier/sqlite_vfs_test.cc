@@ -163,7 +163,8 @@ TEST_F(SqliteVfsTest, TheCliWritesAndAnotherProcessReads) {
   // The command line of docs/files.md, with the cluster from the environment.
   const std::string cmd = std::string("FARPOOL_CLUSTER=") + cluster_->cluster_file() +
                           " sqlite3 -batch -cmd '.load " + FARPOOL_VFS_EXTENSION +
-                          "' 'file:rows.db?vfs=farpool' 'SELECT count(*) FROM t;' 2>&1";
+                          "' -cmd '.open file:rows.db?vfs=farpool' :memory: "
+                          "'SELECT count(*) FROM t;' 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::array<char, 256> buf{};
   std::string out;
@@ -175,7 +176,8 @@ TEST_F(SqliteVfsTest, TheCliWritesAndAnotherProcessReads) {
 TEST_F(SqliteVfsTest, NoClusterAndTooLongNamesAreExplained) {
   const std::string cmd = std::string("env -u FARPOOL_CLUSTER sqlite3 -batch -cmd '.load ") +
                           FARPOOL_VFS_EXTENSION +
-                          "' -cmd '.log stderr' 'file:x.db?vfs=farpool' 'SELECT 1;' 2>&1";
+                          "' -cmd '.log stderr' -cmd '.open file:x.db?vfs=farpool' :memory: "
+                          "'SELECT 1;' 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::array<char, 512> buf{};
   std::string out;
