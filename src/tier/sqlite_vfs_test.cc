@@ -63,11 +63,11 @@ class SqliteVfsTest : public ::testing::Test {
     std::string output;
   };
   // Runs `sqlite3 -batch` with `script` (after the preamble) on stdin.
-  Run Sql(const std::string& db, const std::string& script) const {
+  Run Sql(const std::string& db, const std::string& script, const std::string& before = "") const {
     static std::atomic<int> counter{0};
     const std::string file = Path("script-" + std::to_string(getpid()) + "-" +
                                   std::to_string(counter++) + ".sql");
-    std::ofstream(file) << Preamble(db) << script;
+    std::ofstream(file) << before << Preamble(db) << script;
     FILE* p = popen(("sqlite3 -batch < " + file + " 2>&1").c_str(), "r");
     std::string out;
     std::array<char, 4096> buf;
@@ -182,10 +182,12 @@ TEST_F(SqliteVfsTest, NoClusterAndTooLongNamesAreExplained) {
   std::array<char, 512> buf{};
   std::string out;
   while (fgets(buf.data(), buf.size(), p) != nullptr) out += buf.data();
-  EXPECT_NE(pclose(p), 0) << out;
+  pclose(p);  // the CLI goes on with its in-memory database
+  EXPECT_NE(out.find("unable to open database"), std::string::npos) << out;
   EXPECT_NE(out.find("cluster=PATH/cluster.json"), std::string::npos) << out;
 
-  Run r = Sql(std::string(300, 'n'), ".log stderr\nSELECT 1;\n");
+  Run r = Sql(std::string(300, 'n'), "SELECT 1;\n", ".log stderr\n");
+  EXPECT_NE(r.output.find("unable to open database"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("at most 255"), std::string::npos) << r.output;
 }
 
@@ -237,6 +239,9 @@ TEST_F(SqliteVfsTest, AKilledExclusiveHolderIsRolledBackAfterItsLease) {
          ".system touch " + Path("killed-a.ready") + "\n");
   ASSERT_TRUE(a.WaitFor(Path("killed-a.ready"))) << a.Output();
   a.Kill();
+  // Its EXCLUSIVE lock outlives it until the lease runs out.
+  Run early = Sql("killed.db", "SELECT count(*) FROM t;\n");
+  EXPECT_NE(early.output.find("database is locked"), std::string::npos) << early.output;
   ExpectRows("killed.db", ".timeout 20000\n");
   Run w = Sql("killed.db", ".timeout 20000\nUPDATE t SET v = v + 1 WHERE id = 1;\n"
                            "SELECT v FROM t WHERE id = 1;\n");
@@ -250,6 +255,8 @@ TEST_F(SqliteVfsTest, AKilledReservedHolderLetsTheNextWriterInAfterItsLease) {
          ".system touch " + Path("reserved-a.ready") + "\n");
   ASSERT_TRUE(a.WaitFor(Path("reserved-a.ready"))) << a.Output();
   a.Kill();
+  Run early = Sql("reserved.db", "BEGIN IMMEDIATE;\n");
+  EXPECT_NE(early.output.find("database is locked"), std::string::npos) << early.output;
   Run w = Sql("reserved.db", ".timeout 20000\nBEGIN IMMEDIATE;\nINSERT INTO t VALUES (20001, 0, '');\n"
                              "COMMIT;\nSELECT count(*) FROM t;\nPRAGMA integrity_check;\n");
   EXPECT_EQ(w.exit_code, 0) << w.output;
