@@ -42,8 +42,8 @@ GlobalAddress Field(GlobalAddress base, uint64_t offset) { return base + offset;
 Result<std::unique_ptr<FileStore>> FileStore::Open(Pool& pool) {
   const std::vector<uint16_t> ids = pool.server_ids();
   if (ids.empty()) return Status::InvalidArgument("file store: the cluster has no servers");
-  const GlobalAddress root = Pool::Root(*std::min_element(ids.begin(), ids.end())) +
-                             kStoreRootOffset;
+  const GlobalAddress root =
+      Pool::Root(*std::min_element(ids.begin(), ids.end())) + kStoreRootOffset;
   uint64_t image_raw = 0;
   FARPOOL_RETURN_IF_ERROR(pool.Read(root, &image_raw, 8).WithContext("file store root"));
   if (image_raw == 0) {
@@ -67,11 +67,10 @@ Result<std::unique_ptr<FileStore>> FileStore::Open(Pool& pool) {
   uint64_t head[4];
   FARPOOL_RETURN_IF_ERROR(pool.Read(image, head, sizeof(head)).WithContext("file store image"));
   if (head[0] != kStoreMagic || head[1] != kStoreVersion || head[2] != kExtentSize) {
-    return Status::Protocol("file store at " + image.ToString() + " (root word " +
-                            root.ToString() + ") is not a version-" +
-                            std::to_string(kStoreVersion) + " store (magic " +
-                            std::to_string(head[0]) + ", version " + std::to_string(head[1]) +
-                            ")");
+    return Status::Protocol("file store at " + image.ToString() + " (root word " + root.ToString() +
+                            ") is not a version-" + std::to_string(kStoreVersion) +
+                            " store (magic " + std::to_string(head[0]) + ", version " +
+                            std::to_string(head[1]) + ")");
   }
   return std::unique_ptr<FileStore>(new FileStore(pool, image, head[3]));
 }
@@ -111,9 +110,9 @@ Result<GlobalAddress> FileStore::Lookup(std::string_view name, bool insert) {
           empty = i;
           break;
         }
-        FARPOOL_RETURN_IF_ERROR(batch.Read(
-            Field(GlobalAddress::FromRaw(slots[i]), offsetof(FileHeader, name_length)), &names[i],
-            sizeof(Candidate)));
+        FARPOOL_RETURN_IF_ERROR(
+            batch.Read(Field(GlobalAddress::FromRaw(slots[i]), offsetof(FileHeader, name_length)),
+                       &names[i], sizeof(Candidate)));
       }
       FARPOOL_RETURN_IF_ERROR(batch.Wait());
       for (int i = 0; i < (empty < 0 ? kBucketSlots : empty); ++i) {
@@ -166,8 +165,8 @@ Result<std::unique_ptr<File>> FileStore::OpenFile(std::string_view name, OpenMod
 Status FileStore::Delete(std::string_view name) {
   FARPOOL_ASSIGN_OR_RETURN(std::unique_ptr<File> file, OpenFile(name, OpenMode::kExisting));
   FARPOOL_RETURN_IF_ERROR(file->Truncate(0));
-  FARPOOL_ASSIGN_OR_RETURN(uint64_t prev,
-                           pool_.CompareAndSwap(file->header() + offsetof(FileHeader, exists), 1, 0));
+  FARPOOL_ASSIGN_OR_RETURN(
+      uint64_t prev, pool_.CompareAndSwap(file->header() + offsetof(FileHeader, exists), 1, 0));
   if (prev != 1) return Status::NotFound("file '" + std::string(name) + "' does not exist");
   return Status::Ok();
 }
@@ -251,9 +250,8 @@ Status FileStore::ReleaseBlock(GlobalAddress block) {
 
 Status File::Refresh() {
   State fresh;
-  FARPOOL_RETURN_IF_ERROR(store_.pool()
-                              .Read(header_ + kHeaderStateOffset, &fresh, sizeof(fresh))
-                              .WithContext(Where()));
+  FARPOOL_RETURN_IF_ERROR(
+      store_.pool().Read(header_ + kHeaderStateOffset, &fresh, sizeof(fresh)).WithContext(Where()));
   if (fresh.generation != state_.generation) extents_.clear();
   state_ = fresh;
   return Status::Ok();
@@ -320,8 +318,8 @@ Status File::LoadExtents(uint64_t first, uint64_t last, bool allocate) {
   for (uint64_t i = first; i <= last; ++i) {
     if (mine[i - first] == 0) continue;
     const GlobalAddress leaf = GlobalAddress::FromRaw(state_.leaves[i / kLeafEntries]);
-    FARPOOL_RETURN_IF_ERROR(batch.CompareAndSwap(leaf + (i % kLeafEntries) * 8, 0,
-                                                 mine[i - first], &prev[i - first]));
+    FARPOOL_RETURN_IF_ERROR(
+        batch.CompareAndSwap(leaf + (i % kLeafEntries) * 8, 0, mine[i - first], &prev[i - first]));
   }
   FARPOOL_RETURN_IF_ERROR(batch.Wait().WithContext(Where() + ": extent map"));
   for (uint64_t i = first; i <= last; ++i) {
@@ -364,8 +362,8 @@ Status File::Write(uint64_t offset, const void* data, uint64_t n) {
   if (n == 0) return Status::Ok();
   if (offset > kMaxFileSize || n > kMaxFileSize - offset) {
     return Status::InvalidArgument(Where() + ": a write ending at " + std::to_string(offset + n) +
-                                   " is beyond the largest file (" +
-                                   std::to_string(kMaxFileSize) + " bytes)");
+                                   " is beyond the largest file (" + std::to_string(kMaxFileSize) +
+                                   " bytes)");
   }
   const uint64_t end = offset + n;
   FARPOOL_RETURN_IF_ERROR(LoadExtents(offset / kExtentSize, (end - 1) / kExtentSize, true));
@@ -393,8 +391,8 @@ Status File::WriteSize(uint64_t size) {
 Status File::Truncate(uint64_t size) {
   if (size > kMaxFileSize) {
     return Status::InvalidArgument(Where() + ": size " + std::to_string(size) +
-                                   " is beyond the largest file (" +
-                                   std::to_string(kMaxFileSize) + " bytes)");
+                                   " is beyond the largest file (" + std::to_string(kMaxFileSize) +
+                                   " bytes)");
   }
   const uint64_t old = state_.size;
   if (size >= old) return WriteSize(size);  // the new bytes are zero already (layout.h)
@@ -435,8 +433,8 @@ Status File::Truncate(uint64_t size) {
   for (int t = static_cast<int>((keep + kLeafEntries - 1) / kLeafEntries); t < kTopEntries; ++t) {
     if (state_.leaves[t] == 0) continue;
     FARPOOL_ASSIGN_OR_RETURN(
-        uint64_t was, pool.CompareAndSwap(header_ + offsetof(FileHeader, leaves) + t * 8,
-                                          state_.leaves[t], 0));
+        uint64_t was,
+        pool.CompareAndSwap(header_ + offsetof(FileHeader, leaves) + t * 8, state_.leaves[t], 0));
     if (was == state_.leaves[t]) {
       FARPOOL_RETURN_IF_ERROR(store_.ReleaseBlock(GlobalAddress::FromRaw(was)));
     }

@@ -154,13 +154,33 @@ TEST_F(FileStoreTest, ReleasedExtentsAreReusedZeroed) {
   EXPECT_TRUE(std::all_of(back.begin(), back.end(), [](auto c) { return c == 0; }));
 }
 
+TEST_F(FileStoreTest, AFullPoolFailsTheWriteAndKeepsTheFileUpToTheLastOne) {
+  auto f = Create("full.db");
+  ASSERT_NE(f, nullptr);
+  const auto chunk = Pattern(1 << 20, 5);
+  Status s;
+  uint64_t written = 0;
+  while ((s = f->Write(written, chunk.data(), chunk.size())).ok()) written += chunk.size();
+  EXPECT_EQ(s.code(), StatusCode::kOutOfMemory) << s.ToString();
+  EXPECT_NE(s.message().find("full.db"), std::string::npos) << s.ToString();
+  EXPECT_GT(written, 0u);
+  EXPECT_EQ(f->size(), written);
+  std::vector<unsigned char> back(chunk.size());
+  auto n = f->Read(written - chunk.size(), back.data(), back.size());
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(back, chunk);
+  ASSERT_TRUE(store_->Delete("full.db").ok());  // its extents go to the free list
+  auto g = Create("after-full.db");
+  ASSERT_NE(g, nullptr);
+  EXPECT_TRUE(g->Write(0, chunk.data(), chunk.size()).ok());
+}
+
 TEST_F(FileStoreTest, BadNamesAndRangesAreExplained) {
   auto f = store_->OpenFile(std::string(300, 'x'), OpenMode::kCreate);
   ASSERT_FALSE(f.ok());
   EXPECT_EQ(f.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(f.status().message().find("at most 255"), std::string::npos) << f.status().message();
-  EXPECT_EQ(store_->OpenFile("", OpenMode::kCreate).status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->OpenFile("", OpenMode::kCreate).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(store_->OpenFile("never-created", OpenMode::kExisting).status().code(),
             StatusCode::kNotFound);
   auto g = Create("excl.db");

@@ -2,8 +2,9 @@
 // journals live in the pool's file store (src/files), SQLite's locks on the file's lock word
 // with leases, so processes on different hosts share one database (docs/files.md).
 //
-//   sqlite3 -cmd ".load build/src/tier/farpool_vfs" -cmd ".open file:social.db?vfs=farpool&cluster=/tmp/c/cluster.json" :memory:
-//   (the CLI opens a database named as an argument before it runs -cmd, hence .open)
+//   sqlite3 -cmd ".load build/src/tier/farpool_vfs" -cmd ".open
+//   file:social.db?vfs=farpool&cluster=/tmp/c/cluster.json" :memory: (the CLI opens a database
+//   named as an argument before it runs -cmd, hence .open)
 //
 // How it works: a process has one Connection (pool, store, lease slot) per cluster file,
 // opened with the first file and closed with the last. The main database, rollback journal,
@@ -215,14 +216,17 @@ int DeviceCharacteristics(sqlite3_file*) {
 
 const sqlite3_io_methods kMethods = {
     1,  // iVersion: no xShm*, so WAL needs PRAGMA locking_mode=EXCLUSIVE
-    Close, Read, Write, Truncate, Sync, FileSize, Lock, Unlock, CheckReservedLock, FileControl,
-    SectorSize, DeviceCharacteristics,
-    nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+    Close,       Read,       Write,
+    Truncate,    Sync,       FileSize,
+    Lock,        Unlock,     CheckReservedLock,
+    FileControl, SectorSize, DeviceCharacteristics,
+    nullptr,     nullptr,    nullptr,
+    nullptr,     nullptr,    nullptr};
 
 // ------------------------------------------------------------------- sqlite3_vfs
 
-constexpr int kStoreFiles = SQLITE_OPEN_MAIN_DB | SQLITE_OPEN_MAIN_JOURNAL | SQLITE_OPEN_WAL |
-                            SQLITE_OPEN_SUPER_JOURNAL;
+constexpr int kStoreFiles =
+    SQLITE_OPEN_MAIN_DB | SQLITE_OPEN_MAIN_JOURNAL | SQLITE_OPEN_WAL | SQLITE_OPEN_SUPER_JOURNAL;
 
 int Open(sqlite3_vfs*, const char* name, sqlite3_file* f, int flags, int* out_flags) {
   if (name == nullptr || (flags & kStoreFiles) == 0) {
@@ -302,16 +306,28 @@ int CurrentTimeInt64(sqlite3_vfs*, sqlite3_int64* t) {
   return g_default->xCurrentTimeInt64(g_default, t);
 }
 
-sqlite3_vfs g_vfs = {
-    2,  // iVersion
-    0,  // szOsFile: set at registration
-    1024,
-    nullptr,
-    "farpool",
-    nullptr,
-    Open, Delete, Access, FullPathname, DlOpen, DlError, DlSym, DlClose, Randomness, Sleep,
-    CurrentTime, GetLastError, CurrentTimeInt64,
-    nullptr, nullptr, nullptr};
+sqlite3_vfs g_vfs = {2,  // iVersion
+                     0,  // szOsFile: set at registration
+                     1024,
+                     nullptr,
+                     "farpool",
+                     nullptr,
+                     Open,
+                     Delete,
+                     Access,
+                     FullPathname,
+                     DlOpen,
+                     DlError,
+                     DlSym,
+                     DlClose,
+                     Randomness,
+                     Sleep,
+                     CurrentTime,
+                     GetLastError,
+                     CurrentTimeInt64,
+                     nullptr,
+                     nullptr,
+                     nullptr};
 
 }  // namespace
 }  // namespace farpool::files

@@ -65,8 +65,8 @@ class SqliteVfsTest : public ::testing::Test {
   // Runs `sqlite3 -batch` with `script` (after the preamble) on stdin.
   Run Sql(const std::string& db, const std::string& script, const std::string& before = "") const {
     static std::atomic<int> counter{0};
-    const std::string file = Path("script-" + std::to_string(getpid()) + "-" +
-                                  std::to_string(counter++) + ".sql");
+    const std::string file =
+        Path("script-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + ".sql");
     std::ofstream(file) << before << Preamble(db) << script;
     FILE* p = popen(("sqlite3 -batch < " + file + " 2>&1").c_str(), "r");
     std::string out;
@@ -243,8 +243,9 @@ TEST_F(SqliteVfsTest, AKilledExclusiveHolderIsRolledBackAfterItsLease) {
   Run early = Sql("killed.db", "SELECT count(*) FROM t;\n");
   EXPECT_NE(early.output.find("database is locked"), std::string::npos) << early.output;
   ExpectRows("killed.db", ".timeout 20000\n");
-  Run w = Sql("killed.db", ".timeout 20000\nUPDATE t SET v = v + 1 WHERE id = 1;\n"
-                           "SELECT v FROM t WHERE id = 1;\n");
+  Run w = Sql("killed.db",
+              ".timeout 20000\nUPDATE t SET v = v + 1 WHERE id = 1;\n"
+              "SELECT v FROM t WHERE id = 1;\n");
   EXPECT_EQ(w.output, "8\n");
 }
 
@@ -257,10 +258,23 @@ TEST_F(SqliteVfsTest, AKilledReservedHolderLetsTheNextWriterInAfterItsLease) {
   a.Kill();
   Run early = Sql("reserved.db", "BEGIN IMMEDIATE;\n");
   EXPECT_NE(early.output.find("database is locked"), std::string::npos) << early.output;
-  Run w = Sql("reserved.db", ".timeout 20000\nBEGIN IMMEDIATE;\nINSERT INTO t VALUES (20001, 0, '');\n"
-                             "COMMIT;\nSELECT count(*) FROM t;\nPRAGMA integrity_check;\n");
+  Run w = Sql("reserved.db",
+              ".timeout 20000\nBEGIN IMMEDIATE;\nINSERT INTO t VALUES (20001, 0, '');\n"
+              "COMMIT;\nSELECT count(*) FROM t;\nPRAGMA integrity_check;\n");
   EXPECT_EQ(w.exit_code, 0) << w.output;
   EXPECT_EQ(w.output, "10001\nok\n");
+}
+
+TEST_F(SqliteVfsTest, AFullPoolIsSqliteFullAndTheDatabaseStaysIntact) {
+  CreateRows("full.db");
+  Run r = Sql("full.db",
+              "CREATE TABLE big(b BLOB);\n"
+              "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 400)\n"
+              "  INSERT INTO big SELECT randomblob(1000000) FROM c;\n",
+              ".log stderr\n");
+  EXPECT_NE(r.output.find("database or disk is full"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("OutOfMemory"), std::string::npos) << r.output;
+  ExpectRows("full.db");
 }
 
 TEST_F(SqliteVfsTest, WalWorksWithExclusiveLocking) {
