@@ -154,7 +154,10 @@ class Pool {
   std::string AccessPath(uint16_t id) const;
 
   // The root area of server `id`: kRootSize bytes at a fixed address that every client of
-  // the cluster knows (the database keeps its catalog at server 0's root). Zero at start.
+  // the cluster knows. Zero at start. Who owns which bytes of the lowest-id server's area:
+  //   [0, kRootSize - 64)         the database catalog (src/db/nam, from byte 0)
+  //   [kRootSize - 64, kRootSize) the file store (src/files/layout.h: its first word points
+  //                               to the store, set once by CAS)
   static constexpr uint64_t kRootSize = 4096 - 64;
   static constexpr GlobalAddress Root(uint16_t id) { return GlobalAddress(id, 64); }
 

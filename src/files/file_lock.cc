@@ -1,0 +1,152 @@
+#include "files/file_lock.h"
+
+#include <string>
+#include <vector>
+
+namespace farpool::files {
+namespace {
+
+static_assert(kLeaseSlots <= 56, "one reader bit per lease slot below the writer field");
+constexpr uint64_t kReaders = (uint64_t{1} << 56) - 1;
+constexpr int kWriterShift = 56;
+constexpr uint64_t kWriterField = uint64_t{0x3f} << kWriterShift;
+constexpr uint64_t kPendingBit = uint64_t{1} << 62;
+constexpr uint64_t kExclusiveBit = uint64_t{1} << 63;
+
+int Writer(uint64_t w) { return static_cast<int>((w & kWriterField) >> kWriterShift) - 1; }
+uint64_t WithWriter(uint64_t w, int slot) {
+  return (w & ~kWriterField) | (uint64_t(slot + 1) << kWriterShift);
+}
+// `w` without anything slot `slot` holds; with `keep_shared`, its SHARED bit stays.
+uint64_t Without(uint64_t w, int slot, bool keep_shared) {
+  if (!keep_shared) w &= ~(uint64_t{1} << slot);
+  if (Writer(w) == slot) w &= ~(kWriterField | kPendingBit | kExclusiveBit);
+  return w;
+}
+
+}  // namespace
+
+Status FileLock::Conflict(int slot, const char* what) {
+  FARPOOL_ASSIGN_OR_RETURN(bool dead, leases_.Dead(slot));
+  if (!dead) {
+    return Status::Aborted(std::string(what) + " is held by the process of lease slot " +
+                           std::to_string(slot));
+  }
+  return leases_.Reclaim(slot);
+}
+
+Status FileLock::Lock(LockLevel level) {
+  FARPOOL_RETURN_IF_ERROR(leases_.Check());
+  const int me = leases_.slot();
+  const uint64_t mine = uint64_t{1} << me;
+  uint64_t w = 0;
+  FARPOOL_RETURN_IF_ERROR(pool_.Read(word_, &w, 8));
+  for (;;) {
+    const int writer = Writer(w);
+    const bool other_writer = writer >= 0 && writer != me;
+    uint64_t desired = w;
+    LockLevel reached = level;
+    if (level == LockLevel::kShared) {
+      if (other_writer && (w & (kPendingBit | kExclusiveBit)) != 0) {
+        FARPOOL_RETURN_IF_ERROR(Conflict(writer, "a PENDING or EXCLUSIVE lock"));
+        FARPOOL_RETURN_IF_ERROR(pool_.Read(word_, &w, 8));
+        continue;
+      }
+      desired = w | mine;
+    } else {
+      if (other_writer) {
+        FARPOOL_RETURN_IF_ERROR(Conflict(writer, "a RESERVED or higher lock"));
+        FARPOOL_RETURN_IF_ERROR(pool_.Read(word_, &w, 8));
+        continue;
+      }
+      desired = WithWriter(w, me) | mine;
+      if (level != LockLevel::kReserved) {
+        desired |= kPendingBit;
+        if ((w & kReaders & ~mine) == 0) {
+          desired |= kExclusiveBit;
+          reached = LockLevel::kExclusive;
+        } else {
+          reached = LockLevel::kPending;
+        }
+      }
+    }
+    if (desired != w) {
+      FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, pool_.CompareAndSwap(word_, w, desired));
+      if (prev != w) {
+        w = prev;
+        continue;
+      }
+      w = desired;
+    }
+    level_ = reached;
+    if (reached != LockLevel::kPending || level == LockLevel::kPending) return Status::Ok();
+    // EXCLUSIVE waits for the other readers; a dead one is swept and the request retried.
+    bool swept = false;
+    for (int s = 0; s < kLeaseSlots; ++s) {
+      if (s == me || (w & (uint64_t{1} << s)) == 0) continue;
+      Status c = Conflict(s, "a SHARED lock");
+      if (c.ok()) {
+        swept = true;
+      } else if (c.code() != StatusCode::kAborted) {
+        return c;
+      }
+    }
+    if (!swept) {
+      return Status::Aborted("EXCLUSIVE waits for other readers to leave (PENDING held)");
+    }
+    FARPOOL_RETURN_IF_ERROR(pool_.Read(word_, &w, 8));
+  }
+}
+
+Status FileLock::Unlock(LockLevel level) {
+  const int me = leases_.slot();
+  uint64_t w = 0;
+  FARPOOL_RETURN_IF_ERROR(pool_.Read(word_, &w, 8));
+  for (;;) {
+    const uint64_t desired = Without(w, me, level == LockLevel::kShared);
+    if (desired == w) break;
+    FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, pool_.CompareAndSwap(word_, w, desired));
+    if (prev == w) break;
+    w = prev;
+  }
+  level_ = level;
+  return Status::Ok();
+}
+
+Result<bool> FileLock::ReservedElsewhere() {
+  const int me = leases_.slot();
+  for (;;) {
+    uint64_t w = 0;
+    FARPOOL_RETURN_IF_ERROR(pool_.Read(word_, &w, 8));
+    const int writer = Writer(w);
+    if (writer < 0 || writer == me) return false;
+    Status c = Conflict(writer, "RESERVED");
+    if (c.code() == StatusCode::kAborted) return true;
+    FARPOOL_RETURN_IF_ERROR(c);
+  }
+}
+
+Status ClearSlot(FileStore& store, int slot) {
+  Pool& pool = store.pool();
+  FARPOOL_ASSIGN_OR_RETURN(std::vector<GlobalAddress> headers, store.Headers());
+  std::vector<uint64_t> words(headers.size());
+  Batch batch(pool);
+  for (size_t i = 0; i < headers.size(); ++i) {
+    FARPOOL_RETURN_IF_ERROR(batch.Read(headers[i] + offsetof(FileHeader, lock), &words[i], 8));
+  }
+  FARPOOL_RETURN_IF_ERROR(batch.Wait());
+  for (size_t i = 0; i < headers.size(); ++i) {
+    uint64_t w = words[i];
+    for (;;) {
+      const uint64_t desired = Without(w, slot, false);
+      if (desired == w) break;
+      FARPOOL_ASSIGN_OR_RETURN(
+          uint64_t prev, pool.CompareAndSwap(headers[i] + offsetof(FileHeader, lock), w, desired));
+      if (prev == w) break;
+      w = prev;
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace farpool::files

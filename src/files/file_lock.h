@@ -1,0 +1,66 @@
+// FileLock: SQLite's five lock levels on a file's lock word in the pool (FileHeader::lock),
+// changed only with CAS, so processes on any host share a database: many readers or one
+// writer.
+//
+// The word (each process is named by its lease slot s, lease.h):
+//   bits 0..55   SHARED: bit s set while slot s holds at least SHARED
+//   bits 56..61  the writer: s + 1 while slot s holds RESERVED, PENDING or EXCLUSIVE; 0 if none
+//   bit 62       PENDING: the writer waits for readers to leave; no new SHARED is granted
+//   bit 63       EXCLUSIVE: the writer is alone (no other SHARED bit)
+//
+// How it works: every Lock/Unlock reads the word, computes the new one and CASes, retrying on
+// a lost race. A request that conflicts with a holder asks the lease table whether the holder
+// is dead; if so it sweeps the holder's slot (its bits leave every lock word, lease.h) and
+// retries, else it returns Aborted (SQLITE_BUSY: SQLite's busy handler sleeps and calls again,
+// so a dead holder's lock is broken after lease + margin of retries). Lock(kExclusive) that
+// finds other readers keeps PENDING (level() becomes kPending) and returns Aborted, as SQLite
+// expects. One difference from the unix VFS: PENDING and RESERVED are one writer field, so a
+// process going from SHARED to EXCLUSIVE (hot-journal recovery) is busy while another holds
+// RESERVED; SQLite only recovers when no RESERVED is held anyway.
+//
+// Every Lock first checks this process's own lease (LeaseTable::Check): a process that lost
+// it gets IoError and must reopen.
+//
+// Thread-safety: one FileLock per open file, used by one thread at a time.
+// REQUIRES: the lease table outlives it.
+#pragma once
+
+#include <cstdint>
+
+#include "files/file_store.h"
+#include "files/lease.h"
+
+namespace farpool::files {
+
+enum class LockLevel : int { kNone = 0, kShared, kReserved, kPending, kExclusive };
+
+class FileLock {
+ public:
+  FileLock(Pool& pool, GlobalAddress word, LeaseTable& leases)
+      : pool_(pool), word_(word), leases_(leases) {}
+
+  // Raises the lock to `level` (kShared, kReserved or kExclusive). Aborted when another live
+  // process holds a conflicting lock (the message names its slot).
+  // REQUIRES: level > level(); kReserved only from kShared.
+  Status Lock(LockLevel level);
+  // Lowers the lock to kShared or kNone.
+  Status Unlock(LockLevel level);
+  // Whether another live process holds RESERVED or more (a dead one is swept first).
+  Result<bool> ReservedElsewhere();
+  LockLevel level() const { return level_; }
+
+ private:
+  // Resolves a conflict with `slot`: sweeps it and returns OK if it is dead, else Aborted.
+  Status Conflict(int slot, const char* what);
+
+  Pool& pool_;
+  const GlobalAddress word_;
+  LeaseTable& leases_;
+  LockLevel level_ = LockLevel::kNone;
+};
+
+// Removes lease slot `slot`'s bits from the lock word of every file in the store (the sweep of
+// lease.h).
+Status ClearSlot(FileStore& store, int slot);
+
+}  // namespace farpool::files

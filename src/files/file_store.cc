@@ -1,0 +1,449 @@
+#include "files/file_store.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace farpool::files {
+namespace {
+
+constexpr uint64_t kNameBuckets = kNameSlots / kBucketSlots;
+constexpr uint64_t kFreeWindow = 512;  // free-list words read at once (4 KiB)
+
+const unsigned char* Zeros() {
+  static const auto* zeros = new unsigned char[kExtentSize]();
+  return zeros;
+}
+
+uint64_t HashName(std::string_view name) {  // FNV-1a
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+Status CheckName(std::string_view name) {
+  if (name.empty()) return Status::InvalidArgument("file name is empty");
+  if (name.size() > kMaxNameLength) {
+    return Status::InvalidArgument("file name '" + std::string(name.substr(0, 40)) + "...' is " +
+                                   std::to_string(name.size()) + " bytes; at most " +
+                                   std::to_string(kMaxNameLength) + " are allowed");
+  }
+  if (name.find('\0') != std::string_view::npos) {
+    return Status::InvalidArgument("file name contains a NUL byte");
+  }
+  return Status::Ok();
+}
+
+GlobalAddress Field(GlobalAddress base, uint64_t offset) { return base + offset; }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- FileStore
+
+Result<std::unique_ptr<FileStore>> FileStore::Open(Pool& pool) {
+  const std::vector<uint16_t> ids = pool.server_ids();
+  if (ids.empty()) return Status::InvalidArgument("file store: the cluster has no servers");
+  const GlobalAddress root =
+      Pool::Root(*std::min_element(ids.begin(), ids.end())) + kStoreRootOffset;
+  uint64_t image_raw = 0;
+  FARPOOL_RETURN_IF_ERROR(pool.Read(root, &image_raw, 8).WithContext("file store root"));
+  if (image_raw == 0) {
+    // Nobody created the store yet: build a complete image, then publish it with one CAS.
+    auto image = std::make_unique<StoreImage>();
+    image->magic = kStoreMagic;
+    image->version = kStoreVersion;
+    image->extent_size = kExtentSize;
+    image->lease_ms = 1500;
+    FARPOOL_ASSIGN_OR_RETURN(GlobalAddress mine, pool.Alloc(sizeof(StoreImage)));
+    FARPOOL_RETURN_IF_ERROR(pool.Write(mine, image.get(), sizeof(StoreImage)));
+    FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, pool.CompareAndSwap(root, 0, mine.raw()));
+    if (prev == 0) {
+      image_raw = mine.raw();
+    } else {
+      FARPOOL_RETURN_IF_ERROR(pool.Free(mine));
+      image_raw = prev;
+    }
+  }
+  const GlobalAddress image = GlobalAddress::FromRaw(image_raw);
+  uint64_t head[4];
+  FARPOOL_RETURN_IF_ERROR(pool.Read(image, head, sizeof(head)).WithContext("file store image"));
+  if (head[0] != kStoreMagic || head[1] != kStoreVersion || head[2] != kExtentSize) {
+    return Status::Protocol("file store at " + image.ToString() + " (root word " + root.ToString() +
+                            ") is not a version-" + std::to_string(kStoreVersion) +
+                            " store (magic " + std::to_string(head[0]) + ", version " +
+                            std::to_string(head[1]) + ")");
+  }
+  return std::unique_ptr<FileStore>(new FileStore(pool, image, head[3]));
+}
+
+Result<GlobalAddress> FileStore::Lookup(std::string_view name, bool insert) {
+  FARPOOL_RETURN_IF_ERROR(CheckName(name));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = headers_.find(name);
+    if (it != headers_.end()) return it->second;
+  }
+  GlobalAddress mine;  // a header of ours not yet published
+  auto finish = [&](GlobalAddress found) -> Result<GlobalAddress> {
+    if (!mine.is_null() && mine != found) FARPOOL_RETURN_IF_ERROR(pool_.Free(mine));
+    if (!found.is_null()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      headers_.emplace(std::string(name), found);
+    }
+    return found;
+  };
+  const uint64_t start = HashName(name) % kNameBuckets;
+  for (uint64_t probe = 0; probe < kNameBuckets; ++probe) {
+    const GlobalAddress bucket =
+        image_ + offsetof(StoreImage, names) + ((start + probe) % kNameBuckets) * 8 * kBucketSlots;
+    for (;;) {
+      uint64_t slots[kBucketSlots];
+      FARPOOL_RETURN_IF_ERROR(pool_.Read(bucket, slots, sizeof(slots)));
+      struct Candidate {
+        uint64_t length;
+        char name[kMaxNameLength + 1];
+      };
+      std::vector<Candidate> names(kBucketSlots);
+      Batch batch(pool_);
+      int empty = -1;
+      for (int i = 0; i < kBucketSlots; ++i) {
+        if (slots[i] == 0) {
+          empty = i;
+          break;
+        }
+        FARPOOL_RETURN_IF_ERROR(
+            batch.Read(Field(GlobalAddress::FromRaw(slots[i]), offsetof(FileHeader, name_length)),
+                       &names[i], sizeof(Candidate)));
+      }
+      FARPOOL_RETURN_IF_ERROR(batch.Wait());
+      for (int i = 0; i < (empty < 0 ? kBucketSlots : empty); ++i) {
+        if (names[i].length == name.size() &&
+            std::memcmp(names[i].name, name.data(), name.size()) == 0) {
+          return finish(GlobalAddress::FromRaw(slots[i]));
+        }
+      }
+      if (empty < 0) break;  // full bucket: the name may be further along
+      if (!insert) return finish(GlobalAddress());
+      if (mine.is_null()) {
+        auto header = std::make_unique<FileHeader>();
+        header->magic = kHeaderMagic;
+        header->name_length = name.size();
+        std::memcpy(header->name, name.data(), name.size());
+        FARPOOL_ASSIGN_OR_RETURN(mine, pool_.Alloc(sizeof(FileHeader)));
+        FARPOOL_RETURN_IF_ERROR(pool_.Write(mine, header.get(), sizeof(FileHeader)));
+      }
+      FARPOOL_ASSIGN_OR_RETURN(uint64_t prev,
+                               pool_.CompareAndSwap(bucket + empty * 8, 0, mine.raw()));
+      if (prev == 0) return finish(mine);
+      // Another creator took the slot (maybe for this very name): look at the bucket again.
+    }
+  }
+  if (!mine.is_null()) FARPOOL_RETURN_IF_ERROR(pool_.Free(mine));
+  return Status::OutOfMemory("file store: the name table is full (" + std::to_string(kNameSlots) +
+                             " names)");
+}
+
+Result<std::unique_ptr<File>> FileStore::OpenFile(std::string_view name, OpenMode mode) {
+  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress header, Lookup(name, mode != OpenMode::kExisting));
+  const std::string where = "file '" + std::string(name) + "'";
+  if (header.is_null()) return Status::NotFound(where + " does not exist");
+  const GlobalAddress exists = header + offsetof(FileHeader, exists);
+  if (mode == OpenMode::kExisting) {
+    uint64_t e = 0;
+    FARPOOL_RETURN_IF_ERROR(pool_.Read(exists, &e, 8).WithContext(where));
+    if (e == 0) return Status::NotFound(where + " does not exist");
+  } else {
+    FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, pool_.CompareAndSwap(exists, 0, 1));
+    if (prev != 0 && mode == OpenMode::kCreateExclusive) {
+      return Status::InvalidArgument(where + " already exists");
+    }
+  }
+  auto file = std::unique_ptr<File>(new File(*this, std::string(name), header));
+  FARPOOL_RETURN_IF_ERROR(file->Refresh());
+  return file;
+}
+
+Status FileStore::Delete(std::string_view name) {
+  FARPOOL_ASSIGN_OR_RETURN(std::unique_ptr<File> file, OpenFile(name, OpenMode::kExisting));
+  FARPOOL_RETURN_IF_ERROR(file->Truncate(0));
+  FARPOOL_ASSIGN_OR_RETURN(
+      uint64_t prev, pool_.CompareAndSwap(file->header() + offsetof(FileHeader, exists), 1, 0));
+  if (prev != 1) return Status::NotFound("file '" + std::string(name) + "' does not exist");
+  return Status::Ok();
+}
+
+Result<bool> FileStore::Exists(std::string_view name) {
+  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress header, Lookup(name, false));
+  if (header.is_null()) return false;
+  uint64_t e = 0;
+  FARPOOL_RETURN_IF_ERROR(pool_.Read(header + offsetof(FileHeader, exists), &e, 8));
+  return e != 0;
+}
+
+Result<std::vector<GlobalAddress>> FileStore::Headers() {
+  std::vector<uint64_t> slots(kNameSlots);
+  FARPOOL_RETURN_IF_ERROR(
+      pool_.Read(image_ + offsetof(StoreImage, names), slots.data(), slots.size() * 8));
+  std::vector<GlobalAddress> headers;
+  for (uint64_t s : slots) {
+    if (s != 0) headers.push_back(GlobalAddress::FromRaw(s));
+  }
+  return headers;
+}
+
+Status FileStore::ZeroBlock(GlobalAddress block) {
+  return pool_.Write(block, Zeros(), kExtentSize);
+}
+
+Result<GlobalAddress> FileStore::TakeBlock() {
+  const GlobalAddress count = image_ + offsetof(StoreImage, free_count);
+  uint64_t available = 0;
+  FARPOOL_RETURN_IF_ERROR(pool_.Read(count, &available, 8));
+  if (available != 0 && available <= kFreeSlots) {
+    uint64_t hint;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      hint = free_hint_;
+    }
+    std::vector<uint64_t> window(kFreeWindow);
+    for (uint64_t w = 0; w < kFreeSlots / kFreeWindow; ++w) {
+      const uint64_t first = ((hint + w) % (kFreeSlots / kFreeWindow)) * kFreeWindow;
+      const GlobalAddress at = image_ + offsetof(StoreImage, free) + first * 8;
+      FARPOOL_RETURN_IF_ERROR(pool_.Read(at, window.data(), kFreeWindow * 8));
+      for (uint64_t i = 0; i < kFreeWindow; ++i) {
+        if (window[i] == 0) continue;
+        FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, pool_.CompareAndSwap(at + i * 8, window[i], 0));
+        if (prev != window[i]) continue;
+        FARPOOL_RETURN_IF_ERROR(pool_.FetchAdd(count, ~uint64_t{0}).status());
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          free_hint_ = first / kFreeWindow;
+        }
+        const GlobalAddress block = GlobalAddress::FromRaw(prev);
+        FARPOOL_RETURN_IF_ERROR(ZeroBlock(block));
+        return block;
+      }
+    }
+  }
+  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress block, pool_.Alloc(kExtentSize));
+  FARPOOL_RETURN_IF_ERROR(ZeroBlock(block));
+  return block;
+}
+
+Status FileStore::ReleaseBlock(GlobalAddress block) {
+  std::vector<uint64_t> window(kFreeWindow);
+  for (uint64_t first = 0; first < kFreeSlots; first += kFreeWindow) {
+    const GlobalAddress at = image_ + offsetof(StoreImage, free) + first * 8;
+    FARPOOL_RETURN_IF_ERROR(pool_.Read(at, window.data(), kFreeWindow * 8));
+    for (uint64_t i = 0; i < kFreeWindow; ++i) {
+      if (window[i] != 0) continue;
+      FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, pool_.CompareAndSwap(at + i * 8, 0, block.raw()));
+      if (prev != 0) continue;
+      return pool_.FetchAdd(image_ + offsetof(StoreImage, free_count), 1).status();
+    }
+  }
+  if (pool_.Free(block).ok()) return Status::Ok();
+  // Another process's object with the free list full: it stays allocated, counted.
+  return pool_.FetchAdd(image_ + offsetof(StoreImage, leaked), 1).status();
+}
+
+// ---------------------------------------------------------------------------- File
+
+Status File::Refresh() {
+  State fresh;
+  FARPOOL_RETURN_IF_ERROR(
+      store_.pool().Read(header_ + kHeaderStateOffset, &fresh, sizeof(fresh)).WithContext(Where()));
+  if (fresh.generation != state_.generation) extents_.clear();
+  state_ = fresh;
+  return Status::Ok();
+}
+
+Status File::EnsureLeaf(int top) {
+  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress leaf, store_.TakeBlock());
+  FARPOOL_ASSIGN_OR_RETURN(
+      uint64_t prev, store_.pool().CompareAndSwap(header_ + offsetof(FileHeader, leaves) + top * 8,
+                                                  0, leaf.raw()));
+  if (prev != 0) {
+    FARPOOL_RETURN_IF_ERROR(store_.ReleaseBlock(leaf));
+    state_.leaves[top] = prev;
+  } else {
+    state_.leaves[top] = leaf.raw();
+  }
+  return Status::Ok();
+}
+
+Status File::LoadExtents(uint64_t first, uint64_t last, bool allocate) {
+  if (extents_.size() <= last) extents_.resize(last + 1, 0);
+  auto missing = [&] {
+    return std::any_of(extents_.begin() + first, extents_.begin() + last + 1,
+                       [](uint64_t e) { return e == 0; });
+  };
+  if (!missing()) return Status::Ok();
+  const int top_first = static_cast<int>(first / kLeafEntries);
+  const int top_last = static_cast<int>(last / kLeafEntries);
+  for (int t = top_first; t <= top_last; ++t) {
+    if (state_.leaves[t] != 0) continue;
+    // Another process may have added the leaf since this handle read the header.
+    FARPOOL_RETURN_IF_ERROR(Refresh());
+    if (extents_.size() <= last) extents_.resize(last + 1, 0);
+    break;
+  }
+  Batch batch(store_.pool());
+  for (int t = top_first; t <= top_last; ++t) {
+    if (state_.leaves[t] == 0) {
+      if (!allocate) continue;
+      FARPOOL_RETURN_IF_ERROR(EnsureLeaf(t));
+    }
+    const uint64_t lo = std::max<uint64_t>(first, t * kLeafEntries);
+    const uint64_t hi = std::min<uint64_t>(last, (t + 1) * kLeafEntries - 1);
+    const GlobalAddress leaf = GlobalAddress::FromRaw(state_.leaves[t]);
+    FARPOOL_RETURN_IF_ERROR(
+        batch.Read(leaf + (lo % kLeafEntries) * 8, &extents_[lo], (hi - lo + 1) * 8));
+  }
+  FARPOOL_RETURN_IF_ERROR(batch.Wait().WithContext(Where() + ": extent map"));
+  if (!allocate || !missing()) return Status::Ok();
+
+  // Publish a zeroed extent for every hole in the range; a concurrent writer's wins.
+  std::vector<uint64_t> mine(last + 1 - first, 0), prev(last + 1 - first, 0);
+  for (uint64_t i = first; i <= last; ++i) {
+    if (extents_[i] != 0) continue;
+    auto block = store_.TakeBlock();
+    if (!block.ok()) {
+      for (uint64_t m : mine) {
+        if (m != 0) (void)store_.ReleaseBlock(GlobalAddress::FromRaw(m));
+      }
+      return block.status().WithContext(Where());
+    }
+    mine[i - first] = block->raw();
+  }
+  for (uint64_t i = first; i <= last; ++i) {
+    if (mine[i - first] == 0) continue;
+    const GlobalAddress leaf = GlobalAddress::FromRaw(state_.leaves[i / kLeafEntries]);
+    FARPOOL_RETURN_IF_ERROR(
+        batch.CompareAndSwap(leaf + (i % kLeafEntries) * 8, 0, mine[i - first], &prev[i - first]));
+  }
+  FARPOOL_RETURN_IF_ERROR(batch.Wait().WithContext(Where() + ": extent map"));
+  for (uint64_t i = first; i <= last; ++i) {
+    const uint64_t m = mine[i - first];
+    if (m == 0) continue;
+    if (prev[i - first] == 0) {
+      extents_[i] = m;
+    } else {
+      extents_[i] = prev[i - first];
+      FARPOOL_RETURN_IF_ERROR(store_.ReleaseBlock(GlobalAddress::FromRaw(m)));
+    }
+  }
+  return Status::Ok();
+}
+
+Result<uint64_t> File::Read(uint64_t offset, void* out, uint64_t n) {
+  const uint64_t avail = offset >= state_.size ? 0 : std::min(n, state_.size - offset);
+  auto* dst = static_cast<unsigned char*>(out);
+  std::memset(dst + avail, 0, n - avail);
+  if (avail == 0) return uint64_t{0};
+  const uint64_t first = offset / kExtentSize, last = (offset + avail - 1) / kExtentSize;
+  FARPOOL_RETURN_IF_ERROR(LoadExtents(first, last, false));
+  Batch batch(store_.pool());
+  for (uint64_t pos = offset; pos < offset + avail;) {
+    const uint64_t i = pos / kExtentSize, in = pos % kExtentSize;
+    const uint64_t len = std::min(kExtentSize - in, offset + avail - pos);
+    if (extents_[i] == 0) {
+      std::memset(dst + (pos - offset), 0, len);  // a hole
+    } else {
+      FARPOOL_RETURN_IF_ERROR(
+          batch.Read(GlobalAddress::FromRaw(extents_[i]) + in, dst + (pos - offset), len));
+    }
+    pos += len;
+  }
+  FARPOOL_RETURN_IF_ERROR(batch.Wait().WithContext(Where() + ": read"));
+  return avail;
+}
+
+Status File::Write(uint64_t offset, const void* data, uint64_t n) {
+  if (n == 0) return Status::Ok();
+  if (offset > kMaxFileSize || n > kMaxFileSize - offset) {
+    return Status::InvalidArgument(Where() + ": a write ending at " + std::to_string(offset + n) +
+                                   " is beyond the largest file (" + std::to_string(kMaxFileSize) +
+                                   " bytes)");
+  }
+  const uint64_t end = offset + n;
+  FARPOOL_RETURN_IF_ERROR(LoadExtents(offset / kExtentSize, (end - 1) / kExtentSize, true));
+  const auto* src = static_cast<const unsigned char*>(data);
+  Batch batch(store_.pool());
+  for (uint64_t pos = offset; pos < end;) {
+    const uint64_t i = pos / kExtentSize, in = pos % kExtentSize;
+    const uint64_t len = std::min(kExtentSize - in, end - pos);
+    FARPOOL_RETURN_IF_ERROR(
+        batch.Write(GlobalAddress::FromRaw(extents_[i]) + in, src + (pos - offset), len));
+    pos += len;
+  }
+  FARPOOL_RETURN_IF_ERROR(batch.Wait().WithContext(Where() + ": write"));
+  if (end > state_.size) FARPOOL_RETURN_IF_ERROR(WriteSize(end));
+  return Status::Ok();
+}
+
+Status File::WriteSize(uint64_t size) {
+  FARPOOL_RETURN_IF_ERROR(
+      store_.pool().Write(header_ + offsetof(FileHeader, size), &size, 8).WithContext(Where()));
+  state_.size = size;
+  return Status::Ok();
+}
+
+Status File::Truncate(uint64_t size) {
+  if (size > kMaxFileSize) {
+    return Status::InvalidArgument(Where() + ": size " + std::to_string(size) +
+                                   " is beyond the largest file (" + std::to_string(kMaxFileSize) +
+                                   " bytes)");
+  }
+  const uint64_t old = state_.size;
+  if (size >= old) return WriteSize(size);  // the new bytes are zero already (layout.h)
+  FARPOOL_RETURN_IF_ERROR(WriteSize(size));
+  Pool& pool = store_.pool();
+  // Zero the cut extent's tail, so the bytes beyond the end read as zeros when it grows again.
+  if (size % kExtentSize != 0) {
+    const uint64_t i = size / kExtentSize;
+    FARPOOL_RETURN_IF_ERROR(LoadExtents(i, i, false));
+    if (extents_[i] != 0) {
+      const uint64_t from = size % kExtentSize;
+      const uint64_t to = std::min(kExtentSize, old - i * kExtentSize);
+      FARPOOL_RETURN_IF_ERROR(
+          pool.Write(GlobalAddress::FromRaw(extents_[i]) + from, Zeros(), to - from)
+              .WithContext(Where() + ": truncate"));
+    }
+  }
+  const uint64_t keep = (size + kExtentSize - 1) / kExtentSize;  // extents that stay
+  const uint64_t last = (old - 1) / kExtentSize;
+  if (keep > last) return Status::Ok();
+  FARPOOL_RETURN_IF_ERROR(LoadExtents(keep, last, false));
+  std::vector<uint64_t> prev(last + 1 - keep, 0);
+  Batch batch(pool);
+  for (uint64_t i = keep; i <= last; ++i) {
+    if (extents_[i] == 0) continue;
+    const GlobalAddress leaf = GlobalAddress::FromRaw(state_.leaves[i / kLeafEntries]);
+    FARPOOL_RETURN_IF_ERROR(
+        batch.CompareAndSwap(leaf + (i % kLeafEntries) * 8, extents_[i], 0, &prev[i - keep]));
+  }
+  FARPOOL_RETURN_IF_ERROR(batch.Wait().WithContext(Where() + ": truncate"));
+  for (uint64_t i = keep; i <= last; ++i) {
+    if (extents_[i] != 0 && prev[i - keep] == extents_[i]) {
+      FARPOOL_RETURN_IF_ERROR(store_.ReleaseBlock(GlobalAddress::FromRaw(extents_[i])));
+    }
+    extents_[i] = 0;
+  }
+  // Leaves wholly beyond the new end (their entries are all 0 now).
+  for (int t = static_cast<int>((keep + kLeafEntries - 1) / kLeafEntries); t < kTopEntries; ++t) {
+    if (state_.leaves[t] == 0) continue;
+    FARPOOL_ASSIGN_OR_RETURN(
+        uint64_t was,
+        pool.CompareAndSwap(header_ + offsetof(FileHeader, leaves) + t * 8, state_.leaves[t], 0));
+    if (was == state_.leaves[t]) {
+      FARPOOL_RETURN_IF_ERROR(store_.ReleaseBlock(GlobalAddress::FromRaw(was)));
+    }
+    state_.leaves[t] = 0;
+  }
+  FARPOOL_ASSIGN_OR_RETURN(uint64_t generation,
+                           pool.FetchAdd(header_ + offsetof(FileHeader, generation), 1));
+  state_.generation = generation + 1;
+  return Status::Ok();
+}
+
+}  // namespace farpool::files

@@ -1,0 +1,138 @@
+// FileStore: named files whose bytes live in the pool, shared by every process (on any host)
+// that connects to the same cluster. The SQLite VFS (src/tier/sqlite_vfs.cc) keeps databases
+// and their journals here; a FUSE mount is to use the same store.
+//
+//   auto store = FileStore::Open(pool);                       // creates it on first use
+//   auto f = (*store)->Open("social.db", OpenMode::kCreate);
+//   Status s = (*f)->Write(0, page, 4096);                    // one round trip
+//   auto n = (*f)->Read(0, page, 4096);                       // bytes before end of file
+//
+// How it works (layout.h has the objects and their invariants): a file is a header with its
+// size and a two-level map (8 leaves × 32768 extents of 256 KiB, 64 GiB at most); the name
+// table maps names to headers. A handle caches the header state and the extent addresses it
+// has used, so a read or write inside existing extents is one Batch (one round trip however
+// many extents it spans); growing a file adds the round trips that publish the new extents
+// and the new size. Released leaves and extents go to the store's free list, from which any
+// process's later growth takes them (Pool::Free only frees this process's own objects, so
+// memory is recycled inside the store rather than given back to the servers).
+//
+// Concurrency: creation is safe among any number of processes (two creators of one name end
+// with one file), and so is extent allocation. Beyond that a file has one writer at a time:
+// REQUIRES that writes, truncates and deletes of a file are serialised by the caller across
+// processes (the VFS holds the file's lock), and that a handle whose file another process may
+// have changed is Refresh()ed before use (the VFS does it whenever it raises a lock).
+//
+// Errors: InvalidArgument for bad names and ranges, NotFound, OutOfMemory when the pool is
+// full (the file is intact up to the last successful write), and the pool's errors, each
+// naming the file.
+//
+// Thread-safety: FileStore is safe for concurrent use; a File handle belongs to one thread at
+// a time. REQUIRES: the Pool outlives the store and the store outlives its handles.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "farpool/pool.h"
+#include "files/layout.h"
+
+namespace farpool::files {
+
+enum class OpenMode {
+  kExisting,         // NotFound if the file does not exist
+  kCreate,           // creates it if need be
+  kCreateExclusive,  // InvalidArgument if it exists
+};
+
+class File;
+
+class FileStore {
+ public:
+  // Finds the store through the root word, creating it if no process did yet.
+  static Result<std::unique_ptr<FileStore>> Open(Pool& pool);
+
+  Result<std::unique_ptr<File>> OpenFile(std::string_view name, OpenMode mode);
+  // Releases the file's extents and marks it absent. NotFound if it does not exist.
+  Status Delete(std::string_view name);
+  Result<bool> Exists(std::string_view name);
+
+  // The header of every name ever created (existing or not), for sweeps over all lock words.
+  Result<std::vector<GlobalAddress>> Headers();
+
+  Pool& pool() { return pool_; }
+  GlobalAddress image() const { return image_; }
+  uint64_t lease_ms() const { return lease_ms_; }
+
+  // A zeroed extent-sized block (leaf or extent): from the free list, else a new Alloc.
+  Result<GlobalAddress> TakeBlock();
+  // Gives a block back: to the free list; if it is full, Pool::Free (this process's own
+  // blocks); else it is counted in StoreImage::leaked.
+  Status ReleaseBlock(GlobalAddress block);
+
+ private:
+  FileStore(Pool& pool, GlobalAddress image, uint64_t lease_ms)
+      : pool_(pool), image_(image), lease_ms_(lease_ms) {}
+  // The header of `name`, inserting a new (absent) one when `insert`; a null address if the
+  // name is not there and !insert.
+  Result<GlobalAddress> Lookup(std::string_view name, bool insert);
+  Status ZeroBlock(GlobalAddress block);
+
+  Pool& pool_;
+  const GlobalAddress image_;
+  const uint64_t lease_ms_;
+  std::mutex mu_;
+  std::map<std::string, GlobalAddress, std::less<>> headers_;  // GUARDED_BY(mu_)
+  uint64_t free_hint_ = 0;                                     // GUARDED_BY(mu_)
+};
+
+class File {
+ public:
+  const std::string& name() const { return name_; }
+  GlobalAddress header() const { return header_; }
+  GlobalAddress lock_word() const { return header_ + offsetof(FileHeader, lock); }
+
+  // Reads the header again (size, leaves; a new generation drops the cached extents).
+  Status Refresh();
+  // The size as of the last Refresh or this handle's own changes.
+  uint64_t size() const { return state_.size; }
+
+  // Reads up to `n` bytes at `offset`; returns how many were before the end of the file
+  // (the rest of `out` is zero-filled).
+  Result<uint64_t> Read(uint64_t offset, void* out, uint64_t n);
+  // Writes `n` bytes at `offset`, growing the file if it ends beyond its size (a gap reads
+  // as zeros). REQUIRES: the caller is the file's only writer.
+  Status Write(uint64_t offset, const void* data, uint64_t n);
+  // Sets the size; shrinking releases whole extents beyond it.
+  Status Truncate(uint64_t size);
+
+ private:
+  friend class FileStore;
+  struct State {
+    uint64_t lock, generation, size;
+    uint64_t leaves[kTopEntries];
+  };
+  static_assert(sizeof(State) == kHeaderStateSize);
+
+  File(FileStore& store, std::string name, GlobalAddress header)
+      : store_(store), name_(std::move(name)), header_(header) {}
+  // Makes extents_[first..last] current: entries this handle has not seen are read from the
+  // leaves (one round trip); with `allocate`, missing leaves and extents are created.
+  Status LoadExtents(uint64_t first, uint64_t last, bool allocate);
+  Status EnsureLeaf(int top);
+  Status WriteSize(uint64_t size);
+  std::string Where() const { return "file '" + name_ + "'"; }
+
+  FileStore& store_;
+  const std::string name_;
+  const GlobalAddress header_;
+  State state_{};
+  std::vector<uint64_t> extents_;  // cached extent addresses by index; 0: not known
+};
+
+}  // namespace farpool::files

@@ -1,0 +1,253 @@
+// The file store and its locks against a real `farpool server` process: files written, read
+// back, truncated and deleted; holes; extent boundaries; bad names; SQLite's lock levels
+// between two lease holders (two LeaseTables in this process act as two processes).
+#include "files/file_store.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "files/file_lock.h"
+#include "files/lease.h"
+#include "pool/test_cluster.h"
+
+namespace farpool::files {
+namespace {
+
+class FileStoreTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    LocalClusterOptions o;
+    o.servers = 2;
+    o.memory = 64ull << 20;
+    o.chunk_size = 1ull << 20;
+    cluster_ = new TestCluster(o);
+    ASSERT_TRUE(cluster_->status().ok()) << cluster_->status().ToString();
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+  void SetUp() override {
+    auto config = cluster_->config();
+    ASSERT_TRUE(config.ok()) << config.status().ToString();
+    auto pool = Pool::Connect(*config);
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    pool_ = std::move(*pool);
+    auto store = FileStore::Open(*pool_);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    store_ = std::move(*store);
+  }
+  std::unique_ptr<File> Create(const std::string& name) {
+    auto f = store_->OpenFile(name, OpenMode::kCreate);
+    EXPECT_TRUE(f.ok()) << f.status().ToString();
+    return f.ok() ? std::move(*f) : nullptr;
+  }
+
+  static TestCluster* cluster_;
+  std::unique_ptr<Pool> pool_;
+  std::unique_ptr<FileStore> store_;
+};
+TestCluster* FileStoreTest::cluster_ = nullptr;
+
+std::vector<unsigned char> Pattern(size_t n, uint32_t seed) {
+  std::vector<unsigned char> v(n);
+  std::mt19937 rng(seed);
+  for (auto& c : v) c = static_cast<unsigned char>(rng());
+  return v;
+}
+
+TEST_F(FileStoreTest, WriteReadBackTruncateDelete) {
+  auto f = Create("basic.db");
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->size(), 0u);
+  const auto data = Pattern(10000, 1);
+  ASSERT_TRUE(f->Write(100, data.data(), data.size()).ok());
+  EXPECT_EQ(f->size(), 10100u);
+  std::vector<unsigned char> back(10200, 0xee);
+  auto n = f->Read(0, back.data(), back.size());
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(*n, 10100u);  // short read at the end; the rest zero-filled
+  EXPECT_TRUE(std::all_of(back.begin(), back.begin() + 100, [](auto c) { return c == 0; }));
+  EXPECT_EQ(0, std::memcmp(back.data() + 100, data.data(), data.size()));
+  EXPECT_TRUE(std::all_of(back.begin() + 10100, back.end(), [](auto c) { return c == 0; }));
+
+  // Another handle (as another process would) sees the same bytes.
+  auto other = store_->OpenFile("basic.db", OpenMode::kExisting);
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  EXPECT_EQ((*other)->size(), 10100u);
+
+  ASSERT_TRUE(f->Truncate(500).ok());
+  ASSERT_TRUE(f->Truncate(5000).ok());  // grows again: the cut bytes read as zeros
+  n = f->Read(0, back.data(), 5000);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 5000u);
+  EXPECT_EQ(0, std::memcmp(back.data() + 100, data.data(), 400));
+  EXPECT_TRUE(std::all_of(back.begin() + 500, back.begin() + 5000, [](auto c) { return c == 0; }));
+
+  auto exists = store_->Exists("basic.db");
+  ASSERT_TRUE(exists.ok());
+  EXPECT_TRUE(*exists);
+  ASSERT_TRUE(store_->Delete("basic.db").ok());
+  exists = store_->Exists("basic.db");
+  ASSERT_TRUE(exists.ok());
+  EXPECT_FALSE(*exists);
+  auto gone = store_->OpenFile("basic.db", OpenMode::kExisting);
+  EXPECT_EQ(gone.status().code(), StatusCode::kNotFound) << gone.status().ToString();
+  EXPECT_EQ(store_->Delete("basic.db").code(), StatusCode::kNotFound);
+
+  // Created again: empty.
+  auto again = Create("basic.db");
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(again->size(), 0u);
+}
+
+TEST_F(FileStoreTest, HolesReadAsZerosAcrossExtents) {
+  auto f = Create("holes.db");
+  ASSERT_NE(f, nullptr);
+  // A write that straddles the boundary of extents 2 and 3, far beyond the end.
+  const uint64_t at = 3 * kExtentSize - 3000;
+  const auto data = Pattern(8192, 2);
+  ASSERT_TRUE(f->Write(at, data.data(), data.size()).ok());
+  EXPECT_EQ(f->size(), at + data.size());
+  std::vector<unsigned char> back(f->size(), 0xee);
+  auto n = f->Read(0, back.data(), back.size());
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(*n, back.size());
+  EXPECT_TRUE(std::all_of(back.begin(), back.begin() + at, [](auto c) { return c == 0; }));
+  EXPECT_EQ(0, std::memcmp(back.data() + at, data.data(), data.size()));
+
+  // A page write across the boundary and its read back, one batch each.
+  const auto page = Pattern(4096, 3);
+  const uint64_t counted_before = pool_->counters().round_trips;
+  ASSERT_TRUE(f->Write(3 * kExtentSize - 2048, page.data(), page.size()).ok());
+  std::vector<unsigned char> got(4096);
+  n = f->Read(3 * kExtentSize - 2048, got.data(), got.size());
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(0, std::memcmp(got.data(), page.data(), page.size()));
+  EXPECT_LE(pool_->counters().round_trips - counted_before, 2u);
+
+  // Shrinking to inside extent 1 releases extents 2 and 3; growing reads zeros there.
+  ASSERT_TRUE(f->Truncate(kExtentSize + 10).ok());
+  ASSERT_TRUE(f->Truncate(4 * kExtentSize).ok());
+  std::vector<unsigned char> tail(3 * kExtentSize - 10, 0xee);
+  n = f->Read(kExtentSize + 10, tail.data(), tail.size());
+  ASSERT_TRUE(n.ok());
+  EXPECT_TRUE(std::all_of(tail.begin(), tail.end(), [](auto c) { return c == 0; }));
+}
+
+TEST_F(FileStoreTest, ReleasedExtentsAreReusedZeroed) {
+  auto f = Create("recycle.db");
+  ASSERT_NE(f, nullptr);
+  const auto data = Pattern(2 * kExtentSize, 4);
+  for (int round = 0; round < 20; ++round) {
+    ASSERT_TRUE(f->Write(0, data.data(), data.size()).ok()) << round;
+    ASSERT_TRUE(f->Truncate(0).ok());
+  }
+  auto g = Create("recycle2.db");
+  ASSERT_NE(g, nullptr);
+  ASSERT_TRUE(g->Truncate(2 * kExtentSize).ok());
+  std::vector<unsigned char> back(2 * kExtentSize, 0xee);
+  ASSERT_TRUE(g->Read(0, back.data(), back.size()).ok());
+  EXPECT_TRUE(std::all_of(back.begin(), back.end(), [](auto c) { return c == 0; }));
+}
+
+TEST_F(FileStoreTest, AFullPoolFailsTheWriteAndKeepsTheFileUpToTheLastOne) {
+  auto f = Create("full.db");
+  ASSERT_NE(f, nullptr);
+  const auto chunk = Pattern(1 << 20, 5);
+  Status s;
+  uint64_t written = 0;
+  while ((s = f->Write(written, chunk.data(), chunk.size())).ok()) written += chunk.size();
+  EXPECT_EQ(s.code(), StatusCode::kOutOfMemory) << s.ToString();
+  EXPECT_NE(s.message().find("full.db"), std::string::npos) << s.ToString();
+  EXPECT_GT(written, 0u);
+  EXPECT_EQ(f->size(), written);
+  std::vector<unsigned char> back(chunk.size());
+  auto n = f->Read(written - chunk.size(), back.data(), back.size());
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(back, chunk);
+  ASSERT_TRUE(store_->Delete("full.db").ok());  // its extents go to the free list
+  auto g = Create("after-full.db");
+  ASSERT_NE(g, nullptr);
+  EXPECT_TRUE(g->Write(0, chunk.data(), chunk.size()).ok());
+}
+
+TEST_F(FileStoreTest, BadNamesAndRangesAreExplained) {
+  auto f = store_->OpenFile(std::string(300, 'x'), OpenMode::kCreate);
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(f.status().message().find("at most 255"), std::string::npos) << f.status().message();
+  EXPECT_EQ(store_->OpenFile("", OpenMode::kCreate).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->OpenFile("never-created", OpenMode::kExisting).status().code(),
+            StatusCode::kNotFound);
+  auto g = Create("excl.db");
+  ASSERT_NE(g, nullptr);
+  auto e = store_->OpenFile("excl.db", OpenMode::kCreateExclusive);
+  EXPECT_NE(e.status().message().find("already exists"), std::string::npos);
+  char c = 1;
+  Status s = g->Write(kMaxFileSize, &c, 1);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+}
+
+TEST_F(FileStoreTest, ConcurrentCreatorsOfOneNameGetOneFile) {
+  std::vector<std::unique_ptr<FileStore>> stores;
+  std::vector<std::unique_ptr<Pool>> pools;
+  for (int i = 0; i < 4; ++i) {
+    auto pool = Pool::Connect(*cluster_->config());
+    ASSERT_TRUE(pool.ok());
+    auto store = FileStore::Open(**pool);
+    ASSERT_TRUE(store.ok());
+    pools.push_back(std::move(*pool));
+    stores.push_back(std::move(*store));
+  }
+  std::vector<GlobalAddress> headers(stores.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < stores.size(); ++i) {
+    threads.emplace_back([&, i] {
+      auto f = stores[i]->OpenFile("race.db", OpenMode::kCreate);
+      if (f.ok()) headers[i] = (*f)->header();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto h : headers) EXPECT_EQ(h, headers[0]);
+  EXPECT_FALSE(headers[0].is_null());
+}
+
+TEST_F(FileStoreTest, LockLevelsBetweenTwoHolders) {
+  auto f = Create("locked.db");
+  ASSERT_NE(f, nullptr);
+  auto sweep = [this](int slot) { return ClearSlot(*store_, slot); };
+  auto a_leases = LeaseTable::Attach(*store_, sweep);
+  auto b_leases = LeaseTable::Attach(*store_, sweep);
+  ASSERT_TRUE(a_leases.ok() && b_leases.ok());
+  FileLock a(*pool_, f->lock_word(), **a_leases), b(*pool_, f->lock_word(), **b_leases);
+
+  ASSERT_TRUE(a.Lock(LockLevel::kShared).ok());
+  ASSERT_TRUE(b.Lock(LockLevel::kShared).ok());  // many readers
+  ASSERT_TRUE(a.Lock(LockLevel::kReserved).ok());
+  EXPECT_EQ(b.Lock(LockLevel::kReserved).code(), StatusCode::kAborted);  // one writer
+  auto reserved = b.ReservedElsewhere();
+  ASSERT_TRUE(reserved.ok());
+  EXPECT_TRUE(*reserved);
+  // A waits for B to leave, keeping PENDING so that no new reader comes in.
+  EXPECT_EQ(a.Lock(LockLevel::kExclusive).code(), StatusCode::kAborted);
+  EXPECT_EQ(a.level(), LockLevel::kPending);
+  ASSERT_TRUE(b.Unlock(LockLevel::kNone).ok());
+  EXPECT_EQ(b.Lock(LockLevel::kShared).code(), StatusCode::kAborted);
+  ASSERT_TRUE(a.Lock(LockLevel::kExclusive).ok());
+  EXPECT_EQ(a.level(), LockLevel::kExclusive);
+  ASSERT_TRUE(a.Unlock(LockLevel::kShared).ok());
+  ASSERT_TRUE(b.Lock(LockLevel::kShared).ok());
+  ASSERT_TRUE(a.Unlock(LockLevel::kNone).ok());
+  ASSERT_TRUE(b.Lock(LockLevel::kExclusive).ok());
+  ASSERT_TRUE(b.Unlock(LockLevel::kNone).ok());
+  uint64_t word = 1;
+  ASSERT_TRUE(pool_->Read(f->lock_word(), &word, 8).ok());
+  EXPECT_EQ(word, 0u);
+}
+
+}  // namespace
+}  // namespace farpool::files

@@ -1,0 +1,88 @@
+// The file store's objects in the pool: what every process (on any host, any fabric) reads
+// and changes with one-sided operations. docs/files.md draws the same picture.
+//
+//   root word (Pool::Root(lowest server id) + kStoreRootOffset)
+//     └─> StoreImage          one object, created once (allocated, filled, then CAS 0 → its
+//         ├─ leases[56]       address into the root word; the loser frees its copy)
+//         ├─ free[8192]       recycled extents (any process may take one)
+//         └─ names[4096]      open-addressing table of FileHeader addresses, 8 per bucket
+//              └─> FileHeader one per name ever created, never moved or freed
+//                  └─ leaves[8] ─> leaf (an extent-sized block of 32768 extent addresses)
+//                                   └─> extent (kExtentSize bytes of file data)
+//
+// Invariants:
+//   - A names[] slot changes only 0 → header (CAS). A header's name never changes, so a
+//     process may cache name → header forever. Names fill their probe sequence from the
+//     front: a lookup stops at the first 0 slot.
+//   - A leaf or extent address changes only 0 → block (CAS, by a writer that zeroed the block
+//     first) and block → 0 (a truncate or delete, which then bumps `generation`). Handles
+//     that cached addresses drop them when they see a new generation.
+//   - Bytes of a file at or beyond `size` read as zero: extents are zeroed before they are
+//     published, and a truncate zeroes the tail of the extent it cuts.
+//   - free[] holds each recycled block at most once (push CAS 0 → block, take CAS block → 0),
+//     so a taker that wins the CAS owns the block, whatever happened to the slot in between.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "farpool/pool.h"
+
+namespace farpool::files {
+
+// The file store's part of the root area (see Pool::kRootSize): its last 64 bytes, whose
+// first word points to the StoreImage. The database catalog uses the start of the area.
+inline constexpr uint64_t kStoreRootOffset = Pool::kRootSize - 64;
+
+inline constexpr uint64_t kStoreMagic = 0x666172706f6f6c46;  // "farpoolF"
+inline constexpr uint64_t kStoreVersion = 1;
+inline constexpr uint64_t kHeaderMagic = 0x4644482d6c6f6f70;
+
+inline constexpr uint64_t kExtentSize = 256 << 10;
+inline constexpr uint64_t kLeafEntries = kExtentSize / 8;  // a leaf maps 8 GiB
+inline constexpr int kTopEntries = 8;
+inline constexpr uint64_t kMaxFileSize = kTopEntries * kLeafEntries * kExtentSize;  // 64 GiB
+inline constexpr size_t kMaxNameLength = 255;
+
+inline constexpr int kLeaseSlots = 56;  // one reader bit each in a lock word
+inline constexpr int kNameSlots = 4096;
+inline constexpr int kBucketSlots = 8;
+inline constexpr int kFreeSlots = 8192;
+
+struct LeaseSlot {
+  // 0: free. A live owner's token (bit 63 clear), or kSweeping | the token of a process that
+  // is clearing this slot's lock bits from every file (file_lock.h).
+  uint64_t owner;
+  uint64_t heartbeat;  // the owner adds 1 every lease/8
+};
+inline constexpr uint64_t kSweeping = uint64_t{1} << 63;
+
+struct StoreImage {
+  uint64_t magic;
+  uint64_t version;
+  uint64_t extent_size;
+  uint64_t lease_ms;    // how long a lease lasts without renewal
+  uint64_t free_count;  // blocks in free[] (a hint: pushes and takes adjust it afterwards)
+  uint64_t leaked;      // blocks that neither free[] nor Pool::Free could take back
+  uint64_t reserved[2];
+  LeaseSlot leases[kLeaseSlots];
+  uint64_t free[kFreeSlots];
+  uint64_t names[kNameSlots];
+};
+
+struct FileHeader {
+  uint64_t magic;
+  uint64_t exists;      // 1 while the file exists: create CASes 0 → 1, delete 1 → 0
+  uint64_t lock;        // the lock word (file_lock.h)
+  uint64_t generation;  // +1 whenever a leaf or extent is released
+  uint64_t size;
+  uint64_t leaves[kTopEntries];
+  uint64_t name_length;
+  char name[kMaxNameLength + 1];
+};
+
+// What a handle refreshes in one read: lock .. leaves.
+inline constexpr uint64_t kHeaderStateOffset = offsetof(FileHeader, lock);
+inline constexpr uint64_t kHeaderStateSize = offsetof(FileHeader, name_length) - kHeaderStateOffset;
+
+}  // namespace farpool::files

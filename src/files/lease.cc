@@ -1,0 +1,169 @@
+#include "files/lease.h"
+
+#include <unistd.h>
+
+#include <random>
+
+namespace farpool::files {
+namespace {
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+uint64_t NewToken() {
+  std::random_device rd;
+  const uint64_t r = (uint64_t{rd()} << 32) ^ rd() ^ (uint64_t(getpid()) << 20);
+  return (r & ~kSweeping) | 1;  // never 0, never kSweeping
+}
+
+}  // namespace
+
+LeaseTable::LeaseTable(FileStore& store, SweepFn sweep, uint64_t token)
+    : store_(store),
+      sweep_(std::move(sweep)),
+      token_(token),
+      lease_(std::chrono::milliseconds(store.lease_ms())) {}
+
+GlobalAddress LeaseTable::Slot(int slot) const {
+  return store_.image() + offsetof(StoreImage, leases) + slot * sizeof(LeaseSlot);
+}
+
+Result<std::unique_ptr<LeaseTable>> LeaseTable::Attach(FileStore& store, SweepFn sweep) {
+  auto table = std::unique_ptr<LeaseTable>(new LeaseTable(store, std::move(sweep), NewToken()));
+  LeaseTable& t = *table;
+  Pool& pool = store.pool();
+  const auto deadline = std::chrono::steady_clock::now() + 2 * (t.lease_ + t.margin());
+  for (;;) {
+    LeaseSlot slots[kLeaseSlots];
+    FARPOOL_RETURN_IF_ERROR(
+        pool.Read(t.Slot(0), slots, sizeof(slots)).WithContext("file store lease slots"));
+    for (int i = 0; i < kLeaseSlots && t.slot_ < 0; ++i) {
+      if (slots[i].owner != 0) continue;
+      FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, pool.CompareAndSwap(t.Slot(i), 0, t.token_));
+      if (prev == 0) t.slot_ = i;
+    }
+    for (int i = 0; i < kLeaseSlots && t.slot_ < 0; ++i) {
+      FARPOOL_ASSIGN_OR_RETURN(bool dead, t.Dead(i));
+      if (!dead) continue;
+      Status s = t.Sweep(i, slots[i].owner, /*keep=*/true);
+      if (s.ok()) {
+        uint64_t owner = 0;
+        FARPOOL_RETURN_IF_ERROR(pool.Read(t.Slot(i), &owner, 8));
+        if (owner == t.token_) t.slot_ = i;
+      } else if (s.code() != StatusCode::kAborted) {
+        return s;
+      }
+    }
+    if (t.slot_ >= 0) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      return Status::OutOfMemory("file store: all " + std::to_string(kLeaseSlots) +
+                                 " lease slots are held by live processes");
+    }
+    std::this_thread::sleep_for(t.lease_ / 8);
+  }
+  t.last_renewal_ns_ = NowNs();
+  t.renewal_ = std::thread([&t] { t.Renew(); });
+  return table;
+}
+
+LeaseTable::~LeaseTable() {
+  {
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    stop_ = true;
+  }
+  stop_cv_.notify_all();
+  if (renewal_.joinable()) renewal_.join();
+  if (slot_ >= 0 && !lost_) (void)Sweep(slot_, token_, /*keep=*/false);
+}
+
+void LeaseTable::Renew() {
+  Pool& pool = store_.pool();
+  const GlobalAddress slot = Slot(slot_);
+  std::unique_lock<std::mutex> lock(stop_mu_);
+  while (!stop_cv_.wait_for(lock, lease_ / 8, [this] { return stop_; })) {
+    const int64_t now = NowNs();
+    const int64_t gap_ms = (now - last_renewal_ns_) / 1000000;
+    auto lose = [&](std::string reason) {
+      std::lock_guard<std::mutex> l(lost_mu_);
+      if (!lost_) lost_reason_ = std::move(reason);
+      lost_ = true;
+    };
+    if (gap_ms > lease_.count()) {
+      lose("lease slot " + std::to_string(slot_) + " was not renewed for " +
+           std::to_string(gap_ms) + " ms (lease " + std::to_string(lease_.count()) +
+           " ms): this process's locks may have been broken");
+      return;
+    }
+    if (!pool.FetchAdd(slot + offsetof(LeaseSlot, heartbeat), 1).ok()) continue;
+    uint64_t owner = 0;
+    if (!pool.Read(slot, &owner, 8).ok()) continue;
+    if (owner != token_) {
+      lose("lease slot " + std::to_string(slot_) + " was reclaimed by another process");
+      return;
+    }
+    last_renewal_ns_ = now;
+  }
+}
+
+Status LeaseTable::Check() const {
+  if (lost_) {
+    std::lock_guard<std::mutex> l(lost_mu_);
+    return Status::IoError(lost_reason_);
+  }
+  const int64_t age_ms = (NowNs() - last_renewal_ns_) / 1000000;
+  if (age_ms > lease_.count()) {
+    return Status::IoError("lease slot " + std::to_string(slot_) + " was last renewed " +
+                           std::to_string(age_ms) + " ms ago (lease " +
+                           std::to_string(lease_.count()) + " ms)");
+  }
+  return Status::Ok();
+}
+
+Result<bool> LeaseTable::Dead(int slot) {
+  LeaseSlot now;
+  FARPOOL_RETURN_IF_ERROR(store_.pool().Read(Slot(slot), &now, sizeof(now)));
+  if (now.owner == 0) return true;
+  if (now.owner == token_) return false;
+  const auto t = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(seen_mu_);
+  Seen& seen = seen_[slot];
+  if (seen.since == std::chrono::steady_clock::time_point() || seen.owner != now.owner ||
+      seen.heartbeat != now.heartbeat) {
+    seen = {now.owner, now.heartbeat, t};
+    return false;
+  }
+  return t - seen.since > lease_ + margin();
+}
+
+Status LeaseTable::Reclaim(int slot) {
+  if (slot == slot_) return Status::Internal("lease slot " + std::to_string(slot) + " is ours");
+  uint64_t owner = 0;
+  FARPOOL_RETURN_IF_ERROR(store_.pool().Read(Slot(slot), &owner, 8));
+  Status s = Sweep(slot, owner, /*keep=*/false);
+  return s.code() == StatusCode::kAborted ? Status::Ok() : s;
+}
+
+Status LeaseTable::Sweep(int slot, uint64_t owner, bool keep) {
+  Pool& pool = store_.pool();
+  const uint64_t sweeping = kSweeping | token_;
+  FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, pool.CompareAndSwap(Slot(slot), owner, sweeping));
+  if (prev != owner) {
+    return Status::Aborted("lease slot " + std::to_string(slot) + " changed owner");
+  }
+  FARPOOL_RETURN_IF_ERROR(sweep_(slot).WithContext("sweeping lease slot " + std::to_string(slot)));
+  FARPOOL_ASSIGN_OR_RETURN(prev, pool.CompareAndSwap(Slot(slot), sweeping, keep ? token_ : 0));
+  {
+    std::lock_guard<std::mutex> lock(seen_mu_);
+    seen_.erase(slot);
+  }
+  if (prev != sweeping) {
+    return Status::Aborted("lease slot " + std::to_string(slot) +
+                           " was taken over during the sweep");
+  }
+  return Status::Ok();
+}
+
+}  // namespace farpool::files

@@ -1,0 +1,352 @@
+// The "farpool" SQLite VFS, a loadable extension (farpool_vfs.so): database files and their
+// journals live in the pool's file store (src/files), SQLite's locks on the file's lock word
+// with leases, so processes on different hosts share one database (docs/files.md).
+//
+//   sqlite3 -cmd ".load build/src/tier/farpool_vfs" -cmd ".open
+//   file:social.db?vfs=farpool&cluster=/tmp/c/cluster.json" :memory: (the CLI opens a database
+//   named as an argument before it runs -cmd, hence .open)
+//
+// How it works: a process has one Connection (pool, store, lease slot) per cluster file,
+// opened with the first file and closed with the last. The main database, rollback journal,
+// WAL and super-journal files are store files named as SQLite names them (the URI's path, plus
+// "-journal" and so on); temporary files go to the default VFS. The main database's
+// xLock/xUnlock/xCheckReservedLock are FileLock on its lock word; whenever a lock is raised,
+// every store file this connection has open is refreshed, since another process may have
+// changed it while this one held no lock (file_store.h). xSync returns OK: a write is complete
+// in the servers' memory when xWrite returns (docs/files.md says what that means). There is no
+// xShmMap, so WAL needs `PRAGMA locking_mode=EXCLUSIVE`.
+//
+// Errors: a store error is logged with sqlite3_log (its full message) and returned as the
+// matching SQLITE_IOERR_*; a full pool is SQLITE_FULL; a lost lease fails every write and
+// lock with SQLITE_IOERR.
+//
+// Thread-safety: SQLite serialises calls on one file; the connection table has a mutex.
+#include <sqlite3ext.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "files/file_lock.h"
+#include "files/file_store.h"
+#include "files/lease.h"
+
+SQLITE_EXTENSION_INIT1
+
+namespace farpool::files {
+namespace {
+
+struct PoolFile;
+
+// One cluster's pool, store and lease slot in this process.
+struct Connection {
+  std::string cluster_file;
+  std::unique_ptr<Pool> pool;
+  std::unique_ptr<FileStore> store;
+  std::unique_ptr<LeaseTable> leases;
+  std::set<PoolFile*> files;  // open store files, GUARDED_BY(g_mu)
+};
+
+struct PoolFile {
+  sqlite3_file base;  // first: SQLite sees a PoolFile as a sqlite3_file
+  Connection* connection;
+  std::unique_ptr<File> file;
+  std::unique_ptr<FileLock> lock;  // the main database only
+  bool delete_on_close;
+};
+
+std::mutex g_mu;
+std::map<std::string, std::unique_ptr<Connection>> g_connections;  // GUARDED_BY(g_mu)
+sqlite3_vfs* g_default = nullptr;
+
+int Fail(const Status& s, int code) {
+  if (s.code() == StatusCode::kOutOfMemory) code = SQLITE_FULL;
+  sqlite3_log(code, "farpool: %s", s.ToString().c_str());
+  return code;
+}
+
+// The connection for `cluster_file`, connecting on first use. REQUIRES: g_mu held.
+Result<Connection*> Connect(const std::string& cluster_file) {
+  auto it = g_connections.find(cluster_file);
+  if (it != g_connections.end()) return it->second.get();
+  FARPOOL_ASSIGN_OR_RETURN(ClusterConfig config, ClusterConfig::Load(cluster_file));
+  auto c = std::make_unique<Connection>();
+  c->cluster_file = cluster_file;
+  FARPOOL_ASSIGN_OR_RETURN(c->pool, Pool::Connect(config));
+  FARPOOL_ASSIGN_OR_RETURN(c->store, FileStore::Open(*c->pool));
+  FileStore& store = *c->store;
+  FARPOOL_ASSIGN_OR_RETURN(
+      c->leases, LeaseTable::Attach(store, [&store](int slot) { return ClearSlot(store, slot); }));
+  Connection* raw = c.get();
+  g_connections.emplace(cluster_file, std::move(c));
+  return raw;
+}
+
+// Closes the connection when its last file is gone. REQUIRES: g_mu held.
+void Release(Connection* c) {
+  if (c->files.empty()) g_connections.erase(c->cluster_file);
+}
+
+// The cluster file for a database name: its URI's cluster= parameter, else $FARPOOL_CLUSTER.
+Result<std::string> ClusterFileOf(const char* name) {
+  const char* p = name != nullptr ? sqlite3_uri_parameter(name, "cluster") : nullptr;
+  if (p == nullptr || *p == '\0') p = std::getenv("FARPOOL_CLUSTER");
+  if (p == nullptr || *p == '\0') {
+    return Status::InvalidArgument(
+        "no cluster file: add cluster=PATH/cluster.json to the URI or set FARPOOL_CLUSTER");
+  }
+  return std::string(p);
+}
+
+// The connection that owns `name` (a journal of an open database: its name extends the
+// database's), else the one of $FARPOOL_CLUSTER. REQUIRES: g_mu held.
+Result<Connection*> ConnectionFor(const char* name) {
+  const std::string_view n(name);
+  for (auto& [_, c] : g_connections) {
+    for (PoolFile* f : c->files) {
+      if (n.substr(0, f->file->name().size()) == f->file->name()) return c.get();
+    }
+  }
+  FARPOOL_ASSIGN_OR_RETURN(std::string cluster_file, ClusterFileOf(nullptr));
+  return Connect(cluster_file);
+}
+
+PoolFile& Of(sqlite3_file* f) { return *reinterpret_cast<PoolFile*>(f); }
+
+// ------------------------------------------------------------------- sqlite3_io_methods
+
+int Close(sqlite3_file* f) {
+  PoolFile& p = Of(f);
+  int rc = SQLITE_OK;
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (p.lock && p.lock->level() != LockLevel::kNone) {
+    Status s = p.lock->Unlock(LockLevel::kNone);
+    if (!s.ok()) rc = Fail(s, SQLITE_IOERR_UNLOCK);
+  }
+  const std::string name = p.file->name();
+  p.lock.reset();
+  p.file.reset();
+  p.connection->files.erase(&p);
+  if (p.delete_on_close) {
+    Status s = p.connection->store->Delete(name);
+    if (!s.ok() && s.code() != StatusCode::kNotFound) rc = Fail(s, SQLITE_IOERR_DELETE);
+  }
+  Release(p.connection);
+  return rc;
+}
+
+int Read(sqlite3_file* f, void* out, int n, sqlite3_int64 offset) {
+  auto got = Of(f).file->Read(offset, out, n);
+  if (!got.ok()) return Fail(got.status(), SQLITE_IOERR_READ);
+  return *got < static_cast<uint64_t>(n) ? SQLITE_IOERR_SHORT_READ : SQLITE_OK;
+}
+
+int Write(sqlite3_file* f, const void* data, int n, sqlite3_int64 offset) {
+  PoolFile& p = Of(f);
+  Status s = p.connection->leases->Check();
+  if (s.ok()) s = p.file->Write(offset, data, n);
+  return s.ok() ? SQLITE_OK : Fail(s, SQLITE_IOERR_WRITE);
+}
+
+int Truncate(sqlite3_file* f, sqlite3_int64 size) {
+  PoolFile& p = Of(f);
+  Status s = p.connection->leases->Check();
+  if (s.ok()) s = p.file->Truncate(size);
+  return s.ok() ? SQLITE_OK : Fail(s, SQLITE_IOERR_TRUNCATE);
+}
+
+int Sync(sqlite3_file*, int) { return SQLITE_OK; }  // complete in pool memory already
+
+int FileSize(sqlite3_file* f, sqlite3_int64* size) {
+  PoolFile& p = Of(f);
+  Status s = p.file->Refresh();
+  if (!s.ok()) return Fail(s, SQLITE_IOERR_FSTAT);
+  *size = static_cast<sqlite3_int64>(p.file->size());
+  return SQLITE_OK;
+}
+
+int Lock(sqlite3_file* f, int level) {
+  PoolFile& p = Of(f);
+  if (!p.lock) return SQLITE_OK;
+  const auto want = static_cast<LockLevel>(level);
+  if (want <= p.lock->level()) return SQLITE_OK;
+  Status s = p.lock->Lock(want);
+  if (s.code() == StatusCode::kAborted) return SQLITE_BUSY;
+  if (!s.ok()) return Fail(s, SQLITE_IOERR_LOCK);
+  // Another process may have changed any of this connection's files while we held less.
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (PoolFile* other : p.connection->files) {
+    s = other->file->Refresh();
+    if (!s.ok()) return Fail(s, SQLITE_IOERR_LOCK);
+  }
+  return SQLITE_OK;
+}
+
+int Unlock(sqlite3_file* f, int level) {
+  PoolFile& p = Of(f);
+  if (!p.lock || static_cast<LockLevel>(level) >= p.lock->level()) return SQLITE_OK;
+  Status s = p.lock->Unlock(static_cast<LockLevel>(level));
+  return s.ok() ? SQLITE_OK : Fail(s, SQLITE_IOERR_UNLOCK);
+}
+
+int CheckReservedLock(sqlite3_file* f, int* out) {
+  PoolFile& p = Of(f);
+  *out = 0;
+  if (!p.lock) return SQLITE_OK;
+  auto r = p.lock->ReservedElsewhere();
+  if (!r.ok()) return Fail(r.status(), SQLITE_IOERR_CHECKRESERVEDLOCK);
+  *out = (*r || p.lock->level() >= LockLevel::kReserved) ? 1 : 0;
+  return SQLITE_OK;
+}
+
+int FileControl(sqlite3_file*, int, void*) { return SQLITE_NOTFOUND; }
+
+int SectorSize(sqlite3_file*) { return 4096; }
+
+int DeviceCharacteristics(sqlite3_file*) {
+  // Writes complete in order as issued (SEQUENTIAL), data before the size that covers it
+  // (SAFE_APPEND), and a write never disturbs bytes it does not cover (POWERSAFE_OVERWRITE).
+  return SQLITE_IOCAP_SEQUENTIAL | SQLITE_IOCAP_SAFE_APPEND | SQLITE_IOCAP_POWERSAFE_OVERWRITE;
+}
+
+const sqlite3_io_methods kMethods = {
+    1,  // iVersion: no xShm*, so WAL needs PRAGMA locking_mode=EXCLUSIVE
+    Close,       Read,       Write,
+    Truncate,    Sync,       FileSize,
+    Lock,        Unlock,     CheckReservedLock,
+    FileControl, SectorSize, DeviceCharacteristics,
+    nullptr,     nullptr,    nullptr,
+    nullptr,     nullptr,    nullptr};
+
+// ------------------------------------------------------------------- sqlite3_vfs
+
+constexpr int kStoreFiles =
+    SQLITE_OPEN_MAIN_DB | SQLITE_OPEN_MAIN_JOURNAL | SQLITE_OPEN_WAL | SQLITE_OPEN_SUPER_JOURNAL;
+
+int Open(sqlite3_vfs*, const char* name, sqlite3_file* f, int flags, int* out_flags) {
+  if (name == nullptr || (flags & kStoreFiles) == 0) {
+    return g_default->xOpen(g_default, name, f, flags, out_flags);  // temporary files
+  }
+  auto* p = new (f) PoolFile{};
+  std::lock_guard<std::mutex> lock(g_mu);
+  Result<Connection*> c = Status::Internal("unset");
+  if ((flags & SQLITE_OPEN_MAIN_DB) != 0) {
+    auto cluster_file = ClusterFileOf(name);
+    c = cluster_file.ok() ? Connect(*cluster_file) : Result<Connection*>(cluster_file.status());
+  } else {
+    c = ConnectionFor(name);
+  }
+  if (!c.ok()) return Fail(c.status().WithContext(name), SQLITE_CANTOPEN);
+  const OpenMode mode = (flags & SQLITE_OPEN_EXCLUSIVE) != 0 ? OpenMode::kCreateExclusive
+                        : (flags & SQLITE_OPEN_CREATE) != 0  ? OpenMode::kCreate
+                                                             : OpenMode::kExisting;
+  auto file = (*c)->store->OpenFile(name, mode);
+  if (!file.ok()) {
+    Release(*c);
+    return Fail(file.status(), SQLITE_CANTOPEN);
+  }
+  p->connection = *c;
+  p->file = std::move(*file);
+  if ((flags & SQLITE_OPEN_MAIN_DB) != 0) {
+    p->lock = std::make_unique<FileLock>(*(*c)->pool, p->file->lock_word(), *(*c)->leases);
+  }
+  p->delete_on_close = (flags & SQLITE_OPEN_DELETEONCLOSE) != 0;
+  (*c)->files.insert(p);
+  p->base.pMethods = &kMethods;
+  if (out_flags != nullptr) *out_flags = flags;
+  return SQLITE_OK;
+}
+
+int Delete(sqlite3_vfs*, const char* name, int) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto c = ConnectionFor(name);
+  if (!c.ok()) return Fail(c.status().WithContext(name), SQLITE_IOERR_DELETE);
+  Status s = (*c)->store->Delete(name);
+  Release(*c);
+  if (s.code() == StatusCode::kNotFound) return SQLITE_IOERR_DELETE_NOENT;
+  return s.ok() ? SQLITE_OK : Fail(s, SQLITE_IOERR_DELETE);
+}
+
+int Access(sqlite3_vfs*, const char* name, int, int* out) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto c = ConnectionFor(name);
+  if (!c.ok()) return Fail(c.status().WithContext(name), SQLITE_IOERR_ACCESS);
+  auto exists = (*c)->store->Exists(name);
+  Release(*c);
+  if (!exists.ok()) return Fail(exists.status(), SQLITE_IOERR_ACCESS);
+  *out = *exists ? 1 : 0;
+  return SQLITE_OK;
+}
+
+int FullPathname(sqlite3_vfs*, const char* name, int size, char* out) {
+  // Store names are not paths: the name is the file's name in the pool.
+  if (std::strlen(name) + 1 > static_cast<size_t>(size)) return SQLITE_CANTOPEN;
+  std::strcpy(out, name);
+  return SQLITE_OK;
+}
+
+void* DlOpen(sqlite3_vfs*, const char* path) { return g_default->xDlOpen(g_default, path); }
+void DlError(sqlite3_vfs*, int n, char* out) { g_default->xDlError(g_default, n, out); }
+void (*DlSym(sqlite3_vfs*, void* h, const char* sym))(void) {
+  return g_default->xDlSym(g_default, h, sym);
+}
+void DlClose(sqlite3_vfs*, void* h) { g_default->xDlClose(g_default, h); }
+int Randomness(sqlite3_vfs*, int n, char* out) { return g_default->xRandomness(g_default, n, out); }
+int Sleep(sqlite3_vfs*, int us) { return g_default->xSleep(g_default, us); }
+int CurrentTime(sqlite3_vfs*, double* t) { return g_default->xCurrentTime(g_default, t); }
+int GetLastError(sqlite3_vfs*, int n, char* out) {
+  return g_default->xGetLastError(g_default, n, out);
+}
+int CurrentTimeInt64(sqlite3_vfs*, sqlite3_int64* t) {
+  return g_default->xCurrentTimeInt64(g_default, t);
+}
+
+sqlite3_vfs g_vfs = {2,  // iVersion
+                     0,  // szOsFile: set at registration
+                     1024,
+                     nullptr,
+                     "farpool",
+                     nullptr,
+                     Open,
+                     Delete,
+                     Access,
+                     FullPathname,
+                     DlOpen,
+                     DlError,
+                     DlSym,
+                     DlClose,
+                     Randomness,
+                     Sleep,
+                     CurrentTime,
+                     GetLastError,
+                     CurrentTimeInt64,
+                     nullptr,
+                     nullptr,
+                     nullptr};
+
+}  // namespace
+}  // namespace farpool::files
+
+extern "C" __attribute__((visibility("default"))) int sqlite3_extension_init(
+    sqlite3* db, char** error, const sqlite3_api_routines* api) {
+  SQLITE_EXTENSION_INIT2(api);
+  using farpool::files::g_default;
+  using farpool::files::g_vfs;
+  if (sqlite3_vfs_find("farpool") == nullptr) {
+    g_default = sqlite3_vfs_find(nullptr);
+    if (g_default == nullptr) {
+      *error = sqlite3_mprintf("farpool: SQLite has no default VFS to delegate to");
+      return SQLITE_ERROR;
+    }
+    // Temporary files are the default VFS's, opened in the same sqlite3_file space.
+    g_vfs.szOsFile = std::max<int>(sizeof(farpool::files::PoolFile), g_default->szOsFile);
+    const int rc = sqlite3_vfs_register(&g_vfs, /*makeDflt=*/0);
+    if (rc != SQLITE_OK) return rc;
+  }
+  return SQLITE_OK_LOAD_PERMANENTLY;
+}

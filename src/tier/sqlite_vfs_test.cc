@@ -1,0 +1,288 @@
+// The farpool VFS as a user runs it: the real `sqlite3` CLI loads the built extension and
+// opens databases in the pool of a real server process; several CLI processes share one
+// database; a process killed while holding RESERVED or EXCLUSIVE loses its locks after its
+// lease and its hot journal (in the pool) is rolled back. Skipped if sqlite3 is not on PATH.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "pool/test_cluster.h"
+
+namespace farpool {
+namespace {
+
+using namespace std::chrono_literals;
+
+bool HaveSqlite3() { return std::system("command -v sqlite3 >/dev/null 2>&1") == 0; }
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class SqliteVfsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!HaveSqlite3()) return;
+    LocalClusterOptions o;
+    o.servers = 1;
+    o.memory = 128ull << 20;
+    o.chunk_size = 1ull << 20;
+    cluster_ = new TestCluster(o);
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+  void SetUp() override {
+    if (!HaveSqlite3()) GTEST_SKIP() << "sqlite3 is not on PATH (Debian: apt-get install sqlite3)";
+    ASSERT_TRUE(cluster_->status().ok()) << cluster_->status().ToString();
+  }
+
+  // The lines that load the extension and open `db` in the pool.
+  std::string Preamble(const std::string& db) const {
+    return std::string(".load ") + FARPOOL_VFS_EXTENSION + "\n.open file:" + db +
+           "?vfs=farpool&cluster=" + cluster_->cluster_file() + "\n";
+  }
+  std::string Path(const std::string& name) const { return cluster_->dir() + "/" + name; }
+
+  struct Run {
+    int exit_code;
+    std::string output;
+  };
+  // Runs `sqlite3 -batch` with `script` (after the preamble) on stdin.
+  Run Sql(const std::string& db, const std::string& script, const std::string& before = "") const {
+    static std::atomic<int> counter{0};
+    const std::string file =
+        Path("script-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + ".sql");
+    std::ofstream(file) << before << Preamble(db) << script;
+    FILE* p = popen(("sqlite3 -batch < " + file + " 2>&1").c_str(), "r");
+    std::string out;
+    std::array<char, 4096> buf;
+    while (fgets(buf.data(), buf.size(), p) != nullptr) out += buf.data();
+    const int status = pclose(p);
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  }
+
+  // A sqlite3 CLI that reads commands as they are sent, output to a file.
+  class Interactive {
+   public:
+    Interactive(const std::string& log) : log_(log) {
+      int fds[2];
+      EXPECT_EQ(pipe(fds), 0);
+      pid_ = fork();
+      if (pid_ == 0) {
+        dup2(fds[0], 0);
+        const int out = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(out, 1);
+        dup2(out, 2);
+        close(fds[1]);
+        execlp("sqlite3", "sqlite3", "-batch", nullptr);
+        _exit(127);
+      }
+      close(fds[0]);
+      in_ = fds[1];
+    }
+    ~Interactive() {
+      if (in_ >= 0) close(in_);
+      if (pid_ > 0) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, nullptr, 0);
+      }
+    }
+    void Send(const std::string& text) {
+      ASSERT_EQ(write(in_, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+    }
+    // Waits until `path` exists (the CLI ran `.system touch path`).
+    bool WaitFor(const std::string& path, std::chrono::seconds limit = 20s) {
+      const auto deadline = std::chrono::steady_clock::now() + limit;
+      while (!std::filesystem::exists(path)) {
+        if (std::chrono::steady_clock::now() > deadline) return false;
+        std::this_thread::sleep_for(10ms);
+      }
+      return true;
+    }
+    void Kill() {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
+    // Closes stdin and waits for the exit code.
+    int Finish() {
+      close(in_);
+      in_ = -1;
+      int status = 0;
+      waitpid(pid_, &status, 0);
+      pid_ = -1;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+    std::string Output() const { return ReadFile(log_); }
+
+   private:
+    std::string log_;
+    pid_t pid_ = -1;
+    int in_ = -1;
+  };
+
+  // A table of 10,000 rows (id, v = 7 * id) in `db`, written in one transaction.
+  void CreateRows(const std::string& db) {
+    Run r = Sql(db,
+                "CREATE TABLE t(id INTEGER PRIMARY KEY, v INTEGER, pad TEXT);\n"
+                "BEGIN;\n"
+                "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 10000)\n"
+                "  INSERT INTO t SELECT x, 7 * x, printf('%0100d', x) FROM c;\n"
+                "COMMIT;\n");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    ASSERT_EQ(r.output, "") << r.output;
+  }
+  void ExpectRows(const std::string& db, const std::string& timeout = "") {
+    Run r = Sql(db, timeout + "SELECT count(*), sum(v) FROM t;\nPRAGMA integrity_check;\n");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output, "10000|350035000\nok\n");
+  }
+
+  static TestCluster* cluster_;
+};
+TestCluster* SqliteVfsTest::cluster_ = nullptr;
+
+TEST_F(SqliteVfsTest, TheCliWritesAndAnotherProcessReads) {
+  CreateRows("rows.db");
+  ExpectRows("rows.db");
+  // The command line of docs/files.md, with the cluster from the environment.
+  const std::string cmd = std::string("FARPOOL_CLUSTER=") + cluster_->cluster_file() +
+                          " sqlite3 -batch -cmd '.load " + FARPOOL_VFS_EXTENSION +
+                          "' -cmd '.open file:rows.db?vfs=farpool' :memory: "
+                          "'SELECT count(*) FROM t;' 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 256> buf{};
+  std::string out;
+  while (fgets(buf.data(), buf.size(), p) != nullptr) out += buf.data();
+  EXPECT_EQ(pclose(p), 0) << out;
+  EXPECT_EQ(out, "10000\n");
+}
+
+TEST_F(SqliteVfsTest, NoClusterAndTooLongNamesAreExplained) {
+  const std::string cmd = std::string("env -u FARPOOL_CLUSTER sqlite3 -batch -cmd '.load ") +
+                          FARPOOL_VFS_EXTENSION +
+                          "' -cmd '.log stderr' -cmd '.open file:x.db?vfs=farpool' :memory: "
+                          "'SELECT 1;' 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 512> buf{};
+  std::string out;
+  while (fgets(buf.data(), buf.size(), p) != nullptr) out += buf.data();
+  pclose(p);  // the CLI goes on with its in-memory database
+  EXPECT_NE(out.find("unable to open database"), std::string::npos) << out;
+  EXPECT_NE(out.find("cluster=PATH/cluster.json"), std::string::npos) << out;
+
+  Run r = Sql(std::string(300, 'n'), "SELECT 1;\n", ".log stderr\n");
+  EXPECT_NE(r.output.find("unable to open database"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("at most 255"), std::string::npos) << r.output;
+}
+
+TEST_F(SqliteVfsTest, ConcurrentIncrementsLoseNoUpdate) {
+  Run setup = Sql("counter.db", "CREATE TABLE c(n INTEGER);\nINSERT INTO c VALUES (0);\n");
+  ASSERT_EQ(setup.exit_code, 0) << setup.output;
+  constexpr int kProcesses = 4, kIncrements = 50;
+  std::string script = ".timeout 30000\n";
+  for (int i = 0; i < kIncrements; ++i) {
+    script += "BEGIN IMMEDIATE;\nUPDATE c SET n = n + 1;\nCOMMIT;\n";
+  }
+  std::vector<Run> runs(kProcesses);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kProcesses; ++i) {
+    threads.emplace_back([&, i] { runs[i] = Sql("counter.db", script); });
+  }
+  for (auto& t : threads) t.join();
+  for (const Run& r : runs) {
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output, "");
+  }
+  Run check = Sql("counter.db", "SELECT n FROM c;\nPRAGMA integrity_check;\n");
+  EXPECT_EQ(check.output, std::to_string(kProcesses * kIncrements) + "\nok\n");
+}
+
+TEST_F(SqliteVfsTest, ASecondWriterThatCannotWaitGetsBusy) {
+  CreateRows("busy.db");
+  Interactive a(Path("busy-a.log"));
+  a.Send(Preamble("busy.db") + "BEGIN IMMEDIATE;\nUPDATE t SET v = v + 1 WHERE id = 1;\n" +
+         ".system touch " + Path("busy-a.ready") + "\n");
+  ASSERT_TRUE(a.WaitFor(Path("busy-a.ready"))) << a.Output();
+  Run b = Sql("busy.db", ".timeout 0\nBEGIN IMMEDIATE;\n");
+  EXPECT_NE(b.output.find("database is locked"), std::string::npos) << b.output;
+  // Readers are not blocked by RESERVED.
+  Run reader = Sql("busy.db", "SELECT count(*) FROM t;\n");
+  EXPECT_EQ(reader.output, "10000\n");
+  a.Send("UPDATE t SET v = v - 1 WHERE id = 1;\nCOMMIT;\n");
+  EXPECT_EQ(a.Finish(), 0) << a.Output();
+  ExpectRows("busy.db");
+}
+
+// A writer SIGKILLed in the middle of a transaction: with a tiny page cache its changes have
+// spilled into the database file under EXCLUSIVE, so the others must wait out its lease and
+// roll its hot journal back.
+TEST_F(SqliteVfsTest, AKilledExclusiveHolderIsRolledBackAfterItsLease) {
+  CreateRows("killed.db");
+  Interactive a(Path("killed-a.log"));
+  a.Send(Preamble("killed.db") + "PRAGMA cache_size = 2;\nBEGIN;\nUPDATE t SET v = v + 1;\n" +
+         ".system touch " + Path("killed-a.ready") + "\n");
+  ASSERT_TRUE(a.WaitFor(Path("killed-a.ready"))) << a.Output();
+  a.Kill();
+  // Its EXCLUSIVE lock outlives it until the lease runs out.
+  Run early = Sql("killed.db", "SELECT count(*) FROM t;\n");
+  EXPECT_NE(early.output.find("database is locked"), std::string::npos) << early.output;
+  ExpectRows("killed.db", ".timeout 20000\n");
+  Run w = Sql("killed.db",
+              ".timeout 20000\nUPDATE t SET v = v + 1 WHERE id = 1;\n"
+              "SELECT v FROM t WHERE id = 1;\n");
+  EXPECT_EQ(w.output, "8\n");
+}
+
+TEST_F(SqliteVfsTest, AKilledReservedHolderLetsTheNextWriterInAfterItsLease) {
+  CreateRows("reserved.db");
+  Interactive a(Path("reserved-a.log"));
+  a.Send(Preamble("reserved.db") + "BEGIN IMMEDIATE;\nINSERT INTO t VALUES (20000, 0, '');\n" +
+         ".system touch " + Path("reserved-a.ready") + "\n");
+  ASSERT_TRUE(a.WaitFor(Path("reserved-a.ready"))) << a.Output();
+  a.Kill();
+  Run early = Sql("reserved.db", "BEGIN IMMEDIATE;\n");
+  EXPECT_NE(early.output.find("database is locked"), std::string::npos) << early.output;
+  Run w = Sql("reserved.db",
+              ".timeout 20000\nBEGIN IMMEDIATE;\nINSERT INTO t VALUES (20001, 0, '');\n"
+              "COMMIT;\nSELECT count(*) FROM t;\nPRAGMA integrity_check;\n");
+  EXPECT_EQ(w.exit_code, 0) << w.output;
+  EXPECT_EQ(w.output, "10001\nok\n");
+}
+
+TEST_F(SqliteVfsTest, AFullPoolIsSqliteFullAndTheDatabaseStaysIntact) {
+  CreateRows("full.db");
+  Run r = Sql("full.db",
+              "CREATE TABLE big(b BLOB);\n"
+              "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 400)\n"
+              "  INSERT INTO big SELECT randomblob(1000000) FROM c;\n",
+              ".log stderr\n");
+  EXPECT_NE(r.output.find("database or disk is full"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("OutOfMemory"), std::string::npos) << r.output;
+  ExpectRows("full.db");
+}
+
+TEST_F(SqliteVfsTest, WalWorksWithExclusiveLocking) {
+  Run r = Sql("wal.db",
+              "PRAGMA locking_mode = EXCLUSIVE;\nPRAGMA journal_mode = WAL;\n"
+              "CREATE TABLE w(x);\nINSERT INTO w VALUES (1), (2), (3);\nSELECT sum(x) FROM w;\n");
+  EXPECT_EQ(r.output, "exclusive\nwal\n6\n");
+}
+
+}  // namespace
+}  // namespace farpool
