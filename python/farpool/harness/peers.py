@@ -248,7 +248,7 @@ class ShardCluster:
                 log_file = open(os.path.join(self.dir, f"shard-{i}.log"), "w")
                 self.procs.append(subprocess.Popen(
                     [*self.netns.exec_prefix(i), str(farpool_bin()), "shard", "--listen",
-                     f"{self.netns.address(i)}:7000", "--id", str(i), "--progress", self.progress,
+                     f"{self.netns.address(i)}:0", "--id", str(i), "--progress", self.progress,
                      "--transport", self.transport, "--ready-file",
                      os.path.join(self.dir, f"shard-{i}.ready")],
                     stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True))

@@ -115,16 +115,18 @@ def pgbench_run(pg: peers.Postgres, scale: int, clients: int, seconds: float) ->
 
 
 class Systems:
-    """Starts what each system needs, once (PostgreSQL servers, the namespaces), and runs one
-    point of a system; close() (or leaving the `with`) stops and removes all of it, also after a
-    failure or SIGTERM."""
+    """Runs one point of a system. The shm PostgreSQL servers are started (and loaded) once and
+    kept; everything of a network system is made for its point and removed right after: its
+    namespaces, its servers, PostgreSQL's too (initdb + `pgbench -i` per point). Only one set of
+    namespaces exists at a time: with another bridge of ours present, `cluster up --netns`
+    mostly fails ("server 0 does not answer"; see docs/experiments.md). close() (or leaving
+    the `with`) stops and removes what is left, also after a failure or SIGTERM."""
 
     def __init__(self, scale: int, seconds: float):
         self.scale = scale
         self.seconds = seconds
         self.stack = contextlib.ExitStack()
         self.pg: dict[str, peers.Postgres] = {}
-        self.shard_netns: peers.Netns | None = None
         self.network: dict[str, str] = {}  # system -> how it was reached
         self.notes: dict[str, str] = {}
 
@@ -134,53 +136,66 @@ class Systems:
     def __exit__(self, *exc):
         self.stack.close()
 
+    def _pgbench_init(self, pg: peers.Postgres) -> None:
+        out = subprocess.run(["pgbench", *pg.conn_args(), "-i", "-q", "-s", str(self.scale),
+                              "postgres"], capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"pgbench -i: {out.stderr.strip()[-300:]}")
+
     def _postgres(self, system: str) -> peers.Postgres:
         if system not in self.pg:
-            if system == "postgresql-tcp":
-                ns = self.stack.enter_context(peers.Netns(1))
-                pg = self.stack.enter_context(peers.Postgres(in_ram=True, netns=(ns, 0)))
-                self.network[system] = "TCP, server in its own netns"
-            else:
-                pg = self.stack.enter_context(peers.Postgres(in_ram=system == "postgresql-ram"))
-                self.network[system] = "Unix socket"
+            pg = self.stack.enter_context(peers.Postgres(in_ram=system == "postgresql-ram"))
+            self.network[system] = "Unix socket"
             log(f"== {LABELS[system]}: pgbench -i -s {self.scale}")
-            out = subprocess.run(["pgbench", *pg.conn_args(), "-i", "-q", "-s", str(self.scale),
-                                  "postgres"], capture_output=True, text=True)
-            if out.returncode != 0:
-                raise RuntimeError(f"pgbench -i: {out.stderr.strip()[-300:]}")
+            self._pgbench_init(pg)
             self.pg[system] = pg
         return self.pg[system]
 
+    def _postgresql_tcp(self, clients: int) -> dict:
+        with peers.Netns(1) as ns, peers.Postgres(in_ram=True, netns=(ns, 0)) as pg:
+            self.network["postgresql-tcp"] = "TCP, server in its own netns"
+            self._pgbench_init(pg)
+            return pgbench_run(pg, self.scale, clients, self.seconds)
+
     def _pool_tcp(self, clients: int) -> dict:
-        try:
-            cluster = peers.Cluster(2, "1GiB", "tcp", netns=True, progress="event")
-            path = cluster.__enter__()
-            self.network["pool-tcp"] = "TCP, 2 memory servers each in its own netns, event"
-        except RuntimeError as e:
-            log(f"   --netns unavailable ({e}); using TCP over loopback")
-            self.notes["pool-tcp"] = f"--netns failed ({str(e)[:120]}); plain TCP loopback"
-            self.network["pool-tcp"] = "TCP over loopback, event"
+        for attempt in range(3):
+            try:
+                cluster = peers.Cluster(2, "1GiB", "tcp", netns=True, progress="event")
+                path = cluster.__enter__()
+                network = "TCP, 2 memory servers each in its own netns, event"
+                break
+            except RuntimeError as e:
+                log(f"   cluster up --netns failed (attempt {attempt + 1} of 3): {e}")
+                err = e
+        else:
+            log("   using TCP over loopback for this point")
+            self.notes["pool-tcp"] = f"--netns failed ({str(err)[:160]}); plain TCP loopback"
+            network = "TCP over loopback, event"
             cluster = peers.Cluster(2, "1GiB", "tcp", progress="event")
             path = cluster.__enter__()
+        self.network["pool-tcp"] = network
         try:
             return farpool_tpcb("pool", self.scale, clients, self.seconds, path)
         finally:
             cluster.__exit__(None, None, None)
 
     def _sharded_tcp(self, clients: int) -> dict:
-        if self.shard_netns is None and "sharded-tcp" not in self.network:
+        with contextlib.ExitStack() as point:
             try:
-                self.shard_netns = self.stack.enter_context(peers.Netns(2))
+                ns = point.enter_context(peers.Netns(2))
                 self.network["sharded-tcp"] = "TCP, 2 partitions each in its own netns, event"
             except RuntimeError as e:
                 log(f"   namespaces unavailable ({e}); sharded over TCP loopback")
                 self.notes["sharded-tcp"] = f"netns failed ({str(e)[:120]}); TCP over loopback"
                 self.network["sharded-tcp"] = "TCP over loopback, event"
-        with peers.ShardCluster(2, "tcp", "event", self.shard_netns) as path:
+                ns = None
+            path = point.enter_context(peers.ShardCluster(2, "tcp", "event", ns))
             return farpool_tpcb("sharded", self.scale, clients, self.seconds, path)
 
     def run(self, system: str, clients: int) -> dict:
         """One point: the metrics of `system` at `clients` clients."""
+        if system == "postgresql-tcp":
+            return self._postgresql_tcp(clients)
         if system.startswith("postgresql"):
             return pgbench_run(self._postgres(system), self.scale, clients, self.seconds)
         if system == "pool-tcp":
@@ -204,18 +219,17 @@ def measure(systems, scale, clients, seconds, repeat=1):
                 for s in ("sharded", "sharded-tcp"):
                     sy.notes[s] = f"not available: {why}"
                 systems = [s for s in systems if s not in ("sharded", "sharded-tcp")]
-        failed = set()
+        failed: dict[str, int] = {}
         for n in clients:
             for rep in range(repeat):
                 for system in systems:
-                    if system in failed:
-                        continue
                     try:
                         r = sy.run(system, n)
                     except (RuntimeError, OSError) as e:
                         log(f"   {system} failed: {e}")
-                        sy.notes[system] = f"failed: {str(e)[:300]}"
-                        failed.add(system)
+                        failed[system] = failed.get(system, 0) + 1
+                        sy.notes[system] = (f"{failed[system]} run(s) failed, the last: "
+                                            f"{str(e)[:300]}")
                         continue
                     rt = r.get("round_trips_per_txn")
                     log(f"== {LABELS[system]} {n} clients, run {rep + 1}/{repeat}: "
@@ -237,7 +251,10 @@ def medians(rows) -> list[dict]:
                   key=lambda k: (SYSTEMS.index(k[0]), k[1]))
     for system, n in keys:
         runs = [r for r in rows if r["system"] == system and r["clients"] == n]
-        m = {"system": system, "clients": n, "runs": len(runs), "network": runs[0]["network"],
+        nets = sorted({r["network"] for r in runs})
+        network = nets[0] if len(nets) == 1 else "; ".join(
+            f"{sum(r['network'] == x for r in runs)}x {x}" for x in nets)
+        m = {"system": system, "clients": n, "runs": len(runs), "network": network,
              "tps_min": min(r["tps"] for r in runs), "tps_max": max(r["tps"] for r in runs)}
         for k in METRICS:
             vals = [r[k] for r in runs if k in r]
