@@ -11,6 +11,11 @@
                the client costs no more than farpool's in-process driver does.
   SQLite       the `sqlite3` module on a database file on disk (page cache warm), one flow.
 
+Network variants (issue 9): `Netns` makes network namespaces on a bridge the way
+`farpool cluster up --netns` does; `ShardCluster` runs the sharded engine's partition servers
+over TCP, each in its own namespace; `Postgres(netns=...)` runs PostgreSQL in one, listening on
+its veth address only, so clients reach it over TCP from the root namespace.
+
 All of them load the same data: the CSV files of `farpool bench social --export DIR`.
 """
 
@@ -120,6 +125,164 @@ def sharded_available() -> str | None:
         return str(e).split(": ", 2)[-1][:200]
 
 
+# ------------------------------------------------------------------ network namespaces
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    out = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if check and out.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {out.stderr.strip()}")
+    return out
+
+
+class Netns:
+    """`count` network namespaces, each with a veth pair whose host end is on one bridge in the
+    root namespace: the topology of `farpool cluster up --netns` (src/pool/local_cluster.cc),
+    so every system measured over it crosses the same veth + bridge path.
+
+    Names: fq<tag>br (bridge), fq<tag>s<i> (namespace), fq<tag>h<i> / fq<tag>p<i> (host / peer
+    veth); tag is 4 hex digits, names stay within Linux's 15 characters. Addresses:
+    10.<net>.0.1/16 on the bridge, 10.<net>.0.<i + 2> in namespace i, with net in 100..149
+    (the cluster tool uses 150..249) and not already on an interface here.
+    Everything is removed on exit, also after a partial set-up. Processes started inside a
+    namespace must be stopped before (deleting a namespace does not stop them).
+    Needs root (CAP_NET_ADMIN)."""
+
+    def __init__(self, count: int):
+        self.count = count
+        self.tag = f"{(os.getpid() * 7919 + int(time.time() * 1000)) & 0xffff:04x}"
+        used = _ip("-4", "-o", "addr", check=False).stdout
+        free = [n for n in range(100, 150) if f" 10.{n}." not in used]
+        if not free:
+            raise RuntimeError("no free 10.N.0.0/16 (N in 100..149) for the namespaces")
+        self.net = free[int(self.tag, 16) % len(free)]
+
+    def bridge(self) -> str:
+        return f"fq{self.tag}br"
+
+    def name(self, i: int) -> str:
+        return f"fq{self.tag}s{i}"
+
+    def address(self, i: int) -> str:
+        return f"10.{self.net}.0.{i + 2}"
+
+    def exec_prefix(self, i: int) -> list[str]:
+        return ["ip", "netns", "exec", self.name(i)]
+
+    def __enter__(self) -> "Netns":
+        try:
+            br = self.bridge()
+            _ip("link", "add", br, "type", "bridge")
+            _ip("addr", "add", f"10.{self.net}.0.1/16", "dev", br)
+            _ip("link", "set", br, "up")
+            for i in range(self.count):
+                ns, host, peer = self.name(i), f"fq{self.tag}h{i}", f"fq{self.tag}p{i}"
+                _ip("netns", "add", ns)
+                _ip("link", "add", host, "type", "veth", "peer", "name", peer)
+                _ip("link", "set", peer, "netns", ns)
+                _ip("link", "set", host, "master", br)
+                _ip("link", "set", host, "up")
+                _ip("-n", ns, "link", "set", "lo", "up")
+                _ip("-n", ns, "addr", "add", f"{self.address(i)}/16", "dev", peer)
+                _ip("-n", ns, "link", "set", peer, "up")
+                _ip("-n", ns, "route", "add", "default", "via", f"10.{self.net}.0.1")
+        except RuntimeError:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        for i in range(self.count):
+            _ip("netns", "del", self.name(i), check=False)
+            _ip("link", "del", f"fq{self.tag}h{i}", check=False)
+        _ip("link", "del", self.bridge(), check=False)
+
+    def describe(self) -> str:
+        return f"{self.count} netns on bridge {self.bridge()} (10.{self.net}.0.0/16)"
+
+
+def stop_processes(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL after `grace` seconds, to processes this harness started."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+class ShardCluster:
+    """The sharded engine's partition servers as `farpool shard` processes for one run; yields
+    the cluster.json path `bench txn --engine sharded --cluster` takes.
+
+    netns given: partition i runs in namespace i of that Netns, listening on its address over
+    TCP (`farpool shard-cluster up` has no --netns, so this does what it does by hand and
+    writes the same cluster.json). Else: `farpool shard-cluster up --transport T`, loopback."""
+
+    def __init__(self, partitions: int = 2, transport: str = "tcp", progress: str = "event",
+                 netns: Netns | None = None):
+        self.partitions = partitions
+        self.transport = transport
+        self.progress = progress
+        self.netns = netns
+        self.dir = tempfile.mkdtemp(prefix="farpool-shards-")
+        self.procs: list[subprocess.Popen] = []
+
+    def __enter__(self) -> str:
+        path = os.path.join(self.dir, "cluster.json")
+        if self.netns is None:
+            out = subprocess.run([str(farpool_bin()), "shard-cluster", "up", "--dir", self.dir,
+                                  "--partitions", str(self.partitions), "--transport",
+                                  self.transport, "--progress", self.progress],
+                                 capture_output=True, text=True)
+            if out.returncode != 0:
+                shutil.rmtree(self.dir, ignore_errors=True)
+                raise RuntimeError(f"shard-cluster up: {out.stderr.strip()}")
+            return path
+        if self.netns.count < self.partitions:
+            raise RuntimeError(f"{self.partitions} partitions need as many namespaces")
+        try:
+            for i in range(self.partitions):
+                log_file = open(os.path.join(self.dir, f"shard-{i}.log"), "w")
+                self.procs.append(subprocess.Popen(
+                    [*self.netns.exec_prefix(i), str(farpool_bin()), "shard", "--listen",
+                     f"{self.netns.address(i)}:0", "--id", str(i), "--progress", self.progress,
+                     "--transport", self.transport, "--ready-file",
+                     os.path.join(self.dir, f"shard-{i}.ready")],
+                    stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True))
+                log_file.close()
+            servers = []
+            deadline = time.time() + 30
+            for i, p in enumerate(self.procs):
+                ready = Path(self.dir, f"shard-{i}.ready")
+                while not ready.exists():
+                    if p.poll() is not None or time.time() > deadline:
+                        tail = Path(self.dir, f"shard-{i}.log").read_text()[-400:]
+                        raise RuntimeError(f"partition {i} in {self.netns.name(i)} did not start"
+                                           f" (exit {p.poll()}): {tail}")
+                    time.sleep(0.05)
+                info = json.loads(ready.read_text())
+                servers.append({"id": i, "address": f"{self.netns.address(i)}:{info['port']}",
+                                "pid": info.get("pid", p.pid), "netns": self.netns.name(i)})
+            Path(path).write_text(json.dumps({"version": 1, "transport": self.transport,
+                                              "servers": servers}, indent=2) + "\n")
+        except (RuntimeError, OSError, ValueError):
+            self.__exit__(None, None, None)
+            raise
+        return path
+
+    def __exit__(self, *exc):
+        if self.netns is None:
+            subprocess.run([str(farpool_bin()), "shard-cluster", "down", "--dir", self.dir],
+                           capture_output=True, text=True)
+        else:
+            stop_processes(self.procs)
+            self.procs = []
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 # ------------------------------------------------------------------ the SQL schema
 
 SQL_SCHEMA = """
@@ -176,19 +339,29 @@ def percentiles(lat_us: list[float]) -> dict:
 
 class Postgres:
     """A private PostgreSQL 15 server. in_ram: data dir on /dev/shm, fsync and synchronous
-    commit off; else the defaults with the data dir on disk."""
+    commit off; else the defaults with the data dir on disk.
 
-    def __init__(self, in_ram: bool = True, shared_buffers: str = "512MB"):
+    netns given (a Netns and the index of its namespace): the server runs in that namespace,
+    listens on that namespace's address only (TCP, trust from any address: the namespace is
+    private) and conn_args() point clients at it over TCP; else it listens on a Unix socket
+    only."""
+
+    def __init__(self, in_ram: bool = True, shared_buffers: str = "512MB",
+                 netns: tuple["Netns", int] | None = None):
         self.in_ram = in_ram
         base = "/dev/shm" if in_ram else "/var/tmp"
         self.dir = tempfile.mkdtemp(prefix="farpool-pg-", dir=base)
         self.data = os.path.join(self.dir, "data")
         self.port = free_port()
         self.shared_buffers = shared_buffers
+        self.netns = netns
+        self.host = netns[0].address(netns[1]) if netns else None
 
     def _as_postgres(self, cmd: list[str], **kw) -> subprocess.CompletedProcess:
         if os.geteuid() == 0:
             cmd = ["runuser", "-u", "postgres", "--"] + cmd
+        if self.netns:
+            cmd = self.netns[0].exec_prefix(self.netns[1]) + cmd
         return subprocess.run(cmd, capture_output=True, text=True, **kw)
 
     def __enter__(self) -> "Postgres":
@@ -200,7 +373,11 @@ class Postgres:
                                  "postgres", "--no-sync"])
         if out.returncode != 0:
             raise RuntimeError(f"initdb failed: {out.stderr.strip()[-400:]}")
-        opts = [f"-p {self.port}", f"-k {self.dir}", "-c listen_addresses=''",
+        listen = self.host or "''"
+        if self.host:
+            with open(os.path.join(self.data, "pg_hba.conf"), "a") as f:
+                f.write("host all all 0.0.0.0/0 trust\n")
+        opts = [f"-p {self.port}", f"-k {self.dir}", f"-c listen_addresses={listen}",
                 f"-c shared_buffers={self.shared_buffers}", "-c max_connections=200"]
         if self.in_ram:
             opts += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
@@ -216,7 +393,7 @@ class Postgres:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def conn_args(self) -> list[str]:
-        return ["-h", self.dir, "-p", str(self.port), "-U", "postgres"]
+        return ["-h", self.host or self.dir, "-p", str(self.port), "-U", "postgres"]
 
     def psql(self, sql: str, db: str = "postgres") -> str:
         out = subprocess.run(["psql", *self.conn_args(), "-d", db, "-v", "ON_ERROR_STOP=1", "-At",

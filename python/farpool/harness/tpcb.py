@@ -9,34 +9,73 @@
   local               the same on the local engine
   sharded             the same on the sharded engine (in-process partition servers), if built
 
-PostgreSQL: `pgbench -i -s SCALE` then `pgbench -c N -j N -T S -M prepared` (the built-in
-tpcb-like script). farpool's tpcb is the same schema and transaction (src/db/txn_bench.h).
-Output: bench/results/tpcb.jsonl, tpcb.md (tps per client count and pool / PostgreSQL), tpcb.png.
+Across a network (issue 9; clients in the root network namespace, every server in a namespace
+of its own behind a veth pair on one bridge, so all three cross the same path over TCP):
+  pool-tcp            the pool engine on a fresh `cluster up --transport tcp --netns --progress
+                      event` (2 memory servers) per point; plain loopback TCP if namespaces
+                      fail (said in the notes)
+  sharded-tcp         the sharded engine with 2 `farpool shard --transport tcp --progress event`
+                      partition servers, each in its own namespace (started here: `shard-cluster
+                      up` has no --netns), fresh per point; loopback TCP if namespaces fail
+  postgresql-tcp      postgresql-ram in its own namespace, listening on its veth address only;
+                      pgbench connects over TCP (-h ADDRESS)
 
-Usage: bench/experiments/tpcb [--scale N] [--clients 1,2,4,8] [--seconds S]
-                              [--systems pool,local,sharded,postgresql-ram,postgresql-default]
+PostgreSQL: `pgbench -i -s SCALE` once per server, then `pgbench -c N -j N -T S -M prepared -l`
+(the built-in tpcb-like script; p50/p99 from the per-transaction log). farpool's tpcb is the
+same schema and transaction (src/db/txn_bench.h), `--threads N --warmup 0.5 --verify`.
+
+The machine may be shared, so the points run round-robin: for each client count every system
+once, then again, --repeat times; the tables show the median (and the tps range), and the .md
+the load average at start and end. Output: bench/results/NAME.jsonl (every run, with its
+`rep`), NAME.md (median tps, ratios, p50/p99, abort rate, round trips per transaction),
+NAME.png; NAME is --out-name, by default `tpcb`, or `tpcb_tcp` when a -tcp system is selected.
+
+Usage: bench/experiments/tpcb [--scale N] [--clients 1,2,4,8] [--seconds S] [--repeat R]
+                              [--systems pool,local,sharded,postgresql-ram,postgresql-default,
+                                         pool-tcp,sharded-tcp,postgresql-tcp] [--out-name NAME]
+The network run of docs/experiments.md:
+  bench/experiments/tpcb --systems pool-tcp,sharded-tcp,postgresql-tcp --clients 1,2,4 --seconds 3
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import shutil
+import signal
+import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from farpool.harness import peers
 from farpool.harness.peers import log
 
-SYSTEMS = ["pool", "local", "sharded", "postgresql-ram", "postgresql-default"]
+SHM_SYSTEMS = ["pool", "local", "sharded", "postgresql-ram", "postgresql-default"]
+TCP_SYSTEMS = ["pool-tcp", "sharded-tcp", "postgresql-tcp"]
+SYSTEMS = SHM_SYSTEMS + TCP_SYSTEMS
 LABELS = {"pool": "farpool pool (shm)", "local": "farpool local", "sharded": "farpool sharded",
           "postgresql-ram": "PostgreSQL (tmpfs, fsync off)",
-          "postgresql-default": "PostgreSQL (defaults, disk)"}
+          "postgresql-default": "PostgreSQL (defaults, disk)",
+          "pool-tcp": "farpool pool (tcp)", "sharded-tcp": "farpool sharded (tcp)",
+          "postgresql-tcp": "PostgreSQL (tcp, tmpfs, fsync off)"}
+# (numerator, denominator) of the ratio columns, shown when both were measured.
+RATIOS = [("pool", "postgresql-ram"), ("pool", "postgresql-default"),
+          ("pool-tcp", "postgresql-tcp"), ("pool-tcp", "sharded-tcp")]
+PG_ROUND_TRIPS = 7  # statements of pgbench's tpcb-like script, each waited for
+METRICS = ["tps", "p50_us", "p99_us", "abort_rate", "round_trips_per_txn", "messages_per_txn",
+           "reads_per_txn", "writes_per_txn", "cas_per_txn"]
 
 
-def farpool_tpcb(engine: str, scale: int, clients: int, seconds: float) -> dict:
+def farpool_tpcb(engine: str, scale: int, clients: int, seconds: float,
+                 cluster: str | None = None) -> dict:
     cmd = [str(peers.farpool_bin()), "bench", "txn", "--engine", engine, "--workload", "tpcb",
            "--scale", str(scale), "--threads", str(clients), "--seconds", str(seconds),
            "--warmup", "0.5", "--verify", "--json"]
+    if cluster:
+        return peers.run_json(cmd + ["--cluster", cluster])
     if engine == "pool":
         with peers.Cluster(2, "1GiB", "shm") as c:
             return peers.run_json(cmd + ["--cluster", c])
@@ -44,93 +83,245 @@ def farpool_tpcb(engine: str, scale: int, clients: int, seconds: float) -> dict:
 
 
 def pgbench_run(pg: peers.Postgres, scale: int, clients: int, seconds: float) -> dict:
-    out = subprocess.run(["pgbench", *pg.conn_args(), "-n", "-M", "prepared", "-c", str(clients),
-                          "-j", str(clients), "-T", str(max(1, round(seconds))), "-s", str(scale),
-                          "postgres"], capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(f"pgbench failed: {out.stderr.strip()[-300:]}")
-    r = {}
-    for line in out.stdout.splitlines():
-        if line.startswith("tps"):
-            r["tps"] = float(line.split()[2])
-        elif line.startswith("latency average"):
-            r["mean_us"] = float(line.split()[3]) * 1000
-        elif line.startswith("number of failed"):
-            r["failed"] = int(line.split(":")[1].split()[0])
-    return r
+    work = tempfile.mkdtemp(prefix="farpool-pgbench-")
+    try:
+        out = subprocess.run(["pgbench", *pg.conn_args(), "-n", "-M", "prepared", "-c",
+                              str(clients), "-j", str(clients), "-T", str(max(1, round(seconds))),
+                              "-s", str(scale), "-l", "--log-prefix", os.path.join(work, "log"),
+                              "postgres"], capture_output=True, text=True, cwd=work)
+        if out.returncode != 0:
+            raise RuntimeError(f"pgbench failed: {out.stderr.strip()[-300:]}")
+        r = {"failed": 0}
+        for line in out.stdout.splitlines():
+            if line.startswith("tps"):
+                r["tps"] = float(line.split()[2])
+            elif line.startswith("latency average"):
+                r["mean_us"] = float(line.split()[3]) * 1000
+            elif line.startswith("number of failed"):
+                r["failed"] = int(line.split(":")[1].split()[0])
+            elif line.startswith("number of transactions actually processed"):
+                r["count"] = int(line.split(":")[1].split()[0].split("/")[0])
+        lat = []
+        for name in os.listdir(work):
+            if name.startswith("log"):
+                with open(os.path.join(work, name)) as f:
+                    lat += [float(line.split()[2]) for line in f if line.strip()]
+        p = peers.percentiles(lat)
+        r["p50_us"], r["p99_us"] = p["p50_us"], p["p99_us"]
+        r["abort_rate"] = r["failed"] / max(1, r.get("count", 0) + r["failed"])
+        return r
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
-def measure(systems, scale, clients, seconds):
-    rows, notes = [], {}
-    for system in systems:
+class Systems:
+    """Runs one point of a system. The shm PostgreSQL servers are started (and loaded) once and
+    kept; everything of a network system is made for its point and removed right after: its
+    namespaces, its servers, PostgreSQL's too (initdb + `pgbench -i` per point). Only one set of
+    namespaces exists at a time: with another bridge of ours present, `cluster up --netns`
+    mostly fails ("server 0 does not answer"; see docs/experiments.md). close() (or leaving
+    the `with`) stops and removes what is left, also after a failure or SIGTERM."""
+
+    def __init__(self, scale: int, seconds: float):
+        self.scale = scale
+        self.seconds = seconds
+        self.stack = contextlib.ExitStack()
+        self.pg: dict[str, peers.Postgres] = {}
+        self.network: dict[str, str] = {}  # system -> how it was reached
+        self.notes: dict[str, str] = {}
+
+    def __enter__(self) -> "Systems":
+        return self
+
+    def __exit__(self, *exc):
+        self.stack.close()
+
+    def _pgbench_init(self, pg: peers.Postgres) -> None:
+        out = subprocess.run(["pgbench", *pg.conn_args(), "-i", "-q", "-s", str(self.scale),
+                              "postgres"], capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"pgbench -i: {out.stderr.strip()[-300:]}")
+
+    def _postgres(self, system: str) -> peers.Postgres:
+        if system not in self.pg:
+            pg = self.stack.enter_context(peers.Postgres(in_ram=system == "postgresql-ram"))
+            self.network[system] = "Unix socket"
+            log(f"== {LABELS[system]}: pgbench -i -s {self.scale}")
+            self._pgbench_init(pg)
+            self.pg[system] = pg
+        return self.pg[system]
+
+    def _postgresql_tcp(self, clients: int) -> dict:
+        with peers.Netns(1) as ns, peers.Postgres(in_ram=True, netns=(ns, 0)) as pg:
+            self.network["postgresql-tcp"] = "TCP, server in its own netns"
+            self._pgbench_init(pg)
+            return pgbench_run(pg, self.scale, clients, self.seconds)
+
+    def _pool_tcp(self, clients: int) -> dict:
+        for attempt in range(3):
+            try:
+                cluster = peers.Cluster(2, "1GiB", "tcp", netns=True, progress="event")
+                path = cluster.__enter__()
+                network = "TCP, 2 memory servers each in its own netns, event"
+                break
+            except RuntimeError as e:
+                log(f"   cluster up --netns failed (attempt {attempt + 1} of 3): {e}")
+                err = e
+        else:
+            log("   using TCP over loopback for this point")
+            self.notes["pool-tcp"] = f"--netns failed ({str(err)[:160]}); plain TCP loopback"
+            network = "TCP over loopback, event"
+            cluster = peers.Cluster(2, "1GiB", "tcp", progress="event")
+            path = cluster.__enter__()
+        self.network["pool-tcp"] = network
         try:
-            if system.startswith("postgresql"):
-                in_ram = system == "postgresql-ram"
-                with peers.Postgres(in_ram=in_ram) as pg:
-                    log(f"== {LABELS[system]}: pgbench -i -s {scale}")
-                    out = subprocess.run(["pgbench", *pg.conn_args(), "-i", "-q", "-s", str(scale),
-                                          "postgres"], capture_output=True, text=True)
-                    if out.returncode != 0:
-                        raise RuntimeError(f"pgbench -i: {out.stderr.strip()[-300:]}")
-                    for n in clients:
-                        r = pgbench_run(pg, scale, n, seconds)
-                        log(f"   {n} clients: {r['tps']:.0f} tps")
-                        rows.append({"experiment": "tpcb", "system": system, "clients": n,
-                                     "scale": scale, **r})
-            else:
-                if system == "sharded":
-                    why = peers.sharded_available()
-                    if why:
-                        notes[system] = f"not available: {why}"
+            return farpool_tpcb("pool", self.scale, clients, self.seconds, path)
+        finally:
+            cluster.__exit__(None, None, None)
+
+    def _sharded_tcp(self, clients: int) -> dict:
+        with contextlib.ExitStack() as point:
+            try:
+                ns = point.enter_context(peers.Netns(2))
+                self.network["sharded-tcp"] = "TCP, 2 partitions each in its own netns, event"
+            except RuntimeError as e:
+                log(f"   namespaces unavailable ({e}); sharded over TCP loopback")
+                self.notes["sharded-tcp"] = f"netns failed ({str(e)[:120]}); TCP over loopback"
+                self.network["sharded-tcp"] = "TCP over loopback, event"
+                ns = None
+            path = point.enter_context(peers.ShardCluster(2, "tcp", "event", ns))
+            return farpool_tpcb("sharded", self.scale, clients, self.seconds, path)
+
+    def run(self, system: str, clients: int) -> dict:
+        """One point: the metrics of `system` at `clients` clients."""
+        if system == "postgresql-tcp":
+            return self._postgresql_tcp(clients)
+        if system.startswith("postgresql"):
+            return pgbench_run(self._postgres(system), self.scale, clients, self.seconds)
+        if system == "pool-tcp":
+            r = self._pool_tcp(clients)
+        elif system == "sharded-tcp":
+            r = self._sharded_tcp(clients)
+        else:
+            self.network.setdefault(system, "shm" if system != "local" else "in-process")
+            r = farpool_tpcb(system, self.scale, clients, self.seconds)
+        return {k: r[k] for k in METRICS if k in r}
+
+
+def measure(systems, scale, clients, seconds, repeat=1):
+    """Round-robin: for each client count, every system once, `repeat` times. Returns the raw
+    rows (one per run) and the notes."""
+    rows = []
+    with Systems(scale, seconds) as sy:
+        if "sharded" in systems or "sharded-tcp" in systems:
+            why = peers.sharded_available()
+            if why:
+                for s in ("sharded", "sharded-tcp"):
+                    sy.notes[s] = f"not available: {why}"
+                systems = [s for s in systems if s not in ("sharded", "sharded-tcp")]
+        failed: dict[str, int] = {}
+        for n in clients:
+            for rep in range(repeat):
+                for system in systems:
+                    try:
+                        r = sy.run(system, n)
+                    except (RuntimeError, OSError) as e:
+                        log(f"   {system} failed: {e}")
+                        failed[system] = failed.get(system, 0) + 1
+                        sy.notes[system] = (f"{failed[system]} run(s) failed, the last: "
+                                            f"{str(e)[:300]}")
                         continue
-                for n in clients:
-                    r = farpool_tpcb(system, scale, n, seconds)
-                    log(f"== {LABELS[system]} {n} clients: {r['tps']:.0f} tps, abort rate "
-                        f"{r['abort_rate']:.3f}")
+                    rt = r.get("round_trips_per_txn")
+                    log(f"== {LABELS[system]} {n} clients, run {rep + 1}/{repeat}: "
+                        f"{r['tps']:,.0f} tps, abort rate {r['abort_rate']:.3f}"
+                        + (f", {rt:.2f} round trips/txn" if rt is not None else ""))
                     rows.append({"experiment": "tpcb", "system": system, "clients": n,
-                                 "scale": scale, "tps": r["tps"], "p50_us": r["p50_us"],
-                                 "p99_us": r["p99_us"], "abort_rate": r["abort_rate"]})
-        except (RuntimeError, OSError) as e:
-            log(f"   {system} failed: {e}")
-            notes[system] = f"failed: {str(e)[:300]}"
+                                 "scale": scale, "rep": rep, "seconds": seconds,
+                                 "network": sy.network.get(system, ""), **r})
+        notes = dict(sy.notes)
     peers.stamp(rows)
     return rows, notes
 
 
-def table(rows, notes, clients):
-    systems = [s for s in SYSTEMS if any(r["system"] == s for r in rows)]
-    get = lambda s, n: next((r for r in rows if r["system"] == s and r["clients"] == n), None)
+def medians(rows) -> list[dict]:
+    """One row per (system, clients): the median of every metric over the repetitions, and
+    the tps range."""
+    out = []
+    keys = sorted({(r["system"], r["clients"]) for r in rows},
+                  key=lambda k: (SYSTEMS.index(k[0]), k[1]))
+    for system, n in keys:
+        runs = [r for r in rows if r["system"] == system and r["clients"] == n]
+        nets = sorted({r["network"] for r in runs})
+        network = nets[0] if len(nets) == 1 else "; ".join(
+            f"{sum(r['network'] == x for r in runs)}x {x}" for x in nets)
+        m = {"system": system, "clients": n, "runs": len(runs), "network": network,
+             "tps_min": min(r["tps"] for r in runs), "tps_max": max(r["tps"] for r in runs)}
+        for k in METRICS:
+            vals = [r[k] for r in runs if k in r]
+            if vals:
+                m[k] = statistics.median(vals)
+        out.append(m)
+    return out
+
+
+def table(med, notes, clients) -> str:
+    """Two tables: median tps per client count with the ratios, then every system's detail."""
+    systems = [s for s in SYSTEMS if any(m["system"] == s for m in med)]
+    get = lambda s, n: next((m for m in med if m["system"] == s and m["clients"] == n), None)
+    ratios = [(a, b) for a, b in RATIOS if a in systems and b in systems]
     lines = ["| clients | " + " | ".join(LABELS[s] for s in systems) +
-             " | pool / PostgreSQL (RAM) | pool / PostgreSQL (defaults) |",
-             "|---" * (len(systems) + 3) + "|"]
+             "".join(f" | {a} / {b}" for a, b in ratios) + " |",
+             "|---" * (len(systems) + len(ratios) + 1) + "|"]
     for n in clients:
         cells = [f"{get(s, n)['tps']:,.0f}" if get(s, n) else "–" for s in systems]
-        p = get("pool", n)
-        rr = [f"{p['tps'] / get(s, n)['tps']:.1f}x" if p and get(s, n) and get(s, n)["tps"] else "–"
-              for s in ("postgresql-ram", "postgresql-default")]
-        lines.append(f"| {n} | " + " | ".join(cells) + " | " + " | ".join(rr) + " |")
+        rr = [f"{get(a, n)['tps'] / get(b, n)['tps']:.2f}x"
+              if get(a, n) and get(b, n) and get(b, n)["tps"] else "–" for a, b in ratios]
+        lines.append(f"| {n} | " + " | ".join(cells + rr) + " |")
+    lines += ["", "| system | clients | tps (median) | tps range | p50 µs | p99 µs | abort rate "
+              "| round trips/txn | p50 µs / round trip | network |", "|---" * 10 + "|"]
+    f = lambda m, k, fmt: format(m[k], fmt) if k in m else "–"
+    # pgbench's tpcb-like script sends 7 statements (BEGIN, 3 UPDATEs, SELECT, INSERT, END)
+    # and waits for each: 7 round trips, from the script (PostgreSQL does not count them).
+    rts = lambda m: m.get("round_trips_per_txn") or (PG_ROUND_TRIPS if m["system"].startswith(
+        "postgresql") else None)
+    per_rt = lambda m: f"{m['p50_us'] / rts(m):.0f}" if rts(m) and "p50_us" in m else "–"
+    rt_cell = lambda m: (f(m, "round_trips_per_txn", ".2f") if "round_trips_per_txn" in m
+                         else f"{PG_ROUND_TRIPS} (script)" if rts(m) else "–")
+    for m in med:
+        lines.append(f"| {m['system']} | {m['clients']} | {m['tps']:,.0f} | "
+                     f"{m['tps_min']:,.0f}–{m['tps_max']:,.0f} | {f(m, 'p50_us', ',.0f')} | "
+                     f"{f(m, 'p99_us', ',.0f')} | {f(m, 'abort_rate', '.3f')} | "
+                     f"{rt_cell(m)} | {per_rt(m)} | {m['network']} |")
     for s, n in notes.items():
         lines.append(f"\n- {LABELS.get(s, s)}: {n}")
     return "\n".join(lines) + "\n"
 
 
-def plot(rows, path):
+def plot(med, path, title):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 5))
     for s in SYSTEMS:
-        pts = sorted((r["clients"], r["tps"]) for r in rows if r["system"] == s)
+        pts = sorted((m["clients"], m["tps"], m["tps_min"], m["tps_max"])
+                     for m in med if m["system"] == s)
         if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=LABELS[s])
+            x = [p[0] for p in pts]
+            y = [p[1] for p in pts]
+            err = [[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]]
+            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=LABELS[s])
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("clients")
-    ax.set_ylabel("TPC-B transactions/s (log)")
-    ax.set_title("TPC-B: farpool vs pgbench on PostgreSQL, same machine")
+    ax.set_ylabel("TPC-B transactions/s (median, bars: range; log)")
+    ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def _terminate(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds the `with`s: servers stopped, namespaces removed
 
 
 def main(argv=None) -> int:
@@ -138,21 +329,45 @@ def main(argv=None) -> int:
     ap.add_argument("--scale", type=int, default=1)
     ap.add_argument("--clients", default="1,2,4,8")
     ap.add_argument("--seconds", type=float, default=3.0)
-    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="round-robin repetitions per client count; tables show the median")
+    ap.add_argument("--systems", default=",".join(SHM_SYSTEMS),
+                    help=f"comma-separated, of {','.join(SYSTEMS)} (default: the shm set)")
     ap.add_argument("--out", default=str(peers.ROOT / "bench" / "results"))
+    ap.add_argument("--out-name", default=None,
+                    help="output file stem (default tpcb, or tpcb_tcp with a -tcp system)")
     args = ap.parse_args(argv)
     clients = [int(c) for c in args.clients.split(",")]
-    rows, notes = measure(args.systems.split(","), args.scale, clients, args.seconds)
+    systems = args.systems.split(",")
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown:
+        ap.error(f"unknown system(s) {','.join(unknown)}; expected some of {','.join(SYSTEMS)}")
+    name = args.out_name or ("tpcb_tcp" if any(s in TCP_SYSTEMS for s in systems) else "tpcb")
+    signal.signal(signal.SIGTERM, _terminate)
+    load_start = os.getloadavg()
+    rows, notes = measure(systems, args.scale, clients, args.seconds, args.repeat)
+    load_end = os.getloadavg()
     if not rows:
+        for s, n in notes.items():
+            log(f"{s}: {n}")
         return 1
     out = Path(args.out)
-    peers.write_jsonl(out / "tpcb.jsonl", rows)
+    peers.write_jsonl(out / f"{name}.jsonl", rows)
+    med = medians(rows)
     r0 = rows[0]
-    md = (f"Measured {r0['time']} on {r0['host']} ({r0['cores']} cores), git {r0['git_sha']}, "
-          f"`bench/experiments/tpcb --scale {args.scale} --clients {args.clients} --seconds "
-          f"{args.seconds}`. Transactions per second.\n\n" + table(rows, notes, clients))
-    (out / "tpcb.md").write_text(md)
-    plot(rows, out / "tpcb.png")
+    la = lambda t: "/".join(f"{x:.2f}" for x in t)
+    cmd = (f"bench/experiments/tpcb --systems {args.systems} --scale {args.scale} --clients "
+           f"{args.clients} --seconds {args.seconds:g} --repeat {args.repeat}"
+           + (f" --out-name {args.out_name}" if args.out_name else ""))
+    md = (f"Measured {r0['time']} on {r0['host']} ({r0['cores']} cores, shared with other work: "
+          f"load average (1/5/15 min) {la(load_start)} at start, {la(load_end)} at end), git "
+          f"{r0['git_sha']}, `{cmd}`. TPC-B scale {args.scale}, transactions per second: the "
+          f"median of {args.repeat} runs per point, run round-robin (for each client count every "
+          f"system once, then again).\n\n" + table(med, notes, clients))
+    (out / f"{name}.md").write_text(md)
+    tcp = any(s in TCP_SYSTEMS for s in systems)
+    plot(med, out / f"{name}.png", "TPC-B over TCP, servers in network namespaces, same machine"
+         if tcp else "TPC-B: farpool vs pgbench on PostgreSQL, same machine")
     print(md)
     return 0
 
