@@ -51,7 +51,9 @@ inline constexpr int kFreeSlots = 8192;
 
 struct LeaseSlot {
   // 0: free. A live owner's token (bit 63 clear), or kSweeping | the token of a process that
-  // is clearing this slot's lock bits from every file (file_lock.h).
+  // is clearing this slot's lock bits from every file (file_lock.h). A token's low 32 bits are
+  // its process's pool process tag (Pool::process_tag): whoever takes the slot over evicts
+  // that process first (lease.h).
   uint64_t owner;
   uint64_t heartbeat;  // the owner adds 1 every lease/8
 };

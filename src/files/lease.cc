@@ -13,10 +13,12 @@ int64_t NowNs() {
       .count();
 }
 
-uint64_t NewToken() {
+// Random high bits (a new token for every attach), the process tag low: never 0 (the tag is
+// not), never kSweeping.
+uint64_t NewToken(uint32_t process_tag) {
   std::random_device rd;
-  const uint64_t r = (uint64_t{rd()} << 32) ^ rd() ^ (uint64_t(getpid()) << 20);
-  return (r & ~kSweeping) | 1;  // never 0, never kSweeping
+  const uint64_t r = (uint64_t{rd()} << 32) ^ (uint64_t(getpid()) << 40);
+  return (r & ~kSweeping & ~uint64_t{0xffffffff}) | process_tag;
 }
 
 }  // namespace
@@ -32,7 +34,8 @@ GlobalAddress LeaseTable::Slot(int slot) const {
 }
 
 Result<std::unique_ptr<LeaseTable>> LeaseTable::Attach(FileStore& store, SweepFn sweep) {
-  auto table = std::unique_ptr<LeaseTable>(new LeaseTable(store, std::move(sweep), NewToken()));
+  auto table = std::unique_ptr<LeaseTable>(
+      new LeaseTable(store, std::move(sweep), NewToken(store.pool().process_tag())));
   LeaseTable& t = *table;
   Pool& pool = store.pool();
   const auto deadline = std::chrono::steady_clock::now() + 2 * (t.lease_ + t.margin());
@@ -149,6 +152,17 @@ Status LeaseTable::Reclaim(int slot) {
 Status LeaseTable::Sweep(int slot, uint64_t owner, bool keep) {
   Pool& pool = store_.pool();
   const uint64_t sweeping = kSweeping | token_;
+  // Another process's slot (or its unfinished sweep): that process is shut out of the pool
+  // first, so that a write it was about to make when it stalled can never land after its locks
+  // are gone. One of this process's own Pools that maps the memory cannot be evicted: wait.
+  const uint32_t tag = static_cast<uint32_t>(owner);
+  if (owner != 0 && tag != pool.process_tag()) {
+    Status evicted = pool.Evict(tag);
+    if (evicted.code() == StatusCode::kInvalidArgument) {
+      return Status::Aborted("lease slot " + std::to_string(slot) + ": " + evicted.message());
+    }
+    FARPOOL_RETURN_IF_ERROR(evicted.WithContext("lease slot " + std::to_string(slot)));
+  }
   FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, pool.CompareAndSwap(Slot(slot), owner, sweeping));
   if (prev != owner) {
     return Status::Aborted("lease slot " + std::to_string(slot) + " changed owner");

@@ -3,13 +3,17 @@
 // number is its identity in every lock word (file_lock.h).
 //
 // How it works:
-//   - Attach claims a free slot (CAS owner 0 → a random token). A renewal thread adds 1 to
+//   - Attach claims a free slot (CAS owner 0 → a token: random high bits, the process's pool
+//     process tag in the low 32). A renewal thread adds 1 to
 //     the slot's heartbeat every lease/8 and checks the owner is still its token.
 //   - An observer judges another slot by its own monotonic clock: a slot whose (owner,
 //     heartbeat) has not changed for lease + margin since the observer first saw that value
 //     is dead. No clocks are compared across hosts.
 //   - A dead slot's lock bits are removed only by a sweep (file_lock.h: Reclaim): the sweeper
-//     CASes the owner from the dead token to kSweeping|its own token, clears the slot's bits
+//     first evicts the dead token's process from every memory server (Pool::Evict: killed if
+//     it maps the memory, disconnected otherwise), so that nothing it was about to write when
+//     it stalled can land later; then it CASes the owner from the dead token to
+//     kSweeping|its own token, clears the slot's bits
 //     from every lock word, then frees the slot (or keeps it, when it reclaims the slot to
 //     attach). So a slot's bits are never removed while a live owner holds the slot, and a
 //     free slot has no bits anywhere. A sweeper that dies mid-sweep leaves the slot at
@@ -18,8 +22,7 @@
 //   - Self-fencing: a process whose last successful renewal is older than the lease on its own
 //     clock (stopped, starved, or cut off from the pool), or whose slot was taken, has lost
 //     the lease for good: Check() fails from then on and the VFS refuses to write. A process
-//     stalled between Check() and a write can still write after its locks were broken; the
-//     database engine closes that gap with Pool::Evict, which the VFS should use next.
+//     stalled between Check() and a write is evicted before its locks are broken (above).
 //
 // Thread-safety: safe for concurrent use. REQUIRES: the store (and its pool) outlive this.
 #pragma once

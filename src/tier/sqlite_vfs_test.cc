@@ -40,6 +40,7 @@ class SqliteVfsTest : public ::testing::Test {
     o.servers = 1;
     o.memory = 128ull << 20;
     o.chunk_size = 1ull << 20;
+    o.progress = ProgressMode::kEvent;  // no busy-polling server beside the CLIs
     cluster_ = new TestCluster(o);
   }
   static void TearDownTestSuite() {
@@ -118,6 +119,19 @@ class SqliteVfsTest : public ::testing::Test {
       kill(pid_, SIGKILL);
       waitpid(pid_, nullptr, 0);
       pid_ = -1;
+    }
+    void Stop() { kill(pid_, SIGSTOP); }
+    // Waits (bounded) until the CLI has ended; the signal that ended it, 0 if it exited, -1 if
+    // it is still running.
+    int EndedBy(std::chrono::seconds limit) {
+      const auto deadline = std::chrono::steady_clock::now() + limit;
+      int status = 0;
+      while (waitpid(pid_, &status, WNOHANG) == 0) {
+        if (std::chrono::steady_clock::now() > deadline) return -1;
+        std::this_thread::sleep_for(10ms);
+      }
+      pid_ = -1;
+      return WIFSIGNALED(status) ? WTERMSIG(status) : 0;
     }
     // Closes stdin and waits for the exit code.
     int Finish() {
@@ -263,6 +277,24 @@ TEST_F(SqliteVfsTest, AKilledReservedHolderLetsTheNextWriterInAfterItsLease) {
               "COMMIT;\nSELECT count(*) FROM t;\nPRAGMA integrity_check;\n");
   EXPECT_EQ(w.exit_code, 0) << w.output;
   EXPECT_EQ(w.output, "10001\nok\n");
+}
+
+// A writer stopped (SIGSTOP) while it holds RESERVED, past its lease: the next writer sweeps
+// its lease slot, which evicts it first — it maps the server's memory, so the server kills it,
+// and nothing it was about to write can land after the next writer went ahead.
+TEST_F(SqliteVfsTest, AStoppedWriterIsEvictedAndTheNextWriterGoesOn) {
+  CreateRows("stopped.db");
+  Interactive a(Path("stopped-a.log"));
+  a.Send(Preamble("stopped.db") + "BEGIN IMMEDIATE;\nINSERT INTO t VALUES (20000, 0, '');\n" +
+         ".system touch " + Path("stopped-a.ready") + "\n");
+  ASSERT_TRUE(a.WaitFor(Path("stopped-a.ready"))) << a.Output();
+  a.Stop();
+  Run w = Sql("stopped.db",
+              ".timeout 20000\nBEGIN IMMEDIATE;\nINSERT INTO t VALUES (20001, 0, '');\n"
+              "COMMIT;\nSELECT count(*) FROM t;\nPRAGMA integrity_check;\n");
+  EXPECT_EQ(w.exit_code, 0) << w.output;
+  EXPECT_EQ(w.output, "10001\nok\n");
+  EXPECT_EQ(a.EndedBy(10s), SIGKILL) << "the stopped writer was not evicted: " << a.Output();
 }
 
 TEST_F(SqliteVfsTest, AFullPoolIsSqliteFullAndTheDatabaseStaysIntact) {

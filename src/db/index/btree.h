@@ -56,9 +56,9 @@
 //      itself (3). Root word CASed: done.
 //   7. Fencing: releases are CASes from our lock word; a failed release means our lock was
 //      broken (we were judged dead): GetOrInsert stops and returns Unavailable. A holder
-//      judged dead that is in fact still running could land one last node write after the
-//      breaker repaired the node (the residual window of docs/database.md, "Leases and
-//      fencing"); CheckLease before each write keeps that window to one write. An error after
+//      judged dead that is in fact still running (stopped between CheckLease and a node
+//      write) is evicted from the pool before anyone breaks its lock (docs/database.md,
+//      "Leases and fencing"), so that write never lands after the repair. An error after
 //      a node write began (memory failure) keeps that node locked if it does not verify, so
 //      that whoever judges us dead repairs it from our entry: an owner that got such an
 //      error from GetOrInsert must be abandoned (its later inserts on that node would fail

@@ -26,8 +26,8 @@
 //     its record is not committed yet, so no snapshot can miss it).
 //   - A lock wait asks HolderDead every 64 spins and gives up after `wait_limit` with
 //     Unavailable naming the bucket and its holder. CheckLease() precedes every write; a
-//     holder judged dead that still runs can land one last write (the documented residual
-//     window of docs/database.md, "Leases and fencing").
+//     holder judged dead that still runs is evicted from the pool before its lock is broken,
+//     so no write of its lands afterwards (docs/database.md, "Leases and fencing").
 //
 // Thread-safety: the object is immutable after construction; all state is in memory, safe for
 // concurrent use by any number of sessions in any number of processes.

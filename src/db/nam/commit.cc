@@ -515,11 +515,11 @@ void CommitRun::ReleaseLocks() {
 // ours. A commit that stalls past its lease after Lock is fenced and its lock broken; others
 // rewrite the record and cut, free and recycle its chain meanwhile. So: the lease is checked
 // after each node is read and before it is judged (a node that fails its checksum is then
-// never reported by a live session, and the cut's CAS follows a passed check directly: the
-// residual window of one operation, as for every store), and the cut-off nodes are retired
-// only after the CAS that releases the lock from our own word has succeeded, which proves
-// nobody broke the lock meanwhile. A trimmer stalled in that window leaks what it cut; it
-// never frees nodes that someone else freed or will free too.
+// never reported by a live session, and the cut's CAS follows a passed check directly; a
+// trimmer stalled between the two is evicted before anyone breaks its lock), and the cut-off
+// nodes are retired only after the CAS that releases the lock from our own word has
+// succeeded, which proves nobody broke the lock meanwhile: a trimmer never frees nodes that
+// someone else freed or will free too.
 Result<uint64_t> CommitRun::Trim(const NamTable& t, GlobalAddress head, uint64_t length,
                                  GlobalAddress* trimmed) {
   const uint32_t me = s_.lease_->open > 1 ? UINT32_MAX : s_.lease_->slot;
