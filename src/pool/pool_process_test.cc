@@ -191,6 +191,49 @@ LocalClusterOptions Options(int servers, uint64_t memory, Fabric fabric) {
   return o;
 }
 
+// Starts this binary as worker `role` on `cluster` over `transport` (more environment in
+// `env`) and returns its pid and the first line it prints (it prints once it is ready);
+// pid -1 if it did not start.
+std::pair<pid_t, std::string> StartChild(
+    const char* role, const TestCluster& cluster, const std::string& transport,
+    const std::vector<std::pair<std::string, std::string>>& env = {}) {
+  int out[2];
+  if (pipe(out) != 0) return {-1, ""};
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    setenv("FARPOOL_WORKER", role, 1);
+    setenv("FARPOOL_CLUSTER", cluster.cluster_file().c_str(), 1);
+    setenv("FARPOOL_TRANSPORT", transport.c_str(), 1);
+    for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
+    execl("/proc/self/exe", "pool_process_test", nullptr);
+    _exit(127);
+  }
+  close(out[1]);
+  char line[32] = {};
+  const bool started = read(out[0], line, sizeof(line) - 1) > 0;
+  close(out[0]);
+  return {started ? pid : -1, line};
+}
+
+// An active-message handler that appends each message to the
+// std::vector<std::vector<std::byte>> at `arg` (raw clients of the tests below).
+ucs_status_t CollectReply(void* arg, const void*, size_t, void* data, size_t len,
+                          const ucp_am_recv_param_t*) {
+  auto* out = static_cast<std::vector<std::vector<std::byte>>*>(arg);
+  auto* b = static_cast<std::byte*>(data);
+  out->emplace_back(b, b + len);
+  return UCS_OK;
+}
+
+// `pool` still allocates and writes.
+void ExpectServes(Pool& pool) {
+  auto a = pool.Alloc(64);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  uint64_t v = 42;
+  EXPECT_TRUE(pool.Write(*a, &v, 8).ok());
+}
+
 std::unique_ptr<Pool> Connect(const TestCluster& c, Fabric fabric, PoolOptions o = {}) {
   auto config = c.config();
   EXPECT_TRUE(config.ok()) << config.status().ToString();
@@ -353,22 +396,9 @@ TEST_P(ProcessTest, KilledServerFailsPendingAndLaterCallsWithinABound) {
 TEST_P(ProcessTest, KilledClientIsDroppedAndTheServerKeepsServing) {
   TestCluster cluster(Options(1, 64 << 20, GetParam()));
   ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  int out[2];
-  ASSERT_EQ(pipe(out), 0);
-  pid_t pid = fork();
-  if (pid == 0) {
-    dup2(out[1], STDOUT_FILENO);
-    setenv("FARPOOL_WORKER", "hold", 1);
-    setenv("FARPOOL_CLUSTER", cluster.cluster_file().c_str(), 1);
-    setenv("FARPOOL_TRANSPORT", std::string(FabricName(GetParam())).c_str(), 1);
-    setenv("FARPOOL_N", "3", 1);
-    execl("/proc/self/exe", "pool_process_test", nullptr);
-    _exit(127);
-  }
-  close(out[1]);
-  char line[16] = {};
-  ASSERT_GT(read(out[0], line, sizeof(line) - 1), 0) << "the holding client did not start";
-  close(out[0]);
+  const auto [pid, line] =
+      StartChild("hold", cluster, std::string(FabricName(GetParam())), {{"FARPOOL_N", "3"}});
+  ASSERT_GT(pid, 0) << "the holding client did not start";
   auto pool = Connect(cluster, GetParam());
   ASSERT_TRUE(pool);
   auto before = pool->Stats(0);
@@ -389,10 +419,7 @@ TEST_P(ProcessTest, KilledClientIsDroppedAndTheServerKeepsServing) {
     EXPECT_EQ(st->leased, 4u << 20) << "leases outlive the client";
   } while (clients != 1 && std::chrono::steady_clock::now() < deadline);
   EXPECT_EQ(clients, 1u);
-  auto a = pool->Alloc(64);
-  ASSERT_TRUE(a.ok()) << a.status().ToString();
-  uint64_t v = 42;
-  EXPECT_TRUE(pool->Write(*a, &v, 8).ok());
+  ExpectServes(*pool);
 }
 
 // Eviction of a process that maps the region: it is stopped (as a stalled session would be);
@@ -400,21 +427,8 @@ TEST_P(ProcessTest, KilledClientIsDroppedAndTheServerKeepsServing) {
 TEST(Eviction, MappedClientIsKilledAndTheServerKeepsServing) {
   TestCluster cluster(Options(2, 32 << 20, Fabric::kShm));
   ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  int out[2];
-  ASSERT_EQ(pipe(out), 0);
-  pid_t pid = fork();
-  if (pid == 0) {
-    dup2(out[1], STDOUT_FILENO);
-    setenv("FARPOOL_WORKER", "evictee", 1);
-    setenv("FARPOOL_CLUSTER", cluster.cluster_file().c_str(), 1);
-    setenv("FARPOOL_TRANSPORT", "shm", 1);
-    execl("/proc/self/exe", "pool_process_test", nullptr);
-    _exit(127);
-  }
-  close(out[1]);
-  char line[32] = {};
-  ASSERT_GT(read(out[0], line, sizeof(line) - 1), 0) << "the evictee did not start";
-  close(out[0]);
+  const auto [pid, line] = StartChild("evictee", cluster, "shm");
+  ASSERT_GT(pid, 0) << "the evictee did not start";
   const uint32_t tag = static_cast<uint32_t>(std::stoul(line));
   ASSERT_NE(tag, 0u);
   auto pool = Connect(cluster, Fabric::kShm);
@@ -453,16 +467,7 @@ struct RawClient {
     co.fabric = Fabric::kTcp;
     FARPOOL_ASSIGN_OR_RETURN(ctx, transport::Context::Create(co));
     FARPOOL_ASSIGN_OR_RETURN(worker, transport::Worker::Create(*ctx, false));
-    FARPOOL_RETURN_IF_ERROR(worker->SetAmHandler(
-        transport::kControlAm,
-        [](void* arg, const void*, size_t, void* data, size_t len,
-           const ucp_am_recv_param_t*) -> ucs_status_t {
-          auto* out = static_cast<std::vector<std::vector<std::byte>>*>(arg);
-          auto* b = static_cast<std::byte*>(data);
-          out->emplace_back(b, b + len);
-          return UCS_OK;
-        },
-        &replies));
+    FARPOOL_RETURN_IF_ERROR(worker->SetAmHandler(transport::kControlAm, CollectReply, &replies));
     FARPOOL_ASSIGN_OR_RETURN(
         ep, transport::Endpoint::Connect(*worker, server.host, server.port, nullptr));
     return Status::Ok();
@@ -562,10 +567,7 @@ TEST(Eviction, NeverEvictsAMappingPoolOfThisProcess) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
   EXPECT_NE(s.message().find("another live Pool of this process"), std::string::npos)
       << s.message();
-  auto a = second->Alloc(64);
-  ASSERT_TRUE(a.ok()) << a.status().ToString();
-  uint64_t v = 7;
-  EXPECT_TRUE(second->Write(*a, &v, 8).ok());
+  ExpectServes(*second);
 }
 
 // A hello asking to map, from a pid whose start time is not the hello's (a reused pid), or from
@@ -627,18 +629,7 @@ TEST(ServerProcess, RejectsMalformedControlMessagesAndKeepsRunning) {
   auto worker = transport::Worker::Create(**ctx, false);
   ASSERT_TRUE(worker.ok());
   std::vector<std::vector<std::byte>> replies;
-  ASSERT_TRUE((*worker)
-                  ->SetAmHandler(
-                      transport::kControlAm,
-                      [](void* arg, const void*, size_t, void* data, size_t len,
-                         const ucp_am_recv_param_t*) -> ucs_status_t {
-                        auto* out = static_cast<std::vector<std::vector<std::byte>>*>(arg);
-                        auto* b = static_cast<std::byte*>(data);
-                        out->emplace_back(b, b + len);
-                        return UCS_OK;
-                      },
-                      &replies)
-                  .ok());
+  ASSERT_TRUE((*worker)->SetAmHandler(transport::kControlAm, CollectReply, &replies).ok());
   auto ep = transport::Endpoint::Connect(**worker, config.servers[0].host, config.servers[0].port,
                                          nullptr);
   ASSERT_TRUE(ep.ok());

@@ -69,7 +69,11 @@ class SqliteVfsTest : public ::testing::Test {
     const std::string file =
         Path("script-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + ".sql");
     std::ofstream(file) << before << Preamble(db) << script;
-    FILE* p = popen(("sqlite3 -batch < " + file + " 2>&1").c_str(), "r");
+    return Shell("sqlite3 -batch < " + file);
+  }
+  // Runs `command` with sh, stderr into the output too.
+  static Run Shell(const std::string& command) {
+    FILE* p = popen((command + " 2>&1").c_str(), "r");
     std::string out;
     std::array<char, 4096> buf;
     while (fgets(buf.data(), buf.size(), p) != nullptr) out += buf.data();
@@ -166,6 +170,26 @@ class SqliteVfsTest : public ::testing::Test {
     EXPECT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(r.output, "10000|350035000\nok\n");
   }
+  // CreateRows(db), then `a` opens `db` and runs `statements` (a transaction it leaves open).
+  void Hold(Interactive& a, const std::string& db, const std::string& statements) {
+    CreateRows(db);
+    const std::string ready = Path(db + ".ready");
+    a.Send(Preamble(db) + statements + ".system touch " + ready + "\n");
+    ASSERT_TRUE(a.WaitFor(ready)) << a.Output();
+  }
+  // `a` takes RESERVED on `db` with an insert it leaves uncommitted.
+  void HoldReserved(Interactive& a, const std::string& db) {
+    Hold(a, db, "BEGIN IMMEDIATE;\nINSERT INTO t VALUES (20000, 0, '');\n");
+  }
+  // A writer that waits (busy timeout) gets in once the holder of HoldReserved is gone, and
+  // the holder's insert is not there.
+  void ExpectNextWriterGetsIn(const std::string& db) {
+    Run w = Sql(db,
+                ".timeout 20000\nBEGIN IMMEDIATE;\nINSERT INTO t VALUES (20001, 0, '');\n"
+                "COMMIT;\nSELECT count(*) FROM t;\nPRAGMA integrity_check;\n");
+    EXPECT_EQ(w.exit_code, 0) << w.output;
+    EXPECT_EQ(w.output, "10001\nok\n");
+  }
 
   static TestCluster* cluster_;
 };
@@ -175,28 +199,20 @@ TEST_F(SqliteVfsTest, TheCliWritesAndAnotherProcessReads) {
   CreateRows("rows.db");
   ExpectRows("rows.db");
   // The command line of docs/files.md, with the cluster from the environment.
-  const std::string cmd = std::string("FARPOOL_CLUSTER=") + cluster_->cluster_file() +
-                          " sqlite3 -batch -cmd '.load " + FARPOOL_VFS_EXTENSION +
-                          "' -cmd '.open file:rows.db?vfs=farpool' :memory: "
-                          "'SELECT count(*) FROM t;' 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 256> buf{};
-  std::string out;
-  while (fgets(buf.data(), buf.size(), p) != nullptr) out += buf.data();
-  EXPECT_EQ(pclose(p), 0) << out;
-  EXPECT_EQ(out, "10000\n");
+  Run r = Shell(std::string("FARPOOL_CLUSTER=") + cluster_->cluster_file() +
+                " sqlite3 -batch -cmd '.load " + FARPOOL_VFS_EXTENSION +
+                "' -cmd '.open file:rows.db?vfs=farpool' :memory: 'SELECT count(*) FROM t;'");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, "10000\n");
 }
 
 TEST_F(SqliteVfsTest, NoClusterAndTooLongNamesAreExplained) {
-  const std::string cmd = std::string("env -u FARPOOL_CLUSTER sqlite3 -batch -cmd '.load ") +
-                          FARPOOL_VFS_EXTENSION +
-                          "' -cmd '.log stderr' -cmd '.open file:x.db?vfs=farpool' :memory: "
-                          "'SELECT 1;' 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 512> buf{};
-  std::string out;
-  while (fgets(buf.data(), buf.size(), p) != nullptr) out += buf.data();
-  pclose(p);  // the CLI goes on with its in-memory database
+  // The CLI goes on with its in-memory database: its exit code says nothing here.
+  const std::string out = Shell(std::string("env -u FARPOOL_CLUSTER sqlite3 -batch -cmd '.load ") +
+                                FARPOOL_VFS_EXTENSION +
+                                "' -cmd '.log stderr' -cmd '.open file:x.db?vfs=farpool' "
+                                ":memory: 'SELECT 1;'")
+                              .output;
   EXPECT_NE(out.find("unable to open database"), std::string::npos) << out;
   EXPECT_NE(out.find("cluster=PATH/cluster.json"), std::string::npos) << out;
 
@@ -228,11 +244,9 @@ TEST_F(SqliteVfsTest, ConcurrentIncrementsLoseNoUpdate) {
 }
 
 TEST_F(SqliteVfsTest, ASecondWriterThatCannotWaitGetsBusy) {
-  CreateRows("busy.db");
   Interactive a(Path("busy-a.log"));
-  a.Send(Preamble("busy.db") + "BEGIN IMMEDIATE;\nUPDATE t SET v = v + 1 WHERE id = 1;\n" +
-         ".system touch " + Path("busy-a.ready") + "\n");
-  ASSERT_TRUE(a.WaitFor(Path("busy-a.ready"))) << a.Output();
+  ASSERT_NO_FATAL_FAILURE(
+      Hold(a, "busy.db", "BEGIN IMMEDIATE;\nUPDATE t SET v = v + 1 WHERE id = 1;\n"));
   Run b = Sql("busy.db", ".timeout 0\nBEGIN IMMEDIATE;\n");
   EXPECT_NE(b.output.find("database is locked"), std::string::npos) << b.output;
   // Readers are not blocked by RESERVED.
@@ -247,11 +261,9 @@ TEST_F(SqliteVfsTest, ASecondWriterThatCannotWaitGetsBusy) {
 // spilled into the database file under EXCLUSIVE, so the others must wait out its lease and
 // roll its hot journal back.
 TEST_F(SqliteVfsTest, AKilledExclusiveHolderIsRolledBackAfterItsLease) {
-  CreateRows("killed.db");
   Interactive a(Path("killed-a.log"));
-  a.Send(Preamble("killed.db") + "PRAGMA cache_size = 2;\nBEGIN;\nUPDATE t SET v = v + 1;\n" +
-         ".system touch " + Path("killed-a.ready") + "\n");
-  ASSERT_TRUE(a.WaitFor(Path("killed-a.ready"))) << a.Output();
+  ASSERT_NO_FATAL_FAILURE(
+      Hold(a, "killed.db", "PRAGMA cache_size = 2;\nBEGIN;\nUPDATE t SET v = v + 1;\n"));
   a.Kill();
   // Its EXCLUSIVE lock outlives it until the lease runs out.
   Run early = Sql("killed.db", "SELECT count(*) FROM t;\n");
@@ -264,36 +276,22 @@ TEST_F(SqliteVfsTest, AKilledExclusiveHolderIsRolledBackAfterItsLease) {
 }
 
 TEST_F(SqliteVfsTest, AKilledReservedHolderLetsTheNextWriterInAfterItsLease) {
-  CreateRows("reserved.db");
   Interactive a(Path("reserved-a.log"));
-  a.Send(Preamble("reserved.db") + "BEGIN IMMEDIATE;\nINSERT INTO t VALUES (20000, 0, '');\n" +
-         ".system touch " + Path("reserved-a.ready") + "\n");
-  ASSERT_TRUE(a.WaitFor(Path("reserved-a.ready"))) << a.Output();
+  ASSERT_NO_FATAL_FAILURE(HoldReserved(a, "reserved.db"));
   a.Kill();
   Run early = Sql("reserved.db", "BEGIN IMMEDIATE;\n");
   EXPECT_NE(early.output.find("database is locked"), std::string::npos) << early.output;
-  Run w = Sql("reserved.db",
-              ".timeout 20000\nBEGIN IMMEDIATE;\nINSERT INTO t VALUES (20001, 0, '');\n"
-              "COMMIT;\nSELECT count(*) FROM t;\nPRAGMA integrity_check;\n");
-  EXPECT_EQ(w.exit_code, 0) << w.output;
-  EXPECT_EQ(w.output, "10001\nok\n");
+  ExpectNextWriterGetsIn("reserved.db");
 }
 
 // A writer stopped (SIGSTOP) while it holds RESERVED, past its lease: the next writer sweeps
 // its lease slot, which evicts it first — it maps the server's memory, so the server kills it,
 // and nothing it was about to write can land after the next writer went ahead.
 TEST_F(SqliteVfsTest, AStoppedWriterIsEvictedAndTheNextWriterGoesOn) {
-  CreateRows("stopped.db");
   Interactive a(Path("stopped-a.log"));
-  a.Send(Preamble("stopped.db") + "BEGIN IMMEDIATE;\nINSERT INTO t VALUES (20000, 0, '');\n" +
-         ".system touch " + Path("stopped-a.ready") + "\n");
-  ASSERT_TRUE(a.WaitFor(Path("stopped-a.ready"))) << a.Output();
+  ASSERT_NO_FATAL_FAILURE(HoldReserved(a, "stopped.db"));
   a.Stop();
-  Run w = Sql("stopped.db",
-              ".timeout 20000\nBEGIN IMMEDIATE;\nINSERT INTO t VALUES (20001, 0, '');\n"
-              "COMMIT;\nSELECT count(*) FROM t;\nPRAGMA integrity_check;\n");
-  EXPECT_EQ(w.exit_code, 0) << w.output;
-  EXPECT_EQ(w.output, "10001\nok\n");
+  ExpectNextWriterGetsIn("stopped.db");
   EXPECT_EQ(a.EndedBy(10s), SIGKILL) << "the stopped writer was not evicted: " << a.Output();
 }
 
