@@ -76,11 +76,11 @@ static_assert(sizeof(HelloRequest) == 48);
 // server may signal it. Only then can an eviction kill it (a store into a mapping cannot be
 // revoked any other way), so only then may it map. Otherwise the other bits say why not.
 inline constexpr uint16_t kHelloMayMap = 1u << 0;
-inline constexpr uint16_t kHelloOtherBoot = 1u << 1;     // another host, or another boot
-inline constexpr uint16_t kHelloNoPidfd = 1u << 2;       // pidfd_open failed (no such pid here)
+inline constexpr uint16_t kHelloOtherBoot = 1u << 1;      // another host, or another boot
+inline constexpr uint16_t kHelloNoPidfd = 1u << 2;        // pidfd_open failed (no such pid here)
 inline constexpr uint16_t kHelloStartMismatch = 1u << 3;  // the pid is another process here
-inline constexpr uint16_t kHelloNoSignal = 1u << 4;      // the server may not signal it
-inline constexpr uint16_t kHelloPinRefused = 1u << 5;    // the tag is pinned to another pid
+inline constexpr uint16_t kHelloNoSignal = 1u << 4;       // the server may not signal it
+inline constexpr uint16_t kHelloPinRefused = 1u << 5;     // the tag is pinned to another pid
 // "" if `flags` allow mapping, else why not, for error messages.
 std::string HelloMapRefusal(uint16_t flags);
 

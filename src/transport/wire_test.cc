@@ -117,9 +117,9 @@ TEST(Wire, RejectsWrongMagicVersionOpcodeAndSizes) {
   EXPECT_NE(magic.status().message().find("magic"), std::string::npos);
   auto version = Decode(patch(4, uint16_t{kVersion + 1}));
   ASSERT_FALSE(version.ok());
-  EXPECT_NE(version.status().message().find("version " + std::to_string(kVersion + 1) +
-                                            " not supported"),
-            std::string::npos);
+  EXPECT_NE(
+      version.status().message().find("version " + std::to_string(kVersion + 1) + " not supported"),
+      std::string::npos);
   // A version-1 hello is refused by its version, before its size is looked at.
   auto old = Encode(1, HelloRequest{});
   std::memcpy(old.data() + 4, "\x01\x00", 2);
@@ -149,8 +149,8 @@ TEST(Wire, RandomMutationsNeverMisreport) {
   const uint64_t seed = 1234;
   std::mt19937_64 rng(seed);
   std::vector<std::vector<std::byte>> corpus = {
-      Encode(1, HelloRequest{1, 2}), EncodeError(2, Status::Internal("x")),
-      Encode(3, StatsReply{}), Encode(4, EvictRequest{5})};
+      Encode(1, HelloRequest{1, 2}), EncodeError(2, Status::Internal("x")), Encode(3, StatsReply{}),
+      Encode(4, EvictRequest{5})};
   for (int i = 0; i < 20000; ++i) {
     auto b = corpus[rng() % corpus.size()];
     const int flips = 1 + rng() % 4;

@@ -124,7 +124,7 @@ class MemoryServer::Impl : public transport::AmHandler {
   Clock::time_point started_ = Clock::now();
   uint64_t requests_served_ = 0;
   uint64_t rejected_ = 0;
-  std::optional<BootIdBytes> boot_id_;  // unknown: no client may map
+  std::optional<BootIdBytes> boot_id_;             // unknown: no client may map
   std::unordered_map<uint64_t, ProcessPin> pins_;  // by process tag
   // Evicted process tags, at most kMaxEvictedTags; `evicted_order_` oldest first.
   std::unordered_set<uint64_t> evicted_;
@@ -278,8 +278,9 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
       auto hello = m.As<wire::HelloRequest>();
       const uint32_t tag = static_cast<uint32_t>(hello.client_nonce);
       if (tag == 0) {
-        return Status::InvalidArgument(Name() + ": hello without a process tag (the low 32 "
-                                                "bits of the client nonce are 0)");
+        return Status::InvalidArgument(Name() +
+                                       ": hello without a process tag (the low 32 "
+                                       "bits of the client nonce are 0)");
       }
       if (from != nullptr) from->tag = tag;
       if (IsEvicted(tag)) return Evicted(tag);
