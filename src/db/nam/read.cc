@@ -190,7 +190,8 @@ Status NamTxn::ReadKeys(std::span<KeyRead> keys) {
       // both where the memory server holds the bucket and the record). A record must be read
       // after the snapshot's counter, so while the snapshot is being taken only the keys
       // whose head bucket is on the counter's server do so, behind a fence (a server
-      // executes its message in order); the others read their records in round 2.
+      // executes its message in order); the others read their records in round 2. By the
+      // same fence, the cached records on the counter's server are read in this round too.
       std::vector<uint8_t> combined(lookups.size(), 0);
       {
         Access::Batch b(s_.access_);
@@ -216,6 +217,18 @@ Status NamTxn::ReadKeys(std::span<KeyRead> keys) {
           posted = k.t->hash_->PostLookupRead(b, k.key, k.image.bytes.data(),
                                               static_cast<uint32_t>(size), &k.lookup);
         }
+        for (KeyRead& k : keys) {
+          if (!taking || !posted.ok()) break;
+          if (k.done || !k.cached || k.record.server() != counter_server) continue;
+          if (!fenced) {
+            posted = b.Fence();
+            fenced = true;
+            if (!posted.ok()) break;
+          }
+          k.image.bytes.resize(k.t->layout_.record_size());
+          posted = b.Read(k.record, k.image.bytes.data(), k.image.bytes.size());
+          k.prefetched = posted.ok();
+        }
         Status waited = b.Wait();
         if (!posted.ok()) waited = posted;
         if (taking) FARPOOL_RETURN_IF_ERROR(FinishSnapshot(snap, waited, &cache_cleared));
@@ -236,6 +249,7 @@ Status NamTxn::ReadKeys(std::span<KeyRead> keys) {
         // Records were removed since the cache was filled: look the cached ones up again.
         for (KeyRead& k : keys) {
           if (!k.done && k.cached) {
+            k.prefetched = false;  // its address may have changed
             FARPOOL_ASSIGN_OR_RETURN(k.record, s_.FindRecord(*k.t, k.key));
           }
         }
