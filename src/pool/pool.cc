@@ -1208,7 +1208,9 @@ Status Batch::LookupRead(GlobalAddress bucket, const LookupSpec& spec, uint64_t 
     if (st.ok() && result->outcome == LookupResult::Outcome::kFound) {
       std::memcpy(record, out.data() + sizeof(memory_ops::LookupReply), record_size);
     }
-    return st;
+    // An address out of bounds fails the batch at Wait, as on the other paths.
+    if (!st.ok() && state_->error.ok()) state_->error = st;
+    return Status::Ok();
   }
   if (t.messages) {
     auto& m = state_->Open(t.index);

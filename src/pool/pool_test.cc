@@ -490,6 +490,26 @@ TEST_F(AccessPaths, ALookupReadGivesTheTwoStepAnswerOnEveryPath) {
   EXPECT_EQ(l2.outcome, LookupResult::Outcome::kFound);
   EXPECT_EQ(r1, std::vector<uint8_t>(kRecord, 17));
   EXPECT_EQ(r2, std::vector<uint8_t>(kRecord, 34));
+  // A record address beyond the region: the server (and the mapped path) reads nothing and
+  // the batch fails naming it; the one-sided path does not follow it (the caller's read would
+  // be refused).
+  x.entries[5][0] = 9;
+  x.entries[5][1] = GlobalAddress(0, uint64_t{1} << 40).raw();
+  ASSERT_TRUE(setup.Write(b0, &x, 128).ok());
+  for (size_t path = 0; path < pools_.size(); ++path) {
+    SCOPED_TRACE("path " + pools_[path]->AccessPath(0));
+    Batch bb(*pools_[path]);
+    LookupResult out;
+    ASSERT_TRUE(bb.LookupRead(b0, spec, 9, r1.data(), kRecord, &out).ok());
+    const Status waited = bb.Wait();
+    if (path == 2) {
+      ASSERT_TRUE(waited.ok()) << waited.ToString();
+      EXPECT_EQ(out.outcome, LookupResult::Outcome::kFoundNotRead);
+    } else {
+      EXPECT_EQ(waited.code(), StatusCode::kInvalidArgument) << waited.ToString();
+      EXPECT_NE(waited.message().find("outside the region"), std::string::npos);
+    }
+  }
   // A malformed spec is refused before anything is posted.
   LookupResult bad;
   EXPECT_EQ(b.LookupRead(b0, {128, 16, 8, 8}, 1, r1.data(), kRecord, &bad).code(),
