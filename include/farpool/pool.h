@@ -137,6 +137,31 @@ struct OpCounters {
 
 class Batch;
 
+// The bucket layout a Batch::LookupRead scans (see there): `bucket_size` bytes holding
+// `entry_count` entries of (key, value) 8-byte words from `entries_offset`, and a next-bucket
+// word (a GlobalAddress, 0 for none) at `next_offset`. Offsets are multiples of 8; bucket_size
+// is at most 4096.
+struct LookupSpec {
+  uint32_t bucket_size = 0;
+  uint16_t entries_offset = 0;
+  uint16_t entry_count = 0;
+  uint16_t next_offset = 0;
+};
+
+// What a Batch::LookupRead found.
+struct LookupResult {
+  enum class Outcome : uint8_t {
+    kAbsent,        // the chain has no live entry (value != 0) for the key
+    kFound,         // `value` is the entry's value; the record's bytes were read
+    kFoundNotRead,  // `value` is the entry's value; its bytes were not read (another server,
+                    // or a path that reads them in a round trip of their own): read them
+    kContinue,      // the chain goes on at bucket `value` (another server, or past the walk's
+                    // bound, or a path that walks no chain): walk on from there
+  };
+  Outcome outcome = Outcome::kAbsent;
+  GlobalAddress value;
+};
+
 class Pool {
  public:
   // Connects to every server of the cluster (hello, region key). Fails, naming the server,
@@ -231,6 +256,26 @@ class Batch {
   Status CompareAndSwap(GlobalAddress address, uint64_t expected, uint64_t desired,
                         uint64_t* previous);
   Status FetchAdd(GlobalAddress address, uint64_t delta, uint64_t* previous);
+
+  // A compound read: finds `key` in the bucket chain that starts at `bucket` (layout `spec`)
+  // and reads `record_size` bytes at the value found, in the round trip of this batch where
+  // the path allows it. It only reads: the first bucket is a read of spec.bucket_size bytes
+  // (the same checks), each further bucket and the record are read when reached. The entry
+  // taken is the first with that key and a nonzero value; like plain reads, copies are
+  // word-atomic only (the caller validates what it reads). `result` is set by Wait():
+  //   messages (TCP):  one operation of the server's message (memory_ops kLookupRead): the
+  //                    chain is followed while it stays on that server (at most 64 buckets),
+  //                    the record read if it is there too; else kFoundNotRead / kContinue.
+  //   direct (mapped): done at once, the same way, on the mapped region.
+  //   one-sided (UCX): the first bucket only is read in this round trip (one get) and scanned
+  //                    at Wait: kFound never happens, kFoundNotRead / kContinue / kAbsent do,
+  //                    so the caller's follow-up costs what its two-step path costs.
+  // A bucket or record address outside the server's region or leases fails the batch
+  // (InvalidArgument from Wait naming it) and reads nothing else for this lookup.
+  // REQUIRES: `record` (record_size bytes, at most 16 KiB) and `result` stay valid until
+  // Wait() returns; `spec` is well-formed (else InvalidArgument, nothing posted).
+  Status LookupRead(GlobalAddress bucket, const LookupSpec& spec, uint64_t key, void* record,
+                    uint32_t record_size, LookupResult* result);
 
   // Operations posted after the fence take effect at a server after every operation posted
   // before it to that server (there is no order across servers: a protocol that needs one

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "common/far_copy.h"
+#include "pool/memory_ops.h"
 
 namespace farpool::db {
 namespace {
@@ -28,6 +29,10 @@ class PoolBatch final : public MemoryBatch {
   }
   Status FetchAdd(GlobalAddress a, uint64_t d, uint64_t* p) override {
     return batch_.FetchAdd(a, d, p);
+  }
+  Status LookupRead(GlobalAddress b, const LookupSpec& spec, uint64_t key, void* record,
+                    uint32_t size, LookupResult* result) override {
+    return batch_.LookupRead(b, spec, key, record, size, result);
   }
   Status Fence() override { return batch_.Fence(); }
   Status Wait() override { return batch_.Wait(); }
@@ -201,6 +206,32 @@ class LocalMemory final : public Memory {
     return Status::Ok();
   }
   std::unique_ptr<MemoryBatch> NewBatch() override;
+  // The memory server's lookup-read (memory_ops), on this process's regions.
+  Status LookupRead(GlobalAddress bucket, const LookupSpec& spec, uint64_t key, void* record,
+                    uint32_t size, LookupResult* result) const {
+    const memory_ops::LookupParams params = memory_ops::ParamsOf(spec);
+    if (std::string why = memory_ops::CheckLookupParams(params); !why.empty()) {
+      return Status::InvalidArgument("local memory: lookup-read at " + bucket.ToString() + ": " +
+                                     why);
+    }
+    if (size > memory_ops::kMaxInlineBytes) {
+      return Status::InvalidArgument("local memory: lookup-read of a record of " +
+                                     std::to_string(size) + " bytes");
+    }
+    std::byte* p;
+    FARPOOL_RETURN_IF_ERROR(Resolve(bucket, spec.bucket_size, true, &p));
+    const memory_ops::Region region{regions_[bucket.server()].base, size_,
+                                    [](uint64_t offset, uint64_t) { return offset >= 64; },
+                                    bucket.server()};
+    std::vector<std::byte> out(sizeof(memory_ops::LookupReply) + size);
+    memory_ops::ExecuteLookupRead(region, bucket.offset(), params, key, size, out.data());
+    FARPOOL_RETURN_IF_ERROR(memory_ops::DecodeLookupReply(out.data(), bucket.server(), result)
+                                .WithContext("local memory"));
+    if (result->outcome == LookupResult::Outcome::kFound) {
+      std::memcpy(record, out.data() + sizeof(memory_ops::LookupReply), size);
+    }
+    return Status::Ok();
+  }
   std::vector<uint16_t> servers() const override {
     std::vector<uint16_t> ids(regions_.size());
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint16_t>(i);
@@ -248,7 +279,11 @@ class LocalMemory final : public Memory {
 // Local operations complete at once; the batch only remembers the first error.
 class LocalBatch final : public MemoryBatch {
  public:
-  explicit LocalBatch(Memory& m) : m_(m) {}
+  explicit LocalBatch(LocalMemory& m) : m_(m) {}
+  Status LookupRead(GlobalAddress b, const LookupSpec& spec, uint64_t key, void* record,
+                    uint32_t size, LookupResult* result) override {
+    return Note(m_.LookupRead(b, spec, key, record, size, result));
+  }
   Status Read(GlobalAddress s, void* d, uint64_t n) override { return Note(m_.Read(s, d, n)); }
   Status Write(GlobalAddress d, const void* s, uint64_t n) override {
     return Note(m_.Write(d, s, n));
@@ -279,7 +314,7 @@ class LocalBatch final : public MemoryBatch {
     if (s.ok()) ++posted_;
     return s;
   }
-  Memory& m_;
+  LocalMemory& m_;
   size_t posted_ = 0;
 };
 

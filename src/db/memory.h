@@ -48,6 +48,11 @@ class MemoryBatch {
   virtual Status CompareAndSwap(GlobalAddress address, uint64_t expected, uint64_t desired,
                                 uint64_t* previous) = 0;
   virtual Status FetchAdd(GlobalAddress address, uint64_t delta, uint64_t* previous) = 0;
+  // Batch::LookupRead of pool.h: find `key` in the bucket chain at `bucket` and read
+  // `record_size` bytes at its value, in this batch's round trip where the memory allows
+  // (the pool over messages or mapped, local memory); `result` says what was done.
+  virtual Status LookupRead(GlobalAddress bucket, const LookupSpec& spec, uint64_t key,
+                            void* record, uint32_t record_size, LookupResult* result) = 0;
   // Operations posted after it take effect at a server after those posted before it to that
   // server (Batch::Fence of pool.h): e.g. install a record's cells, fence, unlock it, in one
   // round trip. No order across servers.
@@ -148,6 +153,13 @@ class Access {
     Status Faa(GlobalAddress a, uint64_t delta, uint64_t* previous) {
       OpCount::Bump(count_->faa);
       return Get().FetchAdd(a, delta, previous);
+    }
+    // Counted as one read (what it replaces: the head bucket's read, and the record's when
+    // that is read too, which the caller's next round trip no longer does).
+    Status LookupRead(GlobalAddress bucket, const LookupSpec& spec, uint64_t key, void* record,
+                      uint32_t record_size, LookupResult* result) {
+      OpCount::Bump(count_->reads);
+      return Get().LookupRead(bucket, spec, key, record, record_size, result);
     }
     Status Fence() { return Get().Fence(); }
     Status Wait() {

@@ -23,6 +23,8 @@ const char* KindName(OpKind kind) {
       return "compare-and-swap";
     case OpKind::kFetchAdd:
       return "fetch-and-add";
+    case OpKind::kLookupRead:
+      return "lookup-read";
   }
   return "unknown";
 }
@@ -31,11 +33,13 @@ const char* KindName(OpKind kind) {
 struct Checked {
   OpHeader header;
   const std::byte* data;  // writes: the data in the request
+  LookupParams lookup;    // lookup-reads
 };
 
 }  // namespace
 
 uint64_t RequestBuilder::RequestBytes(OpKind kind, uint64_t size) {
+  if (kind == OpKind::kLookupRead) return sizeof(OpHeader) + sizeof(LookupParams);
   return sizeof(OpHeader) + (kind == OpKind::kWrite ? Padded(size) : 0);
 }
 
@@ -48,6 +52,8 @@ uint64_t RequestBuilder::ReplyBytes(OpKind kind, uint64_t size) {
     case OpKind::kCompareAndSwap:
     case OpKind::kFetchAdd:
       return sizeof(uint64_t);
+    case OpKind::kLookupRead:
+      return sizeof(LookupReply) + size;
   }
   return 0;
 }
@@ -62,7 +68,10 @@ void RequestBuilder::Append(const OpHeader& h, const void* data) {
   const size_t at = bytes_.size();
   bytes_.resize(at + RequestBytes(kind, h.size));  // zero-fills a write's padding
   std::memcpy(bytes_.data() + at, &h, sizeof(h));
-  if (data != nullptr) std::memcpy(bytes_.data() + at + sizeof(h), data, h.size);
+  if (data != nullptr) {
+    const uint64_t n = kind == OpKind::kLookupRead ? sizeof(LookupParams) : h.size;
+    std::memcpy(bytes_.data() + at + sizeof(h), data, n);
+  }
   ++op_count_;
   reply_size_ += ReplyBytes(kind, h.size);
 }
@@ -90,10 +99,122 @@ void RequestBuilder::FetchAdd(uint64_t offset, uint64_t delta) {
          nullptr);
 }
 
+void RequestBuilder::LookupRead(uint64_t bucket_offset, const LookupParams& params, uint64_t key,
+                                uint32_t size) {
+  Append({static_cast<uint8_t>(OpKind::kLookupRead), {}, size, bucket_offset, key, 0}, &params);
+}
+
 void RequestBuilder::Clear() {
   bytes_.clear();
   op_count_ = 0;
   reply_size_ = 0;
+}
+
+std::string CheckLookupParams(const LookupParams& p) {
+  if (p.bucket_size < 16 || p.bucket_size > kMaxLookupBucket || p.bucket_size % 8 != 0) {
+    return "bucket size " + std::to_string(p.bucket_size) + " out of range";
+  }
+  if (p.entries_offset % 8 != 0 || p.entry_count == 0 ||
+      uint64_t{p.entries_offset} + 16 * uint64_t{p.entry_count} > p.bucket_size) {
+    return "entries (" + std::to_string(p.entry_count) + " at " + std::to_string(p.entries_offset) +
+           ") not inside the bucket";
+  }
+  if (p.next_offset % 8 != 0 || uint64_t{p.next_offset} + 8 > p.bucket_size) {
+    return "next word at " + std::to_string(p.next_offset) + " not inside the bucket";
+  }
+  if (p.max_buckets == 0 || p.max_buckets > kMaxLookupBuckets) {
+    return "max buckets " + std::to_string(p.max_buckets) + " out of range";
+  }
+  if (p.reserved != 0) return "reserved parameter is not zero";
+  return {};
+}
+
+BucketScan ScanBucket(const std::byte* bucket, const LookupParams& params, uint64_t key) {
+  BucketScan r{0, 0};
+  std::memcpy(&r.next, bucket + params.next_offset, 8);
+  for (uint32_t i = 0; i < params.entry_count; ++i) {
+    uint64_t entry[2];
+    std::memcpy(entry, bucket + params.entries_offset + 16 * i, 16);
+    if (entry[0] == key && entry[1] != 0) {
+      r.value = entry[1];
+      break;
+    }
+  }
+  return r;
+}
+
+void ExecuteLookupRead(const Region& region, uint64_t bucket_offset, const LookupParams& params,
+                       uint64_t key, uint32_t size, std::byte* out) {
+  constexpr int kShift = 48;  // GlobalAddress: server id in the top 16 bits
+  constexpr uint64_t kOffsetMask = (uint64_t{1} << kShift) - 1;
+  auto inside = [&](uint64_t offset, uint64_t n) {
+    return n <= region.size && offset <= region.size - n && region.accessible(offset, n);
+  };
+  LookupReply reply{static_cast<uint64_t>(LookupOutcome::kAbsent), 0};
+  std::memset(out, 0, sizeof(LookupReply) + size);
+  std::byte bucket[kMaxLookupBucket];
+  uint64_t at = bucket_offset;  // checked by the caller
+  for (uint32_t walked = 0;; ++walked) {
+    FarRead(bucket, region.base + at, params.bucket_size);
+    const BucketScan scan = ScanBucket(bucket, params, key);
+    if (scan.value != 0) {
+      reply.value = scan.value;
+      const uint64_t off = scan.value & kOffsetMask;
+      if ((scan.value >> kShift) != region.server_id || size == 0) {
+        reply.outcome = static_cast<uint64_t>(LookupOutcome::kFoundNotRead);
+      } else if (!inside(off, size)) {
+        reply = {static_cast<uint64_t>(LookupOutcome::kOutOfBounds), off};
+      } else {
+        reply.outcome = static_cast<uint64_t>(LookupOutcome::kFound);
+        FarRead(out + sizeof(LookupReply), region.base + off, size);
+      }
+      break;
+    }
+    if (scan.next == 0) break;  // kAbsent
+    const uint64_t next_off = scan.next & kOffsetMask;
+    if ((scan.next >> kShift) != region.server_id || walked + 1 >= params.max_buckets) {
+      reply = {static_cast<uint64_t>(LookupOutcome::kContinue), scan.next};
+      break;
+    }
+    if (next_off % 8 != 0 || !inside(next_off, params.bucket_size)) {
+      reply = {static_cast<uint64_t>(LookupOutcome::kOutOfBounds), next_off};
+      break;
+    }
+    at = next_off;
+  }
+  std::memcpy(out, &reply, sizeof(reply));
+}
+
+LookupParams ParamsOf(const LookupSpec& spec) {
+  return {spec.bucket_size, spec.entries_offset, spec.entry_count,
+          spec.next_offset, kMaxLookupBuckets,   0};
+}
+
+Status DecodeLookupReply(const std::byte* reply, uint16_t server_id, LookupResult* result) {
+  LookupReply r;
+  std::memcpy(&r, reply, sizeof(r));
+  result->value = GlobalAddress::FromRaw(r.value);
+  using Outcome = LookupResult::Outcome;
+  switch (static_cast<LookupOutcome>(r.outcome)) {
+    case LookupOutcome::kAbsent:
+      result->outcome = Outcome::kAbsent;
+      return Status::Ok();
+    case LookupOutcome::kFound:
+      result->outcome = Outcome::kFound;
+      return Status::Ok();
+    case LookupOutcome::kFoundNotRead:
+      result->outcome = Outcome::kFoundNotRead;
+      return Status::Ok();
+    case LookupOutcome::kContinue:
+      result->outcome = Outcome::kContinue;
+      return Status::Ok();
+    case LookupOutcome::kOutOfBounds:
+      result->value = GlobalAddress();
+      return Status::InvalidArgument(
+          "lookup-read: " + GlobalAddress(server_id, r.value).ToString() +
+          " (a bucket or record it reached) is outside the region or every lease");
+  }
+  return Status::Protocol("lookup-read reply with unknown outcome " + std::to_string(r.outcome));
 }
 
 Result<std::vector<std::byte>> Execute(uint32_t op_count, std::span<const std::byte> ops,
@@ -114,7 +235,7 @@ Result<std::vector<std::byte>> Execute(uint32_t op_count, std::span<const std::b
     const OpHeader& h = c.header;
     const auto kind = static_cast<OpKind>(h.kind);
     if (h.kind < static_cast<uint8_t>(OpKind::kRead) ||
-        h.kind > static_cast<uint8_t>(OpKind::kFetchAdd)) {
+        h.kind > static_cast<uint8_t>(OpKind::kLookupRead)) {
       return bad("unknown kind " + std::to_string(h.kind));
     }
     if (h.reserved[0] != 0 || h.reserved[1] != 0 || h.reserved[2] != 0) {
@@ -124,20 +245,31 @@ Result<std::vector<std::byte>> Execute(uint32_t op_count, std::span<const std::b
       return bad(std::string(KindName(kind)) + " of " + std::to_string(h.size) +
                  " bytes at offset " + std::to_string(h.offset) + ": " + why);
     };
+    const bool lookup = kind == OpKind::kLookupRead;
+    uint64_t touched = h.size;  // bytes at h.offset checked against the region and leases
     if (IsAtomic(kind)) {
       if (h.size != sizeof(uint64_t)) return bad_op("atomics are 8 bytes");
       if (h.offset % 8 != 0) return bad_op("not 8-byte aligned");
+    } else if (lookup) {
+      if (h.size > kMaxInlineBytes) return bad_op("record size out of range");
+      if (h.offset % 8 != 0) return bad_op("bucket not 8-byte aligned");
+      if (ops.size() - at < sizeof(LookupParams)) return bad_op("parameters truncated");
+      std::memcpy(&c.lookup, ops.data() + at, sizeof(LookupParams));
+      at += sizeof(LookupParams);
+      if (std::string why = CheckLookupParams(c.lookup); !why.empty()) return bad_op(why);
+      touched = c.lookup.bucket_size;
     } else {
       if (h.size == 0 || h.size > wire::kMaxBatchTail) return bad_op("size out of range");
     }
-    const bool operand_used = IsAtomic(kind), desired_used = kind == OpKind::kCompareAndSwap;
+    const bool operand_used = IsAtomic(kind) || lookup,
+               desired_used = kind == OpKind::kCompareAndSwap;
     if ((!operand_used && h.operand != 0) || (!desired_used && h.desired != 0)) {
       return bad_op("unused operand is not zero");
     }
-    if (h.size > region.size || h.offset > region.size - h.size) {
+    if (touched > region.size || h.offset > region.size - touched) {
       return bad_op("beyond the region of " + std::to_string(region.size) + " bytes");
     }
-    if (!region.accessible(h.offset, h.size)) {
+    if (!region.accessible(h.offset, touched)) {
       return bad_op("not inside the root area or a leased chunk");
     }
     c.data = nullptr;
@@ -185,6 +317,10 @@ Result<std::vector<std::byte>> Execute(uint32_t op_count, std::span<const std::b
         out += sizeof(previous);
         break;
       }
+      case OpKind::kLookupRead:
+        ExecuteLookupRead(region, c.header.offset, c.lookup, c.header.operand, c.header.size, out);
+        out += sizeof(LookupReply) + c.header.size;
+        break;
     }
   }
   return reply;

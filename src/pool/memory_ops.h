@@ -6,6 +6,11 @@
 // padded with zeros to a multiple of 8 bytes. A reply's tail holds, in request order, each
 // read's data and each atomic's previous value (8 bytes); writes contribute nothing.
 //
+// One compound operation, kLookupRead, saves a round trip where a pointer must be followed
+// (see its section below): it walks a chain of buckets of (key, value) entries and reads the
+// bytes the value found points to. It knows nothing of any database: the bucket layout
+// (LookupParams) travels in the request, and it only reads.
+//
 // Semantics are exactly those of the one-sided path, so clients on different fabrics share
 // one region safely: atomics are CPU atomics on the 8-byte word (atomic with respect to
 // same-host clients' CPU atomics and to UCX's emulated atomics, which the same server thread
@@ -20,23 +25,74 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "farpool/pool.h"
 #include "farpool/status.h"
 
 namespace farpool::memory_ops {
 
-enum class OpKind : uint8_t { kRead = 1, kWrite = 2, kCompareAndSwap = 3, kFetchAdd = 4 };
+enum class OpKind : uint8_t {
+  kRead = 1,
+  kWrite = 2,
+  kCompareAndSwap = 3,
+  kFetchAdd = 4,
+  kLookupRead = 5,
+};
 
 struct OpHeader {
   uint8_t kind;  // OpKind
   uint8_t reserved[3];
-  uint32_t size;     // bytes read or written; 8 for atomics
-  uint64_t offset;   // in the server's region; atomics: 8-byte aligned
-  uint64_t operand;  // compare-and-swap: expected; fetch-and-add: delta
+  uint32_t size;     // bytes read or written; 8 for atomics; lookup-read: the record's bytes
+  uint64_t offset;   // in the server's region; atomics: 8-byte aligned; lookup-read: the first
+                     // bucket, 8-byte aligned
+  uint64_t operand;  // compare-and-swap: expected; fetch-and-add: delta; lookup-read: the key
   uint64_t desired;  // compare-and-swap only
 };
 static_assert(sizeof(OpHeader) == 32);
+
+// ---- kLookupRead: "find key K in a bucket chain, read what its value points to".
+//
+// The bucket at `offset` is an array of `bucket_size` bytes holding `entry_count` entries of
+// 16 bytes (key, value: two 8-byte words) from `entries_offset`, and a next-bucket word (a
+// GlobalAddress, 0 for none) at `next_offset`. Values and next words are GlobalAddresses
+// (farpool/address.h: server id in the top 16 bits). The server copies the bucket (word-wise,
+// as a read), takes the first entry whose key == K and value != 0, and if there is none
+// follows the next word while it names a bucket on this server, up to `max_buckets` buckets.
+// If the value found names this server and `size` > 0, it reads `size` bytes there. The
+// reply for the operation is a LookupReply followed by `size` bytes (zeros unless kFound).
+//
+// Bounds: the first bucket is checked with the request (region, root area or a lease) like a
+// read; every further bucket and the record are checked when reached (their addresses are
+// data, which concurrent writers may change): one that fails ends the operation with
+// kOutOfBounds naming it, and the rest of the batch executes as usual. The operation writes
+// nothing, so a rejected lookup has no effect.
+struct LookupParams {       // follows the OpHeader of a kLookupRead in the request
+  uint32_t bucket_size;     // 16..kMaxLookupBucket, a multiple of 8
+  uint16_t entries_offset;  // multiple of 8; entries end inside the bucket
+  uint16_t entry_count;     // >= 1
+  uint16_t next_offset;     // multiple of 8; the word is inside the bucket
+  uint16_t max_buckets;     // 1..kMaxLookupBuckets
+  uint32_t reserved;        // 0
+};
+static_assert(sizeof(LookupParams) == 16);
+inline constexpr uint32_t kMaxLookupBucket = 4096;
+inline constexpr uint16_t kMaxLookupBuckets = 64;
+
+enum class LookupOutcome : uint64_t {
+  kAbsent = 0,        // no live entry for the key in the chain
+  kFound = 1,         // value = the entry's value; the record's bytes follow
+  kFoundNotRead = 2,  // value = the entry's value, on another server (or size 0): not read
+  kContinue = 3,      // value = the next bucket, on another server or past max_buckets
+  kOutOfBounds = 4,   // value = the offset on this server of a bucket or record that is
+                      // outside the region or outside every lease: nothing read
+};
+struct LookupReply {
+  uint64_t outcome;  // LookupOutcome
+  uint64_t value;    // see LookupOutcome
+};
+static_assert(sizeof(LookupReply) == 16);
 
 // Reads and writes larger than this take the one-sided path even over TCP (UCX's rendezvous
 // moves them without a copy through the server's message loop).
@@ -58,6 +114,8 @@ class RequestBuilder {
   void Write(uint64_t offset, const void* data, uint32_t size);
   void CompareAndSwap(uint64_t offset, uint64_t expected, uint64_t desired);
   void FetchAdd(uint64_t offset, uint64_t delta);
+  // REQUIRES: Fits(OpKind::kLookupRead, size).
+  void LookupRead(uint64_t bucket_offset, const LookupParams& params, uint64_t key, uint32_t size);
 
   uint32_t op_count() const { return op_count_; }
   std::span<const std::byte> bytes() const { return bytes_; }
@@ -80,13 +138,40 @@ struct Region {
   uint64_t size = 0;
   // Whether [offset, offset + size) may be touched: inside the root area or one lease.
   std::function<bool(uint64_t offset, uint64_t size)> accessible;
+  // The server's id: lookup-reads follow only addresses on this server.
+  uint16_t server_id = 0;
 };
+
+// The checks of a LookupParams (Execute's, also used by clients before they post one):
+// empty if well-formed, else why not.
+std::string CheckLookupParams(const LookupParams& params);
+
+// Executes one checked lookup-read on `region` (the first bucket at `bucket_offset` must be
+// inside it; everything else is checked here): writes the LookupReply and `size` bytes
+// (zeros unless kFound) to `out`. Used by the server and by clients that map the region.
+void ExecuteLookupRead(const Region& region, uint64_t bucket_offset, const LookupParams& params,
+                       uint64_t key, uint32_t size, std::byte* out);
+
+// Scans one copy of a bucket: the value of the first entry with `key` and a nonzero value
+// (0 if none), and the bucket's next word.
+struct BucketScan {
+  uint64_t value;
+  uint64_t next;
+};
+BucketScan ScanBucket(const std::byte* bucket, const LookupParams& params, uint64_t key);
+
+// The wire parameters of a Batch::LookupRead's spec (walks of at most kMaxLookupBuckets).
+LookupParams ParamsOf(const LookupSpec& spec);
+// A lookup-read's LookupReply (at `reply`) as executed by server `server_id`, into `result`;
+// InvalidArgument naming the address for kOutOfBounds, Protocol for an unknown outcome.
+Status DecodeLookupReply(const std::byte* reply, uint16_t server_id, LookupResult* result);
 
 // Checks every operation of a request's tail (`op_count` operations in `ops`), then executes
 // them on `region`; returns the reply's tail. Errors: InvalidArgument naming the first bad
 // operation (unknown kind, nonzero reserved bytes, a size of 0 or beyond the limits, a
-// misaligned atomic, a range outside the region or outside every lease, a count that
-// disagrees with the tail, truncated or trailing bytes); nothing is executed then.
+// misaligned atomic or lookup bucket, malformed LookupParams, a range outside the region or
+// outside every lease, a count that disagrees with the tail, truncated or trailing bytes);
+// nothing is executed then.
 Result<std::vector<std::byte>> Execute(uint32_t op_count, std::span<const std::byte> ops,
                                        const Region& region);
 

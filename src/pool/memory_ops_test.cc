@@ -158,5 +158,183 @@ TEST_F(MemoryOpsTest, RequestsAndRepliesStayWithinOneMessage) {
   EXPECT_EQ(b.reply_size(), 0u);
 }
 
+// ---- kLookupRead: the hash index's layout (128-byte buckets: lock, next, 7 entries).
+
+class LookupReadTest : public MemoryOpsTest {
+ protected:
+  static constexpr uint16_t kServer = 3;
+  static constexpr LookupParams kParams{128, 16, 7, 8, kMaxLookupBuckets, 0};
+  LookupReadTest() { region_.server_id = kServer; }
+  static uint64_t Addr(uint16_t server, uint64_t offset) {
+    return GlobalAddress(server, offset).raw();
+  }
+  void SetWord(uint64_t offset, uint64_t v) { std::memcpy(memory_.data() + offset, &v, 8); }
+  void SetEntry(uint64_t bucket, int i, uint64_t key, uint64_t value) {
+    SetWord(bucket + 16 + 16 * i, key);
+    SetWord(bucket + 16 + 16 * i + 8, value);
+  }
+  // Runs one lookup-read of `size` bytes; the reply's outcome, value and bytes.
+  Status Lookup(uint64_t bucket, uint64_t key, uint32_t size, LookupReply* r,
+                std::vector<std::byte>* bytes = nullptr, LookupParams params = kParams) {
+    RequestBuilder b;
+    b.LookupRead(bucket, params, key, size);
+    EXPECT_EQ(b.reply_size(), sizeof(LookupReply) + size);
+    std::vector<std::byte> reply;
+    FARPOOL_RETURN_IF_ERROR(Run(b, &reply));
+    EXPECT_EQ(reply.size(), sizeof(LookupReply) + size);
+    std::memcpy(r, reply.data(), sizeof(*r));
+    if (bytes != nullptr) bytes->assign(reply.begin() + sizeof(LookupReply), reply.end());
+    return Status::Ok();
+  }
+  static LookupOutcome Outcome(const LookupReply& r) {
+    return static_cast<LookupOutcome>(r.outcome);
+  }
+};
+
+TEST_F(LookupReadTest, FindsTheKeyAndReadsItsRecord) {
+  const char record[] = "record of key 42";
+  std::memcpy(memory_.data() + 12288, record, sizeof(record));
+  SetEntry(4096, 0, 41, Addr(kServer, 16384));
+  SetEntry(4096, 1, 42, 0);  // a free slot with a stray key: skipped
+  SetEntry(4096, 4, 42, Addr(kServer, 12288));
+  LookupReply r;
+  std::vector<std::byte> bytes;
+  ASSERT_TRUE(Lookup(4096, 42, sizeof(record), &r, &bytes).ok());
+  EXPECT_EQ(Outcome(r), LookupOutcome::kFound);
+  EXPECT_EQ(r.value, Addr(kServer, 12288));
+  EXPECT_EQ(std::memcmp(bytes.data(), record, sizeof(record)), 0);
+  // Size 0: the value only.
+  ASSERT_TRUE(Lookup(4096, 42, 0, &r).ok());
+  EXPECT_EQ(Outcome(r), LookupOutcome::kFoundNotRead);
+  EXPECT_EQ(r.value, Addr(kServer, 12288));
+}
+
+TEST_F(LookupReadTest, AnAbsentKeyReadsNothing) {
+  SetEntry(4096, 0, 41, Addr(kServer, 16384));
+  LookupReply r;
+  std::vector<std::byte> bytes;
+  ASSERT_TRUE(Lookup(4096, 42, 64, &r, &bytes).ok());
+  EXPECT_EQ(Outcome(r), LookupOutcome::kAbsent);
+  EXPECT_EQ(r.value, 0u);
+  EXPECT_EQ(bytes, std::vector<std::byte>(64, std::byte{0}));
+}
+
+TEST_F(LookupReadTest, FollowsTheChainOnThisServer) {
+  const uint64_t record = 0x0102030405060708;
+  SetWord(20480, record);
+  SetWord(4096 + 8, Addr(kServer, 8192));
+  SetWord(8192 + 8, Addr(kServer, 8320));
+  SetEntry(8320, 6, 42, Addr(kServer, 20480));
+  LookupReply r;
+  std::vector<std::byte> bytes;
+  ASSERT_TRUE(Lookup(4096, 42, 8, &r, &bytes).ok());
+  EXPECT_EQ(Outcome(r), LookupOutcome::kFound);
+  uint64_t got;
+  std::memcpy(&got, bytes.data(), 8);
+  EXPECT_EQ(got, record);
+  // The walk's bound: two buckets are not enough to reach the third.
+  LookupParams two = kParams;
+  two.max_buckets = 2;
+  ASSERT_TRUE(Lookup(4096, 42, 8, &r, nullptr, two).ok());
+  EXPECT_EQ(Outcome(r), LookupOutcome::kContinue);
+  EXPECT_EQ(r.value, Addr(kServer, 8320));
+  // A cycle ends at the default bound, not in a hang.
+  SetWord(8192 + 8, Addr(kServer, 4096));
+  ASSERT_TRUE(Lookup(4096, 42, 8, &r).ok());
+  EXPECT_EQ(Outcome(r), LookupOutcome::kContinue);
+}
+
+TEST_F(LookupReadTest, StopsWhereTheChainOrTheRecordLeavesTheServer) {
+  SetWord(4096 + 8, Addr(kServer + 1, 8192));
+  SetEntry(8192, 0, 42, Addr(kServer, 20480));  // same offset here: must not be read
+  LookupReply r;
+  std::vector<std::byte> bytes;
+  ASSERT_TRUE(Lookup(4096, 42, 8, &r, &bytes).ok());
+  EXPECT_EQ(Outcome(r), LookupOutcome::kContinue);
+  EXPECT_EQ(r.value, Addr(kServer + 1, 8192));
+  SetEntry(4096, 2, 42, Addr(kServer + 1, 20480));
+  SetWord(20480, 99);
+  ASSERT_TRUE(Lookup(4096, 42, 8, &r, &bytes).ok());
+  EXPECT_EQ(Outcome(r), LookupOutcome::kFoundNotRead);
+  EXPECT_EQ(r.value, Addr(kServer + 1, 20480));
+  EXPECT_EQ(bytes, std::vector<std::byte>(8, std::byte{0}));
+}
+
+TEST_F(LookupReadTest, AddressesOutsideTheLeasesEndTheLookupAndTouchNothing) {
+  // A next bucket beyond the leases, one beyond the region, one misaligned; a record beyond
+  // the leases, and one straddling the region's end.
+  SetWord(40000, 7);
+  const uint64_t bad_next[] = {Addr(kServer, 40960), Addr(kServer, (64 << 10) - 64),
+                               Addr(kServer, 8193), Addr(kServer, uint64_t{1} << 40)};
+  for (uint64_t next : bad_next) {
+    SCOPED_TRACE(next);
+    SetWord(4096 + 8, next);
+    LookupReply r;
+    ASSERT_TRUE(Lookup(4096, 42, 8, &r).ok());
+    EXPECT_EQ(Outcome(r), LookupOutcome::kOutOfBounds);
+    EXPECT_EQ(r.value, next & GlobalAddress::kOffsetMask);
+  }
+  SetWord(4096 + 8, 0);
+  const uint64_t bad_record[] = {Addr(kServer, 40000), Addr(kServer, (64 << 10) - 4),
+                                 Addr(kServer, 16)};
+  for (uint64_t record : bad_record) {
+    SCOPED_TRACE(record);
+    SetEntry(4096, 0, 42, record);
+    LookupReply r;
+    std::vector<std::byte> bytes;
+    ASSERT_TRUE(Lookup(4096, 42, 8, &r, &bytes).ok());
+    EXPECT_EQ(Outcome(r), LookupOutcome::kOutOfBounds);
+    EXPECT_EQ(bytes, std::vector<std::byte>(8, std::byte{0}));
+  }
+  const std::vector<std::byte> before = memory_;
+  // The rest of the batch still runs; the lookup wrote nothing.
+  RequestBuilder b;
+  b.LookupRead(4096, kParams, 42, 8);
+  b.Read(4096, 8);
+  std::vector<std::byte> reply;
+  ASSERT_TRUE(Run(b, &reply).ok());
+  EXPECT_EQ(reply.size(), sizeof(LookupReply) + 8 + 8);
+  EXPECT_EQ(memory_, before);
+}
+
+TEST_F(LookupReadTest, MalformedLookupsRejectTheWholeRequest) {
+  struct Case {
+    const char* name;
+    uint64_t bucket;
+    LookupParams params;
+    uint32_t size;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {"bucket outside the leases", 40960, kParams, 8, "not inside the root area"},
+      {"bucket beyond the region", (64 << 10) - 64, kParams, 8, "beyond the region"},
+      {"misaligned bucket", 4100, kParams, 8, "not 8-byte aligned"},
+      {"bucket too large", 4096, {8192, 16, 7, 8, 64, 0}, 8, "bucket size"},
+      {"entries beyond the bucket", 4096, {128, 16, 8, 8, 64, 0}, 8, "entries"},
+      {"no entries", 4096, {128, 16, 0, 8, 64, 0}, 8, "entries"},
+      {"next word beyond the bucket", 4096, {128, 16, 7, 128, 64, 0}, 8, "next word"},
+      {"unbounded walk", 4096, {128, 16, 7, 8, 65, 0}, 8, "max buckets"},
+      {"reserved parameter", 4096, {128, 16, 7, 8, 64, 1}, 8, "reserved"},
+      {"record too large", 4096, kParams, kMaxInlineBytes + 1, "record size"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    RequestBuilder b;
+    b.Write(4096 + 1024, "x", 1);
+    b.LookupRead(c.bucket, c.params, 42, c.size);
+    const std::vector<std::byte> before = memory_;
+    Status s = Run(b);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find(c.needle), std::string::npos) << s.message();
+    EXPECT_EQ(memory_, before);  // the write before it did not run either
+  }
+  // A truncated parameter block.
+  RequestBuilder b;
+  b.LookupRead(4096, kParams, 42, 8);
+  auto bytes = b.bytes();
+  auto r = Execute(1, bytes.first(bytes.size() - 4), region_);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace farpool::memory_ops

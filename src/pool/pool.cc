@@ -151,10 +151,13 @@ struct ThreadContext {
 
 // Where part of a batch message's reply goes: one per read or atomic, in request order.
 struct BatchSink {
-  void* read_into = nullptr;     // reads
+  void* read_into = nullptr;     // reads; lookup-reads: the record's bytes
   uint64_t size = 0;             // bytes in the reply
   uint64_t* previous = nullptr;  // atomics; may be null
+  LookupResult* lookup = nullptr;  // lookup-reads (a memory_ops::LookupReply, then the bytes)
 };
+
+namespace {}  // namespace
 
 namespace {
 void Bump(std::atomic<uint64_t>& counter, uint64_t by = 1) {
@@ -985,6 +988,13 @@ struct Batch::State {
     uint64_t* out = nullptr;
   };
   using Sink = BatchSink;
+  // A lookup-read over one-sided access: its first bucket, read by a get and scanned at Wait.
+  struct OneSidedLookup {
+    std::vector<std::byte> bucket;
+    memory_ops::LookupParams params;
+    uint64_t key = 0;
+    LookupResult* result = nullptr;
+  };
   struct Message {
     size_t index = 0;
     memory_ops::RequestBuilder request;
@@ -997,6 +1007,7 @@ struct Batch::State {
   ThreadContext* tc = nullptr;
   Status context_error;
   std::deque<Pending> pending;    // deque: operand/result addresses stay put while posted
+  std::deque<OneSidedLookup> lookups;  // deque: bucket buffers stay put while posted
   std::vector<uint8_t> wrote;     // per server index: a one-sided write was posted (flush)
   std::vector<Message> messages;  // sent at Wait()
   // Per server index: the message being filled (or -1), the batch's messages to it, whether
@@ -1162,6 +1173,64 @@ Status Batch::FetchAdd(GlobalAddress address, uint64_t delta, uint64_t* previous
   return Status::Ok();
 }
 
+Status Batch::LookupRead(GlobalAddress bucket, const LookupSpec& spec, uint64_t key, void* record,
+                         uint32_t record_size, LookupResult* result) {
+  FARPOOL_RETURN_IF_ERROR(state_->context_error);
+  const memory_ops::LookupParams params = memory_ops::ParamsOf(spec);
+  if (std::string why = memory_ops::CheckLookupParams(params); !why.empty()) {
+    return Status::InvalidArgument("lookup-read at " + bucket.ToString() + ": " + why);
+  }
+  if (record_size > memory_ops::kMaxInlineBytes) {
+    return Status::InvalidArgument("lookup-read at " + bucket.ToString() + ": record of " +
+                                   std::to_string(record_size) + " bytes (at most " +
+                                   std::to_string(memory_ops::kMaxInlineBytes) + ")");
+  }
+  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
+                           pool_.Resolve(bucket, spec.bucket_size, "lookup-read", true));
+  if (t.direct == nullptr && t.messages) {
+    FARPOOL_RETURN_IF_ERROR(
+        Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kLookupRead), record_size));
+  }
+  ThreadContext& tc = *state_->tc;
+  Bump(tc.reads);
+  Bump(tc.bytes_read, spec.bucket_size);
+  ++state_->posted;
+  ServerState& s = *pool_.servers_[t.index];
+  const uint64_t offset = bucket.offset();
+  if (t.direct != nullptr) {
+    // The server's own code on the mapped region: the same semantics. A mapping client may
+    // touch the whole region, so only its bounds are checked.
+    memory_ops::Region region{s.direct, s.region_size, [](uint64_t, uint64_t) { return true; },
+                              s.address.id};
+    std::vector<std::byte> out(sizeof(memory_ops::LookupReply) + record_size);
+    memory_ops::ExecuteLookupRead(region, offset, params, key, record_size, out.data());
+    Status st = memory_ops::DecodeLookupReply(out.data(), s.address.id, result).WithContext(s.name);
+    if (st.ok() && result->outcome == LookupResult::Outcome::kFound) {
+      std::memcpy(record, out.data() + sizeof(memory_ops::LookupReply), record_size);
+    }
+    // An address out of bounds fails the batch at Wait, as on the other paths.
+    if (!st.ok() && state_->error.ok()) state_->error = st;
+    return Status::Ok();
+  }
+  if (t.messages) {
+    auto& m = state_->Open(t.index);
+    m.request.LookupRead(offset, params, key, record_size);
+    m.sinks.push_back({record, sizeof(memory_ops::LookupReply) + record_size, nullptr, result});
+    return Status::Ok();
+  }
+  state_->one_sided[t.index] = 1;
+  auto& l = state_->lookups.emplace_back();
+  l.bucket.resize(spec.bucket_size);
+  l.params = params;
+  l.key = key;
+  l.result = result;
+  auto& p = state_->pending.emplace_back();
+  p.index = t.index;
+  p.what = "lookup-read";
+  p.request = PostRead(tc.peers[t.index], l.bucket.data(), spec.bucket_size, t.remote);
+  return Status::Ok();
+}
+
 Status Pool::Impl::SendBatch(ThreadContext& tc, size_t index, uint64_t request_id,
                              const memory_ops::RequestBuilder& request,
                              Clock::time_point deadline) {
@@ -1206,12 +1275,23 @@ Status Pool::Impl::FinishBatch(ThreadContext& tc, size_t index, uint64_t request
                             " operations expecting " + std::to_string(request.reply_size()));
   }
   const std::byte* at = reply->message.tail.data();
+  Status lookups;
   for (const BatchSink& sink : sinks) {
+    if (sink.lookup != nullptr) {
+      Status st = memory_ops::DecodeLookupReply(at, s.address.id, sink.lookup).WithContext(s.name);
+      if (lookups.ok()) lookups = st;
+      if (st.ok() && sink.lookup->outcome == LookupResult::Outcome::kFound) {
+        std::memcpy(sink.read_into, at + sizeof(memory_ops::LookupReply),
+                    sink.size - sizeof(memory_ops::LookupReply));
+      }
+      at += sink.size;
+      continue;
+    }
     if (sink.read_into != nullptr) std::memcpy(sink.read_into, at, sink.size);
     if (sink.previous != nullptr) std::memcpy(sink.previous, at, sizeof(uint64_t));
     at += sink.size;
   }
-  return Status::Ok();
+  return lookups;
 }
 
 Status Batch::Reserve(size_t index, uint8_t kind, uint64_t size) {
@@ -1268,6 +1348,19 @@ Status Batch::Drain() {
     note(s);
   }
   st.pending.clear();
+  if (first.ok()) {
+    for (const State::OneSidedLookup& l : st.lookups) {
+      const memory_ops::BucketScan scan = memory_ops::ScanBucket(l.bucket.data(), l.params, l.key);
+      if (scan.value != 0) {
+        *l.result = {LookupResult::Outcome::kFoundNotRead, GlobalAddress::FromRaw(scan.value)};
+      } else if (scan.next != 0) {
+        *l.result = {LookupResult::Outcome::kContinue, GlobalAddress::FromRaw(scan.next)};
+      } else {
+        *l.result = {LookupResult::Outcome::kAbsent, GlobalAddress()};
+      }
+    }
+  }
+  st.lookups.clear();
   for (size_t i = 0; i < st.wrote.size(); ++i) {
     if (!st.wrote[i]) continue;
     st.wrote[i] = 0;

@@ -62,6 +62,37 @@ Result<GlobalAddress> HashIndex::FinishLookup(const Access& access, int64_t key,
   }
 }
 
+namespace {
+constexpr LookupSpec kSpec{HashIndex::kBucketSize, 16, HashIndex::kEntries, 8};
+}  // namespace
+
+Status HashIndex::PostLookupRead(Access::Batch& batch, int64_t key, void* record,
+                                 uint32_t record_size, LookupResult* result) const {
+  return batch.LookupRead(Bucket(key), kSpec, static_cast<uint64_t>(key), record, record_size,
+                          result);
+}
+
+Result<GlobalAddress> HashIndex::FinishLookupRead(const Access& access, int64_t key,
+                                                  const LookupResult& result,
+                                                  bool* record_read) const {
+  *record_read = false;
+  switch (result.outcome) {
+    case LookupResult::Outcome::kAbsent:
+      return GlobalAddress();
+    case LookupResult::Outcome::kFound:
+      *record_read = true;
+      return result.value;
+    case LookupResult::Outcome::kFoundNotRead:
+      return result.value;
+    case LookupResult::Outcome::kContinue: {
+      struct Bucket b;
+      FARPOOL_RETURN_IF_ERROR(access.Read(result.value, &b, sizeof(b)));
+      return FinishLookup(access, key, &b);
+    }
+  }
+  return Status::Internal("hash index: unknown lookup outcome");
+}
+
 Status HashIndex::LockHead(const Access& access, LockOwner& owner, GlobalAddress head) const {
   const uint64_t mine = owner.lock_word();
   // A dead holder's lock is simply taken over: nothing it can have left needs repair (header,

@@ -68,6 +68,21 @@ class HashIndex {
   // not hold the key.
   Status PostLookup(Access::Batch& batch, int64_t key, void* bucket) const;
   Result<GlobalAddress> FinishLookup(const Access& access, int64_t key, const void* bucket) const;
+  // Lookup and the read of the record found, in one round trip where the memory allows it
+  // (Access::Batch::LookupRead: the pool's memory server follows the chain and reads the
+  // record when both are on the server of key's head bucket; mapped memory does it at once).
+  // PostLookupRead posts it: `record` (record_size bytes) and `result` kept alive until the
+  // batch has completed. After the batch's Wait, FinishLookupRead answers as FinishLookup
+  // does (the first live entry of the key along the chain), and sets *record_read if `record`
+  // now holds the record's bytes (read after everything this batch ordered before the post on
+  // that server); otherwise the caller reads the record itself, as after FinishLookup. A chain
+  // that continues elsewhere is walked here (one round trip per bucket).
+  Status PostLookupRead(Access::Batch& batch, int64_t key, void* record, uint32_t record_size,
+                        LookupResult* result) const;
+  Result<GlobalAddress> FinishLookupRead(const Access& access, int64_t key,
+                                         const LookupResult& result, bool* record_read) const;
+  // The server of key's head bucket.
+  uint16_t HeadServer(int64_t key) const { return Bucket(key).server(); }
   // Returns the record of `key` if it exists, else inserts `record` and returns it.
   Result<GlobalAddress> GetOrInsert(const Access& access, LockOwner& owner, int64_t key,
                                     GlobalAddress record) const;

@@ -405,6 +405,8 @@ struct KeyRead {
   GlobalAddress record;  // null: the key has no record
   bool cached = false;   // `record` came from the session's address cache
   bool done = false;     // read (or known absent)
+  bool prefetched = false;  // `image.bytes` hold the record, read with its lookup
+  LookupResult lookup;      // of HashIndex::PostLookupRead
   RecordImage image;
   bool found = false, deleted = false;
   std::string payload;  // the visible version's fixed payload, if found

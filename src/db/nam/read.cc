@@ -17,6 +17,10 @@
 #include "db/nam/nam_internal.h"
 
 namespace farpool::db {
+namespace {
+// The largest record Batch::LookupRead reads with its lookup (pool.h).
+constexpr uint64_t kMaxLookupReadBytes = 16 << 10;
+}  // namespace
 
 std::vector<std::pair<GlobalAddress, uint64_t>> BlobRefs(const NamTable& t,
                                                          const unsigned char* payload) {
@@ -172,6 +176,7 @@ Status NamTxn::ReadKeys(std::span<KeyRead> keys) {
     std::vector<KeyRead*> lookups;
     for (KeyRead& k : keys) {
       if (k.done) continue;
+      k.prefetched = false;
       k.record = s_.CachedRecord(*k.t, k.key);
       k.cached = !k.record.is_null();
       if (!k.cached) lookups.push_back(&k);
@@ -181,12 +186,48 @@ Status NamTxn::ReadKeys(std::span<KeyRead> keys) {
       const bool taking = !has_snapshot_;
       bool cache_cleared = false;
       std::vector<std::array<unsigned char, HashIndex::kBucketSize>> buckets(lookups.size());
+      // Lookups that read the record too (HashIndex::PostLookupRead: one round trip for
+      // both where the memory server holds the bucket and the record). A record must be read
+      // after the snapshot's counter, so while the snapshot is being taken only the keys
+      // whose head bucket is on the counter's server do so, behind a fence (a server
+      // executes its message in order); the others read their records in round 2. By the
+      // same fence, the cached records on the counter's server are read in this round too.
+      std::vector<uint8_t> combined(lookups.size(), 0);
       {
         Access::Batch b(s_.access_);
         Status posted = taking ? s_.PostSnapshot(b, &snap) : Status::Ok();
         if (taking && !posted.ok()) return posted;
+        const uint16_t counter_server = s_.db_.RootField(kRootCounter).server();
+        bool fenced = false;
         for (size_t j = 0; j < lookups.size() && posted.ok(); ++j) {
-          posted = lookups[j]->t->hash_->PostLookup(b, lookups[j]->key, buckets[j].data());
+          KeyRead& k = *lookups[j];
+          const uint64_t size = k.t->layout_.record_size();
+          combined[j] = size <= kMaxLookupReadBytes &&
+                        (!taking || k.t->hash_->HeadServer(k.key) == counter_server);
+          if (!combined[j]) {
+            posted = k.t->hash_->PostLookup(b, k.key, buckets[j].data());
+            continue;
+          }
+          if (taking && !fenced) {
+            posted = b.Fence();
+            fenced = true;
+            if (!posted.ok()) break;
+          }
+          k.image.bytes.resize(size);
+          posted = k.t->hash_->PostLookupRead(b, k.key, k.image.bytes.data(),
+                                              static_cast<uint32_t>(size), &k.lookup);
+        }
+        for (KeyRead& k : keys) {
+          if (!taking || !posted.ok()) break;
+          if (k.done || !k.cached || k.record.server() != counter_server) continue;
+          if (!fenced) {
+            posted = b.Fence();
+            fenced = true;
+            if (!posted.ok()) break;
+          }
+          k.image.bytes.resize(k.t->layout_.record_size());
+          posted = b.Read(k.record, k.image.bytes.data(), k.image.bytes.size());
+          k.prefetched = posted.ok();
         }
         Status waited = b.Wait();
         if (!posted.ok()) waited = posted;
@@ -195,14 +236,20 @@ Status NamTxn::ReadKeys(std::span<KeyRead> keys) {
       }
       for (size_t j = 0; j < lookups.size(); ++j) {
         KeyRead& k = *lookups[j];
-        FARPOOL_ASSIGN_OR_RETURN(k.record,
-                                 k.t->hash_->FinishLookup(s_.access_, k.key, buckets[j].data()));
+        if (combined[j]) {
+          FARPOOL_ASSIGN_OR_RETURN(
+              k.record, k.t->hash_->FinishLookupRead(s_.access_, k.key, k.lookup, &k.prefetched));
+        } else {
+          FARPOOL_ASSIGN_OR_RETURN(k.record,
+                                   k.t->hash_->FinishLookup(s_.access_, k.key, buckets[j].data()));
+        }
         if (!k.record.is_null()) s_.RememberRecord(*k.t, k.key, k.record);
       }
       if (cache_cleared) {
         // Records were removed since the cache was filled: look the cached ones up again.
         for (KeyRead& k : keys) {
           if (!k.done && k.cached) {
+            k.prefetched = false;  // its address may have changed
             FARPOOL_ASSIGN_OR_RETURN(k.record, s_.FindRecord(*k.t, k.key));
           }
         }
@@ -217,6 +264,7 @@ Status NamTxn::ReadKeys(std::span<KeyRead> keys) {
           k.done = true;  // no record: the key does not exist
           continue;
         }
+        if (k.prefetched) continue;  // read with its lookup
         k.image.bytes.resize(k.t->layout_.record_size());
         FARPOOL_RETURN_IF_ERROR(b.Read(k.record, k.image.bytes.data(), k.image.bytes.size()));
       }

@@ -325,7 +325,8 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
       auto req = m.As<wire::BatchRequest>();
       memory_ops::Region region{
           region_->data(), chunks_.region_size(),
-          [this](uint64_t offset, uint64_t size) { return chunks_.Covers(offset, size); }};
+          [this](uint64_t offset, uint64_t size) { return chunks_.Covers(offset, size); },
+          options_.id};
       auto results = memory_ops::Execute(req.op_count, m.tail, region);
       if (!results.ok()) {
         ++rejected_;
