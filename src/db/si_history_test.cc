@@ -317,11 +317,13 @@ class SiHistoryTest : public ::testing::Test {
     }
     if (fault && pids.size() == size_t{kWorkers}) fault(pids);
     // A stopped worker is usually evicted (killed by its memory server) once the others fence
-    // it; whatever it recorded stays in the history. Every other worker must finish.
+    // it; whatever it recorded stays in the history. Under the short fault lease a worker
+    // whose renewal thread a loaded machine starves for a lease may be evicted too; without
+    // faults (default lease) every worker must finish.
     int finished = 0;
     for (const auto& w : testing::ReapWorkers(pids, 300s)) {
-      if (stopped_.count(w.pid) && w.Evicted()) {
-        ++evicted_;
+      if (fault && w.Evicted()) {
+        if (stopped_.count(w.pid)) ++evicted_;
         continue;
       }
       EXPECT_TRUE(w.Succeeded()) << w.Describe();
@@ -361,7 +363,7 @@ class SiHistoryTest : public ::testing::Test {
     EXPECT_TRUE(history.ok()) << history.status().ToString();
     if (!history.ok()) return {};
     history->push_back(last);
-    if (evicted_ == 0) {
+    if (finished == kWorkers) {
       EXPECT_EQ(history->size(), size_t{kWorkers} * kThreads * attempts + 1);
     } else {
       EXPECT_GE(history->size(), size_t(finished) * kThreads * attempts + 1);

@@ -466,7 +466,9 @@ TEST_F(AccessPaths, ALookupReadGivesTheTwoStepAnswerOnEveryPath) {
           break;
       }
       EXPECT_EQ(got, want);
-      if (!want.is_null()) EXPECT_EQ(got_bytes, want_bytes);
+      if (!want.is_null()) {
+        EXPECT_EQ(got_bytes, want_bytes);
+      }
       // What each path can do in the one round trip.
       const bool near = path != 2;  // mapped or messages: the server's walk
       using O = LookupResult::Outcome;
@@ -569,7 +571,9 @@ TEST_F(AccessPaths, AFenceOrdersEachServersOperationsOnEveryPath) {
     ASSERT_TRUE(b.CompareAndSwap(word, 1, 2, &previous).ok());
     ASSERT_TRUE(b.Wait().ok());
     EXPECT_EQ(previous, 1u);
-    if (k == 1) EXPECT_EQ(pool.counters().round_trips - before.round_trips, 1u);
+    if (k == 1) {
+      EXPECT_EQ(pool.counters().round_trips - before.round_trips, 1u);
+    }
   }
 }
 

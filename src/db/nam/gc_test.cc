@@ -210,7 +210,9 @@ TEST_P(GcTest, RandomWorkloadMatchesModelWhileCollecting) {
         }
       }
     }
-    if (op % 500 == 0) ASSERT_TRUE(db().CollectGarbage().ok());
+    if (op % 500 == 0) {
+      ASSERT_TRUE(db().CollectGarbage().ok());
+    }
   }
   if (held) held->Rollback();
   auto t = (*s)->Begin();
