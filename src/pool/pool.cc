@@ -151,9 +151,9 @@ struct ThreadContext {
 
 // Where part of a batch message's reply goes: one per read or atomic, in request order.
 struct BatchSink {
-  void* read_into = nullptr;     // reads; lookup-reads: the record's bytes
-  uint64_t size = 0;             // bytes in the reply
-  uint64_t* previous = nullptr;  // atomics; may be null
+  void* read_into = nullptr;       // reads; lookup-reads: the record's bytes
+  uint64_t size = 0;               // bytes in the reply
+  uint64_t* previous = nullptr;    // atomics; may be null
   LookupResult* lookup = nullptr;  // lookup-reads (a memory_ops::LookupReply, then the bytes)
 };
 
@@ -1006,10 +1006,10 @@ struct Batch::State {
 
   ThreadContext* tc = nullptr;
   Status context_error;
-  std::deque<Pending> pending;    // deque: operand/result addresses stay put while posted
+  std::deque<Pending> pending;         // deque: operand/result addresses stay put while posted
   std::deque<OneSidedLookup> lookups;  // deque: bucket buffers stay put while posted
-  std::vector<uint8_t> wrote;     // per server index: a one-sided write was posted (flush)
-  std::vector<Message> messages;  // sent at Wait()
+  std::vector<uint8_t> wrote;          // per server index: a one-sided write was posted (flush)
+  std::vector<Message> messages;       // sent at Wait()
   // Per server index: the message being filled (or -1), the batch's messages to it, whether
   // one-sided operations to it are pending, and whether its open message holds operations
   // from before a Fence (a second message could overtake them).

@@ -402,9 +402,9 @@ struct ReadEntry {
 struct KeyRead {
   const NamTable* t = nullptr;
   int64_t key = 0;
-  GlobalAddress record;  // null: the key has no record
-  bool cached = false;   // `record` came from the session's address cache
-  bool done = false;     // read (or known absent)
+  GlobalAddress record;     // null: the key has no record
+  bool cached = false;      // `record` came from the session's address cache
+  bool done = false;        // read (or known absent)
   bool prefetched = false;  // `image.bytes` hold the record, read with its lookup
   LookupResult lookup;      // of HashIndex::PostLookupRead
   RecordImage image;
