@@ -619,7 +619,7 @@ class NamDatabase final : public Database {
   std::map<std::string, std::unique_ptr<NamTable>> tables_;
   std::unordered_map<uint32_t, NamTable*> by_id_;
   std::vector<std::shared_ptr<SlotLease>> leases_;
-  std::set<uint32_t> recovering_here_;              // slots a thread of this process is recovering
+  std::multiset<uint32_t> recovering_here_;         // slots threads of this process recover
   std::vector<std::unique_ptr<NamTable>> dropped_;  // kept for handles still held
 
   std::mutex observe_mu_;  // guards observed_

@@ -113,7 +113,7 @@ Result<bool> NamDatabase::FenceAndRecover(const Access& access, uint32_t slot, u
   }
   {
     std::lock_guard<std::mutex> l(mu_);
-    recovering_here_.erase(slot);
+    recovering_here_.erase(recovering_here_.find(slot));  // ours only: others may try it too
   }
   FARPOOL_RETURN_IF_ERROR(s);
   if (final_owner != nullptr) *final_owner = done;
