@@ -22,9 +22,10 @@
 // processes (the VFS holds the file's lock), and that a handle whose file another process may
 // have changed is Refresh()ed before use (the VFS does it whenever it raises a lock).
 //
-// Errors: InvalidArgument for bad names and ranges, NotFound, OutOfMemory when the pool is
-// full (the file is intact up to the last successful write), and the pool's errors, each
-// naming the file.
+// Errors: InvalidArgument for bad names and ranges, NotFound, AlreadyExists (exclusive
+// create), ResourceExhausted when the name table is full, OutOfMemory when the pool is full
+// (the file is intact up to the last successful write), and the pool's errors, each naming
+// the file.
 //
 // Thread-safety: FileStore is safe for concurrent use; a File handle belongs to one thread at
 // a time. REQUIRES: the Pool outlives the store and the store outlives its handles.
@@ -47,7 +48,7 @@ namespace farpool::files {
 enum class OpenMode {
   kExisting,         // NotFound if the file does not exist
   kCreate,           // creates it if need be
-  kCreateExclusive,  // InvalidArgument if it exists
+  kCreateExclusive,  // AlreadyExists if it exists
 };
 
 class File;
