@@ -162,6 +162,20 @@ struct LookupResult {
   GlobalAddress value;
 };
 
+// What a Batch::InsertIfAbsent did.
+struct InsertResult {
+  enum class Outcome : uint8_t {
+    kInserted,    // the key's entry now holds the value (`value`)
+    kFound,       // the key had a live entry: `value` is its value; nothing was changed
+    kBusy,        // the chain's lock word was held: `value` is the holder's word; nothing changed
+    kNotDone,     // not done on this path or in one step (see InsertIfAbsent); nothing changed
+    kLockBroken,  // our lock word was replaced while we held it (`value`: the word found): the
+                  // caller was fenced; the entry may or may not be live
+  };
+  Outcome outcome = Outcome::kNotDone;
+  uint64_t value = 0;
+};
+
 class Pool {
  public:
   // Connects to every server of the cluster (hello, region key). Fails, naming the server,
@@ -276,6 +290,25 @@ class Batch {
   // Wait() returns; `spec` is well-formed (else InvalidArgument, nothing posted).
   Status LookupRead(GlobalAddress bucket, const LookupSpec& spec, uint64_t key, void* record,
                     uint32_t record_size, LookupResult* result);
+
+  // A compound insert-if-absent into the bucket chain that starts at `bucket` (layout `spec`),
+  // with exactly the steps a one-sided inserter takes, done by whoever executes it: the head's
+  // lock word (at `lock_offset` in it) CASed from 0 to `lock_word` (else kBusy); the chain
+  // searched for a live entry of `key` (kFound); else `key` stored into the first free entry
+  // (value 0) and its value word CASed from 0 to `value`; the lock CASed back to 0 (a failed
+  // entry or release CAS: kLockBroken). A chain that leaves the server, is longer than 64
+  // buckets or has no free entry is not changed (kNotDone, lock released): the caller inserts
+  // one-sided. `result` is set by Wait():
+  //   messages (TCP):  one operation of the server's message (memory_ops kInsertIfAbsent).
+  //   direct (mapped): done at once, the same way, on the mapped region.
+  //   one-sided (UCX): not done (kNotDone), nothing posted.
+  // A bucket address outside the server's region or leases fails the batch (InvalidArgument
+  // from Wait naming it); nothing was changed then.
+  // REQUIRES: `result` stays valid until Wait() returns; `spec` is well-formed, `lock_offset`
+  // a multiple of 8 inside the bucket, `lock_word` and `value` nonzero (else InvalidArgument,
+  // nothing posted).
+  Status InsertIfAbsent(GlobalAddress bucket, const LookupSpec& spec, uint32_t lock_offset,
+                        uint64_t lock_word, uint64_t key, uint64_t value, InsertResult* result);
 
   // Operations posted after the fence take effect at a server after every operation posted
   // before it to that server (there is no order across servers: a protocol that needs one

@@ -50,8 +50,10 @@ class LockOwner {
   // uninitialised. By default the memory's own allocator, whose objects only the allocating
   // process may free; the NAM sessions use the database's recycler instead, so that whichever
   // process reclaims a dropped table frees its index too.
-  virtual Result<GlobalAddress> AllocObject(const Access& access, uint64_t size) {
-    return access.Alloc(size, Placement::Striped());
+  // `placement` as for Memory::Alloc (a hash index keeps a chain on its head's server).
+  virtual Result<GlobalAddress> AllocObject(const Access& access, uint64_t size,
+                                            Placement placement) {
+    return access.Alloc(size, placement);
   }
   // REQUIRES: `address` came from AllocObject(size) of an owner of the same kind (the same
   // process, for the default), and nothing can reach it any more.

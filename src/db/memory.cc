@@ -34,6 +34,11 @@ class PoolBatch final : public MemoryBatch {
                     uint32_t size, LookupResult* result) override {
     return batch_.LookupRead(b, spec, key, record, size, result);
   }
+  Status InsertIfAbsent(GlobalAddress b, const LookupSpec& spec, uint32_t lock_offset,
+                        uint64_t lock_word, uint64_t key, uint64_t value,
+                        InsertResult* result) override {
+    return batch_.InsertIfAbsent(b, spec, lock_offset, lock_word, key, value, result);
+  }
   Status Fence() override { return batch_.Fence(); }
   Status Wait() override { return batch_.Wait(); }
   size_t posted() const override { return batch_.posted(); }
@@ -232,6 +237,28 @@ class LocalMemory final : public Memory {
     }
     return Status::Ok();
   }
+  // The memory server's insert-if-absent (memory_ops), on this process's regions.
+  Status InsertIfAbsent(GlobalAddress bucket, const LookupSpec& spec, uint32_t lock_offset,
+                        uint64_t lock_word, uint64_t key, uint64_t value,
+                        InsertResult* result) const {
+    const memory_ops::InsertParams params{
+        memory_ops::ParamsOf(spec), lock_word, static_cast<uint16_t>(lock_offset), {}};
+    std::string why = memory_ops::CheckInsertParams(params);
+    if (why.empty() && (lock_offset != params.lock_offset || value == 0))
+      why = "bad lock offset or zero value";
+    if (!why.empty()) {
+      return Status::InvalidArgument("local memory: insert-if-absent at " + bucket.ToString() +
+                                     ": " + why);
+    }
+    std::byte* p;
+    FARPOOL_RETURN_IF_ERROR(Resolve(bucket, spec.bucket_size, true, &p));
+    const memory_ops::Region region{regions_[bucket.server()].base, size_,
+                                    [](uint64_t offset, uint64_t) { return offset >= 64; },
+                                    bucket.server()};
+    std::byte out[sizeof(memory_ops::InsertReply)];
+    memory_ops::ExecuteInsertIfAbsent(region, bucket.offset(), params, key, value, out);
+    return memory_ops::DecodeInsertReply(out, bucket.server(), result).WithContext("local memory");
+  }
   std::vector<uint16_t> servers() const override {
     std::vector<uint16_t> ids(regions_.size());
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint16_t>(i);
@@ -283,6 +310,11 @@ class LocalBatch final : public MemoryBatch {
   Status LookupRead(GlobalAddress b, const LookupSpec& spec, uint64_t key, void* record,
                     uint32_t size, LookupResult* result) override {
     return Note(m_.LookupRead(b, spec, key, record, size, result));
+  }
+  Status InsertIfAbsent(GlobalAddress b, const LookupSpec& spec, uint32_t lock_offset,
+                        uint64_t lock_word, uint64_t key, uint64_t value,
+                        InsertResult* result) override {
+    return Note(m_.InsertIfAbsent(b, spec, lock_offset, lock_word, key, value, result));
   }
   Status Read(GlobalAddress s, void* d, uint64_t n) override { return Note(m_.Read(s, d, n)); }
   Status Write(GlobalAddress d, const void* s, uint64_t n) override {

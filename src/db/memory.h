@@ -53,6 +53,12 @@ class MemoryBatch {
   // (the pool over messages or mapped, local memory); `result` says what was done.
   virtual Status LookupRead(GlobalAddress bucket, const LookupSpec& spec, uint64_t key,
                             void* record, uint32_t record_size, LookupResult* result) = 0;
+  // Batch::InsertIfAbsent of pool.h: insert (key, value) into the bucket chain at `bucket`
+  // under its lock word, as one operation where the memory allows it (the pool over messages
+  // or mapped, local memory); kNotDone where it does not (the caller inserts one-sided).
+  virtual Status InsertIfAbsent(GlobalAddress bucket, const LookupSpec& spec, uint32_t lock_offset,
+                                uint64_t lock_word, uint64_t key, uint64_t value,
+                                InsertResult* result) = 0;
   // Operations posted after it take effect at a server after those posted before it to that
   // server (Batch::Fence of pool.h): e.g. install a record's cells, fence, unlock it, in one
   // round trip. No order across servers.
@@ -160,6 +166,12 @@ class Access {
                       uint32_t record_size, LookupResult* result) {
       OpCount::Bump(count_->reads);
       return Get().LookupRead(bucket, spec, key, record, record_size, result);
+    }
+    // Counted as one CAS (the head lock's: what a one-sided insert would start with).
+    Status InsertIfAbsent(GlobalAddress bucket, const LookupSpec& spec, uint32_t lock_offset,
+                          uint64_t lock_word, uint64_t key, uint64_t value, InsertResult* result) {
+      OpCount::Bump(count_->cas);
+      return Get().InsertIfAbsent(bucket, spec, lock_offset, lock_word, key, value, result);
     }
     Status Fence() { return Get().Fence(); }
     Status Wait() {

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <map>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "db/db_test_util.h"
@@ -422,12 +423,13 @@ TEST_P(TxnTest, MultiGetSeesOwnWrites) {
 
 // The round trips of a transaction are a property of the protocol (docs/database.md, "Round
 // trips"): a MultiGet of keys is 2 (the snapshot's counter read with the index lookups, then
-// the records), a commit of records that were read is 4 (lock, stamp + log, install, release);
+// the records), a commit of records that were read is 3 (lock, stamp + log, install + release);
 // from an idle session the snapshot's announcement adds 1. Not for sharded (messages).
 // Near-memory reads (issue 9) take the records on the counter's server into the counter's
 // round trip, behind a fence: a cached record there, or one found by a lookup-read whose
-// hash bucket is there too (HashIndex::PostLookupRead). The records' placement (striped over
-// the 2 servers) decides which, so the exact counts are computed from the addresses.
+// hash bucket is there too (HashIndex::PostLookupRead). Records sit on their head bucket's
+// server, and the buckets are spread over the 2 servers, so which keys those are depends on
+// the hash: the exact counts are computed from the addresses.
 TEST_P(TxnTest, RoundTripsOfASimpleTransaction) {
   if (GetParam() == "sharded") GTEST_SKIP() << "the sharded engine counts message rounds";
   const Table* t = MakeTable("t", IntSchema());
@@ -459,20 +461,21 @@ TEST_P(TxnTest, RoundTripsOfASimpleTransaction) {
   for (int k = 1; k <= 3; ++k) {
     const GlobalAddress r = ns.CachedRecord(nt, k);
     ASSERT_FALSE(r.is_null());
+    EXPECT_EQ(r.server(), nt.hash_->HeadServer(k)) << "key " << k << ": not beside its bucket";
     on_counter[k] = r.server() == counter_server;
   }
   const bool all_on_counter = on_counter[1] && on_counter[2] && on_counter[3];
-  // The lookup-reads of the first MultiGet read the records only if the head buckets are on
-  // the counter's server too (one bucket array: one server for all keys).
-  const bool index_on_counter = nt.hash_->HeadServer(1) == counter_server;
-  EXPECT_EQ(trips() - before, 1u + 1u + (all_on_counter && index_on_counter ? 0u : 1u) + 4u);
+  // The lookup-reads of the first MultiGet read the records of the keys whose head bucket
+  // (and so record) is on the counter's server.
+  EXPECT_EQ(trips() - before, 1u + 1u + (all_on_counter ? 0u : 1u) + 3u);
   // With another transaction of the session open (its announcement in place), as in a busy
-  // session: 2 + 4 (1 + 4 if every record is on the counter's server: read behind the fence).
+  // session: 2 + 3 (1 + 3 if every record is on the counter's server: read behind the fence).
+  // The first commit's log is cleared in the next snapshot's round trip: no round of its own.
   auto pin = BeginTxn(*s);
   ASSERT_EQ(*GetInt(*pin, *t, 7), 0);
   before = trips();
   ASSERT_OK(RunTransaction(*s, transfer));
-  EXPECT_EQ(trips() - before, 1u + (all_on_counter ? 0u : 1u) + 4u);
+  EXPECT_EQ(trips() - before, 1u + (all_on_counter ? 0u : 1u) + 3u);
   // Reading the same keys one Get at a time: the counter (with key 1's record if it is on
   // the counter's server), then a round trip per record.
   before = trips();
@@ -488,11 +491,10 @@ TEST_P(TxnTest, RoundTripsOfASimpleTransaction) {
 }
 
 // A point read of a key whose address is not cached, once the transaction has its snapshot:
-// the index lookup reads the record too (HashIndex::PostLookupRead) when the hash index's
-// bucket array and the record share a server, so it costs 1 round trip; otherwise the record
-// is read in a round trip of its own, 2 as before. Records are striped over the 2 servers
-// and the bucket array is one object on one of them, so both kinds occur among 31 keys; the
-// expected count of each read is computed from where its record is.
+// the index lookup reads the record too (HashIndex::PostLookupRead) when the key's head bucket
+// and its record share a server. Records are allocated on the server of their head bucket,
+// so every such Get costs 1 round trip (before that placement, the ones elsewhere took 2);
+// and the bucket arrays are spread over both servers, so the keys' records are too.
 TEST_P(TxnTest, RoundTripsOfAPointReadWithItsLookup) {
   if (GetParam() == "sharded") GTEST_SKIP() << "the sharded engine counts message rounds";
   const Table* t = MakeTable("t", IntSchema());
@@ -507,18 +509,18 @@ TEST_P(TxnTest, RoundTripsOfAPointReadWithItsLookup) {
   auto trips = [&] { return s->counters().round_trips; };
   const auto& nt = static_cast<const NamTable&>(*t);
   const auto& ns = dynamic_cast<const NamSession&>(*s);
-  const uint16_t index_server = nt.hash_->HeadServer(0);
   auto txn = BeginTxn(*s);
   ASSERT_EQ(*GetInt(*txn, *t, 0), 0);  // takes the snapshot
-  int one = 0;
+  std::set<uint16_t> servers;
   for (int k = 1; k < 32; ++k) {
     const uint64_t before = trips();
     ASSERT_EQ(*GetInt(*txn, *t, k), k * 10);
-    const bool together = ns.CachedRecord(nt, k).server() == index_server;
-    EXPECT_EQ(trips() - before, together ? 1u : 2u) << "key " << k;
-    one += together;
+    EXPECT_EQ(trips() - before, 1u) << "key " << k;
+    const GlobalAddress r = ns.CachedRecord(nt, k);
+    EXPECT_EQ(r.server(), nt.hash_->HeadServer(k)) << "key " << k;
+    servers.insert(r.server());
   }
-  EXPECT_GT(one, 0) << "no record shares the bucket array's server";
+  EXPECT_EQ(servers.size(), 2u) << "the records of 31 keys are all on one server";
   ASSERT_OK(txn->Commit());
 }
 

@@ -25,21 +25,34 @@ const char* KindName(OpKind kind) {
       return "fetch-and-add";
     case OpKind::kLookupRead:
       return "lookup-read";
+    case OpKind::kInsertIfAbsent:
+      return "insert-if-absent";
   }
   return "unknown";
 }
+
+// The parameters that follow a compound operation's header in the request (0: none).
+uint64_t ParamsBytes(OpKind kind) {
+  if (kind == OpKind::kLookupRead) return sizeof(LookupParams);
+  if (kind == OpKind::kInsertIfAbsent) return sizeof(InsertParams);
+  return 0;
+}
+
+constexpr int kShift = 48;  // GlobalAddress: server id in the top 16 bits
+constexpr uint64_t kOffsetMask = (uint64_t{1} << kShift) - 1;
 
 // One checked operation of a request.
 struct Checked {
   OpHeader header;
   const std::byte* data;  // writes: the data in the request
   LookupParams lookup;    // lookup-reads
+  InsertParams insert;    // insert-if-absent
 };
 
 }  // namespace
 
 uint64_t RequestBuilder::RequestBytes(OpKind kind, uint64_t size) {
-  if (kind == OpKind::kLookupRead) return sizeof(OpHeader) + sizeof(LookupParams);
+  if (ParamsBytes(kind) > 0) return sizeof(OpHeader) + ParamsBytes(kind);
   return sizeof(OpHeader) + (kind == OpKind::kWrite ? Padded(size) : 0);
 }
 
@@ -54,6 +67,8 @@ uint64_t RequestBuilder::ReplyBytes(OpKind kind, uint64_t size) {
       return sizeof(uint64_t);
     case OpKind::kLookupRead:
       return sizeof(LookupReply) + size;
+    case OpKind::kInsertIfAbsent:
+      return sizeof(InsertReply);
   }
   return 0;
 }
@@ -69,7 +84,7 @@ void RequestBuilder::Append(const OpHeader& h, const void* data) {
   bytes_.resize(at + RequestBytes(kind, h.size));  // zero-fills a write's padding
   std::memcpy(bytes_.data() + at, &h, sizeof(h));
   if (data != nullptr) {
-    const uint64_t n = kind == OpKind::kLookupRead ? sizeof(LookupParams) : h.size;
+    const uint64_t n = ParamsBytes(kind) > 0 ? ParamsBytes(kind) : h.size;
     std::memcpy(bytes_.data() + at + sizeof(h), data, n);
   }
   ++op_count_;
@@ -104,6 +119,12 @@ void RequestBuilder::LookupRead(uint64_t bucket_offset, const LookupParams& para
   Append({static_cast<uint8_t>(OpKind::kLookupRead), {}, size, bucket_offset, key, 0}, &params);
 }
 
+void RequestBuilder::InsertIfAbsent(uint64_t bucket_offset, const InsertParams& params,
+                                    uint64_t key, uint64_t value) {
+  Append({static_cast<uint8_t>(OpKind::kInsertIfAbsent), {}, 0, bucket_offset, key, value},
+         &params);
+}
+
 void RequestBuilder::Clear() {
   bytes_.clear();
   op_count_ = 0;
@@ -129,6 +150,18 @@ std::string CheckLookupParams(const LookupParams& p) {
   return {};
 }
 
+std::string CheckInsertParams(const InsertParams& p) {
+  if (std::string why = CheckLookupParams(p.layout); !why.empty()) return why;
+  if (p.lock_word == 0) return "lock word is zero";
+  if (p.lock_offset % 8 != 0 || uint64_t{p.lock_offset} + 8 > p.layout.bucket_size) {
+    return "lock word at " + std::to_string(p.lock_offset) + " not inside the bucket";
+  }
+  if (p.reserved[0] != 0 || p.reserved[1] != 0 || p.reserved[2] != 0) {
+    return "reserved parameter is not zero";
+  }
+  return {};
+}
+
 BucketScan ScanBucket(const std::byte* bucket, const LookupParams& params, uint64_t key) {
   BucketScan r{0, 0};
   std::memcpy(&r.next, bucket + params.next_offset, 8);
@@ -145,8 +178,6 @@ BucketScan ScanBucket(const std::byte* bucket, const LookupParams& params, uint6
 
 void ExecuteLookupRead(const Region& region, uint64_t bucket_offset, const LookupParams& params,
                        uint64_t key, uint32_t size, std::byte* out) {
-  constexpr int kShift = 48;  // GlobalAddress: server id in the top 16 bits
-  constexpr uint64_t kOffsetMask = (uint64_t{1} << kShift) - 1;
   auto inside = [&](uint64_t offset, uint64_t n) {
     return n <= region.size && offset <= region.size - n && region.accessible(offset, n);
   };
@@ -183,6 +214,98 @@ void ExecuteLookupRead(const Region& region, uint64_t bucket_offset, const Looku
     at = next_off;
   }
   std::memcpy(out, &reply, sizeof(reply));
+}
+
+void ExecuteInsertIfAbsent(const Region& region, uint64_t bucket_offset, const InsertParams& params,
+                           uint64_t key, uint64_t value, std::byte* out) {
+  const LookupParams& layout = params.layout;
+  auto word = [&](uint64_t offset) { return reinterpret_cast<uint64_t*>(region.base + offset); };
+  auto cas = [&](uint64_t offset, uint64_t expected, uint64_t desired) {
+    __atomic_compare_exchange_n(word(offset), &expected, desired, false, __ATOMIC_SEQ_CST,
+                                __ATOMIC_SEQ_CST);
+    return expected;  // the previous value either way
+  };
+  auto finish = [&](InsertOutcome outcome, uint64_t v) {
+    const InsertReply reply{static_cast<uint64_t>(outcome), v};
+    std::memcpy(out, &reply, sizeof(reply));
+  };
+  const uint64_t lock = bucket_offset + params.lock_offset;  // inside the checked first bucket
+  if (const uint64_t held = cas(lock, 0, params.lock_word); held != 0) {
+    return finish(InsertOutcome::kBusy, held);
+  }
+  // Under the lock, as a one-sided inserter: releases by CAS from our word.
+  auto release = [&](InsertOutcome outcome, uint64_t v) {
+    const uint64_t was = cas(lock, params.lock_word, 0);
+    if (was != params.lock_word) return finish(InsertOutcome::kLockBroken, was);
+    finish(outcome, v);
+  };
+  std::byte bucket[kMaxLookupBucket];
+  uint64_t free_entry = 0;  // offset of the first free entry, if have_free
+  bool have_free = false;
+  for (uint64_t at = bucket_offset, walked = 0;; ++walked) {
+    FarRead(bucket, region.base + at, layout.bucket_size);
+    const BucketScan scan = ScanBucket(bucket, layout, key);
+    if (scan.value != 0) return release(InsertOutcome::kFound, scan.value);
+    for (uint32_t i = 0; i < layout.entry_count && !have_free; ++i) {
+      uint64_t v;
+      std::memcpy(&v, bucket + layout.entries_offset + 16 * i + 8, 8);
+      have_free = v == 0;
+      if (have_free) free_entry = at + layout.entries_offset + 16 * i;
+    }
+    if (scan.next == 0) break;
+    const uint64_t next_off = scan.next & kOffsetMask;
+    if ((scan.next >> kShift) != region.server_id || walked + 1 >= layout.max_buckets) {
+      return release(InsertOutcome::kNotDone, 0);
+    }
+    if (next_off % 8 != 0 || next_off > region.size ||
+        layout.bucket_size > region.size - next_off ||
+        !region.accessible(next_off, layout.bucket_size)) {
+      return release(InsertOutcome::kOutOfBounds, next_off);
+    }
+    at = next_off;
+  }
+  if (!have_free) return release(InsertOutcome::kNotDone, 0);
+  // The key first (the entry is free: readers skip it), then the value word by CAS, which
+  // makes the entry live in one atomic step.
+  __atomic_store_n(word(free_entry), key, __ATOMIC_SEQ_CST);
+  if (const uint64_t was = cas(free_entry + 8, 0, value); was != 0) {
+    const uint64_t unlocked = cas(lock, params.lock_word, 0);
+    (void)unlocked;  // broken either way: someone filled the entry under our lock
+    return finish(InsertOutcome::kLockBroken, was);
+  }
+  release(InsertOutcome::kInserted, value);
+}
+
+Status DecodeInsertReply(const std::byte* reply, uint16_t server_id, InsertResult* result) {
+  InsertReply r;
+  std::memcpy(&r, reply, sizeof(r));
+  result->value = r.value;
+  using Outcome = InsertResult::Outcome;
+  switch (static_cast<InsertOutcome>(r.outcome)) {
+    case InsertOutcome::kInserted:
+      result->outcome = Outcome::kInserted;
+      return Status::Ok();
+    case InsertOutcome::kFound:
+      result->outcome = Outcome::kFound;
+      return Status::Ok();
+    case InsertOutcome::kBusy:
+      result->outcome = Outcome::kBusy;
+      return Status::Ok();
+    case InsertOutcome::kNotDone:
+      result->outcome = Outcome::kNotDone;
+      return Status::Ok();
+    case InsertOutcome::kLockBroken:
+      result->outcome = Outcome::kLockBroken;
+      return Status::Ok();
+    case InsertOutcome::kOutOfBounds:
+      result->outcome = Outcome::kNotDone;
+      result->value = 0;
+      return Status::InvalidArgument(
+          "insert-if-absent: " + GlobalAddress(server_id, r.value).ToString() +
+          " (a bucket it reached) is outside the region or every lease");
+  }
+  return Status::Protocol("insert-if-absent reply with unknown outcome " +
+                          std::to_string(r.outcome));
 }
 
 LookupParams ParamsOf(const LookupSpec& spec) {
@@ -235,7 +358,7 @@ Result<std::vector<std::byte>> Execute(uint32_t op_count, std::span<const std::b
     const OpHeader& h = c.header;
     const auto kind = static_cast<OpKind>(h.kind);
     if (h.kind < static_cast<uint8_t>(OpKind::kRead) ||
-        h.kind > static_cast<uint8_t>(OpKind::kLookupRead)) {
+        h.kind > static_cast<uint8_t>(OpKind::kInsertIfAbsent)) {
       return bad("unknown kind " + std::to_string(h.kind));
     }
     if (h.reserved[0] != 0 || h.reserved[1] != 0 || h.reserved[2] != 0) {
@@ -246,10 +369,20 @@ Result<std::vector<std::byte>> Execute(uint32_t op_count, std::span<const std::b
                  " bytes at offset " + std::to_string(h.offset) + ": " + why);
     };
     const bool lookup = kind == OpKind::kLookupRead;
+    const bool insert = kind == OpKind::kInsertIfAbsent;
     uint64_t touched = h.size;  // bytes at h.offset checked against the region and leases
     if (IsAtomic(kind)) {
       if (h.size != sizeof(uint64_t)) return bad_op("atomics are 8 bytes");
       if (h.offset % 8 != 0) return bad_op("not 8-byte aligned");
+    } else if (insert) {
+      if (h.size != 0) return bad_op("size is not 0");
+      if (h.offset % 8 != 0) return bad_op("bucket not 8-byte aligned");
+      if (h.desired == 0) return bad_op("value is zero");
+      if (ops.size() - at < sizeof(InsertParams)) return bad_op("parameters truncated");
+      std::memcpy(&c.insert, ops.data() + at, sizeof(InsertParams));
+      at += sizeof(InsertParams);
+      if (std::string why = CheckInsertParams(c.insert); !why.empty()) return bad_op(why);
+      touched = c.insert.layout.bucket_size;
     } else if (lookup) {
       if (h.size > kMaxInlineBytes) return bad_op("record size out of range");
       if (h.offset % 8 != 0) return bad_op("bucket not 8-byte aligned");
@@ -261,8 +394,8 @@ Result<std::vector<std::byte>> Execute(uint32_t op_count, std::span<const std::b
     } else {
       if (h.size == 0 || h.size > wire::kMaxBatchTail) return bad_op("size out of range");
     }
-    const bool operand_used = IsAtomic(kind) || lookup,
-               desired_used = kind == OpKind::kCompareAndSwap;
+    const bool operand_used = IsAtomic(kind) || lookup || insert,
+               desired_used = kind == OpKind::kCompareAndSwap || insert;
     if ((!operand_used && h.operand != 0) || (!desired_used && h.desired != 0)) {
       return bad_op("unused operand is not zero");
     }
@@ -320,6 +453,11 @@ Result<std::vector<std::byte>> Execute(uint32_t op_count, std::span<const std::b
       case OpKind::kLookupRead:
         ExecuteLookupRead(region, c.header.offset, c.lookup, c.header.operand, c.header.size, out);
         out += sizeof(LookupReply) + c.header.size;
+        break;
+      case OpKind::kInsertIfAbsent:
+        ExecuteInsertIfAbsent(region, c.header.offset, c.insert, c.header.operand, c.header.desired,
+                              out);
+        out += sizeof(InsertReply);
         break;
     }
   }

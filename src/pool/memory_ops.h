@@ -6,10 +6,11 @@
 // padded with zeros to a multiple of 8 bytes. A reply's tail holds, in request order, each
 // read's data and each atomic's previous value (8 bytes); writes contribute nothing.
 //
-// One compound operation, kLookupRead, saves a round trip where a pointer must be followed
-// (see its section below): it walks a chain of buckets of (key, value) entries and reads the
-// bytes the value found points to. It knows nothing of any database: the bucket layout
-// (LookupParams) travels in the request, and it only reads.
+// Two compound operations save round trips where a pointer must be followed or a lock taken
+// (see their sections below): kLookupRead walks a chain of buckets of (key, value) entries and
+// reads the bytes the value found points to; kInsertIfAbsent inserts an entry under the
+// chain's lock word as a one-sided inserter would. They know nothing of any database: the
+// bucket layout and the lock word travel in the request.
 //
 // Semantics are exactly those of the one-sided path, so clients on different fabrics share
 // one region safely: atomics are CPU atomics on the 8-byte word (atomic with respect to
@@ -39,6 +40,7 @@ enum class OpKind : uint8_t {
   kCompareAndSwap = 3,
   kFetchAdd = 4,
   kLookupRead = 5,
+  kInsertIfAbsent = 6,
 };
 
 struct OpHeader {
@@ -47,8 +49,9 @@ struct OpHeader {
   uint32_t size;     // bytes read or written; 8 for atomics; lookup-read: the record's bytes
   uint64_t offset;   // in the server's region; atomics: 8-byte aligned; lookup-read: the first
                      // bucket, 8-byte aligned
-  uint64_t operand;  // compare-and-swap: expected; fetch-and-add: delta; lookup-read: the key
-  uint64_t desired;  // compare-and-swap only
+  uint64_t operand;  // compare-and-swap: expected; fetch-and-add: delta; lookup-read and
+                     // insert-if-absent: the key
+  uint64_t desired;  // compare-and-swap; insert-if-absent: the value (nonzero)
 };
 static_assert(sizeof(OpHeader) == 32);
 
@@ -94,6 +97,39 @@ struct LookupReply {
 };
 static_assert(sizeof(LookupReply) == 16);
 
+// ---- kInsertIfAbsent: "insert (K, V) into a bucket chain unless K is there", as a one-sided
+// inserter does it (Batch::InsertIfAbsent in farpool/pool.h has the steps), so that it
+// composes with inserters and lock holders on every other path: the head's lock word is
+// CASed from 0 to `lock_word` (held: kBusy, nothing changed); the chain is walked like a
+// lookup's (on this server, up to max_buckets; else kNotDone) for a live entry of K (kFound)
+// and the first free entry (value 0); K is stored into it and its value word CASed from 0 to
+// V; the lock is CASed back to 0. No free entry: kNotDone. A failed entry or release CAS
+// (someone broke our lock: the requester was fenced) gives kLockBroken. OpHeader: size 0,
+// offset = the head bucket (8-byte aligned), operand = K, desired = V. The reply is an
+// InsertReply. Bounds as for kLookupRead: the first bucket with the request, further buckets
+// when reached (kOutOfBounds naming it, lock released, nothing else changed).
+struct InsertParams {    // follows the OpHeader of a kInsertIfAbsent in the request
+  LookupParams layout;   // the buckets, checked as for kLookupRead
+  uint64_t lock_word;    // nonzero
+  uint16_t lock_offset;  // multiple of 8; the word is inside the bucket
+  uint16_t reserved[3];  // 0
+};
+static_assert(sizeof(InsertParams) == 32);
+
+enum class InsertOutcome : uint64_t {
+  kInserted = 0,     // value = V
+  kFound = 1,        // value = the live entry's value
+  kBusy = 2,         // value = the lock word found
+  kNotDone = 3,      // value = 0
+  kOutOfBounds = 4,  // value = the offset of a further bucket outside the region or the leases
+  kLockBroken = 5,   // value = the word found by the failed CAS
+};
+struct InsertReply {
+  uint64_t outcome;  // InsertOutcome
+  uint64_t value;
+};
+static_assert(sizeof(InsertReply) == 16);
+
 // Reads and writes larger than this take the one-sided path even over TCP (UCX's rendezvous
 // moves them without a copy through the server's message loop).
 inline constexpr uint64_t kMaxInlineBytes = 16 << 10;
@@ -116,6 +152,9 @@ class RequestBuilder {
   void FetchAdd(uint64_t offset, uint64_t delta);
   // REQUIRES: Fits(OpKind::kLookupRead, size).
   void LookupRead(uint64_t bucket_offset, const LookupParams& params, uint64_t key, uint32_t size);
+  // REQUIRES: Fits(OpKind::kInsertIfAbsent, 0).
+  void InsertIfAbsent(uint64_t bucket_offset, const InsertParams& params, uint64_t key,
+                      uint64_t value);
 
   uint32_t op_count() const { return op_count_; }
   std::span<const std::byte> bytes() const { return bytes_; }
@@ -151,6 +190,19 @@ std::string CheckLookupParams(const LookupParams& params);
 // (zeros unless kFound) to `out`. Used by the server and by clients that map the region.
 void ExecuteLookupRead(const Region& region, uint64_t bucket_offset, const LookupParams& params,
                        uint64_t key, uint32_t size, std::byte* out);
+
+// The checks of an InsertParams (Execute's, also used by clients): empty if well-formed.
+std::string CheckInsertParams(const InsertParams& params);
+
+// Executes one checked insert-if-absent on `region` (the first bucket at `bucket_offset`
+// must be inside it; everything else is checked here): writes the InsertReply to `out`. Used
+// by the server and by clients that map the region.
+void ExecuteInsertIfAbsent(const Region& region, uint64_t bucket_offset, const InsertParams& params,
+                           uint64_t key, uint64_t value, std::byte* out);
+// An insert-if-absent's InsertReply (at `reply`) as executed by server `server_id`, into
+// `result`; InvalidArgument naming the address for kOutOfBounds, Protocol for an unknown
+// outcome.
+Status DecodeInsertReply(const std::byte* reply, uint16_t server_id, InsertResult* result);
 
 // Scans one copy of a bucket: the value of the first entry with `key` and a nonzero value
 // (0 if none), and the bucket's next word.

@@ -336,5 +336,154 @@ TEST_F(LookupReadTest, MalformedLookupsRejectTheWholeRequest) {
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
 }
 
+// ---- kInsertIfAbsent: the same buckets; the lock word is the bucket's first word.
+
+class InsertTest : public LookupReadTest {
+ protected:
+  static constexpr uint64_t kMine = 0x0003000000000005;  // a lock word (odd, nonzero)
+  static constexpr InsertParams kInsert{kParams, kMine, 0, {0, 0, 0}};
+  Status Insert(uint64_t bucket, uint64_t key, uint64_t value, InsertReply* r,
+                InsertParams params = kInsert) {
+    RequestBuilder b;
+    b.InsertIfAbsent(bucket, params, key, value);
+    EXPECT_EQ(b.reply_size(), sizeof(InsertReply));
+    std::vector<std::byte> reply;
+    FARPOOL_RETURN_IF_ERROR(Run(b, &reply));
+    EXPECT_EQ(reply.size(), sizeof(InsertReply));
+    std::memcpy(r, reply.data(), sizeof(*r));
+    return Status::Ok();
+  }
+  static InsertOutcome Outcome(const InsertReply& r) {
+    return static_cast<InsertOutcome>(r.outcome);
+  }
+};
+
+TEST_F(InsertTest, InsertsIntoTheFirstFreeEntryAndReleasesTheLock) {
+  SetEntry(4096, 0, 41, Addr(kServer, 16384));
+  SetEntry(4096, 1, 42, 0);  // free, with a stray key: taken (the key is rewritten)
+  InsertReply r;
+  ASSERT_TRUE(Insert(4096, 43, Addr(kServer, 12288), &r).ok());
+  EXPECT_EQ(Outcome(r), InsertOutcome::kInserted);
+  EXPECT_EQ(r.value, Addr(kServer, 12288));
+  EXPECT_EQ(Word(4096 + 16 + 16), 43u);
+  EXPECT_EQ(Word(4096 + 16 + 24), Addr(kServer, 12288));
+  EXPECT_EQ(Word(4096), 0u);  // unlocked
+  // The same key again: found, nothing changed.
+  const std::vector<std::byte> before = memory_;
+  ASSERT_TRUE(Insert(4096, 43, Addr(kServer, 20480), &r).ok());
+  EXPECT_EQ(Outcome(r), InsertOutcome::kFound);
+  EXPECT_EQ(r.value, Addr(kServer, 12288));
+  EXPECT_EQ(memory_, before);
+  // A lookup-read finds what the insert made live.
+  LookupReply l;
+  ASSERT_TRUE(Lookup(4096, 43, 0, &l).ok());
+  EXPECT_EQ(l.value, Addr(kServer, 12288));
+}
+
+TEST_F(InsertTest, AHeldLockChangesNothing) {
+  const uint64_t theirs = 0x0007000000000003;
+  SetWord(4096, theirs);
+  const std::vector<std::byte> before = memory_;
+  InsertReply r;
+  ASSERT_TRUE(Insert(4096, 43, Addr(kServer, 12288), &r).ok());
+  EXPECT_EQ(Outcome(r), InsertOutcome::kBusy);
+  EXPECT_EQ(r.value, theirs);
+  EXPECT_EQ(memory_, before);
+}
+
+TEST_F(InsertTest, WalksTheChainOnThisServerAndLeavesTheRestToTheCaller) {
+  // A full head, its overflow bucket on this server with a free entry: inserted there.
+  for (int i = 0; i < 7; ++i) SetEntry(4096, i, 100 + i, Addr(kServer, 16384 + 64 * i));
+  SetWord(4096 + 8, Addr(kServer, 8192));
+  InsertReply r;
+  ASSERT_TRUE(Insert(4096, 43, Addr(kServer, 12288), &r).ok());
+  EXPECT_EQ(Outcome(r), InsertOutcome::kInserted);
+  EXPECT_EQ(Word(8192 + 16), 43u);
+  EXPECT_EQ(Word(8192 + 24), Addr(kServer, 12288));
+  // A key that lives further along the chain is found, not inserted twice.
+  ASSERT_TRUE(Insert(4096, 103, Addr(kServer, 20480), &r).ok());
+  EXPECT_EQ(Outcome(r), InsertOutcome::kFound);
+  EXPECT_EQ(r.value, Addr(kServer, 16384 + 64 * 3));
+  // A chain with no free entry, one that goes on at another server, one past the walk's
+  // bound: not done, lock released, nothing changed.
+  for (int i = 1; i < 7; ++i) SetEntry(8192, i, 200 + i, Addr(kServer, 16384));
+  std::vector<std::byte> before = memory_;
+  ASSERT_TRUE(Insert(4096, 44, Addr(kServer, 12544), &r).ok());
+  EXPECT_EQ(Outcome(r), InsertOutcome::kNotDone);
+  EXPECT_EQ(memory_, before);
+  SetWord(8192 + 8, Addr(kServer + 1, 8320));
+  before = memory_;
+  ASSERT_TRUE(Insert(4096, 44, Addr(kServer, 12544), &r).ok());
+  EXPECT_EQ(Outcome(r), InsertOutcome::kNotDone);
+  EXPECT_EQ(memory_, before);
+  SetWord(8192 + 8, 0);
+  SetEntry(8192, 6, 206, 0);  // a free entry in the second bucket
+  InsertParams one = kInsert;
+  one.layout.max_buckets = 1;
+  before = memory_;
+  ASSERT_TRUE(Insert(4096, 44, Addr(kServer, 12544), &r, one).ok());
+  EXPECT_EQ(Outcome(r), InsertOutcome::kNotDone);
+  EXPECT_EQ(memory_, before);
+}
+
+TEST_F(InsertTest, ABucketOutsideTheLeasesEndsTheInsertAndReleasesTheLock) {
+  for (int i = 0; i < 7; ++i) SetEntry(4096, i, 100 + i, Addr(kServer, 16384));
+  const uint64_t bad_next[] = {Addr(kServer, 40960), Addr(kServer, (64 << 10) - 64),
+                               Addr(kServer, 8193)};
+  for (uint64_t next : bad_next) {
+    SCOPED_TRACE(next);
+    SetWord(4096 + 8, next);
+    const std::vector<std::byte> before = memory_;
+    InsertReply r;
+    ASSERT_TRUE(Insert(4096, 43, Addr(kServer, 12288), &r).ok());
+    EXPECT_EQ(Outcome(r), InsertOutcome::kOutOfBounds);
+    EXPECT_EQ(r.value, next & GlobalAddress::kOffsetMask);
+    EXPECT_EQ(memory_, before);
+  }
+}
+
+TEST_F(InsertTest, MalformedInsertsRejectTheWholeRequest) {
+  struct Case {
+    const char* name;
+    uint64_t bucket;
+    InsertParams params;
+    uint64_t value;
+    const char* needle;
+  };
+  InsertParams no_lock = kInsert, lock_outside = kInsert, lock_misaligned = kInsert,
+               reserved = kInsert, bad_layout = kInsert;
+  no_lock.lock_word = 0;
+  lock_outside.lock_offset = 128;
+  lock_misaligned.lock_offset = 4;
+  reserved.reserved[1] = 1;
+  bad_layout.layout.entry_count = 8;
+  const Case cases[] = {
+      {"bucket outside the leases", 40960, kInsert, 1, "not inside the root area"},
+      {"misaligned bucket", 4100, kInsert, 1, "not 8-byte aligned"},
+      {"zero value", 4096, kInsert, 0, "value is zero"},
+      {"zero lock word", 4096, no_lock, 1, "lock word is zero"},
+      {"lock word beyond the bucket", 4096, lock_outside, 1, "lock word"},
+      {"misaligned lock word", 4096, lock_misaligned, 1, "lock word"},
+      {"reserved parameter", 4096, reserved, 1, "reserved"},
+      {"entries beyond the bucket", 4096, bad_layout, 1, "entries"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    RequestBuilder b;
+    b.Write(4096 + 1024, "x", 1);
+    b.InsertIfAbsent(c.bucket, c.params, 42, c.value);
+    const std::vector<std::byte> before = memory_;
+    Status s = Run(b);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find(c.needle), std::string::npos) << s.message();
+    EXPECT_EQ(memory_, before);  // the write before it did not run either
+  }
+  RequestBuilder b;
+  b.InsertIfAbsent(4096, kInsert, 42, 1);
+  auto bytes = b.bytes();
+  auto r = Execute(1, bytes.first(bytes.size() - 4), region_);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace farpool::memory_ops

@@ -155,6 +155,7 @@ struct BatchSink {
   uint64_t size = 0;               // bytes in the reply
   uint64_t* previous = nullptr;    // atomics; may be null
   LookupResult* lookup = nullptr;  // lookup-reads (a memory_ops::LookupReply, then the bytes)
+  InsertResult* insert = nullptr;  // insert-if-absent (a memory_ops::InsertReply)
 };
 
 namespace {}  // namespace
@@ -1231,6 +1232,49 @@ Status Batch::LookupRead(GlobalAddress bucket, const LookupSpec& spec, uint64_t 
   return Status::Ok();
 }
 
+Status Batch::InsertIfAbsent(GlobalAddress bucket, const LookupSpec& spec, uint32_t lock_offset,
+                             uint64_t lock_word, uint64_t key, uint64_t value,
+                             InsertResult* result) {
+  FARPOOL_RETURN_IF_ERROR(state_->context_error);
+  memory_ops::InsertParams params{
+      memory_ops::ParamsOf(spec), lock_word, static_cast<uint16_t>(lock_offset), {}};
+  std::string why = memory_ops::CheckInsertParams(params);
+  if (why.empty() && lock_offset != params.lock_offset) why = "lock offset out of range";
+  if (why.empty() && value == 0) why = "value is zero";
+  if (!why.empty())
+    return Status::InvalidArgument("insert-if-absent at " + bucket.ToString() + ": " + why);
+  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
+                           pool_.Resolve(bucket, spec.bucket_size, "insert-if-absent", true));
+  if (t.direct == nullptr && !t.messages) {
+    // One-sided: no single step does it; the caller inserts with its own operations.
+    *result = InsertResult{};
+    return Status::Ok();
+  }
+  if (t.direct == nullptr) {
+    FARPOOL_RETURN_IF_ERROR(
+        Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kInsertIfAbsent), 0));
+  }
+  ThreadContext& tc = *state_->tc;
+  Bump(tc.cas);
+  ++state_->posted;
+  ServerState& s = *pool_.servers_[t.index];
+  const uint64_t offset = bucket.offset();
+  if (t.direct != nullptr) {
+    // The server's code on the mapped region (as LookupRead).
+    memory_ops::Region region{s.direct, s.region_size, [](uint64_t, uint64_t) { return true; },
+                              s.address.id};
+    std::byte out[sizeof(memory_ops::InsertReply)];
+    memory_ops::ExecuteInsertIfAbsent(region, offset, params, key, value, out);
+    Status st = memory_ops::DecodeInsertReply(out, s.address.id, result).WithContext(s.name);
+    if (!st.ok() && state_->error.ok()) state_->error = st;
+    return Status::Ok();
+  }
+  auto& m = state_->Open(t.index);
+  m.request.InsertIfAbsent(offset, params, key, value);
+  m.sinks.push_back({nullptr, sizeof(memory_ops::InsertReply), nullptr, nullptr, result});
+  return Status::Ok();
+}
+
 Status Pool::Impl::SendBatch(ThreadContext& tc, size_t index, uint64_t request_id,
                              const memory_ops::RequestBuilder& request,
                              Clock::time_point deadline) {
@@ -1284,6 +1328,12 @@ Status Pool::Impl::FinishBatch(ThreadContext& tc, size_t index, uint64_t request
         std::memcpy(sink.read_into, at + sizeof(memory_ops::LookupReply),
                     sink.size - sizeof(memory_ops::LookupReply));
       }
+      at += sink.size;
+      continue;
+    }
+    if (sink.insert != nullptr) {
+      Status st = memory_ops::DecodeInsertReply(at, s.address.id, sink.insert).WithContext(s.name);
+      if (lookups.ok()) lookups = st;
       at += sink.size;
       continue;
     }

@@ -264,7 +264,8 @@ Status Unwind(const Ctx& c, GlobalAddress at, Status s) {
 
 // A fresh node, written whole and unlocked, not yet reachable.
 Result<GlobalAddress> NewNode(const Access& access, LockOwner& owner, Node& n) {
-  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress at, owner.AllocObject(access, sizeof(Node)));
+  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress at,
+                           owner.AllocObject(access, sizeof(Node), Placement::Striped()));
   n.lock = 0;
   n.checksum = NodeSum(n);
   FARPOOL_RETURN_IF_ERROR(access.Write(at, &n, sizeof(Node)));

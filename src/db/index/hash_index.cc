@@ -27,16 +27,39 @@ std::string HolderName(uint64_t word) {
 
 }  // namespace
 
-Result<GlobalAddress> HashIndex::Create(const Access& access, LockOwner& owner, uint64_t buckets) {
+Result<GlobalAddress> HashIndex::Create(const Access& access, LockOwner& owner, uint64_t buckets,
+                                        Placement placement) {
   if (buckets == 0) return Status::InvalidArgument("hash index: zero buckets");
-  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress a, owner.AllocObject(access, buckets * kBucketSize));
-  FARPOOL_RETURN_IF_ERROR(WriteZeros(access, a, buckets * kBucketSize));
+  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress a,
+                           owner.AllocObject(access, buckets * kBucketSize, placement));
+  Status zeroed = WriteZeros(access, a, buckets * kBucketSize);
+  if (!zeroed.ok()) {
+    (void)owner.FreeObject(access, a, buckets * kBucketSize);
+    return zeroed;
+  }
   return a;
 }
 
+Result<std::vector<GlobalAddress>> HashIndex::CreateStriped(const Access& access, LockOwner& owner,
+                                                            uint64_t buckets,
+                                                            std::span<const uint16_t> servers) {
+  if (servers.empty()) return Status::InvalidArgument("hash index: no servers");
+  std::vector<GlobalAddress> arrays;
+  for (uint16_t server : servers) {
+    auto a = Create(access, owner, buckets, Placement::OnServer(server));
+    if (!a.ok()) {
+      for (GlobalAddress made : arrays) (void)owner.FreeObject(access, made, buckets * kBucketSize);
+      return a.status();
+    }
+    arrays.push_back(*a);
+  }
+  return arrays;
+}
+
 GlobalAddress HashIndex::Bucket(int64_t key) const {
-  uint64_t h = Mix64(static_cast<uint64_t>(key) ^ seed_);
-  return buckets_ + (h % count_) * kBucketSize;
+  const uint64_t h = Mix64(static_cast<uint64_t>(key) ^ seed_);
+  const uint64_t n = arrays_.size();
+  return arrays_[h % n] + ((h / n) % count_) * kBucketSize;
 }
 
 Result<GlobalAddress> HashIndex::Lookup(const Access& access, int64_t key) const {
@@ -91,6 +114,29 @@ Result<GlobalAddress> HashIndex::FinishLookupRead(const Access& access, int64_t 
     }
   }
   return Status::Internal("hash index: unknown lookup outcome");
+}
+
+Status HashIndex::PostInsert(Access::Batch& batch, const LockOwner& owner, int64_t key,
+                             GlobalAddress record, InsertResult* result) const {
+  if (record.is_null()) return Status::InvalidArgument("hash index: null record address");
+  return batch.InsertIfAbsent(Bucket(key), kSpec, /*lock_offset=*/0, owner.lock_word(),
+                              static_cast<uint64_t>(key), record.raw(), result);
+}
+
+Result<GlobalAddress> HashIndex::FinishInsert(int64_t key, const InsertResult& result) const {
+  switch (result.outcome) {
+    case InsertResult::Outcome::kInserted:
+    case InsertResult::Outcome::kFound:
+      return GlobalAddress::FromRaw(result.value);
+    case InsertResult::Outcome::kBusy:
+    case InsertResult::Outcome::kNotDone:
+      return GlobalAddress();
+    case InsertResult::Outcome::kLockBroken:
+      return Status::Unavailable("hash index: bucket " + Bucket(key).ToString() + " of key " +
+                                 std::to_string(key) + ": our lock (" + HolderName(result.value) +
+                                 " found) was broken: this owner was fenced");
+  }
+  return Status::Internal("hash index: unknown insert outcome");
 }
 
 Status HashIndex::LockHead(const Access& access, LockOwner& owner, GlobalAddress head) const {
@@ -172,7 +218,10 @@ Result<GlobalAddress> HashIndex::InsertLocked(const Access& access, LockOwner& o
   FARPOOL_RETURN_IF_ERROR(owner.CheckLease());
   if (free_slot.is_null()) {
     // A new overflow bucket holding the entry, written whole, then linked by one CAS.
-    FARPOOL_ASSIGN_OR_RETURN(GlobalAddress nb, owner.AllocObject(access, kBucketSize));
+    // On the head's server: a near-memory lookup-read follows the chain while it stays there.
+    FARPOOL_ASSIGN_OR_RETURN(
+        GlobalAddress nb,
+        owner.AllocObject(access, kBucketSize, Placement::OnServer(head.server())));
     struct Bucket fresh {};
     fresh.entries[0] = {key, record.raw()};
     FARPOOL_RETURN_IF_ERROR(access.Write(nb, &fresh, sizeof(fresh)));
@@ -381,20 +430,22 @@ Status HashIndex::Remove(const Access& access, LockOwner& owner, int64_t key,
   return s.ok() ? u : s;
 }
 
-// Calls `visit` for every bucket of every chain (heads read in one go), with the overflow
-// bucket's address (null for a head).
+// Calls `visit` for every bucket of every chain (each array's heads read in one go), with the
+// overflow bucket's address (null for a head).
 static Status WalkBuckets(
-    const Access& access, GlobalAddress buckets, uint64_t count,
+    const Access& access, std::span<const GlobalAddress> arrays, uint64_t count,
     const std::function<Status(GlobalAddress overflow, const struct Bucket& b)>& visit) {
   std::vector<struct Bucket> heads(count);
-  FARPOOL_RETURN_IF_ERROR(access.Read(buckets, heads.data(), count * HashIndex::kBucketSize));
-  for (const auto& head : heads) {
-    FARPOOL_RETURN_IF_ERROR(visit(GlobalAddress(), head));
-    for (uint64_t next = head.next; next != 0;) {
-      struct Bucket b;
-      FARPOOL_RETURN_IF_ERROR(access.Read(GlobalAddress::FromRaw(next), &b, sizeof(b)));
-      FARPOOL_RETURN_IF_ERROR(visit(GlobalAddress::FromRaw(next), b));
-      next = b.next;
+  for (GlobalAddress array : arrays) {
+    FARPOOL_RETURN_IF_ERROR(access.Read(array, heads.data(), count * HashIndex::kBucketSize));
+    for (const auto& head : heads) {
+      FARPOOL_RETURN_IF_ERROR(visit(GlobalAddress(), head));
+      for (uint64_t next = head.next; next != 0;) {
+        struct Bucket b;
+        FARPOOL_RETURN_IF_ERROR(access.Read(GlobalAddress::FromRaw(next), &b, sizeof(b)));
+        FARPOOL_RETURN_IF_ERROR(visit(GlobalAddress::FromRaw(next), b));
+        next = b.next;
+      }
     }
   }
   return Status::Ok();
@@ -403,7 +454,7 @@ static Status WalkBuckets(
 Status HashIndex::ForEach(
     const Access& access,
     const std::function<Status(int64_t key, GlobalAddress record)>& visit) const {
-  return WalkBuckets(access, buckets_, count_, [&](GlobalAddress, const struct Bucket& b) {
+  return WalkBuckets(access, arrays_, count_, [&](GlobalAddress, const struct Bucket& b) {
     for (const auto& e : b.entries) {
       if (e.record != 0) FARPOOL_RETURN_IF_ERROR(visit(e.key, GlobalAddress::FromRaw(e.record)));
     }
@@ -414,13 +465,15 @@ Status HashIndex::ForEach(
 Status HashIndex::Destroy(const Access& access, LockOwner& owner) const {
   std::vector<GlobalAddress> overflow;
   FARPOOL_RETURN_IF_ERROR(
-      WalkBuckets(access, buckets_, count_, [&](GlobalAddress at, const struct Bucket&) {
+      WalkBuckets(access, arrays_, count_, [&](GlobalAddress at, const struct Bucket&) {
         if (!at.is_null()) overflow.push_back(at);
         return Status::Ok();
       }));
   for (GlobalAddress b : overflow)
     FARPOOL_RETURN_IF_ERROR(owner.FreeObject(access, b, kBucketSize));
-  return owner.FreeObject(access, buckets_, count_ * kBucketSize);
+  for (GlobalAddress array : arrays_)
+    FARPOOL_RETURN_IF_ERROR(owner.FreeObject(access, array, count_ * kBucketSize));
+  return Status::Ok();
 }
 
 }  // namespace farpool::db

@@ -1,12 +1,16 @@
 // HashIndex: key -> record address, in the pool, for point lookups with one read.
 //
-// How it works: a fixed array of 128-byte buckets (lock word, overflow pointer, 7 entries of
+// How it works: fixed arrays of 128-byte buckets (lock word, overflow pointer, 7 entries of
 // key + address) chosen by a hash of the key; a full bucket gets an overflow bucket linked
-// from it, so the index grows without a rebuild (lookups of a long chain take one read per
-// bucket). A delete writes a tombstone version in the key's record; only once every snapshot
-// sees it does the garbage collector Remove the entry (its record word CASed to 0: the slot is
-// free for a later insert) and free the record. The array and overflow buckets come from the
-// lock owner's AllocObject, so that whoever reclaims a dropped table can Destroy the index.
+// from it, on the head bucket's server, so the index grows without a rebuild (lookups of a
+// long chain take one read per bucket). An index may have several arrays of equal size, one
+// per memory server (CreateStriped): the hash picks the array, then the bucket in it, so the
+// buckets are spread over the servers and a caller can put a key's record on the server of
+// its head bucket (HeadServer), where one near-memory lookup-read finds both. A delete writes a
+// tombstone version in the key's record; only once every snapshot sees it does the garbage
+// collector Remove the entry (its record word CASed to 0: the slot is free for a later insert) and
+// free the record. The array and overflow buckets come from the lock owner's AllocObject, so that
+// whoever reclaims a dropped table can Destroy the index.
 //
 // Invariants / How it works (concurrency and crashes):
 //   - At most one entry per key: inserts hold the head bucket's lock (a CAS of its first word
@@ -38,6 +42,7 @@
 #include <functional>
 #include <optional>
 #include <span>
+#include <vector>
 
 #include "db/lock_owner.h"
 #include "db/memory.h"
@@ -51,12 +56,24 @@ class HashIndex {
   // How long an insert waits for a bucket lock held by a live holder (see BTree).
   static constexpr std::chrono::milliseconds kDefaultWaitLimit{10000};
 
-  // Allocates (owner.AllocObject) and zeroes `buckets` buckets; returns the array's address.
-  static Result<GlobalAddress> Create(const Access& access, LockOwner& owner, uint64_t buckets);
+  // Allocates (owner.AllocObject, with `placement`) and zeroes `buckets` buckets; returns the
+  // array's address.
+  static Result<GlobalAddress> Create(const Access& access, LockOwner& owner, uint64_t buckets,
+                                      Placement placement = Placement::Striped());
+  // One array of `buckets` buckets for each of `servers`, placed there (AllocObject with
+  // Placement::OnServer; the database's recycler puts it elsewhere if that server is full).
+  // On an error the arrays made so far are freed.
+  static Result<std::vector<GlobalAddress>> CreateStriped(const Access& access, LockOwner& owner,
+                                                          uint64_t buckets,
+                                                          std::span<const uint16_t> servers);
 
+  // `arrays`: one or more arrays of `count` buckets each (Create, CreateStriped).
+  HashIndex(std::vector<GlobalAddress> arrays, uint64_t count, uint64_t seed,
+            std::chrono::milliseconds wait_limit = kDefaultWaitLimit)
+      : arrays_(std::move(arrays)), count_(count), seed_(seed), wait_limit_(wait_limit) {}
   HashIndex(GlobalAddress buckets, uint64_t count, uint64_t seed,
             std::chrono::milliseconds wait_limit = kDefaultWaitLimit)
-      : buckets_(buckets), count_(count), seed_(seed), wait_limit_(wait_limit) {}
+      : HashIndex(std::vector<GlobalAddress>{buckets}, count, seed, wait_limit) {}
 
   // The record of `key`, or null if none. While an insert races, a caller may rarely get the
   // record of another key: callers compare the key stored in the record they read.
@@ -83,6 +100,19 @@ class HashIndex {
                                          const LookupResult& result, bool* record_read) const;
   // The server of key's head bucket.
   uint16_t HeadServer(int64_t key) const { return Bucket(key).server(); }
+  // GetOrInsert as one operation where the memory allows it (Access::Batch::InsertIfAbsent:
+  // the memory server takes the head's lock with owner's lock word, inserts and releases, the
+  // steps GetOrInsert takes; mapped memory does it at once). PostInsert posts it (`result`
+  // kept alive until the batch has completed); the caller checks the owner's lease right
+  // before (a store follows). After the batch's Wait, FinishInsert returns the key's record
+  // (`record` if inserted, else the one found), or null if it was not done (the head was
+  // locked, the chain leaves the server or is full, or the path cannot): the caller inserts
+  // with GetOrInsert / GetOrInsertMany. Unavailable if our lock was broken (we were fenced).
+  // REQUIRES: `record` is whole in memory before the entry can go live: written in an earlier
+  // round trip, or on the head's server before a Fence in this batch.
+  Status PostInsert(Access::Batch& batch, const LockOwner& owner, int64_t key, GlobalAddress record,
+                    InsertResult* result) const;
+  Result<GlobalAddress> FinishInsert(int64_t key, const InsertResult& result) const;
   // Returns the record of `key` if it exists, else inserts `record` and returns it.
   Result<GlobalAddress> GetOrInsert(const Access& access, LockOwner& owner, int64_t key,
                                     GlobalAddress record) const;
@@ -110,7 +140,7 @@ class HashIndex {
   // Calls `visit` for every entry (not safe against concurrent inserts: a checker's tool).
   Status ForEach(const Access& access,
                  const std::function<Status(int64_t key, GlobalAddress record)>& visit) const;
-  // Frees every overflow bucket and the array (owner.FreeObject). Overflow buckets that a dead
+  // Frees every overflow bucket and the arrays (owner.FreeObject). Overflow buckets that a dead
   // inserter wrote but never linked are not found (a leak).
   // REQUIRES: nobody uses the index any more, nor will (a dropped table past its last snapshot).
   Status Destroy(const Access& access, LockOwner& owner) const;
@@ -125,8 +155,8 @@ class HashIndex {
   // or `record` inserted. Releases nothing; every error leaves the chain whole.
   Result<GlobalAddress> InsertLocked(const Access& access, LockOwner& owner, GlobalAddress head,
                                      int64_t key, GlobalAddress record) const;
-  GlobalAddress buckets_;
-  uint64_t count_;
+  std::vector<GlobalAddress> arrays_;
+  uint64_t count_;  // buckets per array
   uint64_t seed_;
   std::chrono::milliseconds wait_limit_;
 };

@@ -147,9 +147,15 @@ Result<std::unique_ptr<NamTable>> NamDatabase::MakeTable(uint32_t id, const Tabl
   t->schema_ = Schema(std::move(cols));
   t->layout_.payload = d.payload;
   t->desc_ = GlobalAddress::FromRaw(root_.tables) + id * kDescSize;
-  t->hash_count_ = d.hash_count;
-  t->hash_.emplace(GlobalAddress::FromRaw(d.hash_addr), d.hash_count, d.hash_seed,
-                   IndexWaitLimit());
+  if (d.hash_arrays < 1 || d.hash_arrays > kMaxHashArrays) {
+    return Status::Internal("table '" + t->name_ + "': its descriptor names " +
+                            std::to_string(d.hash_arrays) + " hash arrays (1.." +
+                            std::to_string(kMaxHashArrays) + " expected): corruption");
+  }
+  std::vector<GlobalAddress> arrays{GlobalAddress::FromRaw(d.hash_addr)};
+  for (uint64_t i = 1; i < d.hash_arrays; ++i)
+    arrays.push_back(GlobalAddress::FromRaw(d.hash_more[i - 1]));
+  t->hash_.emplace(std::move(arrays), d.hash_count, d.hash_seed, IndexWaitLimit());
   if (d.flags & 1) t->btree_.emplace(t->desc_ + kDescBtreeRoot, IndexWaitLimit());
   return t;
 }
@@ -212,11 +218,19 @@ Result<const Table*> NamDatabase::CreateTable(const std::string& name, const Sch
     std::memcpy(d.name, name.data(), name.size());
     d.flags = options.ordered ? 1 : 0;
     d.payload = (schema.PayloadSize() + 7) & ~7u;
-    // A power of two: the array is a recycler object of exactly its size class, so a dropped
-    // table's array is reused whole by the next table of that size.
-    const uint64_t buckets = std::bit_ceil(std::max<uint64_t>(16, options.expected_rows / 4));
-    FARPOOL_ASSIGN_OR_RETURN(GlobalAddress hash, HashIndex::Create(access, *sys, buckets));
-    d.hash_addr = hash.raw();
+    // One bucket array per memory server (up to kMaxHashArrays), so that records can sit on
+    // their bucket's server and a table is still spread over all of them. Each array a power
+    // of two: a recycler object of exactly its size class, so a dropped table's arrays are
+    // reused whole by the next table of that size.
+    std::vector<uint16_t> servers = memory_.servers();
+    if (servers.size() > kMaxHashArrays) servers.resize(kMaxHashArrays);
+    const uint64_t total = std::max<uint64_t>(16, options.expected_rows / 4);
+    const uint64_t buckets =
+        std::bit_ceil(std::max<uint64_t>(16, (total + servers.size() - 1) / servers.size()));
+    FARPOOL_ASSIGN_OR_RETURN(auto arrays, HashIndex::CreateStriped(access, *sys, buckets, servers));
+    d.hash_addr = arrays[0].raw();
+    d.hash_arrays = arrays.size();
+    for (size_t i = 1; i < arrays.size(); ++i) d.hash_more[i - 1] = arrays[i].raw();
     d.hash_count = buckets;
     d.hash_seed = Mix64(free_id + 1);
     FARPOOL_ASSIGN_OR_RETURN(uint64_t inc, access.Faa(RootField(kRootIncarnations), 1));

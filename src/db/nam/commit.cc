@@ -11,18 +11,25 @@
 //             read of the snapshot announcements (for the GC decision) when needed, and the
 //             blobs' contents. Any failure releases what was taken.
 //   Decide    one batch: the commit stamp (fetch-and-add), the commit log (the new cells, with
-//             stamp 0: the stamp comes back in this same round trip) and the spills of evicted
-//             versions that an announced snapshot still needs. Once the log is whole the
-//             commit is decided; recovery stamps its cells (recovery.cc).
-//   Install   the new cells, stamped.
-//   Release   a CAS per record from our lock word to the new unlocked word, and the log cleared.
+//             stamp 0: the stamp comes back in this same round trip; and the addresses of our
+//             stamp words on the records' servers) and the spills of evicted versions that an
+//             announced snapshot still needs. Once the log is whole the commit is decided;
+//             recovery stamps its cells (recovery.cc).
+//   Finish    one batch, per server in this order: the stamp into our stamp word there and
+//             the new cells, stamped; a fence (Batch::Fence); a CAS per record from our lock
+//             word to the new unlocked word. The log stays whole: the session's next round
+//             trip clears it (NamSession::log_to_clear_).
 //   Reclaim   blobs of dropped versions freed, cut chains handed to the maintenance thread.
-// A commit of keys that were all read takes 4 round trips: each phase needs the one before it
+// A commit of keys that were all read takes 3 round trips: each phase needs the one before it
 // to have landed (the stamp after the locks, so that a snapshot that includes it meets them;
 // the cells after the log, so that a crash leaves either a decision to finish or nothing to
-// undo; the releases after the cells, since a batch's operations are unordered).
+// undo). Within Finish the fence orders each server's unlocks after its cells (an unlocked
+// record naming a version whose cell is not there would look corrupt) and after its stamp
+// word: servers execute their messages independently, so a crash can leave one server's
+// records unlocked (and then overwritten by later commits) and another's untouched; the
+// stamp word on the first tells recovery the stamp the second must get (recovery.cc).
 //
-// Fencing: the lease is checked before Lock and before Decide and Install; releases are CAS
+// Fencing: the lease is checked before Lock and before Decide and Finish; releases are CAS
 // from our own word. An error before the decision releases the locks and leaves the session
 // usable; an error after it (the outcome is decided, recovery can finish it) abandons the
 // session: it stops renewing and others roll its log forward after its lease.
@@ -80,8 +87,8 @@ class CommitRun {
   // Undoes Lock: CAS our word back to the expected one on every record we may hold.
   void ReleaseLocks();
   Status Decide();
-  Status Install();
-  Status Release();
+  // Install and release in one round trip (see the top of this file).
+  Status Finish();
   void Reclaim();
   Status Abort(std::string conflict) { return Status::Aborted(std::move(conflict)); }
   // The session cannot finish a decided commit: stop it, recovery finishes the commit.
@@ -114,6 +121,11 @@ class CommitRun {
   uint64_t lwm_ = 0;                    // the process's low-water mark when we locked
   uint64_t stamp_ = 0;
   uint64_t log_state_ = 0;  // the state word of our commit log
+  struct StampWord {
+    GlobalAddress at;
+    StampWordImage image;
+  };
+  std::vector<StampWord> stamp_words_;  // one per server of the records
 };
 
 // ---------------------------------------------------------------- phases
@@ -202,9 +214,12 @@ Status CommitRun::Resolve() {
 
 Result<GlobalAddress> CommitRun::NewRecord(const Item& it, std::vector<unsigned char>* image) {
   const RecordLayout& layout = it.t->layout_;
+  // On the server of the key's head bucket: a near-memory lookup-read then returns the record
+  // with its bucket (one message), and a table is spread over the servers as its buckets are.
   FARPOOL_ASSIGN_OR_RETURN(
       GlobalAddress fresh,
-      s_.db_.recycler().Alloc(access_, s_, layout.record_size(), Placement::Striped()));
+      s_.db_.recycler().Alloc(access_, s_, layout.record_size(),
+                              Placement::OnServer(it.t->hash_->HeadServer(it.w->key))));
   image->assign(layout.record_size(), 0);
   std::memcpy(image->data() + 8, &it.w->key, 8);
   return fresh;
@@ -238,12 +253,17 @@ Status CommitRun::FindUnread(const std::vector<size_t>& unread) {
     if (items_[i].record.is_null()) lookups.push_back(i);
   }
   if (txn_.has_snapshot_ && lookups.empty()) return Status::Ok();
-  // One round trip: the lookups, a new record for each looked-up key (written keys that were
-  // neither read nor cached are mostly new ones: inserts), the snapshot's counter read.
+  // One round trip: a new record for each looked-up key (written keys that were neither read
+  // nor cached are mostly new ones: inserts), the snapshot's counter read, and per key either
+  // its insert (HashIndex::PostInsert: one near-memory operation, behind a fence after the
+  // record's write, when the record is on its head bucket's server, as NewRecord places it)
+  // or its index lookup.
   struct Probe {
     std::array<unsigned char, HashIndex::kBucketSize> bucket;
     GlobalAddress fresh;
     std::vector<unsigned char> image;
+    bool insert = false;
+    InsertResult inserted;
   };
   std::vector<Probe> probes(lookups.size());
   auto free_fresh = [&] {
@@ -254,35 +274,55 @@ Status CommitRun::FindUnread(const std::vector<size_t>& unread) {
       }
     }
   };
+  bool any_insert = false;
   for (size_t j = 0; j < lookups.size(); ++j) {
-    auto fresh = NewRecord(items_[lookups[j]], &probes[j].image);
+    const Item& it = items_[lookups[j]];
+    auto fresh = NewRecord(it, &probes[j].image);
     if (!fresh.ok()) {
       free_fresh();
       return fresh.status();
     }
     probes[j].fresh = *fresh;
+    probes[j].insert = fresh->server() == it.t->hash_->HeadServer(it.w->key);
+    any_insert = any_insert || probes[j].insert;
   }
   NamSession::SnapshotRead snap;
   const bool taking = !txn_.has_snapshot_;
   bool cache_cleared = false;
   {
+    // The inserts store into the index: our lease is checked right before.
+    Status posted = any_insert ? s_.CheckLease() : Status::Ok();
+    if (!posted.ok()) {
+      free_fresh();
+      return posted;
+    }
     Access::Batch b(access_);
-    Status posted = taking ? s_.PostSnapshot(b, &snap) : Status::Ok();
+    posted = taking ? s_.PostSnapshot(b, &snap) : Status::Ok();
     if (taking && !posted.ok()) {
       free_fresh();
       return posted;
     }
     for (size_t j = 0; j < lookups.size() && posted.ok(); ++j) {
       const Item& it = items_[lookups[j]];
-      posted = it.t->hash_->PostLookup(b, it.w->key, probes[j].bucket.data());
+      if (!probes[j].insert)
+        posted = it.t->hash_->PostLookup(b, it.w->key, probes[j].bucket.data());
       if (posted.ok())
         posted = b.Write(probes[j].fresh, probes[j].image.data(), probes[j].image.size());
+    }
+    // A record is whole before its entry can go live.
+    if (posted.ok() && any_insert) posted = b.Fence();
+    for (size_t j = 0; j < lookups.size() && posted.ok(); ++j) {
+      const Item& it = items_[lookups[j]];
+      if (probes[j].insert)
+        posted = it.t->hash_->PostInsert(b, s_, it.w->key, probes[j].fresh, &probes[j].inserted);
     }
     Status waited = b.Wait();
     if (!posted.ok()) waited = posted;
     if (taking) waited = txn_.FinishSnapshot(snap, waited, &cache_cleared);
     if (!waited.ok()) {
-      free_fresh();
+      // An insert may have made a record live: those are kept (a leak at worst). The
+      // operation holds no lock after it: nothing is left locked.
+      if (!any_insert) free_fresh();
       return waited;
     }
   }
@@ -291,6 +331,24 @@ Status CommitRun::FindUnread(const std::vector<size_t>& unread) {
   for (size_t j = 0; j < lookups.size(); ++j) {
     Item& it = items_[lookups[j]];
     const GlobalAddress fresh = probes[j].fresh;
+    if (probes[j].insert) {
+      auto got = it.t->hash_->FinishInsert(it.w->key, probes[j].inserted);
+      if (!got.ok()) {
+        if (failed.ok()) failed = IndexFailed(got.status());
+        continue;  // the entry may be live: the record is kept
+      }
+      if (got->is_null()) {
+        news.push_back({lookups[j], fresh});  // not done here: inserted below
+        continue;
+      }
+      it.record = *got;
+      it.fresh = it.record == fresh;
+      if (!it.fresh) {
+        (void)s_.db_.recycler().Free(access_, s_, fresh, it.t->layout_.record_size());
+      }
+      s_.RememberRecord(*it.t, it.w->key, it.record);
+      continue;
+    }
     auto found = failed.ok()
                      ? it.t->hash_->FinishLookup(access_, it.w->key, probes[j].bucket.data())
                      : Result<GlobalAddress>(failed);
@@ -619,6 +677,19 @@ Status CommitRun::Decide() {
                   it.spill_image.size());
     }
   }
+  // Our stamp word on each server of the records (Finish writes the stamp there first).
+  for (const Item& it : items_) {
+    const uint16_t server = it.record.server();
+    if (std::none_of(stamp_words_.begin(), stamp_words_.end(),
+                     [&](const StampWord& w) { return w.at.server() == server; })) {
+      FARPOOL_ASSIGN_OR_RETURN(GlobalAddress at, s_.StampWord(server));
+      stamp_words_.push_back({at, {}});
+      const uint64_t raw = at.raw();
+      const size_t end = log.size();
+      log.resize(end + 8);
+      std::memcpy(log.data() + end, &raw, 8);
+    }
+  }
   if (log.size() > kLogBytes) {
     return Status::InvalidArgument("write set of " + std::to_string(items_.size()) +
                                    " records exceeds the commit log (" + std::to_string(kLogBytes) +
@@ -658,36 +729,33 @@ Status CommitRun::Decide() {
   stamp_ = CounterOf(word) + 1;
   s_.db_.NoteCounter(stamp_);
   for (Item& it : items_) StampCell(it.cell.data(), it.t->layout_, stamp_);
+  for (StampWord& w : stamp_words_) {
+    w.image = {stamp_, StampCheck(stamp_, s_.lease_->slot, log_state_)};
+  }
   return Status::Ok();
 }
 
-Status CommitRun::Install() {
+Status CommitRun::Finish() {
+  const uint64_t mine = s_.lock_word();
+  std::vector<uint64_t> prev(items_.size());
   FARPOOL_RETURN_IF_ERROR(s_.CheckLease());
   Access::Batch b(access_);
   Status s;
+  for (const StampWord& w : stamp_words_) {
+    if (s.ok()) s = b.Write(w.at, &w.image, sizeof(w.image));
+  }
   for (Item& it : items_) {
     if (s.ok())
       s = b.Write(it.record + it.t->layout_.cell_offset(it.new_seq), it.cell.data(),
                   it.cell.size());
     s_.db_.Hook("installing");
   }
-  Status w = b.Wait();
-  return s.ok() ? w : s;
-}
-
-Status CommitRun::Release() {
-  const uint64_t mine = s_.lock_word();
-  std::vector<uint64_t> prev(items_.size());
-  uint64_t log_prev = 0;
-  FARPOOL_RETURN_IF_ERROR(s_.CheckLease());
-  Access::Batch b(access_);
-  Status s;
+  // Mapped memory: every cell is in place and nothing is unlocked.
+  s_.db_.Hook("installed");
+  if (s.ok()) s = b.Fence();
   for (size_t i = 0; i < items_.size() && s.ok(); ++i) {
     s = b.Cas(items_[i].record, mine, UnlockedWord(items_[i].new_seq), &prev[i]);
   }
-  // The log is cleared by CAS from our own state: a session fenced meanwhile never clears the
-  // log of the slot's next owner.
-  if (s.ok()) s = b.Cas(s_.log_, log_state_, 0, &log_prev);
   Status w = b.Wait();
   if (s.ok()) s = w;
   if (!s.ok()) return s;
@@ -731,6 +799,8 @@ Status CommitRun::IndexFailed(const Status& why) {
 
 Status CommitRun::Run() {
   FARPOOL_RETURN_IF_ERROR(Resolve());
+  // The last commit's log, if no round trip since took its clear along: before any lock.
+  if (s_.log_to_clear_ != 0) FARPOOL_RETURN_IF_ERROR(s_.ClearLog());
   FARPOOL_RETURN_IF_ERROR(s_.CheckLease());
   FARPOOL_RETURN_IF_ERROR(Lock());
   s_.db_.Hook("locked");
@@ -741,12 +811,10 @@ Status CommitRun::Run() {
   }
   txn_.decided_ = true;
   s_.db_.Hook("logged");
-  s = Install();
-  if (!s.ok()) return Abandon(s.WithContext("installing versions"));
-  s_.db_.Hook("installed");
-  s = Release();
+  s = Finish();
   if (s_.lease_->fenced) return s;  // fenced: recovery finished the commit
-  if (!s.ok()) return Abandon(s.WithContext("releasing locks"));
+  if (!s.ok()) return Abandon(s.WithContext("installing versions and releasing locks"));
+  s_.log_to_clear_ = log_state_;
   Reclaim();
   return Status::Ok();
 }

@@ -1,5 +1,6 @@
 // Garbage collection of the NAM engines: the recycler (free lists in the pool), freeing cut
 // version chains and blobs, and reclaiming dropped tables (nam_internal.h has the rules).
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <map>
@@ -118,15 +119,30 @@ Result<GlobalAddress> Recycler::Alloc(const Access& access, LockOwner& owner, ui
         return popped.status();
       if (popped.ok() && !*popped) empty_until_[c] = MonoNs() + kEmptyRetryNs;
     }
-    if (!cache.empty()) {
-      const GlobalAddress a = GlobalAddress::FromRaw(cache.back());
-      cache.pop_back();
+    // The newest cached object; for a placement on one server the newest one there if any.
+    // Placement is a preference: a cached object elsewhere still beats a new one (memory the
+    // database freed is reused before any is leased).
+    auto at = cache.rbegin();
+    if (placement.kind() == Placement::Kind::kOnServer) {
+      auto there = std::find_if(cache.rbegin(), cache.rend(), [&](uint64_t raw) {
+        return GlobalAddress::FromRaw(raw).server() == placement.value();
+      });
+      if (there != cache.rend()) at = there;
+    }
+    if (at != cache.rend()) {
+      const GlobalAddress a = GlobalAddress::FromRaw(*at);
+      cache.erase(std::next(at).base());
       ++stats_.reused;
       return a;
     }
     ++stats_.fresh;
   }
-  return memory_.Alloc(ClassBytes(c), placement);
+  auto fresh = memory_.Alloc(ClassBytes(c), placement);
+  if (fresh.status().code() == StatusCode::kOutOfMemory &&
+      placement.kind() == Placement::Kind::kOnServer) {
+    return memory_.Alloc(ClassBytes(c), Placement::Striped());  // a preference, not a must
+  }
+  return fresh;
 }
 
 Status Recycler::Free(const Access& access, LockOwner& owner, GlobalAddress address,

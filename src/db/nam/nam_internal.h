@@ -72,7 +72,7 @@ namespace farpool::db {
 
 // ---------------------------------------------------------------- layouts in memory
 
-inline constexpr uint64_t kMagic = 0x4650444200000004ULL;  // "FPDB" v4
+inline constexpr uint64_t kMagic = 0x4650444200000005ULL;  // "FPDB" v5
 inline constexpr uint64_t kMaxTables = 256;
 inline constexpr uint64_t kDescSize = 1024;
 inline constexpr uint64_t kSlotSize = 64;
@@ -100,6 +100,8 @@ struct TableDesc {
   char name[64];
   uint64_t flags;  // bit 0: ordered
   uint64_t payload;
+  // The hash index: hash_arrays arrays of hash_count buckets, the first at hash_addr, the
+  // others in hash_more (one per memory server, up to kMaxHashArrays; HashIndex::CreateStriped).
   uint64_t hash_addr, hash_count, hash_seed;
   uint64_t btree_root;  // root word of the B+tree (this field's address is the root word)
   // Dropped: the lock word of the system session that is to reclaim the table (whoever CASes
@@ -112,8 +114,12 @@ struct TableDesc {
     uint32_t type;
     uint32_t length;
   } cols[Schema::kMaxColumns];
+  uint64_t hash_arrays;
+  uint64_t hash_more[31];
 };
+inline constexpr uint64_t kMaxHashArrays = 32;
 static_assert(sizeof(TableDesc) <= kDescSize);
+static_assert(sizeof(TableDesc::hash_more) / 8 == kMaxHashArrays - 1);
 inline constexpr uint64_t kDescEmpty = 0, kDescLive = 1, kDescDropped = 2;
 inline constexpr uint64_t kDescBtreeRoot = offsetof(TableDesc, btree_root);
 inline constexpr uint64_t kDescReclaimer = offsetof(TableDesc, reclaimer);
@@ -185,6 +191,19 @@ struct LogEntry {
   uint32_t cell_size;
 };
 static_assert(sizeof(LogEntry) == 32);
+// After the entries the log lists the addresses (8 bytes each) of the committing session's
+// stamp words on the servers of its records. The third round of a commit writes the stamp
+// into the word on each server, then installs and unlocks there (behind a fence): a record
+// the commit unlocked proves that its server's word holds the stamp, so recovery finds it
+// even when every record still locked shows nothing installed (commit.cc, recovery.cc).
+struct StampWordImage {
+  uint64_t stamp;
+  uint64_t check;  // StampCheck: ties the stamp to one commit log; a stale or torn word fails
+};
+static_assert(sizeof(StampWordImage) == 16);
+inline uint64_t StampCheck(uint64_t stamp, uint32_t slot, uint64_t log_state) {
+  return Mix64(stamp ^ Mix64(log_state + slot));
+}
 
 // ---------------------------------------------------------------- helpers
 
@@ -214,7 +233,6 @@ class NamTable final : public Table {
   Schema schema_;
   RecordLayout layout_;
   GlobalAddress desc_;
-  uint64_t hash_count_ = 0;
   std::optional<HashIndex> hash_;
   std::optional<BTree> btree_;
   std::vector<uint32_t> bytes_columns_;
@@ -239,8 +257,12 @@ std::vector<std::pair<GlobalAddress, uint64_t>> BlobRefs(const NamTable& t,
 // kCachedClassBytes and more (hash bucket arrays, big blobs) are not cached: each goes to the
 // pool's list at once as a bundle of itself. New memory comes from the pool's allocator in
 // the class's size. A process that dies loses at most its cache (bounded: two bundles of each
-// class below kCachedClassBytes; documented as a leak). Placement is not kept for recycled
-// objects. A class whose pool list was found empty is not asked again for kEmptyRetryNs (its
+// class below kCachedClassBytes; documented as a leak). A placement on one server
+// (records beside their hash bucket, spills beside their record) is a preference: such an
+// Alloc takes a cached object of that server if there is one, else any cached object (freed
+// memory is reused before new memory is leased), else a new one there (anywhere if that
+// server is full); callers that need the server check the address.
+// A class whose pool list was found empty is not asked again for kEmptyRetryNs (its
 // objects come new meanwhile): an insert-only workload would otherwise pay three round trips
 // (lock, read, unlock) for every allocation to learn that the list is still empty.
 //
@@ -324,7 +346,8 @@ class NamSession final : public Session, public LockOwner {
   GlobalAddress index_log() const override { return index_log_; }
   Result<GlobalAddress> IndexLogOf(uint64_t word) override;
   // Index memory comes from the recycler (any process frees a dropped table's index).
-  Result<GlobalAddress> AllocObject(const Access& access, uint64_t size) override;
+  Result<GlobalAddress> AllocObject(const Access& access, uint64_t size,
+                                    Placement placement) override;
   Status FreeObject(const Access& access, GlobalAddress address, uint64_t size) override;
   void FaultPoint(std::string_view point) override;
   void Abandon() override;
@@ -352,9 +375,11 @@ class NamSession final : public Session, public LockOwner {
   // (the snapshot is closed again); *cache_cleared says that addresses taken from the
   // session's record cache before it may be stale (records were removed meanwhile).
   struct SnapshotRead {
-    uint64_t word = 0;    // the counter word
-    uint64_t floor = 0;   // the bound announced with it
-    bool raised = false;  // the announcement is raised to `floor` in the batch
+    uint64_t word = 0;      // the counter word
+    uint64_t floor = 0;     // the bound announced with it
+    bool raised = false;    // the announcement is raised to `floor` in the batch
+    uint64_t clearing = 0;  // log_to_clear_ when its clear was posted with it (0: none)
+    uint64_t clear_prev = 0;
   };
   Status PostSnapshot(Access::Batch& batch, SnapshotRead* read);
   Result<uint64_t> FinishSnapshot(const SnapshotRead& read, const Status& batch_status,
@@ -363,6 +388,19 @@ class NamSession final : public Session, public LockOwner {
   Result<uint64_t> TakeSnapshot();
   // The number of the next commit log this session writes (LogHeader::number).
   uint64_t NextLogNumber() { return ++logs_written_; }
+  // The commit log of the last commit stays whole after the commit finished, until it is
+  // cleared: its last round may not carry the clear (commit.cc). The clear rides in the
+  // session's next snapshot round (PostSnapshot); a commit whose locks would come first
+  // clears it in a round trip of its own (ClearLog): no lock of this session may be taken
+  // while a finished log is whole, or recovery would roll that log into records it locks.
+  // Nonzero: the log's state word, to be CASed to 0.
+  uint64_t log_to_clear_ = 0;
+  Status ClearLog();
+  // This session's stamp word on `server` (StampWordImage; allocated there on first use with
+  // the memory's own allocator, which places it exactly; freed when the session closes
+  // cleanly; a session that dies leaks its words: 16 bytes per server). OutOfMemory if that
+  // server has no room for it.
+  Result<GlobalAddress> StampWord(uint16_t server);
 
   NamDatabase& db_;
   std::shared_ptr<SlotLease> lease_;
@@ -378,6 +416,7 @@ class NamSession final : public Session, public LockOwner {
   uint64_t cache_epoch_ = 0;                           // removal epoch the cache is valid for
   int64_t last_begin_ = 0;
   uint64_t logs_written_ = 0;
+  std::map<uint16_t, GlobalAddress> stamp_words_;
 };
 
 // ---------------------------------------------------------------- transactions

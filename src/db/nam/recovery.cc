@@ -8,13 +8,20 @@
 //     version undoes it. After that, recovery installs every cell the log names whose record
 //     still carries the dead writer's lock word, then unlocks them by CAS from that word.
 //   - The log's cells carry no stamp (the writer took its stamp in the round trip that wrote
-//     the log). The writer installs only after that round trip, and releases only after all
-//     its installs, so: if a record still locked by the dead writer holds the new cell whole,
-//     its stamp is the commit's (every installed cell has the same one); if none does, no
-//     record of the commit was installed whole and none was released, nobody has seen the
-//     commit, and recovery gives it a stamp of its own (a fetch-and-add: the records have been
-//     locked since before it, as a stamp must be). A recoverer that dies half-way leaves cells
-//     with the stamp it chose, which the next one finds.
+//     the log). The writer installs only after that round trip, in one batch with its
+//     releases: on each server its stamp word (listed in the log) and its cells first, then,
+//     behind a fence, its unlocks. Servers execute their parts independently, so a crash can
+//     leave the records of one server released (and since overwritten by later commits) and
+//     those of another untouched. So the stamp is found: in a new cell installed whole in a
+//     record still locked by the dead writer (every installed cell has the same one); else in
+//     a stamp word whose check names this log (a released record proves its server's word was
+//     written); if neither, no record of the commit was released, nobody has seen the commit,
+//     and recovery gives it a stamp of its own (a fetch-and-add: the records have been locked
+//     since before it, as a stamp must be). A recoverer that dies half-way leaves cells with
+//     the stamp it chose, which the next one finds.
+//   - A finished commit's log stays whole until the session's next round trip clears it, and
+//     the session takes no lock before that (NamSession::log_to_clear_): recovery of a whole
+//     log finds none of its records locked by the writer's word, or only those of that commit.
 //   - Before anyone fences a slot, the process that may write for it (the owner word's tag:
 //     the session's, or a recoverer's) is evicted from every memory server (Pool::Evict:
 //     killed if it maps the memory, disconnected otherwise): a process stopped between a lease
@@ -177,6 +184,13 @@ Status NamDatabase::RecoverLog(const Access& access, uint32_t slot, int64_t dead
         if (c.valid && c.seq == p.e.new_seq) stamp = c.stamp;
       }
       pending.push_back(p);
+    }
+    for (; !pending.empty() && stamp == 0 && off + 8 <= body.size(); off += 8) {
+      uint64_t raw;
+      std::memcpy(&raw, body.data() + off, 8);
+      StampWordImage w;
+      FARPOOL_RETURN_IF_ERROR(access.Read(GlobalAddress::FromRaw(raw), &w, sizeof(w)));
+      if (w.stamp != 0 && w.check == StampCheck(w.stamp, slot, h.state)) stamp = w.stamp;
     }
     if (!pending.empty() && stamp == 0) {
       if (MonoNs() > deadline) return late();

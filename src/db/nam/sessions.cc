@@ -326,8 +326,14 @@ NamSession::~NamSession() {
     lease_->fenced = true;
   }
   if (!valid) return;  // others recover the slot after its lease runs out
-  // A decided commit left unfinished (an error after the decision) is finished first; if that
-  // fails, the slot is left to expire and be recovered by someone else.
+  // The last commit's log, finished but whole (see log_to_clear_), is cleared; a decided
+  // commit left unfinished (an error after the decision) is finished first; if that fails,
+  // the slot is left to expire and be recovered by someone else.
+  if (log_to_clear_ != 0) {
+    if (MonoNs() >= lease_->valid_until.load()) return;
+    auto prev = access_.Cas(log_, log_to_clear_, 0);
+    if (!prev.ok() || *prev != log_to_clear_) return;
+  }
   LogHeader h;
   if (!access_.Read(log_, &h, 8).ok()) return;
   if (LogDecided(h.state) &&
@@ -335,6 +341,8 @@ NamSession::~NamSession() {
     return;
   }
   if (MonoNs() >= lease_->valid_until.load()) return;
+  // No log names the stamp words any more.
+  for (const auto& [server, word] : stamp_words_) (void)access_.Free(word);
   const uint64_t idle = 0;
   (void)access_.Write(db_.AnnounceAddr(lease_->slot), &idle, 8);
   std::lock_guard<std::mutex> l(lease_->mu);
@@ -368,8 +376,31 @@ Result<GlobalAddress> NamSession::IndexLogOf(uint64_t word) {
 
 void NamSession::FaultPoint(std::string_view point) { db_.Hook(point); }
 
-Result<GlobalAddress> NamSession::AllocObject(const Access& access, uint64_t size) {
-  return db_.recycler().Alloc(access, *this, size, Placement::Striped());
+Status NamSession::ClearLog() {
+  FARPOOL_RETURN_IF_ERROR(CheckLease());
+  FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access_.Cas(log_, log_to_clear_, 0));
+  const uint64_t expected = log_to_clear_;
+  log_to_clear_ = 0;
+  if (prev != expected) {
+    return Status::Unavailable("session slot " + std::to_string(lease_->slot) +
+                               ": its finished commit log was cleared by someone else (the "
+                               "session was fenced); open a new session");
+  }
+  return Status::Ok();
+}
+
+Result<GlobalAddress> NamSession::StampWord(uint16_t server) {
+  auto known = stamp_words_.find(server);
+  if (known != stamp_words_.end()) return known->second;
+  auto word = access_.Alloc(sizeof(StampWordImage), Placement::OnServer(server));
+  if (!word.ok()) return word.status().WithContext("a commit's stamp word");
+  stamp_words_.emplace(server, *word);
+  return *word;
+}
+
+Result<GlobalAddress> NamSession::AllocObject(const Access& access, uint64_t size,
+                                              Placement placement) {
+  return db_.recycler().Alloc(access, *this, size, placement);
 }
 
 Status NamSession::FreeObject(const Access& access, GlobalAddress address, uint64_t size) {
@@ -434,6 +465,11 @@ Status NamSession::PostSnapshot(Access::Batch& batch, SnapshotRead* read) {
   // the announcement of a session with open transactions alone.
   ++l.open;
   Status s = batch.Read(db_.RootField(kRootCounter), &read->word, 8);
+  if (s.ok() && log_to_clear_ != 0) {
+    // The last commit's log, finished: cleared in this round, before any later lock.
+    read->clearing = log_to_clear_;
+    s = batch.Cas(log_, log_to_clear_, 0, &read->clear_prev);
+  }
   if (!s.ok()) {
     // The raise, if posted, writes a bound that is still below any later snapshot.
     if (--l.open == 0) l.idle_since = MonoNs();
@@ -457,6 +493,9 @@ Result<uint64_t> NamSession::FinishSnapshot(const SnapshotRead& read, const Stat
     }
     if (read.raised) l.announced = read.floor;
   }
+  // Cleared (or, if the CAS found another word, cleared by whoever fenced us: our next lease
+  // check fails).
+  if (read.clearing != 0 && read.clearing == log_to_clear_) log_to_clear_ = 0;
   // Cached record addresses are stale once records were removed since they were cached; and
   // after a long idle time the 16-bit removal epoch may have wrapped around.
   const int64_t now = MonoNs();
