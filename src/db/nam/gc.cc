@@ -131,6 +131,17 @@ Status Recycler::Reserve(const Access& access, LockOwner& owner, size_t si, int 
   const Server& sv = servers_[si];
   const Slab slab = SlabOf(sv.chunk_size, c);
   Cache& cache = caches_[si * kClasses + c];
+  // The chunk we reserved from last, if it still has room (its word as we last saw it: a
+  // guess that the CAS corrects).
+  if (cache.has_hint) {
+    FARPOOL_ASSIGN_OR_RETURN(uint64_t got, ReserveFrom(access, owner, si, c, cache.hint_chunk,
+                                                       &cache.hint_word, Want(c)));
+    if (got > 0) {
+      stats_.fresh += got;
+      return Status::Ok();
+    }
+    cache.has_hint = false;
+  }
   if (MonoNs() >= cache.scan_after) {
     std::vector<uint64_t> words(sv.chunks);
     FARPOOL_RETURN_IF_ERROR(access.Read(sv.dir, words.data(), sv.chunks * 8));
@@ -151,9 +162,12 @@ Status Recycler::Reserve(const Access& access, LockOwner& owner, size_t si, int 
     std::sort(room.rbegin(), room.rend());
     for (const auto& [whole, live, k] : room) {
       FARPOOL_ASSIGN_OR_RETURN(uint64_t got,
-                               ReserveFrom(access, owner, si, c, k, words[k], Want(c)));
+                               ReserveFrom(access, owner, si, c, k, &words[k], Want(c)));
       if (got > 0) {
         stats_.fresh += got;
+        cache.has_hint = true;
+        cache.hint_chunk = k;
+        cache.hint_word = words[k];
         return Status::Ok();
       }
     }
@@ -163,21 +177,24 @@ Status Recycler::Reserve(const Access& access, LockOwner& owner, size_t si, int 
 }
 
 Result<uint64_t> Recycler::ReserveFrom(const Access& access, LockOwner& owner, size_t si, int c,
-                                       uint64_t chunk, uint64_t word, uint64_t want) {
+                                       uint64_t chunk, uint64_t* word, uint64_t want) {
   const Server& sv = servers_[si];
   const Slab slab = SlabOf(sv.chunk_size, c);
   const GlobalAddress entry = sv.dir + chunk * 8;
   uint64_t take = 0;
   for (int attempt = 0;; ++attempt) {
-    if (EntryState(word) != kOpen || EntryClass(word) != c || EntryLive(word) >= slab.slots ||
+    const uint64_t w = *word;
+    if (EntryState(w) != kOpen || EntryClass(w) != c || EntryLive(w) >= slab.slots ||
         attempt == 8) {
       return uint64_t{0};
     }
-    take = std::min(want, slab.slots - EntryLive(word));
+    take = std::min(want, slab.slots - EntryLive(w));
     FARPOOL_RETURN_IF_ERROR(owner.CheckLease());
-    FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(entry, word, word + take));
-    if (prev == word) break;
-    word = prev;
+    FARPOOL_ASSIGN_OR_RETURN(*word, access.Cas(entry, w, w + take));
+    if (*word == w) {
+      *word = w + take;
+      break;
+    }
   }
   // We hold `take` counts: at least that many bits are clear or being cleared (bits set <=
   // live). Claim them by CAS, word by word. Counts we fail to turn into objects are given
@@ -249,14 +266,17 @@ Status Recycler::OpenChunk(const Access& access, LockOwner& owner, size_t si, in
   const Slab slab = SlabOf(sv.chunk_size, c);
   const uint64_t take = std::min(Want(c), slab.slots);
   FARPOOL_ASSIGN_OR_RETURN(GlobalAddress base, memory_.LeaseRun(sv.id, sv.chunk_size));
-  Status s = Publish(access, owner, si, c, base, take);
-  if (!s.ok()) {
+  auto published = Publish(access, owner, si, c, base, take);
+  if (!published.ok()) {
     // Nobody else knows the chunk yet: it is ours to give back.
     (void)memory_.ReleaseRun(base, sv.chunk_size);
-    return s;
+    return published.status();
   }
   ++stats_.chunks_opened;
   Cache& cache = caches_[si * kClasses + c];
+  cache.has_hint = true;
+  cache.hint_chunk = (base.offset() - RegionGeometry::kRootAreaSize) / sv.chunk_size;
+  cache.hint_word = *published;
   for (uint64_t i = 0; i < take; ++i) {
     cache.objects.push_back((base + slab.bitmap_bytes + i * ClassBytes(c)).raw());
   }
@@ -264,8 +284,8 @@ Status Recycler::OpenChunk(const Access& access, LockOwner& owner, size_t si, in
   return Status::Ok();
 }
 
-Status Recycler::Publish(const Access& access, LockOwner& owner, size_t si, int c,
-                         GlobalAddress base, uint64_t take) {
+Result<uint64_t> Recycler::Publish(const Access& access, LockOwner& owner, size_t si, int c,
+                                   GlobalAddress base, uint64_t take) {
   const Server& sv = servers_[si];
   const Slab slab = SlabOf(sv.chunk_size, c);
   const uint64_t chunk = (base.offset() - RegionGeometry::kRootAreaSize) / sv.chunk_size;
@@ -283,9 +303,9 @@ Status Recycler::Publish(const Access& access, LockOwner& owner, size_t si, int 
   uint64_t word = 0;
   FARPOOL_RETURN_IF_ERROR(access.Read(entry, &word, 8));
   for (;;) {
-    FARPOOL_ASSIGN_OR_RETURN(uint64_t prev,
-                             access.Cas(entry, word, Entry(kOpen, c, EntryGen(word) + 1, take)));
-    if (prev == word) return Status::Ok();
+    const uint64_t open = Entry(kOpen, c, EntryGen(word) + 1, take);
+    FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(entry, word, open));
+    if (prev == word) return open;
     word = prev;
   }
 }

@@ -309,6 +309,8 @@ class Recycler {
     uint64_t freed_on_top = 0;      // the last ones came from Free (reserved ones below)
     bool used = false;              // allocated from since the last ReturnIdle
     int64_t scan_after = 0;         // a scan found no room: open new chunks until then
+    bool has_hint = false;          // the chunk reserved from last (tried first)
+    uint64_t hint_chunk = 0, hint_word = 0;
   };
   // Entry word of the directory: state 2 | class 6 | generation 24 | live 32.
   static constexpr uint64_t kOpen = 1, kWithdrawn = 2;
@@ -337,18 +339,21 @@ class Recycler {
   // REQUIRES (these three): mu_ held.
   // Fills the cache of class c on server si with newly reserved objects.
   Status Reserve(const Access& access, LockOwner& owner, size_t si, int c);
-  // Reserves up to `want` slots of `chunk` whose word was seen as `word`; the count taken.
+  // Reserves up to `want` slots of `chunk`, whose word is believed to be *word (a guess: the
+  // CAS corrects it, a few times); returns the count taken (0: no room, or not an open chunk
+  // of the class) and leaves the word as it last saw it in *word.
   Result<uint64_t> ReserveFrom(const Access& access, LockOwner& owner, size_t si, int c,
-                               uint64_t chunk, uint64_t word, uint64_t want);
+                               uint64_t chunk, uint64_t* word, uint64_t want);
   // Turns *left counts held on `chunk` into objects in the cache (claims clear bits by CAS);
   // *left is what is still to claim when it fails.
   Status ClaimBits(const Access& access, LockOwner& owner, size_t si, int c, uint64_t chunk,
                    uint64_t* left);
   // Leases a new chunk for class c, opens it with `Want(c)` objects reserved for the cache.
   Status OpenChunk(const Access& access, LockOwner& owner, size_t si, int c);
-  // Writes the bitmap of the chunk leased at `base` (`take` slots ours) and opens its word.
-  Status Publish(const Access& access, LockOwner& owner, size_t si, int c, GlobalAddress base,
-                 uint64_t take);
+  // Writes the bitmap of the chunk leased at `base` (`take` slots ours) and opens its word;
+  // returns the word written.
+  Result<uint64_t> Publish(const Access& access, LockOwner& owner, size_t si, int c,
+                           GlobalAddress base, uint64_t take);
   // Gives `objects` (of class c on server si, all held by this process) back to their chunks,
   // releasing the chunks that empty.
   Status Return(const Access& access, LockOwner& owner, size_t si, int c,
