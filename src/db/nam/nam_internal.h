@@ -4,7 +4,7 @@
 //   recovery.cc  finishing a dead session's decided commit, breaking its locks
 //   read.cc      consistent record images, snapshot visibility, Get/Put/Delete/Scan
 //   commit.cc    Commit as phases: resolve, lock+validate, decide (log), install, release
-//   gc.cc        the low-water mark, the recycler (free lists in the pool), reclamation
+//   gc.cc        the low-water mark, the recycler (slab chunks in the pool), reclamation
 //
 // How it works (docs/database.md has the full story and the reasoning):
 //
@@ -36,8 +36,8 @@
 // announcement is below stamp(S-2); otherwise it drops it and frees its blobs. If no
 // announcement is below stamp(S-3), the chain of older versions is garbage: the commit cuts it
 // and hands it to the maintenance thread to free. Freed
-// objects go to per-size-class free lists in the pool (see Recycler): any process may free
-// any process's objects. The low-water mark (min of the array, or the counter when all are
+// objects go back to their slab chunks in the pool (see Recycler): any process may free any
+// process's objects, and a chunk whose objects are all free goes back to its server. The low-water mark (min of the array, or the counter when all are
 // idle) is kept per process by the maintenance thread for dropped tables and for reports.
 #pragma once
 
