@@ -93,7 +93,8 @@ Result<GlobalAddress> Recycler::Alloc(const Access& access, LockOwner& owner, ui
   const int c = ClassOf(size);
   FARPOOL_ASSIGN_OR_RETURN(uint16_t first, memory_.ServerFor(placement));
   FARPOOL_ASSIGN_OR_RETURN(size_t si, IndexOf(first));
-  const size_t tries = placement.kind() == Placement::Kind::kStriped ? servers_.size() : 1;
+  // Placement is a preference: a full server's objects go to the next one.
+  const size_t tries = servers_.size();
   Status last;
   for (size_t t = 0; t < tries; ++t, si = (si + 1) % servers_.size()) {
     auto a = AllocOn(access, owner, si, c, size);

@@ -37,8 +37,9 @@
 // announcement is below stamp(S-3), the chain of older versions is garbage: the commit cuts it
 // and hands it to the maintenance thread to free. Freed
 // objects go back to their slab chunks in the pool (see Recycler): any process may free any
-// process's objects, and a chunk whose objects are all free goes back to its server. The low-water mark (min of the array, or the counter when all are
-// idle) is kept per process by the maintenance thread for dropped tables and for reports.
+// process's objects, and a chunk whose objects are all free goes back to its server. The low-water
+// mark (min of the array, or the counter when all are idle) is kept per process by the maintenance
+// thread for dropped tables and for reports.
 #pragma once
 
 #include <time.h>
@@ -275,7 +276,7 @@ class Recycler {
   static Result<std::unique_ptr<Recycler>> Open(const Access& access, GlobalAddress dirs);
 
   // An object of at least `size` bytes, on the server `placement` names (striped: the next in
-  // turn, others if it is full). Uninitialised.
+  // turn); a preference: on the next server if that one is full. Uninitialised.
   Result<GlobalAddress> Alloc(const Access& access, LockOwner& owner, uint64_t size,
                               Placement placement);
   // REQUIRES: `address` came from Alloc with the same `size` and nobody can reach it any more.
