@@ -136,7 +136,8 @@ struct GcStats {
   uint64_t versions_spilled = 0;  // evicted versions still needed (kept in a chain)
   uint64_t chains_cut = 0, nodes_freed = 0, blobs_freed = 0, tables_reclaimed = 0;
   uint64_t records_removed = 0;  // deleted keys whose records were unlinked and freed
-  uint64_t objects_reused = 0, objects_fresh = 0;  // recycler: reused vs new pool memory
+  uint64_t objects_reused = 0, objects_fresh = 0;   // recycler: reused vs newly reserved
+  uint64_t chunks_opened = 0, chunks_released = 0;  // recycler: slab chunks leased, given back
 };
 
 // Counts of memory operations (pool engines) or messages (sharded), for benchmarks and the

@@ -111,6 +111,14 @@ struct PoolOptions {
   std::chrono::milliseconds failure_timeout{2000};
 };
 
+// A server's region: [root area (wire::kRootAreaSize = 4 KiB) | chunk 0 | chunk 1 | ...].
+struct RegionGeometry {
+  uint64_t region_size = 0;  // the root area included
+  uint64_t chunk_size = 0;   // lease granularity
+  static constexpr uint64_t kRootAreaSize = 4096;
+  uint64_t chunks() const { return (region_size - kRootAreaSize) / chunk_size; }
+};
+
 struct ServerStats {
   uint16_t id = 0;
   std::string endpoint;
@@ -182,6 +190,10 @@ class Pool {
   // if any server is unreachable within options.connect_timeout.
   static Result<std::unique_ptr<Pool>> Connect(const ClusterConfig& cluster,
                                                const PoolOptions& options = {});
+  // Gives freed memory back (Trim), unmaps the regions, then says goodbye to every live server
+  // (at most 1 s each): they unpin this process and refuse this Pool's tag from then on, so an
+  // eviction of the tag can never kill the process afterwards. REQUIRES: no thread uses the
+  // Pool any more.
   ~Pool();
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
@@ -205,6 +217,20 @@ class Pool {
   // Gives the memory this client freed back to its servers (the destructor does it too).
   // Until then freed memory is reused by later Allocs and accesses to it are rejected.
   Status Trim();
+
+  // Shared leases: runs of whole chunks that no Pool's allocator tracks, for structures that
+  // several processes manage together (the database's recycler, src/db/nam/gc.cc). Leases
+  // belong to the pool, so any client may release one: the server checks only that
+  // [start, start + size) is exactly one current lease; which process releases it is the
+  // caller's protocol (exactly one must). Accesses to them are not checked for
+  // use-after-free (the run is "leased by another client" to this Pool's allocator).
+  // REQUIRES: size is a positive multiple of the server's chunk size (InvalidArgument else).
+  Result<GlobalAddress> LeaseRun(uint16_t id, uint64_t size);
+  Status ReleaseRun(GlobalAddress start, uint64_t size);
+  // Server `id`'s region as its hello described it.
+  Result<RegionGeometry> Geometry(uint16_t id) const;
+  // The server that Alloc(size, placement) tries first (striped: the next in turn).
+  Result<uint16_t> ServerFor(Placement placement);
 
   Status Read(GlobalAddress source, void* destination, uint64_t size);
   Status Write(GlobalAddress destination, const void* source, uint64_t size);

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,9 +18,16 @@ namespace farpool {
 
 using Clock = std::chrono::steady_clock;
 
-pid_t SpawnDetached(const std::vector<std::string>& argv, const std::string& log) {
+pid_t SpawnDetached(const std::vector<std::string>& argv, const std::string& log,
+                    bool die_with_parent) {
+  const pid_t parent = getpid();
   pid_t pid = fork();
   if (pid != 0) return pid;
+  if (die_with_parent) {
+    // Survives exec (farpool is not set-user-ID). The parent may have died before the prctl:
+    // then our parent is already someone else and no signal will come.
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(126);
+  }
   setsid();
   int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd >= 0) {

@@ -20,7 +20,13 @@ namespace farpool {
 
 // Forks and execs `argv` in its own session, stdout and stderr to `log`, stdin from
 // /dev/null. Returns the pid, or -1 if fork failed.
-pid_t SpawnDetached(const std::vector<std::string>& argv, const std::string& log);
+// `die_with_parent`: the child gets SIGKILL when the calling *thread* ends
+// (PR_SET_PDEATHSIG; the kernel ties it to the thread that forked), so a killed test leaves no
+// server behind. A child whose parent died before it could ask exits at once. REQUIRES (then):
+// the calling thread outlives the child's intended life (tests start clusters on the test's
+// thread).
+pid_t SpawnDetached(const std::vector<std::string>& argv, const std::string& log,
+                    bool die_with_parent = false);
 
 // Whether `pid` is a running process (reaps it if it is our exited child; a zombie is not
 // running).

@@ -219,6 +219,7 @@ class DbProcessTest : public testing::TestWithParam<std::string> {
       so.transport = Fabric::kShm;
       so.progress = ProgressMode::kEvent;
       so.binary = FARPOOL_BINARY;
+      so.die_with_parent = true;
       Status up = ShardClusterUp(so);
       ASSERT_TRUE(up.ok()) << up.ToString();
       cluster_file_ = ShardClusterFile(shard_dir_);

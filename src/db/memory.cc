@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cstring>
+#include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
@@ -61,6 +64,14 @@ class PoolMemory final : public Memory {
   Result<uint64_t> FetchAdd(GlobalAddress a, uint64_t d) override { return pool_.FetchAdd(a, d); }
   Result<GlobalAddress> Alloc(uint64_t size, Placement p) override { return pool_.Alloc(size, p); }
   Status Free(GlobalAddress a) override { return pool_.Free(a); }
+  Result<GlobalAddress> LeaseRun(uint16_t server, uint64_t size) override {
+    return pool_.LeaseRun(server, size);
+  }
+  Status ReleaseRun(GlobalAddress start, uint64_t size) override {
+    return pool_.ReleaseRun(start, size);
+  }
+  Result<RegionGeometry> Geometry(uint16_t server) const override { return pool_.Geometry(server); }
+  Result<uint16_t> ServerFor(Placement placement) override { return pool_.ServerFor(placement); }
   // A pool Batch costs a few allocations and belongs to the thread that made it: each thread
   // reuses its own (a transaction makes several batches, and on mapped shared memory their
   // operations take less time than the allocations would).
@@ -122,7 +133,8 @@ class LocalMemory final : public Memory {
                                    " bytes: " + std::strerror(errno));
       }
       r.base = static_cast<std::byte*>(p);
-      r.next.store(kFirstObject);
+      r.next = kFirstObject;
+      r.floor = (bytes - kFirstObject) / m->chunk_;
     }
     return std::unique_ptr<Memory>(std::move(m));
   }
@@ -185,9 +197,10 @@ class LocalMemory final : public Memory {
           return GlobalAddress(static_cast<uint16_t>(s), off);
         }
       }
-      uint64_t off = r.next.fetch_add(rounded);
-      if (off + rounded <= size_) {
-        std::lock_guard<std::mutex> lock(r.mu);
+      std::lock_guard<std::mutex> lock(r.mu);
+      const uint64_t off = r.next;
+      if (off + rounded <= ChunkStart(r.floor)) {
+        r.next += rounded;
         r.sizes[off] = rounded;
         return GlobalAddress(static_cast<uint16_t>(s), off);
       }
@@ -209,6 +222,72 @@ class LocalMemory final : public Memory {
     r.free[it->second].push_back(a.offset());
     r.sizes.erase(it);
     return Status::Ok();
+  }
+  // Shared leases: runs of whole chunks taken from the top of the region down (objects grow up
+  // from the bottom), released runs reused.
+  Result<GlobalAddress> LeaseRun(uint16_t server, uint64_t size) override {
+    if (server >= regions_.size() || size == 0 || size % chunk_ != 0) {
+      return Status::InvalidArgument("local memory: LeaseRun(" + std::to_string(server) + ", " +
+                                     std::to_string(size) + ")");
+    }
+    const uint64_t n = size / chunk_;
+    Region& r = regions_[server];
+    std::lock_guard<std::mutex> lock(r.mu);
+    uint64_t first = 0;
+    bool found = false;
+    for (auto it = r.free_chunks.begin(); it != r.free_chunks.end() && !found; ++it) {
+      uint64_t k = 1;
+      while (k < n && r.free_chunks.count(*it + k)) ++k;
+      if (k == n) first = *it, found = true;
+    }
+    if (found) {
+      for (uint64_t k = 0; k < n; ++k) r.free_chunks.erase(first + k);
+    } else if (r.floor >= n && ChunkStart(r.floor - n) >= r.next) {
+      first = r.floor -= n;
+    } else {
+      return Status::OutOfMemory("local memory: no room for a run of " + std::to_string(size) +
+                                 " bytes on server " + std::to_string(server));
+    }
+    r.runs[first] = n;
+    return GlobalAddress(server, ChunkStart(first));
+  }
+  Status ReleaseRun(GlobalAddress start, uint64_t size) override {
+    if (start.server() >= regions_.size() || start.offset() < kFirstObject ||
+        (start.offset() - kFirstObject) % chunk_ != 0) {
+      return Status::InvalidArgument("local memory: ReleaseRun of " + start.ToString() +
+                                     ", not the start of a chunk");
+    }
+    Region& r = regions_[start.server()];
+    std::lock_guard<std::mutex> lock(r.mu);
+    const uint64_t first = (start.offset() - kFirstObject) / chunk_;
+    auto it = r.runs.find(first);
+    if (it == r.runs.end() || it->second * chunk_ != size) {
+      return Status::InvalidArgument("local memory: ReleaseRun(" + start.ToString() + ", " +
+                                     std::to_string(size) + ") names no leased run");
+    }
+    for (uint64_t k = 0; k < it->second; ++k) r.free_chunks.insert(first + k);
+    r.runs.erase(it);
+    return Status::Ok();
+  }
+  Result<RegionGeometry> Geometry(uint16_t server) const override {
+    if (server >= regions_.size())
+      return Status::InvalidArgument("local memory: no server " + std::to_string(server));
+    return RegionGeometry{size_, chunk_};
+  }
+  Result<uint16_t> ServerFor(Placement placement) override {
+    const size_t n = regions_.size();
+    switch (placement.kind()) {
+      case Placement::Kind::kOnServer:
+        if (placement.value() >= n) {
+          return Status::InvalidArgument("local memory: no server " +
+                                         std::to_string(placement.value()));
+        }
+        return static_cast<uint16_t>(placement.value());
+      case Placement::Kind::kByKey:
+        return static_cast<uint16_t>((placement.value() * 0x9E3779B97F4A7C15ull >> 32) % n);
+      default:
+        return static_cast<uint16_t>(stripe_.fetch_add(1, std::memory_order_relaxed) % n);
+    }
   }
   std::unique_ptr<MemoryBatch> NewBatch() override;
   // The memory server's lookup-read (memory_ops), on this process's regions.
@@ -275,12 +354,20 @@ class LocalMemory final : public Memory {
  private:
   struct Region {
     std::byte* base = nullptr;
-    std::atomic<uint64_t> next{0};
-    std::mutex mu;
+    std::mutex mu;                      // guards everything below
+    uint64_t next = 0;                  // the bump pointer of objects
+    uint64_t floor = 0;                 // the lowest chunk ever leased (chunks() when none)
+    std::set<uint64_t> free_chunks;     // released chunks at or above floor
+    std::map<uint64_t, uint64_t> runs;  // leased run: first chunk -> chunks
     std::unordered_map<uint64_t, std::vector<uint64_t>> free;  // size -> offsets
     std::unordered_map<uint64_t, uint64_t> sizes;              // live offset -> size
   };
-  explicit LocalMemory(uint64_t size) : size_(size) {}
+  // Chunks of 64 KiB .. 4 MiB, about 64 per region.
+  explicit LocalMemory(uint64_t size)
+      : size_(size),
+        chunk_(
+            std::min<uint64_t>(4 << 20, std::bit_floor(std::max<uint64_t>(64 << 10, size / 64)))) {}
+  uint64_t ChunkStart(uint64_t chunk) const { return kFirstObject + chunk * chunk_; }
 
   Status Resolve(GlobalAddress a, uint64_t n, bool atomic, std::byte** out) const {
     if (a.is_null()) return Status::InvalidArgument("local memory: null address");
@@ -299,6 +386,7 @@ class LocalMemory final : public Memory {
   }
 
   uint64_t size_;
+  uint64_t chunk_;
   std::vector<Region> regions_;
   std::atomic<uint64_t> stripe_{0};
 };

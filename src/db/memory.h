@@ -78,6 +78,12 @@ class Memory {
   // Zero-filled is NOT promised: callers initialise what they allocate.
   virtual Result<GlobalAddress> Alloc(uint64_t size, Placement placement) = 0;
   virtual Status Free(GlobalAddress address) = 0;
+  // Shared leases (Pool::LeaseRun): runs of whole chunks that any process may release.
+  virtual Result<GlobalAddress> LeaseRun(uint16_t server, uint64_t size) = 0;
+  virtual Status ReleaseRun(GlobalAddress start, uint64_t size) = 0;
+  virtual Result<RegionGeometry> Geometry(uint16_t server) const = 0;
+  // The server Alloc(size, placement) would use first (Pool::ServerFor).
+  virtual Result<uint16_t> ServerFor(Placement placement) = 0;
   virtual std::unique_ptr<MemoryBatch> NewBatch() = 0;
   // Takes back a batch of NewBatch for reuse by later NewBatch calls of the same thread (a
   // batch may be bound to the thread that made it), or drops it.

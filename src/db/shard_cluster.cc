@@ -51,7 +51,7 @@ Status ShardClusterUp(const ShardClusterOptions& o) {
         {o.binary, "shard", "--listen", "127.0.0.1:0", "--id", std::to_string(i), "--progress",
          progress, "--spin-us", std::to_string(o.spin_us), "--transport",
          std::string(FabricName(o.transport)), "--ready-file", base + ".ready"},
-        base + ".log");
+        base + ".log", o.die_with_parent);
     if (pid < 0) return fail(Status::IoError(std::string("fork: ") + strerror(errno)));
     pids.push_back(pid);
     ServerAddress a;

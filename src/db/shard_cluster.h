@@ -27,6 +27,8 @@ struct ShardClusterOptions {
   int spin_us = 0;     // event mode: `farpool shard --spin-us`
   std::string binary;  // path of the farpool executable
   std::chrono::seconds start_timeout{30};
+  // As LocalClusterOptions::die_with_parent: partition servers die with the starting thread.
+  bool die_with_parent = false;
 };
 
 Status ShardClusterUp(const ShardClusterOptions& options);

@@ -512,6 +512,8 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
                {"blobs_freed", g->blobs_freed},
                {"objects_reused", g->objects_reused},
                {"objects_fresh", g->objects_fresh},
+               {"chunks_opened", g->chunks_opened},
+               {"chunks_released", g->chunks_released},
                {"records_removed", g->records_removed}};
   }
   if (o.verify) {

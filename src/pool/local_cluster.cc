@@ -180,7 +180,7 @@ Status ClusterUp(const LocalClusterOptions& o) {
                  "--memory", std::to_string(o.memory), "--chunk-size", std::to_string(o.chunk_size),
                  "--id", std::to_string(i), "--progress", std::string(ProgressModeName(o.progress)),
                  "--ready-file", ready});
-    pid_t pid = SpawnDetached(argv, log);
+    pid_t pid = SpawnDetached(argv, log, o.die_with_parent);
     if (pid < 0) return fail(Status::IoError(std::string("fork: ") + strerror(errno)));
     pids.push_back(pid);
     ServerAddress a;

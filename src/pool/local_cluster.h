@@ -37,6 +37,10 @@ struct LocalClusterOptions {
   std::chrono::nanoseconds delay{0};  // requires netns
   std::string binary;                 // path of the farpool executable
   std::chrono::seconds start_timeout{30};
+  // The servers are killed when the thread that ran ClusterUp ends (SpawnDetached's
+  // die_with_parent): for tests, so that a killed test leaves no server behind. Off for
+  // `farpool cluster up`, whose servers outlive the command.
+  bool die_with_parent = false;
 };
 
 Status ClusterUp(const LocalClusterOptions& options);

@@ -219,6 +219,14 @@ class Pool::Impl {
   wire::HelloRequest HelloFor(bool map) const;
   uint32_t tag() const { return static_cast<uint32_t>(nonce_); }
   Result<ServerStats> Stats(size_t index);
+  // Lease and release runs of whole chunks on server `index` (the allocator's and the shared
+  // leases' one round trip to the server).
+  Result<uint64_t> LeaseOn(size_t index, uint64_t size);
+  // At close, after the regions are unmapped: a GoodbyeRequest to every live server, on `tc`
+  // (any thread's context: nothing else uses the Pool any more).
+  void SayGoodbye(ThreadContext& tc);
+  static constexpr std::chrono::milliseconds kGoodbyeTimeout{1000};
+  Status ReleaseOn(size_t index, uint64_t offset, uint64_t size);
 
   PoolOptions options_;
   Fabric fabric_ = Fabric::kAuto;
@@ -305,25 +313,9 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
   std::vector<ObjectAllocator::Geometry> geometry;
   for (const auto& s : servers_) geometry.push_back({s->region_size, s->chunk_size});
   allocator_ = std::make_unique<ObjectAllocator>(
-      geometry,
-      [this](size_t index, uint64_t size) -> Result<uint64_t> {
-        FARPOOL_ASSIGN_OR_RETURN(ThreadContext * t, Local());
-        FARPOOL_ASSIGN_OR_RETURN(
-            Reply r,
-            Call(
-                *t, index, [&](uint64_t id) { return wire::Encode(id, wire::LeaseRequest{size}); },
-                wire::Opcode::kLeaseReply, options_.op_timeout));
-        return r.message.As<wire::LeaseReply>().offset;
-      },
-      [this](size_t index, uint64_t offset, uint64_t size) -> Status {
-        FARPOOL_ASSIGN_OR_RETURN(ThreadContext * t, Local());
-        auto r = Call(
-            *t, index,
-            [&](uint64_t id) {
-              return wire::Encode(id, wire::ReleaseRequest{offset, size});
-            },
-            wire::Opcode::kReleaseReply, options_.op_timeout);
-        return r.ok() ? Status::Ok() : r.status();
+      geometry, [this](size_t index, uint64_t size) { return LeaseOn(index, size); },
+      [this](size_t index, uint64_t offset, uint64_t size) {
+        return ReleaseOn(index, offset, size);
       });
   monitor_ = std::thread([this] { Monitor(); });
   return Status::Ok();
@@ -341,15 +333,29 @@ Pool::Impl::~Impl() {
     Status s = allocator_->Trim();
     (void)s;  // servers that are gone keep nothing for us to release
   }
-  // Endpoints and keys before workers, workers before the context.
+  // Keys first: destroying them unmaps the regions. Then goodbye to every server (it unpins
+  // this process and refuses the tag: an eviction of it can no longer kill us), then
+  // endpoints before workers, workers before the context.
   for (auto& [id, tc] : contexts_) {
-    for (auto& p : tc->peers) {
-      p.rkey.reset();
-      p.ep.reset();
-    }
+    for (auto& p : tc->peers) p.rkey.reset();
+  }
+  for (auto& s : servers_) s->direct = nullptr;
+  if (!contexts_.empty()) SayGoodbye(*contexts_.begin()->second);
+  for (auto& [id, tc] : contexts_) {
+    for (auto& p : tc->peers) p.ep.reset();
   }
   contexts_.clear();
   context_.reset();
+}
+
+void Pool::Impl::SayGoodbye(ThreadContext& tc) {
+  for (size_t i = 0; i < servers_.size(); ++i) {
+    if (servers_[i]->failed || tc.peers[i].ep == nullptr) continue;
+    // Best effort: a server that does not answer keeps a pin that it drops when we exit.
+    (void)Call(
+        tc, i, [&](uint64_t id) { return wire::Encode(id, wire::GoodbyeRequest{tag()}); },
+        wire::Opcode::kGoodbyeReply, kGoodbyeTimeout);
+  }
 }
 
 Result<std::unique_ptr<ThreadContext>> Pool::Impl::CreateThreadContext() {
@@ -828,6 +834,27 @@ std::vector<uint16_t> Pool::server_ids() const {
   return ids;
 }
 
+Result<uint64_t> Pool::Impl::LeaseOn(size_t index, uint64_t size) {
+  FARPOOL_ASSIGN_OR_RETURN(ThreadContext * t, Local());
+  FARPOOL_ASSIGN_OR_RETURN(
+      Reply r,
+      Call(
+          *t, index, [&](uint64_t id) { return wire::Encode(id, wire::LeaseRequest{size}); },
+          wire::Opcode::kLeaseReply, options_.op_timeout));
+  return r.message.As<wire::LeaseReply>().offset;
+}
+
+Status Pool::Impl::ReleaseOn(size_t index, uint64_t offset, uint64_t size) {
+  FARPOOL_ASSIGN_OR_RETURN(ThreadContext * t, Local());
+  auto r = Call(
+      *t, index,
+      [&](uint64_t id) {
+        return wire::Encode(id, wire::ReleaseRequest{offset, size});
+      },
+      wire::Opcode::kReleaseReply, options_.op_timeout);
+  return r.ok() ? Status::Ok() : r.status();
+}
+
 std::string Pool::AccessPath(uint16_t id) const {
   auto index = impl_->IndexOf(id);
   if (!index.ok()) return "none";
@@ -894,6 +921,56 @@ Status Pool::Free(GlobalAddress address) {
 }
 
 Status Pool::Trim() { return impl_->allocator_->Trim(); }
+
+static_assert(RegionGeometry::kRootAreaSize == wire::kRootAreaSize);
+
+Result<GlobalAddress> Pool::LeaseRun(uint16_t id, uint64_t size) {
+  FARPOOL_ASSIGN_OR_RETURN(size_t index, impl_->IndexOf(id));
+  const ServerState& s = *impl_->servers_[index];
+  if (s.failed) return s.Failure();
+  if (size == 0 || size % s.chunk_size != 0) {
+    return Status::InvalidArgument(s.name + ": LeaseRun of " + std::to_string(size) +
+                                   " bytes, not a positive multiple of the chunk size " +
+                                   std::to_string(s.chunk_size));
+  }
+  auto offset = impl_->LeaseOn(index, size);
+  if (!offset.ok()) {
+    if (offset.status().message().rfind("server ", 0) == 0) return offset.status();
+    return offset.status().WithContext(s.name);
+  }
+  return GlobalAddress(id, *offset);
+}
+
+Status Pool::ReleaseRun(GlobalAddress start, uint64_t size) {
+  FARPOOL_ASSIGN_OR_RETURN(size_t index, impl_->IndexOf(start.server()));
+  return impl_->ReleaseOn(index, start.offset(), size)
+      .WithContext(impl_->servers_[index]->name + ": ReleaseRun(" + start.ToString() + ")");
+}
+
+Result<RegionGeometry> Pool::Geometry(uint16_t id) const {
+  FARPOOL_ASSIGN_OR_RETURN(size_t index, impl_->IndexOf(id));
+  const ServerState& s = *impl_->servers_[index];
+  return RegionGeometry{s.region_size, s.chunk_size};
+}
+
+Result<uint16_t> Pool::ServerFor(Placement placement) {
+  Impl& im = *impl_;
+  switch (placement.kind()) {
+    case Placement::Kind::kOnServer: {
+      FARPOOL_ASSIGN_OR_RETURN(size_t index, im.IndexOf(static_cast<uint16_t>(placement.value())));
+      return im.servers_[index]->address.id;
+    }
+    case Placement::Kind::kByKey:
+      return im
+          .servers_[static_cast<size_t>(
+              JumpConsistentHash(placement.value(), static_cast<int32_t>(im.servers_.size())))]
+          ->address.id;
+    case Placement::Kind::kStriped:
+      return im.servers_[im.stripe_.fetch_add(1, std::memory_order_relaxed) % im.servers_.size()]
+          ->address.id;
+  }
+  return Status::Internal("unknown placement");
+}
 
 namespace {
 // A sync operation on a server whose region is not mapped: a batch of one.

@@ -10,10 +10,13 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "common/host.h"
+#include "common/process.h"
 #include "farpool/pool.h"
 #include "pool/memory_ops.h"
 #include "pool/test_cluster.h"
@@ -49,7 +52,26 @@ ShadowStep Step(std::mt19937_64& rng, size_t objects) {
   return {static_cast<size_t>(rng() % objects), rng(), rng() % 2 == 0};
 }
 
+LocalClusterOptions Options(int servers, uint64_t memory, Fabric fabric) {
+  LocalClusterOptions o;
+  o.servers = servers;
+  o.memory = memory;
+  o.transport = fabric;
+  o.progress = ProgressMode::kEvent;
+  return o;
+}
+
 Status RunWorker(const std::string& role) {
+  if (role == "cluster") {  // start a test cluster, say its servers' pids, wait to be killed
+    TestCluster cluster(Options(2, 64 << 20, Fabric::kShm));
+    FARPOOL_RETURN_IF_ERROR(cluster.status());
+    FARPOOL_ASSIGN_OR_RETURN(ClusterConfig config, cluster.config());
+    std::string line = cluster.dir();
+    for (const ServerAddress& a : config.servers) line += " " + std::to_string(a.pid);
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+    for (;;) pause();
+  }
   FARPOOL_ASSIGN_OR_RETURN(ClusterConfig cluster, ClusterConfig::Load(Env("FARPOOL_CLUSTER")));
   PoolOptions po;
   FARPOOL_ASSIGN_OR_RETURN(po.transport, ParseFabric(Env("FARPOOL_TRANSPORT", "auto")));
@@ -118,6 +140,26 @@ Status RunWorker(const std::string& role) {
       raise(SIGSTOP);
       for (;;) pause();  // resumed by someone else: still wait to be killed
     }
+    if (role == "goodbye") {  // close a mapping Pool, then evict its tag from a new one
+      if (t != 0) return Status::Ok();
+      PoolOptions mapping;
+      mapping.transport = Fabric::kShm;
+      FARPOOL_ASSIGN_OR_RETURN(std::unique_ptr<Pool> closing, Pool::Connect(cluster, mapping));
+      if (closing->AccessPath(cluster.servers[0].id) != "direct") {
+        return Status::Internal("the closing Pool does not map server 0: " +
+                                closing->AccessPath(cluster.servers[0].id));
+      }
+      const uint32_t closed_tag = closing->process_tag();
+      FARPOOL_RETURN_IF_ERROR(closing->Alloc(64).status());
+      closing.reset();  // says goodbye
+      // Were the closed Pool still pinned, the servers would now kill this process, which
+      // runs on under another Pool.
+      FARPOOL_RETURN_IF_ERROR(pool->Evict(closed_tag));
+      std::vector<std::byte> probe(64);
+      auto a = pool->Alloc(64);
+      FARPOOL_RETURN_IF_ERROR(a.status());
+      return pool->Write(*a, probe.data(), probe.size());
+    }
     if (role == "hold") {  // allocate and write, say so, then wait to be killed
       if (t != 0) return Status::Ok();
       for (int i = 0; i < n; ++i) {
@@ -180,15 +222,6 @@ std::string RunWorkers(int count, const WorkerSpec& spec, std::chrono::seconds l
     }
   }
   return failures;
-}
-
-LocalClusterOptions Options(int servers, uint64_t memory, Fabric fabric) {
-  LocalClusterOptions o;
-  o.servers = servers;
-  o.memory = memory;
-  o.transport = fabric;
-  o.progress = ProgressMode::kEvent;
-  return o;
 }
 
 // Starts this binary as worker `role` on `cluster` over `transport` (more environment in
@@ -420,6 +453,63 @@ TEST_P(ProcessTest, KilledClientIsDroppedAndTheServerKeepsServing) {
   } while (clients != 1 && std::chrono::steady_clock::now() < deadline);
   EXPECT_EQ(clients, 1u);
   ExpectServes(*pool);
+}
+
+// A test process killed with its cluster up leaves no server behind: the servers die with it
+// (PR_SET_PDEATHSIG) and their janitors remove their shared-memory directories.
+TEST(ClusterProcess, ServersDieWithTheTestProcessThatStartedThem) {
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    setenv("FARPOOL_WORKER", "cluster", 1);
+    execl("/proc/self/exe", "pool_process_test", nullptr);
+    _exit(127);
+  }
+  close(out[1]);
+  std::string line;
+  char c = 0;
+  while (read(out[0], &c, 1) == 1 && c != '\n') line += c;
+  close(out[0]);
+  std::istringstream words(line);
+  std::string dir;
+  std::vector<pid_t> servers;
+  words >> dir;
+  for (pid_t p = 0; words >> p;) servers.push_back(p);
+  ASSERT_EQ(servers.size(), 2u) << "the child did not start its cluster: '" << line << "'";
+  for (pid_t p : servers) ASSERT_TRUE(ProcessRunning(p)) << "server " << p;
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  int status = 0;
+  waitpid(child, &status, 0);
+  // Liveness bound only (generous on a loaded machine): the kernel signals at once.
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  auto gone = [&] {
+    for (pid_t p : servers) {
+      if (ProcessRunning(p)) return false;
+      if (std::filesystem::exists("/dev/shm/farpool-ucx-" + std::to_string(p))) return false;
+    }
+    return true;
+  };
+  while (!gone() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(20ms);
+  for (pid_t p : servers) {
+    EXPECT_FALSE(ProcessRunning(p)) << "server " << p << " outlived the test process";
+    EXPECT_FALSE(std::filesystem::exists("/dev/shm/farpool-ucx-" + std::to_string(p)))
+        << "server " << p << " left its shared-memory directory";
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+// A Pool that closes says goodbye: its servers unpin the process, so evicting the closed
+// Pool's tag later (a database slot may still name it) never kills the process, which goes on
+// working under a new Pool.
+TEST(Eviction, AClosedPoolsTagNeverKillsItsStillRunningProcess) {
+  TestCluster cluster(Options(2, 64 << 20, Fabric::kShm));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  const std::string failures = RunWorkers(
+      1, {"goodbye", {{"FARPOOL_CLUSTER", cluster.cluster_file()}, {"FARPOOL_TRANSPORT", "shm"}}});
+  EXPECT_EQ(failures, "") << "the worker was killed (status 9) or failed";
 }
 
 // Eviction of a process that maps the region: it is stopped (as a stalled session would be);
@@ -662,6 +752,12 @@ TEST(ServerProcess, RejectsMalformedControlMessagesAndKeepsRunning) {
   auto short_evict = wire::Encode(13, wire::EvictRequest{7});
   short_evict.resize(short_evict.size() - 4);
   bad.push_back(short_evict);
+  // Goodbyes: from a connection that said no hello (for any tag: only one's own is allowed),
+  // and one cut short.
+  bad.push_back(wire::Encode(14, wire::GoodbyeRequest{7}));
+  auto short_goodbye = wire::Encode(15, wire::GoodbyeRequest{7});
+  short_goodbye.resize(short_goodbye.size() - 1);
+  bad.push_back(short_goodbye);
   for (auto& m : bad) {
     ASSERT_TRUE(
         (*ep)
@@ -698,8 +794,8 @@ TEST(ServerProcess, RejectsMalformedControlMessagesAndKeepsRunning) {
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   auto stats = pool->Stats(0);
   ASSERT_TRUE(stats.ok());
-  EXPECT_EQ(stats->rejected, 9u)
-      << "truncated, version, size, reply-as-request, oversized, 3 batches, short evict";
+  EXPECT_EQ(stats->rejected, 10u) << "truncated, version, size, reply-as-request, oversized, 3 "
+                                     "batches, short evict, short goodbye";
 }
 
 // The scale target: 16 servers of 1 GiB; one client fills 90% striped across all of

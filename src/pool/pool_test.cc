@@ -170,6 +170,37 @@ TEST_P(PoolTest, FullPoolSaysHowFullAndAllocatesNothingHalfway) {
   for (uint16_t id : pool->server_ids()) EXPECT_EQ(pool->Stats(id)->leased, 0u);
 }
 
+// A shared lease belongs to the pool: one Pool leases a run, another releases it, and the
+// server has it back; a second release of the same run, a size that is not a chunk multiple,
+// and a release of what was never leased are refused with a reason.
+TEST_P(PoolTest, ASharedLeaseIsReleasedByAnotherPool) {
+  InProcessCluster cluster(2, 8 << 20);
+  auto leaser = cluster.Connect(GetParam());
+  auto releaser = cluster.Connect(GetParam());
+  ASSERT_TRUE(leaser && releaser);
+  auto g = leaser->Geometry(1);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->chunk_size, 1u << 20);
+  EXPECT_EQ(g->chunks(), 8u);
+  auto run = leaser->LeaseRun(1, 2 * g->chunk_size);
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  EXPECT_EQ(run->server(), 1);
+  EXPECT_EQ((run->offset() - RegionGeometry::kRootAreaSize) % g->chunk_size, 0u);
+  EXPECT_EQ(leaser->Stats(1)->leased, 2 * g->chunk_size);
+  uint64_t v = 42, back = 0;  // both Pools reach it
+  ASSERT_TRUE(leaser->Write(*run + 8, &v, 8).ok());
+  ASSERT_TRUE(releaser->Read(*run + 8, &back, 8).ok());
+  EXPECT_EQ(back, 42u);
+  ASSERT_TRUE(releaser->ReleaseRun(*run, 2 * g->chunk_size).ok());
+  EXPECT_EQ(leaser->Stats(1)->leased, 0u);
+  Status twice = leaser->ReleaseRun(*run, 2 * g->chunk_size);
+  EXPECT_EQ(twice.code(), StatusCode::kInvalidArgument) << twice.ToString();
+  EXPECT_NE(twice.message().find("server 1"), std::string::npos) << twice.message();
+  EXPECT_EQ(leaser->LeaseRun(1, 1000).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(leaser->LeaseRun(7, g->chunk_size).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(leaser->ServerFor(Placement::OnServer(1)).value(), 1);
+}
+
 TEST_P(PoolTest, PlacementsPutObjectsWhereAsked) {
   InProcessCluster cluster(3, 8 << 20);
   auto pool = cluster.Connect(GetParam());

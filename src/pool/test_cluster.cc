@@ -17,6 +17,7 @@ TestCluster::TestCluster(LocalClusterOptions options) {
   dir_ = MakeTempDir("farpool-test");
   options.dir = dir_;
   options.binary = FARPOOL_BINARY;
+  options.die_with_parent = true;
   status_ = ClusterUp(options);
 }
 

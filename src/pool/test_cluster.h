@@ -1,5 +1,6 @@
 // TestCluster: a local cluster of real `farpool server` processes for integration tests,
-// in a fresh temporary directory, brought down (no process left) when it goes out of scope.
+// in a fresh temporary directory, brought down (no process left) when it goes out of scope,
+// and killed with the thread that made it (die_with_parent) if the test process dies first.
 #pragma once
 
 #include <string>

@@ -35,6 +35,10 @@ std::optional<BodyLayout> LayoutOf(uint16_t opcode) {
       return FixedBody(sizeof(EvictRequest));
     case Opcode::kEvictReply:
       return FixedBody(sizeof(EvictReply));
+    case Opcode::kGoodbyeRequest:
+      return FixedBody(sizeof(GoodbyeRequest));
+    case Opcode::kGoodbyeReply:
+      return FixedBody(sizeof(GoodbyeReply));
   }
   return std::nullopt;
 }
@@ -78,6 +82,10 @@ std::string_view OpcodeName(Opcode op) {
       return "EvictRequest";
     case Opcode::kEvictReply:
       return "EvictReply";
+    case Opcode::kGoodbyeRequest:
+      return "GoodbyeRequest";
+    case Opcode::kGoodbyeReply:
+      return "GoodbyeReply";
   }
   return "Unknown";
 }
@@ -128,6 +136,8 @@ FARPOOL_WIRE_BODY(BatchRequest)
 FARPOOL_WIRE_BODY(BatchReply)
 FARPOOL_WIRE_BODY(EvictRequest)
 FARPOOL_WIRE_BODY(EvictReply)
+FARPOOL_WIRE_BODY(GoodbyeRequest)
+FARPOOL_WIRE_BODY(GoodbyeReply)
 #undef FARPOOL_WIRE_BODY
 
 std::vector<std::byte> EncodeError(uint64_t request_id, const Status& status) {

@@ -1,11 +1,11 @@
 // Wire format of farpool's messages between a client and a memory server, carried as UCX
-// active messages (id kControlAm): control (hello, lease, release, stats, evict) and batches of
-// memory operations. Where a client maps the region (shared memory) or has one-sided verbs (RDMA),
-// data never travels here; over TCP a client sends each batch of reads, writes and atomics to
-// a server as one BatchRequest, which the server executes on its region (pool/memory_ops.h
-// has the layout of the operations in the tail).
+// active messages (id kControlAm): control (hello, lease, release, stats, evict, goodbye) and
+// batches of memory operations. Where a client maps the region (shared memory) or has one-sided
+// verbs (RDMA), data never travels here; over TCP a client sends each batch of reads, writes and
+// atomics to a server as one BatchRequest, which the server executes on its region
+// (pool/memory_ops.h has the layout of the operations in the tail).
 //
-// Every message is one frame of transport/frame.h (magic "FPW1", version 2): the 24-byte
+// Every message is one frame of transport/frame.h (magic "FPW1", version 3): the 24-byte
 // header, one fixed-size body struct of the header's opcode, then (for a few opcodes) a tail
 // whose length is a field of the body (TailRule::kDeclared: at most kMaxDeclaredTail bytes,
 // kMaxBatchTail for batches). The frame codec checks every length; messages of another
@@ -27,7 +27,8 @@ namespace farpool::wire {
 
 inline constexpr uint32_t kMagic = 0x31575046;  // "FPW1"
 // 2: the hello pins the client process (boot id, start time, HelloReply::flags); evict.
-inline constexpr uint16_t kVersion = 2;
+// 3: goodbye (a Pool that closes unpins its process).
+inline constexpr uint16_t kVersion = 3;
 // Batches: the operations of a request, the read data and atomic results of a reply. Small
 // enough to go eagerly in one UCX active message, large enough for a commit's worth of
 // records; a client splits larger batches into several messages.
@@ -47,6 +48,8 @@ enum class Opcode : uint16_t {
   kBatchReply = 11,
   kEvictRequest = 12,
   kEvictReply = 13,
+  kGoodbyeRequest = 14,
+  kGoodbyeReply = 15,
 };
 std::string_view OpcodeName(Opcode op);
 
@@ -186,6 +189,22 @@ struct EvictReply {
   uint32_t flags;
 };
 static_assert(sizeof(EvictReply) == 8);
+
+// Client -> server, the last message of a Pool that closes cleanly, sent after it unmapped the
+// region: `tag` is the sender's own process tag (the one its hello carried; anything else is
+// refused). The server drops that process's pin (closes the pidfd) and refuses the tag from
+// then on, as if evicted but without a kill: a Pool's tag never returns after its close, and
+// an eviction of it later can no longer kill the still-running process.
+struct GoodbyeRequest {
+  uint64_t tag;
+};
+static_assert(sizeof(GoodbyeRequest) == 8);
+// Server -> client.
+struct GoodbyeReply {
+  uint32_t unpinned;  // 1 if the process was pinned here (it mapped the region), else 0
+  uint32_t reserved;
+};
+static_assert(sizeof(GoodbyeReply) == 8);
 
 // A decoded message: the header plus views into the caller's buffer.
 using Message = transport::Message<Opcode>;

@@ -36,7 +36,8 @@ TEST(Wire, EveryMessageRoundTrips) {
   for (auto bytes : {Encode(1, HelloRequest{1, 2}), Encode(2, LeaseReply{4096, 4096}),
                      Encode(3, ReleaseRequest{4096, 4096}), Encode(4, ReleaseReply{4096}),
                      Encode(5, StatsRequest{0}), Encode(6, StatsReply{}),
-                     Encode(7, EvictRequest{0x1234}), Encode(8, EvictReply{2, kEvictKilled})}) {
+                     Encode(7, EvictRequest{0x1234}), Encode(8, EvictReply{2, kEvictKilled}),
+                     Encode(9, GoodbyeRequest{0x1234}), Encode(10, GoodbyeReply{1, 0})}) {
     EXPECT_TRUE(Decode(bytes).ok());
   }
 
@@ -60,14 +61,20 @@ TEST(Wire, EveryMessageRoundTrips) {
   EXPECT_EQ(em->As<EvictReply>().flags, kEvictKilled | kEvictExited);
 }
 
-TEST(Wire, RejectsEvictRequestsOfTheWrongSize) {
-  auto bytes = Encode(1, EvictRequest{42});
-  auto short_body = bytes;
-  short_body.resize(bytes.size() - 4);
-  EXPECT_FALSE(Decode(short_body).ok());
-  auto long_body = bytes;
-  long_body.push_back(std::byte{0});
-  EXPECT_FALSE(Decode(long_body).ok());
+TEST(Wire, RejectsEvictAndGoodbyeMessagesOfTheWrongSize) {
+  for (auto bytes : {Encode(1, EvictRequest{42}), Encode(2, GoodbyeRequest{42}),
+                     Encode(3, GoodbyeReply{1, 0})}) {
+    auto short_body = bytes;
+    short_body.resize(bytes.size() - 4);
+    EXPECT_FALSE(Decode(short_body).ok());
+    auto long_body = bytes;
+    long_body.push_back(std::byte{0});
+    EXPECT_FALSE(Decode(long_body).ok());
+  }
+  auto gm = Decode(Encode(4, GoodbyeRequest{0xfeed}));
+  ASSERT_TRUE(gm.ok()) << gm.status().ToString();
+  EXPECT_EQ(gm->opcode, Opcode::kGoodbyeRequest);
+  EXPECT_EQ(gm->As<GoodbyeRequest>().tag, 0xfeedu);
 }
 
 TEST(Wire, HelloMapRefusalNamesEveryReason) {
@@ -164,7 +171,7 @@ TEST(Wire, RandomMutationsNeverMisreport) {
   std::mt19937_64 rng(seed);
   std::vector<std::vector<std::byte>> corpus = {
       Encode(1, HelloRequest{1, 2}), EncodeError(2, Status::Internal("x")), Encode(3, StatsReply{}),
-      Encode(4, EvictRequest{5})};
+      Encode(4, EvictRequest{5}), Encode(5, GoodbyeRequest{6})};
   for (int i = 0; i < 20000; ++i) {
     auto b = corpus[rng() % corpus.size()];
     const int flips = 1 + rng() % 4;

@@ -37,6 +37,18 @@ class KillableMemory final : public Memory {
   Result<uint64_t> FetchAdd(GlobalAddress address, uint64_t delta) override;
   Result<GlobalAddress> Alloc(uint64_t size, Placement placement) override;
   Status Free(GlobalAddress address) override;
+  Result<GlobalAddress> LeaseRun(uint16_t server, uint64_t size) override {
+    if (killed_) return Dead();
+    return inner_.LeaseRun(server, size);
+  }
+  Status ReleaseRun(GlobalAddress start, uint64_t size) override {
+    if (killed_) return Dead();
+    return inner_.ReleaseRun(start, size);
+  }
+  Result<RegionGeometry> Geometry(uint16_t server) const override {
+    return inner_.Geometry(server);
+  }
+  Result<uint16_t> ServerFor(Placement placement) override { return inner_.ServerFor(placement); }
   std::unique_ptr<MemoryBatch> NewBatch() override;
   std::vector<uint16_t> servers() const override { return inner_.servers(); }
   GlobalAddress Root() const override { return inner_.Root(); }

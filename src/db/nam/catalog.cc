@@ -30,12 +30,11 @@ Status NamDatabase::Init() {
                              AllocZeroed(access, r.max_slots * 8, Placement::Striped()));
     FARPOOL_ASSIGN_OR_RETURN(GlobalAddress tables,
                              AllocZeroed(access, kMaxTables * kDescSize, Placement::Striped()));
-    FARPOOL_ASSIGN_OR_RETURN(GlobalAddress heads,
-                             AllocZeroed(access, Recycler::kHeadsBytes, Placement::Striped()));
+    FARPOOL_ASSIGN_OR_RETURN(GlobalAddress dirs, Recycler::CreateDirectories(access));
     r.slots = slots.raw();
     r.snapshots = snapshots.raw();
     r.tables = tables.raw();
-    r.freelists = heads.raw();
+    r.chunk_dirs = dirs.raw();
     r.counter = 1;
     FARPOOL_RETURN_IF_ERROR(
         access.Write(root + 8, reinterpret_cast<const unsigned char*>(&r) + 8, sizeof(r) - 8));
@@ -61,8 +60,8 @@ Status NamDatabase::Init() {
                             std::to_string(root_.magic) + ")");
   }
   observed_.resize(root_.max_slots);
-  recycler_ = std::make_unique<Recycler>(memory_, GlobalAddress::FromRaw(root_.freelists),
-                                         2 * (lease_ns() + margin_ns()));
+  FARPOOL_ASSIGN_OR_RETURN(recycler_,
+                           Recycler::Open(access, GlobalAddress::FromRaw(root_.chunk_dirs)));
   FARPOOL_ASSIGN_OR_RETURN(system_, OpenSession(access));
   StartThreads();
   return Status::Ok();
@@ -72,8 +71,8 @@ NamDatabase::~NamDatabase() {
   // Reclamation first, while the renewal thread still keeps the system session's lease.
   StopThread(&stop_maintenance_, maintenance_);
   if (system_) {
-    // What this process retired but did not free yet is freed now; its cache goes back to
-    // the pool's free lists.
+    // What this process retired but did not free yet is freed now; its caches go back to
+    // their chunks (and emptied chunks to their servers).
     (void)ReclaimRetired(access_);
     auto sys = System();
     if (sys.ok()) (void)recycler_->Flush(access_, **sys);

@@ -1,6 +1,5 @@
-// Garbage collection of the NAM engines: the recycler (free lists in the pool), freeing cut
-// version chains and blobs, and reclaiming dropped tables (nam_internal.h has the rules).
-#include <algorithm>
+// Garbage collection of the NAM engines: the recycler (slab chunks given back when empty), freeing
+// cut version chains and blobs, and reclaiming dropped tables (nam_internal.h has the rules).
 #include <bit>
 #include <cstring>
 #include <map>
@@ -12,9 +11,68 @@ namespace farpool::db {
 
 // ================================================================ Recycler
 
+namespace {
+// The table at RootImage::chunk_dirs: a count, then per server (id, directory, chunks,
+// chunk size).
+struct DirEntry {
+  uint64_t id, dir, chunks, chunk_size;
+};
+}  // namespace
+
 int Recycler::ClassOf(uint64_t size) {
   const int c = size <= 1 ? 0 : 64 - std::countl_zero(size - 1);
   return std::max(c, kMinClass);
+}
+
+Recycler::Slab Recycler::SlabOf(uint64_t chunk_size, int c) {
+  const uint64_t most = chunk_size / ClassBytes(c);
+  const uint64_t bitmap = ((most + 511) / 512) * 64;  // whole 64-byte lines of bits
+  return {bitmap, (chunk_size - bitmap) / ClassBytes(c)};
+}
+
+Recycler::Recycler(Memory& memory, std::vector<Server> servers)
+    : memory_(memory), servers_(std::move(servers)), caches_(servers_.size() * kClasses) {}
+
+Result<GlobalAddress> Recycler::CreateDirectories(const Access& access) {
+  std::vector<DirEntry> entries;
+  for (uint16_t id : access.memory().servers()) {
+    FARPOOL_ASSIGN_OR_RETURN(RegionGeometry g, access.memory().Geometry(id));
+    FARPOOL_ASSIGN_OR_RETURN(
+        GlobalAddress dir,
+        AllocZeroed(access, std::max<uint64_t>(g.chunks(), 1) * 8, Placement::OnServer(id)));
+    entries.push_back({id, dir.raw(), g.chunks(), g.chunk_size});
+  }
+  const uint64_t bytes = 8 + entries.size() * sizeof(DirEntry);
+  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress table, access.Alloc(bytes));
+  std::vector<unsigned char> image(bytes);
+  const uint64_t n = entries.size();
+  std::memcpy(image.data(), &n, 8);
+  std::memcpy(image.data() + 8, entries.data(), entries.size() * sizeof(DirEntry));
+  FARPOOL_RETURN_IF_ERROR(access.Write(table, image.data(), bytes));
+  return table;
+}
+
+Result<std::unique_ptr<Recycler>> Recycler::Open(const Access& access, GlobalAddress dirs) {
+  uint64_t n = 0;
+  FARPOOL_RETURN_IF_ERROR(access.Read(dirs, &n, 8));
+  if (n == 0 || n > 65536) {
+    return Status::Internal("the recycler's directory table at " + dirs.ToString() + " names " +
+                            std::to_string(n) + " servers");
+  }
+  std::vector<DirEntry> entries(n);
+  FARPOOL_RETURN_IF_ERROR(access.Read(dirs + 8, entries.data(), n * sizeof(DirEntry)));
+  std::vector<Server> servers;
+  for (const DirEntry& e : entries) {
+    FARPOOL_ASSIGN_OR_RETURN(RegionGeometry g, access.memory().Geometry(uint16_t(e.id)));
+    if (g.chunk_size != e.chunk_size || g.chunks() != e.chunks) {
+      return Status::InvalidArgument(
+          "server " + std::to_string(e.id) + " has " + std::to_string(g.chunks()) + " chunks of " +
+          std::to_string(g.chunk_size) + " B, the database was made with " +
+          std::to_string(e.chunks) + " of " + std::to_string(e.chunk_size) + " B");
+    }
+    servers.push_back({uint16_t(e.id), GlobalAddress::FromRaw(e.dir), e.chunks, e.chunk_size});
+  }
+  return std::unique_ptr<Recycler>(new Recycler(access.memory(), std::move(servers)));
 }
 
 Recycler::Stats Recycler::stats() const {
@@ -22,160 +80,357 @@ Recycler::Stats Recycler::stats() const {
   return stats_;
 }
 
-Status Recycler::LockClass(const Access& access, LockOwner& owner, int c) {
-  const GlobalAddress word = heads_ + uint64_t(c) * 16;
-  const uint64_t mine = owner.lock_word();
-  // A holder that neither finishes nor dies within two leases (plus margins) is not waited
-  // for longer: the caller keeps its objects in its cache meanwhile.
-  const int64_t give_up = MonoNs() + wait_ns_;
-  for (int i = 0;; ++i) {
-    FARPOOL_RETURN_IF_ERROR(owner.CheckLease());
-    FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(word, 0, mine));
-    if (prev == 0) return Status::Ok();
-    if (i % 64 == 63) {
-      FARPOOL_ASSIGN_OR_RETURN(bool dead, owner.HolderDead(prev));
-      if (dead) {
-        // The holder's pushes and pops change the head with one write: the list is whole.
-        FARPOOL_ASSIGN_OR_RETURN(uint64_t p2, access.Cas(word, prev, mine));
-        if (p2 == prev) return Status::Ok();
-      }
-    }
-    if (MonoNs() > give_up) {
-      return Status::TimedOut("free list of size class " + std::to_string(ClassBytes(c)) +
-                              " B stays locked by session slot " + std::to_string(LockSlot(prev)));
-    }
-    std::this_thread::yield();
+Result<size_t> Recycler::IndexOf(uint16_t id) const {
+  for (size_t i = 0; i < servers_.size(); ++i) {
+    if (servers_[i].id == id) return i;
   }
-}
-
-Status Recycler::UnlockClass(const Access& access, LockOwner& owner, int c) {
-  auto released = access.Cas(heads_ + uint64_t(c) * 16, owner.lock_word(), 0);
-  if (!released.ok()) {
-    owner.Abandon();  // the lock may still be ours: let others take it over after our lease
-    return released.status();
-  }
-  const uint64_t prev = *released;
-  if (prev != owner.lock_word()) {
-    return Status::Unavailable("a free list lock was taken over: this session was fenced");
-  }
-  return Status::Ok();
-}
-
-Status Recycler::PushBundle(const Access& access, LockOwner& owner, int c, uint64_t n) {
-  auto& cache = cache_[c];
-  // The bundle: the last cached object holds the addresses of the `n` before it.
-  const GlobalAddress container = GlobalAddress::FromRaw(cache.back());
-  std::vector<uint64_t> image(2 + n);
-  image[1] = n;
-  std::memcpy(image.data() + 2, cache.data() + cache.size() - 1 - n, n * 8);
-  FARPOOL_RETURN_IF_ERROR(LockClass(access, owner, c));
-  const GlobalAddress head = heads_ + uint64_t(c) * 16 + 8;
-  Status s = access.Read(head, &image[0], 8);
-  if (s.ok()) s = owner.CheckLease();
-  if (s.ok()) s = access.Write(container, image.data(), image.size() * 8);
-  const uint64_t raw = container.raw();
-  if (s.ok()) s = access.Write(head, &raw, 8);
-  Status u = UnlockClass(access, owner, c);
-  FARPOOL_RETURN_IF_ERROR(s);
-  cache.resize(cache.size() - 1 - n);
-  return u;
-}
-
-Result<bool> Recycler::PopBundle(const Access& access, LockOwner& owner, int c) {
-  const uint64_t cap = BundleCapacity(c);
-  FARPOOL_RETURN_IF_ERROR(LockClass(access, owner, c));
-  const GlobalAddress head = heads_ + uint64_t(c) * 16 + 8;
-  uint64_t top = 0;
-  std::vector<uint64_t> image(2 + cap);
-  Status s = access.Read(head, &top, 8);
-  if (s.ok() && top != 0)
-    s = access.Read(GlobalAddress::FromRaw(top), image.data(), image.size() * 8);
-  if (s.ok() && top != 0 && image[1] > cap) {
-    s = Status::Internal("free list of size class " + std::to_string(ClassBytes(c)) +
-                         " B has a bundle at " + GlobalAddress::FromRaw(top).ToString() +
-                         " claiming " + std::to_string(image[1]) + " objects");
-  }
-  if (s.ok() && top != 0) s = owner.CheckLease();
-  if (s.ok() && top != 0) s = access.Write(head, &image[0], 8);
-  Status u = UnlockClass(access, owner, c);
-  FARPOOL_RETURN_IF_ERROR(s);
-  FARPOOL_RETURN_IF_ERROR(u);
-  if (top == 0) return false;
-  auto& cache = cache_[c];
-  cache.insert(cache.end(), image.begin() + 2, image.begin() + 2 + image[1]);
-  cache.push_back(top);
-  return true;
+  return Status::InvalidArgument("server " + std::to_string(id) +
+                                 " is not one of the database's servers");
 }
 
 Result<GlobalAddress> Recycler::Alloc(const Access& access, LockOwner& owner, uint64_t size,
                                       Placement placement) {
   const int c = ClassOf(size);
-  {
+  FARPOOL_ASSIGN_OR_RETURN(uint16_t first, memory_.ServerFor(placement));
+  FARPOOL_ASSIGN_OR_RETURN(size_t si, IndexOf(first));
+  // Placement is a preference: a full server's objects go to the next one.
+  const size_t tries = servers_.size();
+  Status last;
+  for (size_t t = 0; t < tries; ++t, si = (si + 1) % servers_.size()) {
+    auto a = AllocOn(access, owner, si, c, size);
+    if (a.ok() || a.status().code() != StatusCode::kOutOfMemory) return a;
+    last = a.status();
+  }
+  return last;
+}
+
+Result<GlobalAddress> Recycler::AllocOn(const Access& access, LockOwner& owner, size_t si, int c,
+                                        uint64_t size) {
+  const Server& sv = servers_[si];
+  if (!IsSlabClass(si, c)) {  // a run of its own, straight from the server
+    const uint64_t run = (size + sv.chunk_size - 1) / sv.chunk_size * sv.chunk_size;
+    FARPOOL_ASSIGN_OR_RETURN(GlobalAddress a, memory_.LeaseRun(sv.id, run));
     std::lock_guard<std::mutex> l(mu_);
-    auto& cache = cache_[c];
-    if (cache.empty() && MonoNs() >= empty_until_[c]) {
-      auto popped = PopBundle(access, owner, c);
-      if (!popped.ok() && popped.status().code() != StatusCode::kUnavailable)
-        return popped.status();
-      if (popped.ok() && !*popped) empty_until_[c] = MonoNs() + kEmptyRetryNs;
-    }
-    // The newest cached object; for a placement on one server the newest one there if any.
-    // Placement is a preference: a cached object elsewhere still beats a new one (memory the
-    // database freed is reused before any is leased).
-    auto at = cache.rbegin();
-    if (placement.kind() == Placement::Kind::kOnServer) {
-      auto there = std::find_if(cache.rbegin(), cache.rend(), [&](uint64_t raw) {
-        return GlobalAddress::FromRaw(raw).server() == placement.value();
-      });
-      if (there != cache.rend()) at = there;
-    }
-    if (at != cache.rend()) {
-      const GlobalAddress a = GlobalAddress::FromRaw(*at);
-      cache.erase(std::next(at).base());
-      ++stats_.reused;
-      return a;
-    }
     ++stats_.fresh;
+    return a;
   }
-  auto fresh = memory_.Alloc(ClassBytes(c), placement);
-  if (fresh.status().code() == StatusCode::kOutOfMemory &&
-      placement.kind() == Placement::Kind::kOnServer) {
-    return memory_.Alloc(ClassBytes(c), Placement::Striped());  // a preference, not a must
+  std::lock_guard<std::mutex> l(mu_);
+  Cache& cache = caches_[si * kClasses + c];
+  cache.used = true;
+  if (cache.objects.empty()) {
+    FARPOOL_RETURN_IF_ERROR(Reserve(access, owner, si, c));
+  } else if (cache.freed_on_top > 0) {
+    --cache.freed_on_top;
+    ++stats_.reused;
   }
-  return fresh;
+  const GlobalAddress a = GlobalAddress::FromRaw(cache.objects.back());
+  cache.objects.pop_back();
+  return a;
+}
+
+Status Recycler::Reserve(const Access& access, LockOwner& owner, size_t si, int c) {
+  const Server& sv = servers_[si];
+  const Slab slab = SlabOf(sv.chunk_size, c);
+  Cache& cache = caches_[si * kClasses + c];
+  // The chunk we reserved from last, if it still has room (its word as we last saw it: a
+  // guess that the CAS corrects).
+  if (cache.has_hint) {
+    FARPOOL_ASSIGN_OR_RETURN(uint64_t got, ReserveFrom(access, owner, si, c, cache.hint_chunk,
+                                                       &cache.hint_word, Want(c)));
+    if (got > 0) {
+      stats_.fresh += got;
+      return Status::Ok();
+    }
+    cache.has_hint = false;
+  }
+  if (MonoNs() >= cache.scan_after) {
+    std::vector<uint64_t> words(sv.chunks);
+    FARPOOL_RETURN_IF_ERROR(access.Read(sv.dir, words.data(), sv.chunks * 8));
+    // The fullest of the chunks with room for a whole reservation first (then the fullest of
+    // the others): reservations fill chunks up and leave the emptiest to drain, without
+    // paying a reservation's round trips for a slot or two.
+    struct Room {
+      bool whole;
+      uint64_t live, chunk;
+      auto operator<=>(const Room&) const = default;
+    };
+    std::vector<Room> room;
+    for (uint64_t k = 0; k < sv.chunks; ++k) {
+      const uint64_t w = words[k];
+      if (EntryState(w) == kOpen && EntryClass(w) == c && EntryLive(w) < slab.slots)
+        room.push_back({slab.slots - EntryLive(w) >= Want(c), EntryLive(w), k});
+    }
+    std::sort(room.rbegin(), room.rend());
+    for (const auto& [whole, live, k] : room) {
+      FARPOOL_ASSIGN_OR_RETURN(uint64_t got,
+                               ReserveFrom(access, owner, si, c, k, &words[k], Want(c)));
+      if (got > 0) {
+        stats_.fresh += got;
+        cache.has_hint = true;
+        cache.hint_chunk = k;
+        cache.hint_word = words[k];
+        return Status::Ok();
+      }
+    }
+    cache.scan_after = MonoNs() + kScanRetryNs;
+  }
+  return OpenChunk(access, owner, si, c);
+}
+
+Result<uint64_t> Recycler::ReserveFrom(const Access& access, LockOwner& owner, size_t si, int c,
+                                       uint64_t chunk, uint64_t* word, uint64_t want) {
+  const Server& sv = servers_[si];
+  const Slab slab = SlabOf(sv.chunk_size, c);
+  const GlobalAddress entry = sv.dir + chunk * 8;
+  uint64_t take = 0;
+  for (int attempt = 0;; ++attempt) {
+    const uint64_t w = *word;
+    if (EntryState(w) != kOpen || EntryClass(w) != c || EntryLive(w) >= slab.slots ||
+        attempt == 8) {
+      return uint64_t{0};
+    }
+    take = std::min(want, slab.slots - EntryLive(w));
+    FARPOOL_RETURN_IF_ERROR(owner.CheckLease());
+    FARPOOL_ASSIGN_OR_RETURN(*word, access.Cas(entry, w, w + take));
+    if (*word == w) {
+      *word = w + take;
+      break;
+    }
+  }
+  // We hold `take` counts: at least that many bits are clear or being cleared (bits set <=
+  // live). Claim them by CAS, word by word. Counts we fail to turn into objects are given
+  // back (else the chunk could never empty).
+  uint64_t left = take;
+  Status s = ClaimBits(access, owner, si, c, chunk, &left);
+  if (!s.ok() && left > 0) (void)access.Faa(entry, -left);
+  FARPOOL_RETURN_IF_ERROR(s);
+  return take;
+}
+
+Status Recycler::ClaimBits(const Access& access, LockOwner& owner, size_t si, int c, uint64_t chunk,
+                           uint64_t* left) {
+  const Slab slab = SlabOf(servers_[si].chunk_size, c);
+  const GlobalAddress base = ChunkBase(si, chunk);
+  const uint64_t nwords = slab.bitmap_bytes / 8;
+  std::vector<uint64_t> bits(nwords);
+  FARPOOL_RETURN_IF_ERROR(access.Read(base, bits.data(), slab.bitmap_bytes));
+  Cache& cache = caches_[si * kClasses + c];
+  for (int round = 0; *left > 0; ++round) {
+    if (round == 10000) {
+      return Status::Internal("slab chunk " + base.ToString() + " of class " +
+                              std::to_string(ClassBytes(c)) + " B counts room for " +
+                              std::to_string(*left) + " more objects but its bitmap has none");
+    }
+    struct Claim {
+      uint64_t word, expected, mask, previous = 0;
+    };
+    std::vector<Claim> claims;
+    uint64_t planned = 0;
+    for (uint64_t i = 0; i < nwords && planned < *left; ++i) {
+      uint64_t mask = 0;
+      for (uint64_t free = ~bits[i]; free != 0 && planned < *left; free &= free - 1) {
+        mask |= free & -free;
+        ++planned;
+      }
+      if (mask != 0) claims.push_back({i, bits[i], mask});
+    }
+    if (claims.empty()) {  // others' bits are still being cleared: look again
+      FARPOOL_RETURN_IF_ERROR(access.Read(base, bits.data(), slab.bitmap_bytes));
+      std::this_thread::yield();
+      continue;
+    }
+    FARPOOL_RETURN_IF_ERROR(owner.CheckLease());
+    Access::Batch b(access);
+    for (Claim& cl : claims) {
+      FARPOOL_RETURN_IF_ERROR(
+          b.Cas(base + cl.word * 8, cl.expected, cl.expected | cl.mask, &cl.previous));
+    }
+    FARPOOL_RETURN_IF_ERROR(b.Wait());
+    for (const Claim& cl : claims) {
+      if (cl.previous != cl.expected) {
+        bits[cl.word] = cl.previous;
+        continue;
+      }
+      bits[cl.word] |= cl.mask;
+      for (uint64_t m = cl.mask; m != 0; m &= m - 1) {
+        const uint64_t slot = cl.word * 64 + std::countr_zero(m);
+        cache.objects.push_back((base + slab.bitmap_bytes + slot * ClassBytes(c)).raw());
+        --*left;
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status Recycler::OpenChunk(const Access& access, LockOwner& owner, size_t si, int c) {
+  const Server& sv = servers_[si];
+  const Slab slab = SlabOf(sv.chunk_size, c);
+  const uint64_t take = std::min(Want(c), slab.slots);
+  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress base, memory_.LeaseRun(sv.id, sv.chunk_size));
+  auto published = Publish(access, owner, si, c, base, take);
+  if (!published.ok()) {
+    // Nobody else knows the chunk yet: it is ours to give back.
+    (void)memory_.ReleaseRun(base, sv.chunk_size);
+    return published.status();
+  }
+  ++stats_.chunks_opened;
+  Cache& cache = caches_[si * kClasses + c];
+  cache.has_hint = true;
+  cache.hint_chunk = (base.offset() - RegionGeometry::kRootAreaSize) / sv.chunk_size;
+  cache.hint_word = *published;
+  for (uint64_t i = 0; i < take; ++i) {
+    cache.objects.push_back((base + slab.bitmap_bytes + i * ClassBytes(c)).raw());
+  }
+  stats_.fresh += take;
+  return Status::Ok();
+}
+
+Result<uint64_t> Recycler::Publish(const Access& access, LockOwner& owner, size_t si, int c,
+                                   GlobalAddress base, uint64_t take) {
+  const Server& sv = servers_[si];
+  const Slab slab = SlabOf(sv.chunk_size, c);
+  const uint64_t chunk = (base.offset() - RegionGeometry::kRootAreaSize) / sv.chunk_size;
+  // The bitmap: our `take` slots, and the padding bits past the last slot (set for good).
+  std::vector<uint64_t> bits(slab.bitmap_bytes / 8, 0);
+  auto set = [&](uint64_t i) { bits[i / 64] |= uint64_t{1} << (i % 64); };
+  for (uint64_t i = 0; i < take; ++i) set(i);
+  for (uint64_t i = slab.slots; i < bits.size() * 64; ++i) set(i);
+  FARPOOL_RETURN_IF_ERROR(owner.CheckLease());
+  FARPOOL_RETURN_IF_ERROR(access.Write(base, bits.data(), slab.bitmap_bytes));
+  // Publish over whatever the word says (the server leased the chunk to us, so nobody holds
+  // it; a word still open is stale, left by an open whose CAS failed on the transport after it
+  // landed): the next generation, open, our count. A stale reservation fails its CAS.
+  const GlobalAddress entry = sv.dir + chunk * 8;
+  uint64_t word = 0;
+  FARPOOL_RETURN_IF_ERROR(access.Read(entry, &word, 8));
+  for (;;) {
+    const uint64_t open = Entry(kOpen, c, EntryGen(word) + 1, take);
+    FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(entry, word, open));
+    if (prev == word) return open;
+    word = prev;
+  }
+}
+
+Status Recycler::Return(const Access& access, LockOwner& owner, size_t si, int c,
+                        std::span<const uint64_t> objects) {
+  if (objects.empty()) return Status::Ok();
+  const Server& sv = servers_[si];
+  const Slab slab = SlabOf(sv.chunk_size, c);
+  struct Give {
+    std::map<uint64_t, uint64_t> masks;  // bitmap word -> bits
+    uint64_t count = 0, previous = 0;
+  };
+  std::map<uint64_t, Give> chunks;
+  for (uint64_t raw : objects) {
+    const GlobalAddress a = GlobalAddress::FromRaw(raw);
+    const uint64_t rel = a.offset() - RegionGeometry::kRootAreaSize;
+    const uint64_t chunk = rel / sv.chunk_size, in = rel % sv.chunk_size;
+    if (a.offset() < RegionGeometry::kRootAreaSize || chunk >= sv.chunks ||
+        in < slab.bitmap_bytes || (in - slab.bitmap_bytes) % ClassBytes(c) != 0) {
+      return Status::InvalidArgument("Free of " + a.ToString() + ": not a slot of class " +
+                                     std::to_string(ClassBytes(c)) + " B");
+    }
+    const uint64_t slot = (in - slab.bitmap_bytes) / ClassBytes(c);
+    Give& g = chunks[chunk];
+    g.masks[slot / 64] |= uint64_t{1} << (slot % 64);
+    ++g.count;
+  }
+  FARPOOL_RETURN_IF_ERROR(owner.CheckLease());
+  {
+    // Bits first, then (after the fence) the counts that cover them.
+    Access::Batch b(access);
+    size_t words = 0;
+    for (const auto& [chunk, g] : chunks) words += g.masks.size();
+    std::vector<uint64_t> unused(words);  // the bitmap words' previous values
+    size_t w = 0;
+    for (const auto& [chunk, g] : chunks) {
+      for (const auto& [word, mask] : g.masks) {
+        FARPOOL_RETURN_IF_ERROR(b.Faa(ChunkBase(si, chunk) + word * 8, -mask, &unused[w++]));
+      }
+    }
+    FARPOOL_RETURN_IF_ERROR(b.Fence());
+    for (auto& [chunk, g] : chunks) {
+      FARPOOL_RETURN_IF_ERROR(b.Faa(sv.dir + chunk * 8, -g.count, &g.previous));
+    }
+    FARPOOL_RETURN_IF_ERROR(b.Wait());
+  }
+  Status first;
+  for (const auto& [chunk, g] : chunks) {
+    if (EntryState(g.previous) != kOpen || EntryLive(g.previous) != g.count) continue;
+    // We emptied it: withdraw it (unless a reserver got in first) and give it back.
+    const uint64_t empty = g.previous - g.count;
+    auto prev = access.Cas(sv.dir + chunk * 8, empty, Entry(kWithdrawn, c, EntryGen(empty), 0));
+    if (!prev.ok()) {
+      if (first.ok()) first = prev.status();
+      continue;
+    }
+    if (*prev != empty) continue;
+    Status released = memory_.ReleaseRun(ChunkBase(si, chunk), sv.chunk_size);
+    if (released.ok()) {
+      ++stats_.chunks_released;
+    } else if (first.ok()) {
+      first = released.WithContext("releasing an emptied slab chunk (it stays leased)");
+    }
+  }
+  return first;
 }
 
 Status Recycler::Free(const Access& access, LockOwner& owner, GlobalAddress address,
                       uint64_t size) {
   if (address.is_null()) return Status::InvalidArgument("Free of the null address");
   const int c = ClassOf(size);
+  FARPOOL_ASSIGN_OR_RETURN(size_t si, IndexOf(address.server()));
+  if (!IsSlabClass(si, c)) {
+    const uint64_t chunk = servers_[si].chunk_size;
+    FARPOOL_RETURN_IF_ERROR(memory_.ReleaseRun(address, (size + chunk - 1) / chunk * chunk));
+    std::lock_guard<std::mutex> l(mu_);
+    ++stats_.freed;
+    return Status::Ok();
+  }
   std::lock_guard<std::mutex> l(mu_);
-  auto& cache = cache_[c];
-  cache.push_back(address.raw());
+  Cache& cache = caches_[si * kClasses + c];
+  cache.objects.push_back(address.raw());
+  ++cache.freed_on_top;
   ++stats_.freed;
-  // Small objects stay here up to two bundles' worth; big ones go to the pool's list at once
-  // (a bundle of one), so that other processes reuse them and a process that dies never takes
-  // them along.
-  const uint64_t keep = ClassBytes(c) < kCachedClassBytes ? 2 * (BundleCapacity(c) + 1) : 0;
-  if (cache.size() > keep) {
-    // A failed push keeps the objects cached here (reused by this process).
-    return PushBundle(access, owner, c, std::min<uint64_t>(BundleCapacity(c), cache.size() - 1));
+  // Up to two reservations' worth stay here for reuse; the older half of the rest goes back.
+  if (cache.objects.size() > 2 * Want(c)) {
+    const size_t n = cache.objects.size() - Want(c);
+    Status s = Return(access, owner, si, c, std::span(cache.objects).first(n));
+    // Returned or not (a failure after the batch cannot tell which), they are not ours now.
+    cache.objects.erase(cache.objects.begin(), cache.objects.begin() + n);
+    cache.freed_on_top = std::min<uint64_t>(cache.freed_on_top, cache.objects.size());
+    return s;
   }
   return Status::Ok();
 }
 
+Status Recycler::ReturnIdle(const Access& access, LockOwner& owner) {
+  std::lock_guard<std::mutex> l(mu_);
+  Status first;
+  for (size_t i = 0; i < caches_.size(); ++i) {
+    Cache& cache = caches_[i];
+    if (!cache.used && !cache.objects.empty()) {
+      Status s = Return(access, owner, i / kClasses, int(i % kClasses), cache.objects);
+      cache.objects.clear();
+      cache.freed_on_top = 0;
+      if (first.ok()) first = s;
+    }
+    cache.used = false;
+  }
+  return first;
+}
+
 Status Recycler::Flush(const Access& access, LockOwner& owner) {
   std::lock_guard<std::mutex> l(mu_);
-  for (int c = kMinClass; c < kClasses; ++c) {
-    // Whole bundles, then the remainder as one smaller bundle (a lone object is a bundle of
-    // itself and nothing else).
-    auto& cache = cache_[c];
-    while (!cache.empty()) {
-      const uint64_t n = std::min<uint64_t>(BundleCapacity(c), cache.size() - 1);
-      FARPOOL_RETURN_IF_ERROR(PushBundle(access, owner, c, n));
-    }
+  Status first;
+  for (size_t i = 0; i < caches_.size(); ++i) {
+    Cache& cache = caches_[i];
+    Status s = Return(access, owner, i / kClasses, int(i % kClasses), cache.objects);
+    cache.objects.clear();
+    cache.freed_on_top = 0;
+    if (first.ok()) first = s;
   }
-  return Status::Ok();
+  return first;
 }
 
 // ================================================================ versions and blobs
@@ -379,6 +634,12 @@ Status NamDatabase::ReclaimRetired(const Access& access) {
     if (*prev == d.word) note(ReclaimTable(access, me, *d.table));
   }
   return first;
+}
+
+Status NamDatabase::ReturnIdleMemory(const Access& access) {
+  std::lock_guard<std::mutex> reclaiming(reclaim_mu_);
+  FARPOOL_ASSIGN_OR_RETURN(std::shared_ptr<NamSession> sys, System());
+  return recycler_->ReturnIdle(access, *sys);
 }
 
 void NamDatabase::ScheduleSweep(uint64_t counter) {

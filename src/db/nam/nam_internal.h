@@ -4,7 +4,7 @@
 //   recovery.cc  finishing a dead session's decided commit, breaking its locks
 //   read.cc      consistent record images, snapshot visibility, Get/Put/Delete/Scan
 //   commit.cc    Commit as phases: resolve, lock+validate, decide (log), install, release
-//   gc.cc        the low-water mark, the recycler (free lists in the pool), reclamation
+//   gc.cc        the low-water mark, the recycler (slab chunks in the pool), reclamation
 //
 // How it works (docs/database.md has the full story and the reasoning):
 //
@@ -36,13 +36,15 @@
 // announcement is below stamp(S-2); otherwise it drops it and frees its blobs. If no
 // announcement is below stamp(S-3), the chain of older versions is garbage: the commit cuts it
 // and hands it to the maintenance thread to free. Freed
-// objects go to per-size-class free lists in the pool (see Recycler): any process may free
-// any process's objects. The low-water mark (min of the array, or the counter when all are
-// idle) is kept per process by the maintenance thread for dropped tables and for reports.
+// objects go back to their slab chunks in the pool (see Recycler): any process may free any
+// process's objects, and a chunk whose objects are all free goes back to its server. The low-water
+// mark (min of the array, or the counter when all are idle) is kept per process by the maintenance
+// thread for dropped tables and for reports.
 #pragma once
 
 #include <time.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -72,7 +74,7 @@ namespace farpool::db {
 
 // ---------------------------------------------------------------- layouts in memory
 
-inline constexpr uint64_t kMagic = 0x4650444200000005ULL;  // "FPDB" v5
+inline constexpr uint64_t kMagic = 0x4650444200000006ULL;  // "FPDB" v6
 inline constexpr uint64_t kMaxTables = 256;
 inline constexpr uint64_t kDescSize = 1024;
 inline constexpr uint64_t kSlotSize = 64;
@@ -86,7 +88,7 @@ struct RootImage {
   uint64_t tables;        // kMaxTables descriptors of kDescSize
   uint64_t counter;       // the commit counter (fetch-and-add); starts at 1
   uint64_t ddl;           // DDL lock: holder's lock word, 0 when free
-  uint64_t freelists;     // Recycler heads: kClasses × (lock, head)
+  uint64_t chunk_dirs;    // Recycler: the table of per-server chunk directories
   uint64_t incarnations;  // counter: every created table gets a new incarnation
   uint64_t snapshots;     // announcement array: max_slots words
 };
@@ -244,72 +246,143 @@ std::vector<std::pair<GlobalAddress, uint64_t>> BlobRefs(const NamTable& t,
 
 // ---------------------------------------------------------------- recycler
 
-// Recycler: the database's allocator for objects that any process may free (versions spilled
-// to chains, blobs, dropped tables' records). The pool's own allocator is per client: a client
-// can free only what it allocated, and a compute process that dies leaves its objects leased.
-// Database objects outlive processes and are freed by whichever process finds them garbage.
+// Recycler: the database's allocator for objects that any process may free (records, versions
+// spilled to chains, blobs, index nodes and arrays). The pool's own allocator is per client: a
+// client can free only what it allocated, and a compute process that dies leaves its objects
+// leased. Database objects outlive processes and are freed by whichever process finds them
+// garbage; and memory that the database no longer uses goes back to the memory servers.
 //
-// How it works: power-of-two size classes (64 B .. 2^40). Each class has a free list in the
-// pool: a lock word and the head of a stack of bundles; a bundle is itself a free object of
-// the class holding (next, count, addresses...). Each process keeps a local cache per class;
-// a cache past two bundles pushes one to the pool (lock, read head, write bundle, write head,
-// unlock: ~5 operations for up to size/8 - 2 objects), an empty cache pops one. Objects of
-// kCachedClassBytes and more (hash bucket arrays, big blobs) are not cached: each goes to the
-// pool's list at once as a bundle of itself. New memory comes from the pool's allocator in
-// the class's size. A process that dies loses at most its cache (bounded: two bundles of each
-// class below kCachedClassBytes; documented as a leak). A placement on one server
-// (records beside their hash bucket, spills beside their record) is a preference: such an
-// Alloc takes a cached object of that server if there is one, else any cached object (freed
-// memory is reused before new memory is leased), else a new one there (anywhere if that
-// server is full); callers that need the server check the address.
-// A class whose pool list was found empty is not asked again for kEmptyRetryNs (its
-// objects come new meanwhile): an insert-only workload would otherwise pay three round trips
-// (lock, read, unlock) for every allocation to learn that the list is still empty.
+// How it works: power-of-two size classes (64 B .. 2^40). Objects of up to a quarter chunk
+// live in *slab chunks*: shared leases (Memory::LeaseRun) of one chunk each, holding objects
+// of one class, a bitmap of the slots in use at the chunk's start, then the slots. Each server
+// has a *directory* on itself, one word per chunk of its region (root: chunk_dirs), that says
+// for every chunk: state (open / withdrawn / neither), class, generation, and `live`, the
+// number of its slots handed out (in use, or cached by some process). Bigger objects are
+// runs of whole chunks of their own, leased at Alloc and released at Free.
+//   - Reserve (a process's cache of a class on a server is empty): read the server's
+//     directory, pick the fullest open chunk of the class with room for a whole reservation
+//     (else the fullest with any room), CAS its word live ->
+//     live + k (only from an open word: a withdrawn chunk is never reserved from), then claim
+//     k clear bits of its bitmap by CAS. No open chunk with room: lease a new one, write its
+//     bitmap (k bits set) and CAS its word to open with the next generation, live = k.
+//   - Return (a cache past its bound; a cache idle for a maintenance period; Flush at close):
+//     in one batch per server, clear the objects' bits (fetch-and-add of minus the mask), a
+//     fence, then fetch-and-add the word by minus the count. The process whose subtraction
+//     brought live to 0 CASes the word from (open, live 0) to withdrawn; if that CAS wins it
+//     alone owns the chunk and releases it to its server (Memory::ReleaseRun). A reserver's
+//     CAS from (open, live 0) to live k that lands first makes the withdrawal fail: the chunk
+//     stays open. The chunk's memory is touched only by holders of a count on it (bits are
+//     cleared before the count is given back), so nobody touches a released chunk.
+// Invariants: for an open chunk, bits set (padding bits past the last slot excluded) <= live
+// <= slots; a withdrawn chunk has live 0 and exactly one process releasing it; an object is in
+// at most one process's cache or in use, never both.
+// What a death leaks (bounded, documented in docs/database.md): a process killed with objects
+// in its caches leaves their bits set and their counts held, so those chunks never empty (at
+// most 2 reservations per class and server it used, returned within a maintenance period when
+// idle); one killed between a return's bit clearing and its count subtraction, between a
+// withdrawal and its release, or between leasing a chunk and opening it, leaks that chunk.
 //
-// Thread-safety: safe for concurrent use (one mutex per process; the pool lock per class).
+// Thread-safety: safe for concurrent use (one mutex per process; pool-side words by CAS/FAA).
 class Recycler {
  public:
   static constexpr int kMinClass = 6, kClasses = 41;  // 64 B .. 2^40
-  // Freed objects of smaller classes are cached per process; bigger ones are not.
-  static constexpr uint64_t kCachedClassBytes = 64 << 10;
-  static constexpr uint64_t kHeadsBytes = kClasses * 16;
 
-  // `wait_ns`: how long a free-list lock held by a live holder is waited for.
-  Recycler(Memory& memory, GlobalAddress heads, int64_t wait_ns)
-      : memory_(memory), heads_(heads), wait_ns_(wait_ns) {}
-  // An object of at least `size` bytes. Uninitialised.
+  // Writes the per-server directories and the table naming them; returns the table's
+  // address (RootImage::chunk_dirs). At database creation.
+  static Result<GlobalAddress> CreateDirectories(const Access& access);
+  // Reads the table at `dirs` (made by CreateDirectories).
+  static Result<std::unique_ptr<Recycler>> Open(const Access& access, GlobalAddress dirs);
+
+  // An object of at least `size` bytes, on the server `placement` names (striped: the next in
+  // turn); a preference: on the next server if that one is full. Uninitialised.
   Result<GlobalAddress> Alloc(const Access& access, LockOwner& owner, uint64_t size,
                               Placement placement);
   // REQUIRES: `address` came from Alloc with the same `size` and nobody can reach it any more.
   Status Free(const Access& access, LockOwner& owner, GlobalAddress address, uint64_t size);
-  // Pushes every cached object to the pool's lists (at close).
+  // Returns the cached objects of every class not allocated from since the last call (the
+  // maintenance thread, every pass): an idle process holds no memory back.
+  Status ReturnIdle(const Access& access, LockOwner& owner);
+  // Returns every cached object to its chunk (at close).
   Status Flush(const Access& access, LockOwner& owner);
 
-  // Objects freed / reused / newly allocated through this process (for the GC's figures).
+  // Objects freed by this process; allocations it served with objects it had freed (its
+  // cache); objects it reserved from slab chunks (new or freed earlier by anyone) or leased as
+  // runs; slab chunks it opened and released to their servers (for the GC's figures).
   struct Stats {
-    uint64_t freed = 0, reused = 0, fresh = 0;
+    uint64_t freed = 0, reused = 0, fresh = 0, chunks_opened = 0, chunks_released = 0;
   };
   Stats stats() const;
 
  private:
+  struct Server {
+    uint16_t id;
+    GlobalAddress dir;  // one word per chunk
+    uint64_t chunks, chunk_size;
+  };
+  // A class's layout in a slab chunk: the bitmap's bytes (a multiple of 64), then `slots`.
+  struct Slab {
+    uint64_t bitmap_bytes, slots;
+  };
+  struct Cache {
+    std::vector<uint64_t> objects;  // raw addresses, reserved from their chunks
+    uint64_t freed_on_top = 0;      // the last ones came from Free (reserved ones below)
+    bool used = false;              // allocated from since the last ReturnIdle
+    int64_t scan_after = 0;         // a scan found no room: open new chunks until then
+    bool has_hint = false;          // the chunk reserved from last (tried first)
+    uint64_t hint_chunk = 0, hint_word = 0;
+  };
+  // Entry word of the directory: state 2 | class 6 | generation 24 | live 32.
+  static constexpr uint64_t kOpen = 1, kWithdrawn = 2;
+  static uint64_t Entry(uint64_t state, int c, uint64_t gen, uint64_t live) {
+    return state << 62 | uint64_t(c) << 56 | (gen & 0xffffff) << 32 | live;
+  }
+  static uint64_t EntryState(uint64_t w) { return w >> 62; }
+  static int EntryClass(uint64_t w) { return int(w >> 56) & 63; }
+  static uint64_t EntryGen(uint64_t w) { return (w >> 32) & 0xffffff; }
+  static uint64_t EntryLive(uint64_t w) { return w & 0xffffffff; }
+
+  explicit Recycler(Memory& memory, std::vector<Server> servers);
   static int ClassOf(uint64_t size);
   static uint64_t ClassBytes(int c) { return uint64_t{1} << c; }
-  static uint64_t BundleCapacity(int c) { return std::min<uint64_t>(ClassBytes(c) / 8 - 2, 62); }
-  Status LockClass(const Access& access, LockOwner& owner, int c);
-  Status UnlockClass(const Access& access, LockOwner& owner, int c);
-  // Pushes the last n + 1 cached objects of class c as one bundle (the last one holds the
-  // addresses of the n before it). REQUIRES: mu_ held (the pool-side work is done under it:
-  // one process, one writer per class); n < cache size; n <= BundleCapacity(c).
-  Status PushBundle(const Access& access, LockOwner& owner, int c, uint64_t n);
-  Result<bool> PopBundle(const Access& access, LockOwner& owner, int c);
+  static Slab SlabOf(uint64_t chunk_size, int c);
+  bool IsSlabClass(size_t si, int c) const { return ClassBytes(c) <= servers_[si].chunk_size / 4; }
+  // Objects reserved at a time: 64 KiB worth, 1 .. 32.
+  static uint64_t Want(int c) { return std::clamp<uint64_t>((64 << 10) >> c, 1, 32); }
+  Result<size_t> IndexOf(uint16_t id) const;
+  GlobalAddress ChunkBase(size_t si, uint64_t chunk) const {
+    return GlobalAddress(servers_[si].id,
+                         RegionGeometry::kRootAreaSize + chunk * servers_[si].chunk_size);
+  }
+  Result<GlobalAddress> AllocOn(const Access& access, LockOwner& owner, size_t si, int c,
+                                uint64_t size);
+  // REQUIRES (these three): mu_ held.
+  // Fills the cache of class c on server si with newly reserved objects.
+  Status Reserve(const Access& access, LockOwner& owner, size_t si, int c);
+  // Reserves up to `want` slots of `chunk`, whose word is believed to be *word (a guess: the
+  // CAS corrects it, a few times); returns the count taken (0: no room, or not an open chunk
+  // of the class) and leaves the word as it last saw it in *word.
+  Result<uint64_t> ReserveFrom(const Access& access, LockOwner& owner, size_t si, int c,
+                               uint64_t chunk, uint64_t* word, uint64_t want);
+  // Turns *left counts held on `chunk` into objects in the cache (claims clear bits by CAS);
+  // *left is what is still to claim when it fails.
+  Status ClaimBits(const Access& access, LockOwner& owner, size_t si, int c, uint64_t chunk,
+                   uint64_t* left);
+  // Leases a new chunk for class c, opens it with `Want(c)` objects reserved for the cache.
+  Status OpenChunk(const Access& access, LockOwner& owner, size_t si, int c);
+  // Writes the bitmap of the chunk leased at `base` (`take` slots ours) and opens its word;
+  // returns the word written.
+  Result<uint64_t> Publish(const Access& access, LockOwner& owner, size_t si, int c,
+                           GlobalAddress base, uint64_t take);
+  // Gives `objects` (of class c on server si, all held by this process) back to their chunks,
+  // releasing the chunks that empty.
+  Status Return(const Access& access, LockOwner& owner, size_t si, int c,
+                std::span<const uint64_t> objects);
 
-  static constexpr int64_t kEmptyRetryNs = 10'000'000;
+  static constexpr int64_t kScanRetryNs = 10'000'000;
   Memory& memory_;
-  GlobalAddress heads_;
-  const int64_t wait_ns_;
-  mutable std::mutex mu_;
-  std::vector<std::vector<uint64_t>> cache_ = std::vector<std::vector<uint64_t>>(kClasses);
-  std::vector<int64_t> empty_until_ = std::vector<int64_t>(kClasses, 0);  // monotonic ns
+  const std::vector<Server> servers_;
+  mutable std::mutex mu_;      // guards caches_ and stats_
+  std::vector<Cache> caches_;  // [server index * kClasses + class]
   Stats stats_;
 };
 
@@ -629,6 +702,9 @@ class NamDatabase final : public Database {
   Status RenewAll(const Access& access);
   Status ScanSlots(const Access& access);
   Status ReclaimRetired(const Access& access);
+  // The recycler's caches that were not allocated from since the last pass go back to their
+  // chunks (and chunks that empty, to their servers). Each maintenance pass.
+  Status ReturnIdleMemory(const Access& access);
   // Removes one deleted record (see gc.cc); false if it changed (re-inserted) meanwhile.
   // `unlinked`: its index entries are gone too (else helpers finish, and it is not freed).
   Result<bool> RemoveRecord(const Access& access, NamSession& me, const NamTable& t,

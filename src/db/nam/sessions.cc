@@ -205,6 +205,7 @@ void NamDatabase::StartThreads() {
       (void)ScanSlots(access_);
       (void)ReclaimRetired(access_);
       (void)SweepOrphans(access_);
+      (void)ReturnIdleMemory(access_);
     });
   });
 }
@@ -290,6 +291,7 @@ Result<GcStats> NamDatabase::CollectGarbage() {
   FARPOOL_RETURN_IF_ERROR(ScanSlots(access_));
   FARPOOL_RETURN_IF_ERROR(ReclaimRetired(access_));
   FARPOOL_RETURN_IF_ERROR(SweepOrphans(access_));
+  FARPOOL_RETURN_IF_ERROR(ReturnIdleMemory(access_));
   GcStats g;
   g.lwm = lwm();
   g.live_sessions = live_sessions_;
@@ -303,6 +305,8 @@ Result<GcStats> NamDatabase::CollectGarbage() {
   const Recycler::Stats r = recycler_->stats();
   g.objects_reused = r.reused;
   g.objects_fresh = r.fresh;
+  g.chunks_opened = r.chunks_opened;
+  g.chunks_released = r.chunks_released;
   return g;
 }
 

@@ -102,11 +102,15 @@ class MemoryServer::Impl : public transport::AmHandler {
   // Forgets the pins of processes that have exited.
   void SweepPins();
   Result<wire::EvictReply> Evict(uint64_t tag, const transport::Peer* from);
+  // A client closing its Pool: drops its pin and refuses its tag from now on (no kill, ever).
+  Result<wire::GoodbyeReply> Goodbye(uint64_t tag, const transport::Peer* from);
+  // Remembers `tag` as refused (bounded: the oldest is forgotten first).
+  void RefuseTag(uint64_t tag);
   bool IsEvicted(uint64_t tag) const { return evicted_.count(tag) != 0; }
   Status Evicted(uint64_t tag) const {
     return Status::Unavailable("evicted by " + Name() + ": process tag " + TagName(tag) +
-                               " is fenced off this server (Pool::Evict); its connections are "
-                               "closed and refused");
+                               " is fenced off this server (Pool::Evict, or its Pool closed and "
+                               "said goodbye); its connections are closed and refused");
   }
 
   // A client process that may map the region: what an eviction kills.
@@ -211,14 +215,7 @@ Result<wire::EvictReply> MemoryServer::Impl::Evict(uint64_t tag, const transport
     return Status::InvalidArgument(Name() + ": process tag " + TagName(tag) +
                                    " asked to evict itself");
   }
-  if (!IsEvicted(tag)) {
-    if (evicted_order_.size() >= kMaxEvictedTags) {
-      evicted_.erase(evicted_order_.front());
-      evicted_order_.pop_front();
-    }
-    evicted_.insert(tag);
-    evicted_order_.push_back(tag);
-  }
+  RefuseTag(tag);
   wire::EvictReply reply{};
   reply.connections_closed = static_cast<uint32_t>(am_->CloseConnections(tag, from));
   auto it = pins_.find(tag);
@@ -238,6 +235,34 @@ Result<wire::EvictReply> MemoryServer::Impl::Evict(uint64_t tag, const transport
     close(pin.pidfd);
     pins_.erase(it);
   }
+  return reply;
+}
+
+void MemoryServer::Impl::RefuseTag(uint64_t tag) {
+  if (IsEvicted(tag)) return;
+  if (evicted_order_.size() >= kMaxEvictedTags) {
+    evicted_.erase(evicted_order_.front());
+    evicted_order_.pop_front();
+  }
+  evicted_.insert(tag);
+  evicted_order_.push_back(tag);
+}
+
+Result<wire::GoodbyeReply> MemoryServer::Impl::Goodbye(uint64_t tag, const transport::Peer* from) {
+  if (from == nullptr || from->tag == 0 || from->tag != tag) {
+    return Status::InvalidArgument(Name() + ": goodbye for process tag " + TagName(tag) +
+                                   " from a connection whose hello carried " +
+                                   TagName(from == nullptr ? 0 : from->tag) +
+                                   ": a process says goodbye only for itself");
+  }
+  wire::GoodbyeReply reply{};
+  auto it = pins_.find(tag);
+  if (it != pins_.end()) {
+    close(it->second.pidfd);
+    pins_.erase(it);
+    reply.unpinned = 1;
+  }
+  RefuseTag(tag);
   return reply;
 }
 
@@ -339,7 +364,13 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
       FARPOOL_ASSIGN_OR_RETURN(wire::EvictReply r, Evict(m.As<wire::EvictRequest>().tag, from));
       return wire::Encode(id, r);
     }
+    case wire::Opcode::kGoodbyeRequest: {
+      FARPOOL_ASSIGN_OR_RETURN(wire::GoodbyeReply r,
+                               Goodbye(m.As<wire::GoodbyeRequest>().tag, from));
+      return wire::Encode(id, r);
+    }
     case wire::Opcode::kHelloReply:
+    case wire::Opcode::kGoodbyeReply:
     case wire::Opcode::kEvictReply:
     case wire::Opcode::kBatchReply:
     case wire::Opcode::kLeaseReply:

@@ -15,7 +15,9 @@
 // may map only then. An EvictRequest for a process tag refuses that tag from then on, closes its
 // connections and, if the process is pinned, sends it SIGKILL once; the replies say when it has
 // exited. The server never waits for it. Pins live until their process exits (checked at each
-// hello and eviction), at most one open pidfd per live pinned client process. Evicted tags are
+// hello and eviction) or its Pool says goodbye (GoodbyeRequest, its own tag only: the pin is
+// dropped and the tag refused from then on, without a kill), at most one open pidfd per live
+// pinned client process. Evicted tags are
 // remembered up to kMaxEvictedTags, the oldest forgotten first.
 //
 // Progress modes (ProgressMode, transport/am_server.h): kBusy polls without pause; kEvent
