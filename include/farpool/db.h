@@ -251,7 +251,8 @@ class Database {
 
   virtual Engine engine() const = 0;
 
-  // AlreadyExists is reported as InvalidArgument naming the table.
+  // AlreadyExists naming the table if the name is taken; ResourceExhausted when the catalog
+  // holds its maximum of tables.
   virtual Result<const Table*> CreateTable(const std::string& name, const Schema& schema,
                                            const TableOptions& options = {}) = 0;
   virtual Result<const Table*> OpenTable(const std::string& name) = 0;
@@ -261,7 +262,7 @@ class Database {
   virtual Status DropTable(const std::string& name) = 0;
   virtual Result<std::vector<std::string>> ListTables() = 0;
 
-  // Claims a session slot (OutOfMemory if all max_sessions are taken by live sessions).
+  // Claims a session slot (ResourceExhausted if all max_sessions are taken by live sessions).
   virtual Result<std::unique_ptr<Session>> NewSession() = 0;
 
   // Finishes the commits of sessions whose lease expired and breaks their locks. Transactions

@@ -19,16 +19,21 @@ namespace farpool {
 
 enum class StatusCode : uint8_t {
   kOk = 0,
-  kInvalidArgument,  // the caller passed something malformed (bad address, size, file)
-  kNotFound,         // a named thing does not exist
-  kOutOfMemory,      // the pool (or a server) has no room for the request
-  kUnavailable,      // a server is unreachable, dead or shut down
-  kTimedOut,         // an operation did not complete within its deadline
-  kProtocol,         // a peer sent a malformed or incompatible message
-  kAborted,          // retryable conflict
-  kIoError,          // an operating-system call failed
-  kInternal,         // a bug or an unexpected library error
+  kInvalidArgument,    // the caller passed something malformed (bad address, size, file)
+  kNotFound,           // a named thing does not exist
+  kOutOfMemory,        // the pool (or a server) has no room for the request
+  kUnavailable,        // a server is unreachable, dead or shut down
+  kTimedOut,           // an operation did not complete within its deadline
+  kProtocol,           // a peer sent a malformed or incompatible message
+  kAborted,            // retryable conflict
+  kIoError,            // an operating-system call failed
+  kInternal,           // a bug or an unexpected library error
+  kAlreadyExists,      // a thing to be created exclusively exists (a table, a file)
+  kResourceExhausted,  // a fixed-size table is full (session slots, catalog, name table)
 };
+// The largest code; codes travel on the wire as numbers (transport/frame.h), so new codes are
+// appended and existing numbers never change.
+inline constexpr StatusCode kLastStatusCode = StatusCode::kResourceExhausted;
 
 std::string_view StatusCodeName(StatusCode code);
 
@@ -49,6 +54,10 @@ class [[nodiscard]] Status {
   static Status Aborted(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
   static Status IoError(std::string m) { return {StatusCode::kIoError, std::move(m)}; }
   static Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+  static Status AlreadyExists(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
+  static Status ResourceExhausted(std::string m) {
+    return {StatusCode::kResourceExhausted, std::move(m)};
+  }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }

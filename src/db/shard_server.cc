@@ -251,7 +251,7 @@ Result<std::vector<std::byte>> PartitionState::Answer(const Message& m) {
         return Status::Protocol("CreateTableRequest: " + std::to_string(desc.ncols) + " columns");
       }
       if (catalog_.count(name)) {
-        return Status::InvalidArgument("table '" + name + "' already exists");
+        return Status::AlreadyExists("table '" + name + "' already exists");
       }
       desc.id = next_table_id_++;
       catalog_[name] = desc;

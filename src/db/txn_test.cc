@@ -95,7 +95,7 @@ TEST_P(TxnTest, CrudAndTypes) {
   auto names = db().ListTables();
   ASSERT_TRUE(names.ok());
   EXPECT_EQ(*names, std::vector<std::string>{"people"});
-  EXPECT_EQ(db().CreateTable("people", schema).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(db().CreateTable("people", schema).status().code(), StatusCode::kAlreadyExists);
   EXPECT_EQ(db().OpenTable("nope").status().code(), StatusCode::kNotFound);
   ASSERT_OK(db().DropTable("people"));
   EXPECT_EQ(db().OpenTable("people").status().code(), StatusCode::kNotFound);

@@ -39,26 +39,25 @@ Status FileLock::Lock(LockLevel level) {
   FARPOOL_RETURN_IF_ERROR(leases_.Check());
   const int me = leases_.slot();
   const uint64_t mine = uint64_t{1} << me;
-  uint64_t w = 0;
-  FARPOOL_RETURN_IF_ERROR(pool_.Read(word_, &w, 8));
+  // w starts as a guess (what this handle last saw), good only as a CAS's expected value: a
+  // wrong guess makes the CAS fail and return the word, as reading it first would. Anything
+  // else decided from w (a conflict, nothing to change, readers to wait for) needs the word
+  // as the server has it, so such a decision on a guess reads the word first.
+  uint64_t w = seen_;
+  bool fresh = false;
   for (;;) {
     const int writer = Writer(w);
     const bool other_writer = writer >= 0 && writer != me;
     uint64_t desired = w;
     LockLevel reached = level;
+    const char* conflict = nullptr;
     if (level == LockLevel::kShared) {
       if (other_writer && (w & (kPendingBit | kExclusiveBit)) != 0) {
-        FARPOOL_RETURN_IF_ERROR(Conflict(writer, "a PENDING or EXCLUSIVE lock"));
-        FARPOOL_RETURN_IF_ERROR(pool_.Read(word_, &w, 8));
-        continue;
+        conflict = "a PENDING or EXCLUSIVE lock";
       }
       desired = w | mine;
     } else {
-      if (other_writer) {
-        FARPOOL_RETURN_IF_ERROR(Conflict(writer, "a RESERVED or higher lock"));
-        FARPOOL_RETURN_IF_ERROR(pool_.Read(word_, &w, 8));
-        continue;
-      }
+      if (other_writer) conflict = "a RESERVED or higher lock";
       desired = WithWriter(w, me) | mine;
       if (level != LockLevel::kReserved) {
         desired |= kPendingBit;
@@ -70,8 +69,20 @@ Status FileLock::Lock(LockLevel level) {
         }
       }
     }
+    if (!fresh && (conflict != nullptr || desired == w)) {
+      FARPOOL_RETURN_IF_ERROR(ReadWord(&w));
+      fresh = true;
+      continue;
+    }
+    if (conflict != nullptr) {
+      FARPOOL_RETURN_IF_ERROR(Conflict(writer, conflict));
+      FARPOOL_RETURN_IF_ERROR(ReadWord(&w));
+      continue;
+    }
     if (desired != w) {
       FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, pool_.CompareAndSwap(word_, w, desired));
+      seen_ = prev == w ? desired : prev;
+      fresh = true;
       if (prev != w) {
         w = prev;
         continue;
@@ -94,18 +105,26 @@ Status FileLock::Lock(LockLevel level) {
     if (!swept) {
       return Status::Aborted("EXCLUSIVE waits for other readers to leave (PENDING held)");
     }
-    FARPOOL_RETURN_IF_ERROR(pool_.Read(word_, &w, 8));
+    FARPOOL_RETURN_IF_ERROR(ReadWord(&w));
   }
+}
+
+Status FileLock::ReadWord(uint64_t* w) {
+  FARPOOL_RETURN_IF_ERROR(pool_.Read(word_, w, 8));
+  seen_ = *w;
+  return Status::Ok();
 }
 
 Status FileLock::Unlock(LockLevel level) {
   const int me = leases_.slot();
-  uint64_t w = 0;
-  FARPOOL_RETURN_IF_ERROR(pool_.Read(word_, &w, 8));
+  // A guess, as in Lock. Only this handle sets its bits, and seen_ holds them from its own
+  // CAS, so when seen_ shows none of ours the word has none either.
+  uint64_t w = seen_;
   for (;;) {
     const uint64_t desired = Without(w, me, level == LockLevel::kShared);
     if (desired == w) break;
     FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, pool_.CompareAndSwap(word_, w, desired));
+    seen_ = prev == w ? desired : prev;
     if (prev == w) break;
     w = prev;
   }
@@ -117,7 +136,7 @@ Result<bool> FileLock::ReservedElsewhere() {
   const int me = leases_.slot();
   for (;;) {
     uint64_t w = 0;
-    FARPOOL_RETURN_IF_ERROR(pool_.Read(word_, &w, 8));
+    FARPOOL_RETURN_IF_ERROR(ReadWord(&w));
     const int writer = Writer(w);
     if (writer < 0 || writer == me) return false;
     Status c = Conflict(writer, "RESERVED");

@@ -8,15 +8,17 @@
 //   bit 62       PENDING: the writer waits for readers to leave; no new SHARED is granted
 //   bit 63       EXCLUSIVE: the writer is alone (no other SHARED bit)
 //
-// How it works: every Lock/Unlock reads the word, computes the new one and CASes, retrying on
-// a lost race. A request that conflicts with a holder asks the lease table whether the holder
-// is dead; if so it sweeps the holder's slot (its bits leave every lock word, lease.h) and
-// retries, else it returns Aborted (SQLITE_BUSY: SQLite's busy handler sleeps and calls again,
-// so a dead holder's lock is broken after lease + margin of retries). Lock(kExclusive) that
-// finds other readers keeps PENDING (level() becomes kPending) and returns Aborted, as SQLite
-// expects. One difference from the unix VFS: PENDING and RESERVED are one writer field, so a
-// process going from SHARED to EXCLUSIVE (hot-journal recovery) is busy while another holds
-// RESERVED; SQLite only recovers when no RESERVED is held anyway.
+// How it works: every Lock/Unlock computes the new word from the last value this handle saw
+// and CASes, retrying from the value the CAS returns on a lost race: one round trip when the
+// word did not change since (one process, or readers that come and go rarely), two otherwise,
+// as reading it first would always cost. A request that conflicts with a holder asks the lease
+// table whether the holder is dead; if so it sweeps the holder's slot (its bits leave every lock
+// word, lease.h) and retries, else it returns Aborted (SQLITE_BUSY: SQLite's busy handler sleeps
+// and calls again, so a dead holder's lock is broken after lease + margin of retries).
+// Lock(kExclusive) that finds other readers keeps PENDING (level() becomes kPending) and returns
+// Aborted, as SQLite expects. One difference from the unix VFS: PENDING and RESERVED are one writer
+// field, so a process going from SHARED to EXCLUSIVE (hot-journal recovery) is busy while another
+// holds RESERVED; SQLite only recovers when no RESERVED is held anyway.
 //
 // Every Lock first checks this process's own lease (LeaseTable::Check): a process that lost
 // it gets IoError and must reopen.
@@ -52,11 +54,14 @@ class FileLock {
  private:
   // Resolves a conflict with `slot`: sweeps it and returns OK if it is dead, else Aborted.
   Status Conflict(int slot, const char* what);
+  // Reads the word into *w and seen_.
+  Status ReadWord(uint64_t* w);
 
   Pool& pool_;
   const GlobalAddress word_;
   LeaseTable& leases_;
   LockLevel level_ = LockLevel::kNone;
+  uint64_t seen_ = 0;  // the word as this handle last read or wrote it
 };
 
 // Removes lease slot `slot`'s bits from the lock word of every file in the store (the sweep of

@@ -138,8 +138,8 @@ Result<GlobalAddress> FileStore::Lookup(std::string_view name, bool insert) {
     }
   }
   if (!mine.is_null()) FARPOOL_RETURN_IF_ERROR(Push(Spares(), mine));
-  return Status::OutOfMemory("file store: the name table is full (" + std::to_string(kNameSlots) +
-                             " names)");
+  return Status::ResourceExhausted("file store: the name table is full (" +
+                                   std::to_string(kNameSlots) + " names)");
 }
 
 Result<std::unique_ptr<File>> FileStore::OpenFile(std::string_view name, OpenMode mode) {
@@ -154,7 +154,7 @@ Result<std::unique_ptr<File>> FileStore::OpenFile(std::string_view name, OpenMod
   } else {
     FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, pool_.CompareAndSwap(exists, 0, 1));
     if (prev != 0 && mode == OpenMode::kCreateExclusive) {
-      return Status::InvalidArgument(where + " already exists");
+      return Status::AlreadyExists(where + " already exists");
     }
   }
   auto file = std::unique_ptr<File>(new File(*this, std::string(name), header));

@@ -27,9 +27,10 @@
 // POSIX attributes (InodeAttr). The FUSE mount (src/tier/fuse/) builds its directories and
 // files from them; their headers are recycled through the store's spare[] list on delete.
 //
-// Errors: InvalidArgument for bad names and ranges, NotFound, OutOfMemory when the pool is
-// full (the file is intact up to the last successful write), and the pool's errors, each
-// naming the file.
+// Errors: InvalidArgument for bad names and ranges, NotFound, AlreadyExists (exclusive
+// create), ResourceExhausted when the name table is full, OutOfMemory when the pool is full
+// (the file is intact up to the last successful write), and the pool's errors, each naming
+// the file.
 //
 // Thread-safety: FileStore is safe for concurrent use; a File handle belongs to one thread at
 // a time. REQUIRES: the Pool outlives the store and the store outlives its handles.
@@ -52,7 +53,7 @@ namespace farpool::files {
 enum class OpenMode {
   kExisting,         // NotFound if the file does not exist
   kCreate,           // creates it if need be
-  kCreateExclusive,  // InvalidArgument if it exists
+  kCreateExclusive,  // AlreadyExists if it exists
 };
 
 class File;

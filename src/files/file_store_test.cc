@@ -278,6 +278,7 @@ TEST_F(FileStoreTest, BadNamesAndRangesAreExplained) {
   auto g = Create("excl.db");
   ASSERT_NE(g, nullptr);
   auto e = store_->OpenFile("excl.db", OpenMode::kCreateExclusive);
+  EXPECT_EQ(e.status().code(), StatusCode::kAlreadyExists);
   EXPECT_NE(e.status().message().find("already exists"), std::string::npos);
   char c = 1;
   Status s = g->Write(kMaxFileSize, &c, 1);

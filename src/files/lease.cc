@@ -62,8 +62,8 @@ Result<std::unique_ptr<LeaseTable>> LeaseTable::Attach(FileStore& store, SweepFn
     }
     if (t.slot_ >= 0) break;
     if (std::chrono::steady_clock::now() > deadline) {
-      return Status::OutOfMemory("file store: all " + std::to_string(kLeaseSlots) +
-                                 " lease slots are held by live processes");
+      return Status::ResourceExhausted("file store: all " + std::to_string(kLeaseSlots) +
+                                       " lease slots are held by live processes");
     }
     std::this_thread::sleep_for(t.lease_ / 8);
   }

@@ -47,7 +47,7 @@ class LeaseTable {
   using SweepFn = std::function<Status(int slot)>;
 
   // Claims a slot; when none is free, waits up to 2 × (lease + margin) for one to be dead
-  // and reclaims it. OutOfMemory if all stay alive.
+  // and reclaims it. ResourceExhausted if all stay alive.
   static Result<std::unique_ptr<LeaseTable>> Attach(FileStore& store, SweepFn sweep);
   // Sweeps this process's own bits, frees the slot and stops the renewal thread.
   ~LeaseTable();

@@ -10,9 +10,12 @@
 // opened with the first file and closed with the last. The main database, rollback journal,
 // WAL and super-journal files are store files named as SQLite names them (the URI's path, plus
 // "-journal" and so on); temporary files go to the default VFS. The main database's
-// xLock/xUnlock/xCheckReservedLock are FileLock on its lock word; whenever a lock is raised,
-// every store file this connection has open is refreshed, since another process may have
-// changed it while this one held no lock (file_store.h). xSync returns OK: a write is complete
+// xLock/xUnlock/xCheckReservedLock are FileLock on its lock word, which has one set of bits per
+// process (its lease slot); the handles of one process that have the same database open (the
+// SQLite connections of several threads) share one ProcessLock, which combines their levels as
+// the unix VFS combines the handles of one inode. Whenever a lock is raised, every store file
+// this connection has open is refreshed, since another process (or another handle of this one)
+// may have changed it. xSync returns OK: a write is complete
 // in the servers' memory when xWrite returns (docs/files.md says what that means). There is no
 // xShmMap, so WAL needs `PRAGMA locking_mode=EXCLUSIVE`.
 //
@@ -43,20 +46,33 @@ namespace {
 
 struct PoolFile;
 
+// One main database's lock as this process holds it, for all of its handles of the file: the
+// lock word holds SHARED while any handle holds SHARED or more, and RESERVED or more for the
+// one handle that writes. A handle asking for a level another handle of this process prevents
+// gets SQLITE_BUSY at once, as from another process.
+struct ProcessLock {
+  std::unique_ptr<FileLock> word;
+  int handles = 0;             // open handles of the file
+  int shared = 0;              // handles at SHARED or more
+  PoolFile* writer = nullptr;  // the handle at RESERVED or more
+};
+
 // One cluster's pool, store and lease slot in this process.
 struct Connection {
   std::string cluster_file;
   std::unique_ptr<Pool> pool;
   std::unique_ptr<FileStore> store;
   std::unique_ptr<LeaseTable> leases;
-  std::set<PoolFile*> files;  // open store files, GUARDED_BY(g_mu)
-};
+  std::set<PoolFile*> files;                                  // open store files
+  std::map<std::string, std::unique_ptr<ProcessLock>> locks;  // by main database name
+};  // every field after leases GUARDED_BY(g_mu)
 
 struct PoolFile {
   sqlite3_file base;  // first: SQLite sees a PoolFile as a sqlite3_file
   Connection* connection;
   std::unique_ptr<File> file;
-  std::unique_ptr<FileLock> lock;  // the main database only
+  ProcessLock* lock;  // the main database only, else null
+  LockLevel level;    // this handle's level (main database only)
   bool delete_on_close;
 };
 
@@ -120,16 +136,33 @@ PoolFile& Of(sqlite3_file* f) { return *reinterpret_cast<PoolFile*>(f); }
 
 // ------------------------------------------------------------------- sqlite3_io_methods
 
+// Lowers handle p's lock to `level` (kShared or kNone). REQUIRES: g_mu held.
+Status LowerLock(PoolFile& p, LockLevel level) {
+  ProcessLock& l = *p.lock;
+  if (level >= p.level) return Status::Ok();
+  Status s;
+  if (l.writer == &p) {
+    l.writer = nullptr;
+    s = l.word->Unlock(LockLevel::kShared);
+  }
+  if (level == LockLevel::kNone && --l.shared == 0 && s.ok()) {
+    s = l.word->Unlock(LockLevel::kNone);
+  }
+  p.level = level;
+  return s;
+}
+
 int Close(sqlite3_file* f) {
   PoolFile& p = Of(f);
   int rc = SQLITE_OK;
   std::lock_guard<std::mutex> lock(g_mu);
-  if (p.lock && p.lock->level() != LockLevel::kNone) {
-    Status s = p.lock->Unlock(LockLevel::kNone);
-    if (!s.ok()) rc = Fail(s, SQLITE_IOERR_UNLOCK);
-  }
   const std::string name = p.file->name();
-  p.lock.reset();
+  if (p.lock != nullptr) {
+    Status s = LowerLock(p, LockLevel::kNone);
+    if (!s.ok()) rc = Fail(s, SQLITE_IOERR_UNLOCK);
+    if (--p.lock->handles == 0) p.connection->locks.erase(name);
+    p.lock = nullptr;
+  }
   p.file.reset();
   p.connection->files.erase(&p);
   if (p.delete_on_close) {
@@ -172,14 +205,29 @@ int FileSize(sqlite3_file* f, sqlite3_int64* size) {
 
 int Lock(sqlite3_file* f, int level) {
   PoolFile& p = Of(f);
-  if (!p.lock) return SQLITE_OK;
+  if (p.lock == nullptr) return SQLITE_OK;
   const auto want = static_cast<LockLevel>(level);
-  if (want <= p.lock->level()) return SQLITE_OK;
-  Status s = p.lock->Lock(want);
+  if (want <= p.level) return SQLITE_OK;
+  std::lock_guard<std::mutex> lock(g_mu);
+  ProcessLock& l = *p.lock;
+  Status s;
+  if (want == LockLevel::kShared) {
+    if (l.writer != nullptr && l.writer->level >= LockLevel::kPending) return SQLITE_BUSY;
+    if (l.shared == 0) s = l.word->Lock(LockLevel::kShared);
+    if (s.ok()) ++l.shared;
+  } else if (l.writer != nullptr && l.writer != &p) {
+    return SQLITE_BUSY;  // another handle of this process writes
+  } else if (want == LockLevel::kExclusive && l.shared > 1) {
+    return SQLITE_BUSY;  // other handles of this process read
+  } else {
+    s = l.word->Lock(want);
+    if (s.ok() || l.word->level() >= LockLevel::kReserved) l.writer = &p;
+    if (l.writer == &p) p.level = l.word->level();
+  }
   if (s.code() == StatusCode::kAborted) return SQLITE_BUSY;
   if (!s.ok()) return Fail(s, SQLITE_IOERR_LOCK);
-  // Another process may have changed any of this connection's files while we held less.
-  std::lock_guard<std::mutex> lock(g_mu);
+  p.level = want;
+  // Others may have changed any of this connection's files while this handle held less.
   for (PoolFile* other : p.connection->files) {
     s = other->file->Refresh();
     if (!s.ok()) return Fail(s, SQLITE_IOERR_LOCK);
@@ -189,18 +237,24 @@ int Lock(sqlite3_file* f, int level) {
 
 int Unlock(sqlite3_file* f, int level) {
   PoolFile& p = Of(f);
-  if (!p.lock || static_cast<LockLevel>(level) >= p.lock->level()) return SQLITE_OK;
-  Status s = p.lock->Unlock(static_cast<LockLevel>(level));
+  if (p.lock == nullptr) return SQLITE_OK;
+  std::lock_guard<std::mutex> lock(g_mu);
+  Status s = LowerLock(p, static_cast<LockLevel>(level));
   return s.ok() ? SQLITE_OK : Fail(s, SQLITE_IOERR_UNLOCK);
 }
 
 int CheckReservedLock(sqlite3_file* f, int* out) {
   PoolFile& p = Of(f);
   *out = 0;
-  if (!p.lock) return SQLITE_OK;
-  auto r = p.lock->ReservedElsewhere();
+  if (p.lock == nullptr) return SQLITE_OK;
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (p.lock->writer != nullptr) {
+    *out = 1;
+    return SQLITE_OK;
+  }
+  auto r = p.lock->word->ReservedElsewhere();
   if (!r.ok()) return Fail(r.status(), SQLITE_IOERR_CHECKRESERVEDLOCK);
-  *out = (*r || p.lock->level() >= LockLevel::kReserved) ? 1 : 0;
+  *out = *r ? 1 : 0;
   return SQLITE_OK;
 }
 
@@ -252,8 +306,16 @@ int Open(sqlite3_vfs*, const char* name, sqlite3_file* f, int flags, int* out_fl
   }
   p->connection = *c;
   p->file = std::move(*file);
+  p->lock = nullptr;
+  p->level = LockLevel::kNone;
   if ((flags & SQLITE_OPEN_MAIN_DB) != 0) {
-    p->lock = std::make_unique<FileLock>(*(*c)->pool, p->file->lock_word(), *(*c)->leases);
+    auto& l = (*c)->locks[p->file->name()];
+    if (!l) {
+      l = std::make_unique<ProcessLock>();
+      l->word = std::make_unique<FileLock>(*(*c)->pool, p->file->lock_word(), *(*c)->leases);
+    }
+    ++l->handles;
+    p->lock = l.get();
   }
   p->delete_on_close = (flags & SQLITE_OPEN_DELETEONCLOSE) != 0;
   (*c)->files.insert(p);

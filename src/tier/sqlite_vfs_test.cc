@@ -54,8 +54,11 @@ class SqliteVfsTest : public ::testing::Test {
 
   // The lines that load the extension and open `db` in the pool.
   std::string Preamble(const std::string& db) const {
-    return std::string(".load ") + FARPOOL_VFS_EXTENSION + "\n.open file:" + db +
-           "?vfs=farpool&cluster=" + cluster_->cluster_file() + "\n";
+    return std::string(".load ") + FARPOOL_VFS_EXTENSION + "\n" + OpenLine(db);
+  }
+  // The line that opens `db` in the pool once the extension is loaded.
+  std::string OpenLine(const std::string& db) const {
+    return ".open file:" + db + "?vfs=farpool&cluster=" + cluster_->cluster_file() + "\n";
   }
   std::string Path(const std::string& name) const { return cluster_->dir() + "/" + name; }
 
@@ -295,6 +298,42 @@ TEST_F(SqliteVfsTest, AStoppedWriterIsEvictedAndTheNextWriterGoesOn) {
   EXPECT_EQ(a.EndedBy(10s), SIGKILL) << "the stopped writer was not evicted: " << a.Output();
 }
 
+// The lock word has one set of bits per process, so two connections of one process must
+// combine their levels: a connection that reads and ends must not take away the SHARED lock of
+// another that is still reading, and neither may write under the other's read.
+TEST_F(SqliteVfsTest, ConnectionsOfOneProcessShareItsLockLikeTwoProcesses) {
+  Interactive a(Path("handles-a.log"));
+  ASSERT_NO_FATAL_FAILURE(Hold(a, "handles.db", "BEGIN;\nSELECT count(*) FROM t;\n"));
+  const std::string second = Path("handles.second");
+  a.Send(".connection 1\n" + OpenLine("handles.db") +
+         ".timeout 0\nSELECT count(*) FROM t;\nUPDATE t SET v = v + 1 WHERE id = 1;\n"
+         ".system touch " +
+         second + "\n");
+  ASSERT_TRUE(a.WaitFor(second)) << a.Output();
+  // Connection 1's write needed EXCLUSIVE while connection 0 reads.
+  EXPECT_NE(a.Output().find("database is locked"), std::string::npos) << a.Output();
+  // Connection 0 still holds SHARED: another process cannot write either.
+  Run b = Sql("handles.db", ".timeout 0\nUPDATE t SET v = v + 1 WHERE id = 1;\n");
+  EXPECT_NE(b.output.find("database is locked"), std::string::npos) << b.output;
+  a.Send(".connection 0\nCOMMIT;\n");
+  a.Finish();  // exit code 1: the CLI reports connection 1's "database is locked"
+  EXPECT_EQ(a.Output().find("locked", a.Output().find("locked") + 1), std::string::npos)
+      << "connection 0's COMMIT failed too: " << a.Output();
+  ExpectRows("handles.db");
+  Run after =
+      Sql("handles.db", "UPDATE t SET v = v + 1 WHERE id = 1;\nSELECT v FROM t WHERE id = 1;\n");
+  EXPECT_EQ(after.output, "8\n");
+}
+
+TEST_F(SqliteVfsTest, WalWorksWithExclusiveLocking) {
+  Run r = Sql("wal.db",
+              "PRAGMA locking_mode = EXCLUSIVE;\nPRAGMA journal_mode = WAL;\n"
+              "CREATE TABLE w(x);\nINSERT INTO w VALUES (1), (2), (3);\nSELECT sum(x) FROM w;\n");
+  EXPECT_EQ(r.output, "exclusive\nwal\n6\n");
+}
+
+// Last of the suite (gtest runs tests in the order they are written): it leaves the shared
+// cluster's pool full, and a file's header cannot come from the store's free list.
 TEST_F(SqliteVfsTest, AFullPoolIsSqliteFullAndTheDatabaseStaysIntact) {
   CreateRows("full.db");
   Run r = Sql("full.db",
@@ -305,13 +344,6 @@ TEST_F(SqliteVfsTest, AFullPoolIsSqliteFullAndTheDatabaseStaysIntact) {
   EXPECT_NE(r.output.find("database or disk is full"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("OutOfMemory"), std::string::npos) << r.output;
   ExpectRows("full.db");
-}
-
-TEST_F(SqliteVfsTest, WalWorksWithExclusiveLocking) {
-  Run r = Sql("wal.db",
-              "PRAGMA locking_mode = EXCLUSIVE;\nPRAGMA journal_mode = WAL;\n"
-              "CREATE TABLE w(x);\nINSERT INTO w VALUES (1), (2), (3);\nSELECT sum(x) FROM w;\n");
-  EXPECT_EQ(r.output, "exclusive\nwal\n6\n");
 }
 
 }  // namespace

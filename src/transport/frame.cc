@@ -95,7 +95,7 @@ Status DecodeErrorFrame(const Frame& frame) {
   const auto body = frame.As<ErrorBody>();
   std::string text(reinterpret_cast<const char*>(frame.tail.data()), frame.tail.size());
   if (body.code == static_cast<uint32_t>(StatusCode::kOk) ||
-      body.code > static_cast<uint32_t>(StatusCode::kInternal)) {
+      body.code > static_cast<uint32_t>(kLastStatusCode)) {
     return Status::Protocol("error reply with invalid code " + std::to_string(body.code) + ": " +
                             text);
   }

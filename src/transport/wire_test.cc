@@ -88,6 +88,20 @@ TEST(Wire, ErrorRepliesCarryCodeAndReason) {
   EXPECT_EQ(s.message(), "server 3: pool full");
 }
 
+TEST(Wire, EveryStatusCodeCrossesTheWireAndNoOtherNumberDoes) {
+  for (auto c = static_cast<uint32_t>(StatusCode::kInvalidArgument);
+       c <= static_cast<uint32_t>(kLastStatusCode); ++c) {
+    auto m = Decode(EncodeError(1, Status(static_cast<StatusCode>(c), "why")));
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_EQ(static_cast<uint32_t>(DecodeError(*m).code()), c);
+    EXPECT_NE(StatusCodeName(static_cast<StatusCode>(c)), "Unknown");
+  }
+  auto beyond = Decode(EncodeError(
+      1, Status(static_cast<StatusCode>(static_cast<uint32_t>(kLastStatusCode) + 1), "why")));
+  ASSERT_TRUE(beyond.ok());
+  EXPECT_EQ(DecodeError(*beyond).code(), StatusCode::kProtocol);
+}
+
 TEST(Wire, LongErrorReasonsAreCutToTheTailLimit) {
   auto m =
       Decode(EncodeError(2, Status::Internal(std::string(3 * transport::kMaxDeclaredTail, 'x'))));

@@ -36,6 +36,7 @@ import json
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -240,11 +241,9 @@ def measure_local(args, limit, rows, notes, use_cgroup: bool):
 
 def sqlite_child(db: str, meta: dict, seconds: float) -> None:
     """The query process of the SQLite runs (inside or outside the cgroup): one JSON line."""
-    lite = peers.SQLiteDb.__new__(peers.SQLiteDb)
-    lite.path = db
     out = []
     for q in QUERIES:
-        r = lite.social_query(q, meta, seconds)
+        r = peers.time_queries(sqlite3.connect(db), [q], meta, seconds, seed=42)
         out.append({"query": q, "qps": r["qps"], **r})
     print(json.dumps({"queries": out}))
 
@@ -261,7 +260,7 @@ def measure_sqlite(args, limit, rows, notes, export: Path):
             if limited:
                 drop_page_cache(lite.dir)
             cg = MemoryCgroup("farpool-sqlite", limit if limited else None)
-            child = [sys.executable, "-m", "farpool.harness.beyond_memory", "--sqlite-child", lite.path,
+            child = [sys.executable, "-m", "farpool.harness.beyond_memory", "--sqlite-child", lite.target,
                      "--seconds", str(args.seconds), "--meta", json.dumps(meta)]
             try:
                 env_cmd = ["env", f"PYTHONPATH={peers.ROOT / 'python'}", *child]

@@ -213,6 +213,71 @@ def stop_processes(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
             p.wait()
 
 
+def start_in_netns(netns: Netns, count: int, directory: str, kind: str, transport: str,
+                   argv) -> list[subprocess.Popen]:
+    """Starts `farpool <argv(i)>` in namespace i of `netns` for i < count (each with
+    --ready-file, logs in directory/<kind>-i.log), waits until every one is listening and
+    writes directory/cluster.json naming them at their namespace's address. Stops them all and
+    raises RuntimeError naming the one that failed if any does not start within 30 s."""
+    if netns.count < count:
+        raise RuntimeError(f"{count} {kind} processes need as many namespaces")
+    procs: list[subprocess.Popen] = []
+    try:
+        for i in range(count):
+            with open(os.path.join(directory, f"{kind}-{i}.log"), "w") as log_file:
+                procs.append(subprocess.Popen(
+                    [*netns.exec_prefix(i), str(farpool_bin()), *argv(i), "--ready-file",
+                     os.path.join(directory, f"{kind}-{i}.ready")],
+                    stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True))
+        servers = []
+        deadline = time.time() + 30
+        for i, p in enumerate(procs):
+            ready = Path(directory, f"{kind}-{i}.ready")
+            while not ready.exists():
+                if p.poll() is not None or time.time() > deadline:
+                    tail = Path(directory, f"{kind}-{i}.log").read_text()[-400:]
+                    raise RuntimeError(f"{kind} {i} in {netns.name(i)} did not start"
+                                       f" (exit {p.poll()}): {tail}")
+                time.sleep(0.05)
+            info = json.loads(ready.read_text())
+            servers.append({"id": i, "address": f"{netns.address(i)}:{info['port']}",
+                            "pid": info.get("pid", p.pid), "netns": netns.name(i)})
+        Path(directory, "cluster.json").write_text(
+            json.dumps({"version": 1, "transport": transport, "servers": servers}, indent=2) + "\n")
+    except (RuntimeError, OSError, ValueError):
+        stop_processes(procs)
+        raise
+    return procs
+
+
+class PoolServers:
+    """`count` memory servers (`farpool server`, TCP, event progress) in namespaces 0..count-1
+    of a Netns; yields their cluster.json. Unlike `Cluster(netns=True)` (the cluster tool's own
+    namespaces), clients can then run in the other namespaces of the same Netns, so each client
+    process reaches the servers over its own veth, as a process on another host would."""
+
+    def __init__(self, netns: Netns, count: int = 2, memory: str = "1GiB"):
+        self.netns, self.count, self.memory = netns, count, memory
+        self.dir = tempfile.mkdtemp(prefix="farpool-netns-pool-")
+        self.procs: list[subprocess.Popen] = []
+
+    def __enter__(self) -> str:
+        try:
+            self.procs = start_in_netns(
+                self.netns, self.count, self.dir, "server", "tcp",
+                lambda i: ["server", "--listen", f"{self.netns.address(i)}:0", "--id", str(i),
+                           "--memory", self.memory, "--progress", "event", "--transport", "tcp"])
+        except (RuntimeError, OSError):
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
+        return os.path.join(self.dir, "cluster.json")
+
+    def __exit__(self, *exc):
+        stop_processes(self.procs)
+        self.procs = []
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 class ShardCluster:
     """The sharded engine's partition servers as `farpool shard` processes for one run; yields
     the cluster.json path `bench txn --engine sharded --cluster` takes.
@@ -241,35 +306,13 @@ class ShardCluster:
                 shutil.rmtree(self.dir, ignore_errors=True)
                 raise RuntimeError(f"shard-cluster up: {out.stderr.strip()}")
             return path
-        if self.netns.count < self.partitions:
-            raise RuntimeError(f"{self.partitions} partitions need as many namespaces")
         try:
-            for i in range(self.partitions):
-                log_file = open(os.path.join(self.dir, f"shard-{i}.log"), "w")
-                self.procs.append(subprocess.Popen(
-                    [*self.netns.exec_prefix(i), str(farpool_bin()), "shard", "--listen",
-                     f"{self.netns.address(i)}:0", "--id", str(i), "--progress", self.progress,
-                     "--transport", self.transport, "--ready-file",
-                     os.path.join(self.dir, f"shard-{i}.ready")],
-                    stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True))
-                log_file.close()
-            servers = []
-            deadline = time.time() + 30
-            for i, p in enumerate(self.procs):
-                ready = Path(self.dir, f"shard-{i}.ready")
-                while not ready.exists():
-                    if p.poll() is not None or time.time() > deadline:
-                        tail = Path(self.dir, f"shard-{i}.log").read_text()[-400:]
-                        raise RuntimeError(f"partition {i} in {self.netns.name(i)} did not start"
-                                           f" (exit {p.poll()}): {tail}")
-                    time.sleep(0.05)
-                info = json.loads(ready.read_text())
-                servers.append({"id": i, "address": f"{self.netns.address(i)}:{info['port']}",
-                                "pid": info.get("pid", p.pid), "netns": self.netns.name(i)})
-            Path(path).write_text(json.dumps({"version": 1, "transport": self.transport,
-                                              "servers": servers}, indent=2) + "\n")
-        except (RuntimeError, OSError, ValueError):
-            self.__exit__(None, None, None)
+            self.procs = start_in_netns(
+                self.netns, self.partitions, self.dir, "shard", self.transport,
+                lambda i: ["shard", "--listen", f"{self.netns.address(i)}:0", "--id", str(i),
+                           "--progress", self.progress, "--transport", self.transport])
+        except (RuntimeError, OSError):
+            shutil.rmtree(self.dir, ignore_errors=True)
             raise
         return path
 
@@ -453,12 +496,33 @@ class Postgres:
 
 # ------------------------------------------------------------------ SQLite
 
-class SQLiteDb:
-    """The social network in an SQLite database file (on disk; the page cache keeps it warm)."""
+def farpool_vfs() -> Path:
+    """The farpool SQLite VFS extension (built next to the farpool binary)."""
+    return farpool_bin().parent / "src" / "tier" / "farpool_vfs.so"
 
-    def __init__(self):
+
+def load_farpool_vfs() -> None:
+    """Registers the `farpool` VFS in this process's SQLite (it stays loaded: the extension
+    asks SQLite to keep it after the loading connection closes)."""
+    if not farpool_vfs().exists():
+        raise RuntimeError(f"{farpool_vfs()} is missing: run `make build`")
+    con = sqlite3.connect(":memory:")
+    con.enable_load_extension(True)
+    con.load_extension(str(farpool_vfs()))
+    con.close()
+
+
+class SQLiteDb:
+    """The social network in an SQLite database: a file on disk (the page cache keeps it warm),
+    or, with `cluster`, the file `name` in the pool through the farpool VFS (docs/files.md)."""
+
+    def __init__(self, cluster: str | None = None, name: str = "social.db"):
         self.dir = tempfile.mkdtemp(prefix="farpool-sqlite-", dir="/var/tmp")
-        self.path = os.path.join(self.dir, "social.db")
+        if cluster:
+            load_farpool_vfs()
+            self.target, self.uri = f"file:{name}?vfs=farpool&cluster={cluster}", True
+        else:
+            self.target, self.uri = os.path.join(self.dir, name), False
 
     def __enter__(self) -> "SQLiteDb":
         return self
@@ -466,9 +530,12 @@ class SQLiteDb:
     def __exit__(self, *exc):
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    def connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.target, uri=self.uri)
+
     def load_social(self, export_dir: Path) -> float:
         t0 = time.perf_counter()
-        con = sqlite3.connect(self.path)
+        con = self.connect()
         con.executescript(SQL_SCHEMA)
         for table, name in TABLES:
             with open(export_dir / name, newline="") as f:
@@ -482,8 +549,17 @@ class SQLiteDb:
         con.close()
         return time.perf_counter() - t0
 
+    def copy_from(self, other: "SQLiteDb") -> float:
+        """Copies another database's pages into this one (SQLite's backup API); seconds."""
+        t0 = time.perf_counter()
+        src, dst = other.connect(), self.connect()
+        src.backup(dst)
+        src.close()
+        dst.close()
+        return time.perf_counter() - t0
+
     def verify_social(self, export_dir: Path, samples: int = 20) -> None:
-        con = sqlite3.connect(self.path)
+        con = self.connect()
         for q, p, rows in read_expect(export_dir, samples):
             res = con.execute(QUERIES[q], {"p": p}).fetchall()
             got = res[0][0] if q in COUNT_QUERIES else len(res)
@@ -492,29 +568,38 @@ class SQLiteDb:
         con.close()
 
     def social_query(self, q: str, meta: dict, seconds: float, seed: int = 42) -> dict:
-        import random
-        rnd = random.Random(seed)
-        n = meta["messages"] if q == "q5" else meta["users"]
-        con = sqlite3.connect(self.path)
-        sql = QUERIES[q]
-        lat = []
-        clock = time.perf_counter_ns
-        end = time.perf_counter() + seconds
-        warm = time.perf_counter() + 0.2
-        while True:
-            now = time.perf_counter()
-            if now >= end:
-                break
-            p = rnd.randrange(n)
-            t0 = clock()
-            con.execute(sql, {"p": p}).fetchall()
-            t1 = clock()
-            if now >= warm:
-                lat.append((t1 - t0) / 1000)
-        con.close()
-        r = percentiles(lat)
-        r["qps"] = len(lat) / max(1e-9, seconds - 0.2)
-        return r
+        """Runs query q (random parameters) for `seconds` on one connection; latencies after
+        a 0.2 s warm-up."""
+        return time_queries(self.connect(), [q], meta, seconds, seed)
+
+
+def time_queries(con: sqlite3.Connection, queries: list[str], meta: dict, seconds: float,
+                 seed: int) -> dict:
+    """Runs the queries in turn (random parameters) on `con` for `seconds`, closes it, and
+    returns count, qps and latency percentiles of what ran after a 0.2 s warm-up."""
+    import random
+    rnd = random.Random(seed)
+    lat = []
+    clock = time.perf_counter_ns
+    end = time.perf_counter() + seconds
+    warm = time.perf_counter() + 0.2
+    i = 0
+    while True:
+        now = time.perf_counter()
+        if now >= end:
+            break
+        q = queries[i % len(queries)]
+        i += 1
+        p = rnd.randrange(meta["messages"] if q == "q5" else meta["users"])
+        t0 = clock()
+        con.execute(QUERIES[q], {"p": p}).fetchall()
+        t1 = clock()
+        if now >= warm:
+            lat.append((t1 - t0) / 1000)
+    con.close()
+    r = percentiles(lat)
+    r["qps"] = len(lat) / max(1e-9, seconds - 0.2)
+    return r
 
 
 def export_social(scale: float, directory: str, seed: int = 42) -> Path:

@@ -195,8 +195,7 @@ Result<const Table*> NamDatabase::CreateTable(const std::string& name, const Sch
     FARPOOL_RETURN_IF_ERROR(LoadTables(access));
     {
       std::lock_guard<std::mutex> l(mu_);
-      if (tables_.count(name))
-        return Status::InvalidArgument("table '" + name + "' already exists");
+      if (tables_.count(name)) return Status::AlreadyExists("table '" + name + "' already exists");
     }
     int free_id = -1;
     for (uint32_t i = 0; i < kMaxTables && free_id < 0; ++i) {
@@ -206,8 +205,8 @@ Result<const Table*> NamDatabase::CreateTable(const std::string& name, const Sch
       if (state == kDescEmpty) free_id = static_cast<int>(i);
     }
     if (free_id < 0) {
-      return Status::OutOfMemory("the catalog holds " + std::to_string(kMaxTables) +
-                                 " tables already (dropped ones are freed once reclaimed)");
+      return Status::ResourceExhausted("the catalog holds " + std::to_string(kMaxTables) +
+                                       " tables already (dropped ones are freed once reclaimed)");
     }
     TableDesc d{};
     std::memcpy(d.name, name.data(), name.size());

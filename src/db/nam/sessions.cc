@@ -126,8 +126,8 @@ Result<std::shared_ptr<SlotLease>> NamDatabase::ClaimSlot(const Access& access, 
     Register(lease);
     return lease;
   }
-  return Status::OutOfMemory("all " + std::to_string(root_.max_slots) +
-                             " session slots of the database are held by live sessions");
+  return Status::ResourceExhausted("all " + std::to_string(root_.max_slots) +
+                                   " session slots of the database are held by live sessions");
 }
 
 Result<std::unique_ptr<NamSession>> NamDatabase::OpenSession(const Access& access) {

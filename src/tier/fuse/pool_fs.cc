@@ -34,7 +34,10 @@ int PoolFs::Fail(const Status& s) const {
   std::fprintf(stderr, "farpool mount: %s\n", s.ToString().c_str());
   switch (s.code()) {
     case StatusCode::kOutOfMemory:
+    case StatusCode::kResourceExhausted:
       return ENOSPC;
+    case StatusCode::kAlreadyExists:
+      return EEXIST;
     case StatusCode::kNotFound:
       return ENOENT;
     case StatusCode::kInvalidArgument:
