@@ -104,6 +104,98 @@ TEST_F(FileStoreTest, WriteReadBackTruncateDelete) {
   EXPECT_EQ(again->size(), 0u);
 }
 
+TEST_F(FileStoreTest, PunchHoleRecyclesWholeExtentsAndZeroesTheEnds) {
+  auto f = Create("punch.db");
+  ASSERT_NE(f, nullptr);
+  const auto data = Pattern(12 * kExtentSize, 7);
+  ASSERT_TRUE(f->Write(0, data.data(), data.size()).ok());
+  auto free_before = store_->FreeBytes();
+  ASSERT_TRUE(free_before.ok()) << free_before.status().ToString();
+  // From the middle of extent 5 to the middle of extent 10: extents 6..9 go (6 and 7 mapped
+  // from the header, 8 and 9 from leaf 0), 5 and 10 are cut.
+  const uint64_t from = 5 * kExtentSize + 100, to = 10 * kExtentSize + 200;
+  ASSERT_TRUE(f->PunchHole(from, to - from).ok());
+  auto free_after = store_->FreeBytes();
+  ASSERT_TRUE(free_after.ok());
+  EXPECT_EQ(*free_after, *free_before + 4 * kExtentSize);
+  EXPECT_EQ(f->size(), data.size());
+  // Another handle (a fresh extent cache) reads the same.
+  auto other = store_->OpenFile("punch.db", OpenMode::kExisting);
+  ASSERT_TRUE(other.ok());
+  for (File* h : {f.get(), other->get()}) {
+    std::vector<unsigned char> back(data.size(), 0xee);
+    auto n = h->Read(0, back.data(), back.size());
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    EXPECT_EQ(0, std::memcmp(back.data(), data.data(), from));
+    EXPECT_TRUE(std::all_of(back.begin() + from, back.begin() + to, [](auto c) { return c == 0; }));
+    EXPECT_EQ(0, std::memcmp(back.data() + to, data.data() + to, data.size() - to));
+  }
+  // Writing into the hole again takes a recycled extent back.
+  ASSERT_TRUE(f->Write(7 * kExtentSize, data.data(), 10).ok());
+  free_after = store_->FreeBytes();
+  ASSERT_TRUE(free_after.ok());
+  EXPECT_EQ(*free_after, *free_before + 3 * kExtentSize);
+  // Cut to within the direct extents: leaf 0 and the extents beyond go too.
+  ASSERT_TRUE(f->Truncate(kExtentSize).ok());
+  free_after = store_->FreeBytes();
+  ASSERT_TRUE(free_after.ok());
+  EXPECT_EQ(*free_after, *free_before + 12 * kExtentSize);  // 10 extents and the leaf
+  // Allocate publishes extents without changing the size.
+  ASSERT_TRUE(f->Allocate(3 * kExtentSize, 2 * kExtentSize).ok());
+  EXPECT_EQ(f->size(), kExtentSize);
+  free_after = store_->FreeBytes();
+  ASSERT_TRUE(free_after.ok());
+  EXPECT_EQ(*free_after, *free_before + 10 * kExtentSize);
+  ASSERT_TRUE(store_->Delete("punch.db").ok());
+}
+
+TEST_F(FileStoreTest, InodesKeepAttributesAndRecycleTheirHeaders) {
+  InodeAttr attr{0100644, 1000, 1000, 1, 0, 1, 2, 3};
+  auto inode = store_->CreateInode(attr);
+  ASSERT_TRUE(inode.ok()) << inode.status().ToString();
+  const GlobalAddress header = (*inode)->header();
+  const auto data = Pattern(kExtentSize + 10, 8);
+  ASSERT_TRUE((*inode)->Write(0, data.data(), data.size()).ok());
+  auto opened = store_->OpenInode(header);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  EXPECT_EQ((*opened)->size(), data.size());
+  auto read = (*opened)->ReadAttr();
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ(read->mode, 0100644u);
+  EXPECT_EQ(read->mtime_ns, 2);
+  attr.mode = 0100600;
+  ASSERT_TRUE((*opened)->WriteAttr(attr).ok());
+  read = (*inode)->ReadAttr();
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ(read->mode, 0100600u);
+  // Inodes are not names.
+  auto exists = store_->Exists("inode " + header.ToString());
+  ASSERT_TRUE(exists.ok());
+  EXPECT_FALSE(*exists);
+
+  ASSERT_TRUE(store_->DeleteInode(std::move(*inode)).ok());
+  EXPECT_EQ(store_->OpenInode(header).status().code(), StatusCode::kNotFound);
+  // Headers are recycled: 4096 creates and deletes (2 MiB of headers if they were not) lease
+  // at most the chunk that one block of headers may need.
+  auto leased = [&] {
+    uint64_t sum = 0;
+    for (uint16_t id : pool_->server_ids()) {
+      auto stats = pool_->Stats(id);
+      EXPECT_TRUE(stats.ok()) << stats.status().ToString();
+      if (stats.ok()) sum += stats->leased;
+    }
+    return sum;
+  };
+  const uint64_t before = leased();
+  for (int i = 0; i < 4096; ++i) {
+    auto next = store_->CreateInode(attr);
+    ASSERT_TRUE(next.ok()) << next.status().ToString();
+    ASSERT_EQ((*next)->size(), 0u);
+    ASSERT_TRUE(store_->DeleteInode(std::move(*next)).ok());
+  }
+  EXPECT_LE(leased() - before, 1u << 20);
+}
+
 TEST_F(FileStoreTest, HolesReadAsZerosAcrossExtents) {
   auto f = Create("holes.db");
   ASSERT_NE(f, nullptr);
