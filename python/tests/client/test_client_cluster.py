@@ -1,0 +1,66 @@
+"""farpool.LocalCluster leaves nothing behind, and the README's Python example runs as written."""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import farpool
+from farpool.venv import ROOT
+
+
+def gone(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def server_pids(cluster_file):
+    return [s["pid"] for s in json.loads(Path(cluster_file).read_text())["servers"]]
+
+
+def test_leaving_the_block_by_an_exception_stops_everything():
+    with pytest.raises(RuntimeError, match="boom"):
+        with farpool.LocalCluster(servers=2, memory="32MiB") as c:
+            directory = c.directory
+            pids = server_pids(c.cluster_file)
+            assert all(not gone(p) for p in pids)
+            pool = farpool.Pool.connect(c.cluster_file)
+            pool.write(pool.alloc(8), b"12345678")
+            raise RuntimeError("boom")
+    assert all(gone(p) for p in pids)
+    assert not any(Path(f"/dev/shm/farpool-ucx-{p}").exists() for p in pids)
+    assert not directory.exists()
+    c.stop()  # idempotent
+
+
+def test_a_start_that_fails_says_why_and_leaves_nothing():
+    c = farpool.LocalCluster(servers=2, memory="100TiB")
+    with pytest.raises(farpool.Error, match="100 TiB|MemAvailable|available"):
+        c.start()
+    assert c.directory is None
+
+
+def python_blocks(markdown):
+    return re.findall(r"```python\n(.*?)```", markdown, re.S)
+
+
+def test_the_readme_example_runs_as_written():
+    (example,) = [b for b in python_blocks((ROOT / "README.md").read_text())
+                  if "farpool.LocalCluster(servers=2" in b]
+    run = subprocess.run([sys.executable, "-c", example], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "100\n"
+
+
+def test_the_example_program_runs():
+    run = subprocess.run([sys.executable, str(ROOT / "python" / "examples" / "bank.py")],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "money conserved" in run.stdout
