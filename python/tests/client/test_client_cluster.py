@@ -1,6 +1,5 @@
 """farpool.LocalCluster leaves nothing behind, and the README's Python example runs as written."""
 import json
-import os
 import re
 import subprocess
 import sys
@@ -13,11 +12,12 @@ from farpool.venv import ROOT
 
 
 def gone(pid):
+    """No such process, or a zombie (dead; reparented servers wait for init to reap them)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
         return True
-    return False
+    return stat[stat.rindex(")") + 2] == "Z"
 
 
 def server_pids(cluster_file):
