@@ -90,6 +90,25 @@ class BufferView {
 
 GlobalAddress Address(uint64_t raw) { return GlobalAddress::FromRaw(raw); }
 
+// Runs `f` (returning a Status) with the GIL released. REQUIRES: f touches no Python object.
+template <typename F>
+Status Unlocked(F&& f) {
+  nb::gil_scoped_release release;
+  return f();
+}
+
+// Runs `f` (returning a Result) with the GIL released and returns its value, or raises.
+// REQUIRES: f touches no Python object.
+template <typename F>
+auto Released(F&& f) {
+  decltype(f()) r = Status::Internal("not run");
+  {
+    nb::gil_scoped_release release;
+    r = f();
+  }
+  return Take(std::move(r));
+}
+
 // Any sequence (a tuple, a list) as a tuple.
 nb::tuple TupleOf(nb::handle sequence) {
   nb::tuple t = nb::steal<nb::tuple>(PySequence_Tuple(sequence.ptr()));
@@ -115,14 +134,10 @@ std::unique_ptr<Pool> Connect(const std::string& cluster_file,
   if (transport) options.transport = Take(ParseFabric(*transport));
   options.remote_access = Take(ParseRemoteAccess(remote_access));
   options.direct_access = direct_access;
-  Result<std::unique_ptr<Pool>> pool = Status::Internal("not connected");
-  {
-    nb::gil_scoped_release release;
-    Result<ClusterConfig> config = ClusterConfig::Load(cluster_file);
-    pool = config.ok() ? Pool::Connect(*config, options)
-                       : Result<std::unique_ptr<Pool>>(config.status());
-  }
-  return Take(std::move(pool));
+  return Released([&]() -> Result<std::unique_ptr<Pool>> {
+    FARPOOL_ASSIGN_OR_RETURN(ClusterConfig config, ClusterConfig::Load(cluster_file));
+    return Pool::Connect(config, options);
+  });
 }
 
 nb::dict StatsDict(const ServerStats& s) {
@@ -170,7 +185,8 @@ class PyBatch {
 
   void ReadInto(uint64_t address, nb::handle buffer) {
     auto view = std::make_unique<BufferView>(buffer, /*writable=*/true);
-    Check(batch_->Read(Address(address), view->data(), view->size()));
+    // Posting may send a full message and wait for room (Batch::Reserve): without the GIL.
+    Check(Unlocked([&] { return batch_->Read(Address(address), view->data(), view->size()); }));
     views_.push_back(std::move(view));
   }
   nb::object Read(uint64_t address, uint64_t size) {
@@ -182,12 +198,14 @@ class PyBatch {
   }
   void Write(uint64_t address, nb::handle data) {
     auto view = std::make_unique<BufferView>(data, /*writable=*/false);
-    Check(batch_->Write(Address(address), view->data(), view->size()));
+    Check(Unlocked([&] { return batch_->Write(Address(address), view->data(), view->size()); }));
     views_.push_back(std::move(view));
   }
   size_t CompareAndSwap(uint64_t address, uint64_t expected, uint64_t desired) {
     previous_.push_back(std::make_unique<uint64_t>(0));
-    Status s = batch_->CompareAndSwap(Address(address), expected, desired, previous_.back().get());
+    uint64_t* previous = previous_.back().get();
+    Status s = Unlocked(
+        [&] { return batch_->CompareAndSwap(Address(address), expected, desired, previous); });
     if (!s.ok()) {
       previous_.pop_back();
       Raise(s);
@@ -196,7 +214,8 @@ class PyBatch {
   }
   size_t FetchAdd(uint64_t address, uint64_t delta) {
     previous_.push_back(std::make_unique<uint64_t>(0));
-    Status s = batch_->FetchAdd(Address(address), delta, previous_.back().get());
+    uint64_t* previous = previous_.back().get();
+    Status s = Unlocked([&] { return batch_->FetchAdd(Address(address), delta, previous); });
     if (!s.ok()) {
       previous_.pop_back();
       Raise(s);
@@ -204,19 +223,10 @@ class PyBatch {
     return previous_.size() - 1;
   }
   void Fence() {
-    Status s;
-    {
-      nb::gil_scoped_release release;
-      s = batch_->Fence();
-    }
-    Check(s);
+    Check(Unlocked([&] { return batch_->Fence(); }));
   }
   std::vector<uint64_t> Wait() {
-    Status s;
-    {
-      nb::gil_scoped_release release;
-      s = batch_->Wait();
-    }
+    Status s = Unlocked([&] { return batch_->Wait(); });
     views_.clear();
     std::vector<uint64_t> previous;
     previous.reserve(previous_.size());
@@ -419,11 +429,7 @@ class PyTransaction {
   nb::object Get(const Table& table, int64_t key) {
     Transaction& txn = Live();
     Row row;
-    Status s;
-    {
-      nb::gil_scoped_release release;
-      s = txn.Get(table, key, &row);
-    }
+    Status s = Unlocked([&] { return txn.Get(table, key, &row); });
     if (s.code() == StatusCode::kNotFound) return nb::none();
     Check(s);
     return DictOf(row);
@@ -439,12 +445,7 @@ class PyTransaction {
     }
     std::vector<Row> rows;
     std::vector<Status> statuses;
-    Status s;
-    {
-      nb::gil_scoped_release release;
-      s = txn.MultiGet(keys, &rows, &statuses);
-    }
-    Check(s);
+    Check(Unlocked([&] { return txn.MultiGet(keys, &rows, &statuses); }));
     nb::list out;
     for (size_t i = 0; i < keys.size(); ++i) {
       if (statuses[i].code() == StatusCode::kNotFound) {
@@ -460,22 +461,12 @@ class PyTransaction {
   void Put(const Table& table, int64_t key, nb::handle values) {
     Transaction& txn = Live();
     Row row = RowOf(table, values);
-    Status s;
-    {
-      nb::gil_scoped_release release;
-      s = txn.Put(table, key, row);
-    }
-    Check(s);
+    Check(Unlocked([&] { return txn.Put(table, key, row); }));
   }
 
   void Delete(const Table& table, int64_t key) {
     Transaction& txn = Live();
-    Status s;
-    {
-      nb::gil_scoped_release release;
-      s = txn.Delete(table, key);
-    }
-    Check(s);
+    Check(Unlocked([&] { return txn.Delete(table, key); }));
   }
 
   nb::list Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bool reverse) {
@@ -498,12 +489,7 @@ class PyTransaction {
   void Commit() {
     Transaction& txn = Owned("commit");
     finished_ = true;
-    Status s;
-    {
-      nb::gil_scoped_release release;
-      s = txn.Commit();
-    }
-    Check(s);
+    Check(Unlocked([&] { return txn.Commit(); }));
   }
 
   void Rollback() {
@@ -551,12 +537,7 @@ class PyTransaction {
 };
 
 std::unique_ptr<PyTransaction> Begin(Session& session) {
-  Result<std::unique_ptr<Transaction>> txn = Status::Internal("not begun");
-  {
-    nb::gil_scoped_release release;
-    txn = session.Begin();
-  }
-  return std::make_unique<PyTransaction>(Take(std::move(txn)));
+  return std::make_unique<PyTransaction>(Released([&] { return session.Begin(); }));
 }
 
 // Session.run: RunTransaction with a Python body. The body runs with the GIL held; Aborted from
@@ -618,23 +599,7 @@ std::unique_ptr<Database> OpenDatabase(const std::string& engine, const std::str
   options.cluster_file = cluster_file;
   options.max_sessions = max_sessions;
   options.lease = std::chrono::milliseconds(static_cast<int64_t>(lease_seconds * 1000));
-  Result<std::unique_ptr<Database>> db = Status::Internal("not opened");
-  {
-    nb::gil_scoped_release release;
-    db = Database::Open(options);
-  }
-  return Take(std::move(db));
-}
-
-// Calls f(args...) on `object` with the GIL released and returns its Result's value.
-template <typename F>
-auto Released(F&& f) {
-  decltype(f()) r = Status::Internal("not run");
-  {
-    nb::gil_scoped_release release;
-    r = f();
-  }
-  return Take(std::move(r));
+  return Released([&] { return Database::Open(options); });
 }
 
 }  // namespace
@@ -688,24 +653,11 @@ NB_MODULE(_native, m) {
       .def(
           "free",
           [](Pool& p, uint64_t address) {
-            Status s;
-            {
-              nb::gil_scoped_release release;
-              s = p.Free(Address(address));
-            }
-            Check(s);
+            Check(Unlocked([&] { return p.Free(Address(address)); }));
           },
           "address"_a, "Frees an object this Pool allocated.")
       .def(
-          "trim",
-          [](Pool& p) {
-            Status s;
-            {
-              nb::gil_scoped_release release;
-              s = p.Trim();
-            }
-            Check(s);
-          },
+          "trim", [](Pool& p) { Check(Unlocked([&] { return p.Trim(); })); },
           "Gives the memory this client freed back to its servers.")
       .def(
           "read",
@@ -714,12 +666,7 @@ NB_MODULE(_native, m) {
                 nb::steal(PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(size)));
             if (!out.is_valid()) throw nb::python_error();
             char* data = PyBytes_AS_STRING(out.ptr());
-            Status s;
-            {
-              nb::gil_scoped_release release;
-              s = p.Read(Address(address), data, size);
-            }
-            Check(s);
+            Check(Unlocked([&] { return p.Read(Address(address), data, size); }));
             return out;
           },
           "address"_a, "size"_a, "Reads `size` bytes at `address` into new bytes.")
@@ -727,12 +674,7 @@ NB_MODULE(_native, m) {
           "read_into",
           [](Pool& p, uint64_t address, nb::handle buffer) {
             BufferView view(buffer, /*writable=*/true);
-            Status s;
-            {
-              nb::gil_scoped_release release;
-              s = p.Read(Address(address), view.data(), view.size());
-            }
-            Check(s);
+            Check(Unlocked([&] { return p.Read(Address(address), view.data(), view.size()); }));
           },
           "address"_a, "buffer"_a,
           "Fills a writable contiguous buffer (bytearray, memoryview, numpy array) from "
@@ -741,12 +683,7 @@ NB_MODULE(_native, m) {
           "write",
           [](Pool& p, uint64_t address, nb::handle data) {
             BufferView view(data, /*writable=*/false);
-            Status s;
-            {
-              nb::gil_scoped_release release;
-              s = p.Write(Address(address), view.data(), view.size());
-            }
-            Check(s);
+            Check(Unlocked([&] { return p.Write(Address(address), view.data(), view.size()); }));
           },
           "address"_a, "data"_a,
           "Writes a contiguous buffer (bytes, bytearray, memoryview, numpy array) at `address`.")
@@ -878,12 +815,7 @@ NB_MODULE(_native, m) {
       .def(
           "drop_table",
           [](Database& d, const std::string& name) {
-            Status s;
-            {
-              nb::gil_scoped_release release;
-              s = d.DropTable(name);
-            }
-            Check(s);
+            Check(Unlocked([&] { return d.DropTable(name); }));
           },
           "name"_a)
       .def("list_tables", [](Database& d) { return Released([&] { return d.ListTables(); }); })
