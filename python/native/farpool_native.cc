@@ -272,15 +272,22 @@ const char* ColumnTypeName(ColumnType type) {
 Schema SchemaOf(nb::handle columns) {
   std::vector<Column> out;
   for (nb::handle item : columns) {
+    const auto malformed = [&] {
+      return Status::InvalidArgument(
+          "a column is (name, type) or (name, \"char\", length) with a length of 1..4096, got " +
+          nb::cast<std::string>(nb::repr(item)));
+    };
+    if (PyUnicode_Check(item.ptr()) || PyBytes_Check(item.ptr())) Raise(malformed());
     nb::tuple t = TupleOf(item);
-    if (t.size() != 2 && t.size() != 3) {
-      Raise(Status::InvalidArgument("a column is (name, type) or (name, \"char\", length), got " +
-                                    nb::cast<std::string>(nb::repr(item))));
-    }
+    if (t.size() != 2 && t.size() != 3) Raise(malformed());
     Column c;
-    c.name = nb::cast<std::string>(t[0]);
-    c.type = Take(ParseColumnType(nb::cast<std::string>(t[1])));
-    if (t.size() == 3) c.length = nb::cast<uint32_t>(t[2]);
+    try {
+      c.name = nb::cast<std::string>(t[0]);
+      c.type = Take(ParseColumnType(nb::cast<std::string>(t[1])));
+      if (t.size() == 3) c.length = nb::cast<uint32_t>(t[2]);
+    } catch (const nb::cast_error&) {
+      Raise(malformed());
+    }
     out.push_back(std::move(c));
   }
   Schema schema(std::move(out));
