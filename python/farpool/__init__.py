@@ -28,5 +28,6 @@ __all__ = ["Error", "InvalidArgument", "NotFound", "OutOfMemory", "Unavailable",
 def __getattr__(name: str):
     if name in _CLIENT:
         from farpool import client
-        return getattr(client, name)
+        value = globals()[name] = getattr(client, name)  # later lookups skip this function
+        return value
     raise AttributeError(f"module 'farpool' has no attribute '{name}'")
