@@ -1,8 +1,11 @@
 """farpool.LocalCluster leaves nothing behind, and the README's Python example runs as written."""
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -44,6 +47,33 @@ def test_a_start_that_fails_says_why_and_leaves_nothing():
     with pytest.raises(farpool.Error, match="100 TiB|MemAvailable|available"):
         c.start()
     assert c.directory is None
+
+
+def test_a_call_that_waits_lets_other_threads_run():
+    # Pool.connect waits for a stopped server, which only this thread can wake: were the GIL
+    # held while the call waits, this thread could not run until the connect gave up.
+    with farpool.LocalCluster(servers=1, memory="32MiB") as c:
+        (pid,) = server_pids(c.cluster_file)
+        outcome = {}
+
+        def connect():
+            entered.set()
+            try:
+                outcome["pool"] = farpool.Pool.connect(c.cluster_file)
+            except farpool.Error as e:
+                outcome["error"] = e
+
+        entered = threading.Event()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            waiter = threading.Thread(target=connect)
+            waiter.start()
+            entered.wait()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        waiter.join()
+        assert "error" not in outcome, outcome.get("error")
+        assert outcome["pool"].server_ids == [0]
 
 
 def python_blocks(markdown):
