@@ -7,10 +7,12 @@
 //
 // Contracts kept here:
 //   - The GIL is released around every call into the pool or the database (they may wait on
-//     the network), and held whenever a Python object is touched. Buffers passed to read/write
-//     are held with the buffer protocol (PyObject_GetBuffer) for the duration of the call, or
-//     until Batch.wait() for a batch, so they cannot be resized or freed meanwhile; the bytes
-//     move between the pool and the caller's memory without an intermediate copy.
+//     the network), and held whenever a Python object is touched. Destructors keep it (a
+//     Database or Pool destroyed after its servers stopped holds it while it gives up on them).
+//     Buffers passed to read/write are held with the buffer protocol (PyObject_GetBuffer) for the
+//     duration of the call, or until Batch.wait() for a batch, so they cannot be resized or freed
+//     meanwhile; the bytes move between the pool and the caller's memory without an intermediate
+//     copy.
 //   - Every non-OK Status becomes the exception class that farpool.errors maps its code to
 //     (farpool.Aborted, farpool.Unavailable, ...), carrying the Status message.
 //   - Lifetimes follow the C++ REQUIREs with keep_alive: a Batch keeps its Pool alive, a Table
@@ -52,8 +54,12 @@ nb::handle g_aborted;
 
 // Raises the farpool exception for a non-OK status. REQUIRES: the GIL is held.
 [[noreturn]] void Raise(const Status& status) {
-  nb::object exc = nb::borrow(g_from_status)(nb::str(StatusCodeName(status.code()).data()),
-                                             nb::str(status.message().c_str()));
+  const std::string& m = status.message();  // may quote bytes that are not UTF-8 (a path)
+  nb::object message = nb::steal(
+      PyUnicode_DecodeUTF8(m.data(), static_cast<Py_ssize_t>(m.size()), "backslashreplace"));
+  if (!message.is_valid()) throw nb::python_error();
+  nb::object exc =
+      nb::borrow(g_from_status)(nb::str(StatusCodeName(status.code()).data()), message);
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
   throw nb::python_error();
 }
