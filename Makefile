@@ -7,6 +7,8 @@
 #   make test-tsan  the C++ suite under ThreadSanitizer (suppressions: tsan.supp, UCX only)
 #   make fuzz       build and run the libFuzzer targets of the wire-format decoders and of the
 #                   memory server's batch executor
+#   make bench-python  the Python client's call overhead vs the C++ path
+#                   (bench/results/python_client.*)
 #   make soak       bank + TPC-B at full speed for SOAK_SECONDS (600): pool memory must stay
 #                   bounded after the warm-up, invariants must hold (bench/results/soak.jsonl)
 #   make format / make lint
@@ -19,7 +21,7 @@ SOAK_SECONDS ?= 600
 VENV := $(CURDIR)/.venv
 PY ?= $(VENV)/bin/python
 
-.PHONY: setup build demo test test-cpp test-python test-asan test-tsan fuzz soak format lint bench-ops clean
+.PHONY: setup build demo test test-cpp test-python test-asan test-tsan fuzz soak format lint bench-ops bench-python clean
 
 setup:
 	./scripts/setup.sh
@@ -37,8 +39,9 @@ test: build
 test-cpp:
 	cd $(BUILD) && ctest --output-on-failure -j 1
 
+# The client's tests (python/tests/client) load the native module from $(BUILD) (make build).
 test-python: $(VENV)/bin/python
-	$(PY) -m pytest -q python/tests
+	FARPOOL_BUILD=$(abspath $(BUILD)) $(PY) -m pytest -q python/tests
 
 test-asan: setup
 	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DFARPOOL_SANITIZE=ON >/dev/null
@@ -84,6 +87,9 @@ $(VENV)/bin/python:
 
 bench-ops: build
 	$(PY) bench/ops_vs_peers
+
+bench-python: build
+	FARPOOL_BUILD=$(abspath $(BUILD)) $(PY) bench/python_client
 
 clean:
 	rm -rf build build-asan build-tsan build-fuzz

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything farpool needs on Debian 12, idempotently: the C++ toolchain and
 # libraries, the peers the benchmarks start (Redis, PostgreSQL, SQLite), network tools for
-# namespaces, and the Python harness/simulator with its PyPI dependencies (into .venv).
+# namespaces, and the Python package (client, harness, simulator) with its PyPI dependencies,
+# nanobind included, into .venv (the client's native module is then built by `make build`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,8 +10,8 @@ APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git clang clang-format clang-tidy
   libclang-rt-14-dev libucx-dev ucx-utils libcli11-dev nlohmann-json3-dev libfmt-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev redis-server postgresql sqlite3
-  libsqlite3-dev iproute2 procps python3 python3-pip python3-venv faketime libfuse3-dev
-  fuse3 fio
+  libsqlite3-dev iproute2 procps python3 python3-dev python3-pip python3-venv faketime
+  libfuse3-dev fuse3 fio
 )
 
 missing=()
@@ -48,10 +49,10 @@ if [ -f python/pyproject.toml ]; then
   # Reinstall unless `farpool` already imports from this checkout with its dependencies, or
   # python/pyproject.toml changed since the last install.
   here=$(cd python && pwd)
-  installed=$($PY -c 'import farpool, simpy, matplotlib, pytest, os; print(os.path.dirname(os.path.dirname(farpool.__file__)))' 2>/dev/null || true)
+  installed=$($PY -c 'import farpool, simpy, matplotlib, pytest, nanobind, os; print(os.path.dirname(os.path.dirname(farpool.__file__)))' 2>/dev/null || true)
   if [ "$installed" != "$here" ] || [ python/pyproject.toml -nt "$VENV/.farpool-installed" ]; then
-    echo "setup: installing the Python harness (python/) and its dependencies into $VENV"
-    $PY -m pip install -q --disable-pip-version-check -e 'python[test]'
+    echo "setup: installing the Python package (python/) and its dependencies into $VENV"
+    $PY -m pip install -q --disable-pip-version-check -e 'python[test,native]'
     touch "$VENV/.farpool-installed"
   fi
 fi

@@ -35,13 +35,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from farpool._build import farpool_binary
+
 ROOT = Path(__file__).resolve().parents[3]
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
 
 def farpool_bin() -> Path:
-    """The farpool binary: $FARPOOL_BIN, else build/farpool."""
-    return Path(os.environ.get("FARPOOL_BIN", ROOT / "build" / "farpool"))
+    """The farpool binary: $FARPOOL_BIN, else build/farpool ($FARPOOL_BUILD/farpool)."""
+    return farpool_binary()
 
 
 def free_port() -> int:

@@ -1,0 +1,220 @@
+"""The client of farpool's pool and database (`import farpool`; python/README.md).
+
+    import farpool
+    with farpool.LocalCluster(servers=2, memory="256MiB") as c:
+        db = farpool.Database.open(cluster=c.cluster_file)
+        t = db.create_table("acct", [("balance", "int64")])
+        with db.transaction() as txn:
+            txn.put(t, 1, {"balance": 100})
+
+`Pool`, `Batch`, `Session`, `Transaction` and `Table` are the native classes (farpool._native,
+C++ through nanobind; their types are in _native.pyi); `Database` adds a session per thread,
+`transaction()` and `run()` to the native database; `LocalCluster` runs `farpool cluster up`
+and `down`. Every failure raises a `farpool.Error` subclass carrying the C++ Status message.
+The GIL is released around every call that goes to the pool, so threads overlap their waits.
+
+Processes: a process that has connected (a Pool or a Database) must not fork and go on using
+farpool in the child; start workers with `subprocess` or multiprocessing's "spawn" or
+"forkserver" contexts, each connecting on its own.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import weakref
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence, TypeVar, Union
+
+from farpool._build import farpool_binary, native_dir
+from farpool.errors import Error
+
+try:
+    from farpool import _native
+except ImportError as e:  # not built, or built for another interpreter
+    raise ImportError(f"farpool's native module is not built for this interpreter ({e}): run "
+                      f"`make build` (looked in {native_dir()}; FARPOOL_BUILD names another "
+                      "build directory)") from e
+
+Pool = _native.Pool
+Batch = _native.Batch
+Session = _native.Session
+Transaction = _native.Transaction
+Table = _native.Table
+address = _native.address
+address_str = _native.address_str
+ROOT_SIZE = _native.ROOT_SIZE
+
+T = TypeVar("T")
+# A column: (name, type) with type "int64", "double" or "bytes", or (name, "char", length).
+Column = Union[tuple[str, str], tuple[str, str, int]]
+
+
+class Database:
+    """The transactional database (include/farpool/db.h): tables of typed rows with an int64
+    key, snapshot-isolation transactions, shared by every process that opens the same cluster.
+
+    Safe for use by any number of threads: `transaction()` and `run()` use a session of the
+    calling thread's own, claimed on its first use and given back when the thread ends or the
+    Database goes away (sessions are slots in the database: `max_sessions` at once, over all
+    processes).
+    """
+
+    def __init__(self, native: _native.Database) -> None:
+        """Use `Database.open`."""
+        self._db = native
+        self._sessions = threading.local()
+
+    @classmethod
+    def open(cls, cluster: Union[str, os.PathLike, None] = None, *, engine: str = "pool",
+             max_sessions: int = 256, lease: float = 2.0) -> "Database":
+        """Opens the database of the cluster file `cluster`, creating it if it has none.
+
+        engine: "pool" (the data in the memory pool; needs `cluster`), "local" (this process's
+        RAM, for trying things out) or "sharded". max_sessions and lease (seconds a stalled
+        session keeps its locks) apply only when this call creates the database.
+        """
+        return cls(_native.Database.open(engine, os.fspath(cluster) if cluster else "",
+                                         max_sessions, lease))
+
+    @property
+    def engine(self) -> str:
+        return self._db.engine
+
+    def create_table(self, name: str, columns: Sequence[Column], *, ordered: bool = False,
+                     expected_rows: int = 1024) -> Table:
+        """Creates table `name` with `columns` (at most 16, names at most 23 bytes); `ordered`
+        also keeps a B+tree for `scan`. Raises InvalidArgument if the name is taken."""
+        return self._db.create_table(name, list(columns), ordered, expected_rows)
+
+    def open_table(self, name: str) -> Table:
+        """The existing table `name`; raises NotFound."""
+        return self._db.open_table(name)
+
+    def drop_table(self, name: str) -> None:
+        """Frees the name; the table's memory is reclaimed once older snapshots end.
+        REQUIRES: no transaction of any process uses the table any more."""
+        self._db.drop_table(name)
+
+    def list_tables(self) -> list[str]:
+        return self._db.list_tables()
+
+    def session(self) -> Session:
+        """A new session of its own (for one thread at a time); `transaction()` and `run()`
+        need none."""
+        return self._db.new_session()
+
+    def transaction(self) -> Transaction:
+        """A new transaction in this thread's session. As a context manager it commits when the
+        block ends normally (raising farpool.Aborted if it lost a conflict) and rolls back if
+        the block raises."""
+        return self._session().begin()
+
+    def run(self, body: Callable[[Transaction], T], max_attempts: int = 1000) -> T:
+        """Runs body(txn) in a transaction of this thread's session and commits, retrying with
+        randomized backoff while body or the commit raises farpool.Aborted, at most
+        `max_attempts` times (then raises Aborted naming the last conflict). Returns what body
+        returned. Any other exception rolls back and is raised at once. body must not commit or
+        roll back itself (raise to roll back)."""
+        return self._session().run(body, max_attempts)
+
+    def _session(self) -> Session:
+        session = getattr(self._sessions, "session", None)
+        if session is None:
+            session = self._sessions.session = self._db.new_session()
+        return session
+
+
+class LocalCluster:
+    """A pool of `servers` memory servers of `memory` each on this machine, as real
+    `farpool server` processes (`farpool cluster up` / `down`), for notebooks and tests.
+
+        with farpool.LocalCluster(servers=2, memory="256MiB") as c:
+            pool = farpool.Pool.connect(c.cluster_file)
+
+    start() (or entering the block) starts them and writes `cluster_file`; stop() (or leaving
+    the block, by an exception too) stops every server and removes what they left, including
+    their shared memory; a cluster still running when the interpreter exits is stopped then.
+    `directory` keeps the cluster file and the server logs there (default: a temporary
+    directory, removed by stop()). `transport` is the clients' default fabric ("auto", "shm",
+    "tcp"); `progress` the servers' ("busy", "event"; default: chosen from the cores).
+    Raises farpool.Error with `farpool cluster up`'s reason if the servers cannot start.
+    """
+
+    def __init__(self, servers: int = 1, memory: Union[str, int] = "256MiB", *,
+                 transport: str = "auto", progress: Optional[str] = None,
+                 directory: Union[str, os.PathLike, None] = None,
+                 binary: Union[str, os.PathLike, None] = None) -> None:
+        self.servers = servers
+        self.memory = str(memory)
+        self.transport = transport
+        self.progress = progress
+        self.binary = Path(binary) if binary else farpool_binary()
+        self._directory = Path(directory) if directory else None
+        self.directory: Optional[Path] = None
+        self._stopper: Optional[weakref.finalize] = None
+
+    @property
+    def cluster_file(self) -> str:
+        """The cluster file for Pool.connect and Database.open. REQUIRES: started."""
+        if self.directory is None:
+            raise Error("the LocalCluster is not started")
+        return str(self.directory / "cluster.json")
+
+    def start(self) -> "LocalCluster":
+        if self._stopper is not None and self._stopper.alive:
+            raise Error(f"the LocalCluster in {self.directory} is already started")
+        if not self.binary.exists():
+            raise Error(f"no farpool binary at {self.binary}: run `make build` (or set "
+                        "FARPOOL_BIN / FARPOOL_BUILD)")
+        owned = self._directory is None
+        directory = Path(tempfile.mkdtemp(prefix="farpool-cluster-")) if owned else self._directory
+        command = [str(self.binary), "cluster", "up", "--dir", str(directory), "--servers",
+                   str(self.servers), "--memory", self.memory, "--transport", self.transport]
+        if self.progress:
+            command += ["--progress", self.progress]
+        # From here on the finalizer stops whatever runs: `cluster down` of a directory whose
+        # servers did not all start stops the others (cluster up does too, on failure).
+        self._stopper = weakref.finalize(self, _stop, str(self.binary), directory, owned)
+        self.directory = directory
+        up = subprocess.run(command, capture_output=True, text=True)
+        if up.returncode != 0:
+            self.stop()
+            reason = (up.stderr.strip() or up.stdout.strip()).removeprefix("farpool: ")
+            raise Error(f"LocalCluster: {reason}")
+        return self
+
+    def stop(self) -> None:
+        """Stops every server and removes their shared memory (and the temporary directory).
+        Idempotent."""
+        if self._stopper is not None:
+            self._stopper()
+        self.directory = None
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        where = self.directory if self.directory else "stopped"
+        return f"<farpool.LocalCluster {self.servers} x {self.memory} ({where})>"
+
+
+def _stop(binary: str, directory: Path, owned: bool) -> None:
+    """Stops the cluster in `directory` (`farpool cluster down`), then removes the directory if
+    the LocalCluster made it. Raises Error if the servers could not be stopped."""
+    down = subprocess.run([binary, "cluster", "down", "--dir", str(directory)],
+                          capture_output=True, text=True)
+    if down.returncode != 0 and (directory / "cluster.json").exists():
+        raise Error(f"LocalCluster: {down.stderr.strip().removeprefix('farpool: ')}")
+    if owned:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+__all__ = ["Pool", "Batch", "Session", "Transaction", "Table", "Database", "LocalCluster",
+           "address", "address_str", "ROOT_SIZE", "Column"]
+

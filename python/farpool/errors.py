@@ -1,0 +1,89 @@
+"""farpool's exceptions: one class per status code of the C++ API (include/farpool/status.h).
+
+Every failed pool or database call raises the class of its Status code with the Status message,
+which names the component and the reason ("server 1 (127.0.0.1:41001): ..."). `Aborted` is a
+retryable conflict (a transaction lost a race: retry it, or let `Database.run` do it); every
+other class is a failure. All derive from `farpool.Error`, whose `code` is the C++ code name.
+
+Standard library only: importable without the native module (`farpool._native` imports it to
+map codes to classes).
+"""
+
+
+class Error(Exception):
+    """A farpool call failed; `str(e)` and `e.message` are the Status message."""
+
+    code: str = "Error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(Error, ValueError):
+    """The caller passed something malformed (a bad address, size, schema, row)."""
+
+    code = "InvalidArgument"
+
+
+class NotFound(Error, LookupError):
+    """A named thing does not exist (a table; a key for delete)."""
+
+    code = "NotFound"
+
+
+class OutOfMemory(Error):
+    """The pool (or a server) has no room for the request; also: no free session slot."""
+
+    code = "OutOfMemory"
+
+
+class Unavailable(Error):
+    """A server is unreachable, dead or shut down, or this process was evicted."""
+
+    code = "Unavailable"
+
+
+class TimedOut(Error):
+    """An operation did not complete within its deadline."""
+
+    code = "TimedOut"
+
+
+class Protocol(Error):
+    """A peer sent a malformed or incompatible message."""
+
+    code = "Protocol"
+
+
+class Aborted(Error):
+    """A retryable conflict: the transaction lost to another (first committer wins)."""
+
+    code = "Aborted"
+
+
+class IoError(Error):
+    """An operating-system call failed."""
+
+    code = "IoError"
+
+
+class Internal(Error):
+    """A bug or an unexpected library error."""
+
+    code = "Internal"
+
+
+_BY_CODE = {c.code: c for c in (InvalidArgument, NotFound, OutOfMemory, Unavailable, TimedOut,
+                                Protocol, Aborted, IoError, Internal)}
+
+
+def from_status(code: str, message: str) -> Error:
+    """The exception for a C++ Status of code name `code` (StatusCodeName) and `message`.
+    A code this module does not know yet gives a plain `Error` whose `code` is that name."""
+    cls = _BY_CODE.get(code)
+    if cls is not None:
+        return cls(message)
+    error = Error(message)
+    error.code = code
+    return error

@@ -1,0 +1,96 @@
+"""farpool.LocalCluster leaves nothing behind, and the README's Python example runs as written."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import farpool
+from farpool.venv import ROOT
+
+
+def gone(pid):
+    """No such process, or a zombie (dead; reparented servers wait for init to reap them)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat[stat.rindex(")") + 2] == "Z"
+
+
+def server_pids(cluster_file):
+    return [s["pid"] for s in json.loads(Path(cluster_file).read_text())["servers"]]
+
+
+def test_leaving_the_block_by_an_exception_stops_everything():
+    with pytest.raises(RuntimeError, match="boom"):
+        with farpool.LocalCluster(servers=2, memory="32MiB") as c:
+            directory = c.directory
+            pids = server_pids(c.cluster_file)
+            assert all(not gone(p) for p in pids)
+            pool = farpool.Pool.connect(c.cluster_file)
+            pool.write(pool.alloc(8), b"12345678")
+            raise RuntimeError("boom")
+    assert all(gone(p) for p in pids)
+    assert not any(Path(f"/dev/shm/farpool-ucx-{p}").exists() for p in pids)
+    assert not directory.exists()
+    c.stop()  # idempotent
+
+
+def test_a_start_that_fails_says_why_and_leaves_nothing():
+    c = farpool.LocalCluster(servers=2, memory="100TiB")
+    with pytest.raises(farpool.Error, match="100 TiB|MemAvailable|available"):
+        c.start()
+    assert c.directory is None
+
+
+def test_a_call_that_waits_lets_other_threads_run():
+    # Pool.connect waits for a stopped server, which only this thread can wake: were the GIL
+    # held while the call waits, this thread could not run until the connect gave up.
+    with farpool.LocalCluster(servers=1, memory="32MiB") as c:
+        (pid,) = server_pids(c.cluster_file)
+        outcome = {}
+
+        def connect():
+            entered.set()
+            try:
+                outcome["pool"] = farpool.Pool.connect(c.cluster_file)
+            except farpool.Error as e:
+                outcome["error"] = e
+
+        entered = threading.Event()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            waiter = threading.Thread(target=connect)
+            waiter.start()
+            entered.wait()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        waiter.join()
+        assert "error" not in outcome, outcome.get("error")
+        assert outcome["pool"].server_ids == [0]
+
+
+def python_blocks(markdown):
+    return re.findall(r"```python\n(.*?)```", markdown, re.S)
+
+
+def test_the_readme_example_runs_as_written():
+    (example,) = [b for b in python_blocks((ROOT / "README.md").read_text())
+                  if "farpool.LocalCluster(servers=2" in b]
+    run = subprocess.run([sys.executable, "-c", example], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "100\n"
+
+
+def test_the_example_program_runs():
+    run = subprocess.run([sys.executable, str(ROOT / "python" / "examples" / "bank.py")],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "money conserved" in run.stdout
