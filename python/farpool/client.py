@@ -86,7 +86,7 @@ class Database:
     def create_table(self, name: str, columns: Sequence[Column], *, ordered: bool = False,
                      expected_rows: int = 1024) -> Table:
         """Creates table `name` with `columns` (at most 16, names at most 23 bytes); `ordered`
-        also keeps a B+tree for `scan`. Raises InvalidArgument if the name is taken."""
+        also keeps a B+tree for `scan`. Raises AlreadyExists if the name is taken."""
         return self._db.create_table(name, list(columns), ordered, expected_rows)
 
     def open_table(self, name: str) -> Table:

@@ -33,7 +33,7 @@ class NotFound(Error, LookupError):
 
 
 class OutOfMemory(Error):
-    """The pool (or a server) has no room for the request; also: no free session slot."""
+    """The pool (or a server) has no room for the request."""
 
     code = "OutOfMemory"
 
@@ -74,8 +74,22 @@ class Internal(Error):
     code = "Internal"
 
 
+class AlreadyExists(Error):
+    """A thing to be created exclusively exists already (a table, a file)."""
+
+    code = "AlreadyExists"
+
+
+class ResourceExhausted(Error):
+    """A fixed-size table is full: no free session slot, the catalog's tables, the file
+    store's names."""
+
+    code = "ResourceExhausted"
+
+
 _BY_CODE = {c.code: c for c in (InvalidArgument, NotFound, OutOfMemory, Unavailable, TimedOut,
-                                Protocol, Aborted, IoError, Internal)}
+                                Protocol, Aborted, IoError, Internal, AlreadyExists,
+                                ResourceExhausted)}
 
 
 def from_status(code: str, message: str) -> Error:

@@ -46,7 +46,7 @@ def test_bad_rows_and_schemas_say_what_is_wrong(db):
     for malformed in (["abc"], [("s", "char", -1)], [("s", 5)], [("s",)]):
         with pytest.raises(farpool.InvalidArgument, match="a column is"):
             fresh(db, malformed)
-    with pytest.raises(farpool.InvalidArgument, match=t.name):
+    with pytest.raises(farpool.AlreadyExists, match=t.name):
         db.create_table(t.name, [("n", "int64")])
     with pytest.raises(farpool.NotFound, match="no_such_table"):
         db.open_table("no_such_table")
