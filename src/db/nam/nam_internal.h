@@ -469,10 +469,10 @@ class NamSession final : public Session, public LockOwner {
   // Nonzero: the log's state word, to be CASed to 0.
   uint64_t log_to_clear_ = 0;
   Status ClearLog();
-  // This session's stamp word on `server` (StampWordImage; allocated there on first use with
-  // the memory's own allocator, which places it exactly; freed when the session closes
-  // cleanly; a session that dies leaks its words: 16 bytes per server). OutOfMemory if that
-  // server has no room for it.
+  // This session's stamp word on `server` (StampWordImage; allocated there with the memory's
+  // own allocator, which places it exactly, for every server when the session opens; freed
+  // when the session closes cleanly; a session that dies leaks its words: 16 bytes per
+  // server). OutOfMemory if that server has no room for it.
   Result<GlobalAddress> StampWord(uint16_t server);
 
   NamDatabase& db_;

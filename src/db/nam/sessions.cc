@@ -137,6 +137,11 @@ Result<std::unique_ptr<NamSession>> NamDatabase::OpenSession(const Access& acces
       std::make_unique<NamSession>(*this, std::move(lease), GlobalAddress::FromRaw(image.log),
                                    GlobalAddress::FromRaw(image.index_log));
   FARPOOL_RETURN_IF_ERROR(BTree::RecoverRedo(session->access_, *session, session->index_log()));
+  // Its stamp words now, on every server: a session's footprint is whole from its start, and
+  // no commit pays for an allocation.
+  for (uint16_t server : access.memory().servers()) {
+    FARPOOL_RETURN_IF_ERROR(session->StampWord(server).status());
+  }
   return session;
 }
 

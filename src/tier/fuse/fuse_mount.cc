@@ -32,16 +32,22 @@ constexpr unsigned kMaxWrite = 1u << 20;
 
 PoolFs& Fs(fuse_req_t req) { return *static_cast<PoolFs*>(fuse_req_userdata(req)); }
 
-void ReplyEntry(fuse_req_t req, int err, const struct stat& st) {
-  if (err != 0) {
-    fuse_reply_err(req, err);
-    return;
-  }
+// The reply of a lookup or create for the inode of `st`, cached by the kernel for kCacheSeconds.
+fuse_entry_param EntryOf(const struct stat& st) {
   fuse_entry_param e{};
   e.ino = st.st_ino;
   e.attr = st;
   e.attr_timeout = kCacheSeconds;
   e.entry_timeout = kCacheSeconds;
+  return e;
+}
+
+void ReplyEntry(fuse_req_t req, int err, const struct stat& st) {
+  if (err != 0) {
+    fuse_reply_err(req, err);
+    return;
+  }
+  const fuse_entry_param e = EntryOf(st);
   fuse_reply_entry(req, &e);
 }
 
@@ -100,11 +106,7 @@ void MakeNode(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
     fuse_reply_err(req, open_err);
     return;
   }
-  fuse_entry_param e{};
-  e.ino = st.st_ino;
-  e.attr = st;
-  e.attr_timeout = kCacheSeconds;
-  e.entry_timeout = kCacheSeconds;
+  const fuse_entry_param e = EntryOf(st);
   fuse_reply_create(req, &e, fi);
 }
 
