@@ -125,6 +125,69 @@ def sharded_available() -> str | None:
         return str(e).split(": ", 2)[-1][:200]
 
 
+def mount_available() -> str | None:
+    """None if this build has `farpool mount` (the FUSE filesystem in the pool), else why not."""
+    if not farpool_bin().exists():
+        return f"no farpool binary at {farpool_bin()} (build it, or set FARPOOL_BIN)"
+    out = subprocess.run([str(farpool_bin()), "mount", "--help"], capture_output=True, text=True)
+    if out.returncode != 0:
+        return (f"{farpool_bin()} has no `mount` command (the FUSE filesystem of issue 10 is not "
+                f"in this build): {(out.stderr or out.stdout).strip()[-160:]}")
+    if not Path("/dev/fuse").exists():
+        return "no /dev/fuse on this machine"
+    return None
+
+
+class FarpoolMount:
+    """A local cluster (`Cluster`: shm, or tcp with every server in its own network namespace)
+    and `farpool mount` of a filesystem in it on a fresh directory; yields the mount point.
+    On exit: `farpool umount` (then `--lazy` if it is still busy), `cluster down`, the
+    directory removed. The mount's daemon runs in this process's cgroup and network namespace:
+    a process limited by a memory cgroup reaches the pool through it without being charged for
+    the pool's memory."""
+
+    def __init__(self, transport: str = "shm", servers: int = 2, memory: str = "2GiB",
+                 name: str = "fs"):
+        self.transport = transport
+        self.cluster = Cluster(servers, memory, transport, netns=(transport == "tcp"),
+                               progress="event")
+        self.name = name
+        self.mountpoint = tempfile.mkdtemp(prefix=f"farpool-mnt-{transport}-")
+        self.mounted = False
+        self.cluster_json: str | None = None
+
+    def __enter__(self) -> str:
+        self.cluster_json = self.cluster.__enter__()
+        try:
+            out = subprocess.run([str(farpool_bin()), "mount", "--cluster", self.cluster_json,
+                                  "--name", self.name, self.mountpoint], capture_output=True,
+                                 text=True, timeout=120)
+            if out.returncode != 0:
+                raise RuntimeError(f"farpool mount ({self.transport}): "
+                                   f"{(out.stderr or out.stdout).strip()[-400:]}")
+            self.mounted = True
+            os.chmod(self.mountpoint, 0o1777)
+        except (RuntimeError, OSError, subprocess.TimeoutExpired):
+            self.__exit__(None, None, None)
+            raise
+        return self.mountpoint
+
+    def __exit__(self, *exc):
+        if self.mounted:
+            for extra in ([], [], ["--lazy"]):
+                out = subprocess.run([str(farpool_bin()), "umount", *extra, self.mountpoint],
+                                     capture_output=True, text=True, timeout=120)
+                if out.returncode == 0:
+                    break
+                time.sleep(1)
+            self.mounted = False
+        self.cluster.__exit__(None, None, None)
+        try:
+            os.rmdir(self.mountpoint)
+        except OSError:
+            pass
+
+
 # ------------------------------------------------------------------ network namespaces
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
