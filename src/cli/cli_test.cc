@@ -78,7 +78,7 @@ TEST(Cli, VersionNamesTheProjectVersion) {
 TEST(Cli, UnknownCommandIsNamedWithTheValidOnes) {
   ExpectFailure("frobnicate",
                 "unknown command 'frobnicate' for `farpool`; valid: server, cluster, bench, shard, "
-                "shard-cluster");
+                "shard-cluster, mount, umount");
   ExpectFailure("cluster upp --dir /tmp/x",
                 "unknown command 'upp' for `farpool cluster`; valid: up, status, down");
   ExpectFailure("bench opz", "unknown command 'opz' for `farpool bench`; valid: ops, txn");

@@ -26,6 +26,9 @@ Command RegisterTxnBench(CLI::App& bench);
 // `bench social` and `bench tpcw` (src/cli/social_command.cc).
 Command RegisterSocialBench(CLI::App& bench);
 Command RegisterTpcwBench(CLI::App& bench);
+// `mount` and `umount` (src/cli/mount_command.cc): the pool as a FUSE filesystem.
+Command RegisterMount(CLI::App& app);
+Command RegisterUmount(CLI::App& app);
 
 // Prints "farpool: <message>" to stderr and returns 1.
 int Fail(const std::string& message);

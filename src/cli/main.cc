@@ -96,7 +96,8 @@ int main(int argc, char** argv) {
   std::vector<farpool::cli::Command> commands = {
       farpool::cli::RegisterServer(app),       farpool::cli::RegisterCluster(app),
       farpool::cli::RegisterBench(app),        farpool::cli::RegisterShard(app),
-      farpool::cli::RegisterShardCluster(app),
+      farpool::cli::RegisterShardCluster(app), farpool::cli::RegisterMount(app),
+      farpool::cli::RegisterUmount(app),
   };
   try {
     app.parse(argc, argv);

@@ -194,56 +194,103 @@ Status FileStore::ZeroBlock(GlobalAddress block) {
   return pool_.Write(block, Zeros(), kExtentSize);
 }
 
-Result<GlobalAddress> FileStore::TakeBlock() {
-  const GlobalAddress count = image_ + offsetof(StoreImage, free_count);
+Result<GlobalAddress> FileStore::Pop(const Recycler& list) {
+  const GlobalAddress count = image_ + list.count_offset;
   uint64_t available = 0;
   FARPOOL_RETURN_IF_ERROR(pool_.Read(count, &available, 8));
-  if (available != 0 && available <= kFreeSlots) {
-    uint64_t hint;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      hint = free_hint_;
-    }
-    std::vector<uint64_t> window(kFreeWindow);
-    for (uint64_t w = 0; w < kFreeSlots / kFreeWindow; ++w) {
-      const uint64_t first = ((hint + w) % (kFreeSlots / kFreeWindow)) * kFreeWindow;
-      const GlobalAddress at = image_ + offsetof(StoreImage, free) + first * 8;
-      FARPOOL_RETURN_IF_ERROR(pool_.Read(at, window.data(), kFreeWindow * 8));
-      for (uint64_t i = 0; i < kFreeWindow; ++i) {
-        if (window[i] == 0) continue;
-        FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, pool_.CompareAndSwap(at + i * 8, window[i], 0));
-        if (prev != window[i]) continue;
-        FARPOOL_RETURN_IF_ERROR(pool_.FetchAdd(count, ~uint64_t{0}).status());
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          free_hint_ = first / kFreeWindow;
-        }
-        const GlobalAddress block = GlobalAddress::FromRaw(prev);
-        FARPOOL_RETURN_IF_ERROR(ZeroBlock(block));
-        return block;
+  if (available == 0 || available > list.slots) return GlobalAddress();
+  uint64_t hint;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hint = *list.hint;
+  }
+  const uint64_t windows = list.slots / kFreeWindow;
+  std::vector<uint64_t> window(kFreeWindow);
+  for (uint64_t w = 0; w < windows; ++w) {
+    const uint64_t first = ((hint + w) % windows) * kFreeWindow;
+    const GlobalAddress at = image_ + list.slots_offset + first * 8;
+    FARPOOL_RETURN_IF_ERROR(pool_.Read(at, window.data(), kFreeWindow * 8));
+    for (uint64_t i = 0; i < kFreeWindow; ++i) {
+      if (window[i] == 0) continue;
+      FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, pool_.CompareAndSwap(at + i * 8, window[i], 0));
+      if (prev != window[i]) continue;
+      FARPOOL_RETURN_IF_ERROR(pool_.FetchAdd(count, ~uint64_t{0}).status());
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        *list.hint = first / kFreeWindow;
       }
+      return GlobalAddress::FromRaw(prev);
     }
   }
-  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress block, pool_.Alloc(kExtentSize));
+  return GlobalAddress();
+}
+
+Status FileStore::Push(const Recycler& list, GlobalAddress object) {
+  std::vector<uint64_t> window(kFreeWindow);
+  for (uint64_t first = 0; first < list.slots; first += kFreeWindow) {
+    const GlobalAddress at = image_ + list.slots_offset + first * 8;
+    FARPOOL_RETURN_IF_ERROR(pool_.Read(at, window.data(), kFreeWindow * 8));
+    for (uint64_t i = 0; i < kFreeWindow; ++i) {
+      if (window[i] != 0) continue;
+      FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, pool_.CompareAndSwap(at + i * 8, 0, object.raw()));
+      if (prev != 0) continue;
+      return pool_.FetchAdd(image_ + list.count_offset, 1).status();
+    }
+  }
+  if (pool_.Free(object).ok()) return Status::Ok();
+  // Another process's object with the list full: it stays allocated, counted.
+  return pool_.FetchAdd(image_ + offsetof(StoreImage, leaked), 1).status();
+}
+
+Result<GlobalAddress> FileStore::TakeBlock() {
+  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress block, Pop(Blocks()));
+  if (block.is_null()) {
+    FARPOOL_ASSIGN_OR_RETURN(block, pool_.Alloc(kExtentSize));
+  }
   FARPOOL_RETURN_IF_ERROR(ZeroBlock(block));
   return block;
 }
 
-Status FileStore::ReleaseBlock(GlobalAddress block) {
-  std::vector<uint64_t> window(kFreeWindow);
-  for (uint64_t first = 0; first < kFreeSlots; first += kFreeWindow) {
-    const GlobalAddress at = image_ + offsetof(StoreImage, free) + first * 8;
-    FARPOOL_RETURN_IF_ERROR(pool_.Read(at, window.data(), kFreeWindow * 8));
-    for (uint64_t i = 0; i < kFreeWindow; ++i) {
-      if (window[i] != 0) continue;
-      FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, pool_.CompareAndSwap(at + i * 8, 0, block.raw()));
-      if (prev != 0) continue;
-      return pool_.FetchAdd(image_ + offsetof(StoreImage, free_count), 1).status();
-    }
+Status FileStore::ReleaseBlock(GlobalAddress block) { return Push(Blocks(), block); }
+
+Result<uint64_t> FileStore::FreeBytes() {
+  uint64_t count = 0;
+  FARPOOL_RETURN_IF_ERROR(pool_.Read(image_ + offsetof(StoreImage, free_count), &count, 8));
+  return std::min<uint64_t>(count, kFreeSlots) * kExtentSize;
+}
+
+Result<std::unique_ptr<File>> FileStore::CreateInode(const InodeAttr& attr) {
+  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress header, Pop(Spares()));
+  if (header.is_null()) {
+    FARPOOL_ASSIGN_OR_RETURN(header, pool_.Alloc(sizeof(FileHeader)));
   }
-  if (pool_.Free(block).ok()) return Status::Ok();
-  // Another process's object with the free list full: it stays allocated, counted.
-  return pool_.FetchAdd(image_ + offsetof(StoreImage, leaked), 1).status();
+  auto image = std::make_unique<FileHeader>();
+  image->magic = kHeaderMagic;
+  image->exists = 1;
+  image->attr = attr;
+  FARPOOL_RETURN_IF_ERROR(pool_.Write(header, image.get(), sizeof(FileHeader)));
+  auto file = std::unique_ptr<File>(new File(*this, "inode " + header.ToString(), header));
+  FARPOOL_RETURN_IF_ERROR(file->Refresh());
+  return file;
+}
+
+Result<std::unique_ptr<File>> FileStore::OpenInode(GlobalAddress header) {
+  auto file = std::unique_ptr<File>(new File(*this, "inode " + header.ToString(), header));
+  uint64_t head[2];
+  FARPOOL_RETURN_IF_ERROR(pool_.Read(header, head, sizeof(head)).WithContext(file->Where()));
+  if (head[0] != kHeaderMagic || head[1] == 0) {
+    return Status::NotFound(file->Where() + " does not exist");
+  }
+  FARPOOL_RETURN_IF_ERROR(file->Refresh());
+  return file;
+}
+
+Status FileStore::DeleteInode(std::unique_ptr<File> inode) {
+  FARPOOL_RETURN_IF_ERROR(inode->Truncate(0));
+  const uint64_t zero = 0;
+  FARPOOL_RETURN_IF_ERROR(pool_.Write(inode->header() + offsetof(FileHeader, exists), &zero, 8)
+                              .WithContext(inode->Where()));
+  return Push(Spares(), inode->header());
 }
 
 // ---------------------------------------------------------------------------- File
@@ -360,11 +407,7 @@ Result<uint64_t> File::Read(uint64_t offset, void* out, uint64_t n) {
 
 Status File::Write(uint64_t offset, const void* data, uint64_t n) {
   if (n == 0) return Status::Ok();
-  if (offset > kMaxFileSize || n > kMaxFileSize - offset) {
-    return Status::InvalidArgument(Where() + ": a write ending at " + std::to_string(offset + n) +
-                                   " is beyond the largest file (" + std::to_string(kMaxFileSize) +
-                                   " bytes)");
-  }
+  FARPOOL_RETURN_IF_ERROR(CheckRange(offset, n, "a write"));
   const uint64_t end = offset + n;
   FARPOOL_RETURN_IF_ERROR(LoadExtents(offset / kExtentSize, (end - 1) / kExtentSize, true));
   const auto* src = static_cast<const unsigned char*>(data);
@@ -388,47 +431,63 @@ Status File::WriteSize(uint64_t size) {
   return Status::Ok();
 }
 
-Status File::Truncate(uint64_t size) {
-  if (size > kMaxFileSize) {
-    return Status::InvalidArgument(Where() + ": size " + std::to_string(size) +
-                                   " is beyond the largest file (" + std::to_string(kMaxFileSize) +
-                                   " bytes)");
+Status File::CheckRange(uint64_t offset, uint64_t n, const char* what) const {
+  if (offset > kMaxFileSize || n > kMaxFileSize - offset) {
+    return Status::InvalidArgument(Where() + ": " + what + " ending at " +
+                                   std::to_string(offset + n) + " is beyond the largest file (" +
+                                   std::to_string(kMaxFileSize) + " bytes)");
   }
+  return Status::Ok();
+}
+
+Status File::ZeroRange(uint64_t from, uint64_t to, const char* what) {
+  if (from >= to) return Status::Ok();
+  const uint64_t first = from / kExtentSize, last = (to - 1) / kExtentSize;
+  FARPOOL_RETURN_IF_ERROR(LoadExtents(first, last, false));
+  Batch batch(store_.pool());
+  for (uint64_t pos = from; pos < to;) {
+    const uint64_t i = pos / kExtentSize, in = pos % kExtentSize;
+    const uint64_t len = std::min(kExtentSize - in, to - pos);
+    if (extents_[i] != 0) {
+      FARPOOL_RETURN_IF_ERROR(batch.Write(GlobalAddress::FromRaw(extents_[i]) + in, Zeros(), len));
+    }
+    pos += len;
+  }
+  return batch.Wait().WithContext(Where() + ": " + what);
+}
+
+Status File::ReleaseExtents(uint64_t first, uint64_t last, const char* what) {
+  FARPOOL_RETURN_IF_ERROR(LoadExtents(first, last, false));
+  std::vector<uint64_t> prev(last + 1 - first, 0);
+  Batch batch(store_.pool());
+  for (uint64_t i = first; i <= last; ++i) {
+    if (extents_[i] == 0) continue;
+    const GlobalAddress leaf = GlobalAddress::FromRaw(state_.leaves[i / kLeafEntries]);
+    FARPOOL_RETURN_IF_ERROR(
+        batch.CompareAndSwap(leaf + (i % kLeafEntries) * 8, extents_[i], 0, &prev[i - first]));
+  }
+  FARPOOL_RETURN_IF_ERROR(batch.Wait().WithContext(Where() + ": " + what));
+  for (uint64_t i = first; i <= last; ++i) {
+    if (extents_[i] != 0 && prev[i - first] == extents_[i]) {
+      FARPOOL_RETURN_IF_ERROR(store_.ReleaseBlock(GlobalAddress::FromRaw(extents_[i])));
+    }
+    extents_[i] = 0;
+  }
+  return Status::Ok();
+}
+
+Status File::Truncate(uint64_t size) {
+  FARPOOL_RETURN_IF_ERROR(CheckRange(size, 0, "a truncate"));
   const uint64_t old = state_.size;
   if (size >= old) return WriteSize(size);  // the new bytes are zero already (layout.h)
   FARPOOL_RETURN_IF_ERROR(WriteSize(size));
   Pool& pool = store_.pool();
   // Zero the cut extent's tail, so the bytes beyond the end read as zeros when it grows again.
-  if (size % kExtentSize != 0) {
-    const uint64_t i = size / kExtentSize;
-    FARPOOL_RETURN_IF_ERROR(LoadExtents(i, i, false));
-    if (extents_[i] != 0) {
-      const uint64_t from = size % kExtentSize;
-      const uint64_t to = std::min(kExtentSize, old - i * kExtentSize);
-      FARPOOL_RETURN_IF_ERROR(
-          pool.Write(GlobalAddress::FromRaw(extents_[i]) + from, Zeros(), to - from)
-              .WithContext(Where() + ": truncate"));
-    }
-  }
   const uint64_t keep = (size + kExtentSize - 1) / kExtentSize;  // extents that stay
+  FARPOOL_RETURN_IF_ERROR(ZeroRange(size, std::min(keep * kExtentSize, old), "truncate"));
   const uint64_t last = (old - 1) / kExtentSize;
   if (keep > last) return Status::Ok();
-  FARPOOL_RETURN_IF_ERROR(LoadExtents(keep, last, false));
-  std::vector<uint64_t> prev(last + 1 - keep, 0);
-  Batch batch(pool);
-  for (uint64_t i = keep; i <= last; ++i) {
-    if (extents_[i] == 0) continue;
-    const GlobalAddress leaf = GlobalAddress::FromRaw(state_.leaves[i / kLeafEntries]);
-    FARPOOL_RETURN_IF_ERROR(
-        batch.CompareAndSwap(leaf + (i % kLeafEntries) * 8, extents_[i], 0, &prev[i - keep]));
-  }
-  FARPOOL_RETURN_IF_ERROR(batch.Wait().WithContext(Where() + ": truncate"));
-  for (uint64_t i = keep; i <= last; ++i) {
-    if (extents_[i] != 0 && prev[i - keep] == extents_[i]) {
-      FARPOOL_RETURN_IF_ERROR(store_.ReleaseBlock(GlobalAddress::FromRaw(extents_[i])));
-    }
-    extents_[i] = 0;
-  }
+  FARPOOL_RETURN_IF_ERROR(ReleaseExtents(keep, last, "truncate"));
   // Leaves wholly beyond the new end (their entries are all 0 now).
   for (int t = static_cast<int>((keep + kLeafEntries - 1) / kLeafEntries); t < kTopEntries; ++t) {
     if (state_.leaves[t] == 0) continue;
@@ -440,10 +499,53 @@ Status File::Truncate(uint64_t size) {
     }
     state_.leaves[t] = 0;
   }
+  return BumpGeneration();
+}
+
+Status File::BumpGeneration() {
   FARPOOL_ASSIGN_OR_RETURN(uint64_t generation,
-                           pool.FetchAdd(header_ + offsetof(FileHeader, generation), 1));
+                           store_.pool().FetchAdd(header_ + offsetof(FileHeader, generation), 1));
   state_.generation = generation + 1;
   return Status::Ok();
+}
+
+Status File::PunchHole(uint64_t offset, uint64_t n) {
+  FARPOOL_RETURN_IF_ERROR(CheckRange(offset, n, "a hole"));
+  const uint64_t end = offset + n;
+  const uint64_t first = (offset + kExtentSize - 1) / kExtentSize;  // whole extents: first..
+  const uint64_t after = end / kExtentSize;                         // ..after - 1
+  if (first >= after) return ZeroRange(offset, end, "punch hole");
+  FARPOOL_RETURN_IF_ERROR(ZeroRange(offset, first * kExtentSize, "punch hole"));
+  FARPOOL_RETURN_IF_ERROR(ZeroRange(after * kExtentSize, end, "punch hole"));
+  // Only the leaves that exist hold extents: a hole over unmapped space costs nothing.
+  for (int t = static_cast<int>(first / kLeafEntries); t < kTopEntries; ++t) {
+    const uint64_t lo = std::max<uint64_t>(first, t * kLeafEntries);
+    const uint64_t hi = std::min<uint64_t>(after, (t + 1) * kLeafEntries);
+    if (lo >= hi) break;
+    if (state_.leaves[t] == 0) continue;
+    FARPOOL_RETURN_IF_ERROR(ReleaseExtents(lo, hi - 1, "punch hole"));
+  }
+  return BumpGeneration();
+}
+
+Status File::Allocate(uint64_t offset, uint64_t n) {
+  FARPOOL_RETURN_IF_ERROR(CheckRange(offset, n, "an allocation"));
+  if (n == 0) return Status::Ok();
+  return LoadExtents(offset / kExtentSize, (offset + n - 1) / kExtentSize, true);
+}
+
+Result<InodeAttr> File::ReadAttr() {
+  InodeAttr attr;
+  FARPOOL_RETURN_IF_ERROR(store_.pool()
+                              .Read(header_ + offsetof(FileHeader, attr), &attr, sizeof(attr))
+                              .WithContext(Where() + ": attributes"));
+  return attr;
+}
+
+Status File::WriteAttr(const InodeAttr& attr) {
+  return store_.pool()
+      .Write(header_ + offsetof(FileHeader, attr), &attr, sizeof(attr))
+      .WithContext(Where() + ": attributes");
 }
 
 }  // namespace farpool::files

@@ -22,6 +22,10 @@
 // processes (the VFS holds the file's lock), and that a handle whose file another process may
 // have changed is Refresh()ed before use (the VFS does it whenever it raises a lock).
 //
+// Inodes: files without a name (CreateInode), named by their header's address and carrying
+// POSIX attributes (InodeAttr). The FUSE mount (src/tier/fuse/) builds its directories and
+// files from them; their headers are recycled through the store's spare[] list on delete.
+//
 // Errors: InvalidArgument for bad names and ranges, NotFound, OutOfMemory when the pool is
 // full (the file is intact up to the last successful write), and the pool's errors, each
 // naming the file.
@@ -62,6 +66,17 @@ class FileStore {
   Status Delete(std::string_view name);
   Result<bool> Exists(std::string_view name);
 
+  // A new inode: a header outside the name table with `attr`, size 0. OutOfMemory when the
+  // pool is full.
+  Result<std::unique_ptr<File>> CreateInode(const InodeAttr& attr);
+  // A handle on the inode whose header is at `header`. NotFound if it was deleted.
+  Result<std::unique_ptr<File>> OpenInode(GlobalAddress header);
+  // Releases the inode's extents and recycles its header. REQUIRES: no other handle on it is
+  // used afterwards (in any process).
+  Status DeleteInode(std::unique_ptr<File> inode);
+  // Bytes on the store's free list: pool memory the store holds but no file uses.
+  Result<uint64_t> FreeBytes();
+
   // The header of every name ever created (existing or not), for sweeps over all lock words.
   Result<std::vector<GlobalAddress>> Headers();
 
@@ -83,12 +98,32 @@ class FileStore {
   Result<GlobalAddress> Lookup(std::string_view name, bool insert);
   Status ZeroBlock(GlobalAddress block);
 
+  // A recycling list in the StoreImage: `slots` words from `slots_offset`, a count at
+  // `count_offset` (layout.h: free[] for blocks, spare[] for headers).
+  struct Recycler {
+    uint64_t slots_offset, count_offset, slots;
+    uint64_t* hint;  // the window where the last pop succeeded; GUARDED_BY(mu_)
+  };
+  // Takes an address off the list; null if it is empty.
+  Result<GlobalAddress> Pop(const Recycler& list);
+  // Puts `object` on the list; if it is full, Pool::Free (this process's own objects); else
+  // it is counted in StoreImage::leaked.
+  Status Push(const Recycler& list, GlobalAddress object);
+  Recycler Blocks() {
+    return {offsetof(StoreImage, free), offsetof(StoreImage, free_count), kFreeSlots, &free_hint_};
+  }
+  Recycler Spares() {
+    return {offsetof(StoreImage, spare), offsetof(StoreImage, spare_count), kSpareSlots,
+            &spare_hint_};
+  }
+
   Pool& pool_;
   const GlobalAddress image_;
   const uint64_t lease_ms_;
   std::mutex mu_;
   std::map<std::string, GlobalAddress, std::less<>> headers_;  // GUARDED_BY(mu_)
   uint64_t free_hint_ = 0;                                     // GUARDED_BY(mu_)
+  uint64_t spare_hint_ = 0;                                    // GUARDED_BY(mu_)
 };
 
 class File {
@@ -110,6 +145,16 @@ class File {
   Status Write(uint64_t offset, const void* data, uint64_t n);
   // Sets the size; shrinking releases whole extents beyond it.
   Status Truncate(uint64_t size);
+  // Makes [offset, offset + n) read as zeros without changing the size: whole extents in the
+  // range go back to the store's free list, the partial ones at its ends are zeroed.
+  Status PunchHole(uint64_t offset, uint64_t n);
+  // Publishes extents for [offset, offset + n) so that later writes there find their space
+  // (OutOfMemory now rather than then); the size does not change.
+  Status Allocate(uint64_t offset, uint64_t n);
+
+  // An inode's attributes (layout.h: InodeAttr): read, and written in one operation.
+  Result<InodeAttr> ReadAttr();
+  Status WriteAttr(const InodeAttr& attr);
 
  private:
   friend class FileStore;
@@ -126,6 +171,12 @@ class File {
   Status LoadExtents(uint64_t first, uint64_t last, bool allocate);
   Status EnsureLeaf(int top);
   Status WriteSize(uint64_t size);
+  Status CheckRange(uint64_t offset, uint64_t n, const char* what) const;
+  // Zeroes [from, to) of the extents that exist (to within one extent's end).
+  Status ZeroRange(uint64_t from, uint64_t to, const char* what);
+  // CASes extents first..last out of the map and recycles them; bumps the generation.
+  Status ReleaseExtents(uint64_t first, uint64_t last, const char* what);
+  Status BumpGeneration();
   std::string Where() const { return "file '" + name_ + "'"; }
 
   FileStore& store_;

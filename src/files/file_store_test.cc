@@ -104,6 +104,76 @@ TEST_F(FileStoreTest, WriteReadBackTruncateDelete) {
   EXPECT_EQ(again->size(), 0u);
 }
 
+TEST_F(FileStoreTest, PunchHoleRecyclesWholeExtentsAndZeroesTheEnds) {
+  auto f = Create("punch.db");
+  ASSERT_NE(f, nullptr);
+  const auto data = Pattern(8 * kExtentSize, 7);
+  ASSERT_TRUE(f->Write(0, data.data(), data.size()).ok());
+  auto free_before = store_->FreeBytes();
+  ASSERT_TRUE(free_before.ok()) << free_before.status().ToString();
+  // From the middle of extent 1 to the middle of extent 5: extents 2..4 go, 1 and 5 are cut.
+  const uint64_t from = kExtentSize + 100, to = 5 * kExtentSize + 200;
+  ASSERT_TRUE(f->PunchHole(from, to - from).ok());
+  auto free_after = store_->FreeBytes();
+  ASSERT_TRUE(free_after.ok());
+  EXPECT_EQ(*free_after, *free_before + 3 * kExtentSize);
+  EXPECT_EQ(f->size(), data.size());
+  // Another handle (a fresh extent cache) reads the same.
+  auto other = store_->OpenFile("punch.db", OpenMode::kExisting);
+  ASSERT_TRUE(other.ok());
+  for (File* h : {f.get(), other->get()}) {
+    std::vector<unsigned char> back(data.size(), 0xee);
+    auto n = h->Read(0, back.data(), back.size());
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    EXPECT_EQ(0, std::memcmp(back.data(), data.data(), from));
+    EXPECT_TRUE(std::all_of(back.begin() + from, back.begin() + to, [](auto c) { return c == 0; }));
+    EXPECT_EQ(0, std::memcmp(back.data() + to, data.data() + to, data.size() - to));
+  }
+  // Writing into the hole again takes the recycled extents back.
+  ASSERT_TRUE(f->Write(3 * kExtentSize, data.data(), 10).ok());
+  free_after = store_->FreeBytes();
+  ASSERT_TRUE(free_after.ok());
+  EXPECT_EQ(*free_after, *free_before + 2 * kExtentSize);
+  // Allocate publishes extents without changing the size.
+  ASSERT_TRUE(f->Allocate(data.size(), 2 * kExtentSize).ok());
+  EXPECT_EQ(f->size(), data.size());
+  ASSERT_TRUE(store_->Delete("punch.db").ok());
+}
+
+TEST_F(FileStoreTest, InodesKeepAttributesAndRecycleTheirHeaders) {
+  InodeAttr attr{0100644, 1000, 1000, 1, 0, 1, 2, 3};
+  auto inode = store_->CreateInode(attr);
+  ASSERT_TRUE(inode.ok()) << inode.status().ToString();
+  const GlobalAddress header = (*inode)->header();
+  const auto data = Pattern(kExtentSize + 10, 8);
+  ASSERT_TRUE((*inode)->Write(0, data.data(), data.size()).ok());
+  auto opened = store_->OpenInode(header);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  EXPECT_EQ((*opened)->size(), data.size());
+  auto read = (*opened)->ReadAttr();
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ(read->mode, 0100644u);
+  EXPECT_EQ(read->mtime_ns, 2);
+  attr.mode = 0100600;
+  ASSERT_TRUE((*opened)->WriteAttr(attr).ok());
+  read = (*inode)->ReadAttr();
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ(read->mode, 0100600u);
+  // Inodes are not names.
+  auto exists = store_->Exists("inode " + header.ToString());
+  ASSERT_TRUE(exists.ok());
+  EXPECT_FALSE(*exists);
+
+  ASSERT_TRUE(store_->DeleteInode(std::move(*inode)).ok());
+  EXPECT_EQ(store_->OpenInode(header).status().code(), StatusCode::kNotFound);
+  // The next inode reuses the header, empty.
+  auto next = store_->CreateInode(attr);
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ((*next)->header(), header);
+  EXPECT_EQ((*next)->size(), 0u);
+  ASSERT_TRUE(store_->DeleteInode(std::move(*next)).ok());
+}
+
 TEST_F(FileStoreTest, HolesReadAsZerosAcrossExtents) {
   auto f = Create("holes.db");
   ASSERT_NE(f, nullptr);

@@ -5,8 +5,10 @@
 //     └─> StoreImage          one object, created once (allocated, filled, then CAS 0 → its
 //         ├─ leases[56]       address into the root word; the loser frees its copy)
 //         ├─ free[8192]       recycled extents (any process may take one)
+//         ├─ spare[4096]      recycled headers of deleted inodes (the FUSE mount's files)
 //         └─ names[4096]      open-addressing table of FileHeader addresses, 8 per bucket
-//              └─> FileHeader one per name ever created, never moved or freed
+//              └─> FileHeader one per name ever created, never moved or freed; inodes
+//                  (headers outside the name table, named by address) are recycled
 //                  └─ leaves[8] ─> leaf (an extent-sized block of 32768 extent addresses)
 //                                   └─> extent (kExtentSize bytes of file data)
 //
@@ -20,7 +22,11 @@
 //   - Bytes of a file at or beyond `size` read as zero: extents are zeroed before they are
 //     published, and a truncate zeroes the tail of the extent it cuts.
 //   - free[] holds each recycled block at most once (push CAS 0 → block, take CAS block → 0),
-//     so a taker that wins the CAS owns the block, whatever happened to the slot in between.
+//     so a taker that wins the CAS owns the block, whatever happened to the slot in between;
+//     spare[] likewise for inode headers.
+//
+// Version 2 (the FUSE mount) added FileHeader::attr and StoreImage::spare[]; a version-1 store
+// is refused by name (FileStore::Open), not misread.
 #pragma once
 
 #include <cstddef>
@@ -35,7 +41,7 @@ namespace farpool::files {
 inline constexpr uint64_t kStoreRootOffset = Pool::kRootSize - 64;
 
 inline constexpr uint64_t kStoreMagic = 0x666172706f6f6c46;  // "farpoolF"
-inline constexpr uint64_t kStoreVersion = 1;
+inline constexpr uint64_t kStoreVersion = 2;
 inline constexpr uint64_t kHeaderMagic = 0x4644482d6c6f6f70;
 
 inline constexpr uint64_t kExtentSize = 256 << 10;
@@ -48,6 +54,7 @@ inline constexpr int kLeaseSlots = 56;  // one reader bit each in a lock word
 inline constexpr int kNameSlots = 4096;
 inline constexpr int kBucketSlots = 8;
 inline constexpr int kFreeSlots = 8192;
+inline constexpr int kSpareSlots = 4096;
 
 struct LeaseSlot {
   // 0: free. A live owner's token (bit 63 clear), or kSweeping | the token of a process that
@@ -63,13 +70,24 @@ struct StoreImage {
   uint64_t magic;
   uint64_t version;
   uint64_t extent_size;
-  uint64_t lease_ms;    // how long a lease lasts without renewal
-  uint64_t free_count;  // blocks in free[] (a hint: pushes and takes adjust it afterwards)
-  uint64_t leaked;      // blocks that neither free[] nor Pool::Free could take back
-  uint64_t reserved[2];
+  uint64_t lease_ms;     // how long a lease lasts without renewal
+  uint64_t free_count;   // blocks in free[] (a hint: pushes and takes adjust it afterwards)
+  uint64_t leaked;       // blocks and headers that neither list nor Pool::Free could take back
+  uint64_t spare_count;  // headers in spare[] (a hint, like free_count)
+  uint64_t reserved;
   LeaseSlot leases[kLeaseSlots];
   uint64_t free[kFreeSlots];
+  uint64_t spare[kSpareSlots];
   uint64_t names[kNameSlots];
+};
+
+// An inode's attributes (the FUSE mount, src/tier/fuse/): zero for the store's named files.
+struct InodeAttr {
+  uint64_t mode;  // st_mode: type and permissions
+  uint64_t uid, gid;
+  uint64_t nlink;   // 1 while a directory entry names the inode, 0 once unlinked
+  uint64_t parent;  // a directory's parent (header address; the root's is itself)
+  int64_t atime_ns, mtime_ns, ctime_ns;  // since the Unix epoch
 };
 
 struct FileHeader {
@@ -81,6 +99,7 @@ struct FileHeader {
   uint64_t leaves[kTopEntries];
   uint64_t name_length;
   char name[kMaxNameLength + 1];
+  InodeAttr attr;
 };
 
 // What a handle refreshes in one read: lock .. leaves.

@@ -1,0 +1,37 @@
+// `farpool mount` and `farpool umount`: the FUSE 3 daemon (low-level API, multithreaded,
+// writeback cache, 1 MiB writes) that serves a PoolFs (pool_fs.h) at a mount point.
+//
+// Mount returns once the filesystem is mounted, like mount(8): it forks a daemon that connects
+// to the pool, takes the mount lease, mounts, and reports success or the reason for failure
+// through a pipe; the parent prints it and exits. With `foreground` it serves in this process
+// until unmounted (or SIGTERM/SIGINT). The daemon's log (pool errors with their reasons) goes
+// to `log`.
+//
+// The mount's source in /proc/self/mountinfo is "farpool:<name>:<daemon pid>" (type
+// fuse.farpool): Unmount finds the daemon there and waits for it to release the mount lease.
+#pragma once
+
+#include <string>
+
+#include "farpool/status.h"
+
+namespace farpool::fuse {
+
+struct MountOptions {
+  std::string cluster_file;
+  std::string mountpoint;
+  std::string name = "fs";  // the filesystem in the pool: several may share one cluster
+  bool foreground = false;
+  std::string log;  // the daemon's stderr; empty: /tmp/farpool-mount-<name>.log
+};
+
+// Mounts and returns the message to print ("mounted ... (daemon pid P, log L)"); in the
+// foreground, returns once unmounted.
+Result<std::string> Mount(const MountOptions& options);
+
+// Unmounts a farpool mount and waits until its daemon has exited (so the next mount gets the
+// lease at once). Busy (open files, a working directory inside) fails with the reason unless
+// `lazy`, which detaches now: the daemon exits once the last file is closed.
+Status Unmount(const std::string& mountpoint, bool lazy);
+
+}  // namespace farpool::fuse

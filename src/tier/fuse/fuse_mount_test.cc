@@ -1,0 +1,522 @@
+// `farpool mount` for real: a `farpool cluster` of server processes, the mount daemon started by
+// the CLI on a temporary directory, and the test process using the mount with plain system
+// calls (and fio). Every mount is undone in teardown, also when a test fails.
+//
+// What is checked: POSIX behaviour (files, holes, truncate, rename over, directories, long
+// names, many files, fsync, punch hole freeing space), everything still there after unmount +
+// mount, data integrity under concurrent writers (fio --verify), unmount with open files, a
+// SIGKILLed daemon (the next mount reclaims the lease, acknowledged changes are there), a
+// second concurrent mount refused naming the holder, a full pool (ENOSPC, the file intact up
+// to the last successful fsync), a lost server (EIO, no hang).
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <linux/falloc.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "pool/test_cluster.h"
+
+namespace farpool {
+namespace {
+
+struct Outcome {
+  int code;
+  std::string output;
+};
+
+// Runs a shell command, capturing stdout and stderr.
+Outcome Shell(const std::string& cmd) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return {-1, "popen failed"};
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+std::vector<unsigned char> Pattern(size_t n, uint32_t seed) {
+  std::vector<unsigned char> v(n);
+  std::mt19937 rng(seed);
+  for (auto& c : v) c = static_cast<unsigned char>(rng());
+  return v;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void WriteAll(const std::string& path, const std::string& data) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << data;
+  ASSERT_TRUE(out.good()) << path;
+}
+
+// The daemon pid of the farpool mount at `dir` (its source is farpool:<name>:<pid>); 0 if none.
+pid_t DaemonOf(const std::string& dir) {
+  std::ifstream in("/proc/self/mountinfo");
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream f(line);
+    std::string id, parent, dev, root, point, word, type, source;
+    f >> id >> parent >> dev >> root >> point;
+    if (point != dir) continue;
+    while (f >> word && word != "-") {
+    }
+    f >> type >> source;
+    if (type != "fuse.farpool") continue;
+    return static_cast<pid_t>(std::atol(source.c_str() + source.rfind(':') + 1));
+  }
+  return 0;
+}
+
+// Blocks until process `pid` (not a child) has exited.
+void AwaitExit(pid_t pid) {
+  const int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (fd < 0) return;  // gone already
+  pollfd p{fd, POLLIN, 0};
+  while (poll(&p, 1, -1) < 0 && errno == EINTR) {
+  }
+  close(fd);
+}
+
+class FuseMountTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { cluster_ = Start(2, 256ull << 20); }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+  static TestCluster* Start(int servers, uint64_t memory) {
+    LocalClusterOptions o;
+    o.servers = servers;
+    o.memory = memory;
+    o.chunk_size = 1ull << 20;
+    o.progress = ProgressMode::kEvent;  // a shared 2-core machine
+    auto* c = new TestCluster(o);
+    EXPECT_TRUE(c->status().ok()) << c->status().ToString();
+    return c;
+  }
+
+  void SetUp() override {
+    ASSERT_TRUE(cluster_ != nullptr && cluster_->status().ok());
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    name_ = info->name();
+    dir_ = MakeTempDir("fuse-" + name_);
+  }
+  // Unmounts whatever this test mounted, however it ended.
+  void TearDown() override {
+    for (const std::string& m : mounts_) {
+      const pid_t daemon = DaemonOf(m);
+      if (daemon == 0) continue;
+      Shell("umount -l " + m);
+      AwaitExit(daemon);
+    }
+    if (HasFailure()) {
+      for (const std::string& m : mounts_) {
+        std::fprintf(stderr, "--- daemon log of %s:\n%s\n", m.c_str(), ReadAll(m + ".log").c_str());
+      }
+    }
+    Shell("rm -rf " + dir_);
+  }
+
+  // A new empty directory under this test's temporary directory.
+  std::string NewDir(const std::string& leaf) {
+    const std::string d = dir_ + "/" + leaf;
+    mkdir(d.c_str(), 0755);
+    return d;
+  }
+  Outcome MountAt(const std::string& point, const std::string& fs, TestCluster& cluster) {
+    mounts_.insert(point);
+    return Shell(std::string(FARPOOL_BINARY) + " mount --cluster " + cluster.cluster_file() +
+                 " --name " + fs + " --log " + point + ".log " + point);
+  }
+  // Mounts this test's filesystem at `point` on the suite's cluster; asserts success.
+  void Mount(const std::string& point, TestCluster* cluster = nullptr) {
+    Outcome r = MountAt(point, name_, cluster != nullptr ? *cluster : *cluster_);
+    ASSERT_EQ(r.code, 0) << r.output;
+  }
+  void Unmount(const std::string& point) {
+    Outcome r = Shell(std::string(FARPOOL_BINARY) + " umount " + point);
+    ASSERT_EQ(r.code, 0) << r.output;
+    ASSERT_EQ(DaemonOf(point), 0) << point << " is still mounted";
+  }
+
+  static TestCluster* cluster_;
+  std::string name_, dir_;
+  std::set<std::string> mounts_;
+};
+TestCluster* FuseMountTest::cluster_ = nullptr;
+
+TEST_F(FuseMountTest, FilesHolesTruncateRenameAndTheyOutliveTheMount) {
+  const std::string m = NewDir("m");
+  Mount(m);
+  // Write and read back, across extent boundaries (256 KiB).
+  const auto data = Pattern(3 << 20, 1);
+  const std::string a = m + "/a";
+  WriteAll(a, std::string(data.begin(), data.end()));
+  EXPECT_EQ(ReadAll(a), std::string(data.begin(), data.end()));
+
+  // A hole: 1 byte at 10 MiB; everything before reads as zeros past the data.
+  {
+    const int fd = open((m + "/sparse").c_str(), O_CREAT | O_RDWR, 0644);
+    ASSERT_GE(fd, 0) << strerror(errno);
+    ASSERT_EQ(pwrite(fd, "x", 1, 10 << 20), 1);
+    ASSERT_EQ(fsync(fd), 0) << strerror(errno);
+    close(fd);
+    const std::string s = ReadAll(m + "/sparse");
+    ASSERT_EQ(s.size(), (10u << 20) + 1);
+    EXPECT_EQ(s.find_first_not_of('\0'), 10u << 20);
+  }
+
+  // Truncate down into an extent, then up: the cut bytes come back as zeros.
+  ASSERT_EQ(truncate(a.c_str(), 300000), 0) << strerror(errno);
+  ASSERT_EQ(truncate(a.c_str(), 1 << 20), 0) << strerror(errno);
+  {
+    const std::string s = ReadAll(a);
+    ASSERT_EQ(s.size(), 1u << 20);
+    EXPECT_EQ(s.substr(0, 300000), std::string(data.begin(), data.begin() + 300000));
+    EXPECT_EQ(s.find_first_not_of('\0', 300000), std::string::npos);
+  }
+
+  // Rename over an existing file: the target has the source's bytes, the source is gone.
+  WriteAll(m + "/old", "old contents");
+  WriteAll(m + "/new", "new contents");
+  ASSERT_EQ(rename((m + "/new").c_str(), (m + "/old").c_str()), 0) << strerror(errno);
+  EXPECT_EQ(ReadAll(m + "/old"), "new contents");
+  EXPECT_NE(access((m + "/new").c_str(), F_OK), 0);
+  // RENAME_NOREPLACE onto an existing name: EEXIST.
+  EXPECT_EQ(syscall(SYS_renameat2, AT_FDCWD, (m + "/sparse").c_str(), AT_FDCWD,
+                    (m + "/old").c_str(), RENAME_NOREPLACE),
+            -1);
+  EXPECT_EQ(errno, EEXIST);
+
+  // chmod and utimens are kept.
+  ASSERT_EQ(chmod((m + "/old").c_str(), 0600), 0);
+  const timespec times[2] = {{1000000000, 5}, {1200000000, 7}};
+  ASSERT_EQ(utimensat(AT_FDCWD, (m + "/old").c_str(), times, 0), 0) << strerror(errno);
+
+  // fsync and fdatasync of a file and fsync of a directory succeed.
+  {
+    const int fd = open(a.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    EXPECT_EQ(fsync(fd), 0) << strerror(errno);
+    EXPECT_EQ(fdatasync(fd), 0) << strerror(errno);
+    close(fd);
+    const int dfd = open(m.c_str(), O_RDONLY | O_DIRECTORY);
+    ASSERT_GE(dfd, 0);
+    EXPECT_EQ(fsync(dfd), 0) << strerror(errno);
+    close(dfd);
+  }
+
+  // Unmount and mount again: all of it is in the pool.
+  Unmount(m);
+  Mount(m);
+  {
+    const std::string s = ReadAll(a);
+    ASSERT_EQ(s.size(), 1u << 20);
+    EXPECT_EQ(s.substr(0, 300000), std::string(data.begin(), data.begin() + 300000));
+    EXPECT_EQ(ReadAll(m + "/old"), "new contents");
+    EXPECT_EQ(ReadAll(m + "/sparse").size(), (10u << 20) + 1);
+    struct stat st;
+    ASSERT_EQ(stat((m + "/old").c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 07777, 0600u);
+    EXPECT_EQ(st.st_mtim.tv_sec, 1200000000);
+    EXPECT_EQ(st.st_mtim.tv_nsec, 7);
+  }
+}
+
+TEST_F(FuseMountTest, DirectoriesNamesAndManyFiles) {
+  const std::string m = NewDir("m");
+  Mount(m);
+  ASSERT_EQ(mkdir((m + "/d").c_str(), 0755), 0) << strerror(errno);
+  ASSERT_EQ(mkdir((m + "/d/e").c_str(), 0755), 0) << strerror(errno);
+  WriteAll(m + "/d/e/f", "deep");
+  EXPECT_EQ(mkdir((m + "/d").c_str(), 0755), -1);
+  EXPECT_EQ(errno, EEXIST);
+  EXPECT_EQ(rmdir((m + "/d").c_str()), -1);
+  EXPECT_EQ(errno, ENOTEMPTY);
+  EXPECT_EQ(rmdir((m + "/d/e/f").c_str()), -1);
+  EXPECT_EQ(errno, ENOTDIR);
+  EXPECT_EQ(unlink((m + "/d").c_str()), -1);
+  EXPECT_EQ(errno, EISDIR);
+  // A directory cannot move into itself.
+  EXPECT_EQ(rename((m + "/d").c_str(), (m + "/d/e/d").c_str()), -1);
+  EXPECT_EQ(errno, EINVAL);
+  // A directory moves with its contents.
+  ASSERT_EQ(rename((m + "/d/e").c_str(), (m + "/e2").c_str()), 0) << strerror(errno);
+  EXPECT_EQ(ReadAll(m + "/e2/f"), "deep");
+  ASSERT_EQ(rmdir((m + "/d").c_str()), 0) << strerror(errno);
+
+  // Names: 255 bytes work, 256 are ENAMETOOLONG.
+  const std::string longest(255, 'n');
+  WriteAll(m + "/" + longest, "long");
+  EXPECT_EQ(ReadAll(m + "/" + longest), "long");
+  const std::string too_long = m + "/" + std::string(256, 'n');
+  EXPECT_EQ(open(too_long.c_str(), O_CREAT | O_WRONLY, 0644), -1);
+  EXPECT_EQ(errno, ENAMETOOLONG);
+  EXPECT_EQ(mkdir(too_long.c_str(), 0755), -1);
+  EXPECT_EQ(errno, ENAMETOOLONG);
+
+  // Many files in one directory, listed completely (readdir continues across batches).
+  ASSERT_EQ(mkdir((m + "/many").c_str(), 0755), 0);
+  constexpr int kFiles = 2000;
+  for (int i = 0; i < kFiles; ++i) {
+    WriteAll(m + "/many/file-" + std::to_string(i), std::to_string(i * 7));
+  }
+  for (int i = 0; i < kFiles; i += 2) {
+    ASSERT_EQ(unlink((m + "/many/file-" + std::to_string(i)).c_str()), 0);
+  }
+  auto list = [&](const std::string& d) {
+    std::set<std::string> names;
+    DIR* dir = opendir(d.c_str());
+    EXPECT_NE(dir, nullptr);
+    if (dir == nullptr) return names;
+    while (dirent* e = readdir(dir)) names.insert(e->d_name);
+    closedir(dir);
+    return names;
+  };
+  auto check = [&] {
+    const std::set<std::string> names = list(m + "/many");
+    EXPECT_EQ(names.size(), kFiles / 2 + 2u);  // with "." and ".."
+    for (int i = 1; i < kFiles; i += 2) {
+      ASSERT_EQ(names.count("file-" + std::to_string(i)), 1u) << i;
+      ASSERT_EQ(ReadAll(m + "/many/file-" + std::to_string(i)), std::to_string(i * 7));
+    }
+  };
+  check();
+  const std::set<std::string> top = list(m);
+  EXPECT_EQ(top, (std::set<std::string>{".", "..", "e2", "many", longest}));
+
+  Unmount(m);
+  Mount(m);
+  check();
+  EXPECT_EQ(ReadAll(m + "/e2/f"), "deep");
+  EXPECT_NE(access((m + "/d").c_str(), F_OK), 0);
+}
+
+TEST_F(FuseMountTest, PunchHoleGivesSpaceBackAndStatfsShowsThePool) {
+  const std::string m = NewDir("m");
+  Mount(m);
+  struct statvfs before, after;
+  ASSERT_EQ(statvfs(m.c_str(), &before), 0) << strerror(errno);
+  // Two servers of 256 MiB (less what the servers keep for themselves).
+  EXPECT_LE(before.f_blocks * before.f_frsize, 512ull << 20);
+  EXPECT_GE(before.f_blocks * before.f_frsize, 500ull << 20);
+  EXPECT_LE(before.f_bfree, before.f_blocks);
+  EXPECT_EQ(before.f_namemax, 255u);
+
+  const std::string f = m + "/temp";
+  const int fd = open(f.c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(fd, 0);
+  const auto data = Pattern(16 << 20, 2);
+  ASSERT_EQ(pwrite(fd, data.data(), data.size(), 0), static_cast<ssize_t>(data.size()));
+  ASSERT_EQ(fsync(fd), 0) << strerror(errno);
+  ASSERT_EQ(statvfs(m.c_str(), &before), 0);
+  // Punch 8 MiB out of the middle (32 whole extents), keeping the size.
+  ASSERT_EQ(fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 4 << 20, 8 << 20), 0)
+      << strerror(errno);
+  ASSERT_EQ(statvfs(m.c_str(), &after), 0);
+  EXPECT_GE(after.f_bfree * after.f_frsize, before.f_bfree * before.f_frsize + (8 << 20))
+      << "punching 8 MiB should free 8 MiB";
+  // The hole reads as zeros, the rest is intact, the size is unchanged.
+  std::vector<unsigned char> back(data.size());
+  ASSERT_EQ(pread(fd, back.data(), back.size(), 0), static_cast<ssize_t>(back.size()));
+  EXPECT_TRUE(std::equal(back.begin(), back.begin() + (4 << 20), data.begin()));
+  EXPECT_TRUE(std::all_of(back.begin() + (4 << 20), back.begin() + (12 << 20),
+                          [](unsigned char c) { return c == 0; }));
+  EXPECT_TRUE(std::equal(back.begin() + (12 << 20), back.end(), data.begin() + (12 << 20)));
+  // A partial hole inside one extent zeroes just those bytes.
+  ASSERT_EQ(fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 100, 1000), 0);
+  unsigned char some[1200];
+  ASSERT_EQ(pread(fd, some, sizeof(some), 0), static_cast<ssize_t>(sizeof(some)));
+  EXPECT_TRUE(std::equal(some, some + 100, data.begin()));
+  EXPECT_TRUE(std::all_of(some + 100, some + 1100, [](unsigned char c) { return c == 0; }));
+  EXPECT_TRUE(std::equal(some + 1100, some + 1200, data.begin() + 1100));
+  // Plain fallocate grows the file with zeros; an unknown mode is EOPNOTSUPP.
+  ASSERT_EQ(fallocate(fd, 0, 16 << 20, 1 << 20), 0) << strerror(errno);
+  struct stat st;
+  ASSERT_EQ(fstat(fd, &st), 0);
+  EXPECT_EQ(st.st_size, 17 << 20);
+  EXPECT_EQ(fallocate(fd, FALLOC_FL_COLLAPSE_RANGE, 0, 1 << 20), -1);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  close(fd);
+  ASSERT_EQ(unlink(f.c_str()), 0);
+}
+
+TEST_F(FuseMountTest, ConcurrentWritersVerifiedByFio) {
+  if (Shell("command -v fio").code != 0) GTEST_SKIP() << "fio is not installed";
+  const std::string m = NewDir("m");
+  Mount(m);
+  const std::string job = "fio --name=verify --directory=" + m +
+                          " --ioengine=psync --rw=randwrite --bs=4k --size=8m --numjobs=4"
+                          " --verify=crc32c --verify_fatal=1 --fsync_on_close=1"
+                          " --randrepeat=1 --group_reporting";
+  Outcome r = Shell(job + " --do_verify=1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  // The same data, verified again by another mount.
+  Unmount(m);
+  Mount(m);
+  r = Shell(job + " --verify_only");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("verify: bad"), std::string::npos) << r.output;
+}
+
+TEST_F(FuseMountTest, UnmountWithOpenFiles) {
+  const std::string m = NewDir("m");
+  Mount(m);
+  int fd = open((m + "/open").c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(write(fd, "still open", 10), 10);
+  // Busy: refused with the reason, the mount stays.
+  Outcome r = Shell(std::string(FARPOOL_BINARY) + " umount " + m);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("busy"), std::string::npos) << r.output;
+  ASSERT_NE(DaemonOf(m), 0);
+  // Lazy: detached now; the open file still works; the daemon ends when it is closed.
+  const pid_t daemon = DaemonOf(m);
+  r = Shell(std::string(FARPOOL_BINARY) + " umount --lazy " + m);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(DaemonOf(m), 0);
+  ASSERT_EQ(pwrite(fd, "!", 1, 10), 1);
+  ASSERT_EQ(fsync(fd), 0) << strerror(errno);
+  close(fd);
+  AwaitExit(daemon);
+  Mount(m);
+  EXPECT_EQ(ReadAll(m + "/open"), "still open!");
+}
+
+TEST_F(FuseMountTest, KilledDaemonLosesNothingAcknowledgedAndItsLeaseIsReclaimed) {
+  const std::string m = NewDir("m");
+  Mount(m);
+  const auto data = Pattern(1 << 20, 3);
+  {
+    const int fd = open((m + "/synced").c_str(), O_CREAT | O_RDWR, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(write(fd, data.data(), data.size()), static_cast<ssize_t>(data.size()));
+    ASSERT_EQ(fsync(fd), 0) << strerror(errno);
+    close(fd);
+  }
+  // Metadata is in the pool when the call returns, without any fsync.
+  ASSERT_EQ(mkdir((m + "/dir").c_str(), 0700), 0);
+  ASSERT_EQ(rename((m + "/synced").c_str(), (m + "/dir/renamed").c_str()), 0);
+  const pid_t daemon = DaemonOf(m);
+  ASSERT_GT(daemon, 0);
+  ASSERT_EQ(kill(daemon, SIGKILL), 0);
+  AwaitExit(daemon);
+  Shell("umount -l " + m);
+  // The next mount waits out the dead daemon's lease, then has everything.
+  Mount(m);
+  const std::string back = ReadAll(m + "/dir/renamed");
+  EXPECT_TRUE(back == std::string(data.begin(), data.end())) << back.size() << " bytes";
+  struct stat st;
+  ASSERT_EQ(stat((m + "/dir").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  EXPECT_NE(access((m + "/synced").c_str(), F_OK), 0);
+}
+
+TEST_F(FuseMountTest, SecondConcurrentMountIsRefusedNamingTheHolder) {
+  const std::string m1 = NewDir("m1"), m2 = NewDir("m2");
+  Mount(m1);
+  Outcome r = MountAt(m2, name_, *cluster_);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("is mounted by"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("pid " + std::to_string(DaemonOf(m1))), std::string::npos) << r.output;
+  EXPECT_EQ(DaemonOf(m2), 0);
+  // Another filesystem of the same pool mounts beside it.
+  r = MountAt(m2, name_ + "-other", *cluster_);
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
+TEST_F(FuseMountTest, FullPoolIsEnospcWithTheFileIntact) {
+  std::unique_ptr<TestCluster> tiny(Start(1, 24ull << 20));
+  ASSERT_TRUE(tiny->status().ok());
+  const std::string m = NewDir("m");
+  Mount(m, tiny.get());
+  const std::string f = m + "/big";
+  const int fd = open(f.c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(fd, 0);
+  const auto chunk = Pattern(1 << 20, 4);
+  uint64_t synced = 0;
+  int err = 0;
+  for (int i = 0; i < 64 && err == 0; ++i) {
+    if (pwrite(fd, chunk.data(), chunk.size(), synced) != static_cast<ssize_t>(chunk.size()) ||
+        fsync(fd) != 0) {
+      err = errno;
+    } else {
+      synced += chunk.size();
+    }
+  }
+  close(fd);
+  ASSERT_EQ(err, ENOSPC) << strerror(err);
+  ASSERT_GT(synced, 0u);
+  auto intact = [&] {
+    const std::string s = ReadAll(f);
+    ASSERT_GE(s.size(), synced);
+    for (uint64_t off = 0; off < synced; off += chunk.size()) {
+      ASSERT_EQ(std::memcmp(s.data() + off, chunk.data(), chunk.size()), 0) << "at " << off;
+    }
+  };
+  intact();
+  Unmount(m);
+  Mount(m, tiny.get());
+  intact();
+  // The space comes back with the file.
+  ASSERT_EQ(unlink(f.c_str()), 0);
+  WriteAll(m + "/again", std::string(chunk.begin(), chunk.end()));
+  EXPECT_EQ(ReadAll(m + "/again").size(), chunk.size());
+  Unmount(m);
+}
+
+TEST_F(FuseMountTest, LostServerIsEioNotAHang) {
+  std::unique_ptr<TestCluster> doomed(Start(2, 64ull << 20));
+  ASSERT_TRUE(doomed->status().ok());
+  const std::string m = NewDir("m");
+  Mount(m, doomed.get());
+  const auto data = Pattern(4 << 20, 5);
+  WriteAll(m + "/f", std::string(data.begin(), data.end()));
+  auto servers = ClusterStatus(doomed->dir());
+  ASSERT_TRUE(servers.ok()) << servers.status().ToString();
+  for (const ServerStatus& server : *servers) {
+    ASSERT_GT(server.stats.pid, 0);
+    ASSERT_EQ(kill(static_cast<pid_t>(server.stats.pid), SIGKILL), 0);
+  }
+  // Until the daemon's pool notices (its heartbeats go unanswered), a read over mapped shared
+  // memory may still succeed; then every read is EIO. A hang fails the test by its timeout.
+  const int fd = open((m + "/f").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  std::vector<unsigned char> back(data.size());
+  int err = 0;
+  while (err == 0) {
+    ASSERT_EQ(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);  // past the page cache
+    if (pread(fd, back.data(), back.size(), 0) < 0) {
+      err = errno;
+    } else {
+      usleep(100000);
+    }
+  }
+  close(fd);
+  EXPECT_EQ(err, EIO) << strerror(err);
+}
+
+}  // namespace
+}  // namespace farpool
