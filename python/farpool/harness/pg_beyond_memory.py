@@ -52,7 +52,7 @@ SYSTEMS = ["memory", "disk", "farpool-shm", "farpool-tcp", "disk-nolimit"]
 LABELS = {"memory": "all in memory (tmpfs, no limit)", "disk": "local disk, limited",
           "farpool-shm": "farpool mount (shm), limited", "farpool-tcp": "farpool mount (tcp), limited",
           "disk-nolimit": "local disk, no limit"}
-MIB_PER_SCALE = 15.5  # pgbench's database per scale unit on PostgreSQL 15 (tables + indexes)
+MIB_PER_SCALE = 15  # pgbench's tables + indexes per scale unit on PostgreSQL 15 (measured: 979 MiB at scale 64)
 
 
 def as_postgres(cmd: list[str]) -> list[str]:
