@@ -35,7 +35,7 @@ turns the limit off for every variant.
 Output: bench/results/duckdb_spill.{jsonl,md,png} (the png: the seed's figure, average time
 per query per variant on a log axis).
 
-Usage: bench/experiments/duckdb_spill [--scale 1] [--memory-limit 200MB] [--threads 2]
+Usage: bench/experiments/duckdb_spill [--scale 1] [--database file|memory] [--memory-limit auto] [--threads 2]
          [--queries all|1,3,9] [--variants disk,tmpfs,farpool-shm,farpool-tcp] [--repeat 3]
          [--farpool-dir DIR]   (use an existing mount's directory instead of starting one)
 """
@@ -401,7 +401,8 @@ def plot(rows, variants, queries, path: Path, args) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scale", type=float, default=1.0, help="TPC-H scale factor (default 1)")
-    ap.add_argument("--memory-limit", default="200MB", help="DuckDB memory_limit (default 200MB)")
+    ap.add_argument("--memory-limit", default="auto",
+                    help="DuckDB memory_limit (auto: 40MB with --database file, 100MB with memory)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--database", choices=["file", "memory"], default="file",
                     help="file: the tables in a DuckDB file on tmpfs, only intermediates spill; memory: "
@@ -427,6 +428,8 @@ def main(argv=None) -> int:
         return 0
 
     import duckdb
+    if args.memory_limit == "auto":
+        args.memory_limit = "40MB" if args.database == "file" else "100MB"
     variants = [v for v in args.variants.split(",") if v]
     queries = parse_queries(args.queries)
     notes = {"duckdb_version": duckdb.__version__}
