@@ -84,7 +84,7 @@ Result<GlobalAddress> FileStore::Lookup(std::string_view name, bool insert) {
   }
   GlobalAddress mine;  // a header of ours not yet published
   auto finish = [&](GlobalAddress found) -> Result<GlobalAddress> {
-    if (!mine.is_null() && mine != found) FARPOOL_RETURN_IF_ERROR(pool_.Free(mine));
+    if (!mine.is_null() && mine != found) FARPOOL_RETURN_IF_ERROR(Push(Spares(), mine));
     if (!found.is_null()) {
       std::lock_guard<std::mutex> lock(mu_);
       headers_.emplace(std::string(name), found);
@@ -128,7 +128,7 @@ Result<GlobalAddress> FileStore::Lookup(std::string_view name, bool insert) {
         header->magic = kHeaderMagic;
         header->name_length = name.size();
         std::memcpy(header->name, name.data(), name.size());
-        FARPOOL_ASSIGN_OR_RETURN(mine, pool_.Alloc(sizeof(FileHeader)));
+        FARPOOL_ASSIGN_OR_RETURN(mine, NewHeader());
         FARPOOL_RETURN_IF_ERROR(pool_.Write(mine, header.get(), sizeof(FileHeader)));
       }
       FARPOOL_ASSIGN_OR_RETURN(uint64_t prev,
@@ -137,7 +137,7 @@ Result<GlobalAddress> FileStore::Lookup(std::string_view name, bool insert) {
       // Another creator took the slot (maybe for this very name): look at the bucket again.
     }
   }
-  if (!mine.is_null()) FARPOOL_RETURN_IF_ERROR(pool_.Free(mine));
+  if (!mine.is_null()) FARPOOL_RETURN_IF_ERROR(Push(Spares(), mine));
   return Status::OutOfMemory("file store: the name table is full (" + std::to_string(kNameSlots) +
                              " names)");
 }
@@ -253,6 +253,18 @@ Result<GlobalAddress> FileStore::TakeBlock() {
 
 Status FileStore::ReleaseBlock(GlobalAddress block) { return Push(Blocks(), block); }
 
+Result<GlobalAddress> FileStore::NewHeader() {
+  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress header, Pop(Spares()));
+  if (!header.is_null()) return header;
+  // Carve a block into headers: they come from the same recycled memory as data, so a pool
+  // that is full of freed extents still has room for new files.
+  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress block, TakeBlock());
+  for (uint64_t at = kHeaderStride; at < kExtentSize; at += kHeaderStride) {
+    FARPOOL_RETURN_IF_ERROR(Push(Spares(), block + at));
+  }
+  return block;
+}
+
 Result<uint64_t> FileStore::FreeBytes() {
   uint64_t count = 0;
   FARPOOL_RETURN_IF_ERROR(pool_.Read(image_ + offsetof(StoreImage, free_count), &count, 8));
@@ -260,10 +272,7 @@ Result<uint64_t> FileStore::FreeBytes() {
 }
 
 Result<std::unique_ptr<File>> FileStore::CreateInode(const InodeAttr& attr) {
-  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress header, Pop(Spares()));
-  if (header.is_null()) {
-    FARPOOL_ASSIGN_OR_RETURN(header, pool_.Alloc(sizeof(FileHeader)));
-  }
+  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress header, NewHeader());
   auto image = std::make_unique<FileHeader>();
   image->magic = kHeaderMagic;
   image->exists = 1;
@@ -318,6 +327,11 @@ Status File::EnsureLeaf(int top) {
   return Status::Ok();
 }
 
+GlobalAddress File::MapWord(uint64_t i) const {
+  if (i < kDirectEntries) return header_ + offsetof(FileHeader, direct) + i * 8;
+  return GlobalAddress::FromRaw(state_.leaves[i / kLeafEntries]) + (i % kLeafEntries) * 8;
+}
+
 Status File::LoadExtents(uint64_t first, uint64_t last, bool allocate) {
   if (extents_.size() <= last) extents_.resize(last + 1, 0);
   auto missing = [&] {
@@ -327,24 +341,32 @@ Status File::LoadExtents(uint64_t first, uint64_t last, bool allocate) {
   if (!missing()) return Status::Ok();
   const int top_first = static_cast<int>(first / kLeafEntries);
   const int top_last = static_cast<int>(last / kLeafEntries);
+  // Leaf t holds [lo, hi] of the range, if any.
+  auto range = [&](int t, uint64_t* lo, uint64_t* hi) {
+    *lo = std::max<uint64_t>(first, LeafStart(t));
+    *hi = std::min<uint64_t>(last, (t + 1) * kLeafEntries - 1);
+    return *lo <= *hi;
+  };
+  uint64_t lo, hi;
   for (int t = top_first; t <= top_last; ++t) {
-    if (state_.leaves[t] != 0) continue;
+    if (!range(t, &lo, &hi) || state_.leaves[t] != 0) continue;
     // Another process may have added the leaf since this handle read the header.
     FARPOOL_RETURN_IF_ERROR(Refresh());
     if (extents_.size() <= last) extents_.resize(last + 1, 0);
     break;
   }
   Batch batch(store_.pool());
+  if (first < kDirectEntries) {
+    const uint64_t end = std::min<uint64_t>(last, kDirectEntries - 1);
+    FARPOOL_RETURN_IF_ERROR(batch.Read(MapWord(first), &extents_[first], (end - first + 1) * 8));
+  }
   for (int t = top_first; t <= top_last; ++t) {
+    if (!range(t, &lo, &hi)) continue;
     if (state_.leaves[t] == 0) {
       if (!allocate) continue;
       FARPOOL_RETURN_IF_ERROR(EnsureLeaf(t));
     }
-    const uint64_t lo = std::max<uint64_t>(first, t * kLeafEntries);
-    const uint64_t hi = std::min<uint64_t>(last, (t + 1) * kLeafEntries - 1);
-    const GlobalAddress leaf = GlobalAddress::FromRaw(state_.leaves[t]);
-    FARPOOL_RETURN_IF_ERROR(
-        batch.Read(leaf + (lo % kLeafEntries) * 8, &extents_[lo], (hi - lo + 1) * 8));
+    FARPOOL_RETURN_IF_ERROR(batch.Read(MapWord(lo), &extents_[lo], (hi - lo + 1) * 8));
   }
   FARPOOL_RETURN_IF_ERROR(batch.Wait().WithContext(Where() + ": extent map"));
   if (!allocate || !missing()) return Status::Ok();
@@ -364,9 +386,7 @@ Status File::LoadExtents(uint64_t first, uint64_t last, bool allocate) {
   }
   for (uint64_t i = first; i <= last; ++i) {
     if (mine[i - first] == 0) continue;
-    const GlobalAddress leaf = GlobalAddress::FromRaw(state_.leaves[i / kLeafEntries]);
-    FARPOOL_RETURN_IF_ERROR(
-        batch.CompareAndSwap(leaf + (i % kLeafEntries) * 8, 0, mine[i - first], &prev[i - first]));
+    FARPOOL_RETURN_IF_ERROR(batch.CompareAndSwap(MapWord(i), 0, mine[i - first], &prev[i - first]));
   }
   FARPOOL_RETURN_IF_ERROR(batch.Wait().WithContext(Where() + ": extent map"));
   for (uint64_t i = first; i <= last; ++i) {
@@ -462,9 +482,7 @@ Status File::ReleaseExtents(uint64_t first, uint64_t last, const char* what) {
   Batch batch(store_.pool());
   for (uint64_t i = first; i <= last; ++i) {
     if (extents_[i] == 0) continue;
-    const GlobalAddress leaf = GlobalAddress::FromRaw(state_.leaves[i / kLeafEntries]);
-    FARPOOL_RETURN_IF_ERROR(
-        batch.CompareAndSwap(leaf + (i % kLeafEntries) * 8, extents_[i], 0, &prev[i - first]));
+    FARPOOL_RETURN_IF_ERROR(batch.CompareAndSwap(MapWord(i), extents_[i], 0, &prev[i - first]));
   }
   FARPOOL_RETURN_IF_ERROR(batch.Wait().WithContext(Where() + ": " + what));
   for (uint64_t i = first; i <= last; ++i) {
@@ -489,8 +507,8 @@ Status File::Truncate(uint64_t size) {
   if (keep > last) return Status::Ok();
   FARPOOL_RETURN_IF_ERROR(ReleaseExtents(keep, last, "truncate"));
   // Leaves wholly beyond the new end (their entries are all 0 now).
-  for (int t = static_cast<int>((keep + kLeafEntries - 1) / kLeafEntries); t < kTopEntries; ++t) {
-    if (state_.leaves[t] == 0) continue;
+  for (int t = 0; t < kTopEntries; ++t) {
+    if (LeafStart(t) < keep || state_.leaves[t] == 0) continue;
     FARPOOL_ASSIGN_OR_RETURN(
         uint64_t was,
         pool.CompareAndSwap(header_ + offsetof(FileHeader, leaves) + t * 8, state_.leaves[t], 0));
@@ -518,11 +536,14 @@ Status File::PunchHole(uint64_t offset, uint64_t n) {
   FARPOOL_RETURN_IF_ERROR(ZeroRange(offset, first * kExtentSize, "punch hole"));
   FARPOOL_RETURN_IF_ERROR(ZeroRange(after * kExtentSize, end, "punch hole"));
   // Only the leaves that exist hold extents: a hole over unmapped space costs nothing.
-  for (int t = static_cast<int>(first / kLeafEntries); t < kTopEntries; ++t) {
-    const uint64_t lo = std::max<uint64_t>(first, t * kLeafEntries);
+  if (first < std::min(after, kDirectEntries)) {
+    FARPOOL_RETURN_IF_ERROR(
+        ReleaseExtents(first, std::min(after, kDirectEntries) - 1, "punch hole"));
+  }
+  for (int t = 0; t < kTopEntries; ++t) {
+    const uint64_t lo = std::max<uint64_t>(first, LeafStart(t));
     const uint64_t hi = std::min<uint64_t>(after, (t + 1) * kLeafEntries);
-    if (lo >= hi) break;
-    if (state_.leaves[t] == 0) continue;
+    if (lo >= hi || state_.leaves[t] == 0) continue;
     FARPOOL_RETURN_IF_ERROR(ReleaseExtents(lo, hi - 1, "punch hole"));
   }
   return BumpGeneration();

@@ -8,7 +8,8 @@
 //   auto n = (*f)->Read(0, page, 4096);                       // bytes before end of file
 //
 // How it works (layout.h has the objects and their invariants): a file is a header with its
-// size and a two-level map (8 leaves × 32768 extents of 256 KiB, 64 GiB at most); the name
+// size and a map (8 direct extents of 256 KiB in the header, then 8 leaves × 32768 extents,
+// 64 GiB at most); the name
 // table maps names to headers. A handle caches the header state and the extent addresses it
 // has used, so a read or write inside existing extents is one Batch (one round trip however
 // many extents it spans); growing a file adds the round trips that publish the new extents
@@ -97,6 +98,9 @@ class FileStore {
   // name is not there and !insert.
   Result<GlobalAddress> Lookup(std::string_view name, bool insert);
   Status ZeroBlock(GlobalAddress block);
+  // Pool memory for a FileHeader: from spare[], else a block carved into kHeaderStride pieces
+  // (the rest go to spare[]).
+  Result<GlobalAddress> NewHeader();
 
   // A recycling list in the StoreImage: `slots` words from `slots_offset`, a count at
   // `count_offset` (layout.h: free[] for blocks, spare[] for headers).
@@ -161,6 +165,7 @@ class File {
   struct State {
     uint64_t lock, generation, size;
     uint64_t leaves[kTopEntries];
+    uint64_t direct[kDirectEntries];
   };
   static_assert(sizeof(State) == kHeaderStateSize);
 
@@ -170,6 +175,11 @@ class File {
   // leaves (one round trip); with `allocate`, missing leaves and extents are created.
   Status LoadExtents(uint64_t first, uint64_t last, bool allocate);
   Status EnsureLeaf(int top);
+  // The map word of extent i: in the header for the first kDirectEntries, else in its leaf.
+  // REQUIRES: i < kDirectEntries or its leaf is in state_.
+  GlobalAddress MapWord(uint64_t i) const;
+  // The first extent that leaf t maps (leaf 0 starts after the direct extents).
+  static uint64_t LeafStart(int t) { return t == 0 ? kDirectEntries : t * kLeafEntries; }
   Status WriteSize(uint64_t size);
   Status CheckRange(uint64_t offset, uint64_t n, const char* what) const;
   // Zeroes [from, to) of the extents that exist (to within one extent's end).

@@ -107,16 +107,17 @@ TEST_F(FileStoreTest, WriteReadBackTruncateDelete) {
 TEST_F(FileStoreTest, PunchHoleRecyclesWholeExtentsAndZeroesTheEnds) {
   auto f = Create("punch.db");
   ASSERT_NE(f, nullptr);
-  const auto data = Pattern(8 * kExtentSize, 7);
+  const auto data = Pattern(12 * kExtentSize, 7);
   ASSERT_TRUE(f->Write(0, data.data(), data.size()).ok());
   auto free_before = store_->FreeBytes();
   ASSERT_TRUE(free_before.ok()) << free_before.status().ToString();
-  // From the middle of extent 1 to the middle of extent 5: extents 2..4 go, 1 and 5 are cut.
-  const uint64_t from = kExtentSize + 100, to = 5 * kExtentSize + 200;
+  // From the middle of extent 5 to the middle of extent 10: extents 6..9 go (6 and 7 mapped
+  // from the header, 8 and 9 from leaf 0), 5 and 10 are cut.
+  const uint64_t from = 5 * kExtentSize + 100, to = 10 * kExtentSize + 200;
   ASSERT_TRUE(f->PunchHole(from, to - from).ok());
   auto free_after = store_->FreeBytes();
   ASSERT_TRUE(free_after.ok());
-  EXPECT_EQ(*free_after, *free_before + 3 * kExtentSize);
+  EXPECT_EQ(*free_after, *free_before + 4 * kExtentSize);
   EXPECT_EQ(f->size(), data.size());
   // Another handle (a fresh extent cache) reads the same.
   auto other = store_->OpenFile("punch.db", OpenMode::kExisting);
@@ -129,14 +130,22 @@ TEST_F(FileStoreTest, PunchHoleRecyclesWholeExtentsAndZeroesTheEnds) {
     EXPECT_TRUE(std::all_of(back.begin() + from, back.begin() + to, [](auto c) { return c == 0; }));
     EXPECT_EQ(0, std::memcmp(back.data() + to, data.data() + to, data.size() - to));
   }
-  // Writing into the hole again takes the recycled extents back.
-  ASSERT_TRUE(f->Write(3 * kExtentSize, data.data(), 10).ok());
+  // Writing into the hole again takes a recycled extent back.
+  ASSERT_TRUE(f->Write(7 * kExtentSize, data.data(), 10).ok());
   free_after = store_->FreeBytes();
   ASSERT_TRUE(free_after.ok());
-  EXPECT_EQ(*free_after, *free_before + 2 * kExtentSize);
+  EXPECT_EQ(*free_after, *free_before + 3 * kExtentSize);
+  // Cut to within the direct extents: leaf 0 and the extents beyond go too.
+  ASSERT_TRUE(f->Truncate(kExtentSize).ok());
+  free_after = store_->FreeBytes();
+  ASSERT_TRUE(free_after.ok());
+  EXPECT_EQ(*free_after, *free_before + 12 * kExtentSize);  // 10 extents and the leaf
   // Allocate publishes extents without changing the size.
-  ASSERT_TRUE(f->Allocate(data.size(), 2 * kExtentSize).ok());
-  EXPECT_EQ(f->size(), data.size());
+  ASSERT_TRUE(f->Allocate(3 * kExtentSize, 2 * kExtentSize).ok());
+  EXPECT_EQ(f->size(), kExtentSize);
+  free_after = store_->FreeBytes();
+  ASSERT_TRUE(free_after.ok());
+  EXPECT_EQ(*free_after, *free_before + 10 * kExtentSize);
   ASSERT_TRUE(store_->Delete("punch.db").ok());
 }
 
@@ -166,12 +175,25 @@ TEST_F(FileStoreTest, InodesKeepAttributesAndRecycleTheirHeaders) {
 
   ASSERT_TRUE(store_->DeleteInode(std::move(*inode)).ok());
   EXPECT_EQ(store_->OpenInode(header).status().code(), StatusCode::kNotFound);
-  // The next inode reuses the header, empty.
-  auto next = store_->CreateInode(attr);
-  ASSERT_TRUE(next.ok());
-  EXPECT_EQ((*next)->header(), header);
-  EXPECT_EQ((*next)->size(), 0u);
-  ASSERT_TRUE(store_->DeleteInode(std::move(*next)).ok());
+  // Headers are recycled: 4096 creates and deletes (2 MiB of headers if they were not) lease
+  // at most the chunk that one block of headers may need.
+  auto leased = [&] {
+    uint64_t sum = 0;
+    for (uint16_t id : pool_->server_ids()) {
+      auto stats = pool_->Stats(id);
+      EXPECT_TRUE(stats.ok()) << stats.status().ToString();
+      if (stats.ok()) sum += stats->leased;
+    }
+    return sum;
+  };
+  const uint64_t before = leased();
+  for (int i = 0; i < 4096; ++i) {
+    auto next = store_->CreateInode(attr);
+    ASSERT_TRUE(next.ok()) << next.status().ToString();
+    ASSERT_EQ((*next)->size(), 0u);
+    ASSERT_TRUE(store_->DeleteInode(std::move(*next)).ok());
+  }
+  EXPECT_LE(leased() - before, 1u << 20);
 }
 
 TEST_F(FileStoreTest, HolesReadAsZerosAcrossExtents) {

@@ -8,7 +8,10 @@
 //         ├─ spare[4096]      recycled headers of deleted inodes (the FUSE mount's files)
 //         └─ names[4096]      open-addressing table of FileHeader addresses, 8 per bucket
 //              └─> FileHeader one per name ever created, never moved or freed; inodes
-//                  (headers outside the name table, named by address) are recycled
+//                  (headers outside the name table, named by address) are recycled.
+//                  Headers are carved from blocks (kHeaderStride apart), like extents
+//                  recycled inside the store
+//                  ├─ direct[8] ─> extents 0..7 (the first 2 MiB)
 //                  └─ leaves[8] ─> leaf (an extent-sized block of 32768 extent addresses)
 //                                   └─> extent (kExtentSize bytes of file data)
 //
@@ -16,7 +19,8 @@
 //   - A names[] slot changes only 0 → header (CAS). A header's name never changes, so a
 //     process may cache name → header forever. Names fill their probe sequence from the
 //     front: a lookup stops at the first 0 slot.
-//   - A leaf or extent address changes only 0 → block (CAS, by a writer that zeroed the block
+//   - A leaf or extent address (in a leaf or in direct[]) changes only 0 → block (CAS, by a writer
+//   that zeroed the block
 //     first) and block → 0 (a truncate or delete, which then bumps `generation`). Handles
 //     that cached addresses drop them when they see a new generation.
 //   - Bytes of a file at or beyond `size` read as zero: extents are zeroed before they are
@@ -47,6 +51,9 @@ inline constexpr uint64_t kHeaderMagic = 0x4644482d6c6f6f70;
 inline constexpr uint64_t kExtentSize = 256 << 10;
 inline constexpr uint64_t kLeafEntries = kExtentSize / 8;  // a leaf maps 8 GiB
 inline constexpr int kTopEntries = 8;
+// Extents 0..7 (the first 2 MiB) are mapped from the header itself, so a small file needs no
+// leaf: one extent, not an extent and a leaf. Leaf 0's first kDirectEntries words stay 0.
+inline constexpr uint64_t kDirectEntries = 8;
 inline constexpr uint64_t kMaxFileSize = kTopEntries * kLeafEntries * kExtentSize;  // 64 GiB
 inline constexpr size_t kMaxNameLength = 255;
 
@@ -97,12 +104,17 @@ struct FileHeader {
   uint64_t generation;  // +1 whenever a leaf or extent is released
   uint64_t size;
   uint64_t leaves[kTopEntries];
+  uint64_t direct[kDirectEntries];  // extents 0..kDirectEntries - 1
   uint64_t name_length;
   char name[kMaxNameLength + 1];
   InodeAttr attr;
 };
 
-// What a handle refreshes in one read: lock .. leaves.
+// Headers are carved from extent-sized blocks, kHeaderStride bytes apart.
+inline constexpr uint64_t kHeaderStride = 512;
+static_assert(sizeof(FileHeader) <= kHeaderStride && kExtentSize % kHeaderStride == 0);
+
+// What a handle refreshes in one read: lock .. direct.
 inline constexpr uint64_t kHeaderStateOffset = offsetof(FileHeader, lock);
 inline constexpr uint64_t kHeaderStateSize = offsetof(FileHeader, name_length) - kHeaderStateOffset;
 

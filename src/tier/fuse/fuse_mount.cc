@@ -298,8 +298,12 @@ std::string Hostname() {
 // Serves the filesystem until unmounted. `ready` is called once mounted (or with the reason it
 // could not be).
 Status Serve(const MountOptions& o, const std::function<void(const Status&)>& ready) {
+  char since[32];
+  const std::time_t now = std::time(nullptr);
+  std::tm utc;
+  std::strftime(since, sizeof(since), "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &utc));
   const std::string holder = Hostname() + " pid " + std::to_string(getpid()) + " mountpoint " +
-                             o.mountpoint + " since " + std::to_string(std::time(nullptr));
+                             o.mountpoint + " since " + since;
   auto fs = PoolFs::Open(o.cluster_file, o.name, holder);
   if (!fs.ok()) return fs.status();
   const std::string options = "allow_other,default_permissions,fsname=farpool:" + o.name + ":" +
