@@ -381,6 +381,7 @@ def plot(rows, variants, queries, path: Path, args) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401
     fig, ax = plt.subplots(figsize=(12, 4.8))
     width = 0.8 / max(1, len(variants))
     for k, v in enumerate(variants):
@@ -389,6 +390,8 @@ def plot(rows, variants, queries, path: Path, args) -> None:
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(queries))])
     ax.set_xticklabels([f"q{n:02d}" for n in queries])
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.set_ylabel("execution time (s, log)")
     ax.set_xlabel("query")
     ax.set_title(f"DuckDB TPC-H SF {args.scale:g}, memory_limit {args.memory_limit}: temp directory on "

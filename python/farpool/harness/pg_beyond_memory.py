@@ -266,7 +266,7 @@ def plot(rows, systems, args, path: Path) -> None:
     ax.axhline(79, color="grey", linestyle="--", linewidth=1)
     ax.text(len(cl) - 0.5, 80, "seed 001: 79%", fontsize=7, color="grey")
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cl))])
-    ax.set_xticklabels([f"{c} clients" for c in cl])
+    ax.set_xticklabels([f"{c} client{'s' if c > 1 else ''}" for c in cl])
     ax.set_ylabel("tps, % of all-in-memory (labels: tps)")
     ax.set_title(f"pgbench, database {args.db_mib:.0f} MiB, postmaster's cgroup limited to {args.limit} "
                  "(cf. seed 001)", fontsize=9)
