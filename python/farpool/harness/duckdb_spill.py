@@ -124,7 +124,7 @@ def _same(got, want: str) -> bool:
             a, b = float(got), float(Decimal(want))
         except (InvalidOperation, ValueError):
             return False
-        return abs(a - b) <= 1e-6 * max(1.0, abs(b)) + 0.011
+        return abs(a - b) <= 1e-9 * abs(b) + 0.006
     return str(got).strip() == want.strip()
 
 
