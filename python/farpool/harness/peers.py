@@ -153,6 +153,7 @@ class FarpoolMount:
         self.cluster = Cluster(*self._cluster_args)
         self.name = name
         self.mountpoint = tempfile.mkdtemp(prefix=f"farpool-mnt-{transport}-")
+        self.log_path = self.mountpoint + ".log"  # the daemon's errors; kept if it wrote any
         self.mounted = False
         self.cluster_json: str | None = None
 
@@ -164,8 +165,8 @@ class FarpoolMount:
             try:
                 self.cluster_json = self.cluster.__enter__()
                 out = subprocess.run([str(farpool_bin()), "mount", "--cluster", self.cluster_json,
-                                      "--name", self.name, self.mountpoint], capture_output=True,
-                                     text=True, timeout=120)
+                                      "--name", self.name, "--log", self.log_path, self.mountpoint],
+                                     capture_output=True, text=True, timeout=120)
                 if out.returncode != 0:
                     raise RuntimeError(f"farpool mount ({self.transport}): "
                                        f"{(out.stderr or out.stdout).strip()[-400:]}")
@@ -197,6 +198,8 @@ class FarpoolMount:
         self._teardown()
         try:
             os.rmdir(self.mountpoint)
+            if os.path.getsize(self.log_path) == 0:
+                os.remove(self.log_path)
         except OSError:
             pass
 
