@@ -4,6 +4,9 @@ local disk, 1 and 16 jobs (issue 10, experiment 1; the seed's table redrawn).
   farpool-shm   `farpool mount` on a fresh `cluster up --servers 2 --transport shm --progress
                 event` (2 x --memory); fio with O_DIRECT, so every 4 KiB goes through FUSE to
                 the daemon and to pool memory (no page cache hit)
+  farpool-shm-cached  the same mount without O_DIRECT: reads and writes hit the kernel's page
+                cache (writeback cache, pages kept across opens), which is what an application
+                that does not ask for O_DIRECT sees; it measures FUSE's cache, not the pool
   farpool-tcp   the same on `cluster up --transport tcp --netns --progress event`: every server
                 in its own network namespace behind a veth pair on a bridge, the daemon in the
                 root namespace, so each 4 KiB crosses TCP; loopback TCP if namespaces fail
@@ -18,11 +21,12 @@ directory after fio has laid the files out (one file per job). The machine may b
 the points run round-robin (every system once per (workload, jobs), --repeat times); the table
 shows the median IOPS and the .md the load average at start and end.
 
-Output: bench/results/fio_iops.jsonl (every run), fio_iops.md (median IOPS, farpool/tmpfs and
-farpool/disk), fio_iops.png.
+Output: bench/results/NAME.jsonl (every run), NAME.md (median IOPS, farpool/tmpfs and
+farpool/disk), NAME.png; NAME is --out-name, by default fio_iops.
 
 Usage: bench/experiments/fio_iops [--jobs 1,16] [--size 32m] [--seconds 5] [--repeat 3]
-                                  [--systems farpool-shm,farpool-tcp,tmpfs,disk]
+                                  [--systems farpool-shm,farpool-shm-cached,farpool-tcp,tmpfs,disk]
+                                  [--out-name NAME]
 """
 
 from __future__ import annotations
@@ -42,11 +46,15 @@ from pathlib import Path
 from farpool.harness import peers
 from farpool.harness.peers import log
 
-SYSTEMS = ["farpool-shm", "farpool-tcp", "tmpfs", "disk"]
-LABELS = {"farpool-shm": "farpool mount (shm)", "farpool-tcp": "farpool mount (tcp, netns)",
+SYSTEMS = ["farpool-shm", "farpool-shm-cached", "farpool-tcp", "tmpfs", "disk"]
+BUFFERED = {"farpool-shm-cached", "tmpfs"}  # no O_DIRECT
+LABELS = {"farpool-shm": "farpool mount (shm)",
+          "farpool-shm-cached": "farpool mount (shm, page cache)",
+          "farpool-tcp": "farpool mount (tcp, netns)",
           "tmpfs": "tmpfs", "disk": "local disk (O_DIRECT)"}
 WORKLOADS = ["randread", "randwrite"]
-RATIOS = [("farpool-shm", "tmpfs"), ("farpool-shm", "disk"), ("farpool-tcp", "disk")]
+RATIOS = [("farpool-shm", "tmpfs"), ("farpool-shm", "disk"), ("farpool-shm-cached", "tmpfs"),
+          ("farpool-tcp", "disk")]
 
 
 @contextlib.contextmanager
@@ -106,7 +114,7 @@ def measure(systems, jobs_list, size, seconds, repeat, memory):
         dirs = {}
         for s in systems:
             try:
-                if s == "farpool-shm":
+                if s in ("farpool-shm", "farpool-shm-cached"):
                     dirs[s] = stack.enter_context(farpool_mount("shm", memory, notes))
                 elif s == "farpool-tcp":
                     dirs[s] = stack.enter_context(farpool_mount("tcp", memory, notes))
@@ -122,7 +130,7 @@ def measure(systems, jobs_list, size, seconds, repeat, memory):
                     for s, d in dirs.items():
                         log(f"rep {rep} {rw} jobs {jobs} {s}")
                         try:
-                            r = fio(d, rw, jobs, size, seconds, direct=s != "tmpfs")
+                            r = fio(d, rw, jobs, size, seconds, direct=s not in BUFFERED)
                         except (RuntimeError, subprocess.TimeoutExpired) as e:
                             notes[s] = f"{rw} x{jobs} failed: {str(e)[:200]}"
                             continue
@@ -201,6 +209,7 @@ def main(argv=None) -> int:
     ap.add_argument("--memory", default="1GiB", help="per server (2 servers)")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--out", default=str(peers.ROOT / "bench" / "results"))
+    ap.add_argument("--out-name", default="fio_iops")
     args = ap.parse_args(argv)
     if shutil.which("fio") is None:
         log("fio is not installed (make setup installs it)")
@@ -219,18 +228,18 @@ def main(argv=None) -> int:
             log(f"{s}: {n}")
         return 1
     out = Path(args.out)
-    peers.write_jsonl(out / "fio_iops.jsonl", rows)
+    peers.write_jsonl(out / f"{args.out_name}.jsonl", rows)
     med = medians(rows)
     r0 = rows[0]
     la = lambda t: "/".join(f"{x:.2f}" for x in t)
     cmd = (f"bench/experiments/fio_iops --systems {args.systems} --jobs {args.jobs} --size "
-           f"{args.size} --seconds {args.seconds:g} --repeat {args.repeat}")
+           f"{args.size} --seconds {args.seconds:g} --repeat {args.repeat} --out-name {args.out_name}")
     md = (f"Measured {r0['time']} on {r0['host']} ({r0['cores']} cores, shared with other work: "
           f"load average (1/5/15 min) {la(load_start)} at start, {la(load_end)} at end), git "
           f"{r0['git_sha']}, `{cmd}`. IOPS: the median of {args.repeat} runs per point (range in "
           f"parentheses), run round-robin.\n\n" + table(med, notes, jobs_list))
-    (out / "fio_iops.md").write_text(md)
-    plot(med, jobs_list, out / "fio_iops.png")
+    (out / f"{args.out_name}.md").write_text(md)
+    plot(med, jobs_list, out / f"{args.out_name}.png")
     print(md)
     return 0
 

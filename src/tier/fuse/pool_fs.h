@@ -20,9 +20,9 @@
 //     it acknowledged. A rename writes the target entry (one write: a replaced target's name
 //     points to the old inode, then to the new one, never to nothing) before clearing the
 //     source entry: a daemon killed between the two leaves the inode under both names.
-//   - An unlinked inode's data and header are released when the kernel forgets it and no
-//     handle is open (POSIX: an open file outlives its name). A daemon killed before that
-//     leaks them (they are not reachable from the root; there is no fsck yet).
+//   - An unlinked inode's data is released once no handle is open (POSIX: an open file
+//     outlives its name), its header once the kernel forgets it too. A daemon killed before
+//     that leaks them (they are not reachable from the root; there is no fsck yet).
 //
 // Errors: each call returns 0 or an errno for the kernel. Pool failures are EIO (ENOSPC when
 // the pool is full) and their reasons (Status messages naming the file and the server) go to
