@@ -127,6 +127,85 @@ def sharded_available() -> str | None:
         return str(e).split(": ", 2)[-1][:200]
 
 
+def mount_available() -> str | None:
+    """None if this build has `farpool mount` (the FUSE filesystem in the pool), else why not."""
+    if not farpool_bin().exists():
+        return f"no farpool binary at {farpool_bin()} (build it, or set FARPOOL_BIN)"
+    out = subprocess.run([str(farpool_bin()), "mount", "--help"], capture_output=True, text=True)
+    if out.returncode != 0:
+        return (f"{farpool_bin()} has no `mount` command (the FUSE filesystem of issue 10 is not "
+                f"in this build): {(out.stderr or out.stdout).strip()[-160:]}")
+    if not Path("/dev/fuse").exists():
+        return "no /dev/fuse on this machine"
+    return None
+
+
+class FarpoolMount:
+    """A local cluster (`Cluster`: shm, or tcp with every server in its own network namespace)
+    and `farpool mount` of a filesystem in it on a fresh directory; yields the mount point.
+    On exit: `farpool umount` (then `--lazy` if it is still busy), `cluster down`, the
+    directory removed. The mount's daemon runs in this process's cgroup and network namespace:
+    a process limited by a memory cgroup reaches the pool through it without being charged for
+    the pool's memory."""
+
+    def __init__(self, transport: str = "shm", servers: int = 2, memory: str = "2GiB",
+                 name: str = "fs"):
+        self.transport = transport
+        self._cluster_args = (servers, memory, transport, transport == "tcp", "event")
+        self.cluster = Cluster(*self._cluster_args)
+        self.name = name
+        self.mountpoint = tempfile.mkdtemp(prefix=f"farpool-mnt-{transport}-")
+        self.log_path = self.mountpoint + ".log"  # the daemon's errors; kept if it wrote any
+        self.mounted = False
+        self.cluster_json: str | None = None
+
+    def __enter__(self) -> str:
+        # Up to 3 attempts of cluster up + mount: on this shared machine a connection sometimes
+        # fails while another user's bridge comes or goes ("connection lost" to a server that
+        # is up; see the TPC-B over TCP section of docs/experiments.md).
+        for attempt in range(3):
+            try:
+                self.cluster_json = self.cluster.__enter__()
+                out = subprocess.run([str(farpool_bin()), "mount", "--cluster", self.cluster_json,
+                                      "--name", self.name, "--log", self.log_path, self.mountpoint],
+                                     capture_output=True, text=True, timeout=120)
+                if out.returncode != 0:
+                    raise RuntimeError(f"farpool mount ({self.transport}): "
+                                       f"{(out.stderr or out.stdout).strip()[-400:]}")
+                self.mounted = True
+                os.chmod(self.mountpoint, 0o1777)
+                return self.mountpoint
+            except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+                self._teardown()
+                if attempt == 2:
+                    os.rmdir(self.mountpoint)
+                    raise RuntimeError(f"{e} (3 attempts)") from e
+                log(f"   {self.transport} cluster + mount, attempt {attempt + 1} failed: {str(e)[:200]}")
+                self.cluster = Cluster(*self._cluster_args)
+                time.sleep(2)
+        raise AssertionError("unreachable")
+
+    def _teardown(self):
+        if self.mounted:
+            for extra in ([], [], ["--lazy"]):
+                out = subprocess.run([str(farpool_bin()), "umount", *extra, self.mountpoint],
+                                     capture_output=True, text=True, timeout=120)
+                if out.returncode == 0:
+                    break
+                time.sleep(1)
+            self.mounted = False
+        self.cluster.__exit__(None, None, None)
+
+    def __exit__(self, *exc):
+        self._teardown()
+        try:
+            os.rmdir(self.mountpoint)
+            if os.path.getsize(self.log_path) == 0:
+                os.remove(self.log_path)
+        except OSError:
+            pass
+
+
 # ------------------------------------------------------------------ network namespaces
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
