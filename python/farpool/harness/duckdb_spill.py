@@ -464,26 +464,11 @@ def main(argv=None) -> int:
                          "database (`:memory:`) under the memory_limit: its tables are DuckDB temporary "
                          "data, written to the temp directory beyond the limit and read back by the "
                          "queries (load: " + "LOADTIMES" + ")")
-    mounts: dict[str, peers.FarpoolMount] = {}
     roots = {"disk": "/var/tmp", "tmpfs": "/dev/shm"}
+    mounts: dict[str, peers.FarpoolMount] = {}
     try:
-        why_mount = peers.mount_available() if any(v.startswith("farpool-") for v in variants) else None
-        for v in [v for v in variants if v.startswith("farpool-")]:
-            if v == "farpool-shm" and args.farpool_dir:
-                roots[v] = args.farpool_dir
-                notes[v] = f"temp directory under {args.farpool_dir} (given)"
-            elif why_mount:
-                notes[v] = f"not run: {why_mount}"
-            else:
-                try:
-                    m = peers.FarpoolMount(v.split("-")[1], 2, args.pool_memory)
-                    roots[v] = m.__enter__()
-                    mounts[v] = m
-                    notes[v] = (f"2 servers x {args.pool_memory}, {m.transport}"
-                                f"{', servers in network namespaces' if m.transport == 'tcp' else ''}, "
-                                f"mounted on {roots[v]}")
-                except RuntimeError as e:
-                    notes[v] = f"not run: {e}"
+        mounts = peers.mount_farpool_variants(variants, roots, notes, args.pool_memory,
+                                              args.farpool_dir, "temp directory")
         variants = [v for v in variants if v in roots]
         for rep in range(args.repeat):
             for v in variants:

@@ -206,6 +206,41 @@ class FarpoolMount:
             pass
 
 
+def mount_farpool_variants(variants: list[str], roots: dict[str, str], notes: dict[str, str],
+                           pool_memory: str, given_dir: str | None, what: str,
+                           also: str = "") -> dict[str, FarpoolMount]:
+    """For each variant named farpool-<transport> (farpool-shm, farpool-tcp): mounts a farpool
+    filesystem on a fresh 2-server cluster and sets roots[v] to the mount point and notes[v] to
+    how (`what` names the experiment's directory on it, `also` is added to the note);
+    farpool-shm uses `given_dir` instead when given. A variant that cannot be mounted gets a
+    note saying why and no root. Returns the mounts, which the caller exits (unmounts)."""
+    farpool = [v for v in variants if v.startswith("farpool-")]
+    why = mount_available() if farpool else None
+    mounts: dict[str, FarpoolMount] = {}
+    try:
+        for v in farpool:
+            if v == "farpool-shm" and given_dir:
+                roots[v] = given_dir
+                notes[v] = f"{what} under {given_dir} (given)"
+            elif why:
+                notes[v] = f"not run: {why}"
+            else:
+                try:
+                    m = FarpoolMount(v.split("-")[1], 2, pool_memory)
+                    roots[v] = m.__enter__()
+                    mounts[v] = m
+                    netns = ", servers in network namespaces" if m.transport == "tcp" else ""
+                    notes[v] = (f"2 servers x {pool_memory}, {m.transport}{netns}, mounted on "
+                                f"{roots[v]}{also}")
+                except RuntimeError as e:
+                    notes[v] = f"not run: {e}"
+    except BaseException:
+        for m in mounts.values():
+            m.__exit__(None, None, None)
+        raise
+    return mounts
+
+
 # ------------------------------------------------------------------ network namespaces
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:

@@ -314,23 +314,9 @@ def main(argv=None) -> int:
     mounts: dict[str, peers.FarpoolMount] = {}
     rows: list[dict] = []
     try:
-        why_mount = peers.mount_available() if any(s.startswith("farpool-") for s in systems) else None
-        for s in [s for s in systems if s.startswith("farpool-")]:
-            if s == "farpool-shm" and args.farpool_dir:
-                roots[s] = args.farpool_dir
-                notes[s] = f"data directory under {args.farpool_dir} (given)"
-            elif why_mount:
-                notes[s] = f"not run: {why_mount}"
-            else:
-                try:
-                    m = peers.FarpoolMount(s.split("-")[1], 2, args.pool_memory)
-                    roots[s] = m.__enter__()
-                    mounts[s] = m
-                    notes[s] = (f"2 servers x {args.pool_memory} ({m.transport}"
-                                f"{', in network namespaces' if m.transport == 'tcp' else ''}), "
-                                f"mount on {roots[s]}; the mount's daemon and the servers run outside the cgroup")
-                except RuntimeError as e:
-                    notes[s] = f"not run: {e}"
+        mounts = peers.mount_farpool_variants(
+            systems, roots, notes, args.pool_memory, args.farpool_dir, "data directory",
+            also="; the mount's daemon and the servers run outside the cgroup")
         systems = [s for s in systems if s in roots]
         for rep in range(args.repeat):
             for s in systems:
