@@ -1,4 +1,5 @@
-SELECT
+-- TPC-H Q2, Minimum Cost Supplier. Validation parameters: SIZE = 15, TYPE = BRASS, REGION = EUROPE.
+select
     s_acctbal,
     s_name,
     n_name,
@@ -7,37 +8,38 @@ SELECT
     s_address,
     s_phone,
     s_comment
-FROM
+from
     part,
     supplier,
     partsupp,
     nation,
     region
-WHERE
+where
     p_partkey = ps_partkey
-    AND s_suppkey = ps_suppkey
-    AND p_size = 15
-    AND p_type LIKE '%BRASS'
-    AND s_nationkey = n_nationkey
-    AND n_regionkey = r_regionkey
-    AND r_name = 'EUROPE'
-    AND ps_supplycost = (
-        SELECT
+    and s_suppkey = ps_suppkey
+    and p_size = 15
+    and p_type like '%BRASS'
+    and s_nationkey = n_nationkey
+    and n_regionkey = r_regionkey
+    and r_name = 'EUROPE'
+    and ps_supplycost = (
+        select
             min(ps_supplycost)
-        FROM
+        from
             partsupp,
             supplier,
             nation,
             region
-        WHERE
+        where
             p_partkey = ps_partkey
-            AND s_suppkey = ps_suppkey
-            AND s_nationkey = n_nationkey
-            AND n_regionkey = r_regionkey
-            AND r_name = 'EUROPE')
-ORDER BY
-    s_acctbal DESC,
+            and s_suppkey = ps_suppkey
+            and s_nationkey = n_nationkey
+            and n_regionkey = r_regionkey
+            and r_name = 'EUROPE'
+    )
+order by
+    s_acctbal desc,
     n_name,
     s_name,
     p_partkey
-LIMIT 100;
+limit 100;

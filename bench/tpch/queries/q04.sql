@@ -1,20 +1,22 @@
-SELECT
+-- TPC-H Q4, Order Priority Checking. Validation parameter: DATE = 1993-07-01.
+select
     o_orderpriority,
-    count(*) AS order_count
-FROM
+    count(*) as order_count
+from
     orders
-WHERE
-    o_orderdate >= CAST('1993-07-01' AS date)
-    AND o_orderdate < CAST('1993-10-01' AS date)
-    AND EXISTS (
-        SELECT
+where
+    o_orderdate >= date '1993-07-01'
+    and o_orderdate < date '1993-07-01' + interval '3' month
+    and exists (
+        select
             *
-        FROM
+        from
             lineitem
-        WHERE
+        where
             l_orderkey = o_orderkey
-            AND l_commitdate < l_receiptdate)
-GROUP BY
+            and l_commitdate < l_receiptdate
+    )
+group by
     o_orderpriority
-ORDER BY
+order by
     o_orderpriority;

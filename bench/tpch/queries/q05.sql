@@ -1,24 +1,25 @@
-SELECT
+-- TPC-H Q5, Local Supplier Volume. Validation parameters: REGION = ASIA, DATE = 1994-01-01.
+select
     n_name,
-    sum(l_extendedprice * (1 - l_discount)) AS revenue
-FROM
+    sum(l_extendedprice * (1 - l_discount)) as revenue
+from
     customer,
     orders,
     lineitem,
     supplier,
     nation,
     region
-WHERE
+where
     c_custkey = o_custkey
-    AND l_orderkey = o_orderkey
-    AND l_suppkey = s_suppkey
-    AND c_nationkey = s_nationkey
-    AND s_nationkey = n_nationkey
-    AND n_regionkey = r_regionkey
-    AND r_name = 'ASIA'
-    AND o_orderdate >= CAST('1994-01-01' AS date)
-    AND o_orderdate < CAST('1995-01-01' AS date)
-GROUP BY
+    and l_orderkey = o_orderkey
+    and l_suppkey = s_suppkey
+    and c_nationkey = s_nationkey
+    and s_nationkey = n_nationkey
+    and n_regionkey = r_regionkey
+    and r_name = 'ASIA'
+    and o_orderdate >= date '1994-01-01'
+    and o_orderdate < date '1994-01-01' + interval '1' year
+group by
     n_name
-ORDER BY
-    revenue DESC;
+order by
+    revenue desc;

@@ -1,10 +1,11 @@
-SELECT
-    sum(l_extendedprice * l_discount) AS revenue
-FROM
+-- TPC-H Q6, Forecasting Revenue Change. Validation parameters: DATE = 1994-01-01,
+-- DISCOUNT = 0.06, QUANTITY = 24.
+select
+    sum(l_extendedprice * l_discount) as revenue
+from
     lineitem
-WHERE
-    l_shipdate >= CAST('1994-01-01' AS date)
-    AND l_shipdate < CAST('1995-01-01' AS date)
-    AND l_discount BETWEEN 0.05
-    AND 0.07
-    AND l_quantity < 24;
+where
+    l_shipdate >= date '1994-01-01'
+    and l_shipdate < date '1994-01-01' + interval '1' year
+    and l_discount between 0.06 - 0.01 and 0.06 + 0.01
+    and l_quantity < 24;

@@ -1,38 +1,39 @@
-SELECT
+-- TPC-H Q7, Volume Shipping. Validation parameters: NATION1 = FRANCE, NATION2 = GERMANY.
+select
     supp_nation,
     cust_nation,
     l_year,
-    sum(volume) AS revenue
-FROM (
-    SELECT
-        n1.n_name AS supp_nation,
-        n2.n_name AS cust_nation,
-        extract(year FROM l_shipdate) AS l_year,
-        l_extendedprice * (1 - l_discount) AS volume
-    FROM
+    sum(volume) as revenue
+from (
+    select
+        n1.n_name as supp_nation,
+        n2.n_name as cust_nation,
+        extract(year from l_shipdate) as l_year,
+        l_extendedprice * (1 - l_discount) as volume
+    from
         supplier,
         lineitem,
         orders,
         customer,
         nation n1,
         nation n2
-    WHERE
+    where
         s_suppkey = l_suppkey
-        AND o_orderkey = l_orderkey
-        AND c_custkey = o_custkey
-        AND s_nationkey = n1.n_nationkey
-        AND c_nationkey = n2.n_nationkey
-        AND ((n1.n_name = 'FRANCE'
-                AND n2.n_name = 'GERMANY')
-            OR (n1.n_name = 'GERMANY'
-                AND n2.n_name = 'FRANCE'))
-        AND l_shipdate BETWEEN CAST('1995-01-01' AS date)
-        AND CAST('1996-12-31' AS date)) AS shipping
-GROUP BY
+        and o_orderkey = l_orderkey
+        and c_custkey = o_custkey
+        and s_nationkey = n1.n_nationkey
+        and c_nationkey = n2.n_nationkey
+        and (
+            (n1.n_name = 'FRANCE' and n2.n_name = 'GERMANY')
+            or (n1.n_name = 'GERMANY' and n2.n_name = 'FRANCE')
+        )
+        and l_shipdate between date '1995-01-01' and date '1996-12-31'
+) as shipping
+group by
     supp_nation,
     cust_nation,
     l_year
-ORDER BY
+order by
     supp_nation,
     cust_nation,
     l_year;

@@ -1,17 +1,14 @@
-SELECT
+-- TPC-H Q8, National Market Share. Validation parameters: NATION = BRAZIL, REGION = AMERICA,
+-- TYPE = ECONOMY ANODIZED STEEL.
+select
     o_year,
-    sum(
-        CASE WHEN nation = 'BRAZIL' THEN
-            volume
-        ELSE
-            0
-        END) / sum(volume) AS mkt_share
-FROM (
-    SELECT
-        extract(year FROM o_orderdate) AS o_year,
-        l_extendedprice * (1 - l_discount) AS volume,
-        n2.n_name AS nation
-    FROM
+    sum(case when nation = 'BRAZIL' then volume else 0 end) / sum(volume) as mkt_share
+from (
+    select
+        extract(year from o_orderdate) as o_year,
+        l_extendedprice * (1 - l_discount) as volume,
+        n2.n_name as nation
+    from
         part,
         supplier,
         lineitem,
@@ -20,19 +17,19 @@ FROM (
         nation n1,
         nation n2,
         region
-    WHERE
+    where
         p_partkey = l_partkey
-        AND s_suppkey = l_suppkey
-        AND l_orderkey = o_orderkey
-        AND o_custkey = c_custkey
-        AND c_nationkey = n1.n_nationkey
-        AND n1.n_regionkey = r_regionkey
-        AND r_name = 'AMERICA'
-        AND s_nationkey = n2.n_nationkey
-        AND o_orderdate BETWEEN CAST('1995-01-01' AS date)
-        AND CAST('1996-12-31' AS date)
-        AND p_type = 'ECONOMY ANODIZED STEEL') AS all_nations
-GROUP BY
+        and s_suppkey = l_suppkey
+        and l_orderkey = o_orderkey
+        and o_custkey = c_custkey
+        and c_nationkey = n1.n_nationkey
+        and n1.n_regionkey = r_regionkey
+        and r_name = 'AMERICA'
+        and s_nationkey = n2.n_nationkey
+        and o_orderdate between date '1995-01-01' and date '1996-12-31'
+        and p_type = 'ECONOMY ANODIZED STEEL'
+) as all_nations
+group by
     o_year
-ORDER BY
+order by
     o_year;

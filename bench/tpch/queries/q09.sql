@@ -1,30 +1,32 @@
-SELECT
+-- TPC-H Q9, Product Type Profit Measure. Validation parameter: COLOR = green.
+select
     nation,
     o_year,
-    sum(amount) AS sum_profit
-FROM (
-    SELECT
-        n_name AS nation,
-        extract(year FROM o_orderdate) AS o_year,
-        l_extendedprice * (1 - l_discount) - ps_supplycost * l_quantity AS amount
-    FROM
+    sum(amount) as sum_profit
+from (
+    select
+        n_name as nation,
+        extract(year from o_orderdate) as o_year,
+        l_extendedprice * (1 - l_discount) - ps_supplycost * l_quantity as amount
+    from
         part,
         supplier,
         lineitem,
         partsupp,
         orders,
         nation
-    WHERE
+    where
         s_suppkey = l_suppkey
-        AND ps_suppkey = l_suppkey
-        AND ps_partkey = l_partkey
-        AND p_partkey = l_partkey
-        AND o_orderkey = l_orderkey
-        AND s_nationkey = n_nationkey
-        AND p_name LIKE '%green%') AS profit
-GROUP BY
+        and ps_suppkey = l_suppkey
+        and ps_partkey = l_partkey
+        and p_partkey = l_partkey
+        and o_orderkey = l_orderkey
+        and s_nationkey = n_nationkey
+        and p_name like '%green%'
+) as profit
+group by
     nation,
     o_year
-ORDER BY
+order by
     nation,
-    o_year DESC;
+    o_year desc;

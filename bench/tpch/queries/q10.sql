@@ -1,25 +1,26 @@
-SELECT
+-- TPC-H Q10, Returned Item Reporting. Validation parameter: DATE = 1993-10-01.
+select
     c_custkey,
     c_name,
-    sum(l_extendedprice * (1 - l_discount)) AS revenue,
+    sum(l_extendedprice * (1 - l_discount)) as revenue,
     c_acctbal,
     n_name,
     c_address,
     c_phone,
     c_comment
-FROM
+from
     customer,
     orders,
     lineitem,
     nation
-WHERE
+where
     c_custkey = o_custkey
-    AND l_orderkey = o_orderkey
-    AND o_orderdate >= CAST('1993-10-01' AS date)
-    AND o_orderdate < CAST('1994-01-01' AS date)
-    AND l_returnflag = 'R'
-    AND c_nationkey = n_nationkey
-GROUP BY
+    and l_orderkey = o_orderkey
+    and o_orderdate >= date '1993-10-01'
+    and o_orderdate < date '1993-10-01' + interval '3' month
+    and l_returnflag = 'R'
+    and c_nationkey = n_nationkey
+group by
     c_custkey,
     c_name,
     c_acctbal,
@@ -27,6 +28,6 @@ GROUP BY
     n_name,
     c_address,
     c_comment
-ORDER BY
-    revenue DESC
-LIMIT 20;
+order by
+    revenue desc
+limit 20;

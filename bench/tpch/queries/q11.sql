@@ -1,27 +1,30 @@
-SELECT
+-- TPC-H Q11, Important Stock Identification. Validation parameters: NATION = GERMANY,
+-- FRACTION = 0.0001.
+select
     ps_partkey,
-    sum(ps_supplycost * ps_availqty) AS value
-FROM
+    sum(ps_supplycost * ps_availqty) as value
+from
     partsupp,
     supplier,
     nation
-WHERE
+where
     ps_suppkey = s_suppkey
-    AND s_nationkey = n_nationkey
-    AND n_name = 'GERMANY'
-GROUP BY
+    and s_nationkey = n_nationkey
+    and n_name = 'GERMANY'
+group by
     ps_partkey
-HAVING
+having
     sum(ps_supplycost * ps_availqty) > (
-        SELECT
-            sum(ps_supplycost * ps_availqty) * 0.0001000000
-        FROM
+        select
+            sum(ps_supplycost * ps_availqty) * 0.0001
+        from
             partsupp,
             supplier,
             nation
-        WHERE
+        where
             ps_suppkey = s_suppkey
-            AND s_nationkey = n_nationkey
-            AND n_name = 'GERMANY')
-ORDER BY
-    value DESC;
+            and s_nationkey = n_nationkey
+            and n_name = 'GERMANY'
+    )
+order by
+    value desc;

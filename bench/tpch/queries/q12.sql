@@ -1,30 +1,26 @@
-SELECT
+-- TPC-H Q12, Shipping Modes and Order Priority. Validation parameters: SHIPMODE1 = MAIL,
+-- SHIPMODE2 = SHIP, DATE = 1994-01-01.
+select
     l_shipmode,
-    sum(
-        CASE WHEN o_orderpriority = '1-URGENT'
-            OR o_orderpriority = '2-HIGH' THEN
-            1
-        ELSE
-            0
-        END) AS high_line_count,
-    sum(
-        CASE WHEN o_orderpriority <> '1-URGENT'
-            AND o_orderpriority <> '2-HIGH' THEN
-            1
-        ELSE
-            0
-        END) AS low_line_count
-FROM
+    sum(case
+        when o_orderpriority = '1-URGENT' or o_orderpriority = '2-HIGH' then 1
+        else 0
+    end) as high_line_count,
+    sum(case
+        when o_orderpriority <> '1-URGENT' and o_orderpriority <> '2-HIGH' then 1
+        else 0
+    end) as low_line_count
+from
     orders,
     lineitem
-WHERE
+where
     o_orderkey = l_orderkey
-    AND l_shipmode IN ('MAIL', 'SHIP')
-    AND l_commitdate < l_receiptdate
-    AND l_shipdate < l_commitdate
-    AND l_receiptdate >= CAST('1994-01-01' AS date)
-    AND l_receiptdate < CAST('1995-01-01' AS date)
-GROUP BY
+    and l_shipmode in ('MAIL', 'SHIP')
+    and l_commitdate < l_receiptdate
+    and l_shipdate < l_commitdate
+    and l_receiptdate >= date '1994-01-01'
+    and l_receiptdate < date '1994-01-01' + interval '1' year
+group by
     l_shipmode
-ORDER BY
+order by
     l_shipmode;

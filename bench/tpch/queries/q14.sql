@@ -1,14 +1,13 @@
-SELECT
-    100.00 * sum(
-        CASE WHEN p_type LIKE 'PROMO%' THEN
-            l_extendedprice * (1 - l_discount)
-        ELSE
-            0
-        END) / sum(l_extendedprice * (1 - l_discount)) AS promo_revenue
-FROM
+-- TPC-H Q14, Promotion Effect. Validation parameter: DATE = 1995-09-01.
+select
+    100.00 * sum(case
+        when p_type like 'PROMO%' then l_extendedprice * (1 - l_discount)
+        else 0
+    end) / sum(l_extendedprice * (1 - l_discount)) as promo_revenue
+from
     lineitem,
     part
-WHERE
+where
     l_partkey = p_partkey
-    AND l_shipdate >= date '1995-09-01'
-    AND l_shipdate < CAST('1995-10-01' AS date);
+    and l_shipdate >= date '1995-09-01'
+    and l_shipdate < date '1995-09-01' + interval '1' month;

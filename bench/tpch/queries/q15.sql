@@ -1,29 +1,34 @@
-WITH revenue AS (
-    SELECT
-        l_suppkey AS supplier_no,
-        sum(l_extendedprice * (1 - l_discount)) AS total_revenue
-    FROM
+-- TPC-H Q15, Top Supplier. Validation parameter: DATE = 1996-01-01.
+-- The specification's view revenue0 is written as a common table expression so that the
+-- query is one statement.
+with revenue0 (supplier_no, total_revenue) as (
+    select
+        l_suppkey,
+        sum(l_extendedprice * (1 - l_discount))
+    from
         lineitem
-    WHERE
-        l_shipdate >= CAST('1996-01-01' AS date)
-      AND l_shipdate < CAST('1996-04-01' AS date)
-    GROUP BY
-        supplier_no
+    where
+        l_shipdate >= date '1996-01-01'
+        and l_shipdate < date '1996-01-01' + interval '3' month
+    group by
+        l_suppkey
 )
-SELECT
+select
     s_suppkey,
     s_name,
     s_address,
     s_phone,
     total_revenue
-FROM
+from
     supplier,
-    revenue
-WHERE
+    revenue0
+where
     s_suppkey = supplier_no
-    AND total_revenue = (
-        SELECT
+    and total_revenue = (
+        select
             max(total_revenue)
-        FROM revenue)
-ORDER BY
+        from
+            revenue0
+    )
+order by
     s_suppkey;

@@ -1,16 +1,19 @@
-SELECT
-    sum(l_extendedprice) / 7.0 AS avg_yearly
-FROM
+-- TPC-H Q17, Small-Quantity-Order Revenue. Validation parameters: BRAND = Brand#23,
+-- CONTAINER = MED BOX.
+select
+    sum(l_extendedprice) / 7.0 as avg_yearly
+from
     lineitem,
     part
-WHERE
+where
     p_partkey = l_partkey
-    AND p_brand = 'Brand#23'
-    AND p_container = 'MED BOX'
-    AND l_quantity < (
-        SELECT
+    and p_brand = 'Brand#23'
+    and p_container = 'MED BOX'
+    and l_quantity < (
+        select
             0.2 * avg(l_quantity)
-        FROM
+        from
             lineitem
-        WHERE
-            l_partkey = p_partkey);
+        where
+            l_partkey = p_partkey
+    );

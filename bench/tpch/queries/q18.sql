@@ -1,33 +1,35 @@
-SELECT
+-- TPC-H Q18, Large Volume Customer. Validation parameter: QUANTITY = 300.
+select
     c_name,
     c_custkey,
     o_orderkey,
     o_orderdate,
     o_totalprice,
     sum(l_quantity)
-FROM
+from
     customer,
     orders,
     lineitem
-WHERE
-    o_orderkey IN (
-        SELECT
+where
+    o_orderkey in (
+        select
             l_orderkey
-        FROM
+        from
             lineitem
-        GROUP BY
+        group by
             l_orderkey
-        HAVING
-            sum(l_quantity) > 300)
-    AND c_custkey = o_custkey
-    AND o_orderkey = l_orderkey
-GROUP BY
+        having
+            sum(l_quantity) > 300
+    )
+    and c_custkey = o_custkey
+    and o_orderkey = l_orderkey
+group by
     c_name,
     c_custkey,
     o_orderkey,
     o_orderdate,
     o_totalprice
-ORDER BY
-    o_totalprice DESC,
+order by
+    o_totalprice desc,
     o_orderdate
-LIMIT 100;
+limit 100;

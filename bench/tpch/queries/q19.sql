@@ -1,29 +1,35 @@
-SELECT
-    sum(l_extendedprice * (1 - l_discount)) AS revenue
-FROM
+-- TPC-H Q19, Discounted Revenue. Validation parameters: QUANTITY1 = 1, QUANTITY2 = 10,
+-- QUANTITY3 = 20, BRAND1 = Brand#12, BRAND2 = Brand#23, BRAND3 = Brand#34.
+select
+    sum(l_extendedprice * (1 - l_discount)) as revenue
+from
     lineitem,
     part
-WHERE (p_partkey = l_partkey
-    AND p_brand = 'Brand#12'
-    AND p_container IN ('SM CASE', 'SM BOX', 'SM PACK', 'SM PKG')
-    AND l_quantity >= 1
-    AND l_quantity <= 1 + 10
-    AND p_size BETWEEN 1 AND 5
-    AND l_shipmode IN ('AIR', 'AIR REG')
-    AND l_shipinstruct = 'DELIVER IN PERSON')
-    OR (p_partkey = l_partkey
-        AND p_brand = 'Brand#23'
-        AND p_container IN ('MED BAG', 'MED BOX', 'MED PKG', 'MED PACK')
-        AND l_quantity >= 10
-        AND l_quantity <= 10 + 10
-        AND p_size BETWEEN 1 AND 10
-        AND l_shipmode IN ('AIR', 'AIR REG')
-        AND l_shipinstruct = 'DELIVER IN PERSON')
-    OR (p_partkey = l_partkey
-        AND p_brand = 'Brand#34'
-        AND p_container IN ('LG CASE', 'LG BOX', 'LG PACK', 'LG PKG')
-        AND l_quantity >= 20
-        AND l_quantity <= 20 + 10
-        AND p_size BETWEEN 1 AND 15
-        AND l_shipmode IN ('AIR', 'AIR REG')
-        AND l_shipinstruct = 'DELIVER IN PERSON');
+where
+    (
+        p_partkey = l_partkey
+        and p_brand = 'Brand#12'
+        and p_container in ('SM CASE', 'SM BOX', 'SM PACK', 'SM PKG')
+        and l_quantity >= 1 and l_quantity <= 1 + 10
+        and p_size between 1 and 5
+        and l_shipmode in ('AIR', 'AIR REG')
+        and l_shipinstruct = 'DELIVER IN PERSON'
+    )
+    or (
+        p_partkey = l_partkey
+        and p_brand = 'Brand#23'
+        and p_container in ('MED BAG', 'MED BOX', 'MED PKG', 'MED PACK')
+        and l_quantity >= 10 and l_quantity <= 10 + 10
+        and p_size between 1 and 10
+        and l_shipmode in ('AIR', 'AIR REG')
+        and l_shipinstruct = 'DELIVER IN PERSON'
+    )
+    or (
+        p_partkey = l_partkey
+        and p_brand = 'Brand#34'
+        and p_container in ('LG CASE', 'LG BOX', 'LG PACK', 'LG PKG')
+        and l_quantity >= 20 and l_quantity <= 20 + 10
+        and p_size between 1 and 15
+        and l_shipmode in ('AIR', 'AIR REG')
+        and l_shipinstruct = 'DELIVER IN PERSON'
+    );

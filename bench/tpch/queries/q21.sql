@@ -1,38 +1,41 @@
-SELECT
+-- TPC-H Q21, Suppliers Who Kept Orders Waiting. Validation parameter: NATION = SAUDI ARABIA.
+select
     s_name,
-    count(*) AS numwait
-FROM
+    count(*) as numwait
+from
     supplier,
     lineitem l1,
     orders,
     nation
-WHERE
+where
     s_suppkey = l1.l_suppkey
-    AND o_orderkey = l1.l_orderkey
-    AND o_orderstatus = 'F'
-    AND l1.l_receiptdate > l1.l_commitdate
-    AND EXISTS (
-        SELECT
+    and o_orderkey = l1.l_orderkey
+    and o_orderstatus = 'F'
+    and l1.l_receiptdate > l1.l_commitdate
+    and exists (
+        select
             *
-        FROM
+        from
             lineitem l2
-        WHERE
+        where
             l2.l_orderkey = l1.l_orderkey
-            AND l2.l_suppkey <> l1.l_suppkey)
-    AND NOT EXISTS (
-        SELECT
+            and l2.l_suppkey <> l1.l_suppkey
+    )
+    and not exists (
+        select
             *
-        FROM
+        from
             lineitem l3
-        WHERE
+        where
             l3.l_orderkey = l1.l_orderkey
-            AND l3.l_suppkey <> l1.l_suppkey
-            AND l3.l_receiptdate > l3.l_commitdate)
-    AND s_nationkey = n_nationkey
-    AND n_name = 'SAUDI ARABIA'
-GROUP BY
+            and l3.l_suppkey <> l1.l_suppkey
+            and l3.l_receiptdate > l3.l_commitdate
+    )
+    and s_nationkey = n_nationkey
+    and n_name = 'SAUDI ARABIA'
+group by
     s_name
-ORDER BY
-    numwait DESC,
+order by
+    numwait desc,
     s_name
-LIMIT 100;
+limit 100;

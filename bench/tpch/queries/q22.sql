@@ -1,31 +1,36 @@
-SELECT
+-- TPC-H Q22, Global Sales Opportunity. Validation parameters: I1..I7 = 13, 31, 23, 29, 30,
+-- 18, 17.
+select
     cntrycode,
-    count(*) AS numcust,
-    sum(c_acctbal) AS totacctbal
-FROM (
-    SELECT
-        substring(c_phone FROM 1 FOR 2) AS cntrycode,
+    count(*) as numcust,
+    sum(c_acctbal) as totacctbal
+from (
+    select
+        substring(c_phone from 1 for 2) as cntrycode,
         c_acctbal
-    FROM
+    from
         customer
-    WHERE
-        substring(c_phone FROM 1 FOR 2) IN ('13', '31', '23', '29', '30', '18', '17')
-        AND c_acctbal > (
-            SELECT
+    where
+        substring(c_phone from 1 for 2) in ('13', '31', '23', '29', '30', '18', '17')
+        and c_acctbal > (
+            select
                 avg(c_acctbal)
-            FROM
+            from
                 customer
-            WHERE
+            where
                 c_acctbal > 0.00
-                AND substring(c_phone FROM 1 FOR 2) IN ('13', '31', '23', '29', '30', '18', '17'))
-            AND NOT EXISTS (
-                SELECT
-                    *
-                FROM
-                    orders
-                WHERE
-                    o_custkey = c_custkey)) AS custsale
-GROUP BY
+                and substring(c_phone from 1 for 2) in ('13', '31', '23', '29', '30', '18', '17')
+        )
+        and not exists (
+            select
+                *
+            from
+                orders
+            where
+                o_custkey = c_custkey
+        )
+) as custsale
+group by
     cntrycode
-ORDER BY
+order by
     cntrycode;
