@@ -463,6 +463,9 @@ Result<std::vector<Txn>> LoadHistory(const std::vector<std::string>& paths) {
     while (std::getline(in, line)) {
       ++n;
       if (line.empty()) continue;
+      // A last line without its newline is the torn write of a process killed while writing
+      // it (a long line takes several writes): that record never was.
+      if (in.eof()) break;
       auto t = ParseTxn(line);
       if (!t.ok()) return t.status().WithContext(p + ":" + std::to_string(n));
       auto [it, added] = at.emplace(t->id, out.size());

@@ -75,7 +75,8 @@ std::string FormatTxn(const Txn& txn);
 Result<Txn> ParseTxn(std::string_view line);
 // Reads every line of every file (a history is the union of per-session files). A later line
 // with the same transaction id replaces the earlier one (an attempt is written as unknown
-// before its Commit, so that a process killed in Commit leaves it, then with its outcome).
+// before its Commit, so that a process killed in Commit leaves it, then with its outcome). A
+// file's last line without its newline (a process killed while writing it) is skipped.
 Result<std::vector<Txn>> LoadHistory(const std::vector<std::string>& paths);
 
 struct Anomaly {

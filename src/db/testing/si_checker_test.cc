@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <fstream>
 #include <map>
 #include <random>
 
@@ -227,6 +229,24 @@ TEST(SiChecker, FormatAndParseRoundTrip) {
   EXPECT_EQ(back->appends[0].elements, (std::vector<int64_t>{3, 4}));
   EXPECT_FALSE(ParseTxn("{\"id\":1}").ok());
   EXPECT_FALSE(ParseTxn("not json").ok());
+}
+
+// A worker killed while writing a long line leaves it torn at the end of its file: that record
+// is skipped, the attempt stays as written before (unknown); a torn line elsewhere is an error.
+TEST(SiChecker, LoadHistorySkipsATornLastLineOnly) {
+  const std::string path = ::testing::TempDir() + "/si-history-torn.jsonl";
+  const std::string unknown = FormatTxn(T(7, Outcome::kUnknown, {}, {{kX, {70}}}));
+  const std::string committed = FormatTxn(T(7, Outcome::kCommitted, {}, {{kX, {70}}}));
+  std::ofstream(path) << FormatTxn(T(6, Outcome::kCommitted, {}, {{kY, {60}}})) << "\n"
+                      << unknown << "\n"
+                      << committed.substr(0, committed.size() / 2);
+  auto h = LoadHistory({path});
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  ASSERT_EQ(h->size(), 2u);
+  EXPECT_EQ((*h)[1].outcome, Outcome::kUnknown);
+  std::ofstream(path) << committed.substr(0, committed.size() / 2) << "\n" << unknown << "\n";
+  EXPECT_FALSE(LoadHistory({path}).ok());
+  std::remove(path.c_str());
 }
 
 }  // namespace
