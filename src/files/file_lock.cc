@@ -35,7 +35,21 @@ Status FileLock::Conflict(int slot, const char* what) {
   return leases_.Reclaim(slot);
 }
 
-Status FileLock::Lock(LockLevel level) {
+Result<uint64_t> FileLock::Swap(uint64_t expected, uint64_t desired,
+                                const std::function<Status(Batch&)>& with) {
+  uint64_t prev = 0;
+  Batch batch(pool_);
+  FARPOOL_RETURN_IF_ERROR(batch.CompareAndSwap(word_, expected, desired, &prev));
+  if (with) {
+    FARPOOL_RETURN_IF_ERROR(batch.Fence());
+    FARPOOL_RETURN_IF_ERROR(with(batch));
+  }
+  FARPOOL_RETURN_IF_ERROR(batch.Wait());
+  seen_ = prev == expected ? desired : prev;
+  return prev;
+}
+
+Status FileLock::Lock(LockLevel level, const std::function<Status(Batch&)>& with) {
   FARPOOL_RETURN_IF_ERROR(leases_.Check());
   const int me = leases_.slot();
   const uint64_t mine = uint64_t{1} << me;
@@ -80,14 +94,17 @@ Status FileLock::Lock(LockLevel level) {
       continue;
     }
     if (desired != w) {
-      FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, pool_.CompareAndSwap(word_, w, desired));
-      seen_ = prev == w ? desired : prev;
+      FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, Swap(w, desired, with));
       fresh = true;
       if (prev != w) {
         w = prev;
         continue;
       }
       w = desired;
+    } else if (with) {
+      Batch batch(pool_);
+      FARPOOL_RETURN_IF_ERROR(with(batch));
+      FARPOOL_RETURN_IF_ERROR(batch.Wait());
     }
     level_ = reached;
     if (reached != LockLevel::kPending || level == LockLevel::kPending) return Status::Ok();
@@ -123,8 +140,7 @@ Status FileLock::Unlock(LockLevel level) {
   for (;;) {
     const uint64_t desired = Without(w, me, level == LockLevel::kShared);
     if (desired == w) break;
-    FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, pool_.CompareAndSwap(word_, w, desired));
-    seen_ = prev == w ? desired : prev;
+    FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, Swap(w, desired, {}));
     if (prev == w) break;
     w = prev;
   }

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "files/file_store.h"
 #include "files/lease.h"
@@ -43,8 +44,12 @@ class FileLock {
 
   // Raises the lock to `level` (kShared, kReserved or kExclusive). Aborted when another live
   // process holds a conflicting lock (the message names its slot).
+  // `with`, if given, posts reads into the batch of the CAS that takes the lock, after a
+  // fence: those to the lock word's server happen after the CAS (its file's header, SQLite's
+  // first look at a database: one round trip for the lock and the refresh). It is posted again
+  // with every retry, so when Lock returns OK, what it read was read with the CAS that won.
   // REQUIRES: level > level(); kReserved only from kShared.
-  Status Lock(LockLevel level);
+  Status Lock(LockLevel level, const std::function<Status(Batch&)>& with = {});
   // Lowers the lock to kShared or kNone.
   Status Unlock(LockLevel level);
   // Whether another live process holds RESERVED or more (a dead one is swept first).
@@ -56,6 +61,10 @@ class FileLock {
   Status Conflict(int slot, const char* what);
   // Reads the word into *w and seen_.
   Status ReadWord(uint64_t* w);
+  // CASes the word from `expected` to `desired` with `with` posted after it; returns the
+  // word found (== expected: swapped) and sets seen_.
+  Result<uint64_t> Swap(uint64_t expected, uint64_t desired,
+                        const std::function<Status(Batch&)>& with);
 
   Pool& pool_;
   const GlobalAddress word_;

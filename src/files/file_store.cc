@@ -20,6 +20,12 @@ uint64_t HashName(std::string_view name) {  // FNV-1a
   return h;
 }
 
+// The `probe`-th bucket of `name`'s chain in the name table of the store at `image`.
+GlobalAddress NameBucket(GlobalAddress image, std::string_view name, uint64_t probe) {
+  return image + offsetof(StoreImage, names) +
+         ((HashName(name) % kNameBuckets + probe) % kNameBuckets) * 8 * kBucketSlots;
+}
+
 Status CheckName(std::string_view name) {
   if (name.empty()) return Status::InvalidArgument("file name is empty");
   if (name.size() > kMaxNameLength) {
@@ -91,10 +97,8 @@ Result<GlobalAddress> FileStore::Lookup(std::string_view name, bool insert) {
     }
     return found;
   };
-  const uint64_t start = HashName(name) % kNameBuckets;
   for (uint64_t probe = 0; probe < kNameBuckets; ++probe) {
-    const GlobalAddress bucket =
-        image_ + offsetof(StoreImage, names) + ((start + probe) % kNameBuckets) * 8 * kBucketSlots;
+    const GlobalAddress bucket = NameBucket(image_, name, probe);
     for (;;) {
       uint64_t slots[kBucketSlots];
       FARPOOL_RETURN_IF_ERROR(pool_.Read(bucket, slots, sizeof(slots)));
@@ -115,6 +119,14 @@ Result<GlobalAddress> FileStore::Lookup(std::string_view name, bool insert) {
                        &names[i], sizeof(Candidate)));
       }
       FARPOOL_RETURN_IF_ERROR(batch.Wait());
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (int i = 0; i < (empty < 0 ? kBucketSlots : empty); ++i) {
+          if (names[i].length <= kMaxNameLength) {
+            names_.emplace(slots[i], std::string(names[i].name, names[i].length));
+          }
+        }
+      }
       for (int i = 0; i < (empty < 0 ? kBucketSlots : empty); ++i) {
         if (names[i].length == name.size() &&
             std::memcmp(names[i].name, name.data(), name.size()) == 0) {
@@ -177,6 +189,48 @@ Result<bool> FileStore::Exists(std::string_view name) {
   uint64_t e = 0;
   FARPOOL_RETURN_IF_ERROR(pool_.Read(header + offsetof(FileHeader, exists), &e, 8));
   return e != 0;
+}
+
+Status FileStore::PostExists(Batch& batch, std::string_view name, uint16_t server,
+                             ExistsProbe* probe) {
+  FARPOOL_RETURN_IF_ERROR(CheckName(name));
+  probe->name = std::string(name);
+  probe->posted = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = headers_.find(name);
+    probe->header = it == headers_.end() ? GlobalAddress() : it->second;
+  }
+  if (!probe->header.is_null()) {
+    if (probe->header.server() != server) return Status::Ok();
+    probe->posted = true;
+    return batch.Read(probe->header + offsetof(FileHeader, exists), &probe->exists, 8);
+  }
+  probe->bucket = NameBucket(image_, name, 0);
+  if (probe->bucket.server() != server) return Status::Ok();
+  probe->posted = true;
+  return batch.Read(probe->bucket, probe->slots, sizeof(probe->slots));
+}
+
+Result<bool> FileStore::FinishExists(ExistsProbe& probe) {
+  if (!probe.posted) return Exists(probe.name);
+  if (!probe.header.is_null()) return probe.exists != 0;
+  // The first bucket: the name is absent if no slot before the first empty one names it (an
+  // inserter takes the first empty slot of the first bucket that has one, Lookup). A slot that
+  // names it makes its header known, so the long way below costs one read.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint64_t slot : probe.slots) {
+      if (slot == 0) return false;
+      auto it = names_.find(slot);
+      if (it == names_.end()) break;  // a header this process has not seen: the long way
+      if (it->second == probe.name) {
+        headers_.emplace(probe.name, GlobalAddress::FromRaw(slot));
+        break;
+      }
+    }
+  }
+  return Exists(probe.name);
 }
 
 Result<std::vector<GlobalAddress>> FileStore::Headers() {
@@ -305,12 +359,20 @@ Status FileStore::DeleteInode(std::unique_ptr<File> inode) {
 // ---------------------------------------------------------------------------- File
 
 Status File::Refresh() {
-  State fresh;
-  FARPOOL_RETURN_IF_ERROR(
-      store_.pool().Read(header_ + kHeaderStateOffset, &fresh, sizeof(fresh)).WithContext(Where()));
-  if (fresh.generation != state_.generation) extents_.clear();
-  state_ = fresh;
+  Batch batch(store_.pool());
+  FARPOOL_RETURN_IF_ERROR(PostRefresh(batch));
+  FARPOOL_RETURN_IF_ERROR(batch.Wait().WithContext(Where()));
+  FinishRefresh();
   return Status::Ok();
+}
+
+Status File::PostRefresh(Batch& batch) {
+  return batch.Read(header_ + kHeaderStateOffset, &fresh_, sizeof(fresh_)).WithContext(Where());
+}
+
+void File::FinishRefresh() {
+  if (fresh_.generation != state_.generation) extents_.clear();
+  state_ = fresh_;
 }
 
 Status File::EnsureLeaf(int top) {

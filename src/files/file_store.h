@@ -68,6 +68,24 @@ class FileStore {
   Status Delete(std::string_view name);
   Result<bool> Exists(std::string_view name);
 
+  // Exists in a caller's batch (the SQLite VFS probes a database's journal in the batch that
+  // takes its lock): PostExists posts the reads that can decide, on `server` only (so they are
+  // ordered after whatever the caller posted there before a fence): the name's `exists` word
+  // if this process knows its header, else the first bucket of its name chain. After the
+  // batch's Wait, FinishExists decides, with round trips of its own only for what the batch
+  // did not settle (nothing posted, a slot naming a header this process has not seen, a full
+  // bucket, a name found whose `exists` word was not read).
+  struct ExistsProbe {
+    std::string name;
+    GlobalAddress header;  // the name's header, when known before posting
+    GlobalAddress bucket;  // the chain's first bucket, when it was read instead
+    bool posted = false;
+    uint64_t exists = 0;
+    uint64_t slots[kBucketSlots] = {};
+  };
+  Status PostExists(Batch& batch, std::string_view name, uint16_t server, ExistsProbe* probe);
+  Result<bool> FinishExists(ExistsProbe& probe);
+
   // A new inode: a header outside the name table with `attr`, size 0. OutOfMemory when the
   // pool is full.
   Result<std::unique_ptr<File>> CreateInode(const InodeAttr& attr);
@@ -127,8 +145,10 @@ class FileStore {
   const uint64_t lease_ms_;
   std::mutex mu_;
   std::map<std::string, GlobalAddress, std::less<>> headers_;  // GUARDED_BY(mu_)
-  uint64_t free_hint_ = 0;                                     // GUARDED_BY(mu_)
-  uint64_t spare_hint_ = 0;                                    // GUARDED_BY(mu_)
+  // Names of headers this process has read (a name slot never changes once set).
+  std::map<uint64_t, std::string> names_;  // GUARDED_BY(mu_)
+  uint64_t free_hint_ = 0;                 // GUARDED_BY(mu_)
+  uint64_t spare_hint_ = 0;                // GUARDED_BY(mu_)
 };
 
 class File {
@@ -139,6 +159,11 @@ class File {
 
   // Reads the header again (size, leaves; a new generation drops the cached extents).
   Status Refresh();
+  // Refresh in a caller's batch: PostRefresh posts the header's read (to the header's server,
+  // the lock word's: ordered after what the caller posted there before a fence); after the
+  // batch's Wait returned OK, FinishRefresh applies it as Refresh does.
+  Status PostRefresh(Batch& batch);
+  void FinishRefresh();
   // The size as of the last Refresh or this handle's own changes.
   uint64_t size() const { return state_.size; }
 
@@ -194,6 +219,7 @@ class File {
   const std::string name_;
   const GlobalAddress header_;
   State state_{};
+  State fresh_{};                  // PostRefresh's destination
   std::vector<uint64_t> extents_;  // cached extent addresses by index; 0: not known
 };
 

@@ -100,9 +100,13 @@ void LeaseTable::Renew() {
            " ms): this process's locks may have been broken");
       return;
     }
-    if (!pool.FetchAdd(slot + offsetof(LeaseSlot, heartbeat), 1).ok()) continue;
-    uint64_t owner = 0;
-    if (!pool.Read(slot, &owner, 8).ok()) continue;
+    uint64_t heartbeat = 0, owner = 0;
+    Batch batch(pool);  // one round trip: the heartbeat, and the owner to see we still own it
+    Status s = batch.FetchAdd(slot + offsetof(LeaseSlot, heartbeat), 1, &heartbeat);
+    if (s.ok()) s = batch.Read(slot, &owner, 8);
+    if (s.ok()) s = batch.Wait();
+    renewals_.fetch_add(1, std::memory_order_relaxed);
+    if (!s.ok()) continue;
     if (owner != token_) {
       lose("lease slot " + std::to_string(slot_) + " was reclaimed by another process");
       return;

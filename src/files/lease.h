@@ -62,6 +62,9 @@ class LeaseTable {
   // there first.
   Status Reclaim(int slot);
 
+  // Renewals attempted so far: one round trip each (what the VFS's round-trip count leaves
+  // out, as it is not SQLite's work).
+  uint64_t renewals() const { return renewals_.load(std::memory_order_relaxed); }
   std::chrono::milliseconds lease() const { return lease_; }
   std::chrono::milliseconds margin() const { return lease_ / 3; }
 
@@ -79,6 +82,7 @@ class LeaseTable {
   int slot_ = -1;
 
   std::atomic<int64_t> last_renewal_ns_{0};  // steady clock
+  std::atomic<uint64_t> renewals_{0};
   std::atomic<bool> lost_{false};
   mutable std::mutex lost_mu_;
   std::string lost_reason_;  // GUARDED_BY(lost_mu_)

@@ -15,9 +15,14 @@
 // SQLite connections of several threads) share one ProcessLock, which combines their levels as
 // the unix VFS combines the handles of one inode. Whenever a lock is raised, every store file
 // this connection has open is refreshed, since another process (or another handle of this one)
-// may have changed it. xSync returns OK: a write is complete
-// in the servers' memory when xWrite returns (docs/files.md says what that means). There is no
-// xShmMap, so WAL needs `PRAGMA locking_mode=EXCLUSIVE`.
+// may have changed it. A read transaction's first look costs one round trip: the CAS that takes
+// SHARED carries the database header's refresh and the probes for a hot journal and a WAL
+// (answered to the xAccess calls that follow), and xFileSize under a lock needs no refresh (nobody
+// else can change the file then). With SQLite's page-1 check and the unlock, a read transaction
+// whose pages SQLite has cached costs 3 round trips (`PRAGMA farpool_round_trips` counts them).
+// xSync returns OK: a write is complete in the servers' memory when xWrite returns
+// (docs/files.md says what that means). There is no xShmMap, so WAL needs
+// `PRAGMA locking_mode=EXCLUSIVE`.
 //
 // Errors: a store error is logged with sqlite3_log (its full message) and returned as the
 // matching SQLITE_IOERR_*; a full pool is SQLITE_FULL; a lost lease fails every write and
@@ -29,6 +34,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -55,6 +61,12 @@ struct ProcessLock {
   int handles = 0;             // open handles of the file
   int shared = 0;              // handles at SHARED or more
   PoolFile* writer = nullptr;  // the handle at RESERVED or more
+  // Whether the rollback journal and the WAL exist, probed with the CAS that took SHARED: the
+  // answers to SQLite's checks for a hot journal and a WAL (xAccess) in the same transaction.
+  // Each is used once, and dropped on unlock.
+  static constexpr const char* kCompanions[] = {"-journal", "-wal"};
+  FileStore::ExistsProbe companions[std::size(kCompanions)];
+  bool probed[std::size(kCompanions)] = {};
 };
 
 // One cluster's pool, store and lease slot in this process.
@@ -146,6 +158,7 @@ Status LowerLock(PoolFile& p, LockLevel level) {
     s = l.word->Unlock(LockLevel::kShared);
   }
   if (level == LockLevel::kNone && --l.shared == 0 && s.ok()) {
+    std::fill(std::begin(l.probed), std::end(l.probed), false);
     s = l.word->Unlock(LockLevel::kNone);
   }
   p.level = level;
@@ -197,7 +210,9 @@ int Sync(sqlite3_file*, int) { return SQLITE_OK; }  // complete in pool memory a
 
 int FileSize(sqlite3_file* f, sqlite3_int64* size) {
   PoolFile& p = Of(f);
-  Status s = p.file->Refresh();
+  // A main database this handle holds SHARED or more on was refreshed when the lock was taken,
+  // and only this process can change it until the lock is dropped (writers need EXCLUSIVE).
+  Status s = p.lock != nullptr && p.level >= LockLevel::kShared ? Status::Ok() : p.file->Refresh();
   if (!s.ok()) return Fail(s, SQLITE_IOERR_FSTAT);
   *size = static_cast<sqlite3_int64>(p.file->size());
   return SQLITE_OK;
@@ -211,9 +226,29 @@ int Lock(sqlite3_file* f, int level) {
   std::lock_guard<std::mutex> lock(g_mu);
   ProcessLock& l = *p.lock;
   Status s;
+  PoolFile* refreshed = nullptr;  // refreshed in the lock's own batch
   if (want == LockLevel::kShared) {
     if (l.writer != nullptr && l.writer->level >= LockLevel::kPending) return SQLITE_BUSY;
-    if (l.shared == 0) s = l.word->Lock(LockLevel::kShared);
+    if (l.shared == 0) {
+      // SQLite's first look at the database in one round trip: the CAS, then (same server,
+      // after it) the header, and whether a journal or a WAL exists where their names are on
+      // that server too.
+      FileStore& store = *p.connection->store;
+      const uint16_t server = p.file->header().server();
+      s = l.word->Lock(LockLevel::kShared, [&](Batch& batch) {
+        FARPOOL_RETURN_IF_ERROR(p.file->PostRefresh(batch));
+        for (size_t i = 0; i < std::size(l.kCompanions); ++i) {
+          FARPOOL_RETURN_IF_ERROR(
+              store.PostExists(batch, p.file->name() + l.kCompanions[i], server, &l.companions[i]));
+        }
+        return Status::Ok();
+      });
+      if (s.ok()) {
+        p.file->FinishRefresh();
+        refreshed = &p;
+        std::fill(std::begin(l.probed), std::end(l.probed), true);
+      }
+    }
     if (s.ok()) ++l.shared;
   } else if (l.writer != nullptr && l.writer != &p) {
     return SQLITE_BUSY;  // another handle of this process writes
@@ -229,6 +264,7 @@ int Lock(sqlite3_file* f, int level) {
   p.level = want;
   // Others may have changed any of this connection's files while this handle held less.
   for (PoolFile* other : p.connection->files) {
+    if (other == refreshed) continue;
     s = other->file->Refresh();
     if (!s.ok()) return Fail(s, SQLITE_IOERR_LOCK);
   }
@@ -258,7 +294,17 @@ int CheckReservedLock(sqlite3_file* f, int* out) {
   return SQLITE_OK;
 }
 
-int FileControl(sqlite3_file*, int, void*) { return SQLITE_NOTFOUND; }
+// `PRAGMA farpool_round_trips`: the round trips this process's connection to the cluster has
+// made for SQLite (lease renewals left out), for measuring what a statement costs.
+int FileControl(sqlite3_file* f, int op, void* arg) {
+  if (op != SQLITE_FCNTL_PRAGMA) return SQLITE_NOTFOUND;
+  auto** a = static_cast<char**>(arg);  // [0]: result, [1]: pragma name, [2]: its argument
+  if (sqlite3_stricmp(a[1], "farpool_round_trips") != 0) return SQLITE_NOTFOUND;
+  const Connection& c = *Of(f).connection;
+  const uint64_t n = c.pool->counters().round_trips - c.leases->renewals();
+  a[0] = sqlite3_mprintf("%llu", static_cast<unsigned long long>(n));
+  return SQLITE_OK;
+}
 
 int SectorSize(sqlite3_file*) { return 4096; }
 
@@ -338,7 +384,18 @@ int Access(sqlite3_vfs*, const char* name, int, int* out) {
   std::lock_guard<std::mutex> lock(g_mu);
   auto c = ConnectionFor(name);
   if (!c.ok()) return Fail(c.status().WithContext(name), SQLITE_IOERR_ACCESS);
-  auto exists = (*c)->store->Exists(name);
+  // SQLite's checks for a hot journal and a WAL after SHARED was taken: answered by the
+  // lock's probes.
+  FileStore::ExistsProbe* probe = nullptr;
+  for (auto& [_, l] : (*c)->locks) {
+    for (size_t i = 0; i < std::size(l->kCompanions); ++i) {
+      if (l->probed[i] && l->companions[i].name == name) {
+        l->probed[i] = false;
+        probe = &l->companions[i];
+      }
+    }
+  }
+  auto exists = probe != nullptr ? (*c)->store->FinishExists(*probe) : (*c)->store->Exists(name);
   Release(*c);
   if (!exists.ok()) return Fail(exists.status(), SQLITE_IOERR_ACCESS);
   *out = *exists ? 1 : 0;

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "pool/test_cluster.h"
 
@@ -34,12 +36,14 @@ std::string ReadFile(const std::string& path) {
 
 class SqliteVfsTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
+  static void SetUpTestSuite() { StartCluster(Fabric::kShm); }
+  static void StartCluster(Fabric fabric) {
     if (!HaveSqlite3()) return;
     LocalClusterOptions o;
     o.servers = 1;
     o.memory = 128ull << 20;
     o.chunk_size = 1ull << 20;
+    o.transport = fabric;
     o.progress = ProgressMode::kEvent;  // no busy-polling server beside the CLIs
     cluster_ = new TestCluster(o);
   }
@@ -344,6 +348,50 @@ TEST_F(SqliteVfsTest, AFullPoolIsSqliteFullAndTheDatabaseStaysIntact) {
   EXPECT_NE(r.output.find("database or disk is full"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("OutOfMemory"), std::string::npos) << r.output;
   ExpectRows("full.db");
+}
+
+// The same VFS over TCP: every pool operation is a message to the server, so a statement's
+// round trips can be counted (`PRAGMA farpool_round_trips`).
+class SqliteVfsOverTcpTest : public SqliteVfsTest {
+ protected:
+  static void SetUpTestSuite() { StartCluster(Fabric::kTcp); }
+};
+
+// A reader that keeps SQLite's page cache between transactions sees another process's commit:
+// the header refreshed in its lock's batch shows the new pages, SQLite's page-1 check the new
+// change counter.
+TEST_F(SqliteVfsOverTcpTest, AReaderSeesAnotherProcesssCommitAtItsNextTransaction) {
+  Interactive a(Path("reader.log"));
+  ASSERT_NO_FATAL_FAILURE(Hold(a, "seen.db", "SELECT v FROM t WHERE id = 1;\n"));
+  Run w = Sql("seen.db", "UPDATE t SET v = 100 WHERE id = 1;\nDELETE FROM t WHERE id > 9000;\n");
+  ASSERT_EQ(w.exit_code, 0) << w.output;
+  a.Send("SELECT v FROM t WHERE id = 1;\nSELECT count(*) FROM t;\n");
+  EXPECT_EQ(a.Finish(), 0) << a.Output();
+  EXPECT_EQ(a.Output(), "7\n100\n9000\n");
+}
+
+// A read transaction whose pages SQLite has cached: one round trip for the lock (with the
+// header and the hot-journal probe), one for SQLite's look at page 1, one for the unlock. The
+// smallest of several is judged (a lease renewal may land between two counts).
+TEST_F(SqliteVfsOverTcpTest, AReadTransactionOfCachedPagesCostsThreeRoundTrips) {
+  CreateRows("trips.db");
+  std::string script = "SELECT v FROM t WHERE id = 5;\nPRAGMA farpool_round_trips;\n";
+  for (int i = 0; i < 8; ++i)
+    script += "SELECT v FROM t WHERE id = 5;\nPRAGMA farpool_round_trips;\n";
+  Run r = Sql("trips.db", script);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::istringstream lines(r.output);
+  std::string value, count;
+  std::vector<uint64_t> counts;
+  while (std::getline(lines, value) && std::getline(lines, count)) {
+    ASSERT_EQ(value, "35") << r.output;
+    counts.push_back(std::stoull(count));
+  }
+  ASSERT_EQ(counts.size(), 9u) << r.output;
+  uint64_t fewest = UINT64_MAX;
+  for (size_t i = 1; i < counts.size(); ++i) fewest = std::min(fewest, counts[i] - counts[i - 1]);
+  EXPECT_LE(fewest, 3u) << "round trips after each read: " << r.output;
+  EXPECT_GE(fewest, 1u) << "a read transaction takes a lock: " << r.output;
 }
 
 }  // namespace
