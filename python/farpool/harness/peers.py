@@ -690,11 +690,18 @@ class SQLiteDb:
 
 
 def time_queries(con: sqlite3.Connection, queries: list[str], meta: dict, seconds: float,
-                 seed: int) -> dict:
+                 seed: int, round_trips: bool = False) -> dict:
     """Runs the queries in turn (random parameters) on `con` for `seconds`, closes it, and
-    returns count, qps and latency percentiles of what ran after a 0.2 s warm-up."""
+    returns count, qps and latency percentiles of what ran after a 0.2 s warm-up; with
+    `round_trips` (a database on the farpool VFS), also the pool round trips per query
+    (`PRAGMA farpool_round_trips`, over every query run)."""
     import random
     rnd = random.Random(seed)
+
+    def trips() -> int:
+        return int(con.execute("PRAGMA farpool_round_trips").fetchone()[0])
+
+    trips_before = trips() if round_trips else 0
     lat = []
     clock = time.perf_counter_ns
     end = time.perf_counter() + seconds
@@ -712,9 +719,12 @@ def time_queries(con: sqlite3.Connection, queries: list[str], meta: dict, second
         t1 = clock()
         if now >= warm:
             lat.append((t1 - t0) / 1000)
+    trips_after = trips() if round_trips else 0
     con.close()
     r = percentiles(lat)
     r["qps"] = len(lat) / max(1e-9, seconds - 0.2)
+    if round_trips:
+        r["round_trips_per_query"] = (trips_after - trips_before) / max(1, i)
     return r
 
 

@@ -52,7 +52,7 @@ def reader(target: str, uri: bool, meta: dict, seconds: float, seed: int, start_
     con = sqlite3.connect(target, uri=uri)
     con.execute("SELECT count(*) FROM sn_users").fetchall()  # opened and cached before the start
     time.sleep(max(0.0, start_at - time.time()))
-    return peers.time_queries(con, queries, meta, seconds, seed)
+    return peers.time_queries(con, queries, meta, seconds, seed, round_trips=uri)
 
 
 def run_readers(db: peers.SQLiteDb, meta: dict, n: int, seconds: float,
@@ -168,6 +168,8 @@ def table(rows: list[dict], notes: list[str]) -> str:
             cell = "–" if r is None else f"{r['p50_us']:.1f} µs"
             if r and base and s != "sqlite-file" and base["p50_us"] > 0:
                 cell += f" ({r['p50_us'] / base['p50_us']:.2f}x)"
+            if r and "round_trips_per_query" in r:
+                cell += f", {r['round_trips_per_query']:.1f} RTT"
             cells.append(cell)
         lines.append(f"| {q} | " + " | ".join(cells) + " |")
     lines.append("")

@@ -364,24 +364,11 @@ int PoolFs::MakeNode(uint64_t parent, std::string_view name, mode_t mode, uid_t 
   return 0;
 }
 
-int PoolFs::Unlink(uint64_t parent, std::string_view name) {
-  if (int e = CheckLease()) return e;
-  if (name.size() > files::kMaxNameLength) return ENAMETOOLONG;
-  std::lock_guard<std::mutex> lock(mu_);
-  auto dir_inode = Get(parent);
-  if (!dir_inode.ok()) return Fail(dir_inode.status());
-  auto dir = Entries(**dir_inode);
-  if (!dir.ok()) return Fail(dir.status());
-  auto it = (*dir)->names.find(name);
-  if (it == (*dir)->names.end()) return ENOENT;
-  if (it->second.type == TypeOf(S_IFDIR)) return EISDIR;
-  const uint64_t ino = it->second.ino;
-  Status s = ClearEntry(**dir_inode, name);
-  if (s.ok()) s = Orphan(ino);
-  return s.ok() ? 0 : Fail(s);
-}
+int PoolFs::Unlink(uint64_t parent, std::string_view name) { return Remove(parent, name, false); }
 
-int PoolFs::Rmdir(uint64_t parent, std::string_view name) {
+int PoolFs::Rmdir(uint64_t parent, std::string_view name) { return Remove(parent, name, true); }
+
+int PoolFs::Remove(uint64_t parent, std::string_view name, bool directory) {
   if (int e = CheckLease()) return e;
   if (name.size() > files::kMaxNameLength) return ENAMETOOLONG;
   std::lock_guard<std::mutex> lock(mu_);
@@ -391,13 +378,15 @@ int PoolFs::Rmdir(uint64_t parent, std::string_view name) {
   if (!dir.ok()) return Fail(dir.status());
   auto it = (*dir)->names.find(name);
   if (it == (*dir)->names.end()) return ENOENT;
-  if (it->second.type != TypeOf(S_IFDIR)) return ENOTDIR;
+  if ((it->second.type == TypeOf(S_IFDIR)) != directory) return directory ? ENOTDIR : EISDIR;
   const uint64_t ino = it->second.ino;
-  auto victim = Get(ino);
-  if (!victim.ok()) return Fail(victim.status());
-  auto entries = Entries(**victim);
-  if (!entries.ok()) return Fail(entries.status());
-  if (!(*entries)->names.empty()) return ENOTEMPTY;
+  if (directory) {
+    auto victim = Get(ino);
+    if (!victim.ok()) return Fail(victim.status());
+    auto entries = Entries(**victim);
+    if (!entries.ok()) return Fail(entries.status());
+    if (!(*entries)->names.empty()) return ENOTEMPTY;
+  }
   Status s = ClearEntry(**dir_inode, name);
   if (s.ok()) s = Orphan(ino);
   return s.ok() ? 0 : Fail(s);

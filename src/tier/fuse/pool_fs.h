@@ -157,6 +157,9 @@ class PoolFs {
   Status ClearEntry(Inode& dir, std::string_view name);
   // Sets nlink to 0 and releases the inode if nothing refers to it any more. REQUIRES: mu_.
   Status Orphan(uint64_t ino);
+  // Unlink (a non-directory) and Rmdir (an empty directory): the entry goes and its inode is
+  // orphaned.
+  int Remove(uint64_t parent, std::string_view name, bool directory);
   Status ReleaseIfUnused(uint64_t ino);
   void Fill(uint64_t ino, Inode& inode, struct stat* st) const;  // REQUIRES: inode.mu held
   int CheckName(std::string_view name) const;
