@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <random>
 #include <set>
 #include <thread>
@@ -646,6 +648,63 @@ TEST_P(TxnTest, ConcurrentInsertersOfOneKey) {
     ASSERT_EQ(winner.count(key), 1u) << "key " << key << " has a value but no winner";
     EXPECT_EQ(*v, winner[key]) << "key " << key;
   }
+  auto locked = db().CountLocked(*t);
+  ASSERT_TRUE(locked.ok()) << locked.status().ToString();
+  EXPECT_EQ(*locked, 0u);
+}
+
+// A commit whose lock CAS meets a live committer's lock waits for it, bounded (CommitRun::
+// WaitForHolders): here the holder (another Database handle, stopped by its commit hook right
+// after locking) does not finish while the waiter waits, so the waiter gives up and aborts
+// (first committer wins) instead of hanging; a dead or stopped holder is the same to it. The
+// holder then commits.
+TEST_P(TxnTest, LockWaitForALiveHolderIsBounded) {
+  if (GetParam() != "pool") GTEST_SKIP() << "two Database handles on one pool";
+  const Table* t = MakeTable("t", IntSchema());
+  ASSERT_OK(RunTransaction(*NewSession(), [&](Transaction& txn) { return PutInt(txn, *t, 1, 0); }));
+  std::mutex mu;
+  std::condition_variable cv;
+  bool holding = false, release = false;
+  auto other = t_->OpenAnother([&](std::string_view point) {
+    if (point != "locked") return;
+    std::unique_lock<std::mutex> l(mu);
+    holding = true;
+    cv.notify_all();
+    cv.wait(l, [&] { return release; });
+  });
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  auto ot = (*other)->OpenTable("t");
+  ASSERT_TRUE(ot.ok()) << ot.status().ToString();
+  auto waiter = NewSession();
+  auto w = BeginTxn(*waiter);
+  ASSERT_EQ(*GetInt(*w, *t, 1), 0);  // read before the holder locks
+  Status held;
+  std::thread holder([&] {
+    auto s = (*other)->NewSession();
+    if (!s.ok()) {
+      held = s.status();
+      return;
+    }
+    auto txn = (*s)->Begin();
+    held = txn.ok() ? PutInt(**txn, **ot, 1, 7) : txn.status();
+    if (held.ok()) held = (*txn)->Commit();
+  });
+  {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return holding; });
+  }
+  ASSERT_OK(PutInt(*w, *t, 1, 5));
+  Status ws = w->Commit();
+  EXPECT_EQ(ws.code(), StatusCode::kAborted) << ws.ToString();
+  {
+    std::lock_guard<std::mutex> l(mu);
+    release = true;
+  }
+  cv.notify_all();
+  holder.join();
+  ASSERT_OK(held);
+  auto check = BeginTxn(*waiter);
+  EXPECT_EQ(*GetInt(*check, *t, 1), 7);
   auto locked = db().CountLocked(*t);
   ASSERT_TRUE(locked.ok()) << locked.status().ToString();
   EXPECT_EQ(*locked, 0u);

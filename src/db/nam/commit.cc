@@ -104,6 +104,14 @@ class CommitRun {
   // A new key's insert (insert_at_lock) found `record` in the index: ours if it went live
   // (then locked), else ours is freed and the key's record is locked late.
   void TakeInserted(Item& it, GlobalAddress record);
+  // Records whose lock CAS met another session's lock (and none that met a newer version):
+  // the CAS is retried, with backoff, for at most kLockWaitNs while we hold our other locks;
+  // a holder that commits makes our CAS meet its newer version (we then abort, first
+  // committer wins), one that aborts hands the record back unchanged (we lock it). No
+  // deadlock: every wait is bounded, so of two commits waiting for each other's records each
+  // gives up after kLockWaitNs and aborts (AbortOnConflict).
+  static constexpr int64_t kLockWaitNs = 4'000'000, kLockWaitFirstPauseNs = 50'000;
+  Status WaitForHolders();
   // If a lock was not taken (held by another, or a newer version): releases every lock and
   // returns Aborted naming the first such key (breaking the locks of dead holders on the way).
   Status AbortOnConflict();
@@ -603,6 +611,7 @@ Status CommitRun::Lock() {
       return Status::NotFound("table '" + t->name_ + "' was dropped");
     }
   }
+  FARPOOL_RETURN_IF_ERROR(WaitForHolders());
   FARPOOL_RETURN_IF_ERROR(AbortOnConflict());
   // New keys that turned out to have a record: locked in a round of their own, as keys
   // written without being read (their version read, validated, then locked).
@@ -666,6 +675,60 @@ void CommitRun::TakeInserted(Item& it, GlobalAddress record) {
     it.late = true;
   }
   s_.RememberRecord(*it.t, it.w->key, it.record);
+}
+
+Status CommitRun::WaitForHolders() {
+  const uint64_t mine = s_.lock_word();
+  std::vector<size_t> held;
+  for (size_t i = 0; i < items_.size(); ++i) {
+    const Item& it = items_[i];
+    if (it.locked || it.late) continue;
+    // A newer version aborts whatever happens to the others: nothing to wait for.
+    if (!IsLocked(it.prev) || it.prev == kRemovedLock) return Status::Ok();
+    held.push_back(i);
+  }
+  const int64_t start = MonoNs();
+  int64_t pause_ns = kLockWaitFirstPauseNs;
+  int64_t next_check = start + 1'000'000;
+  while (!held.empty() && MonoNs() - start < kLockWaitNs) {
+    std::this_thread::sleep_for(std::chrono::nanoseconds(pause_ns));
+    pause_ns = std::min<int64_t>(2 * pause_ns, 1'000'000);
+    if (MonoNs() > next_check) {
+      // A dead holder finishes nothing: break its lock (it is restored to its newest version,
+      // which our CAS then validates like any other).
+      next_check = MonoNs() + 1'000'000;
+      for (size_t i : held) {
+        Item& it = items_[i];
+        auto dead = s_.HolderDead(it.prev);
+        if (dead.ok() && *dead) (void)s_.db_.BreakRecordLock(access_, it.record, *it.t, it.prev);
+      }
+    }
+    FARPOOL_RETURN_IF_ERROR(s_.CheckLease());  // a CAS that may lock follows
+    Status posted, waited;
+    {
+      Access::Batch b(access_);
+      for (size_t i : held) {
+        if (posted.ok())
+          posted = b.Cas(items_[i].record, items_[i].expected, mine, &items_[i].prev);
+      }
+      waited = b.Wait();
+    }
+    if (!posted.ok() || !waited.ok()) {
+      for (size_t i : held) items_[i].locked = true;  // any of them may have been taken
+      ReleaseLocks();
+      return !posted.ok() ? posted : waited;
+    }
+    std::vector<size_t> still;
+    for (size_t i : held) {
+      Item& it = items_[i];
+      it.locked = it.prev == it.expected;
+      if (it.locked) continue;
+      if (!IsLocked(it.prev) || it.prev == kRemovedLock) return Status::Ok();  // a newer version
+      still.push_back(i);
+    }
+    held = std::move(still);
+  }
+  return Status::Ok();
 }
 
 Status CommitRun::AbortOnConflict() {
