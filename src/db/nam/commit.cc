@@ -625,9 +625,13 @@ Status CommitRun::Lock() {
       ReleaseLocks();
       return resolved;
     }
+    posted = s_.CheckLease();  // the CASes may lock: they follow a passed check
+    if (!posted.ok()) {
+      ReleaseLocks();
+      return posted;
+    }
     {
       Access::Batch b(access_);
-      posted = Status::Ok();
       for (size_t i : late) {
         if (posted.ok())
           posted = b.Cas(items_[i].record, items_[i].expected, mine, &items_[i].prev);
@@ -703,8 +707,12 @@ Status CommitRun::WaitForHolders() {
         if (dead.ok() && *dead) (void)s_.db_.BreakRecordLock(access_, it.record, *it.t, it.prev);
       }
     }
-    FARPOOL_RETURN_IF_ERROR(s_.CheckLease());  // a CAS that may lock follows
-    Status posted, waited;
+    Status posted = s_.CheckLease();  // a CAS that may lock follows
+    if (!posted.ok()) {
+      ReleaseLocks();
+      return posted;
+    }
+    Status waited;
     {
       Access::Batch b(access_);
       for (size_t i : held) {
