@@ -726,10 +726,11 @@ Status CommitRun::WaitForHolders() {
       ReleaseLocks();
       return !posted.ok() ? posted : waited;
     }
+    // Every lock taken is marked before anything returns (ReleaseLocks releases only those).
+    for (size_t i : held) items_[i].locked = items_[i].prev == items_[i].expected;
     std::vector<size_t> still;
     for (size_t i : held) {
-      Item& it = items_[i];
-      it.locked = it.prev == it.expected;
+      const Item& it = items_[i];
       if (it.locked) continue;
       if (!IsLocked(it.prev) || it.prev == kRemovedLock) return Status::Ok();  // a newer version
       still.push_back(i);
