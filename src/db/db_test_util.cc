@@ -72,7 +72,8 @@ Result<std::unique_ptr<TestDatabase>> TestDatabase::Start(const std::string& eng
   return t;
 }
 
-Result<std::unique_ptr<Database>> TestDatabase::OpenAnother() {
+Result<std::unique_ptr<Database>> TestDatabase::OpenAnother(
+    std::function<void(std::string_view)> commit_hook) {
   if (options_.engine == Engine::kLocal) {
     return Status::InvalidArgument("the local engine is one process's memory");
   }
@@ -80,7 +81,9 @@ Result<std::unique_ptr<Database>> TestDatabase::OpenAnother() {
     return Status::InvalidArgument(
         "sharded without a cluster file: the partitions are threads of the first Database");
   }
-  return Database::Open(options_);
+  DatabaseOptions o = options_;
+  o.commit_hook = std::move(commit_hook);
+  return Database::Open(o);
 }
 
 TestDatabase::~TestDatabase() {

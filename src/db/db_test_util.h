@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "farpool/db.h"
@@ -42,7 +44,9 @@ class TestDatabase {
   Database& db() { return *db_; }
   const DatabaseOptions& options() const { return options_; }
   // Opens another Database handle on the same data (another "compute process"); not for local.
-  Result<std::unique_ptr<Database>> OpenAnother();
+  // `commit_hook`: its DatabaseOptions::commit_hook (fault injection), none by default.
+  Result<std::unique_ptr<Database>> OpenAnother(
+      std::function<void(std::string_view)> commit_hook = nullptr);
 
  private:
   std::string dir_;

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <random>
 #include <set>
 #include <thread>
@@ -522,6 +524,190 @@ TEST_P(TxnTest, RoundTripsOfAPointReadWithItsLookup) {
   }
   EXPECT_EQ(servers.size(), 2u) << "the records of 31 keys are all on one server";
   ASSERT_OK(txn->Commit());
+}
+
+// A new key written after the snapshot is taken goes into the index in the commit's lock
+// round (written locked, then inserted near memory): the commit stays 3 round trips.
+TEST_P(TxnTest, RoundTripsOfAnInsertAfterARead) {
+  if (GetParam() == "sharded") GTEST_SKIP() << "the sharded engine counts message rounds";
+  const Table* t = MakeTable("t", IntSchema());
+  auto s = NewSession();
+  auto trips = [&] { return s->counters().round_trips; };
+  ASSERT_OK(RunTransaction(*s, [&](Transaction& txn) { return PutInt(txn, *t, 0, 0); }));
+  // Warm up the process's record caches on both servers (a reservation costs round trips).
+  for (int64_t k = 1; k <= 8; ++k) {
+    ASSERT_OK(RunTransaction(*s, [&](Transaction& txn) -> Status {
+      FARPOOL_RETURN_IF_ERROR(GetInt(txn, *t, 0).status());
+      return PutInt(txn, *t, k, k);
+    }));
+  }
+  for (int64_t k = 100; k < 104; ++k) {
+    auto txn = BeginTxn(*s);
+    ASSERT_EQ(*GetInt(*txn, *t, 0), 0);  // takes the snapshot
+    ASSERT_OK(PutInt(*txn, *t, 0, 0));
+    ASSERT_OK(PutInt(*txn, *t, k, k));
+    const uint64_t before = trips();
+    ASSERT_OK(txn->Commit());
+    EXPECT_EQ(trips() - before, 3u) << "key " << k << ": lock (with the insert), decide, finish";
+    auto check = BeginTxn(*s);
+    EXPECT_EQ(*GetInt(*check, *t, k), k);
+  }
+}
+
+// An insert whose transaction aborts after the insert went in (here at the lock round, on a
+// conflict with another key): the key reads as absent, nothing stays locked, and the key can
+// be inserted again, by the same kind of commit and by a blind write.
+TEST_P(TxnTest, InsertOfAnAbortedTransactionIsGoneAndItsKeyInsertableAgain) {
+  const Table* t = MakeTable("t", IntSchema());
+  auto s1 = NewSession(), s2 = NewSession();
+  ASSERT_OK(RunTransaction(*s1, [&](Transaction& txn) { return PutInt(txn, *t, 1, 10); }));
+  for (int64_t key = 50; key < 58; ++key) {
+    auto a = BeginTxn(*s1);
+    ASSERT_EQ(*GetInt(*a, *t, 1), 10 + (key - 50));
+    ASSERT_OK(PutInt(*a, *t, 1, -1));
+    ASSERT_OK(PutInt(*a, *t, key, 1));
+    // Another commit of key 1 after a's read: a loses at its lock round.
+    ASSERT_OK(RunTransaction(*s2, [&](Transaction& txn) -> Status {
+      FARPOOL_ASSIGN_OR_RETURN(int64_t v, GetInt(txn, *t, 1));
+      return PutInt(txn, *t, 1, v + 1);
+    }));
+    Status sa = a->Commit();
+    EXPECT_EQ(sa.code(), StatusCode::kAborted) << sa.ToString();
+    auto b = BeginTxn(*s2);
+    EXPECT_EQ(GetInt(*b, *t, key).status().code(), StatusCode::kNotFound);
+    ASSERT_OK(b->Commit());
+    auto locked = db().CountLocked(*t);
+    ASSERT_TRUE(locked.ok()) << locked.status().ToString();
+    EXPECT_EQ(*locked, 0u);
+    // Inserted again: after a read (the insert meets the aborted one's empty record), or
+    // blind, by either session.
+    Session& again = key % 2 == 0 ? *s1 : *s2;
+    ASSERT_OK(RunTransaction(again, [&](Transaction& txn) -> Status {
+      if (key % 4 < 2) FARPOOL_RETURN_IF_ERROR(GetInt(txn, *t, 1).status());
+      return PutInt(txn, *t, key, key);
+    }));
+    auto c = BeginTxn(*s1);
+    EXPECT_EQ(*GetInt(*c, *t, key), key);
+  }
+  auto locked = db().CountLocked(*t);
+  ASSERT_TRUE(locked.ok()) << locked.status().ToString();
+  EXPECT_EQ(*locked, 0u);
+}
+
+// Concurrent inserters of the same new keys (each reads the key absent first, so its insert
+// goes in with its lock round): exactly one insert per key commits (two would be a lost
+// update), the others abort, and the key holds the winner's value.
+TEST_P(TxnTest, ConcurrentInsertersOfOneKey) {
+  const Table* t = MakeTable("t", IntSchema());
+  ASSERT_OK(RunTransaction(*NewSession(), [&](Transaction& txn) { return PutInt(txn, *t, 0, 0); }));
+  constexpr int kThreads = 4, kKeys = 40;
+  std::vector<std::unique_ptr<Session>> sessions;
+  for (int i = 0; i < kThreads; ++i) sessions.push_back(NewSession());
+  std::vector<std::vector<int64_t>> won(kThreads);
+  std::vector<Status> failures(kThreads);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      for (int64_t key = 1; key <= kKeys; ++key) {
+        auto txn = sessions[i]->Begin();
+        if (!txn.ok()) {
+          failures[i] = txn.status();
+          return;
+        }
+        auto v = GetInt(**txn, *t, key);  // takes the snapshot; the key has no record yet
+        if (v.ok()) {
+          (*txn)->Rollback();  // inserted by another thread already
+          continue;
+        }
+        Status st =
+            v.status().code() == StatusCode::kNotFound ? PutInt(**txn, *t, key, i) : v.status();
+        if (st.ok()) st = (*txn)->Commit();
+        if (st.ok()) {
+          won[i].push_back(key);
+        } else if (st.code() != StatusCode::kAborted) {
+          failures[i] = st;
+          return;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (const Status& f : failures) ASSERT_OK(f);
+  std::map<int64_t, int> winner;
+  for (int i = 0; i < kThreads; ++i) {
+    for (int64_t key : won[i]) {
+      EXPECT_EQ(winner.count(key), 0u) << "key " << key << " committed twice as an insert";
+      winner[key] = i;
+    }
+  }
+  auto s = NewSession();
+  auto txn = BeginTxn(*s);
+  for (int64_t key = 1; key <= kKeys; ++key) {
+    auto v = GetInt(*txn, *t, key);
+    ASSERT_TRUE(v.ok()) << "key " << key << ": " << v.status().ToString();
+    ASSERT_EQ(winner.count(key), 1u) << "key " << key << " has a value but no winner";
+    EXPECT_EQ(*v, winner[key]) << "key " << key;
+  }
+  auto locked = db().CountLocked(*t);
+  ASSERT_TRUE(locked.ok()) << locked.status().ToString();
+  EXPECT_EQ(*locked, 0u);
+}
+
+// A commit whose lock CAS meets a live committer's lock waits for it, bounded (CommitRun::
+// WaitForHolders): here the holder (another Database handle, stopped by its commit hook right
+// after locking) does not finish while the waiter waits, so the waiter gives up and aborts
+// (first committer wins) instead of hanging; a dead or stopped holder is the same to it. The
+// holder then commits.
+TEST_P(TxnTest, LockWaitForALiveHolderIsBounded) {
+  if (GetParam() != "pool") GTEST_SKIP() << "two Database handles on one pool";
+  const Table* t = MakeTable("t", IntSchema());
+  ASSERT_OK(RunTransaction(*NewSession(), [&](Transaction& txn) { return PutInt(txn, *t, 1, 0); }));
+  std::mutex mu;
+  std::condition_variable cv;
+  bool holding = false, release = false;
+  auto other = t_->OpenAnother([&](std::string_view point) {
+    if (point != "locked") return;
+    std::unique_lock<std::mutex> l(mu);
+    holding = true;
+    cv.notify_all();
+    cv.wait(l, [&] { return release; });
+  });
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  auto ot = (*other)->OpenTable("t");
+  ASSERT_TRUE(ot.ok()) << ot.status().ToString();
+  auto waiter = NewSession();
+  auto w = BeginTxn(*waiter);
+  ASSERT_EQ(*GetInt(*w, *t, 1), 0);  // read before the holder locks
+  Status held;
+  std::thread holder([&] {
+    auto s = (*other)->NewSession();
+    if (!s.ok()) {
+      held = s.status();
+      return;
+    }
+    auto txn = (*s)->Begin();
+    held = txn.ok() ? PutInt(**txn, **ot, 1, 7) : txn.status();
+    if (held.ok()) held = (*txn)->Commit();
+  });
+  {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return holding; });
+  }
+  ASSERT_OK(PutInt(*w, *t, 1, 5));
+  Status ws = w->Commit();
+  EXPECT_EQ(ws.code(), StatusCode::kAborted) << ws.ToString();
+  {
+    std::lock_guard<std::mutex> l(mu);
+    release = true;
+  }
+  cv.notify_all();
+  holder.join();
+  ASSERT_OK(held);
+  auto check = BeginTxn(*waiter);
+  EXPECT_EQ(*GetInt(*check, *t, 1), 7);
+  auto locked = db().CountLocked(*t);
+  ASSERT_TRUE(locked.ok()) << locked.status().ToString();
+  EXPECT_EQ(*locked, 0u);
 }
 
 TEST_P(TxnTest, OrderedScans) {

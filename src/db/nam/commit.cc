@@ -3,13 +3,22 @@
 //
 //   Resolve   find or create each written key's record, the version it expects (the one read,
 //             or the newest if it was not read), blobs of variable-length columns. Written keys
-//             that were not read cost one round trip together (their index lookups, a new
-//             record for each in case it is new, the snapshot if none was taken), plus the
-//             index inserts of new keys and one read of the records that already existed.
+//             that were not read or cached (mostly new keys) get a new record each, on the
+//             server of the key's head bucket; once the snapshot is taken, those of tables
+//             without a B+tree go into the index in the Lock batch (below). The others cost
+//             one round trip together (their index lookups or near-memory inserts, the
+//             snapshot if none was taken), plus one read of the records that already existed.
 //   Lock      one batch: a CAS per record from the expected unlocked word to our lock word
 //             (locks and validates first-committer-wins at once), the tables' descriptors, a
-//             read of the snapshot announcements (for the GC decision) when needed, and the
-//             blobs' contents. Any failure releases what was taken.
+//             read of the snapshot announcements (for the GC decision) when needed, the
+//             blobs' contents, and each new key's record written locked by us, then (behind
+//             a fence) inserted near memory: its entry goes live already locked, exactly as a
+//             record created in an earlier round and locked here. A new key found to have a
+//             record already (a concurrent inserter's, an aborted insert's empty one) is
+//             locked after, like a key written without being read (read, validated, CAS):
+//             two more round trips, only then. Any failure releases what was taken; an
+//             inserted record of a commit that does not happen stays in the index empty and
+//             unlocked (no version: the key reads as absent, and the next insert uses it).
 //   Decide    one batch: the commit stamp (fetch-and-add), the commit log (the new cells, with
 //             stamp 0: the stamp comes back in this same round trip; and the addresses of our
 //             stamp words on the records' servers) and the spills of evicted versions that an
@@ -45,6 +54,8 @@ namespace farpool::db {
 class CommitRun {
  public:
   explicit CommitRun(NamTxn& txn) : txn_(txn), s_(txn.s_), access_(txn.s_.access_) {}
+  // Frees the new records of inserts deferred to the lock round that never got posted.
+  ~CommitRun();
 
   Status Run();
 
@@ -53,10 +64,16 @@ class CommitRun {
     WriteEntry* w;
     const NamTable* t;
     GlobalAddress record;
-    bool cached = false;    // `record` came from the session's cache (the key was not read)
-    bool fresh = false;     // we created `record` (the key is new): it holds no version
-    uint64_t expected = 0;  // unlocked word we expect (the version we validated)
-    RecordImage image;      // the record as of that version
+    bool cached = false;  // `record` came from the session's cache (the key was not read)
+    bool fresh = false;   // we created `record` (the key is new): it holds no version
+    // A new key inserted in the lock round (see Lock): `record` is our new record, not yet in
+    // the index; Lock writes it locked by us and inserts it in the same batch.
+    bool insert_at_lock = false;
+    bool insert_posted = false;  // the insert was posted: the record may be live
+    InsertResult inserted;       // of that insert (HashIndex::PostInsert)
+    bool late = false;           // such a key found to have a record: Lock locks it after
+    uint64_t expected = 0;       // unlocked word we expect (the version we validated)
+    RecordImage image;           // the record as of that version
     bool locked = false;
     uint64_t prev = 0;
     GlobalAddress spill;
@@ -84,6 +101,20 @@ class CommitRun {
   Result<GlobalAddress> NewRecord(const Item& it, std::vector<unsigned char>* image);
   Status ResolveUnread(const std::vector<size_t>& need_read);
   Status Lock();
+  // A new key's insert (insert_at_lock) found `record` in the index: ours if it went live
+  // (then locked), else ours is freed and the key's record is locked late.
+  void TakeInserted(Item& it, GlobalAddress record);
+  // Records whose lock CAS met another session's lock (and none that met a newer version):
+  // the CAS is retried, with backoff, for at most kLockWaitNs while we hold our other locks;
+  // a holder that commits makes our CAS meet its newer version (we then abort, first
+  // committer wins), one that aborts hands the record back unchanged (we lock it). No
+  // deadlock: every wait is bounded, so of two commits waiting for each other's records each
+  // gives up after kLockWaitNs and aborts (AbortOnConflict).
+  static constexpr int64_t kLockWaitNs = 4'000'000, kLockWaitFirstPauseNs = 50'000;
+  Status WaitForHolders();
+  // If a lock was not taken (held by another, or a newer version): releases every lock and
+  // returns Aborted naming the first such key (breaking the locks of dead holders on the way).
+  Status AbortOnConflict();
   // Undoes Lock: CAS our word back to the expected one on every record we may hold.
   void ReleaseLocks();
   Status Decide();
@@ -129,6 +160,13 @@ class CommitRun {
 };
 
 // ---------------------------------------------------------------- phases
+
+CommitRun::~CommitRun() {
+  for (const Item& it : items_) {
+    if (it.insert_at_lock && !it.insert_posted && !it.record.is_null())
+      (void)s_.db_.recycler().Free(access_, s_, it.record, it.t->layout_.record_size());
+  }
+}
 
 Status CommitRun::Resolve() {
   std::vector<size_t> unread;
@@ -266,17 +304,22 @@ Status CommitRun::FindUnread(const std::vector<size_t>& unread) {
     InsertResult inserted;
   };
   std::vector<Probe> probes(lookups.size());
+  // Frees the new records (deferred inserts' are freed by ~CommitRun).
   auto free_fresh = [&] {
     for (size_t j = 0; j < lookups.size(); ++j) {
-      if (!probes[j].fresh.is_null()) {
+      if (!probes[j].fresh.is_null() && !items_[lookups[j]].insert_at_lock) {
         (void)s_.db_.recycler().Free(access_, s_, probes[j].fresh,
                                      items_[lookups[j]].t->layout_.record_size());
       }
     }
   };
-  bool any_insert = false;
+  // A key that can be inserted near memory goes into the index in the lock round instead
+  // (Lock: written locked by us, then inserted; no round trip of its own), once the snapshot
+  // is taken and if no B+tree needs its record before then.
+  const bool defer = txn_.has_snapshot_ && !s_.db_.options().testing_skip_validation;
+  bool any_insert = false, any_posted = false;
   for (size_t j = 0; j < lookups.size(); ++j) {
-    const Item& it = items_[lookups[j]];
+    Item& it = items_[lookups[j]];
     auto fresh = NewRecord(it, &probes[j].image);
     if (!fresh.ok()) {
       free_fresh();
@@ -284,8 +327,16 @@ Status CommitRun::FindUnread(const std::vector<size_t>& unread) {
     }
     probes[j].fresh = *fresh;
     probes[j].insert = fresh->server() == it.t->hash_->HeadServer(it.w->key);
+    if (defer && probes[j].insert && !it.t->btree_) {
+      it.insert_at_lock = true;
+      it.record = *fresh;
+      it.fresh = true;
+      continue;
+    }
     any_insert = any_insert || probes[j].insert;
+    any_posted = true;
   }
+  if (txn_.has_snapshot_ && !any_posted) return Status::Ok();
   NamSession::SnapshotRead snap;
   const bool taking = !txn_.has_snapshot_;
   bool cache_cleared = false;
@@ -304,6 +355,7 @@ Status CommitRun::FindUnread(const std::vector<size_t>& unread) {
     }
     for (size_t j = 0; j < lookups.size() && posted.ok(); ++j) {
       const Item& it = items_[lookups[j]];
+      if (it.insert_at_lock) continue;
       if (!probes[j].insert)
         posted = it.t->hash_->PostLookup(b, it.w->key, probes[j].bucket.data());
       if (posted.ok())
@@ -313,6 +365,7 @@ Status CommitRun::FindUnread(const std::vector<size_t>& unread) {
     if (posted.ok() && any_insert) posted = b.Fence();
     for (size_t j = 0; j < lookups.size() && posted.ok(); ++j) {
       const Item& it = items_[lookups[j]];
+      if (it.insert_at_lock) continue;
       if (probes[j].insert)
         posted = it.t->hash_->PostInsert(b, s_, it.w->key, probes[j].fresh, &probes[j].inserted);
     }
@@ -331,6 +384,7 @@ Status CommitRun::FindUnread(const std::vector<size_t>& unread) {
   for (size_t j = 0; j < lookups.size(); ++j) {
     Item& it = items_[lookups[j]];
     const GlobalAddress fresh = probes[j].fresh;
+    if (it.insert_at_lock) continue;
     if (probes[j].insert) {
       auto got = it.t->hash_->FinishInsert(it.w->key, probes[j].inserted);
       if (!got.ok()) {
@@ -470,11 +524,21 @@ Status CommitRun::Lock() {
   for (Item& it : items_) descs[it.t] = {0, 0};
   Status posted;
   Status waited;
+  // New keys (insert_at_lock): our new record, written whole and locked by us, and behind a
+  // fence its near-memory insert; the entry goes live already locked, as if created and
+  // locked in two rounds.
+  std::vector<std::vector<unsigned char>> locked_images(items_.size());
   {
     Access::Batch b(access_);
-    for (Item& it : items_) {
-      posted = b.Cas(it.record, it.expected, mine, &it.prev);
-      if (!posted.ok()) break;
+    for (size_t i = 0; i < items_.size() && posted.ok(); ++i) {
+      Item& it = items_[i];
+      if (!it.insert_at_lock) {
+        posted = b.Cas(it.record, it.expected, mine, &it.prev);
+        continue;
+      }
+      locked_images[i] = it.image.bytes;
+      std::memcpy(locked_images[i].data(), &mine, 8);
+      posted = b.Write(it.record, locked_images[i].data(), locked_images[i].size());
     }
     for (auto& [t, words] : descs) {
       if (posted.ok()) posted = b.Read(t->desc_, words.data(), 16);
@@ -485,39 +549,105 @@ Status CommitRun::Lock() {
     for (const BlobWrite& bw : blob_writes_) {
       if (posted.ok()) posted = b.Write(bw.at, bw.value->data(), bw.value->size());
     }
+    bool fenced = false;
+    for (Item& it : items_) {
+      if (!it.insert_at_lock || !posted.ok()) continue;
+      if (!fenced) {
+        posted = b.Fence();  // a record is whole before its entry can go live
+        fenced = true;
+        if (!posted.ok()) break;
+      }
+      it.insert_posted = true;
+      posted = it.t->hash_->PostInsert(b, s_, it.w->key, it.record, &it.inserted);
+    }
     waited = b.Wait();
   }
   if (!posted.ok() || !waited.ok()) {
-    // Some CASes may have taken effect: undo every one that could have.
+    // Some CASes and inserts may have taken effect: undo every lock that could have.
     for (Item& it : items_) it.locked = true;
     ReleaseLocks();
     return !posted.ok() ? posted : waited;
   }
-  for (Item& it : items_) it.locked = it.prev == it.expected;
+  Status index_failed;
+  std::vector<HashIndex::Insert> publish;
+  std::vector<size_t> publish_items;
+  for (size_t i = 0; i < items_.size(); ++i) {
+    Item& it = items_[i];
+    if (!it.insert_at_lock) {
+      it.locked = it.prev == it.expected;
+      continue;
+    }
+    auto got = it.t->hash_->FinishInsert(it.w->key, it.inserted);
+    if (!got.ok()) {
+      it.locked = true;  // the entry may be live
+      if (index_failed.ok()) index_failed = got.status();
+    } else if (got->is_null()) {
+      publish.push_back({&*it.t->hash_, it.w->key, it.record});  // not live: nobody sees it
+      publish_items.push_back(i);
+    } else {
+      TakeInserted(it, *got);
+    }
+  }
+  if (index_failed.ok() && !publish.empty()) {
+    // Where the near-memory insert could not be done: GetOrInsertMany (our record is locked
+    // and whole already).
+    index_failed = HashIndex::GetOrInsertMany(access_, s_, publish);
+    for (size_t j = 0; j < publish.size(); ++j) {
+      Item& it = items_[publish_items[j]];
+      if (index_failed.ok()) {
+        TakeInserted(it, publish[j].record);
+      } else {
+        it.locked = true;  // the entry may be live
+      }
+    }
+  }
+  if (!index_failed.ok()) {
+    ReleaseLocks();
+    return IndexFailed(index_failed);
+  }
   for (const auto& [t, words] : descs) {
     if (words[0] != kDescLive || words[1] != t->incarnation_) {
       ReleaseLocks();
       return Status::NotFound("table '" + t->name_ + "' was dropped");
     }
   }
-  std::string conflict;
-  for (Item& it : items_) {
-    if (!it.locked && conflict.empty()) {
-      conflict = "key " + std::to_string(it.w->key) + " of '" + it.t->name_ + "'";
-      conflict += IsLocked(it.prev) ? " is locked by another transaction"
-                                    : " got a newer version (first committer wins)";
-    }
+  FARPOOL_RETURN_IF_ERROR(WaitForHolders());
+  FARPOOL_RETURN_IF_ERROR(AbortOnConflict());
+  // New keys that turned out to have a record: locked in a round of their own, as keys
+  // written without being read (their version read, validated, then locked).
+  std::vector<size_t> late;
+  for (size_t i = 0; i < items_.size(); ++i) {
+    if (items_[i].late) late.push_back(i);
   }
-  if (!conflict.empty()) {
-    ReleaseLocks();
-    for (Item& it : items_) {
-      if (!it.locked && it.prev == kRemovedLock) s_.ForgetRecord(*it.t, it.w->key);
-      if (!it.locked && IsLocked(it.prev) && it.prev != kRemovedLock) {
-        auto dead = s_.HolderDead(it.prev);
-        if (dead.ok() && *dead) (void)s_.db_.BreakRecordLock(access_, it.record, *it.t, it.prev);
-      }
+  if (!late.empty()) {
+    Status resolved = ResolveUnread(late);
+    if (!resolved.ok()) {
+      ReleaseLocks();
+      return resolved;
     }
-    return Abort(conflict);
+    posted = s_.CheckLease();  // the CASes may lock: they follow a passed check
+    if (!posted.ok()) {
+      ReleaseLocks();
+      return posted;
+    }
+    {
+      Access::Batch b(access_);
+      for (size_t i : late) {
+        if (posted.ok())
+          posted = b.Cas(items_[i].record, items_[i].expected, mine, &items_[i].prev);
+      }
+      waited = b.Wait();
+    }
+    for (size_t i : late) {
+      Item& it = items_[i];
+      it.late = false;
+      it.locked = !posted.ok() || !waited.ok() || it.prev == it.expected;
+    }
+    if (!posted.ok() || !waited.ok()) {
+      ReleaseLocks();
+      return !posted.ok() ? posted : waited;
+    }
+    FARPOOL_RETURN_IF_ERROR(AbortOnConflict());
   }
   if (skip) {
     // We validated nothing: take the versions that are there now as the base.
@@ -534,6 +664,102 @@ Status CommitRun::Lock() {
     for (Item& it : items_) it.image.Decode(it.t->layout_);
   }
   return Status::Ok();
+}
+
+void CommitRun::TakeInserted(Item& it, GlobalAddress record) {
+  if (record == it.record) {
+    it.locked = true;
+  } else {
+    // The key has a record already (a concurrent inserter's, or an aborted insert's): ours
+    // was never live and goes back.
+    (void)s_.db_.recycler().Free(access_, s_, it.record, it.t->layout_.record_size());
+    it.insert_at_lock = false;
+    it.fresh = false;
+    it.record = record;
+    it.late = true;
+  }
+  s_.RememberRecord(*it.t, it.w->key, it.record);
+}
+
+Status CommitRun::WaitForHolders() {
+  const uint64_t mine = s_.lock_word();
+  std::vector<size_t> held;
+  for (size_t i = 0; i < items_.size(); ++i) {
+    const Item& it = items_[i];
+    if (it.locked || it.late) continue;
+    // A newer version aborts whatever happens to the others: nothing to wait for.
+    if (!IsLocked(it.prev) || it.prev == kRemovedLock) return Status::Ok();
+    held.push_back(i);
+  }
+  const int64_t start = MonoNs();
+  int64_t pause_ns = kLockWaitFirstPauseNs;
+  int64_t next_check = start + 1'000'000;
+  while (!held.empty() && MonoNs() - start < kLockWaitNs) {
+    std::this_thread::sleep_for(std::chrono::nanoseconds(pause_ns));
+    pause_ns = std::min<int64_t>(2 * pause_ns, 1'000'000);
+    if (MonoNs() > next_check) {
+      // A dead holder finishes nothing: break its lock (it is restored to its newest version,
+      // which our CAS then validates like any other).
+      next_check = MonoNs() + 1'000'000;
+      for (size_t i : held) {
+        Item& it = items_[i];
+        auto dead = s_.HolderDead(it.prev);
+        if (dead.ok() && *dead) (void)s_.db_.BreakRecordLock(access_, it.record, *it.t, it.prev);
+      }
+    }
+    Status posted = s_.CheckLease();  // a CAS that may lock follows
+    if (!posted.ok()) {
+      ReleaseLocks();
+      return posted;
+    }
+    Status waited;
+    {
+      Access::Batch b(access_);
+      for (size_t i : held) {
+        if (posted.ok())
+          posted = b.Cas(items_[i].record, items_[i].expected, mine, &items_[i].prev);
+      }
+      waited = b.Wait();
+    }
+    if (!posted.ok() || !waited.ok()) {
+      for (size_t i : held) items_[i].locked = true;  // any of them may have been taken
+      ReleaseLocks();
+      return !posted.ok() ? posted : waited;
+    }
+    // Every lock taken is marked before anything returns (ReleaseLocks releases only those).
+    for (size_t i : held) items_[i].locked = items_[i].prev == items_[i].expected;
+    std::vector<size_t> still;
+    for (size_t i : held) {
+      const Item& it = items_[i];
+      if (it.locked) continue;
+      if (!IsLocked(it.prev) || it.prev == kRemovedLock) return Status::Ok();  // a newer version
+      still.push_back(i);
+    }
+    held = std::move(still);
+  }
+  return Status::Ok();
+}
+
+Status CommitRun::AbortOnConflict() {
+  std::string conflict;
+  for (Item& it : items_) {
+    if (!it.locked && !it.late && conflict.empty()) {
+      conflict = "key " + std::to_string(it.w->key) + " of '" + it.t->name_ + "'";
+      conflict += IsLocked(it.prev) ? " is locked by another transaction"
+                                    : " got a newer version (first committer wins)";
+    }
+  }
+  if (conflict.empty()) return Status::Ok();
+  ReleaseLocks();
+  for (Item& it : items_) {
+    if (it.late) continue;
+    if (!it.locked && it.prev == kRemovedLock) s_.ForgetRecord(*it.t, it.w->key);
+    if (!it.locked && IsLocked(it.prev) && it.prev != kRemovedLock) {
+      auto dead = s_.HolderDead(it.prev);
+      if (dead.ok() && *dead) (void)s_.db_.BreakRecordLock(access_, it.record, *it.t, it.prev);
+    }
+  }
+  return Abort(conflict);
 }
 
 void CommitRun::ReleaseLocks() {

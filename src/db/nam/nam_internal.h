@@ -562,7 +562,11 @@ class NamTxn final : public Transaction {
   // with the counter read if the snapshot is not taken yet), reads them (one round trip),
   // settles each copy (SettleRecord) and finds the version the snapshot sees; records the
   // read of every key with a record in reads_.
+  // The transaction's first read takes the snapshot again (up to kSnapshotRetakes times) while
+  // a key it read has a version newer than the snapshot (ReadKeys in read.cc).
   Status ReadKeys(std::span<KeyRead> keys);
+  Status ReadKeysOnce(std::span<KeyRead> keys);
+  static constexpr int kSnapshotRetakes = 2;
   // Get from the transaction's own writes: true if it has written `key` (the answer is then in
   // *row and *status).
   bool ReadOwnWrite(const NamTable& t, int64_t key, Row* row, Status* status) const;

@@ -168,6 +168,31 @@ Status NamTxn::TakeSnapshot() {
 }
 
 Status NamTxn::ReadKeys(std::span<KeyRead> keys) {
+  const bool first = !has_snapshot_;
+  for (int retake = 0;; ++retake) {
+    FARPOOL_RETURN_IF_ERROR(ReadKeysOnce(keys));
+    // The first read returns nothing until here, so the snapshot it took may be taken again:
+    // if a key it read got a newer version than the snapshot (a commit that took its stamp
+    // after our counter read, met as a lock and waited for, or installed meanwhile), a write
+    // of that key would abort at commit (first committer wins). A later snapshot sees it.
+    if (!first || retake == kSnapshotRetakes) return Status::Ok();
+    if (std::all_of(reads_.begin(), reads_.end(),
+                    [](const auto& r) { return r.second.newest_visible; })) {
+      return Status::Ok();
+    }
+    reads_.clear();  // all of them this call's (there was no snapshot before it)
+    s_.EndTransaction();
+    has_snapshot_ = false;
+    for (KeyRead& k : keys) {
+      KeyRead fresh;
+      fresh.t = k.t;
+      fresh.key = k.key;
+      k = std::move(fresh);
+    }
+  }
+}
+
+Status NamTxn::ReadKeysOnce(std::span<KeyRead> keys) {
   for (int attempt = 0; attempt < 3; ++attempt) {
     // Round 1: the index lookups the cache does not answer, with the snapshot's counter read
     // if this is the transaction's first read. The records must be read after the counter
