@@ -59,11 +59,11 @@ int Up(const ClusterArgs& a) {
   o.binary = SelfBinary();
   Status s = ClusterUp(o);
   if (!s.ok()) return Fail("cluster up: " + s.message());
-  std::printf(
-      "cluster up: %d servers x %s in %s (transport %s, progress %s%s; cluster secret in %s, "
-      "mode 0600)\n",
-      a.servers, FormatSize(o.memory).c_str(), ClusterFile(a.dir).c_str(), a.transport.c_str(),
-      progress_name.c_str(), a.netns ? ", network namespaces" : "", SecretFile(a.dir).c_str());
+  std::printf("cluster up: %d servers x %s in %s (transport %s, progress %s%s)\n", a.servers,
+              FormatSize(o.memory).c_str(), ClusterFile(a.dir).c_str(), a.transport.c_str(),
+              progress_name.c_str(), a.netns ? ", network namespaces" : "");
+  std::printf("cluster up: cluster secret in %s (mode 0600; clients find it through %s)\n",
+              SecretFile(a.dir).c_str(), ClusterFile(a.dir).c_str());
   return 0;
 }
 
