@@ -3,6 +3,7 @@
 //   {
 //     "version": 1,
 //     "transport": "shm",                      // default fabric for clients: auto|shm|tcp
+//     "secret_file": "cluster.secret",         // the cluster secret (optional, see below)
 //     "servers": [
 //       {"id": 0, "address": "127.0.0.1:41000", "memory": 1073741824,
 //        "pid": 4242, "netns": ""}             // pid/netns: set by `farpool cluster up`
@@ -11,6 +12,12 @@
 //
 // Server ids are unique and at most 65535; addresses are HOST:PORT. Every parse error names
 // the file and the offending field.
+//
+// secret_file names the file of the cluster's secret (transport/auth.h: 64 hex digits, mode
+// 0600), never the secret itself: the cluster file may be readable by anyone, the secret file
+// is its owner's only. A relative name is relative to the cluster file's directory. Clients
+// (Pool::Connect, hence the database, the file store, the VFS, the Python client) prove to
+// every server that they know it; without it they can use only servers that have no secret.
 //
 // Thread-safety: a value type.
 #pragma once
@@ -39,7 +46,12 @@ struct ServerAddress {
 struct ClusterConfig {
   Fabric transport = Fabric::kAuto;
   std::vector<ServerAddress> servers;
+  // As written in the file; Load resolves a relative name against the file's directory.
+  // Empty: no secret.
+  std::string secret_file;
 
+  // The secret_file of a loaded config is an absolute path (or relative to the working
+  // directory if `path` was).
   static Result<ClusterConfig> Load(const std::string& path);
   // `origin` names the source in error messages (a file name).
   static Result<ClusterConfig> Parse(std::string_view json, std::string_view origin);

@@ -129,6 +129,7 @@ struct ServerStats {
   uint64_t chunk_size = 0;
   uint64_t requests_served = 0;  // control requests and batches; one-sided operations bypass it
   uint64_t rejected = 0;         // malformed or incompatible messages
+  uint64_t auth_refused = 0;     // requests refused for want of authentication (cluster secret)
   uint64_t uptime_ns = 0;
   int64_t pid = 0;
   uint64_t rss_private = 0;  // private resident bytes beyond the region

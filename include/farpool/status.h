@@ -30,10 +30,11 @@ enum class StatusCode : uint8_t {
   kInternal,           // a bug or an unexpected library error
   kAlreadyExists,      // a thing to be created exclusively exists (a table, a file)
   kResourceExhausted,  // a fixed-size table is full (session slots, catalog, name table)
+  kPermissionDenied,   // the peer did not prove it belongs to the cluster (its secret)
 };
 // The largest code; codes travel on the wire as numbers (transport/frame.h), so new codes are
 // appended and existing numbers never change.
-inline constexpr StatusCode kLastStatusCode = StatusCode::kResourceExhausted;
+inline constexpr StatusCode kLastStatusCode = StatusCode::kPermissionDenied;
 
 std::string_view StatusCodeName(StatusCode code);
 
@@ -55,6 +56,9 @@ class [[nodiscard]] Status {
   static Status IoError(std::string m) { return {StatusCode::kIoError, std::move(m)}; }
   static Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
   static Status AlreadyExists(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
+  static Status PermissionDenied(std::string m) {
+    return {StatusCode::kPermissionDenied, std::move(m)};
+  }
   static Status ResourceExhausted(std::string m) {
     return {StatusCode::kResourceExhausted, std::move(m)};
   }

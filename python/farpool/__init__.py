@@ -13,8 +13,8 @@ build. The exceptions (`farpool.Error` and one subclass per status code) are pla
 """
 from farpool._build import native_dir as _native_dir
 from farpool.errors import (Aborted, AlreadyExists, Error, Internal, InvalidArgument, IoError,
-                            NotFound, OutOfMemory, Protocol, ResourceExhausted, TimedOut,
-                            Unavailable)
+                            NotFound, OutOfMemory, PermissionDenied, Protocol,
+                            ResourceExhausted, TimedOut, Unavailable)
 
 __path__.append(str(_native_dir()))  # noqa: F821 (`__path__` is set for packages)
 
@@ -24,7 +24,7 @@ _CLIENT = ("Pool", "Batch", "Database", "Session", "Transaction", "Table", "Loca
 
 __all__ = ["Error", "InvalidArgument", "NotFound", "OutOfMemory", "Unavailable", "TimedOut",
            "Protocol", "Aborted", "IoError", "Internal", "AlreadyExists", "ResourceExhausted",
-           *_CLIENT]
+           "PermissionDenied", *_CLIENT]
 
 
 def __getattr__(name: str):

@@ -87,9 +87,16 @@ class ResourceExhausted(Error):
     code = "ResourceExhausted"
 
 
+class PermissionDenied(Error, PermissionError):
+    """A server or this client refused the other side: it did not prove it knows the cluster
+    secret (a wrong secret, none, or a server started without one)."""
+
+    code = "PermissionDenied"
+
+
 _BY_CODE = {c.code: c for c in (InvalidArgument, NotFound, OutOfMemory, Unavailable, TimedOut,
                                 Protocol, Aborted, IoError, Internal, AlreadyExists,
-                                ResourceExhausted)}
+                                ResourceExhausted, PermissionDenied)}
 
 
 def from_status(code: str, message: str) -> Error:

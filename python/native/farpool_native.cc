@@ -157,6 +157,7 @@ nb::dict StatsDict(const ServerStats& s) {
   d["chunk_size"] = s.chunk_size;
   d["requests_served"] = s.requests_served;
   d["rejected"] = s.rejected;
+  d["auth_refused"] = s.auth_refused;
   d["uptime_ns"] = s.uptime_ns;
   d["pid"] = s.pid;
   d["rss_private"] = s.rss_private;

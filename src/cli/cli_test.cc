@@ -107,6 +107,9 @@ TEST(Cli, ProgressModeDefaultsToEventWithFewerCoresThanServersPlusOne) {
   ASSERT_EQ(up.exit_code, 0) << up.output;
   EXPECT_NE(up.output.find("progress event: 1 core for 2 servers + 1 client"), std::string::npos)
       << up.output;
+  EXPECT_NE(up.output.find("cluster secret in " + dir + "/cluster.secret (mode 0600"),
+            std::string::npos)
+      << up.output;
   for (int i = 0; i < 2; ++i) {
     const std::string log = ReadFile(dir + "/server-" + std::to_string(i) + ".log");
     EXPECT_NE(log.find("(progress event,"), std::string::npos) << log;

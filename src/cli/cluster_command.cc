@@ -62,6 +62,8 @@ int Up(const ClusterArgs& a) {
   std::printf("cluster up: %d servers x %s in %s (transport %s, progress %s%s)\n", a.servers,
               FormatSize(o.memory).c_str(), ClusterFile(a.dir).c_str(), a.transport.c_str(),
               progress_name.c_str(), a.netns ? ", network namespaces" : "");
+  std::printf("cluster up: cluster secret in %s (mode 0600; clients find it through %s)\n",
+              SecretFile(a.dir).c_str(), ClusterFile(a.dir).c_str());
   return 0;
 }
 
@@ -86,6 +88,7 @@ int ShowStatus(const ClusterArgs& a) {
                        {"clients", s.stats.clients},
                        {"requests_served", s.stats.requests_served},
                        {"rejected", s.stats.rejected},
+                       {"auth_refused", s.stats.auth_refused},
                        {"rss_private", s.stats.rss_private},
                        {"uptime_s", s.stats.uptime_ns / 1e9}});
   }
@@ -94,19 +97,20 @@ int ShowStatus(const ClusterArgs& a) {
         {"servers", servers}, {"capacity", capacity}, {"leased", leased}, {"all_up", all_up}};
     std::printf("%s\n", doc.dump(2).c_str());
   } else {
-    std::printf("%-4s %-22s %-8s %10s %10s %8s %10s %10s\n", "id", "address", "state", "capacity",
-                "leased", "clients", "requests", "overhead");
+    std::printf("%-4s %-22s %-8s %10s %10s %8s %10s %10s %8s\n", "id", "address", "state",
+                "capacity", "leased", "clients", "requests", "overhead", "refused");
     for (const ServerStatus& s : *status) {
       if (!s.up) {
         std::printf("%-4u %-22s %-8s %s\n", s.address.id, s.address.Endpoint().c_str(), "DOWN",
                     s.error.c_str());
         continue;
       }
-      std::printf("%-4u %-22s %-8s %10s %10s %8u %10llu %10s\n", s.address.id,
+      std::printf("%-4u %-22s %-8s %10s %10s %8u %10llu %10s %8llu\n", s.address.id,
                   s.address.Endpoint().c_str(), "up", FormatSize(s.stats.capacity).c_str(),
                   FormatSize(s.stats.leased).c_str(), s.stats.clients,
                   static_cast<unsigned long long>(s.stats.requests_served),
-                  FormatSize(s.stats.rss_private).c_str());
+                  FormatSize(s.stats.rss_private).c_str(),
+                  static_cast<unsigned long long>(s.stats.auth_refused));
     }
     std::printf("total: %s leased of %s\n", FormatSize(leased).c_str(),
                 FormatSize(capacity).c_str());
@@ -127,8 +131,8 @@ Command RegisterCluster(CLI::App& app) {
   auto args = std::make_shared<ClusterArgs>();
   CLI::App* sub = app.add_subcommand("cluster", "Run a local cluster of memory servers");
   sub->require_subcommand(1);
-  CLI::App* up =
-      sub->add_subcommand("up", "Start servers, wait until all answer, write cluster.json");
+  CLI::App* up = sub->add_subcommand(
+      "up", "Start servers with a new cluster secret, wait until all answer, write cluster.json");
   up->add_option("--dir", args->dir, "Directory for cluster.json and server logs")->required();
   up->add_option("--servers", args->servers, "Number of memory servers");
   up->add_option("--memory", args->memory, "Memory per server, e.g. 1GiB");

@@ -22,6 +22,7 @@ struct ServerArgs {
   std::string progress;  // empty: chosen from the cores (ChooseProgressMode)
   std::string transport = "auto";
   std::string ready_file;
+  std::string secret_file;
 };
 
 int RunServer(const ServerArgs& a) {
@@ -52,11 +53,18 @@ int RunServer(const ServerArgs& a) {
   o.id = static_cast<uint16_t>(a.id);
   o.progress = *progress;
   o.fabric = *fabric;
+  o.secret_file = a.secret_file;
   auto server = MemoryServer::Start(o);
   if (!server.ok()) return Fail(server.status().message());
   std::printf("farpool server %d listening on %s:%u, donating %s (progress %s, transport %s)\n",
               a.id, o.host.c_str(), (*server)->port(), FormatSize(*memory).c_str(),
               progress_name.c_str(), a.transport.c_str());
+  if (a.secret_file.empty()) {
+    std::printf(
+        "farpool server %d: no --secret-file: every client that reaches this port may use the "
+        "pool\n",
+        a.id);
+  }
   std::fflush(stdout);
   if (!a.ready_file.empty()) {
     Status s = WriteReadyFile(a.ready_file, (*server)->port());
@@ -85,6 +93,10 @@ Command RegisterServer(CLI::App& app) {
                   "process may use 2 cores or more, else event");
   sub->add_option("--transport", args->transport, "Fabrics to accept: auto, shm or tcp");
   sub->add_option("--ready-file", args->ready_file, "Write {\"port\": N} here once listening");
+  sub->add_option("--secret-file", args->secret_file,
+                  "The cluster secret (64 hex digits, mode 0600; `cluster up` writes one): "
+                  "clients must prove they know it before anything is served. Without it the "
+                  "server serves every client that reaches it");
   return {sub, [args] { return RunServer(*args); }};
 }
 

@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -54,6 +55,12 @@ Result<ClusterConfig> ClusterConfig::Parse(std::string_view json, std::string_vi
     if (!fabric.ok()) return field_error("transport", fabric.status().message());
     config.transport = *fabric;
   }
+  if (doc.contains("secret_file")) {
+    if (!doc["secret_file"].is_string() || doc["secret_file"].get<std::string>().empty()) {
+      return field_error("secret_file", "expected the name of the cluster's secret file");
+    }
+    config.secret_file = doc["secret_file"].get<std::string>();
+  }
   if (!doc.contains("servers") || !doc["servers"].is_array() || doc["servers"].empty()) {
     return field_error("servers", "expected a non-empty array");
   }
@@ -102,13 +109,20 @@ Result<ClusterConfig> ClusterConfig::Load(const std::string& path) {
   }
   std::stringstream ss;
   ss << in.rdbuf();
-  return Parse(ss.str(), path);
+  FARPOOL_ASSIGN_OR_RETURN(ClusterConfig config, Parse(ss.str(), path));
+  if (!config.secret_file.empty()) {
+    config.secret_file = (std::filesystem::path(path).parent_path() / config.secret_file)
+                             .lexically_normal()
+                             .string();
+  }
+  return config;
 }
 
 std::string ClusterConfig::ToJson() const {
   nlohmann::json doc;
   doc["version"] = 1;
   doc["transport"] = std::string(FabricName(transport));
+  if (!secret_file.empty()) doc["secret_file"] = secret_file;
   doc["servers"] = nlohmann::json::array();
   for (const ServerAddress& s : servers) {
     doc["servers"].push_back({{"id", s.id},

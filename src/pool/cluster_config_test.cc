@@ -1,4 +1,7 @@
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 #include "farpool/cluster.h"
 
@@ -20,6 +23,25 @@ TEST(ClusterConfig, RoundTrips) {
   EXPECT_EQ(back->servers[0].pid, 42);
 }
 
+// The cluster file names the secret's file, relative to its own directory.
+TEST(ClusterConfig, SecretFileIsRelativeToTheClusterFile) {
+  ClusterConfig c;
+  c.servers.push_back({0, "127.0.0.1", 7000, 1 << 30, 0, ""});
+  c.secret_file = "cluster.secret";
+  EXPECT_NE(c.ToJson().find("\"secret_file\": \"cluster.secret\""), std::string::npos);
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("farpool-config-test-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string file = (dir / "cluster.json").string();
+  ASSERT_TRUE(c.Save(file).ok());
+  auto back = ClusterConfig::Load(file);
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->secret_file, (dir / "cluster.secret").string());
+  c.secret_file.clear();
+  EXPECT_EQ(c.ToJson().find("secret_file"), std::string::npos) << "no secret, no field";
+}
+
 void ExpectError(std::string_view json, std::string_view needle) {
   auto r = ClusterConfig::Parse(json, "c.json");
   ASSERT_FALSE(r.ok()) << json;
@@ -34,6 +56,8 @@ TEST(ClusterConfig, ErrorsNameTheFileAndTheField) {
   ExpectError("[]", "expected an object");
   ExpectError("{}", "servers");
   ExpectError(R"({"servers": []})", "non-empty");
+  ExpectError(R"({"secret_file": 7, "servers": [{"id": 1, "address": "h:1"}]})", "secret_file");
+  ExpectError(R"({"secret_file": "", "servers": [{"id": 1, "address": "h:1"}]})", "secret_file");
   ExpectError(R"({"servers": [{"address": "h:1"}]})", "servers[0].id");
   ExpectError(R"({"servers": [{"id": 70000, "address": "h:1"}]})", "servers[0].id");
   ExpectError(R"({"servers": [{"id": 1, "address": "nohostport"}]})", "servers[0].address");

@@ -16,6 +16,7 @@
 #include "common/host.h"
 #include "common/process.h"
 #include "common/units.h"
+#include "transport/auth.h"
 #include "transport/shm_dir.h"
 
 namespace farpool {
@@ -114,6 +115,10 @@ std::string ClusterFile(const std::string& dir) {
   return (fs::path(dir) / "cluster.json").string();
 }
 
+std::string SecretFile(const std::string& dir) {
+  return (fs::path(dir) / kSecretFileName).string();
+}
+
 Status ClusterUp(const LocalClusterOptions& o) {
   if (o.servers < 1 || o.servers > 250) {
     return Status::InvalidArgument("--servers must be from 1 to 250, got " +
@@ -148,21 +153,30 @@ Status ClusterUp(const LocalClusterOptions& o) {
     fs::remove(ClusterFile(o.dir), ec);
   }
   transport::RemoveStaleShmDirectories();  // of servers killed before, here or elsewhere
+  // A new secret for every cluster: servers get its file's path (never the secret in argv or
+  // the environment, which /proc shows), clients find it through the cluster file.
+  fs::remove(SecretFile(o.dir), ec);
+  FARPOOL_ASSIGN_OR_RETURN(transport::ClusterSecret secret, transport::ClusterSecret::Generate());
+  FARPOOL_RETURN_IF_ERROR(secret.Write(SecretFile(o.dir)));
+  const std::string secret_file = fs::absolute(SecretFile(o.dir)).string();
   const NetNames names = NamesFor(o.dir);
   if (o.netns) {
     TearDownNetwork(names, o.servers);  // leftovers of a crashed earlier run
     Status net = SetUpNetwork(names, o.servers, o.delay);
     if (!net.ok()) {
       TearDownNetwork(names, o.servers);
+      fs::remove(SecretFile(o.dir), ec);
       return net.WithContext("setting up network namespaces (needs root)");
     }
   }
 
   ClusterConfig config;
   config.transport = o.transport;
+  config.secret_file = kSecretFileName;
   std::vector<pid_t> pids;
   auto fail = [&](const Status& s) {
     StopProcesses(pids);
+    fs::remove(SecretFile(o.dir), ec);
     if (o.netns) TearDownNetwork(names, o.servers);
     return s;
   };
@@ -179,7 +193,7 @@ Status ClusterUp(const LocalClusterOptions& o) {
                 {o.binary, "server", "--listen", std::string(host).append(":").append(port),
                  "--memory", std::to_string(o.memory), "--chunk-size", std::to_string(o.chunk_size),
                  "--id", std::to_string(i), "--progress", std::string(ProgressModeName(o.progress)),
-                 "--ready-file", ready});
+                 "--ready-file", ready, "--secret-file", secret_file});
     pid_t pid = SpawnDetached(argv, log, o.die_with_parent);
     if (pid < 0) return fail(Status::IoError(std::string("fork: ") + strerror(errno)));
     pids.push_back(pid);
@@ -225,6 +239,7 @@ Result<std::vector<ServerStatus>> ClusterStatus(const std::string& dir) {
     st.address = a;
     ClusterConfig one;
     one.transport = Fabric::kTcp;
+    one.secret_file = config.secret_file;
     one.servers = {a};
     auto pool = Pool::Connect(one, options);
     if (!pool.ok()) {
@@ -258,6 +273,7 @@ Status ClusterDown(const std::string& dir) {
   if (netns) TearDownNetwork(NamesFor(dir), static_cast<int>(config.servers.size()));
   std::error_code ec;
   fs::remove(ClusterFile(dir), ec);
+  fs::remove(SecretFile(dir), ec);
   for (size_t i = 0; i < config.servers.size(); ++i) {
     fs::remove(fs::path(dir) / ("server-" + std::to_string(i) + ".ready"), ec);
   }

@@ -2,12 +2,14 @@
 // default for development, demos, tests and benchmarks): `farpool cluster up|status|down`.
 //
 // Up starts N `farpool server` processes (detached, in their own session, logs in
-// DIR/server-N.log), waits until every one has written its ready file and answers a stats
-// request, and writes DIR/cluster.json. With `netns`, each server gets its own network
-// namespace with its own address on a bridge (fp<tag>br, 10.<net>.0.1/16 on the host side),
-// and `delay` adds that one-way delay with tc netem on both directions of every server's link,
-// so traffic crosses a real network stack. Down sends SIGTERM (SIGKILL after a grace period),
-// waits until no server process is left, and deletes the namespaces and the bridge.
+// DIR/server-N.log) with a new cluster secret (DIR/cluster.secret, mode 0600, passed to each
+// server as --secret-file and named by the cluster file), waits until every one has written its
+// ready file and answers a stats request, and writes DIR/cluster.json. With `netns`, each server
+// gets its own network namespace with its own address on a bridge (fp<tag>br, 10.<net>.0.1/16 on
+// the host side), and `delay` adds that one-way delay with tc netem on both directions of every
+// server's link, so traffic crosses a real network stack. Down sends SIGTERM (SIGKILL after a grace
+// period), waits until no server process is left, deletes the namespaces and the bridge, the
+// cluster file and the secret.
 //
 // A failed Up stops whatever it started. Every error names the server and its log file.
 //
@@ -57,5 +59,8 @@ struct ServerStatus {
 Result<std::vector<ServerStatus>> ClusterStatus(const std::string& dir);
 
 std::string ClusterFile(const std::string& dir);
+// DIR/cluster.secret: the cluster secret of the cluster in DIR (transport/auth.h).
+inline constexpr const char* kSecretFileName = "cluster.secret";
+std::string SecretFile(const std::string& dir);
 
 }  // namespace farpool

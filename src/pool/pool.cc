@@ -22,6 +22,11 @@
 //     says it pinned us (kHelloMayMap): then an eviction can kill us. A connection that fails
 //     is explained by a fresh hello (WhyLost): a server that evicted us refuses it, and the
 //     server is marked failed with its words ("evicted by server N: ...").
+//   - Access control: with a cluster secret (ClusterConfig::secret_file) every connection,
+//     the monitor's and WhyLost's included, opens with the challenge-response of
+//     transport/auth.h (Handshake): a ChallengeRequest, then the hello with our proof; the
+//     server's hello reply must carry its proof, else we refuse the server. A refusal either
+//     way fails Connect with PermissionDenied ("authentication failed: ...").
 #include "farpool/pool.h"
 
 #include <ucp/api/ucp.h>
@@ -44,6 +49,7 @@
 #include "common/units.h"
 #include "pool/memory_ops.h"
 #include "pool/object_allocator.h"
+#include "transport/auth.h"
 #include "transport/ucx.h"
 #include "transport/wire.h"
 
@@ -127,10 +133,13 @@ struct ServerState {
   bool messages = false;        // not mapped: operations go as batch messages, not one-sided
   std::atomic<bool> failed{false};
   mutable std::mutex mu;
-  std::string failure;  // guarded by mu
+  std::string failure;                                 // guarded by mu
+  StatusCode failure_code = StatusCode::kUnavailable;  // guarded by mu
 
   Status Failure() const {
     std::lock_guard lock(mu);
+    if (failure_code != StatusCode::kUnavailable)
+      return Status(failure_code, name + ": " + failure);
     return Status::Unavailable(name + ": unavailable: " + failure);
   }
 };
@@ -178,6 +187,10 @@ class Pool::Impl {
     std::vector<std::byte> bytes;
     wire::Message message;
   };
+  using Encoder = std::function<std::vector<std::byte>(uint64_t request_id)>;
+  // One control request on one connection and its reply of opcode `expected` (an ErrorReply
+  // becomes its Status): Call on a thread context, or AskOn on a connection of its own.
+  using Ask = std::function<Result<Reply>(const Encoder& encode, wire::Opcode expected)>;
 
   ~Impl();
   Status Init(const ClusterConfig& cluster, const PoolOptions& options);
@@ -207,7 +220,21 @@ class Pool::Impl {
                      const memory_ops::RequestBuilder& request, std::span<const BatchSink> sinks,
                      Clock::time_point deadline);
   Result<size_t> IndexOf(uint16_t id) const;
-  void MarkFailed(size_t index, const std::string& reason);
+  void MarkFailed(size_t index, const std::string& reason,
+                  StatusCode code = StatusCode::kUnavailable);
+  // The hello of a new connection to server `index`, after the challenge-response if this Pool
+  // has a secret; asks to be pinned if `map`. The reply is the server's HelloReply, its proof
+  // checked. PermissionDenied if either side refuses the other.
+  Result<Reply> Handshake(size_t index, bool map, const Ask& ask) const;
+  // An Ask on a connection that is no thread context's (the monitor's, WhyLost's): sends on
+  // `ep` and progresses `worker` until the reply is in `box`, the connection fails
+  // (Unavailable, "connection lost") or `deadline` passes (TimedOut). Request ids come from
+  // `next_id`. All references must outlive the Ask.
+  Ask AskOn(size_t index, Worker& worker, ReplyBox& box, Endpoint& ep, uint64_t& next_id,
+            Clock::time_point deadline) const;
+  // A received reply to a request of server `index`: decoded, an ErrorReply as its Status,
+  // Protocol unless of opcode `expected`.
+  Result<Reply> TakeReply(size_t index, std::vector<std::byte> bytes, wire::Opcode expected) const;
   // A connection of `tc` to server `index` failed: marks the server failed with the reason
   // WhyLost finds (unless it already is) and returns its Failure().
   Status ConnectionLost(ThreadContext& tc, size_t index);
@@ -237,9 +264,10 @@ class Pool::Impl {
   std::atomic<uint64_t> stripe_{0};
   const uint64_t generation_ = g_next_generation.fetch_add(1);
   const uint64_t nonce_ = RandomNonce();
-  uint64_t start_time_ = 0;  // this process's, for the hello; 0 if unknown
-  BootIdBytes boot_id_{};    // zero if unknown
-  bool map_ = false;         // direct access wanted: the connecting thread's hellos ask to pin
+  uint64_t start_time_ = 0;                         // this process's, for the hello; 0 if unknown
+  BootIdBytes boot_id_{};                           // zero if unknown
+  std::optional<transport::ClusterSecret> secret_;  // the cluster file's; none: no proofs
+  bool map_ = false;  // direct access wanted: the connecting thread's hellos ask to pin
 
   std::mutex contexts_mu_;
   std::map<std::thread::id, std::unique_ptr<ThreadContext>> contexts_;
@@ -266,6 +294,9 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
   // Unknown, they make servers refuse the mapping (with the reason), nothing else.
   if (auto start = ProcessStartTime(getpid()); start.ok()) start_time_ = *start;
   if (auto boot = BootId(); boot.ok()) boot_id_ = *boot;
+  if (!cluster.secret_file.empty()) {
+    FARPOOL_ASSIGN_OR_RETURN(secret_, transport::ClusterSecret::Read(cluster.secret_file));
+  }
   uint16_t max_id = 0;
   for (const ServerAddress& a : cluster.servers) max_id = std::max(max_id, a.id);
   index_of_.assign(size_t{max_id} + 1, -1);
@@ -381,7 +412,10 @@ Result<std::unique_ptr<ThreadContext>> Pool::Impl::CreateThreadContext() {
       std::string_view reason = hello.message();
       const std::string prefix = servers_[i]->name + ": ";
       if (reason.substr(0, prefix.size()) == prefix) reason.remove_prefix(prefix.size());
-      MarkFailed(i, "connect failed: " + std::string(reason));
+      // A refusal is no outage: it keeps its code (PermissionDenied), so callers can tell.
+      MarkFailed(
+          i, "connect failed: " + std::string(reason),
+          hello.code() == StatusCode::kPermissionDenied ? hello.code() : StatusCode::kUnavailable);
     }
   }
   return tc;
@@ -390,9 +424,9 @@ Result<std::unique_ptr<ThreadContext>> Pool::Impl::CreateThreadContext() {
 Status Pool::Impl::Hello(ThreadContext& tc, size_t index) {
   ServerState& s = *servers_[index];
   FARPOOL_ASSIGN_OR_RETURN(
-      Reply r, Call(
-                   tc, index, [&](uint64_t id) { return wire::Encode(id, HelloFor(map_)); },
-                   wire::Opcode::kHelloReply, options_.connect_timeout));
+      Reply r, Handshake(index, map_, [&](const Encoder& encode, wire::Opcode expected) {
+        return Call(tc, index, encode, expected, options_.connect_timeout);
+      }));
   auto hello = r.message.As<wire::HelloReply>();
   if (hello.server_id != s.address.id) {
     return Status::Protocol(s.name + ": server says it is server " +
@@ -433,12 +467,54 @@ Result<ThreadContext*> Pool::Impl::Local() {
   return slot.get();
 }
 
-void Pool::Impl::MarkFailed(size_t index, const std::string& reason) {
+void Pool::Impl::MarkFailed(size_t index, const std::string& reason, StatusCode code) {
   ServerState& s = *servers_[index];
   std::lock_guard lock(s.mu);
   if (s.failed.load()) return;
   s.failure = reason;
+  s.failure_code = code;
   s.failed.store(true);
+}
+
+Result<Pool::Impl::Reply> Pool::Impl::Handshake(size_t index, bool map, const Ask& ask) const {
+  const std::string& name = servers_[index]->name;
+  wire::HelloRequest hello = HelloFor(map);
+  transport::Challenge c;
+  if (secret_) {
+    FARPOOL_ASSIGN_OR_RETURN(c.client, transport::RandomNonce());
+    wire::ChallengeRequest request{};
+    std::memcpy(request.client_nonce, c.client.data(), c.client.size());
+    FARPOOL_ASSIGN_OR_RETURN(Reply r, ask([&](uint64_t id) { return wire::Encode(id, request); },
+                                          wire::Opcode::kChallengeReply));
+    const auto challenge = r.message.As<wire::ChallengeReply>();
+    if (challenge.flags & wire::kChallengeOpen) {
+      return Status::PermissionDenied(
+          name +
+          ": authentication failed: the server has no cluster secret (started without "
+          "--secret-file), so it cannot prove that it belongs to this cluster, whose file names "
+          "a secret");
+    }
+    std::memcpy(c.server.data(), challenge.server_nonce, c.server.size());
+    const transport::Proof proof =
+        secret_->Prove(transport::ClusterSecret::Role::kClient, c.client, c.server);
+    std::memcpy(hello.proof, proof.data(), proof.size());
+    hello.flags |= wire::kHelloHasProof;
+  }
+  FARPOOL_ASSIGN_OR_RETURN(Reply r, ask([&](uint64_t id) { return wire::Encode(id, hello); },
+                                        wire::Opcode::kHelloReply));
+  if (secret_) {
+    const auto reply = r.message.As<wire::HelloReply>();
+    transport::Proof proof;
+    std::memcpy(proof.data(), reply.proof, proof.size());
+    if (!(reply.flags & wire::kHelloServerProof) ||
+        !secret_->Verify(proof, transport::ClusterSecret::Role::kServer, c.client, c.server)) {
+      return Status::PermissionDenied(
+          name +
+          ": authentication failed: the server did not prove that it knows the cluster "
+          "secret (an impostor, or a server of another cluster)");
+    }
+  }
+  return r;
 }
 
 wire::HelloRequest Pool::Impl::HelloFor(bool map) const {
@@ -474,21 +550,12 @@ std::string Pool::Impl::WhyLost(size_t index) {
     if (!ep.ok()) break;  // the server's address does not resolve or accept: it is gone
     std::optional<std::string> why;
     // Not pinned again: the answer is all this hello is for.
-    if ((*ep)
-            ->SendAm(transport::kControlAm, wire::Encode(1, HelloFor(false)), true, deadline,
-                     nullptr)
-            .ok()) {
-      while (Clock::now() < deadline && !(*ep)->failed()) {
-        auto it = box.replies.find(1);
-        if (it == box.replies.end()) {
-          (*worker)->Progress();
-          continue;
-        }
-        auto m = wire::Decode(it->second);
-        why = m.ok() && m->opcode == wire::Opcode::kErrorReply ? wire::DecodeError(*m).message()
-                                                               : "connection lost";
-        break;
-      }
+    uint64_t next_id = 1;
+    auto hello = Handshake(index, false, AskOn(index, **worker, box, **ep, next_id, deadline));
+    if (hello.ok()) {
+      why = "connection lost";  // the server still takes us: the connection broke by itself
+    } else if (hello.status().code() != StatusCode::kTimedOut && !(*ep)->failed()) {
+      why = hello.status().message();  // the server refuses us (evicted), or we it
     }
     ep->reset();  // gracefully (forced if it failed), before its worker
     if (why) return *why;
@@ -532,17 +599,9 @@ Result<Pool::Impl::Reply> Pool::Impl::AwaitReply(ThreadContext& tc, size_t index
   for (uint32_t spins = 0;; ++spins) {
     auto it = tc.box.replies.find(id);
     if (it != tc.box.replies.end()) {
-      Reply r{std::move(it->second), {}};
+      std::vector<std::byte> bytes = std::move(it->second);
       tc.box.replies.erase(it);
-      auto m = wire::Decode(r.bytes);
-      if (!m.ok()) return m.status().WithContext(s.name + ": bad reply");
-      r.message = *m;
-      if (m->opcode == wire::Opcode::kErrorReply) return wire::DecodeError(*m);
-      if (m->opcode != expected) {
-        return Status::Protocol(s.name + ": expected " + std::string(wire::OpcodeName(expected)) +
-                                ", got " + std::string(wire::OpcodeName(m->opcode)));
-      }
-      return r;
+      return TakeReply(index, std::move(bytes), expected);
     }
     tc.worker->Progress();
     if (ep->failed()) return ConnectionLost(tc, index);
@@ -573,10 +632,51 @@ Result<ServerStats> Pool::Impl::Stats(size_t index) {
   st.chunk_size = w.chunk_size;
   st.requests_served = w.requests_served;
   st.rejected = w.rejected;
+  st.auth_refused = w.auth_refused;
   st.uptime_ns = w.uptime_ns;
   st.pid = static_cast<int64_t>(w.server_pid);
   st.rss_private = w.rss_private;
   return st;
+}
+
+Result<Pool::Impl::Reply> Pool::Impl::TakeReply(size_t index, std::vector<std::byte> bytes,
+                                                wire::Opcode expected) const {
+  const std::string& name = servers_[index]->name;
+  Reply r{std::move(bytes), {}};
+  auto m = wire::Decode(r.bytes);
+  if (!m.ok()) return m.status().WithContext(name + ": bad reply");
+  r.message = *m;
+  if (m->opcode == wire::Opcode::kErrorReply) return wire::DecodeError(*m);
+  if (m->opcode != expected) {
+    return Status::Protocol(name + ": expected " + std::string(wire::OpcodeName(expected)) +
+                            ", got " + std::string(wire::OpcodeName(m->opcode)));
+  }
+  return r;
+}
+
+Pool::Impl::Ask Pool::Impl::AskOn(size_t index, Worker& worker, ReplyBox& box, Endpoint& ep,
+                                  uint64_t& next_id, Clock::time_point deadline) const {
+  return [this, index, &worker, &box, &ep, &next_id, deadline](
+             const Encoder& encode, wire::Opcode expected) -> Result<Reply> {
+    const std::string& name = servers_[index]->name;
+    const uint64_t id = next_id++;
+    Status sent = ep.SendAm(transport::kControlAm, encode(id), true, deadline, nullptr);
+    if (!sent.ok()) return sent.WithContext(name);
+    for (;;) {
+      auto it = box.replies.find(id);
+      if (it != box.replies.end()) {
+        std::vector<std::byte> bytes = std::move(it->second);
+        box.replies.erase(it);
+        return TakeReply(index, std::move(bytes), expected);
+      }
+      if (ep.failed()) return Status::Unavailable(name + ": connection lost");
+      if (Clock::now() > deadline) {
+        return Status::TimedOut(name + ": no " + std::string(wire::OpcodeName(expected)) +
+                                " in time");
+      }
+      worker.Progress();
+    }
+  };
 }
 
 void Pool::Impl::Monitor() {
@@ -601,15 +701,22 @@ void Pool::Impl::Monitor() {
     if (ep.ok()) watch[i].ep = std::move(*ep);
   }
   uint64_t next_id = 1;
-  // A hello first: the monitor's connections carry this Pool's tag, so an eviction closes them
-  // too, and the monitor learns of it.
-  for (size_t i = 0; i < servers_.size(); ++i) {
-    if (!watch[i].ep) continue;
-    const uint64_t id = next_id++;
-    in_flight[id] = i;
-    Status s = transport::PostAm(watch[i].ep->get(), transport::kControlAm,
-                                 wire::Encode(id, HelloFor(false)), true);
-    (void)s;  // a connection that cannot take it fails, and the loop below notices
+  // A hello first (with the challenge-response if we have a secret): the monitor's connections
+  // carry this Pool's tag, so an eviction closes them too, and the monitor learns of it. Each
+  // waits at most the failure timeout, as a heartbeat would.
+  for (size_t i = 0; i < servers_.size() && !stop_monitor_.load(); ++i) {
+    if (!watch[i].ep || servers_[i]->failed) continue;
+    auto hello =
+        Handshake(i, false, AskOn(i, **worker, box, *watch[i].ep, next_id, Clock::now() + timeout));
+    watch[i].last_answer = Clock::now();
+    if (hello.ok() || watch[i].ep->failed()) continue;  // a failed connection: noticed below
+    std::string_view reason = hello.status().message();
+    const std::string prefix = servers_[i]->name + ": ";
+    if (reason.substr(0, prefix.size()) == prefix) reason.remove_prefix(prefix.size());
+    MarkFailed(i, std::string(reason),
+               hello.status().code() == StatusCode::kPermissionDenied
+                   ? StatusCode::kPermissionDenied
+                   : StatusCode::kUnavailable);
   }
   auto next_round = Clock::now();
   auto last_round = next_round;

@@ -3,14 +3,22 @@
 // Each test checks an invariant that only holds if one-sided operations from several
 // processes are atomic and visible: exact fetch-and-add totals, mutual exclusion by a CAS
 // lock, every byte written reading back, and faults that fail fast without hanging.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <linux/if_ether.h>
+#include <linux/if_packet.h>
+#include <net/if.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -19,7 +27,9 @@
 #include "common/process.h"
 #include "farpool/pool.h"
 #include "pool/memory_ops.h"
+#include "pool/server/memory_server.h"
 #include "pool/test_cluster.h"
+#include "transport/auth.h"
 #include "transport/ucx.h"
 #include "transport/wire.h"
 
@@ -562,6 +572,27 @@ struct RawClient {
         ep, transport::Endpoint::Connect(*worker, server.host, server.port, nullptr));
     return Status::Ok();
   }
+  // A hello after this connection's challenge-response with `secret` (the first hello on a
+  // connection to a server with a secret must prove it); `proof_mask` is XORed into the proof
+  // (nonzero: a garbled proof).
+  Result<wire::Message> ProvedHello(const transport::ClusterSecret& secret,
+                                    wire::HelloRequest hello, uint8_t proof_mask = 0) {
+    FARPOOL_ASSIGN_OR_RETURN(transport::Nonce nonce, transport::RandomNonce());
+    wire::ChallengeRequest c{};
+    std::memcpy(c.client_nonce, nonce.data(), nonce.size());
+    FARPOOL_ASSIGN_OR_RETURN(wire::Message reply, Ask(wire::Encode(1000, c)));
+    if (reply.opcode != wire::Opcode::kChallengeReply) {
+      return Status::Protocol("expected a ChallengeReply, got " +
+                              std::string(wire::OpcodeName(reply.opcode)));
+    }
+    transport::Nonce server;
+    std::memcpy(server.data(), reply.As<wire::ChallengeReply>().server_nonce, server.size());
+    transport::Proof proof = secret.Prove(transport::ClusterSecret::Role::kClient, nonce, server);
+    for (auto& b : proof) b ^= proof_mask;
+    std::memcpy(hello.proof, proof.data(), proof.size());
+    hello.flags |= wire::kHelloHasProof;
+    return Ask(wire::Encode(1001, hello));
+  }
   // Sends `m` and waits for one more reply (at most 10 s).
   Result<wire::Message> Ask(const std::vector<std::byte>& m) {
     const size_t before = replies.size();
@@ -580,6 +611,14 @@ struct RawClient {
     ctx.reset();
   }
 };
+
+transport::ClusterSecret SecretOf(const TestCluster& cluster) {
+  auto config = cluster.config();
+  EXPECT_TRUE(config.ok()) << config.status().ToString();
+  auto secret = transport::ClusterSecret::Read(config->secret_file);
+  EXPECT_TRUE(secret.ok()) << secret.status().ToString();
+  return *secret;
+}
 
 // Eviction of a client that does not map (messages over TCP): its connections are closed, its
 // next operation fails with the server's reason, a hello with its tag is refused; the evicting
@@ -621,7 +660,7 @@ TEST(Eviction, MessagesClientIsCutOffAndRefused) {
   wire::HelloRequest hello{};
   hello.client_pid = static_cast<uint64_t>(getpid());
   hello.client_nonce = (uint64_t{0xfeed} << 32) | victim->process_tag();
-  auto refused = raw.Ask(wire::Encode(1, hello));
+  auto refused = raw.ProvedHello(SecretOf(cluster), hello);
   ASSERT_TRUE(refused.ok()) << refused.status().ToString();
   ASSERT_EQ(refused->opcode, wire::Opcode::kErrorReply);
   Status why = wire::DecodeError(*refused);
@@ -679,9 +718,10 @@ TEST(Eviction, MappingIsRefusedToAProcessTheServerCannotPin) {
   ASSERT_TRUE(start.ok()) << start.status().ToString();
 
   hello.start_time = *start + 1;
-  auto r = raw.Ask(wire::Encode(1, hello));
+  auto r = raw.ProvedHello(SecretOf(cluster), hello);
   ASSERT_TRUE(r.ok() && r->opcode == wire::Opcode::kHelloReply);
-  EXPECT_EQ(r->As<wire::HelloReply>().flags, wire::kHelloStartMismatch);
+  EXPECT_EQ(r->As<wire::HelloReply>().flags, wire::kHelloStartMismatch | wire::kHelloServerProof)
+      << "the first hello authenticates the connection: the server proves itself";
 
   hello.start_time = *start;
   hello.boot_id[0] ^= 0xff;
@@ -712,17 +752,18 @@ TEST(ServerProcess, RejectsMalformedControlMessagesAndKeepsRunning) {
   TestCluster cluster(Options(1, 16 << 20, Fabric::kTcp));
   ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
   auto config = *cluster.config();
-  transport::Context::Options co;
-  co.fabric = Fabric::kTcp;
-  auto ctx = transport::Context::Create(co);
-  ASSERT_TRUE(ctx.ok());
-  auto worker = transport::Worker::Create(**ctx, false);
-  ASSERT_TRUE(worker.ok());
-  std::vector<std::vector<std::byte>> replies;
-  ASSERT_TRUE((*worker)->SetAmHandler(transport::kControlAm, CollectReply, &replies).ok());
-  auto ep = transport::Endpoint::Connect(**worker, config.servers[0].host, config.servers[0].port,
-                                         nullptr);
-  ASSERT_TRUE(ep.ok());
+  // From a connection that authenticated: these are malformed, not unauthenticated (that is
+  // Access.OnlyClientsThatKnowTheSecretAreServed).
+  RawClient raw;
+  ASSERT_TRUE(raw.Open(config.servers[0]).ok());
+  wire::HelloRequest hello{};
+  hello.client_nonce = 0x5151;
+  auto authenticated = raw.ProvedHello(SecretOf(cluster), hello);
+  ASSERT_TRUE(authenticated.ok() && authenticated->opcode == wire::Opcode::kHelloReply);
+  raw.replies.clear();
+  auto& replies = raw.replies;
+  auto& ep = raw.ep;
+  auto& worker = raw.worker;
   auto good = wire::Encode(1, wire::StatsRequest{0});
   std::vector<std::vector<std::byte>> bad;
   bad.push_back({std::byte{1}, std::byte{2}, std::byte{3}});  // truncated
@@ -760,13 +801,12 @@ TEST(ServerProcess, RejectsMalformedControlMessagesAndKeepsRunning) {
   bad.push_back(short_goodbye);
   for (auto& m : bad) {
     ASSERT_TRUE(
-        (*ep)
-            ->SendAm(transport::kControlAm, m, true, std::chrono::steady_clock::now() + 5s, nullptr)
+        ep->SendAm(transport::kControlAm, m, true, std::chrono::steady_clock::now() + 5s, nullptr)
             .ok());
   }
   const auto deadline = std::chrono::steady_clock::now() + 10s;
   while (replies.size() < bad.size() && std::chrono::steady_clock::now() < deadline) {
-    (*worker)->Progress();
+    worker->Progress();
   }
   ASSERT_EQ(replies.size(), bad.size()) << "every bad message is answered";
   for (auto& r : replies) {
@@ -784,9 +824,6 @@ TEST(ServerProcess, RejectsMalformedControlMessagesAndKeepsRunning) {
         wire::DecodeError(*wire::Decode(r)).message().find("version 9") != std::string::npos;
   }
   EXPECT_TRUE(version_named);
-  ep->reset();
-  worker->reset();
-  ctx->reset();
   // The server still serves a normal client, and counted what it rejected.
   auto pool = Connect(cluster, Fabric::kTcp);
   ASSERT_TRUE(pool);
@@ -796,6 +833,7 @@ TEST(ServerProcess, RejectsMalformedControlMessagesAndKeepsRunning) {
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(stats->rejected, 10u) << "truncated, version, size, reply-as-request, oversized, 3 "
                                      "batches, short evict, short goodbye";
+  EXPECT_EQ(stats->auth_refused, 0u) << "all from a connection that authenticated";
 }
 
 // The scale target: 16 servers of 1 GiB; one client fills 90% striped across all of
@@ -877,6 +915,254 @@ TEST(NetworkNamespaces, FetchAddAcrossNamespacesIsExact) {
   uint64_t total = 0;
   ASSERT_TRUE(pool->Read(counter, &total, 8).ok());
   EXPECT_EQ(total, 2u * 2 * 500);
+}
+
+// ------------------------------------------------------------------ access control
+
+// Writes a fresh secret (another cluster's) and returns a copy of `config` naming it.
+ClusterConfig WithAnotherSecret(const ClusterConfig& config, const std::string& dir) {
+  const std::string path = dir + "/another.secret";
+  std::filesystem::remove(path);
+  auto other = transport::ClusterSecret::Generate();
+  EXPECT_TRUE(other.ok() && other->Write(path).ok());
+  ClusterConfig c = config;
+  c.secret_file = path;
+  return c;
+}
+
+Result<std::unique_ptr<Pool>> ConnectTcp(const ClusterConfig& config) {
+  PoolOptions o;
+  o.transport = Fabric::kTcp;
+  return Pool::Connect(config, o);
+}
+
+// A server in its own network namespace over TCP, with the secret `cluster up` made: a client
+// with it is served; one with another cluster's secret, one without, a garbled, replayed or
+// unchallenged proof and every request of a connection that did not authenticate are refused
+// with the reason, executed not at all and counted; the good client is served throughout.
+TEST(Access, OnlyClientsThatKnowTheSecretAreServed) {
+  if (geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+  LocalClusterOptions o = Options(1, 16 << 20, Fabric::kTcp);
+  o.netns = true;
+  TestCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  const ClusterConfig config = *cluster.config();
+  ASSERT_FALSE(config.secret_file.empty()) << "cluster up names a secret in the cluster file";
+  struct stat st {};
+  ASSERT_EQ(stat(config.secret_file.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u) << "the secret is its owner's only";
+
+  auto good = Connect(cluster, Fabric::kTcp);
+  ASSERT_TRUE(good);
+  auto a = good->Alloc(64);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  const uint64_t marker = 0x600df00d;
+  ASSERT_TRUE(good->Write(*a, &marker, 8).ok());
+
+  uint64_t refusals = 0;
+  auto expect_refused = [&](const Status& s, const std::string& needle) {
+    EXPECT_EQ(s.code(), StatusCode::kPermissionDenied) << s.ToString();
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
+    ++refusals;
+  };
+  // Another cluster's secret, and none.
+  auto wrong = ConnectTcp(WithAnotherSecret(config, cluster.dir()));
+  ASSERT_FALSE(wrong.ok());
+  expect_refused(wrong.status(), "authentication failed: wrong cluster secret");
+  ClusterConfig none = config;
+  none.secret_file.clear();
+  auto anonymous = ConnectTcp(none);
+  ASSERT_FALSE(anonymous.ok());
+  expect_refused(anonymous.status(), "authentication failed: no cluster secret");
+
+  // Raw connections: a garbled proof, the same challenge again, a proof with no challenge.
+  const transport::ClusterSecret secret = SecretOf(cluster);
+  RawClient raw;
+  ASSERT_TRUE(raw.Open(config.servers[0]).ok());
+  wire::HelloRequest hello{};
+  hello.client_pid = static_cast<uint64_t>(getpid());
+  hello.client_nonce = 0x7777;
+  auto garbled = raw.ProvedHello(secret, hello, 0x01);
+  ASSERT_TRUE(garbled.ok() && garbled->opcode == wire::Opcode::kErrorReply);
+  expect_refused(wire::DecodeError(*garbled), "authentication failed: wrong cluster secret");
+  hello.flags |= wire::kHelloHasProof;  // the proof field still holds a proof for no challenge
+  auto unchallenged = raw.Ask(wire::Encode(2, hello));
+  ASSERT_TRUE(unchallenged.ok() && unchallenged->opcode == wire::Opcode::kErrorReply);
+  expect_refused(wire::DecodeError(*unchallenged), "no challenge on this connection");
+  // A truncated hello and garbage: malformed (rejected), and the connection stays refused.
+  auto truncated = wire::Encode(3, hello);
+  truncated.resize(truncated.size() - 20);
+  auto t = raw.Ask(truncated);
+  ASSERT_TRUE(t.ok() && t->opcode == wire::Opcode::kErrorReply);
+  EXPECT_NE(wire::DecodeError(*t).message().find("HelloRequest"), std::string::npos)
+      << wire::DecodeError(*t).message();
+  std::vector<std::byte> garbage(48, std::byte{0x5a});
+  auto g = raw.Ask(garbage);
+  ASSERT_TRUE(g.ok() && g->opcode == wire::Opcode::kErrorReply);
+
+  // Nothing of an unauthenticated connection is executed: a write into the good client's
+  // object, a lease, stats, an eviction of the good client, a goodbye.
+  memory_ops::RequestBuilder write;
+  const uint64_t evil = 0xbad;
+  write.Write(a->offset(), &evil, 8);
+  std::vector<std::vector<std::byte>> requests = {
+      wire::Encode(10, wire::BatchRequest{1, static_cast<uint32_t>(write.bytes().size())},
+                   write.bytes()),
+      wire::Encode(11, wire::LeaseRequest{4 << 20}), wire::Encode(12, wire::StatsRequest{0}),
+      wire::Encode(13, wire::EvictRequest{good->process_tag()}),
+      wire::Encode(14, wire::GoodbyeRequest{0x7777})};
+  for (const auto& request : requests) {
+    auto r = raw.Ask(request);
+    ASSERT_TRUE(r.ok() && r->opcode == wire::Opcode::kErrorReply);
+    expect_refused(wire::DecodeError(*r), "not authenticated");
+  }
+
+  // The good client is served throughout; its bytes are its own; all of it was counted.
+  uint64_t back = 0;
+  ASSERT_TRUE(good->Read(*a, &back, 8).ok());
+  EXPECT_EQ(back, marker) << "the unauthenticated batch wrote nothing";
+  ExpectServes(*good);
+  auto stats = good->Stats(0);
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_EQ(stats->auth_refused, refusals);
+  EXPECT_EQ(stats->rejected, 2u) << "the truncated hello and the garbage";
+  EXPECT_EQ(stats->clients, 1u) << "no refused client counts as one";
+}
+
+// The client checks the server too: a server without a secret (or another cluster's) cannot
+// prove it belongs to the cluster, and a client with a secret refuses it. A server without a
+// secret serves clients without one (the open mode of in-process tests), and a secret file
+// that others may read stops a server from starting.
+TEST(Access, ClientsRefuseAServerThatCannotProveItKnowsTheSecret) {
+  const std::string dir = MakeTempDir("farpool-access");
+  ServerOptions so;
+  so.memory = 16 << 20;
+  so.chunk_size = 1 << 20;
+  so.progress = ProgressMode::kEvent;
+  so.fabric = Fabric::kTcp;
+  auto open = MemoryServer::Start(so);
+  ASSERT_TRUE(open.ok()) << open.status().ToString();
+  ClusterConfig config;
+  config.transport = Fabric::kTcp;
+  config.servers.push_back({0, "127.0.0.1", (*open)->port(), so.memory, 0, ""});
+  auto anonymous = ConnectTcp(config);
+  ASSERT_TRUE(anonymous.ok()) << anonymous.status().ToString();
+  EXPECT_TRUE((*anonymous)->Alloc(64).ok());
+  auto refused = ConnectTcp(WithAnotherSecret(config, dir));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_NE(refused.status().message().find("the server has no cluster secret"), std::string::npos)
+      << refused.status().message();
+  anonymous->reset();
+  open->reset();
+
+  const std::string readable = dir + "/readable.secret";
+  ASSERT_TRUE(transport::ClusterSecret::Generate()->Write(readable).ok());
+  ASSERT_EQ(chmod(readable.c_str(), 0644), 0);
+  so.secret_file = readable;
+  auto unsafe = MemoryServer::Start(so);
+  ASSERT_FALSE(unsafe.ok());
+  EXPECT_NE(unsafe.status().message().find("chmod 600"), std::string::npos)
+      << unsafe.status().message();
+  std::filesystem::remove_all(dir);
+}
+
+// Captures every frame that crosses an interface (AF_PACKET) until stopped.
+class Capture {
+ public:
+  explicit Capture(const std::string& interface) {
+    fd_ = socket(AF_PACKET, SOCK_RAW, htons(ETH_P_ALL));
+    if (fd_ < 0) return;
+    sockaddr_ll addr{};
+    addr.sll_family = AF_PACKET;
+    addr.sll_protocol = htons(ETH_P_ALL);
+    addr.sll_ifindex = static_cast<int>(if_nametoindex(interface.c_str()));
+    timeval tv{0, 100 * 1000};
+    if (addr.sll_ifindex == 0 || bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0) {
+      close(fd_);
+      fd_ = -1;
+      return;
+    }
+    thread_ = std::thread([this] {
+      std::vector<char> frame(1 << 16);
+      while (!stop_.load()) {
+        const ssize_t n = recv(fd_, frame.data(), frame.size(), 0);
+        if (n > 0) bytes_.append(frame.data(), static_cast<size_t>(n));
+      }
+    });
+  }
+  bool ok() const { return fd_ >= 0; }
+  // Stops capturing; returns every frame captured, concatenated.
+  std::string Stop() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+    return bytes_;
+  }
+  ~Capture() { Stop(); }
+
+ private:
+  int fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::string bytes_;
+};
+
+std::string ReadProcFile(pid_t pid, const char* name) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/" + name, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// The secret never travels: every frame between a client and a server in its network
+// namespace, from the first hello to the goodbye, is captured on the bridge, and neither the
+// secret's bytes nor its hex text are in them; nor in the servers' command lines or
+// environments, which /proc shows to every user.
+TEST(Access, TheSecretIsNeverOnTheWireNorInProc) {
+  if (geteuid() != 0) GTEST_SKIP() << "network namespaces and packet capture need root";
+  LocalClusterOptions o = Options(2, 16 << 20, Fabric::kTcp);
+  o.netns = true;
+  TestCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  const ClusterConfig config = *cluster.config();
+  std::ifstream in(config.secret_file);
+  std::string hex;
+  ASSERT_TRUE(std::getline(in, hex));
+  ASSERT_EQ(hex.size(), 64u);
+  std::string raw;
+  for (size_t i = 0; i < 32; ++i)
+    raw.push_back(static_cast<char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16)));
+
+  // The bridge of the cluster's namespaces: fp<tag>s<i> -> fp<tag>br.
+  const std::string& ns = config.servers[0].netns;
+  const std::string bridge = ns.substr(0, ns.rfind('s')) + "br";
+  Capture capture(bridge);
+  ASSERT_TRUE(capture.ok()) << "cannot capture on " << bridge << ": " << std::strerror(errno);
+  {
+    auto pool = Connect(cluster, Fabric::kTcp);
+    ASSERT_TRUE(pool);
+    std::thread second([&] { ExpectServes(*pool); });  // a second thread: its own hellos
+    second.join();
+    ExpectServes(*pool);
+    EXPECT_TRUE(pool->Stats(1).ok());
+  }
+  const std::string wire = capture.Stop();
+  // Control messages are far smaller than a TCP segment: each frame holds whole messages.
+  EXPECT_NE(wire.find("FPW1"), std::string::npos)
+      << "the capture saw the control messages (" << wire.size() << " bytes)";
+  EXPECT_EQ(wire.find(raw), std::string::npos) << "the secret's bytes are on the wire";
+  EXPECT_EQ(wire.find(hex), std::string::npos) << "the secret's text is on the wire";
+
+  for (const ServerAddress& s : config.servers) {
+    const std::string cmdline = ReadProcFile(static_cast<pid_t>(s.pid), "cmdline");
+    ASSERT_FALSE(cmdline.empty()) << "server " << s.id;
+    EXPECT_NE(cmdline.find("--secret-file"), std::string::npos) << "a path, not the secret";
+    EXPECT_EQ(cmdline.find(hex), std::string::npos) << "server " << s.id;
+    const std::string environ = ReadProcFile(static_cast<pid_t>(s.pid), "environ");
+    EXPECT_EQ(environ.find(hex), std::string::npos) << "server " << s.id;
+    EXPECT_EQ(environ.find(raw), std::string::npos) << "server " << s.id;
+  }
 }
 
 // --delay puts netem on both ends of every server's link. Kernels built without netem get a

@@ -38,6 +38,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -46,6 +47,7 @@
 
 #include "farpool/fabric.h"
 #include "farpool/status.h"
+#include "transport/auth.h"
 
 namespace farpool {
 
@@ -65,6 +67,11 @@ struct Peer {
   // The handler's label for this peer, 0 until it sets one (the memory server: the process tag
   // of its hello, to count distinct client processes and to evict them).
   uint64_t tag = 0;
+  // The handler's access control of this connection (the memory server: transport/auth.h):
+  // the challenge it issued and not yet checked, and whether the peer has proved it knows the
+  // cluster secret.
+  std::optional<Challenge> challenge;
+  bool authenticated = false;
 };
 
 // What a server does with its messages. Called on the progress thread only.

@@ -39,6 +39,10 @@ std::optional<BodyLayout> LayoutOf(uint16_t opcode) {
       return FixedBody(sizeof(GoodbyeRequest));
     case Opcode::kGoodbyeReply:
       return FixedBody(sizeof(GoodbyeReply));
+    case Opcode::kChallengeRequest:
+      return FixedBody(sizeof(ChallengeRequest));
+    case Opcode::kChallengeReply:
+      return FixedBody(sizeof(ChallengeReply));
   }
   return std::nullopt;
 }
@@ -86,6 +90,10 @@ std::string_view OpcodeName(Opcode op) {
       return "GoodbyeRequest";
     case Opcode::kGoodbyeReply:
       return "GoodbyeReply";
+    case Opcode::kChallengeRequest:
+      return "ChallengeRequest";
+    case Opcode::kChallengeReply:
+      return "ChallengeReply";
   }
   return "Unknown";
 }
@@ -138,6 +146,8 @@ FARPOOL_WIRE_BODY(EvictRequest)
 FARPOOL_WIRE_BODY(EvictReply)
 FARPOOL_WIRE_BODY(GoodbyeRequest)
 FARPOOL_WIRE_BODY(GoodbyeReply)
+FARPOOL_WIRE_BODY(ChallengeRequest)
+FARPOOL_WIRE_BODY(ChallengeReply)
 #undef FARPOOL_WIRE_BODY
 
 std::vector<std::byte> EncodeError(uint64_t request_id, const Status& status) {

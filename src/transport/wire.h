@@ -5,7 +5,15 @@
 // atomics to a server as one BatchRequest, which the server executes on its region
 // (pool/memory_ops.h has the layout of the operations in the tail).
 //
-// Every message is one frame of transport/frame.h (magic "FPW1", version 3): the 24-byte
+// Access control (transport/auth.h): a connection to a server that has a cluster secret must
+// authenticate before anything else is executed. The client sends a ChallengeRequest (its
+// nonce), the server a ChallengeReply (its nonce), the client a HelloRequest with its proof
+// (HMAC-SHA256 over both nonces), and the server, once the proof checks, a HelloReply with its
+// own proof, which the client checks. Every other request of a connection that has not
+// authenticated gets an ErrorReply and is counted (StatsReply::auth_refused); a connection
+// authenticates once, later hellos on it need no proof.
+//
+// Every message is one frame of transport/frame.h (magic "FPW1", version 4): the 24-byte
 // header, one fixed-size body struct of the header's opcode, then (for a few opcodes) a tail
 // whose length is a field of the body (TailRule::kDeclared: at most kMaxDeclaredTail bytes,
 // kMaxBatchTail for batches). The frame codec checks every length; messages of another
@@ -28,7 +36,9 @@ namespace farpool::wire {
 inline constexpr uint32_t kMagic = 0x31575046;  // "FPW1"
 // 2: the hello pins the client process (boot id, start time, HelloReply::flags); evict.
 // 3: goodbye (a Pool that closes unpins its process).
-inline constexpr uint16_t kVersion = 3;
+// 4: the cluster secret's challenge-response (challenge, proofs in hello and its reply) and
+//    StatsReply::auth_refused.
+inline constexpr uint16_t kVersion = 4;
 // Batches: the operations of a request, the read data and atomic results of a reply. Small
 // enough to go eagerly in one UCX active message, large enough for a commit's worth of
 // records; a client splits larger batches into several messages.
@@ -50,12 +60,36 @@ enum class Opcode : uint16_t {
   kEvictReply = 13,
   kGoodbyeRequest = 14,
   kGoodbyeReply = 15,
+  kChallengeRequest = 16,
+  kChallengeReply = 17,
 };
 std::string_view OpcodeName(Opcode op);
+
+// Client -> server, the first message on a connection to a server that may have a cluster
+// secret: the client's fresh nonce for this connection's challenge-response.
+struct ChallengeRequest {
+  uint8_t client_nonce[32];
+};
+static_assert(sizeof(ChallengeRequest) == 32);
+
+// ChallengeReply::flags: the server has no cluster secret (started without --secret-file): it
+// authenticates nobody and cannot prove anything; a client that has a secret refuses it.
+inline constexpr uint32_t kChallengeOpen = 1u << 0;
+// Server -> client: the server's fresh nonce. A new ChallengeRequest on the connection replaces
+// the challenge; each challenge admits one hello's proof, right or wrong.
+struct ChallengeReply {
+  uint8_t server_nonce[32];
+  uint32_t flags;  // kChallengeOpen
+  uint32_t reserved;
+};
+static_assert(sizeof(ChallengeReply) == 40);
 
 // HelloRequest::flags.
 // The client will map the region if the server allows it (kHelloMayMap): it asks to be pinned.
 inline constexpr uint32_t kHelloWantsMap = 1u << 0;
+// `proof` holds the client's proof for this connection's challenge (a client without a secret
+// leaves it clear; a server with a secret then refuses it: "no cluster secret").
+inline constexpr uint32_t kHelloHasProof = 1u << 1;
 
 // Client -> server, first message on a connection. Every connection of one Pool carries the
 // same nonce; its low 32 bits, never 0, are the Pool's process tag (Pool::process_tag): what
@@ -68,10 +102,12 @@ struct HelloRequest {
   // same host can pin it (pidfd) before it lets it map the region. Zero if unknown.
   uint64_t start_time;
   uint8_t boot_id[16];
-  uint32_t flags;  // kHelloWantsMap
+  uint32_t flags;  // kHelloWantsMap, kHelloHasProof
   uint32_t reserved;
+  // ClusterSecret::Prove(kClient, client nonce, server nonce) of the connection's challenge.
+  uint8_t proof[32];
 };
-static_assert(sizeof(HelloRequest) == 48);
+static_assert(sizeof(HelloRequest) == 80);
 
 // HelloReply::flags. kHelloMayMap is set only if the client asked (kHelloWantsMap) and the
 // server pinned its process: the same boot id as the server's, pidfd_open(client_pid)
@@ -84,6 +120,8 @@ inline constexpr uint16_t kHelloNoPidfd = 1u << 2;        // pidfd_open failed (
 inline constexpr uint16_t kHelloStartMismatch = 1u << 3;  // the pid is another process here
 inline constexpr uint16_t kHelloNoSignal = 1u << 4;       // the server may not signal it
 inline constexpr uint16_t kHelloPinRefused = 1u << 5;     // the tag is pinned to another pid
+// `proof` holds the server's proof (it has a secret and the client proved it knows it too).
+inline constexpr uint16_t kHelloServerProof = 1u << 6;
 // "" if `flags` allow mapping, else why not, for error messages.
 std::string HelloMapRefusal(uint16_t flags);
 
@@ -95,7 +133,8 @@ inline constexpr uint64_t kRootAreaSize = 4096;
 // address); clients use the rest (Pool::Root).
 inline constexpr uint64_t kRootReserved = 64;
 
-// Server -> client: what the client needs to address the region. Tail: packed rkey.
+// Server -> client: what the client needs to address the region. Tail: packed rkey. Sent only
+// to a connection that has authenticated (or by a server without a secret).
 struct HelloReply {
   uint16_t server_id;
   uint16_t flags;        // kHelloMayMap, or why not
@@ -104,8 +143,10 @@ struct HelloReply {
   uint64_t region_size;  // bytes donated, the root area included
   uint64_t chunk_size;   // lease granularity
   uint64_t server_pid;
+  // With kHelloServerProof: ClusterSecret::Prove(kServer, client nonce, server nonce).
+  uint8_t proof[32];
 };
-static_assert(sizeof(HelloReply) == 40);
+static_assert(sizeof(HelloReply) == 72);
 
 // Lease `size` bytes (a multiple of chunk_size) as one contiguous run.
 struct LeaseRequest {
@@ -149,8 +190,11 @@ struct StatsReply {
   uint64_t uptime_ns;
   uint64_t server_pid;
   uint64_t rss_private;  // server's private resident memory (overhead beyond the region)
+  // Requests refused for want of authentication: hellos with a wrong or no proof, and every
+  // other request of a connection that has not authenticated.
+  uint64_t auth_refused;
 };
-static_assert(sizeof(StatsReply) == 80);
+static_assert(sizeof(StatsReply) == 88);
 
 // Client -> server: `op_count` memory operations (pool/memory_ops.h) in the tail. The server
 // checks every operation before it executes any, then executes them in order.

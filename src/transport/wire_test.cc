@@ -37,9 +37,32 @@ TEST(Wire, EveryMessageRoundTrips) {
                      Encode(3, ReleaseRequest{4096, 4096}), Encode(4, ReleaseReply{4096}),
                      Encode(5, StatsRequest{0}), Encode(6, StatsReply{}),
                      Encode(7, EvictRequest{0x1234}), Encode(8, EvictReply{2, kEvictKilled}),
-                     Encode(9, GoodbyeRequest{0x1234}), Encode(10, GoodbyeReply{1, 0})}) {
+                     Encode(9, GoodbyeRequest{0x1234}), Encode(10, GoodbyeReply{1, 0}),
+                     Encode(11, ChallengeRequest{}), Encode(12, ChallengeReply{})}) {
     EXPECT_TRUE(Decode(bytes).ok());
   }
+
+  // The challenge-response: nonces and proofs travel whole.
+  ChallengeReply challenge{};
+  challenge.server_nonce[0] = 0x11;
+  challenge.server_nonce[31] = 0x22;
+  challenge.flags = kChallengeOpen;
+  auto cm = Decode(Encode(11, challenge));
+  ASSERT_TRUE(cm.ok()) << cm.status().ToString();
+  EXPECT_EQ(cm->opcode, Opcode::kChallengeReply);
+  EXPECT_EQ(cm->As<ChallengeReply>().server_nonce[31], 0x22);
+  EXPECT_EQ(cm->As<ChallengeReply>().flags, kChallengeOpen);
+  HelloRequest proved{};
+  proved.client_nonce = 5;
+  proved.flags = kHelloHasProof;
+  proved.proof[31] = 0x77;
+  auto provedm = Decode(Encode(12, proved));
+  ASSERT_TRUE(provedm.ok());
+  EXPECT_EQ(provedm->As<HelloRequest>().proof[31], 0x77);
+  // A hello cut short by its proof is refused, not read past its end.
+  auto cut = Encode(13, proved);
+  cut.resize(cut.size() - 16);
+  EXPECT_FALSE(Decode(cut).ok());
 
   HelloRequest pin{};
   pin.client_pid = 77;
@@ -170,8 +193,10 @@ TEST(Wire, RandomMutationsNeverMisreport) {
   const uint64_t seed = 1234;
   std::mt19937_64 rng(seed);
   std::vector<std::vector<std::byte>> corpus = {
-      Encode(1, HelloRequest{1, 2}), EncodeError(2, Status::Internal("x")), Encode(3, StatsReply{}),
-      Encode(4, EvictRequest{5}), Encode(5, GoodbyeRequest{6})};
+      Encode(1, HelloRequest{1, 2}), EncodeError(2, Status::Internal("x")),
+      Encode(3, StatsReply{}),       Encode(4, EvictRequest{5}),
+      Encode(5, GoodbyeRequest{6}),  Encode(6, ChallengeRequest{}),
+      Encode(7, ChallengeReply{})};
   for (int i = 0; i < 20000; ++i) {
     auto b = corpus[rng() % corpus.size()];
     const int flips = 1 + rng() % 4;

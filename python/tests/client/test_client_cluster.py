@@ -94,3 +94,24 @@ def test_the_example_program_runs():
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     assert "money conserved" in run.stdout
+
+
+def test_the_cluster_secret_is_read_through_the_cluster_file(cluster, tmp_path):
+    """The cluster file names the secret's file (owner-only); a cluster file naming another
+    cluster's secret is refused with PermissionDenied, which the server counts."""
+    doc = json.loads(Path(cluster.cluster_file).read_text())
+    assert doc["secret_file"] == "cluster.secret"
+    secret = Path(cluster.cluster_file).parent / doc["secret_file"]
+    assert secret.stat().st_mode & 0o777 == 0o600
+    assert secret.read_text().strip() not in Path(cluster.cluster_file).read_text()
+    wrong = tmp_path / "wrong.secret"
+    wrong.write_text(os.urandom(32).hex() + "\n")
+    wrong.chmod(0o600)
+    doc["secret_file"] = str(wrong)
+    (tmp_path / "cluster.json").write_text(json.dumps(doc))
+    pool = farpool.Pool.connect(cluster.cluster_file)
+    before = pool.stats(0)["auth_refused"]
+    with pytest.raises(farpool.PermissionDenied,
+                       match="authentication failed: wrong cluster secret"):
+        farpool.Pool.connect(str(tmp_path / "cluster.json"))
+    assert pool.stats(0)["auth_refused"] == before + 1

@@ -142,6 +142,9 @@ def test_a_stopped_cluster_is_unavailable(tmp_path):
     c = farpool.LocalCluster(servers=1, memory="32MiB", directory=tmp_path / "c").start()
     stale = tmp_path / "stale.json"  # `cluster down` removes the cluster file: keep a copy
     stale.write_text(open(c.cluster_file).read())
+    secret = tmp_path / "cluster.secret"  # ... and of the secret it names (relative to it)
+    secret.write_text((tmp_path / "c" / "cluster.secret").read_text())
+    secret.chmod(0o600)
     c.stop()
     with pytest.raises(farpool.Unavailable, match="server 0"):
         farpool.Pool.connect(str(stale))

@@ -22,6 +22,7 @@
 #include "farpool/pool.h"
 #include "pool/memory_ops.h"
 #include "pool/server/chunk_allocator.h"
+#include "transport/auth.h"
 #include "transport/ucx.h"
 #include "transport/wire.h"
 
@@ -92,6 +93,17 @@ class MemoryServer::Impl : public transport::AmHandler {
 
  private:
   Result<std::vector<std::byte>> Answer(const wire::Message& m, transport::Peer* from);
+  // A ChallengeRequest: a fresh challenge for the connection (replacing any earlier one).
+  Result<wire::ChallengeReply> Challenge(const wire::ChallengeRequest& request,
+                                         transport::Peer* from);
+  // Checks the proof of a hello from a connection that has not authenticated; Ok marks it
+  // authenticated and fills `reply`'s proof. REQUIRES: secret_.
+  Status Authenticate(const wire::HelloRequest& hello, transport::Peer* from,
+                      wire::HelloReply& reply);
+  Status Refused(std::string why) {
+    ++auth_refused_;
+    return Status::PermissionDenied(Name() + ": " + std::move(why));
+  }
   std::string Name() const {
     return "server " + std::to_string(options_.id) + " (" + options_.host + ":" +
            std::to_string(port_) + ")";
@@ -128,8 +140,10 @@ class MemoryServer::Impl : public transport::AmHandler {
   Clock::time_point started_ = Clock::now();
   uint64_t requests_served_ = 0;
   uint64_t rejected_ = 0;
-  std::optional<BootIdBytes> boot_id_;             // unknown: no client may map
-  std::unordered_map<uint64_t, ProcessPin> pins_;  // by process tag
+  uint64_t auth_refused_ = 0;
+  std::optional<transport::ClusterSecret> secret_;  // none: no access control
+  std::optional<BootIdBytes> boot_id_;              // unknown: no client may map
+  std::unordered_map<uint64_t, ProcessPin> pins_;   // by process tag
   // Evicted process tags, at most kMaxEvictedTags; `evicted_order_` oldest first.
   std::unordered_set<uint64_t> evicted_;
   std::deque<uint64_t> evicted_order_;
@@ -157,6 +171,9 @@ Status MemoryServer::Impl::Init() {
   ao.event_spin = kEventSpin;
   ao.fabric = options_.fabric;
   ao.region_size = chunks_.region_size();
+  if (!options_.secret_file.empty()) {  // before listening: a bad file fails the start at once
+    FARPOOL_ASSIGN_OR_RETURN(secret_, transport::ClusterSecret::Read(options_.secret_file));
+  }
   FARPOOL_ASSIGN_OR_RETURN(am_, transport::AmServer::Listen(ao));
   port_ = am_->port();
   region_ = am_->region();
@@ -266,6 +283,52 @@ Result<wire::GoodbyeReply> MemoryServer::Impl::Goodbye(uint64_t tag, const trans
   return reply;
 }
 
+Result<wire::ChallengeReply> MemoryServer::Impl::Challenge(const wire::ChallengeRequest& request,
+                                                           transport::Peer* from) {
+  wire::ChallengeReply reply{};
+  if (!secret_) {
+    reply.flags = wire::kChallengeOpen;
+    return reply;
+  }
+  if (from == nullptr) {
+    return Refused("authentication failed: a challenge needs a reply path (the sender gave none)");
+  }
+  FARPOOL_ASSIGN_OR_RETURN(transport::Nonce nonce, transport::RandomNonce());
+  transport::Challenge c;
+  std::memcpy(c.client.data(), request.client_nonce, c.client.size());
+  c.server = nonce;
+  from->challenge = c;
+  std::memcpy(reply.server_nonce, nonce.data(), nonce.size());
+  return reply;
+}
+
+Status MemoryServer::Impl::Authenticate(const wire::HelloRequest& hello, transport::Peer* from,
+                                        wire::HelloReply& reply) {
+  if (!(hello.flags & wire::kHelloHasProof)) {
+    return Refused(
+        "authentication failed: no cluster secret: this server requires one (the client's "
+        "cluster file names no secret_file)");
+  }
+  if (from == nullptr || !from->challenge) {
+    return Refused(
+        "authentication failed: a hello with a proof but no challenge on this "
+        "connection (send a ChallengeRequest first)");
+  }
+  const transport::Challenge c = *from->challenge;
+  from->challenge.reset();  // one proof per challenge, right or wrong
+  transport::Proof proof;
+  std::memcpy(proof.data(), hello.proof, proof.size());
+  if (!secret_->Verify(proof, transport::ClusterSecret::Role::kClient, c.client, c.server)) {
+    return Refused("authentication failed: wrong cluster secret");
+  }
+  from->authenticated = true;
+  const transport::Proof mine =
+      secret_->Prove(transport::ClusterSecret::Role::kServer, c.client, c.server);
+  std::memcpy(reply.proof, mine.data(), mine.size());
+  reply.flags = wire::kHelloServerProof;
+  return Status::Ok();
+}
+
 uint32_t MemoryServer::Impl::DistinctClients() const {
   std::unordered_set<uint64_t> tags;
   for (uint64_t tag : am_->tags()) {
@@ -297,10 +360,27 @@ std::vector<std::byte> MemoryServer::Impl::Handle(std::span<const std::byte> byt
 Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m,
                                                           transport::Peer* from) {
   const uint64_t id = m.header.request_id;
+  // Nothing but the challenge and the hello (which authenticates) from a connection that has
+  // not authenticated.
+  if (secret_ && m.opcode != wire::Opcode::kChallengeRequest &&
+      m.opcode != wire::Opcode::kHelloRequest && (from == nullptr || !from->authenticated)) {
+    return Refused("not authenticated: " + std::string(wire::OpcodeName(m.opcode)) +
+                   " refused (a connection proves it knows the cluster secret in its hello "
+                   "before anything else)");
+  }
   if (from != nullptr && from->tag != 0 && IsEvicted(from->tag)) return Evicted(from->tag);
   switch (m.opcode) {
+    case wire::Opcode::kChallengeRequest: {
+      FARPOOL_ASSIGN_OR_RETURN(wire::ChallengeReply r,
+                               Challenge(m.As<wire::ChallengeRequest>(), from));
+      return wire::Encode(id, r);
+    }
     case wire::Opcode::kHelloRequest: {
       auto hello = m.As<wire::HelloRequest>();
+      wire::HelloReply r{};
+      if (secret_ && (from == nullptr || !from->authenticated)) {
+        FARPOOL_RETURN_IF_ERROR(Authenticate(hello, from, r));
+      }
       const uint32_t tag = static_cast<uint32_t>(hello.client_nonce);
       if (tag == 0) {
         return Status::InvalidArgument(Name() +
@@ -309,9 +389,8 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
       }
       if (from != nullptr) from->tag = tag;
       if (IsEvicted(tag)) return Evicted(tag);
-      wire::HelloReply r{};
       r.server_id = options_.id;
-      r.flags = Pin(hello, tag);
+      r.flags |= Pin(hello, tag);
       r.rkey_size = static_cast<uint32_t>(region_->packed_rkey().size());
       r.region_base = reinterpret_cast<uint64_t>(region_->data());
       r.region_size = chunks_.region_size();
@@ -344,6 +423,7 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
           std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - started_).count());
       r.server_pid = static_cast<uint64_t>(getpid());
       r.rss_private = PrivateResidentBytes();
+      r.auth_refused = auth_refused_;
       return wire::Encode(id, r);
     }
     case wire::Opcode::kBatchRequest: {
@@ -370,6 +450,7 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
       return wire::Encode(id, r);
     }
     case wire::Opcode::kHelloReply:
+    case wire::Opcode::kChallengeReply:
     case wire::Opcode::kGoodbyeReply:
     case wire::Opcode::kEvictReply:
     case wire::Opcode::kBatchReply:

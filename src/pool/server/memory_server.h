@@ -20,6 +20,14 @@
 // pinned client process. Evicted tags are
 // remembered up to kMaxEvictedTags, the oldest forgotten first.
 //
+// Access control (transport/auth.h, docs/pool.md "Access control"): with a cluster secret
+// (ServerOptions::secret_file) a connection executes nothing until it has authenticated: a
+// challenge, then a hello whose proof checks; the server proves itself in its hello reply. Every
+// other request before that, and every hello with a wrong or no proof, gets an ErrorReply
+// ("authentication failed: ...", "not authenticated: ...") and counts in auth_refused. Without
+// a secret the server authenticates nobody and serves every connection (in-process tests,
+// single-user development); `farpool cluster up` always gives its servers one.
+//
 // Progress modes (ProgressMode, transport/am_server.h): kBusy polls without pause; kEvent
 // sleeps on the worker's event descriptor once it has been idle for 50 us.
 //
@@ -44,6 +52,8 @@ struct ServerOptions {
   uint16_t id = 0;
   ProgressMode progress = ProgressMode::kBusy;
   Fabric fabric = Fabric::kAuto;
+  // The cluster secret's file (transport::ClusterSecret::Read); empty: no access control.
+  std::string secret_file;
 };
 
 // How many evicted process tags a server remembers (the oldest is forgotten first): 8 bytes each

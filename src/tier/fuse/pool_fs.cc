@@ -42,6 +42,8 @@ int PoolFs::Fail(const Status& s) const {
       return ENOENT;
     case StatusCode::kInvalidArgument:
       return EINVAL;
+    case StatusCode::kPermissionDenied:
+      return EACCES;
     default:
       return EIO;
   }
