@@ -1,15 +1,15 @@
-// `farpool bench txn`: see src/db/txn_bench.h for the workloads.
+// `farpool bench txn`: see src/bench/txn_bench.h (and src/workloads/bank.h, tpcb.h).
 #include <cstdio>
 #include <memory>
 
+#include "bench/txn_bench.h"
 #include "cli/commands.h"
-#include "db/txn_bench.h"
 
 namespace farpool::cli {
 namespace {
 
 struct TxnArgs {
-  db::TxnBenchOptions o;
+  TxnBenchOptions o;
   std::string engine = "pool";
   bool json = false;
 };
@@ -22,7 +22,7 @@ int RunTxn(TxnArgs& a) {
       !(a.o.engine == Engine::kSharded)) {
     return Fail("--cluster is required for the " + a.engine + " engine");
   }
-  auto r = db::RunTxnBench(a.o);
+  auto r = RunTxnBench(a.o);
   if (!r.ok()) return Fail("bench txn: " + r.status().message());
   if (a.json || a.o.client_id >= 0) {
     std::printf("%s\n", r->dump().c_str());
