@@ -36,7 +36,7 @@
 
 #include "farpool/db.h"
 #include "farpool/status.h"
-#include "workloads/social.h"
+#include "workloads/social/social.h"
 
 namespace farpool::workloads {
 
