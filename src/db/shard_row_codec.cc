@@ -2,14 +2,16 @@
 
 #include <cstring>
 
+#include "db/row_access.h"
+
 namespace farpool::db::shard {
 
 std::string EncodeRow(const Row& row) {
-  std::string out = row.payload();
+  std::string out = RowAccess::payload(row);
   const auto& cols = row.schema()->columns();
   for (size_t c = 0; c < cols.size(); ++c) {
     if (cols[c].type != ColumnType::kBytes) continue;
-    const std::string& b = row.bytes()[c];
+    const std::string& b = RowAccess::bytes(row)[c];
     const uint32_t n = static_cast<uint32_t>(b.size());
     out.append(reinterpret_cast<const char*>(&n), 4);
     out.append(b);
@@ -25,7 +27,7 @@ Status DecodeRow(const Table& t, std::string_view value, Row* row) {
                             std::to_string(value.size()) + " bytes)");
   };
   if (value.size() < payload) return bad();
-  row->payload().assign(value.substr(0, payload));
+  RowAccess::payload(*row).assign(value.substr(0, payload));
   value.remove_prefix(payload);
   const auto& cols = t.schema().columns();
   for (size_t c = 0; c < cols.size(); ++c) {
@@ -35,7 +37,7 @@ Status DecodeRow(const Table& t, std::string_view value, Row* row) {
     std::memcpy(&n, value.data(), 4);
     value.remove_prefix(4);
     if (value.size() < n) return bad();
-    row->bytes()[c].assign(value.substr(0, n));
+    RowAccess::bytes(*row)[c].assign(value.substr(0, n));
     value.remove_prefix(n);
   }
   return value.empty() ? Status::Ok() : bad();

@@ -32,9 +32,11 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "db/row_access.h"
 #include "db/shard_client.h"
 #include "db/shard_row_codec.h"
 #include "db/shard_server.h"
+#include "db/testing_hooks.h"
 #include "farpool/cluster.h"
 #include "transport/ucx.h"
 
@@ -153,9 +155,7 @@ class ShardedTxn final : public Transaction {
     ++s_.counters_.aborts;
     return Status::Aborted(what);
   }
-  void Hook(std::string_view point) {
-    if (s_.db_.options().commit_hook) s_.db_.options().commit_hook(point);
-  }
+  void Hook(std::string_view point) { TestingHook(s_.db_.options(), point); }
 
   ShardedSession& s_;
   std::optional<uint64_t> read_ts_;
@@ -400,7 +400,7 @@ Status ShardedTxn::Get(const Table& table, int64_t key, Row* row) {
 
 Status ShardedTxn::Put(const Table& table, int64_t key, const Row& row) {
   if (finished_) return Status::InvalidArgument("transaction already finished");
-  if (row.schema() == nullptr || row.payload().size() != table.schema().PayloadSize()) {
+  if (row.schema() == nullptr || RowAccess::payload(row).size() != table.schema().PayloadSize()) {
     return Status::InvalidArgument("row does not match the schema of '" + table.name() + "'");
   }
   std::string value = EncodeRow(row);
