@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "bench/ops_bench.h"
+#include "bench/run_context.h"
 #include "workloads/bank.h"
 #include "workloads/tpcb.h"
 

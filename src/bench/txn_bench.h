@@ -21,7 +21,7 @@
 // sequential waits on the pool or the partitions, see TxnCounters), and the longest latency of
 // any committed transaction (max_us). Per-transaction counts divide by committed transactions,
 // so they include the work of aborted attempts. Output: one JSON object (TxnBench fields below
-// plus RunContext()).
+// plus RunContext(), bench/run_context.h).
 #pragma once
 
 #include <cstdint>

@@ -72,17 +72,6 @@ Result<std::unique_ptr<TestDatabase>> TestDatabase::Start(const std::string& eng
   return t;
 }
 
-Result<std::unique_ptr<Database>> TestDatabase::OpenAnother() {
-  if (options_.engine == Engine::kLocal) {
-    return Status::InvalidArgument("the local engine is one process's memory");
-  }
-  if (options_.engine == Engine::kSharded && options_.cluster_file.empty()) {
-    return Status::InvalidArgument(
-        "sharded without a cluster file: the partitions are threads of the first Database");
-  }
-  return Database::Open(options_);
-}
-
 TestDatabase::~TestDatabase() {
   db_.reset();
   for (auto& s : servers_) s->Stop();

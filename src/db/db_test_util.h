@@ -41,8 +41,6 @@ class TestDatabase {
   ~TestDatabase();
   Database& db() { return *db_; }
   const DatabaseOptions& options() const { return options_; }
-  // Opens another Database handle on the same data (another "compute process"); not for local.
-  Result<std::unique_ptr<Database>> OpenAnother();
 
  private:
   std::string dir_;
