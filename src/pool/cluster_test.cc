@@ -1,6 +1,6 @@
-#include <gtest/gtest.h>
-
 #include "farpool/cluster.h"
+
+#include <gtest/gtest.h>
 
 namespace farpool {
 namespace {
