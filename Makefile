@@ -86,10 +86,10 @@ $(VENV)/bin/python:
 	./scripts/setup.sh
 
 bench-ops: build
-	$(PY) bench/ops_vs_peers
+	bench/ops_vs_peers
 
 bench-python: build
-	FARPOOL_BUILD=$(abspath $(BUILD)) $(PY) bench/python_client
+	FARPOOL_BUILD=$(abspath $(BUILD)) bench/python_client
 
 clean:
 	rm -rf build build-asan build-tsan build-fuzz

@@ -47,6 +47,10 @@
 #include "farpool/status.h"
 
 namespace farpool {
+namespace db {
+class RowAccess;
+struct TestingHooks;
+}  // namespace db
 
 enum class Engine : uint8_t { kPool, kLocal, kSharded };
 Result<Engine> ParseEngine(std::string_view text);  // "pool" | "local" | "sharded"
@@ -99,13 +103,9 @@ class Row {
   void SetBytes(size_t column, std::string value);
 
   const Schema* schema() const { return schema_; }
-  // The fixed payload (kBytes columns hold a blob reference there once written).
-  std::string& payload() { return payload_; }
-  const std::string& payload() const { return payload_; }
-  std::vector<std::string>& bytes() { return bytes_; }
-  const std::vector<std::string>& bytes() const { return bytes_; }
 
  private:
+  friend class db::RowAccess;  // the engines' view of the layout (src/db/row_access.h)
   const Schema* schema_ = nullptr;
   std::string payload_;
   std::vector<std::string> bytes_;  // per column; used by kBytes columns
@@ -229,19 +229,9 @@ struct DatabaseOptions {
   // expire this long after its prepare.
   std::chrono::milliseconds lease{2000};
 
-  // Testing only (a fault-injection site, as FoundationDB's workloads use): called inside
-  // Commit at "locked" (write set locked), "trimming" (kPool/kLocal: a hot record's version
-  // chain is about to be cut, the lease just checked), "logged" (decision written),
-  // "installing" (after each new version is posted), "installed" and "published" (timestamp
-  // published, locks not yet released). kSharded: "locked" (every participant prepared) and
-  // "decided" (partition 0 committed and installed; the other participants not told yet).
-  // kPool and kLocal also call it inside index writes ("btree.*" and "hash.*" sites, named in
-  // src/db/index/) and before each record of a dropped table is reclaimed ("gc.table-record").
-  // Tests kill or stop the process there.
-  std::function<void(std::string_view point)> commit_hook;
-  // Testing only: Commit skips first-committer-wins validation (locks without checking the
-  // version read), so the SI checker can show it finds lost updates. kPool and kLocal only.
-  bool testing_skip_validation = false;
+  // Testing only: fault-injection sites and switches for the test suite (src/db/testing_hooks.h);
+  // null in production.
+  std::shared_ptr<const db::TestingHooks> testing;
 };
 
 class Database {

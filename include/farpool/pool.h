@@ -270,9 +270,8 @@ class Pool {
   // pool/server/memory_server.h).
   Status Evict(uint32_t tag, std::chrono::milliseconds timeout = std::chrono::seconds(5));
 
-  class Impl;  // internal; public for Batch and tests of internals
-
  private:
+  class Impl;  // src/pool/pool.cc
   explicit Pool(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
   friend class Batch;

@@ -7,7 +7,7 @@ the binary is $FARPOOL_BIN, else farpool in the build directory. Standard librar
 import os
 from pathlib import Path
 
-from farpool.venv import ROOT
+from farpool.repo import ROOT
 
 
 def build_dir() -> Path:

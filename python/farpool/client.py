@@ -7,10 +7,17 @@
         with db.transaction() as txn:
             txn.put(t, 1, {"balance": 100})
 
-`Pool`, `Batch`, `Session`, `Transaction` and `Table` are the native classes (farpool._native,
-C++ through nanobind; their types are in _native.pyi); `Database` adds a session per thread,
-`transaction()` and `run()` to the native database; `LocalCluster` runs `farpool cluster up`
-and `down`. Every failure raises a `farpool.Error` subclass carrying the C++ Status message.
+`Batch`, `Session`, `Transaction` and `Table` are the native classes (farpool._native, C++
+through nanobind; their types are in _native.pyi); `Pool` is the native pool (same methods)
+behind an explicit `close()`; `Database` adds a session per thread, `transaction()`, `run()`
+and `close()` to the native database; `LocalCluster` runs `farpool cluster up` and `down`.
+Every failure raises a `farpool.Error` subclass carrying the C++ Status message.
+
+Closing: `Pool.close()` and `Database.close()` (or leaving their `with` block) give up the
+handle at once: any later use raises `farpool.Closed`, and closing again does nothing. The
+connections and session slots go when the native object does: at once, unless objects made
+from it are still alive (a Batch of the Pool; a Session, Transaction or Table of the
+Database), which keep it until they go.
 The GIL is released around every call that goes to the pool, so threads overlap their waits.
 
 Processes: a process that has connected (a Pool or a Database) must not fork and go on using
@@ -29,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 
 from farpool._build import farpool_binary, native_dir
-from farpool.errors import Error
+from farpool.errors import Closed, Error
 
 try:
     from farpool import _native
@@ -38,7 +45,6 @@ except ImportError as e:  # not built, or built for another interpreter
                       f"`make build` (looked in {native_dir()}; FARPOOL_BUILD names another "
                       "build directory)") from e
 
-Pool = _native.Pool
 Batch = _native.Batch
 Session = _native.Session
 Transaction = _native.Transaction
@@ -52,20 +58,98 @@ T = TypeVar("T")
 Column = Union[tuple[str, str], tuple[str, str, int]]
 
 
+class Pool:
+    """A process's view of the memory pool (include/farpool/pool.h; the methods of
+    `farpool._native.Pool`, see _native.pyi). Safe for use by any number of threads. Addresses
+    are ints. A context manager: leaving the block closes it (see the module docstring)."""
+
+    def __init__(self, native: _native.Pool) -> None:
+        """Use `Pool.connect`."""
+        self._pool: Optional[_native.Pool] = native
+
+    @classmethod
+    def connect(cls, cluster_file: Union[str, os.PathLike], transport: Optional[str] = None,
+                remote_access: str = "auto", direct_access: bool = True) -> "Pool":
+        """Connects to every server of the cluster file. Raises (naming the server) if one is
+        unreachable."""
+        return cls(_native.Pool.connect(os.fspath(cluster_file), transport, remote_access,
+                                        direct_access))
+
+    root = staticmethod(_native.Pool.root)
+
+    @property
+    def closed(self) -> bool:
+        return self._pool is None
+
+    def close(self) -> None:
+        """Gives up this Pool: later calls raise farpool.Closed. Idempotent."""
+        self.__dict__.clear()  # the native methods cached by __getattr__ hold the pool
+        self._pool = None
+
+    def __enter__(self) -> "Pool":
+        if self._pool is None:
+            raise Closed("the Pool is closed")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # Only names this class does not have: the native pool's methods and properties.
+        native = self.__dict__.get("_pool")
+        if native is None:
+            raise Closed(f"the Pool is closed (Pool.{name})")
+        value = getattr(native, name)
+        if callable(value):
+            self.__dict__[name] = value  # later calls skip this function
+        return value
+
+    def __repr__(self) -> str:
+        return "<farpool.Pool closed>" if self._pool is None else f"<farpool.Pool {self._pool!r}>"
+
+
 class Database:
     """The transactional database (include/farpool/db.h): tables of typed rows with an int64
     key, snapshot-isolation transactions, shared by every process that opens the same cluster.
 
     Safe for use by any number of threads: `transaction()` and `run()` use a session of the
     calling thread's own, claimed on its first use and given back when the thread ends or the
-    Database goes away (sessions are slots in the database: `max_sessions` at once, over all
-    processes).
+    Database is closed or goes away (sessions are slots in the database: `max_sessions` at
+    once, over all processes). A context manager: leaving the block closes it (see the module
+    docstring); close() must not race with transactions of other threads.
     """
 
     def __init__(self, native: _native.Database) -> None:
         """Use `Database.open`."""
-        self._db = native
+        self._native: Optional[_native.Database] = native
         self._sessions = threading.local()
+
+    @property
+    def _db(self) -> _native.Database:
+        if self._native is None:
+            raise Closed("the Database is closed")
+        return self._native
+
+    @property
+    def closed(self) -> bool:
+        return self._native is None
+
+    def close(self) -> None:
+        """Gives up this Database and every thread's session of it: later calls raise
+        farpool.Closed. Idempotent."""
+        self._native = None
+        self._sessions = threading.local()  # drops the per-thread sessions of every thread
+
+    def __enter__(self) -> "Database":
+        self._db  # noqa: B018 (raises Closed if closed)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return ("<farpool.Database closed>" if self._native is None
+                else f"<farpool.Database engine={self._native.engine}>")
 
     @classmethod
     def open(cls, cluster: Union[str, os.PathLike, None] = None, *, engine: str = "pool",
@@ -121,9 +205,10 @@ class Database:
         return self._session().run(body, max_attempts)
 
     def _session(self) -> Session:
+        db = self._db  # raises Closed first
         session = getattr(self._sessions, "session", None)
         if session is None:
-            session = self._sessions.session = self._db.new_session()
+            session = self._sessions.session = db.new_session()
         return session
 
 

@@ -94,6 +94,13 @@ class PermissionDenied(Error, PermissionError):
     code = "PermissionDenied"
 
 
+class Closed(Error, ValueError):
+    """A Pool or Database was used after its close() (not a C++ status code: the client's
+    own)."""
+
+    code = "Closed"
+
+
 _BY_CODE = {c.code: c for c in (InvalidArgument, NotFound, OutOfMemory, Unavailable, TimedOut,
                                 Protocol, Aborted, IoError, Internal, AlreadyExists,
                                 ResourceExhausted, PermissionDenied)}

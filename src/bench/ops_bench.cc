@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bench/histogram.h"
+#include "bench/run_context.h"
 #include "farpool/pool.h"
 
 #ifndef FARPOOL_GIT_SHA
@@ -69,18 +70,6 @@ uint64_t Pattern(int thread, size_t i) {
 }
 
 }  // namespace
-
-nlohmann::json RunContext() {
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  char when[32];
-  std::time_t now = std::time(nullptr);
-  std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  return {{"git_sha", FARPOOL_GIT_SHA},
-          {"host", host},
-          {"cores", std::thread::hardware_concurrency()},
-          {"time", when}};
-}
 
 Result<nlohmann::json> RunOpsBench(const OpsBenchOptions& o) {
   FARPOOL_ASSIGN_OR_RETURN(Op op, ParseOp(o.op));

@@ -48,7 +48,4 @@ struct OpsBenchOptions {
 
 Result<nlohmann::json> RunOpsBench(const OpsBenchOptions& options);
 
-// Facts about the run for result records: git sha, host name, UTC time.
-nlohmann::json RunContext();
-
 }  // namespace farpool

@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 
+#include "farpool/db.h"
 #include "transport/am_server.h"
 
 namespace farpool::cli {
@@ -42,6 +43,19 @@ Result<ProgressMode> ChooseProgressMode(const std::string& text, int servers, st
 
 // Parses a size ("4GiB") for a CLI11 option, with the library's error on bad input.
 std::string SizeValidator(const std::string& text);
+
+// What every database benchmark (`bench txn`, `bench social`, `bench tpcw`) takes alike:
+// --cluster, --engine, --seconds, --warmup, --seed and --json, added to `c` by
+// AddDbBenchOptions and bound to the benchmark's own option fields; `engine` and `json` here.
+struct DbBenchArgs {
+  std::string engine = "pool";
+  bool json = false;
+};
+void AddDbBenchOptions(CLI::App* c, DbBenchArgs* args, std::string* cluster_file, double* seconds,
+                       double* warmup_seconds, uint64_t* seed);
+// The engine of --engine; InvalidArgument naming the option if it is unknown, or if it is the
+// pool engine and `cluster_file` is empty (the pool engine needs the memory servers).
+Result<Engine> ParseDbBenchEngine(const DbBenchArgs& args, const std::string& cluster_file);
 
 // For server commands: BlockTerminationSignals() before any thread starts, then
 // WaitForTerminationSignal() returns the signal (SIGTERM or SIGINT) that asked to stop.

@@ -60,6 +60,27 @@ std::string SizeValidator(const std::string& text) {
   return size.ok() ? std::string() : size.status().message();
 }
 
+void AddDbBenchOptions(CLI::App* c, DbBenchArgs* args, std::string* cluster_file, double* seconds,
+                       double* warmup_seconds, uint64_t* seed) {
+  c->add_option("--cluster", *cluster_file,
+                "cluster.json (pool: the memory servers; sharded: the partition servers, else "
+                "partitions run in this process)");
+  c->add_option("--engine", args->engine, "pool, local or sharded");
+  c->add_option("--seconds", *seconds, "Measured seconds");
+  c->add_option("--warmup", *warmup_seconds, "Warm-up seconds (not measured)");
+  c->add_option("--seed", *seed, "Random seed");
+  c->add_flag("--json", args->json, "Print one JSON object");
+}
+
+Result<Engine> ParseDbBenchEngine(const DbBenchArgs& args, const std::string& cluster_file) {
+  auto engine = ParseEngine(args.engine);
+  if (!engine.ok()) return Status::InvalidArgument("--engine: " + engine.status().message());
+  if (*engine == Engine::kPool && cluster_file.empty()) {
+    return Status::InvalidArgument("--cluster is required for the pool engine");
+  }
+  return *engine;
+}
+
 // For `farpool frobnicate` or `farpool cluster upp` (CLI11 only says "The following argument
 // was not expected"): names the word at the deepest command the user reached and lists the
 // commands valid there. nullopt if the words name commands all the way down.

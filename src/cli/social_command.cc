@@ -11,13 +11,11 @@
 namespace farpool::cli {
 namespace {
 
-struct SocialArgs {
+struct SocialArgs : DbBenchArgs {
   workloads::SocialBenchOptions o;
-  std::string engine = "pool";
   std::string query = "all";
   std::string local_memory = "4GiB";
   std::string export_dir;
-  bool json = false;
 };
 
 int RunSocial(SocialArgs& a) {
@@ -32,12 +30,9 @@ int RunSocial(SocialArgs& a) {
                 static_cast<unsigned long long>(data.messages()), a.export_dir.c_str());
     return 0;
   }
-  auto engine = ParseEngine(a.engine);
-  if (!engine.ok()) return Fail("--engine: " + engine.status().message());
+  auto engine = ParseDbBenchEngine(a, a.o.cluster_file);
+  if (!engine.ok()) return Fail("bench social: " + engine.status().message());
   a.o.engine = *engine;
-  if (a.o.engine == Engine::kPool && a.o.cluster_file.empty()) {
-    return Fail("--cluster is required for the pool engine");
-  }
   auto mem = ParseSize(a.local_memory);
   if (!mem.ok()) return Fail("--local-memory: " + mem.status().message());
   a.o.local_memory = *mem;
@@ -78,19 +73,14 @@ int RunSocial(SocialArgs& a) {
   return 0;
 }
 
-struct TpcwArgs {
+struct TpcwArgs : DbBenchArgs {
   workloads::TpcwOptions o;
-  std::string engine = "pool";
-  bool json = false;
 };
 
 int RunTpcw(TpcwArgs& a) {
-  auto engine = ParseEngine(a.engine);
-  if (!engine.ok()) return Fail("--engine: " + engine.status().message());
+  auto engine = ParseDbBenchEngine(a, a.o.cluster_file);
+  if (!engine.ok()) return Fail("bench tpcw: " + engine.status().message());
   a.o.engine = *engine;
-  if (a.o.engine == Engine::kPool && a.o.cluster_file.empty()) {
-    return Fail("--cluster is required for the pool engine");
-  }
   auto r = workloads::RunTpcwBench(a.o);
   if (!r.ok()) return Fail("bench tpcw: " + r.status().message());
   if (a.json) {
@@ -111,16 +101,12 @@ int RunTpcw(TpcwArgs& a) {
 Command RegisterTpcwBench(CLI::App& bench) {
   auto a = std::make_shared<TpcwArgs>();
   CLI::App* c = bench.add_subcommand("tpcw", "TPC-W buy-like distributed transaction (seed 004)");
-  c->add_option("--cluster", a->o.cluster_file, "cluster.json (pool engine)");
-  c->add_option("--engine", a->engine, "pool, local or sharded");
+  AddDbBenchOptions(c, a.get(), &a->o.cluster_file, &a->o.seconds, &a->o.warmup_seconds,
+                    &a->o.seed);
   c->add_option("--customers", a->o.customers, "Customers (each with a cart of 1..5 lines)");
   c->add_option("--items", a->o.items, "Items");
   c->add_option("--flows", a->o.flows, "Clients (threads, one session each)");
-  c->add_option("--seconds", a->o.seconds, "Measured seconds");
-  c->add_option("--warmup", a->o.warmup_seconds, "Warm-up seconds");
-  c->add_option("--seed", a->o.seed, "Random seed");
   c->add_flag("--verify", a->o.verify, "Check stock against order lines afterwards");
-  c->add_flag("--json", a->json, "Print one JSON object");
   return {c, [a] { return RunTpcw(*a); }};
 }
 
@@ -128,15 +114,12 @@ Command RegisterSocialBench(CLI::App& bench) {
   auto a = std::make_shared<SocialArgs>();
   CLI::App* c =
       bench.add_subcommand("social", "The MEMSCALE social network: six queries, write mix");
-  c->add_option("--cluster", a->o.cluster_file, "cluster.json (pool engine)");
-  c->add_option("--engine", a->engine, "pool, local or sharded");
+  AddDbBenchOptions(c, a.get(), &a->o.cluster_file, &a->o.seconds, &a->o.warmup_seconds,
+                    &a->o.seed);
   c->add_option("--scale", a->o.scale, "1000 users (10000 messages) per unit; >= 0.1");
   c->add_option("--query", a->query, "all, mix, or a list: q1,q4");
   c->add_option("--flows", a->o.flows, "Concurrent query flows (threads, one session each)");
-  c->add_option("--seconds", a->o.seconds, "Measured seconds (per query unless mix)");
-  c->add_option("--warmup", a->o.warmup_seconds, "Warm-up seconds (not measured)");
   c->add_option("--writes", a->o.write_pct, "mix: percent of operations that write");
-  c->add_option("--seed", a->o.seed, "Generator and run seed");
   c->add_option("--load-threads", a->o.load_threads, "Sessions loading the data");
   c->add_option("--local-memory", a->local_memory, "local engine: bytes per simulated server")
       ->check(SizeValidator);
@@ -149,7 +132,6 @@ Command RegisterSocialBench(CLI::App& bench) {
   c->add_option("--start-at", a->o.start_at_ms,
                 "Common start of several processes (Unix time in ms; warm-up from there)");
   c->add_option("--client-id", a->o.client_id, "This process's number (disjoint ids for writes)");
-  c->add_flag("--json", a->json, "Print one JSON object");
   return {c, [a] { return RunSocial(*a); }};
 }
 

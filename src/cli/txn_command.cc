@@ -1,28 +1,22 @@
-// `farpool bench txn`: see src/db/txn_bench.h for the workloads.
+// `farpool bench txn`: see src/bench/txn_bench.h (and src/workloads/bank.h, tpcb.h).
 #include <cstdio>
 #include <memory>
 
+#include "bench/txn_bench.h"
 #include "cli/commands.h"
-#include "db/txn_bench.h"
 
 namespace farpool::cli {
 namespace {
 
-struct TxnArgs {
-  db::TxnBenchOptions o;
-  std::string engine = "pool";
-  bool json = false;
+struct TxnArgs : DbBenchArgs {
+  TxnBenchOptions o;
 };
 
 int RunTxn(TxnArgs& a) {
-  auto engine = ParseEngine(a.engine);
-  if (!engine.ok()) return Fail("--engine: " + engine.status().message());
+  auto engine = ParseDbBenchEngine(a, a.o.cluster_file);
+  if (!engine.ok()) return Fail("bench txn: " + engine.status().message());
   a.o.engine = *engine;
-  if (a.o.engine != Engine::kLocal && a.o.cluster_file.empty() &&
-      !(a.o.engine == Engine::kSharded)) {
-    return Fail("--cluster is required for the " + a.engine + " engine");
-  }
-  auto r = db::RunTxnBench(a.o);
+  auto r = RunTxnBench(a.o);
   if (!r.ok()) return Fail("bench txn: " + r.status().message());
   if (a.json || a.o.client_id >= 0) {
     std::printf("%s\n", r->dump().c_str());
@@ -45,20 +39,16 @@ int RunTxn(TxnArgs& a) {
 Command RegisterTxnBench(CLI::App& bench) {
   auto a = std::make_shared<TxnArgs>();
   CLI::App* txn = bench.add_subcommand("txn", "Transactions on the database: bank or tpcb");
-  txn->add_option("--cluster", a->o.cluster_file, "cluster.json (pool: the memory servers)");
-  txn->add_option("--engine", a->engine, "pool, local or sharded");
+  AddDbBenchOptions(txn, a.get(), &a->o.cluster_file, &a->o.seconds, &a->o.warmup_seconds,
+                    &a->o.seed);
   txn->add_option("--workload", a->o.workload, "bank or tpcb");
   txn->add_option("--clients", a->o.clients, "Client processes");
   txn->add_option("--threads", a->o.threads, "Threads (sessions) per client process");
-  txn->add_option("--seconds", a->o.seconds, "Measured seconds");
-  txn->add_option("--warmup", a->o.warmup_seconds, "Warm-up seconds (not measured)");
   txn->add_option("--accounts", a->o.accounts, "bank: number of accounts");
   txn->add_option("--scale", a->o.scale, "tpcb: scale factor (100000 accounts each)");
   txn->add_option("--history-keep", a->o.history_keep,
                   "tpcb: keep the last N history rows per thread (delete older; 0: keep all)");
-  txn->add_option("--seed", a->o.seed, "Random seed");
   txn->add_flag("--verify", a->o.verify, "Check the workload's invariant at the end");
-  txn->add_flag("--json", a->json, "Print one JSON object");
   txn->add_option("--client-id", a->o.client_id, "(internal) client process number")->group("");
   txn->add_option("--start-at", a->o.start_at_ms, "(internal) common start time")->group("");
   return {txn, [a] { return RunTxn(*a); }};

@@ -28,6 +28,7 @@
 
 #include "db/db_test_util.h"
 #include "db/shard_cluster.h"
+#include "db/testing_hooks.h"
 #include "farpool/db.h"
 #include "pool/test_cluster.h"
 
@@ -134,9 +135,10 @@ Status CycleWorker(uint64_t seed, int id) {
   const std::string site = TestEngine() == Engine::kSharded ? kShardedSites[crash_rng() % 2]
                                                             : kPoolSites[crash_rng() % 4];
   if (id == 0) {
-    o.commit_hook = [&](std::string_view point) {
-      if (commits.load() >= crash_after && point == site) raise(SIGKILL);
-    };
+    o.testing = std::make_shared<db::TestingHooks>(
+        db::TestingHooks{.commit_hook = [&](std::string_view point) {
+          if (commits.load() >= crash_after && point == site) raise(SIGKILL);
+        }});
   }
   FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(o));
   FARPOOL_ASSIGN_OR_RETURN(const Table* t, db->OpenTable("ring"));

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <random>
 
+#include "db/testing_hooks.h"
 #include "farpool/cluster.h"
 
 namespace farpool::db {
@@ -82,7 +83,11 @@ Result<std::unique_ptr<Database>> TestDatabase::OpenAnother(
         "sharded without a cluster file: the partitions are threads of the first Database");
   }
   DatabaseOptions o = options_;
-  o.commit_hook = std::move(commit_hook);
+  if (commit_hook) {
+    auto hooks = std::make_shared<TestingHooks>(o.testing ? *o.testing : TestingHooks{});
+    hooks->commit_hook = std::move(commit_hook);
+    o.testing = std::move(hooks);
+  }
   return Database::Open(o);
 }
 

@@ -44,7 +44,7 @@ class TestDatabase {
   Database& db() { return *db_; }
   const DatabaseOptions& options() const { return options_; }
   // Opens another Database handle on the same data (another "compute process"); not for local.
-  // `commit_hook`: its DatabaseOptions::commit_hook (fault injection), none by default.
+  // `commit_hook`: its TestingHooks::commit_hook (fault injection), none by default.
   Result<std::unique_ptr<Database>> OpenAnother(
       std::function<void(std::string_view)> commit_hook = nullptr);
 

@@ -5,7 +5,7 @@
 //
 //   - a fault plan (FARPOOL_CRASH_SITE, FARPOOL_CRASH_HIT) makes a worker SIGKILL itself at
 //     the n-th hit of one index fault site (LockOwner::FaultPoint, reached through
-//     DatabaseOptions::commit_hook): inside a B+tree insert, a split (right node written,
+//     db::TestingHooks::commit_hook): inside a B+tree insert, a split (right node written,
 //     left node logged / written, released before the separator is posted), root growth (new
 //     root written / swapped in) or a hash insert (bucket locked, key written, overflow bucket
 //     written, entry published);
@@ -45,6 +45,7 @@
 #include "db/db_test_util.h"
 #include "db/testing/cluster_test.h"
 #include "db/testing/worker_processes.h"
+#include "db/testing_hooks.h"
 #include "farpool/db.h"
 
 using namespace std::chrono_literals;
@@ -142,13 +143,14 @@ Status InsertWorker(uint64_t seed, int id) {
   DatabaseOptions o = Options();
   std::atomic<int> hits{0};
   if (!plan.site.empty()) {
-    o.commit_hook = [&](std::string_view point) {
-      if (point != plan.site || hits.fetch_add(1) + 1 != plan.hit) return;
-      const std::string why = "worker " + std::to_string(id) + ": killing myself at " + plan.site +
-                              " (hit " + std::to_string(plan.hit) + ")\n";
-      (void)!write(STDERR_FILENO, why.data(), why.size());
-      raise(SIGKILL);
-    };
+    o.testing = std::make_shared<db::TestingHooks>(
+        db::TestingHooks{.commit_hook = [&](std::string_view point) {
+          if (point != plan.site || hits.fetch_add(1) + 1 != plan.hit) return;
+          const std::string why = "worker " + std::to_string(id) + ": killing myself at " +
+                                  plan.site + " (hit " + std::to_string(plan.hit) + ")\n";
+          (void)!write(STDERR_FILENO, why.data(), why.size());
+          raise(SIGKILL);
+        }});
   }
   FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(o));
   FARPOOL_ASSIGN_OR_RETURN(const Table* hash, db->OpenTable(HashTable(round)));

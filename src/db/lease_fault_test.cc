@@ -56,6 +56,7 @@
 #include "db/db_test_util.h"
 #include "db/testing/cluster_test.h"
 #include "db/testing/worker_processes.h"
+#include "db/testing_hooks.h"
 #include "farpool/db.h"
 
 using namespace std::chrono_literals;
@@ -287,9 +288,10 @@ Status OrphansWorker(uint64_t /*seed*/, int /*id*/) {
 Status StalledTrimWorker(uint64_t, int) {
   DatabaseOptions o = Options();
   const std::string at = Env("FARPOOL_STALL_AT");
-  o.commit_hook = [at](std::string_view point) {
-    if (point == at) raise(SIGSTOP);
-  };
+  o.testing = std::make_shared<db::TestingHooks>(
+      db::TestingHooks{.commit_hook = [at](std::string_view point) {
+        if (point == at) raise(SIGSTOP);
+      }});
   FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(o));
   FARPOOL_ASSIGN_OR_RETURN(const Table* accounts, db->OpenTable("accounts"));
   FARPOOL_ASSIGN_OR_RETURN(auto session, db->NewSession());

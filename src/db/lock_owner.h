@@ -43,7 +43,8 @@ class LockOwner {
   // by fencing): it stops renewing its lease, so that others judge it dead and break its locks
   // instead of waiting on a live holder forever. No-op by default.
   virtual void Abandon() {}
-  // Testing only: a fault-injection site (DatabaseOptions::commit_hook). No-op by default.
+  // Testing only: a fault-injection site (TestingHooks::commit_hook, db/testing_hooks.h). No-op by
+  // default.
   virtual void FaultPoint(std::string_view /*point*/) {}
 
   // Memory for index structures (hash bucket arrays and overflow buckets, B+tree nodes),

@@ -2,8 +2,9 @@
 // offset 48), reads, writes, 8-byte compare-and-swap and fetch-and-add, allocation, and
 // batches (post many, wait once). Two implementations with the same address format:
 //   PoolMemory   the memory pool (include/farpool/pool.h): the `pool` engine.
-//   LocalMemory  regions of this process's RAM: the `local` engine and the partitions of the
-//                `sharded` engine. The same database code runs on both.
+//   LocalMemory  regions of this process's RAM: the `local` engine (and the index tests).
+// The same database code runs on both. (The `sharded` engine's partitions keep their rows in
+// ordinary maps, db/shard_server.h, not in a Memory.)
 //
 // Semantics follow Pool: atomics are atomic w.r.t. each other on 8-byte aligned words; plain
 // reads and writes of the same bytes race (the database detects torn reads by checksums);

@@ -32,7 +32,11 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "db/row_access.h"
+#include "db/shard_client.h"
+#include "db/shard_row_codec.h"
 #include "db/shard_server.h"
+#include "db/testing_hooks.h"
 #include "farpool/cluster.h"
 #include "transport/ucx.h"
 
@@ -41,8 +45,6 @@ namespace {
 
 using namespace shard;
 using Clock = std::chrono::steady_clock;
-constexpr auto kRequestTimeout = std::chrono::seconds(30);
-constexpr uint32_t kSpinsBeforeSleep = 64;
 
 uint64_t MixKey(int64_t key) {
   uint64_t x = static_cast<uint64_t>(key) + 0x9E3779B97F4A7C15ULL;
@@ -61,207 +63,6 @@ class ShardTable final : public Table {
   std::string name_;
   Schema schema_;
   bool ordered_ = false;
-};
-
-// A row's value on the wire and in the partitions: the fixed payload, then per kBytes column
-// a u32 length and the bytes.
-std::string EncodeRow(const Row& row) {
-  std::string out = row.payload();
-  const auto& cols = row.schema()->columns();
-  for (size_t c = 0; c < cols.size(); ++c) {
-    if (cols[c].type != ColumnType::kBytes) continue;
-    const std::string& b = row.bytes()[c];
-    const uint32_t n = static_cast<uint32_t>(b.size());
-    out.append(reinterpret_cast<const char*>(&n), 4);
-    out.append(b);
-  }
-  return out;
-}
-
-Status DecodeRow(const Table& t, std::string_view value, Row* row) {
-  *row = Row(t.schema());
-  const uint32_t payload = t.schema().PayloadSize();
-  auto bad = [&] {
-    return Status::Protocol("row of table '" + t.name() + "' does not match its schema (" +
-                            std::to_string(value.size()) + " bytes)");
-  };
-  if (value.size() < payload) return bad();
-  row->payload().assign(value.substr(0, payload));
-  value.remove_prefix(payload);
-  const auto& cols = t.schema().columns();
-  for (size_t c = 0; c < cols.size(); ++c) {
-    if (cols[c].type != ColumnType::kBytes) continue;
-    uint32_t n;
-    if (value.size() < 4) return bad();
-    std::memcpy(&n, value.data(), 4);
-    value.remove_prefix(4);
-    if (value.size() < n) return bad();
-    row->bytes()[c].assign(value.substr(0, n));
-    value.remove_prefix(n);
-  }
-  return value.empty() ? Status::Ok() : bad();
-}
-
-// A decoded reply that owns its bytes.
-struct Reply {
-  std::vector<std::byte> bytes;
-  Message message;
-};
-
-// One thread's connections to every partition: a worker, an endpoint per partition, replies
-// by request id. Thread-safety: one thread at a time.
-class Client {
- public:
-  static Result<std::unique_ptr<Client>> Connect(transport::Context& context,
-                                                 const std::vector<ServerAddress>& partitions,
-                                                 TxnCounters* counters) {
-    std::unique_ptr<Client> c(new Client());
-    c->counters_ = counters;
-    FARPOOL_ASSIGN_OR_RETURN(c->worker_, transport::Worker::Create(context, /*wakeup=*/true));
-    FARPOOL_RETURN_IF_ERROR(c->worker_->SetAmHandler(kShardAm, &OnMessage, c.get()));
-    for (const ServerAddress& a : partitions) {
-      c->names_.push_back("partition " + std::to_string(a.id) + " (" + a.Endpoint() + ")");
-      auto ep = transport::Endpoint::Connect(*c->worker_, a.host, a.port, nullptr);
-      if (!ep.ok()) return ep.status().WithContext(c->names_.back());
-      c->eps_.push_back(std::move(*ep));
-    }
-    return c;
-  }
-  ~Client() {
-    DrainLazy(Clock::now() + std::chrono::seconds(2));
-    // Nothing of ours is in flight any more: close at once rather than wait for the peers'
-    // acknowledgement (a graceful close that outlives its bound leaves a request UCX asserts on).
-    for (auto& ep : eps_) ep->ForceClose();
-    eps_.clear();
-    worker_.reset();
-  }
-  size_t size() const { return eps_.size(); }
-  const std::string& name(size_t p) const { return names_[p]; }
-
-  // Posts a request to partition p; returns its id for Wait.
-  template <typename Body>
-  Result<uint64_t> Post(size_t p, Opcode op, const Body& body,
-                        std::span<const std::byte> tail = {}) {
-    const uint64_t id = next_id_++;
-    if (eps_[p]->failed()) return Status::Unavailable(names_[p] + ": connection failed");
-    FARPOOL_RETURN_IF_ERROR(
-        transport::PostAm(eps_[p]->get(), kShardAm, Encode(id, op, body, tail), true)
-            .WithContext(names_[p]));
-    ++counters_->messages;
-    ++unwaited_;
-    pending_[id] = p;
-    return id;
-  }
-  // Waits for the reply of `id`; an ErrorReply becomes its Status; a reply of another opcode
-  // than `expected` is a Protocol error.
-  // The first Wait after requests were posted is one round trip: those requests went out
-  // together (the partitions work on them in parallel).
-  Result<Reply> Wait(uint64_t id, Opcode expected) {
-    if (unwaited_ > 0) {
-      ++counters_->round_trips;
-      unwaited_ = 0;
-    }
-    const size_t p = pending_[id];
-    const auto deadline = Clock::now() + kRequestTimeout;
-    for (uint32_t spins = 0;; ++spins) {
-      auto it = box_.find(id);
-      if (it != box_.end()) {
-        Reply r{std::move(it->second), {}};
-        box_.erase(it);
-        pending_.erase(id);
-        auto m = Decode(r.bytes);
-        if (!m.ok()) return m.status().WithContext(names_[p] + ": bad reply");
-        r.message = *m;
-        if (m->opcode == Opcode::kErrorReply) return DecodeError(*m);
-        if (m->opcode != expected) {
-          return Status::Protocol(names_[p] + ": expected " + std::string(OpcodeName(expected)) +
-                                  ", got " + std::string(OpcodeName(m->opcode)));
-        }
-        return r;
-      }
-      // Spin briefly (a reply over shm takes a few microseconds), then sleep on the worker's
-      // event descriptor: partition servers and clients share the cores, and a spinning client
-      // would take them from the servers it waits for.
-      if (worker_->Progress() == 0 && spins >= kSpinsBeforeSleep) {
-        Status w = worker_->Wait(std::chrono::milliseconds(1));
-        (void)w;  // a failed wait only means we poll again sooner
-      }
-      if ((spins & 255) == 255) {
-        if (eps_[p]->failed()) {
-          pending_.erase(id);
-          return Status::Unavailable(names_[p] + ": connection failed");
-        }
-        if (Clock::now() > deadline) {
-          pending_.erase(id);
-          return Status::TimedOut(names_[p] + ": no " + std::string(OpcodeName(expected)) +
-                                  " within " + std::to_string(kRequestTimeout.count()) + " s");
-        }
-      }
-    }
-  }
-  template <typename Body>
-  Result<Reply> Call(size_t p, Opcode op, const Body& body, Opcode expected,
-                     std::span<const std::byte> tail = {}) {
-    FARPOOL_ASSIGN_OR_RETURN(uint64_t id, Post(p, op, body, tail));
-    return Wait(id, expected);
-  }
-  // A request whose reply is collected later (CollectLazy).
-  void MarkLazy(uint64_t id) { lazy_.insert(id); }
-  // Consumes the lazy replies that arrived; returns the first failure among them.
-  Status CollectLazy() {
-    Status first;
-    for (auto it = lazy_.begin(); it != lazy_.end();) {
-      auto r = box_.find(*it);
-      if (r == box_.end()) {
-        ++it;
-        continue;
-      }
-      auto m = Decode(r->second);
-      if (first.ok()) {
-        if (!m.ok())
-          first = m.status();
-        else if (m->opcode == Opcode::kErrorReply)
-          first = DecodeError(*m);
-      }
-      box_.erase(r);
-      pending_.erase(*it);
-      it = lazy_.erase(it);
-    }
-    return first;
-  }
-  void DrainLazy(Clock::time_point deadline) {
-    while (!lazy_.empty() && Clock::now() < deadline) {
-      worker_->Progress();
-      Status s = CollectLazy();
-      (void)s;  // shutting down: a failed install shows as a lock that a later reader resolves
-    }
-  }
-
- private:
-  Client() = default;
-  static ucs_status_t OnMessage(void* arg, const void*, size_t, void* data, size_t length,
-                                const ucp_am_recv_param_t* param) {
-    auto* self = static_cast<Client*>(arg);
-    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-      ucp_am_data_release(self->worker_->get(), data);
-      return UCS_OK;  // not a reply we could have asked for
-    }
-    const auto* b = static_cast<const std::byte*>(data);
-    const auto id = transport::RequestIdOf({b, length});
-    if (!id || !self->pending_.count(*id)) return UCS_OK;
-    self->box_[*id] = std::vector<std::byte>(b, b + length);
-    return UCS_OK;
-  }
-
-  TxnCounters* counters_ = nullptr;  // messages and round trips are counted here
-  uint64_t unwaited_ = 0;            // requests posted since the last Wait
-  std::unique_ptr<transport::Worker> worker_;
-  std::vector<std::unique_ptr<transport::Endpoint>> eps_;
-  std::vector<std::string> names_;
-  uint64_t next_id_ = 1;
-  std::unordered_map<uint64_t, size_t> pending_;  // request id -> partition
-  std::unordered_map<uint64_t, std::vector<std::byte>> box_;
-  std::unordered_set<uint64_t> lazy_;
 };
 
 class ShardedDatabase;
@@ -354,9 +155,7 @@ class ShardedTxn final : public Transaction {
     ++s_.counters_.aborts;
     return Status::Aborted(what);
   }
-  void Hook(std::string_view point) {
-    if (s_.db_.options().commit_hook) s_.db_.options().commit_hook(point);
-  }
+  void Hook(std::string_view point) { TestingHook(s_.db_.options(), point); }
 
   ShardedSession& s_;
   std::optional<uint64_t> read_ts_;
@@ -601,7 +400,7 @@ Status ShardedTxn::Get(const Table& table, int64_t key, Row* row) {
 
 Status ShardedTxn::Put(const Table& table, int64_t key, const Row& row) {
   if (finished_) return Status::InvalidArgument("transaction already finished");
-  if (row.schema() == nullptr || row.payload().size() != table.schema().PayloadSize()) {
+  if (row.schema() == nullptr || RowAccess::payload(row).size() != table.schema().PayloadSize()) {
     return Status::InvalidArgument("row does not match the schema of '" + table.name() + "'");
   }
   std::string value = EncodeRow(row);

@@ -12,7 +12,7 @@
 //                                          memory server) when the others fence them.
 //   CheckerFindsLostUpdatesWithoutValidation
 //                                          workers open the database with
-//                                          testing_skip_validation: the checker must report
+//                                          TestingHooks::skip_validation: the checker must report
 //                                          lost updates (or read skew) — it can see them.
 //
 // Each key's row holds its list as a kBytes column (int64 elements); an append reads the list
@@ -36,6 +36,7 @@
 #include "db/db_test_util.h"
 #include "db/testing/si_checker.h"
 #include "db/testing/worker_processes.h"
+#include "db/testing_hooks.h"
 #include "farpool/db.h"
 #include "pool/test_cluster.h"
 
@@ -76,7 +77,9 @@ DatabaseOptions Options() {
   DatabaseOptions o;  // default options: the engine's own timestamps, leases
   o.engine = Engine::kPool;
   o.cluster_file = Env("FARPOOL_CLUSTER");
-  o.testing_skip_validation = Env("FARPOOL_SKIP_VALIDATION") == "1";
+  if (Env("FARPOOL_SKIP_VALIDATION") == "1") {
+    o.testing = std::make_shared<db::TestingHooks>(db::TestingHooks{.skip_validation = true});
+  }
   return o;
 }
 

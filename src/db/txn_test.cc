@@ -12,6 +12,7 @@
 
 #include "db/db_test_util.h"
 #include "db/nam/nam_internal.h"
+#include "db/row_access.h"
 #include "farpool/db.h"
 
 namespace farpool::db {
@@ -362,8 +363,8 @@ TEST_P(TxnTest, MultiGetMatchesGet) {
     const Status want = txn->Get(*keys[i].table, keys[i].key, &row);
     ASSERT_EQ(found[i].code(), want.code()) << found[i].ToString() << " vs " << want.ToString();
     if (!want.ok()) continue;
-    EXPECT_EQ(rows[i].payload(), row.payload());
-    EXPECT_EQ(rows[i].bytes(), row.bytes());
+    EXPECT_EQ(RowAccess::payload(rows[i]), RowAccess::payload(row));
+    EXPECT_EQ(RowAccess::bytes(rows[i]), RowAccess::bytes(row));
   }
   EXPECT_EQ(found[keys.size() - 1].code(), StatusCode::kNotFound);  // deleted
   EXPECT_EQ(rows[keys.size() - 2].GetInt64(0), 106);

@@ -1229,15 +1229,17 @@ Batch::~Batch() {
 size_t Batch::posted() const { return state_->posted; }
 
 namespace {
-bool InMessage(const Pool::Impl::Target& t, uint64_t size) {
-  return t.messages && size <= memory_ops::kMaxInlineBytes;
+// Whether an operation of `size` bytes on a target whose server takes batch messages
+// (Target::messages) travels inside the message.
+bool InMessage(bool messages, uint64_t size) {
+  return messages && size <= memory_ops::kMaxInlineBytes;
 }
 }  // namespace
 
 Status Batch::Read(GlobalAddress source, void* destination, uint64_t size) {
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Resolve(source, size, "read", false));
-  if (t.direct == nullptr && InMessage(t, size)) {
+  if (t.direct == nullptr && InMessage(t.messages, size)) {
     FARPOOL_RETURN_IF_ERROR(
         Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kRead), size));
   }
@@ -1249,7 +1251,7 @@ Status Batch::Read(GlobalAddress source, void* destination, uint64_t size) {
     FarRead(destination, t.direct, size);
     return Status::Ok();
   }
-  if (InMessage(t, size)) {
+  if (InMessage(t.messages, size)) {
     auto& m = state_->Open(t.index);
     m.request.Read(t.remote - pool_.servers_[t.index]->region_base, static_cast<uint32_t>(size));
     m.sinks.push_back({destination, size, nullptr});
@@ -1266,7 +1268,7 @@ Status Batch::Read(GlobalAddress source, void* destination, uint64_t size) {
 Status Batch::Write(GlobalAddress destination, const void* source, uint64_t size) {
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Resolve(destination, size, "write", false));
-  if (t.direct == nullptr && InMessage(t, size)) {
+  if (t.direct == nullptr && InMessage(t.messages, size)) {
     FARPOOL_RETURN_IF_ERROR(
         Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kWrite), size));
   }
@@ -1278,7 +1280,7 @@ Status Batch::Write(GlobalAddress destination, const void* source, uint64_t size
     FarWrite(t.direct, source, size);
     return Status::Ok();
   }
-  if (InMessage(t, size)) {
+  if (InMessage(t.messages, size)) {
     auto& m = state_->Open(t.index);
     m.request.Write(t.remote - pool_.servers_[t.index]->region_base, source,
                     static_cast<uint32_t>(size));

@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "bench/histogram.h"
-#include "bench/ops_bench.h"
+#include "bench/run_context.h"
 
 namespace farpool::workloads {
 namespace {

@@ -26,7 +26,7 @@
 // (also from earlier runs on the same cluster: a harness gives every process a new id).
 // `attach` and `load_only` need an engine whose data outlives the process (pool, or sharded
 // with --cluster); the local engine is this process's RAM.
-// Output: one JSON object (fields below plus RunContext()).
+// Output: one JSON object (fields below plus RunContext(), bench/run_context.h).
 #pragma once
 
 #include <cstdint>
@@ -36,7 +36,7 @@
 
 #include "farpool/db.h"
 #include "farpool/status.h"
-#include "workloads/social.h"
+#include "workloads/social/social.h"
 
 namespace farpool::workloads {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "bench/histogram.h"
-#include "bench/ops_bench.h"
+#include "bench/run_context.h"
 
 namespace farpool::workloads {
 namespace {

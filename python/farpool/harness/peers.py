@@ -24,7 +24,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import platform
 import shutil
 import socket
 import sqlite3
@@ -37,7 +36,8 @@ from pathlib import Path
 
 from farpool._build import farpool_binary
 
-ROOT = Path(__file__).resolve().parents[3]
+from farpool.repo import ROOT, stamp, write_jsonl  # noqa: F401 (the harness's helpers)
+from farpool.repo import run_context as context  # noqa: F401
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
 
@@ -50,20 +50,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def context() -> dict:
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                         text=True).stdout.strip()
-    return {"git_sha": sha or "unknown", "host": platform.node(), "cores": os.cpu_count(),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-
-
-def stamp(rows: list[dict]) -> None:
-    """Adds the run context (git sha, host, cores, time) to every row that lacks it."""
-    ctx = context()
-    for r in rows:
-        r.update({k: v for k, v in ctx.items() if k not in r})
 
 
 def run_json(cmd: list[str], timeout: float = 3600, stream_stderr: bool = False,
@@ -733,13 +719,6 @@ def export_social(scale: float, directory: str, seed: int = 42) -> Path:
                     str(scale), "--seed", str(seed), "--samples", "20"], check=True,
                    capture_output=True, text=True)
     return Path(directory)
-
-
-def write_jsonl(path: Path, rows: list[dict], append: bool = False) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a" if append else "w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
 
 
 def log(msg: str) -> None:

@@ -22,7 +22,7 @@ of its own behind a veth pair on one bridge, so all three cross the same path ov
 
 PostgreSQL: `pgbench -i -s SCALE` once per server, then `pgbench -c N -j N -T S -M prepared -l`
 (the built-in tpcb-like script; p50/p99 from the per-transaction log). farpool's tpcb is the
-same schema and transaction (src/db/txn_bench.h), `--threads N --warmup 0.5 --verify`.
+same schema and transaction (src/workloads/tpcb.h), `--threads N --warmup 0.5 --verify`.
 
 The machine may be shared, so the points run round-robin: for each client count every system
 once, then again, --repeat times; the tables show the median (and the tps range), and the .md

@@ -63,16 +63,6 @@ TXN_HINT = ("the comparison against measured transaction runs needs bench/result
             "(`farpool bench txn ... --json`, not available yet); pass it with --txn FILE")
 
 
-def repo_root(start: Path | None = None) -> Path:
-    """The nearest directory at or above ``start`` (default: cwd) holding ``bench/`` or
-    ``.git``; the cwd if there is none."""
-    here = (start or Path.cwd()).resolve()
-    for d in (here, *here.parents):
-        if (d / ".git").exists() or (d / "bench").is_dir():
-            return d
-    return here
-
-
 def load_ops(path: Path) -> list[dict]:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no operation-cost results; {OPS_HINT}")
@@ -269,13 +259,6 @@ def local_compute(rows: list[dict] | None, workload: str,
                note="local engine time less its memory accesses at local-memory cost"
                     + (" (clamped at 0)" if mem > per_txn else ""))
     return out
-
-
-def local_compute_ns(rows: list[dict] | None, workload: str,
-                     local_ns: dict[str, float] | None = None) -> float | None:
-    """:func:`local_compute`'s engine CPU per transaction, ns; None when not measured."""
-    c = local_compute(rows, workload, local_ns)
-    return None if c is None else c["compute_ns"]
 
 
 def _groups(rows: list[dict]) -> dict[tuple, list[dict]]:

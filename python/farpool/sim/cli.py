@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from farpool.repo import RESULTS, ROOT
+
 from . import calibrate as cal
 from . import memscale, predict, sci
 from .mixes import SCI_MIXES
@@ -130,7 +132,7 @@ def _fail(msg: str) -> int:
 
 
 def _out_dir(args) -> Path:
-    return args.out if args.out is not None else cal.repo_root() / "bench" / "results"
+    return args.out if args.out is not None else RESULTS
 
 
 def _emit(obj: dict, as_json: bool, lines: list[str]) -> None:
@@ -214,7 +216,7 @@ def cmd_memscale(args) -> int:
 def cmd_calibrate(args) -> int:
     if args.seconds:
         return _fail("calibrate is bounded by --events (commits per point), not --seconds")
-    root = cal.repo_root()
+    root = ROOT
     ops = args.ops or root / "bench" / "results" / "ops.jsonl"
     r = cal.calibrate(ops, args.txn, transport=args.transport, size=args.size,
                       threads=args.threads, scale=args.scale, accounts=args.accounts,

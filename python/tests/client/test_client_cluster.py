@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import farpool
-from farpool.venv import ROOT
+from farpool.repo import ROOT
 
 
 def gone(pid):

@@ -177,7 +177,7 @@ Status CommitRun::Resolve() {
     it.t = w.table;
     auto r = txn_.reads_.find(k);
     if (r != txn_.reads_.end()) {
-      if (!r->second.newest_visible && !s_.db_.options().testing_skip_validation) {
+      if (!r->second.newest_visible && !TestingSkipValidation(s_.db_.options())) {
         return Abort("first committer wins: key " + std::to_string(w.key) + " of '" + it.t->name_ +
                      "' has a newer version");
       }
@@ -486,7 +486,7 @@ Status CommitRun::ResolveUnread(const std::vector<size_t>& need_read) {
       }
     }
     if (it.image.newest >= 0 && !txn_.Visible(it.image.cells[it.image.newest].stamp) &&
-        !s_.db_.options().testing_skip_validation) {
+        !TestingSkipValidation(s_.db_.options())) {
       return Abort("first committer wins: key " + std::to_string(it.w->key) + " of '" +
                    it.t->name_ + "' has a newer version");
     }
@@ -497,12 +497,12 @@ Status CommitRun::ResolveUnread(const std::vector<size_t>& need_read) {
 
 Status CommitRun::Lock() {
   const uint64_t mine = s_.lock_word();
-  const bool skip = s_.db_.options().testing_skip_validation;
+  const bool skip = TestingSkipValidation(s_.db_.options());
   if (skip) {
     // Broken on purpose (tests of the SI checker): expect whatever version is there now.
     for (Item& it : items_) {
       FARPOOL_RETURN_IF_ERROR(access_.Read(it.record, &it.expected, 8));
-      if (IsLocked(it.expected)) return Abort("key is locked (testing_skip_validation)");
+      if (IsLocked(it.expected)) return Abort("key is locked (TestingHooks::skip_validation)");
     }
   }
   // The announcement array is needed only for a version this commit evicts whose successor is

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "db/db_test_util.h"
+#include "db/testing_hooks.h"
 #include "farpool/cluster.h"
 #include "farpool/db.h"
 #include "farpool/pool.h"
@@ -440,9 +441,10 @@ TEST(GcLeaseTest, SlowReclamationDoesNotDelayRenewals) {
   Database& b = (*t)->db();
   Gate gate;
   DatabaseOptions o = (*t)->options();
-  o.commit_hook = [&](std::string_view point) {
-    if (point == "gc.table-record") gate.Hold();
-  };
+  o.testing = std::make_shared<db::TestingHooks>(
+      db::TestingHooks{.commit_hook = [&](std::string_view point) {
+        if (point == "gc.table-record") gate.Hold();
+      }});
   auto a = Database::Open(o);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   struct OpenAtExit {

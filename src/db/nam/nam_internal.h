@@ -68,6 +68,7 @@
 #include "db/layout.h"
 #include "db/lock_owner.h"
 #include "db/memory.h"
+#include "db/testing_hooks.h"
 #include "farpool/db.h"
 
 namespace farpool::db {
@@ -686,9 +687,7 @@ class NamDatabase final : public Database {
   // claimed one here; others recover the old slot like any fenced session's, and the old
   // object ends when its last user lets go. Callers hold the result for one operation.
   Result<std::shared_ptr<NamSession>> System();
-  void Hook(std::string_view point) const {
-    if (options_.commit_hook) options_.commit_hook(point);
-  }
+  void Hook(std::string_view point) const { TestingHook(options_, point); }
 
  private:
   Status LoadTables(const Access& access);

@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "db/nam/nam_internal.h"
+#include "db/row_access.h"
 
 namespace farpool::db {
 namespace {
@@ -139,12 +140,12 @@ Status NamTxn::LoadRows(std::span<const RowLoad> loads) {
     const NamTable& t = *l.t;
     Row& row = *l.row;
     row = Row(t.schema_);
-    row.payload() = *l.payload;
-    row.payload().resize(t.schema_.PayloadSize());
+    RowAccess::payload(row) = *l.payload;
+    RowAccess::payload(row).resize(t.schema_.PayloadSize());
     for (uint32_t c : t.bytes_columns_) {
       uint64_t ref[2];
       std::memcpy(ref, l.payload->data() + t.schema_.Offset(c), 16);
-      std::string& v = row.bytes()[c];
+      std::string& v = RowAccess::bytes(row)[c];
       v.assign(ref[1], '\0');
       if (ref[1] > 0)
         FARPOOL_RETURN_IF_ERROR(b.Read(GlobalAddress::FromRaw(ref[0]), v.data(), ref[1]));
@@ -342,8 +343,8 @@ bool NamTxn::ReadOwnWrite(const NamTable& t, int64_t key, Row* row, Status* stat
     *status = Status::NotFound("key " + std::to_string(key) + " deleted by this transaction");
   } else {
     *row = Row(t.schema_);
-    row->payload() = w->second.payload;
-    row->bytes() = w->second.bytes;
+    RowAccess::payload(*row) = w->second.payload;
+    RowAccess::bytes(*row) = w->second.bytes;
     *status = Status::Ok();
   }
   return true;
@@ -400,7 +401,7 @@ Status NamTxn::MultiGet(std::span<const TableKey> keys, std::vector<Row>* rows,
 Status NamTxn::Put(const Table& table, int64_t key, const Row& row) {
   if (finished_) return Status::InvalidArgument("transaction already finished");
   const auto& t = static_cast<const NamTable&>(table);
-  if (row.payload().size() != t.schema_.PayloadSize()) {
+  if (RowAccess::payload(row).size() != t.schema_.PayloadSize()) {
     return Status::InvalidArgument("row does not match the schema of table '" + t.name_ + "'");
   }
   if (key == INT64_MAX) return Status::InvalidArgument("key INT64_MAX is reserved");
@@ -408,9 +409,9 @@ Status NamTxn::Put(const Table& table, int64_t key, const Row& row) {
   w.table = &t;
   w.key = key;
   w.deleted = false;
-  w.payload = row.payload();
+  w.payload = RowAccess::payload(row);
   w.payload.resize(t.layout_.payload, '\0');
-  w.bytes = row.bytes();
+  w.bytes = RowAccess::bytes(row);
   w.bytes.resize(t.schema_.size());
   return Status::Ok();
 }

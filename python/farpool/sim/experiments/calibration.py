@@ -13,6 +13,8 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
+from farpool.repo import ROOT
+
 from .. import calibrate as cal
 from . import provenance, write_jsonl
 
@@ -59,7 +61,7 @@ def write(r: dict, out: Path) -> list[Path]:
 def main() -> int:
     """Uses bench/results/ops.jsonl, or else sim_calibrate_ops.jsonl (op costs measured for
     the simulator, see docs/simulator.md), and txn.jsonl when it exists."""
-    root = cal.repo_root()
+    root = ROOT
     res = root / "bench" / "results"
     ops = res / "ops.jsonl"
     if not ops.exists() and (res / "sim_calibrate_ops.jsonl").exists():

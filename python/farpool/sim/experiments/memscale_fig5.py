@@ -14,7 +14,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from .. import memscale
-from ..calibrate import repo_root
+from farpool.repo import RESULTS
 from ..fabric import Mesh
 from . import provenance, write_jsonl
 
@@ -62,7 +62,7 @@ def write(r: dict, out: Path) -> list[Path]:
 
 
 def main() -> int:
-    for f in write(memscale.predict(), repo_root() / "bench" / "results"):
+    for f in write(memscale.predict(), RESULTS):
         print(f)
     return 0
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from .. import predict
-from ..calibrate import repo_root
+from farpool.repo import RESULTS
 from . import provenance, write_jsonl
 
 NODES = (8, 64, 512, 4096)
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m farpool.sim.experiments.prediction")
     ap.add_argument("--reuse", action="store_true")
     args = ap.parse_args(argv)
-    out_dir = repo_root() / "bench" / "results"
+    out_dir = RESULTS
     done = None
     if args.reuse and (out_dir / "sim_predict.jsonl").exists():
         rows = [json.loads(x) for x in (out_dir / "sim_predict.jsonl").read_text().splitlines()]

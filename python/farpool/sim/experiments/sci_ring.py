@@ -15,7 +15,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from .. import sci
-from ..calibrate import repo_root
+from farpool.repo import RESULTS
 from ..mixes import SCI_MIXES
 from . import provenance, write_jsonl
 
@@ -102,7 +102,7 @@ def main() -> int:
     summary["mixes"] = {m: {k: r[k] for k in ("knee_read_mb_s", "knee_latency_ns",
                                                "total_mb_s_at_knee", "zero_load_read_ns")}
                         for m, r in results.items()}
-    for f in write(results, summary, repo_root() / "bench" / "results"):
+    for f in write(results, summary, RESULTS):
         print(f)
     return 0
 

@@ -1,9 +1,9 @@
+#include "farpool/cluster.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
-
-#include "farpool/cluster.h"
 
 namespace farpool {
 namespace {

@@ -1,4 +1,4 @@
-#include "db/txn_bench.h"
+#include "bench/txn_bench.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,9 +13,11 @@
 #include <thread>
 #include <vector>
 
-#include "bench/ops_bench.h"
+#include "bench/run_context.h"
+#include "workloads/bank.h"
+#include "workloads/tpcb.h"
 
-namespace farpool::db {
+namespace farpool {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -26,156 +28,34 @@ uint64_t WallMs() {
   return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1000000;
 }
 
-const Schema& BankSchema() {
-  static const Schema s{{"balance", ColumnType::kInt64}};
-  return s;
-}
-// pgbench's tables (filler widths as in pgbench).
-const Schema& BranchSchema() {
-  static const Schema s{{"bbalance", ColumnType::kInt64}, {"filler", ColumnType::kChar, 88}};
-  return s;
-}
-const Schema& TellerSchema() {
-  static const Schema s{{"bid", ColumnType::kInt64},
-                        {"tbalance", ColumnType::kInt64},
-                        {"filler", ColumnType::kChar, 84}};
-  return s;
-}
-const Schema& AccountSchema() {
-  static const Schema s{{"bid", ColumnType::kInt64},
-                        {"abalance", ColumnType::kInt64},
-                        {"filler", ColumnType::kChar, 84}};
-  return s;
-}
-const Schema& HistorySchema() {
-  static const Schema s{{"tid", ColumnType::kInt64},   {"bid", ColumnType::kInt64},
-                        {"aid", ColumnType::kInt64},   {"delta", ColumnType::kInt64},
-                        {"mtime", ColumnType::kInt64}, {"filler", ColumnType::kChar, 22}};
-  return s;
-}
-
-constexpr int64_t kInitialBalance = 1000;
 // A benchmark counts aborts rather than giving up: retry (practically) forever.
 constexpr int kAttempts = 1 << 30;
 
+// The tables of either workload (bank uses `accounts` only).
 struct Tables {
   const Table* accounts = nullptr;
-  const Table* branches = nullptr;
-  const Table* tellers = nullptr;
-  const Table* history = nullptr;
+  workloads::TpcbTables tpcb;
 };
 
-Status LoadInBatches(Session& s, uint64_t n,
-                     const std::function<Status(Transaction&, uint64_t)>& put) {
-  for (uint64_t base = 0; base < n; base += 500) {
-    FARPOOL_RETURN_IF_ERROR(RunTransaction(s, [&](Transaction& txn) -> Status {
-      for (uint64_t i = base; i < std::min(n, base + 500); ++i)
-        FARPOOL_RETURN_IF_ERROR(put(txn, i));
-      return Status::Ok();
-    }));
-  }
-  return Status::Ok();
-}
-
-Status Load(Database& db, const TxnBenchOptions& o) {
+Result<Tables> Load(Database& db, const TxnBenchOptions& o) {
   FARPOOL_ASSIGN_OR_RETURN(auto session, db.NewSession());
+  Tables t;
   if (o.workload == "bank") {
-    FARPOOL_ASSIGN_OR_RETURN(const Table* t,
-                             db.CreateTable("accounts", BankSchema(), {false, o.accounts}));
-    Row r(t->schema());
-    r.SetInt64(0, kInitialBalance);
-    return LoadInBatches(*session, o.accounts,
-                         [&](Transaction& txn, uint64_t i) { return txn.Put(*t, i, r); });
+    FARPOOL_ASSIGN_OR_RETURN(t.accounts, workloads::LoadBank(db, *session, o.accounts));
+  } else {
+    FARPOOL_ASSIGN_OR_RETURN(t.tpcb, workloads::LoadTpcb(db, *session, o.scale));
   }
-  const uint64_t nb = o.scale, nt = 10ull * o.scale, na = 100000ull * o.scale;
-  FARPOOL_ASSIGN_OR_RETURN(const Table* b,
-                           db.CreateTable("pgbench_branches", BranchSchema(), {false, nb}));
-  FARPOOL_ASSIGN_OR_RETURN(const Table* t,
-                           db.CreateTable("pgbench_tellers", TellerSchema(), {false, nt}));
-  FARPOOL_ASSIGN_OR_RETURN(const Table* a,
-                           db.CreateTable("pgbench_accounts", AccountSchema(), {false, na}));
-  FARPOOL_ASSIGN_OR_RETURN(const Table* h,
-                           db.CreateTable("pgbench_history", HistorySchema(), {false, 1 << 20}));
-  (void)h;
-  FARPOOL_RETURN_IF_ERROR(LoadInBatches(*session, nb, [&](Transaction& txn, uint64_t i) {
-    Row r(b->schema());
-    r.SetInt64(0, 0);
-    return txn.Put(*b, i, r);
-  }));
-  FARPOOL_RETURN_IF_ERROR(LoadInBatches(*session, nt, [&](Transaction& txn, uint64_t i) {
-    Row r(t->schema());
-    r.SetInt64(0, i / 10);
-    r.SetInt64(1, 0);
-    return txn.Put(*t, i, r);
-  }));
-  return LoadInBatches(*session, na, [&](Transaction& txn, uint64_t i) {
-    Row r(a->schema());
-    r.SetInt64(0, i / 100000);
-    r.SetInt64(1, 0);
-    return txn.Put(*a, i, r);
-  });
+  return t;
 }
 
 Result<Tables> OpenTables(Database& db, const std::string& workload) {
   Tables t;
   if (workload == "bank") {
-    FARPOOL_ASSIGN_OR_RETURN(t.accounts, db.OpenTable("accounts"));
-    return t;
+    FARPOOL_ASSIGN_OR_RETURN(t.accounts, workloads::OpenBank(db));
+  } else {
+    FARPOOL_ASSIGN_OR_RETURN(t.tpcb, workloads::OpenTpcb(db));
   }
-  FARPOOL_ASSIGN_OR_RETURN(t.accounts, db.OpenTable("pgbench_accounts"));
-  FARPOOL_ASSIGN_OR_RETURN(t.branches, db.OpenTable("pgbench_branches"));
-  FARPOOL_ASSIGN_OR_RETURN(t.tellers, db.OpenTable("pgbench_tellers"));
-  FARPOOL_ASSIGN_OR_RETURN(t.history, db.OpenTable("pgbench_history"));
   return t;
-}
-
-// Reads the rows of `keys` in one MultiGet; every key must exist.
-Status GetAll(Transaction& txn, std::span<const TableKey> keys, std::vector<Row>* rows) {
-  std::vector<Status> found;
-  FARPOOL_RETURN_IF_ERROR(txn.MultiGet(keys, rows, &found));
-  for (Status& s : found) FARPOOL_RETURN_IF_ERROR(s);
-  return Status::Ok();
-}
-
-void AddTo(Row& row, size_t column, int64_t delta) {
-  row.SetInt64(column, row.GetInt64(column) + delta);
-}
-
-// Moves `amount` from account `from` to `to` (the same account: no change).
-Status Transfer(Transaction& txn, const Table& accounts, int64_t from, int64_t to, int64_t amount) {
-  const TableKey keys[] = {{&accounts, from}, {&accounts, to}};
-  std::vector<Row> rows;
-  FARPOOL_RETURN_IF_ERROR(GetAll(txn, keys, &rows));
-  Row& debit = rows[0];
-  Row& credit = from == to ? rows[0] : rows[1];
-  AddTo(debit, 0, -amount);
-  AddTo(credit, 0, amount);
-  FARPOOL_RETURN_IF_ERROR(txn.Put(accounts, from, debit));
-  return txn.Put(accounts, to, credit);
-}
-
-// pgbench's transaction: the account, teller and branch read together, updated, and a history
-// row inserted (and, with history_keep, the row `history_keep` transactions back deleted).
-Status TpcbTransaction(Transaction& txn, const Tables& t, int64_t aid, int64_t tid, int64_t bid,
-                       int64_t delta, int64_t hkey, int64_t drop_hkey) {
-  const TableKey keys[] = {{t.accounts, aid}, {t.tellers, tid}, {t.branches, bid}};
-  std::vector<Row> rows;
-  FARPOOL_RETURN_IF_ERROR(GetAll(txn, keys, &rows));
-  AddTo(rows[0], 1, delta);
-  (void)rows[0].GetInt64(1);  // pgbench's SELECT abalance: the value read back
-  AddTo(rows[1], 1, delta);
-  AddTo(rows[2], 0, delta);
-  FARPOOL_RETURN_IF_ERROR(txn.Put(*t.accounts, aid, rows[0]));
-  FARPOOL_RETURN_IF_ERROR(txn.Put(*t.tellers, tid, rows[1]));
-  FARPOOL_RETURN_IF_ERROR(txn.Put(*t.branches, bid, rows[2]));
-  Row h(t.history->schema());
-  h.SetInt64(0, tid);
-  h.SetInt64(1, bid);
-  h.SetInt64(2, aid);
-  h.SetInt64(3, delta);
-  h.SetInt64(4, static_cast<int64_t>(WallMs()));
-  FARPOOL_RETURN_IF_ERROR(txn.Put(*t.history, hkey, h));
-  return drop_hkey < 0 ? Status::Ok() : txn.Delete(*t.history, drop_hkey);
 }
 
 struct ThreadStats {
@@ -202,7 +82,8 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
       }
       Session& s = **session;
       std::mt19937_64 rng(o.seed * 1000003 + cid * 1009 + th);
-      const uint64_t na = o.workload == "bank" ? o.accounts : 100000ull * o.scale;
+      const uint64_t na =
+          o.workload == "bank" ? o.accounts : workloads::kTpcbAccountsPerBranch * o.scale;
       uint64_t history_seq = 0;
       while (WallMs() < start_ms) std::this_thread::sleep_for(std::chrono::microseconds(200));
       const auto begin = Clock::now();
@@ -225,22 +106,23 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
           const int64_t amount = 1 + rng() % 100;
           r = RunTransaction(
               s,
-              [&](Transaction& txn) { return Transfer(txn, *tables.accounts, from, to, amount); },
+              [&](Transaction& txn) {
+                return workloads::BankTransfer(txn, *tables.accounts, from, to, amount);
+              },
               kAttempts);
         } else {
-          const int64_t aid = rng() % na;
-          const int64_t tid = rng() % (10ull * o.scale);
-          const int64_t bid = tid / 10;
-          const int64_t delta = static_cast<int64_t>(rng() % 10001) - 5000;
-          const int64_t hkey = (int64_t(cid) << 48) | (int64_t(th) << 36) | int64_t(history_seq++);
-          const int64_t drop_hkey = o.history_keep == 0 || history_seq <= o.history_keep
-                                        ? -1
-                                        : hkey - int64_t(o.history_keep);
+          workloads::TpcbTxn p;
+          p.aid = rng() % na;
+          p.tid = rng() % (workloads::kTpcbTellersPerBranch * o.scale);
+          p.bid = p.tid / workloads::kTpcbTellersPerBranch;
+          p.delta = static_cast<int64_t>(rng() % 10001) - 5000;
+          p.history_key = (int64_t(cid) << 48) | (int64_t(th) << 36) | int64_t(history_seq++);
+          p.drop_history_key = o.history_keep == 0 || history_seq <= o.history_keep
+                                   ? -1
+                                   : p.history_key - int64_t(o.history_keep);
+          p.mtime_ms = static_cast<int64_t>(WallMs());
           r = RunTransaction(
-              s,
-              [&](Transaction& txn) {
-                return TpcbTransaction(txn, tables, aid, tid, bid, delta, hkey, drop_hkey);
-              },
+              s, [&](Transaction& txn) { return workloads::TpcbTransaction(txn, tables.tpcb, p); },
               kAttempts);
         }
         const auto t1 = Clock::now();
@@ -298,41 +180,8 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
 Status Verify(Database& db, const TxnBenchOptions& o) {
   FARPOOL_ASSIGN_OR_RETURN(Tables t, OpenTables(db, o.workload));
   FARPOOL_ASSIGN_OR_RETURN(auto session, db.NewSession());
-  return RunTransaction(*session, [&](Transaction& txn) -> Status {
-    auto sum = [&](const Table& table, uint64_t n, size_t col, int64_t* out) -> Status {
-      constexpr uint64_t kChunk = 1000;
-      *out = 0;
-      std::vector<TableKey> keys;
-      std::vector<Row> rows;
-      for (uint64_t base = 0; base < n; base += kChunk) {
-        keys.clear();
-        for (uint64_t i = base; i < std::min(n, base + kChunk); ++i)
-          keys.push_back({&table, int64_t(i)});
-        FARPOOL_RETURN_IF_ERROR(GetAll(txn, keys, &rows));
-        for (const Row& r : rows) *out += r.GetInt64(col);
-      }
-      return Status::Ok();
-    };
-    if (o.workload == "bank") {
-      int64_t total;
-      FARPOOL_RETURN_IF_ERROR(sum(*t.accounts, o.accounts, 0, &total));
-      if (total != static_cast<int64_t>(o.accounts) * kInitialBalance) {
-        return Status::Internal("bank verify: total " + std::to_string(total) + ", expected " +
-                                std::to_string(o.accounts * kInitialBalance));
-      }
-      return Status::Ok();
-    }
-    int64_t a, tl, b;
-    FARPOOL_RETURN_IF_ERROR(sum(*t.accounts, 100000ull * o.scale, 1, &a));
-    FARPOOL_RETURN_IF_ERROR(sum(*t.tellers, 10ull * o.scale, 1, &tl));
-    FARPOOL_RETURN_IF_ERROR(sum(*t.branches, o.scale, 0, &b));
-    if (a != tl || tl != b) {
-      return Status::Internal("tpcb verify: sum(accounts) " + std::to_string(a) +
-                              ", sum(tellers) " + std::to_string(tl) + ", sum(branches) " +
-                              std::to_string(b));
-    }
-    return Status::Ok();
-  });
+  if (o.workload == "bank") return workloads::VerifyBank(*session, *t.accounts, o.accounts);
+  return workloads::VerifyTpcb(*session, t.tpcb, o.scale);
 }
 
 double Percentile(std::vector<uint32_t>& v, double q) {
@@ -408,7 +257,7 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
           ", ...): start a fresh cluster for each benchmark run");
     }
   }
-  FARPOOL_RETURN_IF_ERROR(Load(*db, o));
+  FARPOOL_RETURN_IF_ERROR(Load(*db, o).status());
   nlohmann::json merged = {{"commits", 0}, {"aborts", 0}, {"reads", 0},    {"writes", 0},
                            {"cas", 0},     {"faa", 0},    {"messages", 0}, {"round_trips", 0}};
   std::vector<uint32_t> lat;
@@ -524,4 +373,4 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
   return r;
 }
 
-}  // namespace farpool::db
+}  // namespace farpool

@@ -1,3 +1,5 @@
+#include "farpool/cluster.h"
+
 #include <unistd.h>
 
 #include <charconv>
@@ -7,8 +9,6 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
-
-#include "farpool/cluster.h"
 
 namespace farpool {
 

@@ -1,5 +1,5 @@
 // The social workload's answers on the local and pool engines match the generator's.
-#include "workloads/social.h"
+#include "workloads/social/social.h"
 
 #include <gtest/gtest.h>
 

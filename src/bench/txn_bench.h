@@ -1,13 +1,12 @@
 // `farpool bench txn`: transactions per second of the database on each engine.
 //
-// Workloads (fixed seed per thread; keys uniform at random):
-//   bank   `accounts` rows (int64 balance). A transaction reads two random accounts (one
-//          MultiGet) and moves a random amount from one to the other (2 reads, 2 writes).
-//          --verify: the total is conserved.
-//   tpcb   pgbench's TPC-B-like schema and transaction at scale factor S: S branches, 10·S
-//          tellers, 100000·S accounts, history. A transaction reads one account, a teller and
-//          its branch (one MultiGet), updates the three (the account's new balance is what
-//          pgbench's SELECT reads back), inserts a history row.
+// Workloads (src/workloads: schema, transaction and invariant in each header; fixed seed per
+// thread; keys uniform at random):
+//   bank   workloads/bank.h: `accounts` accounts; a transfer of a random amount between two
+//          random accounts. --verify: the total is conserved.
+//   tpcb   workloads/tpcb.h: pgbench's TPC-B-like schema and transaction at scale factor S
+//          (S branches, 10·S tellers, 100000·S accounts, history); a random account, teller
+//          and its branch, delta uniform in [-5000, 5000].
 //          --history-keep N (not pgbench; for soaks): each thread also deletes the history row
 //          it inserted N transactions earlier, so the history table stays at N rows per
 //          thread and a run can last for hours in a fixed pool. 0 (default) keeps every row.
@@ -22,7 +21,7 @@
 // sequential waits on the pool or the partitions, see TxnCounters), and the longest latency of
 // any committed transaction (max_us). Per-transaction counts divide by committed transactions,
 // so they include the work of aborted attempts. Output: one JSON object (TxnBench fields below
-// plus RunContext()).
+// plus RunContext(), bench/run_context.h).
 #pragma once
 
 #include <cstdint>
@@ -32,7 +31,7 @@
 #include "farpool/db.h"
 #include "farpool/status.h"
 
-namespace farpool::db {
+namespace farpool {
 
 struct TxnBenchOptions {
   std::string cluster_file;
@@ -54,4 +53,4 @@ struct TxnBenchOptions {
 
 Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& options);
 
-}  // namespace farpool::db
+}  // namespace farpool

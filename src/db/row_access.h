@@ -1,0 +1,25 @@
+// The engines' view of a Row (include/farpool/db.h): its fixed payload and the bytes of its
+// kBytes columns, which the public API reaches only through the typed Get/Set accessors.
+//
+// Thread-safety: as the Row (no synchronization).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "farpool/db.h"
+
+namespace farpool::db {
+
+class RowAccess {
+ public:
+  // The fixed payload (Schema::PayloadSize() bytes; kBytes columns hold a blob reference there
+  // once written).
+  static std::string& payload(Row& row) { return row.payload_; }
+  static const std::string& payload(const Row& row) { return row.payload_; }
+  // Per column; used by kBytes columns.
+  static std::vector<std::string>& bytes(Row& row) { return row.bytes_; }
+  static const std::vector<std::string>& bytes(const Row& row) { return row.bytes_; }
+};
+
+}  // namespace farpool::db

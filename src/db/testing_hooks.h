@@ -1,0 +1,42 @@
+// Test-only switches of a Database (DatabaseOptions::testing, null in production): the
+// fault-injection sites the crash and fencing tests stop or kill a process at (as
+// FoundationDB's workloads do), and a switch that breaks the protocol on purpose so the SI
+// checker can be shown to catch it.
+//
+// Thread-safety: immutable once passed to Database::Open; commit_hook is called from every
+// thread that commits.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string_view>
+
+#include "farpool/db.h"
+
+namespace farpool::db {
+
+struct TestingHooks {
+  // Called inside Commit at "locked" (write set locked), "trimming" (kPool/kLocal: a hot
+  // record's version chain is about to be cut, the lease just checked), "logged" (decision
+  // written), "installing" (after each new version is posted), "installed" and "published"
+  // (timestamp published, locks not yet released). kSharded: "locked" (every participant
+  // prepared) and "decided" (partition 0 committed and installed; the other participants not
+  // told yet). kPool and kLocal also call it inside index writes ("btree.*" and "hash.*" sites,
+  // named in src/db/index/) and before each record of a dropped table is reclaimed
+  // ("gc.table-record"). Tests kill or stop the process there.
+  std::function<void(std::string_view point)> commit_hook;
+  // Commit skips first-committer-wins validation (locks without checking the version read),
+  // so the SI checker can show it finds lost updates. kPool and kLocal only.
+  bool skip_validation = false;
+};
+
+// Calls options.testing->commit_hook(point) if there is one.
+inline void TestingHook(const DatabaseOptions& options, std::string_view point) {
+  if (options.testing && options.testing->commit_hook) options.testing->commit_hook(point);
+}
+// Whether options.testing asks Commit to skip validation.
+inline bool TestingSkipValidation(const DatabaseOptions& options) {
+  return options.testing && options.testing->skip_validation;
+}
+
+}  // namespace farpool::db

@@ -1,0 +1,52 @@
+#include "workloads/bank.h"
+
+#include <string>
+#include <vector>
+
+#include "workloads/txn_helpers.h"
+
+namespace farpool::workloads {
+
+const Schema& BankSchema() {
+  static const Schema s{{"balance", ColumnType::kInt64}};
+  return s;
+}
+
+Result<const Table*> LoadBank(Database& db, Session& session, uint64_t accounts) {
+  FARPOOL_ASSIGN_OR_RETURN(const Table* t,
+                           db.CreateTable("accounts", BankSchema(), {false, accounts}));
+  Row r(t->schema());
+  r.SetInt64(0, kBankInitialBalance);
+  FARPOOL_RETURN_IF_ERROR(LoadInBatches(
+      session, accounts, [&](Transaction& txn, uint64_t i) { return txn.Put(*t, i, r); }));
+  return t;
+}
+
+Result<const Table*> OpenBank(Database& db) { return db.OpenTable("accounts"); }
+
+Status BankTransfer(Transaction& txn, const Table& accounts, int64_t from, int64_t to,
+                    int64_t amount) {
+  const TableKey keys[] = {{&accounts, from}, {&accounts, to}};
+  std::vector<Row> rows;
+  FARPOOL_RETURN_IF_ERROR(GetAll(txn, keys, &rows));
+  Row& debit = rows[0];
+  Row& credit = from == to ? rows[0] : rows[1];
+  AddTo(debit, 0, -amount);
+  AddTo(credit, 0, amount);
+  FARPOOL_RETURN_IF_ERROR(txn.Put(accounts, from, debit));
+  return txn.Put(accounts, to, credit);
+}
+
+Status VerifyBank(Session& session, const Table& accounts, uint64_t n) {
+  return RunTransaction(session, [&](Transaction& txn) -> Status {
+    int64_t total;
+    FARPOOL_RETURN_IF_ERROR(SumColumn(txn, accounts, n, 0, &total));
+    if (total != static_cast<int64_t>(n) * kBankInitialBalance) {
+      return Status::Internal("bank verify: total " + std::to_string(total) + ", expected " +
+                              std::to_string(n * kBankInitialBalance));
+    }
+    return Status::Ok();
+  });
+}
+
+}  // namespace farpool::workloads

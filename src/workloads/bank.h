@@ -1,0 +1,35 @@
+// The bank workload (`farpool bench txn --workload bank`) on any engine of include/farpool/db.h.
+//
+// Schema: one hash table `accounts` keyed by account number 0..accounts-1, one int64 column
+// `balance`, every account loaded with kBankInitialBalance.
+// Transaction: read two accounts (one MultiGet) and move an amount from one to the other (2
+// reads, 2 writes; the same account twice is no change).
+// Invariant (VerifyBank): the total of all balances is accounts · kBankInitialBalance.
+//
+// Thread-safety: stateless; use one Session per thread.
+#pragma once
+
+#include <cstdint>
+
+#include "farpool/db.h"
+#include "farpool/status.h"
+
+namespace farpool::workloads {
+
+inline constexpr int64_t kBankInitialBalance = 1000;
+
+const Schema& BankSchema();
+
+// Creates the `accounts` table and loads `accounts` rows. REQUIRES: no such table yet.
+Result<const Table*> LoadBank(Database& db, Session& session, uint64_t accounts);
+// The `accounts` table of a loaded database.
+Result<const Table*> OpenBank(Database& db);
+
+// Moves `amount` from account `from` to account `to` inside `txn`.
+Status BankTransfer(Transaction& txn, const Table& accounts, int64_t from, int64_t to,
+                    int64_t amount);
+
+// Checks the invariant in one transaction of `session`; Internal with both totals if broken.
+Status VerifyBank(Session& session, const Table& accounts, uint64_t n);
+
+}  // namespace farpool::workloads

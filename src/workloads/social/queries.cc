@@ -1,0 +1,131 @@
+// The six queries and the write mix.
+#include "workloads/social/internal.h"
+#include "workloads/social/social.h"
+#include "workloads/txn_helpers.h"
+
+namespace farpool::workloads {
+
+using namespace social_internal;
+
+Result<SocialQuery> ParseSocialQuery(std::string_view text) {
+  std::string_view t = text;
+  if (!t.empty() && (t[0] == 'q' || t[0] == 'Q')) t.remove_prefix(1);
+  if (t.size() == 1 && t[0] >= '1' && t[0] <= '6') return SocialQuery(t[0] - '0');
+  return Status::InvalidArgument("unknown query '" + std::string(text) + "' (expected q1..q6)");
+}
+
+std::string_view SocialQueryName(SocialQuery q) {
+  static const char* const kNames[] = {"q1", "q2", "q3", "q4", "q5", "q6"};
+  return kNames[int(q) - 1];
+}
+
+std::string_view SocialQueryDescription(SocialQuery q) {
+  static const char* const kDesc[] = {"names of a user's friends",
+                                      "number of new messages to a user",
+                                      "number of new messages to a user's groups",
+                                      "last 100 messages sent by a user",
+                                      "text of a message",
+                                      "names of a user's groups"};
+  return kDesc[int(q) - 1];
+}
+
+namespace {
+
+Status CollectScan(Transaction& txn, const Table& table, int64_t prefix, int bits, size_t limit,
+                   bool reverse, std::vector<int64_t>* ids) {
+  const int64_t lo = prefix << bits, hi = lo | ((int64_t{1} << bits) - 1);
+  const int64_t mask = (int64_t{1} << bits) - 1;
+  return txn.Scan(table, lo, hi, limit, reverse, [&](int64_t key, const Row&) {
+    ids->push_back(key & mask);
+    return true;
+  });
+}
+
+// The rows of `ids` in `table`, in one MultiGet; every id must exist (the indexes name them).
+Status GetRows(Transaction& txn, const Table& table, const std::vector<int64_t>& ids,
+               std::vector<Row>* rows) {
+  std::vector<TableKey> keys;
+  keys.reserve(ids.size());
+  for (int64_t id : ids) keys.push_back({&table, id});
+  return GetAll(txn, keys, rows);
+}
+
+Status QueryBody(Transaction& txn, const SocialTables& t, SocialQuery q, int64_t p, Answer* a) {
+  *a = {};
+  std::vector<int64_t> ids;
+  std::vector<Row> rows;
+  Row r;
+  switch (q) {
+    case SocialQuery::kFriends:
+    case SocialQuery::kGroupNames: {
+      const bool friends = q == SocialQuery::kFriends;
+      FARPOOL_RETURN_IF_ERROR(
+          CollectScan(txn, friends ? *t.friends : *t.members, p, kUserBits, 0, false, &ids));
+      FARPOOL_RETURN_IF_ERROR(GetRows(txn, friends ? *t.users : *t.groups, ids, &rows));
+      for (const Row& row : rows) {
+        ++a->rows;
+        a->checksum += HashString(row.GetChar(0));
+      }
+      return Status::Ok();
+    }
+    case SocialQuery::kNewMessages:
+    case SocialQuery::kNewGroupMessages: {
+      if (q == SocialQuery::kNewMessages) {
+        FARPOOL_RETURN_IF_ERROR(CollectScan(txn, *t.inbox, p, kMidBits, 0, false, &ids));
+      } else {
+        std::vector<int64_t> groups;
+        FARPOOL_RETURN_IF_ERROR(CollectScan(txn, *t.members, p, kUserBits, 0, false, &groups));
+        for (int64_t g : groups) {
+          FARPOOL_RETURN_IF_ERROR(CollectScan(txn, *t.group_inbox, g, kMidBits, 0, false, &ids));
+        }
+      }
+      FARPOOL_RETURN_IF_ERROR(GetRows(txn, *t.messages, ids, &rows));
+      for (const Row& row : rows) {
+        if (row.GetInt64(kIsRead) == 0) ++a->rows;
+      }
+      a->checksum = a->rows;
+      return Status::Ok();
+    }
+    case SocialQuery::kLast100: {
+      FARPOOL_RETURN_IF_ERROR(CollectScan(txn, *t.by_sender, p, kMidBits, 100, true, &ids));
+      FARPOOL_RETURN_IF_ERROR(GetRows(txn, *t.messages, ids, &rows));
+      for (size_t i = 0; i < ids.size(); ++i) {
+        ++a->rows;
+        a->checksum = Chain(a->checksum, HashMessageRow(ids[i], rows[i].GetInt64(kTime),
+                                                        rows[i].GetBytes(kTextCol)));
+      }
+      return Status::Ok();
+    }
+    case SocialQuery::kText: {
+      FARPOOL_RETURN_IF_ERROR(txn.Get(*t.messages, p, &r));
+      *a = {1, HashString(r.GetBytes(kTextCol))};
+      return Status::Ok();
+    }
+  }
+  return Status::InvalidArgument("unknown query");
+}
+
+}  // namespace
+
+Status RunSocialQuery(Session& session, const SocialTables& t, SocialQuery q, int64_t param,
+                      Answer* answer) {
+  return RunTransaction(
+      session, [&](Transaction& txn) -> Status { return QueryBody(txn, t, q, param, answer); });
+}
+
+Status PostMessage(Session& session, const SocialTables& t, const Message& m) {
+  return RunTransaction(session,
+                        [&](Transaction& txn) -> Status { return PutMessageRows(txn, t, m); });
+}
+
+Status MarkRead(Session& session, const SocialTables& t, int64_t mid) {
+  return RunTransaction(session, [&](Transaction& txn) -> Status {
+    Row r;
+    FARPOOL_RETURN_IF_ERROR(txn.Get(*t.messages, mid, &r));
+    if (r.GetInt64(kIsRead) == 1) return Status::Ok();
+    r.SetInt64(kIsRead, 1);
+    return txn.Put(*t.messages, mid, r);
+  });
+}
+
+}  // namespace farpool::workloads

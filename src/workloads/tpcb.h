@@ -1,0 +1,56 @@
+// The TPC-B-like workload (`farpool bench txn --workload tpcb`): pgbench's schema and
+// transaction on any engine of include/farpool/db.h.
+//
+// Schema at scale factor S (hash tables keyed by int64, filler widths as in pgbench):
+//   pgbench_branches  bid 0..S-1           bbalance, filler char(88)
+//   pgbench_tellers   tid 0..10·S-1        bid (= tid / 10), tbalance, filler char(84)
+//   pgbench_accounts  aid 0..100000·S-1    bid (= aid / 100000), abalance, filler char(84)
+//   pgbench_history   caller's keys        tid, bid, aid, delta, mtime, filler char(22)
+// every balance loaded as 0.
+// Transaction (TpcbTransaction): read one account, a teller and its branch (one MultiGet), add
+// `delta` to the three balances (the account's new balance is what pgbench's SELECT reads
+// back), insert a history row and optionally delete an older one (for soaks in a fixed pool).
+// Invariant (VerifyTpcb): sum(accounts) == sum(tellers) == sum(branches).
+//
+// Thread-safety: stateless; use one Session per thread.
+#pragma once
+
+#include <cstdint>
+
+#include "farpool/db.h"
+#include "farpool/status.h"
+
+namespace farpool::workloads {
+
+struct TpcbTables {
+  const Table* accounts = nullptr;
+  const Table* branches = nullptr;
+  const Table* tellers = nullptr;
+  const Table* history = nullptr;
+};
+
+// Rows per scale factor.
+inline constexpr uint64_t kTpcbTellersPerBranch = 10;
+inline constexpr uint64_t kTpcbAccountsPerBranch = 100000;
+
+// Creates the four tables and loads scale factor `scale`. REQUIRES: none of them exists yet.
+Result<TpcbTables> LoadTpcb(Database& db, Session& session, int scale);
+// The tables of a loaded database.
+Result<TpcbTables> OpenTpcb(Database& db);
+
+struct TpcbTxn {
+  int64_t aid = 0, tid = 0, bid = 0;  // bid: the teller's branch (tid / 10)
+  int64_t delta = 0;
+  int64_t history_key = 0;        // unique per transaction
+  int64_t drop_history_key = -1;  // a history row to delete, or -1
+  int64_t mtime_ms = 0;           // stored in the history row
+};
+
+// pgbench's transaction inside `txn`.
+Status TpcbTransaction(Transaction& txn, const TpcbTables& t, const TpcbTxn& p);
+
+// Checks the invariant for scale factor `scale` in one transaction of `session`; Internal with
+// the three sums if broken.
+Status VerifyTpcb(Session& session, const TpcbTables& t, int scale);
+
+}  // namespace farpool::workloads
