@@ -316,7 +316,7 @@ Status CommitRun::FindUnread(const std::vector<size_t>& unread) {
   // A key that can be inserted near memory goes into the index in the lock round instead
   // (Lock: written locked by us, then inserted; no round trip of its own), once the snapshot
   // is taken and if no B+tree needs its record before then.
-  const bool defer = txn_.has_snapshot_ && !s_.db_.options().testing_skip_validation;
+  const bool defer = txn_.has_snapshot_ && !TestingSkipValidation(s_.db_.options());
   bool any_insert = false, any_posted = false;
   for (size_t j = 0; j < lookups.size(); ++j) {
     Item& it = items_[lookups[j]];
