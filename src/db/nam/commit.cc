@@ -112,6 +112,10 @@ class CommitRun {
   // gives up after kLockWaitNs and aborts (AbortOnConflict).
   static constexpr int64_t kLockWaitNs = 4'000'000, kLockWaitFirstPauseNs = 50'000;
   Status WaitForHolders();
+  // Checks the lease, then CASes the lock words of items `which` from their expected words to
+  // ours in one batch, marking those taken (on an error all of them: any may have been). On an
+  // error every lock taken so far is released and the error is returned.
+  Status LockItems(const std::vector<size_t>& which);
   // If a lock was not taken (held by another, or a newer version): releases every lock and
   // returns Aborted naming the first such key (breaking the locks of dead holders on the way).
   Status AbortOnConflict();
@@ -625,28 +629,8 @@ Status CommitRun::Lock() {
       ReleaseLocks();
       return resolved;
     }
-    posted = s_.CheckLease();  // the CASes may lock: they follow a passed check
-    if (!posted.ok()) {
-      ReleaseLocks();
-      return posted;
-    }
-    {
-      Access::Batch b(access_);
-      for (size_t i : late) {
-        if (posted.ok())
-          posted = b.Cas(items_[i].record, items_[i].expected, mine, &items_[i].prev);
-      }
-      waited = b.Wait();
-    }
-    for (size_t i : late) {
-      Item& it = items_[i];
-      it.late = false;
-      it.locked = !posted.ok() || !waited.ok() || it.prev == it.expected;
-    }
-    if (!posted.ok() || !waited.ok()) {
-      ReleaseLocks();
-      return !posted.ok() ? posted : waited;
-    }
+    for (size_t i : late) items_[i].late = false;
+    FARPOOL_RETURN_IF_ERROR(LockItems(late));
     FARPOOL_RETURN_IF_ERROR(AbortOnConflict());
   }
   if (skip) {
@@ -682,7 +666,6 @@ void CommitRun::TakeInserted(Item& it, GlobalAddress record) {
 }
 
 Status CommitRun::WaitForHolders() {
-  const uint64_t mine = s_.lock_word();
   std::vector<size_t> held;
   for (size_t i = 0; i < items_.size(); ++i) {
     const Item& it = items_[i];
@@ -707,27 +690,7 @@ Status CommitRun::WaitForHolders() {
         if (dead.ok() && *dead) (void)s_.db_.BreakRecordLock(access_, it.record, *it.t, it.prev);
       }
     }
-    Status posted = s_.CheckLease();  // a CAS that may lock follows
-    if (!posted.ok()) {
-      ReleaseLocks();
-      return posted;
-    }
-    Status waited;
-    {
-      Access::Batch b(access_);
-      for (size_t i : held) {
-        if (posted.ok())
-          posted = b.Cas(items_[i].record, items_[i].expected, mine, &items_[i].prev);
-      }
-      waited = b.Wait();
-    }
-    if (!posted.ok() || !waited.ok()) {
-      for (size_t i : held) items_[i].locked = true;  // any of them may have been taken
-      ReleaseLocks();
-      return !posted.ok() ? posted : waited;
-    }
-    // Every lock taken is marked before anything returns (ReleaseLocks releases only those).
-    for (size_t i : held) items_[i].locked = items_[i].prev == items_[i].expected;
+    FARPOOL_RETURN_IF_ERROR(LockItems(held));
     std::vector<size_t> still;
     for (size_t i : held) {
       const Item& it = items_[i];
@@ -736,6 +699,31 @@ Status CommitRun::WaitForHolders() {
       still.push_back(i);
     }
     held = std::move(still);
+  }
+  return Status::Ok();
+}
+
+Status CommitRun::LockItems(const std::vector<size_t>& which) {
+  Status posted = s_.CheckLease();  // the CASes may lock: they follow a passed check
+  if (!posted.ok()) {
+    ReleaseLocks();
+    return posted;
+  }
+  const uint64_t mine = s_.lock_word();
+  Status waited;
+  {
+    Access::Batch b(access_);
+    for (size_t i : which) {
+      if (posted.ok()) posted = b.Cas(items_[i].record, items_[i].expected, mine, &items_[i].prev);
+    }
+    waited = b.Wait();
+  }
+  // Every lock taken is marked before anything returns (ReleaseLocks releases only those).
+  const bool failed = !posted.ok() || !waited.ok();
+  for (size_t i : which) items_[i].locked = failed || items_[i].prev == items_[i].expected;
+  if (failed) {
+    ReleaseLocks();
+    return !posted.ok() ? posted : waited;
   }
   return Status::Ok();
 }
