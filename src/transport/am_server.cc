@@ -162,7 +162,10 @@ bool AmServer::Impl::Poll() {
       closed_.insert(handle);
     }
     to_close_.clear();
-    if (in.reply_ep != nullptr) Reply(in.reply_ep, std::move(reply));
+    // No reply on a connection the handler has just closed (the sender's own, if it asked).
+    if (in.reply_ep != nullptr && closed_.count(in.reply_ep) == 0) {
+      Reply(in.reply_ep, std::move(reply));
+    }
   }
   closed_.clear();
   ReapFailed();

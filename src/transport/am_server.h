@@ -13,9 +13,10 @@
 //   2. accepts the queued connection requests;
 //   3. passes each inbox message to AmHandler::Handle, force-closes the connections the handler
 //      asked to close (CloseConnections) and then posts the reply (eagerly, without waiting) to
-//      the sender, if it asked for a reply path; messages still in the inbox from a connection
-//      closed so are dropped unread (there is nobody left to answer, and a handler that closed
-//      a connection wants nothing more from it executed);
+//      the sender, if it asked for a reply path and its connection was not among those closed;
+//      messages still in the inbox from a connection closed so are dropped unread (there is
+//      nobody left to answer, and a handler that closed a connection wants nothing more from it
+//      executed);
 //   4. closes and forgets the endpoints that failed (reap).
 // A message that arrives by rendezvous (larger than the eager limit) is refused unread: the
 // sender gets AmHandler::Refuse's error reply. Every farpool sender posts eagerly (PostAm,

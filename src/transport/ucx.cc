@@ -3,10 +3,13 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 
 #include <cstring>
 #include <filesystem>
+#include <mutex>
+#include <shared_mutex>
 #include <string>
 
 #include "transport/shm_dir.h"
@@ -15,6 +18,41 @@ namespace farpool::transport {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// UCX names the async event handlers of its connections by their file descriptors, and a worker
+// that was busy when an event came keeps it, by that name, in a queue of missed events until
+// the end of its next progress (ucs_async_check_miss), even if the handler is removed
+// meanwhile. Were the descriptor closed with the event still queued and reused by another
+// worker's new connection, the first worker's progress would hand its stale event to the
+// second's handler, which UCX 1.13 asserts against (async.c "handler->async == async") and
+// aborts. Handlers go while a worker progresses (a failed connection's cleanup) or closes an
+// endpoint, and each of those ends by draining the queue; so every progress and every close
+// holds this lock shared, through its drain, and whatever creates descriptors (workers,
+// endpoints, listeners) holds it exclusively: no descriptor can be reused between a handler's
+// removal and the drain of its worker's queue. Writers are preferred, so that a connection is
+// never starved by threads that progress without pause.
+class DescriptorLock {
+ public:
+  DescriptorLock() {
+    pthread_rwlockattr_t attr;
+    pthread_rwlockattr_init(&attr);
+    pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&lock_, &attr);
+    pthread_rwlockattr_destroy(&attr);
+  }
+  void lock() { pthread_rwlock_wrlock(&lock_); }
+  void unlock() { pthread_rwlock_unlock(&lock_); }
+  void lock_shared() { pthread_rwlock_rdlock(&lock_); }
+  void unlock_shared() { pthread_rwlock_unlock(&lock_); }
+
+ private:
+  pthread_rwlock_t lock_;
+};
+DescriptorLock g_descriptors;
+
+// What creates descriptors, and what may remove handlers (then drains).
+using Creating = std::unique_lock<DescriptorLock>;
+using Removing = std::shared_lock<DescriptorLock>;
 
 // UCX transports allowed per fabric. UCX 1.13's client-server connection (HOST:PORT) cannot
 // be wired up over shared-memory transports alone, so kShm keeps tcp for the connection and
@@ -109,7 +147,9 @@ Result<std::unique_ptr<Worker>> Worker::Create(Context& context, bool wakeup) {
   params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   params.thread_mode = UCS_THREAD_MODE_SINGLE;
   ucp_worker_h handle = nullptr;
+  Creating creating(g_descriptors);
   ucs_status_t st = ucp_worker_create(context.get(), &params, &handle);
+  creating.unlock();
   if (st != UCS_OK) return UcxStatus(st, "creating UCX worker");
   std::unique_ptr<Worker> worker(new Worker(handle));
   if (wakeup) {
@@ -120,6 +160,11 @@ Result<std::unique_ptr<Worker>> Worker::Create(Context& context, bool wakeup) {
 }
 
 Worker::~Worker() { ucp_worker_destroy(worker_); }
+
+unsigned Worker::Progress() {
+  Removing removing(g_descriptors);
+  return ucp_worker_progress(worker_);
+}
 
 Status Worker::SetAmHandler(unsigned id, ucp_am_recv_callback_t callback, void* arg) {
   ucp_am_handler_param_t p{};
@@ -219,6 +264,7 @@ Status Endpoint::Create(ucp_ep_params_t& params) {
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = &Endpoint::ErrorCallback;
   params.err_handler.arg = this;
+  Creating creating(g_descriptors);
   ucs_status_t st = ucp_ep_create(worker_.get(), &params, &ep_);
   if (st != UCS_OK) {
     ep_ = nullptr;
@@ -239,7 +285,12 @@ void Endpoint::Close(bool force) {
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   p.flags = (force || failed_) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-  ucs_status_ptr_t req = ucp_ep_close_nbx(ep_, &p);
+  ucs_status_ptr_t req;
+  {
+    Removing removing(g_descriptors);
+    req = ucp_ep_close_nbx(ep_, &p);
+    ucp_worker_progress(worker_.get());  // the drain (see g_descriptors)
+  }
   ep_ = nullptr;
   // A graceful close waits for the peer; bound it so a dead peer cannot hang the caller.
   bool pending = false;
@@ -325,7 +376,9 @@ Result<std::unique_ptr<Listener>> Listener::Create(Worker& worker, const std::st
     static_cast<Listener*>(arg)->pending_.push_back(request);
   };
   lp.conn_handler.arg = l.get();
+  Creating creating(g_descriptors);
   ucs_status_t st = ucp_listener_create(worker.get(), &lp, &l->listener_);
+  creating.unlock();
   freeaddrinfo(res);
   if (st != UCS_OK) {
     l->listener_ = nullptr;

@@ -81,7 +81,9 @@ class Worker {
   Worker& operator=(const Worker&) = delete;
 
   ucp_worker_h get() const { return worker_; }
-  unsigned Progress() { return ucp_worker_progress(worker_); }
+  // One ucp_worker_progress. Serialized against creating connections, workers and listeners in
+  // any thread of the process (not against other workers' progress): see ucx.cc.
+  unsigned Progress();
 
   // Registers the handler of active message `id`. `callback` runs inside Progress().
   Status SetAmHandler(unsigned id, ucp_am_recv_callback_t callback, void* arg);
