@@ -47,6 +47,11 @@ Status NamTxn::SettleRecord(const NamTable& t, GlobalAddress record, int64_t key
   int64_t start = 0, next_check = 0;  // set at the first inconsistent copy
   std::vector<unsigned char> previous;
   int same = 0;
+  // A locked record is re-read at once kLockedRereads times, then after pauses doubling from
+  // 20 µs up to kMaxLockedPauseNs.
+  constexpr int kLockedRereads = 3;
+  constexpr int64_t kMaxLockedPauseNs = 500'000;
+  int64_t locked_pause_ns = 10'000;
   for (int tries = 0;; ++tries) {
     if (tries > 0) {
       FARPOOL_RETURN_IF_ERROR(s_.access_.Read(record, image->bytes.data(), image->bytes.size()));
@@ -89,7 +94,14 @@ Status NamTxn::SettleRecord(const NamTable& t, GlobalAddress record, int64_t key
       }
       previous = image->bytes;
     }
-    if (tries > 16) std::this_thread::yield();
+    if (IsLocked(image->lock) && tries >= kLockedRereads) {
+      // A committer holds it for its remaining rounds: re-reading at once costs a round trip
+      // each (and the holder's servers the work) without ending the wait sooner.
+      locked_pause_ns = std::min<int64_t>(2 * locked_pause_ns, kMaxLockedPauseNs);
+      std::this_thread::sleep_for(std::chrono::nanoseconds(locked_pause_ns));
+    } else if (tries > 16) {
+      std::this_thread::yield();
+    }
   }
   return Status::Ok();
 }
