@@ -401,7 +401,11 @@ Result<std::unique_ptr<Listener>> Listener::Create(Worker& worker, const std::st
 }
 
 Listener::~Listener() {
-  if (listener_ != nullptr) ucp_listener_destroy(listener_);
+  if (listener_ == nullptr) return;
+  // Requests that came after the owner's last TakeRequests: rejected, else each would keep its
+  // connection's handler on the worker's async context after the worker is gone.
+  for (ucp_conn_request_h r : pending_) ucp_listener_reject(listener_, r);
+  ucp_listener_destroy(listener_);
 }
 
 std::vector<ucp_conn_request_h> Listener::TakeRequests() {
