@@ -453,16 +453,22 @@ Result<ThreadContext*> Pool::Impl::Local() {
   };
   thread_local Cache cache;
   if (cache.generation == generation_) return cache.context;
-  std::lock_guard lock(contexts_mu_);
-  auto& slot = contexts_[std::this_thread::get_id()];
-  if (!slot) {
-    auto created = CreateThreadContext();
-    if (!created.ok()) {
-      contexts_.erase(std::this_thread::get_id());
-      return created.status();
+  const auto me = std::this_thread::get_id();
+  {
+    std::lock_guard lock(contexts_mu_);
+    auto it = contexts_.find(me);
+    if (it != contexts_.end()) {
+      cache = {generation_, it->second.get()};
+      return cache.context;
     }
-    slot = std::move(*created);
   }
+  // Connecting costs round trips to every server (a hello each, with the challenge): not under
+  // contexts_mu_, or every other thread's first call (the database's lease renewals among
+  // them) would wait for all of them, seconds on a loaded host.
+  FARPOOL_ASSIGN_OR_RETURN(std::unique_ptr<ThreadContext> created, CreateThreadContext());
+  std::lock_guard lock(contexts_mu_);
+  auto& slot = contexts_[me];
+  slot = std::move(created);
   cache = {generation_, slot.get()};
   return slot.get();
 }
