@@ -19,10 +19,6 @@
 #include "bench/run_context.h"
 #include "farpool/pool.h"
 
-#ifndef FARPOOL_GIT_SHA
-#define FARPOOL_GIT_SHA "unknown"
-#endif
-
 namespace farpool {
 namespace {
 

@@ -5,6 +5,8 @@
 #include <ctime>
 #include <thread>
 
+#include "farpool_version.h"  // generated at build time: cmake/version.cmake
+
 namespace farpool {
 
 nlohmann::json RunContext() {
