@@ -115,6 +115,12 @@ def soak_one(workload: str, seconds: float, args: argparse.Namespace) -> dict:
             deadline = time.monotonic() + args.interval
             while bench.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.1)
+        # Client processes the bench leaves behind (it died, or was evicted) hold its pipes
+        # open: they go with it, or communicate() would wait for them.
+        try:
+            os.killpg(bench.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         out, err = bench.communicate()
         wall = time.monotonic() - start
         try:
