@@ -216,7 +216,10 @@ using Message = transport::Message<Opcode>;
 // This format for the frame codec.
 const transport::FrameFormat& Format();
 
+// Never reads outside `bytes`, which must outlive the Message: decoding a temporary buffer
+// does not compile.
 Result<Message> Decode(std::span<const std::byte> bytes);
+Result<Message> Decode(std::vector<std::byte>&& bytes) = delete;
 
 // Builds header + body + tail.
 template <typename Body>

@@ -27,6 +27,15 @@ using namespace std::chrono_literals;
 
 bool HaveSqlite3() { return std::system("command -v sqlite3 >/dev/null 2>&1") == 0; }
 
+// The environment a sqlite3 CLI of this test runs with, as a shell prefix. In the
+// ThreadSanitizer build an instrumented extension loads only into a process that has the
+// runtime: the CLI (and only it: the shell does not run under a preloaded runtime) gets it.
+#ifdef FARPOOL_TSAN_RUNTIME
+constexpr const char* kCliEnv = "LD_PRELOAD=" FARPOOL_TSAN_RUNTIME " ";
+#else
+constexpr const char* kCliEnv = "";
+#endif
+
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream s;
@@ -76,7 +85,7 @@ class SqliteVfsTest : public ::testing::Test {
     const std::string file =
         Path("script-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + ".sql");
     std::ofstream(file) << before << Preamble(db) << script;
-    return Shell("sqlite3 -batch < " + file);
+    return Shell(std::string(kCliEnv) + "sqlite3 -batch < " + file);
   }
   // Runs `command` with sh, stderr into the output too.
   static Run Shell(const std::string& command) {
@@ -101,6 +110,9 @@ class SqliteVfsTest : public ::testing::Test {
         dup2(out, 1);
         dup2(out, 2);
         close(fds[1]);
+#ifdef FARPOOL_TSAN_RUNTIME
+        setenv("LD_PRELOAD", FARPOOL_TSAN_RUNTIME, 1);
+#endif
         execlp("sqlite3", "sqlite3", "-batch", nullptr);
         _exit(127);
       }
@@ -117,7 +129,12 @@ class SqliteVfsTest : public ::testing::Test {
     void Send(const std::string& text) {
       ASSERT_EQ(write(in_, text.data(), text.size()), static_cast<ssize_t>(text.size()));
     }
-    // Waits until `path` exists (the CLI ran `.system touch path`).
+    // The commands after which the CLI writes the file `path` itself (`.once`: no shell, which
+    // `.system` would start and which cannot run under the ThreadSanitizer build's preload).
+    static std::string Touch(const std::string& path) {
+      return ".once " + path + "\nSELECT 'done';\n";
+    }
+    // Waits until `path` exists (the CLI ran Touch(path)).
     bool WaitFor(const std::string& path, std::chrono::seconds limit = 20s) {
       const auto deadline = std::chrono::steady_clock::now() + limit;
       while (!std::filesystem::exists(path)) {
@@ -181,7 +198,7 @@ class SqliteVfsTest : public ::testing::Test {
   void Hold(Interactive& a, const std::string& db, const std::string& statements) {
     CreateRows(db);
     const std::string ready = Path(db + ".ready");
-    a.Send(Preamble(db) + statements + ".system touch " + ready + "\n");
+    a.Send(Preamble(db) + statements + Interactive::Touch(ready));
     ASSERT_TRUE(a.WaitFor(ready)) << a.Output();
   }
   // `a` takes RESERVED on `db` with an insert it leaves uncommitted.
@@ -206,7 +223,7 @@ TEST_F(SqliteVfsTest, TheCliWritesAndAnotherProcessReads) {
   CreateRows("rows.db");
   ExpectRows("rows.db");
   // The command line of docs/files.md, with the cluster from the environment.
-  Run r = Shell(std::string("FARPOOL_CLUSTER=") + cluster_->cluster_file() +
+  Run r = Shell(std::string(kCliEnv) + "FARPOOL_CLUSTER=" + cluster_->cluster_file() +
                 " sqlite3 -batch -cmd '.load " + FARPOOL_VFS_EXTENSION +
                 "' -cmd '.open file:rows.db?vfs=farpool' :memory: 'SELECT count(*) FROM t;'");
   EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -215,8 +232,8 @@ TEST_F(SqliteVfsTest, TheCliWritesAndAnotherProcessReads) {
 
 TEST_F(SqliteVfsTest, NoClusterAndTooLongNamesAreExplained) {
   // The CLI goes on with its in-memory database: its exit code says nothing here.
-  const std::string out = Shell(std::string("env -u FARPOOL_CLUSTER sqlite3 -batch -cmd '.load ") +
-                                FARPOOL_VFS_EXTENSION +
+  const std::string out = Shell(std::string("env -u FARPOOL_CLUSTER ") + kCliEnv +
+                                "sqlite3 -batch -cmd '.load " + FARPOOL_VFS_EXTENSION +
                                 "' -cmd '.log stderr' -cmd '.open file:x.db?vfs=farpool' "
                                 ":memory: 'SELECT 1;'")
                               .output;
@@ -310,9 +327,8 @@ TEST_F(SqliteVfsTest, ConnectionsOfOneProcessShareItsLockLikeTwoProcesses) {
   ASSERT_NO_FATAL_FAILURE(Hold(a, "handles.db", "BEGIN;\nSELECT count(*) FROM t;\n"));
   const std::string second = Path("handles.second");
   a.Send(".connection 1\n" + OpenLine("handles.db") +
-         ".timeout 0\nSELECT count(*) FROM t;\nUPDATE t SET v = v + 1 WHERE id = 1;\n"
-         ".system touch " +
-         second + "\n");
+         ".timeout 0\nSELECT count(*) FROM t;\nUPDATE t SET v = v + 1 WHERE id = 1;\n" +
+         Interactive::Touch(second));
   ASSERT_TRUE(a.WaitFor(second)) << a.Output();
   // Connection 1's write needed EXCLUSIVE while connection 0 reads.
   EXPECT_NE(a.Output().find("database is locked"), std::string::npos) << a.Output();

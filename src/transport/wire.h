@@ -253,8 +253,10 @@ static_assert(sizeof(GoodbyeReply) == 8);
 // A decoded message: the header plus views into the caller's buffer.
 using Message = transport::Message<Opcode>;
 
-// Validates and splits one received message. Never reads outside `bytes`.
+// Validates and splits one received message. Never reads outside `bytes`, which must outlive
+// the Message (its views point into them): decoding a temporary buffer does not compile.
 Result<Message> Decode(std::span<const std::byte> bytes);
+Result<Message> Decode(std::vector<std::byte>&& bytes) = delete;
 
 // Encodes header + body + tail into one buffer; instantiated in wire.cc for exactly the body
 // structs above.

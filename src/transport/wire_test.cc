@@ -47,7 +47,8 @@ TEST(Wire, EveryMessageRoundTrips) {
   challenge.server_nonce[0] = 0x11;
   challenge.server_nonce[31] = 0x22;
   challenge.flags = kChallengeOpen;
-  auto cm = Decode(Encode(11, challenge));
+  const auto cbytes = Encode(11, challenge);
+  auto cm = Decode(cbytes);
   ASSERT_TRUE(cm.ok()) << cm.status().ToString();
   EXPECT_EQ(cm->opcode, Opcode::kChallengeReply);
   EXPECT_EQ(cm->As<ChallengeReply>().server_nonce[31], 0x22);
@@ -56,7 +57,8 @@ TEST(Wire, EveryMessageRoundTrips) {
   proved.client_nonce = 5;
   proved.flags = kHelloHasProof;
   proved.proof[31] = 0x77;
-  auto provedm = Decode(Encode(12, proved));
+  const auto provedbytes = Encode(12, proved);
+  auto provedm = Decode(provedbytes);
   ASSERT_TRUE(provedm.ok());
   EXPECT_EQ(provedm->As<HelloRequest>().proof[31], 0x77);
   // A hello cut short by its proof is refused, not read past its end.
@@ -70,14 +72,16 @@ TEST(Wire, EveryMessageRoundTrips) {
   pin.start_time = 123456;
   pin.boot_id[15] = 0x5a;
   pin.flags = kHelloWantsMap;
-  auto pm = Decode(Encode(9, pin));
+  const auto pbytes = Encode(9, pin);
+  auto pm = Decode(pbytes);
   ASSERT_TRUE(pm.ok()) << pm.status().ToString();
   const auto back = pm->As<HelloRequest>();
   EXPECT_EQ(back.start_time, 123456u);
   EXPECT_EQ(back.boot_id[15], 0x5a);
   EXPECT_EQ(back.flags, kHelloWantsMap);
 
-  auto em = Decode(Encode(10, EvictReply{3, kEvictKilled | kEvictExited}));
+  const auto ebytes = Encode(10, EvictReply{3, kEvictKilled | kEvictExited});
+  auto em = Decode(ebytes);
   ASSERT_TRUE(em.ok());
   EXPECT_EQ(em->opcode, Opcode::kEvictReply);
   EXPECT_EQ(em->As<EvictReply>().connections_closed, 3u);
@@ -94,7 +98,8 @@ TEST(Wire, RejectsEvictAndGoodbyeMessagesOfTheWrongSize) {
     long_body.push_back(std::byte{0});
     EXPECT_FALSE(Decode(long_body).ok());
   }
-  auto gm = Decode(Encode(4, GoodbyeRequest{0xfeed}));
+  const auto gbytes = Encode(4, GoodbyeRequest{0xfeed});
+  auto gm = Decode(gbytes);
   ASSERT_TRUE(gm.ok()) << gm.status().ToString();
   EXPECT_EQ(gm->opcode, Opcode::kGoodbyeRequest);
   EXPECT_EQ(gm->As<GoodbyeRequest>().tag, 0xfeedu);
@@ -121,20 +126,23 @@ TEST(Wire, ErrorRepliesCarryCodeAndReason) {
 TEST(Wire, EveryStatusCodeCrossesTheWireAndNoOtherNumberDoes) {
   for (auto c = static_cast<uint32_t>(StatusCode::kInvalidArgument);
        c <= static_cast<uint32_t>(kLastStatusCode); ++c) {
-    auto m = Decode(EncodeError(1, Status(static_cast<StatusCode>(c), "why")));
+    const auto bytes = EncodeError(1, Status(static_cast<StatusCode>(c), "why"));
+    auto m = Decode(bytes);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     EXPECT_EQ(static_cast<uint32_t>(DecodeError(*m).code()), c);
     EXPECT_NE(StatusCodeName(static_cast<StatusCode>(c)), "Unknown");
   }
-  auto beyond = Decode(EncodeError(
-      1, Status(static_cast<StatusCode>(static_cast<uint32_t>(kLastStatusCode) + 1), "why")));
+  const auto beyond_bytes = EncodeError(
+      1, Status(static_cast<StatusCode>(static_cast<uint32_t>(kLastStatusCode) + 1), "why"));
+  auto beyond = Decode(beyond_bytes);
   ASSERT_TRUE(beyond.ok());
   EXPECT_EQ(DecodeError(*beyond).code(), StatusCode::kProtocol);
 }
 
 TEST(Wire, LongErrorReasonsAreCutToTheTailLimit) {
-  auto m =
-      Decode(EncodeError(2, Status::Internal(std::string(3 * transport::kMaxDeclaredTail, 'x'))));
+  const auto bytes =
+      EncodeError(2, Status::Internal(std::string(3 * transport::kMaxDeclaredTail, 'x')));
+  auto m = Decode(bytes);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   Status s = DecodeError(*m);
   EXPECT_EQ(s.code(), StatusCode::kInternal);
@@ -152,27 +160,28 @@ TEST(Wire, RejectsTruncatedMessagesAtEveryLength) {
 
 TEST(Wire, RejectsWrongMagicVersionOpcodeAndSizes) {
   auto base = Encode(1, LeaseRequest{4096});
-  auto patch = [&](size_t offset, auto value) {
+  // What decoding `base` with `value` written at `offset` says.
+  auto decode_patched = [&](size_t offset, auto value) -> Status {
     auto b = base;
     std::memcpy(b.data() + offset, &value, sizeof(value));
-    return b;
+    auto m = Decode(b);
+    return m.ok() ? Status::Ok() : m.status();
   };
-  auto magic = Decode(patch(0, uint32_t{0xdeadbeef}));
-  EXPECT_NE(magic.status().message().find("magic"), std::string::npos);
-  auto version = Decode(patch(4, uint16_t{kVersion + 1}));
+  Status magic = decode_patched(0, uint32_t{0xdeadbeef});
+  EXPECT_NE(magic.message().find("magic"), std::string::npos);
+  Status version = decode_patched(4, uint16_t{kVersion + 1});
   ASSERT_FALSE(version.ok());
-  EXPECT_NE(
-      version.status().message().find("version " + std::to_string(kVersion + 1) + " not supported"),
-      std::string::npos);
+  EXPECT_NE(version.message().find("version " + std::to_string(kVersion + 1) + " not supported"),
+            std::string::npos);
   // A version-1 hello is refused by its version, before its size is looked at.
   auto old = Encode(1, HelloRequest{});
   std::memcpy(old.data() + 4, "\x01\x00", 2);
   EXPECT_NE(Decode(old).status().message().find("version 1"), std::string::npos);
-  auto opcode = Decode(patch(6, uint16_t{999}));
-  EXPECT_NE(opcode.status().message().find("unknown opcode 999"), std::string::npos);
-  EXPECT_FALSE(Decode(patch(8, uint32_t{9})).ok());         // body_size lies (short)
-  EXPECT_FALSE(Decode(patch(8, uint32_t{1u << 31})).ok());  // body_size lies (huge)
-  EXPECT_FALSE(Decode(patch(12, uint32_t{1})).ok());        // reserved flags set
+  Status opcode = decode_patched(6, uint16_t{999});
+  EXPECT_NE(opcode.message().find("unknown opcode 999"), std::string::npos);
+  EXPECT_FALSE(decode_patched(8, uint32_t{9}).ok());         // body_size lies (short)
+  EXPECT_FALSE(decode_patched(8, uint32_t{1u << 31}).ok());  // body_size lies (huge)
+  EXPECT_FALSE(decode_patched(12, uint32_t{1}).ok());        // reserved flags set
   auto longer = base;
   longer.push_back(std::byte{0});
   EXPECT_FALSE(Decode(longer).ok());  // trailing garbage
