@@ -1236,8 +1236,8 @@ size_t Batch::posted() const { return state_->posted; }
 
 namespace {
 // Whether an operation of `size` bytes on a target whose server takes batch messages
-// (Target::messages) travels inside the message. Larger ones are split into pieces that do
-// (Batch::Read, Batch::Write).
+// (Target::messages) travels inside the message. Larger writes are split into pieces that do
+// (Batch::Write); larger reads are one-sided.
 bool InMessage(bool messages, uint64_t size) {
   return messages && size <= memory_ops::kMaxInlineBytes;
 }
@@ -1255,13 +1255,6 @@ Status ForEachPiece(uint64_t size, const std::function<Status(uint64_t, uint64_t
 Status Batch::Read(GlobalAddress source, void* destination, uint64_t size) {
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Resolve(source, size, "read", false));
-  if (t.direct == nullptr && t.messages && !InMessage(t.messages, size)) {
-    // Pieces in messages, all sent at Wait: over TCP one-sided gets and puts are emulated by
-    // the server's progress and were 10-25x slower per byte than eager messages (docs/pool.md).
-    return ForEachPiece(size, [&](uint64_t at, uint64_t length) {
-      return Read(source + at, static_cast<std::byte*>(destination) + at, length);
-    });
-  }
   if (t.direct == nullptr && InMessage(t.messages, size)) {
     FARPOOL_RETURN_IF_ERROR(
         Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kRead), size));
@@ -1292,6 +1285,10 @@ Status Batch::Write(GlobalAddress destination, const void* source, uint64_t size
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Resolve(destination, size, "write", false));
   if (t.direct == nullptr && t.messages && !InMessage(t.messages, size)) {
+    // Pieces in messages, all sent at Wait: over TCP a one-sided put is emulated by the
+    // server's progress and was 1.4-2.3x slower than messages (6x on a loaded host). Large
+    // reads stay one-sided: in messages they were faster alone but 2.5x slower through the
+    // FUSE mount (docs/pool.md).
     return ForEachPiece(size, [&](uint64_t at, uint64_t length) {
       return Write(destination + at, static_cast<const std::byte*>(source) + at, length);
     });
