@@ -205,6 +205,7 @@ Status ShardedDatabase::Init() {
   transport::Context::Options copts;
   copts.fabric = fabric;
   copts.wakeup = true;
+  for (const ServerAddress& a : partitions_) copts.reach.push_back(a.host);
   FARPOOL_ASSIGN_OR_RETURN(context_, transport::Context::Create(copts));
   FARPOOL_ASSIGN_OR_RETURN(admin_, Client::Connect(*context_, partitions_, &admin_counters_));
   // Fail early if the cluster does not answer.

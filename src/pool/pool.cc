@@ -310,6 +310,7 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
   transport::Context::Options copts;
   copts.fabric = fabric_;
   copts.wakeup = true;  // the monitor sleeps on its worker
+  for (const ServerAddress& a : cluster.servers) copts.reach.push_back(a.host);
   FARPOOL_ASSIGN_OR_RETURN(context_, transport::Context::Create(copts));
 
   // The connecting thread's context learns every region (and, with direct access, maps it).

@@ -1,14 +1,18 @@
 #include "transport/ucx.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 
@@ -116,6 +120,12 @@ Result<std::unique_ptr<Context>> Context::Create(const Options& options) {
   Status s = modify("TLS", TransportList(options.fabric));
   if (s.ok()) s = modify("ALLOC_PRIO", kAllocPriority);
   if (s.ok()) s = modify("KEEPALIVE_INTERVAL", std::to_string(options.keepalive.count()) + "ms");
+  if (s.ok() && !options.reach.empty() &&
+      (options.fabric != Fabric::kAuto || !RdmaDevicesPresent())) {
+    // RDMA devices are no interfaces of the routing table: where they may be used, UCX chooses.
+    const std::string devices = InterfacesToward(options.reach);
+    if (!devices.empty()) s = modify("NET_DEVICES", devices);
+  }
   if (!s.ok()) {
     ucp_config_release(config);
     return s;
@@ -467,6 +477,65 @@ std::byte* RemoteKey::DirectPointer(uint64_t remote_base) const {
   void* p = nullptr;
   if (ucp_rkey_ptr(rkey_, remote_base, &p) != UCS_OK) return nullptr;
   return static_cast<std::byte*>(p);
+}
+
+namespace {
+// The local address this host's routing table would send traffic to `host` from.
+std::optional<sockaddr_storage> SourceAddressToward(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), "9", &hints, &res) != 0 || res == nullptr) return std::nullopt;
+  std::optional<sockaddr_storage> out;
+  const int fd = socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) out = local;
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(res);
+  return out;
+}
+
+bool SameAddress(const sockaddr* a, const sockaddr_storage& b) {
+  if (a == nullptr || a->sa_family != b.ss_family) return false;
+  if (a->sa_family == AF_INET) {
+    return reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr ==
+           reinterpret_cast<const sockaddr_in*>(&b)->sin_addr.s_addr;
+  }
+  if (a->sa_family == AF_INET6) {
+    return std::memcmp(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr,
+                       &reinterpret_cast<const sockaddr_in6*>(&b)->sin6_addr,
+                       sizeof(in6_addr)) == 0;
+  }
+  return false;
+}
+}  // namespace
+
+std::string InterfacesToward(const std::vector<std::string>& hosts) {
+  ifaddrs* interfaces = nullptr;
+  if (getifaddrs(&interfaces) != 0) return "";
+  std::vector<std::string> names;
+  bool all = true;
+  for (const std::string& host : hosts) {
+    const auto source = SourceAddressToward(host);
+    std::string name;
+    for (ifaddrs* i = interfaces; source && i != nullptr && name.empty(); i = i->ifa_next) {
+      if (SameAddress(i->ifa_addr, *source)) name = i->ifa_name;
+    }
+    if (name.empty()) {
+      all = false;
+      break;
+    }
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  }
+  freeifaddrs(interfaces);
+  if (!all) return "";
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ",") + n;
+  return out;
 }
 
 bool RdmaDevicesPresent() {

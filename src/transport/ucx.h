@@ -53,6 +53,10 @@ class Context {
     // Interval of UCX's keepalive between endpoints: how quickly a peer that died without
     // closing its connection is noticed.
     std::chrono::milliseconds keepalive = std::chrono::milliseconds(500);
+    // The hosts this context's endpoints will connect to. Unless RDMA may carry them (kAuto on
+    // a host with RDMA devices), UCX's TCP lanes are then kept to the interfaces that route to
+    // them (UCX_NET_DEVICES = InterfacesToward(reach)); empty: UCX offers every interface.
+    std::vector<std::string> reach;
   };
   static Result<std::unique_ptr<Context>> Create(const Options& options);
   ~Context();
@@ -176,6 +180,15 @@ class Listener {
 // Whether this host has RDMA devices (InfiniBand, RoCE, iWARP) that UCX could use: where it
 // has none, the auto fabric reaches other hosts over TCP.
 bool RdmaDevicesPresent();
+
+// The names of this host's interfaces that its routing table sends traffic to `hosts` through
+// (a connected UDP socket's local address, matched against the interfaces' addresses; no
+// packet is sent), comma-separated, each once: what Context::Options::reach sets, so that
+// UCX's TCP lanes leave through an interface that reaches the peers. UCX otherwise offers every
+// interface, and a lane over one that cannot reach a peer (another cluster's bridge, a second
+// NIC on another network) fails the connection. Empty if any host cannot be resolved or
+// routed: then UCX chooses.
+std::string InterfacesToward(const std::vector<std::string>& hosts);
 
 // Posts an active message on `ep` eagerly without waiting for it; `bytes` are kept alive until
 // UCX is done with them. For messages that must never block the caller's loop: a server's
