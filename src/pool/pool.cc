@@ -1243,14 +1243,6 @@ bool InMessage(bool messages, uint64_t size) {
   return messages && size <= memory_ops::kMaxInlineBytes;
 }
 
-// Splits [0, size) into pieces of at most kMaxInlineBytes, calling piece(offset, length) for
-// each until one fails.
-Status ForEachPiece(uint64_t size, const std::function<Status(uint64_t, uint64_t)>& piece) {
-  for (uint64_t done = 0; done < size; done += memory_ops::kMaxInlineBytes) {
-    FARPOOL_RETURN_IF_ERROR(piece(done, std::min(memory_ops::kMaxInlineBytes, size - done)));
-  }
-  return Status::Ok();
-}
 }  // namespace
 
 Status Batch::Read(GlobalAddress source, void* destination, uint64_t size) {
@@ -1290,9 +1282,11 @@ Status Batch::Write(GlobalAddress destination, const void* source, uint64_t size
     // server's progress and was 1.4-2.3x slower than messages (6x on a loaded host). Large
     // reads stay one-sided: in messages they were faster alone but 2.5x slower through the
     // FUSE mount (docs/pool.md).
-    return ForEachPiece(size, [&](uint64_t at, uint64_t length) {
-      return Write(destination + at, static_cast<const std::byte*>(source) + at, length);
-    });
+    for (uint64_t at = 0; at < size; at += memory_ops::kMaxInlineBytes) {
+      FARPOOL_RETURN_IF_ERROR(Write(destination + at, static_cast<const std::byte*>(source) + at,
+                                    std::min(memory_ops::kMaxInlineBytes, size - at)));
+    }
+    return Status::Ok();
   }
   if (t.direct == nullptr && InMessage(t.messages, size)) {
     FARPOOL_RETURN_IF_ERROR(
