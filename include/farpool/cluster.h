@@ -49,6 +49,12 @@ struct ClusterConfig {
   // As written in the file; Load resolves a relative name against the file's directory.
   // Empty: no secret.
   std::string secret_file;
+  // Copies of every byte (docs/pool.md "Replication"): 0, or 1 with at least 2 servers: the
+  // backup of servers[i] is servers[(i + 1) % n], which mirrors it and takes its data over
+  // when a client finds it gone.
+  int replicas = 0;
+  // The index in `servers` of the backup of servers[index] (replicas 1).
+  size_t BackupOf(size_t index) const { return (index + 1) % servers.size(); }
 
   // The secret_file of a loaded config is an absolute path (or relative to the working
   // directory if `path` was).

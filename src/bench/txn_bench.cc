@@ -58,11 +58,25 @@ Result<Tables> OpenTables(Database& db, const std::string& workload) {
   return t;
 }
 
+TxnCounters Sum(const TxnCounters& a, const TxnCounters& b) {
+  TxnCounters c;
+  c.reads = a.reads + b.reads;
+  c.writes = a.writes + b.writes;
+  c.cas = a.cas + b.cas;
+  c.faa = a.faa + b.faa;
+  c.messages = a.messages + b.messages;
+  c.round_trips = a.round_trips + b.round_trips;
+  c.commits = a.commits + b.commits;
+  c.aborts = a.aborts + b.aborts;
+  return c;
+}
+
 struct ThreadStats {
   uint64_t commits = 0, aborts = 0;
   TxnCounters ops_start, ops_end;
   std::vector<uint32_t> latency_ns;  // sampled
   uint64_t max_ns = 0;               // every committed transaction, retries included
+  uint64_t session_restarts = 0;     // sessions given up after a server failed over
   Status status;
 };
 
@@ -80,7 +94,10 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
         st.status = session.status();
         return;
       }
-      Session& s = **session;
+      std::unique_ptr<Session> owned = std::move(*session);
+      Session* current = owned.get();
+      // The counters of sessions this thread gave up (a server failed over under them).
+      TxnCounters retired{};
       std::mt19937_64 rng(o.seed * 1000003 + cid * 1009 + th);
       const uint64_t na =
           o.workload == "bank" ? o.accounts : workloads::kTpcbAccountsPerBranch * o.scale;
@@ -96,8 +113,8 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
         if (now >= until) break;
         if (!measuring && now >= measure_from) {
           measuring = true;
-          st.ops_start = s.counters();
-          aborts_before = s.counters().aborts;
+          st.ops_start = Sum(retired, current->counters());
+          aborts_before = st.ops_start.aborts;
         }
         Status r;
         const auto t0 = Clock::now();
@@ -105,7 +122,7 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
           const int64_t from = rng() % na, to = rng() % na;
           const int64_t amount = 1 + rng() % 100;
           r = RunTransaction(
-              s,
+              *current,
               [&](Transaction& txn) {
                 return workloads::BankTransfer(txn, *tables.accounts, from, to, amount);
               },
@@ -122,10 +139,24 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
                                    : p.history_key - int64_t(o.history_keep);
           p.mtime_ms = static_cast<int64_t>(WallMs());
           r = RunTransaction(
-              s, [&](Transaction& txn) { return workloads::TpcbTransaction(txn, tables.tpcb, p); },
+              *current,
+              [&](Transaction& txn) { return workloads::TpcbTransaction(txn, tables.tpcb, p); },
               kAttempts);
         }
         const auto t1 = Clock::now();
+        if (!r.ok() && r.code() == StatusCode::kUnavailable && st.session_restarts < 3) {
+          // A server failed over to its backup under the transaction (replicas 1): its outcome
+          // is unknown to this session, which stops; recovery settles it after its lease. The
+          // thread goes on with a new session (docs/pool.md, Replication).
+          retired = Sum(retired, current->counters());
+          auto fresh = db.NewSession();
+          if (fresh.ok()) {
+            ++st.session_restarts;
+            owned = std::move(*fresh);
+            current = owned.get();
+            continue;
+          }
+        }
         if (!r.ok()) {
           st.status = r;
           return;
@@ -141,14 +172,14 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
           }
         }
       }
-      st.ops_end = s.counters();
+      st.ops_end = Sum(retired, current->counters());
       st.aborts = st.ops_end.aborts - aborts_before;
     });
   }
   for (auto& t : threads) t.join();
   nlohmann::json out;
   uint64_t commits = 0, aborts = 0, reads = 0, writes = 0, cas = 0, faa = 0, messages = 0,
-           round_trips = 0;
+           round_trips = 0, session_restarts = 0;
   std::vector<uint32_t> lat;
   uint64_t max_ns = 0;
   for (auto& st : stats) {
@@ -156,6 +187,7 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
     max_ns = std::max(max_ns, st.max_ns);
     commits += st.commits;
     aborts += st.aborts;
+    session_restarts += st.session_restarts;
     reads += st.ops_end.reads - st.ops_start.reads;
     writes += st.ops_end.writes - st.ops_start.writes;
     cas += st.ops_end.cas - st.ops_start.cas;
@@ -171,6 +203,7 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
   out["cas"] = cas;
   out["faa"] = faa;
   out["messages"] = messages;
+  out["session_restarts"] = session_restarts;
   out["round_trips"] = round_trips;
   out["latency_ns"] = lat;
   out["max_ns"] = max_ns;
@@ -258,14 +291,15 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
     }
   }
   FARPOOL_RETURN_IF_ERROR(Load(*db, o).status());
-  nlohmann::json merged = {{"commits", 0}, {"aborts", 0}, {"reads", 0},    {"writes", 0},
-                           {"cas", 0},     {"faa", 0},    {"messages", 0}, {"round_trips", 0}};
+  nlohmann::json merged = {{"commits", 0},  {"aborts", 0},      {"reads", 0},
+                           {"writes", 0},   {"cas", 0},         {"faa", 0},
+                           {"messages", 0}, {"round_trips", 0}, {"session_restarts", 0}};
   std::vector<uint32_t> lat;
   uint64_t max_ns = 0;
   auto absorb = [&](const nlohmann::json& j) {
     max_ns = std::max(max_ns, j["max_ns"].get<uint64_t>());
-    for (const char* k :
-         {"commits", "aborts", "reads", "writes", "cas", "faa", "messages", "round_trips"}) {
+    for (const char* k : {"commits", "aborts", "reads", "writes", "cas", "faa", "messages",
+                          "round_trips", "session_restarts"}) {
       merged[k] = merged[k].get<uint64_t>() + j[k].get<uint64_t>();
     }
     auto l = j["latency_ns"].get<std::vector<uint32_t>>();
@@ -338,6 +372,7 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
     r["scale"] = o.scale;
   r["commits"] = merged["commits"];
   r["aborts"] = merged["aborts"];
+  r["session_restarts"] = merged["session_restarts"];
   r["tps"] = commits / o.seconds;
   r["p50_us"] = Percentile(lat, 0.50);
   r["p99_us"] = Percentile(lat, 0.99);

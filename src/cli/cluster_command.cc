@@ -21,6 +21,7 @@ struct ClusterArgs {
   std::string transport = "auto";
   std::string progress;  // empty: chosen from the cores (ChooseProgressMode)
   bool netns = false;
+  int replicas = 0;
   std::string delay;
   bool json = false;
 };
@@ -51,6 +52,7 @@ int Up(const ClusterArgs& a) {
   if (!progress.ok()) return Fail("--progress: " + progress.status().message());
   o.progress = *progress;
   o.netns = a.netns;
+  o.replicas = a.replicas;
   if (!a.delay.empty()) {
     auto d = ParseDuration(a.delay);
     if (!d.ok()) return Fail("--delay: " + d.status().message());
@@ -59,9 +61,10 @@ int Up(const ClusterArgs& a) {
   o.binary = SelfBinary();
   Status s = ClusterUp(o);
   if (!s.ok()) return Fail("cluster up: " + s.message());
-  std::printf("cluster up: %d servers x %s in %s (transport %s, progress %s%s)\n", a.servers,
+  std::printf("cluster up: %d servers x %s in %s (transport %s, progress %s%s%s)\n", a.servers,
               FormatSize(o.memory).c_str(), ClusterFile(a.dir).c_str(), a.transport.c_str(),
-              progress_name.c_str(), a.netns ? ", network namespaces" : "");
+              progress_name.c_str(), a.netns ? ", network namespaces" : "",
+              a.replicas > 0 ? ", 1 backup of every byte" : "");
   std::printf("cluster up: cluster secret in %s (mode 0600; clients find it through %s)\n",
               SecretFile(a.dir).c_str(), ClusterFile(a.dir).c_str());
   return 0;
@@ -142,6 +145,9 @@ Command RegisterCluster(CLI::App& app) {
                  "Servers' progress: busy or event; default: busy if this process may use "
                  "more cores than there are servers, else event");
   up->add_flag("--netns", args->netns, "Each server in its own network namespace (root)");
+  up->add_option("--replicas", args->replicas,
+                 "Backups of every byte: 0 (default) or 1 (each server's region mirrored on the "
+                 "next server, which takes it over when it dies; twice the memory)");
   up->add_option("--delay", args->delay, "One-way link delay with --netns, e.g. 20us");
   CLI::App* status = sub->add_subcommand("status", "Show every server's state");
   status->add_option("--dir", args->dir, "Cluster directory")->required();

@@ -23,6 +23,8 @@ struct ServerArgs {
   std::string transport = "auto";
   std::string ready_file;
   std::string secret_file;
+  int mirror_of = -1;
+  bool replicated = false;
 };
 
 int RunServer(const ServerArgs& a) {
@@ -38,6 +40,7 @@ int RunServer(const ServerArgs& a) {
   auto fabric = ParseFabric(a.transport);
   if (!fabric.ok()) return Fail("--transport: " + fabric.status().message());
   if (a.id < 0 || a.id > 65535) return Fail("--id must be from 0 to 65535");
+  if (a.mirror_of > 65535) return Fail("--mirror-of must be from 0 to 65535");
 
   BlockTerminationSignals();  // before any thread starts: they are taken by the wait below
   // Also before any thread: it forks. Whatever kills this server, the janitor then removes its
@@ -54,6 +57,8 @@ int RunServer(const ServerArgs& a) {
   o.progress = *progress;
   o.fabric = *fabric;
   o.secret_file = a.secret_file;
+  if (a.mirror_of >= 0) o.mirror_of = static_cast<uint16_t>(a.mirror_of);
+  o.replicated = a.replicated;
   auto server = MemoryServer::Start(o);
   if (!server.ok()) return Fail(server.status().message());
   std::printf("farpool server %d listening on %s:%u, donating %s (progress %s, transport %s)\n",
@@ -97,6 +102,12 @@ Command RegisterServer(CLI::App& app) {
                   "The cluster secret (64 hex digits, mode 0600; `cluster up` writes one): "
                   "clients must prove they know it before anything is served. Without it the "
                   "server serves every client that reaches it");
+  sub->add_option("--mirror-of", args->mirror_of,
+                  "Keep a copy of server ID's region (of the same --memory), which takes it over "
+                  "if it dies: the region doubles (docs/pool.md, Replication)");
+  sub->add_flag("--replicated", args->replicated,
+                "Acknowledge no change before a backup has it: leases and batches are refused "
+                "until `cluster up` names the backup");
   return {sub, [args] { return RunServer(*args); }};
 }
 

@@ -64,6 +64,13 @@ Result<ClusterConfig> ClusterConfig::Parse(std::string_view json, std::string_vi
   if (!doc.contains("servers") || !doc["servers"].is_array() || doc["servers"].empty()) {
     return field_error("servers", "expected a non-empty array");
   }
+  if (doc.contains("replicas")) {
+    if (!doc["replicas"].is_number_unsigned() || doc["replicas"].get<uint64_t>() > 1 ||
+        (doc["replicas"].get<uint64_t>() == 1 && doc["servers"].size() < 2)) {
+      return field_error("replicas", "expected 0, or 1 with at least 2 servers");
+    }
+    config.replicas = doc["replicas"].get<int>();
+  }
   std::set<uint16_t> ids;
   for (size_t i = 0; i < doc["servers"].size(); ++i) {
     const auto& s = doc["servers"][i];
@@ -123,6 +130,7 @@ std::string ClusterConfig::ToJson() const {
   doc["version"] = 1;
   doc["transport"] = std::string(FabricName(transport));
   if (!secret_file.empty()) doc["secret_file"] = secret_file;
+  if (replicas > 0) doc["replicas"] = replicas;
   doc["servers"] = nlohmann::json::array();
   for (const ServerAddress& s : servers) {
     doc["servers"].push_back({{"id", s.id},

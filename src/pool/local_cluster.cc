@@ -16,8 +16,10 @@
 #include "common/host.h"
 #include "common/process.h"
 #include "common/units.h"
+#include "pool/control_client.h"
 #include "transport/auth.h"
 #include "transport/shm_dir.h"
+#include "transport/wire.h"
 
 namespace farpool {
 namespace fs = std::filesystem;
@@ -109,6 +111,37 @@ void TearDownNetwork(const NetNames& n, int servers) {
   (void)c;
 }
 
+// Tells every server of `config` which server is its backup (ClusterConfig::BackupOf): until
+// then a replicated server refuses every change.
+Status NameBackups(const ClusterConfig& config, const transport::ClusterSecret& secret) {
+  for (size_t i = 0; i < config.servers.size(); ++i) {
+    const ServerAddress& s = config.servers[i];
+    const ServerAddress& backup = config.servers[config.BackupOf(i)];
+    wire::HelloRequest hello{};
+    hello.client_pid = static_cast<uint64_t>(getpid());
+    hello.client_nonce = (static_cast<uint64_t>(getpid()) << 32) | 0x7001;  // tag nonzero
+    control::Connection::Options co;
+    co.name = "server " + std::to_string(s.id) + " (" + s.Endpoint() + ")";
+    co.host = s.host;
+    co.port = s.port;
+    co.secret = &secret;
+    co.fabric = Fabric::kTcp;
+    co.timeout = std::chrono::milliseconds(5000);
+    FARPOOL_ASSIGN_OR_RETURN(auto c, control::Connection::Open(co, hello));
+    wire::BackupRequest request{};
+    request.backup_id = backup.id;
+    request.port = backup.port;
+    if (backup.host.size() >= sizeof(request.host)) {
+      return Status::InvalidArgument("host name too long: " + backup.host);
+    }
+    std::memcpy(request.host, backup.host.data(), backup.host.size());
+    FARPOOL_RETURN_IF_ERROR(
+        c->Call([&](uint64_t id) { return wire::Encode(id, request); }, wire::Opcode::kBackupReply)
+            .status());
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::string ClusterFile(const std::string& dir) {
@@ -124,6 +157,13 @@ Status ClusterUp(const LocalClusterOptions& o) {
     return Status::InvalidArgument("--servers must be from 1 to 250, got " +
                                    std::to_string(o.servers));
   }
+  const int replicas = o.replicas;
+  if (replicas < 0 || replicas > 1 || (replicas == 1 && o.servers < 2)) {
+    return Status::InvalidArgument("--replicas " + std::to_string(replicas) + " with --servers " +
+                                   std::to_string(o.servers) +
+                                   ": 0, or 1 with at least 2 servers (more copies are not built "
+                                   "yet)");
+  }
   if (o.delay.count() > 0 && !o.netns) {
     return Status::InvalidArgument(
         "--delay needs --netns (the delay is put on each server's link)");
@@ -132,10 +172,12 @@ Status ClusterUp(const LocalClusterOptions& o) {
   // segment before mapping it): refuse up front what the host cannot give, instead of letting
   // the servers eat the machine's memory until the OOM killer steps in.
   uint64_t total = 0;
-  if (__builtin_mul_overflow(o.memory, static_cast<uint64_t>(o.servers), &total)) total = ~0ull;
+  if (__builtin_mul_overflow(o.memory, static_cast<uint64_t>(o.servers) * (1 + replicas), &total)) {
+    total = ~0ull;
+  }
   FARPOOL_RETURN_IF_ERROR(CheckFitsInAvailableMemory(
       total, "--servers " + std::to_string(o.servers) + " x --memory " + FormatSize(o.memory) +
-                 " (" + FormatSize(total) + " in all)"));
+                 (replicas > 0 ? " x 2 copies" : "") + " (" + FormatSize(total) + " in all)"));
   std::error_code ec;
   fs::create_directories(o.dir, ec);
   if (ec) return Status::IoError("cannot create " + o.dir + ": " + ec.message());
@@ -173,6 +215,7 @@ Status ClusterUp(const LocalClusterOptions& o) {
   ClusterConfig config;
   config.transport = o.transport;
   config.secret_file = kSecretFileName;
+  config.replicas = replicas;
   std::vector<pid_t> pids;
   auto fail = [&](const Status& s) {
     StopProcesses(pids);
@@ -194,6 +237,10 @@ Status ClusterUp(const LocalClusterOptions& o) {
                  "--memory", std::to_string(o.memory), "--chunk-size", std::to_string(o.chunk_size),
                  "--id", std::to_string(i), "--progress", std::string(ProgressModeName(o.progress)),
                  "--ready-file", ready, "--secret-file", secret_file});
+    if (replicas > 0) {
+      const int primary = (i + o.servers - 1) % o.servers;  // the one whose backup i is
+      argv.insert(argv.end(), {"--mirror-of", std::to_string(primary), "--replicated"});
+    }
     pid_t pid = SpawnDetached(argv, log, o.die_with_parent);
     if (pid < 0) return fail(Status::IoError(std::string("fork: ") + strerror(errno)));
     pids.push_back(pid);
@@ -212,6 +259,10 @@ Status ClusterUp(const LocalClusterOptions& o) {
         WaitReady(base + ".ready", pids[i], "server " + std::to_string(i), base + ".log", deadline);
     if (!port.ok()) return fail(port.status());
     config.servers[i].port = *port;
+  }
+  if (replicas > 0) {
+    Status named = NameBackups(config, secret);
+    if (!named.ok()) return fail(named.WithContext("naming the backups"));
   }
   FARPOOL_RETURN_IF_ERROR(config.Save(ClusterFile(o.dir)));
   // Every server must answer, not just listen.

@@ -36,6 +36,9 @@ struct LocalClusterOptions {
   Fabric transport = Fabric::kAuto;  // written to cluster.json for clients
   ProgressMode progress = ProgressMode::kBusy;
   bool netns = false;
+  // Backups of every byte: 0 or 1 (ClusterConfig::replicas). Not yet 1 by default: over shared
+  // memory a replicated cluster sends every change as a message (docs/pool.md, Replication).
+  int replicas = 0;
   std::chrono::nanoseconds delay{0};  // requires netns
   std::string binary;                 // path of the farpool executable
   std::chrono::seconds start_timeout{30};

@@ -233,6 +233,7 @@ void ExecuteInsertIfAbsent(const Region& region, uint64_t bucket_offset, const I
   if (const uint64_t held = cas(lock, 0, params.lock_word); held != 0) {
     return finish(InsertOutcome::kBusy, held);
   }
+  if (region.changed != nullptr) region.changed->push_back({lock, 8});
   // Under the lock, as a one-sided inserter: releases by CAS from our word.
   auto release = [&](InsertOutcome outcome, uint64_t v) {
     const uint64_t was = cas(lock, params.lock_word, 0);
@@ -268,6 +269,7 @@ void ExecuteInsertIfAbsent(const Region& region, uint64_t bucket_offset, const I
   // The key first (the entry is free: readers skip it), then the value word by CAS, which
   // makes the entry live in one atomic step.
   __atomic_store_n(word(free_entry), key, __ATOMIC_SEQ_CST);
+  if (region.changed != nullptr) region.changed->push_back({free_entry, 16});
   if (const uint64_t was = cas(free_entry + 8, 0, value); was != 0) {
     const uint64_t unlocked = cas(lock, params.lock_word, 0);
     (void)unlocked;  // broken either way: someone filled the entry under our lock
@@ -364,6 +366,7 @@ Result<std::vector<std::byte>> Execute(uint32_t op_count, std::span<const std::b
     if (h.reserved[0] != 0 || h.reserved[1] != 0 || h.reserved[2] != 0) {
       return bad("reserved bytes are not zero");
     }
+    if (region.writes_only && kind != OpKind::kWrite) return bad("only writes are accepted here");
     auto bad_op = [&](const std::string& why) {
       return bad(std::string(KindName(kind)) + " of " + std::to_string(h.size) +
                  " bytes at offset " + std::to_string(h.offset) + ": " + why);
@@ -434,11 +437,15 @@ Result<std::vector<std::byte>> Execute(uint32_t op_count, std::span<const std::b
         break;
       case OpKind::kWrite:
         FarWrite(target, c.data, c.header.size);
+        if (region.changed != nullptr) region.changed->push_back({c.header.offset, c.header.size});
         break;
       case OpKind::kCompareAndSwap: {
         uint64_t expected = c.header.operand;
         __atomic_compare_exchange_n(reinterpret_cast<uint64_t*>(target), &expected,
                                     c.header.desired, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+        if (region.changed != nullptr && expected == c.header.operand) {
+          region.changed->push_back({c.header.offset, 8});
+        }
         std::memcpy(out, &expected, sizeof(expected));  // the previous value either way
         out += sizeof(expected);
         break;
@@ -446,6 +453,7 @@ Result<std::vector<std::byte>> Execute(uint32_t op_count, std::span<const std::b
       case OpKind::kFetchAdd: {
         const uint64_t previous = __atomic_fetch_add(reinterpret_cast<uint64_t*>(target),
                                                      c.header.operand, __ATOMIC_SEQ_CST);
+        if (region.changed != nullptr) region.changed->push_back({c.header.offset, 8});
         std::memcpy(out, &previous, sizeof(previous));
         out += sizeof(previous);
         break;

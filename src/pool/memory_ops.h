@@ -171,6 +171,12 @@ class RequestBuilder {
   uint64_t reply_size_ = 0;
 };
 
+// Bytes of a region: [offset, offset + size).
+struct Range {
+  uint64_t offset;
+  uint64_t size;
+};
+
 // The region a server executes requests on.
 struct Region {
   std::byte* base = nullptr;
@@ -179,6 +185,12 @@ struct Region {
   std::function<bool(uint64_t offset, uint64_t size)> accessible;
   // The server's id: lookup-reads follow only addresses on this server.
   uint16_t server_id = 0;
+  // If set, every range an operation may have changed is appended (a primary forwards their
+  // bytes to its backup): writes, compare-and-swaps that swapped, fetch-and-adds, the lock word
+  // and entry an insert-if-absent took.
+  std::vector<Range>* changed = nullptr;
+  // Only writes are accepted (a backup applying its primary's forwards).
+  bool writes_only = false;
 };
 
 // The checks of a LookupParams (Execute's, also used by clients before they post one):

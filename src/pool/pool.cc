@@ -47,6 +47,7 @@
 #include "common/far_copy.h"
 #include "common/host.h"
 #include "common/units.h"
+#include "pool/control_client.h"
 #include "pool/memory_ops.h"
 #include "pool/object_allocator.h"
 #include "transport/auth.h"
@@ -101,23 +102,6 @@ std::string TagName(uint32_t tag) {
 // How long a fresh hello that asks a server why a connection failed may take (WhyLost).
 constexpr auto kProbeTimeout = std::chrono::milliseconds(1000);
 
-// Receives control replies on a worker: keeps each by request id for the waiting caller.
-struct ReplyBox {
-  std::unordered_map<uint64_t, std::vector<std::byte>> replies;
-
-  static ucs_status_t OnMessage(void* arg, const void*, size_t, void* data, size_t length,
-                                const ucp_am_recv_param_t* param) {
-    auto* box = static_cast<ReplyBox*>(arg);
-    const auto* bytes = static_cast<const std::byte*>(data);
-    const auto id = transport::RequestIdOf({bytes, length});
-    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || !id) {
-      return UCS_OK;  // not a reply we could have asked for; dropped
-    }
-    box->replies[*id] = std::vector<std::byte>(bytes, bytes + length);
-    return UCS_OK;
-  }
-};
-
 }  // namespace
 
 // Shared per-server state. Immutable after Connect except `failed`/`failure`.
@@ -131,7 +115,15 @@ struct ServerState {
   uint16_t hello_flags = 0;     // of the first hello: wire::kHelloMayMap, or why not
   std::byte* direct = nullptr;  // region mapped into this process, or null
   bool messages = false;        // not mapped: operations go as batch messages, not one-sided
+  // Of the first hello: whose region it mirrors, where, and the port of the mirror's loop.
+  uint16_t mirror_of = wire::kNoMirror;
+  uint64_t mirror_offset = 0;
+  uint16_t mirror_port = 0;
   std::atomic<bool> failed{false};
+  // Replication: once failed, the index of the server that took its data over (its backup,
+  // which mirrors it at mirror_offset), or -1. Set once, after `failed`.
+  std::atomic<int> moved_to{-1};
+  std::atomic<bool> failing_over{false};  // FailOver is running (set before `failed`)
   mutable std::mutex mu;
   std::string failure;                                 // guarded by mu
   StatusCode failure_code = StatusCode::kUnavailable;  // guarded by mu
@@ -140,7 +132,11 @@ struct ServerState {
     std::lock_guard lock(mu);
     if (failure_code != StatusCode::kUnavailable)
       return Status(failure_code, name + ": " + failure);
-    return Status::Unavailable(name + ": unavailable: " + failure);
+    return Status::Unavailable(name + ": unavailable: " + failure +
+                               (moved_to.load() >= 0
+                                    ? " (failed over to its backup: operations in flight may or "
+                                      "may not have taken effect; later ones go to the backup)"
+                                    : ""));
   }
 };
 
@@ -150,7 +146,7 @@ struct ThreadContext {
     std::unique_ptr<RemoteKey> rkey;
   };
   std::unique_ptr<Worker> worker;
-  ReplyBox box;
+  control::ReplyBox box;
   std::vector<Peer> peers;  // by server index
   uint64_t next_request_id = 1;
   // Written by the owning thread only; read by counters() from any thread.
@@ -167,8 +163,6 @@ struct BatchSink {
   InsertResult* insert = nullptr;  // insert-if-absent (a memory_ops::InsertReply)
 };
 
-namespace {}  // namespace
-
 namespace {
 void Bump(std::atomic<uint64_t>& counter, uint64_t by = 1) {
   counter.store(counter.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
@@ -183,20 +177,20 @@ class Pool::Impl {
     std::byte* direct;  // mapped address, or null
     bool messages;      // not mapped; goes in a batch message (ServerState::messages)
   };
-  struct Reply {
-    std::vector<std::byte> bytes;
-    wire::Message message;
-  };
-  using Encoder = std::function<std::vector<std::byte>(uint64_t request_id)>;
+  using Reply = control::Reply;
+  using Encoder = control::Encoder;
   // One control request on one connection and its reply of opcode `expected` (an ErrorReply
   // becomes its Status): Call on a thread context, or AskOn on a connection of its own.
-  using Ask = std::function<Result<Reply>(const Encoder& encode, wire::Opcode expected)>;
+  using Ask = control::Ask;
 
   ~Impl();
   Status Init(const ClusterConfig& cluster, const PoolOptions& options);
 
   Result<ThreadContext*> Local();
-  Result<Target> Resolve(GlobalAddress address, uint64_t size, const char* op, bool atomic);
+  // Where an operation on `address` goes. `changes`: it may change memory (in a replicated
+  // cluster it then goes as a message, never mapped or one-sided).
+  Result<Target> Resolve(GlobalAddress address, uint64_t size, const char* op, bool atomic,
+                         bool changes);
   // Sends a control request built by `encode(request_id)` to server `index` and waits for
   // the reply of opcode `expected` (an ErrorReply becomes its Status).
   Result<Reply> Call(ThreadContext& tc, size_t index,
@@ -220,21 +214,28 @@ class Pool::Impl {
                      const memory_ops::RequestBuilder& request, std::span<const BatchSink> sinks,
                      Clock::time_point deadline);
   Result<size_t> IndexOf(uint16_t id) const;
+  // Marks server `index` failed (once; later calls change nothing). In a replicated cluster an
+  // outage (not a refusal) then fails it over to its backup (FailOver).
   void MarkFailed(size_t index, const std::string& reason,
                   StatusCode code = StatusCode::kUnavailable);
-  // The hello of a new connection to server `index`, after the challenge-response if this Pool
-  // has a secret; asks to be pinned if `map`. The reply is the server's HelloReply, its proof
-  // checked. PermissionDenied if either side refuses the other.
-  Result<Reply> Handshake(size_t index, bool map, const Ask& ask) const;
-  // An Ask on a connection that is no thread context's (the monitor's, WhyLost's): sends on
-  // `ep` and progresses `worker` until the reply is in `box`, the connection fails
-  // (Unavailable, "connection lost") or `deadline` passes (TimedOut). Request ids come from
-  // `next_id`. All references must outlive the Ask.
-  Ask AskOn(size_t index, Worker& worker, ReplyBox& box, Endpoint& ep, uint64_t& next_id,
-            Clock::time_point deadline) const;
-  // A received reply to a request of server `index`: decoded, an ErrorReply as its Status,
-  // Protocol unless of opcode `expected`.
-  Result<Reply> TakeReply(size_t index, std::vector<std::byte> bytes, wire::Opcode expected) const;
+  // Replication (docs/pool.md "Replication"): asks the backup of failed server `index` to take
+  // its data over and the server whose backup it was to stop forwarding to it; on success its
+  // addresses go to the backup from then on (ServerState::moved_to).
+  void FailOver(size_t index);
+  // The index of the server that serves failed server `s`'s data, or -1 (waits for a
+  // FailOver in progress).
+  int MovedTo(const ServerState& s) const;
+  // The hello of a new connection to server `index` (control::Handshake with this Pool's
+  // secret); asks to be pinned if `map`.
+  Result<Reply> Handshake(size_t index, bool map, const Ask& ask) const {
+    return control::Handshake(servers_[index]->name, secret_ ? &*secret_ : nullptr, HelloFor(map),
+                              ask);
+  }
+  // An Ask on a connection that is no thread context's (the monitor's, WhyLost's).
+  Ask AskOn(size_t index, Worker& worker, control::ReplyBox& box, Endpoint& ep, uint64_t& next_id,
+            Clock::time_point deadline) const {
+    return control::AskOn(servers_[index]->name, worker, box, ep, next_id, deadline);
+  }
   // A connection of `tc` to server `index` failed: marks the server failed with the reason
   // WhyLost finds (unless it already is) and returns its Failure().
   Status ConnectionLost(ThreadContext& tc, size_t index);
@@ -257,6 +258,7 @@ class Pool::Impl {
 
   PoolOptions options_;
   Fabric fabric_ = Fabric::kAuto;
+  ClusterConfig cluster_;  // as connected to (replicas, the backup ring)
   std::vector<std::unique_ptr<ServerState>> servers_;
   std::vector<int32_t> index_of_;  // server id -> index, -1 if absent
   std::unique_ptr<transport::Context> context_;
@@ -285,6 +287,7 @@ class Pool::Impl {
 
 Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options) {
   options_ = options;
+  cluster_ = cluster;
   fabric_ = options.transport.value_or(cluster.transport);
   map_ = options_.direct_access && fabric_ != Fabric::kTcp;
   if (map_) {
@@ -394,7 +397,7 @@ Result<std::unique_ptr<ThreadContext>> Pool::Impl::CreateThreadContext() {
   auto tc = std::make_unique<ThreadContext>();
   FARPOOL_ASSIGN_OR_RETURN(tc->worker, Worker::Create(*context_, false));
   FARPOOL_RETURN_IF_ERROR(
-      tc->worker->SetAmHandler(transport::kControlAm, &ReplyBox::OnMessage, &tc->box));
+      tc->worker->SetAmHandler(transport::kControlAm, &control::ReplyBox::OnMessage, &tc->box));
   tc->peers.resize(servers_.size());
   for (size_t i = 0; i < servers_.size(); ++i) {
     ServerState& s = *servers_[i];
@@ -438,6 +441,9 @@ Status Pool::Impl::Hello(ThreadContext& tc, size_t index) {
     s.region_size = hello.region_size;
     s.chunk_size = hello.chunk_size;
     s.hello_flags = hello.flags;
+    s.mirror_of = hello.mirror_of;
+    s.mirror_offset = hello.mirror_offset;
+    s.mirror_port = hello.mirror_port;
     s.rkey.assign(r.message.tail.begin(), r.message.tail.end());
     return Status::Ok();
   }
@@ -476,52 +482,77 @@ Result<ThreadContext*> Pool::Impl::Local() {
 
 void Pool::Impl::MarkFailed(size_t index, const std::string& reason, StatusCode code) {
   ServerState& s = *servers_[index];
-  std::lock_guard lock(s.mu);
-  if (s.failed.load()) return;
-  s.failure = reason;
-  s.failure_code = code;
-  s.failed.store(true);
+  {
+    std::lock_guard lock(s.mu);
+    if (s.failed.load()) return;
+    s.failure = reason;
+    s.failure_code = code;
+    if (cluster_.replicas > 0 && code == StatusCode::kUnavailable) s.failing_over.store(true);
+    s.failed.store(true);
+  }
+  if (s.failing_over.load()) {
+    FailOver(index);
+    s.failing_over.store(false);
+  }
 }
 
-Result<Pool::Impl::Reply> Pool::Impl::Handshake(size_t index, bool map, const Ask& ask) const {
-  const std::string& name = servers_[index]->name;
-  wire::HelloRequest hello = HelloFor(map);
-  transport::Challenge c;
-  if (secret_) {
-    FARPOOL_ASSIGN_OR_RETURN(c.client, transport::RandomNonce());
-    wire::ChallengeRequest request{};
-    std::memcpy(request.client_nonce, c.client.data(), c.client.size());
-    FARPOOL_ASSIGN_OR_RETURN(Reply r, ask([&](uint64_t id) { return wire::Encode(id, request); },
-                                          wire::Opcode::kChallengeReply));
-    const auto challenge = r.message.As<wire::ChallengeReply>();
-    if (challenge.flags & wire::kChallengeOpen) {
-      return Status::PermissionDenied(
-          name +
-          ": authentication failed: the server has no cluster secret (started without "
-          "--secret-file), so it cannot prove that it belongs to this cluster, whose file names "
-          "a secret");
-    }
-    std::memcpy(c.server.data(), challenge.server_nonce, c.server.size());
-    const transport::Proof proof =
-        secret_->Prove(transport::ClusterSecret::Role::kClient, c.client, c.server);
-    std::memcpy(hello.proof, proof.data(), proof.size());
-    hello.flags |= wire::kHelloHasProof;
+int Pool::Impl::MovedTo(const ServerState& s) const {
+  // Callers that meet the server failed while another thread fails it over wait for the
+  // outcome (bounded: FailOver's requests time out), so they go to the backup, not fail.
+  const auto deadline = Clock::now() + 2 * options_.connect_timeout;
+  while (s.failing_over.load() && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
-  FARPOOL_ASSIGN_OR_RETURN(Reply r, ask([&](uint64_t id) { return wire::Encode(id, hello); },
-                                        wire::Opcode::kHelloReply));
-  if (secret_) {
-    const auto reply = r.message.As<wire::HelloReply>();
-    transport::Proof proof;
-    std::memcpy(proof.data(), reply.proof, proof.size());
-    if (!(reply.flags & wire::kHelloServerProof) ||
-        !secret_->Verify(proof, transport::ClusterSecret::Role::kServer, c.client, c.server)) {
-      return Status::PermissionDenied(
-          name +
-          ": authentication failed: the server did not prove that it knows the cluster "
-          "secret (an impostor, or a server of another cluster)");
+  return s.moved_to.load(std::memory_order_acquire);
+}
+
+void Pool::Impl::FailOver(size_t index) {
+  ServerState& s = *servers_[index];
+  const size_t b = cluster_.BackupOf(index);
+  ServerState& backup = *servers_[b];
+  if (backup.failed.load() || backup.mirror_of != s.address.id) {
+    std::fprintf(stderr, "farpool: %s is gone and cannot fail over: %s\n", s.name.c_str(),
+                 backup.failed.load() ? "its backup is gone too" : "its backup does not mirror it");
+    return;
+  }
+  auto ask = [&](ServerState& to, uint16_t port, const control::Encoder& encode,
+                 wire::Opcode expected) {
+    control::Connection::Options o{to.name, to.address.host,
+                                   port,    secret_ ? &*secret_ : nullptr,
+                                   fabric_, options_.connect_timeout};
+    auto c = control::Connection::Open(o, HelloFor(false));
+    if (!c.ok()) return c.status();
+    return (*c)->Call(encode, expected).status();
+  };
+  Status promoted = ask(
+      backup, backup.address.port,
+      [&](uint64_t id) {
+        return wire::Encode(id, wire::PromoteRequest{s.address.id, {}});
+      },
+      wire::Opcode::kPromoteReply);
+  if (!promoted.ok()) {
+    std::fprintf(stderr, "farpool: %s is gone; failing it over failed: %s\n", s.name.c_str(),
+                 promoted.message().c_str());
+    return;
+  }
+  s.moved_to.store(static_cast<int>(b));
+  std::fprintf(stderr, "farpool: %s is gone; %s has taken its data over\n", s.name.c_str(),
+               backup.name.c_str());
+  // The server whose backup it was keeps one copy from now on (until re-replication exists).
+  for (size_t a = 0; a < servers_.size(); ++a) {
+    if (cluster_.BackupOf(a) != index || a == index || servers_[a]->failed.load()) continue;
+    // On its mirror's port: its own loop may be waiting for the dead backup.
+    Status degraded = ask(
+        *servers_[a], servers_[a]->mirror_port,
+        [&](uint64_t id) {
+          return wire::Encode(id, wire::DegradeRequest{s.address.id, {}});
+        },
+        wire::Opcode::kDegradeReply);
+    if (!degraded.ok()) {
+      std::fprintf(stderr, "farpool: telling %s that its backup is gone failed: %s\n",
+                   servers_[a]->name.c_str(), degraded.message().c_str());
     }
   }
-  return r;
 }
 
 wire::HelloRequest Pool::Impl::HelloFor(bool map) const {
@@ -551,8 +582,9 @@ std::string Pool::Impl::WhyLost(size_t index) {
   while (Clock::now() < deadline) {
     auto worker = Worker::Create(*context_, false);
     if (!worker.ok()) break;
-    ReplyBox box;
-    if (!(*worker)->SetAmHandler(transport::kControlAm, &ReplyBox::OnMessage, &box).ok()) break;
+    control::ReplyBox box;
+    if (!(*worker)->SetAmHandler(transport::kControlAm, &control::ReplyBox::OnMessage, &box).ok())
+      break;
     auto ep = Endpoint::Connect(**worker, s.address.host, s.address.port, nullptr);
     if (!ep.ok()) break;  // the server's address does not resolve or accept: it is gone
     std::optional<std::string> why;
@@ -608,7 +640,7 @@ Result<Pool::Impl::Reply> Pool::Impl::AwaitReply(ThreadContext& tc, size_t index
     if (it != tc.box.replies.end()) {
       std::vector<std::byte> bytes = std::move(it->second);
       tc.box.replies.erase(it);
-      return TakeReply(index, std::move(bytes), expected);
+      return control::TakeReply(servers_[index]->name, std::move(bytes), expected);
     }
     tc.worker->Progress();
     if (ep->failed()) return ConnectionLost(tc, index);
@@ -646,51 +678,12 @@ Result<ServerStats> Pool::Impl::Stats(size_t index) {
   return st;
 }
 
-Result<Pool::Impl::Reply> Pool::Impl::TakeReply(size_t index, std::vector<std::byte> bytes,
-                                                wire::Opcode expected) const {
-  const std::string& name = servers_[index]->name;
-  Reply r{std::move(bytes), {}};
-  auto m = wire::Decode(r.bytes);
-  if (!m.ok()) return m.status().WithContext(name + ": bad reply");
-  r.message = *m;
-  if (m->opcode == wire::Opcode::kErrorReply) return wire::DecodeError(*m);
-  if (m->opcode != expected) {
-    return Status::Protocol(name + ": expected " + std::string(wire::OpcodeName(expected)) +
-                            ", got " + std::string(wire::OpcodeName(m->opcode)));
-  }
-  return r;
-}
-
-Pool::Impl::Ask Pool::Impl::AskOn(size_t index, Worker& worker, ReplyBox& box, Endpoint& ep,
-                                  uint64_t& next_id, Clock::time_point deadline) const {
-  return [this, index, &worker, &box, &ep, &next_id, deadline](
-             const Encoder& encode, wire::Opcode expected) -> Result<Reply> {
-    const std::string& name = servers_[index]->name;
-    const uint64_t id = next_id++;
-    Status sent = ep.SendAm(transport::kControlAm, encode(id), true, deadline, nullptr);
-    if (!sent.ok()) return sent.WithContext(name);
-    for (;;) {
-      auto it = box.replies.find(id);
-      if (it != box.replies.end()) {
-        std::vector<std::byte> bytes = std::move(it->second);
-        box.replies.erase(it);
-        return TakeReply(index, std::move(bytes), expected);
-      }
-      if (ep.failed()) return Status::Unavailable(name + ": connection lost");
-      if (Clock::now() > deadline) {
-        return Status::TimedOut(name + ": no " + std::string(wire::OpcodeName(expected)) +
-                                " in time");
-      }
-      worker.Progress();
-    }
-  };
-}
-
 void Pool::Impl::Monitor() {
   auto worker = Worker::Create(*context_, true);
   if (!worker.ok()) return;  // without a monitor, failures are still seen by operations
-  ReplyBox box;
-  if (!(*worker)->SetAmHandler(transport::kControlAm, &ReplyBox::OnMessage, &box).ok()) return;
+  control::ReplyBox box;
+  if (!(*worker)->SetAmHandler(transport::kControlAm, &control::ReplyBox::OnMessage, &box).ok())
+    return;
   const auto timeout = options_.failure_timeout;
   const auto interval = std::max(std::chrono::milliseconds(20), timeout / 4);
   struct Watch {
@@ -786,7 +779,7 @@ void Pool::Impl::Monitor() {
 // ------------------------------------------------------------------ data path
 
 Result<Pool::Impl::Target> Pool::Impl::Resolve(GlobalAddress address, uint64_t size, const char* op,
-                                               bool atomic) {
+                                               bool atomic, bool changes) {
   if (address.is_null()) return Status::InvalidArgument(std::string(op) + " at the null address");
   const uint16_t id = address.server();
   if (id >= index_of_.size() || index_of_[id] < 0) {
@@ -807,8 +800,20 @@ Result<Pool::Impl::Target> Pool::Impl::Resolve(GlobalAddress address, uint64_t s
   }
   Status live = allocator_->CheckLive(index, offset, size);
   if (!live.ok()) return live.WithContext(s.name + ": " + op);
-  if (s.failed.load(std::memory_order_relaxed)) return s.Failure();
-  return Target{index, s.region_base + offset, s.direct ? s.direct + offset : nullptr, s.messages};
+  if (s.failed.load(std::memory_order_relaxed)) {
+    const int moved = MovedTo(s);
+    if (moved < 0) return s.Failure();
+    // Failed over: its backup serves it from the mirror, in messages (its checks apply).
+    const ServerState& b = *servers_[static_cast<size_t>(moved)];
+    if (b.failed.load(std::memory_order_relaxed)) return b.Failure();
+    return Target{static_cast<size_t>(moved), b.region_base + b.mirror_offset + offset, nullptr,
+                  true};
+  }
+  // Replicated: a change goes through the server, which forwards it to the backup before it
+  // answers; a mapped store or a one-sided put would bypass both.
+  const bool bypass = changes && cluster_.replicas > 0;
+  return Target{index, s.region_base + offset, s.direct && !bypass ? s.direct + offset : nullptr,
+                s.messages || bypass};
 }
 
 Status Pool::Impl::Complete(ThreadContext& tc, size_t index, ucs_status_ptr_t request,
@@ -981,7 +986,9 @@ Result<GlobalAddress> Pool::Alloc(uint64_t size, Placement placement) {
   Impl& im = *impl_;
   auto on = [&](size_t index) -> Result<GlobalAddress> {
     const ServerState& s = *im.servers_[index];
-    if (s.failed) return s.Failure();
+    // A failed-over server's data lives on at its backup: objects still come from the chunks
+    // this Pool leased there before; a new chunk cannot be leased (LeaseOn fails).
+    if (s.failed && im.MovedTo(s) < 0) return s.Failure();
     auto offset = im.allocator_->Allocate(index, size);
     if (!offset.ok()) {
       if (offset.status().message().rfind("server ", 0) == 0) return offset.status();
@@ -1097,7 +1104,7 @@ Status RunAlone(Pool& pool, const Post& post) {
 }  // namespace
 
 Status Pool::Read(GlobalAddress source, void* destination, uint64_t size) {
-  FARPOOL_ASSIGN_OR_RETURN(Impl::Target t, impl_->Resolve(source, size, "read", false));
+  FARPOOL_ASSIGN_OR_RETURN(Impl::Target t, impl_->Resolve(source, size, "read", false, false));
   if (t.direct == nullptr) {
     return RunAlone(*this, [&](Batch& b) { return b.Read(source, destination, size); });
   }
@@ -1109,7 +1116,7 @@ Status Pool::Read(GlobalAddress source, void* destination, uint64_t size) {
 }
 
 Status Pool::Write(GlobalAddress destination, const void* source, uint64_t size) {
-  FARPOOL_ASSIGN_OR_RETURN(Impl::Target t, impl_->Resolve(destination, size, "write", false));
+  FARPOOL_ASSIGN_OR_RETURN(Impl::Target t, impl_->Resolve(destination, size, "write", false, true));
   if (t.direct == nullptr) {
     return RunAlone(*this, [&](Batch& b) { return b.Write(destination, source, size); });
   }
@@ -1121,7 +1128,8 @@ Status Pool::Write(GlobalAddress destination, const void* source, uint64_t size)
 }
 
 Result<uint64_t> Pool::CompareAndSwap(GlobalAddress address, uint64_t expected, uint64_t desired) {
-  FARPOOL_ASSIGN_OR_RETURN(Impl::Target t, impl_->Resolve(address, 8, "compare-and-swap", true));
+  FARPOOL_ASSIGN_OR_RETURN(Impl::Target t,
+                           impl_->Resolve(address, 8, "compare-and-swap", true, true));
   uint64_t previous = 0;
   if (t.direct == nullptr) {
     FARPOOL_RETURN_IF_ERROR(RunAlone(
@@ -1134,7 +1142,7 @@ Result<uint64_t> Pool::CompareAndSwap(GlobalAddress address, uint64_t expected, 
 }
 
 Result<uint64_t> Pool::FetchAdd(GlobalAddress address, uint64_t delta) {
-  FARPOOL_ASSIGN_OR_RETURN(Impl::Target t, impl_->Resolve(address, 8, "fetch-and-add", true));
+  FARPOOL_ASSIGN_OR_RETURN(Impl::Target t, impl_->Resolve(address, 8, "fetch-and-add", true, true));
   uint64_t previous = 0;
   if (t.direct == nullptr) {
     FARPOOL_RETURN_IF_ERROR(
@@ -1247,7 +1255,7 @@ bool InMessage(bool messages, uint64_t size) {
 
 Status Batch::Read(GlobalAddress source, void* destination, uint64_t size) {
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
-  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Resolve(source, size, "read", false));
+  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Resolve(source, size, "read", false, false));
   if (t.direct == nullptr && InMessage(t.messages, size)) {
     FARPOOL_RETURN_IF_ERROR(
         Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kRead), size));
@@ -1276,7 +1284,8 @@ Status Batch::Read(GlobalAddress source, void* destination, uint64_t size) {
 
 Status Batch::Write(GlobalAddress destination, const void* source, uint64_t size) {
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
-  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Resolve(destination, size, "write", false));
+  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
+                           pool_.Resolve(destination, size, "write", false, true));
   if (t.direct == nullptr && t.messages && !InMessage(t.messages, size)) {
     // Pieces in messages, all sent at Wait: over TCP a one-sided put is emulated by the
     // server's progress and was 1.4-2.3x slower than messages (6x on a loaded host). Large
@@ -1319,7 +1328,7 @@ Status Batch::CompareAndSwap(GlobalAddress address, uint64_t expected, uint64_t 
                              uint64_t* previous) {
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
-                           pool_.Resolve(address, 8, "compare-and-swap", true));
+                           pool_.Resolve(address, 8, "compare-and-swap", true, true));
   if (t.direct == nullptr && t.messages) {
     FARPOOL_RETURN_IF_ERROR(
         Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kCompareAndSwap), 8));
@@ -1351,7 +1360,8 @@ Status Batch::CompareAndSwap(GlobalAddress address, uint64_t expected, uint64_t 
 
 Status Batch::FetchAdd(GlobalAddress address, uint64_t delta, uint64_t* previous) {
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
-  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Resolve(address, 8, "fetch-and-add", true));
+  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
+                           pool_.Resolve(address, 8, "fetch-and-add", true, true));
   if (t.direct == nullptr && t.messages) {
     FARPOOL_RETURN_IF_ERROR(
         Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kFetchAdd), 8));
@@ -1393,7 +1403,7 @@ Status Batch::LookupRead(GlobalAddress bucket, const LookupSpec& spec, uint64_t 
                                    std::to_string(memory_ops::kMaxInlineBytes) + ")");
   }
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
-                           pool_.Resolve(bucket, spec.bucket_size, "lookup-read", true));
+                           pool_.Resolve(bucket, spec.bucket_size, "lookup-read", true, false));
   if (t.direct == nullptr && t.messages) {
     FARPOOL_RETURN_IF_ERROR(
         Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kLookupRead), record_size));
@@ -1403,7 +1413,7 @@ Status Batch::LookupRead(GlobalAddress bucket, const LookupSpec& spec, uint64_t 
   Bump(tc.bytes_read, spec.bucket_size);
   ++state_->posted;
   ServerState& s = *pool_.servers_[t.index];
-  const uint64_t offset = bucket.offset();
+  const uint64_t offset = t.remote - s.region_base;  // past the mirror's start if failed over
   if (t.direct != nullptr) {
     // The server's own code on the mapped region: the same semantics. A mapping client may
     // touch the whole region, so only its bounds are checked.
@@ -1450,7 +1460,7 @@ Status Batch::InsertIfAbsent(GlobalAddress bucket, const LookupSpec& spec, uint3
   if (!why.empty())
     return Status::InvalidArgument("insert-if-absent at " + bucket.ToString() + ": " + why);
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
-                           pool_.Resolve(bucket, spec.bucket_size, "insert-if-absent", true));
+                           pool_.Resolve(bucket, spec.bucket_size, "insert-if-absent", true, true));
   if (t.direct == nullptr && !t.messages) {
     // One-sided: no single step does it; the caller inserts with its own operations.
     *result = InsertResult{};
@@ -1464,7 +1474,7 @@ Status Batch::InsertIfAbsent(GlobalAddress bucket, const LookupSpec& spec, uint3
   Bump(tc.cas);
   ++state_->posted;
   ServerState& s = *pool_.servers_[t.index];
-  const uint64_t offset = bucket.offset();
+  const uint64_t offset = t.remote - s.region_base;  // past the mirror's start if failed over
   if (t.direct != nullptr) {
     // The server's code on the mapped region (as LookupRead).
     memory_ops::Region region{s.direct, s.region_size, [](uint64_t, uint64_t) { return true; },
@@ -1509,11 +1519,10 @@ Status Pool::Impl::FinishBatch(ThreadContext& tc, size_t index, uint64_t request
       AwaitReply(tc, index, request_id, wire::Opcode::kBatchReply, deadline, options_.op_timeout);
   if (!reply.ok()) {
     // The server is gone or stuck: no later call may wait on it again.
-    if (reply.status().code() == StatusCode::kTimedOut) {
+    // (A lost connection is marked by AwaitReply; an error reply says the server lives.)
+    if (reply.status().code() == StatusCode::kTimedOut && !s.failed.load()) {
       MarkFailed(index,
                  "batch timed out after " + std::to_string(options_.op_timeout.count()) + " ms");
-    } else if (reply.status().code() == StatusCode::kUnavailable) {
-      MarkFailed(index, "connection lost");
     }
     return reply.status();
   }

@@ -69,6 +69,9 @@ class AmServer::Impl {
   uint16_t port_ = 0;
   std::unordered_map<ucp_ep_h, Connection> connections_;
   std::deque<Incoming> inbox_;
+  // The replies of the messages handled in this Poll, held for AmHandler::Settle.
+  std::vector<ucp_ep_h> reply_eps_;
+  std::vector<std::vector<std::byte>> replies_;
   bool reap_ = false;  // an endpoint failed since the last ReapFailed
   // Asked to close by the handler of the current message (CloseConnections).
   std::vector<ucp_ep_h> to_close_;
@@ -154,7 +157,8 @@ bool AmServer::Impl::Poll() {
     if (in.reply_ep != nullptr && closed_.count(in.reply_ep) != 0) continue;
     auto c = connections_.find(in.reply_ep);
     Peer* from = c == connections_.end() ? nullptr : &c->second.peer;
-    std::vector<std::byte> reply = handler_->Handle(in.bytes, from);
+    replies_.push_back(handler_->Handle(in.bytes, from));
+    reply_eps_.push_back(in.reply_ep);
     for (ucp_ep_h handle : to_close_) {
       auto closing = connections_.find(handle);
       closing->second.ep->ForceClose();
@@ -162,10 +166,17 @@ bool AmServer::Impl::Poll() {
       closed_.insert(handle);
     }
     to_close_.clear();
-    // No reply on a connection the handler has just closed (the sender's own, if it asked).
-    if (in.reply_ep != nullptr && closed_.count(in.reply_ep) == 0) {
-      Reply(in.reply_ep, std::move(reply));
+  }
+  if (!replies_.empty()) {
+    handler_->Settle(replies_);
+    for (size_t i = 0; i < replies_.size(); ++i) {
+      // No reply on a connection the handler has closed (the sender's own, if it asked).
+      if (reply_eps_[i] != nullptr && closed_.count(reply_eps_[i]) == 0) {
+        Reply(reply_eps_[i], std::move(replies_[i]));
+      }
     }
+    replies_.clear();
+    reply_eps_.clear();
   }
   closed_.clear();
   ReapFailed();

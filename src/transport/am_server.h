@@ -11,13 +11,15 @@
 //   1. progresses the worker: UCX's callbacks queue connection requests, copy each eager
 //      message into the inbox, and mark endpoints whose peer died;
 //   2. accepts the queued connection requests;
-//   3. passes each inbox message to AmHandler::Handle, force-closes the connections the handler
-//      asked to close (CloseConnections) and then posts the reply (eagerly, without waiting) to
-//      the sender, if it asked for a reply path and its connection was not among those closed;
-//      messages still in the inbox from a connection closed so are dropped unread (there is
-//      nobody left to answer, and a handler that closed a connection wants nothing more from it
-//      executed);
-//   4. closes and forgets the endpoints that failed (reap).
+//   3. passes each inbox message to AmHandler::Handle and force-closes the connections the
+//      handler asked to close (CloseConnections); messages still in the inbox from a connection
+//      closed so are dropped unread (there is nobody left to answer, and a handler that closed a
+//      connection wants nothing more from it executed);
+//   4. once the inbox is empty, calls AmHandler::Settle with the replies of the messages it
+//      handled (the memory server makes their effects durable on its backup there), then posts
+//      each reply (eagerly, without waiting) to its sender, if it asked for a reply path and its
+//      connection was not closed meanwhile;
+//   5. closes and forgets the endpoints that failed (reap).
 // A message that arrives by rendezvous (larger than the eager limit) is refused unread: the
 // sender gets AmHandler::Refuse's error reply. Every farpool sender posts eagerly (PostAm,
 // Endpoint::SendAm), so only a foreign or broken sender meets this.
@@ -84,6 +86,12 @@ class AmHandler {
   virtual std::vector<std::byte> Handle(std::span<const std::byte> message, Peer* from) = 0;
   // The error reply, in the handler's wire format, to a message refused unread for `reason`.
   virtual std::vector<std::byte> Refuse(const Status& reason) = 0;
+  // Called once the inbox is empty, before the replies of the messages handled since the last
+  // call are posted: `replies` are those replies, in the order Handle returned them. A handler
+  // whose replies promise more than its own memory holds (a primary memory server: "your write
+  // is on the backup too") makes it so here, and replaces the replies whose promise it could
+  // not keep. It may block; the loop serves nothing meanwhile.
+  virtual void Settle(std::span<std::vector<std::byte>> replies) { (void)replies; }
 };
 
 struct AmServerOptions {

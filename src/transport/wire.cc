@@ -43,6 +43,27 @@ std::optional<BodyLayout> LayoutOf(uint16_t opcode) {
       return FixedBody(sizeof(ChallengeRequest));
     case Opcode::kChallengeReply:
       return FixedBody(sizeof(ChallengeReply));
+    case Opcode::kBackupRequest:
+      return FixedBody(sizeof(BackupRequest));
+    case Opcode::kBackupReply:
+      return FixedBody(sizeof(BackupReply));
+    case Opcode::kReplicateRequest:
+      return DeclaredTail(sizeof(ReplicateRequest), offsetof(ReplicateRequest, ops_size),
+                          kMaxBatchTail);
+    case Opcode::kReplicateReply:
+      return FixedBody(sizeof(ReplicateReply));
+    case Opcode::kMirrorLeaseRequest:
+      return FixedBody(sizeof(MirrorLeaseRequest));
+    case Opcode::kMirrorLeaseReply:
+      return FixedBody(sizeof(MirrorLeaseReply));
+    case Opcode::kPromoteRequest:
+      return FixedBody(sizeof(PromoteRequest));
+    case Opcode::kPromoteReply:
+      return FixedBody(sizeof(PromoteReply));
+    case Opcode::kDegradeRequest:
+      return FixedBody(sizeof(DegradeRequest));
+    case Opcode::kDegradeReply:
+      return FixedBody(sizeof(DegradeReply));
   }
   return std::nullopt;
 }
@@ -94,6 +115,26 @@ std::string_view OpcodeName(Opcode op) {
       return "ChallengeRequest";
     case Opcode::kChallengeReply:
       return "ChallengeReply";
+    case Opcode::kBackupRequest:
+      return "BackupRequest";
+    case Opcode::kBackupReply:
+      return "BackupReply";
+    case Opcode::kReplicateRequest:
+      return "ReplicateRequest";
+    case Opcode::kReplicateReply:
+      return "ReplicateReply";
+    case Opcode::kMirrorLeaseRequest:
+      return "MirrorLeaseRequest";
+    case Opcode::kMirrorLeaseReply:
+      return "MirrorLeaseReply";
+    case Opcode::kPromoteRequest:
+      return "PromoteRequest";
+    case Opcode::kPromoteReply:
+      return "PromoteReply";
+    case Opcode::kDegradeRequest:
+      return "DegradeRequest";
+    case Opcode::kDegradeReply:
+      return "DegradeReply";
   }
   return "Unknown";
 }
@@ -148,6 +189,16 @@ FARPOOL_WIRE_BODY(GoodbyeRequest)
 FARPOOL_WIRE_BODY(GoodbyeReply)
 FARPOOL_WIRE_BODY(ChallengeRequest)
 FARPOOL_WIRE_BODY(ChallengeReply)
+FARPOOL_WIRE_BODY(BackupRequest)
+FARPOOL_WIRE_BODY(BackupReply)
+FARPOOL_WIRE_BODY(ReplicateRequest)
+FARPOOL_WIRE_BODY(ReplicateReply)
+FARPOOL_WIRE_BODY(MirrorLeaseRequest)
+FARPOOL_WIRE_BODY(MirrorLeaseReply)
+FARPOOL_WIRE_BODY(PromoteRequest)
+FARPOOL_WIRE_BODY(PromoteReply)
+FARPOOL_WIRE_BODY(DegradeRequest)
+FARPOOL_WIRE_BODY(DegradeReply)
 #undef FARPOOL_WIRE_BODY
 
 std::vector<std::byte> EncodeError(uint64_t request_id, const Status& status) {

@@ -13,7 +13,14 @@
 // authenticated gets an ErrorReply and is counted (StatsReply::auth_refused); a connection
 // authenticates once, later hellos on it need no proof.
 //
-// Every message is one frame of transport/frame.h (magic "FPW1", version 4): the 24-byte
+// Replication (docs/pool.md "Replication"): a server may keep a mirror of another server's
+// region (its primary) after its own; the primary forwards what its requests changed
+// (ReplicateRequest, MirrorLeaseRequest) before it answers them, and a client that has lost a
+// primary asks the backup to take its data over (PromoteRequest), after which the backup
+// refuses the old primary's forwards: a primary cut off from its clients can no longer
+// acknowledge a write.
+//
+// Every message is one frame of transport/frame.h (magic "FPW1", version 5): the 24-byte
 // header, one fixed-size body struct of the header's opcode, then (for a few opcodes) a tail
 // whose length is a field of the body (TailRule::kDeclared: at most kMaxDeclaredTail bytes,
 // kMaxBatchTail for batches). The frame codec checks every length; messages of another
@@ -38,7 +45,9 @@ inline constexpr uint32_t kMagic = 0x31575046;  // "FPW1"
 // 3: goodbye (a Pool that closes unpins its process).
 // 4: the cluster secret's challenge-response (challenge, proofs in hello and its reply) and
 //    StatsReply::auth_refused.
-inline constexpr uint16_t kVersion = 4;
+// 5: replication (HelloReply's mirror fields, backup, replicate, mirror lease, promote,
+//    degrade).
+inline constexpr uint16_t kVersion = 5;
 // Batches: the operations of a request, the read data and atomic results of a reply. Small
 // enough to go eagerly in one UCX active message, large enough for a commit's worth of
 // records; a client splits larger batches into several messages.
@@ -62,6 +71,16 @@ enum class Opcode : uint16_t {
   kGoodbyeReply = 15,
   kChallengeRequest = 16,
   kChallengeReply = 17,
+  kBackupRequest = 18,
+  kBackupReply = 19,
+  kReplicateRequest = 20,
+  kReplicateReply = 21,
+  kMirrorLeaseRequest = 22,
+  kMirrorLeaseReply = 23,
+  kPromoteRequest = 24,
+  kPromoteReply = 25,
+  kDegradeRequest = 26,
+  kDegradeReply = 27,
 };
 std::string_view OpcodeName(Opcode op);
 
@@ -145,8 +164,17 @@ struct HelloReply {
   uint64_t server_pid;
   // With kHelloServerProof: ClusterSecret::Prove(kServer, client nonce, server nonce).
   uint8_t proof[32];
+  // The server whose region this one mirrors (kNoMirror: none), and where the mirror starts in
+  // this server's region (past region_size): a client that has failed that server over to
+  // this one addresses its offset o here at mirror_offset + o. mirror_port: where the mirror
+  // takes its primary's forwards.
+  uint16_t mirror_of;
+  uint16_t mirror_port;
+  uint16_t reserved[2];
+  uint64_t mirror_offset;
 };
-static_assert(sizeof(HelloReply) == 72);
+static_assert(sizeof(HelloReply) == 88);
+inline constexpr uint16_t kNoMirror = 0xffff;
 
 // Lease `size` bytes (a multiple of chunk_size) as one contiguous run.
 struct LeaseRequest {
@@ -249,6 +277,81 @@ struct GoodbyeReply {
   uint32_t reserved;
 };
 static_assert(sizeof(GoodbyeReply) == 8);
+
+// ---- Replication (docs/pool.md "Replication").
+
+// Tool -> primary: forward every change to server `backup_id` at HOST:PORT, which mirrors this
+// server (its hello must say so). Until a primary has a backup, every request that would change
+// its region or its leases is refused: nothing is acknowledged with fewer copies than asked.
+struct BackupRequest {
+  uint16_t backup_id;
+  uint16_t port;
+  uint32_t reserved;
+  char host[64];  // NUL-terminated
+};
+static_assert(sizeof(BackupRequest) == 72);
+struct BackupReply {
+  uint64_t reserved;
+};
+static_assert(sizeof(BackupReply) == 8);
+
+// Primary -> backup: writes (memory_ops kWrite operations, offsets in the primary's region) to
+// apply to the mirror. Refused once the backup has taken the primary's data over (promoted).
+struct ReplicateRequest {
+  uint16_t primary_id;
+  uint16_t reserved;
+  uint32_t op_count;
+  uint32_t ops_size;  // tail length
+  uint32_t reserved2;
+};
+static_assert(sizeof(ReplicateRequest) == 16);
+struct ReplicateReply {
+  uint64_t bytes_applied;
+};
+static_assert(sizeof(ReplicateReply) == 8);
+
+// Primary -> backup: a lease (leased = 1) or release (0) of [offset, offset + size) in the
+// primary's lease book, mirrored so that the backup checks clients' addresses as the primary
+// did once it has taken over. Refused once promoted, as ReplicateRequest.
+struct MirrorLeaseRequest {
+  uint64_t offset;
+  uint64_t size;
+  uint16_t primary_id;
+  uint16_t leased;
+  uint32_t reserved;
+};
+static_assert(sizeof(MirrorLeaseRequest) == 24);
+struct MirrorLeaseReply {
+  uint64_t reserved;
+};
+static_assert(sizeof(MirrorLeaseReply) == 8);
+
+// Client -> backup: server `id`, whose region this server mirrors, is gone; serve its data
+// from the mirror (at HelloReply::mirror_offset) and refuse its forwards from now on.
+// Idempotent.
+struct PromoteRequest {
+  uint16_t id;
+  uint16_t reserved[3];
+};
+static_assert(sizeof(PromoteRequest) == 8);
+struct PromoteReply {
+  uint64_t leased;  // bytes of the mirrored lease book
+};
+static_assert(sizeof(PromoteReply) == 8);
+
+// Client -> primary, on the primary's mirror port (its own loop may be waiting for the dead
+// backup): its backup, server `backup_id`, is gone; stop forwarding to it, the primary's data
+// has one copy from now on, and the changes waiting for that backup are acknowledged.
+// Idempotent.
+struct DegradeRequest {
+  uint16_t backup_id;
+  uint16_t reserved[3];
+};
+static_assert(sizeof(DegradeRequest) == 8);
+struct DegradeReply {
+  uint64_t reserved;
+};
+static_assert(sizeof(DegradeReply) == 8);
 
 // A decoded message: the header plus views into the caller's buffer.
 using Message = transport::Message<Opcode>;

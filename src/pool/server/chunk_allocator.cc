@@ -39,6 +39,24 @@ Result<uint64_t> ChunkAllocator::Lease(uint64_t size) {
                              ", largest contiguous run " + FormatSize(largest_free()));
 }
 
+Status ChunkAllocator::LeaseAt(uint64_t offset, uint64_t size) {
+  auto it = free_.upper_bound(offset);
+  if (size == 0 || size % chunk_size_ != 0 || offset < wire::kRootAreaSize ||
+      (offset - wire::kRootAreaSize) % chunk_size_ != 0 || it == free_.begin() ||
+      (--it, offset + size > it->first + it->second)) {
+    return Status::InvalidArgument("cannot lease " + std::to_string(size) + " bytes at offset " +
+                                   std::to_string(offset) + ": not a free run of whole chunks of " +
+                                   std::to_string(chunk_size_) + " bytes");
+  }
+  const uint64_t run = it->first, length = it->second;
+  free_.erase(it);
+  if (offset > run) free_.emplace(run, offset - run);
+  if (run + length > offset + size) free_.emplace(offset + size, run + length - offset - size);
+  leases_.emplace(offset, size);
+  leased_ += size;
+  return Status::Ok();
+}
+
 Status ChunkAllocator::Release(uint64_t offset, uint64_t size) {
   auto lease = leases_.find(offset);
   if (lease == leases_.end() || lease->second != size) {

@@ -27,6 +27,9 @@ class ChunkAllocator {
   // Leases `size` bytes. Errors: InvalidArgument if size is 0 or not a multiple of the chunk
   // size; OutOfMemory (naming capacity, free and largest run) if no run is large enough.
   Result<uint64_t> Lease(uint64_t size);
+  // Leases exactly [offset, offset + size) (a backup mirroring its primary's book). Errors:
+  // InvalidArgument unless it is a run of whole chunks that is free.
+  Status LeaseAt(uint64_t offset, uint64_t size);
   // Errors: InvalidArgument unless [offset, offset+size) is exactly one current lease.
   Status Release(uint64_t offset, uint64_t size);
   // Whether [offset, offset+size) lies inside the root area (past the null word) or inside

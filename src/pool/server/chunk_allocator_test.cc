@@ -36,6 +36,28 @@ TEST(ChunkAllocator, CoversTheRootAreaAndCurrentLeasesOnly) {
   EXPECT_FALSE(a.Covers(*x, 8)) << "released";
 }
 
+TEST(ChunkAllocator, LeaseAtMirrorsAnotherBookExactly) {
+  ChunkAllocator primary(8 * kChunk, kChunk), mirror(8 * kChunk, kChunk);
+  auto x = primary.Lease(2 * kChunk);
+  auto y = primary.Lease(kChunk);
+  ASSERT_TRUE(x.ok() && y.ok());
+  ASSERT_TRUE(primary.Release(*x, 2 * kChunk).ok());
+  // The mirror sees only y (x came and went): the run before it stays free and usable.
+  ASSERT_TRUE(mirror.LeaseAt(*y, kChunk).ok());
+  EXPECT_TRUE(mirror.Covers(*y, kChunk));
+  EXPECT_FALSE(mirror.Covers(*x, 8));
+  EXPECT_EQ(mirror.leased(), kChunk);
+  EXPECT_FALSE(mirror.LeaseAt(*y, kChunk).ok()) << "taken already";
+  EXPECT_FALSE(mirror.LeaseAt(*y + 8, kChunk).ok()) << "not at a chunk boundary";
+  EXPECT_FALSE(mirror.LeaseAt(wire::kRootAreaSize + 8 * kChunk, kChunk).ok()) << "past the end";
+  EXPECT_FALSE(mirror.LeaseAt(*y - kChunk, 2 * kChunk).ok()) << "overlaps a lease";
+  auto z = mirror.Lease(2 * kChunk);  // first fit: the free run before y
+  ASSERT_TRUE(z.ok());
+  EXPECT_EQ(*z, *x);
+  ASSERT_TRUE(mirror.Release(*y, kChunk).ok());
+  EXPECT_EQ(mirror.leased(), 2 * kChunk);
+}
+
 TEST(ChunkAllocator, FullPoolErrorNamesCapacityFreeAndLargestRun) {
   ChunkAllocator a(4 * kChunk, kChunk);
   auto x = a.Lease(kChunk);

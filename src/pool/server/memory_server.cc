@@ -21,7 +21,10 @@
 #include "common/units.h"
 #include "farpool/pool.h"
 #include "pool/memory_ops.h"
+#include "pool/server/backup_link.h"
 #include "pool/server/chunk_allocator.h"
+#include "pool/server/mirror.h"
+#include "pool/server/server_auth.h"
 #include "transport/auth.h"
 #include "transport/ucx.h"
 #include "transport/wire.h"
@@ -90,20 +93,18 @@ class MemoryServer::Impl : public transport::AmHandler {
 
   std::vector<std::byte> Handle(std::span<const std::byte> bytes, transport::Peer* from) override;
   std::vector<std::byte> Refuse(const Status& reason) override;
+  // Forwards this round's changes to the backup before the replies go (see the header).
+  void Settle(std::span<std::vector<std::byte>> replies) override;
 
  private:
   Result<std::vector<std::byte>> Answer(const wire::Message& m, transport::Peer* from);
-  // A ChallengeRequest: a fresh challenge for the connection (replacing any earlier one).
-  Result<wire::ChallengeReply> Challenge(const wire::ChallengeRequest& request,
-                                         transport::Peer* from);
-  // Checks the proof of a hello from a connection that has not authenticated; Ok marks it
-  // authenticated and fills `reply`'s proof. REQUIRES: secret_.
-  Status Authenticate(const wire::HelloRequest& hello, transport::Peer* from,
-                      wire::HelloReply& reply);
-  Status Refused(std::string why) {
-    ++auth_refused_;
-    return Status::PermissionDenied(Name() + ": " + std::move(why));
-  }
+  // Ok if a request that changes the region or the leases may run now (replication).
+  Status MayChange() const;
+  // Stops forwarding: the backup was declared gone (DegradeRequest).
+  void Degrade();
+  Result<wire::BackupReply> ConfigureBackup(const wire::BackupRequest& request);
+  Result<std::vector<std::byte>> ExecuteBatch(uint64_t id, const wire::BatchRequest& request,
+                                              std::span<const std::byte> ops);
   std::string Name() const {
     return "server " + std::to_string(options_.id) + " (" + options_.host + ":" +
            std::to_string(port_) + ")";
@@ -135,15 +136,27 @@ class MemoryServer::Impl : public transport::AmHandler {
   ServerOptions options_;
   uint16_t port_ = 0;
   ChunkAllocator chunks_;
+  std::unique_ptr<ServerAuth> auth_;
+  std::unique_ptr<Mirror> mirror_;  // this server mirrors another (ServerOptions::mirror_of)
+  // Replication, as a primary: the link to the backup (none before a BackupRequest, or after
+  // a DegradeRequest: `degraded_`), why this server refuses everything (its backup fenced it),
+  // and this round's changes and which of its replies wait for them (request ids by position;
+  // 0: the reply promises nothing).
+  std::unique_ptr<BackupLink> backup_;
+  bool degraded_ = false;
+  // A DegradeRequest's backup id, set on the mirror's loop (-1: none).
+  std::atomic<int> backup_gone_{-1};
+  std::optional<Status> fenced_;
+  std::vector<memory_ops::Range> changed_;
+  std::vector<LeaseChange> lease_changes_;
+  std::vector<uint64_t> round_;
   std::unique_ptr<transport::AmServer> am_;
   transport::MemoryRegion* region_ = nullptr;  // owned by am_
   Clock::time_point started_ = Clock::now();
   uint64_t requests_served_ = 0;
   uint64_t rejected_ = 0;
-  uint64_t auth_refused_ = 0;
-  std::optional<transport::ClusterSecret> secret_;  // none: no access control
-  std::optional<BootIdBytes> boot_id_;              // unknown: no client may map
-  std::unordered_map<uint64_t, ProcessPin> pins_;   // by process tag
+  std::optional<BootIdBytes> boot_id_;             // unknown: no client may map
+  std::unordered_map<uint64_t, ProcessPin> pins_;  // by process tag
   // Evicted process tags, at most kMaxEvictedTags; `evicted_order_` oldest first.
   std::unordered_set<uint64_t> evicted_;
   std::deque<uint64_t> evicted_order_;
@@ -161,8 +174,10 @@ Status MemoryServer::Impl::Init() {
   }
   // The region is committed at start (UCX writes every page of a shared-memory segment before
   // mapping it): a size the host cannot give would take its memory until the OOM killer acts.
-  FARPOOL_RETURN_IF_ERROR(
-      CheckFitsInAvailableMemory(chunks_.region_size(), "--memory " + FormatSize(options_.memory)));
+  const uint64_t region_size = chunks_.region_size() * (options_.mirror_of ? 2 : 1);
+  FARPOOL_RETURN_IF_ERROR(CheckFitsInAvailableMemory(
+      region_size, "--memory " + FormatSize(options_.memory) +
+                       (options_.mirror_of ? " (twice: the server's own and the mirror)" : "")));
   transport::AmServerOptions ao;
   ao.host = options_.host;
   ao.port = options_.port;
@@ -170,13 +185,26 @@ Status MemoryServer::Impl::Init() {
   ao.progress = options_.progress;
   ao.event_spin = kEventSpin;
   ao.fabric = options_.fabric;
-  ao.region_size = chunks_.region_size();
+  ao.region_size = region_size;
+  std::optional<transport::ClusterSecret> secret;
   if (!options_.secret_file.empty()) {  // before listening: a bad file fails the start at once
-    FARPOOL_ASSIGN_OR_RETURN(secret_, transport::ClusterSecret::Read(options_.secret_file));
+    FARPOOL_ASSIGN_OR_RETURN(secret, transport::ClusterSecret::Read(options_.secret_file));
   }
+  auth_ = std::make_unique<ServerAuth>(std::move(secret));
   FARPOOL_ASSIGN_OR_RETURN(am_, transport::AmServer::Listen(ao));
   port_ = am_->port();
   region_ = am_->region();
+  auth_->set_name(Name());
+  if (options_.mirror_of) {
+    if (*options_.mirror_of == options_.id) {
+      return Status::InvalidArgument("a server cannot mirror itself (--mirror-of " +
+                                     std::to_string(options_.id) + ")");
+    }
+    mirror_ = std::make_unique<Mirror>(*options_.mirror_of, region_->data() + chunks_.region_size(),
+                                       chunks_.region_size(), chunks_.chunk_size(), *auth_,
+                                       [this](uint16_t backup) { backup_gone_.store(backup); });
+    FARPOOL_RETURN_IF_ERROR(mirror_->Start(options_.host, options_.fabric, Name()));
+  }
   auto boot = BootId();
   if (boot.ok()) boot_id_ = *boot;
   return Status::Ok();
@@ -283,52 +311,6 @@ Result<wire::GoodbyeReply> MemoryServer::Impl::Goodbye(uint64_t tag, const trans
   return reply;
 }
 
-Result<wire::ChallengeReply> MemoryServer::Impl::Challenge(const wire::ChallengeRequest& request,
-                                                           transport::Peer* from) {
-  wire::ChallengeReply reply{};
-  if (!secret_) {
-    reply.flags = wire::kChallengeOpen;
-    return reply;
-  }
-  if (from == nullptr) {
-    return Refused("authentication failed: a challenge needs a reply path (the sender gave none)");
-  }
-  FARPOOL_ASSIGN_OR_RETURN(transport::Nonce nonce, transport::RandomNonce());
-  transport::Challenge c;
-  std::memcpy(c.client.data(), request.client_nonce, c.client.size());
-  c.server = nonce;
-  from->challenge = c;
-  std::memcpy(reply.server_nonce, nonce.data(), nonce.size());
-  return reply;
-}
-
-Status MemoryServer::Impl::Authenticate(const wire::HelloRequest& hello, transport::Peer* from,
-                                        wire::HelloReply& reply) {
-  if (!(hello.flags & wire::kHelloHasProof)) {
-    return Refused(
-        "authentication failed: no cluster secret: this server requires one (the client's "
-        "cluster file names no secret_file)");
-  }
-  if (from == nullptr || !from->challenge) {
-    return Refused(
-        "authentication failed: a hello with a proof but no challenge on this "
-        "connection (send a ChallengeRequest first)");
-  }
-  const transport::Challenge c = *from->challenge;
-  from->challenge.reset();  // one proof per challenge, right or wrong
-  transport::Proof proof;
-  std::memcpy(proof.data(), hello.proof, proof.size());
-  if (!secret_->Verify(proof, transport::ClusterSecret::Role::kClient, c.client, c.server)) {
-    return Refused("authentication failed: wrong cluster secret");
-  }
-  from->authenticated = true;
-  const transport::Proof mine =
-      secret_->Prove(transport::ClusterSecret::Role::kServer, c.client, c.server);
-  std::memcpy(reply.proof, mine.data(), mine.size());
-  reply.flags = wire::kHelloServerProof;
-  return Status::Ok();
-}
-
 uint32_t MemoryServer::Impl::DistinctClients() const {
   std::unordered_set<uint64_t> tags;
   for (uint64_t tag : am_->tags()) {
@@ -344,6 +326,7 @@ std::vector<std::byte> MemoryServer::Impl::Refuse(const Status& reason) {
 
 std::vector<std::byte> MemoryServer::Impl::Handle(std::span<const std::byte> bytes,
                                                   transport::Peer* from) {
+  round_.push_back(0);  // set to the request id by a request that must reach the backup
   auto message = wire::Decode(bytes);
   if (!message.ok()) {
     ++rejected_;
@@ -362,25 +345,23 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
   const uint64_t id = m.header.request_id;
   // Nothing but the challenge and the hello (which authenticates) from a connection that has
   // not authenticated.
-  if (secret_ && m.opcode != wire::Opcode::kChallengeRequest &&
-      m.opcode != wire::Opcode::kHelloRequest && (from == nullptr || !from->authenticated)) {
-    return Refused("not authenticated: " + std::string(wire::OpcodeName(m.opcode)) +
-                   " refused (a connection proves it knows the cluster secret in its hello "
-                   "before anything else)");
-  }
+  FARPOOL_RETURN_IF_ERROR(auth_->Admit(m.opcode, from));
   if (from != nullptr && from->tag != 0 && IsEvicted(from->tag)) return Evicted(from->tag);
+  // A primary its backup has fenced serves nothing: its data lives on at the backup.
+  if (fenced_ && m.opcode != wire::Opcode::kChallengeRequest &&
+      m.opcode != wire::Opcode::kHelloRequest && m.opcode != wire::Opcode::kStatsRequest) {
+    return *fenced_;
+  }
   switch (m.opcode) {
     case wire::Opcode::kChallengeRequest: {
       FARPOOL_ASSIGN_OR_RETURN(wire::ChallengeReply r,
-                               Challenge(m.As<wire::ChallengeRequest>(), from));
+                               auth_->Challenge(m.As<wire::ChallengeRequest>(), from));
       return wire::Encode(id, r);
     }
     case wire::Opcode::kHelloRequest: {
       auto hello = m.As<wire::HelloRequest>();
       wire::HelloReply r{};
-      if (secret_ && (from == nullptr || !from->authenticated)) {
-        FARPOOL_RETURN_IF_ERROR(Authenticate(hello, from, r));
-      }
+      if (auth_->NeedsProof(from)) FARPOOL_RETURN_IF_ERROR(auth_->Authenticate(hello, from, r));
       const uint32_t tag = static_cast<uint32_t>(hello.client_nonce);
       if (tag == 0) {
         return Status::InvalidArgument(Name() +
@@ -396,17 +377,26 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
       r.region_size = chunks_.region_size();
       r.chunk_size = chunks_.chunk_size();
       r.server_pid = static_cast<uint64_t>(getpid());
+      r.mirror_of = mirror_ ? mirror_->primary_id() : wire::kNoMirror;
+      r.mirror_port = mirror_ ? mirror_->port() : 0;
+      r.mirror_offset = mirror_ ? chunks_.region_size() : 0;
       return wire::Encode(id, r, region_->packed_rkey());
     }
     case wire::Opcode::kLeaseRequest: {
+      FARPOOL_RETURN_IF_ERROR(MayChange());
       auto req = m.As<wire::LeaseRequest>();
       auto offset = chunks_.Lease(req.size);
       if (!offset.ok()) return offset.status().WithContext(Name() + ": lease refused");
+      lease_changes_.push_back({*offset, req.size, true});
+      round_.back() = id;
       return wire::Encode(id, wire::LeaseReply{*offset, req.size});
     }
     case wire::Opcode::kReleaseRequest: {
+      FARPOOL_RETURN_IF_ERROR(MayChange());
       auto req = m.As<wire::ReleaseRequest>();
       FARPOOL_RETURN_IF_ERROR(chunks_.Release(req.offset, req.size).WithContext(Name()));
+      lease_changes_.push_back({req.offset, req.size, false});
+      round_.back() = id;
       return wire::Encode(id, wire::ReleaseReply{req.size});
     }
     case wire::Opcode::kStatsRequest: {
@@ -423,23 +413,11 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
           std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - started_).count());
       r.server_pid = static_cast<uint64_t>(getpid());
       r.rss_private = PrivateResidentBytes();
-      r.auth_refused = auth_refused_;
+      r.auth_refused = auth_->refused();
       return wire::Encode(id, r);
     }
-    case wire::Opcode::kBatchRequest: {
-      auto req = m.As<wire::BatchRequest>();
-      memory_ops::Region region{
-          region_->data(), chunks_.region_size(),
-          [this](uint64_t offset, uint64_t size) { return chunks_.Covers(offset, size); },
-          options_.id};
-      auto results = memory_ops::Execute(req.op_count, m.tail, region);
-      if (!results.ok()) {
-        ++rejected_;
-        return results.status().WithContext(Name());
-      }
-      return wire::Encode(
-          id, wire::BatchReply{req.op_count, static_cast<uint32_t>(results->size())}, *results);
-    }
+    case wire::Opcode::kBatchRequest:
+      return ExecuteBatch(id, m.As<wire::BatchRequest>(), m.tail);
     case wire::Opcode::kEvictRequest: {
       FARPOOL_ASSIGN_OR_RETURN(wire::EvictReply r, Evict(m.As<wire::EvictRequest>().tag, from));
       return wire::Encode(id, r);
@@ -448,6 +426,18 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
       FARPOOL_ASSIGN_OR_RETURN(wire::GoodbyeReply r,
                                Goodbye(m.As<wire::GoodbyeRequest>().tag, from));
       return wire::Encode(id, r);
+    }
+    case wire::Opcode::kBackupRequest: {
+      FARPOOL_ASSIGN_OR_RETURN(wire::BackupReply r, ConfigureBackup(m.As<wire::BackupRequest>()));
+      return wire::Encode(id, r);
+    }
+    case wire::Opcode::kPromoteRequest: {
+      const auto req = m.As<wire::PromoteRequest>();
+      if (!mirror_ || mirror_->primary_id() != req.id) {
+        return Status::InvalidArgument(Name() + ": cannot take server " + std::to_string(req.id) +
+                                       "'s data over: it does not mirror it");
+      }
+      return wire::Encode(id, wire::PromoteReply{mirror_->Promote()});
     }
     case wire::Opcode::kHelloReply:
     case wire::Opcode::kChallengeReply:
@@ -458,11 +448,123 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
     case wire::Opcode::kReleaseReply:
     case wire::Opcode::kStatsReply:
     case wire::Opcode::kErrorReply:
+    case wire::Opcode::kBackupReply:
+    case wire::Opcode::kReplicateReply:
+    case wire::Opcode::kMirrorLeaseReply:
+    case wire::Opcode::kPromoteReply:
+    case wire::Opcode::kDegradeReply:
       break;
+    case wire::Opcode::kReplicateRequest:
+    case wire::Opcode::kMirrorLeaseRequest:
+    case wire::Opcode::kDegradeRequest:
+      ++rejected_;
+      return Status::InvalidArgument(Name() + ": " + std::string(wire::OpcodeName(m.opcode)) +
+                                     " belongs on a mirror's port (HelloReply::mirror_port)");
   }
   ++rejected_;
   return Status::Protocol(Name() + ": " + std::string(wire::OpcodeName(m.opcode)) +
                           " is a reply, not a request");
+}
+
+void MemoryServer::Impl::Degrade() {
+  std::fprintf(stderr, "%s: %s is gone (a client says so): one copy from now on\n", Name().c_str(),
+               backup_->name().c_str());
+  backup_.reset();
+  degraded_ = true;
+}
+
+Status MemoryServer::Impl::MayChange() const {
+  if (!options_.replicated || backup_ != nullptr || degraded_) return Status::Ok();
+  return Status::Unavailable(Name() +
+                             ": no backup yet: leases and batches are refused until the cluster "
+                             "tool names one (BackupRequest), so no change is acknowledged with "
+                             "one copy");
+}
+
+Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(const wire::BackupRequest& request) {
+  if (!options_.replicated) {
+    return Status::InvalidArgument(Name() + ": started without replication (--replicas)");
+  }
+  if (request.backup_id == options_.id) {
+    return Status::InvalidArgument(Name() + ": cannot be its own backup");
+  }
+  // The copy starts equal: nothing is leased before the backup is named, and the root area,
+  // all a client may have touched, is sent once.
+  if (chunks_.leased() > 0) {
+    return Status::InvalidArgument(Name() + ": a backup can be named only before any lease");
+  }
+  const std::string host(request.host, strnlen(request.host, sizeof(request.host)));
+  FARPOOL_ASSIGN_OR_RETURN(std::unique_ptr<BackupLink> link,
+                           BackupLink::Connect({request.backup_id, host, request.port}, options_.id,
+                                               chunks_.region_size(), auth_->secret(),
+                                               options_.fabric, options_.backup_timeout));
+  FARPOOL_RETURN_IF_ERROR(
+      link->Forward(region_->data(), {{memory_ops::Range{0, wire::kRootAreaSize}}}, {}, nullptr));
+  backup_ = std::move(link);
+  degraded_ = false;
+  return wire::BackupReply{0};
+}
+
+Result<std::vector<std::byte>> MemoryServer::Impl::ExecuteBatch(uint64_t id,
+                                                                const wire::BatchRequest& request,
+                                                                std::span<const std::byte> ops) {
+  FARPOOL_RETURN_IF_ERROR(MayChange());  // before anything is executed
+  const uint64_t own = chunks_.region_size();
+  // Offsets past the server's own part address the mirror, for clients that have failed its
+  // primary over to this server (only once promoted: Mirror::Covers).
+  memory_ops::Region region{region_->data(), own + (mirror_ ? mirror_->size() : 0),
+                            [this, own](uint64_t offset, uint64_t size) {
+                              if (offset < own)
+                                return size <= own - offset && chunks_.Covers(offset, size);
+                              return mirror_ != nullptr && mirror_->Covers(offset - own, size);
+                            },
+                            options_.id};
+  const size_t before = changed_.size();
+  if (options_.replicated) region.changed = &changed_;
+  auto results = memory_ops::Execute(request.op_count, ops, region);
+  if (!results.ok()) {
+    ++rejected_;
+    return results.status().WithContext(Name());
+  }
+  // Changes to the mirror (a failed-over primary's data) have this one copy: not forwarded.
+  changed_.erase(std::remove_if(changed_.begin() + static_cast<ptrdiff_t>(before), changed_.end(),
+                                [own](const memory_ops::Range& r) { return r.offset >= own; }),
+                 changed_.end());
+  if (changed_.size() > before) round_.back() = id;
+  return wire::Encode(
+      id, wire::BatchReply{request.op_count, static_cast<uint32_t>(results->size())}, *results);
+}
+
+void MemoryServer::Impl::Settle(std::span<std::vector<std::byte>> replies) {
+  const bool promised =
+      std::any_of(round_.begin(), round_.end(), [](uint64_t id) { return id != 0; });
+  auto declared_gone = [&] { return backup_ != nullptr && backup_gone_.load() == backup_->id(); };
+  if (declared_gone()) Degrade();
+  if (promised && backup_ != nullptr) {
+    Status forwarded = backup_->Forward(region_->data(), changed_, lease_changes_, declared_gone);
+    if (declared_gone()) {
+      Degrade();  // the round stands with one copy, as every later one
+      forwarded = Status::Ok();
+    }
+    if (!forwarded.ok()) {
+      const bool fenced = forwarded.code() == StatusCode::kPermissionDenied;
+      Status why =
+          Status::Unavailable(Name() + ": the change was applied here but not acknowledged: " +
+                              (fenced ? "this server has been failed over; retry at the backup"
+                                      : "its backup does not answer") +
+                              " (" + forwarded.message() + ")");
+      if (fenced) {
+        std::fprintf(stderr, "%s\n", why.message().c_str());
+        fenced_ = why;
+      }
+      for (size_t i = 0; i < replies.size() && i < round_.size(); ++i) {
+        if (round_[i] != 0) replies[i] = wire::EncodeError(round_[i], why);
+      }
+    }
+  }
+  changed_.clear();
+  lease_changes_.clear();
+  round_.clear();
 }
 
 Result<std::unique_ptr<MemoryServer>> MemoryServer::Start(const ServerOptions& options) {

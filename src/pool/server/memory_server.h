@@ -28,14 +28,26 @@
 // a secret the server authenticates nobody and serves every connection (in-process tests,
 // single-user development); `farpool cluster up` always gives its servers one.
 //
+// Replication (docs/pool.md "Replication"): with ServerOptions::mirror_of the region is twice
+// the donation: after the server's own part, a mirror of that server's region
+// (pool/server/mirror.h) that takes its forwards on a port of its own. With
+// ServerOptions::replicated, every request that changes the region or the leases is refused
+// until a BackupRequest names the backup; from then on (pool/server/backup_link.h) the changes
+// of each round of requests go to the backup before any of their replies does (AmHandler::
+// Settle). A backup that refuses them (it took this server's data over: fenced) makes this
+// server refuse every later request; one that does not answer fails that round's changes
+// (applied here, not acknowledged) until a DegradeRequest says the backup is gone.
+//
 // Progress modes (ProgressMode, transport/am_server.h): kBusy polls without pause; kEvent
 // sleeps on the worker's event descriptor once it has been idle for 50 us.
 //
 // Thread-safety: Start/Stop/destructor from one owning thread.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "farpool/fabric.h"
@@ -54,6 +66,11 @@ struct ServerOptions {
   Fabric fabric = Fabric::kAuto;
   // The cluster secret's file (transport::ClusterSecret::Read); empty: no access control.
   std::string secret_file;
+  // Replication: the server whose region this one mirrors (same size), if any; whether this
+  // server's changes must reach a backup before they are acknowledged; how long it waits.
+  std::optional<uint16_t> mirror_of;
+  bool replicated = false;
+  std::chrono::milliseconds backup_timeout{2000};
 };
 
 // How many evicted process tags a server remembers (the oldest is forgotten first): 8 bytes each

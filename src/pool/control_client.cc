@@ -1,0 +1,163 @@
+#include "pool/control_client.h"
+
+#include <cstring>
+#include <thread>
+
+namespace farpool::control {
+
+using Clock = std::chrono::steady_clock;
+
+ucs_status_t ReplyBox::OnMessage(void* arg, const void*, size_t, void* data, size_t length,
+                                 const ucp_am_recv_param_t* param) {
+  auto* box = static_cast<ReplyBox*>(arg);
+  const auto* bytes = static_cast<const std::byte*>(data);
+  const auto id = transport::RequestIdOf({bytes, length});
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || !id) {
+    return UCS_OK;  // not a reply we could have asked for; dropped
+  }
+  box->replies[*id] = std::vector<std::byte>(bytes, bytes + length);
+  return UCS_OK;
+}
+
+Result<Reply> TakeReply(const std::string& name, std::vector<std::byte> bytes,
+                        wire::Opcode expected) {
+  Reply r{std::move(bytes), {}};
+  auto m = wire::Decode(r.bytes);
+  if (!m.ok()) return m.status().WithContext(name + ": bad reply");
+  r.message = *m;
+  if (m->opcode == wire::Opcode::kErrorReply) return wire::DecodeError(*m);
+  if (m->opcode != expected) {
+    return Status::Protocol(name + ": expected " + std::string(wire::OpcodeName(expected)) +
+                            ", got " + std::string(wire::OpcodeName(m->opcode)));
+  }
+  return r;
+}
+
+Ask AskOn(std::string name, transport::Worker& worker, ReplyBox& box, transport::Endpoint& ep,
+          uint64_t& next_id, Clock::time_point deadline) {
+  return [name = std::move(name), &worker, &box, &ep, &next_id, deadline](
+             const Encoder& encode, wire::Opcode expected) -> Result<Reply> {
+    const uint64_t id = next_id++;
+    Status sent = ep.SendAm(transport::kControlAm, encode(id), true, deadline, nullptr);
+    if (!sent.ok()) return sent.WithContext(name);
+    for (;;) {
+      auto it = box.replies.find(id);
+      if (it != box.replies.end()) {
+        std::vector<std::byte> bytes = std::move(it->second);
+        box.replies.erase(it);
+        return TakeReply(name, std::move(bytes), expected);
+      }
+      if (ep.failed()) return Status::Unavailable(name + ": connection lost");
+      if (Clock::now() > deadline) {
+        return Status::TimedOut(name + ": no " + std::string(wire::OpcodeName(expected)) +
+                                " in time");
+      }
+      worker.Progress();
+    }
+  };
+}
+
+Result<Reply> Handshake(const std::string& name, const transport::ClusterSecret* secret,
+                        wire::HelloRequest hello, const Ask& ask) {
+  transport::Challenge c;
+  if (secret != nullptr) {
+    FARPOOL_ASSIGN_OR_RETURN(c.client, transport::RandomNonce());
+    wire::ChallengeRequest request{};
+    std::memcpy(request.client_nonce, c.client.data(), c.client.size());
+    FARPOOL_ASSIGN_OR_RETURN(Reply r, ask([&](uint64_t id) { return wire::Encode(id, request); },
+                                          wire::Opcode::kChallengeReply));
+    const auto challenge = r.message.As<wire::ChallengeReply>();
+    if (challenge.flags & wire::kChallengeOpen) {
+      return Status::PermissionDenied(
+          name +
+          ": authentication failed: the server has no cluster secret (started without "
+          "--secret-file), so it cannot prove that it belongs to this cluster, whose file names "
+          "a secret");
+    }
+    std::memcpy(c.server.data(), challenge.server_nonce, c.server.size());
+    const transport::Proof proof =
+        secret->Prove(transport::ClusterSecret::Role::kClient, c.client, c.server);
+    std::memcpy(hello.proof, proof.data(), proof.size());
+    hello.flags |= wire::kHelloHasProof;
+  }
+  FARPOOL_ASSIGN_OR_RETURN(Reply r, ask([&](uint64_t id) { return wire::Encode(id, hello); },
+                                        wire::Opcode::kHelloReply));
+  if (secret != nullptr) {
+    const auto reply = r.message.As<wire::HelloReply>();
+    transport::Proof proof;
+    std::memcpy(proof.data(), reply.proof, proof.size());
+    if (!(reply.flags & wire::kHelloServerProof) ||
+        !secret->Verify(proof, transport::ClusterSecret::Role::kServer, c.client, c.server)) {
+      return Status::PermissionDenied(
+          name +
+          ": authentication failed: the server did not prove that it knows the cluster "
+          "secret (an impostor, or a server of another cluster)");
+    }
+  }
+  return r;
+}
+
+Result<std::unique_ptr<Connection>> Connection::Open(const Options& options,
+                                                     const wire::HelloRequest& hello) {
+  std::unique_ptr<Connection> c(new Connection());
+  c->options_ = options;
+  transport::Context::Options copts;
+  copts.fabric = options.fabric == Fabric::kShm ? Fabric::kAuto : options.fabric;
+  copts.reach = {options.host};
+  FARPOOL_ASSIGN_OR_RETURN(c->context_, transport::Context::Create(copts));
+  FARPOOL_ASSIGN_OR_RETURN(c->worker_, transport::Worker::Create(*c->context_, false));
+  FARPOOL_RETURN_IF_ERROR(
+      c->worker_->SetAmHandler(transport::kControlAm, &ReplyBox::OnMessage, &c->box_));
+  FARPOOL_ASSIGN_OR_RETURN(
+      c->ep_, transport::Endpoint::Connect(*c->worker_, options.host, options.port, nullptr));
+  FARPOOL_ASSIGN_OR_RETURN(Reply r, Handshake(options.name, options.secret, hello,
+                                              AskOn(options.name, *c->worker_, c->box_, *c->ep_,
+                                                    c->next_id_, Clock::now() + options.timeout)));
+  c->hello_ = r.message.As<wire::HelloReply>();
+  return c;
+}
+
+Connection::~Connection() {
+  ep_.reset();  // before its worker, the worker before the context
+  worker_.reset();
+}
+
+Result<Reply> Connection::Call(const Encoder& encode, wire::Opcode expected) {
+  return AskOn(options_.name, *worker_, box_, *ep_, next_id_, Clock::now() + options_.timeout)(
+      encode, expected);
+}
+
+Status Connection::Send(std::span<const std::byte> message) {
+  if (ep_->failed()) return Status::Unavailable(options_.name + ": connection lost");
+  return ep_->SendAm(transport::kControlAm, message, true, Clock::now() + options_.timeout, nullptr)
+      .WithContext(options_.name);
+}
+
+Result<Reply> Connection::Await(uint64_t id, wire::Opcode expected, Clock::time_point deadline,
+                                const std::function<bool()>& give_up) {
+  for (;;) {
+    auto it = box_.replies.find(id);
+    if (it != box_.replies.end()) {
+      std::vector<std::byte> bytes = std::move(it->second);
+      box_.replies.erase(it);
+      return TakeReply(options_.name, std::move(bytes), expected);
+    }
+    if (give_up && give_up()) return Status::Aborted(options_.name + ": given up");
+    if (!ep_->failed() && Clock::now() > deadline) {
+      return Status::TimedOut(options_.name + ": no " + std::string(wire::OpcodeName(expected)) +
+                              " within " + std::to_string(options_.timeout.count()) + " ms");
+    }
+    // A lost connection is final only once nobody may still give up in time: a primary waits
+    // for its clients to declare its dead backup gone until the deadline.
+    if (ep_->failed()) {
+      if (!give_up || Clock::now() > deadline) {
+        return Status::Unavailable(options_.name + ": connection lost");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      continue;
+    }
+    worker_->Progress();
+  }
+}
+
+}  // namespace farpool::control

@@ -1,0 +1,107 @@
+// The client side of the control protocol (transport/wire.h), shared by the Pool's connections
+// and a primary memory server's link to its backup: replies kept by request id, a request and
+// its reply on one connection, and the hello with the cluster secret's challenge-response.
+//
+// Thread-safety: a ReplyBox and an Ask belong to the thread that progresses their worker.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "farpool/fabric.h"
+#include "farpool/status.h"
+#include "transport/auth.h"
+#include "transport/ucx.h"
+#include "transport/wire.h"
+
+namespace farpool::control {
+
+// Receives control replies on a worker (its kControlAm handler): keeps each by request id for
+// the waiting caller; drops what cannot be a reply (no request id, rendezvous).
+struct ReplyBox {
+  std::unordered_map<uint64_t, std::vector<std::byte>> replies;
+
+  static ucs_status_t OnMessage(void* arg, const void* header, size_t header_length, void* data,
+                                size_t length, const ucp_am_recv_param_t* param);
+};
+
+// A decoded reply; `message` views into `bytes`.
+struct Reply {
+  std::vector<std::byte> bytes;
+  wire::Message message;
+};
+using Encoder = std::function<std::vector<std::byte>(uint64_t request_id)>;
+// One request built by `encode(request_id)` and its reply of opcode `expected`.
+using Ask = std::function<Result<Reply>(const Encoder& encode, wire::Opcode expected)>;
+
+// A received reply from the server called `name`: decoded, an ErrorReply as its Status,
+// Protocol unless of opcode `expected`.
+Result<Reply> TakeReply(const std::string& name, std::vector<std::byte> bytes,
+                        wire::Opcode expected);
+
+// An Ask on `ep`: sends, then progresses `worker` until the reply is in `box`, the connection
+// fails (Unavailable, "connection lost") or `deadline` passes (TimedOut). Request ids come from
+// `next_id`. All references must outlive the Ask.
+Ask AskOn(std::string name, transport::Worker& worker, ReplyBox& box, transport::Endpoint& ep,
+          uint64_t& next_id, std::chrono::steady_clock::time_point deadline);
+
+// The hello of a new connection to the server called `name`: with a `secret`, the challenge
+// first and `hello` carries our proof, and the server's reply must carry its proof. Returns the
+// server's HelloReply. PermissionDenied ("authentication failed: ...") if either side refuses
+// the other.
+Result<Reply> Handshake(const std::string& name, const transport::ClusterSecret* secret,
+                        wire::HelloRequest hello, const Ask& ask);
+
+// A connection of its own to one server, for control requests outside a Pool: the cluster
+// tool's (naming backups) and a primary's link to its backup. Open() connects and says
+// `hello` (control::Handshake); every later request waits at most `timeout`.
+class Connection {
+ public:
+  struct Options {
+    std::string name;  // for messages: "server 3 (host:port)"
+    std::string host;
+    uint16_t port = 0;
+    const transport::ClusterSecret* secret = nullptr;  // must outlive the connection
+    Fabric fabric = Fabric::kAuto;
+    std::chrono::milliseconds timeout{2000};
+  };
+  static Result<std::unique_ptr<Connection>> Open(const Options& options,
+                                                  const wire::HelloRequest& hello);
+  ~Connection();
+
+  // The server's HelloReply (its tail, the packed rkey, is not kept).
+  const wire::HelloReply& hello() const { return hello_; }
+  const std::string& name() const { return options_.name; }
+  // One request and its reply.
+  Result<Reply> Call(const Encoder& encode, wire::Opcode expected);
+  // Pipelining: send several requests (ids from NextId()), then await each reply.
+  uint64_t NextId() { return next_id_++; }
+  Status Send(std::span<const std::byte> message);
+  // Aborted as soon as `give_up` (if set) returns true.
+  Result<Reply> Await(uint64_t id, wire::Opcode expected,
+                      std::chrono::steady_clock::time_point deadline,
+                      const std::function<bool()>& give_up = nullptr);
+  std::chrono::milliseconds timeout() const { return options_.timeout; }
+
+ private:
+  Connection() = default;
+
+  Options options_;
+  std::unique_ptr<transport::Context> context_;
+  std::unique_ptr<transport::Worker> worker_;
+  ReplyBox box_;
+  std::unique_ptr<transport::Endpoint> ep_;
+  uint64_t next_id_ = 1;
+  wire::HelloReply hello_{};
+};
+
+}  // namespace farpool::control

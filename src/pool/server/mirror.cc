@@ -1,0 +1,117 @@
+#include "pool/server/mirror.h"
+
+#include <unistd.h>
+
+#include "pool/memory_ops.h"
+#include "transport/ucx.h"
+#include "transport/wire.h"
+
+namespace farpool {
+
+Status Mirror::Start(const std::string& host, Fabric fabric, const std::string& name) {
+  name_ = name + " mirror of server " + std::to_string(primary_id_);
+  transport::AmServerOptions ao;
+  ao.host = host;
+  ao.am_id = transport::kControlAm;
+  ao.progress = ProgressMode::kEvent;  // forwards come in bursts; an idle mirror sleeps
+  ao.event_spin = std::chrono::microseconds(50);
+  ao.fabric = fabric;
+  FARPOOL_ASSIGN_OR_RETURN(am_, transport::AmServer::Listen(ao));
+  am_->Start(*this);
+  return Status::Ok();
+}
+
+uint64_t Mirror::Promote() {
+  std::lock_guard lock(mu_);
+  promoted_ = true;
+  return book_.leased();
+}
+
+bool Mirror::promoted() const {
+  std::lock_guard lock(mu_);
+  return promoted_;
+}
+
+bool Mirror::Covers(uint64_t offset, uint64_t size) const {
+  std::lock_guard lock(mu_);
+  return promoted_ && book_.Covers(offset, size);
+}
+
+Status Mirror::Fenced() const {
+  return Status::PermissionDenied(
+      name_ + ": fenced: this server has taken server " + std::to_string(primary_id_) +
+      "'s data over (a client found it gone) and takes no more of its forwards");
+}
+
+std::vector<std::byte> Mirror::Refuse(const Status& reason) {
+  return wire::EncodeError(0, reason.WithContext(name_));
+}
+
+std::vector<std::byte> Mirror::Handle(std::span<const std::byte> bytes, transport::Peer* from) {
+  auto reply = Answer(bytes, from);
+  if (reply.ok()) return std::move(*reply);
+  return wire::EncodeError(transport::RequestIdOf(bytes).value_or(0), reply.status());
+}
+
+Result<std::vector<std::byte>> Mirror::Answer(std::span<const std::byte> bytes,
+                                              transport::Peer* from) {
+  FARPOOL_ASSIGN_OR_RETURN(wire::Message m, wire::Decode(bytes));
+  const uint64_t id = m.header.request_id;
+  FARPOOL_RETURN_IF_ERROR(auth_.Admit(m.opcode, from));
+  switch (m.opcode) {
+    case wire::Opcode::kChallengeRequest: {
+      FARPOOL_ASSIGN_OR_RETURN(wire::ChallengeReply r,
+                               auth_.Challenge(m.As<wire::ChallengeRequest>(), from));
+      return wire::Encode(id, r);
+    }
+    case wire::Opcode::kHelloRequest: {
+      wire::HelloReply r{};
+      if (auth_.NeedsProof(from)) {
+        FARPOOL_RETURN_IF_ERROR(auth_.Authenticate(m.As<wire::HelloRequest>(), from, r));
+      }
+      r.server_pid = static_cast<uint64_t>(getpid());
+      r.mirror_of = primary_id_;
+      r.region_size = size_;
+      return wire::Encode(id, r);
+    }
+    case wire::Opcode::kReplicateRequest: {
+      const auto req = m.As<wire::ReplicateRequest>();
+      if (req.primary_id != primary_id_) {
+        return Status::InvalidArgument(name_ + ": a forward from server " +
+                                       std::to_string(req.primary_id) + ", not from its primary");
+      }
+      std::lock_guard lock(mu_);
+      if (promoted_) return Fenced();
+      std::vector<memory_ops::Range> written;
+      memory_ops::Region region{memory_,     size_,    [](uint64_t, uint64_t) { return true; },
+                                primary_id_, &written, /*writes_only=*/true};
+      FARPOOL_RETURN_IF_ERROR(
+          memory_ops::Execute(req.op_count, m.tail, region).status().WithContext(name_));
+      uint64_t applied = 0;
+      for (const memory_ops::Range& r : written) applied += r.size;
+      return wire::Encode(id, wire::ReplicateReply{applied});
+    }
+    case wire::Opcode::kMirrorLeaseRequest: {
+      const auto req = m.As<wire::MirrorLeaseRequest>();
+      if (req.primary_id != primary_id_) {
+        return Status::InvalidArgument(name_ + ": a lease forward from server " +
+                                       std::to_string(req.primary_id) + ", not from its primary");
+      }
+      std::lock_guard lock(mu_);
+      if (promoted_) return Fenced();
+      FARPOOL_RETURN_IF_ERROR(
+          (req.leased ? book_.LeaseAt(req.offset, req.size) : book_.Release(req.offset, req.size))
+              .WithContext(name_));
+      return wire::Encode(id, wire::MirrorLeaseReply{0});
+    }
+    case wire::Opcode::kDegradeRequest:
+      on_degrade_(m.As<wire::DegradeRequest>().backup_id);
+      return wire::Encode(id, wire::DegradeReply{0});
+    default:
+      return Status::InvalidArgument(name_ + ": " + std::string(wire::OpcodeName(m.opcode)) +
+                                     " is not served on a mirror's port (a primary's "
+                                     "forwards and degrades are)");
+  }
+}
+
+}  // namespace farpool

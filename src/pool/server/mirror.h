@@ -1,0 +1,92 @@
+// Mirror: a backup memory server's copy of its primary's region (docs/pool.md "Replication").
+//
+// How it works: the copy lives in the backup's own region, past its own part (at
+// HelloReply::mirror_offset), so that once promoted the backup serves it to clients like its
+// own memory. The primary's forwards arrive on a loop of their own (an AmServer on another
+// port, HelloReply::mirror_port, event progress): a primary waits for its backup's
+// acknowledgement on its progress thread, so two servers that back each other up would
+// deadlock if forwards had to pass through the loop that is waiting. That loop applies
+// ReplicateRequests (writes, offsets in the primary's region) and MirrorLeaseRequests (the
+// primary's lease book) from authenticated connections, for the primary it mirrors only.
+//
+// The mirror's loop also takes DegradeRequests meant for the server as a primary (its own
+// backup is gone): the server's progress thread may be the one waiting for that backup.
+//
+// Promote() (a client found the primary gone) ends that: from then on forwards are refused
+// ("fenced"), which is what stops a primary that is cut off from the clients but not from its
+// backup from acknowledging another write, and the server's own loop serves the copy: its
+// clients' operations at mirror offsets are checked against the mirrored lease book.
+//
+// Thread-safety: the forwards run on the mirror's loop, everything else on the server's
+// progress thread; the lease book and the promoted flag are guarded by one mutex, and a
+// forward applies its writes under it, so no forward lands after Promote returns.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "farpool/fabric.h"
+#include "farpool/status.h"
+#include "pool/server/chunk_allocator.h"
+#include "pool/server/server_auth.h"
+#include "transport/am_server.h"
+
+namespace farpool {
+
+class Mirror : public transport::AmHandler {
+ public:
+  // The copy of server `primary_id`'s region of `size` bytes (chunks of `chunk_size`) at
+  // `memory`, which outlives the mirror. `auth` is the server's; `name` its name.
+  // `on_degrade(backup_id)`: a DegradeRequest for this server's own role as a primary (served
+  // here because the server's loop may be blocked waiting for that backup); any thread.
+  Mirror(uint16_t primary_id, std::byte* memory, uint64_t size, uint64_t chunk_size,
+         ServerAuth& auth, std::function<void(uint16_t)> on_degrade)
+      : primary_id_(primary_id),
+        memory_(memory),
+        size_(size),
+        book_(size, chunk_size),
+        auth_(auth),
+        on_degrade_(std::move(on_degrade)) {}
+  ~Mirror() override { Stop(); }
+
+  // Listens on `host` (any free port) and starts the forwards' loop.
+  Status Start(const std::string& host, Fabric fabric, const std::string& name);
+  void Stop() {
+    if (am_) am_->Stop();
+  }
+  uint16_t port() const { return am_ ? am_->port() : 0; }
+  uint16_t primary_id() const { return primary_id_; }
+  uint64_t size() const { return size_; }
+
+  // Takes the primary's data over: forwards are refused from now on. Returns the bytes of the
+  // mirrored lease book. Idempotent.
+  uint64_t Promote();
+  bool promoted() const;
+  // Whether a client may touch [offset, offset + size) of the copy (offsets in the primary's
+  // region): promoted, and inside the root area or a mirrored lease.
+  bool Covers(uint64_t offset, uint64_t size) const;
+
+  std::vector<std::byte> Handle(std::span<const std::byte> bytes, transport::Peer* from) override;
+  std::vector<std::byte> Refuse(const Status& reason) override;
+
+ private:
+  Result<std::vector<std::byte>> Answer(std::span<const std::byte> bytes, transport::Peer* from);
+  Status Fenced() const;
+
+  const uint16_t primary_id_;
+  std::byte* const memory_;
+  const uint64_t size_;
+  mutable std::mutex mu_;
+  ChunkAllocator book_;    // guarded by mu_
+  bool promoted_ = false;  // guarded by mu_
+  ServerAuth& auth_;
+  std::function<void(uint16_t)> on_degrade_;
+  std::string name_;
+  std::unique_ptr<transport::AmServer> am_;
+};
+
+}  // namespace farpool

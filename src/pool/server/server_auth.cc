@@ -1,0 +1,68 @@
+#include "pool/server/server_auth.h"
+
+#include <cstring>
+
+namespace farpool {
+
+Status ServerAuth::Refused(std::string why) {
+  refused_.fetch_add(1, std::memory_order_relaxed);
+  return Status::PermissionDenied(name_ + ": " + std::move(why));
+}
+
+Status ServerAuth::Admit(wire::Opcode opcode, const transport::Peer* from) {
+  if (!NeedsProof(from) || opcode == wire::Opcode::kChallengeRequest ||
+      opcode == wire::Opcode::kHelloRequest) {
+    return Status::Ok();
+  }
+  return Refused("not authenticated: " + std::string(wire::OpcodeName(opcode)) +
+                 " refused (a connection proves it knows the cluster secret in its hello "
+                 "before anything else)");
+}
+
+Result<wire::ChallengeReply> ServerAuth::Challenge(const wire::ChallengeRequest& request,
+                                                   transport::Peer* from) {
+  wire::ChallengeReply reply{};
+  if (!secret_) {
+    reply.flags = wire::kChallengeOpen;
+    return reply;
+  }
+  if (from == nullptr) {
+    return Refused("authentication failed: a challenge needs a reply path (the sender gave none)");
+  }
+  FARPOOL_ASSIGN_OR_RETURN(transport::Nonce nonce, transport::RandomNonce());
+  transport::Challenge c;
+  std::memcpy(c.client.data(), request.client_nonce, c.client.size());
+  c.server = nonce;
+  from->challenge = c;
+  std::memcpy(reply.server_nonce, nonce.data(), nonce.size());
+  return reply;
+}
+
+Status ServerAuth::Authenticate(const wire::HelloRequest& hello, transport::Peer* from,
+                                wire::HelloReply& reply) {
+  if (!(hello.flags & wire::kHelloHasProof)) {
+    return Refused(
+        "authentication failed: no cluster secret: this server requires one (the client's "
+        "cluster file names no secret_file)");
+  }
+  if (from == nullptr || !from->challenge) {
+    return Refused(
+        "authentication failed: a hello with a proof but no challenge on this "
+        "connection (send a ChallengeRequest first)");
+  }
+  const transport::Challenge c = *from->challenge;
+  from->challenge.reset();  // one proof per challenge, right or wrong
+  transport::Proof proof;
+  std::memcpy(proof.data(), hello.proof, proof.size());
+  if (!secret_->Verify(proof, transport::ClusterSecret::Role::kClient, c.client, c.server)) {
+    return Refused("authentication failed: wrong cluster secret");
+  }
+  from->authenticated = true;
+  const transport::Proof mine =
+      secret_->Prove(transport::ClusterSecret::Role::kServer, c.client, c.server);
+  std::memcpy(reply.proof, mine.data(), mine.size());
+  reply.flags = wire::kHelloServerProof;
+  return Status::Ok();
+}
+
+}  // namespace farpool
