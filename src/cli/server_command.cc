@@ -1,6 +1,8 @@
 // `farpool server`: run one memory server until SIGTERM or SIGINT.
+#include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <memory>
 
@@ -59,6 +61,11 @@ int RunServer(const ServerArgs& a) {
   o.secret_file = a.secret_file;
   if (a.mirror_of >= 0) o.mirror_of = static_cast<uint16_t>(a.mirror_of);
   o.replicated = a.replicated;
+  static std::atomic<bool> fenced{false};
+  o.on_fenced = [](const Status&) {
+    fenced = true;
+    kill(getpid(), SIGTERM);  // taken by the wait below: an orderly shutdown
+  };
   auto server = MemoryServer::Start(o);
   if (!server.ok()) return Fail(server.status().message());
   std::printf("farpool server %d listening on %s:%u, donating %s (progress %s, transport %s)\n",
@@ -80,6 +87,10 @@ int RunServer(const ServerArgs& a) {
   (*server)->Stop();
   server->reset();
   std::printf("farpool server %d: stopped\n", a.id);
+  if (fenced) {
+    return Fail("server " + std::to_string(a.id) +
+                " was fenced: its backup has taken its data over (a client found it gone)");
+  }
   return 0;
 }
 

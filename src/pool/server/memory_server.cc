@@ -553,9 +553,10 @@ void MemoryServer::Impl::Settle(std::span<std::vector<std::byte>> replies) {
                               (fenced ? "this server has been failed over; retry at the backup"
                                       : "its backup does not answer") +
                               " (" + forwarded.message() + ")");
-      if (fenced) {
+      if (fenced && !fenced_) {
         std::fprintf(stderr, "%s\n", why.message().c_str());
         fenced_ = why;
+        if (options_.on_fenced) options_.on_fenced(why);
       }
       for (size_t i = 0; i < replies.size() && i < round_.size(); ++i) {
         if (round_[i] != 0) replies[i] = wire::EncodeError(round_[i], why);

@@ -35,7 +35,8 @@
 // until a BackupRequest names the backup; from then on (pool/server/backup_link.h) the changes
 // of each round of requests go to the backup before any of their replies does (AmHandler::
 // Settle). A backup that refuses them (it took this server's data over: fenced) makes this
-// server refuse every later request; one that does not answer fails that round's changes
+// server refuse every later request (and call ServerOptions::on_fenced); one that does not
+// answer fails that round's changes
 // (applied here, not acknowledged) until a DegradeRequest says the backup is gone.
 //
 // Progress modes (ProgressMode, transport/am_server.h): kBusy polls without pause; kEvent
@@ -46,6 +47,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -71,6 +73,10 @@ struct ServerOptions {
   std::optional<uint16_t> mirror_of;
   bool replicated = false;
   std::chrono::milliseconds backup_timeout{2000};
+  // Called once, on the progress thread, when the backup refuses this server's forwards (it
+  // took the data over: this server is fenced and refuses everything from then on). `farpool
+  // server` shuts down then, so that its clients see it gone and follow the data.
+  std::function<void(const Status&)> on_fenced;
 };
 
 // How many evicted process tags a server remembers (the oldest is forgotten first): 8 bytes each
