@@ -58,6 +58,15 @@ Result<Tables> OpenTables(Database& db, const std::string& workload) {
   return t;
 }
 
+void AddInto(std::vector<uint64_t>& total, const std::vector<uint64_t>& more) {
+  if (total.size() < more.size()) total.resize(more.size());
+  for (size_t i = 0; i < more.size(); ++i) total[i] += more[i];
+}
+
+// Sessions a thread may give up to Unavailable errors (a server failing over under it: every
+// operation in flight then fails once) before the run fails.
+constexpr uint64_t kMaxSessionRestarts = 16;
+
 TxnCounters Sum(const TxnCounters& a, const TxnCounters& b) {
   TxnCounters c;
   c.reads = a.reads + b.reads;
@@ -77,6 +86,7 @@ struct ThreadStats {
   std::vector<uint32_t> latency_ns;  // sampled
   uint64_t max_ns = 0;               // every committed transaction, retries included
   uint64_t session_restarts = 0;     // sessions given up after a server failed over
+  std::vector<uint64_t> timeline;    // commits per TxnBenchOptions::timeline_ms from the start
   Status status;
 };
 
@@ -144,11 +154,15 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
               kAttempts);
         }
         const auto t1 = Clock::now();
-        if (!r.ok() && r.code() == StatusCode::kUnavailable && st.session_restarts < 3) {
+        if (!r.ok() && r.code() == StatusCode::kUnavailable &&
+            st.session_restarts < kMaxSessionRestarts) {
           // A server failed over to its backup under the transaction (replicas 1): its outcome
           // is unknown to this session, which stops; recovery settles it after its lease. The
           // thread goes on with a new session (docs/pool.md, Replication).
+          std::fprintf(stderr, "bench txn: thread %d opens a new session after: %s\n", th,
+                       r.ToString().c_str());
           retired = Sum(retired, current->counters());
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));  // let the failover land
           auto fresh = db.NewSession();
           if (fresh.ok()) {
             ++st.session_restarts;
@@ -160,6 +174,13 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
         if (!r.ok()) {
           st.status = r;
           return;
+        }
+        if (o.timeline_ms > 0) {
+          const uint64_t bucket = (WallMs() - start_ms) / o.timeline_ms;
+          if (bucket < (1u << 20)) {
+            if (st.timeline.size() <= bucket) st.timeline.resize(bucket + 1);
+            ++st.timeline[bucket];
+          }
         }
         if (measuring && t1 <= until) {
           ++st.commits;
@@ -182,8 +203,10 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
            round_trips = 0, session_restarts = 0;
   std::vector<uint32_t> lat;
   uint64_t max_ns = 0;
+  std::vector<uint64_t> timeline;
   for (auto& st : stats) {
     FARPOOL_RETURN_IF_ERROR(st.status);
+    AddInto(timeline, st.timeline);
     max_ns = std::max(max_ns, st.max_ns);
     commits += st.commits;
     aborts += st.aborts;
@@ -204,6 +227,8 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
   out["faa"] = faa;
   out["messages"] = messages;
   out["session_restarts"] = session_restarts;
+  out["timeline"] = timeline;
+  out["start_unix_ms"] = start_ms;
   out["round_trips"] = round_trips;
   out["latency_ns"] = lat;
   out["max_ns"] = max_ns;
@@ -248,6 +273,8 @@ std::vector<std::string> ChildArgs(const TxnBenchOptions& o, int id, uint64_t st
           std::to_string(o.history_keep),
           "--seed",
           std::to_string(o.seed),
+          "--timeline-ms",
+          std::to_string(o.timeline_ms),
           "--client-id",
           std::to_string(id),
           "--start-at",
@@ -290,13 +317,22 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
           ", ...): start a fresh cluster for each benchmark run");
     }
   }
+  const auto load_start = Clock::now();
   FARPOOL_RETURN_IF_ERROR(Load(*db, o).status());
+  // One plain line when the run starts (harnesses that act during the run wait for it).
+  std::fprintf(stderr, "bench txn: loaded in %.1f s; running %d x %d threads for %g s\n",
+               std::chrono::duration<double>(Clock::now() - load_start).count(), o.clients,
+               o.threads, o.warmup_seconds + o.seconds);
   nlohmann::json merged = {{"commits", 0},  {"aborts", 0},      {"reads", 0},
                            {"writes", 0},   {"cas", 0},         {"faa", 0},
                            {"messages", 0}, {"round_trips", 0}, {"session_restarts", 0}};
   std::vector<uint32_t> lat;
   uint64_t max_ns = 0;
+  std::vector<uint64_t> timeline;
+  uint64_t start_unix_ms = 0;
   auto absorb = [&](const nlohmann::json& j) {
+    AddInto(timeline, j["timeline"].get<std::vector<uint64_t>>());
+    start_unix_ms = j["start_unix_ms"].get<uint64_t>();
     max_ns = std::max(max_ns, j["max_ns"].get<uint64_t>());
     for (const char* k : {"commits", "aborts", "reads", "writes", "cas", "faa", "messages",
                           "round_trips", "session_restarts"}) {
@@ -387,6 +423,10 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
   r["round_trips_per_txn"] = merged["round_trips"].get<uint64_t>() / per;
   r["seed"] = o.seed;
   if (o.workload == "tpcb") r["history_keep"] = o.history_keep;
+  if (o.timeline_ms > 0) {
+    r["timeline"] = {
+        {"start_unix_ms", start_unix_ms}, {"bucket_ms", o.timeline_ms}, {"commits", timeline}};
+  }
   if (auto g = db->CollectGarbage(); g.ok() && o.clients == 1) {
     // What version GC did in this process (multi-client runs collect in the children).
     r["gc"] = {{"versions_dropped", g->versions_dropped},
@@ -401,7 +441,7 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
                {"records_removed", g->records_removed}};
   }
   if (o.verify) {
-    Status v = Verify(*db, o);
+    Status v = Verify(*db, o).WithContext("verify");
     r["verify"] = v.ok() ? "ok" : v.ToString();
     if (!v.ok()) return v;
   }

@@ -46,6 +46,9 @@ struct TxnBenchOptions {
   uint64_t history_keep = 0;  // tpcb: history rows kept per thread (0: all)
   uint64_t seed = 42;
   bool verify = false;
+  // > 0: also count commits per `timeline_ms` milliseconds of wall time from the common start
+  // (JSON "timeline": start_unix_ms, bucket_ms, commits[]), e.g. to see a failover's gap.
+  uint64_t timeline_ms = 0;
   // Internal: set in client processes started by the benchmark.
   int client_id = -1;
   uint64_t start_at_ms = 0;

@@ -49,6 +49,8 @@ Command RegisterTxnBench(CLI::App& bench) {
   txn->add_option("--history-keep", a->o.history_keep,
                   "tpcb: keep the last N history rows per thread (delete older; 0: keep all)");
   txn->add_flag("--verify", a->o.verify, "Check the workload's invariant at the end");
+  txn->add_option("--timeline-ms", a->o.timeline_ms,
+                  "Also count commits per this many ms of wall time (JSON timeline)");
   txn->add_option("--client-id", a->o.client_id, "(internal) client process number")->group("");
   txn->add_option("--start-at", a->o.start_at_ms, "(internal) common start time")->group("");
   return {txn, [a] { return RunTxn(*a); }};

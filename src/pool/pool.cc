@@ -255,6 +255,9 @@ class Pool::Impl {
   void SayGoodbye(ThreadContext& tc);
   static constexpr std::chrono::milliseconds kGoodbyeTimeout{1000};
   Status ReleaseOn(size_t index, uint64_t offset, uint64_t size);
+  // Where leases of server `index` go: itself (mirror 0), or, failed over, its backup's
+  // promoted mirror (mirror 1).
+  std::pair<size_t, uint32_t> ControlTarget(size_t index) const;
 
   PoolOptions options_;
   Fabric fabric_ = Fabric::kAuto;
@@ -955,23 +958,33 @@ std::vector<uint16_t> Pool::server_ids() const {
 
 Result<uint64_t> Pool::Impl::LeaseOn(size_t index, uint64_t size) {
   FARPOOL_ASSIGN_OR_RETURN(ThreadContext * t, Local());
+  const auto [to, mirror] = ControlTarget(index);
   FARPOOL_ASSIGN_OR_RETURN(
-      Reply r,
-      Call(
-          *t, index, [&](uint64_t id) { return wire::Encode(id, wire::LeaseRequest{size}); },
-          wire::Opcode::kLeaseReply, options_.op_timeout));
+      Reply r, Call(
+                   *t, to,
+                   [&](uint64_t id) { return wire::Encode(id, wire::LeaseRequest{size, mirror, 0}); },
+                   wire::Opcode::kLeaseReply, options_.op_timeout));
   return r.message.As<wire::LeaseReply>().offset;
 }
 
 Status Pool::Impl::ReleaseOn(size_t index, uint64_t offset, uint64_t size) {
   FARPOOL_ASSIGN_OR_RETURN(ThreadContext * t, Local());
+  const auto [to, mirror] = ControlTarget(index);
   auto r = Call(
-      *t, index,
+      *t, to,
       [&](uint64_t id) {
-        return wire::Encode(id, wire::ReleaseRequest{offset, size});
+        return wire::Encode(id, wire::ReleaseRequest{offset, size, mirror, 0});
       },
       wire::Opcode::kReleaseReply, options_.op_timeout);
   return r.ok() ? Status::Ok() : r.status();
+}
+
+std::pair<size_t, uint32_t> Pool::Impl::ControlTarget(size_t index) const {
+  const ServerState& s = *servers_[index];
+  if (!s.failed.load()) return {index, 0};
+  const int moved = MovedTo(s);
+  return moved < 0 ? std::pair<size_t, uint32_t>{index, 0}
+                   : std::pair<size_t, uint32_t>{static_cast<size_t>(moved), 1};
 }
 
 std::string Pool::AccessPath(uint16_t id) const {
@@ -1048,7 +1061,7 @@ static_assert(RegionGeometry::kRootAreaSize == wire::kRootAreaSize);
 Result<GlobalAddress> Pool::LeaseRun(uint16_t id, uint64_t size) {
   FARPOOL_ASSIGN_OR_RETURN(size_t index, impl_->IndexOf(id));
   const ServerState& s = *impl_->servers_[index];
-  if (s.failed) return s.Failure();
+  if (s.failed && impl_->MovedTo(s) < 0) return s.Failure();  // failed over: at its backup
   if (size == 0 || size % s.chunk_size != 0) {
     return Status::InvalidArgument(s.name + ": LeaseRun of " + std::to_string(size) +
                                    " bytes, not a positive multiple of the chunk size " +

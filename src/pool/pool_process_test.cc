@@ -775,8 +775,8 @@ TEST(ServerProcess, RejectsMalformedControlMessagesAndKeepsRunning) {
   wrong_size[8] = std::byte{200};
   bad.push_back(wrong_size);
   bad.push_back(wire::Encode(5, wire::LeaseReply{0, 0}));               // a reply sent as a request
-  bad.push_back(wire::Encode(6, wire::LeaseRequest{12345}));            // not a chunk multiple
-  bad.push_back(wire::Encode(7, wire::ReleaseRequest{4096, 4 << 20}));  // never leased
+  bad.push_back(wire::Encode(6, wire::LeaseRequest{12345, 0, 0}));            // not a chunk multiple
+  bad.push_back(wire::Encode(7, wire::ReleaseRequest{4096, 4 << 20, 0, 0}));  // never leased
   bad.push_back(std::vector<std::byte>(64 << 10, std::byte{0x5a}));     // oversized garbage
   // Batches: a read of memory nobody leased, a count that disagrees with the operations, and
   // a tail beyond the limit.
@@ -1036,7 +1036,7 @@ TEST(Access, OnlyClientsThatKnowTheSecretAreServed) {
   std::vector<std::vector<std::byte>> requests = {
       wire::Encode(10, wire::BatchRequest{1, static_cast<uint32_t>(write.bytes().size())},
                    write.bytes()),
-      wire::Encode(11, wire::LeaseRequest{4 << 20}), wire::Encode(12, wire::StatsRequest{0}),
+      wire::Encode(11, wire::LeaseRequest{4 << 20, 0, 0}), wire::Encode(12, wire::StatsRequest{0}),
       wire::Encode(13, wire::EvictRequest{good->process_tag()}),
       wire::Encode(14, wire::GoodbyeRequest{0x7777})};
   for (const auto& request : requests) {

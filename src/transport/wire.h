@@ -176,11 +176,15 @@ struct HelloReply {
 static_assert(sizeof(HelloReply) == 88);
 inline constexpr uint16_t kNoMirror = 0xffff;
 
-// Lease `size` bytes (a multiple of chunk_size) as one contiguous run.
+// Lease `size` bytes (a multiple of chunk_size) as one contiguous run. `mirror` nonzero: in
+// the region of the server this one has taken over (its promoted mirror; offsets are that
+// server's), for a client that has failed that server over.
 struct LeaseRequest {
   uint64_t size;
+  uint32_t mirror;
+  uint32_t reserved;
 };
-static_assert(sizeof(LeaseRequest) == 8);
+static_assert(sizeof(LeaseRequest) == 16);
 
 struct LeaseReply {
   uint64_t offset;
@@ -188,12 +192,14 @@ struct LeaseReply {
 };
 static_assert(sizeof(LeaseReply) == 16);
 
-// Give back exactly one run previously leased.
+// Give back exactly one run previously leased (`mirror` as in LeaseRequest).
 struct ReleaseRequest {
   uint64_t offset;
   uint64_t size;
+  uint32_t mirror;
+  uint32_t reserved;
 };
-static_assert(sizeof(ReleaseRequest) == 16);
+static_assert(sizeof(ReleaseRequest) == 24);
 
 struct ReleaseReply {
   uint64_t freed;

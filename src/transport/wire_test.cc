@@ -14,7 +14,7 @@ std::vector<std::byte> Bytes(std::string_view s) {
 }
 
 TEST(Wire, EveryMessageRoundTrips) {
-  auto lease = Encode(41, LeaseRequest{8 << 20});
+  auto lease = Encode(41, LeaseRequest{8 << 20, 0, 0});
   auto m = Decode(lease);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_EQ(m->opcode, Opcode::kLeaseRequest);

@@ -385,6 +385,12 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
     case wire::Opcode::kLeaseRequest: {
       FARPOOL_RETURN_IF_ERROR(MayChange());
       auto req = m.As<wire::LeaseRequest>();
+      if (req.mirror != 0) {
+        if (!mirror_) return Status::InvalidArgument(Name() + ": it mirrors no server");
+        auto offset = mirror_->Lease(req.size);
+        if (!offset.ok()) return offset.status().WithContext(Name() + ": lease refused");
+        return wire::Encode(id, wire::LeaseReply{*offset, req.size});
+      }
       auto offset = chunks_.Lease(req.size);
       if (!offset.ok()) return offset.status().WithContext(Name() + ": lease refused");
       lease_changes_.push_back({*offset, req.size, true});
@@ -394,6 +400,11 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
     case wire::Opcode::kReleaseRequest: {
       FARPOOL_RETURN_IF_ERROR(MayChange());
       auto req = m.As<wire::ReleaseRequest>();
+      if (req.mirror != 0) {
+        if (!mirror_) return Status::InvalidArgument(Name() + ": it mirrors no server");
+        FARPOOL_RETURN_IF_ERROR(mirror_->Release(req.offset, req.size).WithContext(Name()));
+        return wire::Encode(id, wire::ReleaseReply{req.size});
+      }
       FARPOOL_RETURN_IF_ERROR(chunks_.Release(req.offset, req.size).WithContext(Name()));
       lease_changes_.push_back({req.offset, req.size, false});
       round_.back() = id;

@@ -37,6 +37,23 @@ bool Mirror::Covers(uint64_t offset, uint64_t size) const {
   return promoted_ && book_.Covers(offset, size);
 }
 
+Result<uint64_t> Mirror::Lease(uint64_t size) {
+  std::lock_guard lock(mu_);
+  if (!promoted_) return NotPromoted();
+  return book_.Lease(size);
+}
+
+Status Mirror::Release(uint64_t offset, uint64_t size) {
+  std::lock_guard lock(mu_);
+  if (!promoted_) return NotPromoted();
+  return book_.Release(offset, size);
+}
+
+Status Mirror::NotPromoted() const {
+  return Status::InvalidArgument(name_ + ": server " + std::to_string(primary_id_) +
+                                 " has not been failed over to this server (PromoteRequest)");
+}
+
 Status Mirror::Fenced() const {
   return Status::PermissionDenied(
       name_ + ": fenced: this server has taken server " + std::to_string(primary_id_) +

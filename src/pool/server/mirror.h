@@ -69,6 +69,10 @@ class Mirror : public transport::AmHandler {
   // Whether a client may touch [offset, offset + size) of the copy (offsets in the primary's
   // region): promoted, and inside the root area or a mirrored lease.
   bool Covers(uint64_t offset, uint64_t size) const;
+  // Leases and releases in the mirrored book once promoted (for clients that failed the
+  // primary over): the copy has no backup of its own, so nothing is forwarded.
+  Result<uint64_t> Lease(uint64_t size);
+  Status Release(uint64_t offset, uint64_t size);
 
   std::vector<std::byte> Handle(std::span<const std::byte> bytes, transport::Peer* from) override;
   std::vector<std::byte> Refuse(const Status& reason) override;
@@ -76,6 +80,7 @@ class Mirror : public transport::AmHandler {
  private:
   Result<std::vector<std::byte>> Answer(std::span<const std::byte> bytes, transport::Peer* from);
   Status Fenced() const;
+  Status NotPromoted() const;
 
   const uint16_t primary_id_;
   std::byte* const memory_;

@@ -1,0 +1,191 @@
+"""Replication (issue 11): what a backup of every byte costs, and a server's SIGKILL under load.
+
+  cost      `farpool bench txn` (TPC-B scale 1 and bank, 8 threads, --verify) on a fresh
+            3-server cluster with --replicas 0 and with --replicas 1, interleaved, per fabric:
+            shm (same host, mapped reads; a replicated cluster sends every change as a message)
+            and tcp (every server in its own network namespace, event progress)
+  failover  TPC-B, 8 threads, --replicas 1, --timeline-ms 10: server 1 SIGKILLed --kill-at
+            seconds into the run; the gap from the kill to the next commit, the throughput
+            before and after, whether the invariant holds (--verify), sessions restarted
+
+Output: bench/results/failover.jsonl (every run), failover.md (tables), failover.png (the
+commit timelines around the kill).
+
+Usage: bench/experiments/failover [--fabrics shm,tcp] [--seconds 3] [--run 8] [--kill-at 3]
+                                  [--repeat 2] [--parts cost,failover]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from farpool.harness import peers
+from farpool.harness.peers import log
+
+SERVERS = 3
+THREADS = 8
+
+
+def cluster(fabric: str, replicas: int) -> peers.Cluster:
+    return peers.Cluster(SERVERS, "512MiB", fabric, netns=fabric == "tcp", progress="event",
+                         replicas=replicas)
+
+
+def bench_args(path: str, workload: str, seconds: float) -> list[str]:
+    args = [str(peers.farpool_bin()), "bench", "txn", "--cluster", path, "--engine", "pool",
+            "--workload", workload, "--threads", str(THREADS), "--seconds", str(seconds),
+            "--verify", "--json"]
+    return args + (["--accounts", "10000"] if workload == "bank" else [])
+
+
+def cost(fabric: str, workload: str, replicas: int, seconds: float) -> dict:
+    with cluster(fabric, replicas) as path:
+        r = peers.run_json(bench_args(path, workload, seconds), timeout=600)
+    r.update(part="cost", fabric=fabric, replicas=replicas)
+    return r
+
+
+def failover(fabric: str, run: float, kill_at: float) -> dict:
+    with cluster(fabric, 1) as path:
+        victim = json.load(open(path))["servers"][1]["pid"]
+        cmd = bench_args(path, "tpcb", run) + ["--timeline-ms", "10", "--warmup", "0.5"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        first = proc.stderr.readline()  # "bench txn: loaded in ...; running ...": the run starts
+        if "running" not in first:
+            proc.kill()
+            raise RuntimeError(f"bench txn did not start: {first.strip()}")
+        time.sleep(kill_at)
+        kill_ms = time.time() * 1000
+        os.kill(victim, signal.SIGKILL)
+        out, err = proc.communicate(timeout=600)
+        err = first + err
+        if proc.returncode != 0:
+            raise RuntimeError(f"bench txn failed after the kill: {err.strip()[-400:]}")
+        r = json.loads(out.strip().splitlines()[-1])
+    t = r.pop("timeline")
+    width, commits = t["bucket_ms"], t["commits"]
+    k = int((kill_ms - t["start_unix_ms"]) // width)  # the bucket the kill fell in
+    after = next((b for b in range(k + 1, len(commits)) if commits[b] > 0), None)
+    before = [c for c in commits[max(0, k - 100):k]]  # the second before the kill
+    later = commits[k + 100:k + 200] if after is not None else []  # the second after 1 s
+    r.update(part="failover", fabric=fabric, replicas=1, kill_at_s=kill_at,
+             kill_offset_ms=kill_ms - t["start_unix_ms"], bucket_ms=width,
+             timeline=commits,
+             first_commit_after_kill_ms=(None if after is None else
+                                         after * width - (kill_ms - t["start_unix_ms"])),
+             tps_before=sum(before) * 1000 / (len(before) * width) if before else None,
+             tps_after=sum(later) * 1000 / (len(later) * width) if later else None,
+             victim_stderr=err.strip()[-300:])
+    return r
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| fabric | workload | tps replicas 0 | tps replicas 1 | ratio | abort rate 0 / 1 "
+             "| round trips/txn 0 / 1 | verify |", "|---" * 8 + "|"]
+    for fabric in sorted({r["fabric"] for r in rows if r["part"] == "cost"}):
+        for w in ("tpcb", "bank"):
+            pick = lambda n: [r for r in rows if r["part"] == "cost" and r["fabric"] == fabric
+                              and r["workload"] == w and r["replicas"] == n]
+            r0, r1 = pick(0), pick(1)
+            if not r0 or not r1:
+                continue
+            med = lambda rs, k: statistics.median(r[k] for r in rs)
+            t0, t1 = med(r0, "tps"), med(r1, "tps")
+            lines.append(
+                f"| {fabric} | {w} | {t0:,.0f} | {t1:,.0f} | {t1 / t0:.2f}x | "
+                f"{med(r0, 'abort_rate'):.3f} / {med(r1, 'abort_rate'):.3f} | "
+                f"{med(r0, 'round_trips_per_txn'):.2f} / {med(r1, 'round_trips_per_txn'):.2f} | "
+                f"{'ok' if all(r['verify'] == 'ok' for r in r0 + r1) else 'FAILED'} |")
+    lines += ["", "| fabric | first commit after the kill (ms) | tps the second before | tps 1–2 s "
+              "after | longest wait of a committed txn (ms) | sessions restarted | verify |",
+              "|---" * 7 + "|"]
+    for r in rows:
+        if r["part"] != "failover":
+            continue
+        gap = r["first_commit_after_kill_ms"]
+        lines.append(f"| {r['fabric']} | {'none' if gap is None else f'{gap:.0f}'} | "
+                     f"{r['tps_before'] or 0:,.0f} | {r['tps_after'] or 0:,.0f} | "
+                     f"{r['max_us'] / 1000:,.0f} | {r['session_restarts']} | {r['verify']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for r in rows:
+        if r["part"] != "failover":
+            continue
+        w = r["bucket_ms"]
+        x = [(b * w - r["kill_offset_ms"]) / 1000 for b in range(len(r["timeline"]))]
+        y = [c * 1000 / w for c in r["timeline"]]
+        ax.plot(x, y, lw=0.8, label=f"{r['fabric']} (first commit +"
+                f"{r['first_commit_after_kill_ms'] or float('nan'):.0f} ms)")
+    ax.axvline(0, color="red", ls="--", lw=1)
+    ax.text(0.02, 0.95, "SIGKILL of server 1", transform=ax.get_xaxis_transform(), color="red")
+    ax.set_xlabel("seconds from the kill")
+    ax.set_ylabel(f"TPC-B commits/s (10 ms buckets)")
+    ax.set_title(f"TPC-B, {THREADS} threads, {SERVERS} servers, replicas 1: a server dies")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _terminate(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds the `with`s: servers stopped, namespaces removed
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--fabrics", default="shm,tcp")
+    ap.add_argument("--seconds", type=float, default=3.0, help="each cost run")
+    ap.add_argument("--run", type=float, default=8.0, help="each failover run")
+    ap.add_argument("--kill-at", type=float, default=3.0)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--parts", default="cost,failover")
+    ap.add_argument("--out", default=str(peers.ROOT / "bench" / "results"))
+    args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    fabrics = args.fabrics.split(",")
+    parts = args.parts.split(",")
+    load_start = os.getloadavg()
+    rows = []
+    for rep in range(args.repeat):
+        for fabric in fabrics:
+            if "cost" in parts:
+                for workload in ("tpcb", "bank"):
+                    for replicas in (0, 1):
+                        log(f"rep {rep}: cost {fabric} {workload} replicas {replicas}")
+                        rows.append(cost(fabric, workload, replicas, args.seconds) | {"rep": rep})
+            if "failover" in parts:
+                log(f"rep {rep}: failover {fabric}")
+                rows.append(failover(fabric, args.run, args.kill_at) | {"rep": rep})
+    load_end = os.getloadavg()
+    out = Path(args.out)
+    peers.write_jsonl(out / "failover.jsonl", rows)
+    r0 = rows[0]
+    la = lambda t: "/".join(f"{x:.2f}" for x in t)
+    md = (f"Measured {r0['time']} on {r0['host']} ({r0['cores']} cores; load average (1/5/15 "
+          f"min) {la(load_start)} at start, {la(load_end)} at end), git {r0['git_sha']}, "
+          f"`bench/experiments/failover --fabrics {args.fabrics} --seconds {args.seconds:g} "
+          f"--run {args.run:g} --kill-at {args.kill_at:g} --repeat {args.repeat} --parts "
+          f"{args.parts}`. {SERVERS} memory servers, {THREADS} client threads; cost: medians "
+          f"of {args.repeat} interleaved runs.\n\n" + table(rows))
+    (out / "failover.md").write_text(md)
+    if "failover" in parts:
+        plot(rows, out / "failover.png")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
