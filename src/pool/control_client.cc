@@ -104,8 +104,9 @@ Result<std::unique_ptr<Connection>> Connection::Open(const Options& options,
   transport::Context::Options copts;
   copts.fabric = options.fabric == Fabric::kShm ? Fabric::kAuto : options.fabric;
   copts.reach = {options.host};
+  copts.wakeup = true;  // Await sleeps on the worker once a reply is late (see there)
   FARPOOL_ASSIGN_OR_RETURN(c->context_, transport::Context::Create(copts));
-  FARPOOL_ASSIGN_OR_RETURN(c->worker_, transport::Worker::Create(*c->context_, false));
+  FARPOOL_ASSIGN_OR_RETURN(c->worker_, transport::Worker::Create(*c->context_, true));
   FARPOOL_RETURN_IF_ERROR(
       c->worker_->SetAmHandler(transport::kControlAm, &ReplyBox::OnMessage, &c->box_));
   FARPOOL_ASSIGN_OR_RETURN(
@@ -135,6 +136,11 @@ Status Connection::Send(std::span<const std::byte> message) {
 
 Result<Reply> Connection::Await(uint64_t id, wire::Opcode expected, Clock::time_point deadline,
                                 const std::function<bool()>& give_up) {
+  // Polls for a short while, then sleeps on the worker: on a host with fewer cores than busy
+  // threads, a waiter that keeps polling takes the core the answering server needs (a
+  // primary waiting for its backup measured a 4 ms p99 per write that way on 2 cores).
+  constexpr auto kSpin = std::chrono::microseconds(20);
+  const auto spin_until = Clock::now() + kSpin;
   for (;;) {
     auto it = box_.replies.find(id);
     if (it != box_.replies.end()) {
@@ -156,7 +162,10 @@ Result<Reply> Connection::Await(uint64_t id, wire::Opcode expected, Clock::time_
       std::this_thread::sleep_for(std::chrono::microseconds(200));
       continue;
     }
-    worker_->Progress();
+    if (worker_->Progress() == 0 && Clock::now() > spin_until) {
+      Status waited = worker_->Wait(std::chrono::milliseconds(1));
+      (void)waited;  // a failed wait only means we poll again sooner
+    }
   }
 }
 
