@@ -99,8 +99,10 @@ std::string TagName(uint32_t tag) {
   return buf;
 }
 
-// How long a fresh hello that asks a server why a connection failed may take (WhyLost).
+// How long a fresh hello that asks a server why a connection failed may take (WhyLost), and
+// how many fresh connections that fail it tries before it concludes the server is gone.
 constexpr auto kProbeTimeout = std::chrono::milliseconds(1000);
+constexpr int kProbeRefusals = 3;
 
 }  // namespace
 
@@ -582,7 +584,9 @@ std::string Pool::Impl::WhyLost(size_t index) {
   // gone): try again until the deadline. Each try has a worker of its own: new endpoints on a
   // worker whose connection to the same server has just failed leave UCX requests behind that
   // it asserts on when that worker is destroyed.
-  while (Clock::now() < deadline) {
+  // ... but not for long when every try fails: a server whose process is gone refuses each
+  // connection at once, and in a replicated cluster its failover waits for this answer.
+  for (int refused = 0; Clock::now() < deadline && refused < kProbeRefusals;) {
     auto worker = Worker::Create(*context_, false);
     if (!worker.ok()) break;
     control::ReplyBox box;
@@ -599,6 +603,7 @@ std::string Pool::Impl::WhyLost(size_t index) {
     } else if (hello.status().code() != StatusCode::kTimedOut && !(*ep)->failed()) {
       why = hello.status().message();  // the server refuses us (evicted), or we it
     }
+    if (!why && (*ep)->failed()) ++refused;
     ep->reset();  // gracefully (forced if it failed), before its worker
     if (why) return *why;
   }
@@ -740,6 +745,11 @@ void Pool::Impl::Monitor() {
     }
     box.replies.clear();
     const auto now = Clock::now();
+    // A connection that failed is acted on at once, not at the next round: in a replicated
+    // cluster the failover waits for it.
+    for (size_t i = 0; i < servers_.size(); ++i) {
+      if (!servers_[i]->failed && watch[i].ep && watch[i].ep->failed()) MarkFailed(i, WhyLost(i));
+    }
     if (now >= next_round) {
       if (now - last_round > timeout) {
         // This process itself did not run for longer than the timeout (stopped, or starved):
@@ -959,11 +969,13 @@ std::vector<uint16_t> Pool::server_ids() const {
 Result<uint64_t> Pool::Impl::LeaseOn(size_t index, uint64_t size) {
   FARPOOL_ASSIGN_OR_RETURN(ThreadContext * t, Local());
   const auto [to, mirror] = ControlTarget(index);
-  FARPOOL_ASSIGN_OR_RETURN(
-      Reply r, Call(
-                   *t, to,
-                   [&](uint64_t id) { return wire::Encode(id, wire::LeaseRequest{size, mirror, 0}); },
-                   wire::Opcode::kLeaseReply, options_.op_timeout));
+  FARPOOL_ASSIGN_OR_RETURN(Reply r,
+                           Call(
+                               *t, to,
+                               [&](uint64_t id) {
+                                 return wire::Encode(id, wire::LeaseRequest{size, mirror, 0});
+                               },
+                               wire::Opcode::kLeaseReply, options_.op_timeout));
   return r.message.As<wire::LeaseReply>().offset;
 }
 

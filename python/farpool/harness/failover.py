@@ -74,6 +74,11 @@ def failover(fabric: str, run: float, kill_at: float) -> dict:
     width, commits = t["bucket_ms"], t["commits"]
     k = int((kill_ms - t["start_unix_ms"]) // width)  # the bucket the kill fell in
     after = next((b for b in range(k + 1, len(commits)) if commits[b] > 0), None)
+    # The longest run of 10 ms buckets without a commit in the 3 s after the kill.
+    stall = run = 0
+    for c in commits[k + 1:k + 301]:
+        run = run + 1 if c == 0 else 0
+        stall = max(stall, run)
     before = [c for c in commits[max(0, k - 100):k]]  # the second before the kill
     later = commits[k + 100:k + 200] if after is not None else []  # the second after 1 s
     r.update(part="failover", fabric=fabric, replicas=1, kill_at_s=kill_at,
@@ -81,6 +86,7 @@ def failover(fabric: str, run: float, kill_at: float) -> dict:
              timeline=commits,
              first_commit_after_kill_ms=(None if after is None else
                                          after * width - (kill_ms - t["start_unix_ms"])),
+             longest_stall_after_kill_ms=stall * width,
              tps_before=sum(before) * 1000 / (len(before) * width) if before else None,
              tps_after=sum(later) * 1000 / (len(later) * width) if later else None,
              victim_stderr=err.strip()[-300:])
@@ -104,14 +110,15 @@ def table(rows: list[dict]) -> str:
                 f"{med(r0, 'abort_rate'):.3f} / {med(r1, 'abort_rate'):.3f} | "
                 f"{med(r0, 'round_trips_per_txn'):.2f} / {med(r1, 'round_trips_per_txn'):.2f} | "
                 f"{'ok' if all(r['verify'] == 'ok' for r in r0 + r1) else 'FAILED'} |")
-    lines += ["", "| fabric | first commit after the kill (ms) | tps the second before | tps 1–2 s "
-              "after | longest wait of a committed txn (ms) | sessions restarted | verify |",
-              "|---" * 7 + "|"]
+    lines += ["", "| fabric | first commit after the kill (ms) | longest stall in the 3 s after (ms) "
+              "| tps the second before | tps 1–2 s after | longest wait of a committed txn (ms) "
+              "| sessions restarted | verify |", "|---" * 8 + "|"]
     for r in rows:
         if r["part"] != "failover":
             continue
         gap = r["first_commit_after_kill_ms"]
         lines.append(f"| {r['fabric']} | {'none' if gap is None else f'{gap:.0f}'} | "
+                     f"{r['longest_stall_after_kill_ms']} | "
                      f"{r['tps_before'] or 0:,.0f} | {r['tps_after'] or 0:,.0f} | "
                      f"{r['max_us'] / 1000:,.0f} | {r['session_restarts']} | {r['verify']} |")
     return "\n".join(lines) + "\n"
