@@ -227,6 +227,11 @@ class Pool::Impl {
   // The index of the server that serves failed server `s`'s data, or -1 (waits for a
   // FailOver in progress).
   int MovedTo(const ServerState& s) const;
+  // Whether failed server `s` failed by an outage (not by refusing us).
+  static bool Outage(const ServerState& s) {
+    std::lock_guard lock(s.mu);
+    return s.failure_code == StatusCode::kUnavailable;
+  }
   // The hello of a new connection to server `index` (control::Handshake with this Pool's
   // secret); asks to be pinned if `map`.
   Result<Reply> Handshake(size_t index, bool map, const Ask& ask) const {
@@ -324,8 +329,18 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
   // The connecting thread's context learns every region (and, with direct access, maps it).
   FARPOOL_ASSIGN_OR_RETURN(ThreadContext * tc, Local());
   for (size_t i = 0; i < servers_.size(); ++i) {
-    if (servers_[i]->failed) return servers_[i]->Failure().WithContext("connecting");
     ServerState& s = *servers_[i];
+    if (s.failed && cluster_.replicas > 0 && s.moved_to.load() < 0 && Outage(s)) {
+      FailOver(i);  // down at connect: its backup's hello (its mirror) is known only now
+    }
+    if (s.failed && s.moved_to.load() >= 0) {
+      // Its backup serves its region, of the backup's geometry (mirrors are as large).
+      const ServerState& b = *servers_[static_cast<size_t>(s.moved_to.load())];
+      s.region_size = b.region_size;
+      s.chunk_size = b.chunk_size;
+      continue;
+    }
+    if (s.failed) return s.Failure().WithContext("connecting");
     auto rkey = RemoteKey::Unpack(*tc->peers[i].ep, s.rkey);
     if (!rkey.ok()) return rkey.status().WithContext(s.name);
     tc->peers[i].rkey = std::move(*rkey);
@@ -516,6 +531,7 @@ void Pool::Impl::FailOver(size_t index) {
   const size_t b = cluster_.BackupOf(index);
   ServerState& backup = *servers_[b];
   if (backup.failed.load() || backup.mirror_of != s.address.id) {
+    if (backup.region_size == 0) return;  // not said hello yet (Connect): Init tries again
     std::fprintf(stderr, "farpool: %s is gone and cannot fail over: %s\n", s.name.c_str(),
                  backup.failed.load() ? "its backup is gone too" : "its backup does not mirror it");
     return;
@@ -529,12 +545,19 @@ void Pool::Impl::FailOver(size_t index) {
     if (!c.ok()) return c.status();
     return (*c)->Call(encode, expected).status();
   };
-  Status promoted = ask(
-      backup, backup.address.port,
-      [&](uint64_t id) {
-        return wire::Encode(id, wire::PromoteRequest{s.address.id, {}});
-      },
-      wire::Opcode::kPromoteReply);
+  // On the backup's mirror port; "not yet" (Aborted) while the dead server's lease to serve
+  // may still run (mirror.h): asked again until it lapses.
+  Status promoted;
+  for (int attempt = 0; attempt < 40; ++attempt) {
+    promoted = ask(
+        backup, backup.mirror_port,
+        [&](uint64_t id) {
+          return wire::Encode(id, wire::PromoteRequest{s.address.id, {}});
+        },
+        wire::Opcode::kPromoteReply);
+    if (promoted.code() != StatusCode::kAborted) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
   if (!promoted.ok()) {
     std::fprintf(stderr, "farpool: %s is gone; failing it over failed: %s\n", s.name.c_str(),
                  promoted.message().c_str());

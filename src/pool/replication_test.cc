@@ -14,6 +14,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -177,87 +178,145 @@ INSTANTIATE_TEST_SUITE_P(Victims, ReplicationTest,
                                   std::to_string(info.param.victim);
                          });
 
-// Sends one control request to the server of `address` (port `port`) with the cluster's
-// secret, as a client would.
-Status Ask(const ClusterConfig& config, const ServerAddress& address, uint16_t port,
-           const control::Encoder& encode, wire::Opcode expected) {
-  FARPOOL_ASSIGN_OR_RETURN(auto secret, transport::ClusterSecret::Read(config.secret_file));
+// A connection to `address`'s port `port` (0: its clients' port) with the cluster's secret, as
+// a client would open it.
+Result<std::unique_ptr<control::Connection>> Open(const ClusterConfig& config,
+                                                  const ServerAddress& address, uint16_t port,
+                                                  const transport::ClusterSecret& secret) {
   wire::HelloRequest hello{};
   hello.client_pid = static_cast<uint64_t>(getpid());
   hello.client_nonce = 0x5eed0001;
-  control::Connection::Options o{
-      "server " + std::to_string(address.id), address.host, port, &secret, Fabric::kTcp, 3000ms};
-  FARPOOL_ASSIGN_OR_RETURN(auto c, control::Connection::Open(o, hello));
-  return c->Call(encode, expected).status();
+  control::Connection::Options o{"server " + std::to_string(address.id),
+                                 address.host,
+                                 port != 0 ? port : address.port,
+                                 &secret,
+                                 Fabric::kTcp,
+                                 3000ms};
+  return control::Connection::Open(o, hello);
 }
 
-// A primary that its clients still reach but whose backup has taken its data over (the case of
-// a primary cut off from part of the cluster): its next change is not acknowledged, it serves
-// nothing more and its process ends, and the client follows the data to the backup, where the
-// acknowledged bytes are.
-TEST(Replication, APromotedBackupFencesItsPrimaryAndTheClientFollowsTheData) {
-  TestCluster cluster(Replicated(Fabric::kTcp));
+// Runs `command` (argv) and returns its standard output.
+std::string Output(const std::string& command) {
+  std::string out;
+  if (FILE* f = popen(command.c_str(), "r")) {
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+    pclose(f);
+  }
+  return out;
+}
+
+// Sets every link but lo of network namespace `ns` up or down: cuts a server off.
+void SetLinks(const std::string& ns, bool up) {
+  std::istringstream links(Output("ip -n " + ns + " -o link show"));
+  std::string line;
+  while (std::getline(links, line)) {
+    // "2: fp1234p1@if7: <...>": the name is the second field, up to '@' or ':'.
+    const size_t start = line.find(": ") + 2;
+    const std::string name = line.substr(start, line.find_first_of("@:", start) - start);
+    if (name == "lo") continue;
+    const std::string cmd =
+        "ip -n " + ns + " link set dev " + name + (up ? " up" : " down") + " 2>&1";
+    ASSERT_EQ(Output(cmd), "") << cmd;
+  }
+}
+
+// A primary cut off from everyone (its link down, servers in their own network namespaces):
+// its lease with the backup lapses so it stops serving; a client fails it over to the backup
+// and goes on with the acknowledged bytes; when the link comes back the old primary learns
+// it was fenced (its backup refuses its renewal) and ends, and a new client that connects
+// then finds the data at the backup.
+TEST(Replication, APartitionedPrimaryIsFencedAndTheClientsFollowTheData) {
+  LocalClusterOptions o = Replicated(Fabric::kTcp);
+  o.netns = true;
+  TestCluster cluster(o);
   ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
   auto config = cluster.config();
   ASSERT_TRUE(config.ok());
-  auto pool = Pool::Connect(*config);
+  PoolOptions po;
+  po.failure_timeout = 1000ms;
+  po.op_timeout = 2000ms;
+  auto pool = Pool::Connect(*config, po);
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
   auto a = (*pool)->Alloc(64, Placement::OnServer(1));
   ASSERT_TRUE(a.ok());
-  const uint64_t before = 0x1111;
+  const uint64_t before = 0x1111, after = 0x2222;
   ASSERT_TRUE((*pool)->Write(*a, &before, 8).ok());
 
-  // Another client declares server 1 gone at its backup, server 2.
-  ASSERT_TRUE(Ask(
-                  *config, config->servers[2], config->servers[2].port,
-                  [](uint64_t id) {
-                    return wire::Encode(id, wire::PromoteRequest{1, {}});
-                  },
-                  wire::Opcode::kPromoteReply)
-                  .ok());
-  const uint64_t after = 0x2222;
-  Status refused = (*pool)->Write(*a, &after, 8);
-  EXPECT_EQ(refused.code(), StatusCode::kUnavailable) << refused.ToString();
-  EXPECT_NE(refused.message().find("not acknowledged"), std::string::npos) << refused.message();
-  // The fenced server ends itself; the client fails it over and reads what was acknowledged.
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (ProcessRunning(static_cast<pid_t>(config->servers[1].pid)) &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(20ms);
+  SetLinks(config->servers[1].netns, false);
+  Status wrote = Status::Unavailable("not tried");
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  int failures = 0;
+  while (!wrote.ok() && std::chrono::steady_clock::now() < deadline) {
+    wrote = (*pool)->Write(*a, &after, 8);
+    if (!wrote.ok()) {
+      ++failures;
+      EXPECT_TRUE(wrote.code() == StatusCode::kUnavailable || wrote.code() == StatusCode::kTimedOut)
+          << wrote.ToString();
+      if (failures < 5)
+        std::fprintf(stderr, "write during the cut: %s\n", wrote.ToString().c_str());
+    }
   }
-  EXPECT_FALSE(ProcessRunning(static_cast<pid_t>(config->servers[1].pid)));
+  ASSERT_TRUE(wrote.ok()) << wrote.ToString();
+  EXPECT_GE(failures, 1) << "the write in flight at the cut cannot have been acknowledged";
   uint64_t got = 0;
-  Status read = (*pool)->Read(*a, &got, 8);
-  for (int i = 0; i < 3 && !read.ok(); ++i) read = (*pool)->Read(*a, &got, 8);
-  ASSERT_TRUE(read.ok()) << read.ToString();
-  EXPECT_EQ(got, before) << "the backup holds the last acknowledged value";
-  ASSERT_TRUE((*pool)->Write(*a, &after, 8).ok());
   ASSERT_TRUE((*pool)->Read(*a, &got, 8).ok());
   EXPECT_EQ(got, after);
+
+  SetLinks(config->servers[1].netns, true);
+  const pid_t old_primary = static_cast<pid_t>(config->servers[1].pid);
+  const auto gone_by = std::chrono::steady_clock::now() + 10s;
+  while (ProcessRunning(old_primary) && std::chrono::steady_clock::now() < gone_by) {
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_FALSE(ProcessRunning(old_primary)) << "the fenced primary still runs";
+  auto fresh = Pool::Connect(*config, po);
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  ASSERT_TRUE((*fresh)->Read(*a, &got, 8).ok());
+  EXPECT_EQ(got, after) << "a new client reads what the failed-over client wrote";
 }
 
-TEST(Replication, MisdirectedAndUnauthenticatedReplicationRequestsAreRefused) {
+TEST(Replication, AHealthyPrimaryIsNotTakenOverNorAreMisdirectedRequestsServed) {
   TestCluster cluster(Replicated(Fabric::kTcp));
   ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
   auto config = cluster.config();
   ASSERT_TRUE(config.ok());
-  const ServerAddress& s0 = config->servers[0];
-  // Server 0 mirrors server 2, not server 1.
-  Status wrong = Ask(
-      *config, s0, s0.port,
-      [](uint64_t id) {
-        return wire::Encode(id, wire::PromoteRequest{1, {}});
-      },
-      wire::Opcode::kPromoteReply);
+  auto secret = transport::ClusterSecret::Read(config->secret_file);
+  ASSERT_TRUE(secret.ok());
+  auto promote = [](uint16_t id) {
+    return [id](uint64_t rid) { return wire::Encode(rid, wire::PromoteRequest{id, {}}); };
+  };
+  // Server 2 mirrors server 1, which is alive and renews its lease: no promotion.
+  auto s2 = Open(*config, config->servers[2], 0, *secret);
+  ASSERT_TRUE(s2.ok()) << s2.status().ToString();
+  auto m2 = Open(*config, config->servers[2], (*s2)->hello().mirror_port, *secret);
+  ASSERT_TRUE(m2.ok()) << m2.status().ToString();
+  for (int i = 0; i < 5; ++i) {
+    Status early = (*m2)->Call(promote(1), wire::Opcode::kPromoteReply).status();
+    EXPECT_EQ(early.code(), StatusCode::kAborted) << early.ToString();
+    std::this_thread::sleep_for(200ms);
+  }
+  auto pool = Pool::Connect(*config);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  auto x = (*pool)->Alloc(64, Placement::OnServer(1));
+  ASSERT_TRUE(x.ok());
+  const uint64_t v = 7;
+  EXPECT_TRUE((*pool)->Write(*x, &v, 8).ok()) << "server 1 still serves";
+  // Server 2 does not mirror server 0; promotes and forwards do not belong on a clients' port.
+  Status wrong = (*m2)->Call(promote(0), wire::Opcode::kPromoteReply).status();
   EXPECT_EQ(wrong.code(), StatusCode::kInvalidArgument) << wrong.ToString();
   EXPECT_NE(wrong.message().find("does not mirror"), std::string::npos) << wrong.message();
-  // Forwards belong on the mirror's port.
-  wire::ReplicateRequest forward{2, 0, 0, 0, 0};
-  Status misplaced = Ask(
-      *config, s0, s0.port, [&](uint64_t id) { return wire::Encode(id, forward); },
-      wire::Opcode::kReplicateReply);
+  Status misplaced = (*s2)->Call(promote(1), wire::Opcode::kPromoteReply).status();
   EXPECT_EQ(misplaced.code(), StatusCode::kInvalidArgument) << misplaced.ToString();
-  // A client without the secret gets nothing from a mirror.
+  wire::ReplicateRequest forward{1, 0, 0, 0, 0};
+  Status forged = (*m2)
+                      ->Call([&](uint64_t id) { return wire::Encode(id, forward); },
+                             wire::Opcode::kReplicateReply)
+                      .status();
+  EXPECT_TRUE(forged.ok()) << "an empty forward from an authenticated peer is a renewal: "
+                           << forged.ToString();
+  // A client without the secret gets nothing.
   ClusterConfig open = *config;
   open.secret_file.clear();
   PoolOptions po;

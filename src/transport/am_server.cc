@@ -187,13 +187,18 @@ void AmServer::Impl::Run(AmHandler& handler, const std::atomic<bool>& stop) {
   handler_ = &handler;
   const bool event = options_.progress == ProgressMode::kEvent;
   auto last_work = Clock::now();
+  auto next_tick = last_work + kTickPeriod;
   while (!stop.load(std::memory_order_relaxed)) {
     if (Poll()) {
       last_work = Clock::now();
     } else if (event && Clock::now() - last_work > options_.event_spin) {
-      Status s = worker_->Wait(std::chrono::milliseconds(100));
+      Status s = worker_->Wait(kTickPeriod);
       (void)s;  // a failed wait only means we poll again sooner
       last_work = Clock::now();
+    }
+    if (Clock::now() >= next_tick) {
+      handler_->Tick();
+      next_tick = Clock::now() + kTickPeriod;
     }
   }
 }

@@ -19,7 +19,8 @@
 //      handled (the memory server makes their effects durable on its backup there), then posts
 //      each reply (eagerly, without waiting) to its sender, if it asked for a reply path and its
 //      connection was not closed meanwhile;
-//   5. closes and forgets the endpoints that failed (reap).
+//   5. closes and forgets the endpoints that failed (reap);
+//   6. every kTickPeriod, calls AmHandler::Tick (an event-mode loop wakes up for it).
 // A message that arrives by rendezvous (larger than the eager limit) is refused unread: the
 // sender gets AmHandler::Refuse's error reply. Every farpool sender posts eagerly (PostAm,
 // Endpoint::SendAm), so only a foreign or broken sender meets this.
@@ -92,7 +93,11 @@ class AmHandler {
   // is on the backup too") makes it so here, and replaces the replies whose promise it could
   // not keep. It may block; the loop serves nothing meanwhile.
   virtual void Settle(std::span<std::vector<std::byte>> replies) { (void)replies; }
+  // Called at least every kTickPeriod, busy or idle, between rounds (a primary memory server
+  // renews its lease with its backup there). May block briefly.
+  virtual void Tick() {}
 };
+inline constexpr std::chrono::milliseconds kTickPeriod{50};
 
 struct AmServerOptions {
   std::string host = "127.0.0.1";

@@ -93,6 +93,12 @@ Status BackupLink::Forward(const std::byte* region, std::span<const memory_ops::
     }
   }
   flush();
+  if (messages.empty() && leases.empty()) {
+    // Nothing changed: an empty forward renews the primary's lease (mirror.h).
+    messages.push_back(
+        wire::Encode(mirror_->NextId(), wire::ReplicateRequest{primary_id_, 0, 0, 0, 0}));
+    expected.push_back(wire::Opcode::kReplicateReply);
+  }
   for (const LeaseChange& l : leases) {
     messages.push_back(wire::Encode(
         mirror_->NextId(), wire::MirrorLeaseRequest{l.offset, l.size, primary_id_,

@@ -100,6 +100,12 @@ class MemoryServer::Impl : public transport::AmHandler {
   Result<std::vector<std::byte>> Answer(const wire::Message& m, transport::Peer* from);
   // Ok if a request that changes the region or the leases may run now (replication).
   Status MayChange() const;
+  // Ok while the lease from the backup holds (replicated, not degraded): see mirror.h.
+  Status MayServe() const;
+  // Renews the lease with the backup when due (AmHandler tick).
+  void Tick() override;
+  // The backup refused us (it took our data over): refuse everything from now on.
+  void Fence(const Status& why);
   // Stops forwarding: the backup was declared gone (DegradeRequest).
   void Degrade();
   Result<wire::BackupReply> ConfigureBackup(const wire::BackupRequest& request);
@@ -146,6 +152,8 @@ class MemoryServer::Impl : public transport::AmHandler {
   bool degraded_ = false;
   // A DegradeRequest's backup id, set on the mirror's loop (-1: none).
   std::atomic<int> backup_gone_{-1};
+  // When the backup last acknowledged a forward or renewal (the primary's serving lease).
+  Clock::time_point last_ack_{};
   std::optional<Status> fenced_;
   std::vector<memory_ops::Range> changed_;
   std::vector<LeaseChange> lease_changes_;
@@ -442,14 +450,6 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
       FARPOOL_ASSIGN_OR_RETURN(wire::BackupReply r, ConfigureBackup(m.As<wire::BackupRequest>()));
       return wire::Encode(id, r);
     }
-    case wire::Opcode::kPromoteRequest: {
-      const auto req = m.As<wire::PromoteRequest>();
-      if (!mirror_ || mirror_->primary_id() != req.id) {
-        return Status::InvalidArgument(Name() + ": cannot take server " + std::to_string(req.id) +
-                                       "'s data over: it does not mirror it");
-      }
-      return wire::Encode(id, wire::PromoteReply{mirror_->Promote()});
-    }
     case wire::Opcode::kHelloReply:
     case wire::Opcode::kChallengeReply:
     case wire::Opcode::kGoodbyeReply:
@@ -468,6 +468,7 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
     case wire::Opcode::kReplicateRequest:
     case wire::Opcode::kMirrorLeaseRequest:
     case wire::Opcode::kDegradeRequest:
+    case wire::Opcode::kPromoteRequest:
       ++rejected_;
       return Status::InvalidArgument(Name() + ": " + std::string(wire::OpcodeName(m.opcode)) +
                                      " belongs on a mirror's port (HelloReply::mirror_port)");
@@ -482,6 +483,43 @@ void MemoryServer::Impl::Degrade() {
                backup_->name().c_str());
   backup_.reset();
   degraded_ = true;
+}
+
+Status MemoryServer::Impl::MayServe() const {
+  if (backup_ == nullptr || degraded_) return Status::Ok();
+  const auto since = Clock::now() - last_ack_;
+  if (since < kServeLease) return Status::Ok();
+  return Status::Unavailable(
+      Name() + ": its backup has not answered for " +
+      std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(since).count()) +
+      " ms: it serves nothing until it does (the backup may be taking its data over)");
+}
+
+void MemoryServer::Impl::Tick() {
+  if (backup_gone_.load() >= 0 && backup_ != nullptr && backup_gone_.load() == backup_->id()) {
+    Degrade();
+  }
+  if (backup_ == nullptr || Clock::now() - last_ack_ < kServeLease / 4) return;
+  // Renew: an empty forward. A backup that refuses it has taken over: fenced.
+  Status renewed = backup_->Forward(region_->data(), {}, {}, [this] {
+    return backup_gone_.load() >= 0 && backup_gone_.load() == backup_->id();
+  });
+  if (renewed.ok()) {
+    last_ack_ = Clock::now();
+  } else if (renewed.code() == StatusCode::kPermissionDenied) {
+    Fence(renewed);
+  }
+}
+
+void MemoryServer::Impl::Fence(const Status& why) {
+  if (fenced_) return;
+  Status refusal = Status::Unavailable(Name() +
+                                       ": fenced: its backup has taken its data over; retry at "
+                                       "the backup (" +
+                                       why.message() + ")");
+  std::fprintf(stderr, "%s\n", refusal.message().c_str());
+  fenced_ = refusal;
+  if (options_.on_fenced) options_.on_fenced(refusal);
 }
 
 Status MemoryServer::Impl::MayChange() const {
@@ -512,6 +550,7 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(const wire::Backup
   FARPOOL_RETURN_IF_ERROR(
       link->Forward(region_->data(), {{memory_ops::Range{0, wire::kRootAreaSize}}}, {}, nullptr));
   backup_ = std::move(link);
+  last_ack_ = Clock::now();
   degraded_ = false;
   return wire::BackupReply{0};
 }
@@ -520,6 +559,7 @@ Result<std::vector<std::byte>> MemoryServer::Impl::ExecuteBatch(uint64_t id,
                                                                 const wire::BatchRequest& request,
                                                                 std::span<const std::byte> ops) {
   FARPOOL_RETURN_IF_ERROR(MayChange());  // before anything is executed
+  FARPOOL_RETURN_IF_ERROR(MayServe());
   const uint64_t own = chunks_.region_size();
   // Offsets past the server's own part address the mirror, for clients that have failed its
   // primary over to this server (only once promoted: Mirror::Covers).
@@ -556,6 +596,8 @@ void MemoryServer::Impl::Settle(std::span<std::vector<std::byte>> replies) {
     if (declared_gone()) {
       Degrade();  // the round stands with one copy, as every later one
       forwarded = Status::Ok();
+    } else if (forwarded.ok()) {
+      last_ack_ = Clock::now();
     }
     if (!forwarded.ok()) {
       const bool fenced = forwarded.code() == StatusCode::kPermissionDenied;
@@ -564,11 +606,7 @@ void MemoryServer::Impl::Settle(std::span<std::vector<std::byte>> replies) {
                               (fenced ? "this server has been failed over; retry at the backup"
                                       : "its backup does not answer") +
                               " (" + forwarded.message() + ")");
-      if (fenced && !fenced_) {
-        std::fprintf(stderr, "%s\n", why.message().c_str());
-        fenced_ = why;
-        if (options_.on_fenced) options_.on_fenced(why);
-      }
+      if (fenced) Fence(forwarded);
       for (size_t i = 0; i < replies.size() && i < round_.size(); ++i) {
         if (round_[i] != 0) replies[i] = wire::EncodeError(round_[i], why);
       }

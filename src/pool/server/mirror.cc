@@ -2,6 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
+
 #include "pool/memory_ops.h"
 #include "transport/ucx.h"
 #include "transport/wire.h"
@@ -21,10 +24,20 @@ Status Mirror::Start(const std::string& host, Fabric fabric, const std::string& 
   return Status::Ok();
 }
 
-uint64_t Mirror::Promote() {
+Result<wire::PromoteReply> Mirror::Promote(bool primary_connected) {
+  const auto since = std::chrono::steady_clock::now() - last_contact_;
   std::lock_guard lock(mu_);
+  if (!promoted_ && primary_connected && since < kServeLease + kLeaseMargin) {
+    return Status::Aborted(
+        name_ + ": not yet: server " + std::to_string(primary_id_) + " renewed its lease " +
+        std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(since).count()) +
+        " ms ago and may serve until it lapses; ask again");
+  }
+  if (!promoted_) {
+    std::fprintf(stderr, "%s: taking server %d's data over\n", name_.c_str(), primary_id_);
+  }
   promoted_ = true;
-  return book_.leased();
+  return wire::PromoteReply{book_.leased()};
 }
 
 bool Mirror::promoted() const {
@@ -86,6 +99,8 @@ Result<std::vector<std::byte>> Mirror::Answer(std::span<const std::byte> bytes,
       if (auth_.NeedsProof(from)) {
         FARPOOL_RETURN_IF_ERROR(auth_.Authenticate(m.As<wire::HelloRequest>(), from, r));
       }
+      if (from != nullptr)
+        from->tag = static_cast<uint32_t>(m.As<wire::HelloRequest>().client_nonce);
       r.server_pid = static_cast<uint64_t>(getpid());
       r.mirror_of = primary_id_;
       r.region_size = size_;
@@ -99,6 +114,8 @@ Result<std::vector<std::byte>> Mirror::Answer(std::span<const std::byte> bytes,
       }
       std::lock_guard lock(mu_);
       if (promoted_) return Fenced();
+      if (from != nullptr) primary_tag_ = from->tag;
+      last_contact_ = std::chrono::steady_clock::now();
       std::vector<memory_ops::Range> written;
       memory_ops::Region region{memory_,     size_,    [](uint64_t, uint64_t) { return true; },
                                 primary_id_, &written, /*writes_only=*/true};
@@ -120,6 +137,18 @@ Result<std::vector<std::byte>> Mirror::Answer(std::span<const std::byte> bytes,
           (req.leased ? book_.LeaseAt(req.offset, req.size) : book_.Release(req.offset, req.size))
               .WithContext(name_));
       return wire::Encode(id, wire::MirrorLeaseReply{0});
+    }
+    case wire::Opcode::kPromoteRequest: {
+      if (m.As<wire::PromoteRequest>().id != primary_id_) {
+        return Status::InvalidArgument(name_ + ": cannot take server " +
+                                       std::to_string(m.As<wire::PromoteRequest>().id) +
+                                       "'s data over: it does not mirror it");
+      }
+      const auto tags = am_->tags();
+      const bool connected =
+          primary_tag_ != 0 && std::find(tags.begin(), tags.end(), primary_tag_) != tags.end();
+      FARPOOL_ASSIGN_OR_RETURN(wire::PromoteReply r, Promote(connected));
+      return wire::Encode(id, r);
     }
     case wire::Opcode::kDegradeRequest:
       on_degrade_(m.As<wire::DegradeRequest>().backup_id);

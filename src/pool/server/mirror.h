@@ -12,7 +12,13 @@
 // The mirror's loop also takes DegradeRequests meant for the server as a primary (its own
 // backup is gone): the server's progress thread may be the one waiting for that backup.
 //
-// Promote() (a client found the primary gone) ends that: from then on forwards are refused
+// A PromoteRequest (a client found the primary gone; on the mirror's port) ends that, but not
+// while the primary may still be serving: a primary serves only while its last acknowledged
+// contact with the backup is younger than kServeLease (it renews every AmHandler tick), so the
+// backup promotes once the primary's connection has closed (its process is gone) or
+// kServeLease + kLeaseMargin after the last contact (a primary cut off has stopped serving by
+// then); earlier requests are answered Aborted ("not yet"), and the client asks again. The
+// promotion from then on forwards are refused
 // ("fenced"), which is what stops a primary that is cut off from the clients but not from its
 // backup from acknowledging another write, and the server's own loop serves the copy: its
 // clients' operations at mirror offsets are checked against the mirrored lease book.
@@ -22,6 +28,7 @@
 // forward applies its writes under it, so no forward lands after Promote returns.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -34,8 +41,14 @@
 #include "pool/server/chunk_allocator.h"
 #include "pool/server/server_auth.h"
 #include "transport/am_server.h"
+#include "transport/wire.h"
 
 namespace farpool {
+
+// How long a primary may serve after its last acknowledged contact with its backup, and how
+// much longer its backup waits before it takes over from a primary it cannot see gone.
+inline constexpr std::chrono::milliseconds kServeLease{400};
+inline constexpr std::chrono::milliseconds kLeaseMargin{100};
 
 class Mirror : public transport::AmHandler {
  public:
@@ -62,9 +75,6 @@ class Mirror : public transport::AmHandler {
   uint16_t primary_id() const { return primary_id_; }
   uint64_t size() const { return size_; }
 
-  // Takes the primary's data over: forwards are refused from now on. Returns the bytes of the
-  // mirrored lease book. Idempotent.
-  uint64_t Promote();
   bool promoted() const;
   // Whether a client may touch [offset, offset + size) of the copy (offsets in the primary's
   // region): promoted, and inside the root area or a mirrored lease.
@@ -80,6 +90,9 @@ class Mirror : public transport::AmHandler {
  private:
   Result<std::vector<std::byte>> Answer(std::span<const std::byte> bytes, transport::Peer* from);
   Status Fenced() const;
+  // A PromoteRequest, on the mirror's loop: `primary_connected` whether the primary's
+  // connection is still open.
+  Result<wire::PromoteReply> Promote(bool primary_connected);
   Status NotPromoted() const;
 
   const uint16_t primary_id_;
@@ -88,6 +101,10 @@ class Mirror : public transport::AmHandler {
   mutable std::mutex mu_;
   ChunkAllocator book_;    // guarded by mu_
   bool promoted_ = false;  // guarded by mu_
+  // The mirror's loop only: the primary's process tag (from the connection of its forwards)
+  // and when it last forwarded or renewed.
+  uint64_t primary_tag_ = 0;
+  std::chrono::steady_clock::time_point last_contact_{};
   ServerAuth& auth_;
   std::function<void(uint16_t)> on_degrade_;
   std::string name_;
