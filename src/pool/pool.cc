@@ -548,7 +548,7 @@ void Pool::Impl::FailOver(size_t index) {
   // On the backup's mirror port; "not yet" (Aborted) while the dead server's lease to serve
   // may still run (mirror.h): asked again until it lapses.
   Status promoted;
-  for (int attempt = 0; attempt < 40; ++attempt) {
+  for (int attempt = 0; attempt < 100; ++attempt) {  // 2.5 s: twice lease + margin
     promoted = ask(
         backup, backup.mirror_port,
         [&](uint64_t id) {

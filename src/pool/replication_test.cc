@@ -235,8 +235,8 @@ TEST(Replication, APartitionedPrimaryIsFencedAndTheClientsFollowTheData) {
   auto config = cluster.config();
   ASSERT_TRUE(config.ok());
   PoolOptions po;
-  po.failure_timeout = 1000ms;
-  po.op_timeout = 2000ms;
+  po.failure_timeout = 2000ms;  // above the primaries' wait for a backup (1 s)
+  po.op_timeout = 3000ms;
   auto pool = Pool::Connect(*config, po);
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
   auto a = (*pool)->Alloc(64, Placement::OnServer(1));
@@ -295,7 +295,7 @@ TEST(Replication, AHealthyPrimaryIsNotTakenOverNorAreMisdirectedRequestsServed) 
   for (int i = 0; i < 5; ++i) {
     Status early = (*m2)->Call(promote(1), wire::Opcode::kPromoteReply).status();
     EXPECT_EQ(early.code(), StatusCode::kAborted) << early.ToString();
-    std::this_thread::sleep_for(200ms);
+    std::this_thread::sleep_for(300ms);
   }
   auto pool = Pool::Connect(*config);
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();

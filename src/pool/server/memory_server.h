@@ -75,7 +75,7 @@ struct ServerOptions {
   // At most the serving lease (pool/server/mirror.h), and well below the clients' failure
   // timeout: the loop serves nothing while it waits, and a primary that blocked longer for an
   // unreachable backup would be declared dead itself by its clients' heartbeats.
-  std::chrono::milliseconds backup_timeout{400};
+  std::chrono::milliseconds backup_timeout{1000};
   // Called once, on the progress thread, when the backup refuses this server's forwards (it
   // took the data over: this server is fenced and refuses everything from then on). `farpool
   // server` shuts down then, so that its clients see it gone and follow the data.

@@ -47,8 +47,8 @@ namespace farpool {
 
 // How long a primary may serve after its last acknowledged contact with its backup, and how
 // much longer its backup waits before it takes over from a primary it cannot see gone.
-inline constexpr std::chrono::milliseconds kServeLease{400};
-inline constexpr std::chrono::milliseconds kLeaseMargin{100};
+inline constexpr std::chrono::milliseconds kServeLease{1000};
+inline constexpr std::chrono::milliseconds kLeaseMargin{200};
 
 class Mirror : public transport::AmHandler {
  public:
