@@ -536,28 +536,30 @@ void Pool::Impl::FailOver(size_t index) {
                  backup.failed.load() ? "its backup is gone too" : "its backup does not mirror it");
     return;
   }
-  auto ask = [&](ServerState& to, uint16_t port, const control::Encoder& encode,
-                 wire::Opcode expected) {
+  // One connection per server asked, opened once: opening one creates a UCX context and
+  // worker, which holds every other thread's progress back meanwhile (transport/ucx.h).
+  auto ask = [&](ServerState& to, uint16_t port, wire::Opcode expected, int attempts,
+                 const control::Encoder& encode) -> Status {
     control::Connection::Options o{to.name, to.address.host,
                                    port,    secret_ ? &*secret_ : nullptr,
                                    fabric_, options_.connect_timeout};
     auto c = control::Connection::Open(o, HelloFor(false));
     if (!c.ok()) return c.status();
-    return (*c)->Call(encode, expected).status();
+    Status st;
+    for (int attempt = 0; attempt < attempts; ++attempt) {
+      st = (*c)->Call(encode, expected).status();
+      if (st.code() != StatusCode::kAborted) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    return st;
   };
   // On the backup's mirror port; "not yet" (Aborted) while the dead server's lease to serve
-  // may still run (mirror.h): asked again until it lapses.
-  Status promoted;
-  for (int attempt = 0; attempt < 100; ++attempt) {  // 2.5 s: twice lease + margin
-    promoted = ask(
-        backup, backup.mirror_port,
-        [&](uint64_t id) {
-          return wire::Encode(id, wire::PromoteRequest{s.address.id, {}});
-        },
-        wire::Opcode::kPromoteReply);
-    if (promoted.code() != StatusCode::kAborted) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(25));
-  }
+  // may still run (mirror.h): asked again until it lapses (100 tries: 2.5 s, twice lease and
+  // margin).
+  Status promoted =
+      ask(backup, backup.mirror_port, wire::Opcode::kPromoteReply, 100, [&](uint64_t id) {
+        return wire::Encode(id, wire::PromoteRequest{s.address.id, {}});
+      });
   if (!promoted.ok()) {
     std::fprintf(stderr, "farpool: %s is gone; failing it over failed: %s\n", s.name.c_str(),
                  promoted.message().c_str());
@@ -570,12 +572,10 @@ void Pool::Impl::FailOver(size_t index) {
   for (size_t a = 0; a < servers_.size(); ++a) {
     if (cluster_.BackupOf(a) != index || a == index || servers_[a]->failed.load()) continue;
     // On its mirror's port: its own loop may be waiting for the dead backup.
-    Status degraded = ask(
-        *servers_[a], servers_[a]->mirror_port,
-        [&](uint64_t id) {
-          return wire::Encode(id, wire::DegradeRequest{s.address.id, {}});
-        },
-        wire::Opcode::kDegradeReply);
+    Status degraded = ask(*servers_[a], servers_[a]->mirror_port, wire::Opcode::kDegradeReply, 1,
+                          [&](uint64_t id) {
+                            return wire::Encode(id, wire::DegradeRequest{s.address.id, {}});
+                          });
     if (!degraded.ok()) {
       std::fprintf(stderr, "farpool: telling %s that its backup is gone failed: %s\n",
                    servers_[a]->name.c_str(), degraded.message().c_str());

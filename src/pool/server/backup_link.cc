@@ -26,7 +26,11 @@ Result<std::unique_ptr<BackupLink>> BackupLink::Connect(const Target& backup, ui
   hello.client_pid = static_cast<uint64_t>(getpid());
   std::random_device rd;
   hello.client_nonce = (uint64_t{rd()} << 32) | rd() | 1;  // the low 32 bits, a tag, nonzero
-  control::Connection::Options o{link->name_, backup.host, backup.port, secret, fabric, timeout};
+  // TCP even on one host: a backup learns that its primary's process is gone from the closed
+  // socket at once (UCX's shared-memory lanes notice it only by keepalive), and promotes then.
+  (void)fabric;
+  control::Connection::Options o{link->name_, backup.host,  backup.port,
+                                 secret,      Fabric::kTcp, timeout};
   FARPOOL_ASSIGN_OR_RETURN(auto server, control::Connection::Open(o, hello));
   const wire::HelloReply& h = server->hello();
   if (h.server_id != backup.id) {
