@@ -86,7 +86,9 @@ class MemoryServer::Impl : public transport::AmHandler {
   // Listens and allocates the region; serving begins with Serve().
   Status Init();
   void Serve() { am_->Start(*this); }
+  // The mirror's loop first: it writes into the region, which the server's teardown frees.
   void Stop() {
+    if (mirror_) mirror_->Stop();
     if (am_) am_->Stop();
   }
   uint16_t port() const { return port_; }
