@@ -67,6 +67,17 @@ Status Mirror::NotPromoted() const {
                                  " has not been failed over to this server (PromoteRequest)");
 }
 
+Status Mirror::AdmitForward(uint16_t primary_id, const transport::Peer* from) {
+  if (primary_id != primary_id_) {
+    return Status::InvalidArgument(name_ + ": a forward from server " + std::to_string(primary_id) +
+                                   ", not from its primary");
+  }
+  if (promoted_) return Fenced();
+  if (from != nullptr) primary_tag_ = from->tag;
+  last_contact_ = std::chrono::steady_clock::now();
+  return Status::Ok();
+}
+
 Status Mirror::Fenced() const {
   return Status::PermissionDenied(
       name_ + ": fenced: this server has taken server " + std::to_string(primary_id_) +
@@ -108,14 +119,8 @@ Result<std::vector<std::byte>> Mirror::Answer(std::span<const std::byte> bytes,
     }
     case wire::Opcode::kReplicateRequest: {
       const auto req = m.As<wire::ReplicateRequest>();
-      if (req.primary_id != primary_id_) {
-        return Status::InvalidArgument(name_ + ": a forward from server " +
-                                       std::to_string(req.primary_id) + ", not from its primary");
-      }
       std::lock_guard lock(mu_);
-      if (promoted_) return Fenced();
-      if (from != nullptr) primary_tag_ = from->tag;
-      last_contact_ = std::chrono::steady_clock::now();
+      FARPOOL_RETURN_IF_ERROR(AdmitForward(req.primary_id, from));
       std::vector<memory_ops::Range> written;
       memory_ops::Region region{memory_,     size_,    [](uint64_t, uint64_t) { return true; },
                                 primary_id_, &written, /*writes_only=*/true};
@@ -127,12 +132,8 @@ Result<std::vector<std::byte>> Mirror::Answer(std::span<const std::byte> bytes,
     }
     case wire::Opcode::kMirrorLeaseRequest: {
       const auto req = m.As<wire::MirrorLeaseRequest>();
-      if (req.primary_id != primary_id_) {
-        return Status::InvalidArgument(name_ + ": a lease forward from server " +
-                                       std::to_string(req.primary_id) + ", not from its primary");
-      }
       std::lock_guard lock(mu_);
-      if (promoted_) return Fenced();
+      FARPOOL_RETURN_IF_ERROR(AdmitForward(req.primary_id, from));
       FARPOOL_RETURN_IF_ERROR(
           (req.leased ? book_.LeaseAt(req.offset, req.size) : book_.Release(req.offset, req.size))
               .WithContext(name_));

@@ -89,6 +89,10 @@ class Mirror : public transport::AmHandler {
 
  private:
   Result<std::vector<std::byte>> Answer(std::span<const std::byte> bytes, transport::Peer* from);
+  // A forward (writes or a lease change) naming `primary_id`: refused unless it names our
+  // primary and we have not taken over; else it counts as the primary's contact (its lease).
+  // REQUIRES: mu_ held.
+  Status AdmitForward(uint16_t primary_id, const transport::Peer* from);
   Status Fenced() const;
   // A PromoteRequest, on the mirror's loop: `primary_connected` whether the primary's
   // connection is still open.
