@@ -774,10 +774,10 @@ TEST(ServerProcess, RejectsMalformedControlMessagesAndKeepsRunning) {
   auto wrong_size = good;
   wrong_size[8] = std::byte{200};
   bad.push_back(wrong_size);
-  bad.push_back(wire::Encode(5, wire::LeaseReply{0, 0}));               // a reply sent as a request
-  bad.push_back(wire::Encode(6, wire::LeaseRequest{12345, 0, 0}));            // not a chunk multiple
+  bad.push_back(wire::Encode(5, wire::LeaseReply{0, 0}));           // a reply sent as a request
+  bad.push_back(wire::Encode(6, wire::LeaseRequest{12345, 0, 0}));  // not a chunk multiple
   bad.push_back(wire::Encode(7, wire::ReleaseRequest{4096, 4 << 20, 0, 0}));  // never leased
-  bad.push_back(std::vector<std::byte>(64 << 10, std::byte{0x5a}));     // oversized garbage
+  bad.push_back(std::vector<std::byte>(64 << 10, std::byte{0x5a}));           // oversized garbage
   // Batches: a read of memory nobody leased, a count that disagrees with the operations, and
   // a tail beyond the limit.
   memory_ops::RequestBuilder unleased;
