@@ -224,18 +224,20 @@ class LocalCluster:
     their shared memory; a cluster still running when the interpreter exits is stopped then.
     `directory` keeps the cluster file and the server logs there (default: a temporary
     directory, removed by stop()). `transport` is the clients' default fabric ("auto", "shm",
-    "tcp"); `progress` the servers' ("busy", "event"; default: chosen from the cores).
-    Raises farpool.Error with `farpool cluster up`'s reason if the servers cannot start.
+    "tcp"); `progress` the servers' ("busy", "event"; default: chosen from the cores);
+    `replicas` 1 keeps a second copy of every byte on the next server (at least 2 servers;
+    docs/pool.md, "Replication"). Raises farpool.Error with `farpool cluster up`'s reason if the servers cannot start.
     """
 
     def __init__(self, servers: int = 1, memory: Union[str, int] = "256MiB", *,
-                 transport: str = "auto", progress: Optional[str] = None,
+                 transport: str = "auto", progress: Optional[str] = None, replicas: int = 0,
                  directory: Union[str, os.PathLike, None] = None,
                  binary: Union[str, os.PathLike, None] = None) -> None:
         self.servers = servers
         self.memory = str(memory)
         self.transport = transport
         self.progress = progress
+        self.replicas = replicas
         self.binary = Path(binary) if binary else farpool_binary()
         self._directory = Path(directory) if directory else None
         self.directory: Optional[Path] = None
@@ -260,6 +262,8 @@ class LocalCluster:
                    str(self.servers), "--memory", self.memory, "--transport", self.transport]
         if self.progress:
             command += ["--progress", self.progress]
+        if self.replicas:
+            command += ["--replicas", str(self.replicas)]
         # From here on the finalizer stops whatever runs: `cluster down` of a directory whose
         # servers did not all start stops the others (cluster up does too, on failure).
         self._stopper = weakref.finalize(self, _stop, str(self.binary), directory, owned)

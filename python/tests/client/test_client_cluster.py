@@ -115,3 +115,28 @@ def test_the_cluster_secret_is_read_through_the_cluster_file(cluster, tmp_path):
                        match="authentication failed: wrong cluster secret"):
         farpool.Pool.connect(str(tmp_path / "cluster.json"))
     assert pool.stats(0)["auth_refused"] == before + 1
+
+
+def test_a_replicated_cluster_keeps_every_byte_when_a_server_is_killed():
+    with farpool.LocalCluster(servers=3, memory="32MiB", transport="tcp", progress="event",
+                              replicas=1) as c:
+        assert json.loads(Path(c.cluster_file).read_text())["replicas"] == 1
+        pool = farpool.Pool.connect(c.cluster_file)
+        written = {}
+        for server in range(3):
+            for i in range(8):
+                address = pool.alloc(64, server=server)
+                written[address] = bytes([server * 16 + i]) * 64
+                pool.write(address, written[address])
+        os.kill(server_pids(c.cluster_file)[1], signal.SIGKILL)
+        for address, data in written.items():
+            for attempt in range(20):  # the first call on the dead server may fail once
+                try:
+                    assert pool.read(address, 64) == data
+                    break
+                except farpool.Unavailable:
+                    assert attempt < 19
+        # Server 1's data now lives at its backup, which takes new writes too.
+        address = next(a for a in written if pool.read(a, 64)[0] // 16 == 1)
+        pool.write(address, b"x" * 64)
+        assert pool.read(address, 64) == b"x" * 64
