@@ -48,6 +48,9 @@ Command RegisterTxnBench(CLI::App& bench) {
   txn->add_option("--scale", a->o.scale, "tpcb: scale factor (100000 accounts each)");
   txn->add_option("--history-keep", a->o.history_keep,
                   "tpcb: keep the last N history rows per thread (delete older; 0: keep all)");
+  txn->add_option("--isolation", a->o.isolation,
+                  "si (snapshot isolation, default) or rc (read committed; tpcb reads its rows "
+                  "for update)");
   txn->add_flag("--verify", a->o.verify, "Check the workload's invariant at the end");
   txn->add_option("--client-id", a->o.client_id, "(internal) client process number")->group("");
   txn->add_option("--start-at", a->o.start_at_ms, "(internal) common start time")->group("");

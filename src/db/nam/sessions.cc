@@ -545,9 +545,11 @@ Status NamSession::HelpUnlink(const NamTable& t, int64_t key, GlobalAddress reco
 }
 
 // No round trip: the snapshot is taken by the transaction's first read (nam_internal.h).
-Result<std::unique_ptr<Transaction>> NamSession::Begin() {
+Result<std::unique_ptr<Transaction>> NamSession::Begin() { return Begin(TransactionOptions{}); }
+
+Result<std::unique_ptr<Transaction>> NamSession::Begin(const TransactionOptions& options) {
   FARPOOL_RETURN_IF_ERROR(CheckLease());
-  return std::unique_ptr<Transaction>(new NamTxn(*this));
+  return std::unique_ptr<Transaction>(new NamTxn(*this, options));
 }
 
 }  // namespace farpool::db
