@@ -605,7 +605,10 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys) {
     std::vector<size_t> all(want.size());
     for (size_t i = 0; i < want.size(); ++i) all[i] = i;
     if (!want.empty()) FARPOOL_RETURN_IF_ERROR(lock(all));
-    LockWait wait;
+    // Retried often (the holder keeps the lock for its whole transaction, then the record is
+    // free for about one round trip before the next locker takes it): pauses of 10 µs up to
+    // 100 µs.
+    LockWait wait(LockWait::kLimitNs, 10'000, 100'000);
     int moved_on = 0;  // retries at once of words that moved on: bounded by the wait too
     for (;;) {
       // The lowest record not locked (and not gone from under its index entry).
