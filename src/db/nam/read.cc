@@ -247,12 +247,12 @@ Status NamTxn::FindRecords(std::span<KeyRead> keys, bool copies) {
         KeyRead& k = *lookups[j];
         const uint64_t size = k.t->layout_.record_size();
         combined[j] = size <= kMaxLookupReadBytes &&
-                      (!taking || k.t->hash_->HeadServer(k.key) == counter_server);
+                      (!taking || copies || k.t->hash_->HeadServer(k.key) == counter_server);
         if (!combined[j]) {
           posted = k.t->hash_->PostLookup(b, k.key, buckets[j].data());
           continue;
         }
-        if (taking && !fenced) {
+        if (taking && !copies && !fenced) {
           posted = b.Fence();
           fenced = true;
           if (!posted.ok()) break;
