@@ -827,7 +827,8 @@ Result<uint64_t> CommitRun::Trim(const NamTable& t, GlobalAddress head, uint64_t
   const uint32_t me = s_.lease_->open > 1 ? UINT32_MAX : s_.lease_->slot;
   uint64_t oldest = UINT64_MAX;
   for (uint32_t i = 0; i < announced_.size(); ++i) {
-    if (i != me && announced_[i] != 0) oldest = std::min(oldest, announced_[i]);
+    const uint64_t a = announced_[i];
+    if (i != me && a != 0 && (a & kAnnounceRecordsOnly) == 0) oldest = std::min(oldest, a);
   }
   if (announced_.empty() || oldest == UINT64_MAX) return length;  // nothing to decide with
   std::vector<unsigned char> node(t.layout_.cell_size());
@@ -861,7 +862,7 @@ bool CommitRun::AnyOlderThan(uint64_t stamp) const {
   // Our own announcement counts only if another transaction of this session is open.
   const uint32_t me = s_.lease_->open > 1 ? UINT32_MAX : s_.lease_->slot;
   for (uint32_t i = 0; i < announced_.size(); ++i) {
-    const uint64_t a = announced_[i];
+    const uint64_t a = announced_[i];  // records-only ones have bit 62: never below a stamp
     if (i != me && a != 0 && a < stamp) return true;
   }
   return false;
@@ -1089,7 +1090,7 @@ Status NamTxn::Finish(Status s) {
   finished_ = true;
   if (s.ok() && !writes_.empty()) {
     ++s_.counters_.commits;
-  } else if (s.code() == StatusCode::kAborted) {
+  } else if (s.code() == StatusCode::kAborted || aborted_) {
     ++s_.counters_.aborts;
   }
   // Blobs belong to the new versions once the commit is decided; otherwise they go back.

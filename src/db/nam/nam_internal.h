@@ -76,6 +76,12 @@ namespace farpool::db {
 // ---------------------------------------------------------------- layouts in memory
 
 inline constexpr uint64_t kMagic = 0x4650444200000006ULL;  // "FPDB" v6
+// An announcement (a lower bound of a session's snapshot, in the announcement array) with this
+// bit set protects only records, not versions: its session reads no version older than the
+// newest (NamSession::PostSnapshot, versions = false). The LWM counts it (bit cleared); the
+// decisions of version GC (a commit's spills, cuts and trims) pass it by. Counters never reach
+// the bit.
+inline constexpr uint64_t kAnnounceRecordsOnly = uint64_t{1} << 62;
 inline constexpr uint64_t kMaxTables = 256;
 inline constexpr uint64_t kDescSize = 1024;
 inline constexpr uint64_t kSlotSize = 64;
@@ -456,7 +462,10 @@ class NamSession final : public Session, public LockOwner {
     uint64_t clearing = 0;  // log_to_clear_ when its clear was posted with it (0: none)
     uint64_t clear_prev = 0;
   };
-  Status PostSnapshot(Access::Batch& batch, SnapshotRead* read);
+  // `versions` false: the snapshot reads no versions, only finds records (a locking read of
+  // read committed, which reads only what it locks): its announcement is marked
+  // kAnnounceRecordsOnly, and holds back the freeing of records (the LWM) but not version GC.
+  Status PostSnapshot(Access::Batch& batch, SnapshotRead* read, bool versions = true);
   Result<uint64_t> FinishSnapshot(const SnapshotRead& read, const Status& batch_status,
                                   bool* cache_cleared);
   // Both, in a batch of their own.
@@ -631,6 +640,9 @@ class NamTxn final : public Transaction {
   // db.h: SI's snapshot is taken again if this was the first read and a locked version is
   // newer; otherwise Aborted).
   Status LockKeys(std::span<KeyRead> keys);
+  // How long a locking read waits for a live holder. Longer than a commit waits (LockWait::
+  // kLimitNs): a holder keeps the lock for its whole transaction, and waiters take turns.
+  static constexpr int64_t kLockingReadWaitNs = 20'000'000;
   // MultiGet and MultiGetForUpdate: own writes and keys locked earlier answered without a
   // round trip, the others read (ReadKeys) or locked (LockKeys).
   Status ReadMany(std::span<const TableKey> keys, bool for_update, std::vector<Row>* rows,
@@ -677,6 +689,9 @@ class NamTxn final : public Transaction {
   std::map<Key, HeldLock> held_;
   std::vector<std::pair<GlobalAddress, uint64_t>> blobs_;  // allocated here, freed unless decided
   bool decided_ = false;
+  // A locking read returned Aborted: the transaction counts as aborted however it ends (the
+  // caller rolls it back).
+  bool aborted_ = false;
   bool finished_ = false;
 };
 

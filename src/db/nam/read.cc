@@ -239,7 +239,9 @@ Status NamTxn::FindRecords(std::span<KeyRead> keys, bool copies) {
     std::vector<uint8_t> combined(lookups.size(), 0);
     {
       Access::Batch b(s_.access_);
-      Status posted = taking ? s_.PostSnapshot(b, &snap) : Status::Ok();
+      // Read committed's locking reads read no versions (only what they lock).
+      Status posted =
+          taking ? s_.PostSnapshot(b, &snap, /*versions=*/!(copies && rc_)) : Status::Ok();
       if (taking && !posted.ok()) return posted;
       const uint16_t counter_server = s_.db_.RootField(kRootCounter).server();
       bool fenced = false;
@@ -478,7 +480,9 @@ Status NamTxn::ReadMany(std::span<const TableKey> keys, bool for_update, std::ve
   }
   if (!reads.empty()) {
     if (for_update) {
-      FARPOOL_RETURN_IF_ERROR(LockKeys(reads));
+      Status locked = LockKeys(reads);
+      aborted_ = aborted_ || locked.code() == StatusCode::kAborted;
+      FARPOOL_RETURN_IF_ERROR(locked);
     } else {
       FreshSnapshotForRead();
       FARPOOL_RETURN_IF_ERROR(ReadKeys(reads));
@@ -608,7 +612,7 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys) {
     // Retried often (the holder keeps the lock for its whole transaction, then the record is
     // free for about one round trip before the next locker takes it): pauses of 10 µs up to
     // 100 µs.
-    LockWait wait(LockWait::kLimitNs, 10'000, 100'000);
+    LockWait wait(kLockingReadWaitNs, 10'000, 100'000);
     int moved_on = 0;  // retries at once of words that moved on: bounded by the wait too
     for (;;) {
       // The lowest record not locked (and not gone from under its index entry).
@@ -669,7 +673,7 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys) {
         if (!wait.Pause()) {
           return Status::Aborted("key " + std::to_string(w.k->key) + " of '" + w.k->t->name_ +
                                  "' is locked by another transaction (locking read: waited " +
-                                 std::to_string(LockWait::kLimitNs / 1'000'000) + " ms)");
+                                 std::to_string(kLockingReadWaitNs / 1'000'000) + " ms)");
         }
         // The holder's copy (read behind our CAS): a commit of it installs the next version.
         const RecordImage& img = w.k->image;
