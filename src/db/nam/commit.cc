@@ -38,6 +38,12 @@
 // records unlocked (and then overwritten by later commits) and another's untouched; the
 // stamp word on the first tells recovery the stamp the second must get (recovery.cc).
 //
+// Keys locked at read (NamTxn::held_, locking reads): Resolve takes the version locked as the
+// one to write on (no validation: nothing can commit over a lock); Lock changes their read-lock
+// word to our plain lock word in its batch, before the stamp is taken (layout.h ReadLockWord),
+// and from then on they are the commit's like any lock it took; Finish releases in its batch
+// the keys locked at read and not written, unchanged.
+//
 // Fencing: the lease is checked before Lock and before Decide and Finish; releases are CAS
 // from our own word. An error before the decision releases the locks and leaves the session
 // usable; an error after it (the outcome is decided, recovery can finish it) abandons the

@@ -27,6 +27,12 @@
 // a store follows a passed check directly (one batch); and memory freed on the strength of a
 // lock (a trimmed chain) is freed only after the release CAS from our own word succeeded.
 //
+// Locking reads (GetForUpdate) and read committed: see read.cc. A record locked at read carries
+// the holder's read-lock word, which readers pass by and recovery treats as an undecided lock
+// (layout.h ReadLockWord); the commit takes such locks over in its lock round. A read committed
+// transaction's locking read announces records-only (kAnnounceRecordsOnly): it needs records
+// not freed, never an old version.
+//
 // Garbage collection: each session announces a lower bound of its snapshot in the
 // announcement array (one word per slot, 0 when idle); it writes the bound before it reads the
 // counter, so a snapshot is never smaller than what any reader of the array may have seen or

@@ -10,6 +10,17 @@
 // After reading, a transaction checks its own lease before it returns data: memory freed by
 // the garbage collector is never read by a session whose lease was valid (a session whose
 // lease lapsed is excluded from the low-water mark once fenced, and may read reused memory).
+// A record held by a locking read (layout.h ReadLockWord) is not waited for: its holder has no
+// stamp yet, so the cells are all a snapshot may see.
+//
+// Locking reads (LockKeys): round 1 finds the records and copies them (FindRecords, with the
+// snapshot if none is taken: it validates the cached addresses and keeps records from being
+// freed); round 2 CASes each lock word from the word the copy showed to our read-lock word and,
+// behind a fence, reads the record: one message per server. Locks go into held_ as they are
+// taken, so every way the transaction ends releases them (Finish, or the commit). Read
+// committed: each other read call takes a snapshot of its own (FreshSnapshotForRead); its
+// locking reads announce records-only (NamSession::PostSnapshot), since they read no version
+// but the one they lock.
 #include <algorithm>
 #include <climits>
 #include <cstring>
