@@ -211,14 +211,17 @@ class Transaction {
   //                   (so it sees them); otherwise a key whose newest version is newer than the
   //                   snapshot aborts the transaction (Aborted, as PostgreSQL's repeatable
   //                   read does for SELECT ... FOR UPDATE).
-  // A key held by another transaction is waited for, a few milliseconds at most (a holder
-  // that commits or aborts lets us in; a dead one's lock is broken), then Aborted: so two
+  // A key held by another transaction is waited for, 20 ms at most (a holder that commits or
+  // aborts lets us in; a dead one's lock is broken after its lease), then Aborted: so two
   // transactions that lock the same keys in different orders do not deadlock, one of them
-  // aborts. Within one call the records are locked in address order. Keys without a row are
-  // not locked (NotFound in *statuses, as MultiGet). A later Get/MultiGet/Scan of a locked key
-  // in the same transaction reads the locked version. The pool engines lock every key in one
-  // round trip (lock and read together, one message per server), after the round trip that
-  // finds the records; the other engines read without locking (their commit validates).
+  // aborts. Within one call the records are locked in address order (and a waiter holds none
+  // above the one it waits for). A key without a row is NotFound in *statuses, as MultiGet; it
+  // is locked only if it has a record (a deleted row's). Plain reads of other transactions do
+  // not wait for these locks. A later Get/MultiGet/Scan/Delete of a locked key in the same
+  // transaction reads the locked version (Get and MultiGet without a round trip). The pool
+  // engines lock every key in one round trip (lock and read together, one message per server),
+  // after the round trip that finds the records; the other engines read without locking
+  // (their commit validates what was read).
   // REQUIRES: as Get / MultiGet.
   virtual Status GetForUpdate(const Table& table, int64_t key, Row* row);
   virtual Status MultiGetForUpdate(std::span<const TableKey> keys, std::vector<Row>* rows,
