@@ -211,7 +211,7 @@ class Transaction {
   //                   (so it sees them); otherwise a key whose newest version is newer than the
   //                   snapshot aborts the transaction (Aborted, as PostgreSQL's repeatable
   //                   read does for SELECT ... FOR UPDATE).
-  // A key held by another transaction is waited for, 20 ms at most (a holder that commits or
+  // A key held by another transaction is waited for, 100 ms at most (a holder that commits or
   // aborts lets us in; a dead one's lock is broken after its lease), then Aborted: so two
   // transactions that lock the same keys in different orders do not deadlock, one of them
   // aborts. Within one call the records are locked in address order (and a waiter holds none
