@@ -396,6 +396,46 @@ TEST_P(ForUpdateTest, AReadCommittedLockerHoldsNoVersionsBack) {
   EXPECT_EQ(Locked(), 0u);
 }
 
+TEST_P(ForUpdateTest, ACommitBetweenCopyAndLockIsLockedAndSeen) {
+  if (GetParam() != "pool") GTEST_SKIP() << "needs a second Database handle with a hook";
+  // Another session commits key 3 right after the locking read copied it (so the CAS expects
+  // the old word: it is retried with the new one) and after its snapshot was taken (SI: the
+  // version locked is newer than the snapshot; as the first read, it takes the snapshot again
+  // instead of aborting).
+  for (const TransactionOptions& o : {kSi, kRc}) {
+    auto writer = NewSession();
+    std::atomic<int> fired{0};
+    const int64_t bumped = o.isolation == Isolation::kSnapshot ? 33 : 44;
+    auto other = t_->OpenAnother([&](std::string_view point) {
+      if (point == "locking-read.copied" && fired.fetch_add(1) == 0) {
+        EXPECT_OK(RunTransaction(*writer, [&](Transaction& t) -> Status {
+          FARPOOL_RETURN_IF_ERROR(PutInt(t, *table_, 4, bumped));
+          return PutInt(t, *table_, 3, bumped);
+        }));
+      }
+    });
+    ASSERT_OK(other.status());
+    auto table = (*other)->OpenTable("counters");
+    ASSERT_OK(table.status());
+    auto session = (*other)->NewSession();
+    ASSERT_OK(session.status());
+    auto txn = (*session)->Begin(o);
+    ASSERT_OK(txn.status());
+    Row row;
+    ASSERT_OK((*txn)->GetForUpdate(**table, 3, &row));
+    EXPECT_GE(fired.load(), 1);
+    EXPECT_EQ(row.GetInt64(0), bumped);
+    // The snapshot (taken again, SI; per call, RC) includes the commit: its other key too.
+    auto four = GetInt(**txn, **table, 4);
+    ASSERT_OK(four.status());
+    EXPECT_EQ(*four, bumped);
+    ASSERT_OK(PutInt(**txn, **table, 3, bumped + 1));
+    ASSERT_OK((*txn)->Commit());
+    EXPECT_EQ(Value(3), bumped + 1);
+    EXPECT_EQ(Locked(), 0u);
+  }
+}
+
 TEST_P(ForUpdateTest, ShardedRefusesReadCommitted) {
   if (nam()) GTEST_SKIP() << "the NAM engines offer read committed";
   auto s = NewSession();

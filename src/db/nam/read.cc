@@ -538,6 +538,7 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys) {
     // No lock of this session while its last commit's log is whole (NamSession::log_to_clear_):
     // the snapshot round clears it; if it was taken before, this clears it now.
     if (s_.log_to_clear_ != 0) FARPOOL_RETURN_IF_ERROR(s_.ClearLog());
+    s_.db_.Hook("locking-read.copied");
     // The keys to lock, in address order.
     struct Want {
       KeyRead* k;
