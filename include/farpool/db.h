@@ -19,14 +19,34 @@
 //   kSharded  shared-nothing: partition servers own the data and execute reads, locks and
 //             installs on request; the coordinator (this process) runs two-phase commit.
 //
-// Isolation: snapshot isolation. A transaction reads the versions committed before its read
-// timestamp, buffers its writes, and at commit the first committer wins: if a record it
-// writes got a version it cannot see, Commit returns Aborted. Write skew is allowed (as in
-// every SI system). Aborted is retryable and distinct from failures (RunTransaction retries).
-// The read timestamp is taken by the transaction's first read (Get, MultiGet, Delete, Scan;
-// Commit for a transaction that only wrote), as PostgreSQL's repeatable read takes its
-// snapshot at the first statement: so it includes every commit that finished before that
-// read began, in particular before Begin returned, and Begin itself costs no round trip.
+// Isolation (Isolation, per transaction; the default is snapshot isolation):
+//   kSnapshot       A transaction reads the versions committed before its read timestamp,
+//                   buffers its writes, and at commit the first committer wins: if a record it
+//                   writes got a version it cannot see, Commit returns Aborted. Write skew is
+//                   allowed (as in every SI system). The read timestamp is taken by the
+//                   transaction's first read (Get, MultiGet, Delete, Scan; Commit for a
+//                   transaction that only wrote), as PostgreSQL's repeatable read takes its
+//                   snapshot at the first statement: so it includes every commit that finished
+//                   before that read began, in particular before Begin returned, and Begin
+//                   itself costs no round trip.
+//   kReadCommitted  Each read call (Get, MultiGet, Delete, Scan) sees what was committed when
+//                   it began (a snapshot per call, as PostgreSQL's read committed takes one per
+//                   statement); a read of a key this transaction wrote sees its own write.
+//                   Writes are still never lost: a written key is locked, either at its read
+//                   (GetForUpdate: the transaction then writes on top of the newest version) or
+//                   at Commit, which then checks that the version the transaction read of it is
+//                   still the newest (else Aborted), as SI does. Allowed anomalies: non-
+//                   repeatable reads (two reads of a key in one transaction may differ),
+//                   phantoms (two scans may differ), read skew (two reads may see different
+//                   commits, e.g. a transfer's source before and its destination after it) and
+//                   write skew; not allowed: dirty reads, lost updates (of keys read and then
+//                   written), and reading a commit partially within one call.
+// Aborted is retryable and distinct from failures (RunTransaction retries).
+//
+// Locking reads (GetForUpdate, MultiGetForUpdate) lock the keys' records when they are read,
+// as PostgreSQL's SELECT ... FOR UPDATE: a transaction that meets the lock waits (briefly and
+// bounded, then Aborted) instead of both writing and one aborting at commit, so a hot row is
+// updated by one transaction after another. See Transaction::GetForUpdate.
 //
 // Keys: every table has an int64 primary key (not a column). Rows are fixed-layout; kBytes
 // columns hold variable-length values in blobs of their own.
@@ -158,6 +178,15 @@ struct TableKey {
   int64_t key = 0;
 };
 
+// The isolation level of a transaction (see the top of this file).
+enum class Isolation : uint8_t { kSnapshot, kReadCommitted };
+Result<Isolation> ParseIsolation(std::string_view text);  // "si" | "rc"
+std::string_view IsolationName(Isolation isolation);      // "si" | "rc"
+
+struct TransactionOptions {
+  Isolation isolation = Isolation::kSnapshot;
+};
+
 class Transaction {
  public:
   virtual ~Transaction() = default;
@@ -173,6 +202,30 @@ class Transaction {
   // for each key in turn. REQUIRES: every table pointer non-null.
   virtual Status MultiGet(std::span<const TableKey> keys, std::vector<Row>* rows,
                           std::vector<Status>* statuses);
+  // Locking reads: Get / MultiGet that also lock each key's record until the transaction ends
+  // (Commit installs the transaction's writes of those keys and unlocks them without locking
+  // or validating them again; Rollback, an abort or an error unlocks them). What they return:
+  //   kReadCommitted  the newest committed version (the one the lock holds still).
+  //   kSnapshot       the newest version too, which the snapshot must see: if this is the
+  //                   transaction's first read, its snapshot is taken once the locks are held
+  //                   (so it sees them); otherwise a key whose newest version is newer than the
+  //                   snapshot aborts the transaction (Aborted, as PostgreSQL's repeatable
+  //                   read does for SELECT ... FOR UPDATE).
+  // A key held by another transaction is waited for, 100 ms at most (a holder that commits or
+  // aborts lets us in; a dead one's lock is broken after its lease), then Aborted: so two
+  // transactions that lock the same keys in different orders do not deadlock, one of them
+  // aborts. Within one call the records are locked in address order (and a waiter holds none
+  // above the one it waits for). A key without a row is NotFound in *statuses, as MultiGet; it
+  // is locked only if it has a record (a deleted row's). Plain reads of other transactions do
+  // not wait for these locks. A later Get/MultiGet/Scan/Delete of a locked key in the same
+  // transaction reads the locked version (Get and MultiGet without a round trip). The pool
+  // engines lock every key in one round trip (lock and read together, one message per server),
+  // after the round trip that finds the records; the other engines read without locking
+  // (their commit validates what was read).
+  // REQUIRES: as Get / MultiGet.
+  virtual Status GetForUpdate(const Table& table, int64_t key, Row* row);
+  virtual Status MultiGetForUpdate(std::span<const TableKey> keys, std::vector<Row>* rows,
+                                   std::vector<Status>* statuses);
   // Inserts or replaces the row of `key` (buffered until Commit).
   virtual Status Put(const Table& table, int64_t key, const Row& row) = 0;
   // Deletes `key` (buffered); NotFound if it has no visible row.
@@ -200,6 +253,9 @@ class Session {
  public:
   virtual ~Session() = default;
   virtual Result<std::unique_ptr<Transaction>> Begin() = 0;
+  // Begin with options. InvalidArgument if the engine does not offer the isolation level
+  // (kSharded: snapshot isolation only); Begin(TransactionOptions{}) is Begin().
+  virtual Result<std::unique_ptr<Transaction>> Begin(const TransactionOptions& options);
   virtual const TxnCounters& counters() const = 0;
 };
 
@@ -209,6 +265,9 @@ class Session {
 // key), never spins forever.
 Status RunTransaction(Session& session, const std::function<Status(Transaction&)>& body,
                       int max_attempts = 1000);
+// The same with transaction options (isolation).
+Status RunTransaction(Session& session, const TransactionOptions& options,
+                      const std::function<Status(Transaction&)>& body, int max_attempts = 1000);
 
 struct DatabaseOptions {
   Engine engine = Engine::kPool;

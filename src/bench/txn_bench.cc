@@ -93,6 +93,8 @@ struct ThreadStats {
 // Runs this process's threads; returns raw stats as JSON (merged by the parent).
 Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_t start_ms) {
   FARPOOL_ASSIGN_OR_RETURN(Tables tables, OpenTables(db, o.workload));
+  FARPOOL_ASSIGN_OR_RETURN(const Isolation isolation, ParseIsolation(o.isolation));
+  const TransactionOptions txn_options{isolation};
   const int cid = std::max(0, o.client_id);
   std::vector<ThreadStats> stats(o.threads);
   std::vector<std::thread> threads;
@@ -132,7 +134,7 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
           const int64_t from = rng() % na, to = rng() % na;
           const int64_t amount = 1 + rng() % 100;
           r = RunTransaction(
-              *current,
+              *current, txn_options,
               [&](Transaction& txn) {
                 return workloads::BankTransfer(txn, *tables.accounts, from, to, amount);
               },
@@ -148,8 +150,9 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
                                    ? -1
                                    : p.history_key - int64_t(o.history_keep);
           p.mtime_ms = static_cast<int64_t>(WallMs());
+          p.lock_at_read = txn_options.isolation == Isolation::kReadCommitted;
           r = RunTransaction(
-              *current,
+              *current, txn_options,
               [&](Transaction& txn) { return workloads::TpcbTransaction(txn, tables.tpcb, p); },
               kAttempts);
         }
@@ -271,6 +274,8 @@ std::vector<std::string> ChildArgs(const TxnBenchOptions& o, int id, uint64_t st
           std::to_string(o.scale),
           "--history-keep",
           std::to_string(o.history_keep),
+          "--isolation",
+          o.isolation,
           "--seed",
           std::to_string(o.seed),
           "--timeline-ms",
@@ -287,6 +292,7 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
   if (o.workload != "bank" && o.workload != "tpcb") {
     return Status::InvalidArgument("unknown workload '" + o.workload + "' (expected bank or tpcb)");
   }
+  FARPOOL_RETURN_IF_ERROR(ParseIsolation(o.isolation).status());
   if (o.clients < 1 || o.threads < 1)
     return Status::InvalidArgument("--clients and --threads must be at least 1");
   if (o.engine == Engine::kLocal && o.clients > 1) {
@@ -402,6 +408,7 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
   r["clients"] = o.clients;
   r["threads"] = o.threads;
   r["seconds"] = o.seconds;
+  r["isolation"] = o.isolation;
   if (o.workload == "bank")
     r["accounts"] = o.accounts;
   else

@@ -11,6 +11,11 @@
 //          it inserted N transactions earlier, so the history table stays at N rows per
 //          thread and a run can last for hours in a fixed pool. 0 (default) keeps every row.
 //          --verify: sum(accounts) == sum(tellers) == sum(branches).
+//          --isolation rc: read committed, the three rows read for update (TpcbTxn::
+//          lock_at_read), as pgbench runs; si (default): snapshot isolation, plain reads.
+//
+// --isolation si|rc sets every transaction's isolation level (db.h Isolation; bank: rc
+// validates the two balances read at commit, as si does, so only tpcb differs much).
 //
 // The first process loads the data (a fresh database: a fresh cluster for pool), then runs
 // `clients` client processes (this binary re-run) of `threads` threads each. Every thread has
@@ -41,9 +46,10 @@ struct TxnBenchOptions {
   int threads = 1;
   double seconds = 3.0;
   double warmup_seconds = 0.5;
-  uint64_t accounts = 10000;  // bank
-  int scale = 1;              // tpcb
-  uint64_t history_keep = 0;  // tpcb: history rows kept per thread (0: all)
+  uint64_t accounts = 10000;     // bank
+  int scale = 1;                 // tpcb
+  uint64_t history_keep = 0;     // tpcb: history rows kept per thread (0: all)
+  std::string isolation = "si";  // "si" | "rc" (db.h Isolation)
   uint64_t seed = 42;
   bool verify = false;
   // > 0: also count commits per `timeline_ms` milliseconds of wall time from the common start

@@ -48,6 +48,9 @@ Command RegisterTxnBench(CLI::App& bench) {
   txn->add_option("--scale", a->o.scale, "tpcb: scale factor (100000 accounts each)");
   txn->add_option("--history-keep", a->o.history_keep,
                   "tpcb: keep the last N history rows per thread (delete older; 0: keep all)");
+  txn->add_option("--isolation", a->o.isolation,
+                  "si (snapshot isolation, default) or rc (read committed; tpcb reads its rows "
+                  "for update)");
   txn->add_flag("--verify", a->o.verify, "Check the workload's invariant at the end");
   txn->add_option("--timeline-ms", a->o.timeline_ms,
                   "Also count commits per this many ms of wall time (JSON timeline)");

@@ -152,10 +152,44 @@ Status Transaction::MultiGet(std::span<const TableKey> keys, std::vector<Row>* r
   return Status::Ok();
 }
 
+// Engines that lock at commit only read here; their commit validates the version read.
+Status Transaction::GetForUpdate(const Table& table, int64_t key, Row* row) {
+  return Get(table, key, row);
+}
+
+Status Transaction::MultiGetForUpdate(std::span<const TableKey> keys, std::vector<Row>* rows,
+                                      std::vector<Status>* statuses) {
+  return MultiGet(keys, rows, statuses);
+}
+
+Result<std::unique_ptr<Transaction>> Session::Begin(const TransactionOptions& options) {
+  if (options.isolation != Isolation::kSnapshot) {
+    return Status::InvalidArgument("this engine offers snapshot isolation only (isolation '" +
+                                   std::string(IsolationName(options.isolation)) + "')");
+  }
+  return Begin();
+}
+
+Result<Isolation> ParseIsolation(std::string_view text) {
+  if (text == "si") return Isolation::kSnapshot;
+  if (text == "rc") return Isolation::kReadCommitted;
+  return Status::InvalidArgument("unknown isolation level '" + std::string(text) +
+                                 "' (expected si or rc)");
+}
+
+std::string_view IsolationName(Isolation isolation) {
+  return isolation == Isolation::kReadCommitted ? "rc" : "si";
+}
+
 // ---------------------------------------------------------------- RunTransaction
 
 Status RunTransaction(Session& session, const std::function<Status(Transaction&)>& body,
                       int max_attempts) {
+  return RunTransaction(session, TransactionOptions{}, body, max_attempts);
+}
+
+Status RunTransaction(Session& session, const TransactionOptions& options,
+                      const std::function<Status(Transaction&)>& body, int max_attempts) {
   thread_local std::mt19937_64 rng(std::random_device{}());
   Status last;
   for (int attempt = 0; attempt < max_attempts; ++attempt) {
@@ -164,7 +198,7 @@ Status RunTransaction(Session& session, const std::function<Status(Transaction&)
       const uint64_t cap = std::min<uint64_t>(1000, uint64_t{2} << std::min(attempt, 9));
       std::this_thread::sleep_for(std::chrono::microseconds(rng() % cap));
     }
-    auto txn = session.Begin();
+    auto txn = session.Begin(options);
     if (!txn.ok()) {
       if (txn.status().code() == StatusCode::kAborted) {
         last = txn.status();

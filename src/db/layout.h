@@ -9,7 +9,9 @@
 //
 //   lock   unlocked: newest_seq << 1 (bit 0 clear), so a CAS that expects the version a
 //          transaction read both locks the record and proves it unchanged. Locked:
-//          slot << 48 | epoch << 1 | 1 (the session that holds it; see LockWord).
+//          slot << 48 | epoch << 1 | 1 (the session that holds it; see LockWord), with bit 47
+//          set while it is held by a locking read (ReadLockWord) whose commit has not begun:
+//          its holder has taken no stamp yet, so readers need not wait for it (see there).
 //   cells  the kCells newest versions; version number `seq` lives in cell seq % kCells, so an
 //          unlocked record with newest version n holds exactly n-2, n-1, n (those >= 1).
 //          stamp is the commit timestamp (see Stamp), flags bit 0 = deleted (a tombstone),
@@ -76,7 +78,7 @@ inline uint64_t RemovalEpochOf(uint64_t word) { return word >> 48; }
 
 // ---------------------------------------------------------------- lock words
 
-inline constexpr uint64_t kEpochMask = (uint64_t{1} << 47) - 1;
+inline constexpr uint64_t kEpochMask = (uint64_t{1} << 46) - 1;
 inline uint64_t LockWord(uint32_t slot, uint64_t epoch) {
   return (uint64_t{slot} << 48) | ((epoch & kEpochMask) << 1) | 1;
 }
@@ -88,6 +90,19 @@ inline constexpr uint64_t kRemovedLock = ~uint64_t{0};
 inline uint32_t LockSlot(uint64_t word) { return static_cast<uint32_t>(word >> 48); }
 inline uint64_t LockEpoch(uint64_t word) { return (word >> 1) & kEpochMask; }
 inline uint64_t UnlockedWord(uint64_t newest_seq) { return newest_seq << 1; }
+// A lock taken by a locking read (Transaction::GetForUpdate): the holder's lock word with bit
+// 47 set (no epoch reaches it). The holder changes it to its plain lock word by CAS in its
+// commit's lock round, before it takes its stamp (CommitRun::Lock), and releases it unchanged
+// otherwise. So a reader that read the counter for its snapshot and then met a read lock knows
+// that the holder's stamp, if it ever commits, is newer than its snapshot: the versions in the
+// cells (whole and consecutive) are what it may read, without waiting. Recovery treats it as
+// the lock of an undecided commit (BreakRecordLock: the cells are unchanged); a commit log
+// never names a record under a read lock (recovery.cc matches the plain word only).
+inline constexpr uint64_t kReadLockBit = uint64_t{1} << 47;
+inline uint64_t ReadLockWord(uint64_t lock_word) { return lock_word | kReadLockBit; }
+inline bool IsReadLock(uint64_t word) {
+  return IsLocked(word) && word != kRemovedLock && (word & kReadLockBit) != 0;
+}
 inline uint64_t UnlockedSeq(uint64_t word) { return word >> 1; }
 
 // ---------------------------------------------------------------- records

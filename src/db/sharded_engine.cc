@@ -71,6 +71,7 @@ class ShardedSession final : public Session {
  public:
   ShardedSession(ShardedDatabase& db, std::unique_ptr<Client> client, uint64_t nonce)
       : db_(db), client_(std::move(client)), nonce_(nonce) {}
+  using Session::Begin;  // with options: snapshot isolation only
   Result<std::unique_ptr<Transaction>> Begin() override;
   const TxnCounters& counters() const override { return counters_; }
 

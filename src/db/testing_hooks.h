@@ -23,7 +23,9 @@ struct TestingHooks {
   // prepared) and "decided" (partition 0 committed and installed; the other participants not
   // told yet). kPool and kLocal also call it inside index writes ("btree.*" and "hash.*" sites,
   // named in src/db/index/) and before each record of a dropped table is reclaimed
-  // ("gc.table-record"). Tests kill or stop the process there.
+  // ("gc.table-record"), and in a locking read between its copies and its lock round
+  // ("locking-read.copied"). Tests kill or stop the process there, or commit from another
+  // session to make a race happen.
   std::function<void(std::string_view point)> commit_hook;
   // Commit skips first-committer-wins validation (locks without checking the version read),
   // so the SI checker can show it finds lost updates. kPool and kLocal only.

@@ -78,7 +78,13 @@ Result<TpcbTables> OpenTpcb(Database& db) {
 Status TpcbTransaction(Transaction& txn, const TpcbTables& t, const TpcbTxn& p) {
   const TableKey keys[] = {{t.accounts, p.aid}, {t.tellers, p.tid}, {t.branches, p.bid}};
   std::vector<Row> rows;
-  FARPOOL_RETURN_IF_ERROR(GetAll(txn, keys, &rows));
+  if (p.lock_at_read) {
+    std::vector<Status> found;
+    FARPOOL_RETURN_IF_ERROR(txn.MultiGetForUpdate(keys, &rows, &found));
+    for (Status& s : found) FARPOOL_RETURN_IF_ERROR(s);
+  } else {
+    FARPOOL_RETURN_IF_ERROR(GetAll(txn, keys, &rows));
+  }
   AddTo(rows[0], 1, p.delta);
   (void)rows[0].GetInt64(1);  // pgbench's SELECT abalance: the value read back
   AddTo(rows[1], 1, p.delta);

@@ -7,9 +7,11 @@
 //   pgbench_accounts  aid 0..100000·S-1    bid (= aid / 100000), abalance, filler char(84)
 //   pgbench_history   caller's keys        tid, bid, aid, delta, mtime, filler char(22)
 // every balance loaded as 0.
-// Transaction (TpcbTransaction): read one account, a teller and its branch (one MultiGet), add
-// `delta` to the three balances (the account's new balance is what pgbench's SELECT reads
-// back), insert a history row and optionally delete an older one (for soaks in a fixed pool).
+// Transaction (TpcbTransaction): read one account, a teller and its branch (one MultiGet, or
+// with `lock_at_read` one MultiGetForUpdate: the three rows locked as they are read, as
+// pgbench's UPDATEs lock them), add `delta` to the three balances (the account's new balance
+// is what pgbench's SELECT reads back), insert a history row and optionally delete an older
+// one (for soaks in a fixed pool).
 // Invariant (VerifyTpcb): sum(accounts) == sum(tellers) == sum(branches).
 //
 // Thread-safety: stateless; use one Session per thread.
@@ -44,6 +46,10 @@ struct TpcbTxn {
   int64_t history_key = 0;        // unique per transaction
   int64_t drop_history_key = -1;  // a history row to delete, or -1
   int64_t mtime_ms = 0;           // stored in the history row
+  // Read the account, teller and branch for update (Transaction::MultiGetForUpdate): under
+  // read committed (what pgbench runs) a hot branch row is then updated by one transaction
+  // after another instead of aborting all but one of those that overlap.
+  bool lock_at_read = false;
 };
 
 // pgbench's transaction inside `txn`.

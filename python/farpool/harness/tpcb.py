@@ -20,6 +20,11 @@ of its own behind a veth pair on one bridge, so all three cross the same path ov
   postgresql-tcp      postgresql-ram in its own namespace, listening on its veth address only;
                       pgbench connects over TCP (-h ADDRESS)
 
+Read committed (farpool's `--isolation rc`: the account, teller and branch read for update, as
+pgbench's UPDATEs lock them; the plain names run snapshot isolation):
+  pool-rc             pool, read committed
+  pool-tcp-rc         pool-tcp, read committed
+
 PostgreSQL: `pgbench -i -s SCALE` once per server, then `pgbench -c N -j N -T S -M prepared -l`
 (the built-in tpcb-like script; p50/p99 from the per-transaction log). farpool's tpcb is the
 same schema and transaction (src/workloads/tpcb.h), `--threads N --warmup 0.5 --verify`.
@@ -55,25 +60,30 @@ from farpool.harness.peers import log
 
 SHM_SYSTEMS = ["pool", "local", "sharded", "postgresql-ram", "postgresql-default"]
 TCP_SYSTEMS = ["pool-tcp", "sharded-tcp", "postgresql-tcp"]
-SYSTEMS = SHM_SYSTEMS + TCP_SYSTEMS
+RC_SYSTEMS = ["pool-rc", "pool-tcp-rc"]  # read committed; not in the default set
+SYSTEMS = SHM_SYSTEMS + TCP_SYSTEMS + RC_SYSTEMS
 LABELS = {"pool": "farpool pool (shm)", "local": "farpool local", "sharded": "farpool sharded",
           "postgresql-ram": "PostgreSQL (tmpfs, fsync off)",
           "postgresql-default": "PostgreSQL (defaults, disk)",
           "pool-tcp": "farpool pool (tcp)", "sharded-tcp": "farpool sharded (tcp)",
-          "postgresql-tcp": "PostgreSQL (tcp, tmpfs, fsync off)"}
+          "postgresql-tcp": "PostgreSQL (tcp, tmpfs, fsync off)",
+          "pool-rc": "farpool pool (shm, read committed)",
+          "pool-tcp-rc": "farpool pool (tcp, read committed)"}
 # (numerator, denominator) of the ratio columns, shown when both were measured.
 RATIOS = [("pool", "postgresql-ram"), ("pool", "postgresql-default"),
-          ("pool-tcp", "postgresql-tcp"), ("pool-tcp", "sharded-tcp")]
+          ("pool-tcp", "postgresql-tcp"), ("pool-tcp", "sharded-tcp"),
+          ("pool-rc", "postgresql-ram"), ("pool-tcp-rc", "postgresql-tcp"),
+          ("pool-tcp-rc", "pool-tcp")]
 PG_ROUND_TRIPS = 7  # statements of pgbench's tpcb-like script, each waited for
 METRICS = ["tps", "p50_us", "p99_us", "abort_rate", "round_trips_per_txn", "messages_per_txn",
            "reads_per_txn", "writes_per_txn", "cas_per_txn"]
 
 
 def farpool_tpcb(engine: str, scale: int, clients: int, seconds: float,
-                 cluster: str | None = None) -> dict:
+                 cluster: str | None = None, isolation: str = "si") -> dict:
     cmd = [str(peers.farpool_bin()), "bench", "txn", "--engine", engine, "--workload", "tpcb",
            "--scale", str(scale), "--threads", str(clients), "--seconds", str(seconds),
-           "--warmup", "0.5", "--verify", "--json"]
+           "--warmup", "0.5", "--verify", "--json", "--isolation", isolation]
     if cluster:
         return peers.run_json(cmd + ["--cluster", cluster])
     if engine == "pool":
@@ -157,7 +167,7 @@ class Systems:
             self._pgbench_init(pg)
             return pgbench_run(pg, self.scale, clients, self.seconds)
 
-    def _pool_tcp(self, clients: int) -> dict:
+    def _pool_tcp(self, clients: int, system: str = "pool-tcp") -> dict:
         for attempt in range(3):
             try:
                 cluster = peers.Cluster(2, "1GiB", "tcp", netns=True, progress="event")
@@ -169,13 +179,14 @@ class Systems:
                 err = e
         else:
             log("   using TCP over loopback for this point")
-            self.notes["pool-tcp"] = f"--netns failed ({str(err)[:160]}); plain TCP loopback"
+            self.notes[system] = f"--netns failed ({str(err)[:160]}); plain TCP loopback"
             network = "TCP over loopback, event"
             cluster = peers.Cluster(2, "1GiB", "tcp", progress="event")
             path = cluster.__enter__()
-        self.network["pool-tcp"] = network
+        self.network[system] = network
         try:
-            return farpool_tpcb("pool", self.scale, clients, self.seconds, path)
+            return farpool_tpcb("pool", self.scale, clients, self.seconds, path,
+                                isolation="rc" if system.endswith("-rc") else "si")
         finally:
             cluster.__exit__(None, None, None)
 
@@ -198,13 +209,15 @@ class Systems:
             return self._postgresql_tcp(clients)
         if system.startswith("postgresql"):
             return pgbench_run(self._postgres(system), self.scale, clients, self.seconds)
-        if system == "pool-tcp":
-            r = self._pool_tcp(clients)
+        if system in ("pool-tcp", "pool-tcp-rc"):
+            r = self._pool_tcp(clients, system)
         elif system == "sharded-tcp":
             r = self._sharded_tcp(clients)
         else:
             self.network.setdefault(system, "shm" if system != "local" else "in-process")
-            r = farpool_tpcb(system, self.scale, clients, self.seconds)
+            engine = system.removesuffix("-rc")
+            r = farpool_tpcb(engine, self.scale, clients, self.seconds,
+                             isolation="rc" if system.endswith("-rc") else "si")
         return {k: r[k] for k in METRICS if k in r}
 
 
@@ -342,7 +355,8 @@ def main(argv=None) -> int:
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
         ap.error(f"unknown system(s) {','.join(unknown)}; expected some of {','.join(SYSTEMS)}")
-    name = args.out_name or ("tpcb_tcp" if any(s in TCP_SYSTEMS for s in systems) else "tpcb")
+    tcp_set = TCP_SYSTEMS + ["pool-tcp-rc"]
+    name = args.out_name or ("tpcb_tcp" if any(s in tcp_set for s in systems) else "tpcb")
     signal.signal(signal.SIGTERM, _terminate)
     load_start = os.getloadavg()
     rows, notes = measure(systems, args.scale, clients, args.seconds, args.repeat)
@@ -365,7 +379,7 @@ def main(argv=None) -> int:
           f"median of {args.repeat} runs per point, run round-robin (for each client count every "
           f"system once, then again).\n\n" + table(med, notes, clients))
     (out / f"{name}.md").write_text(md)
-    tcp = any(s in TCP_SYSTEMS for s in systems)
+    tcp = any(s in tcp_set for s in systems)
     plot(med, out / f"{name}.png", "TPC-B over TCP, servers in network namespaces, same machine"
          if tcp else "TPC-B: farpool vs pgbench on PostgreSQL, same machine")
     print(md)

@@ -35,6 +35,15 @@ def test_table_has_the_network_ratios():
     assert "7 (script)" in md  # PostgreSQL's round trips come from pgbench's script
 
 
+def test_read_committed_runs_beside_si_with_their_ratios():
+    rows = [run("pool-tcp", 4, 0, 500, abort_rate=0.3), run("pool-tcp-rc", 4, 0, 2000),
+            run("postgresql-tcp", 4, 0, 4000)]
+    md = tpcb.table(tpcb.medians(rows), {}, [4])
+    assert "| pool-tcp-rc / postgresql-tcp | pool-tcp-rc / pool-tcp |" in md
+    assert "0.50x | 4.00x |" in md
+    assert "farpool pool (tcp, read committed)" in md
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 def test_netns_removes_what_it_made():
     with peers.Netns(2) as ns:

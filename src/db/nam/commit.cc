@@ -38,6 +38,12 @@
 // records unlocked (and then overwritten by later commits) and another's untouched; the
 // stamp word on the first tells recovery the stamp the second must get (recovery.cc).
 //
+// Keys locked at read (NamTxn::held_, locking reads): Resolve takes the version locked as the
+// one to write on (no validation: nothing can commit over a lock); Lock changes their read-lock
+// word to our plain lock word in its batch, before the stamp is taken (layout.h ReadLockWord),
+// and from then on they are the commit's like any lock it took; Finish releases in its batch
+// the keys locked at read and not written, unchanged.
+//
 // Fencing: the lease is checked before Lock and before Decide and Finish; releases are CAS
 // from our own word. An error before the decision releases the locks and leaves the session
 // usable; an error after it (the outcome is decided, recovery can finish it) abandons the
@@ -72,6 +78,7 @@ class CommitRun {
     bool insert_posted = false;  // the insert was posted: the record may be live
     InsertResult inserted;       // of that insert (HashIndex::PostInsert)
     bool late = false;           // such a key found to have a record: Lock locks it after
+    bool held = false;           // locked by a locking read (NamTxn::held_): Lock takes it over
     uint64_t expected = 0;       // unlocked word we expect (the version we validated)
     RecordImage image;           // the record as of that version
     bool locked = false;
@@ -105,12 +112,11 @@ class CommitRun {
   // (then locked), else ours is freed and the key's record is locked late.
   void TakeInserted(Item& it, GlobalAddress record);
   // Records whose lock CAS met another session's lock (and none that met a newer version):
-  // the CAS is retried, with backoff, for at most kLockWaitNs while we hold our other locks;
-  // a holder that commits makes our CAS meet its newer version (we then abort, first
-  // committer wins), one that aborts hands the record back unchanged (we lock it). No
-  // deadlock: every wait is bounded, so of two commits waiting for each other's records each
-  // gives up after kLockWaitNs and aborts (AbortOnConflict).
-  static constexpr int64_t kLockWaitNs = 4'000'000, kLockWaitFirstPauseNs = 50'000;
+  // the CAS is retried, with backoff (LockWait), while we hold our other locks; a holder that
+  // commits makes our CAS meet its newer version (we then abort, first committer wins), one
+  // that aborts hands the record back unchanged (we lock it). No deadlock: every wait is
+  // bounded, so of two commits waiting for each other's records each gives up and aborts
+  // (AbortOnConflict).
   Status WaitForHolders();
   // Checks the lease, then CASes the lock words of items `which` from their expected words to
   // ours in one batch, marking those taken (on an error all of them: any may have been). On an
@@ -179,8 +185,17 @@ Status CommitRun::Resolve() {
     Item it;
     it.w = &w;
     it.t = w.table;
+    auto h = txn_.held_.find(k);
     auto r = txn_.reads_.find(k);
-    if (r != txn_.reads_.end()) {
+    if (h != txn_.held_.end()) {
+      // Locked at its read: the version locked is the one to write on (no validation: nobody
+      // could commit a version since). Lock takes the lock over.
+      it.held = true;
+      it.record = h->second.record;
+      it.expected = h->second.expected;
+      it.image.bytes = h->second.image;
+      it.image.Decode(it.t->layout_);
+    } else if (r != txn_.reads_.end()) {
       if (!r->second.newest_visible && !TestingSkipValidation(s_.db_.options())) {
         return Abort("first committer wins: key " + std::to_string(w.key) + " of '" + it.t->name_ +
                      "' has a newer version");
@@ -489,7 +504,8 @@ Status CommitRun::ResolveUnread(const std::vector<size_t>& need_read) {
                      "' changed under the commit");
       }
     }
-    if (it.image.newest >= 0 && !txn_.Visible(it.image.cells[it.image.newest].stamp) &&
+    // Read committed: a key written without being read may be written on top of any version.
+    if (!txn_.rc_ && it.image.newest >= 0 && !txn_.Visible(it.image.cells[it.image.newest].stamp) &&
         !TestingSkipValidation(s_.db_.options())) {
       return Abort("first committer wins: key " + std::to_string(it.w->key) + " of '" +
                    it.t->name_ + "' has a newer version");
@@ -505,9 +521,17 @@ Status CommitRun::Lock() {
   if (skip) {
     // Broken on purpose (tests of the SI checker): expect whatever version is there now.
     for (Item& it : items_) {
+      if (it.held) continue;
       FARPOOL_RETURN_IF_ERROR(access_.Read(it.record, &it.expected, 8));
       if (IsLocked(it.expected)) return Abort("key is locked (TestingHooks::skip_validation)");
     }
+  }
+  // The locks taken at read are the commit's from here: every error path below releases them
+  // with the others (ReleaseLocks), success installs and releases them (Finish).
+  for (Item& it : items_) {
+    if (!it.held) continue;
+    it.locked = true;
+    txn_.held_.erase({it.t->id_, it.w->key});
   }
   // The announcement array is needed only for a version this commit evicts whose successor is
   // newer than the process's LWM (a hot record): below the LWM, every snapshot that could
@@ -536,6 +560,12 @@ Status CommitRun::Lock() {
     Access::Batch b(access_);
     for (size_t i = 0; i < items_.size() && posted.ok(); ++i) {
       Item& it = items_[i];
+      if (it.held) {
+        // Locked at its read: from the read lock to our plain lock word, before the stamp is
+        // taken (layout.h ReadLockWord: readers stop passing it by).
+        posted = b.Cas(it.record, ReadLockWord(mine), mine, &it.prev);
+        continue;
+      }
       if (!it.insert_at_lock) {
         posted = b.Cas(it.record, it.expected, mine, &it.prev);
         continue;
@@ -577,6 +607,11 @@ Status CommitRun::Lock() {
   std::vector<size_t> publish_items;
   for (size_t i = 0; i < items_.size(); ++i) {
     Item& it = items_[i];
+    if (it.held) {
+      // Not ours any more only if it was broken (we were fenced): a conflict like any other.
+      it.locked = it.prev == ReadLockWord(mine);
+      continue;
+    }
     if (!it.insert_at_lock) {
       it.locked = it.prev == it.expected;
       continue;
@@ -674,16 +709,11 @@ Status CommitRun::WaitForHolders() {
     if (!IsLocked(it.prev) || it.prev == kRemovedLock) return Status::Ok();
     held.push_back(i);
   }
-  const int64_t start = MonoNs();
-  int64_t pause_ns = kLockWaitFirstPauseNs;
-  int64_t next_check = start + 1'000'000;
-  while (!held.empty() && MonoNs() - start < kLockWaitNs) {
-    std::this_thread::sleep_for(std::chrono::nanoseconds(pause_ns));
-    pause_ns = std::min<int64_t>(2 * pause_ns, 1'000'000);
-    if (MonoNs() > next_check) {
+  LockWait wait;
+  while (!held.empty() && wait.Pause()) {
+    if (wait.CheckDue()) {
       // A dead holder finishes nothing: break its lock (it is restored to its newest version,
       // which our CAS then validates like any other).
-      next_check = MonoNs() + 1'000'000;
       for (size_t i : held) {
         Item& it = items_[i];
         auto dead = s_.HolderDead(it.prev);
@@ -752,10 +782,16 @@ Status CommitRun::AbortOnConflict() {
 
 void CommitRun::ReleaseLocks() {
   const uint64_t mine = s_.lock_word();
-  std::vector<uint64_t> prev(items_.size());
+  std::vector<uint64_t> prev(items_.size()), held_prev(items_.size());
   Access::Batch b(access_);
   for (size_t i = 0; i < items_.size(); ++i) {
-    if (items_[i].locked) (void)b.Cas(items_[i].record, mine, items_[i].expected, &prev[i]);
+    if (!items_[i].locked) continue;
+    (void)b.Cas(items_[i].record, mine, items_[i].expected, &prev[i]);
+    // Locked at read and maybe not yet changed to our plain word (an error in Lock's batch):
+    // one of the two CASes finds its word.
+    if (items_[i].held) {
+      (void)b.Cas(items_[i].record, ReadLockWord(mine), items_[i].expected, &held_prev[i]);
+    }
   }
   // Some locks may still be ours: stop the session, so that others judge it dead after its
   // lease and break them (a live session's locks are never broken).
@@ -797,7 +833,8 @@ Result<uint64_t> CommitRun::Trim(const NamTable& t, GlobalAddress head, uint64_t
   const uint32_t me = s_.lease_->open > 1 ? UINT32_MAX : s_.lease_->slot;
   uint64_t oldest = UINT64_MAX;
   for (uint32_t i = 0; i < announced_.size(); ++i) {
-    if (i != me && announced_[i] != 0) oldest = std::min(oldest, announced_[i]);
+    const uint64_t a = announced_[i];
+    if (i != me && a != 0 && (a & kAnnounceRecordsOnly) == 0) oldest = std::min(oldest, a);
   }
   if (announced_.empty() || oldest == UINT64_MAX) return length;  // nothing to decide with
   std::vector<unsigned char> node(t.layout_.cell_size());
@@ -831,7 +868,7 @@ bool CommitRun::AnyOlderThan(uint64_t stamp) const {
   // Our own announcement counts only if another transaction of this session is open.
   const uint32_t me = s_.lease_->open > 1 ? UINT32_MAX : s_.lease_->slot;
   for (uint32_t i = 0; i < announced_.size(); ++i) {
-    const uint64_t a = announced_[i];
+    const uint64_t a = announced_[i];  // records-only ones have bit 62: never below a stamp
     if (i != me && a != 0 && a < stamp) return true;
   }
   return false;
@@ -970,9 +1007,16 @@ Status CommitRun::Finish() {
   for (size_t i = 0; i < items_.size() && s.ok(); ++i) {
     s = b.Cas(items_[i].record, mine, UnlockedWord(items_[i].new_seq), &prev[i]);
   }
+  // Keys locked at read and not written: unlocked unchanged, in the same round.
+  std::vector<uint64_t> held_prev(txn_.held_.size());
+  size_t h = 0;
+  for (const auto& [key, held] : txn_.held_) {
+    if (s.ok()) s = b.Cas(held.record, ReadLockWord(mine), held.expected, &held_prev[h++]);
+  }
   Status w = b.Wait();
   if (s.ok()) s = w;
   if (!s.ok()) return s;
+  txn_.held_.clear();  // released (a CAS that found another word: broken after a fence)
   for (size_t i = 0; i < items_.size(); ++i) {
     if (prev[i] != mine) {
       // Someone fenced us and finished this commit from our log: it is committed, but the
@@ -1052,7 +1096,7 @@ Status NamTxn::Finish(Status s) {
   finished_ = true;
   if (s.ok() && !writes_.empty()) {
     ++s_.counters_.commits;
-  } else if (s.code() == StatusCode::kAborted) {
+  } else if (s.code() == StatusCode::kAborted || aborted_) {
     ++s_.counters_.aborts;
   }
   // Blobs belong to the new versions once the commit is decided; otherwise they go back.
@@ -1063,6 +1107,7 @@ Status NamTxn::Finish(Status s) {
   blobs_.clear();
   writes_.clear();
   reads_.clear();
+  if (!held_.empty()) ReleaseHeld();
   if (has_snapshot_) s_.EndTransaction();
   has_snapshot_ = false;
   return s;

@@ -27,6 +27,12 @@
 // a store follows a passed check directly (one batch); and memory freed on the strength of a
 // lock (a trimmed chain) is freed only after the release CAS from our own word succeeded.
 //
+// Locking reads (GetForUpdate) and read committed: see read.cc. A record locked at read carries
+// the holder's read-lock word, which readers pass by and recovery treats as an undecided lock
+// (layout.h ReadLockWord); the commit takes such locks over in its lock round. A read committed
+// transaction's locking read announces records-only (kAnnounceRecordsOnly): it needs records
+// not freed, never an old version.
+//
 // Garbage collection: each session announces a lower bound of its snapshot in the
 // announcement array (one word per slot, 0 when idle); it writes the bound before it reads the
 // counter, so a snapshot is never smaller than what any reader of the array may have seen or
@@ -76,6 +82,12 @@ namespace farpool::db {
 // ---------------------------------------------------------------- layouts in memory
 
 inline constexpr uint64_t kMagic = 0x4650444200000006ULL;  // "FPDB" v6
+// An announcement (a lower bound of a session's snapshot, in the announcement array) with this
+// bit set protects only records, not versions: its session reads no version older than the
+// newest (NamSession::PostSnapshot, versions = false). The LWM counts it (bit cleared); the
+// decisions of version GC (a commit's spills, cuts and trims) pass it by. Counters never reach
+// the bit.
+inline constexpr uint64_t kAnnounceRecordsOnly = uint64_t{1} << 62;
 inline constexpr uint64_t kMaxTables = 256;
 inline constexpr uint64_t kDescSize = 1024;
 inline constexpr uint64_t kSlotSize = 64;
@@ -411,6 +423,7 @@ class NamSession final : public Session, public LockOwner {
   ~NamSession() override;
 
   Result<std::unique_ptr<Transaction>> Begin() override;
+  Result<std::unique_ptr<Transaction>> Begin(const TransactionOptions& options) override;
   const TxnCounters& counters() const override;
 
   // LockOwner
@@ -455,7 +468,10 @@ class NamSession final : public Session, public LockOwner {
     uint64_t clearing = 0;  // log_to_clear_ when its clear was posted with it (0: none)
     uint64_t clear_prev = 0;
   };
-  Status PostSnapshot(Access::Batch& batch, SnapshotRead* read);
+  // `versions` false: the snapshot reads no versions, only finds records (a locking read of
+  // read committed, which reads only what it locks): its announcement is marked
+  // kAnnounceRecordsOnly, and holds back the freeing of records (the LWM) but not version GC.
+  Status PostSnapshot(Access::Batch& batch, SnapshotRead* read, bool versions = true);
   Result<uint64_t> FinishSnapshot(const SnapshotRead& read, const Status& batch_status,
                                   bool* cache_cleared);
   // Both, in a batch of their own.
@@ -510,6 +526,50 @@ struct ReadEntry {
   std::vector<unsigned char> image;  // the record copy the read decided on
 };
 
+// A record this transaction locked when it read it (GetForUpdate): released by CAS from our
+// lock word back to `expected` unless a commit installs a version of it.
+struct HeldLock {
+  const NamTable* t = nullptr;
+  GlobalAddress record;
+  uint64_t expected = 0;             // the unlocked word it had (its newest version)
+  std::vector<unsigned char> image;  // the record as locked (lock word ours, cells unchanged)
+};
+
+// The bounded wait for a record lock held by another transaction, shared by the commit's lock
+// round (commit.cc) and locking reads (read.cc): pauses doubling from kFirstPauseNs up to
+// max_pause_ns, for at most limit_ns in all; and every millisecond a check whether the holders
+// died (CheckDue), so that a dead holder's lock is broken instead of waited out. Bounded, so
+// two transactions waiting for each other's locks both give up (one aborts) instead of
+// deadlocking.
+class LockWait {
+ public:
+  static constexpr int64_t kLimitNs = 4'000'000, kFirstPauseNs = 50'000, kMaxPauseNs = 1'000'000;
+  explicit LockWait(int64_t limit_ns = kLimitNs, int64_t first_pause_ns = kFirstPauseNs,
+                    int64_t max_pause_ns = kMaxPauseNs)
+      : start_(MonoNs()),
+        next_check_(start_ + 1'000'000),
+        limit_ns_(limit_ns),
+        pause_ns_(first_pause_ns),
+        max_pause_ns_(max_pause_ns) {}
+  // Sleeps the next pause and returns true; false (without sleeping) once the time is up.
+  bool Pause() {
+    if (MonoNs() - start_ >= limit_ns_) return false;
+    std::this_thread::sleep_for(std::chrono::nanoseconds(pause_ns_));
+    pause_ns_ = std::min<int64_t>(2 * pause_ns_, max_pause_ns_);
+    return true;
+  }
+  // True at most once a millisecond: time to ask whether the holders died (it costs a read).
+  bool CheckDue() {
+    const int64_t now = MonoNs();
+    if (now <= next_check_) return false;
+    next_check_ = now + 1'000'000;
+    return true;
+  }
+
+ private:
+  int64_t start_, next_check_, limit_ns_, pause_ns_, max_pause_ns_;
+};
+
 // One key being read (MultiGet, Get, Delete): where its record is, the copy read, and the
 // version the snapshot sees.
 struct KeyRead {
@@ -534,12 +594,16 @@ struct RowLoad {
 
 class NamTxn final : public Transaction {
  public:
-  explicit NamTxn(NamSession& s) : s_(s) {}
+  NamTxn(NamSession& s, const TransactionOptions& options)
+      : s_(s), rc_(options.isolation == Isolation::kReadCommitted) {}
   ~NamTxn() override { Rollback(); }
 
   Status Get(const Table& table, int64_t key, Row* row) override;
   Status MultiGet(std::span<const TableKey> keys, std::vector<Row>* rows,
                   std::vector<Status>* statuses) override;
+  Status GetForUpdate(const Table& table, int64_t key, Row* row) override;
+  Status MultiGetForUpdate(std::span<const TableKey> keys, std::vector<Row>* rows,
+                           std::vector<Status>* statuses) override;
   Status Put(const Table& table, int64_t key, const Row& row) override;
   Status Delete(const Table& table, int64_t key) override;
   Status Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bool reverse,
@@ -567,6 +631,43 @@ class NamTxn final : public Transaction {
   // a key it read has a version newer than the snapshot (ReadKeys in read.cc).
   Status ReadKeys(std::span<KeyRead> keys);
   Status ReadKeysOnce(std::span<KeyRead> keys);
+  // Round 1 of ReadKeysOnce: the records of `keys` (cache, else index lookups) and the
+  // snapshot if none is taken, in one round trip; keys whose record was read along have
+  // `prefetched` set. `copies`: also read every cached record in that round (and make the
+  // round for them if there is no other reason for it), unordered with the counter read: the
+  // copies are only guesses of the words to expect (LockKeys), never data a snapshot sees.
+  Status FindRecords(std::span<KeyRead> keys, bool copies);
+  // The locking read (GetForUpdate, MultiGetForUpdate): finds and copies the records
+  // (FindRecords), then in one batch CASes each lock word from the unlocked word expected to
+  // ours and, behind a fence, reads the record: one message per server. A word that moved on
+  // is retried at once with the word seen; a lock held by another is waited for (LockWait,
+  // lowest address first, without holding higher ones meanwhile), then Aborted. The locked
+  // records go into held_ (and reads_) and each KeyRead gets the version it returns (see
+  // db.h: SI's snapshot is taken again if this was the first read and a locked version is
+  // newer; otherwise Aborted).
+  Status LockKeys(std::span<KeyRead> keys);
+  // How long a locking read waits for a live holder. Much longer than a commit waits
+  // (LockWait::kLimitNs): a holder keeps the lock for its whole transaction, and waiters take
+  // turns in no order (each retries on its own), so with 8 clients on one row of a 2-core
+  // machine 20 ms still timed out 5-30% of them (TPC-B over TCP). A dead holder's lock is
+  // broken after its lease whatever this is; this bounds what a cycle of waits across calls
+  // (which the address order within a call does not prevent) costs before one aborts.
+  static constexpr int64_t kLockingReadWaitNs = 100'000'000;
+  // MultiGet and MultiGetForUpdate: own writes and keys locked earlier answered without a
+  // round trip, the others read (ReadKeys) or locked (LockKeys).
+  Status ReadMany(std::span<const TableKey> keys, bool for_update, std::vector<Row>* rows,
+                  std::vector<Status>* statuses);
+  // Releases every lock in held_ (one batch); abandons the session if that fails.
+  void ReleaseHeld();
+  // The version a read of locked key returns (from held_): sets k's found/deleted/payload.
+  Status ReadHeld(const HeldLock& h, KeyRead* k);
+  // Read committed: each read call takes a snapshot of its own (the previous one ends).
+  void FreshSnapshotForRead() {
+    if (rc_ && has_snapshot_) {
+      s_.EndTransaction();
+      has_snapshot_ = false;
+    }
+  }
   static constexpr int kSnapshotRetakes = 2;
   // Get from the transaction's own writes: true if it has written `key` (the answer is then in
   // *row and *status).
@@ -588,12 +689,19 @@ class NamTxn final : public Transaction {
   Status Finish(Status s);
 
   NamSession& s_;
+  const bool rc_;  // read committed (else snapshot isolation)
   uint64_t snapshot_ = 0;
   bool has_snapshot_ = false;  // taken (and open in the session) until Finish
   std::map<Key, WriteEntry> writes_;
   std::map<Key, ReadEntry> reads_;
+  // Locked by locking reads; a commit takes over those it writes (CommitRun::Lock) and
+  // releases the others in its last round; Finish releases what is left.
+  std::map<Key, HeldLock> held_;
   std::vector<std::pair<GlobalAddress, uint64_t>> blobs_;  // allocated here, freed unless decided
   bool decided_ = false;
+  // A locking read returned Aborted: the transaction counts as aborted however it ends (the
+  // caller rolls it back).
+  bool aborted_ = false;
   bool finished_ = false;
 };
 

@@ -10,6 +10,17 @@
 // After reading, a transaction checks its own lease before it returns data: memory freed by
 // the garbage collector is never read by a session whose lease was valid (a session whose
 // lease lapsed is excluded from the low-water mark once fenced, and may read reused memory).
+// A record held by a locking read (layout.h ReadLockWord) is not waited for: its holder has no
+// stamp yet, so the cells are all a snapshot may see.
+//
+// Locking reads (LockKeys): round 1 finds the records and copies them (FindRecords, with the
+// snapshot if none is taken: it validates the cached addresses and keeps records from being
+// freed); round 2 CASes each lock word from the word the copy showed to our read-lock word and,
+// behind a fence, reads the record: one message per server. Locks go into held_ as they are
+// taken, so every way the transaction ends releases them (Finish, or the commit). Read
+// committed: each other read call takes a snapshot of its own (FreshSnapshotForRead); its
+// locking reads announce records-only (NamSession::PostSnapshot), since they read no version
+// but the one they lock.
 #include <algorithm>
 #include <climits>
 #include <cstring>
@@ -63,6 +74,9 @@ Status NamTxn::SettleRecord(const NamTable& t, GlobalAddress record, int64_t key
     }
     *key_ok = true;
     if (ConsistentImage(*image)) break;
+    // Held by a locking read (ours or another's) whose commit has not taken a stamp: the
+    // versions in the cells are all there is for our snapshot (layout.h ReadLockWord).
+    if (IsReadLock(image->lock) && !image->torn && CellsConsecutive(*image)) break;
     const int64_t now = MonoNs();
     if (start == 0) {
       start = now;
@@ -193,7 +207,9 @@ Status NamTxn::ReadKeys(std::span<KeyRead> keys) {
                     [](const auto& r) { return r.second.newest_visible; })) {
       return Status::Ok();
     }
-    reads_.clear();  // all of them this call's (there was no snapshot before it)
+    // All of them this call's (there was no snapshot before it; read committed: those of
+    // earlier calls stay, each read as of its own call's snapshot).
+    for (const KeyRead& k : keys) reads_.erase({k.t->id_, k.key});
     s_.EndTransaction();
     has_snapshot_ = false;
     for (KeyRead& k : keys) {
@@ -205,94 +221,107 @@ Status NamTxn::ReadKeys(std::span<KeyRead> keys) {
   }
 }
 
+Status NamTxn::FindRecords(std::span<KeyRead> keys, bool copies) {
+  // The index lookups the cache does not answer, with the snapshot's counter read if this is
+  // the transaction's first read. The records must be read after the counter (a commit locks
+  // before it takes its stamp: a snapshot that includes the stamp then meets the lock), so
+  // they wait for round 2 (but see below).
+  std::vector<KeyRead*> lookups;
+  bool any_cached = false;
+  for (KeyRead& k : keys) {
+    if (k.done) continue;
+    k.prefetched = false;
+    k.record = s_.CachedRecord(*k.t, k.key);
+    k.cached = !k.record.is_null();
+    if (!k.cached) lookups.push_back(&k);
+    any_cached = any_cached || k.cached;
+  }
+  if (!has_snapshot_ || !lookups.empty() || (copies && any_cached)) {
+    NamSession::SnapshotRead snap;
+    const bool taking = !has_snapshot_;
+    bool cache_cleared = false;
+    std::vector<std::array<unsigned char, HashIndex::kBucketSize>> buckets(lookups.size());
+    // Lookups that read the record too (HashIndex::PostLookupRead: one round trip for
+    // both where the memory server holds the bucket and the record). A record must be read
+    // after the snapshot's counter, so while the snapshot is being taken only the keys
+    // whose head bucket is on the counter's server do so, behind a fence (a server
+    // executes its message in order); the others read their records in round 2. By the
+    // same fence, the cached records on the counter's server are read in this round too.
+    std::vector<uint8_t> combined(lookups.size(), 0);
+    {
+      Access::Batch b(s_.access_);
+      // Read committed's locking reads read no versions (only what they lock).
+      Status posted =
+          taking ? s_.PostSnapshot(b, &snap, /*versions=*/!(copies && rc_)) : Status::Ok();
+      if (taking && !posted.ok()) return posted;
+      const uint16_t counter_server = s_.db_.RootField(kRootCounter).server();
+      bool fenced = false;
+      for (size_t j = 0; j < lookups.size() && posted.ok(); ++j) {
+        KeyRead& k = *lookups[j];
+        const uint64_t size = k.t->layout_.record_size();
+        combined[j] = size <= kMaxLookupReadBytes &&
+                      (!taking || copies || k.t->hash_->HeadServer(k.key) == counter_server);
+        if (!combined[j]) {
+          posted = k.t->hash_->PostLookup(b, k.key, buckets[j].data());
+          continue;
+        }
+        if (taking && !copies && !fenced) {
+          posted = b.Fence();
+          fenced = true;
+          if (!posted.ok()) break;
+        }
+        k.image.bytes.resize(size);
+        posted = k.t->hash_->PostLookupRead(b, k.key, k.image.bytes.data(),
+                                            static_cast<uint32_t>(size), &k.lookup);
+      }
+      for (KeyRead& k : keys) {
+        if (!posted.ok()) break;
+        if (k.done || !k.cached) continue;
+        // Copies for LockKeys need no order (they are guesses of the word to expect).
+        const bool ordered = taking && k.record.server() == counter_server;
+        if (!ordered && !copies) continue;
+        if (ordered && !fenced) {
+          posted = b.Fence();
+          fenced = true;
+          if (!posted.ok()) break;
+        }
+        k.image.bytes.resize(k.t->layout_.record_size());
+        posted = b.Read(k.record, k.image.bytes.data(), k.image.bytes.size());
+        k.prefetched = posted.ok();
+      }
+      Status waited = b.Wait();
+      if (!posted.ok()) waited = posted;
+      if (taking) FARPOOL_RETURN_IF_ERROR(FinishSnapshot(snap, waited, &cache_cleared));
+      FARPOOL_RETURN_IF_ERROR(waited);
+    }
+    for (size_t j = 0; j < lookups.size(); ++j) {
+      KeyRead& k = *lookups[j];
+      if (combined[j]) {
+        FARPOOL_ASSIGN_OR_RETURN(
+            k.record, k.t->hash_->FinishLookupRead(s_.access_, k.key, k.lookup, &k.prefetched));
+      } else {
+        FARPOOL_ASSIGN_OR_RETURN(k.record,
+                                 k.t->hash_->FinishLookup(s_.access_, k.key, buckets[j].data()));
+      }
+      if (!k.record.is_null()) s_.RememberRecord(*k.t, k.key, k.record);
+    }
+    if (cache_cleared) {
+      // Records were removed since the cache was filled: look the cached ones up again.
+      for (KeyRead& k : keys) {
+        if (!k.done && k.cached) {
+          k.prefetched = false;  // its address may have changed
+          FARPOOL_ASSIGN_OR_RETURN(k.record, s_.FindRecord(*k.t, k.key));
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 Status NamTxn::ReadKeysOnce(std::span<KeyRead> keys) {
   for (int attempt = 0; attempt < 3; ++attempt) {
-    // Round 1: the index lookups the cache does not answer, with the snapshot's counter read
-    // if this is the transaction's first read. The records must be read after the counter
-    // (a commit locks before it takes its stamp: a snapshot that includes the stamp then
-    // meets the lock), so they wait for round 2.
-    std::vector<KeyRead*> lookups;
-    for (KeyRead& k : keys) {
-      if (k.done) continue;
-      k.prefetched = false;
-      k.record = s_.CachedRecord(*k.t, k.key);
-      k.cached = !k.record.is_null();
-      if (!k.cached) lookups.push_back(&k);
-    }
-    if (!has_snapshot_ || !lookups.empty()) {
-      NamSession::SnapshotRead snap;
-      const bool taking = !has_snapshot_;
-      bool cache_cleared = false;
-      std::vector<std::array<unsigned char, HashIndex::kBucketSize>> buckets(lookups.size());
-      // Lookups that read the record too (HashIndex::PostLookupRead: one round trip for
-      // both where the memory server holds the bucket and the record). A record must be read
-      // after the snapshot's counter, so while the snapshot is being taken only the keys
-      // whose head bucket is on the counter's server do so, behind a fence (a server
-      // executes its message in order); the others read their records in round 2. By the
-      // same fence, the cached records on the counter's server are read in this round too.
-      std::vector<uint8_t> combined(lookups.size(), 0);
-      {
-        Access::Batch b(s_.access_);
-        Status posted = taking ? s_.PostSnapshot(b, &snap) : Status::Ok();
-        if (taking && !posted.ok()) return posted;
-        const uint16_t counter_server = s_.db_.RootField(kRootCounter).server();
-        bool fenced = false;
-        for (size_t j = 0; j < lookups.size() && posted.ok(); ++j) {
-          KeyRead& k = *lookups[j];
-          const uint64_t size = k.t->layout_.record_size();
-          combined[j] = size <= kMaxLookupReadBytes &&
-                        (!taking || k.t->hash_->HeadServer(k.key) == counter_server);
-          if (!combined[j]) {
-            posted = k.t->hash_->PostLookup(b, k.key, buckets[j].data());
-            continue;
-          }
-          if (taking && !fenced) {
-            posted = b.Fence();
-            fenced = true;
-            if (!posted.ok()) break;
-          }
-          k.image.bytes.resize(size);
-          posted = k.t->hash_->PostLookupRead(b, k.key, k.image.bytes.data(),
-                                              static_cast<uint32_t>(size), &k.lookup);
-        }
-        for (KeyRead& k : keys) {
-          if (!taking || !posted.ok()) break;
-          if (k.done || !k.cached || k.record.server() != counter_server) continue;
-          if (!fenced) {
-            posted = b.Fence();
-            fenced = true;
-            if (!posted.ok()) break;
-          }
-          k.image.bytes.resize(k.t->layout_.record_size());
-          posted = b.Read(k.record, k.image.bytes.data(), k.image.bytes.size());
-          k.prefetched = posted.ok();
-        }
-        Status waited = b.Wait();
-        if (!posted.ok()) waited = posted;
-        if (taking) FARPOOL_RETURN_IF_ERROR(FinishSnapshot(snap, waited, &cache_cleared));
-        FARPOOL_RETURN_IF_ERROR(waited);
-      }
-      for (size_t j = 0; j < lookups.size(); ++j) {
-        KeyRead& k = *lookups[j];
-        if (combined[j]) {
-          FARPOOL_ASSIGN_OR_RETURN(
-              k.record, k.t->hash_->FinishLookupRead(s_.access_, k.key, k.lookup, &k.prefetched));
-        } else {
-          FARPOOL_ASSIGN_OR_RETURN(k.record,
-                                   k.t->hash_->FinishLookup(s_.access_, k.key, buckets[j].data()));
-        }
-        if (!k.record.is_null()) s_.RememberRecord(*k.t, k.key, k.record);
-      }
-      if (cache_cleared) {
-        // Records were removed since the cache was filled: look the cached ones up again.
-        for (KeyRead& k : keys) {
-          if (!k.done && k.cached) {
-            k.prefetched = false;  // its address may have changed
-            FARPOOL_ASSIGN_OR_RETURN(k.record, s_.FindRecord(*k.t, k.key));
-          }
-        }
-      }
-    }
+    // Round 1 (FindRecords): the records, and the snapshot if none is taken yet.
+    FARPOOL_RETURN_IF_ERROR(FindRecords(keys, /*copies=*/false));
     // Round 2: every record, in one batch.
     {
       Access::Batch b(s_.access_);
@@ -362,6 +391,24 @@ bool NamTxn::ReadOwnWrite(const NamTable& t, int64_t key, Row* row, Status* stat
   return true;
 }
 
+Status NamTxn::ReadHeld(const HeldLock& h, KeyRead* k) {
+  RecordImage image;
+  image.bytes = h.image;
+  image.Decode(h.t->layout_);
+  k->t = h.t;
+  k->record = h.record;
+  k->done = true;
+  k->found = false;
+  k->deleted = false;
+  if (image.newest < 0) return Status::Ok();
+  // The newest version: what the lock was taken on, and (SI) visible to the snapshot.
+  const CellView& c = image.cells[image.newest];
+  k->deleted = (c.flags & kFlagDeleted) != 0;
+  k->found = !k->deleted;
+  k->payload.assign(reinterpret_cast<const char*>(c.payload), h.t->layout_.payload);
+  return Status::Ok();
+}
+
 // MultiGet of one key, without its vectors (the most common read).
 Status NamTxn::Get(const Table& table, int64_t key, Row* row) {
   if (finished_) return Status::InvalidArgument("transaction already finished");
@@ -371,7 +418,13 @@ Status NamTxn::Get(const Table& table, int64_t key, Row* row) {
   KeyRead k;
   k.t = &t;
   k.key = key;
-  FARPOOL_RETURN_IF_ERROR(ReadKeys(std::span<KeyRead>(&k, 1)));
+  auto h = held_.find({t.id_, key});
+  if (h != held_.end()) {
+    FARPOOL_RETURN_IF_ERROR(ReadHeld(h->second, &k));
+  } else {
+    FreshSnapshotForRead();
+    FARPOOL_RETURN_IF_ERROR(ReadKeys(std::span<KeyRead>(&k, 1)));
+  }
   if (k.found) {
     const RowLoad load{&t, &k.payload, row};
     FARPOOL_RETURN_IF_ERROR(LoadRows(std::span<const RowLoad>(&load, 1)));
@@ -380,34 +433,318 @@ Status NamTxn::Get(const Table& table, int64_t key, Row* row) {
   return k.found ? Status::Ok() : NoKey(t, key);
 }
 
+Status NamTxn::GetForUpdate(const Table& table, int64_t key, Row* row) {
+  std::vector<Row> rows;
+  std::vector<Status> statuses;
+  const TableKey k{&table, key};
+  FARPOOL_RETURN_IF_ERROR(ReadMany(std::span<const TableKey>(&k, 1), true, &rows, &statuses));
+  *row = std::move(rows[0]);
+  return statuses[0];
+}
+
 Status NamTxn::MultiGet(std::span<const TableKey> keys, std::vector<Row>* rows,
+                        std::vector<Status>* statuses) {
+  return ReadMany(keys, false, rows, statuses);
+}
+
+Status NamTxn::MultiGetForUpdate(std::span<const TableKey> keys, std::vector<Row>* rows,
+                                 std::vector<Status>* statuses) {
+  return ReadMany(keys, true, rows, statuses);
+}
+
+Status NamTxn::ReadMany(std::span<const TableKey> keys, bool for_update, std::vector<Row>* rows,
                         std::vector<Status>* statuses) {
   if (finished_) return Status::InvalidArgument("transaction already finished");
   rows->assign(keys.size(), Row());
   statuses->assign(keys.size(), Status::Ok());
-  std::vector<KeyRead> reads;
-  std::vector<size_t> at;  // keys index of each read
+  // reads: keys to read (or lock); from_held: keys locked earlier, answered from their copy.
+  // Both reserved: RowLoads point into them.
+  std::vector<KeyRead> reads, from_held;
+  std::vector<size_t> at, at_held;  // keys index of each
   reads.reserve(keys.size());
+  from_held.reserve(keys.size());
+  std::map<Key, size_t> seen;                      // key -> its first index in keys
+  std::vector<std::pair<size_t, size_t>> repeats;  // (index, the first index of its key)
   for (size_t i = 0; i < keys.size(); ++i) {
     const auto& t = static_cast<const NamTable&>(*keys[i].table);
-    if (ReadOwnWrite(t, keys[i].key, &(*rows)[i], &(*statuses)[i])) continue;
-    KeyRead& k = reads.emplace_back();
+    const Key key{t.id_, keys[i].key};
+    if (auto [first, fresh] = seen.emplace(key, i); !fresh) {
+      repeats.push_back({i, first->second});  // read (or locked) once
+      continue;
+    }
+    const bool own = writes_.count(key) > 0;
+    auto h = held_.find(key);
+    // Our own write answers, unless the key is to be locked still.
+    if (own && (!for_update || h != held_.end())) {
+      ReadOwnWrite(t, keys[i].key, &(*rows)[i], &(*statuses)[i]);
+      continue;
+    }
+    KeyRead& k = h != held_.end() ? from_held.emplace_back() : reads.emplace_back();
     k.t = &t;
     k.key = keys[i].key;
-    at.push_back(i);
-  }
-  if (reads.empty()) return Status::Ok();
-  FARPOOL_RETURN_IF_ERROR(ReadKeys(reads));
-  std::vector<RowLoad> loads;
-  for (size_t j = 0; j < reads.size(); ++j) {
-    if (reads[j].found) {
-      loads.push_back({reads[j].t, &reads[j].payload, &(*rows)[at[j]]});
+    if (h != held_.end()) {
+      FARPOOL_RETURN_IF_ERROR(ReadHeld(h->second, &k));
+      at_held.push_back(i);
     } else {
-      (*statuses)[at[j]] = NoKey(*reads[j].t, reads[j].key);
+      at.push_back(i);
     }
   }
+  if (!reads.empty()) {
+    if (for_update) {
+      Status locked = LockKeys(reads);
+      aborted_ = aborted_ || locked.code() == StatusCode::kAborted;
+      FARPOOL_RETURN_IF_ERROR(locked);
+    } else {
+      FreshSnapshotForRead();
+      FARPOOL_RETURN_IF_ERROR(ReadKeys(reads));
+    }
+  }
+  std::vector<RowLoad> loads;
+  auto answer = [&](KeyRead& k, size_t i) {
+    if (ReadOwnWrite(*k.t, k.key, &(*rows)[i], &(*statuses)[i])) return;  // locked just now
+    if (k.found) {
+      loads.push_back({k.t, &k.payload, &(*rows)[i]});
+    } else {
+      (*statuses)[i] = NoKey(*k.t, k.key);
+    }
+  };
+  for (size_t j = 0; j < reads.size(); ++j) answer(reads[j], at[j]);
+  for (size_t j = 0; j < from_held.size(); ++j) answer(from_held[j], at_held[j]);
   FARPOOL_RETURN_IF_ERROR(LoadRows(loads));
+  for (const auto& [i, first] : repeats) {
+    (*rows)[i] = (*rows)[first];
+    (*statuses)[i] = (*statuses)[first];
+  }
   return s_.CheckLease();
+}
+
+Status NamTxn::LockKeys(std::span<KeyRead> keys) {
+  const bool first = !has_snapshot_;
+  const uint64_t mine = ReadLockWord(s_.lock_word());
+  bool retake = false;  // SI, first read: a locked version is newer than the snapshot
+  for (int attempt = 0;; ++attempt) {
+    if (attempt == 3) {
+      for (const KeyRead& k : keys) {
+        if (!k.done) {
+          return Status::Internal("index entry of key " + std::to_string(k.key) + " in table '" +
+                                  k.t->name_ + "' names a record of another key");
+        }
+      }
+      break;
+    }
+    // Round 1: the records (lookups, or the cache validated by the snapshot, taken here if this
+    // is the first read) and a copy of each, whose lock word is what we expect to find.
+    FARPOOL_RETURN_IF_ERROR(FindRecords(keys, /*copies=*/true));
+    // No lock of this session while its last commit's log is whole (NamSession::log_to_clear_):
+    // the snapshot round clears it; if it was taken before, this clears it now.
+    if (s_.log_to_clear_ != 0) FARPOOL_RETURN_IF_ERROR(s_.ClearLog());
+    s_.db_.Hook("locking-read.copied");
+    // The keys to lock, in address order.
+    struct Want {
+      KeyRead* k;
+      uint64_t expected = 0, prev = 0;
+      bool locked = false, tried = false;
+    };
+    std::vector<Want> want;
+    for (KeyRead& k : keys) {
+      if (k.done) continue;
+      if (k.record.is_null()) {
+        k.done = true;  // no record: the key does not exist (nothing to lock)
+        continue;
+      }
+      Want w{&k};
+      // The word to expect: the copy's, or the read of it in this transaction; a copy locked by
+      // another says its holder is likely to commit the next version. Wrong guesses cost a
+      // retry (the CAS returns the word, the read behind it the record).
+      if (k.prefetched) {
+        k.image.Decode(k.t->layout_);
+        if (k.image.key == k.key && !IsLocked(k.image.lock)) {
+          w.expected = k.image.lock;
+        } else if (k.image.key == k.key && k.image.lock != kRemovedLock && !k.image.torn &&
+                   CellsConsecutive(k.image)) {
+          w.expected = UnlockedWord(k.image.newest_seq() + 1);
+        }
+      } else if (auto r = reads_.find({k.t->id_, k.key}); r != reads_.end()) {
+        w.expected = UnlockedWord(r->second.newest_seq);
+      }
+      k.image.bytes.resize(k.t->layout_.record_size());
+      want.push_back(w);
+    }
+    std::sort(want.begin(), want.end(),
+              [](const Want& a, const Want& b) { return a.k->record.raw() < b.k->record.raw(); });
+    auto lost = [&](const Want& w) {
+      return w.prev == kRemovedLock || (w.tried && !w.locked && w.k->image.key != w.k->key);
+    };
+    // Locks `which` in one batch: per record the CAS and, behind a fence, its read (one message
+    // per server). Every lock taken goes into held_ at once (any error releases it from there).
+    auto lock = [&](const std::vector<size_t>& which) -> Status {
+      FARPOOL_RETURN_IF_ERROR(s_.CheckLease());  // the CASes follow a passed check
+      Status posted;
+      Status waited;
+      {
+        Access::Batch b(s_.access_);
+        for (size_t i : which) {
+          Want& w = want[i];
+          if (posted.ok()) posted = b.Cas(w.k->record, w.expected, mine, &w.prev);
+        }
+        if (posted.ok()) posted = b.Fence();
+        for (size_t i : which) {
+          KeyRead& k = *want[i].k;
+          if (posted.ok()) posted = b.Read(k.record, k.image.bytes.data(), k.image.bytes.size());
+        }
+        waited = b.Wait();
+      }
+      for (size_t i : which) {
+        Want& w = want[i];
+        const bool failed = !posted.ok() || !waited.ok();
+        w.tried = true;
+        w.locked = failed || w.prev == w.expected;
+        if (!w.locked) {
+          w.k->image.Decode(w.k->t->layout_);
+          continue;
+        }
+        // Taken (or maybe, on an error): released by Finish unless a commit installs it.
+        held_[{w.k->t->id_, w.k->key}] = {w.k->t, w.k->record, w.expected, w.k->image.bytes};
+        if (failed) continue;
+        RecordImage& img = w.k->image;
+        img.Decode(w.k->t->layout_);
+        if (img.key != w.k->key || img.torn || !CellsConsecutive(img) ||
+            UnlockedWord(img.newest_seq()) != w.expected) {
+          return Status::Internal("record of key " + std::to_string(w.k->key) + " in table '" +
+                                  w.k->t->name_ + "' at " + w.k->record.ToString() +
+                                  " does not hold the version its lock word named: corruption");
+        }
+      }
+      if (!posted.ok()) return posted;
+      return waited;
+    };
+    std::vector<size_t> all(want.size());
+    for (size_t i = 0; i < want.size(); ++i) all[i] = i;
+    if (!want.empty()) FARPOOL_RETURN_IF_ERROR(lock(all));
+    // Retried often (the holder keeps the lock for its whole transaction, then the record is
+    // free for about one round trip before the next locker takes it): pauses of 10 µs up to
+    // 100 µs.
+    LockWait wait(kLockingReadWaitNs, 10'000, 100'000);
+    int moved_on = 0;  // retries at once of words that moved on: bounded by the wait too
+    for (;;) {
+      // The lowest record not locked (and not gone from under its index entry).
+      size_t j = want.size();
+      for (size_t i = 0; i < want.size(); ++i) {
+        if (!want[i].locked && !lost(want[i])) {
+          j = i;
+          break;
+        }
+      }
+      if (j == want.size()) break;
+      Want& w = want[j];
+      std::vector<size_t> retry;
+      if (!w.tried || !IsLocked(w.prev)) {
+        // Its word moved on (a commit since our copy), or it was released for ordering: again,
+        // with every other not yet locked, expecting the words just seen.
+        if (++moved_on > 8 && !wait.Pause()) {
+          return Status::Aborted("key " + std::to_string(w.k->key) + " of '" + w.k->t->name_ +
+                                 "' keeps getting new versions (locking read)");
+        }
+        for (size_t i = j; i < want.size(); ++i) {
+          Want& o = want[i];
+          if (o.locked || lost(o)) continue;
+          if (o.tried && !IsLocked(o.prev)) o.expected = o.prev;
+          retry.push_back(i);
+        }
+      } else {
+        // Held by another transaction: wait for it without holding anything above it (two
+        // calls that lock the same records never wait for each other in a cycle), then retry
+        // it alone (the others follow it once it is ours).
+        std::vector<size_t> above;
+        for (size_t i = j + 1; i < want.size(); ++i) {
+          if (want[i].locked) above.push_back(i);
+        }
+        if (!above.empty()) {
+          Access::Batch b(s_.access_);
+          std::vector<uint64_t> prev(above.size());
+          for (size_t a = 0; a < above.size(); ++a) {
+            Want& o = want[above[a]];
+            (void)b.Cas(o.k->record, mine, o.expected, &prev[a]);
+          }
+          Status released = b.Wait();
+          if (!released.ok()) return released;  // still in held_: Finish releases them
+          for (size_t i : above) {
+            want[i].locked = false;
+            want[i].tried = false;
+            held_.erase({want[i].k->t->id_, want[i].k->key});
+          }
+        }
+        if (wait.CheckDue()) {
+          // A dead holder finishes nothing: break its lock (restored to its newest version).
+          auto dead = s_.HolderDead(w.prev);
+          if (dead.ok() && *dead) {
+            FARPOOL_RETURN_IF_ERROR(
+                s_.db_.BreakRecordLock(s_.access_, w.k->record, *w.k->t, w.prev));
+          }
+        }
+        if (!wait.Pause()) {
+          return Status::Aborted("key " + std::to_string(w.k->key) + " of '" + w.k->t->name_ +
+                                 "' is locked by another transaction (locking read: waited " +
+                                 std::to_string(kLockingReadWaitNs / 1'000'000) + " ms)");
+        }
+        // The holder's copy (read behind our CAS): a commit of it installs the next version.
+        const RecordImage& img = w.k->image;
+        if (img.key == w.k->key && !img.torn && CellsConsecutive(img)) {
+          w.expected = UnlockedWord(img.newest_seq() + 1);
+        }
+        retry.push_back(j);
+      }
+      FARPOOL_RETURN_IF_ERROR(lock(retry));
+    }
+    // Locked, or gone from under their index entries (looked up again, next attempt).
+    for (Want& w : want) {
+      KeyRead& k = *w.k;
+      if (!w.locked) {
+        if (k.image.lock == kRemovedLock && k.image.key == k.key) {
+          FARPOOL_RETURN_IF_ERROR(s_.HelpUnlink(*k.t, k.key, k.record));
+        }
+        s_.ForgetRecord(*k.t, k.key);
+        continue;
+      }
+      const HeldLock& h = held_[{k.t->id_, k.key}];
+      FARPOOL_RETURN_IF_ERROR(ReadHeld(h, &k));
+      const RecordImage& img = k.image;
+      ReadEntry& re = reads_[{k.t->id_, k.key}];
+      re.record = k.record;
+      re.newest_seq = img.newest_seq();
+      re.newest_visible = true;
+      re.image = h.image;
+      if (!rc_ && img.newest >= 0 && !Visible(img.cells[img.newest].stamp)) {
+        if (!first) {
+          return Status::Aborted("key " + std::to_string(k.key) + " of '" + k.t->name_ +
+                                 "' has a version newer than the snapshot (could not serialize "
+                                 "its locking read)");
+        }
+        retake = true;
+      }
+    }
+    if (std::all_of(keys.begin(), keys.end(), [](const KeyRead& k) { return k.done; })) break;
+  }
+  if (retake) {
+    // The first read: the snapshot is taken again now that the locks are ours, so it sees the
+    // versions they hold (their commits finished before our CASes landed).
+    s_.EndTransaction();
+    has_snapshot_ = false;
+    FARPOOL_RETURN_IF_ERROR(TakeSnapshot());
+  }
+  return Status::Ok();
+}
+
+void NamTxn::ReleaseHeld() {
+  const uint64_t mine = ReadLockWord(s_.lock_word());
+  std::vector<uint64_t> prev(held_.size());
+  Access::Batch b(s_.access_);
+  size_t i = 0;
+  for (const auto& [key, h] : held_) (void)b.Cas(h.record, mine, h.expected, &prev[i++]);
+  // Some may still be ours: stop the session, so that others judge it dead after its lease
+  // and break them (as CommitRun::ReleaseLocks).
+  if (!b.Wait().ok()) s_.Abandon();
+  held_.clear();
 }
 
 Status NamTxn::Put(const Table& table, int64_t key, const Row& row) {
@@ -433,12 +770,18 @@ Status NamTxn::Delete(const Table& table, int64_t key) {
   const auto& t = static_cast<const NamTable&>(table);
   auto w = writes_.find({t.id_, key});
   bool exists;
+  auto h = held_.find({t.id_, key});
   if (w != writes_.end()) {
     exists = !w->second.deleted;
+  } else if (h != held_.end()) {
+    KeyRead read;
+    FARPOOL_RETURN_IF_ERROR(ReadHeld(h->second, &read));
+    exists = read.found;
   } else {
     KeyRead read;
     read.t = &t;
     read.key = key;
+    FreshSnapshotForRead();
     FARPOOL_RETURN_IF_ERROR(ReadKeys(std::span<KeyRead>(&read, 1)));
     exists = read.found;
   }
@@ -462,6 +805,7 @@ Status NamTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bo
   // walk does not take other work along). Then index entries are collected, up to the limit
   // (or kScanBatch) at a time, and their records read in one batch, their blobs in another.
   // Rows are handed to `visit` only after the lease check that covers their reads.
+  FreshSnapshotForRead();
   FARPOOL_RETURN_IF_ERROR(TakeSnapshot());
   constexpr size_t kScanBatch = 256;
   const size_t batch = limit == 0 ? kScanBatch : std::min(limit, kScanBatch);

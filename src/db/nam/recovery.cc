@@ -19,6 +19,11 @@
 //     and recovery gives it a stamp of its own (a fetch-and-add: the records have been locked
 //     since before it, as a stamp must be). A recoverer that dies half-way leaves cells with
 //     the stamp it chose, which the next one finds.
+//   - A record held by a locking read carries the holder's read-lock word (layout.h
+//     ReadLockWord), never its plain word: its commit changes it to the plain word in its lock
+//     round, before its log is written. So recovery of a log (matching the plain word only)
+//     never touches a record locked at read, and BreakRecordLock restores it like the lock of
+//     an undecided commit: its cells are as they were when it was locked.
 //   - A finished commit's log stays whole until the session's next round trip clears it, and
 //     the session takes no lock before that (NamSession::log_to_clear_): recovery of a whole
 //     log finds none of its records locked by the writer's word, or only those of that commit.

@@ -280,7 +280,7 @@ Status NamDatabase::ScanSlots(const Access& access) {
       if (fenced.ok() && *fenced) continue;
     }
     if (st == kSlotActive && announced[s] != 0) {
-      lwm = std::min(lwm, announced[s]);
+      lwm = std::min(lwm, announced[s] & ~kAnnounceRecordsOnly);
       ++live;
     }
   }
@@ -446,7 +446,7 @@ void NamSession::RememberRecord(const NamTable& t, int64_t key, GlobalAddress re
   cache_[CacheKey(t, key)] = record;
 }
 
-Status NamSession::PostSnapshot(Access::Batch& batch, SnapshotRead* read) {
+Status NamSession::PostSnapshot(Access::Batch& batch, SnapshotRead* read, bool versions) {
   // The announcement word is the slot owner's: a session fenced since Begin (its slot may have
   // a new owner by now) must not write it. A clock read, right before the write (Renew, if it
   // is due, takes l.mu itself).
@@ -454,15 +454,20 @@ Status NamSession::PostSnapshot(Access::Batch& batch, SnapshotRead* read) {
   SlotLease& l = *lease_;
   std::lock_guard<std::mutex> g(l.mu);
   read->floor = std::max<uint64_t>(1, db_.latest_counter());
+  if (!versions) read->floor |= kAnnounceRecordsOnly;
   read->raised = false;
-  if (l.open == 0 && l.announced == 0) {
+  // A records-only announcement does not protect versions: one that does replaces it before
+  // the counter is read, as from idle (with a transaction open, at the bound it had).
+  const bool upgrade = versions && (l.announced & kAnnounceRecordsOnly) != 0;
+  if ((l.open == 0 && l.announced == 0) || upgrade) {
     // From idle: the bound must be visible before the counter is read.
-    Status s = access_.Write(db_.AnnounceAddr(l.slot), &read->floor, 8);
+    const uint64_t bound = l.open == 0 ? read->floor : l.announced & ~kAnnounceRecordsOnly;
+    Status s = access_.Write(db_.AnnounceAddr(l.slot), &bound, 8);
     if (!s.ok()) {
-      l.idle_since = MonoNs();
+      if (l.open == 0) l.idle_since = MonoNs();
       return s.WithContext("announcing a snapshot");
     }
-    l.announced = read->floor;
+    l.announced = bound;
   } else if (l.open == 0) {
     // Announced already: raise it in the same round (the smaller bound protects meanwhile).
     // With another transaction of this session open, the announcement protects its older
@@ -496,7 +501,10 @@ Result<uint64_t> NamSession::FinishSnapshot(const SnapshotRead& read, const Stat
     std::lock_guard<std::mutex> g(l.mu);
     if (!batch_status.ok()) {
       // A raise that may or may not have landed leaves a bound at most `floor`: still a lower
-      // bound of every later snapshot, so `announced` (the smaller value) stays right.
+      // bound of every later snapshot, so `announced` (the smaller value) stays right; if that
+      // raise was records-only, the word may be too: the next snapshot that reads versions
+      // writes its bound first.
+      if (read.raised && (read.floor & kAnnounceRecordsOnly)) l.announced |= kAnnounceRecordsOnly;
       if (--l.open == 0) l.idle_since = MonoNs();
       return batch_status.WithContext("taking a snapshot");
     }
@@ -545,9 +553,11 @@ Status NamSession::HelpUnlink(const NamTable& t, int64_t key, GlobalAddress reco
 }
 
 // No round trip: the snapshot is taken by the transaction's first read (nam_internal.h).
-Result<std::unique_ptr<Transaction>> NamSession::Begin() {
+Result<std::unique_ptr<Transaction>> NamSession::Begin() { return Begin(TransactionOptions{}); }
+
+Result<std::unique_ptr<Transaction>> NamSession::Begin(const TransactionOptions& options) {
   FARPOOL_RETURN_IF_ERROR(CheckLease());
-  return std::unique_ptr<Transaction>(new NamTxn(*this));
+  return std::unique_ptr<Transaction>(new NamTxn(*this, options));
 }
 
 }  // namespace farpool::db

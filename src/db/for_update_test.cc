@@ -1,0 +1,449 @@
+// Locking reads (Transaction::GetForUpdate, MultiGetForUpdate) and read committed, on the NAM
+// engines (local, pool) and, where the contract is engine-independent, sharded:
+//   - concurrent increments of one row by many threads lose nothing (read committed with
+//     locking reads; read committed with plain reads, validated at commit; SI with locking
+//     reads), and an invariant over two rows holds (each transaction locks both);
+//   - an abort, a rollback, a commit that does not write them, a destroyed transaction all
+//     release the locks; a key held by another is waited for, boundedly, then Aborted;
+//   - reads in the transaction see the locked version without waiting for their own lock;
+//   - what each isolation level shows: read committed sees a commit made after its first read,
+//     SI does not and aborts a locking read of a key changed since its snapshot.
+// No timing is asserted; seeds (FARPOOL_SEED) are printed.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "db/db_test_util.h"
+#include "farpool/db.h"
+
+#define EXPECT_OK(expr)                                     \
+  do {                                                      \
+    ::farpool::Status e_ = (expr);                          \
+    EXPECT_TRUE(e_.ok()) << #expr << ": " << e_.ToString(); \
+  } while (0)
+
+namespace farpool::db {
+namespace {
+
+const Schema& IntSchema() {
+  static const Schema s{{"v", ColumnType::kInt64}};
+  return s;
+}
+
+constexpr TransactionOptions kRc{Isolation::kReadCommitted};
+constexpr TransactionOptions kSi{Isolation::kSnapshot};
+
+class ForUpdateTest : public testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    auto t = TestDatabase::Start(GetParam());
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    t_ = std::move(*t);
+    auto table = db().CreateTable("counters", IntSchema(), TableOptions{true, 64});
+    ASSERT_TRUE(table.ok()) << table.status().ToString();
+    table_ = *table;
+    auto s = NewSession();
+    ASSERT_OK(RunTransaction(*s, [&](Transaction& txn) -> Status {
+      for (int64_t k = 0; k < 8; ++k) FARPOOL_RETURN_IF_ERROR(PutInt(txn, *table_, k, 0));
+      return Status::Ok();
+    }));
+  }
+  Database& db() { return t_->db(); }
+  bool nam() const { return GetParam() != "sharded"; }
+  std::unique_ptr<Session> NewSession() {
+    auto s = db().NewSession();
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+  std::unique_ptr<Transaction> Begin(Session& s, const TransactionOptions& o) {
+    auto t = s.Begin(o);
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    return t.ok() ? std::move(*t) : nullptr;
+  }
+  Result<int64_t> LockedInt(Transaction& txn, int64_t key) {
+    Row row;
+    FARPOOL_RETURN_IF_ERROR(txn.GetForUpdate(*table_, key, &row));
+    return row.GetInt64(0);
+  }
+  int64_t Value(int64_t key) {
+    auto s = NewSession();
+    int64_t v = -1;
+    EXPECT_OK(RunTransaction(*s, [&](Transaction& txn) -> Status {
+      FARPOOL_ASSIGN_OR_RETURN(v, GetInt(txn, *table_, key));
+      return Status::Ok();
+    }));
+    return v;
+  }
+  uint64_t Locked() {
+    auto n = db().CountLocked(*table_);
+    EXPECT_TRUE(n.ok()) << n.status().ToString();
+    return n.ok() ? *n : ~uint64_t{0};
+  }
+  // `threads` threads add 1 to key 0 `per_thread` times each, reading it with `read`.
+  void ConcurrentIncrements(const TransactionOptions& options, bool lock_at_read, int threads,
+                            int per_thread) {
+    std::vector<std::thread> workers;
+    std::vector<Status> results(threads);
+    std::atomic<uint64_t> aborts{0};
+    for (int th = 0; th < threads; ++th) {
+      workers.emplace_back([&, th] {
+        auto s = db().NewSession();
+        if (!s.ok()) {
+          results[th] = s.status();
+          return;
+        }
+        for (int i = 0; i < per_thread && results[th].ok(); ++i) {
+          results[th] = RunTransaction(
+              **s, options,
+              [&](Transaction& txn) -> Status {
+                Row row;
+                FARPOOL_RETURN_IF_ERROR(lock_at_read ? txn.GetForUpdate(*table_, 0, &row)
+                                                     : txn.Get(*table_, 0, &row));
+                return PutInt(txn, *table_, 0, row.GetInt64(0) + 1);
+              },
+              1 << 20);
+        }
+        aborts += (*s)->counters().aborts;
+      });
+    }
+    for (auto& w : workers) w.join();
+    for (const Status& r : results) ASSERT_OK(r);
+    EXPECT_EQ(Value(0), int64_t{threads} * per_thread) << "aborts: " << aborts.load();
+    EXPECT_EQ(Locked(), 0u);
+  }
+  std::unique_ptr<TestDatabase> t_;
+  const Table* table_ = nullptr;
+};
+
+std::string ParamName(const testing::TestParamInfo<std::string>& p) { return p.param; }
+
+TEST_P(ForUpdateTest, ReadCommittedLockingIncrementsLoseNothing) {
+  if (!nam()) GTEST_SKIP() << "sharded offers snapshot isolation only";
+  ConcurrentIncrements(kRc, /*lock_at_read=*/true, 4, 150);
+}
+
+TEST_P(ForUpdateTest, ReadCommittedPlainIncrementsLoseNothing) {
+  if (!nam()) GTEST_SKIP() << "sharded offers snapshot isolation only";
+  // No lock at read: the commit validates the version read (no lost update).
+  ConcurrentIncrements(kRc, /*lock_at_read=*/false, 4, 100);
+}
+
+TEST_P(ForUpdateTest, SnapshotLockingIncrementsLoseNothing) {
+  ConcurrentIncrements(kSi, /*lock_at_read=*/true, 4, 100);
+}
+
+TEST_P(ForUpdateTest, TwoRowInvariantWithMultiGetForUpdate) {
+  if (!nam()) GTEST_SKIP() << "sharded offers snapshot isolation only";
+  // Each transaction moves 1 from a random counter of 1..7 to another, and counts the move in
+  // key 0, both read with one MultiGetForUpdate (keys in random order: the locks are taken in
+  // address order). Afterwards the counters sum to 0 and key 0 counts every transaction.
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed));
+  constexpr int kThreads = 4, kPer = 120;
+  std::vector<std::thread> workers;
+  std::vector<Status> results(kThreads);
+  for (int th = 0; th < kThreads; ++th) {
+    workers.emplace_back([&, th] {
+      auto s = db().NewSession();
+      if (!s.ok()) {
+        results[th] = s.status();
+        return;
+      }
+      std::mt19937_64 rng(seed * 7 + th);
+      for (int i = 0; i < kPer && results[th].ok(); ++i) {
+        const int64_t from = 1 + rng() % 7, to = 1 + (from + rng() % 6) % 7;
+        results[th] = RunTransaction(
+            **s, kRc,
+            [&](Transaction& txn) -> Status {
+              const TableKey keys[] = {{table_, to}, {table_, 0}, {table_, from}};
+              std::vector<Row> rows;
+              std::vector<Status> found;
+              FARPOOL_RETURN_IF_ERROR(txn.MultiGetForUpdate(keys, &rows, &found));
+              for (const Status& f : found) FARPOOL_RETURN_IF_ERROR(f);
+              FARPOOL_RETURN_IF_ERROR(PutInt(txn, *table_, to, rows[0].GetInt64(0) + 1));
+              FARPOOL_RETURN_IF_ERROR(PutInt(txn, *table_, 0, rows[1].GetInt64(0) + 1));
+              return PutInt(txn, *table_, from, rows[2].GetInt64(0) - 1);
+            },
+            1 << 20);
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  for (const Status& r : results) ASSERT_OK(r);
+  int64_t sum = 0;
+  for (int64_t k = 1; k < 8; ++k) sum += Value(k);
+  EXPECT_EQ(sum, 0);
+  EXPECT_EQ(Value(0), int64_t{kThreads} * kPer);
+  EXPECT_EQ(Locked(), 0u);
+}
+
+TEST_P(ForUpdateTest, EveryEndReleasesTheLocks) {
+  if (!nam()) GTEST_SKIP() << "sharded does not lock at read";
+  auto s = NewSession();
+  {  // Rollback.
+    auto txn = Begin(*s, kRc);
+    ASSERT_OK(LockedInt(*txn, 1).status());
+    ASSERT_OK(PutInt(*txn, *table_, 1, 5));
+    EXPECT_EQ(Locked(), 1u);
+    txn->Rollback();
+    EXPECT_EQ(Locked(), 0u);
+  }
+  {  // The destructor of an unfinished transaction.
+    auto txn = Begin(*s, kSi);
+    ASSERT_OK(LockedInt(*txn, 1).status());
+    ASSERT_OK(LockedInt(*txn, 2).status());
+    EXPECT_EQ(Locked(), 2u);
+  }
+  EXPECT_EQ(Locked(), 0u);
+  {  // A commit of a read-only transaction, and of one that writes only one of its locked keys.
+    auto txn = Begin(*s, kRc);
+    ASSERT_OK(LockedInt(*txn, 1).status());
+    ASSERT_OK(txn->Commit());
+    EXPECT_EQ(Locked(), 0u);
+    txn = Begin(*s, kRc);
+    ASSERT_OK(LockedInt(*txn, 1).status());
+    ASSERT_OK(LockedInt(*txn, 2).status());
+    ASSERT_OK(PutInt(*txn, *table_, 2, 42));
+    ASSERT_OK(txn->Commit());
+    EXPECT_EQ(Locked(), 0u);
+    EXPECT_EQ(Value(2), 42);
+    EXPECT_EQ(Value(1), 0);
+  }
+  {  // An aborted commit: the key it writes without a lock got a newer version meanwhile.
+    auto txn = Begin(*s, kSi);
+    ASSERT_OK(LockedInt(*txn, 1).status());
+    ASSERT_OK(GetInt(*txn, *table_, 3).status());
+    auto other = NewSession();
+    ASSERT_OK(RunTransaction(*other, [&](Transaction& t) { return PutInt(t, *table_, 3, 9); }));
+    ASSERT_OK(PutInt(*txn, *table_, 1, 7));
+    ASSERT_OK(PutInt(*txn, *table_, 3, 8));
+    EXPECT_EQ(txn->Commit().code(), StatusCode::kAborted);
+    EXPECT_EQ(Locked(), 0u);
+    EXPECT_EQ(Value(1), 0);
+    EXPECT_EQ(Value(3), 9);
+  }
+}
+
+TEST_P(ForUpdateTest, AHeldKeyIsWaitedForThenAborted) {
+  if (!nam()) GTEST_SKIP() << "sharded does not lock at read";
+  auto a = NewSession();
+  auto b = NewSession();
+  auto holder = Begin(*a, kRc);
+  ASSERT_OK(LockedInt(*holder, 4).status());
+  {
+    // Bounded: a live holder that does not finish makes the locking read give up.
+    auto waiter = Begin(*b, kRc);
+    Row row;
+    EXPECT_EQ(waiter->GetForUpdate(*table_, 4, &row).code(), StatusCode::kAborted);
+    // A plain read committed read does not need the lock.
+    ASSERT_OK(waiter->Get(*table_, 4, &row));
+    EXPECT_EQ(row.GetInt64(0), 0);
+  }
+  ASSERT_OK(PutInt(*holder, *table_, 4, 11));
+  ASSERT_OK(holder->Commit());
+  // Released by the commit: the next locking read takes it and sees the commit.
+  auto next = Begin(*b, kRc);
+  auto v = LockedInt(*next, 4);
+  ASSERT_OK(v.status());
+  EXPECT_EQ(*v, 11);
+  ASSERT_OK(next->Commit());
+  EXPECT_EQ(Locked(), 0u);
+}
+
+TEST_P(ForUpdateTest, ReadsOfLockedKeysSeeTheLockedVersion) {
+  if (!nam()) GTEST_SKIP() << "sharded does not lock at read";
+  auto s = NewSession();
+  for (const TransactionOptions& o : {kRc, kSi}) {
+    auto txn = Begin(*s, o);
+    ASSERT_OK(LockedInt(*txn, 5).status());
+    // Get, MultiGet and a scan of our own locked record do not wait for our own lock.
+    Row row;
+    ASSERT_OK(txn->Get(*table_, 5, &row));
+    EXPECT_EQ(row.GetInt64(0), 0);
+    const TableKey keys[] = {{table_, 5}, {table_, 6}, {table_, 5}, {table_, 99}};
+    std::vector<Row> rows;
+    std::vector<Status> found;
+    ASSERT_OK(txn->MultiGetForUpdate(keys, &rows, &found));
+    EXPECT_OK(found[0]);
+    EXPECT_OK(found[1]);
+    EXPECT_OK(found[2]);
+    EXPECT_EQ(found[3].code(), StatusCode::kNotFound);  // no row: nothing locked
+    EXPECT_EQ(Locked(), 2u);
+    int seen = 0;
+    ASSERT_OK(txn->Scan(*table_, 4, 6, 0, false, [&](int64_t, const Row& r) {
+      ++seen;
+      return r.GetInt64(0) == 0;
+    }));
+    EXPECT_EQ(seen, 3);
+    // A write then a read of a locked key: the write.
+    ASSERT_OK(PutInt(*txn, *table_, 6, 3));
+    auto w = LockedInt(*txn, 6);
+    ASSERT_OK(w.status());
+    EXPECT_EQ(*w, 3);
+    ASSERT_OK(txn->Delete(*table_, 5));
+    ASSERT_OK(txn->Commit());
+    EXPECT_EQ(Locked(), 0u);
+    EXPECT_EQ(Value(6), 3);
+    // Put key 5 back for the next round.
+    ASSERT_OK(RunTransaction(*s, [&](Transaction& t) { return PutInt(t, *table_, 5, 0); }));
+    ASSERT_OK(RunTransaction(*s, [&](Transaction& t) { return PutInt(t, *table_, 6, 0); }));
+  }
+}
+
+TEST_P(ForUpdateTest, WhatEachIsolationLevelSees) {
+  if (!nam()) GTEST_SKIP() << "sharded offers snapshot isolation only";
+  auto s = NewSession();
+  auto other = NewSession();
+  auto bump = [&](int64_t key, int64_t v) {
+    ASSERT_OK(RunTransaction(*other, [&](Transaction& t) { return PutInt(t, *table_, key, v); }));
+  };
+  {  // Read committed: a commit after the first read is seen by the next read (non-repeatable).
+    auto txn = Begin(*s, kRc);
+    auto a = GetInt(*txn, *table_, 7);
+    ASSERT_OK(a.status());
+    bump(7, 70);
+    auto b = GetInt(*txn, *table_, 7);
+    ASSERT_OK(b.status());
+    EXPECT_EQ(*a, 0);
+    EXPECT_EQ(*b, 70);
+    // And a locking read sees it too, and may write on top of it.
+    bump(7, 71);
+    auto c = LockedInt(*txn, 7);
+    ASSERT_OK(c.status());
+    EXPECT_EQ(*c, 71);
+    ASSERT_OK(PutInt(*txn, *table_, 7, *c + 1));
+    ASSERT_OK(txn->Commit());
+    EXPECT_EQ(Value(7), 72);
+  }
+  {  // Read committed without a lock: a key changed since it was read aborts the write.
+    auto txn = Begin(*s, kRc);
+    auto a = GetInt(*txn, *table_, 7);
+    ASSERT_OK(a.status());
+    bump(7, 80);
+    ASSERT_OK(PutInt(*txn, *table_, 7, *a + 1));
+    EXPECT_EQ(txn->Commit().code(), StatusCode::kAborted);
+    EXPECT_EQ(Value(7), 80);
+  }
+  {  // SI: the snapshot stays; a locking read of a key changed since it aborts.
+    auto txn = Begin(*s, kSi);
+    auto a = GetInt(*txn, *table_, 1);
+    ASSERT_OK(a.status());
+    bump(7, 90);
+    auto b = GetInt(*txn, *table_, 7);
+    ASSERT_OK(b.status());
+    EXPECT_EQ(*b, 80);
+    Row row;
+    EXPECT_EQ(txn->GetForUpdate(*table_, 7, &row).code(), StatusCode::kAborted);
+    txn->Rollback();
+    EXPECT_EQ(Locked(), 0u);
+  }
+  {  // SI, the locking read first: its snapshot sees the newest version it locked.
+    auto txn = Begin(*s, kSi);
+    bump(7, 91);
+    auto v = LockedInt(*txn, 7);
+    ASSERT_OK(v.status());
+    EXPECT_EQ(*v, 91);
+    ASSERT_OK(PutInt(*txn, *table_, 7, *v + 1));
+    ASSERT_OK(txn->Commit());
+    EXPECT_EQ(Value(7), 92);
+  }
+}
+
+TEST_P(ForUpdateTest, AReadCommittedLockerHoldsNoVersionsBack) {
+  if (!nam()) GTEST_SKIP() << "sharded keeps one version per key";
+  // While a transaction holds a snapshot, commits that evict versions it may read spill them to
+  // the chain; a read committed transaction that only locked (its announcement is records-only)
+  // reads no old version, so it holds none back.
+  auto holder = NewSession();
+  auto writer = NewSession();
+  auto spilled = [&] {
+    auto g = db().CollectGarbage();
+    EXPECT_TRUE(g.ok()) << g.status().ToString();
+    return g.ok() ? g->versions_spilled : 0;
+  };
+  auto overwrite = [&] {
+    for (int64_t v = 1; v <= 6; ++v) {
+      ASSERT_OK(RunTransaction(*writer, [&](Transaction& t) { return PutInt(t, *table_, 2, v); }));
+    }
+  };
+  const uint64_t before = spilled();
+  {
+    auto rc = Begin(*holder, kRc);
+    ASSERT_OK(LockedInt(*rc, 1).status());
+    overwrite();
+    EXPECT_EQ(spilled(), before);
+    // A plain read after it takes a snapshot that does protect versions.
+    auto v = GetInt(*rc, *table_, 2);
+    ASSERT_OK(v.status());
+    EXPECT_EQ(*v, 6);
+    overwrite();
+    EXPECT_GT(spilled(), before);
+    ASSERT_OK(rc->Commit());
+  }
+  const uint64_t after_rc = spilled();
+  {
+    auto si = Begin(*holder, kSi);
+    ASSERT_OK(LockedInt(*si, 1).status());
+    overwrite();
+    EXPECT_GT(spilled(), after_rc);
+    auto v = GetInt(*si, *table_, 2);  // the snapshot's version, from the chain
+    ASSERT_OK(v.status());
+    EXPECT_EQ(*v, 6);
+    ASSERT_OK(si->Commit());
+  }
+  EXPECT_EQ(Locked(), 0u);
+}
+
+TEST_P(ForUpdateTest, ACommitBetweenCopyAndLockIsLockedAndSeen) {
+  if (GetParam() != "pool") GTEST_SKIP() << "needs a second Database handle with a hook";
+  // Another session commits key 3 right after the locking read copied it (so the CAS expects
+  // the old word: it is retried with the new one) and after its snapshot was taken (SI: the
+  // version locked is newer than the snapshot; as the first read, it takes the snapshot again
+  // instead of aborting).
+  for (const TransactionOptions& o : {kSi, kRc}) {
+    auto writer = NewSession();
+    std::atomic<int> fired{0};
+    const int64_t bumped = o.isolation == Isolation::kSnapshot ? 33 : 44;
+    auto other = t_->OpenAnother([&](std::string_view point) {
+      if (point == "locking-read.copied" && fired.fetch_add(1) == 0) {
+        EXPECT_OK(RunTransaction(*writer, [&](Transaction& t) -> Status {
+          FARPOOL_RETURN_IF_ERROR(PutInt(t, *table_, 4, bumped));
+          return PutInt(t, *table_, 3, bumped);
+        }));
+      }
+    });
+    ASSERT_OK(other.status());
+    auto table = (*other)->OpenTable("counters");
+    ASSERT_OK(table.status());
+    auto session = (*other)->NewSession();
+    ASSERT_OK(session.status());
+    auto txn = (*session)->Begin(o);
+    ASSERT_OK(txn.status());
+    Row row;
+    ASSERT_OK((*txn)->GetForUpdate(**table, 3, &row));
+    EXPECT_GE(fired.load(), 1);
+    EXPECT_EQ(row.GetInt64(0), bumped);
+    // The snapshot (taken again, SI; per call, RC) includes the commit: its other key too.
+    auto four = GetInt(**txn, **table, 4);
+    ASSERT_OK(four.status());
+    EXPECT_EQ(*four, bumped);
+    ASSERT_OK(PutInt(**txn, **table, 3, bumped + 1));
+    ASSERT_OK((*txn)->Commit());
+    EXPECT_EQ(Value(3), bumped + 1);
+    EXPECT_EQ(Locked(), 0u);
+  }
+}
+
+TEST_P(ForUpdateTest, ShardedRefusesReadCommitted) {
+  if (nam()) GTEST_SKIP() << "the NAM engines offer read committed";
+  auto s = NewSession();
+  EXPECT_EQ(s->Begin(kRc).status().code(), StatusCode::kInvalidArgument);
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, ForUpdateTest, testing::Values("local", "pool", "sharded"),
+                         ParamName);
+
+}  // namespace
+}  // namespace farpool::db
