@@ -768,9 +768,10 @@ void Pool::Impl::Monitor() {
     }
     box.replies.clear();
     const auto now = Clock::now();
-    // A connection that failed is acted on at once, not at the next round: in a replicated
-    // cluster the failover waits for it.
-    for (size_t i = 0; i < servers_.size(); ++i) {
+    // In a replicated cluster a connection that failed is acted on at once, not at the next
+    // round: the failover waits for it. (Elsewhere not: each probe creates and destroys a UCX
+    // worker, and churn of them raced UCX 1.13's async handlers at teardown.)
+    for (size_t i = 0; i < servers_.size() && cluster_.replicas > 0; ++i) {
       if (!servers_[i]->failed && watch[i].ep && watch[i].ep->failed()) MarkFailed(i, WhyLost(i));
     }
     if (now >= next_round) {

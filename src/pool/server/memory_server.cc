@@ -324,7 +324,7 @@ Result<wire::GoodbyeReply> MemoryServer::Impl::Goodbye(uint64_t tag, const trans
 uint32_t MemoryServer::Impl::DistinctClients() const {
   std::unordered_set<uint64_t> tags;
   for (uint64_t tag : am_->tags()) {
-    if (tag != 0) tags.insert(tag);
+    if (tag != 0 && !IsEvicted(tag)) tags.insert(tag);  // an evicted process is no client
   }
   return static_cast<uint32_t>(tags.size());
 }
@@ -378,7 +378,7 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
                                        ": hello without a process tag (the low 32 "
                                        "bits of the client nonce are 0)");
       }
-      if (from != nullptr) from->tag = tag;
+      if (from != nullptr) from->tag = tag;  // an evicted tag: everything on it is refused
       if (IsEvicted(tag)) return Evicted(tag);
       r.server_id = options_.id;
       r.flags |= Pin(hello, tag);
