@@ -91,8 +91,6 @@ class Connection {
                       std::chrono::steady_clock::time_point deadline,
                       const std::function<bool()>& give_up = nullptr);
   std::chrono::milliseconds timeout() const { return options_.timeout; }
-  // Whether the connection has failed (the peer's process is gone, or the network).
-  bool failed() const { return ep_->failed(); }
 
  private:
   Connection() = default;

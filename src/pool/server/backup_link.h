@@ -55,8 +55,6 @@ class BackupLink {
   Status Forward(const std::byte* region, std::span<const memory_ops::Range> changed,
                  std::span<const LeaseChange> leases, const std::function<bool()>& give_up);
 
-  // The connection to the backup failed: a forward cannot be acknowledged.
-  bool lost() const { return mirror_->failed(); }
   const std::string& name() const { return name_; }
   int id() const { return id_; }
 
