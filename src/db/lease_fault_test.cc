@@ -481,7 +481,21 @@ class LeaseFaultTest : public testing::ClusterTest {
       EXPECT_TRUE(pid.ok()) << pid.status().ToString();
       if (pid.ok()) pids.push_back(*pid);
     }
+    spawned_.insert(spawned_.end(), pids.begin(), pids.end());
     return pids;
+  }
+
+  // libfaketime gives each process it is preloaded into a shared-memory segment and a
+  // semaphore named by its pid, removed only at a clean exit: a worker killed by its eviction
+  // would leave them in /dev/shm for good.
+  void TearDown() override {
+    for (pid_t pid : spawned_) {
+      const std::string id = std::to_string(pid);
+      std::error_code ignored;
+      std::filesystem::remove("/dev/shm/faketime_shm_" + id, ignored);
+      std::filesystem::remove("/dev/shm/sem.faketime_sem_" + id, ignored);
+    }
+    ClusterTest::TearDown();
   }
 
   // Tells the workers to stop, waits for them (bounded), then checks every invariant.
@@ -524,8 +538,9 @@ class LeaseFaultTest : public testing::ClusterTest {
   }
 
   std::chrono::milliseconds lease_{kLease};
-  std::set<pid_t> evictable_;  // workers a fault may get evicted (stopped past their lease)
-  int evicted_ = 0;            // of those, killed by their memory servers
+  std::set<pid_t> evictable_;   // workers a fault may get evicted (stopped past their lease)
+  std::vector<pid_t> spawned_;  // every worker started, for TearDown
+  int evicted_ = 0;             // of those, killed by their memory servers
   const Table* accounts_ = nullptr;
   const Table* ring_ = nullptr;
 };
