@@ -358,6 +358,9 @@ class Batch {
   // open message: starts a new one when it is full, draining first if the new one could
   // overtake a fence.
   Status Reserve(size_t index, uint8_t kind, uint64_t size);
+  // CompareAndSwap (cas: operand = expected) and FetchAdd (operand = delta; desired unused).
+  Status Atomic(GlobalAddress address, bool cas, uint64_t operand, uint64_t desired,
+                uint64_t* previous);
   Pool::Impl& pool_;
   std::unique_ptr<State> state_;
 };

@@ -27,6 +27,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <set>
 #include <thread>
@@ -68,55 +69,71 @@ DatabaseOptions WorkerOptions() {
 
 // ------------------------------------------------------------------ workers
 
-Status BankWorker(uint64_t seed) {
-  FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(WorkerOptions()));
-  FARPOOL_ASSIGN_OR_RETURN(const Table* t, db->OpenTable("accounts"));
-  std::vector<Status> results(3);
-  std::vector<std::thread> threads;
-  for (int th = 0; th < 3; ++th) {
-    threads.emplace_back([&, th] {
-      auto session = db->NewSession();
+// Runs `threads` threads on `db`, each with a session of its own, each calling
+// step(session, thread, i) for i = 0 .. steps-1 until a step fails; returns the first failure.
+Status RunSessionThreads(Database& db, int threads, int steps,
+                         const std::function<Status(Session&, int, int)>& step) {
+  std::vector<Status> results(threads);
+  std::vector<std::thread> running;
+  for (int th = 0; th < threads; ++th) {
+    running.emplace_back([&, th] {
+      auto session = db.NewSession();
       if (!session.ok()) {
         results[th] = session.status();
         return;
       }
-      std::mt19937_64 rng(seed * 31 + th);
-      for (int i = 0; i < 300 && results[th].ok(); ++i) {
-        if (th == 2) {  // the auditor thread
-          Status s = RunTransaction(**session, [&](Transaction& txn) -> Status {
-            int64_t sum = 0;
-            for (int a = 0; a < kAccounts; ++a) {
-              FARPOOL_ASSIGN_OR_RETURN(int64_t v, GetInt(txn, *t, a));
-              sum += v;
-            }
-            if (sum != kAccounts * kInitial) {
-              return Status::Internal("snapshot saw a total of " + std::to_string(sum));
-            }
-            return Status::Ok();
-          });
-          if (!s.ok()) results[th] = s;
-          continue;
-        }
-        const int from = rng() % kAccounts, to = rng() % kAccounts;
-        const int64_t amount = rng() % 100;
-        const bool give_up = rng() % 8 == 0;
-        Status s = RunTransaction(
-            **session,
-            [&](Transaction& txn) -> Status {
-              FARPOOL_ASSIGN_OR_RETURN(int64_t a, GetInt(txn, *t, from));
-              FARPOOL_RETURN_IF_ERROR(PutInt(txn, *t, from, a - amount));
-              FARPOOL_ASSIGN_OR_RETURN(int64_t b, GetInt(txn, *t, to));
-              FARPOOL_RETURN_IF_ERROR(PutInt(txn, *t, to, b + amount));
-              return give_up ? Status::InvalidArgument("voluntary abort") : Status::Ok();
-            },
-            100000);
-        if (!s.ok() && !(give_up && s.code() == StatusCode::kInvalidArgument)) results[th] = s;
-      }
+      for (int i = 0; i < steps && results[th].ok(); ++i) results[th] = step(**session, th, i);
     });
   }
-  for (auto& th : threads) th.join();
+  for (auto& th : running) th.join();
   for (auto& r : results) FARPOOL_RETURN_IF_ERROR(r);
   return Status::Ok();
+}
+
+// Hooks that SIGKILL this process at commit fault site `site` once `commits` reaches `after`.
+std::shared_ptr<db::TestingHooks> KillAtCommitSite(const std::atomic<int>& commits, int after,
+                                                   std::string site) {
+  return std::make_shared<db::TestingHooks>(
+      db::TestingHooks{.commit_hook = [&commits, after, site](std::string_view point) {
+        if (commits.load() >= after && point == site) raise(SIGKILL);
+      }});
+}
+
+Status BankWorker(uint64_t seed) {
+  FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(WorkerOptions()));
+  FARPOOL_ASSIGN_OR_RETURN(const Table* t, db->OpenTable("accounts"));
+  std::vector<std::mt19937_64> rngs;
+  for (int th = 0; th < 3; ++th) rngs.emplace_back(seed * 31 + th);
+  return RunSessionThreads(*db, 3, 300, [&](Session& session, int th, int) -> Status {
+    if (th == 2) {  // the auditor thread
+      return RunTransaction(session, [&](Transaction& txn) -> Status {
+        int64_t sum = 0;
+        for (int a = 0; a < kAccounts; ++a) {
+          FARPOOL_ASSIGN_OR_RETURN(int64_t v, GetInt(txn, *t, a));
+          sum += v;
+        }
+        if (sum != kAccounts * kInitial) {
+          return Status::Internal("snapshot saw a total of " + std::to_string(sum));
+        }
+        return Status::Ok();
+      });
+    }
+    std::mt19937_64& rng = rngs[th];
+    const int from = rng() % kAccounts, to = rng() % kAccounts;
+    const int64_t amount = rng() % 100;
+    const bool give_up = rng() % 8 == 0;
+    Status s = RunTransaction(
+        session,
+        [&](Transaction& txn) -> Status {
+          FARPOOL_ASSIGN_OR_RETURN(int64_t a, GetInt(txn, *t, from));
+          FARPOOL_RETURN_IF_ERROR(PutInt(txn, *t, from, a - amount));
+          FARPOOL_ASSIGN_OR_RETURN(int64_t b, GetInt(txn, *t, to));
+          FARPOOL_RETURN_IF_ERROR(PutInt(txn, *t, to, b + amount));
+          return give_up ? Status::InvalidArgument("voluntary abort") : Status::Ok();
+        },
+        100000);
+    return give_up && s.code() == StatusCode::kInvalidArgument ? Status::Ok() : s;
+  });
 }
 
 // One Cycle step: a -> b -> c -> d becomes a -> c -> b -> d.
@@ -139,36 +156,18 @@ Status CycleWorker(uint64_t seed, int id) {
   static const char* kShardedSites[] = {"locked", "decided"};
   const std::string site = TestEngine() == Engine::kSharded ? kShardedSites[crash_rng() % 2]
                                                             : kPoolSites[crash_rng() % 4];
-  if (id == 0) {
-    o.testing = std::make_shared<db::TestingHooks>(
-        db::TestingHooks{.commit_hook = [&](std::string_view point) {
-          if (commits.load() >= crash_after && point == site) raise(SIGKILL);
-        }});
-  }
+  if (id == 0) o.testing = KillAtCommitSite(commits, crash_after, site);
   FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(o));
   FARPOOL_ASSIGN_OR_RETURN(const Table* t, db->OpenTable("ring"));
-  std::vector<Status> results(2);
-  std::vector<std::thread> threads;
-  for (int th = 0; th < 2; ++th) {
-    threads.emplace_back([&, th] {
-      auto session = db->NewSession();
-      if (!session.ok()) {
-        results[th] = session.status();
-        return;
-      }
-      std::mt19937_64 rng(seed * 131 + id * 7 + th);
-      for (int i = 0; i < 400 && results[th].ok(); ++i) {
-        const int64_t a = rng() % kRing;
-        Status s = RunTransaction(
-            **session, [&](Transaction& txn) { return CycleStep(txn, *t, a); }, 100000);
-        if (!s.ok()) results[th] = s;
-        ++commits;
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
-  for (auto& r : results) FARPOOL_RETURN_IF_ERROR(r);
-  return Status::Ok();
+  std::vector<std::mt19937_64> rngs;
+  for (int th = 0; th < 2; ++th) rngs.emplace_back(seed * 131 + id * 7 + th);
+  return RunSessionThreads(*db, 2, 400, [&](Session& session, int th, int) -> Status {
+    const int64_t a = rngs[th]() % kRing;
+    Status s = RunTransaction(
+        session, [&](Transaction& txn) { return CycleStep(txn, *t, a); }, 100000);
+    ++commits;
+    return s;
+  });
 }
 
 // Each transaction adds 1 to a random counter (1..kCounters) and to the total (key 0), both
@@ -182,49 +181,30 @@ Status CounterWorker(uint64_t seed, int id) {
   std::mt19937_64 crash_rng(seed ^ 0xF0F0);
   const int crash_after = 30 + crash_rng() % 60;
   static const char* kSites[] = {"locked", "logged", "installing", "installed"};
-  const std::string site = kSites[crash_rng() % 4];
-  if (id == 0) {
-    o.testing = std::make_shared<db::TestingHooks>(
-        db::TestingHooks{.commit_hook = [&](std::string_view point) {
-          if (commits.load() >= crash_after && point == site) raise(SIGKILL);
-        }});
-  }
+  if (id == 0) o.testing = KillAtCommitSite(commits, crash_after, kSites[crash_rng() % 4]);
   FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(o));
   FARPOOL_ASSIGN_OR_RETURN(const Table* t, db->OpenTable("counters"));
-  std::vector<Status> results(2);
-  std::vector<std::thread> threads;
-  for (int th = 0; th < 2; ++th) {
-    threads.emplace_back([&, th] {
-      auto session = db->NewSession();
-      if (!session.ok()) {
-        results[th] = session.status();
-        return;
-      }
-      std::mt19937_64 rng(seed * 17 + id * 5 + th);
-      for (int i = 0; i < 200 && results[th].ok(); ++i) {
-        const int64_t c = 1 + rng() % kCounters;
-        const bool die = id == 1 && th == 1 && i == crash_after;
-        Status s = RunTransaction(
-            **session, TransactionOptions{Isolation::kReadCommitted},
-            [&](Transaction& txn) -> Status {
-              const TableKey keys[] = {{t, c}, {t, 0}};
-              std::vector<Row> rows;
-              std::vector<Status> found;
-              FARPOOL_RETURN_IF_ERROR(txn.MultiGetForUpdate(keys, &rows, &found));
-              for (const Status& f : found) FARPOOL_RETURN_IF_ERROR(f);
-              if (die) raise(SIGKILL);  // holding both locks, nothing logged
-              FARPOOL_RETURN_IF_ERROR(PutInt(txn, *t, c, rows[0].GetInt64(0) + 1));
-              return PutInt(txn, *t, 0, rows[1].GetInt64(0) + 1);
-            },
-            100000);
-        if (!s.ok()) results[th] = s;
-        ++commits;
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
-  for (auto& r : results) FARPOOL_RETURN_IF_ERROR(r);
-  return Status::Ok();
+  std::vector<std::mt19937_64> rngs;
+  for (int th = 0; th < 2; ++th) rngs.emplace_back(seed * 17 + id * 5 + th);
+  return RunSessionThreads(*db, 2, 200, [&](Session& session, int th, int i) -> Status {
+    const int64_t c = 1 + rngs[th]() % kCounters;
+    const bool die = id == 1 && th == 1 && i == crash_after;
+    Status s = RunTransaction(
+        session, TransactionOptions{Isolation::kReadCommitted},
+        [&](Transaction& txn) -> Status {
+          const TableKey keys[] = {{t, c}, {t, 0}};
+          std::vector<Row> rows;
+          std::vector<Status> found;
+          FARPOOL_RETURN_IF_ERROR(txn.MultiGetForUpdate(keys, &rows, &found));
+          for (const Status& f : found) FARPOOL_RETURN_IF_ERROR(f);
+          if (die) raise(SIGKILL);  // holding both locks, nothing logged
+          FARPOOL_RETURN_IF_ERROR(PutInt(txn, *t, c, rows[0].GetInt64(0) + 1));
+          return PutInt(txn, *t, 0, rows[1].GetInt64(0) + 1);
+        },
+        100000);
+    ++commits;
+    return s;
+  });
 }
 
 // ------------------------------------------------------------------ parent side

@@ -1375,67 +1375,53 @@ Status Batch::Write(GlobalAddress destination, const void* source, uint64_t size
 
 Status Batch::CompareAndSwap(GlobalAddress address, uint64_t expected, uint64_t desired,
                              uint64_t* previous) {
-  FARPOOL_RETURN_IF_ERROR(state_->context_error);
-  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
-                           pool_.Resolve(address, 8, "compare-and-swap", true, true));
-  if (t.direct == nullptr && t.messages) {
-    FARPOOL_RETURN_IF_ERROR(
-        Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kCompareAndSwap), 8));
-  }
-  ThreadContext& tc = *state_->tc;
-  Bump(tc.cas);
-  ++state_->posted;
-  if (t.direct != nullptr) {
-    uint64_t prev = DirectCas(t.direct, expected, desired);
-    if (previous != nullptr) *previous = prev;
-    return Status::Ok();
-  }
-  if (t.messages) {
-    auto& m = state_->Open(t.index);
-    m.request.CompareAndSwap(t.remote - pool_.servers_[t.index]->region_base, expected, desired);
-    m.sinks.push_back({nullptr, 8, previous});
-    return Status::Ok();
-  }
-  state_->one_sided[t.index] = 1;
-  auto& p = state_->pending.emplace_back();
-  p.index = t.index;
-  p.what = "compare-and-swap";
-  p.operand = expected;  // UCX's CSWAP compares with the operand; the reply buffer holds the
-  p.result = desired;    // swap value going out and the previous value coming back
-  p.out = previous;
-  p.request = PostAtomic(tc.peers[t.index], UCP_ATOMIC_OP_CSWAP, &p.operand, &p.result, t.remote);
-  return Status::Ok();
+  return Atomic(address, /*cas=*/true, expected, desired, previous);
 }
 
 Status Batch::FetchAdd(GlobalAddress address, uint64_t delta, uint64_t* previous) {
+  return Atomic(address, /*cas=*/false, delta, 0, previous);
+}
+
+Status Batch::Atomic(GlobalAddress address, bool cas, uint64_t operand, uint64_t desired,
+                     uint64_t* previous) {
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
-  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
-                           pool_.Resolve(address, 8, "fetch-and-add", true, true));
+  const char* what = cas ? "compare-and-swap" : "fetch-and-add";
+  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Resolve(address, 8, what, true, true));
+  const auto kind = cas ? memory_ops::OpKind::kCompareAndSwap : memory_ops::OpKind::kFetchAdd;
   if (t.direct == nullptr && t.messages) {
-    FARPOOL_RETURN_IF_ERROR(
-        Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kFetchAdd), 8));
+    FARPOOL_RETURN_IF_ERROR(Reserve(t.index, static_cast<uint8_t>(kind), 8));
   }
   ThreadContext& tc = *state_->tc;
-  Bump(tc.faa);
+  Bump(cas ? tc.cas : tc.faa);
   ++state_->posted;
   if (t.direct != nullptr) {
-    uint64_t prev = DirectFetchAdd(t.direct, delta);
+    const uint64_t prev =
+        cas ? DirectCas(t.direct, operand, desired) : DirectFetchAdd(t.direct, operand);
     if (previous != nullptr) *previous = prev;
     return Status::Ok();
   }
   if (t.messages) {
     auto& m = state_->Open(t.index);
-    m.request.FetchAdd(t.remote - pool_.servers_[t.index]->region_base, delta);
+    const uint64_t offset = t.remote - pool_.servers_[t.index]->region_base;
+    if (cas) {
+      m.request.CompareAndSwap(offset, operand, desired);
+    } else {
+      m.request.FetchAdd(offset, operand);
+    }
     m.sinks.push_back({nullptr, 8, previous});
     return Status::Ok();
   }
   state_->one_sided[t.index] = 1;
   auto& p = state_->pending.emplace_back();
   p.index = t.index;
-  p.what = "fetch-and-add";
-  p.operand = delta;
+  p.what = what;
+  // UCX's CSWAP compares with the operand; the reply buffer holds the swap value going out and
+  // the previous value coming back. ADD adds the operand; the reply buffer takes the previous.
+  p.operand = operand;
+  p.result = desired;
   p.out = previous;
-  p.request = PostAtomic(tc.peers[t.index], UCP_ATOMIC_OP_ADD, &p.operand, &p.result, t.remote);
+  p.request = PostAtomic(tc.peers[t.index], cas ? UCP_ATOMIC_OP_CSWAP : UCP_ATOMIC_OP_ADD,
+                         &p.operand, &p.result, t.remote);
   return Status::Ok();
 }
 

@@ -147,10 +147,6 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def _terminate(signum, frame):
-    raise SystemExit(128 + signum)  # unwinds the `with`s: servers stopped, namespaces removed
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fabrics", default="shm,tcp")
@@ -161,7 +157,7 @@ def main(argv=None) -> int:
     ap.add_argument("--parts", default="cost,failover")
     ap.add_argument("--out", default=str(peers.ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)
+    peers.stop_on_sigterm()
     fabrics = args.fabrics.split(",")
     parts = args.parts.split(",")
     load_start = os.getloadavg()
@@ -180,9 +176,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     peers.write_jsonl(out / "failover.jsonl", rows)
     r0 = rows[0]
-    la = lambda t: "/".join(f"{x:.2f}" for x in t)
     md = (f"Measured {r0['time']} on {r0['host']} ({r0['cores']} cores; load average (1/5/15 "
-          f"min) {la(load_start)} at start, {la(load_end)} at end), git {r0['git_sha']}, "
+          f"min) {peers.load_text(load_start)} at start, {peers.load_text(load_end)} at end), git {r0['git_sha']}, "
           f"`bench/experiments/failover --fabrics {args.fabrics} --seconds {args.seconds:g} "
           f"--run {args.run:g} --kill-at {args.kill_at:g} --repeat {args.repeat} --parts "
           f"{args.parts}`. {SERVERS} memory servers, {THREADS} client threads; cost: medians "

@@ -36,7 +36,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -196,10 +195,6 @@ def plot(med, jobs_list, path):
     fig.savefig(path, dpi=110)
 
 
-def _terminate(signum, frame):
-    raise SystemExit(128 + signum)  # unwinds the `with`s: unmounted, servers stopped
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", default="1,16")
@@ -219,7 +214,7 @@ def main(argv=None) -> int:
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
         ap.error(f"unknown system(s) {','.join(unknown)}; expected some of {','.join(SYSTEMS)}")
-    signal.signal(signal.SIGTERM, _terminate)
+    peers.stop_on_sigterm()
     load_start = os.getloadavg()
     rows, notes = measure(systems, jobs_list, args.size, args.seconds, args.repeat, args.memory)
     load_end = os.getloadavg()
@@ -231,11 +226,10 @@ def main(argv=None) -> int:
     peers.write_jsonl(out / f"{args.out_name}.jsonl", rows)
     med = medians(rows)
     r0 = rows[0]
-    la = lambda t: "/".join(f"{x:.2f}" for x in t)
     cmd = (f"bench/experiments/fio_iops --systems {args.systems} --jobs {args.jobs} --size "
            f"{args.size} --seconds {args.seconds:g} --repeat {args.repeat} --out-name {args.out_name}")
     md = (f"Measured {r0['time']} on {r0['host']} ({r0['cores']} cores, shared with other work: "
-          f"load average (1/5/15 min) {la(load_start)} at start, {la(load_end)} at end), git "
+          f"load average (1/5/15 min) {peers.load_text(load_start)} at start, {peers.load_text(load_end)} at end), git "
           f"{r0['git_sha']}, `{cmd}`. IOPS: the median of {args.repeat} runs per point (range in "
           f"parentheses), run round-robin.\n\n" + table(med, notes, jobs_list))
     (out / f"{args.out_name}.md").write_text(md)

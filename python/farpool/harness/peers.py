@@ -25,6 +25,7 @@ import csv
 import json
 import os
 import shutil
+import signal
 import socket
 import sqlite3
 import statistics
@@ -724,3 +725,14 @@ def export_social(scale: float, directory: str, seed: int = 42) -> Path:
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def stop_on_sigterm() -> None:
+    """Makes SIGTERM raise SystemExit, so that an experiment's `with` blocks unwind: servers
+    stopped, network namespaces and mounts removed."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
+def load_text(load: tuple[float, float, float]) -> str:
+    """os.getloadavg() as "1.00/2.00/3.00" (1/5/15 minutes), for result headers."""
+    return "/".join(f"{x:.2f}" for x in load)

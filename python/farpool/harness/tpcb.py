@@ -48,7 +48,6 @@ import argparse
 import contextlib
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -333,10 +332,6 @@ def plot(med, path, title):
     fig.savefig(path, dpi=110)
 
 
-def _terminate(signum, frame):
-    raise SystemExit(128 + signum)  # unwinds the `with`s: servers stopped, namespaces removed
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scale", type=int, default=1)
@@ -357,7 +352,7 @@ def main(argv=None) -> int:
         ap.error(f"unknown system(s) {','.join(unknown)}; expected some of {','.join(SYSTEMS)}")
     tcp_set = TCP_SYSTEMS + ["pool-tcp-rc"]
     name = args.out_name or ("tpcb_tcp" if any(s in tcp_set for s in systems) else "tpcb")
-    signal.signal(signal.SIGTERM, _terminate)
+    peers.stop_on_sigterm()
     load_start = os.getloadavg()
     rows, notes = measure(systems, args.scale, clients, args.seconds, args.repeat)
     load_end = os.getloadavg()
@@ -369,12 +364,11 @@ def main(argv=None) -> int:
     peers.write_jsonl(out / f"{name}.jsonl", rows)
     med = medians(rows)
     r0 = rows[0]
-    la = lambda t: "/".join(f"{x:.2f}" for x in t)
     cmd = (f"bench/experiments/tpcb --systems {args.systems} --scale {args.scale} --clients "
            f"{args.clients} --seconds {args.seconds:g} --repeat {args.repeat}"
            + (f" --out-name {args.out_name}" if args.out_name else ""))
     md = (f"Measured {r0['time']} on {r0['host']} ({r0['cores']} cores, shared with other work: "
-          f"load average (1/5/15 min) {la(load_start)} at start, {la(load_end)} at end), git "
+          f"load average (1/5/15 min) {peers.load_text(load_start)} at start, {peers.load_text(load_end)} at end), git "
           f"{r0['git_sha']}, `{cmd}`. TPC-B scale {args.scale}, transactions per second: the "
           f"median of {args.repeat} runs per point, run round-robin (for each client count every "
           f"system once, then again).\n\n" + table(med, notes, clients))
