@@ -326,9 +326,8 @@ def table(rows, notes, args, limit, ctx, elapsed, mode) -> str:
                                   and r.get("query") == q), None)
     fail = lambda s, lim: next((r for r in rows if r["system"] == s and r["limited"] == lim
                                 and r["status"] != "ok"), None)
-    lines = [f"Measured {ctx['time']} on {ctx['host']} ({ctx['cores']} cores), git {ctx['git_sha']}, "
-             f"`bench/experiments/beyond_memory --scale {args.scale} --limit {args.limit} --seconds "
-             f"{args.seconds}` ({elapsed:.0f} s). {mode}. p50 latency of each query, one flow, "
+    lines = [peers.measured(ctx, f"bench/experiments/beyond_memory --scale {args.scale} --limit "
+                            f"{args.limit} --seconds {args.seconds}", elapsed) + f" {mode}. p50 latency of each query, one flow, "
              "without the limit → with it (ratio).\n",
              "| query | " + " | ".join(LABELS[s] for s in systems) + " |", "|---" * (len(systems) + 1) + "|"]
     for q in QUERIES:
@@ -437,13 +436,8 @@ def main(argv=None) -> int:
     ctx = peers.context()
     for r in rows:
         r.update({"scale": args.scale, "limit_bytes": limit, "cgroup": use_cgroup, **ctx})
-    out = Path(args.out)
-    peers.write_jsonl(out / "beyond_memory.jsonl", rows)
     md = table(rows, notes, args, limit, ctx, time.time() - t0, mode)
-    (out / "beyond_memory.md").write_text(md)
-    plot(rows, out / "beyond_memory.png", args)
-    print(md)
-    print(f"results: {out}/beyond_memory.{{jsonl,md,png}}")
+    peers.publish(args.out, "beyond_memory", rows, md, lambda path: plot(rows, path, args))
     return 0
 
 

@@ -538,12 +538,8 @@ def main(argv=None) -> int:
         notes["data"] = notes["data"].replace("LOADTIMES", ", ".join(
             f"{LABELS[v]} {median_by(rows, v, 0):.1f} s, {median_by(rows, v, 0, 'spill_written_bytes') / 2**20:.0f} MiB "
             "written to temp" for v in variants if median_by(rows, v, 0) is not None) or "failed")
-    peers.write_jsonl(out / f"{name}.jsonl", rows)
     md = table(rows, variants, queries, args, notes, ctx, time.time() - t0, loads)
-    (out / f"{name}.md").write_text(md)
-    plot(rows, variants, queries, out / f"{name}.png", args)
-    print(md)
-    print(f"results: {out}/{name}.{{jsonl,md,png}}")
+    peers.publish(out, name, rows, md, lambda path: plot(rows, variants, queries, path, args))
     return 0
 
 

@@ -140,7 +140,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.axvline(0, color="red", ls="--", lw=1)
     ax.text(0.02, 0.95, "SIGKILL of server 1", transform=ax.get_xaxis_transform(), color="red")
     ax.set_xlabel("seconds from the kill")
-    ax.set_ylabel(f"TPC-B commits/s (10 ms buckets)")
+    ax.set_ylabel("TPC-B commits/s (10 ms buckets)")
     ax.set_title(f"TPC-B, {THREADS} threads, {SERVERS} servers, replicas 1: a server dies")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -173,19 +173,14 @@ def main(argv=None) -> int:
                 log(f"rep {rep}: failover {fabric}")
                 rows.append(failover(fabric, args.run, args.kill_at) | {"rep": rep})
     load_end = os.getloadavg()
-    out = Path(args.out)
-    peers.write_jsonl(out / "failover.jsonl", rows)
-    r0 = rows[0]
-    md = (f"Measured {r0['time']} on {r0['host']} ({r0['cores']} cores; load average (1/5/15 "
-          f"min) {peers.load_text(load_start)} at start, {peers.load_text(load_end)} at end), git {r0['git_sha']}, "
-          f"`bench/experiments/failover --fabrics {args.fabrics} --seconds {args.seconds:g} "
-          f"--run {args.run:g} --kill-at {args.kill_at:g} --repeat {args.repeat} --parts "
-          f"{args.parts}`. {SERVERS} memory servers, {THREADS} client threads; cost: medians "
-          f"of {args.repeat} interleaved runs.\n\n" + table(rows))
-    (out / "failover.md").write_text(md)
-    if "failover" in parts:
-        plot(rows, out / "failover.png")
-    print(md)
+    cmd = (f"bench/experiments/failover --fabrics {args.fabrics} --seconds {args.seconds:g} "
+           f"--run {args.run:g} --kill-at {args.kill_at:g} --repeat {args.repeat} --parts "
+           f"{args.parts}")
+    md = (peers.measured(rows[0], cmd, loads=(load_start, load_end)) + f" {SERVERS} memory "
+          f"servers, {THREADS} client threads; cost: medians of {args.repeat} interleaved runs."
+          "\n\n" + table(rows))
+    peers.publish(args.out, "failover", rows, md,
+                  (lambda path: plot(rows, path)) if "failover" in parts else None)
     return 0
 
 

@@ -40,7 +40,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
 from farpool.harness import peers
 from farpool.harness.peers import log
@@ -222,19 +221,13 @@ def main(argv=None) -> int:
         for s, n in notes.items():
             log(f"{s}: {n}")
         return 1
-    out = Path(args.out)
-    peers.write_jsonl(out / f"{args.out_name}.jsonl", rows)
     med = medians(rows)
-    r0 = rows[0]
     cmd = (f"bench/experiments/fio_iops --systems {args.systems} --jobs {args.jobs} --size "
            f"{args.size} --seconds {args.seconds:g} --repeat {args.repeat} --out-name {args.out_name}")
-    md = (f"Measured {r0['time']} on {r0['host']} ({r0['cores']} cores, shared with other work: "
-          f"load average (1/5/15 min) {peers.load_text(load_start)} at start, {peers.load_text(load_end)} at end), git "
-          f"{r0['git_sha']}, `{cmd}`. IOPS: the median of {args.repeat} runs per point (range in "
-          f"parentheses), run round-robin.\n\n" + table(med, notes, jobs_list))
-    (out / f"{args.out_name}.md").write_text(md)
-    plot(med, jobs_list, out / f"{args.out_name}.png")
-    print(md)
+    md = (peers.measured(rows[0], cmd, loads=(load_start, load_end)) + f" IOPS: the median of "
+          f"{args.repeat} runs per point (range in parentheses), run round-robin.\n\n"
+          + table(med, notes, jobs_list))
+    peers.publish(args.out, args.out_name, rows, md, lambda path: plot(med, jobs_list, path))
     return 0
 
 

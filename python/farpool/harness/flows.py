@@ -177,15 +177,10 @@ def main(argv=None) -> int:
     ctx = peers.context()
     for r in rows:
         r.update({"scale": args.scale, "seconds": args.seconds, "write_pct": args.writes, **ctx})
-    out = Path(args.out)
-    peers.write_jsonl(out / "flows.jsonl", rows)
     cmdline = (f"bench/experiments/flows --scale {args.scale} --flows {args.flows} --procs {args.procs} "
                f"--seconds {args.seconds} --writes {args.writes} --systems {args.systems}")
     md = table(rows, flows, notes, ctx, cmdline, time.time() - t_start)
-    (out / "flows.md").write_text(md)
-    plot(rows, out / "flows.png", args)
-    print(md)
-    print(f"results: {out}/flows.{{jsonl,md,png}}")
+    peers.publish(args.out, "flows", rows, md, lambda path: plot(rows, path, args))
     return 0
 
 
@@ -200,8 +195,7 @@ def configs(rows: list[dict]) -> list[str]:
 def table(rows, flows, notes, ctx, cmdline, elapsed) -> str:
     cfgs = configs(rows)
     get = lambda c, f: next((r for r in rows if r["config"] == c and r["flows"] == f), None)
-    lines = [f"Measured {ctx['time']} on {ctx['host']} ({ctx['cores']} cores), git {ctx['git_sha']}, "
-             f"`{cmdline}` ({elapsed:.0f} s). Social-network query mix (six queries uniformly"
+    lines = [peers.measured(ctx, cmdline, elapsed) + " Social-network query mix (six queries uniformly"
              f"{', plus writes' if rows[0]['write_pct'] else ''}), queries/s summed over the "
              "processes; in brackets the mean latency.\n",
              "| flows | " + " | ".join(cfgs) + " |", "|---" * (len(cfgs) + 1) + "|"]

@@ -736,3 +736,27 @@ def stop_on_sigterm() -> None:
 def load_text(load: tuple[float, float, float]) -> str:
     """os.getloadavg() as "1.00/2.00/3.00" (1/5/15 minutes), for result headers."""
     return "/".join(f"{x:.2f}" for x in load)
+
+
+def measured(ctx: dict, command: str, elapsed: float | None = None,
+             loads: tuple | None = None) -> str:
+    """The opening sentence of a result file: when, on which machine, which code, the command
+    that reproduces it, how long it took and the load average at start and end
+    (os.getloadavg() tuples)."""
+    load = (f", shared with other work: load average (1/5/15 min) {load_text(loads[0])} at start, "
+            f"{load_text(loads[1])} at end" if loads else "")
+    took = f" ({elapsed:.0f} s)" if elapsed is not None else ""
+    return (f"Measured {ctx['time']} on {ctx['host']} ({ctx['cores']} cores{load}), git "
+            f"{ctx['git_sha']}, `{command}`{took}.")
+
+
+def publish(out: str | Path, name: str, rows: list[dict], md: str, plot=None) -> None:
+    """Writes an experiment's results to `out`: NAME.jsonl (rows), NAME.md and, when `plot` is
+    given, NAME.png (plot(path) draws it); prints the table and where the files went."""
+    out = Path(out)
+    write_jsonl(out / f"{name}.jsonl", rows)
+    (out / f"{name}.md").write_text(md)
+    if plot is not None:
+        plot(out / f"{name}.png")
+    print(md)
+    print(f"results: {out}/{name}.{{jsonl,md{',png' if plot is not None else ''}}}")

@@ -333,13 +333,9 @@ def main(argv=None) -> int:
     for r in rows:
         r.update({"scale": args.scale_n, "limit_bytes": limit, "db_bytes": int(args.db_mib * 2**20),
                   "shared_buffers": args.shared_buffers, "seconds": args.seconds, **ctx})
-    out = Path(args.out)
-    peers.write_jsonl(out / "pg_beyond_memory.jsonl", rows)
     md = table(rows, systems, args, notes, ctx, time.time() - t0, loads)
-    (out / "pg_beyond_memory.md").write_text(md)
-    plot(rows, systems, args, out / "pg_beyond_memory.png")
-    print(md)
-    print(f"results: {out}/pg_beyond_memory.{{jsonl,md,png}}")
+    peers.publish(args.out, "pg_beyond_memory", rows, md,
+                  lambda path: plot(rows, systems, args, path))
     return 0
 
 

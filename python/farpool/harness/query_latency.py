@@ -205,18 +205,11 @@ def main(argv=None) -> int:
     if not rows:
         print("query_latency: nothing measured", file=sys.stderr)
         return 1
-    out = Path(args.out)
-    peers.write_jsonl(out / "query_latency.jsonl", rows)
-    md = table(rows, notes)
-    r0 = rows[0]
-    header = (f"Measured {r0['time']} on {r0['host']} ({r0['cores']} cores), git {r0['git_sha']}, "
-              f"`bench/experiments/query_latency --scale {args.scale} --seconds {args.seconds}` "
-              f"({r0.get('scale')} x 1000 users). p50 latency of one query, one query flow; "
-              "in brackets the ratio to farpool local.\n\n")
-    (out / "query_latency.md").write_text(header + md)
-    plot(rows, out / "query_latency.png")
-    print(md)
-    print(f"results: {out}/query_latency.{{jsonl,md,png}}")
+    cmd = f"bench/experiments/query_latency --scale {args.scale} --seconds {args.seconds}"
+    header = (peers.measured(rows[0], cmd) + f" {rows[0].get('scale')} x 1000 users. p50 latency "
+              "of one query, one query flow; in brackets the ratio to farpool local.\n\n")
+    peers.publish(args.out, "query_latency", rows, header + table(rows, notes),
+                  lambda path: plot(rows, path))
     return 0
 
 

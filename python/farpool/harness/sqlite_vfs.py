@@ -246,18 +246,12 @@ def main(argv=None) -> int:
         return 1
     rows, notes = measure(args.scale, args.seconds, [int(n) for n in args.readers.split(",")],
                           args.memory)
-    out = Path(args.out)
-    peers.write_jsonl(out / "sqlite_vfs.jsonl", rows)
-    md = table(rows, notes)
-    r0 = rows[0]
-    header = (f"Measured {r0['time']} on {r0['host']} ({r0['cores']} cores), git {r0['git_sha']}, "
-              f"`bench/experiments/sqlite_vfs --scale {args.scale} --seconds {args.seconds} "
-              f"--readers {args.readers}`. p50 latency of one query, one process; in brackets "
-              "the ratio to SQLite on a local file.\n\n")
-    (out / "sqlite_vfs.md").write_text(header + md)
-    plot(rows, out / "sqlite_vfs.png")
-    print(md)
-    print(f"results: {out}/sqlite_vfs.{{jsonl,md,png}}")
+    cmd = (f"bench/experiments/sqlite_vfs --scale {args.scale} --seconds {args.seconds} "
+           f"--readers {args.readers}")
+    header = (peers.measured(rows[0], cmd) + " p50 latency of one query, one process; in "
+              "brackets the ratio to SQLite on a local file.\n\n")
+    peers.publish(args.out, "sqlite_vfs", rows, header + table(rows, notes),
+                  lambda path: plot(rows, path))
     return 0
 
 

@@ -52,7 +52,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
 from farpool.harness import peers
 from farpool.harness.peers import log
@@ -360,23 +359,18 @@ def main(argv=None) -> int:
         for s, n in notes.items():
             log(f"{s}: {n}")
         return 1
-    out = Path(args.out)
-    peers.write_jsonl(out / f"{name}.jsonl", rows)
     med = medians(rows)
-    r0 = rows[0]
     cmd = (f"bench/experiments/tpcb --systems {args.systems} --scale {args.scale} --clients "
            f"{args.clients} --seconds {args.seconds:g} --repeat {args.repeat}"
            + (f" --out-name {args.out_name}" if args.out_name else ""))
-    md = (f"Measured {r0['time']} on {r0['host']} ({r0['cores']} cores, shared with other work: "
-          f"load average (1/5/15 min) {peers.load_text(load_start)} at start, {peers.load_text(load_end)} at end), git "
-          f"{r0['git_sha']}, `{cmd}`. TPC-B scale {args.scale}, transactions per second: the "
-          f"median of {args.repeat} runs per point, run round-robin (for each client count every "
-          f"system once, then again).\n\n" + table(med, notes, clients))
-    (out / f"{name}.md").write_text(md)
-    tcp = any(s in tcp_set for s in systems)
-    plot(med, out / f"{name}.png", "TPC-B over TCP, servers in network namespaces, same machine"
-         if tcp else "TPC-B: farpool vs pgbench on PostgreSQL, same machine")
-    print(md)
+    md = (peers.measured(rows[0], cmd, loads=(load_start, load_end)) + f" TPC-B scale "
+          f"{args.scale}, transactions per second: the median of {args.repeat} runs per point, run "
+          f"round-robin (for each client count every system once, then again).\n\n"
+          + table(med, notes, clients))
+    title = ("TPC-B over TCP, servers in network namespaces, same machine"
+             if any(s in tcp_set for s in systems)
+             else "TPC-B: farpool vs pgbench on PostgreSQL, same machine")
+    peers.publish(args.out, name, rows, md, lambda path: plot(med, path, title))
     return 0
 
 
