@@ -190,19 +190,22 @@ class Database:
         need none."""
         return self._db.new_session()
 
-    def transaction(self) -> Transaction:
+    def transaction(self, isolation: str = "si") -> Transaction:
         """A new transaction in this thread's session. As a context manager it commits when the
         block ends normally (raising farpool.Aborted if it lost a conflict) and rolls back if
-        the block raises."""
-        return self._session().begin()
+        the block raises. isolation: "si" (snapshot isolation, the default) or "rc" (read
+        committed: each read sees the newest committed row; pair it with get_for_update for
+        read-modify-write, as pgbench's UPDATEs do)."""
+        return self._session().begin(isolation)
 
-    def run(self, body: Callable[[Transaction], T], max_attempts: int = 1000) -> T:
+    def run(self, body: Callable[[Transaction], T], max_attempts: int = 1000,
+            isolation: str = "si") -> T:
         """Runs body(txn) in a transaction of this thread's session and commits, retrying with
         randomized backoff while body or the commit raises farpool.Aborted, at most
         `max_attempts` times (then raises Aborted naming the last conflict). Returns what body
         returned. Any other exception rolls back and is raised at once. body must not commit or
-        roll back itself (raise to roll back)."""
-        return self._session().run(body, max_attempts)
+        roll back itself (raise to roll back). isolation as for transaction()."""
+        return self._session().run(body, max_attempts, isolation)
 
     def _session(self) -> Session:
         db = self._db  # raises Closed first

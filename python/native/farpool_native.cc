@@ -23,6 +23,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
@@ -440,16 +441,19 @@ class PyTransaction {
   // After the attempt of Session.run that lent it: any further use is refused.
   void EndLoan() { txn_ = nullptr; }
 
-  nb::object Get(const Table& table, int64_t key) {
+  // Get, or GetForUpdate (`lock`: the record is locked as it is read).
+  nb::object Get(const Table& table, int64_t key, bool lock) {
     Transaction& txn = Live();
     Row row;
-    Status s = Unlocked([&] { return txn.Get(table, key, &row); });
+    Status s = Unlocked(
+        [&] { return lock ? txn.GetForUpdate(table, key, &row) : txn.Get(table, key, &row); });
     if (s.code() == StatusCode::kNotFound) return nb::none();
     Check(s);
     return DictOf(row);
   }
 
-  nb::list MultiGet(nb::handle pairs) {
+  // MultiGet, or MultiGetForUpdate (`lock`).
+  nb::list MultiGet(nb::handle pairs, bool lock) {
     Transaction& txn = Live();
     std::vector<TableKey> keys;
     for (nb::handle item : pairs) {
@@ -459,7 +463,10 @@ class PyTransaction {
     }
     std::vector<Row> rows;
     std::vector<Status> statuses;
-    Check(Unlocked([&] { return txn.MultiGet(keys, &rows, &statuses); }));
+    Check(Unlocked([&] {
+      return lock ? txn.MultiGetForUpdate(keys, &rows, &statuses)
+                  : txn.MultiGet(keys, &rows, &statuses);
+    }));
     nb::list out;
     for (size_t i = 0; i < keys.size(); ++i) {
       if (statuses[i].code() == StatusCode::kNotFound) {
@@ -550,21 +557,30 @@ class PyTransaction {
   bool finished_ = false;
 };
 
-std::unique_ptr<PyTransaction> Begin(Session& session) {
-  return std::make_unique<PyTransaction>(Released([&] { return session.Begin(); }));
+// "si" (snapshot isolation, the default) or "rc" (read committed): db.h, Isolation.
+TransactionOptions OptionsOf(std::string_view isolation) {
+  Result<Isolation> parsed = ParseIsolation(isolation);
+  if (!parsed.ok()) Raise(parsed.status());
+  return TransactionOptions{*parsed};
+}
+
+std::unique_ptr<PyTransaction> Begin(Session& session, std::string_view isolation) {
+  const TransactionOptions options = OptionsOf(isolation);
+  return std::make_unique<PyTransaction>(Released([&] { return session.Begin(options); }));
 }
 
 // Session.run: RunTransaction with a Python body. The body runs with the GIL held; Aborted from
 // it (or from the commit) is retried by RunTransaction, any other exception ends the run and is
 // raised again here, unchanged.
-nb::object Run(Session& session, nb::callable body, int max_attempts) {
+nb::object Run(Session& session, nb::callable body, int max_attempts, std::string_view isolation) {
+  const TransactionOptions options = OptionsOf(isolation);
   nb::object result = nb::none();
   std::exception_ptr raised;
   Status s;
   {
     nb::gil_scoped_release release;
     s = RunTransaction(
-        session,
+        session, options,
         [&](Transaction& txn) -> Status {
           nb::gil_scoped_acquire acquire;
           auto* lent = new PyTransaction(PyTransaction::Lent(txn));
@@ -773,10 +789,28 @@ NB_MODULE(_native, m) {
       "A snapshot-isolation transaction (db.h). As a context manager it commits when the block "
       "ends normally (raising farpool.Aborted if it lost a conflict) and rolls back when the "
       "block raises.")
-      .def("get", &PyTransaction::Get, "table"_a, "key"_a,
-           "The row of `key` as a dict (this transaction's own writes included), or None.")
-      .def("multi_get", &PyTransaction::MultiGet, "pairs"_a,
-           "get() of several (table, key) pairs at once (two round trips on the pool engine).")
+      .def(
+          "get",
+          [](PyTransaction& t, const Table& table, int64_t key) {
+            return t.Get(table, key, false);
+          },
+          "table"_a, "key"_a,
+          "The row of `key` as a dict (this transaction's own writes included), or None.")
+      .def(
+          "multi_get", [](PyTransaction& t, nb::handle pairs) { return t.MultiGet(pairs, false); },
+          "pairs"_a,
+          "get() of several (table, key) pairs at once (two round trips on the pool engine).")
+      .def(
+          "get_for_update",
+          [](PyTransaction& t, const Table& table, int64_t key) { return t.Get(table, key, true); },
+          "table"_a, "key"_a,
+          "get() that locks the record as it reads it (db.h, GetForUpdate): the newest committed "
+          "row, held until the transaction ends, so a read-modify-write of it loses no update. "
+          "Waits briefly for another holder, then raises farpool.Aborted.")
+      .def(
+          "multi_get_for_update",
+          [](PyTransaction& t, nb::handle pairs) { return t.MultiGet(pairs, true); }, "pairs"_a,
+          "get_for_update() of several (table, key) pairs at once (locks taken in address order).")
       .def("put", &PyTransaction::Put, "table"_a, "key"_a, "row"_a,
            "Inserts or replaces the row of `key` (buffered until commit). `row` is a dict "
            "(absent columns are zero or empty) or a sequence of every column's value.")
@@ -799,11 +833,13 @@ NB_MODULE(_native, m) {
   nb::class_<Session>(m, "Session",
                       "A compute thread's context (a session slot in the database). One thread "
                       "at a time.")
-      .def("begin", &Begin, nb::keep_alive<0, 1>(), "A new transaction.")
-      .def("run", &Run, "body"_a, "max_attempts"_a = 1000,
+      .def("begin", &Begin, "isolation"_a = "si", nb::keep_alive<0, 1>(),
+           "A new transaction: isolation \"si\" (snapshot isolation) or \"rc\" (read "
+           "committed).")
+      .def("run", &Run, "body"_a, "max_attempts"_a = 1000, "isolation"_a = "si",
            "Runs body(txn) in a transaction and commits, retrying with randomized backoff while "
            "it or the commit raises farpool.Aborted, at most `max_attempts` times; returns "
-           "body's result. Any other exception is raised at once.")
+           "body's result. Any other exception is raised at once. isolation as for begin().")
       .def_prop_ro("counters", [](const Session& s) { return TxnCountersDict(s.counters()); });
 
   nb::class_<Database>(m, "Database", "The transactional database (db.h). Safe for concurrent use.")

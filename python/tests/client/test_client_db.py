@@ -190,6 +190,64 @@ def test_threads_transfer_without_losing_money(db):
     assert sum(r["balance"] for r in rows) == accounts * 1000
 
 
+def test_read_committed_increments_with_get_for_update_lose_nothing(db):
+    # Threads add 1 to a random counter and to the total, both locked as they are read: under
+    # read committed each read sees the newest row, and the locks make the increments serial.
+    t = fresh(db, [("v", "int64")])
+    counters, threads, steps = 4, 4, 60
+    with db.transaction() as txn:
+        for k in range(counters + 1):
+            txn.put(t, k, {"v": 0})
+
+    def work(seed):
+        for i in range(steps):
+            c = 1 + (seed * 7 + i) % counters
+
+            def body(txn):
+                row, total = txn.multi_get_for_update([(t, c), (t, 0)])
+                txn.put(t, c, {"v": row["v"] + 1})
+                txn.put(t, 0, {"v": total["v"] + 1})
+
+            db.run(body, isolation="rc")
+
+    workers = [threading.Thread(target=work, args=(s,)) for s in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    with db.transaction() as txn:
+        rows = txn.multi_get([(t, k) for k in range(counters + 1)])
+    assert rows[0]["v"] == threads * steps
+    assert sum(r["v"] for r in rows[1:]) == threads * steps
+
+
+def test_get_for_update_holds_the_row_until_the_holder_ends(db):
+    t = fresh(db, [("v", "int64")])
+    with db.transaction() as txn:
+        txn.put(t, 1, {"v": 5})
+    holder = db.session().begin(isolation="rc")
+    assert holder.get_for_update(t, 1) == {"v": 5}
+    assert holder.get_for_update(t, 2) is None  # an absent key: None, as get()
+    for lock in (lambda txn: txn.get_for_update(t, 1),
+                 lambda txn: txn.multi_get_for_update([(t, 2), (t, 1)])):
+        rival = db.session().begin(isolation="rc")
+        assert rival.get(t, 1) == {"v": 5}  # a plain read passes the lock by
+        with pytest.raises(farpool.Aborted):
+            lock(rival)  # waits briefly for the live holder, then gives up
+        rival.rollback()
+    holder.put(t, 1, {"v": 6})
+    holder.commit()
+    with db.transaction(isolation="rc") as txn:
+        assert txn.get_for_update(t, 1) == {"v": 6}
+
+
+def test_an_unknown_isolation_level_is_refused(db):
+    with pytest.raises(farpool.InvalidArgument, match="serializable"):
+        db.transaction(isolation="serializable")
+    with pytest.raises(farpool.InvalidArgument):
+        db.run(lambda txn: None, isolation="")
+
+
 def test_the_local_engine_needs_no_cluster():
     db = farpool.Database.open(engine="local")
     t = db.create_table("x", [("v", "double")])
