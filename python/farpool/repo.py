@@ -42,6 +42,31 @@ def stamp(rows: list[dict]) -> None:
         r.update({k: v for k, v in ctx.items() if k not in r})
 
 
+def read_jsonl(path: Path, fields: tuple[str, ...], what: str, hint: str) -> list[dict]:
+    """The objects of a JSON-lines results file, one per non-empty line, each checked to have
+    every name in ``fields``. FileNotFoundError (with ``hint``: how to produce the file) if it is
+    missing; ValueError naming the file and line for a line that is not a JSON object or lacks a
+    field, and for a file without rows. ``what`` names a row in messages ("transaction row")."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such results file ({hint})")
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not a JSON object: {e}") from None
+        missing = [f for f in fields if f not in row]
+        if missing:
+            raise ValueError(f"{path}:{n}: {what} lacks {', '.join(missing)}")
+        rows.append(row)
+    if not rows:
+        raise ValueError(f"{path}: contains no {what}s ({hint})")
+    return rows
+
+
 def write_jsonl(path: Path, rows: list[dict], append: bool = False) -> Path:
     """Writes one JSON object per line (numpy scalars as floats), creating the directory;
     appends with ``append``. Returns ``path``."""

@@ -43,12 +43,12 @@ says so (``"measured_txn": null``).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import simpy
 
+from ..repo import read_jsonl
 from .mixes import OpCounts, load_txn_counts, load_txn_rows, rsi_op_counts, shape
 from .nodes import FifoServer, spawn_streams
 from .txn import APPLY, DELAY, FIFO, Context, Path as OpPath, RecordTable, TxnStats, \
@@ -64,26 +64,12 @@ TXN_HINT = ("the comparison against measured transaction runs needs bench/result
 
 
 def load_ops(path: Path) -> list[dict]:
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no operation-cost results; {OPS_HINT}")
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n}: not a JSON object: {e}") from None
-        missing = [f for f in OPS_FIELDS if f not in row]
-        if missing:
-            raise ValueError(f"{path}:{n}: row lacks {', '.join(missing)}")
+    rows = read_jsonl(path, OPS_FIELDS, "row", OPS_HINT)
+    for n, row in enumerate(rows, 1):
         if row["op"] not in OP_KINDS:
-            raise ValueError(f"{path}:{n}: unknown op {row['op']!r} (want {OP_KINDS})")
+            raise ValueError(f"{path}: row {n}: unknown op {row['op']!r} (want {OP_KINDS})")
         if not row["ops_per_s"] > 0 or row["threads"] < 1 or row["batch"] < 1:
-            raise ValueError(f"{path}:{n}: need ops_per_s > 0, threads >= 1, batch >= 1")
-        rows.append(row)
-    if not rows:
-        raise ValueError(f"{path}: contains no rows; {OPS_HINT}")
+            raise ValueError(f"{path}: row {n}: need ops_per_s > 0, threads >= 1, batch >= 1")
     return rows
 
 

@@ -17,9 +17,10 @@ a results file is given (:func:`load_txn_counts`).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..repo import read_jsonl
 
 SCI_OPS = ("read", "write", "rollout", "lock")
 
@@ -171,24 +172,8 @@ TXN_FIELDS = ("engine", "workload", "clients", "threads", "tps", "p50_us", "p99_
 
 def load_txn_rows(path: Path) -> list[dict]:
     """Rows of a ``farpool bench txn --json`` results file, checked for the needed fields."""
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no such transaction results file "
-                                "(produce it with `farpool bench txn ... --json`)")
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n}: not a JSON object: {e}") from None
-        missing = [f for f in TXN_FIELDS if f not in row]
-        if missing:
-            raise ValueError(f"{path}:{n}: transaction row lacks {', '.join(missing)}")
-        rows.append(row)
-    if not rows:
-        raise ValueError(f"{path}: contains no transaction rows")
-    return rows
+    return read_jsonl(path, TXN_FIELDS, "transaction row",
+                      "produce it with `farpool bench txn ... --json`")
 
 
 def load_txn_counts(rows: list[dict], workload: str, engine: str = "pool") -> OpCounts | None:

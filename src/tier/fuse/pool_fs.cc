@@ -148,6 +148,11 @@ Result<std::shared_ptr<PoolFs::Inode>> PoolFs::Get(uint64_t ino) {
   return inode;
 }
 
+Result<std::shared_ptr<PoolFs::Inode>> PoolFs::GetLocking(uint64_t ino) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Get(ino);
+}
+
 void PoolFs::Fill(uint64_t ino, Inode& inode, struct stat* st) const {
   *st = {};
   st->st_ino = ino;
@@ -510,13 +515,9 @@ int PoolFs::Release(uint64_t ino) {
 }
 
 int PoolFs::Read(uint64_t ino, uint64_t offset, void* out, uint64_t n, uint64_t* done) {
-  std::shared_ptr<Inode> inode;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto found = Get(ino);
-    if (!found.ok()) return Fail(found.status());
-    inode = *found;
-  }
+  auto found = GetLocking(ino);
+  if (!found.ok()) return Fail(found.status());
+  const std::shared_ptr<Inode> inode = *found;
   std::lock_guard<std::mutex> l(inode->mu);
   if (inode->is_dir()) return EISDIR;
   auto r = inode->file->Read(offset, out, n);
@@ -527,13 +528,9 @@ int PoolFs::Read(uint64_t ino, uint64_t offset, void* out, uint64_t n, uint64_t*
 
 int PoolFs::Write(uint64_t ino, uint64_t offset, const void* data, uint64_t n) {
   if (int e = CheckLease()) return e;
-  std::shared_ptr<Inode> inode;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto found = Get(ino);
-    if (!found.ok()) return Fail(found.status());
-    inode = *found;
-  }
+  auto found = GetLocking(ino);
+  if (!found.ok()) return Fail(found.status());
+  const std::shared_ptr<Inode> inode = *found;
   std::lock_guard<std::mutex> l(inode->mu);
   if (inode->is_dir()) return EISDIR;
   if (offset + n > files::kMaxFileSize || offset + n < offset) return EFBIG;
@@ -549,13 +546,9 @@ int PoolFs::Fallocate(uint64_t ino, int mode, uint64_t offset, uint64_t length) 
   if (punch && !keep_size) return EINVAL;  // what Linux requires of PUNCH_HOLE
   if (offset >= files::kMaxFileSize) return punch ? 0 : EFBIG;
   length = std::min(length, files::kMaxFileSize - offset);
-  std::shared_ptr<Inode> inode;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto found = Get(ino);
-    if (!found.ok()) return Fail(found.status());
-    inode = *found;
-  }
+  auto found = GetLocking(ino);
+  if (!found.ok()) return Fail(found.status());
+  const std::shared_ptr<Inode> inode = *found;
   std::lock_guard<std::mutex> l(inode->mu);
   if (inode->is_dir()) return EISDIR;
   Status s;

@@ -149,6 +149,9 @@ class PoolFs {
   int Fail(const Status& s) const;
   // The inode numbered `ino`, loaded from the pool on first use. REQUIRES: mu_ held.
   Result<std::shared_ptr<Inode>> Get(uint64_t ino);
+  // Get, taking mu_ itself (REQUIRES: mu_ not held), for callers that then work under the
+  // inode's own lock only.
+  Result<std::shared_ptr<Inode>> GetLocking(uint64_t ino);
   GlobalAddress Header(uint64_t ino) const;
   uint64_t Ino(GlobalAddress header) const;
   // The directory's names, loaded on first use. REQUIRES: mu_ held; inode is a directory.
