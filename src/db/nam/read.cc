@@ -801,12 +801,20 @@ Status NamTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bo
   const auto& t = static_cast<const NamTable&>(table);
   if (!t.btree_)
     return Status::InvalidArgument("table '" + t.name_ + "' is not ordered (no B+tree)");
-  // The snapshot first (its own round trip if this is the transaction's first read: the B+tree
-  // walk does not take other work along). Then index entries are collected, up to the limit
-  // (or kScanBatch) at a time, and their records read in one batch, their blobs in another.
-  // Rows are handed to `visit` only after the lease check that covers their reads.
+  // The snapshot, if this is the transaction's first read, rides in the B+tree walk's first
+  // round trip (BTree::FirstRound): index nodes do not depend on the snapshot, as the index
+  // lookups of FindRecords. Index entries are collected, up to the limit (or kScanBatch) at a
+  // time, and their records read in one batch after it (they must follow the counter), their
+  // blobs in another. Rows are handed to `visit` only after the lease check that covers their
+  // reads.
   FreshSnapshotForRead();
-  FARPOOL_RETURN_IF_ERROR(TakeSnapshot());
+  NamSession::SnapshotRead snap;
+  const BTree::FirstRound first{
+      [&](Access::Batch& b) { return s_.PostSnapshot(b, &snap); },
+      [&](const Status& waited) {
+        bool cache_cleared;  // the scan takes no address from the session's record cache
+        return FinishSnapshot(snap, waited, &cache_cleared);
+      }};
   constexpr size_t kScanBatch = 256;
   const size_t batch = limit == 0 ? kScanBatch : std::min(limit, kScanBatch);
   std::vector<std::pair<int64_t, GlobalAddress>> pending;
@@ -854,16 +862,20 @@ Status NamTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bo
     }
     return Status::Ok();
   };
-  FARPOOL_RETURN_IF_ERROR(
-      t.btree_->Scan(s_.access_, s_, lo, hi, reverse, [&](int64_t k, uint64_t v) {
+  FARPOOL_RETURN_IF_ERROR(t.btree_->Scan(
+      s_.access_, s_, lo, hi, reverse,
+      [&](int64_t k, uint64_t v) {
         pending.push_back({k, GlobalAddress::FromRaw(v)});
         if (pending.size() >= batch) {
           inner = flush();
           if (!inner.ok()) return false;
         }
         return !stop;
-      }));
+      },
+      has_snapshot_ ? nullptr : &first));
   FARPOOL_RETURN_IF_ERROR(inner);
+  // A scan that read nothing (lo > hi) still takes the snapshot: it was a read.
+  FARPOOL_RETURN_IF_ERROR(TakeSnapshot());
   if (!stop) FARPOOL_RETURN_IF_ERROR(flush());
   return Status::Ok();
 }
