@@ -150,7 +150,8 @@ TEST_F(IndexCacheTest, ScansThroughAStaleCacheFindEveryKeyWhileAnotherProcessSpl
   ASSERT_NO_FATAL_FAILURE(CheckRange(**t, all, 0, kSpread));
 
   const std::string log_path = dir_ + "/keys";
-  auto pid = testing::SpawnWorker("insert", 0, {{"FARPOOL_KEY_LOG", log_path}});
+  auto pid = testing::SpawnWorker(
+      "insert", 0, {{"FARPOOL_KEY_LOG", log_path}, {"FARPOOL_SEED", std::to_string(seed_)}});
   ASSERT_TRUE(pid.ok()) << pid.status().ToString();
   std::mt19937_64 rng(seed_);
   int checks = 0;
