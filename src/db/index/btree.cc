@@ -1,5 +1,6 @@
 #include "db/index/btree.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <functional>
@@ -555,6 +556,47 @@ Result<bool> GrowRoot(const Ctx& c, GlobalAddress root_word, GlobalAddress old_r
 
 }  // namespace
 
+struct BTree::LeafImages::Map {
+  std::unordered_map<uint64_t, Node> nodes;
+};
+BTree::LeafImages::LeafImages() : map_(std::make_unique<Map>()) {}
+BTree::LeafImages::~LeafImages() = default;
+BTree::LeafImages::LeafImages(LeafImages&&) noexcept = default;
+
+Status BTree::ReadAhead(const Access& access, std::span<const Range> ranges,
+                        const FirstRound* first, LeafImages* ahead) const {
+  std::vector<uint64_t> at;
+  for (const Range& r : ranges) {
+    NodeCache::Route route;
+    if (cache_ && r.lo <= r.hi &&
+        cache_->Find(r.reverse ? r.hi : r.lo, 0, r.reverse ? r.lo : r.hi, r.reverse,
+                     kMaxPrefetchLeaves, &route) &&
+        route.level == 0) {
+      at.push_back(route.at);
+      at.insert(at.end(), route.more.begin(), route.more.end());
+    }
+  }
+  std::sort(at.begin(), at.end());
+  at.erase(std::unique(at.begin(), at.end()), at.end());
+  std::vector<Node> images(at.size());
+  Status waited;
+  {
+    Access::Batch b(access);
+    if (first != nullptr) FARPOOL_RETURN_IF_ERROR(first->post(b));
+    Status posted;
+    for (size_t i = 0; i < at.size() && posted.ok(); ++i)
+      posted = b.Read(GlobalAddress::FromRaw(at[i]), &images[i], sizeof(Node));
+    waited = b.Wait();
+    if (!posted.ok()) waited = posted;
+  }
+  if (first != nullptr) waited = first->finish(waited);
+  FARPOOL_RETURN_IF_ERROR(waited);
+  for (size_t i = 0; i < at.size(); ++i) {
+    if (Verifies(images[i])) ahead->map_->nodes[at[i]] = images[i];
+  }
+  return Status::Ok();
+}
+
 BTree::BTree(GlobalAddress root_word, std::chrono::milliseconds wait_limit, size_t cache_nodes)
     : root_word_(root_word),
       wait_limit_(wait_limit),
@@ -726,16 +768,17 @@ Status BTree::Remove(const Access& access, LockOwner& owner, int64_t key, uint64
 }
 
 Status BTree::Scan(const Access& access, LockOwner& owner, int64_t lo, int64_t hi, bool reverse,
-                   const std::function<bool(int64_t, uint64_t)>& visit,
-                   const FirstRound* first) const {
+                   const std::function<bool(int64_t, uint64_t)>& visit, const FirstRound* first,
+                   LeafImages* ahead) const {
   if (lo > hi) return Status::Ok();
-  std::unordered_map<uint64_t, Node> prefetched;
-  const Ctx c{access, &owner, wait_limit_, cache_.get(), first, &prefetched};
-  const ScanAhead ahead{reverse ? lo : hi, reverse};
+  LeafImages own;
+  const Ctx c{access,       &owner, wait_limit_,
+              cache_.get(), first,  &(ahead != nullptr ? ahead : &own)->map_->nodes};
+  const ScanAhead toward{reverse ? lo : hi, reverse};
   Node n;
   GlobalAddress at;
   if (!reverse) {
-    FARPOOL_RETURN_IF_ERROR(DescendFrom(c, root_word_, lo, 0, &at, &n, &ahead));
+    FARPOOL_RETURN_IF_ERROR(DescendFrom(c, root_word_, lo, 0, &at, &n, &toward));
     bool any = false;
     int64_t last = 0;
     for (;;) {
@@ -755,7 +798,7 @@ Status BTree::Scan(const Access& access, LockOwner& owner, int64_t lo, int64_t h
   int64_t key = hi;
   for (;;) {
     FARPOOL_RETURN_IF_ERROR(
-        DescendFrom(c, root_word_, key, 0, &at, &n, key == hi ? &ahead : nullptr));
+        DescendFrom(c, root_word_, key, 0, &at, &n, key == hi ? &toward : nullptr));
     for (int i = static_cast<int>(n.count) - 1; i >= 0; --i) {
       const int64_t k = n.e[i].key;
       if (k > key) continue;

@@ -119,6 +119,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 
 #include "db/lock_owner.h"
 #include "db/memory.h"
@@ -174,13 +175,36 @@ class BTree {
     std::function<Status(Access::Batch& batch)> post;
     std::function<Status(const Status& waited)> finish;
   };
+  // Leaf images read ahead (ReadAhead) for Scans given them: each is used at most once, instead
+  // of a read of its node. Belongs to one thread.
+  class LeafImages {
+   public:
+    LeafImages();
+    ~LeafImages();
+    LeafImages(LeafImages&&) noexcept;
+
+   private:
+    friend class BTree;
+    struct Map;
+    std::unique_ptr<Map> map_;
+  };
+  struct Range {
+    int64_t lo, hi;
+    bool reverse;
+  };
+  // Reads, in one round trip, the leaf the cache routes each range's first key to and the
+  // leaves its cached parent names next within the range (invariant 12), into *ahead; `first`
+  // rides in that round (made for it alone if the cache has no route for any range).
+  Status ReadAhead(const Access& access, std::span<const Range> ranges, const FirstRound* first,
+                   LeafImages* ahead) const;
   // Visits entries with lo <= key <= hi in order (descending if reverse) until `visit`
   // returns false. Entries inserted during the scan may or may not be visited; every entry
   // present before the scan began and not removed is. `owner` as for Lookup. `first`, if
-  // not null, rides in the first round trip.
+  // not null, rides in the first round trip; `ahead`, if not null, holds leaf images read
+  // ahead, taken instead of reads (and images the scan reads ahead go there).
   Status Scan(const Access& access, LockOwner& owner, int64_t lo, int64_t hi, bool reverse,
               const std::function<bool(int64_t key, uint64_t value)>& visit,
-              const FirstRound* first = nullptr) const;
+              const FirstRound* first = nullptr, LeafImages* ahead = nullptr) const;
 
   // Empties the inner-node cache and turns it off (the tree is being dropped: its nodes will
   // be freed). Descents read the root word from then on.
