@@ -102,7 +102,9 @@
 //      (reverse) exactly as without them, only taking a leaf's image from that round instead of
 //      reading it: each image holds every key of its range at its read time, and the images
 //      chain by right links whose lows never change, so the scan visits every key present
-//      before it began, as before.
+//      before it began, as before. ReadAhead reads such leaves for several scans in one round
+//      trip before they start (Transaction::ScanMany); they then visit every key present
+//      before that round.
 // Memory: at most `cache_nodes` inner nodes (1 KiB each) per tree, a random one evicted when
 // full. The cache lives and dies with the BTree object; DropCache (a dropped table) and
 // Destroy empty it and turn it off, so no cached node outlives the tree's nodes.
