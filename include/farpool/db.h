@@ -178,6 +178,14 @@ struct TableKey {
   int64_t key = 0;
 };
 
+// A range of an ordered table (ScanMany): as Scan's arguments.
+struct ScanRange {
+  const Table* table = nullptr;
+  int64_t lo = 0, hi = 0;
+  size_t limit = 0;
+  bool reverse = false;
+};
+
 // The isolation level of a transaction (see the top of this file).
 enum class Isolation : uint8_t { kSnapshot, kReadCommitted };
 Result<Isolation> ParseIsolation(std::string_view text);  // "si" | "rc"
@@ -235,6 +243,14 @@ class Transaction {
   // REQUIRES: table.ordered(). Does not see this transaction's own buffered writes.
   virtual Status Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bool reverse,
                       const std::function<bool(int64_t key, const Row& row)>& visit) = 0;
+  // Scan of each range in turn (`visit` gets the range's index too; false stops them all),
+  // with one snapshot. The pool engines read the ranges' first leaves of each table in one
+  // round trip (with the snapshot if it is the first read) and the records of all their
+  // entries in the next, instead of two round trips per range; the default, for other
+  // engines, calls Scan for each range. REQUIRES: as Scan, for every range.
+  virtual Status ScanMany(
+      std::span<const ScanRange> ranges,
+      const std::function<bool(size_t range, int64_t key, const Row& row)>& visit);
 
   // Installs the writes atomically or returns Aborted (first committer wins; also a lock held
   // by another transaction). Any other error is a failure. The transaction is finished

@@ -162,6 +162,21 @@ Status Transaction::MultiGetForUpdate(std::span<const TableKey> keys, std::vecto
   return MultiGet(keys, rows, statuses);
 }
 
+Status Transaction::ScanMany(
+    std::span<const ScanRange> ranges,
+    const std::function<bool(size_t range, int64_t key, const Row& row)>& visit) {
+  bool stopped = false;
+  for (size_t i = 0; i < ranges.size() && !stopped; ++i) {
+    const ScanRange& r = ranges[i];
+    FARPOOL_RETURN_IF_ERROR(
+        Scan(*r.table, r.lo, r.hi, r.limit, r.reverse, [&](int64_t key, const Row& row) {
+          stopped = !visit(i, key, row);
+          return !stopped;
+        }));
+  }
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<Transaction>> Session::Begin(const TransactionOptions& options) {
   if (options.isolation != Isolation::kSnapshot) {
     return Status::InvalidArgument("this engine offers snapshot isolation only (isolation '" +

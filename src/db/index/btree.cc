@@ -1,10 +1,16 @@
 #include "db/index/btree.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <functional>
+#include <mutex>
+#include <shared_mutex>
+#include <span>
 #include <string>
 #include <thread>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "db/index/index_redo.h"
@@ -53,16 +59,178 @@ std::string HolderName(uint64_t word) {
   return "slot " + std::to_string(LockSlot(word)) + " epoch " + std::to_string(LockEpoch(word));
 }
 
+// Index of the child of inner node `n` that covers `key`: the last entry with key <= key.
+int ChildIndex(const Node& n, int64_t key) {
+  int lo = 0, hi = static_cast<int>(n.count) - 1, ans = 0;
+  while (lo <= hi) {
+    int mid = (lo + hi) / 2;
+    if (n.e[mid].key <= key) {
+      ans = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return ans;
+}
+
+}  // namespace
+
+// The inner-node cache (btree.h, invariants 9-12): verified images of inner nodes by address,
+// and the root address last seen. Routing happens under a shared lock, changes under an
+// exclusive one; nothing remote is done under either.
+class BTree::NodeCache {
+ public:
+  explicit NodeCache(size_t capacity) : capacity_(capacity) {}
+
+  // Where a descent for `key` to `level` reads first: the first node of the cached route that
+  // is not cached or is at `level`, the level it has, the cached node whose entry named it
+  // (0: none), and for a leaf up to `want` more leaves that this parent names next toward
+  // `bound` (leftward if `reverse`; only those whose range meets the scan's). False: no route
+  // (the root is not known, or is below `level`).
+  struct Route {
+    uint64_t at = 0;
+    uint32_t level = 0;
+    uint64_t parent = 0;
+    std::vector<uint64_t> more;
+  };
+  bool Find(int64_t key, uint32_t level, int64_t bound, bool reverse, int want, Route* r) const {
+    std::shared_lock l(mu_);
+    uint64_t x = root_;
+    if (x == 0) return false;
+    for (;;) {
+      auto it = nodes_.find(x);
+      if (it == nodes_.end()) {
+        r->at = x;  // not the root (never evicted): r->level is set
+        return true;
+      }
+      const Node& n = it->second;
+      if (n.level < level) return false;
+      if (key >= n.high && n.right != 0) {
+        x = n.right;
+        r->level = n.level;
+        continue;
+      }
+      if (n.level == level) {
+        r->at = x;
+        r->level = level;
+        return true;
+      }
+      const int i = ChildIndex(n, key);
+      r->parent = x;
+      r->level = n.level - 1;
+      x = n.e[i].value;
+      if (r->level == 0) {
+        const int count = static_cast<int>(n.count);
+        if (!reverse) {
+          for (int j = i + 1; j < count && n.e[j].key <= bound && int(r->more.size()) < want; ++j)
+            r->more.push_back(n.e[j].value);
+        } else {
+          for (int j = i - 1; j >= 0 && n.e[j + 1].key > bound && int(r->more.size()) < want; --j)
+            r->more.push_back(n.e[j].value);
+        }
+      }
+    }
+  }
+
+  void Put(uint64_t at, const Node& n) {
+    if (n.level == 0) return;
+    std::unique_lock l(mu_);
+    if (capacity_ == 0) return;
+    if (nodes_.size() >= capacity_ && nodes_.find(at) == nodes_.end()) EvictOne();
+    nodes_[at] = n;
+  }
+  // The node the root word names now (only an inner one: a leaf root is read anyway).
+  void PutRoot(uint64_t at, const Node& n) {
+    if (n.level == 0) return;
+    std::unique_lock l(mu_);
+    if (capacity_ == 0) return;
+    root_ = at;
+    if (nodes_.size() >= capacity_ && nodes_.find(at) == nodes_.end()) EvictOne();
+    nodes_[at] = n;
+  }
+  // The root too: the next descent reads the root word.
+  void Forget(uint64_t at) {
+    std::unique_lock l(mu_);
+    if (at == root_) root_ = 0;
+    nodes_.erase(at);
+  }
+  void Drop() {
+    std::unique_lock l(mu_);
+    capacity_ = 0;
+    root_ = 0;
+    nodes_.clear();
+  }
+  size_t size() const {
+    std::shared_lock l(mu_);
+    return nodes_.size();
+  }
+
+ private:
+  // A random node other than the root. REQUIRES: mu_ held exclusively, capacity_ >= 2 nodes
+  // held.
+  void EvictOne() {
+    rng_ ^= rng_ << 13;
+    rng_ ^= rng_ >> 7;
+    rng_ ^= rng_ << 17;
+    const size_t buckets = nodes_.bucket_count();
+    for (size_t b = rng_ % buckets;; b = (b + 1) % buckets) {
+      for (auto it = nodes_.begin(b); it != nodes_.end(b); ++it) {
+        if (it->first == root_) continue;
+        nodes_.erase(it->first);
+        return;
+      }
+    }
+  }
+
+  mutable std::shared_mutex mu_;
+  size_t capacity_;
+  uint64_t root_ = 0;  // 0: not known
+  std::unordered_map<uint64_t, Node> nodes_;
+  uint64_t rng_ = 0x9e3779b97f4a7c15;
+};
+
+namespace {
+
 // What one index call works with. `owner` is null for CheckStructure (reads only, no repair).
+// `cache` is null where the call does not use the cache. `first` is the caller's work for the
+// call's first round trip (taken by that round); `prefetched`, leaf images a scan read ahead
+// (each used at most once, instead of a read).
 struct Ctx {
   const Access& access;
   LockOwner* owner;
   std::chrono::milliseconds wait_limit;
+  BTree::NodeCache* cache = nullptr;
+  mutable const BTree::FirstRound* first = nullptr;
+  std::unordered_map<uint64_t, Node>* prefetched = nullptr;
 };
 
-Status ReadRaw(const Access& access, GlobalAddress at, Node* n) {
-  return access.Read(at, n, sizeof(Node));
+// Reads `size` bytes at `at`, and the nodes at `more` into c.prefetched (those that verify),
+// with the caller's first-round work if it has not been done yet: one round trip.
+Status ReadRaw(const Ctx& c, GlobalAddress at, void* d, uint64_t size,
+               std::span<const uint64_t> more = {}) {
+  if (c.first == nullptr && more.empty()) return c.access.Read(at, d, size);
+  const BTree::FirstRound* first = std::exchange(c.first, nullptr);
+  std::vector<Node> images(c.prefetched != nullptr ? more.size() : 0);
+  Status waited;
+  {
+    Access::Batch b(c.access);
+    if (first != nullptr) FARPOOL_RETURN_IF_ERROR(first->post(b));
+    Status posted = b.Read(at, d, size);
+    for (size_t i = 0; i < images.size() && posted.ok(); ++i)
+      posted = b.Read(GlobalAddress::FromRaw(more[i]), &images[i], sizeof(Node));
+    waited = b.Wait();
+    if (!posted.ok()) waited = posted;
+  }
+  if (first != nullptr) waited = first->finish(waited);
+  FARPOOL_RETURN_IF_ERROR(waited);
+  for (size_t i = 0; i < images.size(); ++i) {
+    if (Verifies(images[i])) (*c.prefetched)[more[i]] = images[i];
+  }
+  return Status::Ok();
 }
+
+Status ReadRaw(const Ctx& c, GlobalAddress at, Node* n) { return ReadRaw(c, at, n, sizeof(Node)); }
 
 Status WriteRedo(const Access& access, GlobalAddress area, GlobalAddress at, uint64_t lock,
                  const unsigned char* body) {
@@ -115,7 +283,7 @@ Result<bool> TakeOver(const Ctx& c, GlobalAddress at, uint64_t dead) {
   LockOwner& owner = *c.owner;
   const uint64_t mine = owner.lock_word();
   Node n;
-  FARPOOL_RETURN_IF_ERROR(ReadRaw(c.access, at, &n));
+  FARPOOL_RETURN_IF_ERROR(ReadRaw(c, at, &n));
   if (n.lock != dead) return false;
   if (Verifies(n)) {
     FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, c.access.Cas(at, dead, mine));
@@ -127,7 +295,7 @@ Result<bool> TakeOver(const Ctx& c, GlobalAddress at, uint64_t dead) {
   if (pos < 0) {
     // Our copy may have raced with a breaker that got there first; look again before
     // calling it corruption.
-    FARPOOL_RETURN_IF_ERROR(ReadRaw(c.access, at, &n));
+    FARPOOL_RETURN_IF_ERROR(ReadRaw(c, at, &n));
     if (n.lock != dead || Verifies(n)) return false;
     return Status::Internal(NodeName(at) + " does not verify and its dead lock holder (" +
                             HolderName(dead) + ") left no redo entry for it");
@@ -199,12 +367,21 @@ Status LockNode(const Ctx& c, GlobalAddress at) {
   }
 }
 
-// Reads a node until it verifies. A node that keeps failing its checksum is being written by
-// its lock holder; if that holder is dead, repairs it (invariant 5) when we have an owner.
-Status ReadNode(const Ctx& c, GlobalAddress at, Node* n) {
+// Reads a node until it verifies (takes a scan's prefetched image of it instead, if there is
+// one; `more`: leaves to prefetch with the first read). A node that keeps failing its checksum
+// is being written by its lock holder; if that holder is dead, repairs it (invariant 5) when we
+// have an owner.
+Status ReadNode(const Ctx& c, GlobalAddress at, Node* n, std::span<const uint64_t> more = {}) {
+  if (c.prefetched != nullptr) {
+    if (auto it = c.prefetched->find(at.raw()); it != c.prefetched->end()) {
+      *n = it->second;
+      c.prefetched->erase(it);
+      return Status::Ok();
+    }
+  }
   Clock::time_point deadline;
   for (int tries = 0;; ++tries) {
-    FARPOOL_RETURN_IF_ERROR(ReadRaw(c.access, at, n));
+    FARPOOL_RETURN_IF_ERROR(ReadRaw(c, at, n, sizeof(Node), tries == 0 ? more : decltype(more){}));
     if (Verifies(*n)) return Status::Ok();
     if (tries < 16) continue;
     if (tries == 16) deadline = Clock::now() + c.wait_limit;
@@ -258,7 +435,7 @@ Status LoggedWrite(const Ctx& c, GlobalAddress at, Node& n, std::string_view log
 // that whoever judges us dead repairs it from our redo entry. Returns `s`.
 Status Unwind(const Ctx& c, GlobalAddress at, Status s) {
   Node n;
-  if (ReadRaw(c.access, at, &n).ok() && Verifies(n)) (void)Release(c, at);
+  if (ReadRaw(c, at, &n).ok() && Verifies(n)) (void)Release(c, at);
   return s;
 }
 
@@ -272,36 +449,35 @@ Result<GlobalAddress> NewNode(const Access& access, LockOwner& owner, Node& n) {
   return at;
 }
 
-// Index of the child of inner node `n` that covers `key`: the last entry with key <= key.
-int ChildIndex(const Node& n, int64_t key) {
-  int lo = 0, hi = static_cast<int>(n.count) - 1, ans = 0;
-  while (lo <= hi) {
-    int mid = (lo + hi) / 2;
-    if (n.e[mid].key <= key) {
-      ans = mid;
-      lo = mid + 1;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  return ans;
+void CacheNode(const Ctx& c, GlobalAddress at, const Node& n) {
+  if (c.cache != nullptr) c.cache->Put(at.raw(), n);
 }
 
 Status ReadRoot(const Ctx& c, GlobalAddress root_word, GlobalAddress* at, Node* n) {
   uint64_t raw;
-  FARPOOL_RETURN_IF_ERROR(c.access.Read(root_word, &raw, 8));
+  FARPOOL_RETURN_IF_ERROR(ReadRaw(c, root_word, &raw, 8));
   *at = GlobalAddress::FromRaw(raw);
   if (at->is_null()) return Status::Internal("b+tree: root word " + root_word.ToString() + " is 0");
-  return ReadNode(c, *at, n);
+  FARPOOL_RETURN_IF_ERROR(ReadNode(c, *at, n));
+  if (c.cache != nullptr) c.cache->PutRoot(at->raw(), *n);
+  return Status::Ok();
 }
 
 // From node *n at *at (level >= `level`), moves right and down to the node at `level` whose
-// range holds `key`.
-Status Descend(const Ctx& c, int64_t key, uint32_t level, GlobalAddress* at, Node* n) {
+// range holds `key`, caching the inner nodes it reads. `first_moves`, if not null, counts the
+// move-rights at *n's level; past `max_first_moves` of them it stops there (a cached route
+// gone too stale, invariant 10).
+Status Descend(const Ctx& c, int64_t key, uint32_t level, GlobalAddress* at, Node* n,
+               int* first_moves = nullptr, int max_first_moves = 0) {
+  const uint32_t first_level = n->level;
   for (;;) {
     while (key >= n->high && n->right != 0) {
+      if (first_moves != nullptr && n->level == first_level && ++*first_moves > max_first_moves) {
+        return Status::Ok();
+      }
       *at = GlobalAddress::FromRaw(n->right);
       FARPOOL_RETURN_IF_ERROR(ReadNode(c, *at, n));
+      CacheNode(c, *at, *n);
     }
     if (n->level == level) return Status::Ok();
     if (n->count == 0 || n->level < level) {
@@ -315,7 +491,43 @@ Status Descend(const Ctx& c, int64_t key, uint32_t level, GlobalAddress* at, Nod
       return Status::Internal(NodeName(*at) + " has level " + std::to_string(n->level) +
                               ", its parent expects " + std::to_string(child_level));
     }
+    CacheNode(c, *at, *n);
   }
+}
+
+// What a scan asks of its first descent: the leaves the cached parent names next (invariant
+// 12), toward `bound` (hi forward, lo reverse).
+struct ScanAhead {
+  int64_t bound;
+  bool reverse;
+};
+
+// Descends from the root to the node at `level` whose range holds `key`: through the cache
+// when it has a route (invariants 9 and 10), else (or if the route proved too stale) from the
+// root word.
+Status DescendFrom(const Ctx& c, GlobalAddress root_word, int64_t key, uint32_t level,
+                   GlobalAddress* at, Node* n, const ScanAhead* ahead = nullptr) {
+  BTree::NodeCache::Route r;
+  if (c.cache != nullptr && c.cache->Find(key, level, ahead != nullptr ? ahead->bound : 0,
+                                          ahead != nullptr && ahead->reverse,
+                                          ahead != nullptr ? BTree::kMaxPrefetchLeaves : 0, &r)) {
+    *at = GlobalAddress::FromRaw(r.at);
+    FARPOOL_RETURN_IF_ERROR(ReadNode(c, *at, n, r.more));
+    if (n->level != r.level || key < n->low) {
+      return Status::Internal(NodeName(*at) + " (level " + std::to_string(n->level) + ", low " +
+                              std::to_string(n->low) + ") was reached through the cache for key " +
+                              std::to_string(key) + " at level " + std::to_string(r.level) +
+                              ": the tree's nodes changed under its cache");
+    }
+    CacheNode(c, *at, *n);
+    int moves = 0;
+    FARPOOL_RETURN_IF_ERROR(Descend(c, key, level, at, n, &moves, BTree::kMaxCachedMoveRights));
+    // The cached parent routed us left of the node: read it again next time (invariant 10).
+    if (moves > 0 && r.parent != 0) c.cache->Forget(r.parent);
+    if (moves <= BTree::kMaxCachedMoveRights) return Status::Ok();
+  }
+  FARPOOL_RETURN_IF_ERROR(ReadRoot(c, root_word, at, n));
+  return Descend(c, key, level, at, n);
 }
 
 // Invariant 3: a new root above `old_root` (the root word's node at `old_level`) holding
@@ -335,6 +547,7 @@ Result<bool> GrowRoot(const Ctx& c, GlobalAddress root_word, GlobalAddress old_r
   FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, c.access.Cas(root_word, old_root.raw(), fresh.raw()));
   if (prev == old_root.raw()) {
     c.owner->FaultPoint("btree.grow.root-swapped");
+    if (c.cache != nullptr) c.cache->PutRoot(fresh.raw(), r);
     return true;
   }
   (void)c.owner->FreeObject(c.access, fresh, sizeof(Node));  // never reachable
@@ -342,6 +555,60 @@ Result<bool> GrowRoot(const Ctx& c, GlobalAddress root_word, GlobalAddress old_r
 }
 
 }  // namespace
+
+struct BTree::LeafImages::Map {
+  std::unordered_map<uint64_t, Node> nodes;
+};
+BTree::LeafImages::LeafImages() : map_(std::make_unique<Map>()) {}
+BTree::LeafImages::~LeafImages() = default;
+BTree::LeafImages::LeafImages(LeafImages&&) noexcept = default;
+
+Status BTree::ReadAhead(const Access& access, std::span<const Range> ranges,
+                        const FirstRound* first, LeafImages* ahead) const {
+  std::vector<uint64_t> at;
+  for (const Range& r : ranges) {
+    NodeCache::Route route;
+    if (cache_ && r.lo <= r.hi &&
+        cache_->Find(r.reverse ? r.hi : r.lo, 0, r.reverse ? r.lo : r.hi, r.reverse,
+                     kMaxPrefetchLeaves, &route) &&
+        route.level == 0) {
+      at.push_back(route.at);
+      at.insert(at.end(), route.more.begin(), route.more.end());
+    }
+  }
+  std::sort(at.begin(), at.end());
+  at.erase(std::unique(at.begin(), at.end()), at.end());
+  std::vector<Node> images(at.size());
+  Status waited;
+  {
+    Access::Batch b(access);
+    if (first != nullptr) FARPOOL_RETURN_IF_ERROR(first->post(b));
+    Status posted;
+    for (size_t i = 0; i < at.size() && posted.ok(); ++i)
+      posted = b.Read(GlobalAddress::FromRaw(at[i]), &images[i], sizeof(Node));
+    waited = b.Wait();
+    if (!posted.ok()) waited = posted;
+  }
+  if (first != nullptr) waited = first->finish(waited);
+  FARPOOL_RETURN_IF_ERROR(waited);
+  for (size_t i = 0; i < at.size(); ++i) {
+    if (Verifies(images[i])) ahead->map_->nodes[at[i]] = images[i];
+  }
+  return Status::Ok();
+}
+
+BTree::BTree(GlobalAddress root_word, std::chrono::milliseconds wait_limit, size_t cache_nodes)
+    : root_word_(root_word),
+      wait_limit_(wait_limit),
+      cache_(std::make_unique<NodeCache>(cache_nodes)) {}
+BTree::~BTree() = default;
+BTree::BTree(BTree&&) noexcept = default;
+
+void BTree::DropCache() const {
+  if (cache_) cache_->Drop();
+}
+
+size_t BTree::cached_nodes() const { return cache_ ? cache_->size() : 0; }
 
 Status BTree::Create(const Access& access, LockOwner& owner, GlobalAddress root_word) {
   Node n{};
@@ -355,11 +622,10 @@ Status BTree::Create(const Access& access, LockOwner& owner, GlobalAddress root_
 }
 
 Result<uint64_t> BTree::Lookup(const Access& access, LockOwner& owner, int64_t key) const {
-  const Ctx c{access, &owner, wait_limit_};
+  const Ctx c{access, &owner, wait_limit_, cache_.get()};
   GlobalAddress at;
   Node n;
-  FARPOOL_RETURN_IF_ERROR(ReadRoot(c, root_word_, &at, &n));
-  FARPOOL_RETURN_IF_ERROR(Descend(c, key, 0, &at, &n));
+  FARPOOL_RETURN_IF_ERROR(DescendFrom(c, root_word_, key, 0, &at, &n));
   for (uint32_t i = 0; i < n.count; ++i) {
     if (n.e[i].key == key) return n.e[i].value;
   }
@@ -372,7 +638,7 @@ Result<uint64_t> BTree::GetOrInsert(const Access& access, LockOwner& owner, int6
   if (owner.index_log().is_null()) {
     return Status::InvalidArgument("b+tree: the lock owner has no index redo area");
   }
-  const Ctx c{access, &owner, wait_limit_};
+  const Ctx c{access, &owner, wait_limit_, cache_.get()};
   // Level 0 inserts key -> value; level L + 1 posts the separator of a split at level L.
   uint32_t level = 0;
   int64_t ins_key = key;
@@ -381,7 +647,13 @@ Result<uint64_t> BTree::GetOrInsert(const Access& access, LockOwner& owner, int6
   for (;;) {
     GlobalAddress at;
     Node n;
-    FARPOOL_RETURN_IF_ERROR(ReadRoot(c, root_word_, &at, &n));
+    if (level == 0) {
+      // Through the cache (invariant 11): the leaf is locked and re-read below.
+      FARPOOL_RETURN_IF_ERROR(DescendFrom(c, root_word_, ins_key, 0, &at, &n));
+    } else {
+      // A separator: from the root word, which growth must see as it is.
+      FARPOOL_RETURN_IF_ERROR(ReadRoot(c, root_word_, &at, &n));
+    }
     if (n.level < level) {
       if (n.level + 1 != level || n.low != INT64_MIN) {
         return Status::Internal(NodeName(at) + ": the root word names a node at level " +
@@ -393,7 +665,7 @@ Result<uint64_t> BTree::GetOrInsert(const Access& access, LockOwner& owner, int6
       if (grown) return result;
       continue;  // the tree grew meanwhile: post into the new level like anyone else
     }
-    FARPOOL_RETURN_IF_ERROR(Descend(c, ins_key, level, &at, &n));
+    if (level > 0) FARPOOL_RETURN_IF_ERROR(Descend(c, ins_key, level, &at, &n));
     // Lock it, moving right under the lock if it split meanwhile.
     FARPOOL_RETURN_IF_ERROR(LockNode(c, at));
     for (;;) {
@@ -426,6 +698,7 @@ Result<uint64_t> BTree::GetOrInsert(const Access& access, LockOwner& owner, int6
       ++n.count;
       Status s = LoggedWrite(c, at, n, "btree.insert.logged", "btree.insert.written");
       if (!s.ok()) return Unwind(c, at, s);
+      CacheNode(c, at, n);
       FARPOOL_RETURN_IF_ERROR(Release(c, at));
       return result;
     }
@@ -444,6 +717,7 @@ Result<uint64_t> BTree::GetOrInsert(const Access& access, LockOwner& owner, int6
     r.right = n.right;
     auto right = NewNode(access, owner, r);
     if (!right.ok()) return Unwind(c, at, right.status());
+    CacheNode(c, *right, r);
     owner.FaultPoint("btree.split.right-written");
     const int64_t sep = r.low;
     n.count = half;
@@ -453,6 +727,7 @@ Result<uint64_t> BTree::GetOrInsert(const Access& access, LockOwner& owner, int6
     n.right = right->raw();
     Status s = LoggedWrite(c, at, n, "btree.split.logged", "btree.split.left-written");
     if (!s.ok()) return Unwind(c, at, s);
+    CacheNode(c, at, n);
     FARPOOL_RETURN_IF_ERROR(Release(c, at));
     owner.FaultPoint("btree.split.released");
     level = n.level + 1;
@@ -465,11 +740,10 @@ Status BTree::Remove(const Access& access, LockOwner& owner, int64_t key, uint64
   if (owner.index_log().is_null()) {
     return Status::InvalidArgument("b+tree: the lock owner has no index redo area");
   }
-  const Ctx c{access, &owner, wait_limit_};
+  const Ctx c{access, &owner, wait_limit_, cache_.get()};
   GlobalAddress at;
   Node n;
-  FARPOOL_RETURN_IF_ERROR(ReadRoot(c, root_word_, &at, &n));
-  FARPOOL_RETURN_IF_ERROR(Descend(c, key, 0, &at, &n));
+  FARPOOL_RETURN_IF_ERROR(DescendFrom(c, root_word_, key, 0, &at, &n));
   FARPOOL_RETURN_IF_ERROR(LockNode(c, at));
   for (;;) {
     Status s = ReadNode(c, at, &n);
@@ -494,17 +768,17 @@ Status BTree::Remove(const Access& access, LockOwner& owner, int64_t key, uint64
 }
 
 Status BTree::Scan(const Access& access, LockOwner& owner, int64_t lo, int64_t hi, bool reverse,
-                   const std::function<bool(int64_t, uint64_t)>& visit) const {
+                   const std::function<bool(int64_t, uint64_t)>& visit, const FirstRound* first,
+                   LeafImages* ahead) const {
   if (lo > hi) return Status::Ok();
-  const Ctx c{access, &owner, wait_limit_};
-  auto descend = [&](int64_t key, Node* n, GlobalAddress* at) -> Status {
-    FARPOOL_RETURN_IF_ERROR(ReadRoot(c, root_word_, at, n));
-    return Descend(c, key, 0, at, n);
-  };
+  LeafImages own;
+  const Ctx c{access,       &owner, wait_limit_,
+              cache_.get(), first,  &(ahead != nullptr ? ahead : &own)->map_->nodes};
+  const ScanAhead toward{reverse ? lo : hi, reverse};
   Node n;
   GlobalAddress at;
   if (!reverse) {
-    FARPOOL_RETURN_IF_ERROR(descend(lo, &n, &at));
+    FARPOOL_RETURN_IF_ERROR(DescendFrom(c, root_word_, lo, 0, &at, &n, &toward));
     bool any = false;
     int64_t last = 0;
     for (;;) {
@@ -523,7 +797,8 @@ Status BTree::Scan(const Access& access, LockOwner& owner, int64_t lo, int64_t h
   }
   int64_t key = hi;
   for (;;) {
-    FARPOOL_RETURN_IF_ERROR(descend(key, &n, &at));
+    FARPOOL_RETURN_IF_ERROR(
+        DescendFrom(c, root_word_, key, 0, &at, &n, key == hi ? &toward : nullptr));
     for (int i = static_cast<int>(n.count) - 1; i >= 0; --i) {
       const int64_t k = n.e[i].key;
       if (k > key) continue;
@@ -603,6 +878,7 @@ Result<uint64_t> BTree::CheckStructure(const Access& access) const {
 }
 
 Status BTree::Destroy(const Access& access, LockOwner& owner) const {
+  DropCache();
   const Ctx c{access, &owner, wait_limit_};
   std::vector<GlobalAddress> nodes;
   FARPOOL_RETURN_IF_ERROR(

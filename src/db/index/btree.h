@@ -67,17 +67,61 @@
 //      64 spins and gives up after `wait_limit` with Unavailable naming the node and holder.
 //      Races (a root that grew, a lock broken by someone else first) are retried inside.
 //
+// Inner-node cache (per BTree object, so per process and tree; shared by the sessions that use
+// the object). Over a network every node read is a round trip, and a descent reads the root
+// word and one node per level. The cache keeps verified images of inner nodes (level >= 1) and
+// the root address last seen, so that a descent routes through memory and reads only the
+// leaf (Sherman's index cache; there a version validates a cached node, here the B-link
+// invariants do):
+//   9. A stale route is never wrong, only long. Take a cached image I of inner node X, read at
+//      some time. Since then X may only have split (invariant 1): its entries with keys
+//      >= its new high went to nodes on its right, and every child that I names still exists
+//      with the same low (nodes are freed only with the whole tree, Destroy). Routing `key`
+//      by I (key >= I.low) picks the child C whose low is the largest entry key <= key; now,
+//      as then, C.low <= key, and a level's nodes cover the key space left to right in low
+//      order, so the node that holds `key` at C's level is C or lies to its right: moving
+//      right from C reaches it (invariant 2). Moving right by I's high and right link is
+//      right for the same reason (I.right's low is I.high, which never changes). A cached
+//      root is the leftmost node of its level forever (invariant 1), so it routes every key
+//      even after the tree grew above it. Hence a cached descent ends at the right leaf after
+//      zero or more move-rights, and any key present before the descent began is found.
+//  10. Bounded staleness. A descent that had to move right below a cached node drops that
+//      node from the cache (the next descent through it reads it again, and caches the fresh
+//      image: Sherman's refresh); one that moves right more than kMaxCachedMoveRights times
+//      gives the cached route up and descends from the root word, reading (and caching) the
+//      whole path. So a cached descent costs at most kMaxCachedMoveRights + 1 reads more than
+//      an uncached one, and one leaf read in the common case.
+//  11. Writers use the cache too (GetOrInsert, Remove): they descend to a node they then lock
+//      and re-read, moving right under the lock (as after any stale descent), so a stale route
+//      only costs them move-rights. Posting a separator (level >= 1) and growing the root read
+//      the root word itself: the root-growth CAS must see the real root. A writer puts the
+//      inner nodes it writes (splits, new roots) into its cache.
+//  12. Scans read, in the round trip of their first leaf, the leaves that the cached parent of
+//      that leaf names next in the scan's direction within [lo, hi] (at most
+//      kMaxPrefetchLeaves). The scan still follows right links (forward) or re-descends
+//      (reverse) exactly as without them, only taking a leaf's image from that round instead of
+//      reading it: each image holds every key of its range at its read time, and the images
+//      chain by right links whose lows never change, so the scan visits every key present
+//      before it began, as before. ReadAhead reads such leaves for several scans in one round
+//      trip before they start (Transaction::ScanMany); they then visit every key present
+//      before that round.
+// Memory: at most `cache_nodes` inner nodes (1 KiB each) per tree, a random one evicted when
+// full. The cache lives and dies with the BTree object; DropCache (a dropped table) and
+// Destroy empty it and turn it off, so no cached node outlives the tree's nodes.
+//
 // REQUIRES: an owner holds at most one index lock at a time and is used by one thread at a
 // time (the tree never nests node locks: it releases a child before locking its parent).
 // Keys must be < INT64_MAX (the high key of the rightmost nodes).
 //
-// Thread-safety: immutable object, state in memory; safe for concurrent use from any number of
-// sessions and processes.
+// Thread-safety: safe for concurrent use from any number of threads, sessions and processes
+// (the tree's state is in memory; the cache has a lock of its own).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <span>
 
 #include "db/lock_owner.h"
 #include "db/memory.h"
@@ -97,8 +141,21 @@ class BTree {
   // owner.AllocObject (here and in splits), so that Destroy can free them from any process.
   static Status Create(const Access& access, LockOwner& owner, GlobalAddress root_word);
 
-  explicit BTree(GlobalAddress root_word, std::chrono::milliseconds wait_limit = kDefaultWaitLimit)
-      : root_word_(root_word), wait_limit_(wait_limit) {}
+  // Inner nodes a tree's cache holds at most (4 MiB): the inner levels of a tree of some
+  // 10 million entries.
+  static constexpr size_t kDefaultCacheNodes = 4096;
+  // Invariant 10: move-rights a descent through cached nodes may take before it reads the path
+  // from the root word instead.
+  static constexpr int kMaxCachedMoveRights = 4;
+  // Invariant 12: leaves a scan reads in its first round besides the first one.
+  static constexpr int kMaxPrefetchLeaves = 7;
+
+  // `cache_nodes` 0: no inner-node cache (every descent reads the root word and each level).
+  explicit BTree(GlobalAddress root_word, std::chrono::milliseconds wait_limit = kDefaultWaitLimit,
+                 size_t cache_nodes = kDefaultCacheNodes);
+  ~BTree();
+  BTree(BTree&&) noexcept;
+  BTree& operator=(BTree&&) = delete;
 
   // The value of `key`, or 0. `owner` is used only to repair a node left torn by a dead
   // holder (readers otherwise take no lock and write nothing).
@@ -110,15 +167,57 @@ class BTree {
   // Removes key -> value if present with that value (a deleted row whose record is being
   // freed). Leaves never merge: an emptied leaf keeps its key range.
   Status Remove(const Access& access, LockOwner& owner, int64_t key, uint64_t value) const;
+  // Work of the caller's that shares the scan's first round trip (a transaction's snapshot):
+  // `post` adds its operations to that round's batch, `finish` gets the batch's outcome (Wait's
+  // status, or the error of posting the scan's reads) and returns what the scan should; an
+  // error from `post` ends the scan at once (finish is not called). Both are called once if the
+  // scan reads anything (it does unless lo > hi), neither otherwise. The scan's reads in that round
+  // do not depend on the caller's operations, nor are they ordered after them.
+  struct FirstRound {
+    std::function<Status(Access::Batch& batch)> post;
+    std::function<Status(const Status& waited)> finish;
+  };
+  // Leaf images read ahead (ReadAhead) for Scans given them: each is used at most once, instead
+  // of a read of its node. Belongs to one thread.
+  class LeafImages {
+   public:
+    LeafImages();
+    ~LeafImages();
+    LeafImages(LeafImages&&) noexcept;
+
+   private:
+    friend class BTree;
+    struct Map;
+    std::unique_ptr<Map> map_;
+  };
+  struct Range {
+    int64_t lo, hi;
+    bool reverse;
+  };
+  // Reads, in one round trip, the leaf the cache routes each range's first key to and the
+  // leaves its cached parent names next within the range (invariant 12), into *ahead; `first`
+  // rides in that round (made for it alone if the cache has no route for any range).
+  Status ReadAhead(const Access& access, std::span<const Range> ranges, const FirstRound* first,
+                   LeafImages* ahead) const;
   // Visits entries with lo <= key <= hi in order (descending if reverse) until `visit`
-  // returns false. Entries inserted during the scan may or may not be visited. `owner` as for
-  // Lookup.
+  // returns false. Entries inserted during the scan may or may not be visited; every entry
+  // present before the scan began and not removed is. `owner` as for Lookup. `first`, if
+  // not null, rides in the first round trip; `ahead`, if not null, holds leaf images read
+  // ahead, taken instead of reads (and images the scan reads ahead go there).
   Status Scan(const Access& access, LockOwner& owner, int64_t lo, int64_t hi, bool reverse,
-              const std::function<bool(int64_t key, uint64_t value)>& visit) const;
+              const std::function<bool(int64_t key, uint64_t value)>& visit,
+              const FirstRound* first = nullptr, LeafImages* ahead = nullptr) const;
+
+  // Empties the inner-node cache and turns it off (the tree is being dropped: its nodes will
+  // be freed). Descents read the root word from then on.
+  void DropCache() const;
+  // Inner nodes in the cache now (for tests and reports).
+  size_t cached_nodes() const;
 
   // Frees every node reachable from the root word, level by level (owner.FreeObject), after
   // repairing any a dead holder left torn (so the walk can read it). Nodes that dead
   // splitters wrote but never linked (crash points of invariant 6) are not found (a leak).
+  // Empties the cache first (DropCache).
   // REQUIRES: nobody uses the tree any more, nor will (a dropped table past its last
   // snapshot).
   Status Destroy(const Access& access, LockOwner& owner) const;
@@ -139,9 +238,12 @@ class BTree {
   //     index lock at once instead of when someone meets it.
   static Status RecoverRedo(const Access& access, LockOwner& owner, GlobalAddress area);
 
+  class NodeCache;  // btree.cc
+
  private:
   GlobalAddress root_word_;
   std::chrono::milliseconds wait_limit_;
+  std::unique_ptr<NodeCache> cache_;
 };
 
 }  // namespace farpool::db

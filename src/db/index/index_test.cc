@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "db/index/btree.h"
@@ -169,6 +170,163 @@ TEST(IndexTest, RemovedKeysMissAndTheirSlotsAreReused) {
   entries = tree.CheckStructure(access);
   ASSERT_TRUE(entries.ok());
   EXPECT_EQ(*entries, uint64_t(kKeys));
+}
+
+// The inner-node cache (btree.h, invariants 9-12). Two BTree objects on one tree have caches
+// of their own, as two processes do: a writer splits leaves and inner nodes and grows the root
+// while a reader looks keys up and scans through its cache, which goes stale under it. Every
+// key inserted before a lookup or scan began is found by it, with its value, in order; once
+// the tree is quiet and the reader's cache refreshed, a descent reads one node (the leaf) and a
+// scan of a few leaves under one parent takes one round trip.
+TEST(IndexTest, StaleInnerNodeCacheFindsEveryKeyWhileAnotherSplitsAndGrows) {
+  const uint64_t seed = IndexTestSeed();
+  SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed));
+  auto mem = NewLocalMemory(2, 256ull << 20);
+  ASSERT_TRUE(mem.ok());
+  OwnerRegistry owners(**mem);
+  auto w = owners.NewOwner();
+  auto r = owners.NewOwner();
+  ASSERT_TRUE(w.ok() && r.ok());
+  TestOwner& writer = **w;
+  TestOwner& reader = **r;
+  const Access& wa = writer.access();
+  OpCount reader_count;
+  Access ra(**mem, reader_count);
+  auto root_word = wa.Alloc(64);
+  ASSERT_TRUE(root_word.ok());
+  ASSERT_TRUE(BTree::Create(wa, writer, *root_word).ok());
+  BTree wtree(*root_word), rtree(*root_word);
+  auto value = [](int64_t k) { return uint64_t(k) * 2 + 1; };
+  std::mutex mu;
+  std::vector<int64_t> inserted;  // confirmed inserts, in order
+  auto insert = [&](int64_t k) -> Status {
+    FARPOOL_ASSIGN_OR_RETURN(uint64_t v, wtree.GetOrInsert(wa, writer, k, value(k)));
+    if (v != value(k)) return Status::Internal("key " + std::to_string(k) + " has another value");
+    std::lock_guard<std::mutex> l(mu);
+    inserted.push_back(k);
+    return Status::Ok();
+  };
+  // Two levels (a root over ~10 leaves); the reader's cache holds that root.
+  for (int64_t k = 0; k < 300; ++k) ASSERT_TRUE(insert(k * 1000).ok());
+  auto rts = [&] { return reader_count.round_trips.load(); };
+  auto full_scan = [&](bool reverse, std::vector<int64_t>* keys) {
+    return rtree.Scan(ra, reader, INT64_MIN, INT64_MAX - 1, reverse, [&](int64_t k, uint64_t v) {
+      if (v != value(k)) keys->push_back(INT64_MIN);  // a wrong value fails the comparison
+      keys->push_back(k);
+      return true;
+    });
+  };
+  std::vector<int64_t> keys;
+  ASSERT_TRUE(full_scan(false, &keys).ok());
+  ASSERT_EQ(keys.size(), 300u);
+  EXPECT_GT(rtree.cached_nodes(), 0u);
+  uint64_t before = rts();
+  auto found = rtree.Lookup(ra, reader, 150'000);
+  ASSERT_TRUE(found.ok());
+  EXPECT_EQ(*found, value(150'000));
+  EXPECT_EQ(rts() - before, 1u) << "a warm descent reads the leaf only";
+  BTree cold(*root_word, BTree::kDefaultWaitLimit, 0);
+  before = rts();
+  ASSERT_TRUE(cold.Lookup(ra, reader, 150'000).ok());
+  EXPECT_EQ(rts() - before, 3u) << "without a cache: root word, root, leaf";
+
+  // The writer: random keys all over the range (splits everywhere, the root grows); the reader
+  // checks what was confirmed before each of its calls began.
+  std::atomic<bool> done{false};
+  Status wrote;
+  std::thread wt([&] {
+    std::mt19937_64 rng(seed);
+    for (int i = 0; i < 8000 && wrote.ok(); ++i) wrote = insert(int64_t(rng() % 300'000) + 1);
+    done = true;
+  });
+  std::mt19937_64 rng(seed + 1);
+  int checks = 0;
+  auto check = [&] {
+    std::vector<int64_t> expect;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      expect = inserted;
+    }
+    std::sort(expect.begin(), expect.end());
+    expect.erase(std::unique(expect.begin(), expect.end()), expect.end());
+    for (int i = 0; i < 20; ++i) {
+      const int64_t k = expect[rng() % expect.size()];
+      auto v = rtree.Lookup(ra, reader, k);
+      ASSERT_TRUE(v.ok()) << v.status().ToString();
+      ASSERT_EQ(*v, value(k)) << "key " << k;
+    }
+    const int64_t lo = int64_t(rng() % 300'000), hi = lo + int64_t(rng() % 30'000);
+    for (bool reverse : {false, true}) {
+      std::vector<int64_t> got, want;
+      ASSERT_TRUE(rtree
+                      .Scan(ra, reader, lo, hi, reverse,
+                            [&](int64_t k, uint64_t v) {
+                              got.push_back(v == value(k) ? k : INT64_MIN);
+                              return true;
+                            })
+                      .ok());
+      // Keys inserted during the scan may be visited too: every expected one must be, in
+      // order, and nothing else but keys in the range.
+      for (size_t i = 1; i < got.size(); ++i) {
+        ASSERT_TRUE(reverse ? got[i - 1] > got[i] : got[i - 1] < got[i]) << "order, " << lo;
+      }
+      std::set<int64_t> seen(got.begin(), got.end());
+      for (int64_t k : expect) {
+        if (k >= lo && k <= hi) {
+          ASSERT_TRUE(seen.count(k)) << "key " << k << " missed";
+        }
+      }
+      for (int64_t k : got) ASSERT_TRUE(k >= lo && k <= hi) << "key " << k;
+    }
+  };
+  while (!done || checks < 5) {
+    check();
+    if (::testing::Test::HasFatalFailure()) break;
+    ++checks;
+  }
+  wt.join();
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  ASSERT_TRUE(wrote.ok()) << wrote.ToString();
+  // Quiet now: a full pass refreshes what the splits made stale; after another, every descent
+  // reads one node.
+  std::vector<int64_t> all;
+  {
+    std::lock_guard<std::mutex> l(mu);
+    all = inserted;
+  }
+  for (int pass = 0; pass < 3; ++pass) {
+    before = rts();
+    for (int64_t k : all) {
+      auto v = rtree.Lookup(ra, reader, k);
+      ASSERT_TRUE(v.ok());
+      ASSERT_EQ(*v, value(k));
+    }
+    if (pass == 2) {
+      EXPECT_EQ(rts() - before, all.size());
+    }
+  }
+  auto entries = wtree.CheckStructure(wa);
+  ASSERT_TRUE(entries.ok()) << entries.status().ToString();
+  keys.clear();
+  ASSERT_TRUE(full_scan(true, &keys).ok());
+  EXPECT_EQ(keys.size(), *entries);
+  // A scan of a few leaves under one parent: one round trip, either way.
+  before = rts();
+  keys.clear();
+  ASSERT_TRUE(rtree
+                  .Scan(ra, reader, 0, 6000, false,
+                        [&](int64_t k, uint64_t) {
+                          keys.push_back(k);
+                          return true;
+                        })
+                  .ok());
+  const uint64_t forward = rts() - before;
+  before = rts();
+  ASSERT_TRUE(rtree.Scan(ra, reader, 0, 6000, true, [](int64_t, uint64_t) { return true; }).ok());
+  const uint64_t reverse = rts() - before;
+  EXPECT_GT(keys.size(), size_t(BTree::kMaxEntries)) << "the range spans several leaves";
+  EXPECT_EQ(forward, 1u);
+  EXPECT_EQ(reverse, 1u);
 }
 
 // Destroy (a dropped table's indexes) frees every object the indexes allocated: the bucket

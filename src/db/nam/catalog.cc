@@ -174,6 +174,8 @@ Status NamDatabase::LoadTables(const Access& access) {
       // Dropped (and maybe re-created) since we cached it: keep the object for old handles.
       auto it = tables_.find(known->second->name_);
       if (it != tables_.end() && it->second.get() == known->second) {
+        // Its B+tree's nodes are freed once reclaimed: no cached copy may outlive them.
+        if (it->second->btree_) it->second->btree_->DropCache();
         dropped_.push_back(std::move(it->second));
         tables_.erase(it);
       }
@@ -306,6 +308,7 @@ Status NamDatabase::DropTable(const std::string& name) {
     std::lock_guard<std::mutex> l(mu_);
     auto it = tables_.find(name);
     if (it != tables_.end()) {
+      if (it->second->btree_) it->second->btree_->DropCache();  // as in LoadTables
       dropped_.push_back(std::move(it->second));
       tables_.erase(it);
     }

@@ -606,6 +606,9 @@ class NamTxn final : public Transaction {
                            std::vector<Status>* statuses) override;
   Status Put(const Table& table, int64_t key, const Row& row) override;
   Status Delete(const Table& table, int64_t key) override;
+  Status ScanMany(
+      std::span<const ScanRange> ranges,
+      const std::function<bool(size_t range, int64_t key, const Row& row)>& visit) override;
   Status Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bool reverse,
               const std::function<bool(int64_t, const Row&)>& visit) override;
   Status Commit() override;
@@ -685,6 +688,21 @@ class NamTxn final : public Transaction {
                         std::string* payload);
   // Fills the rows, reading the blobs of all of them in one round trip.
   Status LoadRows(std::span<const RowLoad> loads);
+  // Scans: the rows that index entries name, visible in the snapshot: every record in one
+  // round trip, their blobs in the next, then the lease check; (*found)[i] says whether entry i
+  // has one, in (*rows)[i].
+  struct IndexEntry {
+    const NamTable* t;
+    int64_t key;
+    GlobalAddress record;
+  };
+  Status ReadIndexed(std::span<const IndexEntry> entries, std::vector<Row>* rows,
+                     std::vector<uint8_t>* found);
+  // The snapshot's counter read for a B+tree walk's first round (BTree::FirstRound).
+  BTree::FirstRound SnapshotRound(NamSession::SnapshotRead* snap);
+  // Scan without taking a fresh snapshot first (read committed: ScanMany's ranges share one).
+  Status ScanOne(const NamTable& t, int64_t lo, int64_t hi, size_t limit, bool reverse,
+                 const std::function<bool(int64_t, const Row&)>& visit);
   // Ends the transaction: counts it, frees blobs of an undecided commit, ends the snapshot.
   Status Finish(Status s);
 

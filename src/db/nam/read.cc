@@ -795,76 +795,189 @@ Status NamTxn::Delete(const Table& table, int64_t key) {
   return Status::Ok();
 }
 
+Status NamTxn::ReadIndexed(std::span<const IndexEntry> entries, std::vector<Row>* rows,
+                           std::vector<uint8_t>* found) {
+  rows->assign(entries.size(), Row());
+  found->assign(entries.size(), 0);
+  if (entries.empty()) return Status::Ok();
+  std::vector<RecordImage> images(entries.size());
+  {
+    Access::Batch b(s_.access_);
+    for (size_t i = 0; i < entries.size(); ++i) {
+      images[i].bytes.resize(entries[i].t->layout_.record_size());
+      FARPOOL_RETURN_IF_ERROR(
+          b.Read(entries[i].record, images[i].bytes.data(), images[i].bytes.size()));
+    }
+    FARPOOL_RETURN_IF_ERROR(b.Wait());
+  }
+  std::vector<std::string> payloads(entries.size());
+  std::vector<RowLoad> loads;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const IndexEntry& e = entries[i];
+    bool key_ok;
+    FARPOOL_RETURN_IF_ERROR(SettleRecord(*e.t, e.record, e.key, &images[i], &key_ok));
+    if (!key_ok) continue;
+    bool visible, deleted;
+    FARPOOL_RETURN_IF_ERROR(VisibleVersion(*e.t, images[i], &visible, &deleted, &payloads[i]));
+    if (!visible) continue;
+    (*found)[i] = 1;
+    loads.push_back({e.t, &payloads[i], &(*rows)[i]});
+  }
+  FARPOOL_RETURN_IF_ERROR(LoadRows(loads));
+  return s_.CheckLease();
+}
+
+BTree::FirstRound NamTxn::SnapshotRound(NamSession::SnapshotRead* snap) {
+  return {[this, snap](Access::Batch& b) { return s_.PostSnapshot(b, snap); },
+          [this, snap](const Status& waited) {
+            bool cache_cleared;  // scans take no address from the session's record cache
+            return FinishSnapshot(*snap, waited, &cache_cleared);
+          }};
+}
+
+namespace {
+// Index entries a scan collects before it reads their records (when it has no smaller limit).
+constexpr size_t kScanBatch = 256;
+
+Status NotOrdered(const NamTable& t) {
+  return Status::InvalidArgument("table '" + t.name_ + "' is not ordered (no B+tree)");
+}
+}  // namespace
+
 Status NamTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bool reverse,
                     const std::function<bool(int64_t, const Row&)>& visit) {
   if (finished_) return Status::InvalidArgument("transaction already finished");
   const auto& t = static_cast<const NamTable&>(table);
-  if (!t.btree_)
-    return Status::InvalidArgument("table '" + t.name_ + "' is not ordered (no B+tree)");
-  // The snapshot first (its own round trip if this is the transaction's first read: the B+tree
-  // walk does not take other work along). Then index entries are collected, up to the limit
-  // (or kScanBatch) at a time, and their records read in one batch, their blobs in another.
-  // Rows are handed to `visit` only after the lease check that covers their reads.
+  if (!t.btree_) return NotOrdered(t);
   FreshSnapshotForRead();
-  FARPOOL_RETURN_IF_ERROR(TakeSnapshot());
-  constexpr size_t kScanBatch = 256;
+  return ScanOne(t, lo, hi, limit, reverse, visit);
+}
+
+Status NamTxn::ScanOne(const NamTable& t, int64_t lo, int64_t hi, size_t limit, bool reverse,
+                       const std::function<bool(int64_t, const Row&)>& visit) {
+  // The snapshot, if this is the transaction's first read, rides in the B+tree walk's first
+  // round trip (BTree::FirstRound): index nodes do not depend on the snapshot, as the index
+  // lookups of FindRecords. Index entries are collected, up to the limit (or kScanBatch) at a
+  // time, and their records read in one batch after it (they must follow the counter), their
+  // blobs in another. Rows are handed to `visit` only after the lease check that covers their
+  // reads.
+  NamSession::SnapshotRead snap;
+  const BTree::FirstRound first = SnapshotRound(&snap);
   const size_t batch = limit == 0 ? kScanBatch : std::min(limit, kScanBatch);
-  std::vector<std::pair<int64_t, GlobalAddress>> pending;
+  std::vector<IndexEntry> pending;
   size_t visited = 0;
   bool stop = false;
   Status inner;
   auto flush = [&]() -> Status {
-    if (pending.empty()) return Status::Ok();
-    std::vector<RecordImage> images(pending.size());
-    {
-      Access::Batch b(s_.access_);
-      for (size_t i = 0; i < pending.size(); ++i) {
-        images[i].bytes.resize(t.layout_.record_size());
-        FARPOOL_RETURN_IF_ERROR(
-            b.Read(pending[i].second, images[i].bytes.data(), images[i].bytes.size()));
-      }
-      FARPOOL_RETURN_IF_ERROR(b.Wait());
-    }
-    std::vector<int64_t> keys;
-    std::vector<std::string> payloads;
-    for (size_t i = 0; i < pending.size(); ++i) {
-      bool key_ok;
-      FARPOOL_RETURN_IF_ERROR(
-          SettleRecord(t, pending[i].second, pending[i].first, &images[i], &key_ok));
-      if (!key_ok) continue;
-      bool found, deleted;
-      std::string payload;
-      FARPOOL_RETURN_IF_ERROR(VisibleVersion(t, images[i], &found, &deleted, &payload));
-      if (!found) continue;
-      keys.push_back(pending[i].first);
-      payloads.push_back(std::move(payload));
+    std::vector<Row> rows;
+    std::vector<uint8_t> found;
+    FARPOOL_RETURN_IF_ERROR(ReadIndexed(pending, &rows, &found));
+    for (size_t i = 0; i < pending.size() && !stop; ++i) {
+      if (!found[i]) continue;
+      ++visited;
+      stop = !visit(pending[i].key, rows[i]) || (limit != 0 && visited >= limit);
     }
     pending.clear();
-    std::vector<Row> rows(keys.size());
-    std::vector<RowLoad> loads;
-    for (size_t i = 0; i < keys.size(); ++i) loads.push_back({&t, &payloads[i], &rows[i]});
-    FARPOOL_RETURN_IF_ERROR(LoadRows(loads));
-    FARPOOL_RETURN_IF_ERROR(s_.CheckLease());
-    for (size_t i = 0; i < keys.size(); ++i) {
-      ++visited;
-      if (!visit(keys[i], rows[i]) || (limit != 0 && visited >= limit)) {
-        stop = true;
-        break;
-      }
-    }
     return Status::Ok();
   };
-  FARPOOL_RETURN_IF_ERROR(
-      t.btree_->Scan(s_.access_, s_, lo, hi, reverse, [&](int64_t k, uint64_t v) {
-        pending.push_back({k, GlobalAddress::FromRaw(v)});
+  FARPOOL_RETURN_IF_ERROR(t.btree_->Scan(
+      s_.access_, s_, lo, hi, reverse,
+      [&](int64_t k, uint64_t v) {
+        pending.push_back({&t, k, GlobalAddress::FromRaw(v)});
         if (pending.size() >= batch) {
           inner = flush();
           if (!inner.ok()) return false;
         }
         return !stop;
-      }));
+      },
+      has_snapshot_ ? nullptr : &first));
   FARPOOL_RETURN_IF_ERROR(inner);
+  // A scan that read nothing (lo > hi) still takes the snapshot: it was a read.
+  FARPOOL_RETURN_IF_ERROR(TakeSnapshot());
   if (!stop) FARPOOL_RETURN_IF_ERROR(flush());
+  return Status::Ok();
+}
+
+Status NamTxn::ScanMany(std::span<const ScanRange> ranges,
+                        const std::function<bool(size_t, int64_t, const Row&)>& visit) {
+  if (finished_) return Status::InvalidArgument("transaction already finished");
+  auto table = [&](size_t i) -> const NamTable& {
+    return static_cast<const NamTable&>(*ranges[i].table);
+  };
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    if (!table(i).btree_) return NotOrdered(table(i));
+  }
+  FreshSnapshotForRead();
+  // Round 1, per table: the leaves its cache routes the ranges to (BTree::ReadAhead), the first
+  // table's with the snapshot if this is the transaction's first read.
+  std::map<const NamTable*, BTree::LeafImages> ahead;
+  {
+    std::map<const NamTable*, std::vector<BTree::Range>> by_table;
+    for (size_t i = 0; i < ranges.size(); ++i)
+      by_table[&table(i)].push_back({ranges[i].lo, ranges[i].hi, ranges[i].reverse});
+    for (const auto& [t, rs] : by_table) {
+      NamSession::SnapshotRead snap;
+      const BTree::FirstRound first = SnapshotRound(&snap);
+      FARPOOL_RETURN_IF_ERROR(
+          t->btree_->ReadAhead(s_.access_, rs, has_snapshot_ ? nullptr : &first, &ahead[t]));
+    }
+    FARPOOL_RETURN_IF_ERROR(TakeSnapshot());  // no ranges: still a read
+  }
+  // Every range's entries (up to its limit, or kScanBatch) from those leaves (more reads only
+  // where a range goes beyond them or the cache had no route), then the records of all of them
+  // in one round trip, their blobs in the next.
+  struct Part {
+    size_t begin = 0, end = 0;
+    bool more = false;  // entries left from `next` on (towards the scan's end)
+    int64_t next = 0;
+  };
+  std::vector<IndexEntry> entries;
+  std::vector<Part> parts(ranges.size());
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const ScanRange& r = ranges[i];
+    const NamTable& t = table(i);
+    const size_t cap = r.limit == 0 ? kScanBatch : std::min(r.limit, kScanBatch);
+    Part& p = parts[i];
+    p.begin = entries.size();
+    FARPOOL_RETURN_IF_ERROR(t.btree_->Scan(
+        s_.access_, s_, r.lo, r.hi, r.reverse,
+        [&](int64_t k, uint64_t v) {
+          if (entries.size() - p.begin == cap) {
+            p.more = true;
+            p.next = k;
+            return false;
+          }
+          entries.push_back({&t, k, GlobalAddress::FromRaw(v)});
+          return true;
+        },
+        nullptr, &ahead[&t]));
+    p.end = entries.size();
+  }
+  std::vector<Row> rows;
+  std::vector<uint8_t> found;
+  FARPOOL_RETURN_IF_ERROR(ReadIndexed(entries, &rows, &found));
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const ScanRange& r = ranges[i];
+    const Part& p = parts[i];
+    size_t visited = 0;
+    for (size_t j = p.begin; j < p.end; ++j) {
+      if (!found[j]) continue;
+      ++visited;
+      if (!visit(i, entries[j].key, rows[j])) return Status::Ok();
+      if (r.limit != 0 && visited >= r.limit) break;
+    }
+    if (!p.more || (r.limit != 0 && visited >= r.limit)) continue;
+    // The rest of the range, from the first key not collected, as a scan of its own (same
+    // snapshot).
+    bool stopped = false;
+    FARPOOL_RETURN_IF_ERROR(ScanOne(table(i), r.reverse ? r.lo : p.next, r.reverse ? p.next : r.hi,
+                                    r.limit == 0 ? 0 : r.limit - visited, r.reverse,
+                                    [&](int64_t k, const Row& row) {
+                                      stopped = !visit(i, k, row);
+                                      return !stopped;
+                                    }));
+    if (stopped) return Status::Ok();
+  }
   return Status::Ok();
 }
 

@@ -31,14 +31,26 @@ std::string_view SocialQueryDescription(SocialQuery q) {
 
 namespace {
 
-Status CollectScan(Transaction& txn, const Table& table, int64_t prefix, int bits, size_t limit,
-                   bool reverse, std::vector<int64_t>* ids) {
-  const int64_t lo = prefix << bits, hi = lo | ((int64_t{1} << bits) - 1);
+// The keys of `table` that start with `prefix` (the low `bits` bits are the id).
+ScanRange PrefixRange(const Table& table, int64_t prefix, int bits, size_t limit, bool reverse) {
+  const int64_t lo = prefix << bits;
+  return {&table, lo, lo | ((int64_t{1} << bits) - 1), limit, reverse};
+}
+
+// The ids (low `bits` bits) of the keys in `ranges`, range by range, in one ScanMany.
+Status CollectScans(Transaction& txn, std::span<const ScanRange> ranges, int bits,
+                    std::vector<int64_t>* ids) {
   const int64_t mask = (int64_t{1} << bits) - 1;
-  return txn.Scan(table, lo, hi, limit, reverse, [&](int64_t key, const Row&) {
+  return txn.ScanMany(ranges, [&](size_t, int64_t key, const Row&) {
     ids->push_back(key & mask);
     return true;
   });
+}
+
+Status CollectScan(Transaction& txn, const Table& table, int64_t prefix, int bits, size_t limit,
+                   bool reverse, std::vector<int64_t>* ids) {
+  const ScanRange range = PrefixRange(table, prefix, bits, limit, reverse);
+  return CollectScans(txn, std::span<const ScanRange>(&range, 1), bits, ids);
 }
 
 // The rows of `ids` in `table`, in one MultiGet; every id must exist (the indexes name them).
@@ -75,9 +87,11 @@ Status QueryBody(Transaction& txn, const SocialTables& t, SocialQuery q, int64_t
       } else {
         std::vector<int64_t> groups;
         FARPOOL_RETURN_IF_ERROR(CollectScan(txn, *t.members, p, kUserBits, 0, false, &groups));
-        for (int64_t g : groups) {
-          FARPOOL_RETURN_IF_ERROR(CollectScan(txn, *t.group_inbox, g, kMidBits, 0, false, &ids));
-        }
+        // Every group's inbox at once: their leaves in one round trip, records in the next.
+        std::vector<ScanRange> inboxes;
+        for (int64_t g : groups)
+          inboxes.push_back(PrefixRange(*t.group_inbox, g, kMidBits, 0, false));
+        FARPOOL_RETURN_IF_ERROR(CollectScans(txn, inboxes, kMidBits, &ids));
       }
       FARPOOL_RETURN_IF_ERROR(GetRows(txn, *t.messages, ids, &rows));
       for (const Row& row : rows) {
