@@ -215,7 +215,9 @@ Result<nlohmann::json> RunSocialBench(const SocialBenchOptions& in) {
                  done / std::max(s, 1e-3), s, terminal && done < total ? "" : "\n");
     std::fflush(stderr);
   };
-  if (!o.attach) FARPOOL_ASSIGN_OR_RETURN(tables, LoadSocial(*db, data, o.load_threads, progress));
+  if (!o.attach) {
+    FARPOOL_ASSIGN_OR_RETURN(tables, LoadSocial(*db, data, o.load_threads, progress));
+  }
   const double load_seconds = o.attach ? 0.0 : Seconds(Clock::now() - load_start);
 
   nlohmann::json r = RunContext();

@@ -238,10 +238,9 @@ Status NamLoader::ReturnSlots() {
   Status first;
   for (auto& [id, sv] : servers_) {
     for (auto& [slot, f] : sv.free) {
-      for (size_t i = f.next; i < f.objects.size(); ++i) {
-        Status s = db_.recycler().Free(s_->access_, *s_, f.objects[i], slot);
-        if (first.ok()) first = s;
-      }
+      Status s =
+          db_.recycler().FreeMany(s_->access_, *s_, slot, std::span(f.objects).subspan(f.next));
+      if (first.ok()) first = s;
       f.objects.clear();
       f.next = 0;
     }

@@ -400,6 +400,28 @@ Status Recycler::ReserveChunk(const Access& access, LockOwner& owner, uint16_t s
   return Status::Ok();
 }
 
+Status Recycler::FreeMany(const Access& access, LockOwner& owner, uint64_t size,
+                          std::span<const GlobalAddress> objects) {
+  const int c = ClassOf(size);
+  std::map<size_t, std::vector<uint64_t>> by_server;
+  for (GlobalAddress a : objects) {
+    FARPOOL_ASSIGN_OR_RETURN(size_t si, IndexOf(a.server()));
+    if (!IsSlabClass(si, c)) {
+      FARPOOL_RETURN_IF_ERROR(Free(access, owner, a, size));
+      continue;
+    }
+    by_server[si].push_back(a.raw());
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  Status first;
+  for (const auto& [si, raw] : by_server) {
+    Status s = Return(access, owner, si, c, raw);
+    stats_.freed += raw.size();
+    if (first.ok()) first = s;
+  }
+  return first;
+}
+
 Status Recycler::Free(const Access& access, LockOwner& owner, GlobalAddress address,
                       uint64_t size) {
   if (address.is_null()) return Status::InvalidArgument("Free of the null address");
