@@ -299,10 +299,10 @@ Status RunTransaction(Session& session, const TransactionOptions& options,
 //     flight, the unused slots of the loader's last slab chunk per server and class, the
 //     B+tree nodes of a build not yet published: a bounded leak, docs/database.md). kSharded:
 //     a killed Finish leaves the table with the rows committed so far.
-//   - kPool and kLocal write rows in batches as they come (a few hundred rows per memory
-//     server per round trip, their hash index entries inserted near memory in the same
-//     batch) and build the B+tree bottom-up at Finish; kSharded buffers the rows and commits
-//     them in transactions at Finish.
+//   - kPool and kLocal write rows in batches as they come (1024 rows per memory server per
+//     round trip, their hash index entries inserted near memory in the same batch) and build the
+//     B+tree bottom-up at Finish; kSharded buffers the rows and commits them in transactions at
+//     Finish.
 // Thread-safety: a Loader belongs to one thread; loaders of different tables run at once.
 // It holds a session slot (kPool, kLocal) until it is destroyed.
 class Loader {

@@ -39,8 +39,10 @@
 namespace farpool::db {
 namespace {
 
-// Rows per memory server between two flushes: a few hundred rows per message.
-constexpr size_t kFlushRows = 256;
+// Rows per memory server between two flushes (one round trip; over TCP messages of up to
+// 64 KiB, a few hundred rows each). Measured at scale 10 over TCP: 1024 loads in 2.4-2.5 s
+// what 256 loads in 2.8-4.1 s.
+constexpr size_t kFlushRows = 1024;
 // Adjacent objects are merged into writes of at most this many bytes (the pool's largest
 // write carried inside a message; larger ones take the one-sided path).
 constexpr uint64_t kMaxRun = 16 << 10;
