@@ -288,7 +288,7 @@ Status RunTransaction(Session& session, const TransactionOptions& options,
 //     transactions of 500 rows, so a reader that opens the table during Finish may see part
 //     of them (not atomic).
 //   - Add checks each row (its schema is the table's, by column names, types and lengths; the
-//     key not INT64_MAX on an ordered table) and returns InvalidArgument naming the key;
+//     key is not INT64_MAX, reserved as for Put) and returns InvalidArgument naming the key;
 //     a key added twice makes Add or Finish return InvalidArgument "duplicate key K". Any error
 //     of Add or Finish abandons the load (the loader can do nothing more).
 //   - Abandoned (an error, or the loader destroyed before Finish): nothing becomes visible and
@@ -309,7 +309,8 @@ class Loader {
  public:
   virtual ~Loader() = default;
   virtual Status Add(int64_t key, const Row& row) = 0;
-  // Writes what is left, builds the indexes and publishes the table. REQUIRES: called once.
+  // Writes what is left, builds the indexes and publishes the table. After Finish (or an
+  // error) Add and Finish return InvalidArgument.
   virtual Result<const Table*> Finish() = 0;
   // Rows added so far.
   virtual uint64_t rows() const = 0;
