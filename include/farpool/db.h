@@ -304,7 +304,8 @@ Status RunTransaction(Session& session, const TransactionOptions& options,
 //     B+tree bottom-up at Finish; kSharded buffers the rows and commits them in transactions at
 //     Finish.
 // Thread-safety: a Loader belongs to one thread; loaders of different tables run at once.
-// It holds a session slot (kPool, kLocal) until it is destroyed.
+// It holds a session slot (kPool, kLocal) until it is destroyed. REQUIRES: the Database
+// outlives its Loaders.
 class Loader {
  public:
   virtual ~Loader() = default;
