@@ -285,6 +285,54 @@ Status RunTransaction(Session& session, const std::function<Status(Transaction&)
 Status RunTransaction(Session& session, const TransactionOptions& options,
                       const std::function<Status(Transaction&)>& body, int max_attempts = 1000);
 
+// Bulk loading (Database::NewLoader): a new table and its rows, made visible together.
+//
+//   auto loader = db->NewLoader("accounts", schema, TableOptions{.ordered = true});
+//   for (...) FARPOOL_RETURN_IF_ERROR((*loader)->Add(key, row));   // any key order
+//   auto accounts = (*loader)->Finish();                          // the table, all rows in it
+//
+// Contract (every engine):
+//   - It creates the table: a loader never writes into an existing table. NewLoader returns
+//     AlreadyExists if a table of that name exists; so does Finish if one was created (by any
+//     process) meanwhile: the first to publish the name wins.
+//   - kPool, kLocal: until Finish returns OK the table does not exist for anyone (OpenTable
+//     and ListTables do not see it; CreateTable of the name succeeds). Finish publishes the
+//     table with all its rows at once, every row a version with one commit stamp taken by
+//     NewLoader: a transaction whose snapshot is older than NewLoader sees the table empty,
+//     any other sees every row. A transaction never sees part of a load.
+//     kSharded (the default implementation): Finish creates the table and commits the rows in
+//     transactions of 500 rows, so a reader that opens the table during Finish may see part
+//     of them (not atomic).
+//   - Add checks each row (its schema is the table's, by column names, types and lengths; the
+//     key is not INT64_MAX, reserved as for Put) and returns InvalidArgument naming the key;
+//     a key added twice makes Add or Finish return InvalidArgument "duplicate key K". Any error
+//     of Add or Finish abandons the load (the loader can do nothing more).
+//   - Abandoned (an error, or the loader destroyed before Finish): nothing becomes visible and
+//     the rows' memory is reclaimed by the garbage collector like a dropped table's. kPool,
+//     kLocal: a process killed during a load leaves nothing visible; once its session's lease
+//     has expired, the garbage collector of any other process reclaims the table's memory as
+//     a dropped table's, except what was not yet in the hash index (the rows of the batch in
+//     flight, the unused slots of the loader's last slab chunk per server and class, the
+//     B+tree nodes of a build not yet published: a bounded leak, docs/database.md). kSharded:
+//     a killed Finish leaves the table with the rows committed so far.
+//   - kPool and kLocal write rows in batches as they come (1024 rows per memory server per
+//     round trip, their hash index entries inserted near memory in the same batch) and build the
+//     B+tree bottom-up at Finish; kSharded buffers the rows and commits them in transactions at
+//     Finish.
+// Thread-safety: a Loader belongs to one thread; loaders of different tables run at once.
+// It holds a session slot (kPool, kLocal) until it is destroyed. REQUIRES: the Database
+// outlives its Loaders.
+class Loader {
+ public:
+  virtual ~Loader() = default;
+  virtual Status Add(int64_t key, const Row& row) = 0;
+  // Writes what is left, builds the indexes and publishes the table. After Finish (or an
+  // error) Add and Finish return InvalidArgument.
+  virtual Result<const Table*> Finish() = 0;
+  // Rows added so far.
+  virtual uint64_t rows() const = 0;
+};
+
 struct DatabaseOptions {
   Engine engine = Engine::kPool;
   // kPool: the cluster file. kSharded: the partition servers' cluster file (`farpool shard`),
@@ -322,6 +370,14 @@ class Database {
   virtual Result<const Table*> CreateTable(const std::string& name, const Schema& schema,
                                            const TableOptions& options = {}) = 0;
   virtual Result<const Table*> OpenTable(const std::string& name) = 0;
+  // A loader that creates the table `name` with the rows added to it (see Loader). The
+  // table's name, schema and options are checked as CreateTable checks them (by NewLoader;
+  // the default implementation checks the schema and the name's existence, Finish the rest);
+  // options.expected_rows should be the number of rows to come (it sizes the hash index).
+  // The default (kSharded) buffers the rows and commits them in transactions at Finish.
+  virtual Result<std::unique_ptr<Loader>> NewLoader(const std::string& name, const Schema& schema,
+                                                    const TableOptions& options = {});
+
   // Makes the name free again. The table's memory (records, versions, blobs, index buckets)
   // is reclaimed by this process once every snapshot older than the drop has ended.
   // REQUIRES: no transaction of any process uses the table after the drop.

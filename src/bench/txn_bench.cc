@@ -38,12 +38,11 @@ struct Tables {
 };
 
 Result<Tables> Load(Database& db, const TxnBenchOptions& o) {
-  FARPOOL_ASSIGN_OR_RETURN(auto session, db.NewSession());
   Tables t;
   if (o.workload == "bank") {
-    FARPOOL_ASSIGN_OR_RETURN(t.accounts, workloads::LoadBank(db, *session, o.accounts));
+    FARPOOL_ASSIGN_OR_RETURN(t.accounts, workloads::LoadBank(db, o.accounts));
   } else {
-    FARPOOL_ASSIGN_OR_RETURN(t.tpcb, workloads::LoadTpcb(db, *session, o.scale));
+    FARPOOL_ASSIGN_OR_RETURN(t.tpcb, workloads::LoadTpcb(db, o.scale));
   }
   return t;
 }

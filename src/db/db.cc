@@ -1,6 +1,7 @@
 // Schema, Row, option parsing, the retry helper and engine dispatch of include/farpool/db.h.
 #include "farpool/db.h"
 
+#include <algorithm>
 #include <cassert>
 #include <chrono>
 #include <cstring>
@@ -9,6 +10,7 @@
 #include <thread>
 
 #include "db/nam/nam_engine.h"
+#include "db/row_access.h"
 #include "db/sharded_engine.h"
 
 namespace farpool {
@@ -229,6 +231,102 @@ Status RunTransaction(Session& session, const TransactionOptions& options,
   }
   return Status::Aborted("gave up after " + std::to_string(max_attempts) +
                          " attempts, every one aborted; the last: " + last.message());
+}
+
+// ---------------------------------------------------------------- bulk loading
+
+namespace db {
+
+Status CheckLoadRow(const Schema& schema, const std::string& table, int64_t key, const Row& row) {
+  auto bad = [&](const std::string& why) {
+    return Status::InvalidArgument("loading table '" + table + "': row of key " +
+                                   std::to_string(key) + ": " + why);
+  };
+  if (key == INT64_MAX) return bad("key INT64_MAX is reserved");
+  const Schema* got = row.schema();
+  if (got == nullptr) return bad("the row has no schema (default-constructed)");
+  if (got != &schema) {
+    if (got->size() != schema.size()) {
+      return bad(std::to_string(got->size()) + " columns, the table has " +
+                 std::to_string(schema.size()));
+    }
+    for (size_t i = 0; i < schema.size(); ++i) {
+      const Column &a = got->columns()[i], &b = schema.columns()[i];
+      if (a.name != b.name || a.type != b.type || a.length != b.length) {
+        return bad("column " + std::to_string(i) + " is '" + a.name + "', the table's is '" +
+                   b.name + "' (or their types or lengths differ)");
+      }
+    }
+  }
+  if (RowAccess::payload(row).size() != schema.PayloadSize()) return bad("malformed payload");
+  return Status::Ok();
+}
+
+namespace {
+
+// The default Loader (see db.h): buffers the rows; Finish creates the table and commits them
+// in transactions.
+class TxnLoader final : public Loader {
+ public:
+  TxnLoader(Database& db, std::string name, Schema schema, TableOptions options)
+      : db_(db), name_(std::move(name)), schema_(std::move(schema)), options_(options) {}
+
+  Status Add(int64_t key, const Row& row) override {
+    if (done_) return Status::InvalidArgument("loading table '" + name_ + "': loader finished");
+    Status s = CheckLoadRow(schema_, name_, key, row);
+    if (!s.ok()) {
+      done_ = true;
+      return s;
+    }
+    rows_.emplace_back(key, row);
+    return Status::Ok();
+  }
+
+  Result<const Table*> Finish() override {
+    if (done_) return Status::InvalidArgument("loading table '" + name_ + "': loader finished");
+    done_ = true;
+    std::sort(rows_.begin(), rows_.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (size_t i = 1; i < rows_.size(); ++i) {
+      if (rows_[i - 1].first == rows_[i].first) {
+        return Status::InvalidArgument("loading table '" + name_ + "': duplicate key " +
+                                       std::to_string(rows_[i].first));
+      }
+    }
+    FARPOOL_ASSIGN_OR_RETURN(const Table* table, db_.CreateTable(name_, schema_, options_));
+    FARPOOL_ASSIGN_OR_RETURN(auto session, db_.NewSession());
+    constexpr size_t kRowsPerTxn = 500;
+    for (size_t base = 0; base < rows_.size(); base += kRowsPerTxn) {
+      FARPOOL_RETURN_IF_ERROR(RunTransaction(*session, [&](Transaction& txn) -> Status {
+        for (size_t i = base; i < std::min(rows_.size(), base + kRowsPerTxn); ++i)
+          FARPOOL_RETURN_IF_ERROR(txn.Put(*table, rows_[i].first, rows_[i].second));
+        return Status::Ok();
+      }));
+    }
+    return table;
+  }
+
+  uint64_t rows() const override { return rows_.size(); }
+
+ private:
+  Database& db_;
+  const std::string name_;
+  const Schema schema_;
+  const TableOptions options_;
+  std::vector<std::pair<int64_t, Row>> rows_;
+  bool done_ = false;
+};
+
+}  // namespace
+}  // namespace db
+
+Result<std::unique_ptr<Loader>> Database::NewLoader(const std::string& name, const Schema& schema,
+                                                    const TableOptions& options) {
+  FARPOOL_RETURN_IF_ERROR(schema.Validate());
+  auto existing = OpenTable(name);
+  if (existing.ok()) return Status::AlreadyExists("table '" + name + "' already exists");
+  if (existing.status().code() != StatusCode::kNotFound) return existing.status();
+  return std::unique_ptr<Loader>(std::make_unique<db::TxnLoader>(*this, name, schema, options));
 }
 
 // ---------------------------------------------------------------- Open

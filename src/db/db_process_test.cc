@@ -13,6 +13,9 @@
 //          fault sites inside commits, another kills itself while holding locks it took at read
 //          (no commit log yet). Afterwards no record stays locked, the others were never stuck,
 //          and the counters sum to the total (no lost or partial increment).
+//   Bulk loads (pool): loader processes die by SIGKILL half-way through loading, after their
+//          B+tree build, and inside the publication; none of their tables ever becomes visible,
+//          all are reclaimed, and the database stays usable.
 //
 // Both engines: `pool` (memory servers) and `sharded` (`farpool shard` partition servers; its
 // fault sites are "locked" = all participants prepared, and "decided" = partition 0 committed
@@ -205,6 +208,37 @@ Status CounterWorker(uint64_t seed, int id) {
     ++commits;
     return s;
   });
+}
+
+// Bulk loaders that die by SIGKILL: worker i loads table "bulk<i>" and kills itself at a fault
+// site of the load: worker 0 after a random flush of rows, worker 1 once its B+tree is built,
+// worker 2 inside the publication (the table claimed, not yet live).
+constexpr int kBulkRows = 20000;
+
+Status BulkWorker(uint64_t seed, int id) {
+  DatabaseOptions o = WorkerOptions();
+  std::mt19937_64 rng(seed ^ 0xB01C);
+  // A load of kBulkRows flushes about 10 times (1024 rows per server each): die in one of the
+  // first 8, so that it always happens.
+  const int die_after = 1 + int(rng() % 8);
+  int flushes = 0;
+  static const char* kSites[] = {"bulk.flushed", "bulk.built", "bulk.publish"};
+  const std::string site = kSites[id % 3];
+  o.testing = std::make_shared<db::TestingHooks>(
+      db::TestingHooks{.commit_hook = [&](std::string_view point) {
+        if (point == site && (point != "bulk.flushed" || ++flushes == die_after)) raise(SIGKILL);
+      }});
+  FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(o));
+  const Schema schema{{"v", ColumnType::kInt64}, {"note", ColumnType::kBytes}};
+  FARPOOL_ASSIGN_OR_RETURN(auto loader, db->NewLoader("bulk" + std::to_string(id), schema,
+                                                      TableOptions{true, kBulkRows}));
+  for (int64_t k = 0; k < kBulkRows; ++k) {
+    Row r(schema);
+    r.SetInt64(0, k);
+    r.SetBytes(1, std::string(40, 'x'));
+    FARPOOL_RETURN_IF_ERROR(loader->Add(k, r));
+  }
+  return loader->Finish().status();
 }
 
 // ------------------------------------------------------------------ parent side
@@ -438,6 +472,79 @@ TEST_P(DbProcessTest, LockingReadsSurviveSigkill) {
   EXPECT_EQ(*db_->CountLocked(**t), 0u);
 }
 
+// Loader processes killed half-way (BulkWorker): no reader ever sees their tables, the
+// garbage collector of this process adopts and reclaims all three once their leases expire,
+// and the database stays usable: the names load again and an existing table is untouched.
+TEST_P(DbProcessTest, KilledLoaderLeavesNothing) {
+  if (GetParam() != "pool") GTEST_SKIP() << "kSharded's loader is the transaction fallback";
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed));
+  auto keep = db_->CreateTable("keep", Schema{{"v", ColumnType::kInt64}});
+  ASSERT_TRUE(keep.ok()) << keep.status().ToString();
+  auto session = db_->NewSession();
+  ASSERT_TRUE(session.ok());
+  ASSERT_TRUE(
+      RunTransaction(**session, [&](Transaction& txn) { return PutInt(txn, **keep, 1, 7); }).ok());
+  std::atomic<bool> stop{false};
+  std::atomic<int> seen{0};
+  std::thread watcher([&] {
+    while (!stop.load()) {
+      auto names = db_->ListTables();
+      if (names.ok() && names->size() != 1) ++seen;
+      std::this_thread::sleep_for(5ms);
+    }
+  });
+  auto pids = SpawnWorkers(3, "bulk", cluster_file_, seed);
+  int killed = 0;
+  for (auto [pid, status] : Reap(pids)) {
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+        << "worker " << pid << " status " << status;
+    killed += WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+  }
+  stop = true;
+  watcher.join();
+  EXPECT_EQ(killed, 3);
+  EXPECT_EQ(seen.load(), 0) << "a table of a dead loader became visible";
+  // Their sessions expire; the sweep adopts the three loads and reclaims them.
+  GcStats g;
+  for (int i = 0; i < 600 && g.tables_reclaimed < 3; ++i) {
+    ASSERT_TRUE(db_->RecoverExpired().ok());
+    auto r = db_->CollectGarbage();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    g = *r;
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(g.tables_reclaimed, 3u);
+  auto names = db_->ListTables();
+  ASSERT_TRUE(names.ok());
+  EXPECT_EQ(*names, std::vector<std::string>{"keep"});
+  // Usable: a load of a dead loader's name, and the table from before.
+  const Schema schema{{"v", ColumnType::kInt64}};
+  auto loader = db_->NewLoader("bulk0", schema, TableOptions{true, 1000});
+  ASSERT_TRUE(loader.ok()) << loader.status().ToString();
+  for (int64_t k = 0; k < 1000; ++k) {
+    Row r(schema);
+    r.SetInt64(0, k * 2);
+    ASSERT_TRUE((*loader)->Add(k, r).ok());
+  }
+  auto bulk = (*loader)->Finish();
+  ASSERT_TRUE(bulk.ok()) << bulk.status().ToString();
+  int64_t sum = 0, rows = 0;
+  ASSERT_TRUE(RunTransaction(**session, [&](Transaction& txn) -> Status {
+                sum = rows = 0;
+                FARPOOL_RETURN_IF_ERROR(
+                    txn.Scan(**bulk, 0, 999, 0, false, [&](int64_t, const Row& r) {
+                      sum += r.GetInt64(0);
+                      ++rows;
+                      return true;
+                    }));
+                FARPOOL_ASSIGN_OR_RETURN(int64_t v, GetInt(txn, **keep, 1));
+                return v == 7 ? Status::Ok() : Status::Internal("keep changed");
+              }).ok());
+  EXPECT_EQ(rows, 1000);
+  EXPECT_EQ(sum, 999 * 1000);
+}
+
 INSTANTIATE_TEST_SUITE_P(Engines, DbProcessTest, testing::Values("pool", "sharded"),
                          [](const auto& p) { return p.param; });
 
@@ -449,11 +556,11 @@ int main(int argc, char** argv) {
   if (!role.empty()) {
     const uint64_t seed = std::strtoull(farpool::db::Env("FARPOOL_SEED", "1").c_str(), nullptr, 10);
     const int id = std::atoi(farpool::db::Env("FARPOOL_WORKER_ID", "0").c_str());
-    farpool::Status s = role == "bank"    ? farpool::db::BankWorker(seed + id)
-                        : role == "cycle" ? farpool::db::CycleWorker(seed, id)
-                        : role == "counter"
-                            ? farpool::db::CounterWorker(seed, id)
-                            : farpool::Status::InvalidArgument("unknown role " + role);
+    farpool::Status s = role == "bank"      ? farpool::db::BankWorker(seed + id)
+                        : role == "cycle"   ? farpool::db::CycleWorker(seed, id)
+                        : role == "counter" ? farpool::db::CounterWorker(seed, id)
+                        : role == "bulk"    ? farpool::db::BulkWorker(seed, id)
+                                         : farpool::Status::InvalidArgument("unknown role " + role);
     if (!s.ok()) std::fprintf(stderr, "worker %s %d: %s\n", role.c_str(), id, s.ToString().c_str());
     return s.ok() ? 0 : 1;
   }

@@ -22,4 +22,9 @@ class RowAccess {
   static const std::vector<std::string>& bytes(const Row& row) { return row.bytes_; }
 };
 
+// A row for table `table` of schema `schema` (Loader::Add): InvalidArgument naming the table
+// and the key unless the row was made for an equal schema (column names, types and lengths,
+// in order) and the key is not INT64_MAX (reserved, as for Transaction::Put).
+Status CheckLoadRow(const Schema& schema, const std::string& table, int64_t key, const Row& row);
+
 }  // namespace farpool::db

@@ -24,7 +24,10 @@ struct TestingHooks {
   // told yet). kPool and kLocal also call it inside index writes ("btree.*" and "hash.*" sites,
   // named in src/db/index/) and before each record of a dropped table is reclaimed
   // ("gc.table-record"), and in a locking read between its copies and its lock round
-  // ("locking-read.copied"). Tests kill or stop the process there, or commit from another
+  // ("locking-read.copied"), and in a bulk load (bulk_load.cc) after each flush of rows
+  // ("bulk.flushed"), after the B+tree's build ("bulk.built") and inside the publication,
+  // between the claim of the table and the state write that makes it live ("bulk.publish").
+  // Tests kill or stop the process there, or commit from another
   // session to make a race happen.
   std::function<void(std::string_view point)> commit_hook;
   // Commit skips first-committer-wins validation (locks without checking the version read),

@@ -12,14 +12,11 @@ const Schema& BankSchema() {
   return s;
 }
 
-Result<const Table*> LoadBank(Database& db, Session& session, uint64_t accounts) {
-  FARPOOL_ASSIGN_OR_RETURN(const Table* t,
-                           db.CreateTable("accounts", BankSchema(), {false, accounts}));
-  Row r(t->schema());
+Result<const Table*> LoadBank(Database& db, uint64_t accounts) {
+  Row r(BankSchema());
   r.SetInt64(0, kBankInitialBalance);
-  FARPOOL_RETURN_IF_ERROR(LoadInBatches(
-      session, accounts, [&](Transaction& txn, uint64_t i) { return txn.Put(*t, i, r); }));
-  return t;
+  return LoadTable(db, "accounts", BankSchema(), {false, accounts}, accounts,
+                   [&](uint64_t) { return r; });
 }
 
 Result<const Table*> OpenBank(Database& db) { return db.OpenTable("accounts"); }

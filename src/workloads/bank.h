@@ -20,8 +20,9 @@ inline constexpr int64_t kBankInitialBalance = 1000;
 
 const Schema& BankSchema();
 
-// Creates the `accounts` table and loads `accounts` rows. REQUIRES: no such table yet.
-Result<const Table*> LoadBank(Database& db, Session& session, uint64_t accounts);
+// Creates the `accounts` table with `accounts` rows (a bulk loader: AlreadyExists if the
+// table exists).
+Result<const Table*> LoadBank(Database& db, uint64_t accounts);
 // The `accounts` table of a loaded database.
 Result<const Table*> OpenBank(Database& db);
 

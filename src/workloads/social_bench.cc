@@ -192,7 +192,6 @@ Result<nlohmann::json> RunSocialBench(const SocialBenchOptions& in) {
           ", ...): start a fresh cluster for each benchmark run, or "
           "--attach to run on the loaded social network");
     }
-    FARPOOL_ASSIGN_OR_RETURN(tables, CreateSocialTables(*db, data));
   }
   const auto load_start = Clock::now();
   auto last_print = load_start;
@@ -216,7 +215,9 @@ Result<nlohmann::json> RunSocialBench(const SocialBenchOptions& in) {
                  done / std::max(s, 1e-3), s, terminal && done < total ? "" : "\n");
     std::fflush(stderr);
   };
-  if (!o.attach) FARPOOL_RETURN_IF_ERROR(LoadSocial(*db, tables, data, o.load_threads, progress));
+  if (!o.attach) {
+    FARPOOL_ASSIGN_OR_RETURN(tables, LoadSocial(*db, data, o.load_threads, progress));
+  }
   const double load_seconds = o.attach ? 0.0 : Seconds(Clock::now() - load_start);
 
   nlohmann::json r = RunContext();

@@ -34,35 +34,32 @@ const Schema& HistorySchema() {
 
 }  // namespace
 
-Result<TpcbTables> LoadTpcb(Database& db, Session& session, int scale) {
+Result<TpcbTables> LoadTpcb(Database& db, int scale) {
   const uint64_t nb = scale, nt = kTpcbTellersPerBranch * scale,
                  na = kTpcbAccountsPerBranch * scale;
   TpcbTables t;
-  FARPOOL_ASSIGN_OR_RETURN(t.branches,
-                           db.CreateTable("pgbench_branches", BranchSchema(), {false, nb}));
-  FARPOOL_ASSIGN_OR_RETURN(t.tellers,
-                           db.CreateTable("pgbench_tellers", TellerSchema(), {false, nt}));
-  FARPOOL_ASSIGN_OR_RETURN(t.accounts,
-                           db.CreateTable("pgbench_accounts", AccountSchema(), {false, na}));
+  FARPOOL_ASSIGN_OR_RETURN(
+      t.branches, LoadTable(db, "pgbench_branches", BranchSchema(), {false, nb}, nb, [&](uint64_t) {
+        Row r(BranchSchema());
+        r.SetInt64(0, 0);
+        return r;
+      }));
+  FARPOOL_ASSIGN_OR_RETURN(
+      t.tellers, LoadTable(db, "pgbench_tellers", TellerSchema(), {false, nt}, nt, [&](uint64_t i) {
+        Row r(TellerSchema());
+        r.SetInt64(0, i / kTpcbTellersPerBranch);
+        r.SetInt64(1, 0);
+        return r;
+      }));
+  FARPOOL_ASSIGN_OR_RETURN(t.accounts, LoadTable(db, "pgbench_accounts", AccountSchema(),
+                                                 {false, na}, na, [&](uint64_t i) {
+                                                   Row r(AccountSchema());
+                                                   r.SetInt64(0, i / kTpcbAccountsPerBranch);
+                                                   r.SetInt64(1, 0);
+                                                   return r;
+                                                 }));
   FARPOOL_ASSIGN_OR_RETURN(t.history,
                            db.CreateTable("pgbench_history", HistorySchema(), {false, 1 << 20}));
-  FARPOOL_RETURN_IF_ERROR(LoadInBatches(session, nb, [&](Transaction& txn, uint64_t i) {
-    Row r(t.branches->schema());
-    r.SetInt64(0, 0);
-    return txn.Put(*t.branches, i, r);
-  }));
-  FARPOOL_RETURN_IF_ERROR(LoadInBatches(session, nt, [&](Transaction& txn, uint64_t i) {
-    Row r(t.tellers->schema());
-    r.SetInt64(0, i / kTpcbTellersPerBranch);
-    r.SetInt64(1, 0);
-    return txn.Put(*t.tellers, i, r);
-  }));
-  FARPOOL_RETURN_IF_ERROR(LoadInBatches(session, na, [&](Transaction& txn, uint64_t i) {
-    Row r(t.accounts->schema());
-    r.SetInt64(0, i / kTpcbAccountsPerBranch);
-    r.SetInt64(1, 0);
-    return txn.Put(*t.accounts, i, r);
-  }));
   return t;
 }
 

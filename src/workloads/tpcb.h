@@ -35,8 +35,9 @@ struct TpcbTables {
 inline constexpr uint64_t kTpcbTellersPerBranch = 10;
 inline constexpr uint64_t kTpcbAccountsPerBranch = 100000;
 
-// Creates the four tables and loads scale factor `scale`. REQUIRES: none of them exists yet.
-Result<TpcbTables> LoadTpcb(Database& db, Session& session, int scale);
+// Creates the four tables with scale factor `scale`'s rows (bulk loaders: AlreadyExists if one
+// exists; the history table is created empty).
+Result<TpcbTables> LoadTpcb(Database& db, int scale);
 // The tables of a loaded database.
 Result<TpcbTables> OpenTpcb(Database& db);
 

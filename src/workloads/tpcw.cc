@@ -9,6 +9,7 @@
 
 #include "bench/histogram.h"
 #include "bench/run_context.h"
+#include "workloads/txn_helpers.h"
 
 namespace farpool::workloads {
 namespace {
@@ -53,48 +54,39 @@ struct Tables {
 };
 
 Status Load(Database& db, const TpcwOptions& o, Tables* t) {
-  FARPOOL_ASSIGN_OR_RETURN(t->customer,
-                           db.CreateTable("tw_customer", CustomerSchema(), {false, o.customers}));
-  FARPOOL_ASSIGN_OR_RETURN(t->cart,
-                           db.CreateTable("tw_cart", CartSchema(), {false, o.customers * 3}));
-  FARPOOL_ASSIGN_OR_RETURN(t->item, db.CreateTable("tw_item", ItemSchema(), {false, o.items}));
-  FARPOOL_ASSIGN_OR_RETURN(t->order, db.CreateTable("tw_order", OrderSchema(), {false, 1 << 20}));
-  FARPOOL_ASSIGN_OR_RETURN(t->order_line,
-                           db.CreateTable("tw_order_line", OrderLineSchema(), {false, 1 << 22}));
-  FARPOOL_ASSIGN_OR_RETURN(auto s, db.NewSession());
-  std::mt19937_64 rng(o.seed);
-  for (uint64_t base = 0; base < o.items; base += 200) {
-    FARPOOL_RETURN_IF_ERROR(RunTransaction(*s, [&](Transaction& txn) -> Status {
-      for (uint64_t i = base; i < std::min(o.items, base + 200); ++i) {
+  FARPOOL_ASSIGN_OR_RETURN(
+      t->item, LoadTable(db, "tw_item", ItemSchema(), {false, o.items}, o.items, [&](uint64_t i) {
         Row r(ItemSchema());
         r.SetInt64(0, kInitialStock);
         r.SetInt64(1, 0);
         r.SetInt64(2, 100 + int64_t(i % 900));
         r.SetChar(3, "item " + std::to_string(i));
-        FARPOOL_RETURN_IF_ERROR(txn.Put(*t->item, int64_t(i), r));
-      }
-      return Status::Ok();
-    }));
+        return r;
+      }));
+  FARPOOL_ASSIGN_OR_RETURN(auto customers,
+                           db.NewLoader("tw_customer", CustomerSchema(), {false, o.customers}));
+  FARPOOL_ASSIGN_OR_RETURN(auto carts,
+                           db.NewLoader("tw_cart", CartSchema(), {false, o.customers * 3}));
+  std::mt19937_64 rng(o.seed);
+  for (uint64_t c = 0; c < o.customers; ++c) {
+    const int64_t lines = 1 + int64_t(rng() % kMaxLines);
+    Row r(CustomerSchema());
+    r.SetChar(0, "customer " + std::to_string(c));
+    r.SetInt64(1, lines);
+    r.SetInt64(2, 0);
+    FARPOOL_RETURN_IF_ERROR(customers->Add(int64_t(c), r));
+    for (int64_t l = 0; l < lines; ++l) {
+      Row cl(CartSchema());
+      cl.SetInt64(0, int64_t(rng() % o.items));
+      cl.SetInt64(1, 1 + int64_t(rng() % 5));
+      FARPOOL_RETURN_IF_ERROR(carts->Add(int64_t(c) * 8 + l, cl));
+    }
   }
-  for (uint64_t base = 0; base < o.customers; base += 50) {
-    FARPOOL_RETURN_IF_ERROR(RunTransaction(*s, [&](Transaction& txn) -> Status {
-      for (uint64_t c = base; c < std::min(o.customers, base + 50); ++c) {
-        const int64_t lines = 1 + int64_t(rng() % kMaxLines);
-        Row r(CustomerSchema());
-        r.SetChar(0, "customer " + std::to_string(c));
-        r.SetInt64(1, lines);
-        r.SetInt64(2, 0);
-        FARPOOL_RETURN_IF_ERROR(txn.Put(*t->customer, int64_t(c), r));
-        for (int64_t l = 0; l < lines; ++l) {
-          Row cl(CartSchema());
-          cl.SetInt64(0, int64_t(rng() % o.items));
-          cl.SetInt64(1, 1 + int64_t(rng() % 5));
-          FARPOOL_RETURN_IF_ERROR(txn.Put(*t->cart, int64_t(c) * 8 + l, cl));
-        }
-      }
-      return Status::Ok();
-    }));
-  }
+  FARPOOL_ASSIGN_OR_RETURN(t->customer, customers->Finish());
+  FARPOOL_ASSIGN_OR_RETURN(t->cart, carts->Finish());
+  FARPOOL_ASSIGN_OR_RETURN(t->order, db.CreateTable("tw_order", OrderSchema(), {false, 1 << 20}));
+  FARPOOL_ASSIGN_OR_RETURN(t->order_line,
+                           db.CreateTable("tw_order_line", OrderLineSchema(), {false, 1 << 22}));
   return Status::Ok();
 }
 

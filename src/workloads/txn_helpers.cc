@@ -4,17 +4,12 @@
 
 namespace farpool::workloads {
 
-Status LoadInBatches(Session& session, uint64_t n,
-                     const std::function<Status(Transaction&, uint64_t)>& put) {
-  constexpr uint64_t kRowsPerTxn = 500;
-  for (uint64_t base = 0; base < n; base += kRowsPerTxn) {
-    FARPOOL_RETURN_IF_ERROR(RunTransaction(session, [&](Transaction& txn) -> Status {
-      for (uint64_t i = base; i < std::min(n, base + kRowsPerTxn); ++i)
-        FARPOOL_RETURN_IF_ERROR(put(txn, i));
-      return Status::Ok();
-    }));
-  }
-  return Status::Ok();
+Result<const Table*> LoadTable(Database& db, const std::string& name, const Schema& schema,
+                               const TableOptions& options, uint64_t n,
+                               const std::function<Row(uint64_t)>& row) {
+  FARPOOL_ASSIGN_OR_RETURN(auto loader, db.NewLoader(name, schema, options));
+  for (uint64_t i = 0; i < n; ++i) FARPOOL_RETURN_IF_ERROR(loader->Add(int64_t(i), row(i)));
+  return loader->Finish();
 }
 
 Status GetAll(Transaction& txn, std::span<const TableKey> keys, std::vector<Row>* rows) {

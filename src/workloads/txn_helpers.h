@@ -1,5 +1,5 @@
-// Small transaction helpers shared by the workloads (bank, TPC-B): loading a table in batched
-// transactions, reading rows that must exist, summing a column.
+// Small helpers shared by the workloads (bank, TPC-B): loading a table with a bulk loader,
+// reading rows that must exist, summing a column.
 //
 // Thread-safety: stateless; each call uses only the Session or Transaction it is given.
 #pragma once
@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "farpool/db.h"
@@ -14,9 +15,11 @@
 
 namespace farpool::workloads {
 
-// Calls put(txn, i) for i in [0, n), 500 rows per transaction (each retried on Aborted).
-Status LoadInBatches(Session& session, uint64_t n,
-                     const std::function<Status(Transaction&, uint64_t)>& put);
+// Creates table `name` with rows row(i) at keys i in [0, n), with a bulk loader
+// (Database::NewLoader: the table appears with all its rows at once).
+Result<const Table*> LoadTable(Database& db, const std::string& name, const Schema& schema,
+                               const TableOptions& options, uint64_t n,
+                               const std::function<Row(uint64_t)>& row);
 
 // Reads the rows of `keys` in one MultiGet into *rows; every key must exist (NotFound if not).
 Status GetAll(Transaction& txn, std::span<const TableKey> keys, std::vector<Row>* rows);

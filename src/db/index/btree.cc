@@ -13,43 +13,23 @@
 #include <utility>
 #include <vector>
 
+#include "db/index/btree_node.h"
 #include "db/index/index_redo.h"
 #include "db/layout.h"
 
 namespace farpool::db {
 namespace {
 
+using namespace btree_internal;
 using Clock = std::chrono::steady_clock;
-
-struct Entry {
-  int64_t key;
-  uint64_t value;
-};
-
-struct Node {
-  uint64_t lock;
-  uint64_t checksum;  // over everything after it
-  uint32_t level;
-  uint32_t count;
-  int64_t low;
-  int64_t high;  // exclusive; INT64_MAX on the rightmost node of a level
-  uint64_t right;
-  Entry e[BTree::kMaxEntries];
-};
-static_assert(sizeof(Node) == BTree::kNodeSize);
 
 // The body is everything but the lock word: what a node write replaces.
 constexpr uint64_t kBodyOffset = kIndexRedoImageOffset;
 constexpr uint64_t kBodySize = sizeof(Node) - kBodyOffset;
 static_assert(kBodySize <= kIndexRedoMaxImage && kBodySize % 8 == 0);
-constexpr uint64_t kSummed = 16;
 // Spins of a wait between two HolderDead calls (each costs at least one read).
 constexpr int kCheckEvery = 64;
 
-uint64_t NodeSum(const Node& n) {
-  return Checksum(reinterpret_cast<const unsigned char*>(&n) + kSummed, sizeof(Node) - kSummed);
-}
-bool Verifies(const Node& n) { return n.checksum == NodeSum(n); }
 const unsigned char* Body(const Node& n) {
   return reinterpret_cast<const unsigned char*>(&n) + kBodyOffset;
 }

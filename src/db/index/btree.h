@@ -76,7 +76,8 @@
 //   9. A stale route is never wrong, only long. Take a cached image I of inner node X, read at
 //      some time. Since then X may only have split (invariant 1): its entries with keys
 //      >= its new high went to nodes on its right, and every child that I names still exists
-//      with the same low (nodes are freed only with the whole tree, Destroy). Routing `key`
+//      with the same low (nodes are freed only with the whole tree, Destroy, and the empty leaf
+//      that BuildSorted replaces before anyone can read the tree). Routing `key`
 //      by I (key >= I.low) picks the child C whose low is the largest entry key <= key; now,
 //      as then, C.low <= key, and a level's nodes cover the key space left to right in low
 //      order, so the node that holds `key` at C's level is C or lies to its right: moving
@@ -122,6 +123,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <utility>
 
 #include "db/lock_owner.h"
 #include "db/memory.h"
@@ -221,6 +223,21 @@ class BTree {
   // REQUIRES: nobody uses the tree any more, nor will (a dropped table past its last
   // snapshot).
   Status Destroy(const Access& access, LockOwner& owner) const;
+
+  // Bulk loading (btree_build.cc): replaces the empty tree at the root word (one empty leaf,
+  // as Create leaves it) by one holding `entries`, built bottom-up: the leaves packed with
+  // kBuildFill entries each in key order, then each inner level over the one below, every node
+  // written whole (lock 0, checksum) in batches, and the root word CASed from the empty leaf
+  // to the new root last, after which the empty leaf is freed. The result keeps every
+  // invariant above (it is a tree that splits could have made). A failure before the root
+  // word's CAS frees the nodes written and leaves the empty tree; a crash leaks them.
+  // InvalidArgument if the keys are not strictly ascending, one is INT64_MAX, a value is 0, or
+  // the tree is not empty.
+  // REQUIRES: nobody else reads or writes the tree until this returns (a table not yet
+  // published: NamDatabase's loader).
+  static constexpr int kBuildFill = kMaxEntries - 5;  // room for a few inserts before a split
+  Status BuildSorted(const Access& access, LockOwner& owner,
+                     std::span<const std::pair<int64_t, uint64_t>> entries) const;
 
   // Checks the structure (sorted keys, key ranges, levels, every inner entry's key equal to
   // its child's low key) and returns the number of leaf entries. For tests; not safe against

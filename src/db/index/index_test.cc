@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <map>
 #include <mutex>
 #include <random>
@@ -19,6 +20,97 @@
 
 namespace farpool::db {
 namespace {
+
+// BTree::BuildSorted: trees of every height (an empty input; one leaf; the boundaries where a
+// level fills up) are well formed, hold exactly the input, scan it in order both ways, and
+// take inserts afterwards (splits of the packed nodes) while staying well formed.
+TEST(IndexTest, BuildSortedMakesAWellFormedTree) {
+  const uint64_t seed = IndexTestSeed();
+  SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed));
+  auto mem = NewLocalMemory(2, 256ull << 20);
+  ASSERT_TRUE(mem.ok());
+  OpCount count;
+  Access access(**mem, count);
+  OwnerRegistry owners(**mem);
+  auto owner = owners.NewOwner();
+  ASSERT_TRUE(owner.ok());
+  std::mt19937_64 rng(seed);
+  const size_t fill = BTree::kBuildFill;
+  for (size_t n :
+       {size_t{0}, size_t{1}, fill, fill + 1, fill * fill, fill * fill + 1, size_t{20000}}) {
+    SCOPED_TRACE("entries " + std::to_string(n));
+    auto root_word = access.Alloc(64);
+    ASSERT_TRUE(root_word.ok());
+    ASSERT_TRUE(BTree::Create(access, **owner, *root_word).ok());
+    BTree tree(*root_word);
+    std::map<int64_t, uint64_t> model;
+    while (model.size() < n) model.emplace(int64_t(rng() % 1000000) - 500000, rng() | 1);
+    std::vector<std::pair<int64_t, uint64_t>> entries(model.begin(), model.end());
+    Status built = tree.BuildSorted(access, **owner, entries);
+    ASSERT_TRUE(built.ok()) << built.ToString();
+    auto leaf_entries = tree.CheckStructure(access);
+    ASSERT_TRUE(leaf_entries.ok()) << leaf_entries.status().ToString();
+    EXPECT_EQ(*leaf_entries, n);
+    for (const auto& [k, v] : model) {
+      auto got = tree.Lookup(access, **owner, k);
+      ASSERT_TRUE(got.ok());
+      ASSERT_EQ(*got, v) << "key " << k;
+    }
+    for (bool reverse : {false, true}) {
+      std::vector<std::pair<int64_t, uint64_t>> scanned;
+      ASSERT_TRUE(tree.Scan(access, **owner, INT64_MIN, INT64_MAX - 1, reverse,
+                            [&](int64_t k, uint64_t v) {
+                              scanned.push_back({k, v});
+                              return true;
+                            })
+                      .ok());
+      if (reverse) std::reverse(scanned.begin(), scanned.end());
+      EXPECT_EQ(scanned, entries);
+    }
+    // A built tree is no longer empty: a second build is refused.
+    EXPECT_EQ(tree.BuildSorted(access, **owner, entries).code(),
+              n == 0 ? StatusCode::kOk : StatusCode::kInvalidArgument);
+    for (int i = 0; i < 2000; ++i) {
+      const int64_t k = int64_t(rng() % 1000000) - 500000;
+      auto got = tree.GetOrInsert(access, **owner, k, uint64_t(i) + 1);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      model.emplace(k, *got);
+    }
+    leaf_entries = tree.CheckStructure(access);
+    ASSERT_TRUE(leaf_entries.ok()) << leaf_entries.status().ToString();
+    EXPECT_EQ(*leaf_entries, model.size());
+  }
+}
+
+TEST(IndexTest, BuildSortedRejectsBadInput) {
+  auto mem = NewLocalMemory(2, 64ull << 20);
+  ASSERT_TRUE(mem.ok());
+  OpCount count;
+  Access access(**mem, count);
+  OwnerRegistry owners(**mem);
+  auto owner = owners.NewOwner();
+  ASSERT_TRUE(owner.ok());
+  auto root_word = access.Alloc(64);
+  ASSERT_TRUE(root_word.ok());
+  ASSERT_TRUE(BTree::Create(access, **owner, *root_word).ok());
+  BTree tree(*root_word);
+  using E = std::vector<std::pair<int64_t, uint64_t>>;
+  EXPECT_EQ(tree.BuildSorted(access, **owner, E{{2, 1}, {1, 1}}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(tree.BuildSorted(access, **owner, E{{1, 1}, {1, 2}}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(tree.BuildSorted(access, **owner, E{{INT64_MAX, 1}}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(tree.BuildSorted(access, **owner, E{{1, 0}}).code(), StatusCode::kInvalidArgument);
+  // Nothing was built: the tree is still empty and takes a valid build.
+  auto empty = tree.CheckStructure(access);
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(*empty, 0u);
+  ASSERT_TRUE(tree.BuildSorted(access, **owner, E{{1, 1}, {2, 2}}).ok());
+  auto two = tree.CheckStructure(access);
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ(*two, 2u);
+}
 
 TEST(IndexTest, ConcurrentInsertsMatchModel) {
   const uint64_t seed = IndexTestSeed();

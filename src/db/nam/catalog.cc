@@ -160,11 +160,13 @@ Result<std::unique_ptr<NamTable>> NamDatabase::MakeTable(uint32_t id, const Tabl
 }
 
 Status NamDatabase::LoadTables(const Access& access) {
+  // The whole descriptor area in one read (256 KiB: one round trip, not one per descriptor).
+  std::vector<unsigned char> area(kMaxTables * kDescSize);
+  FARPOOL_RETURN_IF_ERROR(
+      access.Read(GlobalAddress::FromRaw(root_.tables), area.data(), area.size()));
   std::vector<TableDesc> descs(kMaxTables);
-  for (uint64_t i = 0; i < kMaxTables; ++i) {
-    FARPOOL_RETURN_IF_ERROR(access.Read(GlobalAddress::FromRaw(root_.tables) + i * kDescSize,
-                                        &descs[i], sizeof(TableDesc)));
-  }
+  for (uint64_t i = 0; i < kMaxTables; ++i)
+    std::memcpy(&descs[i], area.data() + i * kDescSize, sizeof(TableDesc));
   std::lock_guard<std::mutex> l(mu_);
   for (uint32_t i = 0; i < kMaxTables; ++i) {
     auto known = by_id_.find(i);
@@ -189,8 +191,9 @@ Status NamDatabase::LoadTables(const Access& access) {
   return Status::Ok();
 }
 
-Result<const Table*> NamDatabase::CreateTable(const std::string& name, const Schema& schema,
-                                              const TableOptions& options) {
+Result<uint32_t> NamDatabase::NewDescriptor(const std::string& name, const Schema& schema,
+                                            const TableOptions& options, uint64_t state,
+                                            uint64_t reclaimer) {
   if (name.empty() || name.size() >= 64) {
     return Status::InvalidArgument("table name '" + name + "' must be 1..63 bytes");
   }
@@ -198,18 +201,20 @@ Result<const Table*> NamDatabase::CreateTable(const std::string& name, const Sch
   FARPOOL_ASSIGN_OR_RETURN(std::shared_ptr<NamSession> sys, System());
   const Access& access = sys->access_;
   FARPOOL_RETURN_IF_ERROR(LockDdl(*sys));
+  int free_id = -1;
   auto body = [&]() -> Status {
     FARPOOL_RETURN_IF_ERROR(LoadTables(access));
     {
       std::lock_guard<std::mutex> l(mu_);
       if (tables_.count(name)) return Status::AlreadyExists("table '" + name + "' already exists");
     }
-    int free_id = -1;
+    std::vector<unsigned char> area(kMaxTables * kDescSize);
+    FARPOOL_RETURN_IF_ERROR(
+        access.Read(GlobalAddress::FromRaw(root_.tables), area.data(), area.size()));
     for (uint32_t i = 0; i < kMaxTables && free_id < 0; ++i) {
-      uint64_t state;
-      FARPOOL_RETURN_IF_ERROR(
-          access.Read(GlobalAddress::FromRaw(root_.tables) + i * kDescSize, &state, 8));
-      if (state == kDescEmpty) free_id = static_cast<int>(i);
+      uint64_t word;
+      std::memcpy(&word, area.data() + i * kDescSize, 8);
+      if (word == kDescEmpty) free_id = static_cast<int>(i);
     }
     if (free_id < 0) {
       return Status::ResourceExhausted("the catalog holds " + std::to_string(kMaxTables) +
@@ -219,6 +224,7 @@ Result<const Table*> NamDatabase::CreateTable(const std::string& name, const Sch
     std::memcpy(d.name, name.data(), name.size());
     d.flags = options.ordered ? 1 : 0;
     d.payload = (schema.PayloadSize() + 7) & ~7u;
+    d.reclaimer = reclaimer;
     // One bucket array per memory server (up to kMaxHashArrays), so that records can sit on
     // their bucket's server and a table is still spread over all of them. Each array a power
     // of two: a recycler object of exactly its size class, so a dropped table's arrays are
@@ -244,21 +250,33 @@ Result<const Table*> NamDatabase::CreateTable(const std::string& name, const Sch
       d.cols[i].length = col.length;
     }
     const GlobalAddress desc = GlobalAddress::FromRaw(root_.tables) + free_id * kDescSize;
-    // Body first, the state word that makes it live last.
+    // Body first, the state word that makes it live (or a load's) last.
     FARPOOL_RETURN_IF_ERROR(sys->CheckLease());
     FARPOOL_RETURN_IF_ERROR(
         access.Write(desc + 8, reinterpret_cast<const unsigned char*>(&d) + 8, sizeof(d) - 8));
     if (options.ordered) {
       FARPOOL_RETURN_IF_ERROR(BTree::Create(access, *sys, desc + kDescBtreeRoot));
     }
-    uint64_t live = kDescLive;
     FARPOOL_RETURN_IF_ERROR(sys->CheckLease());
-    return access.Write(desc, &live, 8);
+    return access.Write(desc, &state, 8);
   };
   Status s = body();
   Status u = UnlockDdl(*sys);
   FARPOOL_RETURN_IF_ERROR(s);
   FARPOOL_RETURN_IF_ERROR(u);
+  return static_cast<uint32_t>(free_id);
+}
+
+Result<std::unique_ptr<NamTable>> NamDatabase::ReadTable(const Access& access, uint32_t id) {
+  TableDesc d;
+  FARPOOL_RETURN_IF_ERROR(
+      access.Read(GlobalAddress::FromRaw(root_.tables) + id * kDescSize, &d, sizeof(d)));
+  return MakeTable(id, d);
+}
+
+Result<const Table*> NamDatabase::CreateTable(const std::string& name, const Schema& schema,
+                                              const TableOptions& options) {
+  FARPOOL_RETURN_IF_ERROR(NewDescriptor(name, schema, options, kDescLive, 0).status());
   return OpenTable(name);
 }
 

@@ -375,6 +375,53 @@ Status Recycler::Return(const Access& access, LockOwner& owner, size_t si, int c
   return first;
 }
 
+Status Recycler::ReserveChunk(const Access& access, LockOwner& owner, uint16_t server,
+                              uint64_t size, std::vector<GlobalAddress>* objects) {
+  const int c = ClassOf(size);
+  FARPOOL_ASSIGN_OR_RETURN(size_t si, IndexOf(server));
+  const Server& sv = servers_[si];
+  if (!IsSlabClass(si, c)) {
+    return Status::InvalidArgument("recycler: objects of " + std::to_string(size) +
+                                   " bytes do not fit a slab chunk of server " +
+                                   std::to_string(server));
+  }
+  const Slab slab = SlabOf(sv.chunk_size, c);
+  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress base, memory_.LeaseRun(sv.id, sv.chunk_size));
+  auto published = Publish(access, owner, si, c, base, slab.slots);
+  if (!published.ok()) {
+    (void)memory_.ReleaseRun(base, sv.chunk_size);  // nobody else knows the chunk yet
+    return published.status();
+  }
+  for (uint64_t i = 0; i < slab.slots; ++i)
+    objects->push_back(base + slab.bitmap_bytes + i * ClassBytes(c));
+  std::lock_guard<std::mutex> l(mu_);
+  ++stats_.chunks_opened;
+  stats_.fresh += slab.slots;
+  return Status::Ok();
+}
+
+Status Recycler::FreeMany(const Access& access, LockOwner& owner, uint64_t size,
+                          std::span<const GlobalAddress> objects) {
+  const int c = ClassOf(size);
+  std::map<size_t, std::vector<uint64_t>> by_server;
+  for (GlobalAddress a : objects) {
+    FARPOOL_ASSIGN_OR_RETURN(size_t si, IndexOf(a.server()));
+    if (!IsSlabClass(si, c)) {
+      FARPOOL_RETURN_IF_ERROR(Free(access, owner, a, size));
+      continue;
+    }
+    by_server[si].push_back(a.raw());
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  Status first;
+  for (const auto& [si, raw] : by_server) {
+    Status s = Return(access, owner, si, c, raw);
+    stats_.freed += raw.size();
+    if (first.ok()) first = s;
+  }
+  return first;
+}
+
 Status Recycler::Free(const Access& access, LockOwner& owner, GlobalAddress address,
                       uint64_t size) {
   if (address.is_null()) return Status::InvalidArgument("Free of the null address");
@@ -668,7 +715,8 @@ Status NamDatabase::SweepOrphans(const Access& access) {
   return s;
 }
 
-// A dropped table whose reclaimer word names a dead session: CAS it to our word (exactly one
+// A dropped table (or one a dead loader was loading, kDescLoading) whose reclaimer word names a
+// dead session: CAS it to our word (exactly one
 // process wins) and reclaim it once the LWM passes the counter now (it was dropped before, so
 // this only waits for snapshots that began since).
 Status NamDatabase::AdoptDroppedTables(const Access& access, NamSession& me) {
@@ -681,7 +729,7 @@ Status NamDatabase::AdoptDroppedTables(const Access& access, NamSession& me) {
   for (uint32_t i = 0; i < kMaxTables; ++i) {
     TableDesc d;
     std::memcpy(&d, area.data() + i * kDescSize, sizeof(d));
-    if (d.state != kDescDropped || !IsLocked(d.reclaimer)) continue;
+    if ((d.state != kDescDropped && d.state != kDescLoading) || !IsLocked(d.reclaimer)) continue;
     FARPOOL_ASSIGN_OR_RETURN(bool dead, me.HolderDead(d.reclaimer));
     if (!dead) continue;
     FARPOOL_ASSIGN_OR_RETURN(auto t, MakeTable(i, d));

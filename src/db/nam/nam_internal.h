@@ -136,6 +136,10 @@ inline constexpr uint64_t kMaxHashArrays = 32;
 static_assert(sizeof(TableDesc) <= kDescSize);
 static_assert(sizeof(TableDesc::hash_more) / 8 == kMaxHashArrays - 1);
 inline constexpr uint64_t kDescEmpty = 0, kDescLive = 1, kDescDropped = 2;
+// A table being bulk loaded (bulk_load.cc): invisible (only kDescLive tables are opened), its
+// `reclaimer` the loader session's lock word until it is published (kDescLive) or handed to
+// the garbage collector. The GC adopts it as a dropped table once that session is dead.
+inline constexpr uint64_t kDescLoading = 3;
 inline constexpr uint64_t kDescBtreeRoot = offsetof(TableDesc, btree_root);
 inline constexpr uint64_t kDescReclaimer = offsetof(TableDesc, reclaimer);
 inline constexpr uint64_t kReclaimStarted = 2;  // no lock word is even
@@ -312,6 +316,20 @@ class Recycler {
                               Placement placement);
   // REQUIRES: `address` came from Alloc with the same `size` and nobody can reach it any more.
   Status Free(const Access& access, LockOwner& owner, GlobalAddress address, uint64_t size);
+  // Bulk loading: leases a new slab chunk of `size`'s class on server `server` with every slot
+  // reserved for the caller, and appends its objects to *objects in address order, SlotBytes
+  // apart (each object is then the caller's, freed with Free(size) as any other). Chunks that
+  // are leased whole cost a few round trips per chunk instead of a few per Want(c) objects.
+  // OutOfMemory if the server has no chunk left; InvalidArgument if `size` is not a slab
+  // class on it. A process killed before it frees or uses them leaks the chunk.
+  Status ReserveChunk(const Access& access, LockOwner& owner, uint16_t server, uint64_t size,
+                      std::vector<GlobalAddress>* objects);
+  // Free of many objects of `size` bytes at once, straight back to their chunks (one batch per
+  // server, not through the cache): a bulk load's unused slots. REQUIRES: as Free, each.
+  Status FreeMany(const Access& access, LockOwner& owner, uint64_t size,
+                  std::span<const GlobalAddress> objects);
+  // The stride of objects of `size` bytes in a slab chunk (their class's size).
+  static uint64_t SlotBytes(uint64_t size) { return ClassBytes(ClassOf(size)); }
   // Returns the cached objects of every class not allocated from since the last call (the
   // maintenance thread, every pass): an idle process holds no memory back.
   Status ReturnIdle(const Access& access, LockOwner& owner);
@@ -737,6 +755,9 @@ class NamDatabase final : public Database {
   Result<const Table*> CreateTable(const std::string& name, const Schema& schema,
                                    const TableOptions& options) override;
   Result<const Table*> OpenTable(const std::string& name) override;
+  // The bulk loader of the NAM engines (bulk_load.cc; db.h, Loader).
+  Result<std::unique_ptr<Loader>> NewLoader(const std::string& name, const Schema& schema,
+                                            const TableOptions& options) override;
   Status DropTable(const std::string& name) override;
   Result<std::vector<std::string>> ListTables() override;
   Result<std::unique_ptr<Session>> NewSession() override;
@@ -796,6 +817,24 @@ class NamDatabase final : public Database {
   // Restores a record lock held by a dead session to the unlocked word of its newest version.
   Status BreakRecordLock(const Access& access, GlobalAddress record, const NamTable& t,
                          uint64_t word);
+
+  // catalog.cc
+  // Creates a table's descriptor under the DDL lock: name, schema, an empty hash index (and
+  // B+tree), then the state word `state` (kDescLive: CreateTable; kDescLoading: a loader, with
+  // `reclaimer` its session's lock word). Returns the descriptor's id. AlreadyExists if a live
+  // table has the name.
+  Result<uint32_t> NewDescriptor(const std::string& name, const Schema& schema,
+                                 const TableOptions& options, uint64_t state, uint64_t reclaimer);
+  // A table object for descriptor `id` as it is in memory now.
+  Result<std::unique_ptr<NamTable>> ReadTable(const Access& access, uint32_t id);
+  // bulk_load.cc
+  // Makes loaded table `t` live (kDescLoading -> kDescLive) under the DDL lock, unless a live
+  // table has its name (AlreadyExists) or the loader's session lost its claim on it (its
+  // reclaimer word is no longer `loader`: Unavailable). Returns the table's handle.
+  Result<const Table*> PublishLoaded(const NamTable& t, LockOwner& loader);
+  // Hands abandoned load `t` (its reclaimer word `loader`) to the garbage collector, which
+  // frees it as a dropped table.
+  void AbandonLoad(std::unique_ptr<NamTable> t, uint64_t loader);
 
   // gc.cc
   // Hands a cut version chain (and its versions' blobs) to the maintenance thread.

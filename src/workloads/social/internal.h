@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "workloads/social/social.h"
 
@@ -24,6 +25,10 @@ const Schema& EdgeSchema();     // friends, members and the message indexes
 const Schema& MessageSchema();  // sn_messages
 enum MsgCol { kSender = 0, kToUser, kToGroup, kTime, kIsRead, kTextCol };
 
+// The rows of message m: its row in sn_messages and its two index entries (sn_by_sender, and
+// sn_inbox or sn_group_inbox), each passed to `put` with the table's name. Stops at an error.
+Status ForEachMessageRow(
+    const Message& m, const std::function<Status(const char* table, int64_t key, const Row&)>& put);
 // The message row and its two index entries, inside `txn`.
 Status PutMessageRows(Transaction& txn, const SocialTables& t, const Message& m);
 

@@ -127,14 +127,14 @@ struct SocialTables {
               *messages = nullptr, *by_sender = nullptr, *inbox = nullptr, *group_inbox = nullptr;
 };
 
-// Creates the eight tables (sized for `data`); InvalidArgument if they exist.
-Result<SocialTables> CreateSocialTables(Database& db, const SocialData& data);
+// Creates the eight tables (sized for `data`) and loads the generated network into them with
+// bulk loaders (Database::NewLoader): `threads` threads at once, each filling whole tables
+// (users; groups; friends; members; messages with its three index tables); each table
+// appears once it is whole. AlreadyExists if one of them exists.
+// `progress(done, total)` is called now and then from one thread (rows added so far).
+Result<SocialTables> LoadSocial(Database& db, const SocialData& data, int threads,
+                                const std::function<void(uint64_t, uint64_t)>& progress = {});
 Result<SocialTables> OpenSocialTables(Database& db);
-
-// Loads the generated network with `threads` sessions (rows in transactions of `batch` puts).
-// `progress(done, total)` is called now and then from one thread (rows loaded so far).
-Status LoadSocial(Database& db, const SocialTables& t, const SocialData& data, int threads,
-                  const std::function<void(uint64_t, uint64_t)>& progress = {}, int batch = 200);
 
 // Runs query `q` with parameter `param` (a uid; a mid for q5) in one read-only transaction.
 Status RunSocialQuery(Session& session, const SocialTables& t, SocialQuery q, int64_t param,

@@ -43,9 +43,8 @@ TEST_P(SocialEngineTest, QueriesMatchTheGenerator) {
   ASSERT_TRUE(tdb.ok()) << tdb.status().ToString();
   Database& db = (*tdb)->db();
   const SocialData data(0.2, 11);
-  auto tables = CreateSocialTables(db, data);
+  auto tables = LoadSocial(db, data, 2);
   ASSERT_TRUE(tables.ok()) << tables.status().ToString();
-  ASSERT_TRUE(LoadSocial(db, *tables, data, 2).ok());
   Status v = VerifySocial(db, data, 40);
   EXPECT_TRUE(v.ok()) << v.ToString();
 
