@@ -6,7 +6,8 @@ flow, on every system, same data, same run.
   pool-tcp     farpool, pool engine, 2 memory servers over TCP, each in its own network
                namespace (`cluster up --netns`; plain loopback if namespaces are unavailable),
                servers in event progress (busy-polling servers starve a 2-core machine); at
-               --tcp-scale (default 1: loading over TCP runs at about 1500 rows/s here)
+               (the same scale as the others unless --tcp-scale says otherwise: bulk loading
+               runs at 100,000+ rows/s over TCP here)
   sharded      farpool, sharded engine (when the build has it)
   postgresql   PostgreSQL 15, data dir on tmpfs, fsync off, same tables and indexes, queries
                by pgbench with prepared statements (one client)
@@ -49,7 +50,8 @@ def farpool_rows(system: str, result: dict, **extra) -> list[dict]:
 
 
 def measure(systems: list[str], scale: float, seconds: float, memory: str = "2GiB",
-            tcp_scale: float = 1.0) -> tuple[list[dict], dict]:
+            tcp_scale: float | None = None) -> tuple[list[dict], dict]:
+    tcp_scale = scale if tcp_scale is None else tcp_scale
     rows: list[dict] = []
     notes: dict[str, str] = {}
     for system in systems:
@@ -78,8 +80,8 @@ def measure(systems: list[str], scale: float, seconds: float, memory: str = "2Gi
                     rows += farpool_rows(system, peers.farpool_social("pool", tcp_scale, c, seconds=seconds,
                                                                       extra=["--load-threads", "1"]),
                                          transport=how)
-                    notes.setdefault(system, f"scale {tcp_scale} (loading over TCP is slow here), "
-                                             "servers in event progress (2 cores)")
+                    notes.setdefault(system, f"scale {tcp_scale:g}, servers in event progress "
+                                             "(2 cores)")
                 finally:
                     cluster.__exit__(None, None, None)
             elif system == "sharded":
@@ -193,8 +195,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=1.0, help="measured seconds per query")
     ap.add_argument("--systems", default=",".join(ALL_SYSTEMS))
     ap.add_argument("--memory", default="2GiB", help="per memory server")
-    ap.add_argument("--tcp-scale", type=float, default=1.0,
-                    help="scale for pool-tcp (loading over TCP runs at ~1500 rows/s here)")
+    ap.add_argument("--tcp-scale", type=float, default=None,
+                    help="scale for pool-tcp (default: --scale)")
     ap.add_argument("--out", default=str(peers.ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
     if not peers.farpool_bin().exists():
@@ -205,7 +207,9 @@ def main(argv=None) -> int:
     if not rows:
         print("query_latency: nothing measured", file=sys.stderr)
         return 1
-    cmd = f"bench/experiments/query_latency --scale {args.scale} --seconds {args.seconds}"
+    cmd = (f"bench/experiments/query_latency --scale {args.scale:g} --seconds {args.seconds:g}"
+           + (f" --systems {args.systems}" if args.systems != ",".join(ALL_SYSTEMS) else "")
+           + (f" --tcp-scale {args.tcp_scale:g}" if args.tcp_scale is not None else ""))
     header = (peers.measured(rows[0], cmd) + f" {rows[0].get('scale')} x 1000 users. p50 latency "
               "of one query, one query flow; in brackets the ratio to farpool local.\n\n")
     peers.publish(args.out, "query_latency", rows, header + table(rows, notes),
