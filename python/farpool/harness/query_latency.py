@@ -10,7 +10,9 @@ flow, on every system, same data, same run.
                runs at 100,000+ rows/s over TCP here)
   sharded      farpool, sharded engine (when the build has it)
   postgresql   PostgreSQL 15, data dir on tmpfs, fsync off, same tables and indexes, queries
-               by pgbench with prepared statements (one client)
+               by pgbench with prepared statements (one client), over its Unix socket
+  postgresql-tcp  the same, the server in its own network namespace, pgbench over TCP (the
+               peer of pool-tcp)
   sqlite       SQLite on a file, Python's sqlite3 module (one connection)
 
 Every system loads the CSV export of the same generator (`farpool bench social --export`) and
@@ -24,6 +26,7 @@ Usage: bench/experiments/query_latency [--scale S] [--seconds S] [--systems a,b]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
 from pathlib import Path
@@ -33,10 +36,12 @@ from farpool.harness.peers import log
 
 QUERY_NAMES = {"q1": "friends' names", "q2": "new msgs to user", "q3": "new msgs to groups",
                "q4": "last 100 msgs sent", "q5": "text of a msg", "q6": "groups' names"}
-ALL_SYSTEMS = ["local", "pool-shm", "pool-tcp", "sharded", "postgresql", "sqlite"]
+ALL_SYSTEMS = ["local", "pool-shm", "pool-tcp", "sharded", "postgresql", "postgresql-tcp",
+               "sqlite"]
 LABELS = {"local": "farpool local", "pool-shm": "farpool pool (shm)",
           "pool-tcp": "farpool pool (tcp)", "sharded": "farpool sharded",
-          "postgresql": "PostgreSQL (RAM)", "sqlite": "SQLite (file)"}
+          "postgresql": "PostgreSQL (RAM)", "postgresql-tcp": "PostgreSQL (RAM, tcp)",
+          "sqlite": "SQLite (file)"}
 
 
 def farpool_rows(system: str, result: dict, **extra) -> list[dict]:
@@ -92,13 +97,18 @@ def measure(systems: list[str], scale: float, seconds: float, memory: str = "2Gi
                     continue
                 log("== farpool sharded engine (in-process partition servers)")
                 rows += farpool_rows(system, peers.farpool_social("sharded", scale, seconds=seconds))
-            elif system in ("postgresql", "sqlite"):
+            elif system in ("postgresql", "postgresql-tcp", "sqlite"):
                 with tempfile.TemporaryDirectory(prefix="farpool-export-", dir="/dev/shm") as d:
                     export = peers.export_social(scale, d)
                     meta = peers.read_meta(export)
-                    if system == "postgresql":
-                        log("== PostgreSQL 15 (tmpfs, fsync off): loading the CSV export")
-                        with peers.Postgres(in_ram=True) as pg:
+                    if system in ("postgresql", "postgresql-tcp"):
+                        how = ", over TCP" if system == "postgresql-tcp" else ""
+                        log(f"== PostgreSQL 15 (tmpfs, fsync off{how}): loading the CSV export")
+                        with contextlib.ExitStack() as stack:
+                            netns = None
+                            if system == "postgresql-tcp":
+                                netns = (stack.enter_context(peers.Netns(1)), 0)
+                            pg = stack.enter_context(peers.Postgres(in_ram=True, netns=netns))
                             load = pg.load_social(export)
                             pg.verify_social(export)
                             for q in QUERY_NAMES:
@@ -160,9 +170,11 @@ def table(rows: list[dict], notes: dict) -> str:
         g = gmean_ratio(s, "local")
         if g:
             lines.append(f"- {LABELS[s]}: {g:.2f}x the latency of local (geometric mean over the queries)")
-    g = gmean_ratio("postgresql", "pool-shm")
-    if g:
-        lines.append(f"- PostgreSQL / farpool pool (shm): {g:.1f}x (pool is {g:.1f}x faster)")
+    for pg, pool in (("postgresql", "pool-shm"), ("postgresql-tcp", "pool-tcp")):
+        g = gmean_ratio(pg, pool)
+        if g:
+            verdict = f"pool is {g:.1f}x faster" if g >= 1 else f"pool is {1 / g:.1f}x slower"
+            lines.append(f"- {LABELS[pg]} / {LABELS[pool]}: {g:.2f}x ({verdict}; geometric mean)")
     for s, n in notes.items():
         lines.append(f"- {LABELS.get(s, s)}: {n}")
     return "\n".join(lines) + "\n"
