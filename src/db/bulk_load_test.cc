@@ -110,20 +110,6 @@ void ExpectTable(Database& db, const Table& t, std::vector<int64_t> keys) {
   }
 }
 
-template <typename Pred>
-GcStats CollectUntil(Database& db, Pred done) {
-  GcStats g;
-  for (int i = 0; i < 500; ++i) {
-    auto r = db.CollectGarbage();
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
-    if (!r.ok()) break;
-    g = *r;
-    if (done(g)) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return g;
-}
-
 class BulkLoadTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {

@@ -2,11 +2,15 @@
 // (the pool engine against memory servers started in-process over shared memory).
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "farpool/db.h"
@@ -14,7 +18,6 @@
 #include "pool/server/memory_server.h"
 
 // ASSERT_TRUE on a Status, printing the expression and the Status when it is not OK.
-// REQUIRES: gtest included before this header (as every test does).
 #define ASSERT_OK(expr)                                     \
   do {                                                      \
     ::farpool::Status s_ = (expr);                          \
@@ -34,6 +37,22 @@ LocalClusterOptions ShmTestCluster(const std::string& binary);
 // One-column int64 rows (column 0), as most invariant tests use them.
 Status PutInt(Transaction& txn, const Table& t, int64_t key, int64_t v);
 Result<int64_t> GetInt(Transaction& txn, const Table& t, int64_t key);
+
+// Runs maintenance passes until `done` holds (the maintenance thread also runs on its own);
+// bounded, so a GC that never happens fails the test instead of hanging it.
+template <typename Pred>
+GcStats CollectUntil(Database& db, Pred done) {
+  GcStats g;
+  for (int i = 0; i < 500; ++i) {
+    auto r = db.CollectGarbage();
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (!r.ok()) break;
+    g = *r;
+    if (done(g)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return g;
+}
 
 class TestDatabase {
  public:

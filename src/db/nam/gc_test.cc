@@ -42,22 +42,6 @@ Result<int64_t> GetRow(Transaction& txn, const Table& t, int64_t key) {
   return r.GetInt64(0);
 }
 
-// Runs maintenance passes until `done` holds (the maintenance thread also runs on its own);
-// bounded, so a GC that never happens fails the test instead of hanging it.
-template <typename Pred>
-GcStats CollectUntil(Database& db, Pred done) {
-  GcStats g;
-  for (int i = 0; i < 500; ++i) {
-    auto r = db.CollectGarbage();
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
-    if (!r.ok()) break;
-    g = *r;
-    if (done(g)) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return g;
-}
-
 class GcTest : public testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
