@@ -1,9 +1,5 @@
 #include "farpool/status.h"
 
-#include <sstream>
-
-#include "farpool/address.h"
-
 namespace farpool {
 
 std::string_view StatusCodeName(StatusCode code) {
@@ -52,13 +48,6 @@ Status Status::WithContext(std::string_view context) const {
   m += ": ";
   m += message_;
   return Status(code_, std::move(m));
-}
-
-std::string GlobalAddress::ToString() const {
-  if (is_null()) return "null";
-  std::ostringstream os;
-  os << 's' << server() << "+0x" << std::hex << offset();
-  return os.str();
 }
 
 }  // namespace farpool
