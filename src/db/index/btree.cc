@@ -185,29 +185,37 @@ struct Ctx {
   std::unordered_map<uint64_t, Node>* prefetched = nullptr;
 };
 
-// Reads `size` bytes at `at`, and the nodes at `more` into c.prefetched (those that verify),
-// with the caller's first-round work if it has not been done yet: one round trip.
-Status ReadRaw(const Ctx& c, GlobalAddress at, void* d, uint64_t size,
-               std::span<const uint64_t> more = {}) {
-  if (c.first == nullptr && more.empty()) return c.access.Read(at, d, size);
-  const BTree::FirstRound* first = std::exchange(c.first, nullptr);
-  std::vector<Node> images(c.prefetched != nullptr ? more.size() : 0);
+// One round trip: the caller's first-round work (`first`, may be null), a read of `size` bytes
+// at `at` (none if `size` is 0), and the nodes at `nodes`, of which those that verify go to
+// `out` (none are read if `out` is null). Returns first->finish's verdict, or the batch's.
+Status ReadRound(const Access& access, const BTree::FirstRound* first, GlobalAddress at, void* d,
+                 uint64_t size, std::span<const uint64_t> nodes,
+                 std::unordered_map<uint64_t, Node>* out) {
+  std::vector<Node> images(out != nullptr ? nodes.size() : 0);
   Status waited;
   {
-    Access::Batch b(c.access);
+    Access::Batch b(access);
     if (first != nullptr) FARPOOL_RETURN_IF_ERROR(first->post(b));
-    Status posted = b.Read(at, d, size);
+    Status posted = size > 0 ? b.Read(at, d, size) : Status::Ok();
     for (size_t i = 0; i < images.size() && posted.ok(); ++i)
-      posted = b.Read(GlobalAddress::FromRaw(more[i]), &images[i], sizeof(Node));
+      posted = b.Read(GlobalAddress::FromRaw(nodes[i]), &images[i], sizeof(Node));
     waited = b.Wait();
     if (!posted.ok()) waited = posted;
   }
   if (first != nullptr) waited = first->finish(waited);
   FARPOOL_RETURN_IF_ERROR(waited);
   for (size_t i = 0; i < images.size(); ++i) {
-    if (Verifies(images[i])) (*c.prefetched)[more[i]] = images[i];
+    if (Verifies(images[i])) (*out)[nodes[i]] = images[i];
   }
   return Status::Ok();
+}
+
+// Reads `size` bytes at `at`, and the nodes at `more` into c.prefetched (those that verify),
+// with the caller's first-round work if it has not been done yet: one round trip.
+Status ReadRaw(const Ctx& c, GlobalAddress at, void* d, uint64_t size,
+               std::span<const uint64_t> more = {}) {
+  if (c.first == nullptr && more.empty()) return c.access.Read(at, d, size);
+  return ReadRound(c.access, std::exchange(c.first, nullptr), at, d, size, more, c.prefetched);
 }
 
 Status ReadRaw(const Ctx& c, GlobalAddress at, Node* n) { return ReadRaw(c, at, n, sizeof(Node)); }
@@ -558,23 +566,7 @@ Status BTree::ReadAhead(const Access& access, std::span<const Range> ranges,
   }
   std::sort(at.begin(), at.end());
   at.erase(std::unique(at.begin(), at.end()), at.end());
-  std::vector<Node> images(at.size());
-  Status waited;
-  {
-    Access::Batch b(access);
-    if (first != nullptr) FARPOOL_RETURN_IF_ERROR(first->post(b));
-    Status posted;
-    for (size_t i = 0; i < at.size() && posted.ok(); ++i)
-      posted = b.Read(GlobalAddress::FromRaw(at[i]), &images[i], sizeof(Node));
-    waited = b.Wait();
-    if (!posted.ok()) waited = posted;
-  }
-  if (first != nullptr) waited = first->finish(waited);
-  FARPOOL_RETURN_IF_ERROR(waited);
-  for (size_t i = 0; i < at.size(); ++i) {
-    if (Verifies(images[i])) ahead->map_->nodes[at[i]] = images[i];
-  }
-  return Status::Ok();
+  return ReadRound(access, first, GlobalAddress(), nullptr, 0, at, &ahead->map_->nodes);
 }
 
 BTree::BTree(GlobalAddress root_word, std::chrono::milliseconds wait_limit, size_t cache_nodes)
