@@ -36,9 +36,11 @@
 //     database layer's own structures). Freed memory stays leased to this client, is reused
 //     by later Allocs, and accesses to it are rejected, until Trim() (or the destructor)
 //     gives it back to the servers; a lease refused for lack of room trims first.
-//   - A server that dies is noticed by an error on its connection or by missed heartbeats
-//     (PoolOptions::failure_timeout); from then on every call that touches it fails fast with
-//     Unavailable, calls to other servers go on. It is not reconnected: connect a new Pool.
+//   - A server that dies is noticed by an error on its connection, or by heartbeats unanswered
+//     for PoolOptions::failure_timeout and then a hello on a fresh connection unanswered for
+//     1 s more (a server that answers that hello was only slow and stays in use); from then on
+//     every call that touches it fails fast with Unavailable, calls to other servers go on. It
+//     is not reconnected: connect a new Pool.
 //
 // Thread-safety: a Pool is safe for concurrent use by any number of threads. Each thread gets
 // its own UCX worker and endpoints on first use (one worker per thread, no shared queue).
@@ -107,7 +109,8 @@ struct PoolOptions {
   RemoteAccess remote_access = RemoteAccess::kAuto;
   std::chrono::milliseconds connect_timeout{5000};
   std::chrono::milliseconds op_timeout{5000};
-  // A server that answers no heartbeat for this long is declared failed.
+  // A server that answers no heartbeat for this long is suspected, and declared failed unless
+  // it answers a hello on a fresh connection within 1 s more.
   std::chrono::milliseconds failure_timeout{2000};
 };
 
@@ -138,10 +141,13 @@ struct ServerStats {
 // Operations this Pool has issued (all threads), for benchmarks and the simulator.
 // round_trips: sync operations and Batch::Wait()s that had to wait for a server (the mapped
 // shared-memory path waits for none); messages: batch messages sent (one per server per
-// round trip, more for batches beyond one message's size).
+// round trip, more for batches beyond one message's size). suspicions_cleared: times the
+// monitor found a server silent for failure_timeout and a hello on a fresh connection then
+// showed it alive (a slow server or a stalled connection, not declared failed).
 struct OpCounters {
   uint64_t reads = 0, writes = 0, cas = 0, faa = 0, bytes_read = 0, bytes_written = 0;
   uint64_t round_trips = 0, messages = 0;
+  uint64_t suspicions_cleared = 0;
 };
 
 class Batch;

@@ -13,10 +13,12 @@
 //     batch. Where UCX may use RDMA (kOneSided) they are ucp_get/put/atomic_op_nbx, posted at
 //     once and completed at Wait(). Sync calls are batches of one.
 //   - The monitor thread has its own worker and endpoints, sends a stats request to every
-//     server each failure_timeout/4 and declares a server failed when its connection errors
-//     or no answer came for failure_timeout. ServerState::failed is then set and every later
-//     call touching that server fails fast; pending UCX requests to it are abandoned by
-//     force-closing the thread's endpoint, which completes them with an error.
+//     server each failure_timeout/4 and declares a server failed when its connection errors,
+//     or no answer came for failure_timeout and a hello on a fresh connection gets none either
+//     (ProbeServer: silence alone may be a slow server or a stalled connection).
+//     ServerState::failed is then set and every later call touching that server fails fast; pending
+//     UCX requests to it are abandoned by force-closing the thread's endpoint, which completes them
+//     with an error.
 //   - Eviction: the hello carries this Pool's process tag (the low 32 bits of its nonce) and
 //     what pins the process (pid, start time, boot id). A region is mapped only if the server
 //     says it pinned us (kHelloMayMap): then an eviction can kill us. A connection that fails
@@ -99,8 +101,9 @@ std::string TagName(uint32_t tag) {
   return buf;
 }
 
-// How long a fresh hello that asks a server why a connection failed may take (WhyLost), and
-// how many fresh connections that fail it tries before it concludes the server is gone.
+// How long a fresh hello that asks a server why a connection failed, or whether a server that
+// left heartbeats unanswered is alive, may take (ProbeServer), and how many fresh connections
+// that fail it tries before it concludes the server is gone.
 constexpr auto kProbeTimeout = std::chrono::milliseconds(1000);
 constexpr int kProbeRefusals = 3;
 
@@ -246,10 +249,20 @@ class Pool::Impl {
   // A connection of `tc` to server `index` failed: marks the server failed with the reason
   // WhyLost finds (unless it already is) and returns its Failure().
   Status ConnectionLost(ThreadContext& tc, size_t index);
-  // Why server `index` dropped a connection of ours: a fresh hello on a connection of its own
-  // gets the server's error if it refuses us (evicted), else "connection lost". Waits at most
-  // kProbeTimeout. Any thread.
-  std::string WhyLost(size_t index);
+  // What a hello on a fresh connection of its own (own worker) learns of server `index`
+  // within kProbeTimeout: it takes us, it refuses us (`refusal`: its words, e.g. evicted), or
+  // nothing answered. Any thread.
+  struct Probe {
+    enum Kind { kTakesUs, kRefuses, kNoAnswer } kind = kNoAnswer;
+    std::string refusal;
+  };
+  Probe ProbeServer(size_t index);
+  // Why server `index` dropped a connection of ours: the refusal of a ProbeServer, else
+  // "connection lost".
+  std::string WhyLost(size_t index) {
+    Probe p = ProbeServer(index);
+    return p.kind == Probe::kRefuses ? p.refusal : "connection lost";
+  }
   // This Pool's hello; asks to be pinned (kHelloWantsMap) if `map`.
   wire::HelloRequest HelloFor(bool map) const;
   uint32_t tag() const { return static_cast<uint32_t>(nonce_); }
@@ -283,6 +296,7 @@ class Pool::Impl {
 
   std::mutex contexts_mu_;
   std::map<std::thread::id, std::unique_ptr<ThreadContext>> contexts_;
+  std::atomic<uint64_t> suspicions_cleared_{0};  // OpCounters::suspicions_cleared
 
  private:
   Result<std::unique_ptr<ThreadContext>> CreateThreadContext();
@@ -599,7 +613,7 @@ Status Pool::Impl::ConnectionLost(ThreadContext& tc, size_t index) {
   return s.Failure();
 }
 
-std::string Pool::Impl::WhyLost(size_t index) {
+Pool::Impl::Probe Pool::Impl::ProbeServer(size_t index) {
   const ServerState& s = *servers_[index];
   const auto deadline =
       Clock::now() + std::min<Clock::duration>(options_.connect_timeout, kProbeTimeout);
@@ -617,20 +631,20 @@ std::string Pool::Impl::WhyLost(size_t index) {
       break;
     auto ep = Endpoint::Connect(**worker, s.address.host, s.address.port, nullptr);
     if (!ep.ok()) break;  // the server's address does not resolve or accept: it is gone
-    std::optional<std::string> why;
+    std::optional<Probe> why;
     // Not pinned again: the answer is all this hello is for.
     uint64_t next_id = 1;
     auto hello = Handshake(index, false, AskOn(index, **worker, box, **ep, next_id, deadline));
     if (hello.ok()) {
-      why = "connection lost";  // the server still takes us: the connection broke by itself
+      why = Probe{Probe::kTakesUs, {}};
     } else if (hello.status().code() != StatusCode::kTimedOut && !(*ep)->failed()) {
-      why = hello.status().message();  // the server refuses us (evicted), or we it
+      why = Probe{Probe::kRefuses, hello.status().message()};  // evicted us, or we refuse it
     }
     if (!why && (*ep)->failed()) ++refused;
     ep->reset();  // gracefully (forced if it failed), before its worker
     if (why) return *why;
   }
-  return "connection lost";
+  return Probe{};
 }
 
 Result<size_t> Pool::Impl::IndexOf(uint16_t id) const {
@@ -734,11 +748,12 @@ void Pool::Impl::Monitor() {
   uint64_t next_id = 1;
   // A hello first (with the challenge-response if we have a secret): the monitor's connections
   // carry this Pool's tag, so an eviction closes them too, and the monitor learns of it. Each
-  // waits at most the failure timeout, as a heartbeat would.
+  // waits at most connect_timeout, as every thread's hello does.
   for (size_t i = 0; i < servers_.size() && !stop_monitor_.load(); ++i) {
     if (!watch[i].ep || servers_[i]->failed) continue;
-    auto hello =
-        Handshake(i, false, AskOn(i, **worker, box, *watch[i].ep, next_id, Clock::now() + timeout));
+    auto hello = Handshake(
+        i, false,
+        AskOn(i, **worker, box, *watch[i].ep, next_id, Clock::now() + options_.connect_timeout));
     watch[i].last_answer = Clock::now();
     if (hello.ok() || watch[i].ep->failed()) continue;  // a failed connection: noticed below
     std::string_view reason = hello.status().message();
@@ -794,7 +809,19 @@ void Pool::Impl::Monitor() {
           continue;
         }
         if (now - w.last_answer > timeout) {
-          MarkFailed(i, "no answer to heartbeats for " + std::to_string(timeout.count()) + " ms");
+          // Silence on one connection is a suspicion, not a verdict (it cannot be taken back):
+          // a hello on a fresh connection decides. A live server that was only slow, or a
+          // connection of ours that stalled, answers it and is watched on.
+          Probe p = ProbeServer(i);
+          if (p.kind == Probe::kTakesUs) {
+            w.last_answer = Clock::now();
+            ++suspicions_cleared_;
+            continue;
+          }
+          MarkFailed(i, p.kind == Probe::kRefuses
+                            ? p.refusal
+                            : "no answer to heartbeats for " + std::to_string(timeout.count()) +
+                                  " ms, nor to a hello on a fresh connection");
           continue;
         }
         const uint64_t id = next_id++;
@@ -1221,6 +1248,7 @@ OpCounters Pool::counters() const {
     c.round_trips += tc->round_trips.load(std::memory_order_relaxed);
     c.messages += tc->messages.load(std::memory_order_relaxed);
   }
+  c.suspicions_cleared = impl_->suspicions_cleared_.load(std::memory_order_relaxed);
   return c;
 }
 

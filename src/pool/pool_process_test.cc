@@ -434,6 +434,48 @@ TEST_P(ProcessTest, KilledServerFailsPendingAndLaterCallsWithinABound) {
   EXPECT_EQ(pool->FetchAdd(on1, 1).status().code(), StatusCode::kUnavailable);
 }
 
+// Silence is a suspicion, not a verdict: a server stopped (SIGSTOP) for longer than the failure
+// timeout but resumed before a hello on a fresh connection gives up (1 s) is suspected, answers
+// that hello, and stays in use with its data. One stopped for good is still declared failed.
+TEST_P(ProcessTest, AServerSilentPastTheFailureTimeoutButAliveStaysInUse) {
+  TestCluster cluster(Options(2, 64 << 20, GetParam()));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  PoolOptions po;
+  po.failure_timeout = 300ms;
+  auto pool = Connect(cluster, GetParam(), po);
+  ASSERT_TRUE(pool);
+  auto on1 = *pool->Alloc(64, Placement::OnServer(1));
+  uint64_t v = 1234;
+  ASSERT_TRUE(pool->Write(on1, &v, 8).ok());
+  const pid_t server1 = static_cast<pid_t>(cluster.config()->servers[1].pid);
+  // Stopped 900 ms: the monitor suspects it 300–400 ms in, its probe waits until ~1.4 s. A
+  // starved monitor may miss a stop (it then resets its clocks): up to 5 stops, one suffices.
+  for (int stop = 0; stop < 5 && pool->counters().suspicions_cleared == 0; ++stop) {
+    ASSERT_EQ(kill(server1, SIGSTOP), 0);
+    std::this_thread::sleep_for(900ms);
+    ASSERT_EQ(kill(server1, SIGCONT), 0);
+    std::this_thread::sleep_for(1500ms);  // the probe's answer, or the next heartbeat's
+  }
+  EXPECT_GE(pool->counters().suspicions_cleared, 1u) << "the monitor never suspected it";
+  uint64_t got = 0;
+  Status read = pool->Read(on1, &got, 8);
+  ASSERT_TRUE(read.ok()) << read.ToString();
+  EXPECT_EQ(got, 1234u);
+  EXPECT_TRUE(pool->FetchAdd(on1, 1).ok());
+  // Stopped for good: declared failed (after the failure timeout and the probe), no hang.
+  ASSERT_EQ(kill(server1, SIGSTOP), 0);
+  const auto stopped_at = std::chrono::steady_clock::now();
+  Status s;
+  while (std::chrono::steady_clock::now() - stopped_at < 20s) {
+    s = pool->Alloc(64, Placement::OnServer(1)).status();
+    if (!s.ok()) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  kill(server1, SIGCONT);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+  EXPECT_NE(s.message().find("nor to a hello on a fresh connection"), std::string::npos)
+      << s.message();
+}
 // A client killed with SIGKILL: the server notices its connections drop, keeps the leases
 // (data outlives its writer: see pool/server/chunk_allocator.h) and keeps serving everyone else.
 TEST_P(ProcessTest, KilledClientIsDroppedAndTheServerKeepsServing) {
