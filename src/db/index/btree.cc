@@ -132,6 +132,12 @@ class BTree::NodeCache {
   // Invariant 13: the image of a leaf a scan read, for guesses only (never routed through).
   void PutLeaf(uint64_t at, const Node& n) {
     if (n.level != 0) return;
+    {
+      // The common case, a leaf that has not changed since: no exclusive lock, no copy.
+      std::shared_lock l(mu_);
+      auto it = leaves_.find(at);
+      if (it != leaves_.end() && it->second.checksum == n.checksum) return;
+    }
     std::unique_lock l(mu_);
     if (capacity_ == 0) return;
     if (leaves_.size() >= capacity_ && leaves_.find(at) == leaves_.end())
@@ -598,12 +604,8 @@ Status BTree::ReadAhead(const Access& access, std::span<const Range> ranges,
   }
   std::sort(at.begin(), at.end());
   at.erase(std::unique(at.begin(), at.end()), at.end());
-  FARPOOL_RETURN_IF_ERROR(
-      ReadRound(access, first, GlobalAddress(), nullptr, 0, at, &ahead->map_->nodes));
-  if (cache_) {
-    for (const auto& [leaf, n] : ahead->map_->nodes) cache_->PutLeaf(leaf, n);
-  }
-  return Status::Ok();
+  // The leaves' images go to the leaf cache (invariant 13) as the scans take them.
+  return ReadRound(access, first, GlobalAddress(), nullptr, 0, at, &ahead->map_->nodes);
 }
 
 void BTree::GuessValues(const Range& range, size_t limit, std::vector<uint64_t>* values) const {

@@ -473,19 +473,14 @@ Status NamTxn::ReadMany(std::span<const TableKey> keys, bool for_update, std::ve
   // The columns to load of each key read: those of all its repeats.
   std::vector<ColumnSet> load_columns(keys.size(), ColumnSet::None());
   for (size_t i = 0; i < keys.size(); ++i) {
-    if (auto [first, fresh] = seen.emplace(Key{keys[i].table->id(), keys[i].key}, i); !fresh)
-      load_columns[first->second] = load_columns[first->second] | keys[i].columns;
-    else
-      load_columns[i] = keys[i].columns;
-  }
-  seen.clear();
-  for (size_t i = 0; i < keys.size(); ++i) {
     const auto& t = static_cast<const NamTable&>(*keys[i].table);
     const Key key{t.id_, keys[i].key};
     if (auto [first, fresh] = seen.emplace(key, i); !fresh) {
       repeats.push_back({i, first->second});  // read (or locked) once
+      load_columns[first->second] = load_columns[first->second] | keys[i].columns;
       continue;
     }
+    load_columns[i] = keys[i].columns;
     const bool own = writes_.count(key) > 0;
     auto h = held_.find(key);
     // Our own write answers, unless the key is to be locked still.
