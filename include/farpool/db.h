@@ -58,6 +58,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string>
@@ -172,10 +173,38 @@ struct TxnCounters {
   uint64_t commits = 0, aborts = 0;
 };
 
-// A key of a table (MultiGet).
+// The columns a read wants (projection): a set of a table's columns by their index in its
+// schema. A read given one fills in only those columns of the rows it returns; every other
+// column reads as its zero value (0, 0.0, "" for kChar and kBytes). Nothing else changes:
+// which rows exist, the versions read and what the transaction's commit validates are those
+// of the same read of every column. Columns kept apart from the record (kBytes values, in
+// blobs of their own) that are not wanted are not read at all: the pool engines skip the
+// round trip that reads them; fixed-layout columns come with the record either way.
+class ColumnSet {
+ public:
+  // Every column: what reads without a ColumnSet return.
+  static constexpr ColumnSet All() { return ColumnSet(~uint32_t{0}); }
+  // No column: whether each row exists (and, for scans, its key).
+  static constexpr ColumnSet None() { return ColumnSet(0); }
+  // REQUIRES: every index < Schema::kMaxColumns.
+  ColumnSet(std::initializer_list<size_t> columns);
+
+  bool Has(size_t column) const { return (bits_ >> column) & 1; }
+  friend constexpr ColumnSet operator|(ColumnSet a, ColumnSet b) {
+    return ColumnSet(a.bits_ | b.bits_);
+  }
+  friend constexpr bool operator==(ColumnSet a, ColumnSet b) { return a.bits_ == b.bits_; }
+
+ private:
+  explicit constexpr ColumnSet(uint32_t bits) : bits_(bits) {}
+  uint32_t bits_;
+};
+
+// A key of a table (MultiGet), and the columns wanted of its row.
 struct TableKey {
   const Table* table = nullptr;
   int64_t key = 0;
+  ColumnSet columns = ColumnSet::All();
 };
 
 // A range of an ordered table (ScanMany): as Scan's arguments.
@@ -184,6 +213,7 @@ struct ScanRange {
   int64_t lo = 0, hi = 0;
   size_t limit = 0;
   bool reverse = false;
+  ColumnSet columns = ColumnSet::All();
 };
 
 // The isolation level of a transaction (see the top of this file).
@@ -199,15 +229,19 @@ class Transaction {
  public:
   virtual ~Transaction() = default;
 
-  // Reads the row of `key` as of this transaction's snapshot (its own writes included).
-  // NotFound if the key has no visible row.
-  virtual Status Get(const Table& table, int64_t key, Row* row) = 0;
+  // Reads the row of `key` as of this transaction's snapshot (its own writes included), its
+  // `columns` only (ColumnSet). NotFound if the key has no visible row.
+  virtual Status Get(const Table& table, int64_t key, Row* row, ColumnSet columns) = 0;
+  // Get of every column.
+  Status Get(const Table& table, int64_t key, Row* row) {
+    return Get(table, key, row, ColumnSet::All());
+  }
   // Get of several keys (of one or several tables) at once: (*statuses)[i] is what Get of
-  // keys[i] would return (OK, or NotFound), with the row in (*rows)[i]. Any other outcome
-  // (Aborted, a failure) is returned for the whole call. The pool engines look up every key's
-  // index entry in one round trip and read every record in the next (plus one for the rows'
-  // variable-length values, and rare follow-ups); the default, for other engines, calls Get
-  // for each key in turn. REQUIRES: every table pointer non-null.
+  // keys[i] (with its columns) would return (OK, or NotFound), with the row in (*rows)[i]. Any
+  // other outcome (Aborted, a failure) is returned for the whole call. The pool engines look up
+  // every key's index entry in one round trip and read every record in the next (plus one for the
+  // rows' variable-length values that are wanted, and rare follow-ups); the default, for other
+  // engines, calls Get for each key in turn. REQUIRES: every table pointer non-null.
   virtual Status MultiGet(std::span<const TableKey> keys, std::vector<Row>* rows,
                           std::vector<Status>* statuses);
   // Locking reads: Get / MultiGet that also lock each key's record until the transaction ends
@@ -240,14 +274,22 @@ class Transaction {
   virtual Status Delete(const Table& table, int64_t key) = 0;
   // Calls `visit` for the visible rows with lo <= key <= hi in key order (descending when
   // `reverse`), at most `limit` of them (0: no limit); stops early if visit returns false.
+  // The rows hold `columns` only (ColumnSet).
   // REQUIRES: table.ordered(). Does not see this transaction's own buffered writes.
   virtual Status Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bool reverse,
+                      ColumnSet columns,
                       const std::function<bool(int64_t key, const Row& row)>& visit) = 0;
-  // Scan of each range in turn (`visit` gets the range's index too; false stops them all),
-  // with one snapshot. The pool engines read the ranges' first leaves of each table in one
-  // round trip (with the snapshot if it is the first read) and the records of all their
-  // entries in the next, instead of two round trips per range; the default, for other
-  // engines, calls Scan for each range. REQUIRES: as Scan, for every range.
+  // Scan of every column.
+  Status Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bool reverse,
+              const std::function<bool(int64_t key, const Row& row)>& visit) {
+    return Scan(table, lo, hi, limit, reverse, ColumnSet::All(), visit);
+  }
+  // Scan of each range in turn (with its columns; `visit` gets the range's index too; false
+  // stops them all), with one snapshot. The pool engines read the ranges' first leaves of each
+  // table in one round trip (with the snapshot if it is the first read) and the records of all
+  // their entries in the next (their wanted blobs in a third), instead of two round trips per
+  // range; the default, for other engines, calls Scan for each range. REQUIRES: as Scan, for every
+  // range.
   virtual Status ScanMany(
       std::span<const ScanRange> ranges,
       const std::function<bool(size_t range, int64_t key, const Row& row)>& visit);

@@ -93,7 +93,14 @@ uint32_t Schema::Offset(size_t i) const {
 
 uint32_t Schema::PayloadSize() const { return Offset(columns_.size()); }
 
-// ---------------------------------------------------------------- Row
+// ---------------------------------------------------------------- ColumnSet, Row
+
+ColumnSet::ColumnSet(std::initializer_list<size_t> columns) : bits_(0) {
+  for (size_t c : columns) {
+    assert(c < Schema::kMaxColumns);
+    bits_ |= uint32_t{1} << c;
+  }
+}
 
 Row::Row(const Schema& schema)
     : schema_(&schema), payload_(schema.PayloadSize(), '\0'), bytes_(schema.size()) {}
@@ -147,7 +154,7 @@ Status Transaction::MultiGet(std::span<const TableKey> keys, std::vector<Row>* r
   rows->assign(keys.size(), Row());
   statuses->assign(keys.size(), Status::Ok());
   for (size_t i = 0; i < keys.size(); ++i) {
-    Status s = Get(*keys[i].table, keys[i].key, &(*rows)[i]);
+    Status s = Get(*keys[i].table, keys[i].key, &(*rows)[i], keys[i].columns);
     if (!s.ok() && s.code() != StatusCode::kNotFound) return s;
     (*statuses)[i] = std::move(s);
   }
@@ -171,7 +178,7 @@ Status Transaction::ScanMany(
   for (size_t i = 0; i < ranges.size() && !stopped; ++i) {
     const ScanRange& r = ranges[i];
     FARPOOL_RETURN_IF_ERROR(
-        Scan(*r.table, r.lo, r.hi, r.limit, r.reverse, [&](int64_t key, const Row& row) {
+        Scan(*r.table, r.lo, r.hi, r.limit, r.reverse, r.columns, [&](int64_t key, const Row& row) {
           stopped = !visit(i, key, row);
           return !stopped;
         }));
@@ -236,6 +243,18 @@ Status RunTransaction(Session& session, const TransactionOptions& options,
 // ---------------------------------------------------------------- bulk loading
 
 namespace db {
+
+void KeepColumns(ColumnSet columns, Row& row) {
+  if (columns == ColumnSet::All()) return;
+  const Schema& schema = *row.schema();
+  std::string& payload = RowAccess::payload(row);
+  for (size_t c = 0; c < schema.size(); ++c) {
+    if (columns.Has(c)) continue;
+    const uint32_t end = c + 1 < schema.size() ? schema.Offset(c + 1) : schema.PayloadSize();
+    std::fill(payload.begin() + schema.Offset(c), payload.begin() + end, '\0');
+    RowAccess::bytes(row)[c].clear();
+  }
+}
 
 Status CheckLoadRow(const Schema& schema, const std::string& table, int64_t key, const Row& row) {
   auto bad = [&](const std::string& why) {

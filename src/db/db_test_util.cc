@@ -40,7 +40,8 @@ Result<int64_t> GetInt(Transaction& txn, const Table& t, int64_t key) {
 Result<std::unique_ptr<TestDatabase>> TestDatabase::Start(const std::string& engine,
                                                           std::chrono::milliseconds lease) {
   auto t = std::unique_ptr<TestDatabase>(new TestDatabase());
-  FARPOOL_ASSIGN_OR_RETURN(t->options_.engine, ParseEngine(engine));
+  const bool tcp = engine == "pool-tcp";
+  FARPOOL_ASSIGN_OR_RETURN(t->options_.engine, ParseEngine(tcp ? "pool" : engine));
   t->options_.lease = lease;
   t->options_.max_sessions = 64;
   t->options_.local_memory = 512ull << 20;
@@ -49,14 +50,14 @@ Result<std::unique_ptr<TestDatabase>> TestDatabase::Start(const std::string& eng
     if (mkdtemp(tmpl) == nullptr) return Status::IoError("mkdtemp failed");
     t->dir_ = tmpl;
     ClusterConfig config;
-    config.transport = Fabric::kShm;
+    config.transport = tcp ? Fabric::kTcp : Fabric::kShm;
     for (uint16_t id = 0; id < 2; ++id) {
       ServerOptions so;
       so.memory = 256ull << 20;
       so.chunk_size = 4ull << 20;
       so.id = id;
       so.progress = ProgressMode::kEvent;
-      so.fabric = Fabric::kShm;
+      so.fabric = config.transport;
       FARPOOL_ASSIGN_OR_RETURN(auto server, MemoryServer::Start(so));
       ServerAddress a;
       a.id = id;

@@ -23,6 +23,12 @@
     ::farpool::Status s_ = (expr);                          \
     ASSERT_TRUE(s_.ok()) << #expr << ": " << s_.ToString(); \
   } while (0)
+// The same with EXPECT_TRUE (for lambdas and threads, where ASSERT cannot return).
+#define EXPECT_OK(expr)                                     \
+  do {                                                      \
+    ::farpool::Status e_ = (expr);                          \
+    EXPECT_TRUE(e_.ok()) << #expr << ": " << e_.ToString(); \
+  } while (0)
 
 namespace farpool::db {
 
@@ -56,7 +62,8 @@ GcStats CollectUntil(Database& db, Pred done) {
 
 class TestDatabase {
  public:
-  // engine: "local", "pool" or "sharded".
+  // engine: "local", "pool" (servers on shared memory), "pool-tcp" (servers reached over
+  // loopback TCP: every memory operation a message) or "sharded".
   static Result<std::unique_ptr<TestDatabase>> Start(
       const std::string& engine, std::chrono::milliseconds lease = std::chrono::milliseconds(2000));
   ~TestDatabase();

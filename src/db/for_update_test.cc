@@ -18,12 +18,6 @@
 #include "db/db_test_util.h"
 #include "farpool/db.h"
 
-#define EXPECT_OK(expr)                                     \
-  do {                                                      \
-    ::farpool::Status e_ = (expr);                          \
-    EXPECT_TRUE(e_.ok()) << #expr << ": " << e_.ToString(); \
-  } while (0)
-
 namespace farpool::db {
 namespace {
 

@@ -22,6 +22,10 @@ class RowAccess {
   static const std::vector<std::string>& bytes(const Row& row) { return row.bytes_; }
 };
 
+// Gives every column of `row` not in `columns` its zero value (ColumnSet's contract).
+// REQUIRES: the row has a schema.
+void KeepColumns(ColumnSet columns, Row& row);
+
 // A row for table `table` of schema `schema` (Loader::Add): InvalidArgument naming the table
 // and the key unless the row was made for an equal schema (column names, types and lengths,
 // in order) and the key is not INT64_MAX (reserved, as for Transaction::Put).

@@ -130,11 +130,15 @@ class ShardedTxn final : public Transaction {
   explicit ShardedTxn(ShardedSession& s) : s_(s) {}
   ~ShardedTxn() override { Rollback(); }
 
-  Status Get(const Table& table, int64_t key, Row* row) override;
+  using Transaction::Get;
+  using Transaction::Scan;
+  // Rows travel whole (the partition servers keep no columns apart): projection is applied
+  // to what arrives.
+  Status Get(const Table& table, int64_t key, Row* row, ColumnSet columns) override;
   Status Put(const Table& table, int64_t key, const Row& row) override;
   Status Delete(const Table& table, int64_t key) override;
   Status Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bool reverse,
-              const std::function<bool(int64_t, const Row&)>& visit) override;
+              ColumnSet columns, const std::function<bool(int64_t, const Row&)>& visit) override;
   Status Commit() override;
   void Rollback() override { finished_ = true; }
 
@@ -386,18 +390,24 @@ Result<std::optional<std::string>> ShardedTxn::ReadCommitted(const Table& t, int
   }
 }
 
-Status ShardedTxn::Get(const Table& table, int64_t key, Row* row) {
+Status ShardedTxn::Get(const Table& table, int64_t key, Row* row, ColumnSet columns) {
   if (finished_) return Status::InvalidArgument("transaction already finished");
+  const std::string* value;
+  std::optional<std::string> committed;
   auto w = writes_.find({table.id(), key});
   if (w != writes_.end()) {
     if (w->second.deleted) return Status::NotFound("key " + std::to_string(key) + " deleted");
-    return DecodeRow(table, w->second.value, row);
+    value = &w->second.value;
+  } else {
+    FARPOOL_ASSIGN_OR_RETURN(committed, ReadCommitted(table, key));
+    if (!committed)
+      return Status::NotFound("no row with key " + std::to_string(key) + " in '" + table.name() +
+                              "'");
+    value = &*committed;
   }
-  FARPOOL_ASSIGN_OR_RETURN(std::optional<std::string> v, ReadCommitted(table, key));
-  if (!v)
-    return Status::NotFound("no row with key " + std::to_string(key) + " in '" + table.name() +
-                            "'");
-  return DecodeRow(table, *v, row);
+  FARPOOL_RETURN_IF_ERROR(DecodeRow(table, *value, row));
+  KeepColumns(columns, *row);
+  return Status::Ok();
 }
 
 Status ShardedTxn::Put(const Table& table, int64_t key, const Row& row) {
@@ -428,7 +438,7 @@ Status ShardedTxn::Delete(const Table& table, int64_t key) {
 }
 
 Status ShardedTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bool reverse,
-                        const std::function<bool(int64_t, const Row&)>& visit) {
+                        ColumnSet columns, const std::function<bool(int64_t, const Row&)>& visit) {
   if (finished_) return Status::InvalidArgument("transaction already finished");
   if (!table.ordered()) {
     return Status::InvalidArgument("table '" + table.name() + "' is not ordered (no scans)");
@@ -481,6 +491,7 @@ Status ShardedTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit
     Row row;
     for (const auto& [key, value] : rows) {
       FARPOOL_RETURN_IF_ERROR(DecodeRow(table, value, &row));
+      KeepColumns(columns, row);
       if (!visit(key, row)) break;
     }
     return Status::Ok();

@@ -129,6 +129,35 @@ class BTree::NodeCache {
     if (nodes_.size() >= capacity_ && nodes_.find(at) == nodes_.end()) EvictOne();
     nodes_[at] = n;
   }
+  // Invariant 13: the image of a leaf a scan read, for guesses only (never routed through).
+  void PutLeaf(uint64_t at, const Node& n) {
+    if (n.level != 0) return;
+    {
+      // The common case, a leaf that has not changed since: no exclusive lock, no copy.
+      std::shared_lock l(mu_);
+      auto it = leaves_.find(at);
+      if (it != leaves_.end() && it->second.checksum == n.checksum) return;
+    }
+    std::unique_lock l(mu_);
+    if (capacity_ == 0) return;
+    if (leaves_.size() >= capacity_ && leaves_.find(at) == leaves_.end())
+      leaves_.erase(leaves_.begin());
+    leaves_[at] = n;
+  }
+  // Appends to *values those of the cached image of leaf `at` with lo <= key <= hi, in scan
+  // order, while values->size() < cap. False if the leaf is not cached.
+  bool LeafValues(uint64_t at, int64_t lo, int64_t hi, bool reverse, size_t cap,
+                  std::vector<uint64_t>* values) const {
+    std::shared_lock l(mu_);
+    auto it = leaves_.find(at);
+    if (it == leaves_.end()) return false;
+    const Node& n = it->second;
+    for (uint32_t j = 0; j < n.count && values->size() < cap; ++j) {
+      const Entry& e = n.e[reverse ? n.count - 1 - j : j];
+      if (e.key >= lo && e.key <= hi) values->push_back(e.value);
+    }
+    return true;
+  }
   // The root too: the next descent reads the root word.
   void Forget(uint64_t at) {
     std::unique_lock l(mu_);
@@ -140,6 +169,7 @@ class BTree::NodeCache {
     capacity_ = 0;
     root_ = 0;
     nodes_.clear();
+    leaves_.clear();
   }
   size_t size() const {
     std::shared_lock l(mu_);
@@ -167,6 +197,7 @@ class BTree::NodeCache {
   size_t capacity_;
   uint64_t root_ = 0;  // 0: not known
   std::unordered_map<uint64_t, Node> nodes_;
+  std::unordered_map<uint64_t, Node> leaves_;  // invariant 13; at most capacity_
   uint64_t rng_ = 0x9e3779b97f4a7c15;
 };
 
@@ -551,22 +582,41 @@ BTree::LeafImages::LeafImages() : map_(std::make_unique<Map>()) {}
 BTree::LeafImages::~LeafImages() = default;
 BTree::LeafImages::LeafImages(LeafImages&&) noexcept = default;
 
+std::vector<uint64_t> BTree::AheadLeaves(const Range& r) const {
+  NodeCache::Route route;
+  std::vector<uint64_t> at;
+  if (cache_ && r.lo <= r.hi &&
+      cache_->Find(r.reverse ? r.hi : r.lo, 0, r.reverse ? r.lo : r.hi, r.reverse,
+                   kMaxPrefetchLeaves, &route) &&
+      route.level == 0) {
+    at.push_back(route.at);
+    at.insert(at.end(), route.more.begin(), route.more.end());
+  }
+  return at;
+}
+
 Status BTree::ReadAhead(const Access& access, std::span<const Range> ranges,
                         const FirstRound* first, LeafImages* ahead) const {
   std::vector<uint64_t> at;
   for (const Range& r : ranges) {
-    NodeCache::Route route;
-    if (cache_ && r.lo <= r.hi &&
-        cache_->Find(r.reverse ? r.hi : r.lo, 0, r.reverse ? r.lo : r.hi, r.reverse,
-                     kMaxPrefetchLeaves, &route) &&
-        route.level == 0) {
-      at.push_back(route.at);
-      at.insert(at.end(), route.more.begin(), route.more.end());
-    }
+    const std::vector<uint64_t> leaves = AheadLeaves(r);
+    at.insert(at.end(), leaves.begin(), leaves.end());
   }
   std::sort(at.begin(), at.end());
   at.erase(std::unique(at.begin(), at.end()), at.end());
+  // The leaves' images go to the leaf cache (invariant 13) as the scans take them.
   return ReadRound(access, first, GlobalAddress(), nullptr, 0, at, &ahead->map_->nodes);
+}
+
+void BTree::GuessValues(const Range& range, size_t limit, std::vector<uint64_t>* values) const {
+  const size_t cap = values->size() + limit;
+  for (uint64_t leaf : AheadLeaves(range)) {
+    // The leaves follow each other in scan order: a gap would make the guesses skip entries
+    // (harmless, but then the rest are unlikely to be the scan's).
+    if (values->size() >= cap ||
+        !cache_->LeafValues(leaf, range.lo, range.hi, range.reverse, cap, values))
+      return;
+  }
 }
 
 BTree::BTree(GlobalAddress root_word, std::chrono::milliseconds wait_limit, size_t cache_nodes)
@@ -754,6 +804,7 @@ Status BTree::Scan(const Access& access, LockOwner& owner, int64_t lo, int64_t h
     bool any = false;
     int64_t last = 0;
     for (;;) {
+      if (cache_) cache_->PutLeaf(at.raw(), n);
       for (uint32_t i = 0; i < n.count; ++i) {
         const int64_t k = n.e[i].key;
         if (k < lo || (any && k <= last)) continue;
@@ -771,6 +822,7 @@ Status BTree::Scan(const Access& access, LockOwner& owner, int64_t lo, int64_t h
   for (;;) {
     FARPOOL_RETURN_IF_ERROR(
         DescendFrom(c, root_word_, key, 0, &at, &n, key == hi ? &toward : nullptr));
+    if (cache_) cache_->PutLeaf(at.raw(), n);
     for (int i = static_cast<int>(n.count) - 1; i >= 0; --i) {
       const int64_t k = n.e[i].key;
       if (k > key) continue;

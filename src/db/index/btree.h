@@ -106,9 +106,16 @@
 //      before it began, as before. ReadAhead reads such leaves for several scans in one round
 //      trip before they start (Transaction::ScanMany); they then visit every key present
 //      before that round.
+//  13. Guesses. The cache also keeps the image of each leaf a scan or ReadAhead last read (at
+//      most `cache_nodes` of them), never to route or to answer a scan: GuessValues reads off
+//      them the values (record addresses) that ReadAhead's leaves are likely to hold, so that
+//      a caller can read what they name in ReadAhead's own round trip. They are guesses: the
+//      caller uses such a read only for an entry that the fresh images (the scan) hold with
+//      that very value, and reads the others as it would have anyway.
 // Memory: at most `cache_nodes` inner nodes (1 KiB each) per tree, a random one evicted when
-// full. The cache lives and dies with the BTree object; DropCache (a dropped table) and
-// Destroy empty it and turn it off, so no cached node outlives the tree's nodes.
+// full, and as many leaf images (invariant 13; an arbitrary one evicted when full). The cache lives
+// and dies with the BTree object; DropCache (a dropped table) and Destroy empty it and turn it off,
+// so no cached node outlives the tree's nodes.
 //
 // REQUIRES: an owner holds at most one index lock at a time and is used by one thread at a
 // time (the tree never nests node locks: it releases a child before locking its parent).
@@ -201,6 +208,10 @@ class BTree {
   // rides in that round (made for it alone if the cache has no route for any range).
   Status ReadAhead(const Access& access, std::span<const Range> ranges, const FirstRound* first,
                    LeafImages* ahead) const;
+  // Invariant 13: appends to *values the values of the entries in `range` (scan order, at most
+  // `limit`) of the cached images of the leaves ReadAhead would read for it, as long as they
+  // are cached. Reads nothing.
+  void GuessValues(const Range& range, size_t limit, std::vector<uint64_t>* values) const;
   // Visits entries with lo <= key <= hi in order (descending if reverse) until `visit`
   // returns false. Entries inserted during the scan may or may not be visited; every entry
   // present before the scan began and not removed is. `owner` as for Lookup. `first`, if
@@ -258,6 +269,10 @@ class BTree {
   class NodeCache;  // btree.cc
 
  private:
+  // The leaves ReadAhead reads for `range`: the one the cache routes its first key to, and
+  // those its cached parent names next within it (none without a route).
+  std::vector<uint64_t> AheadLeaves(const Range& range) const;
+
   GlobalAddress root_word_;
   std::chrono::milliseconds wait_limit_;
   std::unique_ptr<NodeCache> cache_;

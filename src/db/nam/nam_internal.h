@@ -603,11 +603,13 @@ struct KeyRead {
   std::string payload;  // the visible version's fixed payload, if found
 };
 
-// A row to fill from a version's payload (its kBytes values read from their blobs).
+// A row to fill from a version's payload (the kBytes values of `columns` read from their
+// blobs; the other columns zero, as ColumnSet says).
 struct RowLoad {
   const NamTable* t;
   const std::string* payload;
   Row* row;
+  ColumnSet columns;
 };
 
 class NamTxn final : public Transaction {
@@ -616,7 +618,9 @@ class NamTxn final : public Transaction {
       : s_(s), rc_(options.isolation == Isolation::kReadCommitted) {}
   ~NamTxn() override { Rollback(); }
 
-  Status Get(const Table& table, int64_t key, Row* row) override;
+  using Transaction::Get;
+  using Transaction::Scan;
+  Status Get(const Table& table, int64_t key, Row* row, ColumnSet columns) override;
   Status MultiGet(std::span<const TableKey> keys, std::vector<Row>* rows,
                   std::vector<Status>* statuses) override;
   Status GetForUpdate(const Table& table, int64_t key, Row* row) override;
@@ -628,7 +632,7 @@ class NamTxn final : public Transaction {
       std::span<const ScanRange> ranges,
       const std::function<bool(size_t range, int64_t key, const Row& row)>& visit) override;
   Status Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bool reverse,
-              const std::function<bool(int64_t, const Row&)>& visit) override;
+              ColumnSet columns, const std::function<bool(int64_t, const Row&)>& visit) override;
   Status Commit() override;
   void Rollback() override;
 
@@ -704,23 +708,35 @@ class NamTxn final : public Transaction {
   // The version of `image` visible in the snapshot: sets *found, *deleted and copies payload.
   Status VisibleVersion(const NamTable& t, const RecordImage& image, bool* found, bool* deleted,
                         std::string* payload);
-  // Fills the rows, reading the blobs of all of them in one round trip.
+  // Fills the rows, reading the wanted blobs of all of them in one round trip (none if no
+  // blob is wanted).
   Status LoadRows(std::span<const RowLoad> loads);
-  // Scans: the rows that index entries name, visible in the snapshot: every record in one
-  // round trip, their blobs in the next, then the lease check; (*found)[i] says whether entry i
-  // has one, in (*rows)[i].
+  // Scans: the rows that index entries name, visible in the snapshot, with the entries'
+  // columns: every record in one round trip, their wanted blobs in the next, then the lease
+  // check; (*found)[i] says whether entry i has one, in (*rows)[i].
   struct IndexEntry {
     const NamTable* t;
     int64_t key;
     GlobalAddress record;
+    ColumnSet columns;
   };
+  // Record copies read ahead (GuessRound), by address: each is taken (moved out) by the first
+  // entry that names its address, as that entry's first copy if it holds the entry's key.
+  using GuessedRecords = std::unordered_map<uint64_t, std::vector<unsigned char>>;
   Status ReadIndexed(std::span<const IndexEntry> entries, std::vector<Row>* rows,
-                     std::vector<uint8_t>* found);
+                     std::vector<uint8_t>* found, GuessedRecords* guessed = nullptr);
   // The snapshot's counter read for a B+tree walk's first round (BTree::FirstRound).
   BTree::FirstRound SnapshotRound(NamSession::SnapshotRead* snap);
+  // ScanMany's first round: the snapshot's counter read if none is taken, then (behind a fence)
+  // copies of the records `guesses` name (table, address: what the cached leaves name, BTree
+  // invariant 13). The copies that may serve the snapshot (see read.cc) go to *out once the
+  // round is done. REQUIRES: guesses and *out outlive the round.
+  BTree::FirstRound GuessRound(NamSession::SnapshotRead* snap,
+                               std::span<const std::pair<const NamTable*, uint64_t>> guesses,
+                               GuessedRecords* out);
   // Scan without taking a fresh snapshot first (read committed: ScanMany's ranges share one).
   Status ScanOne(const NamTable& t, int64_t lo, int64_t hi, size_t limit, bool reverse,
-                 const std::function<bool(int64_t, const Row&)>& visit);
+                 ColumnSet columns, const std::function<bool(int64_t, const Row&)>& visit);
   // Ends the transaction: counts it, frees blobs of an undecided commit, ends the snapshot.
   Status Finish(Status s);
 

@@ -169,6 +169,7 @@ Status NamTxn::LoadRows(std::span<const RowLoad> loads) {
     RowAccess::payload(row) = *l.payload;
     RowAccess::payload(row).resize(t.schema_.PayloadSize());
     for (uint32_t c : t.bytes_columns_) {
+      if (!l.columns.Has(c)) continue;  // not wanted: not read
       uint64_t ref[2];
       std::memcpy(ref, l.payload->data() + t.schema_.Offset(c), 16);
       std::string& v = RowAccess::bytes(row)[c];
@@ -176,6 +177,7 @@ Status NamTxn::LoadRows(std::span<const RowLoad> loads) {
       if (ref[1] > 0)
         FARPOOL_RETURN_IF_ERROR(b.Read(GlobalAddress::FromRaw(ref[0]), v.data(), ref[1]));
     }
+    KeepColumns(l.columns, row);
   }
   return b.Wait();
 }
@@ -410,11 +412,14 @@ Status NamTxn::ReadHeld(const HeldLock& h, KeyRead* k) {
 }
 
 // MultiGet of one key, without its vectors (the most common read).
-Status NamTxn::Get(const Table& table, int64_t key, Row* row) {
+Status NamTxn::Get(const Table& table, int64_t key, Row* row, ColumnSet columns) {
   if (finished_) return Status::InvalidArgument("transaction already finished");
   const auto& t = static_cast<const NamTable&>(table);
   Status own;
-  if (ReadOwnWrite(t, key, row, &own)) return own;
+  if (ReadOwnWrite(t, key, row, &own)) {
+    if (own.ok()) KeepColumns(columns, *row);
+    return own;
+  }
   KeyRead k;
   k.t = &t;
   k.key = key;
@@ -426,7 +431,7 @@ Status NamTxn::Get(const Table& table, int64_t key, Row* row) {
     FARPOOL_RETURN_IF_ERROR(ReadKeys(std::span<KeyRead>(&k, 1)));
   }
   if (k.found) {
-    const RowLoad load{&t, &k.payload, row};
+    const RowLoad load{&t, &k.payload, row, columns};
     FARPOOL_RETURN_IF_ERROR(LoadRows(std::span<const RowLoad>(&load, 1)));
   }
   FARPOOL_RETURN_IF_ERROR(s_.CheckLease());
@@ -465,18 +470,22 @@ Status NamTxn::ReadMany(std::span<const TableKey> keys, bool for_update, std::ve
   from_held.reserve(keys.size());
   std::map<Key, size_t> seen;                      // key -> its first index in keys
   std::vector<std::pair<size_t, size_t>> repeats;  // (index, the first index of its key)
+  // The columns to load of each key read: those of all its repeats.
+  std::vector<ColumnSet> load_columns(keys.size(), ColumnSet::None());
   for (size_t i = 0; i < keys.size(); ++i) {
     const auto& t = static_cast<const NamTable&>(*keys[i].table);
     const Key key{t.id_, keys[i].key};
     if (auto [first, fresh] = seen.emplace(key, i); !fresh) {
       repeats.push_back({i, first->second});  // read (or locked) once
+      load_columns[first->second] = load_columns[first->second] | keys[i].columns;
       continue;
     }
+    load_columns[i] = keys[i].columns;
     const bool own = writes_.count(key) > 0;
     auto h = held_.find(key);
     // Our own write answers, unless the key is to be locked still.
     if (own && (!for_update || h != held_.end())) {
-      ReadOwnWrite(t, keys[i].key, &(*rows)[i], &(*statuses)[i]);
+      ReadOwnWrite(t, keys[i].key, &(*rows)[i], &(*statuses)[i]);  // projected below
       continue;
     }
     KeyRead& k = h != held_.end() ? from_held.emplace_back() : reads.emplace_back();
@@ -503,7 +512,7 @@ Status NamTxn::ReadMany(std::span<const TableKey> keys, bool for_update, std::ve
   auto answer = [&](KeyRead& k, size_t i) {
     if (ReadOwnWrite(*k.t, k.key, &(*rows)[i], &(*statuses)[i])) return;  // locked just now
     if (k.found) {
-      loads.push_back({k.t, &k.payload, &(*rows)[i]});
+      loads.push_back({k.t, &k.payload, &(*rows)[i], load_columns[i]});
     } else {
       (*statuses)[i] = NoKey(*k.t, k.key);
     }
@@ -514,6 +523,9 @@ Status NamTxn::ReadMany(std::span<const TableKey> keys, bool for_update, std::ve
   for (const auto& [i, first] : repeats) {
     (*rows)[i] = (*rows)[first];
     (*statuses)[i] = (*statuses)[first];
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if ((*statuses)[i].ok()) KeepColumns(keys[i].columns, (*rows)[i]);
   }
   return s_.CheckLease();
 }
@@ -796,7 +808,7 @@ Status NamTxn::Delete(const Table& table, int64_t key) {
 }
 
 Status NamTxn::ReadIndexed(std::span<const IndexEntry> entries, std::vector<Row>* rows,
-                           std::vector<uint8_t>* found) {
+                           std::vector<uint8_t>* found, GuessedRecords* guessed) {
   rows->assign(entries.size(), Row());
   found->assign(entries.size(), 0);
   if (entries.empty()) return Status::Ok();
@@ -804,6 +816,18 @@ Status NamTxn::ReadIndexed(std::span<const IndexEntry> entries, std::vector<Row>
   {
     Access::Batch b(s_.access_);
     for (size_t i = 0; i < entries.size(); ++i) {
+      if (guessed != nullptr) {
+        // A copy read with the leaves, at a time a read of the snapshot may be: the first copy,
+        // if it is the record of this key (a freed or reused record is read again, as any
+        // other).
+        auto g = guessed->find(entries[i].record.raw());
+        if (g != guessed->end()) {
+          images[i].bytes = std::move(g->second);
+          guessed->erase(g);
+          images[i].Decode(entries[i].t->layout_);
+          if (images[i].key == entries[i].key && images[i].lock != kRemovedLock) continue;
+        }
+      }
       images[i].bytes.resize(entries[i].t->layout_.record_size());
       FARPOOL_RETURN_IF_ERROR(
           b.Read(entries[i].record, images[i].bytes.data(), images[i].bytes.size()));
@@ -821,7 +845,7 @@ Status NamTxn::ReadIndexed(std::span<const IndexEntry> entries, std::vector<Row>
     FARPOOL_RETURN_IF_ERROR(VisibleVersion(*e.t, images[i], &visible, &deleted, &payloads[i]));
     if (!visible) continue;
     (*found)[i] = 1;
-    loads.push_back({e.t, &payloads[i], &(*rows)[i]});
+    loads.push_back({e.t, &payloads[i], &(*rows)[i], e.columns});
   }
   FARPOOL_RETURN_IF_ERROR(LoadRows(loads));
   return s_.CheckLease();
@@ -835,9 +859,66 @@ BTree::FirstRound NamTxn::SnapshotRound(NamSession::SnapshotRead* snap) {
           }};
 }
 
+BTree::FirstRound NamTxn::GuessRound(NamSession::SnapshotRead* snap,
+                                     std::span<const std::pair<const NamTable*, uint64_t>> guesses,
+                                     GuessedRecords* out) {
+  // The copies' state between post and finish (the closures are called once each).
+  struct State {
+    bool taking = false;
+    uint64_t before = 0;
+    std::vector<std::pair<uint64_t, std::vector<unsigned char>>> copies;
+  };
+  auto st = std::make_shared<State>();
+  auto post = [this, snap, guesses, st](Access::Batch& b) -> Status {
+    st->taking = !has_snapshot_;
+    if (st->taking) {
+      // A counter value read before this round began (NamDatabase::NoteCounter notes only
+      // values read or stamped before): see finish.
+      st->before = s_.db_.latest_counter();
+      FARPOOL_RETURN_IF_ERROR(s_.PostSnapshot(b, snap));
+      // The counter's server reads the records after the counter. Once the snapshot is
+      // posted, finish must run: a guess that cannot be posted is dropped, not an error.
+      if (!b.Fence().ok()) return Status::Ok();
+    }
+    st->copies.reserve(guesses.size());
+    for (const auto& [t, record] : guesses) {
+      auto& copy = st->copies.emplace_back(record, t->layout_.record_size());
+      if (!b.Read(GlobalAddress::FromRaw(record), copy.second.data(), copy.second.size()).ok()) {
+        st->copies.pop_back();
+        break;
+      }
+    }
+    return Status::Ok();
+  };
+  auto finish = [this, snap, st, out](const Status& waited) -> Status {
+    if (st->taking) {
+      bool cache_cleared;  // scans take no address from the session's record cache
+      FARPOOL_RETURN_IF_ERROR(FinishSnapshot(*snap, waited, &cache_cleared));
+    }
+    FARPOOL_RETURN_IF_ERROR(waited);
+    // A copy read in the round of the counter read serves the snapshot only if no commit
+    // that the snapshot includes could lock the record after the copy was taken: a commit
+    // locks its records before it takes its stamp, so those whose stamp the snapshot
+    // includes hold their locks (or have installed) by the time the counter is read. The
+    // copy is as good as a read after the counter if it was (the counter's server, behind
+    // the fence), or if the counter has not moved since `before` (read before the round):
+    // then every stamp the snapshot includes was taken, and its locks held, before the round.
+    const uint16_t counter_server = s_.db_.RootField(kRootCounter).server();
+    const bool quiet = !st->taking || snapshot_ == st->before;
+    for (auto& [record, bytes] : st->copies) {
+      if (quiet || GlobalAddress::FromRaw(record).server() == counter_server)
+        out->emplace(record, std::move(bytes));
+    }
+    return Status::Ok();
+  };
+  return {post, finish};
+}
+
 namespace {
 // Index entries a scan collects before it reads their records (when it has no smaller limit).
 constexpr size_t kScanBatch = 256;
+// Records a ScanMany reads with its leaves at most (guesses, BTree invariant 13).
+constexpr size_t kMaxGuesses = 512;
 
 Status NotOrdered(const NamTable& t) {
   return Status::InvalidArgument("table '" + t.name_ + "' is not ordered (no B+tree)");
@@ -845,16 +926,16 @@ Status NotOrdered(const NamTable& t) {
 }  // namespace
 
 Status NamTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bool reverse,
-                    const std::function<bool(int64_t, const Row&)>& visit) {
+                    ColumnSet columns, const std::function<bool(int64_t, const Row&)>& visit) {
   if (finished_) return Status::InvalidArgument("transaction already finished");
   const auto& t = static_cast<const NamTable&>(table);
   if (!t.btree_) return NotOrdered(t);
   FreshSnapshotForRead();
-  return ScanOne(t, lo, hi, limit, reverse, visit);
+  return ScanOne(t, lo, hi, limit, reverse, columns, visit);
 }
 
 Status NamTxn::ScanOne(const NamTable& t, int64_t lo, int64_t hi, size_t limit, bool reverse,
-                       const std::function<bool(int64_t, const Row&)>& visit) {
+                       ColumnSet columns, const std::function<bool(int64_t, const Row&)>& visit) {
   // The snapshot, if this is the transaction's first read, rides in the B+tree walk's first
   // round trip (BTree::FirstRound): index nodes do not depend on the snapshot, as the index
   // lookups of FindRecords. Index entries are collected, up to the limit (or kScanBatch) at a
@@ -883,7 +964,7 @@ Status NamTxn::ScanOne(const NamTable& t, int64_t lo, int64_t hi, size_t limit, 
   FARPOOL_RETURN_IF_ERROR(t.btree_->Scan(
       s_.access_, s_, lo, hi, reverse,
       [&](int64_t k, uint64_t v) {
-        pending.push_back({&t, k, GlobalAddress::FromRaw(v)});
+        pending.push_back({&t, k, GlobalAddress::FromRaw(v), columns});
         if (pending.size() >= batch) {
           inner = flush();
           if (!inner.ok()) return false;
@@ -909,17 +990,34 @@ Status NamTxn::ScanMany(std::span<const ScanRange> ranges,
   }
   FreshSnapshotForRead();
   // Round 1, per table: the leaves its cache routes the ranges to (BTree::ReadAhead), the first
-  // table's with the snapshot if this is the transaction's first read.
+  // table's with the snapshot if this is the transaction's first read and with the records
+  // that the cached images of those leaves name (guesses, BTree invariant 13).
   std::map<const NamTable*, BTree::LeafImages> ahead;
+  GuessedRecords guessed;
   {
     std::map<const NamTable*, std::vector<BTree::Range>> by_table;
-    for (size_t i = 0; i < ranges.size(); ++i)
-      by_table[&table(i)].push_back({ranges[i].lo, ranges[i].hi, ranges[i].reverse});
+    std::vector<std::pair<const NamTable*, uint64_t>> guesses;
+    std::vector<uint64_t> values;
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      const NamTable& t = table(i);
+      const BTree::Range r{ranges[i].lo, ranges[i].hi, ranges[i].reverse};
+      by_table[&t].push_back(r);
+      values.clear();
+      const size_t cap = ranges[i].limit == 0 ? kScanBatch : std::min(ranges[i].limit, kScanBatch);
+      t.btree_->GuessValues(r, std::min(cap, kMaxGuesses - guesses.size()), &values);
+      for (uint64_t v : values) guesses.push_back({&t, v});
+    }
+    std::sort(guesses.begin(), guesses.end());
+    guesses.erase(std::unique(guesses.begin(), guesses.end()), guesses.end());
+    bool first_table = true;
     for (const auto& [t, rs] : by_table) {
       NamSession::SnapshotRead snap;
-      const BTree::FirstRound first = SnapshotRound(&snap);
+      const BTree::FirstRound first =
+          first_table ? GuessRound(&snap, guesses, &guessed) : SnapshotRound(&snap);
+      const bool with_first = first_table ? !has_snapshot_ || !guesses.empty() : !has_snapshot_;
+      first_table = false;
       FARPOOL_RETURN_IF_ERROR(
-          t->btree_->ReadAhead(s_.access_, rs, has_snapshot_ ? nullptr : &first, &ahead[t]));
+          t->btree_->ReadAhead(s_.access_, rs, with_first ? &first : nullptr, &ahead[t]));
     }
     FARPOOL_RETURN_IF_ERROR(TakeSnapshot());  // no ranges: still a read
   }
@@ -947,7 +1045,7 @@ Status NamTxn::ScanMany(std::span<const ScanRange> ranges,
             p.next = k;
             return false;
           }
-          entries.push_back({&t, k, GlobalAddress::FromRaw(v)});
+          entries.push_back({&t, k, GlobalAddress::FromRaw(v), r.columns});
           return true;
         },
         nullptr, &ahead[&t]));
@@ -955,7 +1053,7 @@ Status NamTxn::ScanMany(std::span<const ScanRange> ranges,
   }
   std::vector<Row> rows;
   std::vector<uint8_t> found;
-  FARPOOL_RETURN_IF_ERROR(ReadIndexed(entries, &rows, &found));
+  FARPOOL_RETURN_IF_ERROR(ReadIndexed(entries, &rows, &found, &guessed));
   for (size_t i = 0; i < ranges.size(); ++i) {
     const ScanRange& r = ranges[i];
     const Part& p = parts[i];
@@ -971,7 +1069,7 @@ Status NamTxn::ScanMany(std::span<const ScanRange> ranges,
     // snapshot).
     bool stopped = false;
     FARPOOL_RETURN_IF_ERROR(ScanOne(table(i), r.reverse ? r.lo : p.next, r.reverse ? p.next : r.hi,
-                                    r.limit == 0 ? 0 : r.limit - visited, r.reverse,
+                                    r.limit == 0 ? 0 : r.limit - visited, r.reverse, r.columns,
                                     [&](int64_t k, const Row& row) {
                                       stopped = !visit(i, k, row);
                                       return !stopped;

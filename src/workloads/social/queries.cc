@@ -31,10 +31,11 @@ std::string_view SocialQueryDescription(SocialQuery q) {
 
 namespace {
 
-// The keys of `table` that start with `prefix` (the low `bits` bits are the id).
+// The keys of `table` that start with `prefix` (the low `bits` bits are the id). The scans of
+// the index tables want their keys only.
 ScanRange PrefixRange(const Table& table, int64_t prefix, int bits, size_t limit, bool reverse) {
   const int64_t lo = prefix << bits;
-  return {&table, lo, lo | ((int64_t{1} << bits) - 1), limit, reverse};
+  return {&table, lo, lo | ((int64_t{1} << bits) - 1), limit, reverse, ColumnSet::None()};
 }
 
 // The ids (low `bits` bits) of the keys in `ranges`, range by range, in one ScanMany.
@@ -53,12 +54,13 @@ Status CollectScan(Transaction& txn, const Table& table, int64_t prefix, int bit
   return CollectScans(txn, std::span<const ScanRange>(&range, 1), bits, ids);
 }
 
-// The rows of `ids` in `table`, in one MultiGet; every id must exist (the indexes name them).
+// The `columns` of the rows of `ids` in `table`, in one MultiGet; every id must exist (the
+// indexes name them).
 Status GetRows(Transaction& txn, const Table& table, const std::vector<int64_t>& ids,
-               std::vector<Row>* rows) {
+               ColumnSet columns, std::vector<Row>* rows) {
   std::vector<TableKey> keys;
   keys.reserve(ids.size());
-  for (int64_t id : ids) keys.push_back({&table, id});
+  for (int64_t id : ids) keys.push_back({&table, id, columns});
   return GetAll(txn, keys, rows);
 }
 
@@ -73,7 +75,8 @@ Status QueryBody(Transaction& txn, const SocialTables& t, SocialQuery q, int64_t
       const bool friends = q == SocialQuery::kFriends;
       FARPOOL_RETURN_IF_ERROR(
           CollectScan(txn, friends ? *t.friends : *t.members, p, kUserBits, 0, false, &ids));
-      FARPOOL_RETURN_IF_ERROR(GetRows(txn, friends ? *t.users : *t.groups, ids, &rows));
+      FARPOOL_RETURN_IF_ERROR(
+          GetRows(txn, friends ? *t.users : *t.groups, ids, ColumnSet::All(), &rows));
       for (const Row& row : rows) {
         ++a->rows;
         a->checksum += HashString(row.GetChar(0));
@@ -93,7 +96,8 @@ Status QueryBody(Transaction& txn, const SocialTables& t, SocialQuery q, int64_t
           inboxes.push_back(PrefixRange(*t.group_inbox, g, kMidBits, 0, false));
         FARPOOL_RETURN_IF_ERROR(CollectScans(txn, inboxes, kMidBits, &ids));
       }
-      FARPOOL_RETURN_IF_ERROR(GetRows(txn, *t.messages, ids, &rows));
+      // The flag only: the text (a blob) is not read.
+      FARPOOL_RETURN_IF_ERROR(GetRows(txn, *t.messages, ids, ColumnSet{kIsRead}, &rows));
       for (const Row& row : rows) {
         if (row.GetInt64(kIsRead) == 0) ++a->rows;
       }
@@ -102,7 +106,7 @@ Status QueryBody(Transaction& txn, const SocialTables& t, SocialQuery q, int64_t
     }
     case SocialQuery::kLast100: {
       FARPOOL_RETURN_IF_ERROR(CollectScan(txn, *t.by_sender, p, kMidBits, 100, true, &ids));
-      FARPOOL_RETURN_IF_ERROR(GetRows(txn, *t.messages, ids, &rows));
+      FARPOOL_RETURN_IF_ERROR(GetRows(txn, *t.messages, ids, ColumnSet{kTime, kTextCol}, &rows));
       for (size_t i = 0; i < ids.size(); ++i) {
         ++a->rows;
         a->checksum = Chain(a->checksum, HashMessageRow(ids[i], rows[i].GetInt64(kTime),
@@ -111,7 +115,7 @@ Status QueryBody(Transaction& txn, const SocialTables& t, SocialQuery q, int64_t
       return Status::Ok();
     }
     case SocialQuery::kText: {
-      FARPOOL_RETURN_IF_ERROR(txn.Get(*t.messages, p, &r));
+      FARPOOL_RETURN_IF_ERROR(txn.Get(*t.messages, p, &r, ColumnSet{kTextCol}));
       *a = {1, HashString(r.GetBytes(kTextCol))};
       return Status::Ok();
     }

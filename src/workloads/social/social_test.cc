@@ -1,7 +1,9 @@
-// The social workload's answers on the local and pool engines match the generator's.
+// The social workload's answers on every engine (the pool over shm and TCP) match the generator's.
 #include "workloads/social/social.h"
 
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 #include "db/db_test_util.h"
 #include "workloads/social_bench.h"
@@ -72,7 +74,14 @@ TEST_P(SocialEngineTest, QueriesMatchTheGenerator) {
   EXPECT_EQ(after.rows, before.rows);
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, SocialEngineTest, ::testing::Values("local", "pool"));
+// pool-tcp: the queries' projections and batches as messages the memory servers execute.
+INSTANTIATE_TEST_SUITE_P(Engines, SocialEngineTest,
+                         ::testing::Values("local", "pool", "pool-tcp", "sharded"),
+                         [](const auto& p) {
+                           std::string name = p.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 // Several compute processes on one pool: one loads (--load-only), the others --attach.
 TEST(SocialBenchTest, AttachRunsOnTheLoadedNetwork) {
