@@ -55,6 +55,8 @@ class PoolMemory final : public Memory {
   explicit PoolMemory(Pool& pool) : pool_(pool) {
     auto ids = pool.server_ids();
     root_ = Pool::Root(ids.empty() ? 0 : *std::min_element(ids.begin(), ids.end()));
+    mapped_ = std::all_of(ids.begin(), ids.end(),
+                          [&](uint16_t id) { return pool.AccessPath(id) == "direct"; });
   }
   Status Read(GlobalAddress s, void* d, uint64_t n) override { return pool_.Read(s, d, n); }
   Status Write(GlobalAddress d, const void* s, uint64_t n) override { return pool_.Write(d, s, n); }
@@ -97,10 +99,12 @@ class PoolMemory final : public Memory {
   GlobalAddress Root() const override { return root_; }
   uint32_t process_tag() const override { return pool_.process_tag(); }
   Status Evict(uint32_t tag) override { return pool_.Evict(tag); }
+  bool mapped() const override { return mapped_; }
 
  private:
   Pool& pool_;
   GlobalAddress root_;
+  bool mapped_ = false;
   std::mutex idle_mu_;  // guards idle_
   std::unordered_map<std::thread::id, std::vector<std::unique_ptr<MemoryBatch>>> idle_;
 };
@@ -350,6 +354,7 @@ class LocalMemory final : public Memory {
     return Status::InvalidArgument("local memory belongs to one process: there is no process " +
                                    std::to_string(tag) + " to evict");
   }
+  bool mapped() const override { return true; }
 
  private:
   struct Region {

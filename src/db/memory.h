@@ -99,6 +99,10 @@ class Memory {
   // Pool::Evict: once Ok, the process tagged `tag` can reach this memory no more (killed if it
   // mapped it, disconnected otherwise). REQUIRES: `tag` is not process_tag().
   virtual Status Evict(uint32_t tag) = 0;
+  // Whether every server's memory is mapped into this process at construction (Pool::
+  // AccessPath "direct", and local memory): reads are loads and a round trip waits for
+  // nothing, so reading ahead on a guess saves no time and costs copies.
+  virtual bool mapped() const = 0;
 };
 
 // REQUIRES: `pool` outlives the PoolMemory.

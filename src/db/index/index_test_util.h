@@ -54,6 +54,7 @@ class KillableMemory final : public Memory {
   GlobalAddress Root() const override { return inner_.Root(); }
   uint32_t process_tag() const override { return inner_.process_tag(); }
   Status Evict(uint32_t tag) override { return inner_.Evict(tag); }
+  bool mapped() const override { return inner_.mapped(); }
 
  private:
   Status Dead() const { return Status::Unavailable("test: this owner's process was killed"); }

@@ -1004,7 +1004,10 @@ Status NamTxn::ScanMany(std::span<const ScanRange> ranges,
       by_table[&t].push_back(r);
       values.clear();
       const size_t cap = ranges[i].limit == 0 ? kScanBatch : std::min(ranges[i].limit, kScanBatch);
-      t.btree_->GuessValues(r, std::min(cap, kMaxGuesses - guesses.size()), &values);
+      // Over mapped memory a guess saves no wait, and its copies cost time (docs/database.md).
+      if (!s_.access_.memory().mapped()) {
+        t.btree_->GuessValues(r, std::min(cap, kMaxGuesses - guesses.size()), &values);
+      }
       for (uint64_t v : values) guesses.push_back({&t, v});
     }
     std::sort(guesses.begin(), guesses.end());
