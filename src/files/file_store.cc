@@ -337,14 +337,18 @@ Result<std::unique_ptr<File>> FileStore::CreateInode(const InodeAttr& attr) {
   return file;
 }
 
-Result<std::unique_ptr<File>> FileStore::OpenInode(GlobalAddress header) {
+Result<std::unique_ptr<File>> FileStore::OpenInode(GlobalAddress header, InodeAttr* attr) {
   auto file = std::unique_ptr<File>(new File(*this, "inode " + header.ToString(), header));
-  uint64_t head[2];
-  FARPOOL_RETURN_IF_ERROR(pool_.Read(header, head, sizeof(head)).WithContext(file->Where()));
-  if (head[0] != kHeaderMagic || head[1] == 0) {
+  auto image = std::make_unique<FileHeader>();
+  FARPOOL_RETURN_IF_ERROR(
+      pool_.Read(header, image.get(), sizeof(FileHeader)).WithContext(file->Where()));
+  if (image->magic != kHeaderMagic || image->exists == 0) {
     return Status::NotFound(file->Where() + " does not exist");
   }
-  FARPOOL_RETURN_IF_ERROR(file->Refresh());
+  std::memcpy(&file->fresh_, reinterpret_cast<const char*>(image.get()) + kHeaderStateOffset,
+              sizeof(file->fresh_));
+  file->FinishRefresh();
+  if (attr != nullptr) *attr = image->attr;
   return file;
 }
 
@@ -373,6 +377,12 @@ Status File::PostRefresh(Batch& batch) {
 void File::FinishRefresh() {
   if (fresh_.generation != state_.generation) extents_.clear();
   state_ = fresh_;
+  // The direct map words came with the header: a published word changes only by a release,
+  // which bumps the generation, so they are as current as a read of the map.
+  if (extents_.size() < kDirectEntries) extents_.resize(kDirectEntries, 0);
+  for (uint64_t i = 0; i < kDirectEntries; ++i) {
+    if (state_.direct[i] != 0) extents_[i] = state_.direct[i];
+  }
 }
 
 Status File::EnsureLeaf(int top) {
@@ -501,8 +511,14 @@ Status File::Write(uint64_t offset, const void* data, uint64_t n) {
         batch.Write(GlobalAddress::FromRaw(extents_[i]) + in, src + (pos - offset), len));
     pos += len;
   }
+  // A new size goes with the data: bytes beyond the old size read as zeros (layout.h), so a
+  // failed batch leaves at worst a longer file with zeros where the write did not land.
+  const bool grows = end > state_.size;
+  if (grows) {
+    FARPOOL_RETURN_IF_ERROR(batch.Write(header_ + offsetof(FileHeader, size), &end, 8));
+  }
   FARPOOL_RETURN_IF_ERROR(batch.Wait().WithContext(Where() + ": write"));
-  if (end > state_.size) FARPOOL_RETURN_IF_ERROR(WriteSize(end));
+  if (grows) state_.size = end;
   return Status::Ok();
 }
 

@@ -12,10 +12,11 @@
 // 64 GiB at most); the name
 // table maps names to headers. A handle caches the header state and the extent addresses it
 // has used, so a read or write inside existing extents is one Batch (one round trip however
-// many extents it spans); growing a file adds the round trips that publish the new extents
-// and the new size. Released leaves and extents go to the store's free list, from which any
-// process's later growth takes them (Pool::Free only frees this process's own objects, so
-// memory is recycled inside the store rather than given back to the servers).
+// many extents it spans, and a new size goes in the same Batch); growing a file into extents it
+// has not mapped adds the round trips that publish the new extents. Released leaves and extents go
+// to the store's free list, from which any process's later growth takes them (Pool::Free only frees
+// this process's own objects, so memory is recycled inside the store rather than given back to the
+// servers).
 //
 // Concurrency: creation is safe among any number of processes (two creators of one name end
 // with one file), and so is extent allocation. Beyond that a file has one writer at a time:
@@ -89,8 +90,9 @@ class FileStore {
   // A new inode: a header outside the name table with `attr`, size 0. OutOfMemory when the
   // pool is full.
   Result<std::unique_ptr<File>> CreateInode(const InodeAttr& attr);
-  // A handle on the inode whose header is at `header`. NotFound if it was deleted.
-  Result<std::unique_ptr<File>> OpenInode(GlobalAddress header);
+  // A handle on the inode whose header is at `header`, and its attributes into *attr when not
+  // null: one read of the header. NotFound if it was deleted.
+  Result<std::unique_ptr<File>> OpenInode(GlobalAddress header, InodeAttr* attr = nullptr);
   // Releases the inode's extents and recycles its header. REQUIRES: no other handle on it is
   // used afterwards (in any process).
   Status DeleteInode(std::unique_ptr<File> inode);
@@ -157,7 +159,8 @@ class File {
   GlobalAddress header() const { return header_; }
   GlobalAddress lock_word() const { return header_ + offsetof(FileHeader, lock); }
 
-  // Reads the header again (size, leaves; a new generation drops the cached extents).
+  // Reads the header again (size, leaves and the direct extents' map words; a new generation
+  // drops the cached extents).
   Status Refresh();
   // Refresh in a caller's batch: PostRefresh posts the header's read (to the header's server,
   // the lock word's: ordered after what the caller posted there before a fence); after the
@@ -171,7 +174,9 @@ class File {
   // (the rest of `out` is zero-filled).
   Result<uint64_t> Read(uint64_t offset, void* out, uint64_t n);
   // Writes `n` bytes at `offset`, growing the file if it ends beyond its size (a gap reads
-  // as zeros). REQUIRES: the caller is the file's only writer.
+  // as zeros): one round trip inside mapped extents, the new size included. On failure the
+  // bytes may have landed in part, and the size grown with zeros where they did not.
+  // REQUIRES: the caller is the file's only writer.
   Status Write(uint64_t offset, const void* data, uint64_t n);
   // Sets the size; shrinking releases whole extents beyond it.
   Status Truncate(uint64_t size);

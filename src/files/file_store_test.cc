@@ -221,6 +221,22 @@ TEST_F(FileStoreTest, HolesReadAsZerosAcrossExtents) {
   EXPECT_EQ(0, std::memcmp(got.data(), page.data(), page.size()));
   EXPECT_LE(pool_->counters().round_trips - counted_before, 2u);
 
+  // An append inside the last mapped extent: one round trip, its new size in the same batch,
+  // and another handle sees both.
+  const uint64_t end = f->size();
+  const uint64_t appended_before = pool_->counters().round_trips;
+  ASSERT_TRUE(f->Write(end, page.data(), 100).ok());
+  EXPECT_LE(pool_->counters().round_trips - appended_before, 1u);
+  EXPECT_EQ(f->size(), end + 100);
+  auto other = store_->OpenFile("holes.db", OpenMode::kExisting);
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  EXPECT_EQ((*other)->size(), end + 100);
+  std::vector<unsigned char> appended(100);
+  n = (*other)->Read(end, appended.data(), appended.size());
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 100u);
+  EXPECT_EQ(0, std::memcmp(appended.data(), page.data(), 100));
+
   // Shrinking to inside extent 1 releases extents 2 and 3; growing reads zeros there.
   ASSERT_TRUE(f->Truncate(kExtentSize + 10).ok());
   ASSERT_TRUE(f->Truncate(4 * kExtentSize).ok());

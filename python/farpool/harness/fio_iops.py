@@ -6,7 +6,11 @@ local disk, 1 and 16 jobs (issue 10, experiment 1; the seed's table redrawn).
                 the daemon and to pool memory (no page cache hit)
   farpool-shm-cached  the same mount without O_DIRECT: reads and writes hit the kernel's page
                 cache (writeback cache, pages kept across opens), which is what an application
-                that does not ask for O_DIRECT sees; it measures FUSE's cache, not the pool
+                that does not ask for O_DIRECT sees; it measures FUSE's cache, not the pool.
+                With --invalidate=0 (as tmpfs): fio's default invalidate=1 drops the file's
+                pages (POSIX_FADV_DONTNEED) every time it reopens the file, which a time-based
+                job does after each pass over it, and a pass reads each block once (fio's
+                random map), so no read would ever hit the cache
   farpool-tcp   the same on `cluster up --transport tcp --netns --progress event`: every server
                 in its own network namespace behind a veth pair on a bridge, the daemon in the
                 root namespace, so each 4 KiB crosses TCP; loopback TCP if namespaces fail
@@ -16,7 +20,8 @@ local disk, 1 and 16 jobs (issue 10, experiment 1; the seed's table redrawn).
   disk          a directory in /var/tmp (the local disk), O_DIRECT (the device, not the cache)
 
 Every point: `fio --name=iops --rw=randread|randwrite --bs=4k --ioengine=psync --numjobs=N
---size=SIZE --runtime=S --time_based --group_reporting --output-format=json` in the system's
+--size=SIZE --runtime=S --time_based --group_reporting --output-format=json` (plus --direct=1,
+or --invalidate=0 for the page-cache systems) in the system's
 directory after fio has laid the files out (one file per job). The machine may be shared, so
 the points run round-robin (every system once per (workload, jobs), --repeat times); the table
 shows the median IOPS and the .md the load average at start and end.
@@ -95,7 +100,7 @@ def fio(directory: str, rw: str, jobs: int, size: str, seconds: float, direct: b
     cmd = ["fio", "--name=iops", f"--directory={directory}", f"--rw={rw}", "--bs=4k",
            "--ioengine=psync", f"--numjobs={jobs}", f"--size={size}", f"--runtime={seconds:g}",
            "--time_based", "--group_reporting", "--randrepeat=1", "--output-format=json",
-           f"--direct={1 if direct else 0}"]
+           "--direct=1" if direct else "--invalidate=0"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: {(out.stderr or out.stdout).strip()[-300:]}")

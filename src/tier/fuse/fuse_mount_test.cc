@@ -4,10 +4,11 @@
 //
 // What is checked: POSIX behaviour (files, holes, truncate, rename over, directories, long
 // names, many files, fsync, punch hole freeing space), everything still there after unmount +
-// mount, data integrity under concurrent writers (fio --verify), unmount with open files, a
-// SIGKILLed daemon (the next mount reclaims the lease, acknowledged changes are there), a
-// second concurrent mount refused naming the holder, a full pool (ENOSPC, the file intact up
-// to the last successful fsync), a lost server (EIO, no hang).
+// mount, the page cache and the daemon's extent maps agreeing with the pool through overwrites,
+// appends, truncates and holes, data integrity under concurrent writers (fio --verify), unmount
+// with open files, a SIGKILLed daemon (the next mount reclaims the lease, acknowledged changes are
+// there), a second concurrent mount refused naming the holder, a full pool (ENOSPC, the file intact
+// up to the last successful fsync), a lost server (EIO, no hang).
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -25,6 +26,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <set>
 #include <sstream>
@@ -372,6 +374,81 @@ TEST_F(FuseMountTest, PunchHoleGivesSpaceBackAndStatfsShowsThePool) {
   EXPECT_EQ(errno, EOPNOTSUPP);
   close(fd);
   ASSERT_EQ(unlink(f.c_str()), 0);
+}
+
+// The kernel keeps a file's pages across opens and the daemon keeps its extent map: after
+// writes, appends, truncates and holes made while both are warm, what a buffered read (the page
+// cache) returns, what an O_DIRECT read (the daemon, from the pool) returns and what another
+// mount point of the filesystem reads after a remount (cold caches) all agree.
+TEST_F(FuseMountTest, PageCacheExtentCacheAndPoolAgree) {
+  const std::string m = NewDir("m");
+  Mount(m);
+  const std::string f = m + "/cached";
+  constexpr size_t kSize = 2 << 20;
+  auto expected = Pattern(kSize, 4);
+  const int fd = open(f.c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  ASSERT_EQ(pwrite(fd, expected.data(), kSize, 0), static_cast<ssize_t>(kSize));
+  ASSERT_EQ(fsync(fd), 0) << strerror(errno);
+  // Buffered reads fill the page cache; O_DIRECT reads of the same file go to the daemon.
+  auto agree = [&](const char* after) {
+    struct stat st;
+    ASSERT_EQ(fstat(fd, &st), 0);
+    ASSERT_EQ(static_cast<size_t>(st.st_size), expected.size()) << after;
+    std::vector<unsigned char> cached(expected.size());
+    ASSERT_EQ(pread(fd, cached.data(), cached.size(), 0), static_cast<ssize_t>(cached.size()));
+    EXPECT_TRUE(cached == expected) << "page cache, after " << after;
+    const int direct = open(f.c_str(), O_RDONLY | O_DIRECT);
+    ASSERT_GE(direct, 0) << strerror(errno);
+    const size_t aligned = (expected.size() + 4095) / 4096 * 4096;
+    void* raw = nullptr;
+    ASSERT_EQ(posix_memalign(&raw, 4096, aligned), 0);
+    std::unique_ptr<unsigned char, decltype(&free)> pool(static_cast<unsigned char*>(raw), free);
+    EXPECT_EQ(pread(direct, pool.get(), aligned, 0), static_cast<ssize_t>(expected.size()));
+    close(direct);
+    EXPECT_TRUE(std::equal(expected.begin(), expected.end(), pool.get()))
+        << "pool, after " << after;
+  };
+  agree("the first write");
+  // Overwrite pages that are cached, at random places, then read again.
+  std::mt19937 rng(5);
+  for (int i = 0; i < 64; ++i) {
+    const size_t at = rng() % (kSize - 5000);
+    const auto patch = Pattern(5000, 100 + i);
+    ASSERT_EQ(pwrite(fd, patch.data(), patch.size(), at), 5000);
+    std::copy(patch.begin(), patch.end(), expected.begin() + at);
+  }
+  ASSERT_EQ(fsync(fd), 0);
+  agree("overwrites");
+  // Append past the end: the new size comes with the data.
+  const auto tail = Pattern(300000, 9);
+  ASSERT_EQ(pwrite(fd, tail.data(), tail.size(), kSize), static_cast<ssize_t>(tail.size()));
+  expected.insert(expected.end(), tail.begin(), tail.end());
+  ASSERT_EQ(fsync(fd), 0);
+  agree("an append");
+  // Shrink into an extent whose map the daemon holds, then grow: the cut bytes are zeros.
+  ASSERT_EQ(ftruncate(fd, 700000), 0) << strerror(errno);
+  ASSERT_EQ(ftruncate(fd, 1 << 20), 0) << strerror(errno);
+  expected.resize(700000);
+  expected.resize(1 << 20, 0);
+  agree("truncate down and up");
+  // A hole over cached pages: whole extents released, partial ones zeroed.
+  ASSERT_EQ(fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 100000, 500000), 0)
+      << strerror(errno);
+  std::fill(expected.begin() + 100000, expected.begin() + 600000, 0);
+  agree("punch hole");
+  // Writing into the punched range maps new extents.
+  const auto refill = Pattern(300000, 11);
+  ASSERT_EQ(pwrite(fd, refill.data(), refill.size(), 200000), 300000);
+  std::copy(refill.begin(), refill.end(), expected.begin() + 200000);
+  ASSERT_EQ(fsync(fd), 0);
+  agree("a write into the hole");
+  close(fd);
+  // Another mount point of the same filesystem, cold caches: the same bytes.
+  Unmount(m);
+  const std::string m2 = NewDir("m2");
+  Mount(m2);
+  EXPECT_TRUE(ReadAll(m2 + "/cached") == std::string(expected.begin(), expected.end()));
 }
 
 TEST_F(FuseMountTest, ConcurrentWritersVerifiedByFio) {

@@ -142,8 +142,7 @@ Result<std::shared_ptr<PoolFs::Inode>> PoolFs::Get(uint64_t ino) {
   auto it = inodes_.find(ino);
   if (it != inodes_.end()) return it->second;
   auto inode = std::make_shared<Inode>();
-  FARPOOL_ASSIGN_OR_RETURN(inode->file, store_->OpenInode(Header(ino)));
-  FARPOOL_ASSIGN_OR_RETURN(inode->attr, inode->file->ReadAttr());
+  FARPOOL_ASSIGN_OR_RETURN(inode->file, store_->OpenInode(Header(ino), &inode->attr));
   inodes_.emplace(ino, inode);
   return inode;
 }
