@@ -12,6 +12,11 @@
 //     at Wait(), all servers' messages first, then every reply awaited: one round trip per
 //     batch. Where UCX may use RDMA (kOneSided) they are ucp_get/put/atomic_op_nbx, posted at
 //     once and completed at Wait(). Sync calls are batches of one.
+//   - A thread awaiting a reply progresses its worker while that finds work and otherwise
+//     sleeps on the worker's event descriptor until a message comes (AwaitReply): a spinning
+//     client, on a host whose cores it shares with servers or other clients, took the CPU the
+//     servers needed to answer it and was then preempted for whole scheduler slices
+//     (docs/pool.md, "Measured: the cost of a round trip over TCP").
 //   - The monitor thread has its own worker and endpoints, sends a stats request to every
 //     server each failure_timeout/4 and declares a server failed when its connection errors,
 //     or no answer came for failure_timeout and a hello on a fresh connection gets none either
@@ -106,6 +111,10 @@ std::string TagName(uint32_t tag) {
 // that fail it tries before it concludes the server is gone.
 constexpr auto kProbeTimeout = std::chrono::milliseconds(1000);
 constexpr int kProbeRefusals = 3;
+
+// The longest a thread awaiting a reply sleeps between checks that its server has not been
+// declared failed (by the monitor, which a dead connection does not wake us for).
+constexpr auto kReplySleep = std::chrono::milliseconds(10);
 
 }  // namespace
 
@@ -429,7 +438,7 @@ void Pool::Impl::SayGoodbye(ThreadContext& tc) {
 
 Result<std::unique_ptr<ThreadContext>> Pool::Impl::CreateThreadContext() {
   auto tc = std::make_unique<ThreadContext>();
-  FARPOOL_ASSIGN_OR_RETURN(tc->worker, Worker::Create(*context_, false));
+  FARPOOL_ASSIGN_OR_RETURN(tc->worker, Worker::Create(*context_, true));  // AwaitReply sleeps
   FARPOOL_RETURN_IF_ERROR(
       tc->worker->SetAmHandler(transport::kControlAm, &control::ReplyBox::OnMessage, &tc->box));
   tc->peers.resize(servers_.size());
@@ -680,21 +689,27 @@ Result<Pool::Impl::Reply> Pool::Impl::AwaitReply(ThreadContext& tc, size_t index
                                                  std::chrono::milliseconds timeout) {
   ServerState& s = *servers_[index];
   Endpoint* ep = tc.peers[index].ep.get();
-  for (uint32_t spins = 0;; ++spins) {
+  for (;;) {
     auto it = tc.box.replies.find(id);
     if (it != tc.box.replies.end()) {
       std::vector<std::byte> bytes = std::move(it->second);
       tc.box.replies.erase(it);
       return control::TakeReply(servers_[index]->name, std::move(bytes), expected);
     }
-    tc.worker->Progress();
+    const bool progressed = tc.worker->Progress() != 0;
     if (ep->failed()) return ConnectionLost(tc, index);
-    if ((spins & 63) == 63) {
-      if (s.failed.load(std::memory_order_relaxed)) return s.Failure();
-      if (Clock::now() > deadline) {
-        return Status::TimedOut(s.name + ": no " + std::string(wire::OpcodeName(expected)) +
-                                " within " + std::to_string(timeout.count()) + " ms");
-      }
+    if (s.failed.load(std::memory_order_relaxed)) return s.Failure();
+    const auto now = Clock::now();
+    if (now > deadline) {
+      return Status::TimedOut(s.name + ": no " + std::string(wire::OpcodeName(expected)) +
+                              " within " + std::to_string(timeout.count()) + " ms");
+    }
+    if (!progressed) {
+      // Nothing to do until a message comes: sleep on the worker's event descriptor, waking
+      // at least every kReplySleep to notice a server the monitor declared failed (a failed
+      // wait only means we progress again sooner).
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
+      (void)tc.worker->Wait(std::min(left, kReplySleep));
     }
   }
 }

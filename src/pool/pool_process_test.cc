@@ -476,6 +476,50 @@ TEST_P(ProcessTest, AServerSilentPastTheFailureTimeoutButAliveStaysInUse) {
   EXPECT_NE(s.message().find("nor to a hello on a fresh connection"), std::string::npos)
       << s.message();
 }
+
+// A server that stops answering without closing its connections (SIGSTOP: the kernel still
+// acknowledges its TCP traffic, so no connection error ever wakes a client sleeping on its
+// worker's event fd for a reply): batches waiting on it fail as Unavailable once the monitor
+// declares it failed, not at the end of their own op_timeout.
+TEST(StoppedServer, WaitingBatchesFailOnceTheMonitorDeclaresItFailed) {
+  TestCluster cluster(Options(2, 64 << 20, Fabric::kTcp));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  PoolOptions po;
+  po.failure_timeout = 500ms;
+  // A wait that missed the monitor's verdict would sleep this long: the test would hang until
+  // ctest's timeout (600 s) fails it.
+  po.op_timeout = 3600s;
+  auto pool = Connect(cluster, Fabric::kTcp, po);
+  ASSERT_TRUE(pool);
+  auto on0 = *pool->Alloc(64, Placement::OnServer(0));
+  auto on1 = *pool->Alloc(64, Placement::OnServer(1));
+  Status batch_error;
+  std::thread hammer([&] {  // batches on server 1 until one fails
+    std::vector<uint8_t> buf(64 * 8);
+    for (;;) {
+      Batch b(*pool);
+      Status s;
+      for (int i = 0; i < 8 && s.ok(); ++i) s = b.Read(on1, buf.data() + i * 64, 64);
+      Status w = b.Wait();
+      if (!s.ok() || !w.ok()) {
+        batch_error = s.ok() ? w : s;
+        return;
+      }
+    }
+  });
+  std::this_thread::sleep_for(200ms);
+  const auto server1 = static_cast<pid_t>(cluster.config()->servers[1].pid);
+  ASSERT_EQ(kill(server1, SIGSTOP), 0);
+  hammer.join();
+  EXPECT_EQ(batch_error.code(), StatusCode::kUnavailable) << batch_error.ToString();
+  EXPECT_NE(batch_error.message().find("server 1"), std::string::npos) << batch_error.message();
+  uint64_t v = 7;
+  EXPECT_TRUE(pool->Write(on0, &v, 8).ok()) << "server 0 keeps serving";
+  EXPECT_TRUE(pool->Read(on0, &v, 8).ok());
+  EXPECT_EQ(v, 7u);
+  kill(server1, SIGCONT);
+}
+
 // A client killed with SIGKILL: the server notices its connections drop, keeps the leases
 // (data outlives its writer: see pool/server/chunk_allocator.h) and keeps serving everyone else.
 TEST_P(ProcessTest, KilledClientIsDroppedAndTheServerKeepsServing) {

@@ -37,11 +37,6 @@ static_assert(Pool::kRootSize == wire::kRootAreaSize - wire::kRootReserved &&
 
 using Clock = std::chrono::steady_clock;
 
-// How long an event-mode server keeps polling after its last piece of work before it sleeps:
-// a client's next request usually follows within a few microseconds, and waking a sleeping
-// thread costs more than that. Idle servers still sleep almost all the time.
-constexpr auto kEventSpin = std::chrono::microseconds(50);
-
 uint64_t PrivateResidentBytes() {
   std::ifstream in("/proc/self/status");
   std::string line;
@@ -193,7 +188,10 @@ Status MemoryServer::Impl::Init() {
   ao.port = options_.port;
   ao.am_id = transport::kControlAm;
   ao.progress = options_.progress;
-  ao.event_spin = kEventSpin;
+  // Event progress sleeps as soon as the loop finds no work (AmServerOptions::event_spin 0):
+  // event progress is chosen where cores are scarce, and there a 50 µs spin after each reply
+  // took the core the client needed to use it (docs/pool.md, "Measured: the cost of a round
+  // trip over TCP"), as partition servers had measured before (docs/database.md).
   ao.fabric = options_.fabric;
   ao.region_size = region_size;
   std::optional<transport::ClusterSecret> secret;

@@ -40,7 +40,7 @@
 // (applied here, not acknowledged) until a DegradeRequest says the backup is gone.
 //
 // Progress modes (ProgressMode, transport/am_server.h): kBusy polls without pause; kEvent
-// sleeps on the worker's event descriptor once it has been idle for 50 us.
+// sleeps on the worker's event descriptor as soon as a poll finds no work (no spin).
 //
 // Thread-safety: Start/Stop/destructor from one owning thread.
 #pragma once
