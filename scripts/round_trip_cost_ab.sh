@@ -1,10 +1,12 @@
 #!/bin/bash
+# A developer A/B diagnostic, not one of bench/experiments/ (those are console scripts of the
+# Python package that measure farpool against its peers).
 # The cost of a round trip over TCP (docs/pool.md, "Measured: the cost of a round trip over
 # TCP"): binary A against binary B, interleaved rounds, each on its own cluster of 2 memory
 # servers over TCP in network namespaces with event progress (started by that binary, so the
 # servers are A's and B's own).
 #
-#   bench/experiments/round_trip_cost A_BINARY B_BINARY [ROUNDS] [SECONDS]
+#   scripts/round_trip_cost_ab.sh A_BINARY B_BINARY [ROUNDS] [SECONDS]
 #
 # Prints one line per measurement: the six social-network queries (scale 1), `bench ops` 64 B
 # reads (one, and batches of 32), TPC-B at 1 and 4 client processes (a fresh cluster per run),
