@@ -123,10 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(peers.ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
     scales = [float(s) for s in args.scales.split(",")]
-    systems = args.systems.split(",")
-    unknown = [s for s in systems if s not in SYSTEMS]
-    if unknown:
-        ap.error(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(SYSTEMS)}")
+    systems = peers.systems_arg(ap, args.systems, SYSTEMS)
     builds = {"this": peers.farpool_bin()}
     for b in args.binary:
         name, sep, path = b.partition("=")

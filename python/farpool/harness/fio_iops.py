@@ -214,10 +214,7 @@ def main(argv=None) -> int:
         log("fio is not installed (make setup installs it)")
         return 1
     jobs_list = [int(j) for j in args.jobs.split(",")]
-    systems = args.systems.split(",")
-    unknown = [s for s in systems if s not in SYSTEMS]
-    if unknown:
-        ap.error(f"unknown system(s) {','.join(unknown)}; expected some of {','.join(SYSTEMS)}")
+    systems = peers.systems_arg(ap, args.systems, SYSTEMS)
     peers.stop_on_sigterm()
     load_start = os.getloadavg()
     rows, notes = measure(systems, jobs_list, args.size, args.seconds, args.repeat, args.memory)

@@ -21,6 +21,7 @@ All of them load the same data: the CSV files of `farpool bench social --export 
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import os
@@ -760,3 +761,13 @@ def publish(out: str | Path, name: str, rows: list[dict], md: str, plot=None) ->
         plot(out / f"{name}.png")
     print(md)
     print(f"results: {out}/{name}.{{jsonl,md{',png' if plot is not None else ''}}}")
+
+
+def systems_arg(ap: argparse.ArgumentParser, text: str, valid: list[str]) -> list[str]:
+    """An experiment's comma-separated --systems, each one of `valid`; else ap.error naming the
+    unknown ones and the valid ones (exits 2, as argparse does)."""
+    systems = text.split(",")
+    unknown = [s for s in systems if s not in valid]
+    if unknown:
+        ap.error(f"unknown system(s) {', '.join(unknown)}; expected some of {', '.join(valid)}")
+    return systems

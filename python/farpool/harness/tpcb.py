@@ -345,10 +345,7 @@ def main(argv=None) -> int:
                     help="output file stem (default tpcb, or tpcb_tcp with a -tcp system)")
     args = ap.parse_args(argv)
     clients = [int(c) for c in args.clients.split(",")]
-    systems = args.systems.split(",")
-    unknown = [s for s in systems if s not in SYSTEMS]
-    if unknown:
-        ap.error(f"unknown system(s) {','.join(unknown)}; expected some of {','.join(SYSTEMS)}")
+    systems = peers.systems_arg(ap, args.systems, SYSTEMS)
     tcp_set = TCP_SYSTEMS + ["pool-tcp-rc"]
     name = args.out_name or ("tpcb_tcp" if any(s in tcp_set for s in systems) else "tpcb")
     peers.stop_on_sigterm()
