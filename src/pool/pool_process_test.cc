@@ -286,6 +286,22 @@ std::unique_ptr<Pool> Connect(const TestCluster& c, Fabric fabric, PoolOptions o
   return pool.ok() ? std::move(*pool) : nullptr;
 }
 
+// Batches of 8 reads of `size` bytes at `at`, one after another, until one fails (its error)
+// or `running` turns false (Ok): a client with requests in flight when its server fails.
+Status ReadBatchesUntilFailure(Pool& pool, GlobalAddress at, uint64_t size,
+                               const std::atomic<bool>& running) {
+  std::vector<uint8_t> buf(size * 8);
+  while (running) {
+    Batch b(pool);
+    Status s;
+    for (int i = 0; i < 8 && s.ok(); ++i) s = b.Read(at, buf.data() + i * size, size);
+    Status w = b.Wait();
+    if (!s.ok()) return s;
+    if (!w.ok()) return w;
+  }
+  return Status::Ok();
+}
+
 class ProcessTest : public ::testing::TestWithParam<Fabric> {};
 
 TEST_P(ProcessTest, FetchAddFromSeveralProcessesAndThreadsIsExact) {
@@ -395,19 +411,7 @@ TEST_P(ProcessTest, KilledServerFailsPendingAndLaterCallsWithinABound) {
   // A thread keeps batches of operations in flight on server 1 while it is killed.
   std::atomic<bool> running{true};
   Status batch_error;
-  std::thread hammer([&] {
-    std::vector<uint8_t> buf(4096 * 8);
-    while (running) {
-      Batch b(*pool);
-      Status s;
-      for (int i = 0; i < 8 && s.ok(); ++i) s = b.Read(on1, buf.data() + i * 4096, 4096);
-      Status w = b.Wait();
-      if (!s.ok() || !w.ok()) {
-        batch_error = s.ok() ? w : s;
-        return;
-      }
-    }
-  });
+  std::thread hammer([&] { batch_error = ReadBatchesUntilFailure(*pool, on1, 4096, running); });
   std::this_thread::sleep_for(200ms);
   auto config = *cluster.config();
   const auto killed_at = std::chrono::steady_clock::now();
@@ -494,19 +498,8 @@ TEST(StoppedServer, WaitingBatchesFailOnceTheMonitorDeclaresItFailed) {
   auto on0 = *pool->Alloc(64, Placement::OnServer(0));
   auto on1 = *pool->Alloc(64, Placement::OnServer(1));
   Status batch_error;
-  std::thread hammer([&] {  // batches on server 1 until one fails
-    std::vector<uint8_t> buf(64 * 8);
-    for (;;) {
-      Batch b(*pool);
-      Status s;
-      for (int i = 0; i < 8 && s.ok(); ++i) s = b.Read(on1, buf.data() + i * 64, 64);
-      Status w = b.Wait();
-      if (!s.ok() || !w.ok()) {
-        batch_error = s.ok() ? w : s;
-        return;
-      }
-    }
-  });
+  const std::atomic<bool> forever{true};  // batches on server 1 until one fails
+  std::thread hammer([&] { batch_error = ReadBatchesUntilFailure(*pool, on1, 64, forever); });
   std::this_thread::sleep_for(200ms);
   const auto server1 = static_cast<pid_t>(cluster.config()->servers[1].pid);
   ASSERT_EQ(kill(server1, SIGSTOP), 0);
