@@ -23,7 +23,12 @@ void ReplyBox::Forget(uint64_t id) {
   auto it = std::find_if(expected_.begin(), expected_.end(),
                          [id](const Expected& e) { return e.id == id; });
   if (it == expected_.end()) return;
-  if (!it->landed) abandoned_.push_back(id);
+  if (!it->landed) {
+    // Bounded: a request that never left (its server had failed) gets no reply; a late reply
+    // whose id was pushed out is kept in `replies` instead (never landed: still safe).
+    if (abandoned_.size() == kMaxAbandoned) abandoned_.erase(abandoned_.begin());
+    abandoned_.push_back(id);
+  }
   expected_.erase(it);
 }
 

@@ -42,7 +42,8 @@ struct ReplyBox {
   // Whether the reply to `id` arrived (landed, or kept in `replies`).
   bool Arrived(uint64_t id) const;
   // Ends an Expect. If its reply has not landed, the request is abandoned: its reply, should
-  // it still come, is dropped and never handed to `land`, so the caller may reuse its memory.
+  // it still come, is never handed to `land`, so the caller may reuse its memory; it is
+  // dropped (kept in `replies` instead once kMaxAbandoned later requests were abandoned).
   void Forget(uint64_t id);
 
   static ucs_status_t OnMessage(void* arg, const void* header, size_t header_length, void* data,
@@ -55,8 +56,9 @@ struct ReplyBox {
     void* context;
     bool landed;
   };
-  std::vector<Expected> expected_;   // few: one per message in flight
-  std::vector<uint64_t> abandoned_;  // forgotten before their reply came
+  std::vector<Expected> expected_;  // few: one per message in flight
+  static constexpr size_t kMaxAbandoned = 256;
+  std::vector<uint64_t> abandoned_;  // forgotten before their reply came, the latest ones
 };
 
 // A decoded reply; `message` views into `bytes`.
