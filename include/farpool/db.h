@@ -89,9 +89,9 @@ struct Column {
 class Schema {
  public:
   static constexpr size_t kMaxColumns = 16;
-  Schema() = default;
-  Schema(std::initializer_list<Column> columns) : columns_(columns) {}
-  explicit Schema(std::vector<Column> columns) : columns_(std::move(columns)) {}
+  Schema() : Schema(std::vector<Column>{}) {}
+  Schema(std::initializer_list<Column> columns) : Schema(std::vector<Column>(columns)) {}
+  explicit Schema(std::vector<Column> columns);
 
   const std::vector<Column>& columns() const { return columns_; }
   size_t size() const { return columns_.size(); }
@@ -99,11 +99,15 @@ class Schema {
   int Find(std::string_view name) const;
   Status Validate() const;
   // Byte offset of column i in the fixed payload, and the payload's size.
-  uint32_t Offset(size_t i) const;
-  uint32_t PayloadSize() const;
+  uint32_t Offset(size_t i) const { return offsets_[i]; }
+  uint32_t PayloadSize() const { return offsets_.back(); }
+  // Whether a column is of type kBytes.
+  bool has_bytes() const { return has_bytes_; }
 
  private:
   std::vector<Column> columns_;
+  std::vector<uint32_t> offsets_;  // of each column, then the payload's size
+  bool has_bytes_ = false;
 };
 
 // One row's values, in the table's fixed layout plus the bytes of kBytes columns.
@@ -129,7 +133,7 @@ class Row {
   friend class db::RowAccess;  // the engines' view of the layout (src/db/row_access.h)
   const Schema* schema_ = nullptr;
   std::string payload_;
-  std::vector<std::string> bytes_;  // per column; used by kBytes columns
+  std::vector<std::string> bytes_;  // per column if the schema has_bytes(), else empty
 };
 
 struct TableOptions {

@@ -85,13 +85,17 @@ Status Schema::Validate() const {
   return Status::Ok();
 }
 
-uint32_t Schema::Offset(size_t i) const {
+Schema::Schema(std::vector<Column> columns) : columns_(std::move(columns)) {
+  // Rows ask for offsets per value read or written: computed once here.
+  offsets_.reserve(columns_.size() + 1);
   uint32_t off = 0;
-  for (size_t j = 0; j < i; ++j) off += ColumnBytes(columns_[j]);
-  return off;
+  for (const Column& c : columns_) {
+    offsets_.push_back(off);
+    off += ColumnBytes(c);
+    has_bytes_ = has_bytes_ || c.type == ColumnType::kBytes;
+  }
+  offsets_.push_back(off);
 }
-
-uint32_t Schema::PayloadSize() const { return Offset(columns_.size()); }
 
 // ---------------------------------------------------------------- ColumnSet, Row
 
@@ -103,7 +107,9 @@ ColumnSet::ColumnSet(std::initializer_list<size_t> columns) : bits_(0) {
 }
 
 Row::Row(const Schema& schema)
-    : schema_(&schema), payload_(schema.PayloadSize(), '\0'), bytes_(schema.size()) {}
+    : schema_(&schema),
+      payload_(schema.PayloadSize(), '\0'),
+      bytes_(schema.has_bytes() ? schema.size() : 0) {}
 
 int64_t Row::GetInt64(size_t c) const {
   assert(schema_->columns()[c].type == ColumnType::kInt64);
@@ -252,7 +258,7 @@ void KeepColumns(ColumnSet columns, Row& row) {
     if (columns.Has(c)) continue;
     const uint32_t end = c + 1 < schema.size() ? schema.Offset(c + 1) : schema.PayloadSize();
     std::fill(payload.begin() + schema.Offset(c), payload.begin() + end, '\0');
-    RowAccess::bytes(row)[c].clear();
+    if (schema.columns()[c].type == ColumnType::kBytes) RowAccess::bytes(row)[c].clear();
   }
 }
 

@@ -1,5 +1,6 @@
 #include "pool/control_client.h"
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
@@ -7,29 +8,70 @@ namespace farpool::control {
 
 using Clock = std::chrono::steady_clock;
 
+void ReplyBox::Expect(uint64_t id, Land land, void* context) {
+  expected_.push_back({id, land, context, false});
+}
+
+bool ReplyBox::Arrived(uint64_t id) const {
+  for (const Expected& e : expected_) {
+    if (e.id == id) return e.landed;
+  }
+  return replies.contains(id);
+}
+
+void ReplyBox::Forget(uint64_t id) {
+  auto it = std::find_if(expected_.begin(), expected_.end(),
+                         [id](const Expected& e) { return e.id == id; });
+  if (it == expected_.end()) return;
+  if (!it->landed) {
+    // Bounded: a request that never left (its server had failed) gets no reply; a late reply
+    // whose id was pushed out is kept in `replies` instead (never landed: still safe).
+    if (abandoned_.size() == kMaxAbandoned) abandoned_.erase(abandoned_.begin());
+    abandoned_.push_back(id);
+  }
+  expected_.erase(it);
+}
+
 ucs_status_t ReplyBox::OnMessage(void* arg, const void*, size_t, void* data, size_t length,
                                  const ucp_am_recv_param_t* param) {
   auto* box = static_cast<ReplyBox*>(arg);
-  const auto* bytes = static_cast<const std::byte*>(data);
-  const auto id = transport::RequestIdOf({bytes, length});
+  const std::span<const std::byte> bytes(static_cast<const std::byte*>(data), length);
+  const auto id = transport::RequestIdOf(bytes);
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || !id) {
     return UCS_OK;  // not a reply we could have asked for; dropped
   }
-  box->replies[*id] = std::vector<std::byte>(bytes, bytes + length);
+  for (Expected& e : box->expected_) {
+    if (e.id == *id && !e.landed) {
+      e.land(e.context, bytes);
+      e.landed = true;
+      return UCS_OK;
+    }
+  }
+  if (auto late = std::find(box->abandoned_.begin(), box->abandoned_.end(), *id);
+      late != box->abandoned_.end()) {
+    box->abandoned_.erase(late);  // its waiter gave up: dropped
+    return UCS_OK;
+  }
+  box->replies[*id] = std::vector<std::byte>(bytes.begin(), bytes.end());
   return UCS_OK;
 }
 
-Result<Reply> TakeReply(const std::string& name, std::vector<std::byte> bytes,
-                        wire::Opcode expected) {
-  Reply r{std::move(bytes), {}};
-  auto m = wire::Decode(r.bytes);
+Result<wire::Message> CheckReply(const std::string& name, std::span<const std::byte> bytes,
+                                 wire::Opcode expected) {
+  auto m = wire::Decode(bytes);
   if (!m.ok()) return m.status().WithContext(name + ": bad reply");
-  r.message = *m;
   if (m->opcode == wire::Opcode::kErrorReply) return wire::DecodeError(*m);
   if (m->opcode != expected) {
     return Status::Protocol(name + ": expected " + std::string(wire::OpcodeName(expected)) +
                             ", got " + std::string(wire::OpcodeName(m->opcode)));
   }
+  return m;
+}
+
+Result<Reply> TakeReply(const std::string& name, std::vector<std::byte> bytes,
+                        wire::Opcode expected) {
+  Reply r{std::move(bytes), {}};
+  FARPOOL_ASSIGN_OR_RETURN(r.message, CheckReply(name, r.bytes, expected));
   return r;
 }
 

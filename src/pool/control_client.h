@@ -25,13 +25,40 @@
 
 namespace farpool::control {
 
-// Receives control replies on a worker (its kControlAm handler): keeps each by request id for
-// the waiting caller; drops what cannot be a reply (no request id, rendezvous).
+// Receives control replies on a worker (its kControlAm handler): hands each to the waiter that
+// expects it (Expect), or keeps it by request id for the waiting caller to take; drops what
+// cannot be a reply (no request id, rendezvous) and late replies to abandoned requests.
 struct ReplyBox {
+  // Called from OnMessage, i.e. inside a progress of the worker, with the reply's bytes (valid
+  // only during the call).
+  using Land = void (*)(void* context, std::span<const std::byte> reply);
+
+  // Replies that no Expect claimed, by request id.
   std::unordered_map<uint64_t, std::vector<std::byte>> replies;
+
+  // The reply to `id` goes to `land(context, bytes)` instead of being kept: no copy. `context`
+  // and whatever `land` writes to must stay valid until Forget(id).
+  void Expect(uint64_t id, Land land, void* context);
+  // Whether the reply to `id` arrived (landed, or kept in `replies`).
+  bool Arrived(uint64_t id) const;
+  // Ends an Expect. If its reply has not landed, the request is abandoned: its reply, should
+  // it still come, is never handed to `land`, so the caller may reuse its memory; it is
+  // dropped (kept in `replies` instead once kMaxAbandoned later requests were abandoned).
+  void Forget(uint64_t id);
 
   static ucs_status_t OnMessage(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param);
+
+ private:
+  struct Expected {
+    uint64_t id;
+    Land land;
+    void* context;
+    bool landed;
+  };
+  std::vector<Expected> expected_;  // few: one per message in flight
+  static constexpr size_t kMaxAbandoned = 256;
+  std::vector<uint64_t> abandoned_;  // forgotten before their reply came, the latest ones
 };
 
 // A decoded reply; `message` views into `bytes`.
@@ -43,8 +70,11 @@ using Encoder = std::function<std::vector<std::byte>(uint64_t request_id)>;
 // One request built by `encode(request_id)` and its reply of opcode `expected`.
 using Ask = std::function<Result<Reply>(const Encoder& encode, wire::Opcode expected)>;
 
-// A received reply from the server called `name`: decoded, an ErrorReply as its Status,
-// Protocol unless of opcode `expected`.
+// A received reply from the server called `name`: decoded (viewing into `bytes`), an
+// ErrorReply as its Status, Protocol unless of opcode `expected`.
+Result<wire::Message> CheckReply(const std::string& name, std::span<const std::byte> bytes,
+                                 wire::Opcode expected);
+// CheckReply of a reply the caller keeps.
 Result<Reply> TakeReply(const std::string& name, std::vector<std::byte> bytes,
                         wire::Opcode expected);
 

@@ -177,6 +177,17 @@ struct BatchSink {
   InsertResult* insert = nullptr;  // insert-if-absent (a memory_ops::InsertReply)
 };
 
+// Where the reply of one batch message lands (control::ReplyBox::Expect): scattered straight
+// from UCX's receive buffer into the sinks, without a copy of the message.
+struct BatchLanding {
+  const ServerState* server = nullptr;
+  const memory_ops::RequestBuilder* request = nullptr;
+  std::span<const BatchSink> sinks;  // in request order
+  Status status;                     // of the reply, once landed
+
+  static void Land(void* context, std::span<const std::byte> reply);
+};
+
 namespace {
 void Bump(std::atomic<uint64_t>& counter, uint64_t by = 1) {
   counter.store(counter.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
@@ -210,23 +221,24 @@ class Pool::Impl {
   Result<Reply> Call(ThreadContext& tc, size_t index,
                      const std::function<std::vector<std::byte>(uint64_t)>& encode,
                      wire::Opcode expected, std::chrono::milliseconds timeout);
-  // Waits until the reply to request `id`, sent to server `index` from this thread, arrives
-  // (of opcode `expected`; an ErrorReply becomes its Status), the server fails
-  // (Unavailable) or `deadline` passes (TimedOut; `timeout` is for the message).
-  Result<Reply> AwaitReply(ThreadContext& tc, size_t index, uint64_t id, wire::Opcode expected,
-                           Clock::time_point deadline, std::chrono::milliseconds timeout);
+  // Waits until the reply to request `id`, sent to server `index` from this thread, has
+  // arrived in tc.box (landed or kept: control::ReplyBox::Arrived), the server fails
+  // (Unavailable) or `deadline` passes (TimedOut, naming `expected`; `timeout` is for the
+  // message).
+  Status AwaitReply(ThreadContext& tc, size_t index, uint64_t id, wire::Opcode expected,
+                    Clock::time_point deadline, std::chrono::milliseconds timeout);
   // Waits for a posted UCX request to server `index`; on timeout or server failure abandons
   // it (force-closing the endpoint, so the request completes before buffers are reused).
   Status Complete(ThreadContext& tc, size_t index, ucs_status_ptr_t request, const char* what);
   // Flushes the thread's endpoint to `index`: every write posted before is complete remotely.
   Status Flush(ThreadContext& tc, size_t index);
-  // Sends one batch message to server `index`; FinishBatch awaits its reply and scatters the
-  // results into `sinks` (Batch::State::Sink, in request order).
+  // Sends one batch message to server `index`, whose reply lands in `landing` (the caller
+  // registered it with tc.box.Expect); FinishBatch awaits it and returns the landing's status.
+  // The caller calls tc.box.Forget(request_id) after either, success or not.
   Status SendBatch(ThreadContext& tc, size_t index, uint64_t request_id,
                    const memory_ops::RequestBuilder& request, Clock::time_point deadline);
   Status FinishBatch(ThreadContext& tc, size_t index, uint64_t request_id,
-                     const memory_ops::RequestBuilder& request, std::span<const BatchSink> sinks,
-                     Clock::time_point deadline);
+                     const BatchLanding& landing, Clock::time_point deadline);
   Result<size_t> IndexOf(uint16_t id) const;
   // Marks server `index` failed (once; later calls change nothing). In a replicated cluster an
   // outage (not a refusal) then fails it over to its backup (FailOver).
@@ -681,21 +693,19 @@ Result<Pool::Impl::Reply> Pool::Impl::Call(
   Status sent = ep->SendAm(transport::kControlAm, request, true, deadline, abandon);
   if (!sent.ok() && ep->failed()) return ConnectionLost(tc, index);
   if (!sent.ok()) return sent.WithContext(s.name);
-  return AwaitReply(tc, index, id, expected, deadline, timeout);
+  FARPOOL_RETURN_IF_ERROR(AwaitReply(tc, index, id, expected, deadline, timeout));
+  auto it = tc.box.replies.find(id);
+  std::vector<std::byte> bytes = std::move(it->second);
+  tc.box.replies.erase(it);
+  return control::TakeReply(s.name, std::move(bytes), expected);
 }
 
-Result<Pool::Impl::Reply> Pool::Impl::AwaitReply(ThreadContext& tc, size_t index, uint64_t id,
-                                                 wire::Opcode expected, Clock::time_point deadline,
-                                                 std::chrono::milliseconds timeout) {
+Status Pool::Impl::AwaitReply(ThreadContext& tc, size_t index, uint64_t id, wire::Opcode expected,
+                              Clock::time_point deadline, std::chrono::milliseconds timeout) {
   ServerState& s = *servers_[index];
   Endpoint* ep = tc.peers[index].ep.get();
   for (;;) {
-    auto it = tc.box.replies.find(id);
-    if (it != tc.box.replies.end()) {
-      std::vector<std::byte> bytes = std::move(it->second);
-      tc.box.replies.erase(it);
-      return control::TakeReply(servers_[index]->name, std::move(bytes), expected);
-    }
+    if (tc.box.Arrived(id)) return Status::Ok();
     const bool progressed = tc.worker->Progress() != 0;
     if (ep->failed()) return ConnectionLost(tc, index);
     if (s.failed.load(std::memory_order_relaxed)) return s.Failure();
@@ -1292,6 +1302,7 @@ struct Batch::State {
     memory_ops::RequestBuilder request;
     std::vector<Sink> sinks;
     uint64_t request_id = 0;
+    BatchLanding landing;  // registered while the message is in flight (Drain)
   };
 
   Message& Open(size_t index) { return messages[static_cast<size_t>(open[index])]; }
@@ -1590,30 +1601,38 @@ Status Pool::Impl::SendBatch(ThreadContext& tc, size_t index, uint64_t request_i
 }
 
 Status Pool::Impl::FinishBatch(ThreadContext& tc, size_t index, uint64_t request_id,
-                               const memory_ops::RequestBuilder& request,
-                               std::span<const BatchSink> sinks, Clock::time_point deadline) {
+                               const BatchLanding& landing, Clock::time_point deadline) {
   ServerState& s = *servers_[index];
-  auto reply =
+  Status arrived =
       AwaitReply(tc, index, request_id, wire::Opcode::kBatchReply, deadline, options_.op_timeout);
-  if (!reply.ok()) {
-    // The server is gone or stuck: no later call may wait on it again.
-    // (A lost connection is marked by AwaitReply; an error reply says the server lives.)
-    if (reply.status().code() == StatusCode::kTimedOut && !s.failed.load()) {
-      MarkFailed(index,
-                 "batch timed out after " + std::to_string(options_.op_timeout.count()) + " ms");
-    }
-    return reply.status();
+  // The server is gone or stuck: no later call may wait on it again.
+  // (A lost connection is marked by AwaitReply.)
+  if (arrived.code() == StatusCode::kTimedOut && !s.failed.load()) {
+    MarkFailed(index,
+               "batch timed out after " + std::to_string(options_.op_timeout.count()) + " ms");
   }
-  const auto body = reply->message.As<wire::BatchReply>();
-  if (body.op_count != request.op_count() || reply->message.tail.size() != request.reply_size()) {
-    return Status::Protocol(s.name + ": batch reply of " + std::to_string(body.op_count) +
-                            " operations and " + std::to_string(reply->message.tail.size()) +
-                            " bytes for a request of " + std::to_string(request.op_count()) +
-                            " operations expecting " + std::to_string(request.reply_size()));
+  return arrived.ok() ? landing.status : arrived;
+}
+
+void BatchLanding::Land(void* context, std::span<const std::byte> reply) {
+  auto& l = *static_cast<BatchLanding*>(context);
+  const ServerState& s = *l.server;
+  auto m = control::CheckReply(s.name, reply, wire::Opcode::kBatchReply);
+  if (!m.ok()) {
+    l.status = m.status();  // an error reply says the server lives
+    return;
   }
-  const std::byte* at = reply->message.tail.data();
+  const auto body = m->As<wire::BatchReply>();
+  if (body.op_count != l.request->op_count() || m->tail.size() != l.request->reply_size()) {
+    l.status = Status::Protocol(s.name + ": batch reply of " + std::to_string(body.op_count) +
+                                " operations and " + std::to_string(m->tail.size()) +
+                                " bytes for a request of " + std::to_string(l.request->op_count()) +
+                                " operations expecting " + std::to_string(l.request->reply_size()));
+    return;
+  }
+  const std::byte* at = m->tail.data();
   Status lookups;
-  for (const BatchSink& sink : sinks) {
+  for (const BatchSink& sink : l.sinks) {
     if (sink.lookup != nullptr) {
       Status st = memory_ops::DecodeLookupReply(at, s.address.id, sink.lookup).WithContext(s.name);
       if (lookups.ok()) lookups = st;
@@ -1634,7 +1653,7 @@ Status Pool::Impl::FinishBatch(ThreadContext& tc, size_t index, uint64_t request
     if (sink.previous != nullptr) std::memcpy(sink.previous, at, sizeof(uint64_t));
     at += sink.size;
   }
-  return lookups;
+  l.status = lookups;
 }
 
 Status Batch::Reserve(size_t index, uint8_t kind, uint64_t size) {
@@ -1683,6 +1702,8 @@ Status Batch::Drain() {
   for (size_t k = 0; k < st.messages.size(); ++k) {
     State::Message& m = st.messages[k];
     m.request_id = st.tc->next_request_id++;
+    m.landing = {pool_.servers_[m.index].get(), &m.request, m.sinks, Status::Ok()};
+    st.tc->box.Expect(m.request_id, &BatchLanding::Land, &m.landing);
     sent[k] = pool_.SendBatch(*st.tc, m.index, m.request_id, m.request, deadline);
   }
   for (auto& p : st.pending) {
@@ -1711,9 +1732,10 @@ Status Batch::Drain() {
   }
   for (size_t k = 0; k < st.messages.size(); ++k) {
     const State::Message& m = st.messages[k];
-    note(sent[k].ok()
-             ? pool_.FinishBatch(*st.tc, m.index, m.request_id, m.request, m.sinks, deadline)
-             : sent[k]);
+    note(sent[k].ok() ? pool_.FinishBatch(*st.tc, m.index, m.request_id, m.landing, deadline)
+                      : sent[k]);
+    // From here a late reply is dropped: the caller may reuse the sinks' memory.
+    st.tc->box.Forget(m.request_id);
   }
   st.messages.clear();
   std::fill(st.open.begin(), st.open.end(), -1);

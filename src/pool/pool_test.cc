@@ -13,12 +13,53 @@
 #include <random>
 #include <thread>
 
+#include "pool/control_client.h"
 #include "pool/server/memory_server.h"
 
 namespace farpool {
 namespace {
 
 using namespace std::chrono_literals;
+
+// ReplyBox (pool/control_client.h): an expected reply lands in the waiter's memory, an
+// unexpected one is kept, and a reply to a request its waiter abandoned (Forget before the
+// reply) is dropped: it never lands in memory the caller may have reused.
+TEST(ReplyBox, LateRepliesToAbandonedRequestsAreDroppedNotLanded) {
+  control::ReplyBox box;
+  struct Landed {
+    int count = 0;
+    uint64_t last_id = 0;
+  };
+  const control::ReplyBox::Land land = [](void* context, std::span<const std::byte> reply) {
+    auto& l = *static_cast<Landed*>(context);
+    ++l.count;
+    l.last_id = *transport::RequestIdOf(reply);
+  };
+  auto deliver = [&box](uint64_t id) {
+    std::vector<std::byte> reply = wire::Encode(id, wire::StatsRequest{0});
+    ucp_am_recv_param_t param{};
+    return control::ReplyBox::OnMessage(&box, nullptr, 0, reply.data(), reply.size(), &param);
+  };
+  Landed waiter, abandoned;
+  box.Expect(1, land, &waiter);
+  box.Expect(2, land, &abandoned);
+  EXPECT_FALSE(box.Arrived(1));
+  EXPECT_EQ(deliver(1), UCS_OK);
+  EXPECT_TRUE(box.Arrived(1));
+  EXPECT_EQ(waiter.count, 1);
+  EXPECT_EQ(waiter.last_id, 1u);
+  EXPECT_TRUE(box.replies.empty()) << "a landed reply is not kept as well";
+  box.Forget(1);
+  box.Forget(2);  // its waiter gave up (timed out, server failed) before the reply
+  EXPECT_EQ(deliver(2), UCS_OK);
+  EXPECT_EQ(abandoned.count, 0) << "a late reply landed in memory its waiter gave up";
+  EXPECT_FALSE(box.Arrived(2));
+  EXPECT_TRUE(box.replies.empty()) << "a late reply is dropped, not kept forever";
+  EXPECT_EQ(deliver(3), UCS_OK);  // nobody expects it: kept for Call to take
+  EXPECT_TRUE(box.Arrived(3));
+  ASSERT_EQ(box.replies.count(3), 1u);
+  EXPECT_EQ(transport::RequestIdOf(box.replies[3]), 3u);
+}
 
 class InProcessCluster {
  public:
