@@ -15,6 +15,11 @@ Command RegisterMount(CLI::App& app) {
   sub->add_flag("--foreground", o->foreground, "Serve in this process until unmounted");
   sub->add_option("--log", o->log,
                   "The daemon's log of errors (default: /tmp/farpool-mount-NAME.log)");
+  sub->add_option("--dirty-share", o->dirty_share,
+                  "Percent of the kernel's dirty page limit this mount's page cache may hold "
+                  "(the kernel's default for FUSE: 1; needs root)")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
   sub->add_option("mountpoint", o->mountpoint, "An empty directory")->required();
   return {sub, [o] {
             auto done = fuse::Mount(*o);

@@ -15,9 +15,11 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -302,6 +304,68 @@ fuse_lowlevel_ops Operations() {
   return ops;
 }
 
+// mountinfo escapes blanks and backslashes as \ooo.
+std::string Unescape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 3 < s.size()) {
+      out += static_cast<char>(std::stoi(s.substr(i + 1, 3), nullptr, 8));
+      i += 3;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+// A farpool mount's line of /proc/self/mountinfo.
+struct MountEntry {
+  std::string device;  // "major:minor" of its superblock: the name of its backing device info
+  pid_t daemon = 0;    // from its source, farpool:<name>:<daemon pid>
+};
+
+// The farpool mount at `path`; of mounts stacked there, the last (the one on top).
+std::optional<MountEntry> FindMount(const std::string& path) {
+  std::optional<MountEntry> found;
+  std::ifstream in("/proc/self/mountinfo");
+  for (std::string line; std::getline(in, line);) {
+    // id parent major:minor root mountpoint options [optional...] - type source superoptions
+    std::istringstream fields(line);
+    std::string id, parent, dev, root, point, word;
+    fields >> id >> parent >> dev >> root >> point;
+    if (Unescape(point) != path) continue;
+    while (fields >> word && word != "-") {
+    }
+    std::string type, source;
+    fields >> type >> source;
+    if (type != "fuse.farpool") continue;
+    found = MountEntry{dev, 0};
+    const size_t colon = source.rfind(':');
+    if (colon != std::string::npos) found->daemon = std::atoi(source.c_str() + colon + 1);
+  }
+  return found;
+}
+
+// Lets the mount's page cache hold `share` percent of the kernel's dirty page limit (see
+// MountOptions::dirty_share). Reads mountinfo, not the mount point: a stat of the mount point
+// would be a request to this daemon, which does not serve yet.
+Status SetDirtyShare(const std::string& mountpoint, int share) {
+  const auto entry = FindMount(mountpoint);
+  if (!entry) return Status::NotFound(mountpoint + " is not in /proc/self/mountinfo");
+  const std::string knob = "/sys/class/bdi/" + entry->device + "/max_ratio";
+  const std::string value = std::to_string(share);
+  const int fd = open(knob.c_str(), O_WRONLY | O_CLOEXEC);
+  const bool written =
+      fd >= 0 && write(fd, value.data(), value.size()) == static_cast<ssize_t>(value.size());
+  const int err = errno;
+  if (fd >= 0) close(fd);
+  if (!written) {
+    return Status::PermissionDenied("cannot write " + value + " to " + knob + ": " +
+                                    std::strerror(err));
+  }
+  return Status::Ok();
+}
+
 std::string Hostname() {
   char host[HOST_NAME_MAX + 1] = {};
   gethostname(host, sizeof(host) - 1);
@@ -338,6 +402,12 @@ Status Serve(const MountOptions& o, const std::function<void(const Status&)>& re
     return Status::IoError("cannot mount on " + o.mountpoint +
                            " (is /dev/fuse there, the directory empty and not mounted?)");
   }
+  if (Status s = SetDirtyShare(o.mountpoint, o.dirty_share); !s.ok()) {
+    std::fprintf(stderr,
+                 "farpool mount: the kernel's dirty page share for FUSE (1%%) stays, so buffered "
+                 "writes beyond it wait for the daemon: %s\n",
+                 s.ToString().c_str());
+  }
   ready(Status::Ok());
   fuse_loop_config* config = fuse_loop_cfg_create();
   fuse_loop_cfg_set_max_threads(config, kMaxThreads);
@@ -353,20 +423,6 @@ Status Serve(const MountOptions& o, const std::function<void(const Status&)>& re
   return Status::Ok();
 }
 
-// mountinfo escapes blanks and backslashes as \ooo.
-std::string Unescape(const std::string& s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 3 < s.size()) {
-      out += static_cast<char>(std::stoi(s.substr(i + 1, 3), nullptr, 8));
-      i += 3;
-    } else {
-      out += s[i];
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 Result<std::string> Mount(const MountOptions& options) {
@@ -377,6 +433,9 @@ Result<std::string> Mount(const MountOptions& options) {
   }
   o.mountpoint = real;
   if (o.log.empty()) o.log = "/tmp/farpool-mount-" + o.name + ".log";
+  // The daemon works in "/": paths the caller gave relative to its directory are made absolute.
+  o.cluster_file = std::filesystem::absolute(o.cluster_file);
+  o.log = std::filesystem::absolute(o.log);
   if (o.foreground) {
     FARPOOL_RETURN_IF_ERROR(Serve(o, [&](const Status&) {
       std::fprintf(stderr, "farpool: mounted '%s' on %s\n", o.name.c_str(), o.mountpoint.c_str());
@@ -432,26 +491,9 @@ Result<std::string> Mount(const MountOptions& options) {
 Status Unmount(const std::string& mountpoint, bool lazy) {
   char real[PATH_MAX];
   const std::string path = realpath(mountpoint.c_str(), real) != nullptr ? real : mountpoint;
-  std::ifstream in("/proc/self/mountinfo");
-  pid_t daemon = 0;
-  bool found = false;
-  for (std::string line; std::getline(in, line);) {
-    // id parent major:minor root mountpoint options [optional...] - type source superoptions
-    std::istringstream fields(line);
-    std::string id, parent, dev, root, point, word;
-    fields >> id >> parent >> dev >> root >> point;
-    if (Unescape(point) != path) continue;
-    while (fields >> word && word != "-") {
-    }
-    std::string type, source;
-    fields >> type >> source;
-    if (type != "fuse.farpool") continue;
-    found = true;
-    const size_t colon = source.rfind(':');
-    if (colon != std::string::npos)
-      daemon = static_cast<pid_t>(std::atol(source.c_str() + colon + 1));
-  }
-  if (!found) return Status::NotFound(path + " is not a farpool mount");
+  const auto entry = FindMount(path);
+  if (!entry) return Status::NotFound(path + " is not a farpool mount");
+  const pid_t daemon = entry->daemon;
   int pidfd = daemon > 0 ? static_cast<int>(syscall(SYS_pidfd_open, daemon, 0)) : -1;
   if (umount2(path.c_str(), lazy ? MNT_DETACH : 0) != 0) {
     const int err = errno;

@@ -23,6 +23,13 @@ struct MountOptions {
   std::string name = "fs";  // the filesystem in the pool: several may share one cluster
   bool foreground = false;
   std::string log;  // the daemon's stderr; empty: /tmp/farpool-mount-<name>.log
+  // The share (percent, 1..100) of the kernel's dirty page limit (vm.dirty_ratio of memory) that
+  // this mount's page cache may hold dirty: written to /sys/class/bdi/<dev>/max_ratio once
+  // mounted. The kernel gives a FUSE mount 1, with its strict limit on, which throttles buffered
+  // writes of more than ~1% of the limit to the daemon's pace; the strict limit stays. Needs
+  // root; without it the daemon logs why and the kernel's share stays.
+  static constexpr int kDefaultDirtyShare = 50;
+  int dirty_share = kDefaultDirtyShare;
 };
 
 // Mounts and returns the message to print ("mounted ... (daemon pid P, log L)"); in the

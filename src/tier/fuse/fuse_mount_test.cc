@@ -9,6 +9,8 @@
 // with open files, a SIGKILLed daemon (the next mount reclaims the lease, acknowledged changes are
 // there), a second concurrent mount refused naming the holder, a full pool (ENOSPC, the file intact
 // up to the last successful fsync), a lost server (EIO, no hang).
+#include "tier/fuse/fuse_mount.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -18,6 +20,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,6 +28,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -449,6 +453,49 @@ TEST_F(FuseMountTest, PageCacheExtentCacheAndPoolAgree) {
   const std::string m2 = NewDir("m2");
   Mount(m2);
   EXPECT_TRUE(ReadAll(m2 + "/cached") == std::string(expected.begin(), expected.end()));
+}
+
+// Buffered writes of far more than the kernel's 1% dirty share for FUSE mounts: the daemon raised
+// the mount's share (MountOptions::dirty_share), the bytes come back after writeback, unmount and
+// a mount elsewhere. Mounted with paths relative to the caller's directory, as a user types them
+// (the daemon works in "/").
+TEST_F(FuseMountTest, BufferedWritesBeyondTheFuseDirtyShareReadBack) {
+  const std::string m = NewDir("m");
+  mounts_.insert(m);
+  const std::string cluster = std::filesystem::relative(cluster_->cluster_file(), dir_).string();
+  Outcome r = Shell("cd " + dir_ + " && " + FARPOOL_BINARY + " mount --cluster " + cluster +
+                    " --name " + name_ + " --log m.log m");
+  ASSERT_EQ(r.code, 0) << r.output;
+  struct stat st;
+  ASSERT_EQ(stat(m.c_str(), &st), 0) << strerror(errno);
+  const std::string bdi =
+      "/sys/class/bdi/" + std::to_string(major(st.st_dev)) + ":" + std::to_string(minor(st.st_dev));
+  EXPECT_EQ(ReadAll(bdi + "/max_ratio"),
+            std::to_string(fuse::MountOptions::kDefaultDirtyShare) + "\n");
+  EXPECT_EQ(ReadAll(bdi + "/strict_limit"), "1\n");
+
+  constexpr size_t kFiles = 3, kSize = 32 << 20, kBlock = 64 << 10;
+  for (size_t f = 0; f < kFiles; ++f) {
+    const auto bytes = Pattern(kSize, 40 + f);
+    const int fd = open((m + "/big" + std::to_string(f)).c_str(), O_CREAT | O_WRONLY, 0644);
+    ASSERT_GE(fd, 0) << strerror(errno);
+    // Blocks in a shuffled order, so writeback sees scattered dirty pages.
+    std::vector<size_t> order(kSize / kBlock);
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i * kBlock;
+    std::shuffle(order.begin(), order.end(), std::mt19937(f));
+    for (size_t at : order) {
+      ASSERT_EQ(pwrite(fd, bytes.data() + at, kBlock, at), static_cast<ssize_t>(kBlock));
+    }
+    ASSERT_EQ(close(fd), 0) << strerror(errno);
+  }
+  Unmount(m);
+  const std::string m2 = NewDir("m2");
+  Mount(m2);
+  for (size_t f = 0; f < kFiles; ++f) {
+    const auto bytes = Pattern(kSize, 40 + f);
+    EXPECT_TRUE(ReadAll(m2 + "/big" + std::to_string(f)) == std::string(bytes.begin(), bytes.end()))
+        << "file " << f;
+  }
 }
 
 TEST_F(FuseMountTest, ConcurrentWritersVerifiedByFio) {
