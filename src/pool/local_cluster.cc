@@ -1,6 +1,11 @@
 #include "pool/local_cluster.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -31,7 +37,7 @@ namespace {
 // on one machine do not collide. Interface names stay within Linux's 15 characters.
 struct NetNames {
   std::string tag;  // 4 hex digits
-  int net;          // second octet of 10.<net>.0.0/16
+  int net;          // second octet of 10.<net>.0.0/16: preferred, then the one SetUpNetwork took
   std::string Bridge() const { return "fp" + tag + "br"; }
   std::string Namespace(int i) const { return "fp" + tag + "s" + std::to_string(i); }
   std::string HostVeth(int i) const { return "fp" + tag + "h" + std::to_string(i); }
@@ -43,12 +49,52 @@ struct NetNames {
   std::string BridgeIp() const { return "10." + std::to_string(net) + ".0.1"; }
 };
 
+// The networks 10.N.0.0/16 that clusters take: N in [kFirstNet, kFirstNet + kNets). (The Python
+// harness's own namespaces take 100..149.)
+constexpr int kFirstNet = 150, kNets = 100;
+
 NetNames NamesFor(const std::string& dir) {
   const size_t h = std::hash<std::string>()(fs::absolute(dir).lexically_normal().string());
   char tag[8];
   std::snprintf(tag, sizeof(tag), "%04x", static_cast<unsigned>(h & 0xffff));
-  return {tag, 150 + static_cast<int>((h >> 16) % 100)};
+  return {tag, kFirstNet + static_cast<int>((h >> 16) % kNets)};
 }
+
+// The second octets N of the networks 10.N.0.0/16 in which this namespace's interfaces have an
+// address.
+std::set<int> TenNetsInUse() {
+  std::set<int> used;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return used;
+  for (const ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    const uint32_t ip = ntohl(reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr.s_addr);
+    if ((ip >> 24) == 10) used.insert(static_cast<int>((ip >> 16) & 0xff));
+  }
+  freeifaddrs(list);
+  return used;
+}
+
+// Serialises the choice of a network among `cluster up`s on this host, until the chosen one
+// has its address on the bridge (the lock goes with the process, also when it dies).
+class NetChoiceLock {
+ public:
+  NetChoiceLock() : fd_(open("/run/lock/farpool-netns.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0600)) {
+    if (fd_ < 0) fd_ = open("/tmp/farpool-netns.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd_ >= 0) {
+      while (flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+      }
+    }
+  }
+  ~NetChoiceLock() {
+    if (fd_ >= 0) close(fd_);
+  }
+  NetChoiceLock(const NetChoiceLock&) = delete;
+  NetChoiceLock& operator=(const NetChoiceLock&) = delete;
+
+ private:
+  int fd_;
+};
 
 // Runs a command (argv) and waits; returns its output on failure in the Status.
 Status Run(const std::vector<std::string>& argv) {
@@ -65,10 +111,26 @@ Status Run(const std::vector<std::string>& argv) {
   return Status::Ok();
 }
 
-Status SetUpNetwork(const NetNames& n, int servers, std::chrono::nanoseconds delay) {
+// Makes the bridge, the namespaces and their links, on the first network from `n.net` on that no
+// interface here has an address in yet (two networks on two bridges would route one cluster's
+// clients to the other's servers); sets `n.net` to it.
+Status SetUpNetwork(NetNames& n, int servers, std::chrono::nanoseconds delay) {
   const std::string us = std::to_string(delay.count() / 1000.0) + "us";
   FARPOOL_RETURN_IF_ERROR(Run({"ip", "link", "add", n.Bridge(), "type", "bridge"}));
-  FARPOOL_RETURN_IF_ERROR(Run({"ip", "addr", "add", n.BridgeIp() + "/16", "dev", n.Bridge()}));
+  {
+    NetChoiceLock lock;
+    const std::set<int> used = TenNetsInUse();
+    int tries = 0;
+    while (used.count(n.net) != 0 && ++tries < kNets) {
+      n.net = kFirstNet + (n.net - kFirstNet + 1) % kNets;
+    }
+    if (used.count(n.net) != 0) {
+      return Status::Unavailable(
+          "no free network 10.N.0.0/16 for the namespaces (N in " + std::to_string(kFirstNet) +
+          ".." + std::to_string(kFirstNet + kNets - 1) + " all have addresses on this host)");
+    }
+    FARPOOL_RETURN_IF_ERROR(Run({"ip", "addr", "add", n.BridgeIp() + "/16", "dev", n.Bridge()}));
+  }
   FARPOOL_RETURN_IF_ERROR(Run({"ip", "link", "set", n.Bridge(), "up"}));
   for (int i = 0; i < servers; ++i) {
     const std::string ns = n.Namespace(i);
@@ -201,7 +263,7 @@ Status ClusterUp(const LocalClusterOptions& o) {
   FARPOOL_ASSIGN_OR_RETURN(transport::ClusterSecret secret, transport::ClusterSecret::Generate());
   FARPOOL_RETURN_IF_ERROR(secret.Write(SecretFile(o.dir)));
   const std::string secret_file = fs::absolute(SecretFile(o.dir)).string();
-  const NetNames names = NamesFor(o.dir);
+  NetNames names = NamesFor(o.dir);
   if (o.netns) {
     TearDownNetwork(names, o.servers);  // leftovers of a crashed earlier run
     Status net = SetUpNetwork(names, o.servers, o.delay);

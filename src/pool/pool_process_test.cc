@@ -996,6 +996,52 @@ TEST(NetworkNamespaces, TwoClustersOnOneHostAreBothReachedEveryTime) {
   }
 }
 
+// A namespaced cluster takes a network 10.N.0.0/16 that no interface of the host has yet: with
+// all of them but one held by a bridge of the test, `cluster up` lands on that one and is served.
+// (Two clusters once took the same network when their directories hashed alike, and a client
+// of one reached the other's server: "wrong cluster secret".)
+TEST(NetworkNamespaces, AClusterTakesANetworkNoInterfaceHasYet) {
+  if (geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+  const std::string holder = "fptestnets";
+  auto ip = [](const std::string& args) {
+    return std::system(("ip " + args + " 2>/dev/null").c_str());
+  };
+  ip("link del " + holder);
+  ASSERT_EQ(ip("link add " + holder + " type bridge"), 0);
+  struct Remove {
+    std::function<void()> f;
+    ~Remove() { f(); }
+  } remove{[&] { ip("link del " + holder); }};
+  // Every network of the clusters' range (150..249) that is free now, but the last, gets an
+  // address on the test's bridge.
+  std::vector<int> free_nets;
+  for (int n = 150; n < 250; ++n) {
+    const std::string probe = "ip -o -4 addr show | grep -q ' 10\\." + std::to_string(n) + "\\.'";
+    if (std::system(probe.c_str()) != 0) free_nets.push_back(n);
+  }
+  ASSERT_FALSE(free_nets.empty());
+  const int left = free_nets.back();
+  free_nets.pop_back();
+  for (int n : free_nets) {
+    ASSERT_EQ(ip("addr add 10." + std::to_string(n) + ".0.1/16 dev " + holder), 0) << n;
+  }
+  LocalClusterOptions o = Options(1, 16 << 20, Fabric::kTcp);
+  o.netns = true;
+  TestCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  EXPECT_EQ(cluster.config()->servers[0].host.rfind("10." + std::to_string(left) + ".", 0), 0u)
+      << cluster.config()->servers[0].host << ", free network: " << left;
+  auto pool = Connect(cluster, Fabric::kTcp);
+  ASSERT_TRUE(pool);
+  auto a = pool->Alloc(64);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  const uint64_t v = 0xfeed;
+  ASSERT_TRUE(pool->Write(*a, &v, 8).ok());
+  uint64_t back = 0;
+  ASSERT_TRUE(pool->Read(*a, &back, 8).ok());
+  EXPECT_EQ(back, v);
+}
+
 // Servers in their own network namespaces: traffic crosses veth pairs and a bridge; totals
 // stay exact.
 TEST(NetworkNamespaces, FetchAddAcrossNamespacesIsExact) {
