@@ -969,6 +969,16 @@ TEST(ClusterScale, SixteenServersFilledToNinetyPercentReadBackAndFreed) {
   }
 }
 
+// Allocates 64 bytes, writes `value` into them and reads it back.
+void ExpectServed(Pool& pool, uint64_t value) {
+  auto a = pool.Alloc(64);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(pool.Write(*a, &value, 8).ok());
+  uint64_t back = 0;
+  ASSERT_TRUE(pool.Read(*a, &back, 8).ok());
+  EXPECT_EQ(back, value);
+}
+
 // Two namespaced clusters on one host, each with its own bridge: a client of either reaches it
 // on every connection. (UCX offers all of a host's interfaces for its TCP lanes; before the
 // client kept them to the interfaces that route to its servers, a lane over the other
@@ -985,13 +995,7 @@ TEST(NetworkNamespaces, TwoClustersOnOneHostAreBothReachedEveryTime) {
     for (TestCluster* c : {&first, &second}) {
       auto pool = Connect(*c, Fabric::kTcp);
       ASSERT_TRUE(pool) << "round " << round;
-      auto a = pool->Alloc(64);
-      ASSERT_TRUE(a.ok()) << a.status().ToString();
-      const uint64_t v = 0x5eed0000u + static_cast<uint64_t>(round);
-      ASSERT_TRUE(pool->Write(*a, &v, 8).ok());
-      uint64_t back = 0;
-      ASSERT_TRUE(pool->Read(*a, &back, 8).ok());
-      EXPECT_EQ(back, v);
+      ExpectServed(*pool, 0x5eed0000u + static_cast<uint64_t>(round));
     }
   }
 }
@@ -1033,13 +1037,7 @@ TEST(NetworkNamespaces, AClusterTakesANetworkNoInterfaceHasYet) {
       << cluster.config()->servers[0].host << ", free network: " << left;
   auto pool = Connect(cluster, Fabric::kTcp);
   ASSERT_TRUE(pool);
-  auto a = pool->Alloc(64);
-  ASSERT_TRUE(a.ok()) << a.status().ToString();
-  const uint64_t v = 0xfeed;
-  ASSERT_TRUE(pool->Write(*a, &v, 8).ok());
-  uint64_t back = 0;
-  ASSERT_TRUE(pool->Read(*a, &back, 8).ok());
-  EXPECT_EQ(back, v);
+  ExpectServed(*pool, 0xfeed);
 }
 
 // Servers in their own network namespaces: traffic crosses veth pairs and a bridge; totals
