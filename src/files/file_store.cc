@@ -296,12 +296,12 @@ Status FileStore::Push(const Recycler& list, GlobalAddress object) {
   return pool_.FetchAdd(image_ + offsetof(StoreImage, leaked), 1).status();
 }
 
-Result<GlobalAddress> FileStore::TakeBlock() {
+Result<GlobalAddress> FileStore::TakeBlock(bool zeroed) {
   FARPOOL_ASSIGN_OR_RETURN(GlobalAddress block, Pop(Blocks()));
   if (block.is_null()) {
     FARPOOL_ASSIGN_OR_RETURN(block, pool_.Alloc(kExtentSize));
   }
-  FARPOOL_RETURN_IF_ERROR(ZeroBlock(block));
+  if (zeroed) FARPOOL_RETURN_IF_ERROR(ZeroBlock(block));
   return block;
 }
 
@@ -404,7 +404,9 @@ GlobalAddress File::MapWord(uint64_t i) const {
   return GlobalAddress::FromRaw(state_.leaves[i / kLeafEntries]) + (i % kLeafEntries) * 8;
 }
 
-Status File::LoadExtents(uint64_t first, uint64_t last, bool allocate) {
+Status File::LoadExtents(uint64_t first, uint64_t last, bool allocate, const Fill* fill,
+                         std::vector<bool>* filled) {
+  if (filled != nullptr) filled->assign(last + 1 - first, false);
   if (extents_.size() <= last) extents_.resize(last + 1, 0);
   auto missing = [&] {
     return std::any_of(extents_.begin() + first, extents_.begin() + last + 1,
@@ -443,18 +445,42 @@ Status File::LoadExtents(uint64_t first, uint64_t last, bool allocate) {
   FARPOOL_RETURN_IF_ERROR(batch.Wait().WithContext(Where() + ": extent map"));
   if (!allocate || !missing()) return Status::Ok();
 
-  // Publish a zeroed extent for every hole in the range; a concurrent writer's wins.
+  // Publish an extent for every hole in the range, once its content is in it (so that nobody,
+  // not even the next mount after a crash here, reads a recycled block's old bytes); a
+  // concurrent writer's wins.
   std::vector<uint64_t> mine(last + 1 - first, 0), prev(last + 1 - first, 0);
+  auto give_back = [&] {
+    for (uint64_t m : mine) {
+      if (m != 0) (void)store_.ReleaseBlock(GlobalAddress::FromRaw(m));
+    }
+  };
   for (uint64_t i = first; i <= last; ++i) {
     if (extents_[i] != 0) continue;
-    auto block = store_.TakeBlock();
+    auto block = store_.TakeBlock(fill == nullptr);
     if (!block.ok()) {
-      for (uint64_t m : mine) {
-        if (m != 0) (void)store_.ReleaseBlock(GlobalAddress::FromRaw(m));
-      }
+      give_back();
       return block.status().WithContext(Where());
     }
     mine[i - first] = block->raw();
+    if (fill == nullptr) continue;
+    // The write's bytes in this extent, [lo, hi) of it, and zeros around them.
+    const uint64_t start = i * kExtentSize;
+    const uint64_t lo = std::max(fill->offset, start) - start;
+    const uint64_t hi = std::min(fill->offset + fill->n, start + kExtentSize) - start;
+    Status s = lo > 0 ? batch.Write(*block, Zeros(), lo) : Status::Ok();
+    if (s.ok()) s = batch.Write(*block + lo, fill->data + (start + lo - fill->offset), hi - lo);
+    if (s.ok() && hi < kExtentSize) s = batch.Write(*block + hi, Zeros(), kExtentSize - hi);
+    if (!s.ok()) {
+      give_back();
+      return s.WithContext(Where());
+    }
+  }
+  if (fill != nullptr) {
+    Status s = batch.Wait();
+    if (!s.ok()) {
+      give_back();
+      return s.WithContext(Where() + ": new extents");
+    }
   }
   for (uint64_t i = first; i <= last; ++i) {
     if (mine[i - first] == 0) continue;
@@ -466,6 +492,7 @@ Status File::LoadExtents(uint64_t first, uint64_t last, bool allocate) {
     if (m == 0) continue;
     if (prev[i - first] == 0) {
       extents_[i] = m;
+      if (filled != nullptr && fill != nullptr) (*filled)[i - first] = true;
     } else {
       extents_[i] = prev[i - first];
       FARPOOL_RETURN_IF_ERROR(store_.ReleaseBlock(GlobalAddress::FromRaw(m)));
@@ -501,14 +528,19 @@ Status File::Write(uint64_t offset, const void* data, uint64_t n) {
   if (n == 0) return Status::Ok();
   FARPOOL_RETURN_IF_ERROR(CheckRange(offset, n, "a write"));
   const uint64_t end = offset + n;
-  FARPOOL_RETURN_IF_ERROR(LoadExtents(offset / kExtentSize, (end - 1) / kExtentSize, true));
+  const uint64_t first = offset / kExtentSize;
   const auto* src = static_cast<const unsigned char*>(data);
+  const Fill fill{offset, n, src};
+  std::vector<bool> filled;
+  FARPOOL_RETURN_IF_ERROR(LoadExtents(first, (end - 1) / kExtentSize, true, &fill, &filled));
   Batch batch(store_.pool());
   for (uint64_t pos = offset; pos < end;) {
     const uint64_t i = pos / kExtentSize, in = pos % kExtentSize;
     const uint64_t len = std::min(kExtentSize - in, end - pos);
-    FARPOOL_RETURN_IF_ERROR(
-        batch.Write(GlobalAddress::FromRaw(extents_[i]) + in, src + (pos - offset), len));
+    if (!filled[i - first]) {
+      FARPOOL_RETURN_IF_ERROR(
+          batch.Write(GlobalAddress::FromRaw(extents_[i]) + in, src + (pos - offset), len));
+    }
     pos += len;
   }
   // A new size goes with the data: bytes beyond the old size read as zeros (layout.h), so a

@@ -106,8 +106,10 @@ class FileStore {
   GlobalAddress image() const { return image_; }
   uint64_t lease_ms() const { return lease_ms_; }
 
-  // A zeroed extent-sized block (leaf or extent): from the free list, else a new Alloc.
-  Result<GlobalAddress> TakeBlock();
+  // An extent-sized block (leaf or extent): from the free list, else a new Alloc; zeroed unless
+  // `zeroed` is false (the caller writes all of it before anyone can read it: a recycled block
+  // holds another file's old bytes).
+  Result<GlobalAddress> TakeBlock(bool zeroed = true);
   // Gives a block back: to the free list; if it is full, Pool::Free (this process's own
   // blocks); else it is counted in StoreImage::leaked.
   Status ReleaseBlock(GlobalAddress block);
@@ -202,9 +204,18 @@ class File {
 
   File(FileStore& store, std::string name, GlobalAddress header)
       : store_(store), name_(std::move(name)), header_(header) {}
+  // What a write puts in the extents it maps: `n` bytes at file offset `offset`.
+  struct Fill {
+    uint64_t offset, n;
+    const unsigned char* data;
+  };
   // Makes extents_[first..last] current: entries this handle has not seen are read from the
-  // leaves (one round trip); with `allocate`, missing leaves and extents are created.
-  Status LoadExtents(uint64_t first, uint64_t last, bool allocate);
+  // leaves (one round trip); with `allocate`, missing leaves and extents are created. A new
+  // extent is published once its content is in it: zeros, or with `fill` the write's bytes where
+  // they land and zeros around them; then (*filled)[i - first] says that extent i has the
+  // write's bytes already (its block won the publish; another writer's may have).
+  Status LoadExtents(uint64_t first, uint64_t last, bool allocate, const Fill* fill = nullptr,
+                     std::vector<bool>* filled = nullptr);
   Status EnsureLeaf(int top);
   // The map word of extent i: in the header for the first kDirectEntries, else in its leaf.
   // REQUIRES: i < kDirectEntries or its leaf is in state_.
