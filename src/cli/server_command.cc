@@ -11,6 +11,7 @@
 #include "common/units.h"
 #include "farpool/cluster.h"
 #include "pool/server/memory_server.h"
+#include "tier/fuse/fuse_mount.h"
 #include "transport/shm_dir.h"
 
 namespace farpool::cli {
@@ -30,6 +31,9 @@ struct ServerArgs {
 };
 
 int RunServer(const ServerArgs& a) {
+  // Started by `ip netns exec` (a --netns cluster), this process has a copy of its starter's
+  // mounts: its farpool mounts must not outlive their `farpool umount` (fuse_mount.h).
+  fuse::DetachCopiedMounts();
   auto hp = ParseHostPort(a.listen);
   if (!hp.ok()) return Fail("--listen: " + hp.status().message());
   auto memory = ParseSize(a.memory);

@@ -12,6 +12,7 @@
 #include "db/shard_cluster.h"
 #include "db/shard_server.h"
 #include "farpool/cluster.h"
+#include "tier/fuse/fuse_mount.h"
 
 namespace farpool::cli {
 namespace {
@@ -26,6 +27,9 @@ struct ShardArgs {
 };
 
 int RunShard(const ShardArgs& a) {
+  // Started by `ip netns exec` (a --netns cluster), this process has a copy of its starter's
+  // mounts: its farpool mounts must not outlive their `farpool umount` (fuse_mount.h).
+  fuse::DetachCopiedMounts();
   auto hp = ParseHostPort(a.listen);
   if (!hp.ok()) return Fail("--listen: " + hp.status().message());
   auto progress = ParseProgressMode(a.progress);

@@ -6,6 +6,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -320,28 +321,38 @@ std::string Unescape(const std::string& s) {
 
 // A farpool mount's line of /proc/self/mountinfo.
 struct MountEntry {
+  std::string point;   // where it is mounted (unescaped)
   std::string device;  // "major:minor" of its superblock: the name of its backing device info
   pid_t daemon = 0;    // from its source, farpool:<name>:<daemon pid>
 };
 
-// The farpool mount at `path`; of mounts stacked there, the last (the one on top).
-std::optional<MountEntry> FindMount(const std::string& path) {
-  std::optional<MountEntry> found;
+// Every farpool mount this process's mount namespace has, in mount order.
+std::vector<MountEntry> FarpoolMounts() {
+  std::vector<MountEntry> mounts;
   std::ifstream in("/proc/self/mountinfo");
   for (std::string line; std::getline(in, line);) {
     // id parent major:minor root mountpoint options [optional...] - type source superoptions
     std::istringstream fields(line);
     std::string id, parent, dev, root, point, word;
     fields >> id >> parent >> dev >> root >> point;
-    if (Unescape(point) != path) continue;
     while (fields >> word && word != "-") {
     }
     std::string type, source;
     fields >> type >> source;
     if (type != "fuse.farpool") continue;
-    found = MountEntry{dev, 0};
+    MountEntry e{Unescape(point), dev, 0};
     const size_t colon = source.rfind(':');
-    if (colon != std::string::npos) found->daemon = std::atoi(source.c_str() + colon + 1);
+    if (colon != std::string::npos) e.daemon = std::atoi(source.c_str() + colon + 1);
+    mounts.push_back(std::move(e));
+  }
+  return mounts;
+}
+
+// The farpool mount at `path`; of mounts stacked there, the last (the one on top).
+std::optional<MountEntry> FindMount(const std::string& path) {
+  std::optional<MountEntry> found;
+  for (MountEntry& e : FarpoolMounts()) {
+    if (e.point == path) found = std::move(e);
   }
   return found;
 }
@@ -519,6 +530,21 @@ Status Unmount(const std::string& mountpoint, bool lazy) {
                             std::to_string(daemon) + ") has not exited within 60 s");
   }
   return Status::Ok();
+}
+
+int DetachCopiedMounts() {
+  // The parent is the starter (`ip netns exec` execs in place): a namespace other than its own
+  // is a copy made for this process. (PID 1's namespace may not be readable, e.g. in a VM's
+  // sandbox.) When in doubt, nothing is detached.
+  struct stat mine, parent;
+  const std::string parents = "/proc/" + std::to_string(getppid()) + "/ns/mnt";
+  if (stat("/proc/self/ns/mnt", &mine) != 0 || stat(parents.c_str(), &parent) != 0) return 0;
+  if (mine.st_ino == parent.st_ino && mine.st_dev == parent.st_dev) return 0;
+  int detached = 0;
+  for (const MountEntry& e : FarpoolMounts()) {
+    if (umount2(e.point.c_str(), MNT_DETACH) == 0) ++detached;
+  }
+  return detached;
 }
 
 }  // namespace farpool::fuse

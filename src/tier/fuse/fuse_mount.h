@@ -41,4 +41,12 @@ Result<std::string> Mount(const MountOptions& options);
 // `lazy`, which detaches now: the daemon exits once the last file is closed.
 Status Unmount(const std::string& mountpoint, bool lazy);
 
+// For a process started in a mount namespace of its own, which began as a copy of its
+// starter's (`ip netns exec` gives each server of a `--netns` cluster one): detaches its copies
+// of farpool mounts. A copy keeps the filesystem mounted, so its daemon would go on serving after
+// `farpool umount` in the original namespace, until this process ends. Does nothing unless this
+// process's mount namespace differs from its parent's (the starter's), so it never unmounts a
+// mount that someone else sees. Returns how many it detached.
+int DetachCopiedMounts();
+
 }  // namespace farpool::fuse

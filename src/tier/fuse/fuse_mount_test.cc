@@ -498,6 +498,38 @@ TEST_F(FuseMountTest, BufferedWritesBeyondTheFuseDirtyShareReadBack) {
   }
 }
 
+// A `--netns` cluster started while a mount exists: `ip netns exec` gives each of its servers a
+// mount namespace that begins as a copy of ours, mount included. The server detaches its copy
+// (DetachCopiedMounts), so `farpool umount` here ends the daemon, not only the server's exit.
+TEST_F(FuseMountTest, ANetnsClusterStartedLaterHoldsNoCopyOfTheMount) {
+  if (geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+  const std::string m = NewDir("m");
+  Mount(m);
+  const pid_t daemon = DaemonOf(m);
+  ASSERT_GT(daemon, 0);
+  LocalClusterOptions o;
+  o.servers = 1;
+  o.memory = 16ull << 20;
+  o.chunk_size = 1ull << 20;
+  o.transport = Fabric::kTcp;
+  o.progress = ProgressMode::kEvent;
+  o.netns = true;
+  // This process reaches the suite's servers over loopback only (SetUpTestSuite); the new
+  // cluster's readiness check must reach its namespace.
+  unsetenv("UCX_NET_DEVICES");
+  TestCluster other(o);
+  setenv("UCX_NET_DEVICES", "lo", 1);
+  ASSERT_TRUE(other.status().ok()) << other.status().ToString();
+  const auto config = other.config();
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  const std::string theirs =
+      ReadAll("/proc/" + std::to_string(config->servers[0].pid) + "/mountinfo");
+  ASSERT_FALSE(theirs.empty());
+  EXPECT_EQ(theirs.find(" " + m + " "), std::string::npos) << theirs;
+  Unmount(m);
+  EXPECT_TRUE(AwaitExit(daemon, 60000)) << "the daemon still serves a copy of the mount";
+}
+
 TEST_F(FuseMountTest, ConcurrentWritersVerifiedByFio) {
   if (Shell("command -v fio").code != 0) GTEST_SKIP() << "fio is not installed";
   const std::string m = NewDir("m");
