@@ -132,7 +132,8 @@ Result<bool> NamDatabase::FenceAndRecover(const Access& access, uint32_t slot, u
   return done != 0;
 }
 
-Status NamDatabase::RecoverLog(const Access& access, uint32_t slot, int64_t deadline) {
+Status NamDatabase::RecoverLog(const Access& access, uint32_t slot, int64_t deadline,
+                               uint64_t known_stamp) {
   uint64_t raw;
   FARPOOL_RETURN_IF_ERROR(access.Read(SlotAddr(slot) + kSlotLog, &raw, 8));
   if (raw == 0) return Status::Ok();
@@ -160,7 +161,7 @@ Status NamDatabase::RecoverLog(const Access& access, uint32_t slot, int64_t dead
       const unsigned char* spill;
     };
     std::vector<Pending> pending;
-    uint64_t stamp = 0;
+    uint64_t stamp = known_stamp;
     std::vector<unsigned char> installed;
     size_t off = 0;
     for (uint64_t i = 0; i < h.count; ++i) {
