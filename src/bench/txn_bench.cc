@@ -169,6 +169,13 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
           retired = Sum(retired, current->counters());
           std::this_thread::sleep_for(std::chrono::milliseconds(5));  // let the failover land
           auto fresh = db.NewSession();
+          // Claiming a slot fails too while the failover lands (a primary whose backup died
+          // serves nothing until a client tells it to go on alone): tried for up to 2 s.
+          for (int i = 0;
+               i < 40 && !fresh.ok() && fresh.status().code() == StatusCode::kUnavailable; ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            fresh = db.NewSession();
+          }
           if (fresh.ok()) {
             ++st.session_restarts;
             owned = std::move(*fresh);
