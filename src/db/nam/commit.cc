@@ -163,7 +163,7 @@ class CommitRun {
   // doubling from 1 ms, for at most kRetryNs: a failover under way ends within that (the
   // backup promotes once its primary is gone; a primary whose backup died waits until a
   // client tells it so, and until then fails its rounds "applied here but not acknowledged").
-  // Not once the session is fenced: recovery is finishing for it.
+  // Not once the session is fenced or its lease is not certain: recovery finishes for it.
   static constexpr int64_t kRetryNs = 5'000'000'000;
   Status Retrying(const std::function<Status()>& round);
   // An index write failed: the index may keep a node locked by us for recovery to repair
@@ -815,19 +815,25 @@ Status CommitRun::AbortOnConflict() {
 void CommitRun::ReleaseLocks() {
   const uint64_t mine = s_.lock_word();
   std::vector<uint64_t> prev(items_.size()), held_prev(items_.size());
-  // Repeatable: a CAS from our own word changes nothing that is not ours.
+  // Repeatable: a CAS from our own word changes nothing that is not ours. Every CAS is posted
+  // even if one cannot be (its server is gone): as many locks as can be are released.
   auto release = [&]() -> Status {
     Access::Batch b(access_);
+    Status posted;
+    auto post = [&](Status s) {
+      if (posted.ok()) posted = s;
+    };
     for (size_t i = 0; i < items_.size(); ++i) {
       if (!items_[i].locked) continue;
-      (void)b.Cas(items_[i].record, mine, items_[i].expected, &prev[i]);
+      post(b.Cas(items_[i].record, mine, items_[i].expected, &prev[i]));
       // Locked at read and maybe not yet changed to our plain word (an error in Lock's batch):
       // one of the two CASes finds its word.
       if (items_[i].held) {
-        (void)b.Cas(items_[i].record, ReadLockWord(mine), items_[i].expected, &held_prev[i]);
+        post(b.Cas(items_[i].record, ReadLockWord(mine), items_[i].expected, &held_prev[i]));
       }
     }
-    return b.Wait();
+    Status waited = b.Wait();
+    return posted.ok() ? waited : posted;
   };
   // Some locks may still be ours: stop the session, so that others judge it dead after its
   // lease and break them (a live session's locks are never broken).
@@ -1100,7 +1106,12 @@ Status CommitRun::RolledBack(const Status& why) {
 Status CommitRun::Retrying(const std::function<Status()>& round) {
   Status s = round();
   LockWait wait(kRetryNs, 1'000'000, 100'000'000);
-  while (MemoryFailure(s) && !s_.lease_->fenced && wait.Pause()) s = round();
+  // A session whose lease is not certain any more (its process stalled, or it cannot renew)
+  // may have been fenced and its process evicted, which also fails with Unavailable: no retry.
+  while (MemoryFailure(s) && !s_.lease_->fenced && MonoNs() < s_.lease_->valid_until.load() &&
+         wait.Pause()) {
+    s = round();
+  }
   return s;
 }
 
