@@ -175,6 +175,10 @@ struct TxnCounters {
   // Independent of the fabric: this times a fabric's latency is the waiting it implies.
   uint64_t round_trips = 0;
   uint64_t commits = 0, aborts = 0;
+  // Pool engines: commits that a failure of the memory cut in a round (a server died or failed
+  // over to its backup under it) and that the session settled itself at once: finished
+  // (counted in commits too) or rolled back (Aborted, counted in aborts).
+  uint64_t commits_cut = 0;
 };
 
 // The columns a read wants (projection): a set of a table's columns by their index in its

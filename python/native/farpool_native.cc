@@ -619,6 +619,7 @@ nb::dict TxnCountersDict(const TxnCounters& c) {
   d["round_trips"] = c.round_trips;
   d["commits"] = c.commits;
   d["aborts"] = c.aborts;
+  d["commits_cut"] = c.commits_cut;
   return d;
 }
 

@@ -6,7 +6,8 @@
             and tcp (every server in its own network namespace, event progress)
   failover  TPC-B, 8 threads, --replicas 1, --timeline-ms 10: server 1 SIGKILLed --kill-at
             seconds into the run; the gap from the kill to the next commit, the throughput
-            before and after, whether the invariant holds (--verify), sessions restarted
+            before and after, whether the invariant holds (--verify), commits the kill cut
+            that their sessions settled themselves (commits_cut), sessions restarted
 
 Output: bench/results/failover.jsonl (every run), failover.md (tables), failover.png (the
 commit timelines around the kill).
@@ -112,7 +113,7 @@ def table(rows: list[dict]) -> str:
                 f"{'ok' if all(r['verify'] == 'ok' for r in r0 + r1) else 'FAILED'} |")
     lines += ["", "| fabric | first commit after the kill (ms) | longest stall in the 3 s after (ms) "
               "| tps the second before | tps 1–2 s after | longest wait of a committed txn (ms) "
-              "| sessions restarted | verify |", "|---" * 8 + "|"]
+              "| commits cut and settled | sessions restarted | verify |", "|---" * 9 + "|"]
     for r in rows:
         if r["part"] != "failover":
             continue
@@ -120,7 +121,8 @@ def table(rows: list[dict]) -> str:
         lines.append(f"| {r['fabric']} | {'none' if gap is None else f'{gap:.0f}'} | "
                      f"{r['longest_stall_after_kill_ms']} | "
                      f"{r['tps_before'] or 0:,.0f} | {r['tps_after'] or 0:,.0f} | "
-                     f"{r['max_us'] / 1000:,.0f} | {r['session_restarts']} | {r['verify']} |")
+                     f"{r['max_us'] / 1000:,.0f} | {r.get('commits_cut', 0)} | "
+                     f"{r['session_restarts']} | {r['verify']} |")
     return "\n".join(lines) + "\n"
 
 

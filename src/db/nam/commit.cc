@@ -46,8 +46,11 @@
 //
 // Fencing: the lease is checked before Lock and before Decide and Finish; releases are CAS
 // from our own word. An error before the decision releases the locks and leaves the session
-// usable; an error after it (the outcome is decided, recovery can finish it) abandons the
-// session: it stops renewing and others roll its log forward after its lease.
+// usable (a round cut by a failure of the memory, such as a server failing over to its
+// backup, then returns Aborted: rolled back, retry). An error after it (the outcome is
+// decided) is settled by the session itself, still under its lease: it rolls its own log
+// forward with recovery's code (RecoverLog) and returns Ok. Only if that fails too is the
+// session abandoned: it stops renewing and others roll its log forward after its lease.
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -56,6 +59,14 @@
 #include "db/nam/nam_internal.h"
 
 namespace farpool::db {
+
+namespace {
+// A failure of the memory under a round (a server gone, failing over, or timed out), not of
+// the protocol: the round's operations may or may not have landed.
+bool MemoryFailure(const Status& s) {
+  return s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kTimedOut;
+}
+}  // namespace
 
 class CommitRun {
  public:
@@ -134,6 +145,27 @@ class CommitRun {
   Status Abort(std::string conflict) { return Status::Aborted(std::move(conflict)); }
   // The session cannot finish a decided commit: stop it, recovery finishes the commit.
   Status Abandon(const Status& why);
+  // A round of the commit failed before its decision with `why` and the locks were released
+  // (ReleaseLocks; or nothing was locked). If `why` is the memory's failure (a server died or
+  // failed over to its backup under the round: its operations may or may not have landed)
+  // and the session was not stopped (the release reached every server of the write set),
+  // nothing of the commit took effect and nothing of it is left: Aborted, retryable, saying
+  // so. Otherwise `why`.
+  Status RolledBack(const Status& why);
+  // Finish failed with `why` (a server died or failed over under it: some installs and
+  // releases may have landed, others not). The commit is decided: the session finishes it
+  // itself at once, with recovery's roll-forward (RecoverLog) under its own lease and with
+  // its own stamp, so that no record stays locked until its lease lapses, and reports it
+  // committed. If it cannot (its lease is gone, the memory fails again), Abandon: recovery
+  // finishes it after the lease.
+  Status Settle(const Status& why);
+  // Runs `round` (repeatable) again while it fails by a failure of the memory, with pauses
+  // doubling from 1 ms, for at most kRetryNs: a failover under way ends within that (the
+  // backup promotes once its primary is gone; a primary whose backup died waits until a
+  // client tells it so, and until then fails its rounds "applied here but not acknowledged").
+  // Not once the session is fenced or its lease is not certain: recovery finishes for it.
+  static constexpr int64_t kRetryNs = 5'000'000'000;
+  Status Retrying(const std::function<Status()>& round);
   // An index write failed: the index may keep a node locked by us for recovery to repair
   // (index/btree.h), so the session stops; its lease runs out and others take over.
   Status IndexFailed(const Status& why);
@@ -783,19 +815,29 @@ Status CommitRun::AbortOnConflict() {
 void CommitRun::ReleaseLocks() {
   const uint64_t mine = s_.lock_word();
   std::vector<uint64_t> prev(items_.size()), held_prev(items_.size());
-  Access::Batch b(access_);
-  for (size_t i = 0; i < items_.size(); ++i) {
-    if (!items_[i].locked) continue;
-    (void)b.Cas(items_[i].record, mine, items_[i].expected, &prev[i]);
-    // Locked at read and maybe not yet changed to our plain word (an error in Lock's batch):
-    // one of the two CASes finds its word.
-    if (items_[i].held) {
-      (void)b.Cas(items_[i].record, ReadLockWord(mine), items_[i].expected, &held_prev[i]);
+  // Repeatable: a CAS from our own word changes nothing that is not ours. Every CAS is posted
+  // even if one cannot be (its server is gone): as many locks as can be are released.
+  auto release = [&]() -> Status {
+    Access::Batch b(access_);
+    Status posted;
+    auto post = [&](Status s) {
+      if (posted.ok()) posted = s;
+    };
+    for (size_t i = 0; i < items_.size(); ++i) {
+      if (!items_[i].locked) continue;
+      post(b.Cas(items_[i].record, mine, items_[i].expected, &prev[i]));
+      // Locked at read and maybe not yet changed to our plain word (an error in Lock's batch):
+      // one of the two CASes finds its word.
+      if (items_[i].held) {
+        post(b.Cas(items_[i].record, ReadLockWord(mine), items_[i].expected, &held_prev[i]));
+      }
     }
-  }
+    Status waited = b.Wait();
+    return posted.ok() ? waited : posted;
+  };
   // Some locks may still be ours: stop the session, so that others judge it dead after its
   // lease and break them (a live session's locks are never broken).
-  const bool released = b.Wait().ok();
+  const bool released = Retrying(release).ok();
   if (!released) s_.Abandon();
   for (size_t i = 0; i < items_.size(); ++i) {
     Item& it = items_[i];
@@ -970,8 +1012,11 @@ Status CommitRun::Decide() {
   if (!s.ok()) {
     // The log may be partly written: undo it before releasing, or leave it to recovery. (A
     // stamp taken and not used is a gap in the counter, which nothing minds.)
-    auto prev = access_.Cas(s_.log_, log_state_, 0);
-    if (!prev.ok()) {
+    Status undone = Retrying([&]() -> Status {
+      FARPOOL_RETURN_IF_ERROR(s_.CheckLease());
+      return access_.Cas(s_.log_, log_state_, 0).status();
+    });
+    if (!undone.ok()) {
       txn_.decided_ = true;  // unknown: recovery decides by the log's checksum
       return Abandon(s.WithContext("writing the commit log"));
     }
@@ -1049,6 +1094,46 @@ Status CommitRun::Abandon(const Status& why) {
                              "lease");
 }
 
+Status CommitRun::RolledBack(const Status& why) {
+  if (why.ok() || !MemoryFailure(why) || s_.lease_->fenced) return why;
+  ++s_.counters_.commits_cut;
+  return Status::Aborted(
+      "commit cut by a memory failure before its decision and rolled back: "
+      "nothing of it took effect, its locks are released; retry (" +
+      why.message() + ")");
+}
+
+Status CommitRun::Retrying(const std::function<Status()>& round) {
+  Status s = round();
+  LockWait wait(kRetryNs, 1'000'000, 100'000'000);
+  // A session whose lease is not certain any more (its process stalled, or it cannot renew)
+  // may have been fenced and its process evicted, which also fails with Unavailable: no retry.
+  while (MemoryFailure(s) && !s_.lease_->fenced && MonoNs() < s_.lease_->valid_until.load() &&
+         wait.Pause()) {
+    s = round();
+  }
+  return s;
+}
+
+Status CommitRun::Settle(const Status& why) {
+  // Nobody else finishes the commit while our lease holds (others fence only an expired slot),
+  // and RecoverLog writes only before the lease's end (it is repeatable: what it finds done
+  // it leaves); a check after it proves the lease held throughout, so every lock of ours was
+  // released by us (what Reclaim's retired chains need).
+  Status s = Retrying([&]() -> Status {
+    FARPOOL_RETURN_IF_ERROR(s_.CheckLease());
+    return s_.db_.RecoverLog(access_, s_.lease_->slot, s_.lease_->valid_until.load(), stamp_);
+  });
+  if (s.ok()) s = s_.CheckLease();
+  if (!s.ok()) {
+    if (s_.lease_->fenced) return s;  // fenced: recovery finishes (or finished) the commit
+    return Abandon(why.WithContext("settling the commit failed too (" + s.message() + ")"));
+  }
+  ++s_.counters_.commits_cut;
+  Reclaim();
+  return Status::Ok();
+}
+
 Status CommitRun::IndexFailed(const Status& why) {
   if (why.code() == StatusCode::kAborted || why.code() == StatusCode::kInvalidArgument) return why;
   s_.Abandon();
@@ -1060,18 +1145,20 @@ Status CommitRun::Run() {
   // The last commit's log, if no round trip since took its clear along: before any lock.
   if (s_.log_to_clear_ != 0) FARPOOL_RETURN_IF_ERROR(s_.ClearLog());
   FARPOOL_RETURN_IF_ERROR(s_.CheckLease());
-  FARPOOL_RETURN_IF_ERROR(Lock());
+  // Every error of Lock has released what it took (or stopped the session).
+  FARPOOL_RETURN_IF_ERROR(RolledBack(Lock()));
   s_.db_.Hook("locked");
   Status s = Decide();
   if (!s.ok()) {
-    if (!txn_.decided_) ReleaseLocks();
-    return s;
+    if (txn_.decided_) return s;  // the log's state is unknown: Decide stopped the session
+    ReleaseLocks();               // the log is cleared (or was never whole): undecided
+    return RolledBack(s);
   }
   txn_.decided_ = true;
   s_.db_.Hook("logged");
   s = Finish();
   if (s_.lease_->fenced) return s;  // fenced: recovery finished the commit
-  if (!s.ok()) return Abandon(s.WithContext("installing versions and releasing locks"));
+  if (!s.ok()) return Settle(s.WithContext("installing versions and releasing locks"));
   s_.log_to_clear_ = log_state_;
   Reclaim();
   return Status::Ok();

@@ -827,9 +827,12 @@ class NamDatabase final : public Database {
   // caller). False if someone else changed the slot first or its writer may not be evicted.
   Result<bool> FenceAndRecover(const Access& access, uint32_t slot, uint64_t owner,
                                uint64_t final_state, uint64_t* final_owner = nullptr);
-  // Rolls forward the decided commit in slot `slot`'s log, if any. `lock` is the lock word
-  // its records carry; `deadline` (monotonic ns) bounds the caller's right to write.
-  Status RecoverLog(const Access& access, uint32_t slot, int64_t deadline);
+  // Rolls forward the decided commit in slot `slot`'s log, if any. `deadline` (monotonic ns)
+  // bounds the caller's right to write. `known_stamp`: the commit's stamp when the caller is
+  // its writer and took it (a session settling its own cut commit); 0: found as recovery.cc
+  // says, or taken anew.
+  Status RecoverLog(const Access& access, uint32_t slot, int64_t deadline,
+                    uint64_t known_stamp = 0);
   // Restores a record lock held by a dead session to the unlocked word of its newest version.
   Status BreakRecordLock(const Access& access, GlobalAddress record, const NamTable& t,
                          uint64_t word);

@@ -34,9 +34,12 @@
 //     own slots are taken over only once it gave them up.
 //   - Only whoever fenced the slot (CAS to "recovering" with the next epoch and its own tag)
 //     recovers it, and it writes only before its own deadline (lease - margin after the
-//     fence). A recoverer that gives up says so (tag 0); one that stalls is fenced in turn
-//     (and evicted) after its recovering word stays unchanged for lease + margin; the next one
-//     redoes the same idempotent work.
+//     fence). The one other caller of RecoverLog is the slot's own session, under its own
+//     lease: one whose commit a failure of the memory cut after the decision (commit.cc,
+//     Settle; it passes the stamp it took) or one that closes (~NamSession). Nobody fences a
+//     slot whose lease holds, so the two never run on one log at once. A recoverer that gives up
+//     says so (tag 0); one that stalls is fenced in turn (and evicted) after its recovering word
+//     stays unchanged for lease + margin; the next one redoes the same idempotent work.
 #include <cstring>
 
 #include "db/nam/nam_internal.h"
@@ -132,7 +135,8 @@ Result<bool> NamDatabase::FenceAndRecover(const Access& access, uint32_t slot, u
   return done != 0;
 }
 
-Status NamDatabase::RecoverLog(const Access& access, uint32_t slot, int64_t deadline) {
+Status NamDatabase::RecoverLog(const Access& access, uint32_t slot, int64_t deadline,
+                               uint64_t known_stamp) {
   uint64_t raw;
   FARPOOL_RETURN_IF_ERROR(access.Read(SlotAddr(slot) + kSlotLog, &raw, 8));
   if (raw == 0) return Status::Ok();
@@ -160,7 +164,7 @@ Status NamDatabase::RecoverLog(const Access& access, uint32_t slot, int64_t dead
       const unsigned char* spill;
     };
     std::vector<Pending> pending;
-    uint64_t stamp = 0;
+    uint64_t stamp = known_stamp;
     std::vector<unsigned char> installed;
     size_t off = 0;
     for (uint64_t i = 0; i < h.count; ++i) {
