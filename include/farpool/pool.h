@@ -263,6 +263,10 @@ class Pool {
   // for every thread, different for every Pool::Connect (32 bits of the client nonce sent in
   // the hello; random, so two Pools share one with probability 2^-32).
   uint32_t process_tag() const;
+  // Whether the cluster keeps a backup of every server (ClusterConfig::replicas > 0): a server
+  // that fails is then failed over to its backup, and operations that met its failure succeed
+  // again once that is done; otherwise its failure is for good.
+  bool replicated() const;
   // Evicts the client process whose Pool has process_tag() == `tag` from every server: returns
   // Ok once every server has (a) closed all of that client's connections and will refuse it
   // from now on (hellos and requests carrying that tag get an error reply), and (b) if that

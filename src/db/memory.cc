@@ -100,6 +100,7 @@ class PoolMemory final : public Memory {
   uint32_t process_tag() const override { return pool_.process_tag(); }
   Status Evict(uint32_t tag) override { return pool_.Evict(tag); }
   bool mapped() const override { return mapped_; }
+  bool replicated() const override { return pool_.replicated(); }
 
  private:
   Pool& pool_;
@@ -355,6 +356,7 @@ class LocalMemory final : public Memory {
                                    std::to_string(tag) + " to evict");
   }
   bool mapped() const override { return true; }
+  bool replicated() const override { return false; }
 
  private:
   struct Region {

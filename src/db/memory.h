@@ -103,6 +103,8 @@ class Memory {
   // AccessPath "direct", and local memory): reads are loads and a round trip waits for
   // nothing, so reading ahead on a guess saves no time and costs copies.
   virtual bool mapped() const = 0;
+  // Pool::replicated: a failure of a server may pass (failover to its backup).
+  virtual bool replicated() const = 0;
 };
 
 // REQUIRES: `pool` outlives the PoolMemory.

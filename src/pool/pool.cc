@@ -993,6 +993,8 @@ Fabric Pool::transport() const { return impl_->fabric_; }
 
 uint32_t Pool::process_tag() const { return impl_->tag(); }
 
+bool Pool::replicated() const { return impl_->cluster_.replicas > 0; }
+
 Status Pool::Evict(uint32_t tag, std::chrono::milliseconds timeout) {
   const std::string what = "evicting process tag " + TagName(tag);
   if (tag == 0) return Status::InvalidArgument(what + ": no process has tag 0");

@@ -55,6 +55,7 @@ class KillableMemory final : public Memory {
   uint32_t process_tag() const override { return inner_.process_tag(); }
   Status Evict(uint32_t tag) override { return inner_.Evict(tag); }
   bool mapped() const override { return inner_.mapped(); }
+  bool replicated() const override { return inner_.replicated(); }
 
  private:
   Status Dead() const { return Status::Unavailable("test: this owner's process was killed"); }

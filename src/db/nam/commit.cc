@@ -163,7 +163,8 @@ class CommitRun {
   // doubling from 1 ms, for at most kRetryNs: a failover under way ends within that (the
   // backup promotes once its primary is gone; a primary whose backup died waits until a
   // client tells it so, and until then fails its rounds "applied here but not acknowledged").
-  // Not once the session is fenced or its lease is not certain: recovery finishes for it.
+  // Not once the session is fenced or its lease is not certain: recovery finishes for it. Not
+  // at all over memory without backups (Memory::replicated), where a failed server stays failed.
   static constexpr int64_t kRetryNs = 5'000'000'000;
   Status Retrying(const std::function<Status()>& round);
   // An index write failed: the index may keep a node locked by us for recovery to repair
@@ -1105,6 +1106,7 @@ Status CommitRun::RolledBack(const Status& why) {
 
 Status CommitRun::Retrying(const std::function<Status()>& round) {
   Status s = round();
+  if (!access_.memory().replicated()) return s;  // no failover to wait for: the failure stays
   LockWait wait(kRetryNs, 1'000'000, 100'000'000);
   // A session whose lease is not certain any more (its process stalled, or it cannot renew)
   // may have been fenced and its process evicted, which also fails with Unavailable: no retry.
