@@ -587,17 +587,38 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys) {
     auto lost = [&](const Want& w) {
       return w.prev == kRemovedLock || (w.tried && !w.locked && w.k->image.key != w.k->key);
     };
+    // Retried often where we poll (the holder keeps the lock for its whole transaction, then
+    // the record is free for about one round trip before the next locker takes it): pauses of
+    // 10 µs up to 100 µs. Over messages the server waits instead (no pause).
+    LockWait wait(kLockingReadWaitNs, 10'000, 100'000);
+    const bool server_waits = !s_.access_.memory().mapped();
     // Locks `which` in one batch: per record the CAS and, behind a fence, its read (one message
     // per server). Every lock taken goes into held_ at once (any error releases it from there).
+    // Over messages the memory server waits for a held record (a waiting compare-and-swap)
+    // instead of us polling it: the highest of `which`, if no record above it is ours (so that
+    // a waiter holds only records below the one it waits for: no cycle within a call). It takes
+    // the record from whatever unlocked word it finds (the version a retry with the word seen
+    // would take), first come first served.
     auto lock = [&](const std::vector<size_t>& which) -> Status {
       FARPOOL_RETURN_IF_ERROR(s_.CheckLease());  // the CASes follow a passed check
+      size_t waiter = want.size();
+      if (server_waits && !which.empty()) {
+        waiter = which.back();  // `which` ascends
+        for (size_t i = waiter + 1; i < want.size(); ++i) {
+          if (want[i].locked) waiter = want.size();
+        }
+      }
+      WaitCasResult waited_cas;
       Status posted;
       Status waited;
       {
         Access::Batch b(s_.access_);
         for (size_t i : which) {
           Want& w = want[i];
-          if (posted.ok()) posted = b.Cas(w.k->record, w.expected, mine, &w.prev);
+          if (!posted.ok()) break;
+          posted = i == waiter ? b.WaitCas(w.k->record, w.expected, mine,
+                                           wait.ServerWait(kServerWaitSliceUs, true), &waited_cas)
+                               : b.Cas(w.k->record, w.expected, mine, &w.prev);
         }
         if (posted.ok()) posted = b.Fence();
         for (size_t i : which) {
@@ -610,9 +631,20 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys) {
         Want& w = want[i];
         const bool failed = !posted.ok() || !waited.ok();
         w.tried = true;
+        if (i == waiter && !failed) {
+          w.prev = waited_cas.previous;
+          if (waited_cas.swapped) w.expected = w.prev;  // the word it was taken from
+        }
         w.locked = failed || w.prev == w.expected;
         if (!w.locked) {
           w.k->image.Decode(w.k->t->layout_);
+          continue;
+        }
+        if (failed && i == waiter) {
+          // It may have been taken from a word we do not know, so no release could restore
+          // it: the session stops, and its lock is broken after its lease (BreakRecordLock
+          // restores the newest version's word).
+          s_.Abandon();
           continue;
         }
         // Taken (or maybe, on an error): released by Finish unless a commit installs it.
@@ -633,10 +665,6 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys) {
     std::vector<size_t> all(want.size());
     for (size_t i = 0; i < want.size(); ++i) all[i] = i;
     if (!want.empty()) FARPOOL_RETURN_IF_ERROR(lock(all));
-    // Retried often (the holder keeps the lock for its whole transaction, then the record is
-    // free for about one round trip before the next locker takes it): pauses of 10 µs up to
-    // 100 µs.
-    LockWait wait(kLockingReadWaitNs, 10'000, 100'000);
     int moved_on = 0;  // retries at once of words that moved on: bounded by the wait too
     for (;;) {
       // The lowest record not locked (and not gone from under its index entry).
@@ -694,7 +722,7 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys) {
                 s_.db_.BreakRecordLock(s_.access_, w.k->record, *w.k->t, w.prev));
           }
         }
-        if (!wait.Pause()) {
+        if (server_waits ? wait.Expired() : !wait.Pause()) {
           return Status::Aborted("key " + std::to_string(w.k->key) + " of '" + w.k->t->name_ +
                                  "' is locked by another transaction (locking read: waited " +
                                  std::to_string(kLockingReadWaitNs / 1'000'000) + " ms)");
