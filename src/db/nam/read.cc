@@ -556,6 +556,7 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys) {
       KeyRead* k;
       uint64_t expected = 0, prev = 0;
       bool locked = false, tried = false;
+      bool copy_held = false;  // its copy showed another's lock
     };
     std::vector<Want> want;
     for (KeyRead& k : keys) {
@@ -575,6 +576,7 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys) {
         } else if (k.image.key == k.key && k.image.lock != kRemovedLock && !k.image.torn &&
                    CellsConsecutive(k.image)) {
           w.expected = UnlockedWord(k.image.newest_seq() + 1);
+          w.copy_held = true;
         }
       } else if (auto r = reads_.find({k.t->id_, k.key}); r != reads_.end()) {
         w.expected = UnlockedWord(r->second.newest_seq);
@@ -599,20 +601,29 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys) {
     // a waiter holds only records below the one it waits for: no cycle within a call). It takes
     // the record from whatever unlocked word it finds (the version a retry with the word seen
     // would take), first come first served.
-    auto lock = [&](const std::vector<size_t>& which) -> Status {
+    // `release`: locks of ours above `which` given back in the same batch, before it (same
+    // server: in order; others: unordered, but given back either way).
+    auto lock = [&](const std::vector<size_t>& which,
+                    const std::vector<size_t>& release = {}) -> Status {
       FARPOOL_RETURN_IF_ERROR(s_.CheckLease());  // the CASes follow a passed check
       size_t waiter = want.size();
       if (server_waits && !which.empty()) {
         waiter = which.back();  // `which` ascends
         for (size_t i = waiter + 1; i < want.size(); ++i) {
-          if (want[i].locked) waiter = want.size();
+          const bool released = std::find(release.begin(), release.end(), i) != release.end();
+          if (want[i].locked && !released) waiter = want.size();
         }
       }
       WaitCasResult waited_cas;
+      std::vector<uint64_t> released_prev(release.size());
       Status posted;
       Status waited;
       {
         Access::Batch b(s_.access_);
+        for (size_t r = 0; r < release.size() && posted.ok(); ++r) {
+          const Want& o = want[release[r]];
+          posted = b.Cas(o.k->record, mine, o.expected, &released_prev[r]);
+        }
         for (size_t i : which) {
           Want& w = want[i];
           if (!posted.ok()) break;
@@ -626,6 +637,13 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys) {
           if (posted.ok()) posted = b.Read(k.record, k.image.bytes.data(), k.image.bytes.size());
         }
         waited = b.Wait();
+      }
+      if (posted.ok() && waited.ok()) {
+        for (size_t i : release) {  // on an error they stay in held_: Finish releases them
+          want[i].locked = false;
+          want[i].tried = false;
+          held_.erase({want[i].k->t->id_, want[i].k->key});
+        }
       }
       for (size_t i : which) {
         Want& w = want[i];
@@ -662,9 +680,15 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys) {
       if (!posted.ok()) return posted;
       return waited;
     };
-    std::vector<size_t> all(want.size());
-    for (size_t i = 0; i < want.size(); ++i) all[i] = i;
-    if (!want.empty()) FARPOOL_RETURN_IF_ERROR(lock(all));
+    // The first batch: every record, or where the server waits and a copy showed a record
+    // held by another, the records up to the lowest such one (which waits at its server; those
+    // above follow once it is ours).
+    std::vector<size_t> first_batch;
+    for (size_t i = 0; i < want.size(); ++i) {
+      first_batch.push_back(i);
+      if (server_waits && want[i].copy_held) break;
+    }
+    if (!want.empty()) FARPOOL_RETURN_IF_ERROR(lock(first_batch));
     int moved_on = 0;  // retries at once of words that moved on: bounded by the wait too
     for (;;) {
       // The lowest record not locked (and not gone from under its index entry).
@@ -699,6 +723,26 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys) {
         for (size_t i = j + 1; i < want.size(); ++i) {
           if (want[i].locked) above.push_back(i);
         }
+        if (wait.CheckDue()) {
+          // A dead holder finishes nothing: break its lock (restored to its newest version).
+          auto dead = s_.HolderDead(w.prev);
+          if (dead.ok() && *dead) {
+            FARPOOL_RETURN_IF_ERROR(
+                s_.db_.BreakRecordLock(s_.access_, w.k->record, *w.k->t, w.prev));
+          }
+        }
+        auto waited_out = [&] {
+          return Status::Aborted("key " + std::to_string(w.k->key) + " of '" + w.k->t->name_ +
+                                 "' is locked by another transaction (locking read: waited " +
+                                 std::to_string(kLockingReadWaitNs / 1'000'000) + " ms)");
+        };
+        if (server_waits) {
+          // The server waits; those above are given back in the batch that waits (one round
+          // trip).
+          if (wait.Expired()) return waited_out();
+          FARPOOL_RETURN_IF_ERROR(lock({j}, above));
+          continue;
+        }
         if (!above.empty()) {
           Access::Batch b(s_.access_);
           std::vector<uint64_t> prev(above.size());
@@ -714,19 +758,7 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys) {
             held_.erase({want[i].k->t->id_, want[i].k->key});
           }
         }
-        if (wait.CheckDue()) {
-          // A dead holder finishes nothing: break its lock (restored to its newest version).
-          auto dead = s_.HolderDead(w.prev);
-          if (dead.ok() && *dead) {
-            FARPOOL_RETURN_IF_ERROR(
-                s_.db_.BreakRecordLock(s_.access_, w.k->record, *w.k->t, w.prev));
-          }
-        }
-        if (server_waits ? wait.Expired() : !wait.Pause()) {
-          return Status::Aborted("key " + std::to_string(w.k->key) + " of '" + w.k->t->name_ +
-                                 "' is locked by another transaction (locking read: waited " +
-                                 std::to_string(kLockingReadWaitNs / 1'000'000) + " ms)");
-        }
+        if (!wait.Pause()) return waited_out();
         // The holder's copy (read behind our CAS): a commit of it installs the next version.
         const RecordImage& img = w.k->image;
         if (img.key == w.k->key && !img.torn && CellsConsecutive(img)) {
