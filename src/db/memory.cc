@@ -337,7 +337,8 @@ class LocalMemory final : public Memory {
     FARPOOL_RETURN_IF_ERROR(Resolve(a, 8, true, &p));
     const memory_ops::WaitAttempt attempt =
         memory_ops::AttemptWaitCompareAndSwap(reinterpret_cast<uint64_t*>(p), e, d, params);
-    *result = {attempt.previous, memory_ops::WaitCompareAndSwapSwapped(attempt.previous, e, params)};
+    *result = {attempt.previous,
+               memory_ops::WaitCompareAndSwapSwapped(attempt.previous, e, params)};
     return Status::Ok();
   }
   // The memory server's insert-if-absent (memory_ops), on this process's regions.

@@ -500,8 +500,8 @@ Status Execution::Recheck(const Region& region) const {
                               : c.lookup.bucket_size);
     if (!region.accessible(c.header.offset, touched)) {
       return Status::InvalidArgument(
-          "batch operation " + std::to_string(i) + " of " + std::to_string(checked_.size()) +
-          ": " + KindName(static_cast<OpKind>(c.header.kind)) + " at offset " +
+          "batch operation " + std::to_string(i) + " of " + std::to_string(checked_.size()) + ": " +
+          KindName(static_cast<OpKind>(c.header.kind)) + " at offset " +
           std::to_string(c.header.offset) +
           ": no longer inside the root area or a leased chunk (released while it waited)");
     }

@@ -150,11 +150,11 @@ static_assert(sizeof(InsertReply) == 16);
 // and the caller polls. Every answer is one a client retrying the CAS could have seen, so it
 // composes with every other path. Bounds: as a compare-and-swap's (8 bytes, aligned, region,
 // root area or a lease), checked with the request and again before an attempt after a wait.
-struct WaitParams {     // follows the OpHeader of a kWaitCompareAndSwap in the request
-  uint64_t held_mask;   // nonzero
-  uint64_t not_held;    // a word that is not waited for although (word & held_mask) != 0
-  uint32_t wait_us;     // the bound, at most kMaxWaitUs; 0: one attempt
-  uint32_t flags;       // kWaitTakeFree, else 0
+struct WaitParams {    // follows the OpHeader of a kWaitCompareAndSwap in the request
+  uint64_t held_mask;  // nonzero
+  uint64_t not_held;   // a word that is not waited for although (word & held_mask) != 0
+  uint32_t wait_us;    // the bound, at most kMaxWaitUs; 0: one attempt
+  uint32_t flags;      // kWaitTakeFree, else 0
 };
 static_assert(sizeof(WaitParams) == 24);
 inline constexpr uint32_t kWaitTakeFree = 1;

@@ -1318,8 +1318,8 @@ struct Batch::State {
     memory_ops::WaitParams params;  // one-sided: flags 0 (a plain compare-and-swap)
   };
   std::vector<WaitOutcome> wait_outcomes;
-  std::vector<uint8_t> wrote;          // per server index: a one-sided write was posted (flush)
-  std::vector<Message> messages;       // sent at Wait()
+  std::vector<uint8_t> wrote;     // per server index: a one-sided write was posted (flush)
+  std::vector<Message> messages;  // sent at Wait()
   // Per server index: the message being filled (or -1), the batch's messages to it, whether
   // one-sided operations to it are pending, and whether its open message holds operations
   // from before a Fence (a second message could overtake them).
@@ -1490,9 +1490,8 @@ Status Batch::WaitCompareAndSwap(GlobalAddress address, uint64_t expected, uint6
                                  const WaitSpec& spec, WaitCasResult* result) {
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
   if (spec.wait < std::chrono::microseconds(0) || spec.wait > WaitSpec::kMaxWait) {
-    return Status::InvalidArgument("wait-compare-and-swap at " + address.ToString() +
-                                   ": wait of " + std::to_string(spec.wait.count()) +
-                                   " us is not within 0.." +
+    return Status::InvalidArgument("wait-compare-and-swap at " + address.ToString() + ": wait of " +
+                                   std::to_string(spec.wait.count()) + " us is not within 0.." +
                                    std::to_string(WaitSpec::kMaxWait.count()));
   }
   const memory_ops::WaitParams params{spec.held_mask, spec.not_held,
@@ -1791,8 +1790,8 @@ Status Batch::Drain() {
   }
   st.messages.clear();
   for (const State::WaitOutcome& w : st.wait_outcomes) {
-    w.result->swapped =
-        first.ok() && memory_ops::WaitCompareAndSwapSwapped(w.result->previous, w.expected, w.params);
+    w.result->swapped = first.ok() && memory_ops::WaitCompareAndSwapSwapped(w.result->previous,
+                                                                            w.expected, w.params);
   }
   st.wait_outcomes.clear();
   std::fill(st.open.begin(), st.open.end(), -1);

@@ -647,9 +647,8 @@ Result<std::vector<std::byte>> MemoryServer::Impl::ExecuteBatch(uint64_t id,
   }
   KeepChanges(before);
   if (!done) {
-    Waiter w{std::move(*execution), id,      request.op_count,
-             from->id,              from->tag, 0,
-             {},                    changed && options_.replicated};
+    Waiter w{std::move(*execution),         id, request.op_count, from->id, from->tag, 0, {},
+             changed && options_.replicated};
     Park(std::move(w));
     return std::vector<std::byte>{};  // answered later
   }
@@ -717,8 +716,8 @@ void MemoryServer::Impl::Attempt(uint64_t number, bool expire,
   const bool done = w.execution.Run(region, expire ? memory_ops::Execution::Wait::kExpireCurrent
                                                    : memory_ops::Execution::Wait::kMay);
   const bool changed = changed_.size() > before;
-  if (changed) woken->insert(woken->end(), changed_.begin() + static_cast<ptrdiff_t>(before),
-                             changed_.end());
+  if (changed)
+    woken->insert(woken->end(), changed_.begin() + static_cast<ptrdiff_t>(before), changed_.end());
   KeepChanges(before);
   if (done) {
     std::vector<std::byte> results = w.execution.TakeReply();
