@@ -637,8 +637,9 @@ Result<std::vector<std::byte>> MemoryServer::Impl::ExecuteBatch(uint64_t id,
     return execution.status().WithContext(Name());
   }
   // Waits only with somewhere to answer and room for one more waiter.
+  auto of = from == nullptr ? waiters_of_.end() : waiters_of_.find(from->id);
   const bool may_wait = from != nullptr && waiters_.size() < kMaxWaiters &&
-                        waiters_of_[from->id] < kMaxWaitersPerConnection;
+                        (of == waiters_of_.end() || of->second < kMaxWaitersPerConnection);
   const bool done = execution->Run(
       region, may_wait ? memory_ops::Execution::Wait::kMay : memory_ops::Execution::Wait::kNever);
   const bool changed = changed_.size() > before;
