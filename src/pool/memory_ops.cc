@@ -473,11 +473,11 @@ Result<Execution> Execution::Check(uint32_t op_count, std::span<const std::byte>
     if (!region.accessible(h.offset, touched)) {
       return bad_op("not inside the root area or a leased chunk");
     }
-    c.data = nullptr;
+    c.data_at = 0;
     if (kind == OpKind::kWrite) {
       const uint64_t padded = Padded(h.size);
       if (ops.size() - at < padded) return bad_op("data truncated");
-      c.data = ops.data() + at;
+      c.data_at = at;
       at += padded;
     }
     reply_size += RequestBuilder::ReplyBytes(kind, h.size);
@@ -523,7 +523,7 @@ bool Execution::Run(const Region& region, Wait wait) {
         out_ += c.header.size;
         break;
       case OpKind::kWrite:
-        FarWrite(target, c.data, c.header.size);
+        FarWrite(target, ops_.data() + c.data_at, c.header.size);
         if (region.changed != nullptr) region.changed->push_back({c.header.offset, c.header.size});
         break;
       case OpKind::kCompareAndSwap: {

@@ -312,7 +312,7 @@ class Execution {
  private:
   struct Checked {
     OpHeader header;
-    const std::byte* data;  // writes: the data, in ops_
+    size_t data_at;         // writes: where the data is in ops_ (an offset: ops_ moves with us)
     LookupParams lookup;    // lookup-reads
     InsertParams insert;    // insert-if-absent
     WaitParams wait;        // wait-compare-and-swap
