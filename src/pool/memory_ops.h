@@ -312,10 +312,10 @@ class Execution {
  private:
   struct Checked {
     OpHeader header;
-    size_t data_at;         // writes: where the data is in ops_ (an offset: ops_ moves with us)
-    LookupParams lookup;    // lookup-reads
-    InsertParams insert;    // insert-if-absent
-    WaitParams wait;        // wait-compare-and-swap
+    size_t data_at;       // writes: where the data is in ops_ (an offset: ops_ moves with us)
+    LookupParams lookup;  // lookup-reads
+    InsertParams insert;  // insert-if-absent
+    WaitParams wait;      // wait-compare-and-swap
   };
   std::vector<std::byte> ops_;
   std::vector<Checked> checked_;

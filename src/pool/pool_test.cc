@@ -529,6 +529,49 @@ TEST_F(AccessPaths, AWaiterTakesTheWordWhenReleasedOrGivesUpAtItsBound) {
   EXPECT_EQ(b.WaitCompareAndSwap(lock, 0, 1, spec, &r).code(), StatusCode::kInvalidArgument);
 }
 
+// At most kMaxWaitersPerConnection batches of one connection wait at a server; the next one's
+// waiting CAS is one attempt, answered at once. A batch of 17 messages to one server (three
+// 16 KiB reads each fill a message; a waiting CAS on one held word ends each): the first 16
+// wait in arrival order, the 17th is answered with the holder's word before the release; then
+// the first waiter takes the word and the other 15 see it taken (their bound is 1 s).
+TEST_F(AccessPaths, WaitersBeyondAConnectionsCapAreOneAttempt) {
+  Pool& holder = *pools_[1];
+  auto waiter = cluster_.Connect(Fabric::kTcp);
+  ASSERT_TRUE(waiter);
+  auto lock = *holder.Alloc(8, Placement::OnServer(0));
+  auto block = *holder.Alloc(48 << 10, Placement::OnServer(0));
+  const uint64_t held = 7;
+  ASSERT_TRUE(holder.Write(lock, &held, 8).ok());
+  constexpr size_t kMessages = kMaxWaitersPerConnection + 1;
+  WaitSpec spec;
+  spec.held_mask = ~uint64_t{0};
+  spec.wait = WaitSpec::kMaxWait;
+  std::vector<WaitCasResult> results(kMessages);
+  std::vector<std::byte> sink(48 << 10);
+  Status waited;
+  std::thread t([&] {
+    Batch b(*waiter);
+    for (size_t m = 0; m < kMessages && waited.ok(); ++m) {
+      for (int r = 0; r < 3 && waited.ok(); ++r) {
+        waited = b.Read(block + r * (16 << 10), sink.data() + r * (16 << 10), 16 << 10);
+      }
+      if (waited.ok()) waited = b.WaitCompareAndSwap(lock, 0, 100 + m, spec, &results[m]);
+    }
+    if (waited.ok()) waited = b.Wait();
+  });
+  std::this_thread::sleep_for(200ms);  // the batch is very likely parked by now
+  ASSERT_EQ(*holder.CompareAndSwap(lock, held, 0), held);
+  t.join();
+  ASSERT_TRUE(waited.ok()) << waited.ToString();
+  EXPECT_TRUE(results[0].swapped);
+  for (size_t m = 1; m < kMaxWaitersPerConnection; ++m) {
+    EXPECT_FALSE(results[m].swapped) << m;
+    EXPECT_EQ(results[m].previous, 100u) << "waiter " << m << " saw the first waiter's word";
+  }
+  EXPECT_FALSE(results[kMessages - 1].swapped);
+  EXPECT_EQ(results[kMessages - 1].previous, held) << "the one beyond the cap did not wait";
+}
+
 // The waiters of a client that is evicted are dropped with its connections: the word it waited
 // for goes to the next waiter when released, never to it.
 TEST_F(AccessPaths, AnEvictedClientsWaitersAreDropped) {
