@@ -191,6 +191,25 @@ struct InsertResult {
   uint64_t value = 0;
 };
 
+// What a Batch::WaitCompareAndSwap counts as a held word, and how long it may wait. The word
+// is *free* when (word & held_mask) == 0, *held* when (word & held_mask) != 0 and word !=
+// not_held (a word that looks held but will not be released: not waited for).
+struct WaitSpec {
+  uint64_t held_mask = 1;
+  uint64_t not_held = 0;
+  std::chrono::microseconds wait{0};  // at most 1 s (kMaxWait)
+  // Swap a free word that is not `expected` too (from the word found: what a caller that
+  // retries "with the word it saw" does); `previous` then says which version was taken.
+  bool take_free = false;
+  static constexpr std::chrono::microseconds kMaxWait{1'000'000};
+};
+
+// What a Batch::WaitCompareAndSwap did.
+struct WaitCasResult {
+  uint64_t previous = 0;  // the word before the (last) attempt
+  bool swapped = false;   // the word is now `desired`, swapped from `previous`
+};
+
 class Pool {
  public:
   // Connects to every server of the cluster (hello, region key). Fails, naming the server,
@@ -345,6 +364,23 @@ class Batch {
   // nothing posted).
   Status InsertIfAbsent(GlobalAddress bucket, const LookupSpec& spec, uint32_t lock_offset,
                         uint64_t lock_word, uint64_t key, uint64_t value, InsertResult* result);
+
+  // A compare-and-swap that may wait at the server while the word is held by someone else
+  // (`spec`), so that a waiter costs one round trip instead of one per poll:
+  //   messages (TCP):  one operation of the server's message (memory_ops kWaitCompareAndSwap):
+  //                    if the word is held, the server waits up to spec.wait, attempting again
+  //                    whenever the word changes (first come, first served), and the
+  //                    operations posted after it to that server wait with it (their order
+  //                    is kept). A server at its cap of waiters makes it one attempt.
+  //   direct (mapped): one attempt, at once: polling costs no round trip here (the caller
+  //                    polls).
+  //   one-sided (UCX): one plain compare-and-swap from `expected` (no take_free).
+  // Every outcome is one a caller retrying compare-and-swaps could have seen. `result` is set
+  // by Wait(). REQUIRES: `result` stays valid until Wait() returns; spec.held_mask nonzero and
+  // spec.wait at most kMaxWait (else InvalidArgument, nothing posted); the op_timeout of the
+  // Pool longer than spec.wait.
+  Status WaitCompareAndSwap(GlobalAddress address, uint64_t expected, uint64_t desired,
+                            const WaitSpec& spec, WaitCasResult* result);
 
   // Operations posted after the fence take effect at a server after every operation posted
   // before it to that server (there is no order across servers: a protocol that needs one

@@ -27,6 +27,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
@@ -287,7 +288,9 @@ std::vector<std::pair<pid_t, int>> Reap(const std::vector<pid_t>& pids,
 class DbProcessTest : public testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    setenv("FARPOOL_ENGINE", GetParam().c_str(), 1);
+    // pool-tcp: the pool engine on servers reached over TCP (the cluster file says so, and the
+    // worker processes read it): locks waited for at the memory servers.
+    setenv("FARPOOL_ENGINE", GetParam() == "pool-tcp" ? "pool" : GetParam().c_str(), 1);
     if (GetParam() == "sharded") {
       shard_dir_ = MakeTempDir("farpool-shards");
       ShardClusterOptions so;
@@ -311,7 +314,9 @@ class DbProcessTest : public testing::TestWithParam<std::string> {
     db_ = std::move(*db);
   }
   void StartPoolCluster() {
-    cluster_ = std::make_unique<TestCluster>(ShmTestCluster(FARPOOL_BINARY));
+    LocalClusterOptions o = ShmTestCluster(FARPOOL_BINARY);
+    if (GetParam() == "pool-tcp") o.transport = Fabric::kTcp;
+    cluster_ = std::make_unique<TestCluster>(o);
     ASSERT_TRUE(cluster_->status().ok()) << cluster_->status().ToString();
   }
   void TearDown() override {
@@ -420,7 +425,8 @@ TEST_P(DbProcessTest, CycleSurvivesSigkillMidCommit) {
 }
 
 TEST_P(DbProcessTest, LockingReadsSurviveSigkill) {
-  if (GetParam() != "pool") GTEST_SKIP() << "sharded neither locks at read nor runs read committed";
+  if (GetParam() == "sharded")
+    GTEST_SKIP() << "sharded neither locks at read nor runs read committed";
   const uint64_t seed = TestSeed();
   SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed));
   auto t = db_->CreateTable("counters", Schema{{"v", ColumnType::kInt64}});
@@ -476,7 +482,7 @@ TEST_P(DbProcessTest, LockingReadsSurviveSigkill) {
 // garbage collector of this process adopts and reclaims all three once their leases expire,
 // and the database stays usable: the names load again and an existing table is untouched.
 TEST_P(DbProcessTest, KilledLoaderLeavesNothing) {
-  if (GetParam() != "pool") GTEST_SKIP() << "kSharded's loader is the transaction fallback";
+  if (GetParam() == "sharded") GTEST_SKIP() << "kSharded's loader is the transaction fallback";
   const uint64_t seed = TestSeed();
   SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed));
   auto keep = db_->CreateTable("keep", Schema{{"v", ColumnType::kInt64}});
@@ -545,8 +551,12 @@ TEST_P(DbProcessTest, KilledLoaderLeavesNothing) {
   EXPECT_EQ(sum, 999 * 1000);
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, DbProcessTest, testing::Values("pool", "sharded"),
-                         [](const auto& p) { return p.param; });
+INSTANTIATE_TEST_SUITE_P(Engines, DbProcessTest, testing::Values("pool", "pool-tcp", "sharded"),
+                         [](const auto& p) {
+                           std::string name = p.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace farpool::db

@@ -33,6 +33,10 @@ class PoolBatch final : public MemoryBatch {
   Status FetchAdd(GlobalAddress a, uint64_t d, uint64_t* p) override {
     return batch_.FetchAdd(a, d, p);
   }
+  Status WaitCompareAndSwap(GlobalAddress a, uint64_t e, uint64_t d, const WaitSpec& spec,
+                            WaitCasResult* result) override {
+    return batch_.WaitCompareAndSwap(a, e, d, spec, result);
+  }
   Status LookupRead(GlobalAddress b, const LookupSpec& spec, uint64_t key, void* record,
                     uint32_t size, LookupResult* result) override {
     return batch_.LookupRead(b, spec, key, record, size, result);
@@ -321,6 +325,23 @@ class LocalMemory final : public Memory {
     }
     return Status::Ok();
   }
+  // One attempt of the memory server's wait-compare-and-swap (memory_ops).
+  Status WaitCompareAndSwap(GlobalAddress a, uint64_t e, uint64_t d, const WaitSpec& spec,
+                            WaitCasResult* result) {
+    const memory_ops::WaitParams params{spec.held_mask, spec.not_held, 0,
+                                        spec.take_free ? memory_ops::kWaitTakeFree : 0};
+    if (std::string why = memory_ops::CheckWaitParams(params); !why.empty()) {
+      return Status::InvalidArgument("local memory: wait-compare-and-swap at " + a.ToString() +
+                                     ": " + why);
+    }
+    std::byte* p;
+    FARPOOL_RETURN_IF_ERROR(Resolve(a, 8, true, &p));
+    const memory_ops::WaitAttempt attempt =
+        memory_ops::AttemptWaitCompareAndSwap(reinterpret_cast<uint64_t*>(p), e, d, params);
+    *result = {attempt.previous,
+               memory_ops::WaitCompareAndSwapSwapped(attempt.previous, e, params)};
+    return Status::Ok();
+  }
   // The memory server's insert-if-absent (memory_ops), on this process's regions.
   Status InsertIfAbsent(GlobalAddress bucket, const LookupSpec& spec, uint32_t lock_offset,
                         uint64_t lock_word, uint64_t key, uint64_t value,
@@ -428,6 +449,11 @@ class LocalBatch final : public MemoryBatch {
     *p = *r;
     ++posted_;
     return Status::Ok();
+  }
+  // One attempt, as on the pool's mapped path (the caller polls).
+  Status WaitCompareAndSwap(GlobalAddress a, uint64_t e, uint64_t d, const WaitSpec& spec,
+                            WaitCasResult* result) override {
+    return Note(m_.WaitCompareAndSwap(a, e, d, spec, result));
   }
   Status Fence() override { return Status::Ok(); }  // every operation is already complete
   Status Wait() override {

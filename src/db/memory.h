@@ -49,6 +49,11 @@ class MemoryBatch {
   virtual Status CompareAndSwap(GlobalAddress address, uint64_t expected, uint64_t desired,
                                 uint64_t* previous) = 0;
   virtual Status FetchAdd(GlobalAddress address, uint64_t delta, uint64_t* previous) = 0;
+  // Batch::WaitCompareAndSwap of pool.h: a compare-and-swap that the memory server holds back
+  // while the word is held (up to spec.wait; the operations after it to that server wait with
+  // it), where the memory has one (the pool over messages); one attempt everywhere else.
+  virtual Status WaitCompareAndSwap(GlobalAddress address, uint64_t expected, uint64_t desired,
+                                    const WaitSpec& spec, WaitCasResult* result) = 0;
   // Batch::LookupRead of pool.h: find `key` in the bucket chain at `bucket` and read
   // `record_size` bytes at its value, in this batch's round trip where the memory allows
   // (the pool over messages or mapped, local memory); `result` says what was done.
@@ -172,6 +177,12 @@ class Access {
     Status Faa(GlobalAddress a, uint64_t delta, uint64_t* previous) {
       OpCount::Bump(count_->faa);
       return Get().FetchAdd(a, delta, previous);
+    }
+    // Counted as one CAS (however long the server held it).
+    Status WaitCas(GlobalAddress a, uint64_t expected, uint64_t desired, const WaitSpec& spec,
+                   WaitCasResult* result) {
+      OpCount::Bump(count_->cas);
+      return Get().WaitCompareAndSwap(a, expected, desired, spec, result);
     }
     // Counted as one read (what it replaces: the head bucket's read, and the record's when
     // that is read too, which the caller's next round trip no longer does).

@@ -1,5 +1,6 @@
 #include "pool/memory_ops.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -11,7 +12,10 @@ namespace {
 
 uint64_t Padded(uint64_t size) { return (size + 7) & ~uint64_t{7}; }
 
-bool IsAtomic(OpKind kind) { return kind == OpKind::kCompareAndSwap || kind == OpKind::kFetchAdd; }
+bool IsAtomic(OpKind kind) {
+  return kind == OpKind::kCompareAndSwap || kind == OpKind::kFetchAdd ||
+         kind == OpKind::kWaitCompareAndSwap;
+}
 
 const char* KindName(OpKind kind) {
   switch (kind) {
@@ -27,6 +31,8 @@ const char* KindName(OpKind kind) {
       return "lookup-read";
     case OpKind::kInsertIfAbsent:
       return "insert-if-absent";
+    case OpKind::kWaitCompareAndSwap:
+      return "wait-compare-and-swap";
   }
   return "unknown";
 }
@@ -35,19 +41,12 @@ const char* KindName(OpKind kind) {
 uint64_t ParamsBytes(OpKind kind) {
   if (kind == OpKind::kLookupRead) return sizeof(LookupParams);
   if (kind == OpKind::kInsertIfAbsent) return sizeof(InsertParams);
+  if (kind == OpKind::kWaitCompareAndSwap) return sizeof(WaitParams);
   return 0;
 }
 
 constexpr int kShift = 48;  // GlobalAddress: server id in the top 16 bits
 constexpr uint64_t kOffsetMask = (uint64_t{1} << kShift) - 1;
-
-// One checked operation of a request.
-struct Checked {
-  OpHeader header;
-  const std::byte* data;  // writes: the data in the request
-  LookupParams lookup;    // lookup-reads
-  InsertParams insert;    // insert-if-absent
-};
 
 }  // namespace
 
@@ -64,6 +63,7 @@ uint64_t RequestBuilder::ReplyBytes(OpKind kind, uint64_t size) {
       return 0;
     case OpKind::kCompareAndSwap:
     case OpKind::kFetchAdd:
+    case OpKind::kWaitCompareAndSwap:
       return sizeof(uint64_t);
     case OpKind::kLookupRead:
       return sizeof(LookupReply) + size;
@@ -125,6 +125,17 @@ void RequestBuilder::InsertIfAbsent(uint64_t bucket_offset, const InsertParams& 
          &params);
 }
 
+void RequestBuilder::WaitCompareAndSwap(uint64_t offset, uint64_t expected, uint64_t desired,
+                                        const WaitParams& params) {
+  Append({static_cast<uint8_t>(OpKind::kWaitCompareAndSwap),
+          {},
+          sizeof(uint64_t),
+          offset,
+          expected,
+          desired},
+         &params);
+}
+
 void RequestBuilder::Clear() {
   bytes_.clear();
   op_count_ = 0;
@@ -160,6 +171,38 @@ std::string CheckInsertParams(const InsertParams& p) {
     return "reserved parameter is not zero";
   }
   return {};
+}
+
+std::string CheckWaitParams(const WaitParams& p) {
+  if (p.held_mask == 0) return "held mask is zero";
+  if (p.wait_us > kMaxWaitUs) {
+    return "wait of " + std::to_string(p.wait_us) + " us beyond " + std::to_string(kMaxWaitUs);
+  }
+  if ((p.flags & ~kWaitTakeFree) != 0) return "unknown flags " + std::to_string(p.flags);
+  return {};
+}
+
+WaitAttempt AttemptWaitCompareAndSwap(uint64_t* word, uint64_t expected, uint64_t desired,
+                                      const WaitParams& params) {
+  for (;;) {
+    uint64_t found = expected;
+    if (__atomic_compare_exchange_n(word, &found, desired, false, __ATOMIC_SEQ_CST,
+                                    __ATOMIC_SEQ_CST)) {
+      return {expected, false};
+    }
+    const bool free = (found & params.held_mask) == 0;
+    // Again from the word found: each failure means someone else changed the word.
+    if (free && (params.flags & kWaitTakeFree) != 0) {
+      expected = found;
+      continue;
+    }
+    return {found, !free && found != params.not_held};
+  }
+}
+
+bool WaitCompareAndSwapSwapped(uint64_t previous, uint64_t expected, const WaitParams& params) {
+  return previous == expected ||
+         ((params.flags & kWaitTakeFree) != 0 && (previous & params.held_mask) == 0);
 }
 
 BucketScan ScanBucket(const std::byte* bucket, const LookupParams& params, uint64_t key) {
@@ -342,10 +385,25 @@ Status DecodeLookupReply(const std::byte* reply, uint16_t server_id, LookupResul
   return Status::Protocol("lookup-read reply with unknown outcome " + std::to_string(r.outcome));
 }
 
-Result<std::vector<std::byte>> Execute(uint32_t op_count, std::span<const std::byte> ops,
-                                       const Region& region) {
-  std::vector<Checked> checked;
-  checked.reserve(op_count);
+namespace {
+
+// The bytes an operation checks against the region and the leases at its offset.
+uint64_t Touched(const OpHeader& h, uint64_t bucket_size) {
+  const auto kind = static_cast<OpKind>(h.kind);
+  return kind == OpKind::kLookupRead || kind == OpKind::kInsertIfAbsent ? bucket_size : h.size;
+}
+
+}  // namespace
+
+Result<Execution> Execution::Check(uint32_t op_count, std::span<const std::byte> request_ops,
+                                   const Region& region) {
+  Execution e;
+  e.ops_.assign(request_ops.begin(), request_ops.end());
+  const std::span<const std::byte> ops(e.ops_);
+  std::vector<Checked>& checked = e.checked_;
+  // No more operations than headers fit in the tail: a count from the wire must not size an
+  // allocation (the fuzz target found a request that asked for 400 GB).
+  checked.reserve(std::min<size_t>(op_count, ops.size() / sizeof(OpHeader)));
   size_t at = 0;
   uint64_t reply_size = 0;
   for (uint32_t i = 0; i < op_count; ++i) {
@@ -354,13 +412,13 @@ Result<std::vector<std::byte>> Execute(uint32_t op_count, std::span<const std::b
                                      std::to_string(op_count) + ": " + why);
     };
     if (ops.size() - at < sizeof(OpHeader)) return bad("truncated header");
-    Checked c;
+    Checked c{};
     std::memcpy(&c.header, ops.data() + at, sizeof(OpHeader));
     at += sizeof(OpHeader);
     const OpHeader& h = c.header;
     const auto kind = static_cast<OpKind>(h.kind);
     if (h.kind < static_cast<uint8_t>(OpKind::kRead) ||
-        h.kind > static_cast<uint8_t>(OpKind::kInsertIfAbsent)) {
+        h.kind > static_cast<uint8_t>(OpKind::kWaitCompareAndSwap)) {
       return bad("unknown kind " + std::to_string(h.kind));
     }
     if (h.reserved[0] != 0 || h.reserved[1] != 0 || h.reserved[2] != 0) {
@@ -373,10 +431,17 @@ Result<std::vector<std::byte>> Execute(uint32_t op_count, std::span<const std::b
     };
     const bool lookup = kind == OpKind::kLookupRead;
     const bool insert = kind == OpKind::kInsertIfAbsent;
+    const bool wait = kind == OpKind::kWaitCompareAndSwap;
     uint64_t touched = h.size;  // bytes at h.offset checked against the region and leases
     if (IsAtomic(kind)) {
       if (h.size != sizeof(uint64_t)) return bad_op("atomics are 8 bytes");
       if (h.offset % 8 != 0) return bad_op("not 8-byte aligned");
+      if (wait) {
+        if (ops.size() - at < sizeof(WaitParams)) return bad_op("parameters truncated");
+        std::memcpy(&c.wait, ops.data() + at, sizeof(WaitParams));
+        at += sizeof(WaitParams);
+        if (std::string why = CheckWaitParams(c.wait); !why.empty()) return bad_op(why);
+      }
     } else if (insert) {
       if (h.size != 0) return bad_op("size is not 0");
       if (h.offset % 8 != 0) return bad_op("bucket not 8-byte aligned");
@@ -398,7 +463,7 @@ Result<std::vector<std::byte>> Execute(uint32_t op_count, std::span<const std::b
       if (h.size == 0 || h.size > wire::kMaxBatchTail) return bad_op("size out of range");
     }
     const bool operand_used = IsAtomic(kind) || lookup || insert,
-               desired_used = kind == OpKind::kCompareAndSwap || insert;
+               desired_used = kind == OpKind::kCompareAndSwap || insert || wait;
     if ((!operand_used && h.operand != 0) || (!desired_used && h.desired != 0)) {
       return bad_op("unused operand is not zero");
     }
@@ -408,11 +473,11 @@ Result<std::vector<std::byte>> Execute(uint32_t op_count, std::span<const std::b
     if (!region.accessible(h.offset, touched)) {
       return bad_op("not inside the root area or a leased chunk");
     }
-    c.data = nullptr;
+    c.data_at = 0;
     if (kind == OpKind::kWrite) {
       const uint64_t padded = Padded(h.size);
       if (ops.size() - at < padded) return bad_op("data truncated");
-      c.data = ops.data() + at;
+      c.data_at = at;
       at += padded;
     }
     reply_size += RequestBuilder::ReplyBytes(kind, h.size);
@@ -425,18 +490,40 @@ Result<std::vector<std::byte>> Execute(uint32_t op_count, std::span<const std::b
     return Status::InvalidArgument("batch of " + std::to_string(op_count) + " operations has " +
                                    std::to_string(ops.size() - at) + " trailing bytes");
   }
+  e.reply_.resize(reply_size);
+  return e;
+}
 
-  std::vector<std::byte> reply(reply_size);
-  std::byte* out = reply.data();
-  for (const Checked& c : checked) {
+Status Execution::Recheck(const Region& region) const {
+  for (size_t i = next_; i < checked_.size(); ++i) {
+    const Checked& c = checked_[i];
+    const uint64_t touched =
+        Touched(c.header, static_cast<OpKind>(c.header.kind) == OpKind::kInsertIfAbsent
+                              ? c.insert.layout.bucket_size
+                              : c.lookup.bucket_size);
+    if (!region.accessible(c.header.offset, touched)) {
+      return Status::InvalidArgument(
+          "batch operation " + std::to_string(i) + " of " + std::to_string(checked_.size()) + ": " +
+          KindName(static_cast<OpKind>(c.header.kind)) + " at offset " +
+          std::to_string(c.header.offset) +
+          ": no longer inside the root area or a leased chunk (released while it waited)");
+    }
+  }
+  return Status::Ok();
+}
+
+bool Execution::Run(const Region& region, Wait wait) {
+  for (; next_ < checked_.size(); ++next_) {
+    const Checked& c = checked_[next_];
     std::byte* target = region.base + c.header.offset;
+    std::byte* out = reply_.data() + out_;
     switch (static_cast<OpKind>(c.header.kind)) {
       case OpKind::kRead:
         FarRead(out, target, c.header.size);
-        out += c.header.size;
+        out_ += c.header.size;
         break;
       case OpKind::kWrite:
-        FarWrite(target, c.data, c.header.size);
+        FarWrite(target, ops_.data() + c.data_at, c.header.size);
         if (region.changed != nullptr) region.changed->push_back({c.header.offset, c.header.size});
         break;
       case OpKind::kCompareAndSwap: {
@@ -447,7 +534,20 @@ Result<std::vector<std::byte>> Execute(uint32_t op_count, std::span<const std::b
           region.changed->push_back({c.header.offset, 8});
         }
         std::memcpy(out, &expected, sizeof(expected));  // the previous value either way
-        out += sizeof(expected);
+        out_ += sizeof(expected);
+        break;
+      }
+      case OpKind::kWaitCompareAndSwap: {
+        const WaitAttempt a = AttemptWaitCompareAndSwap(reinterpret_cast<uint64_t*>(target),
+                                                        c.header.operand, c.header.desired, c.wait);
+        if (a.held && c.wait.wait_us > 0 && wait == Wait::kMay) return false;
+        if (wait == Wait::kExpireCurrent) wait = Wait::kMay;
+        if (region.changed != nullptr &&
+            WaitCompareAndSwapSwapped(a.previous, c.header.operand, c.wait)) {
+          region.changed->push_back({c.header.offset, 8});
+        }
+        std::memcpy(out, &a.previous, sizeof(a.previous));
+        out_ += sizeof(a.previous);
         break;
       }
       case OpKind::kFetchAdd: {
@@ -455,21 +555,28 @@ Result<std::vector<std::byte>> Execute(uint32_t op_count, std::span<const std::b
                                                      c.header.operand, __ATOMIC_SEQ_CST);
         if (region.changed != nullptr) region.changed->push_back({c.header.offset, 8});
         std::memcpy(out, &previous, sizeof(previous));
-        out += sizeof(previous);
+        out_ += sizeof(previous);
         break;
       }
       case OpKind::kLookupRead:
         ExecuteLookupRead(region, c.header.offset, c.lookup, c.header.operand, c.header.size, out);
-        out += sizeof(LookupReply) + c.header.size;
+        out_ += sizeof(LookupReply) + c.header.size;
         break;
       case OpKind::kInsertIfAbsent:
         ExecuteInsertIfAbsent(region, c.header.offset, c.insert, c.header.operand, c.header.desired,
                               out);
-        out += sizeof(InsertReply);
+        out_ += sizeof(InsertReply);
         break;
     }
   }
-  return reply;
+  return true;
+}
+
+Result<std::vector<std::byte>> Execute(uint32_t op_count, std::span<const std::byte> ops,
+                                       const Region& region) {
+  FARPOOL_ASSIGN_OR_RETURN(Execution e, Execution::Check(op_count, ops, region));
+  e.Run(region, Execution::Wait::kNever);
+  return e.TakeReply();
 }
 
 }  // namespace farpool::memory_ops

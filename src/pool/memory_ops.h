@@ -10,7 +10,9 @@
 // (see their sections below): kLookupRead walks a chain of buckets of (key, value) entries and
 // reads the bytes the value found points to; kInsertIfAbsent inserts an entry under the
 // chain's lock word as a one-sided inserter would. They know nothing of any database: the
-// bucket layout and the lock word travel in the request.
+// bucket layout and the lock word travel in the request. kWaitCompareAndSwap is a compare-and-
+// swap that a memory server may hold back while the word is *held* (a predicate that travels
+// in the request), answering once it swapped or its bound passed (see its section).
 //
 // Semantics are exactly those of the one-sided path, so clients on different fabrics share
 // one region safely: atomics are CPU atomics on the 8-byte word (atomic with respect to
@@ -41,6 +43,7 @@ enum class OpKind : uint8_t {
   kFetchAdd = 4,
   kLookupRead = 5,
   kInsertIfAbsent = 6,
+  kWaitCompareAndSwap = 7,
 };
 
 struct OpHeader {
@@ -49,9 +52,9 @@ struct OpHeader {
   uint32_t size;     // bytes read or written; 8 for atomics; lookup-read: the record's bytes
   uint64_t offset;   // in the server's region; atomics: 8-byte aligned; lookup-read: the first
                      // bucket, 8-byte aligned
-  uint64_t operand;  // compare-and-swap: expected; fetch-and-add: delta; lookup-read and
-                     // insert-if-absent: the key
-  uint64_t desired;  // compare-and-swap; insert-if-absent: the value (nonzero)
+  uint64_t operand;  // compare-and-swap (and wait-): expected; fetch-and-add: delta; lookup-
+                     // read and insert-if-absent: the key
+  uint64_t desired;  // compare-and-swap (and wait-); insert-if-absent: the value (nonzero)
 };
 static_assert(sizeof(OpHeader) == 32);
 
@@ -130,6 +133,46 @@ struct InsertReply {
 };
 static_assert(sizeof(InsertReply) == 16);
 
+// ---- kWaitCompareAndSwap: "CAS the word from `expected` to `desired`; while it is held by
+// someone, wait (up to a bound) and try again whenever it changes". The reply is the previous
+// value, as a compare-and-swap's (8 bytes).
+//
+// The word is *free* when (word & held_mask) == 0, *held* when (word & held_mask) != 0 and
+// word != not_held, and neither otherwise (not_held: a word that looks held but will never be
+// released, e.g. a removed record's lock). One attempt is a CPU compare-and-swap from
+// `expected`; with kWaitTakeFree, a free word that is not `expected` is swapped too (the CAS
+// is repeated from the word found while it is free: what a client that retries "with the word
+// it saw" does). So the operation swapped iff the previous value is `expected`, or (with
+// kWaitTakeFree) the previous value is free. An attempt that found the word held may be held
+// back by the memory server (MemoryServer: waiters per word, FIFO, re-attempted when its loop
+// changes the word and on a short timer, answered at the latest `wait_us` after it began to
+// wait); everywhere else (Execute, mapped and one-sided clients) the operation is one attempt
+// and the caller polls. Every answer is one a client retrying the CAS could have seen, so it
+// composes with every other path. Bounds: as a compare-and-swap's (8 bytes, aligned, region,
+// root area or a lease), checked with the request and again before an attempt after a wait.
+struct WaitParams {    // follows the OpHeader of a kWaitCompareAndSwap in the request
+  uint64_t held_mask;  // nonzero
+  uint64_t not_held;   // a word that is not waited for although (word & held_mask) != 0
+  uint32_t wait_us;    // the bound, at most kMaxWaitUs; 0: one attempt
+  uint32_t flags;      // kWaitTakeFree, else 0
+};
+static_assert(sizeof(WaitParams) == 24);
+inline constexpr uint32_t kWaitTakeFree = 1;
+inline constexpr uint32_t kMaxWaitUs = 1'000'000;
+
+// The checks of a WaitParams (Execute's, also used by clients): empty if well-formed.
+std::string CheckWaitParams(const WaitParams& params);
+
+// The outcome of one attempt of a wait-compare-and-swap on `word` (see above).
+struct WaitAttempt {
+  uint64_t previous;
+  bool held;  // the word was held: a server may wait and attempt again
+};
+WaitAttempt AttemptWaitCompareAndSwap(uint64_t* word, uint64_t expected, uint64_t desired,
+                                      const WaitParams& params);
+// Whether a wait-compare-and-swap that answered `previous` swapped.
+bool WaitCompareAndSwapSwapped(uint64_t previous, uint64_t expected, const WaitParams& params);
+
 // Reads and writes larger than this take the one-sided path even over TCP (UCX's rendezvous
 // moves them without a copy through the server's message loop).
 inline constexpr uint64_t kMaxInlineBytes = 16 << 10;
@@ -155,6 +198,9 @@ class RequestBuilder {
   // REQUIRES: Fits(OpKind::kInsertIfAbsent, 0).
   void InsertIfAbsent(uint64_t bucket_offset, const InsertParams& params, uint64_t key,
                       uint64_t value);
+  // REQUIRES: Fits(OpKind::kWaitCompareAndSwap, 8).
+  void WaitCompareAndSwap(uint64_t offset, uint64_t expected, uint64_t desired,
+                          const WaitParams& params);
 
   uint32_t op_count() const { return op_count_; }
   std::span<const std::byte> bytes() const { return bytes_; }
@@ -186,8 +232,9 @@ struct Region {
   // The server's id: lookup-reads follow only addresses on this server.
   uint16_t server_id = 0;
   // If set, every range an operation may have changed is appended (a primary forwards their
-  // bytes to its backup): writes, compare-and-swaps that swapped, fetch-and-adds, the lock word
-  // and entry an insert-if-absent took.
+  // bytes to its backup; a memory server re-attempts the waiters of a word changed): writes,
+  // compare-and-swaps that swapped, fetch-and-adds, the lock word and entry an insert-if-
+  // absent took.
   std::vector<Range>* changed = nullptr;
   // Only writes are accepted (a backup applying its primary's forwards).
   bool writes_only = false;
@@ -230,12 +277,55 @@ LookupParams ParamsOf(const LookupSpec& spec);
 // InvalidArgument naming the address for kOutOfBounds, Protocol for an unknown outcome.
 Status DecodeLookupReply(const std::byte* reply, uint16_t server_id, LookupResult* result);
 
-// Checks every operation of a request's tail (`op_count` operations in `ops`), then executes
-// them on `region`; returns the reply's tail. Errors: InvalidArgument naming the first bad
-// operation (unknown kind, nonzero reserved bytes, a size of 0 or beyond the limits, a
-// misaligned atomic or lookup bucket, malformed LookupParams, a range outside the region or
-// outside every lease, a count that disagrees with the tail, truncated or trailing bytes);
-// nothing is executed then.
+// One request being executed: checked as a whole first, then executed in order, possibly in
+// several steps: a memory server stops it at a wait-compare-and-swap that finds its word held
+// and resumes it later (the operations after it wait too: a batch's order is kept). Owns a
+// copy of the request. Not thread-safe.
+class Execution {
+ public:
+  // Checks every operation of a request's tail (`op_count` operations in `ops`) against
+  // `region`. Errors: InvalidArgument naming the first bad operation (unknown kind, nonzero
+  // reserved bytes, a size of 0 or beyond the limits, a misaligned atomic or lookup bucket,
+  // malformed parameters, a range outside the region or outside every lease, a count that
+  // disagrees with the tail, truncated or trailing bytes); nothing is executed then.
+  static Result<Execution> Check(uint32_t op_count, std::span<const std::byte> ops,
+                                 const Region& region);
+
+  enum class Wait : uint8_t {
+    kNever,          // every wait-compare-and-swap is one attempt
+    kMay,            // stop at a wait-compare-and-swap (wait_us > 0) that finds its word held
+    kExpireCurrent,  // the stopped one is attempted once more and answered; later ones may stop
+  };
+  // Executes operations from the first not yet executed; returns whether all are done (else
+  // stopped: waiting_offset()). REQUIRES: !done(); after a stop, Recheck passed.
+  bool Run(const Region& region, Wait wait);
+  bool done() const { return next_ == checked_.size(); }
+  // REQUIRES: stopped. The word the stopped operation waits for, and its bound.
+  uint64_t waiting_offset() const { return checked_[next_].header.offset; }
+  uint32_t waiting_us() const { return checked_[next_].wait.wait_us; }
+  // The operations not yet executed are checked against region.accessible again (a lease may
+  // have been released while the request waited): InvalidArgument naming the first that fails.
+  Status Recheck(const Region& region) const;
+  // REQUIRES: done(). The reply's tail.
+  std::vector<std::byte> TakeReply() { return std::move(reply_); }
+
+ private:
+  struct Checked {
+    OpHeader header;
+    size_t data_at;       // writes: where the data is in ops_ (an offset: ops_ moves with us)
+    LookupParams lookup;  // lookup-reads
+    InsertParams insert;  // insert-if-absent
+    WaitParams wait;      // wait-compare-and-swap
+  };
+  std::vector<std::byte> ops_;
+  std::vector<Checked> checked_;
+  size_t next_ = 0;
+  std::vector<std::byte> reply_;
+  size_t out_ = 0;  // where the next reply bytes go
+};
+
+// Checks a request, then executes it at once (Execution with Wait::kNever): returns the reply's
+// tail. Errors as Execution::Check's; nothing is executed then.
 Result<std::vector<std::byte>> Execute(uint32_t op_count, std::span<const std::byte> ops,
                                        const Region& region);
 

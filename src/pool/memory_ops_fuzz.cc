@@ -1,7 +1,8 @@
 // libFuzzer target for the memory server's batch executor (`make fuzz`): the first 4 bytes are
 // the operation count, the rest the request's tail. Execute must never touch memory outside
 // its region or outside what `accessible` allows, and a reply must hold exactly the bytes the
-// accepted operations promise.
+// accepted operations promise. The request runs as a memory server runs it: stopped at every
+// wait-compare-and-swap that finds its word held, then resumed (Execution).
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -21,8 +22,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Region region{memory.data(), memory.size(), [](uint64_t offset, uint64_t length) {
                   return offset >= 4096 && length <= (16 << 10) - offset;
                 }};
-  auto reply = Execute(count, ops, region);
-  if (!reply.ok()) return 0;
+  auto execution = Execution::Check(count, ops, region);
+  if (!execution.ok()) return 0;
+  for (auto wait = Execution::Wait::kMay; !execution->Run(region, wait);) {
+    if (!execution->Recheck(region).ok()) std::abort();  // the leases did not change
+    wait = Execution::Wait::kExpireCurrent;
+  }
+  const std::vector<std::byte> reply = execution->TakeReply();
   for (size_t i = 0; i < 4096; ++i) {
     if (memory[i] != std::byte{0}) std::abort();  // a write landed where it may not
   }
@@ -35,6 +41,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     expected += RequestBuilder::ReplyBytes(kind, h.size);
     at += RequestBuilder::RequestBytes(kind, h.size);
   }
-  if (at != ops.size() || expected != reply->size()) std::abort();
+  if (at != ops.size() || expected != reply.size()) std::abort();
   return 0;
 }

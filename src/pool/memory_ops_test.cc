@@ -485,5 +485,125 @@ TEST_F(InsertTest, MalformedInsertsRejectTheWholeRequest) {
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
 }
 
+// ---- kWaitCompareAndSwap: Execute (and every client path) makes one attempt; a memory
+// server's Execution stops at a held word with the rest of the batch behind it.
+
+WaitParams HeldIsOdd(uint32_t wait_us, uint32_t flags = 0) {
+  return {1, ~uint64_t{0}, wait_us, flags};  // held: bit 0 set, except all ones
+}
+
+TEST_F(MemoryOpsTest, AWaitingCasIsOneAttemptInExecute) {
+  const uint64_t lock = 4096;
+  uint64_t held = 3;
+  std::memcpy(memory_.data() + lock, &held, 8);
+  RequestBuilder b;
+  b.WaitCompareAndSwap(lock, 0, 5, HeldIsOdd(1000));
+  std::vector<std::byte> reply;
+  ASSERT_TRUE(Run(b, &reply).ok());
+  uint64_t prev;
+  std::memcpy(&prev, reply.data(), 8);
+  EXPECT_EQ(prev, 3u);
+  EXPECT_EQ(Word(lock), 3u) << "a held word is not swapped";
+  EXPECT_FALSE(WaitCompareAndSwapSwapped(prev, 0, HeldIsOdd(0)));
+}
+
+TEST_F(MemoryOpsTest, AnExecutionStopsAtAHeldWordAndResumesInOrder) {
+  const uint64_t lock = 4096, data = 4104;
+  uint64_t held = 3;
+  std::memcpy(memory_.data() + lock, &held, 8);
+  RequestBuilder b;
+  const uint64_t before = 0x1111;
+  b.Write(data, &before, 8);
+  b.WaitCompareAndSwap(lock, 2, 5, HeldIsOdd(1000, kWaitTakeFree));
+  b.Read(data, 8);
+  auto e = Execution::Check(b.op_count(), b.bytes(), region_);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  ASSERT_FALSE(e->Run(region_, Execution::Wait::kMay));
+  EXPECT_EQ(e->waiting_offset(), lock);
+  EXPECT_EQ(e->waiting_us(), 1000u);
+  EXPECT_EQ(Word(data), before) << "the operations before it ran";
+  // Still held: stops again. Then the holder writes and releases to a free word other than
+  // the one expected: taken from it (kWaitTakeFree), and the read behind sees the write.
+  ASSERT_FALSE(e->Run(region_, Execution::Wait::kMay));
+  const uint64_t after = 0x2222, released = 4;
+  std::memcpy(memory_.data() + data, &after, 8);
+  std::memcpy(memory_.data() + lock, &released, 8);
+  ASSERT_TRUE(e->Recheck(region_).ok());
+  ASSERT_TRUE(e->Run(region_, Execution::Wait::kMay));
+  const std::vector<std::byte> reply = e->TakeReply();
+  ASSERT_EQ(reply.size(), 16u);
+  uint64_t prev, read;
+  std::memcpy(&prev, reply.data(), 8);
+  std::memcpy(&read, reply.data() + 8, 8);
+  EXPECT_EQ(prev, released);
+  EXPECT_TRUE(WaitCompareAndSwapSwapped(prev, 2, HeldIsOdd(0, kWaitTakeFree)));
+  EXPECT_EQ(Word(lock), 5u);
+  EXPECT_EQ(read, after);
+}
+
+TEST_F(MemoryOpsTest, AnExpiredWaiterIsAnsweredAndTheRestRuns) {
+  const uint64_t lock = 4096, other = 4112;
+  uint64_t held = 3;
+  std::memcpy(memory_.data() + lock, &held, 8);
+  std::memcpy(memory_.data() + other, &held, 8);
+  RequestBuilder b;
+  b.WaitCompareAndSwap(lock, 0, 5, HeldIsOdd(10));
+  b.WaitCompareAndSwap(other, 0, 5, HeldIsOdd(10));
+  auto e = Execution::Check(b.op_count(), b.bytes(), region_);
+  ASSERT_TRUE(e.ok());
+  ASSERT_FALSE(e->Run(region_, Execution::Wait::kMay));
+  // The bound of the first passed: answered with the holder's word; the second may stop.
+  ASSERT_FALSE(e->Run(region_, Execution::Wait::kExpireCurrent));
+  EXPECT_EQ(e->waiting_offset(), other);
+  ASSERT_TRUE(e->Run(region_, Execution::Wait::kExpireCurrent));
+  const std::vector<std::byte> reply = e->TakeReply();
+  uint64_t prev[2];
+  std::memcpy(prev, reply.data(), 16);
+  EXPECT_EQ(prev[0], 3u);
+  EXPECT_EQ(prev[1], 3u);
+  EXPECT_EQ(Word(lock), 3u);
+}
+
+TEST_F(MemoryOpsTest, AWaiterWhoseLeaseWentIsRefusedOnResume) {
+  const uint64_t lock = 4096;
+  uint64_t held = 3;
+  std::memcpy(memory_.data() + lock, &held, 8);
+  RequestBuilder b;
+  b.WaitCompareAndSwap(lock, 0, 5, HeldIsOdd(1000));
+  auto e = Execution::Check(b.op_count(), b.bytes(), region_);
+  ASSERT_TRUE(e.ok());
+  ASSERT_FALSE(e->Run(region_, Execution::Wait::kMay));
+  region_.accessible = [](uint64_t offset, uint64_t) { return offset < 4096; };  // released
+  const Status s = e->Recheck(region_);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("released while it waited"), std::string::npos) << s.message();
+}
+
+TEST_F(MemoryOpsTest, MalformedWaitingCasesRejectTheWholeRequest) {
+  const uint64_t lock = 4096;
+  for (const WaitParams& bad :
+       {WaitParams{0, 0, 10, 0}, WaitParams{1, 0, kMaxWaitUs + 1, 0}, WaitParams{1, 0, 10, 2}}) {
+    RequestBuilder b;
+    const uint64_t v = 1;
+    b.Write(lock + 8, &v, 8);
+    b.WaitCompareAndSwap(lock, 0, 5, bad);
+    const Status s = Run(b);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("wait-compare-and-swap"), std::string::npos) << s.message();
+    EXPECT_EQ(Word(lock + 8), 0u) << "nothing ran";
+  }
+  RequestBuilder misaligned;
+  misaligned.WaitCompareAndSwap(lock + 4, 0, 5, HeldIsOdd(10));
+  EXPECT_EQ(Run(misaligned).code(), StatusCode::kInvalidArgument);
+  RequestBuilder outside;
+  outside.WaitCompareAndSwap(40000, 0, 5, HeldIsOdd(10));
+  EXPECT_EQ(Run(outside).code(), StatusCode::kInvalidArgument);
+  RequestBuilder truncated;
+  truncated.WaitCompareAndSwap(lock, 0, 5, HeldIsOdd(10));
+  const auto bytes = truncated.bytes();
+  EXPECT_EQ(Execute(1, bytes.first(bytes.size() - 8), region_).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace farpool::memory_ops

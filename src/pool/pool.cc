@@ -1313,8 +1313,15 @@ struct Batch::State {
   Status context_error;
   std::deque<Pending> pending;         // deque: operand/result addresses stay put while posted
   std::deque<OneSidedLookup> lookups;  // deque: bucket buffers stay put while posted
-  std::vector<uint8_t> wrote;          // per server index: a one-sided write was posted (flush)
-  std::vector<Message> messages;       // sent at Wait()
+  // Wait-compare-and-swaps whose `swapped` is decided at Drain from the previous value.
+  struct WaitOutcome {
+    WaitCasResult* result;
+    uint64_t expected;
+    memory_ops::WaitParams params;  // one-sided: flags 0 (a plain compare-and-swap)
+  };
+  std::vector<WaitOutcome> wait_outcomes;
+  std::vector<uint8_t> wrote;     // per server index: a one-sided write was posted (flush)
+  std::vector<Message> messages;  // sent at Wait()
   // Per server index: the message being filled (or -1), the batch's messages to it, whether
   // one-sided operations to it are pending, and whether its open message holds operations
   // from before a Fence (a second message could overtake them).
@@ -1478,6 +1485,50 @@ Status Batch::Atomic(GlobalAddress address, bool cas, uint64_t operand, uint64_t
   p.out = previous;
   p.request = PostAtomic(tc.peers[t.index], cas ? UCP_ATOMIC_OP_CSWAP : UCP_ATOMIC_OP_ADD,
                          &p.operand, &p.result, t.remote);
+  return Status::Ok();
+}
+
+Status Batch::WaitCompareAndSwap(GlobalAddress address, uint64_t expected, uint64_t desired,
+                                 const WaitSpec& spec, WaitCasResult* result) {
+  FARPOOL_RETURN_IF_ERROR(state_->context_error);
+  if (spec.wait < std::chrono::microseconds(0) || spec.wait > WaitSpec::kMaxWait) {
+    return Status::InvalidArgument("wait-compare-and-swap at " + address.ToString() + ": wait of " +
+                                   std::to_string(spec.wait.count()) + " us is not within 0.." +
+                                   std::to_string(WaitSpec::kMaxWait.count()));
+  }
+  const memory_ops::WaitParams params{spec.held_mask, spec.not_held,
+                                      static_cast<uint32_t>(spec.wait.count()),
+                                      spec.take_free ? memory_ops::kWaitTakeFree : 0};
+  if (std::string why = memory_ops::CheckWaitParams(params); !why.empty()) {
+    return Status::InvalidArgument("wait-compare-and-swap at " + address.ToString() + ": " + why);
+  }
+  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
+                           pool_.Resolve(address, 8, "wait-compare-and-swap", true, true));
+  if (t.direct != nullptr) {
+    const memory_ops::WaitAttempt a = memory_ops::AttemptWaitCompareAndSwap(
+        reinterpret_cast<uint64_t*>(t.direct), expected, desired, params);
+    Bump(state_->tc->cas);
+    ++state_->posted;
+    *result = {a.previous, memory_ops::WaitCompareAndSwapSwapped(a.previous, expected, params)};
+    return Status::Ok();
+  }
+  if (!t.messages) {
+    // One-sided: a plain compare-and-swap, whose outcome the same rule decides without flags.
+    memory_ops::WaitParams plain = params;
+    plain.flags = 0;
+    FARPOOL_RETURN_IF_ERROR(CompareAndSwap(address, expected, desired, &result->previous));
+    state_->wait_outcomes.push_back({result, expected, plain});
+    return Status::Ok();
+  }
+  FARPOOL_RETURN_IF_ERROR(
+      Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kWaitCompareAndSwap), 8));
+  Bump(state_->tc->cas);
+  ++state_->posted;
+  auto& m = state_->Open(t.index);
+  m.request.WaitCompareAndSwap(t.remote - pool_.servers_[t.index]->region_base, expected, desired,
+                               params);
+  m.sinks.push_back({nullptr, 8, &result->previous});
+  state_->wait_outcomes.push_back({result, expected, params});
   return Status::Ok();
 }
 
@@ -1740,6 +1791,11 @@ Status Batch::Drain() {
     st.tc->box.Forget(m.request_id);
   }
   st.messages.clear();
+  for (const State::WaitOutcome& w : st.wait_outcomes) {
+    w.result->swapped = first.ok() && memory_ops::WaitCompareAndSwapSwapped(w.result->previous,
+                                                                            w.expected, w.params);
+  }
+  st.wait_outcomes.clear();
   std::fill(st.open.begin(), st.open.end(), -1);
   std::fill(st.message_count.begin(), st.message_count.end(), 0);
   std::fill(st.one_sided.begin(), st.one_sided.end(), 0);

@@ -415,6 +415,195 @@ TEST_F(AccessPaths, AtomicsFromEveryPathAreAtomicTogether) {
   EXPECT_EQ(guarded_total, kRounds * pools_.size());
 }
 
+// Waiting compare-and-swaps (Batch::WaitCompareAndSwap): a CAS lock taken with them from
+// every path, and released by plain CASes from every path (the mapped one and UCX's one-sided
+// atomics change the word without the server's loop: its recheck timer finds those), excludes
+// and loses no update; the messages client's waits cost one round trip each, not one per poll.
+TEST_F(AccessPaths, AWaitingCasLockFromEveryPathExcludesAndLosesNothing) {
+  for (const auto& p : pools_) ASSERT_TRUE(p);
+  auto lock = *pools_[0]->Alloc(8, Placement::OnServer(0));
+  auto guarded = *pools_[0]->Alloc(8, Placement::OnServer(0));
+  uint64_t zero = 0;
+  for (auto a : {lock, guarded}) ASSERT_TRUE(pools_[0]->Write(a, &zero, 8).ok());
+  constexpr int kRounds = 200;
+  WaitSpec spec;
+  spec.held_mask = ~uint64_t{0};  // any owner's word is held; 0 is free
+  spec.wait = WaitSpec::kMaxWait;
+  std::vector<uint64_t> waits_of(pools_.size(), 0), round_trips(pools_.size(), 0);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < pools_.size(); ++t) {
+    threads.emplace_back([&, t] {
+      Pool& pool = *pools_[t];
+      const uint64_t me = t + 1;
+      const uint64_t before = pool.counters().round_trips;
+      for (int i = 0; i < kRounds; ++i) {
+        for (;;) {
+          Batch b(pool);
+          WaitCasResult r;
+          ASSERT_TRUE(b.WaitCompareAndSwap(lock, 0, me, spec, &r).ok());
+          ASSERT_TRUE(b.Wait().ok());
+          ++waits_of[t];
+          if (r.swapped) {
+            ASSERT_EQ(r.previous, 0u);
+            break;
+          }
+          ASSERT_NE(r.previous, 0u) << "not swapped, so held";
+          std::this_thread::yield();
+        }
+        uint64_t v = 0;
+        ASSERT_TRUE(pool.Read(guarded, &v, 8).ok());
+        ++v;
+        ASSERT_TRUE(pool.Write(guarded, &v, 8).ok());
+        auto held = pool.CompareAndSwap(lock, me, 0);
+        ASSERT_TRUE(held.ok());
+        ASSERT_EQ(*held, me) << "the lock was taken while held";
+      }
+      round_trips[t] = pool.counters().round_trips - before;
+    });
+  }
+  for (auto& t : threads) t.join();
+  uint64_t total = 0;
+  ASSERT_TRUE(pools_[1]->Read(guarded, &total, 8).ok());
+  EXPECT_EQ(total, kRounds * pools_.size());
+  // The messages client: every attempt it made was answered swapped, not after its bound (1 s:
+  // far more than a holder keeps the lock here), so one attempt per round.
+  EXPECT_EQ(waits_of[1], uint64_t{kRounds}) << "the server answered a held word early";
+  EXPECT_EQ(round_trips[1], uint64_t{kRounds} * 4);  // wait, read, write, release
+}
+
+// A waiter is answered when the word is released by another client of the loop, and the
+// operations behind it in its message wait with it (they see what the holder wrote before it
+// released); one that is never released is answered, not swapped, by its bound.
+TEST_F(AccessPaths, AWaiterTakesTheWordWhenReleasedOrGivesUpAtItsBound) {
+  Pool& holder = *pools_[1];
+  auto waiter = cluster_.Connect(Fabric::kTcp);
+  ASSERT_TRUE(waiter);
+  auto lock = *holder.Alloc(8, Placement::OnServer(1));
+  auto data = *holder.Alloc(8, Placement::OnServer(1));
+  const uint64_t held = 7, mine = 9, payload = 42;
+  ASSERT_TRUE(holder.Write(lock, &held, 8).ok());
+  WaitSpec spec;
+  spec.held_mask = ~uint64_t{0};
+  spec.wait = 1s;
+  WaitCasResult r;
+  uint64_t seen = 0;
+  std::thread t([&] {
+    Batch b(*waiter);
+    ASSERT_TRUE(b.WaitCompareAndSwap(lock, 0, mine, spec, &r).ok());
+    ASSERT_TRUE(b.Fence().ok());
+    ASSERT_TRUE(b.Read(data, &seen, 8).ok());
+    ASSERT_TRUE(b.Wait().ok());
+  });
+  std::this_thread::sleep_for(50ms);  // likely parked by now (either order must pass)
+  ASSERT_TRUE(holder.Write(data, &payload, 8).ok());
+  ASSERT_EQ(*holder.CompareAndSwap(lock, held, 0), held);
+  t.join();
+  EXPECT_TRUE(r.swapped);
+  EXPECT_EQ(r.previous, 0u);
+  EXPECT_EQ(seen, payload) << "the read behind the waiting CAS ran before it";
+  EXPECT_EQ(*holder.CompareAndSwap(lock, 0, 0), mine);
+
+  // Held for good: answered after the bound with the holder's word, nothing swapped.
+  spec.wait = 20ms;
+  Batch b(*waiter);
+  ASSERT_TRUE(b.WaitCompareAndSwap(lock, 0, 1, spec, &r).ok());
+  ASSERT_TRUE(b.Wait().ok());
+  EXPECT_FALSE(r.swapped);
+  EXPECT_EQ(r.previous, mine);
+  // A word that looks held but is `not_held` is answered at once (one attempt).
+  spec.wait = WaitSpec::kMaxWait;
+  spec.not_held = mine;
+  ASSERT_TRUE(b.WaitCompareAndSwap(lock, 0, 1, spec, &r).ok());
+  ASSERT_TRUE(b.Wait().ok());
+  EXPECT_FALSE(r.swapped);
+  // take_free: a free word that is not the one expected is taken too.
+  ASSERT_EQ(*holder.CompareAndSwap(lock, mine, 4), mine);
+  spec.held_mask = 1;  // 4 is free now
+  spec.take_free = true;
+  ASSERT_TRUE(b.WaitCompareAndSwap(lock, 2, 5, spec, &r).ok());
+  ASSERT_TRUE(b.Wait().ok());
+  EXPECT_TRUE(r.swapped);
+  EXPECT_EQ(r.previous, 4u);
+  // A bound past the limit is refused before anything is posted.
+  spec.wait = WaitSpec::kMaxWait + 1us;
+  EXPECT_EQ(b.WaitCompareAndSwap(lock, 0, 1, spec, &r).code(), StatusCode::kInvalidArgument);
+}
+
+// At most kMaxWaitersPerConnection batches of one connection wait at a server; the next one's
+// waiting CAS is one attempt, answered at once. A batch of 17 messages to one server (three
+// 16 KiB reads each fill a message; a waiting CAS on one held word ends each): the first 16
+// wait in arrival order, the 17th is answered with the holder's word before the release; then
+// the first waiter takes the word and the other 15 see it taken (their bound is 1 s).
+TEST_F(AccessPaths, WaitersBeyondAConnectionsCapAreOneAttempt) {
+  Pool& holder = *pools_[1];
+  auto waiter = cluster_.Connect(Fabric::kTcp);
+  ASSERT_TRUE(waiter);
+  auto lock = *holder.Alloc(8, Placement::OnServer(0));
+  auto block = *holder.Alloc(48 << 10, Placement::OnServer(0));
+  const uint64_t held = 7;
+  ASSERT_TRUE(holder.Write(lock, &held, 8).ok());
+  constexpr size_t kMessages = kMaxWaitersPerConnection + 1;
+  WaitSpec spec;
+  spec.held_mask = ~uint64_t{0};
+  spec.wait = WaitSpec::kMaxWait;
+  std::vector<WaitCasResult> results(kMessages);
+  std::vector<std::byte> sink(48 << 10);
+  Status waited;
+  std::thread t([&] {
+    Batch b(*waiter);
+    for (size_t m = 0; m < kMessages && waited.ok(); ++m) {
+      for (int r = 0; r < 3 && waited.ok(); ++r) {
+        waited = b.Read(block + r * (16 << 10), sink.data() + r * (16 << 10), 16 << 10);
+      }
+      if (waited.ok()) waited = b.WaitCompareAndSwap(lock, 0, 100 + m, spec, &results[m]);
+    }
+    if (waited.ok()) waited = b.Wait();
+  });
+  std::this_thread::sleep_for(200ms);  // the batch is very likely parked by now
+  ASSERT_EQ(*holder.CompareAndSwap(lock, held, 0), held);
+  t.join();
+  ASSERT_TRUE(waited.ok()) << waited.ToString();
+  EXPECT_TRUE(results[0].swapped);
+  for (size_t m = 1; m < kMaxWaitersPerConnection; ++m) {
+    EXPECT_FALSE(results[m].swapped) << m;
+    EXPECT_EQ(results[m].previous, 100u) << "waiter " << m << " saw the first waiter's word";
+  }
+  EXPECT_FALSE(results[kMessages - 1].swapped);
+  EXPECT_EQ(results[kMessages - 1].previous, held) << "the one beyond the cap did not wait";
+}
+
+// The waiters of a client that is evicted are dropped with its connections: the word it waited
+// for goes to the next waiter when released, never to it.
+TEST_F(AccessPaths, AnEvictedClientsWaitersAreDropped) {
+  Pool& holder = *pools_[1];
+  auto doomed = cluster_.Connect(Fabric::kTcp);
+  auto next = cluster_.Connect(Fabric::kTcp);
+  ASSERT_TRUE(doomed && next);
+  auto lock = *holder.Alloc(8, Placement::OnServer(0));
+  const uint64_t held = 7;
+  ASSERT_TRUE(holder.Write(lock, &held, 8).ok());
+  WaitSpec spec;
+  spec.held_mask = ~uint64_t{0};
+  spec.wait = 1s;
+  Status doomed_status;
+  std::thread t([&] {
+    Batch b(*doomed);
+    WaitCasResult r;
+    doomed_status = b.WaitCompareAndSwap(lock, 0, 11, spec, &r);
+    if (doomed_status.ok()) doomed_status = b.Wait();
+  });
+  std::this_thread::sleep_for(50ms);  // likely parked by now
+  ASSERT_TRUE(holder.Evict(doomed->process_tag()).ok());
+  t.join();
+  EXPECT_FALSE(doomed_status.ok()) << "an evicted client's wait must not succeed";
+  ASSERT_EQ(*holder.CompareAndSwap(lock, held, 0), held);
+  Batch b(*next);
+  WaitCasResult r;
+  ASSERT_TRUE(b.WaitCompareAndSwap(lock, 0, 12, spec, &r).ok());
+  ASSERT_TRUE(b.Wait().ok());
+  EXPECT_TRUE(r.swapped) << "previous " << r.previous;
+}
+
 TEST_F(AccessPaths, ABatchIsOneRoundTripWithOneMessagePerServer) {
   Pool& pool = *pools_[1];
   ASSERT_TRUE(pools_[1]);

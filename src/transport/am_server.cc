@@ -68,6 +68,9 @@ class AmServer::Impl {
   std::unique_ptr<Listener> listener_;
   uint16_t port_ = 0;
   std::unordered_map<ucp_ep_h, Connection> connections_;
+  std::unordered_map<uint64_t, ucp_ep_h> by_id_;  // Peer::id -> endpoint
+  uint64_t next_id_ = 1;
+  std::vector<LateReply> late_;
   std::deque<Incoming> inbox_;
   // The replies of the messages handled in this Poll, held for AmHandler::Settle.
   std::vector<ucp_ep_h> reply_eps_;
@@ -123,7 +126,10 @@ void AmServer::Impl::Accept(ucp_conn_request_h request) {
     return;
   }
   ucp_ep_h handle = (*ep)->get();
-  connections_[handle].ep = std::move(*ep);
+  Connection& c = connections_[handle];
+  c.ep = std::move(*ep);
+  c.peer.id = next_id_++;
+  by_id_[c.peer.id] = handle;
 }
 
 void AmServer::Impl::Reply(ucp_ep_h reply_ep, std::vector<std::byte> bytes) {
@@ -137,6 +143,8 @@ void AmServer::Impl::ReapFailed() {
   for (auto it = connections_.begin(); it != connections_.end();) {
     if (it->second.ep->failed()) {
       it->second.ep->ForceClose();
+      handler_->Closed(it->second.peer);
+      by_id_.erase(it->second.peer.id);
       it = connections_.erase(it);
     } else {
       ++it;
@@ -162,16 +170,27 @@ bool AmServer::Impl::Poll() {
     for (ucp_ep_h handle : to_close_) {
       auto closing = connections_.find(handle);
       closing->second.ep->ForceClose();
+      handler_->Closed(closing->second.peer);
+      by_id_.erase(closing->second.peer.id);
       connections_.erase(closing);
       closed_.insert(handle);
     }
     to_close_.clear();
   }
+  handler_->TakeLate(&late_);
+  for (LateReply& late : late_) {
+    auto c = by_id_.find(late.connection);
+    replies_.push_back(std::move(late.bytes));
+    reply_eps_.push_back(c == by_id_.end() ? nullptr : c->second);
+    busy = true;
+  }
+  late_.clear();
   if (!replies_.empty()) {
     handler_->Settle(replies_);
     for (size_t i = 0; i < replies_.size(); ++i) {
-      // No reply on a connection the handler has closed (the sender's own, if it asked).
-      if (reply_eps_[i] != nullptr && closed_.count(reply_eps_[i]) == 0) {
+      // No reply on a connection the handler has closed (the sender's own, if it asked), and
+      // none for a message answered later.
+      if (reply_eps_[i] != nullptr && closed_.count(reply_eps_[i]) == 0 && !replies_[i].empty()) {
         Reply(reply_eps_[i], std::move(replies_[i]));
       }
     }
@@ -192,7 +211,14 @@ void AmServer::Impl::Run(AmHandler& handler, const std::atomic<bool>& stop) {
     if (Poll()) {
       last_work = Clock::now();
     } else if (event && Clock::now() - last_work > options_.event_spin) {
-      Status s = worker_->Wait(kTickPeriod);
+      // Until the next tick, or earlier if the handler has a bound to keep (rounded up to the
+      // poll's millisecond; 0 polls once without sleeping).
+      auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next_tick - Clock::now());
+      if (auto wake = handler_->WakeAt()) {
+        const auto until = *wake - Clock::now();
+        wait = std::min(wait, std::chrono::ceil<std::chrono::milliseconds>(until));
+      }
+      Status s = worker_->Wait(std::max(wait, std::chrono::milliseconds(0)));
       (void)s;  // a failed wait only means we poll again sooner
       last_work = Clock::now();
     }
@@ -227,6 +253,7 @@ size_t AmServer::Impl::CloseConnections(uint64_t tag, const Peer* keep) {
 void AmServer::Impl::Close() {
   for (auto& [handle, c] : connections_) c.ep->ForceClose();
   connections_.clear();
+  by_id_.clear();
   listener_.reset();
   region_.reset();
   worker_.reset();

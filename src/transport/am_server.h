@@ -15,12 +15,16 @@
 //      handler asked to close (CloseConnections); messages still in the inbox from a connection
 //      closed so are dropped unread (there is nobody left to answer, and a handler that closed a
 //      connection wants nothing more from it executed);
-//   4. once the inbox is empty, calls AmHandler::Settle with the replies of the messages it
-//      handled (the memory server makes their effects durable on its backup there), then posts
-//      each reply (eagerly, without waiting) to its sender, if it asked for a reply path and its
-//      connection was not closed meanwhile;
-//   5. closes and forgets the endpoints that failed (reap);
-//   6. every kTickPeriod, calls AmHandler::Tick (an event-mode loop wakes up for it).
+//   4. once the inbox is empty, collects the replies the handler held back earlier and can
+//      send now (AmHandler::TakeLate: a memory server's waiting compare-and-swaps), calls
+//      AmHandler::Settle with the replies of the messages it handled and those (the memory
+//      server makes their effects durable on its backup there), then posts each reply
+//      (eagerly, without waiting) to its sender, if it asked for a reply path and its
+//      connection was not closed meanwhile; an empty reply is the handler's "later" and is
+//      not sent;
+//   5. closes and forgets the endpoints that failed (reap), telling the handler (Closed);
+//   6. every kTickPeriod, calls AmHandler::Tick (an event-mode loop wakes up for it), and an
+//      event-mode loop also wakes up by AmHandler::WakeAt.
 // A message that arrives by rendezvous (larger than the eager limit) is refused unread: the
 // sender gets AmHandler::Refuse's error reply. Every farpool sender posts eagerly (PostAm,
 // Endpoint::SendAm), so only a foreign or broken sender meets this.
@@ -71,6 +75,9 @@ struct Peer {
   // The handler's label for this peer, 0 until it sets one (the memory server: the process tag
   // of its hello, to count distinct client processes and to evict them).
   uint64_t tag = 0;
+  // The connection's number, nonzero, never reused by this server: what a handler that
+  // answers later names the connection by (LateReply).
+  uint64_t id = 0;
   // The handler's access control of this connection (the memory server: transport/auth.h):
   // the challenge it issued and not yet checked, and whether the peer has proved it knows the
   // cluster secret.
@@ -78,13 +85,33 @@ struct Peer {
   bool authenticated = false;
 };
 
+// A reply a handler held back (an empty reply from Handle) and sends now: to connection
+// `connection` (Peer::id), dropped if that connection is gone.
+struct LateReply {
+  uint64_t connection;
+  std::vector<std::byte> bytes;
+};
+
 // What a server does with its messages. Called on the progress thread only.
 class AmHandler {
  public:
   virtual ~AmHandler() = default;
   // The reply to one message. `from` is the connection it arrived on, or null if the sender
-  // gave no reply path (then the reply is dropped).
+  // gave no reply path (then the reply is dropped). Empty: no reply now (the handler may send
+  // one later through TakeLate, only to a connection it was given here).
   virtual std::vector<std::byte> Handle(std::span<const std::byte> message, Peer* from) = 0;
+  // Appends the replies held back that can go now; called on every iteration of the loop
+  // (after the inbox is drained, before Settle, which gets them after Handle's replies, in
+  // the order appended).
+  virtual void TakeLate(std::vector<LateReply>* out) { (void)out; }
+  // The latest time the loop should run again although no message comes (event progress
+  // sleeps until then at most): a handler that holds replies back with a bound.
+  virtual std::optional<std::chrono::steady_clock::time_point> WakeAt() const {
+    return std::nullopt;
+  }
+  // Connection `peer` is gone (reaped after it failed, or closed by CloseConnections): late
+  // replies to it would be dropped.
+  virtual void Closed(const Peer& peer) { (void)peer; }
   // The error reply, in the handler's wire format, to a message refused unread for `reason`.
   virtual std::vector<std::byte> Refuse(const Status& reason) = 0;
   // Called once the inbox is empty, before the replies of the messages handled since the last

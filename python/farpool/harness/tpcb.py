@@ -35,9 +35,15 @@ the load average at start and end. Output: bench/results/NAME.jsonl (every run, 
 `rep`), NAME.md (median tps, ratios, p50/p99, abort rate, round trips per transaction),
 NAME.png; NAME is --out-name, by default `tpcb`, or `tpcb_tcp` when a -tcp system is selected.
 
+A/B of farpool binaries in one run: `--binary NAME=PATH` (twice or more) runs every farpool
+system once per binary, in the same round-robin (systems then read `pool-tcp@NAME`, with
+ratio columns of the second binary over the first, and of each over PostgreSQL over TCP);
+PostgreSQL runs once per point.
+
 Usage: bench/experiments/tpcb [--scale N] [--clients 1,2,4,8] [--seconds S] [--repeat R]
                               [--systems pool,local,sharded,postgresql-ram,postgresql-default,
                                          pool-tcp,sharded-tcp,postgresql-tcp] [--out-name NAME]
+                              [--binary NAME=PATH ...]
 The network run of docs/experiments.md:
   bench/experiments/tpcb --systems pool-tcp,sharded-tcp,postgresql-tcp --clients 1,2,4 --seconds 3
 """
@@ -219,9 +225,48 @@ class Systems:
         return {k: r[k] for k in METRICS if k in r}
 
 
-def measure(systems, scale, clients, seconds, repeat=1):
-    """Round-robin: for each client count, every system once, `repeat` times. Returns the raw
-    rows (one per run) and the notes."""
+@contextlib.contextmanager
+def farpool_binary(path: str | None):
+    """FARPOOL_BIN set to `path` (None: unchanged) for what runs inside."""
+    saved = os.environ.get("FARPOOL_BIN")
+    if path is not None:
+        os.environ["FARPOOL_BIN"] = path
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("FARPOOL_BIN", None)
+        else:
+            os.environ["FARPOOL_BIN"] = saved
+
+
+def with_binaries(systems, binaries):
+    """The (system, binary name, binary path) runs of one round: farpool systems once per
+    binary (named `system@NAME`, added to SYSTEMS, LABELS and RATIOS), PostgreSQL once."""
+    if not binaries:
+        return [(s, s, None) for s in systems]
+    runs = []
+    for s in systems:
+        if s.startswith("postgresql"):
+            runs.append((s, s, None))
+            continue
+        for name, path in binaries:
+            key = f"{s}@{name}"
+            if key not in SYSTEMS:
+                SYSTEMS.append(key)
+                LABELS[key] = f"{LABELS[s]} [{name}]"
+            runs.append((s, key, path))
+        if len(binaries) > 1 and (f"{s}@{binaries[1][0]}", f"{s}@{binaries[0][0]}") not in RATIOS:
+            base, candidate = f"{s}@{binaries[0][0]}", f"{s}@{binaries[1][0]}"
+            RATIOS.append((candidate, base))
+            if "postgresql-tcp" in systems and s.endswith(("-tcp", "-tcp-rc")):
+                RATIOS.extend([(base, "postgresql-tcp"), (candidate, "postgresql-tcp")])
+    return runs
+
+
+def measure(systems, scale, clients, seconds, repeat=1, binaries=None):
+    """Round-robin: for each client count, every system once (once per binary of `binaries`,
+    [(name, path)]), `repeat` times. Returns the raw rows (one per run) and the notes."""
     rows = []
     with Systems(scale, seconds) as sy:
         if "sharded" in systems or "sharded-tcp" in systems:
@@ -231,11 +276,13 @@ def measure(systems, scale, clients, seconds, repeat=1):
                     sy.notes[s] = f"not available: {why}"
                 systems = [s for s in systems if s not in ("sharded", "sharded-tcp")]
         failed: dict[str, int] = {}
+        runs = with_binaries(systems, binaries)
         for n in clients:
             for rep in range(repeat):
-                for system in systems:
+                for system, key, path in runs:
                     try:
-                        r = sy.run(system, n)
+                        with farpool_binary(path):
+                            r = sy.run(system, n)
                     except (RuntimeError, OSError) as e:
                         log(f"   {system} failed: {e}")
                         failed[system] = failed.get(system, 0) + 1
@@ -243,12 +290,13 @@ def measure(systems, scale, clients, seconds, repeat=1):
                                             f"{str(e)[:300]}")
                         continue
                     rt = r.get("round_trips_per_txn")
-                    log(f"== {LABELS[system]} {n} clients, run {rep + 1}/{repeat}: "
+                    log(f"== {LABELS[key]} {n} clients, run {rep + 1}/{repeat}: "
                         f"{r['tps']:,.0f} tps, abort rate {r['abort_rate']:.3f}"
                         + (f", {rt:.2f} round trips/txn" if rt is not None else ""))
-                    rows.append({"experiment": "tpcb", "system": system, "clients": n,
+                    rows.append({"experiment": "tpcb", "system": key, "clients": n,
                                  "scale": scale, "rep": rep, "seconds": seconds,
-                                 "network": sy.network.get(system, ""), **r})
+                                 "network": sy.network.get(system, ""), **r,
+                                 **({"binary": path} if path else {})})
         notes = dict(sy.notes)
     peers.stamp(rows)
     return rows, notes
@@ -343,14 +391,22 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(peers.ROOT / "bench" / "results"))
     ap.add_argument("--out-name", default=None,
                     help="output file stem (default tpcb, or tpcb_tcp with a -tcp system)")
+    ap.add_argument("--binary", action="append", default=[], metavar="NAME=PATH",
+                    help="run the farpool systems with this binary too (A/B in one run)")
     args = ap.parse_args(argv)
+    binaries = []
+    for b in args.binary:
+        name, _, path = b.partition("=")
+        if not name or not path or not os.access(path, os.X_OK):
+            ap.error(f"--binary {b}: expected NAME=PATH of an executable")
+        binaries.append((name, os.path.abspath(path)))
     clients = [int(c) for c in args.clients.split(",")]
     systems = peers.systems_arg(ap, args.systems, SYSTEMS)
     tcp_set = TCP_SYSTEMS + ["pool-tcp-rc"]
     name = args.out_name or ("tpcb_tcp" if any(s in tcp_set for s in systems) else "tpcb")
     peers.stop_on_sigterm()
     load_start = os.getloadavg()
-    rows, notes = measure(systems, args.scale, clients, args.seconds, args.repeat)
+    rows, notes = measure(systems, args.scale, clients, args.seconds, args.repeat, binaries)
     load_end = os.getloadavg()
     if not rows:
         for s, n in notes.items():
@@ -359,7 +415,8 @@ def main(argv=None) -> int:
     med = medians(rows)
     cmd = (f"bench/experiments/tpcb --systems {args.systems} --scale {args.scale} --clients "
            f"{args.clients} --seconds {args.seconds:g} --repeat {args.repeat}"
-           + (f" --out-name {args.out_name}" if args.out_name else ""))
+           + (f" --out-name {args.out_name}" if args.out_name else "")
+           + "".join(f" --binary {b}" for b in args.binary))
     md = (peers.measured(rows[0], cmd, loads=(load_start, load_end)) + f" TPC-B scale "
           f"{args.scale}, transactions per second: the median of {args.repeat} runs per point, run "
           f"round-robin (for each client count every system once, then again).\n\n"

@@ -35,6 +35,19 @@ def test_table_has_the_network_ratios():
     assert "7 (script)" in md  # PostgreSQL's round trips come from pgbench's script
 
 
+def test_two_binaries_run_every_farpool_system_once_each_with_their_ratio():
+    runs = tpcb.with_binaries(["pool-tcp-rc", "postgresql-tcp"],
+                              [("main", "/bin/a"), ("new", "/bin/b")])
+    assert runs == [("pool-tcp-rc", "pool-tcp-rc@main", "/bin/a"),
+                    ("pool-tcp-rc", "pool-tcp-rc@new", "/bin/b"),
+                    ("postgresql-tcp", "postgresql-tcp", None)]
+    rows = [run("pool-tcp-rc@main", 4, 0, 1000), run("pool-tcp-rc@new", 4, 0, 3000),
+            run("postgresql-tcp", 4, 0, 4000)]
+    md = tpcb.table(tpcb.medians(rows), {}, [4])
+    assert "| pool-tcp-rc@new / pool-tcp-rc@main |" in md
+    assert "3.00x" in md and "0.75x" in md  # new over main; new over PostgreSQL
+
+
 def test_read_committed_runs_beside_si_with_their_ratios():
     rows = [run("pool-tcp", 4, 0, 500, abort_rate=0.3), run("pool-tcp-rc", 4, 0, 2000),
             run("postgresql-tcp", 4, 0, 4000)]

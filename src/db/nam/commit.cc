@@ -131,8 +131,10 @@ class CommitRun {
   Status WaitForHolders();
   // Checks the lease, then CASes the lock words of items `which` from their expected words to
   // ours in one batch, marking those taken (on an error all of them: any may have been). On an
-  // error every lock taken so far is released and the error is returned.
-  Status LockItems(const std::vector<size_t>& which);
+  // error every lock taken so far is released and the error is returned. With `wait`, each
+  // CAS is a waiting one (over messages the server holds it while the record is locked by
+  // someone else: the lock wait's retries cost no round trips; still an exact CAS).
+  Status LockItems(const std::vector<size_t>& which, const WaitSpec* wait = nullptr);
   // If a lock was not taken (held by another, or a newer version): releases every lock and
   // returns Aborted naming the first such key (breaking the locks of dead holders on the way).
   Status AbortOnConflict();
@@ -743,7 +745,9 @@ Status CommitRun::WaitForHolders() {
     held.push_back(i);
   }
   LockWait wait;
-  while (!held.empty() && wait.Pause()) {
+  // Over messages the server waits for the holders (one round trip per wait, not per poll).
+  const bool server_waits = !access_.memory().mapped();
+  while (!held.empty() && (server_waits ? !wait.Expired() : wait.Pause())) {
     if (wait.CheckDue()) {
       // A dead holder finishes nothing: break its lock (it is restored to its newest version,
       // which our CAS then validates like any other).
@@ -753,7 +757,8 @@ Status CommitRun::WaitForHolders() {
         if (dead.ok() && *dead) (void)s_.db_.BreakRecordLock(access_, it.record, *it.t, it.prev);
       }
     }
-    FARPOOL_RETURN_IF_ERROR(LockItems(held));
+    const WaitSpec spec = wait.ServerWait(LockWait::kLimitNs / 1000, false);
+    FARPOOL_RETURN_IF_ERROR(LockItems(held, server_waits ? &spec : nullptr));
     std::vector<size_t> still;
     for (size_t i : held) {
       const Item& it = items_[i];
@@ -766,7 +771,7 @@ Status CommitRun::WaitForHolders() {
   return Status::Ok();
 }
 
-Status CommitRun::LockItems(const std::vector<size_t>& which) {
+Status CommitRun::LockItems(const std::vector<size_t>& which, const WaitSpec* wait) {
   Status posted = s_.CheckLease();  // the CASes may lock: they follow a passed check
   if (!posted.ok()) {
     ReleaseLocks();
@@ -776,10 +781,14 @@ Status CommitRun::LockItems(const std::vector<size_t>& which) {
   Status waited;
   {
     Access::Batch b(access_);
-    for (size_t i : which) {
-      if (posted.ok()) posted = b.Cas(items_[i].record, items_[i].expected, mine, &items_[i].prev);
+    std::vector<WaitCasResult> waits(wait != nullptr ? which.size() : 0);
+    for (size_t k = 0; k < which.size() && posted.ok(); ++k) {
+      Item& it = items_[which[k]];
+      posted = wait != nullptr ? b.WaitCas(it.record, it.expected, mine, *wait, &waits[k])
+                               : b.Cas(it.record, it.expected, mine, &it.prev);
     }
     waited = b.Wait();
+    for (size_t k = 0; k < waits.size(); ++k) items_[which[k]].prev = waits[k].previous;
   }
   // Every lock taken is marked before anything returns (ReleaseLocks releases only those).
   const bool failed = !posted.ok() || !waited.ok();

@@ -576,6 +576,17 @@ class LockWait {
     pause_ns_ = std::min<int64_t>(2 * pause_ns_, max_pause_ns_);
     return true;
   }
+  // Whether the time is up (without sleeping): where the memory server waits for the holder
+  // (a waiting compare-and-swap over messages), the caller retries at once instead of pausing.
+  bool Expired() const { return MonoNs() - start_ >= limit_ns_; }
+  // What a waiting compare-and-swap may wait for now: held means bit 0 set (a removed record's
+  // word is never waited for), for the time left, at most `slice_us` (so that the caller
+  // checks every slice whether the holder died).
+  WaitSpec ServerWait(int64_t slice_us, bool take_free) const {
+    const int64_t left_us = std::max<int64_t>(0, (limit_ns_ - (MonoNs() - start_)) / 1000);
+    return WaitSpec{1, kRemovedLock, std::chrono::microseconds(std::min(left_us, slice_us)),
+                    take_free};
+  }
   // True at most once a millisecond: time to ask whether the holders died (it costs a read).
   bool CheckDue() {
     const int64_t now = MonoNs();
@@ -678,6 +689,9 @@ class NamTxn final : public Transaction {
   // broken after its lease whatever this is; this bounds what a cycle of waits across calls
   // (which the address order within a call does not prevent) costs before one aborts.
   static constexpr int64_t kLockingReadWaitNs = 100'000'000;
+  // Over messages, how long one waiting compare-and-swap of a locking read may wait at the
+  // server before the caller checks whether the holder died (and sends it again).
+  static constexpr int64_t kServerWaitSliceUs = 10'000;
   // MultiGet and MultiGetForUpdate: own writes and keys locked earlier answered without a
   // round trip, the others read (ReadKeys) or locked (LockKeys).
   Status ReadMany(std::span<const TableKey> keys, bool for_update, std::vector<Row>* rows,

@@ -556,6 +556,7 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys) {
       KeyRead* k;
       uint64_t expected = 0, prev = 0;
       bool locked = false, tried = false;
+      bool copy_held = false;  // its copy showed another's lock
     };
     std::vector<Want> want;
     for (KeyRead& k : keys) {
@@ -575,6 +576,7 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys) {
         } else if (k.image.key == k.key && k.image.lock != kRemovedLock && !k.image.torn &&
                    CellsConsecutive(k.image)) {
           w.expected = UnlockedWord(k.image.newest_seq() + 1);
+          w.copy_held = true;
         }
       } else if (auto r = reads_.find({k.t->id_, k.key}); r != reads_.end()) {
         w.expected = UnlockedWord(r->second.newest_seq);
@@ -587,17 +589,47 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys) {
     auto lost = [&](const Want& w) {
       return w.prev == kRemovedLock || (w.tried && !w.locked && w.k->image.key != w.k->key);
     };
+    // Retried often where we poll (the holder keeps the lock for its whole transaction, then
+    // the record is free for about one round trip before the next locker takes it): pauses of
+    // 10 µs up to 100 µs. Over messages the server waits instead (no pause).
+    LockWait wait(kLockingReadWaitNs, 10'000, 100'000);
+    const bool server_waits = !s_.access_.memory().mapped();
     // Locks `which` in one batch: per record the CAS and, behind a fence, its read (one message
     // per server). Every lock taken goes into held_ at once (any error releases it from there).
-    auto lock = [&](const std::vector<size_t>& which) -> Status {
+    // Over messages the memory server waits for a held record (a waiting compare-and-swap)
+    // instead of us polling it: the highest of `which`, if no record above it is ours (so that
+    // a waiter holds only records below the one it waits for: no cycle within a call). It takes
+    // the record from whatever unlocked word it finds (the version a retry with the word seen
+    // would take), first come first served.
+    // `release`: locks of ours above `which` given back in the same batch, before it (same
+    // server: in order; others: unordered, but given back either way).
+    auto lock = [&](const std::vector<size_t>& which,
+                    const std::vector<size_t>& release = {}) -> Status {
       FARPOOL_RETURN_IF_ERROR(s_.CheckLease());  // the CASes follow a passed check
+      size_t waiter = want.size();
+      if (server_waits && !which.empty()) {
+        waiter = which.back();  // `which` ascends
+        for (size_t i = waiter + 1; i < want.size(); ++i) {
+          const bool released = std::find(release.begin(), release.end(), i) != release.end();
+          if (want[i].locked && !released) waiter = want.size();
+        }
+      }
+      WaitCasResult waited_cas;
+      std::vector<uint64_t> released_prev(release.size());
       Status posted;
       Status waited;
       {
         Access::Batch b(s_.access_);
+        for (size_t r = 0; r < release.size() && posted.ok(); ++r) {
+          const Want& o = want[release[r]];
+          posted = b.Cas(o.k->record, mine, o.expected, &released_prev[r]);
+        }
         for (size_t i : which) {
           Want& w = want[i];
-          if (posted.ok()) posted = b.Cas(w.k->record, w.expected, mine, &w.prev);
+          if (!posted.ok()) break;
+          posted = i == waiter ? b.WaitCas(w.k->record, w.expected, mine,
+                                           wait.ServerWait(kServerWaitSliceUs, true), &waited_cas)
+                               : b.Cas(w.k->record, w.expected, mine, &w.prev);
         }
         if (posted.ok()) posted = b.Fence();
         for (size_t i : which) {
@@ -606,13 +638,31 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys) {
         }
         waited = b.Wait();
       }
+      if (posted.ok() && waited.ok()) {
+        for (size_t i : release) {  // on an error they stay in held_: Finish releases them
+          want[i].locked = false;
+          want[i].tried = false;
+          held_.erase({want[i].k->t->id_, want[i].k->key});
+        }
+      }
       for (size_t i : which) {
         Want& w = want[i];
         const bool failed = !posted.ok() || !waited.ok();
         w.tried = true;
+        if (i == waiter && !failed) {
+          w.prev = waited_cas.previous;
+          if (waited_cas.swapped) w.expected = w.prev;  // the word it was taken from
+        }
         w.locked = failed || w.prev == w.expected;
         if (!w.locked) {
           w.k->image.Decode(w.k->t->layout_);
+          continue;
+        }
+        if (failed && i == waiter) {
+          // It may have been taken from a word we do not know, so no release could restore
+          // it: the session stops, and its lock is broken after its lease (BreakRecordLock
+          // restores the newest version's word).
+          s_.Abandon();
           continue;
         }
         // Taken (or maybe, on an error): released by Finish unless a commit installs it.
@@ -630,13 +680,15 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys) {
       if (!posted.ok()) return posted;
       return waited;
     };
-    std::vector<size_t> all(want.size());
-    for (size_t i = 0; i < want.size(); ++i) all[i] = i;
-    if (!want.empty()) FARPOOL_RETURN_IF_ERROR(lock(all));
-    // Retried often (the holder keeps the lock for its whole transaction, then the record is
-    // free for about one round trip before the next locker takes it): pauses of 10 µs up to
-    // 100 µs.
-    LockWait wait(kLockingReadWaitNs, 10'000, 100'000);
+    // The first batch: every record, or where the server waits and a copy showed a record
+    // held by another, the records up to the lowest such one (which waits at its server; those
+    // above follow once it is ours).
+    std::vector<size_t> first_batch;
+    for (size_t i = 0; i < want.size(); ++i) {
+      first_batch.push_back(i);
+      if (server_waits && want[i].copy_held) break;
+    }
+    if (!want.empty()) FARPOOL_RETURN_IF_ERROR(lock(first_batch));
     int moved_on = 0;  // retries at once of words that moved on: bounded by the wait too
     for (;;) {
       // The lowest record not locked (and not gone from under its index entry).
@@ -671,6 +723,26 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys) {
         for (size_t i = j + 1; i < want.size(); ++i) {
           if (want[i].locked) above.push_back(i);
         }
+        if (wait.CheckDue()) {
+          // A dead holder finishes nothing: break its lock (restored to its newest version).
+          auto dead = s_.HolderDead(w.prev);
+          if (dead.ok() && *dead) {
+            FARPOOL_RETURN_IF_ERROR(
+                s_.db_.BreakRecordLock(s_.access_, w.k->record, *w.k->t, w.prev));
+          }
+        }
+        auto waited_out = [&] {
+          return Status::Aborted("key " + std::to_string(w.k->key) + " of '" + w.k->t->name_ +
+                                 "' is locked by another transaction (locking read: waited " +
+                                 std::to_string(kLockingReadWaitNs / 1'000'000) + " ms)");
+        };
+        if (server_waits) {
+          // The server waits; those above are given back in the batch that waits (one round
+          // trip).
+          if (wait.Expired()) return waited_out();
+          FARPOOL_RETURN_IF_ERROR(lock({j}, above));
+          continue;
+        }
         if (!above.empty()) {
           Access::Batch b(s_.access_);
           std::vector<uint64_t> prev(above.size());
@@ -686,19 +758,7 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys) {
             held_.erase({want[i].k->t->id_, want[i].k->key});
           }
         }
-        if (wait.CheckDue()) {
-          // A dead holder finishes nothing: break its lock (restored to its newest version).
-          auto dead = s_.HolderDead(w.prev);
-          if (dead.ok() && *dead) {
-            FARPOOL_RETURN_IF_ERROR(
-                s_.db_.BreakRecordLock(s_.access_, w.k->record, *w.k->t, w.prev));
-          }
-        }
-        if (!wait.Pause()) {
-          return Status::Aborted("key " + std::to_string(w.k->key) + " of '" + w.k->t->name_ +
-                                 "' is locked by another transaction (locking read: waited " +
-                                 std::to_string(kLockingReadWaitNs / 1'000'000) + " ms)");
-        }
+        if (!wait.Pause()) return waited_out();
         // The holder's copy (read behind our CAS): a commit of it installs the next version.
         const RecordImage& img = w.k->image;
         if (img.key == w.k->key && !img.torn && CellsConsecutive(img)) {

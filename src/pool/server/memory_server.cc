@@ -12,6 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>
@@ -92,9 +93,16 @@ class MemoryServer::Impl : public transport::AmHandler {
   std::vector<std::byte> Refuse(const Status& reason) override;
   // Forwards this round's changes to the backup before the replies go (see the header).
   void Settle(std::span<std::vector<std::byte>> replies) override;
+  // Waiting compare-and-swaps (see the header).
+  void TakeLate(std::vector<transport::LateReply>* out) override;
+  std::optional<Clock::time_point> WakeAt() const override;
+  void Closed(const transport::Peer& peer) override;
 
  private:
   Result<std::vector<std::byte>> Answer(const wire::Message& m, transport::Peer* from);
+  // Keeps this batch's changes (from `before` in changed_) for the backup if replicated, else
+  // drops them (they served only to wake waiters).
+  void KeepChanges(size_t before);
   // Ok if a request that changes the region or the leases may run now (replication).
   Status MayChange() const;
   // Ok while the lease from the backup holds (replicated, not degraded): see mirror.h.
@@ -106,8 +114,35 @@ class MemoryServer::Impl : public transport::AmHandler {
   // Stops forwarding: the backup was declared gone (DegradeRequest).
   void Degrade();
   Result<wire::BackupReply> ConfigureBackup(const wire::BackupRequest& request);
+  // The reply, or empty if the batch waits (answered later through TakeLate).
   Result<std::vector<std::byte>> ExecuteBatch(uint64_t id, const wire::BatchRequest& request,
-                                              std::span<const std::byte> ops);
+                                              std::span<const std::byte> ops,
+                                              const transport::Peer* from);
+  // The region as batches see it: the server's own part and, once promoted, the mirror's.
+  memory_ops::Region BatchRegion();
+
+  // A batch stopped at a wait-compare-and-swap whose word was held.
+  struct Waiter {
+    memory_ops::Execution execution;
+    uint64_t request_id = 0;
+    uint32_t op_count = 0;
+    uint64_t connection = 0;  // Peer::id
+    uint64_t tag = 0;         // the connection's process tag
+    uint64_t word = 0;        // the offset waited for
+    Clock::time_point deadline;
+    bool stopped_dirty = false;  // changed the region in the round it stopped in
+  };
+  // Parks a stopped batch at the back of its word's queue.
+  void Park(Waiter w);
+  // Attempts waiter `number` again (its word changed, or its bound passed: `expire`): answers
+  // it if it finishes (or its leases or the server refuse it), else keeps it waiting (at its
+  // place if it stopped on the same word). Appends the offsets it changed to `woken`.
+  void Attempt(uint64_t number, bool expire, std::vector<memory_ops::Range>* woken);
+  // Attempts the waiters of every word in `changed` (a worklist: attempts change words too).
+  void WakeChanged(std::vector<memory_ops::Range> changed);
+  // Answers a waiter later (through TakeLate) and forgets it.
+  void Answer(uint64_t number, std::vector<std::byte> reply, bool promises);
+  void Forget(uint64_t number);
   std::string Name() const {
     return "server " + std::to_string(options_.id) + " (" + options_.host + ":" +
            std::to_string(port_) + ")";
@@ -157,6 +192,22 @@ class MemoryServer::Impl : public transport::AmHandler {
   std::vector<uint64_t> round_;
   std::unique_ptr<transport::AmServer> am_;
   transport::MemoryRegion* region_ = nullptr;  // owned by am_
+  // Waiting compare-and-swaps: waiters by number, each word's queue (arrival order) and the
+  // word's value when its waiters were last attempted, waiters per connection, the replies
+  // ready for TakeLate with their round entries (round_), and whether a batch that stopped in
+  // this round changed the region (its changes go to the backup with the round).
+  std::unordered_map<uint64_t, Waiter> waiters_;
+  struct Queue {
+    std::deque<uint64_t> numbers;
+    uint64_t seen = 0;
+  };
+  std::map<uint64_t, Queue> queues_;
+  std::unordered_map<uint64_t, uint32_t> waiters_of_;  // by Peer::id
+  uint64_t next_waiter_ = 1;
+  std::vector<transport::LateReply> late_;
+  std::vector<uint64_t> late_round_;
+  bool stopped_dirty_ = false;
+  Clock::time_point next_recheck_{};
   Clock::time_point started_ = Clock::now();
   uint64_t requests_served_ = 0;
   uint64_t rejected_ = 0;
@@ -436,7 +487,7 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
       return wire::Encode(id, r);
     }
     case wire::Opcode::kBatchRequest:
-      return ExecuteBatch(id, m.As<wire::BatchRequest>(), m.tail);
+      return ExecuteBatch(id, m.As<wire::BatchRequest>(), m.tail, from);
     case wire::Opcode::kEvictRequest: {
       FARPOOL_ASSIGN_OR_RETURN(wire::EvictReply r, Evict(m.As<wire::EvictRequest>().tag, from));
       return wire::Encode(id, r);
@@ -555,11 +606,7 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(const wire::Backup
   return wire::BackupReply{0};
 }
 
-Result<std::vector<std::byte>> MemoryServer::Impl::ExecuteBatch(uint64_t id,
-                                                                const wire::BatchRequest& request,
-                                                                std::span<const std::byte> ops) {
-  FARPOOL_RETURN_IF_ERROR(MayChange());  // before anything is executed
-  FARPOOL_RETURN_IF_ERROR(MayServe());
+memory_ops::Region MemoryServer::Impl::BatchRegion() {
   const uint64_t own = chunks_.region_size();
   // Offsets past the server's own part address the mirror, for clients that have failed its
   // primary over to this server (only once promoted: Mirror::Covers).
@@ -570,25 +617,204 @@ Result<std::vector<std::byte>> MemoryServer::Impl::ExecuteBatch(uint64_t id,
                               return mirror_ != nullptr && mirror_->Covers(offset - own, size);
                             },
                             options_.id};
+  // Always collected: waiters of a changed word are attempted again; only a replicated server
+  // keeps them for its backup (KeepChanges).
+  region.changed = &changed_;
+  return region;
+}
+
+Result<std::vector<std::byte>> MemoryServer::Impl::ExecuteBatch(uint64_t id,
+                                                                const wire::BatchRequest& request,
+                                                                std::span<const std::byte> ops,
+                                                                const transport::Peer* from) {
+  FARPOOL_RETURN_IF_ERROR(MayChange());  // before anything is executed
+  FARPOOL_RETURN_IF_ERROR(MayServe());
+  const memory_ops::Region region = BatchRegion();
   const size_t before = changed_.size();
-  if (options_.replicated) region.changed = &changed_;
-  auto results = memory_ops::Execute(request.op_count, ops, region);
-  if (!results.ok()) {
+  auto execution = memory_ops::Execution::Check(request.op_count, ops, region);
+  if (!execution.ok()) {
     ++rejected_;
-    return results.status().WithContext(Name());
+    return execution.status().WithContext(Name());
+  }
+  // Waits only with somewhere to answer and room for one more waiter.
+  auto of = from == nullptr ? waiters_of_.end() : waiters_of_.find(from->id);
+  const bool may_wait = from != nullptr && waiters_.size() < kMaxWaiters &&
+                        (of == waiters_of_.end() || of->second < kMaxWaitersPerConnection);
+  const bool done = execution->Run(
+      region, may_wait ? memory_ops::Execution::Wait::kMay : memory_ops::Execution::Wait::kNever);
+  const bool changed = changed_.size() > before;
+  if (changed) {
+    WakeChanged({changed_.begin() + static_cast<ptrdiff_t>(before), changed_.end()});
+  }
+  KeepChanges(before);
+  if (!done) {
+    Waiter w{std::move(*execution),         id, request.op_count, from->id, from->tag, 0, {},
+             changed && options_.replicated};
+    Park(std::move(w));
+    return std::vector<std::byte>{};  // answered later
+  }
+  if (changed_.size() > before) round_.back() = id;
+  std::vector<std::byte> results = execution->TakeReply();
+  return wire::Encode(id, wire::BatchReply{request.op_count, static_cast<uint32_t>(results.size())},
+                      results);
+}
+
+void MemoryServer::Impl::KeepChanges(size_t before) {
+  if (!options_.replicated) {
+    changed_.resize(before);
+    return;
   }
   // Changes to the mirror (a failed-over primary's data) have this one copy: not forwarded.
+  const uint64_t own = chunks_.region_size();
   changed_.erase(std::remove_if(changed_.begin() + static_cast<ptrdiff_t>(before), changed_.end(),
                                 [own](const memory_ops::Range& r) { return r.offset >= own; }),
                  changed_.end());
-  if (changed_.size() > before) round_.back() = id;
-  return wire::Encode(
-      id, wire::BatchReply{request.op_count, static_cast<uint32_t>(results->size())}, *results);
+}
+
+void MemoryServer::Impl::Park(Waiter w) {
+  w.word = w.execution.waiting_offset();
+  w.deadline = Clock::now() + std::chrono::microseconds(w.execution.waiting_us());
+  if (w.stopped_dirty) stopped_dirty_ = true;
+  const uint64_t number = next_waiter_++;
+  Queue& q = queues_[w.word];
+  q.seen = __atomic_load_n(reinterpret_cast<uint64_t*>(region_->data() + w.word), __ATOMIC_SEQ_CST);
+  q.numbers.push_back(number);
+  ++waiters_of_[w.connection];
+  if (waiters_.empty()) next_recheck_ = Clock::now() + kRecheckPeriod;
+  waiters_.emplace(number, std::move(w));
+}
+
+void MemoryServer::Impl::Forget(uint64_t number) {
+  auto it = waiters_.find(number);
+  if (it == waiters_.end()) return;
+  auto q = queues_.find(it->second.word);
+  if (q != queues_.end()) {
+    auto& numbers = q->second.numbers;
+    numbers.erase(std::remove(numbers.begin(), numbers.end(), number), numbers.end());
+    if (numbers.empty()) queues_.erase(q);
+  }
+  auto c = waiters_of_.find(it->second.connection);
+  if (c != waiters_of_.end() && --c->second == 0) waiters_of_.erase(c);
+  waiters_.erase(it);
+}
+
+void MemoryServer::Impl::Answer(uint64_t number, std::vector<std::byte> reply, bool promises) {
+  const Waiter& w = waiters_.at(number);
+  late_.push_back({w.connection, std::move(reply)});
+  late_round_.push_back(promises ? w.request_id : 0);
+  Forget(number);
+}
+
+void MemoryServer::Impl::Attempt(uint64_t number, bool expire,
+                                 std::vector<memory_ops::Range>* woken) {
+  Waiter& w = waiters_.at(number);
+  if (IsEvicted(w.tag)) return Forget(number);  // its connections are closed or refused
+  const memory_ops::Region region = BatchRegion();
+  Status may = fenced_ ? *fenced_ : MayServe();
+  if (may.ok()) may = w.execution.Recheck(region).WithContext(Name());
+  if (!may.ok()) return Answer(number, wire::EncodeError(w.request_id, may), false);
+  const size_t before = changed_.size();
+  const bool done = w.execution.Run(region, expire ? memory_ops::Execution::Wait::kExpireCurrent
+                                                   : memory_ops::Execution::Wait::kMay);
+  const bool changed = changed_.size() > before;
+  if (changed)
+    woken->insert(woken->end(), changed_.begin() + static_cast<ptrdiff_t>(before), changed_.end());
+  KeepChanges(before);
+  if (done) {
+    std::vector<std::byte> results = w.execution.TakeReply();
+    return Answer(
+        number,
+        wire::Encode(w.request_id,
+                     wire::BatchReply{w.op_count, static_cast<uint32_t>(results.size())}, results),
+        changed_.size() > before);
+  }
+  if (changed && options_.replicated) {
+    w.stopped_dirty = true;
+    stopped_dirty_ = true;
+  }
+  if (w.execution.waiting_offset() == w.word && !expire) {
+    queues_[w.word].seen =
+        __atomic_load_n(reinterpret_cast<uint64_t*>(region_->data() + w.word), __ATOMIC_SEQ_CST);
+    return;  // keeps its place
+  }
+  // Stopped at a later operation: at the back of that word's queue, with that one's bound.
+  Waiter moved = std::move(w);
+  Forget(number);
+  Park(std::move(moved));
+}
+
+void MemoryServer::Impl::WakeChanged(std::vector<memory_ops::Range> changed) {
+  while (!changed.empty()) {
+    const memory_ops::Range r = changed.back();
+    changed.pop_back();
+    std::vector<uint64_t> words;
+    for (auto it = queues_.lower_bound(r.offset);
+         it != queues_.end() && it->first < r.offset + r.size; ++it) {
+      words.push_back(it->first);
+    }
+    for (uint64_t word : words) {
+      auto q = queues_.find(word);
+      if (q == queues_.end()) continue;
+      // Arrival order; a copy, since attempts change the queue.
+      const std::deque<uint64_t> numbers = q->second.numbers;
+      for (uint64_t number : numbers) {
+        if (waiters_.count(number) != 0) Attempt(number, false, &changed);
+      }
+    }
+  }
+}
+
+void MemoryServer::Impl::TakeLate(std::vector<transport::LateReply>* out) {
+  if (!waiters_.empty()) {
+    const auto now = Clock::now();
+    if (now >= next_recheck_) {
+      // Words changed by clients that bypass the loop (mapped, one-sided).
+      std::vector<memory_ops::Range> changed;
+      for (auto& [word, q] : queues_) {
+        const uint64_t value =
+            __atomic_load_n(reinterpret_cast<uint64_t*>(region_->data() + word), __ATOMIC_SEQ_CST);
+        if (value != q.seen) changed.push_back({word, 8});
+      }
+      WakeChanged(std::move(changed));
+      next_recheck_ = now + kRecheckPeriod;
+    }
+    std::vector<uint64_t> expired;
+    for (const auto& [number, w] : waiters_) {
+      if (w.deadline <= now) expired.push_back(number);
+    }
+    std::sort(expired.begin(), expired.end());  // arrival order
+    for (uint64_t number : expired) {
+      if (waiters_.count(number) == 0) continue;
+      std::vector<memory_ops::Range> changed;
+      Attempt(number, true, &changed);
+      WakeChanged(std::move(changed));
+    }
+  }
+  for (auto& late : late_) out->push_back(std::move(late));
+  round_.insert(round_.end(), late_round_.begin(), late_round_.end());
+  late_.clear();
+  late_round_.clear();
+}
+
+std::optional<Clock::time_point> MemoryServer::Impl::WakeAt() const {
+  if (waiters_.empty()) return std::nullopt;
+  Clock::time_point at = next_recheck_;
+  for (const auto& [number, w] : waiters_) at = std::min(at, w.deadline);
+  return at;
+}
+
+void MemoryServer::Impl::Closed(const transport::Peer& peer) {
+  if (waiters_of_.count(peer.id) == 0) return;
+  std::vector<uint64_t> gone;
+  for (const auto& [number, w] : waiters_) {
+    if (w.connection == peer.id) gone.push_back(number);
+  }
+  for (uint64_t number : gone) Forget(number);
 }
 
 void MemoryServer::Impl::Settle(std::span<std::vector<std::byte>> replies) {
-  const bool promised =
-      std::any_of(round_.begin(), round_.end(), [](uint64_t id) { return id != 0; });
+  const bool promised = stopped_dirty_ || std::any_of(round_.begin(), round_.end(),
+                                                      [](uint64_t id) { return id != 0; });
   auto declared_gone = [&] { return backup_ != nullptr && backup_gone_.load() == backup_->id(); };
   if (declared_gone()) Degrade();
   if (promised && backup_ != nullptr) {
@@ -610,8 +836,19 @@ void MemoryServer::Impl::Settle(std::span<std::vector<std::byte>> replies) {
       for (size_t i = 0; i < replies.size() && i < round_.size(); ++i) {
         if (round_[i] != 0) replies[i] = wire::EncodeError(round_[i], why);
       }
+      // Batches that changed the region in this round and then stopped to wait: their reply
+      // (the next round's) would promise those changes too.
+      std::vector<uint64_t> failed;
+      for (const auto& [number, w] : waiters_) {
+        if (w.stopped_dirty) failed.push_back(number);
+      }
+      for (uint64_t number : failed) {
+        Answer(number, wire::EncodeError(waiters_.at(number).request_id, why), false);
+      }
     }
   }
+  for (auto& [number, w] : waiters_) w.stopped_dirty = false;
+  stopped_dirty_ = false;
   changed_.clear();
   lease_changes_.clear();
   round_.clear();

@@ -39,8 +39,27 @@
 // answer fails that round's changes
 // (applied here, not acknowledged) until a DegradeRequest says the backup is gone.
 //
+// Waiting compare-and-swaps (memory_ops kWaitCompareAndSwap; docs/pool.md "Waiting
+// compare-and-swap"): a batch whose wait-compare-and-swap finds its word held stops there and
+// is answered later (the rest of the batch, in order, after it). Invariants:
+//   - Waiters are kept per word, first come first served: whenever the loop executes a change
+//     to a word (a batch or another waiter), that word's waiters are attempted again in arrival
+//     order, before the next message is handled; clients that map the region or use UCX's
+//     one-sided atomics change words without the loop, so every waited word is also read again
+//     every kRecheckPeriod (event progress: at the poll's 1 ms granularity) and its waiters
+//     attempted if it changed.
+//   - Every waiter is answered by its bound (wait_us after it began to wait: attempted once
+//     more, then the batch runs on), or dropped with its connection (closed, failed, its
+//     process evicted or said goodbye). At most kMaxWaiters per server and
+//     kMaxWaitersPerConnection per connection: beyond, the operation is one attempt (the client
+//     polls, as it would without this).
+//   - The operations of a waiting batch are checked against the leases again before it runs on;
+//     a replicated server forwards what a batch changed before it stopped with that round, and
+//     a round whose forward failed fails the batches that stopped in it (error reply).
+//
 // Progress modes (ProgressMode, transport/am_server.h): kBusy polls without pause; kEvent
-// sleeps on the worker's event descriptor as soon as a poll finds no work (no spin).
+// sleeps on the worker's event descriptor as soon as a poll finds no work (no spin), or until
+// the next waiter's recheck or bound.
 //
 // Thread-safety: Start/Stop/destructor from one owning thread.
 #pragma once
@@ -86,6 +105,11 @@ struct ServerOptions {
 // and then some. A forgotten tag matters only if its process, not killed (it does not map the
 // region), is still alive and opens a new connection after 65,536 later evictions.
 inline constexpr size_t kMaxEvictedTags = 1 << 16;
+// Waiting compare-and-swaps (see the header comment): how often every waited word is read
+// again for changes made without the server's loop, and the caps on waiters.
+inline constexpr std::chrono::microseconds kRecheckPeriod{250};
+inline constexpr size_t kMaxWaiters = 4096;
+inline constexpr uint32_t kMaxWaitersPerConnection = 16;
 
 // Private resident memory (RssAnon) of this process, in bytes; 0 if unknown.
 uint64_t PrivateResidentBytes();
