@@ -11,6 +11,7 @@
 #include "common/units.h"
 #include "coord/membership.h"
 #include "farpool/cluster.h"
+#include "pool/server/coordinator.h"
 #include "pool/server/memory_server.h"
 #include "transport/shm_dir.h"
 
@@ -90,10 +91,23 @@ int RunServer(const ServerArgs& a) {
         a.id);
   }
   // Registered before it says it is ready: a server that `cluster up` counts in has its key.
+  // In a replicated cluster every server campaigns to be the coordinator, which decides
+  // failovers (pool/server/coordinator.h).
+  std::unique_ptr<Coordinator> coordinator;  // outlives the membership thread that runs it
   std::unique_ptr<coord::Membership> membership;
   if (!etcd_endpoints.empty()) {
-    auto m = coord::Membership::Start({etcd_endpoints, a.etcd_prefix, static_cast<uint16_t>(a.id),
-                                       o.host + ":" + std::to_string((*server)->port())});
+    coord::Membership::Options mo{etcd_endpoints, a.etcd_prefix, static_cast<uint16_t>(a.id),
+                                  o.host + ":" + std::to_string((*server)->port()),
+                                  (*server)->mirror_port()};
+    if (a.replicated) {
+      auto c = Coordinator::Create(static_cast<uint16_t>(a.id), a.secret_file);
+      if (!c.ok()) return Fail(c.status().message());
+      coordinator = std::move(*c);
+      mo.coordinate = [c = coordinator.get()](coord::EtcdClient& etcd, const coord::MapKeys& keys) {
+        c->Tick(etcd, keys);
+      };
+    }
+    auto m = coord::Membership::Start(mo);
     if (!m.ok()) return Fail(m.status().message());
     membership = std::move(*m);
     std::printf("farpool server %d: registered in etcd %s under %s\n", a.id, a.etcd.c_str(),

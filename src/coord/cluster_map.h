@@ -10,6 +10,8 @@
 //                      server): present exactly while the server lives and reaches etcd.
 //   P + "coordinator"  the id of the coordinator, put under its lease by a txn that requires
 //                      the key not to exist (create_revision == 0): at most one at a time.
+//   P + "suspect/<id>" put by a client that lost server <id>: the coordinator checks it
+//                      (pool/server/coordinator.h) without waiting for the lease to lapse.
 //
 // Thread-safety: value types and plain functions.
 #pragma once
@@ -54,6 +56,8 @@ struct MapKeys {
   std::string AlivePrefix() const { return prefix + "alive/"; }
   std::string Alive(uint16_t id) const { return AlivePrefix() + std::to_string(id); }
   std::string Coordinator() const { return prefix + "coordinator"; }
+  std::string SuspectPrefix() const { return prefix + "suspect/"; }
+  std::string Suspect(uint16_t id) const { return SuspectPrefix() + std::to_string(id); }
 };
 
 // A fresh prefix "/farpool/<16 random hex digits>/" for a new cluster.

@@ -39,8 +39,10 @@ Membership::~Membership() {
 
 Status Membership::Register() {
   FARPOOL_ASSIGN_OR_RETURN(LeaseAnswer lease, etcd_->GrantLease(options_.ttl));
-  const nlohmann::json value = {
-      {"id", options_.id}, {"address", options_.address}, {"pid", static_cast<int64_t>(getpid())}};
+  const nlohmann::json value = {{"id", options_.id},
+                                {"address", options_.address},
+                                {"mirror_port", options_.mirror_port},
+                                {"pid", static_cast<int64_t>(getpid())}};
   auto put = etcd_->Put(keys_.Alive(options_.id), value.dump(), lease.id);
   if (!put.ok()) {
     Status revoked = etcd_->RevokeLease(lease.id);
@@ -52,30 +54,63 @@ Status Membership::Register() {
   return Status::Ok();
 }
 
+void Membership::Elect() {
+  const std::string me = std::to_string(options_.id);
+  if (coordinator_) {
+    auto key = etcd_->Get(keys_.Coordinator());
+    if (!key.ok()) return;  // unknown: keep the role until etcd says otherwise or the lease ends
+    if (key->has_value() && (*key)->value == me && (*key)->lease == lease_) return;
+    coordinator_ = false;
+    std::printf("farpool server %u: no longer the coordinator\n", options_.id);
+    return;
+  }
+  auto won = etcd_->PutIf({{keys_.Coordinator(), Compare::Target::kCreateRevision, 0}},
+                          keys_.Coordinator(), me, lease_);
+  if (won.ok() && won->succeeded) {
+    coordinator_ = true;
+    std::printf("farpool server %u: elected coordinator\n", options_.id);
+  }
+}
+
 void Membership::Run() {
-  const auto period = options_.ttl / 4;
+  // Ticks every 100 ms (the coordinator's pace); keepalives every ttl/4.
+  const auto tick =
+      std::min<std::chrono::milliseconds>(std::chrono::milliseconds(100), options_.ttl / 4);
+  auto next_keepalive = std::chrono::steady_clock::now() + options_.ttl / 4;
   std::unique_lock lock(mu_);
-  while (!cv_.wait_for(lock, period, [&] { return stop_; })) {
+  while (!cv_.wait_for(lock, tick, [&] { return stop_; })) {
     lock.unlock();
-    Status s = etcd_->KeepAlive(lease_).status();
-    if (s.code() == StatusCode::kNotFound) {
-      // The lease lapsed (etcd was unreachable for longer than the TTL, or lost it): the key
-      // went with it. Register again.
-      s = Register();
-      if (s.ok()) {
-        std::printf("farpool server %u: re-registered in etcd (lease %lld)\n", options_.id,
-                    static_cast<long long>(lease_));
-      }
+    if (std::chrono::steady_clock::now() >= next_keepalive || !registered_) {
+      next_keepalive = std::chrono::steady_clock::now() + options_.ttl / 4;
+      KeepAliveOnce();
     }
-    const bool was = registered_.exchange(s.ok());
-    if (was && !s.ok()) {
-      std::printf("farpool server %u: etcd unreachable, serving on and retrying: %s\n", options_.id,
-                  s.message().c_str());
-    } else if (!was && s.ok()) {
-      std::printf("farpool server %u: etcd reachable again, registered\n", options_.id);
+    if (registered_ && options_.coordinate) {
+      Elect();
+      if (coordinator_) options_.coordinate(*etcd_, keys_);
     }
     std::fflush(stdout);
     lock.lock();
+  }
+}
+
+void Membership::KeepAliveOnce() {
+  Status s = etcd_->KeepAlive(lease_).status();
+  if (s.code() == StatusCode::kNotFound) {
+    // The lease lapsed (etcd was unreachable for longer than the TTL, or lost it): the key
+    // went with it, and the coordinator key if this server held it. Register again.
+    coordinator_ = false;
+    s = Register();
+    if (s.ok()) {
+      std::printf("farpool server %u: re-registered in etcd (lease %lld)\n", options_.id,
+                  static_cast<long long>(lease_));
+    }
+  }
+  const bool was = registered_.exchange(s.ok());
+  if (was && !s.ok()) {
+    std::printf("farpool server %u: etcd unreachable, serving on and retrying: %s\n", options_.id,
+                s.message().c_str());
+  } else if (!was && s.ok()) {
+    std::printf("farpool server %u: etcd reachable again, registered\n", options_.id);
   }
 }
 

@@ -255,3 +255,185 @@ TEST(Membership, ClustersJoinAnExistingEtcdUnderTheirOwnPrefixes) {
 
 }  // namespace
 }  // namespace farpool
+
+namespace farpool {
+namespace {
+
+// Writes increasing values into one object per server, round robin, and remembers per object
+// the last value acknowledged and the values written after it whose outcome is unknown.
+class Writer {
+ public:
+  Writer(Pool& pool, std::vector<GlobalAddress> objects)
+      : pool_(pool), objects_(std::move(objects)), log_(objects_.size()) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~Writer() { Stop(); }
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  // Waits until every object has had `n` acknowledged writes after this call (false after
+  // 60 s: the client does not follow).
+  bool AcknowledgedEverywhere(int n) {
+    std::vector<uint64_t> start;
+    {
+      std::lock_guard lock(mu_);
+      for (const Log& l : log_) start.push_back(l.acks);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      bool all = true;
+      {
+        std::lock_guard lock(mu_);
+        for (size_t i = 0; i < log_.size(); ++i) all = all && log_[i].acks >= start[i] + n;
+      }
+      if (all) return true;
+      std::this_thread::sleep_for(20ms);
+    }
+    return false;
+  }
+  // Every object holds its last acknowledged value or a later one whose outcome was unknown.
+  void CheckIntact() {
+    std::lock_guard lock(mu_);
+    for (size_t i = 0; i < objects_.size(); ++i) {
+      uint64_t value = 0;
+      Status read = pool_.Read(objects_[i], &value, 8);
+      ASSERT_TRUE(read.ok()) << "object " << i << ": " << read.ToString();
+      const Log& l = log_[i];
+      const bool later = std::find(l.unknown.begin(), l.unknown.end(), value) != l.unknown.end();
+      EXPECT_TRUE(value == l.acked || later)
+          << "object " << i << " holds " << value << ", last acknowledged " << l.acked;
+    }
+  }
+
+ private:
+  struct Log {
+    uint64_t acked = 0;
+    uint64_t acks = 0;
+    std::vector<uint64_t> unknown;  // written after `acked`, outcome unknown
+  };
+  void Run() {
+    uint64_t next = 0;
+    while (!stop_) {
+      for (size_t i = 0; i < objects_.size() && !stop_; ++i) {
+        const uint64_t value = ++next;
+        Status st = pool_.Write(objects_[i], &value, 8);
+        std::lock_guard lock(mu_);
+        if (st.ok()) {
+          log_[i].acked = value;
+          log_[i].unknown.clear();
+          ++log_[i].acks;
+        } else {
+          log_[i].unknown.push_back(value);
+        }
+      }
+      std::this_thread::sleep_for(2ms);
+    }
+  }
+
+  Pool& pool_;
+  const std::vector<GlobalAddress> objects_;
+  std::mutex mu_;
+  std::vector<Log> log_;  // guarded by mu_
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+struct FailoverSetup {
+  std::unique_ptr<Pool> pool;
+  std::vector<GlobalAddress> objects;  // one per server
+};
+
+void Connect(const TestCluster& cluster, int servers, FailoverSetup* out) {
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  PoolOptions po;
+  po.op_timeout = 5000ms;
+  auto pool = Pool::Connect(*config, po);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  out->pool = std::move(*pool);
+  for (int s = 0; s < servers; ++s) {
+    auto a = out->pool->Alloc(64, Placement::OnServer(static_cast<uint16_t>(s)));
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    out->objects.push_back(*a);
+  }
+}
+
+int Coordinator(const std::string& dir) {
+  return WaitForView(dir, [](const EtcdView& v) { return v.coordinator >= 0; }).coordinator;
+}
+
+// SIGKILL of a primary (not the coordinator) under a writing client: the coordinator promotes
+// its backup and moves the epoch; the client follows the map; no acknowledged write is lost.
+void KillAPrimary(bool netns) {
+  constexpr int kServers = 3;
+  TestCluster cluster(Options(kServers, 1, netns));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  FailoverSetup setup;
+  ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
+  const int coordinator = Coordinator(cluster.dir());
+  ASSERT_GE(coordinator, 0) << "no coordinator elected";
+  const int victim = (coordinator + 1) % kServers;
+  const int backup = (victim + 1) % kServers;
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  Writer writer(*setup.pool, setup.objects);
+  ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[victim].pid), SIGKILL), 0);
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failover";
+  writer.Stop();
+  writer.CheckIntact();
+  EtcdView view = ClusterEtcdStatus(cluster.dir()).value();
+  EXPECT_EQ(view.map.epoch, 2);
+  EXPECT_EQ(view.map.Find(victim)->served_by, backup);
+  EXPECT_EQ(view.map.Find(victim)->backup, -1);
+  EXPECT_EQ(view.map.Find((victim + kServers - 1) % kServers)->backup, -1);  // degraded
+  // The failover came on the client's report, not after the lease: the key goes later.
+  view = WaitForView(cluster.dir(), [&](const EtcdView& v) { return !Contains(v.alive, victim); });
+  EXPECT_FALSE(Contains(view.alive, static_cast<uint16_t>(victim)));
+  EXPECT_EQ(view.map.epoch, 2);
+}
+
+TEST(CoordinatorFailover, ASigkilledPrimaryIsFailedOverByTheCoordinatorAndTheClientFollows) {
+  KillAPrimary(false);
+}
+
+TEST(CoordinatorFailover, ServersInNetworkNamespaces) { KillAPrimary(true); }
+
+// SIGKILL of the coordinator (a primary too): another server is elected and fails the dead
+// one over; then a later failure of another server is handled by the new coordinator.
+TEST(CoordinatorFailover, AnotherCoordinatorIsElectedAndHandlesLaterFailures) {
+  constexpr int kServers = 4;
+  TestCluster cluster(Options(kServers, 1));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  FailoverSetup setup;
+  ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
+  const int first = Coordinator(cluster.dir());
+  ASSERT_GE(first, 0) << "no coordinator elected";
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  Writer writer(*setup.pool, setup.objects);
+  ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[first].pid), SIGKILL), 0);
+  EtcdView view = WaitForView(cluster.dir(), [&](const EtcdView& v) {
+    return v.coordinator >= 0 && v.coordinator != first && v.map.epoch == 2;
+  });
+  ASSERT_EQ(view.map.epoch, 2);
+  const int second = view.coordinator;
+  EXPECT_NE(second, first);
+  EXPECT_EQ(view.map.Find(first)->served_by, (first + 1) % kServers);
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failover";
+
+  // A second failure, of a server whose backup is alive and which serves no other region.
+  const int victim = (first + 2) % kServers;
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[victim].pid), SIGKILL), 0);
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failover";
+  writer.Stop();
+  writer.CheckIntact();
+  view = ClusterEtcdStatus(cluster.dir()).value();
+  EXPECT_EQ(view.map.epoch, 3);
+  EXPECT_EQ(view.map.Find(victim)->served_by, (victim + 1) % kServers);
+}
+
+}  // namespace
+}  // namespace farpool
