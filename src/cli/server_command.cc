@@ -107,6 +107,18 @@ int RunServer(const ServerArgs& a) {
         c->Tick(etcd, keys);
       };
     }
+    // Fencing by epoch: a server whose region the map has moved to another (the coordinator
+    // failed it over while it was cut off) serves nothing more and shuts down.
+    mo.on_map = [id = static_cast<uint16_t>(a.id)](const coord::ClusterMap& map) {
+      const coord::MapServer* me = map.Find(id);
+      if (me == nullptr || me->served_by == id || fenced.exchange(true)) return;
+      std::printf(
+          "farpool server %u: fenced by the cluster map: epoch %lld has its region served "
+          "by server %u\n",
+          id, static_cast<long long>(map.epoch), me->served_by);
+      std::fflush(stdout);
+      kill(getpid(), SIGTERM);  // taken by the wait below: an orderly shutdown
+    };
     auto m = coord::Membership::Start(mo);
     if (!m.ok()) return Fail(m.status().message());
     membership = std::move(*m);

@@ -83,6 +83,7 @@ void Membership::Run() {
     if (std::chrono::steady_clock::now() >= next_keepalive || !registered_) {
       next_keepalive = std::chrono::steady_clock::now() + options_.ttl / 4;
       KeepAliveOnce();
+      if (registered_ && options_.on_map) ReadMap();
     }
     if (registered_ && options_.coordinate) {
       Elect();
@@ -91,6 +92,13 @@ void Membership::Run() {
     std::fflush(stdout);
     lock.lock();
   }
+}
+
+void Membership::ReadMap() {
+  auto kv = etcd_->Get(keys_.Map());
+  if (!kv.ok() || !kv->has_value()) return;  // none yet (cluster up writes it last), or no etcd
+  auto map = ClusterMap::Parse((*kv)->value, keys_.Map());
+  if (map.ok()) options_.on_map(*map);
 }
 
 void Membership::KeepAliveOnce() {

@@ -52,6 +52,10 @@ class Membership {
     // The coordinator's work, run each tick while this server is the coordinator; empty: this
     // server does not campaign.
     std::function<void(EtcdClient& etcd, const MapKeys& keys)> coordinate;
+    // Called with the cluster map after every keepalive that reached etcd (every ttl/4) and
+    // after a re-registration: how a server learns that the map moved its region away
+    // (fencing by epoch). Empty: the map is not read.
+    std::function<void(const ClusterMap& map)> on_map;
   };
   static Result<std::unique_ptr<Membership>> Start(const Options& options);
   ~Membership();
@@ -68,6 +72,7 @@ class Membership {
   Status Register();  // a new lease and the key under it
   void Run();
   void KeepAliveOnce();
+  void ReadMap();
   // One election step: campaigns if nobody holds the key; checks that the key is still ours.
   void Elect();
 

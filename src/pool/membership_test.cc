@@ -437,3 +437,44 @@ TEST(CoordinatorFailover, AnotherCoordinatorIsElectedAndHandlesLaterFailures) {
 
 }  // namespace
 }  // namespace farpool
+
+namespace farpool {
+namespace {
+
+// Fencing by epoch: a server that finds in the map that its region is served by another (as
+// after a failover decided while it was cut off) stops serving and exits, on its own.
+TEST(Membership, AServerThatTheMapMovedAwayShutsItselfDown) {
+  TestCluster cluster(Options(2, 1));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  auto etcd = coord::EtcdClient::Create({config->etcd.endpoints});
+  ASSERT_TRUE(etcd.ok());
+  const coord::MapKeys keys{config->etcd.prefix};
+  auto kv = (*etcd)->Get(keys.Map());
+  ASSERT_TRUE(kv.ok() && kv->has_value());
+  auto map = coord::ClusterMap::Parse((*kv)->value, keys.Map());
+  ASSERT_TRUE(map.ok());
+  coord::ClusterMap moved = *map;
+  moved.epoch = map->epoch + 1;
+  for (coord::MapServer& m : moved.servers) {
+    if (m.id == 0) {
+      m.served_by = 1;
+      m.backup = -1;
+    }
+    if (m.id == 1) m.backup = -1;
+  }
+  ASSERT_TRUE((*etcd)->Put(keys.Map(), moved.ToJson()).ok());
+  const pid_t server0 = static_cast<pid_t>(config->servers[0].pid);
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (ProcessRunning(server0) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_FALSE(ProcessRunning(server0)) << "server 0 still runs after the map moved its region";
+  EXPECT_TRUE(ProcessRunning(static_cast<pid_t>(config->servers[1].pid)));
+  const std::string log = FileTail(cluster.dir() + "/server-0.log", 2000);
+  EXPECT_NE(log.find("fenced by the cluster map: epoch 2"), std::string::npos) << log;
+}
+
+}  // namespace
+}  // namespace farpool
