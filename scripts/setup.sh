@@ -11,7 +11,7 @@ APT_PACKAGES=(
   libclang-rt-14-dev libucx-dev ucx-utils libcli11-dev nlohmann-json3-dev libfmt-dev
   googletest libgtest-dev libgmock-dev libbenchmark-dev redis-server postgresql sqlite3
   libsqlite3-dev iproute2 procps python3 python3-dev python3-pip python3-venv faketime
-  libfuse3-dev fuse3 fio libssl-dev
+  libfuse3-dev fuse3 fio libssl-dev etcd-server etcd-client libcurl4-openssl-dev
 )
 
 missing=()

@@ -7,7 +7,12 @@
 //     "servers": [
 //       {"id": 0, "address": "127.0.0.1:41000", "memory": 1073741824,
 //        "pid": 4242, "netns": ""}             // pid/netns: set by `farpool cluster up`
-//     ]
+//     ],
+//     "etcd": {                                // optional: the cluster's map in etcd
+//       "endpoints": ["http://127.0.0.1:40123"],
+//       "prefix": "/farpool/3f2a9c01d4e5b6a7/",  // its keys (coord/cluster_map.h)
+//       "pid": 4243, "peer_port": 40124        // the member `cluster up` started, if any
+//     }
 //   }
 //
 // Server ids are unique and at most 65535; addresses are HOST:PORT. Every parse error names
@@ -43,6 +48,16 @@ struct ServerAddress {
   std::string Endpoint() const { return host + ":" + std::to_string(port); }
 };
 
+// Where the cluster's map and membership live in etcd (docs/pool.md "Membership on etcd").
+struct EtcdConfig {
+  std::vector<std::string> endpoints;  // http://HOST:PORT; empty: the cluster has no etcd
+  std::string prefix;                  // ends with '/'
+  // The one-member etcd that `farpool cluster up` started (pid 0: it joined an existing etcd
+  // and started none); its data is in DIR/etcd, its peer port is needed to restart it.
+  int64_t pid = 0;
+  uint16_t peer_port = 0;
+};
+
 struct ClusterConfig {
   Fabric transport = Fabric::kAuto;
   std::vector<ServerAddress> servers;
@@ -55,6 +70,7 @@ struct ClusterConfig {
   int replicas = 0;
   // The index in `servers` of the backup of servers[index] (replicas 1).
   size_t BackupOf(size_t index) const { return (index + 1) % servers.size(); }
+  EtcdConfig etcd;
 
   // The secret_file of a loaded config is an absolute path (or relative to the working
   // directory if `path` was).

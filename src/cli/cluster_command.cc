@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "common/units.h"
+#include "coord/etcd_client.h"
 #include "pool/local_cluster.h"
 
 namespace farpool::cli {
@@ -23,6 +24,7 @@ struct ClusterArgs {
   bool netns = false;
   int replicas = 0;
   std::string delay;
+  std::string etcd;
   bool json = false;
 };
 
@@ -58,6 +60,11 @@ int Up(const ClusterArgs& a) {
     if (!d.ok()) return Fail("--delay: " + d.status().message());
     o.delay = *d;
   }
+  if (!a.etcd.empty()) {
+    auto endpoints = coord::ParseEndpoints(a.etcd);
+    if (!endpoints.ok()) return Fail("--etcd: " + endpoints.status().message());
+    o.etcd_endpoints = *endpoints;
+  }
   o.binary = SelfBinary();
   Status s = ClusterUp(o);
   if (!s.ok()) return Fail("cluster up: " + s.message());
@@ -67,12 +74,35 @@ int Up(const ClusterArgs& a) {
               a.replicas > 0 ? ", 1 backup of every byte" : "");
   std::printf("cluster up: cluster secret in %s (mode 0600; clients find it through %s)\n",
               SecretFile(a.dir).c_str(), ClusterFile(a.dir).c_str());
+  auto config = ClusterConfig::Load(ClusterFile(a.dir));
+  if (config.ok()) {
+    std::string endpoints;
+    for (const auto& e : config->etcd.endpoints) endpoints += (endpoints.empty() ? "" : ",") + e;
+    std::printf("cluster up: membership in etcd %s under %s (%s)\n", endpoints.c_str(),
+                config->etcd.prefix.c_str(),
+                config->etcd.pid > 0 ? "a one-member etcd of its own, data in DIR/etcd"
+                                     : "an existing etcd");
+  }
   return 0;
 }
 
 int ShowStatus(const ClusterArgs& a) {
   auto status = ClusterStatus(a.dir);
   if (!status.ok()) return Fail("cluster status: " + status.status().message());
+  // etcd's view: who holds a live lease, the map's epoch and placement, the coordinator.
+  auto etcd = ClusterEtcdStatus(a.dir);
+  nlohmann::json etcd_json;
+  if (etcd.ok()) {
+    nlohmann::json placement = nlohmann::json::array();
+    for (const coord::MapServer& m : etcd->map.servers) {
+      placement.push_back({{"id", m.id}, {"served_by", m.served_by}, {"backup", m.backup}});
+    }
+    etcd_json = {{"endpoints", etcd->endpoints},     {"prefix", etcd->prefix},
+                 {"epoch", etcd->map.epoch},         {"alive", etcd->alive},
+                 {"coordinator", etcd->coordinator}, {"placement", placement}};
+  } else if (etcd.status().code() != StatusCode::kNotFound) {
+    etcd_json = {{"error", etcd.status().message()}};
+  }
   bool all_up = true;
   uint64_t capacity = 0, leased = 0;
   nlohmann::json servers = nlohmann::json::array();
@@ -98,6 +128,7 @@ int ShowStatus(const ClusterArgs& a) {
   if (a.json) {
     nlohmann::json doc = {
         {"servers", servers}, {"capacity", capacity}, {"leased", leased}, {"all_up", all_up}};
+    if (!etcd_json.is_null()) doc["etcd"] = etcd_json;
     std::printf("%s\n", doc.dump(2).c_str());
   } else {
     std::printf("%-4s %-22s %-8s %10s %10s %8s %10s %10s %8s\n", "id", "address", "state",
@@ -117,8 +148,24 @@ int ShowStatus(const ClusterArgs& a) {
     }
     std::printf("total: %s leased of %s\n", FormatSize(leased).c_str(),
                 FormatSize(capacity).c_str());
+    if (etcd.ok()) {
+      std::string alive, placement;
+      for (uint16_t id : etcd->alive) alive += " " + std::to_string(id);
+      for (const coord::MapServer& m : etcd->map.servers) {
+        placement += " " + std::to_string(m.id) + "->" + std::to_string(m.served_by);
+        if (m.backup >= 0) placement += "+" + std::to_string(m.backup);
+      }
+      std::printf("etcd %s (%s): epoch %lld, coordinator %s, alive by lease:%s\n",
+                  etcd->endpoints.c_str(), etcd->prefix.c_str(),
+                  static_cast<long long>(etcd->map.epoch),
+                  etcd->coordinator >= 0 ? std::to_string(etcd->coordinator).c_str() : "none",
+                  alive.empty() ? " none" : alive.c_str());
+      std::printf("placement (region->served by+backup):%s\n", placement.c_str());
+    } else if (etcd.status().code() != StatusCode::kNotFound) {
+      std::printf("etcd: %s\n", etcd.status().message().c_str());
+    }
   }
-  return all_up ? 0 : 1;
+  return all_up && (etcd.ok() || etcd.status().code() == StatusCode::kNotFound) ? 0 : 1;
 }
 
 int Down(const ClusterArgs& a) {
@@ -149,6 +196,9 @@ Command RegisterCluster(CLI::App& app) {
                  "Backups of every byte: 0 (default) or 1 (each server's region mirrored on the "
                  "next server, which takes it over when it dies; twice the memory)");
   up->add_option("--delay", args->delay, "One-way link delay with --netns, e.g. 20us");
+  up->add_option("--etcd", args->etcd,
+                 "Join this etcd (http://HOST:PORT,...) for the cluster's map and membership; "
+                 "default: start a one-member etcd of the cluster's own");
   CLI::App* status = sub->add_subcommand("status", "Show every server's state");
   status->add_option("--dir", args->dir, "Cluster directory")->required();
   status->add_flag("--json", args->json, "Print JSON");

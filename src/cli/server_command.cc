@@ -9,7 +9,9 @@
 #include "cli/commands.h"
 #include "common/process.h"
 #include "common/units.h"
+#include "coord/membership.h"
 #include "farpool/cluster.h"
+#include "pool/server/coordinator.h"
 #include "pool/server/memory_server.h"
 #include "tier/fuse/fuse_mount.h"
 #include "transport/shm_dir.h"
@@ -28,6 +30,8 @@ struct ServerArgs {
   std::string secret_file;
   int mirror_of = -1;
   bool replicated = false;
+  std::string etcd;
+  std::string etcd_prefix;
 };
 
 int RunServer(const ServerArgs& a) {
@@ -47,6 +51,15 @@ int RunServer(const ServerArgs& a) {
   if (!fabric.ok()) return Fail("--transport: " + fabric.status().message());
   if (a.id < 0 || a.id > 65535) return Fail("--id must be from 0 to 65535");
   if (a.mirror_of > 65535) return Fail("--mirror-of must be from 0 to 65535");
+  std::vector<std::string> etcd_endpoints;
+  if (!a.etcd.empty()) {
+    auto endpoints = coord::ParseEndpoints(a.etcd);
+    if (!endpoints.ok()) return Fail("--etcd: " + endpoints.status().message());
+    etcd_endpoints = *endpoints;
+    if (a.etcd_prefix.empty() || !a.etcd_prefix.ends_with("/")) {
+      return Fail("--etcd needs --etcd-prefix, a key prefix ending with '/'");
+    }
+  }
 
   BlockTerminationSignals();  // before any thread starts: they are taken by the wait below
   // Also before any thread: it forks. Whatever kills this server, the janitor then removes its
@@ -81,6 +94,41 @@ int RunServer(const ServerArgs& a) {
         "pool\n",
         a.id);
   }
+  // Registered before it says it is ready: a server that `cluster up` counts in has its key.
+  // In a replicated cluster every server campaigns to be the coordinator, which decides
+  // failovers (pool/server/coordinator.h).
+  std::unique_ptr<Coordinator> coordinator;  // outlives the membership thread that runs it
+  std::unique_ptr<coord::Membership> membership;
+  if (!etcd_endpoints.empty()) {
+    coord::Membership::Options mo{etcd_endpoints, a.etcd_prefix, static_cast<uint16_t>(a.id),
+                                  o.host + ":" + std::to_string((*server)->port()),
+                                  (*server)->mirror_port()};
+    if (a.replicated) {
+      auto c = Coordinator::Create(static_cast<uint16_t>(a.id), a.secret_file);
+      if (!c.ok()) return Fail(c.status().message());
+      coordinator = std::move(*c);
+      mo.coordinate = [c = coordinator.get()](coord::EtcdClient& etcd, const coord::MapKeys& keys) {
+        c->Tick(etcd, keys);
+      };
+    }
+    // Fencing by epoch: a server whose region the map has moved to another (the coordinator
+    // failed it over while it was cut off) serves nothing more and shuts down.
+    mo.on_map = [id = static_cast<uint16_t>(a.id)](const coord::ClusterMap& map) {
+      const coord::MapServer* me = map.Find(id);
+      if (me == nullptr || me->served_by == id || fenced.exchange(true)) return;
+      std::printf(
+          "farpool server %u: fenced by the cluster map: epoch %lld has its region served "
+          "by server %u\n",
+          id, static_cast<long long>(map.epoch), me->served_by);
+      std::fflush(stdout);
+      kill(getpid(), SIGTERM);  // taken by the wait below: an orderly shutdown
+    };
+    auto m = coord::Membership::Start(mo);
+    if (!m.ok()) return Fail(m.status().message());
+    membership = std::move(*m);
+    std::printf("farpool server %d: registered in etcd %s under %s\n", a.id, a.etcd.c_str(),
+                a.etcd_prefix.c_str());
+  }
   std::fflush(stdout);
   if (!a.ready_file.empty()) {
     Status s = WriteReadyFile(a.ready_file, (*server)->port());
@@ -88,6 +136,7 @@ int RunServer(const ServerArgs& a) {
   }
   const int sig = WaitForTerminationSignal();
   std::printf("farpool server %d: signal %d, shutting down\n", a.id, sig);
+  membership.reset();  // leaves etcd first: the cluster sees it gone at once
   (*server)->Stop();
   server->reset();
   std::printf("farpool server %d: stopped\n", a.id);
@@ -123,6 +172,10 @@ Command RegisterServer(CLI::App& app) {
   sub->add_flag("--replicated", args->replicated,
                 "Acknowledge no change before a backup has it: leases and batches are refused "
                 "until `cluster up` names the backup");
+  sub->add_option("--etcd", args->etcd,
+                  "etcd endpoints (http://HOST:PORT,...): register there under a lease, as the "
+                  "cluster's membership (docs/pool.md, Membership on etcd)");
+  sub->add_option("--etcd-prefix", args->etcd_prefix, "The cluster's key prefix in etcd");
   return {sub, [args] { return RunServer(*args); }};
 }
 

@@ -71,6 +71,32 @@ Result<ClusterConfig> ClusterConfig::Parse(std::string_view json, std::string_vi
     }
     config.replicas = doc["replicas"].get<int>();
   }
+  if (doc.contains("etcd")) {
+    const auto& e = doc["etcd"];
+    if (!e.is_object()) return field_error("etcd", "expected an object");
+    if (!e.contains("endpoints") || !e["endpoints"].is_array() || e["endpoints"].empty()) {
+      return field_error("etcd.endpoints", "expected a non-empty array of http://HOST:PORT");
+    }
+    for (const auto& endpoint : e["endpoints"]) {
+      if (!endpoint.is_string()) return field_error("etcd.endpoints", "expected strings");
+      config.etcd.endpoints.push_back(endpoint.get<std::string>());
+    }
+    if (!e.contains("prefix") || !e["prefix"].is_string() ||
+        !e["prefix"].get<std::string>().ends_with("/")) {
+      return field_error("etcd.prefix", "expected a key prefix ending with '/'");
+    }
+    config.etcd.prefix = e["prefix"].get<std::string>();
+    if (e.contains("pid")) {
+      if (!e["pid"].is_number_integer()) return field_error("etcd.pid", "expected an integer");
+      config.etcd.pid = e["pid"].get<int64_t>();
+    }
+    if (e.contains("peer_port")) {
+      if (!e["peer_port"].is_number_unsigned() || e["peer_port"].get<uint64_t>() > 65535) {
+        return field_error("etcd.peer_port", "expected a port");
+      }
+      config.etcd.peer_port = e["peer_port"].get<uint16_t>();
+    }
+  }
   std::set<uint16_t> ids;
   for (size_t i = 0; i < doc["servers"].size(); ++i) {
     const auto& s = doc["servers"][i];
@@ -138,6 +164,12 @@ std::string ClusterConfig::ToJson() const {
                               {"memory", s.memory},
                               {"pid", s.pid},
                               {"netns", s.netns}});
+  }
+  if (!etcd.endpoints.empty()) {
+    doc["etcd"] = {{"endpoints", etcd.endpoints},
+                   {"prefix", etcd.prefix},
+                   {"pid", etcd.pid},
+                   {"peer_port", etcd.peer_port}};
   }
   return doc.dump(2) + "\n";
 }

@@ -68,6 +68,26 @@ TEST(ClusterConfig, ErrorsNameTheFileAndTheField) {
   ExpectError(R"({"version": 2, "servers": [{"id": 1, "address": "h:1"}]})", "version");
 }
 
+TEST(ClusterConfig, TheEtcdSectionRoundTripsAndIsChecked) {
+  ClusterConfig c;
+  c.servers = {ServerAddress{0, "h", 1}};
+  c.etcd.endpoints = {"http://10.1.0.1:2379", "http://10.1.0.2:2379"};
+  c.etcd.prefix = "/farpool/00ff/";
+  c.etcd.pid = 42;
+  c.etcd.peer_port = 2380;
+  auto back = ClusterConfig::Parse(c.ToJson(), "test");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->etcd.endpoints, c.etcd.endpoints);
+  EXPECT_EQ(back->etcd.prefix, c.etcd.prefix);
+  EXPECT_EQ(back->etcd.pid, 42);
+  EXPECT_EQ(back->etcd.peer_port, 2380);
+  ExpectError(R"({"servers": [{"id": 1, "address": "h:1"}], "etcd": {"endpoints": []}})",
+              "etcd.endpoints");
+  ExpectError(
+      R"({"servers": [{"id": 1, "address": "h:1"}], "etcd": {"endpoints": ["http://a:1"], "prefix": "/x"}})",
+      "etcd.prefix");
+}
+
 TEST(ClusterConfig, MissingFileSaysWhichFile) {
   auto r = ClusterConfig::Load("/nonexistent/cluster.json");
   ASSERT_FALSE(r.ok());

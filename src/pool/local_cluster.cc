@@ -22,6 +22,8 @@
 #include "common/host.h"
 #include "common/process.h"
 #include "common/units.h"
+#include "coord/etcd_client.h"
+#include "coord/etcd_process.h"
 #include "pool/control_client.h"
 #include "transport/auth.h"
 #include "transport/shm_dir.h"
@@ -204,6 +206,74 @@ Status NameBackups(const ClusterConfig& config, const transport::ClusterSecret& 
   return Status::Ok();
 }
 
+std::string EtcdDataDir(const std::string& dir) { return (fs::path(dir) / "etcd").string(); }
+std::string EtcdLog(const std::string& dir) { return (fs::path(dir) / "etcd.log").string(); }
+
+// The cluster's etcd: a one-member etcd started here (its data from an earlier cluster in DIR
+// deleted first), or the existing one of `o.etcd_endpoints`, checked to answer.
+Result<EtcdConfig> SetUpEtcd(const LocalClusterOptions& o, const std::string& host) {
+  EtcdConfig etcd;
+  etcd.prefix = coord::NewClusterPrefix();
+  if (!o.etcd_endpoints.empty()) {
+    FARPOOL_ASSIGN_OR_RETURN(auto client, coord::EtcdClient::Create({o.etcd_endpoints}));
+    Status reached = client->Get(coord::MapKeys{etcd.prefix}.Map()).status();
+    if (!reached.ok()) return reached.WithContext("joining etcd " + client->EndpointList());
+    etcd.endpoints = o.etcd_endpoints;
+    return etcd;
+  }
+  std::error_code ec;
+  fs::remove_all(EtcdDataDir(o.dir), ec);
+  coord::EtcdProcessOptions eo;
+  eo.data_dir = EtcdDataDir(o.dir);
+  eo.log = EtcdLog(o.dir);
+  eo.host = host;
+  eo.die_with_parent = o.die_with_parent;
+  eo.start_timeout = o.start_timeout;
+  auto started = coord::StartEtcd(eo);
+  if (!started.ok()) return started.status().WithContext("starting the cluster's etcd");
+  etcd.endpoints = {started->endpoint};
+  etcd.pid = started->pid;
+  etcd.peer_port = started->peer_port;
+  return etcd;
+}
+
+// Stops the etcd member that Up started and deletes its data; for a joined etcd, deletes the
+// cluster's keys (best effort: the cluster is going anyway, and its alive keys lapse with their
+// leases).
+void TearDownEtcd(const std::string& dir, const EtcdConfig& etcd) {
+  if (etcd.endpoints.empty()) return;
+  if (etcd.pid > 0) {
+    StopProcesses({static_cast<pid_t>(etcd.pid)});
+    std::error_code ec;
+    fs::remove_all(EtcdDataDir(dir), ec);
+    return;
+  }
+  auto client = coord::EtcdClient::Create({etcd.endpoints});
+  if (client.ok()) {
+    Status s = (*client)->DeletePrefix(etcd.prefix);
+    (void)s;
+  }
+}
+
+// The map of a freshly started cluster: every server serves its own region, backed up by its
+// ring successor when replicated.
+coord::ClusterMap InitialMap(const ClusterConfig& config) {
+  coord::ClusterMap map;
+  map.epoch = 1;
+  map.replicas = config.replicas;
+  for (size_t i = 0; i < config.servers.size(); ++i) {
+    const ServerAddress& s = config.servers[i];
+    coord::MapServer m;
+    m.id = s.id;
+    m.address = s.Endpoint();
+    m.memory = s.memory;
+    m.served_by = s.id;
+    m.backup = config.replicas > 0 ? config.servers[config.BackupOf(i)].id : -1;
+    map.servers.push_back(m);
+  }
+  return map;
+}
+
 }  // namespace
 
 std::string ClusterFile(const std::string& dir) {
@@ -281,10 +351,18 @@ Status ClusterUp(const LocalClusterOptions& o) {
   std::vector<pid_t> pids;
   auto fail = [&](const Status& s) {
     StopProcesses(pids);
+    TearDownEtcd(o.dir, config.etcd);
     fs::remove(SecretFile(o.dir), ec);
     if (o.netns) TearDownNetwork(names, o.servers);
     return s;
   };
+  auto etcd = SetUpEtcd(o, o.netns ? names.BridgeIp() : "127.0.0.1");
+  if (!etcd.ok()) return fail(etcd.status());
+  config.etcd = *etcd;
+  std::string etcd_endpoints;
+  for (const std::string& e : config.etcd.endpoints) {
+    etcd_endpoints += (etcd_endpoints.empty() ? "" : ",") + e;
+  }
   for (int i = 0; i < o.servers; ++i) {
     const std::string ready =
         (fs::path(o.dir) / ("server-" + std::to_string(i) + ".ready")).string();
@@ -294,11 +372,16 @@ Status ClusterUp(const LocalClusterOptions& o) {
     const std::string port = o.netns ? "7000" : "0";
     std::vector<std::string> argv;
     if (o.netns) argv = {"ip", "netns", "exec", names.Namespace(i)};
-    argv.insert(argv.end(),
-                {o.binary, "server", "--listen", std::string(host).append(":").append(port),
-                 "--memory", std::to_string(o.memory), "--chunk-size", std::to_string(o.chunk_size),
-                 "--id", std::to_string(i), "--progress", std::string(ProgressModeName(o.progress)),
-                 "--ready-file", ready, "--secret-file", secret_file});
+    argv.insert(argv.end(), {o.binary,        "server",
+                             "--listen",      std::string(host).append(":").append(port),
+                             "--memory",      std::to_string(o.memory),
+                             "--chunk-size",  std::to_string(o.chunk_size),
+                             "--id",          std::to_string(i),
+                             "--progress",    std::string(ProgressModeName(o.progress)),
+                             "--ready-file",  ready,
+                             "--secret-file", secret_file,
+                             "--etcd",        etcd_endpoints,
+                             "--etcd-prefix", config.etcd.prefix});
     if (replicas > 0) {
       const int primary = (i + o.servers - 1) % o.servers;  // the one whose backup i is
       argv.insert(argv.end(), {"--mirror-of", std::to_string(primary), "--replicated"});
@@ -326,7 +409,17 @@ Status ClusterUp(const LocalClusterOptions& o) {
     Status named = NameBackups(config, secret);
     if (!named.ok()) return fail(named.WithContext("naming the backups"));
   }
-  FARPOOL_RETURN_IF_ERROR(config.Save(ClusterFile(o.dir)));
+  {
+    auto client = coord::EtcdClient::Create({config.etcd.endpoints});
+    if (!client.ok()) return fail(client.status());
+    auto put =
+        (*client)->Put(coord::MapKeys{config.etcd.prefix}.Map(), InitialMap(config).ToJson());
+    if (!put.ok()) return fail(put.status().WithContext("writing the cluster map to etcd"));
+  }
+  {
+    Status saved = config.Save(ClusterFile(o.dir));
+    if (!saved.ok()) return fail(saved);
+  }
   // Every server must answer, not just listen.
   auto status = ClusterStatus(o.dir);
   if (!status.ok()) return fail(status.status());
@@ -371,6 +464,60 @@ Result<std::vector<ServerStatus>> ClusterStatus(const std::string& dir) {
   return out;
 }
 
+Result<EtcdView> ClusterEtcdStatus(const std::string& dir) {
+  FARPOOL_ASSIGN_OR_RETURN(ClusterConfig config, ClusterConfig::Load(ClusterFile(dir)));
+  if (config.etcd.endpoints.empty()) {
+    return Status::NotFound("cluster file " + ClusterFile(dir) + " names no etcd");
+  }
+  FARPOOL_ASSIGN_OR_RETURN(auto client, coord::EtcdClient::Create({config.etcd.endpoints}));
+  const coord::MapKeys keys{config.etcd.prefix};
+  EtcdView view;
+  view.endpoints = client->EndpointList();
+  view.prefix = keys.prefix;
+  FARPOOL_ASSIGN_OR_RETURN(coord::RangeAnswer all, client->GetPrefix(keys.prefix));
+  bool have_map = false;
+  for (const coord::KeyValue& kv : all.kvs) {
+    if (kv.key == keys.Map()) {
+      FARPOOL_ASSIGN_OR_RETURN(
+          view.map, coord::ClusterMap::Parse(kv.value, "etcd " + view.endpoints + " " + kv.key));
+      have_map = true;
+    } else if (kv.key.starts_with(keys.AlivePrefix())) {
+      view.alive.push_back(
+          static_cast<uint16_t>(std::stoul(kv.key.substr(keys.AlivePrefix().size()))));
+    } else if (kv.key == keys.Coordinator()) {
+      view.coordinator = std::stoi(kv.value);
+    }
+  }
+  if (!have_map) {
+    return Status::NotFound("etcd " + view.endpoints + ": no cluster map at " + keys.Map());
+  }
+  std::sort(view.alive.begin(), view.alive.end());
+  return view;
+}
+
+Status RestartClusterEtcd(const std::string& dir, bool die_with_parent) {
+  FARPOOL_ASSIGN_OR_RETURN(ClusterConfig config, ClusterConfig::Load(ClusterFile(dir)));
+  if (config.etcd.pid <= 0 || config.etcd.endpoints.size() != 1) {
+    return Status::InvalidArgument("the cluster in " + dir + " did not start an etcd of its own");
+  }
+  if (ProcessRunning(static_cast<pid_t>(config.etcd.pid))) {
+    return Status::InvalidArgument("the cluster's etcd (pid " + std::to_string(config.etcd.pid) +
+                                   ") is still running");
+  }
+  const std::string endpoint = config.etcd.endpoints.front();
+  const size_t colon = endpoint.rfind(':');
+  coord::EtcdProcessOptions eo;
+  eo.data_dir = EtcdDataDir(dir);
+  eo.log = EtcdLog(dir);
+  eo.host = endpoint.substr(std::string("http://").size(), colon - std::string("http://").size());
+  eo.client_port = static_cast<uint16_t>(std::stoul(endpoint.substr(colon + 1)));
+  eo.peer_port = config.etcd.peer_port;
+  eo.die_with_parent = die_with_parent;
+  FARPOOL_ASSIGN_OR_RETURN(coord::EtcdProcess started, coord::StartEtcd(eo));
+  config.etcd.pid = started.pid;
+  return config.Save(ClusterFile(dir));
+}
+
 Status ClusterDown(const std::string& dir) {
   FARPOOL_ASSIGN_OR_RETURN(ClusterConfig config, ClusterConfig::Load(ClusterFile(dir)));
   std::vector<pid_t> pids;
@@ -380,6 +527,7 @@ Status ClusterDown(const std::string& dir) {
     netns = netns || !s.netns.empty();
   }
   StopProcesses(pids);
+  TearDownEtcd(dir, config.etcd);
   // Each server's janitor removes its shared-memory files; this catches those whose janitor
   // was killed too.
   transport::RemoveStaleShmDirectories();

@@ -11,6 +11,14 @@
 // period), waits until no server process is left, deletes the namespaces and the bridge, the
 // cluster file and the secret.
 //
+// Membership on etcd (docs/pool.md "Membership on etcd"): unless `etcd_endpoints` names an
+// existing etcd, Up first starts a one-member etcd (data in DIR/etcd, log DIR/etcd.log, client
+// port free on 127.0.0.1, or on the bridge's address with `netns` so that servers in their
+// namespaces reach it). Every server registers under the cluster's prefix with its own lease
+// (coord/membership.h); Up writes the cluster map (epoch 1) once all are ready, and the
+// endpoints and prefix into cluster.json. Down stops the etcd it started (and deletes its data)
+// or, for a joined etcd, deletes the cluster's keys.
+//
 // A failed Up stops whatever it started. Every error names the server and its log file.
 //
 // Thread-safety: functions of one process; two clusters need two directories.
@@ -21,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "coord/cluster_map.h"
 #include "farpool/cluster.h"
 #include "farpool/pool.h"
 #include "farpool/status.h"
@@ -42,6 +51,8 @@ struct LocalClusterOptions {
   std::chrono::nanoseconds delay{0};  // requires netns
   std::string binary;                 // path of the farpool executable
   std::chrono::seconds start_timeout{30};
+  // An existing etcd to join (http://HOST:PORT each); empty: start a one-member etcd.
+  std::vector<std::string> etcd_endpoints;
   // The servers are killed when the thread that ran ClusterUp ends (SpawnDetached's
   // die_with_parent): for tests, so that a killed test leaves no server behind. Off for
   // `farpool cluster up`, whose servers outlive the command.
@@ -60,6 +71,23 @@ struct ServerStatus {
 // Asks every server of DIR/cluster.json for its stats (each on its own, so one dead server
 // does not hide the others).
 Result<std::vector<ServerStatus>> ClusterStatus(const std::string& dir);
+
+// etcd's view of the cluster: the map, who holds a live lease, who coordinates.
+struct EtcdView {
+  std::string endpoints;  // comma-separated
+  std::string prefix;
+  coord::ClusterMap map;
+  std::vector<uint16_t> alive;  // ids whose alive key exists (their lease is kept alive)
+  int coordinator = -1;         // id of the elected coordinator, -1: none
+};
+// Reads it; NotFound if the cluster has no etcd; Unavailable naming the endpoints if etcd does
+// not answer.
+Result<EtcdView> ClusterEtcdStatus(const std::string& dir);
+
+// Starts the cluster's own etcd member again (after it died or was killed) on its data
+// directory and ports, and records its new pid in cluster.json. REQUIRES: the cluster was
+// started with its own etcd (not --etcd) and that member is not running.
+Status RestartClusterEtcd(const std::string& dir, bool die_with_parent = false);
 
 std::string ClusterFile(const std::string& dir);
 // DIR/cluster.secret: the cluster secret of the cluster in DIR (transport/auth.h).

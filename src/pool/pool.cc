@@ -29,6 +29,14 @@
 //     says it pinned us (kHelloMayMap): then an eviction can kill us. A connection that fails
 //     is explained by a fresh hello (WhyLost): a server that evicted us refuses it, and the
 //     server is marked failed with its words ("evicted by server N: ...").
+//   - Failover on etcd (docs/pool.md "Membership on etcd"): in a replicated cluster whose file
+//     names an etcd, the client does not decide failovers. A server it finds gone is reported
+//     to the coordinator (MapKeys::Suspect) and the client waits for the cluster map to name
+//     the server that serves its region (AwaitMapDecision); a map watcher thread polls the
+//     map's epoch every 250 ms and re-routes by it (FollowMap) a server that this client has
+//     not found gone itself (a partitioned old primary it still reaches, say). If etcd does
+//     not answer or no decision comes within kCoordinatorWait, the client falls back to
+//     asking the backup itself (the race of the first stage, kept safe by the backup's fence).
 //   - Access control: with a cluster secret (ClusterConfig::secret_file) every connection,
 //     the monitor's and WhyLost's included, opens with the challenge-response of
 //     transport/auth.h (Handshake): a ChallengeRequest, then the hello with our proof; the
@@ -54,6 +62,8 @@
 #include "common/far_copy.h"
 #include "common/host.h"
 #include "common/units.h"
+#include "coord/cluster_map.h"
+#include "coord/etcd_client.h"
 #include "pool/control_client.h"
 #include "pool/memory_ops.h"
 #include "pool/object_allocator.h"
@@ -115,6 +125,13 @@ constexpr int kProbeRefusals = 3;
 // The longest a thread awaiting a reply sleeps between checks that its server has not been
 // declared failed (by the monitor, which a dead connection does not wake us for).
 constexpr auto kReplySleep = std::chrono::milliseconds(10);
+
+// How long a client waits for the coordinator to fail a lost server over before it asks the
+// backup itself: a coordinator that died with the server is replaced after its lease (2 s) and
+// a tick, and the backup promotes at most kServeLease + margin (~1.2 s) after the loss.
+constexpr auto kCoordinatorWait = std::chrono::milliseconds(8000);
+// How often the map watcher reads the map's epoch.
+constexpr auto kMapPoll = std::chrono::milliseconds(250);
 
 }  // namespace
 
@@ -248,6 +265,16 @@ class Pool::Impl {
   // its data over and the server whose backup it was to stop forwarding to it; on success its
   // addresses go to the backup from then on (ServerState::moved_to).
   void FailOver(size_t index);
+  // Failover on etcd: reports failed server `index` to the coordinator and waits until the map
+  // names the server that serves its region now; returns that server's index. Errors: etcd
+  // unreachable, or no decision within kCoordinatorWait (the caller falls back).
+  Result<size_t> AwaitMapDecision(size_t index);
+  // Re-routes every server that `map` says another serves (see the file comment).
+  void FollowMap(const coord::ClusterMap& map);
+  // Where `map` says server `index`'s region is served now, if elsewhere and valid for this
+  // client (the backup that mirrors it); -1: still at `index`.
+  int ServedBy(const coord::ClusterMap& map, size_t index) const;
+  void WatchMap();
   // The index of the server that serves failed server `s`'s data, or -1 (waits for a
   // FailOver in progress).
   int MovedTo(const ServerState& s) const;
@@ -326,6 +353,10 @@ class Pool::Impl {
 
   std::thread monitor_;
   std::atomic<bool> stop_monitor_{false};
+  // Replicated clusters with an etcd: the map's client and watcher.
+  std::unique_ptr<coord::EtcdClient> etcd_;
+  std::thread map_watcher_;
+  std::atomic<int64_t> map_epoch_{0};  // the last epoch followed
 };
 
 // ------------------------------------------------------------------ connection management
@@ -344,6 +375,11 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
   if (auto boot = BootId(); boot.ok()) boot_id_ = *boot;
   if (!cluster.secret_file.empty()) {
     FARPOOL_ASSIGN_OR_RETURN(secret_, transport::ClusterSecret::Read(cluster.secret_file));
+  }
+  if (cluster.replicas > 0 && !cluster.etcd.endpoints.empty()) {
+    // Short calls: the watcher and a failover must not hang on a partitioned etcd.
+    FARPOOL_ASSIGN_OR_RETURN(
+        etcd_, coord::EtcdClient::Create({cluster.etcd.endpoints, std::chrono::milliseconds(500)}));
   }
   uint16_t max_id = 0;
   for (const ServerAddress& a : cluster.servers) max_id = std::max(max_id, a.id);
@@ -408,6 +444,7 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
         return ReleaseOn(index, offset, size);
       });
   monitor_ = std::thread([this] { Monitor(); });
+  if (etcd_) map_watcher_ = std::thread([this] { WatchMap(); });
   return Status::Ok();
 }
 
@@ -419,6 +456,7 @@ Pool::Impl::~Impl() {
   }
   stop_monitor_.store(true);
   if (monitor_.joinable()) monitor_.join();
+  if (map_watcher_.joinable()) map_watcher_.join();
   if (allocator_) {
     Status s = allocator_->Trim();
     (void)s;  // servers that are gone keep nothing for us to release
@@ -561,6 +599,77 @@ int Pool::Impl::MovedTo(const ServerState& s) const {
   return s.moved_to.load(std::memory_order_acquire);
 }
 
+int Pool::Impl::ServedBy(const coord::ClusterMap& map, size_t index) const {
+  const coord::MapServer* m = map.Find(servers_[index]->address.id);
+  if (m == nullptr || m->served_by == m->id) return -1;
+  auto b = IndexOf(m->served_by);
+  // The map can only move a region to the backup that mirrors it (replicas 1's ring).
+  if (!b.ok() || *b != cluster_.BackupOf(index)) return -1;
+  return static_cast<int>(*b);
+}
+
+Result<size_t> Pool::Impl::AwaitMapDecision(size_t index) {
+  const ServerState& s = *servers_[index];
+  const coord::MapKeys keys{cluster_.etcd.prefix};
+  FARPOOL_RETURN_IF_ERROR(
+      etcd_->Put(keys.Suspect(s.address.id), std::to_string(getpid())).status());
+  const auto deadline = Clock::now() + kCoordinatorWait;
+  while (true) {
+    FARPOOL_ASSIGN_OR_RETURN(auto kv, etcd_->Get(keys.Map()));
+    if (!kv) return Status::NotFound("no cluster map at " + keys.Map());
+    FARPOOL_ASSIGN_OR_RETURN(auto map, coord::ClusterMap::Parse(kv->value, keys.Map()));
+    const int b = ServedBy(map, index);
+    if (b >= 0) return static_cast<size_t>(b);
+    if (Clock::now() > deadline) {
+      return Status::TimedOut("the coordinator did not fail it over within " +
+                              std::to_string(kCoordinatorWait.count()) + " ms");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+void Pool::Impl::FollowMap(const coord::ClusterMap& map) {
+  if (map.epoch <= map_epoch_.load()) return;
+  for (size_t i = 0; i < servers_.size(); ++i) {
+    ServerState& s = *servers_[i];
+    const int b = ServedBy(map, i);
+    if (b < 0 || s.moved_to.load() >= 0) continue;
+    {
+      std::lock_guard lock(s.mu);
+      if (s.failing_over.load()) continue;  // its FailOver reads the map itself
+      if (!s.failed.load()) {
+        s.failure = "the cluster map (epoch " + std::to_string(map.epoch) +
+                    ") has its region served by server " +
+                    std::to_string(servers_[static_cast<size_t>(b)]->address.id);
+        s.failure_code = StatusCode::kUnavailable;
+        s.failed.store(true);
+      }
+    }
+    s.moved_to.store(b, std::memory_order_release);
+    std::fprintf(stderr, "farpool: the cluster map (epoch %lld) moved %s to %s\n",
+                 static_cast<long long>(map.epoch), s.name.c_str(),
+                 servers_[static_cast<size_t>(b)]->name.c_str());
+  }
+  map_epoch_.store(map.epoch);
+}
+
+void Pool::Impl::WatchMap() {
+  const coord::MapKeys keys{cluster_.etcd.prefix};
+  while (!stop_monitor_.load()) {
+    auto kv = etcd_->Get(keys.Map());
+    // etcd unreachable: keep the map we have (failures found meanwhile fall back to the
+    // client-driven failover).
+    if (kv.ok() && kv->has_value()) {
+      auto map = coord::ClusterMap::Parse((*kv)->value, keys.Map());
+      if (map.ok()) FollowMap(*map);
+    }
+    for (auto slept = std::chrono::milliseconds(0); slept < kMapPoll && !stop_monitor_.load();
+         slept += std::chrono::milliseconds(10)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+}
+
 void Pool::Impl::FailOver(size_t index) {
   ServerState& s = *servers_[index];
   const size_t b = cluster_.BackupOf(index);
@@ -570,6 +679,19 @@ void Pool::Impl::FailOver(size_t index) {
     std::fprintf(stderr, "farpool: %s is gone and cannot fail over: %s\n", s.name.c_str(),
                  backup.failed.load() ? "its backup is gone too" : "its backup does not mirror it");
     return;
+  }
+  if (etcd_) {
+    auto decided = AwaitMapDecision(index);
+    if (decided.ok()) {
+      s.moved_to.store(static_cast<int>(*decided), std::memory_order_release);
+      std::fprintf(stderr, "farpool: %s is gone; the coordinator moved its data to %s\n",
+                   s.name.c_str(), servers_[*decided]->name.c_str());
+      return;
+    }
+    std::fprintf(stderr,
+                 "farpool: %s is gone and etcd's coordinator did not fail it over (%s): asking "
+                 "its backup directly\n",
+                 s.name.c_str(), decided.status().message().c_str());
   }
   // One connection per server asked, opened once: opening one creates a UCX context and
   // worker, which holds every other thread's progress back meanwhile (transport/ucx.h).

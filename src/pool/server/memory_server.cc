@@ -88,6 +88,7 @@ class MemoryServer::Impl : public transport::AmHandler {
     if (am_) am_->Stop();
   }
   uint16_t port() const { return port_; }
+  uint16_t mirror_port() const { return mirror_ ? mirror_->port() : 0; }
 
   std::vector<std::byte> Handle(std::span<const std::byte> bytes, transport::Peer* from) override;
   std::vector<std::byte> Refuse(const Status& reason) override;
@@ -863,6 +864,7 @@ Result<std::unique_ptr<MemoryServer>> MemoryServer::Start(const ServerOptions& o
                          std::to_string(options.port) + ")");
   }
   server->port_ = server->impl_->port();
+  server->mirror_port_ = server->impl_->mirror_port();
   server->options_.port = server->port_;
   server->impl_->Serve();
   return server;

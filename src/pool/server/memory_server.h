@@ -123,6 +123,8 @@ class MemoryServer {
 
   // The port actually listened on.
   uint16_t port() const { return port_; }
+  // The port of its mirror's loop (HelloReply::mirror_port); 0 without ServerOptions::mirror_of.
+  uint16_t mirror_port() const { return mirror_port_; }
   const ServerOptions& options() const { return options_; }
   // Stops serving: joins the progress thread and closes connections. Idempotent.
   void Stop();
@@ -133,6 +135,7 @@ class MemoryServer {
 
   ServerOptions options_;
   uint16_t port_ = 0;
+  uint16_t mirror_port_ = 0;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,0 +1,152 @@
+#include "coord/etcd_codec.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "coord/cluster_map.h"
+
+namespace farpool::coord {
+namespace {
+
+TEST(Base64, KnownVectors) {
+  // RFC 4648, section 10.
+  EXPECT_EQ(Base64Encode(""), "");
+  EXPECT_EQ(Base64Encode("f"), "Zg==");
+  EXPECT_EQ(Base64Encode("fo"), "Zm8=");
+  EXPECT_EQ(Base64Encode("foo"), "Zm9v");
+  EXPECT_EQ(Base64Encode("foobar"), "Zm9vYmFy");
+  EXPECT_EQ(*Base64Decode("Zm9vYg=="), "foob");
+  EXPECT_EQ(*Base64Decode("Zm9vYmE="), "fooba");
+}
+
+TEST(Base64, RoundTripsRandomBytes) {
+  const uint32_t seed = std::random_device()();
+  std::mt19937 rng(seed);
+  for (int i = 0; i < 1000; ++i) {
+    std::string bytes(rng() % 40, '\0');
+    for (char& c : bytes) c = static_cast<char>(rng());
+    auto back = Base64Decode(Base64Encode(bytes));
+    ASSERT_TRUE(back.ok()) << "seed " << seed << ": " << back.status().message();
+    ASSERT_EQ(*back, bytes) << "seed " << seed;
+  }
+}
+
+TEST(Base64, RejectsWhatIsNotCanonical) {
+  for (const char* bad : {"Zm9", "Zm9v=", "Zm=v", "Z===", "Zm9v!A==", "Zh==", "Zm9=", "=AAA"}) {
+    auto r = Base64Decode(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) {
+      EXPECT_NE(r.status().message().find("base64"), std::string::npos);
+    }
+  }
+}
+
+TEST(PrefixEnd, IncrementsTheLastByteBelow0xff) {
+  EXPECT_EQ(PrefixEnd("/farpool/a/"), "/farpool/a0");
+  EXPECT_EQ(PrefixEnd("ab\xff"), "ac");
+  EXPECT_EQ(PrefixEnd("\xff\xff"), std::string(1, '\0'));
+  EXPECT_EQ(PrefixEnd(""), std::string(1, '\0'));
+}
+
+TEST(Gateway, ParsesARangeWithStringIntegers) {
+  auto r = ParseRange(
+      R"({"header":{"revision":"7"},"kvs":[{"key":"Zm9v","create_revision":"2",)"
+      R"("mod_revision":"5","version":"3","value":"YmFy","lease":"7587862"}],"count":"1"})");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->revision, 7);
+  ASSERT_EQ(r->kvs.size(), 1u);
+  EXPECT_EQ(r->kvs[0].key, "foo");
+  EXPECT_EQ(r->kvs[0].value, "bar");
+  EXPECT_EQ(r->kvs[0].create_revision, 2);
+  EXPECT_EQ(r->kvs[0].mod_revision, 5);
+  EXPECT_EQ(r->kvs[0].version, 3);
+  EXPECT_EQ(r->kvs[0].lease, 7587862);
+}
+
+TEST(Gateway, AnEmptyRangeHasNoKvs) {
+  auto r = ParseRange(R"({"header":{"revision":"2","raft_term":"2"}})");
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->kvs.empty());
+}
+
+TEST(Gateway, RejectsMalformedAnswers) {
+  EXPECT_FALSE(ParseRange("not json").ok());
+  EXPECT_FALSE(ParseRange("[]").ok());
+  EXPECT_FALSE(ParseRange(R"({"kvs":[]})").ok());  // no header
+  EXPECT_FALSE(ParseRange(R"({"header":{"revision":"x"}})").ok());
+  EXPECT_FALSE(ParseRange(R"({"header":{},"kvs":[{"key":"!!"}]})").ok());
+  EXPECT_FALSE(ParseRange(R"({"header":{},"kvs":{}})").ok());
+  EXPECT_FALSE(ParseLeaseGrant(R"({"header":{},"TTL":"2"})").ok());  // no ID
+  EXPECT_FALSE(ParseLeaseKeepAlive(R"({"header":{}})").ok());
+}
+
+TEST(Gateway, TxnAnswersSayWhetherTheComparesHeld) {
+  auto won = ParseTxn(R"({"header":{"revision":"9"},"succeeded":true,)"
+                      R"("responses":[{"response_put":{"header":{"revision":"9"}}}]})");
+  ASSERT_TRUE(won.ok());
+  EXPECT_TRUE(won->succeeded);
+  EXPECT_TRUE(won->kvs.empty());
+  auto lost =
+      ParseTxn(R"({"header":{"revision":"9"},"responses":[{"response_range":)"
+               R"({"header":{},"kvs":[{"key":"Zm9v","value":"MQ==","mod_revision":"4"}]}}]})");
+  ASSERT_TRUE(lost.ok());
+  EXPECT_FALSE(lost->succeeded);
+  ASSERT_EQ(lost->kvs.size(), 1u);
+  EXPECT_EQ(lost->kvs[0].value, "1");
+  EXPECT_EQ(lost->kvs[0].mod_revision, 4);
+}
+
+TEST(Gateway, KeepAliveWithoutTtlMeansTheLeaseIsGone) {
+  auto alive = ParseLeaseKeepAlive(R"({"result":{"header":{},"ID":"12","TTL":"2"}})");
+  ASSERT_TRUE(alive.ok());
+  EXPECT_EQ(alive->id, 12);
+  EXPECT_EQ(alive->ttl, 2);
+  auto gone = ParseLeaseKeepAlive(R"({"result":{"header":{},"ID":"12"}})");
+  ASSERT_TRUE(gone.ok());
+  EXPECT_EQ(gone->ttl, 0);
+}
+
+TEST(Gateway, ErrorsCarryEtcdsMessageAndCode) {
+  auto e = ParseGatewayError(
+      R"({"error":"etcdserver: requested lease not found","message":"etcdserver: requested lease not found","code":5})");
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->code, 5);
+  EXPECT_EQ(e->message, "etcdserver: requested lease not found");
+  EXPECT_FALSE(ParseGatewayError(R"({"header":{}})").has_value());
+  EXPECT_FALSE(ParseGatewayError("<html>").has_value());
+}
+
+TEST(ClusterMapJson, RoundTrips) {
+  ClusterMap map;
+  map.epoch = 3;
+  map.replicas = 1;
+  map.servers = {{0, "10.1.0.2:7000", 1 << 20, 1, -1}, {1, "10.1.0.3:7000", 1 << 20, 1, 0}};
+  auto back = ClusterMap::Parse(map.ToJson(), "test");
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->ToJson(), map.ToJson());
+  EXPECT_EQ(back->Find(0)->served_by, 1);
+  EXPECT_EQ(back->Find(1)->backup, 0);
+  EXPECT_EQ(back->Find(2), nullptr);
+}
+
+TEST(ClusterMapJson, RejectsBadMapsNamingTheField) {
+  auto r = ClusterMap::Parse(R"({"epoch":0,"replicas":0,"servers":[]})", "etcd /p/map");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("etcd /p/map: epoch"), std::string::npos);
+  EXPECT_FALSE(
+      ClusterMap::Parse(
+          R"({"epoch":1,"replicas":1,"servers":[{"id":0,"address":"a:1","served_by":4,"backup":-1}]})",
+          "m")
+          .ok());  // served by a server that is not in the map
+  EXPECT_FALSE(
+      ClusterMap::Parse(
+          R"({"epoch":1,"replicas":0,"servers":[{"id":0,"address":"a:1","served_by":0,"backup":-1},)"
+          R"({"id":0,"address":"a:2","served_by":0,"backup":-1}]})",
+          "m")
+          .ok());  // duplicate id
+  EXPECT_FALSE(ClusterMap::Parse("{", "m").ok());
+}
+
+}  // namespace
+}  // namespace farpool::coord

@@ -1,0 +1,125 @@
+#include "coord/membership.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+namespace farpool::coord {
+
+Membership::Membership(const Options& options) : options_(options), keys_{options.prefix} {}
+
+Result<std::unique_ptr<Membership>> Membership::Start(const Options& options) {
+  std::unique_ptr<Membership> m(new Membership(options));
+  // Each call must end well within the TTL, or one slow call would let the lease lapse.
+  FARPOOL_ASSIGN_OR_RETURN(m->etcd_, EtcdClient::Create({options.endpoints, options.ttl / 4}));
+  Status s = m->Register();
+  if (!s.ok()) {
+    return s.WithContext("server " + std::to_string(options.id) + ": registering in etcd (" +
+                         m->etcd_->EndpointList() + ")");
+  }
+  m->thread_ = std::thread([p = m.get()] { p->Run(); });
+  return m;
+}
+
+Membership::~Membership() {
+  if (thread_.joinable()) {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  if (lease_ != 0 && registered_) {
+    Status s = etcd_->RevokeLease(lease_);
+    (void)s;  // leaving anyway: the lease then lapses within its TTL
+  }
+}
+
+Status Membership::Register() {
+  FARPOOL_ASSIGN_OR_RETURN(LeaseAnswer lease, etcd_->GrantLease(options_.ttl));
+  const nlohmann::json value = {{"id", options_.id},
+                                {"address", options_.address},
+                                {"mirror_port", options_.mirror_port},
+                                {"pid", static_cast<int64_t>(getpid())}};
+  auto put = etcd_->Put(keys_.Alive(options_.id), value.dump(), lease.id);
+  if (!put.ok()) {
+    Status revoked = etcd_->RevokeLease(lease.id);
+    (void)revoked;  // the put's error is the one to report; the lease lapses anyway
+    return put.status();
+  }
+  lease_ = lease.id;
+  registered_ = true;
+  return Status::Ok();
+}
+
+void Membership::Elect() {
+  const std::string me = std::to_string(options_.id);
+  if (coordinator_) {
+    auto key = etcd_->Get(keys_.Coordinator());
+    if (!key.ok()) return;  // unknown: keep the role until etcd says otherwise or the lease ends
+    if (key->has_value() && (*key)->value == me && (*key)->lease == lease_) return;
+    coordinator_ = false;
+    std::printf("farpool server %u: no longer the coordinator\n", options_.id);
+    return;
+  }
+  auto won = etcd_->PutIf({{keys_.Coordinator(), Compare::Target::kCreateRevision, 0}},
+                          keys_.Coordinator(), me, lease_);
+  if (won.ok() && won->succeeded) {
+    coordinator_ = true;
+    std::printf("farpool server %u: elected coordinator\n", options_.id);
+  }
+}
+
+void Membership::Run() {
+  // Ticks every 100 ms (the coordinator's pace); keepalives every ttl/4.
+  const auto tick =
+      std::min<std::chrono::milliseconds>(std::chrono::milliseconds(100), options_.ttl / 4);
+  auto next_keepalive = std::chrono::steady_clock::now() + options_.ttl / 4;
+  std::unique_lock lock(mu_);
+  while (!cv_.wait_for(lock, tick, [&] { return stop_; })) {
+    lock.unlock();
+    if (std::chrono::steady_clock::now() >= next_keepalive || !registered_) {
+      next_keepalive = std::chrono::steady_clock::now() + options_.ttl / 4;
+      KeepAliveOnce();
+      if (registered_ && options_.on_map) ReadMap();
+    }
+    if (registered_ && options_.coordinate) {
+      Elect();
+      if (coordinator_) options_.coordinate(*etcd_, keys_);
+    }
+    std::fflush(stdout);
+    lock.lock();
+  }
+}
+
+void Membership::ReadMap() {
+  auto kv = etcd_->Get(keys_.Map());
+  if (!kv.ok() || !kv->has_value()) return;  // none yet (cluster up writes it last), or no etcd
+  auto map = ClusterMap::Parse((*kv)->value, keys_.Map());
+  if (map.ok()) options_.on_map(*map);
+}
+
+void Membership::KeepAliveOnce() {
+  Status s = etcd_->KeepAlive(lease_).status();
+  if (s.code() == StatusCode::kNotFound) {
+    // The lease lapsed (etcd was unreachable for longer than the TTL, or lost it): the key
+    // went with it, and the coordinator key if this server held it. Register again.
+    coordinator_ = false;
+    s = Register();
+    if (s.ok()) {
+      std::printf("farpool server %u: re-registered in etcd (lease %lld)\n", options_.id,
+                  static_cast<long long>(lease_));
+    }
+  }
+  const bool was = registered_.exchange(s.ok());
+  if (was && !s.ok()) {
+    std::printf("farpool server %u: etcd unreachable, serving on and retrying: %s\n", options_.id,
+                s.message().c_str());
+  } else if (!was && s.ok()) {
+    std::printf("farpool server %u: etcd reachable again, registered\n", options_.id);
+  }
+}
+
+}  // namespace farpool::coord

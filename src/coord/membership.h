@@ -1,0 +1,91 @@
+// Membership: a memory server's registration in etcd (docs/pool.md "Membership on etcd").
+//
+// How it works: Start grants an etcd lease of Options::ttl and puts MapKeys::Alive(id) =
+// {"id", "address", "mirror_port", "pid"} under it, then a thread keeps the lease alive every
+// ttl/4. The key is thus present exactly while the server lives and reaches etcd; a SIGKILLed
+// server's key is deleted by etcd within the TTL. When etcd cannot be reached the server keeps
+// serving (etcd is not on the data path) and the thread keeps trying; when it answers again and the
+// lease is gone (expired meanwhile), the thread grants a new lease and puts the key again
+// (re-registration). Every change of that state is one line on stdout (the server's log).
+// Destruction revokes the lease (an orderly leave: the key goes at once).
+//
+// Coordinator election (Options::coordinate set): every server campaigns by a txn that puts
+// MapKeys::Coordinator() = its id under its own lease only if the key does not exist
+// (create_revision == 0); one wins, the others find the key taken and try again every tick, so
+// when the coordinator dies (its lease lapses and the key with it) or leaves (revoked) the next
+// tick elects another. While this server holds the key, `coordinate` runs every tick (100 ms)
+// on this thread: the coordinator's duties (pool/server/coordinator.h). A coordinator that
+// lost its lease stops at its next tick (the key names it no more).
+//
+// Start fails, naming the etcd endpoints and etcd's reason, if the first registration fails:
+// a server that cannot register would look dead to the cluster.
+//
+// Thread-safety: Start and the destructor from one owning thread; registered() from any.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "coord/cluster_map.h"
+#include "coord/etcd_client.h"
+#include "farpool/status.h"
+
+namespace farpool::coord {
+
+class Membership {
+ public:
+  struct Options {
+    std::vector<std::string> endpoints;
+    std::string prefix;  // MapKeys::prefix
+    uint16_t id = 0;
+    std::string address;       // HOST:PORT the server listens on
+    uint16_t mirror_port = 0;  // its mirror's loop (replication), 0: none
+    std::chrono::milliseconds ttl{2000};
+    // The coordinator's work, run each tick while this server is the coordinator; empty: this
+    // server does not campaign.
+    std::function<void(EtcdClient& etcd, const MapKeys& keys)> coordinate;
+    // Called with the cluster map after every keepalive that reached etcd (every ttl/4) and
+    // after a re-registration: how a server learns that the map moved its region away
+    // (fencing by epoch). Empty: the map is not read.
+    std::function<void(const ClusterMap& map)> on_map;
+  };
+  static Result<std::unique_ptr<Membership>> Start(const Options& options);
+  ~Membership();
+  Membership(const Membership&) = delete;
+  Membership& operator=(const Membership&) = delete;
+
+  // Whether the last contact with etcd kept the key alive.
+  bool registered() const { return registered_.load(std::memory_order_relaxed); }
+  // Whether this server holds the coordinator key (as of its last tick).
+  bool coordinator() const { return coordinator_.load(std::memory_order_relaxed); }
+
+ private:
+  explicit Membership(const Options& options);
+  Status Register();  // a new lease and the key under it
+  void Run();
+  void KeepAliveOnce();
+  void ReadMap();
+  // One election step: campaigns if nobody holds the key; checks that the key is still ours.
+  void Elect();
+
+  const Options options_;
+  const MapKeys keys_;
+  std::unique_ptr<EtcdClient> etcd_;
+  int64_t lease_ = 0;  // owned by the thread after Start
+  std::atomic<bool> registered_{false};
+  std::atomic<bool> coordinator_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;  // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace farpool::coord

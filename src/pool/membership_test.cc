@@ -1,0 +1,480 @@
+// Membership on etcd with real processes (docs/pool.md "Membership on etcd"): `cluster up`
+// starts a one-member etcd (or joins one), writes the cluster map there, and every server
+// holds a lease on its alive key. The invariants: the map names every server and its backup;
+// a key is present exactly while its server lives and reaches etcd (a SIGKILLed server's key
+// goes, a server whose lease was lost registers again); etcd is not on the data path (the
+// servers serve while it is down); an unreachable etcd is an error that names its URL.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "common/process.h"
+#include "coord/etcd_client.h"
+#include "coord/etcd_process.h"
+#include "farpool/pool.h"
+#include "pool/test_cluster.h"
+
+namespace farpool {
+namespace {
+
+using namespace std::chrono_literals;
+
+LocalClusterOptions Options(int servers, int replicas, bool netns = false) {
+  LocalClusterOptions o;
+  o.servers = servers;
+  o.memory = 32 << 20;
+  o.transport = Fabric::kTcp;
+  o.progress = ProgressMode::kEvent;
+  o.replicas = replicas;
+  o.netns = netns;
+  return o;
+}
+
+bool Contains(const std::vector<uint16_t>& ids, uint16_t id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+// Polls etcd's view until `done` holds (returns it) or 30 s pass (returns the last view; the
+// caller's assertion then fails). The deadline only bounds a broken run.
+EtcdView WaitForView(const std::string& dir, const std::function<bool(const EtcdView&)>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  EtcdView last;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto view = ClusterEtcdStatus(dir);
+    if (view.ok()) {
+      last = *view;
+      if (done(last)) break;
+    }
+    std::this_thread::sleep_for(50ms);
+  }
+  return last;
+}
+
+void CheckInitialMap(const TestCluster& cluster, int servers, int replicas) {
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  ASSERT_EQ(config->etcd.endpoints.size(), 1u);
+  auto view = ClusterEtcdStatus(cluster.dir());
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  EXPECT_EQ(view->prefix, config->etcd.prefix);
+  EXPECT_EQ(view->map.epoch, 1);
+  EXPECT_EQ(view->map.replicas, replicas);
+  ASSERT_EQ(view->map.servers.size(), static_cast<size_t>(servers));
+  for (int i = 0; i < servers; ++i) {
+    const coord::MapServer& m = view->map.servers[i];
+    EXPECT_EQ(m.id, i);
+    EXPECT_EQ(m.address, config->servers[i].Endpoint());
+    EXPECT_EQ(m.served_by, i);
+    EXPECT_EQ(m.backup, replicas > 0 ? (i + 1) % servers : -1);
+    EXPECT_TRUE(Contains(view->alive, static_cast<uint16_t>(i))) << "server " << i;
+  }
+}
+
+TEST(Membership, ClusterUpWritesTheMapAndEveryServerHoldsALease) {
+  TestCluster cluster(Options(3, 1));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  CheckInitialMap(cluster, 3, 1);
+}
+
+TEST(Membership, ServersInNetworkNamespacesReachTheClustersEtcd) {
+  TestCluster cluster(Options(2, 1, /*netns=*/true));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  CheckInitialMap(cluster, 2, 1);
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  // etcd listens on the bridge's address, the servers' gateway from their namespaces.
+  EXPECT_EQ(config->etcd.endpoints[0].rfind("http://10.", 0), 0u) << config->etcd.endpoints[0];
+}
+
+TEST(Membership, ASigkilledServersKeyGoesWithItsLease) {
+  TestCluster cluster(Options(3, 0));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  const auto killed_at = std::chrono::steady_clock::now();
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[1].pid), SIGKILL), 0);
+  EtcdView view =
+      WaitForView(cluster.dir(), [](const EtcdView& v) { return !Contains(v.alive, 1); });
+  const auto gone_after = std::chrono::steady_clock::now() - killed_at;
+  EXPECT_FALSE(Contains(view.alive, 1)) << "the killed server's key outlived its lease";
+  EXPECT_TRUE(Contains(view.alive, 0));
+  EXPECT_TRUE(Contains(view.alive, 2));
+  std::printf("server 1's alive key went %lld ms after its SIGKILL (lease TTL 2 s)\n",
+              static_cast<long long>(
+                  std::chrono::duration_cast<std::chrono::milliseconds>(gone_after).count()));
+}
+
+TEST(Membership, AServerWhoseLeaseWasLostRegistersAgain) {
+  TestCluster cluster(Options(2, 0));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  auto etcd = coord::EtcdClient::Create({config->etcd.endpoints});
+  ASSERT_TRUE(etcd.ok());
+  const coord::MapKeys keys{config->etcd.prefix};
+  auto key = (*etcd)->Get(keys.Alive(0));
+  ASSERT_TRUE(key.ok() && key->has_value());
+  const int64_t old_lease = (*key)->lease;
+  ASSERT_TRUE((*etcd)->RevokeLease(old_lease).ok());  // as if it had lapsed
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (true) {
+    key = (*etcd)->Get(keys.Alive(0));
+    ASSERT_TRUE(key.ok()) << key.status().ToString();
+    if (key->has_value() && (*key)->lease != old_lease) break;
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "server 0 did not register again";
+    std::this_thread::sleep_for(50ms);
+  }
+  auto kept = (*etcd)->KeepAlive((*key)->lease);
+  EXPECT_TRUE(kept.ok()) << kept.status().ToString();
+}
+
+// etcd is not on the data path: with etcd's member killed, clients read and write as before;
+// once it is back, every server holds a live lease again (its keepalive resumes, or it
+// registers anew if the lease lapsed meanwhile).
+TEST(Membership, ServersServeWhileEtcdIsDownAndRegisterAgainAfterItReturns) {
+  TestCluster cluster(Options(2, 1));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  auto pool = Pool::Connect(*config, PoolOptions{});
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  std::vector<GlobalAddress> objects;
+  for (uint16_t s = 0; s < 2; ++s) {
+    auto a = (*pool)->Alloc(64, Placement::OnServer(s));
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    objects.push_back(*a);
+  }
+  ASSERT_EQ(kill(static_cast<pid_t>(config->etcd.pid), SIGKILL), 0);
+  while (ProcessRunning(static_cast<pid_t>(config->etcd.pid))) std::this_thread::sleep_for(10ms);
+  auto gone = ClusterEtcdStatus(cluster.dir());
+  ASSERT_FALSE(gone.ok());
+  EXPECT_EQ(gone.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(gone.status().message().find(config->etcd.endpoints[0]), std::string::npos)
+      << gone.status().message();
+  // Longer than the servers' lease TTL (2 s) of writes and reads while etcd is down.
+  const auto until = std::chrono::steady_clock::now() + 3s;
+  uint64_t round = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    ++round;
+    for (size_t i = 0; i < objects.size(); ++i) {
+      const uint64_t value = round * 10 + i;
+      ASSERT_TRUE((*pool)->Write(objects[i], &value, 8).ok()) << "round " << round;
+      uint64_t back = 0;
+      ASSERT_TRUE((*pool)->Read(objects[i], &back, 8).ok());
+      ASSERT_EQ(back, value);
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  Status restarted = RestartClusterEtcd(cluster.dir(), /*die_with_parent=*/true);
+  ASSERT_TRUE(restarted.ok()) << restarted.ToString();
+  EtcdView view = WaitForView(cluster.dir(), [](const EtcdView& v) {
+    return Contains(v.alive, 0) && Contains(v.alive, 1);
+  });
+  EXPECT_TRUE(Contains(view.alive, 0) && Contains(view.alive, 1));
+  EXPECT_EQ(view.map.epoch, 1);
+  // Their leases are kept alive, not leftovers that etcd restored and will expire: a TTL later
+  // they are still there.
+  auto etcd = coord::EtcdClient::Create({config->etcd.endpoints});
+  ASSERT_TRUE(etcd.ok());
+  const coord::MapKeys keys{config->etcd.prefix};
+  for (uint16_t s = 0; s < 2; ++s) {
+    auto key = (*etcd)->Get(keys.Alive(s));
+    ASSERT_TRUE(key.ok() && key->has_value()) << "server " << s;
+    auto kept = (*etcd)->KeepAlive((*key)->lease);  // fails (NotFound) if the lease is gone
+    EXPECT_TRUE(kept.ok()) << "server " << s << ": " << kept.status().ToString();
+  }
+}
+
+TEST(Membership, AnUnreachableEtcdIsAnErrorThatNamesItsUrl) {
+  auto port = coord::FreePort("127.0.0.1");
+  ASSERT_TRUE(port.ok());
+  const std::string url = "http://127.0.0.1:" + std::to_string(*port);
+  LocalClusterOptions o = Options(1, 0);
+  o.etcd_endpoints = {url};
+  o.dir = MakeTempDir("farpool-test");
+  o.binary = FARPOOL_BINARY;
+  o.die_with_parent = true;
+  Status up = ClusterUp(o);
+  ASSERT_FALSE(up.ok());
+  EXPECT_EQ(up.code(), StatusCode::kUnavailable) << up.ToString();
+  EXPECT_NE(up.message().find(url), std::string::npos) << up.message();
+  EXPECT_FALSE(std::filesystem::exists(ClusterFile(o.dir)));
+  std::filesystem::remove_all(o.dir);
+
+  // A server told to register there does not start, and says why.
+  const std::string command = std::string(FARPOOL_BINARY) +
+                              " server --listen 127.0.0.1:0 --memory 8MiB --etcd " + url +
+                              " --etcd-prefix /farpool/test/ 2>&1";
+  FILE* p = popen(command.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+  EXPECT_NE(pclose(p), 0) << out;
+  EXPECT_NE(out.find("registering in etcd (" + url + ")"), std::string::npos) << out;
+}
+
+// Two clusters share one existing etcd under their own prefixes; `cluster down` removes only
+// its own keys and leaves that etcd running.
+TEST(Membership, ClustersJoinAnExistingEtcdUnderTheirOwnPrefixes) {
+  const std::string dir = MakeTempDir("farpool-etcd");
+  coord::EtcdProcessOptions eo;
+  eo.data_dir = dir + "/data";
+  eo.log = dir + "/etcd.log";
+  eo.die_with_parent = true;
+  auto etcd = coord::StartEtcd(eo);
+  ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
+  {
+    LocalClusterOptions o = Options(1, 0);
+    o.etcd_endpoints = {etcd->endpoint};
+    TestCluster a(o), b(o);
+    ASSERT_TRUE(a.status().ok()) << a.status().ToString();
+    ASSERT_TRUE(b.status().ok()) << b.status().ToString();
+    auto ca = a.config(), cb = b.config();
+    ASSERT_TRUE(ca.ok() && cb.ok());
+    EXPECT_EQ(ca->etcd.pid, 0);
+    EXPECT_NE(ca->etcd.prefix, cb->etcd.prefix);
+    CheckInitialMap(a, 1, 0);
+    CheckInitialMap(b, 1, 0);
+  }
+  auto client = coord::EtcdClient::Create({{etcd->endpoint}});
+  ASSERT_TRUE(client.ok());
+  auto left = (*client)->GetPrefix("/farpool/");
+  ASSERT_TRUE(left.ok()) << left.status().ToString();
+  EXPECT_TRUE(left->kvs.empty()) << left->kvs.size() << " keys left, the first "
+                                 << left->kvs[0].key;
+  StopProcesses({etcd->pid});
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace farpool
+
+namespace farpool {
+namespace {
+
+// Writes increasing values into one object per server, round robin, and remembers per object
+// the last value acknowledged and the values written after it whose outcome is unknown.
+class Writer {
+ public:
+  Writer(Pool& pool, std::vector<GlobalAddress> objects)
+      : pool_(pool), objects_(std::move(objects)), log_(objects_.size()) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~Writer() { Stop(); }
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  // Waits until every object has had `n` acknowledged writes after this call (false after
+  // 60 s: the client does not follow).
+  bool AcknowledgedEverywhere(int n) {
+    std::vector<uint64_t> start;
+    {
+      std::lock_guard lock(mu_);
+      for (const Log& l : log_) start.push_back(l.acks);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      bool all = true;
+      {
+        std::lock_guard lock(mu_);
+        for (size_t i = 0; i < log_.size(); ++i) all = all && log_[i].acks >= start[i] + n;
+      }
+      if (all) return true;
+      std::this_thread::sleep_for(20ms);
+    }
+    return false;
+  }
+  // Every object holds its last acknowledged value or a later one whose outcome was unknown.
+  void CheckIntact() {
+    std::lock_guard lock(mu_);
+    for (size_t i = 0; i < objects_.size(); ++i) {
+      uint64_t value = 0;
+      Status read = pool_.Read(objects_[i], &value, 8);
+      ASSERT_TRUE(read.ok()) << "object " << i << ": " << read.ToString();
+      const Log& l = log_[i];
+      const bool later = std::find(l.unknown.begin(), l.unknown.end(), value) != l.unknown.end();
+      EXPECT_TRUE(value == l.acked || later)
+          << "object " << i << " holds " << value << ", last acknowledged " << l.acked;
+    }
+  }
+
+ private:
+  struct Log {
+    uint64_t acked = 0;
+    uint64_t acks = 0;
+    std::vector<uint64_t> unknown;  // written after `acked`, outcome unknown
+  };
+  void Run() {
+    uint64_t next = 0;
+    while (!stop_) {
+      for (size_t i = 0; i < objects_.size() && !stop_; ++i) {
+        const uint64_t value = ++next;
+        Status st = pool_.Write(objects_[i], &value, 8);
+        std::lock_guard lock(mu_);
+        if (st.ok()) {
+          log_[i].acked = value;
+          log_[i].unknown.clear();
+          ++log_[i].acks;
+        } else {
+          log_[i].unknown.push_back(value);
+        }
+      }
+      std::this_thread::sleep_for(2ms);
+    }
+  }
+
+  Pool& pool_;
+  const std::vector<GlobalAddress> objects_;
+  std::mutex mu_;
+  std::vector<Log> log_;  // guarded by mu_
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+struct FailoverSetup {
+  std::unique_ptr<Pool> pool;
+  std::vector<GlobalAddress> objects;  // one per server
+};
+
+void Connect(const TestCluster& cluster, int servers, FailoverSetup* out) {
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  PoolOptions po;
+  po.op_timeout = 5000ms;
+  auto pool = Pool::Connect(*config, po);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  out->pool = std::move(*pool);
+  for (int s = 0; s < servers; ++s) {
+    auto a = out->pool->Alloc(64, Placement::OnServer(static_cast<uint16_t>(s)));
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    out->objects.push_back(*a);
+  }
+}
+
+int Coordinator(const std::string& dir) {
+  return WaitForView(dir, [](const EtcdView& v) { return v.coordinator >= 0; }).coordinator;
+}
+
+// SIGKILL of a primary (not the coordinator) under a writing client: the coordinator promotes
+// its backup and moves the epoch; the client follows the map; no acknowledged write is lost.
+void KillAPrimary(bool netns) {
+  constexpr int kServers = 3;
+  TestCluster cluster(Options(kServers, 1, netns));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  FailoverSetup setup;
+  ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
+  const int coordinator = Coordinator(cluster.dir());
+  ASSERT_GE(coordinator, 0) << "no coordinator elected";
+  const int victim = (coordinator + 1) % kServers;
+  const int backup = (victim + 1) % kServers;
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  Writer writer(*setup.pool, setup.objects);
+  ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[victim].pid), SIGKILL), 0);
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failover";
+  writer.Stop();
+  writer.CheckIntact();
+  EtcdView view = ClusterEtcdStatus(cluster.dir()).value();
+  EXPECT_EQ(view.map.epoch, 2);
+  EXPECT_EQ(view.map.Find(victim)->served_by, backup);
+  EXPECT_EQ(view.map.Find(victim)->backup, -1);
+  EXPECT_EQ(view.map.Find((victim + kServers - 1) % kServers)->backup, -1);  // degraded
+  // The failover came on the client's report, not after the lease: the key goes later.
+  view = WaitForView(cluster.dir(), [&](const EtcdView& v) { return !Contains(v.alive, victim); });
+  EXPECT_FALSE(Contains(view.alive, static_cast<uint16_t>(victim)));
+  EXPECT_EQ(view.map.epoch, 2);
+}
+
+TEST(CoordinatorFailover, ASigkilledPrimaryIsFailedOverByTheCoordinatorAndTheClientFollows) {
+  KillAPrimary(false);
+}
+
+TEST(CoordinatorFailover, ServersInNetworkNamespaces) { KillAPrimary(true); }
+
+// SIGKILL of the coordinator (a primary too): another server is elected and fails the dead
+// one over; then a later failure of another server is handled by the new coordinator.
+TEST(CoordinatorFailover, AnotherCoordinatorIsElectedAndHandlesLaterFailures) {
+  constexpr int kServers = 4;
+  TestCluster cluster(Options(kServers, 1));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  FailoverSetup setup;
+  ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
+  const int first = Coordinator(cluster.dir());
+  ASSERT_GE(first, 0) << "no coordinator elected";
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  Writer writer(*setup.pool, setup.objects);
+  ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[first].pid), SIGKILL), 0);
+  EtcdView view = WaitForView(cluster.dir(), [&](const EtcdView& v) {
+    return v.coordinator >= 0 && v.coordinator != first && v.map.epoch == 2;
+  });
+  ASSERT_EQ(view.map.epoch, 2);
+  const int second = view.coordinator;
+  EXPECT_NE(second, first);
+  EXPECT_EQ(view.map.Find(first)->served_by, (first + 1) % kServers);
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failover";
+
+  // A second failure, of a server whose backup is alive and which serves no other region.
+  const int victim = (first + 2) % kServers;
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[victim].pid), SIGKILL), 0);
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failover";
+  writer.Stop();
+  writer.CheckIntact();
+  view = ClusterEtcdStatus(cluster.dir()).value();
+  EXPECT_EQ(view.map.epoch, 3);
+  EXPECT_EQ(view.map.Find(victim)->served_by, (victim + 1) % kServers);
+}
+
+}  // namespace
+}  // namespace farpool
+
+namespace farpool {
+namespace {
+
+// Fencing by epoch: a server that finds in the map that its region is served by another (as
+// after a failover decided while it was cut off) stops serving and exits, on its own.
+TEST(Membership, AServerThatTheMapMovedAwayShutsItselfDown) {
+  TestCluster cluster(Options(2, 1));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  auto etcd = coord::EtcdClient::Create({config->etcd.endpoints});
+  ASSERT_TRUE(etcd.ok());
+  const coord::MapKeys keys{config->etcd.prefix};
+  auto kv = (*etcd)->Get(keys.Map());
+  ASSERT_TRUE(kv.ok() && kv->has_value());
+  auto map = coord::ClusterMap::Parse((*kv)->value, keys.Map());
+  ASSERT_TRUE(map.ok());
+  coord::ClusterMap moved = *map;
+  moved.epoch = map->epoch + 1;
+  for (coord::MapServer& m : moved.servers) {
+    if (m.id == 0) {
+      m.served_by = 1;
+      m.backup = -1;
+    }
+    if (m.id == 1) m.backup = -1;
+  }
+  ASSERT_TRUE((*etcd)->Put(keys.Map(), moved.ToJson()).ok());
+  const pid_t server0 = static_cast<pid_t>(config->servers[0].pid);
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (ProcessRunning(server0) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_FALSE(ProcessRunning(server0)) << "server 0 still runs after the map moved its region";
+  EXPECT_TRUE(ProcessRunning(static_cast<pid_t>(config->servers[1].pid)));
+  const std::string log = FileTail(cluster.dir() + "/server-0.log", 2000);
+  EXPECT_NE(log.find("fenced by the cluster map: epoch 2"), std::string::npos) << log;
+}
+
+}  // namespace
+}  // namespace farpool
