@@ -12,6 +12,8 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <thread>
 
 #include "common/process.h"
@@ -54,6 +56,20 @@ EtcdView WaitForView(const std::string& dir, const std::function<bool(const Etcd
     std::this_thread::sleep_for(50ms);
   }
   return last;
+}
+
+// A client of `cluster`'s etcd and its keys.
+struct ClusterEtcd {
+  std::unique_ptr<coord::EtcdClient> client;
+  coord::MapKeys keys;
+};
+ClusterEtcd EtcdOf(const TestCluster& cluster) {
+  auto config = cluster.config();
+  EXPECT_TRUE(config.ok()) << config.status().ToString();
+  if (!config.ok()) return {};
+  auto etcd = coord::EtcdClient::Create({config->etcd.endpoints});
+  EXPECT_TRUE(etcd.ok()) << etcd.status().ToString();
+  return {etcd.ok() ? std::move(*etcd) : nullptr, coord::MapKeys{config->etcd.prefix}};
 }
 
 void CheckInitialMap(const TestCluster& cluster, int servers, int replicas) {
@@ -113,24 +129,21 @@ TEST(Membership, ASigkilledServersKeyGoesWithItsLease) {
 TEST(Membership, AServerWhoseLeaseWasLostRegistersAgain) {
   TestCluster cluster(Options(2, 0));
   ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  auto config = cluster.config();
-  ASSERT_TRUE(config.ok());
-  auto etcd = coord::EtcdClient::Create({config->etcd.endpoints});
-  ASSERT_TRUE(etcd.ok());
-  const coord::MapKeys keys{config->etcd.prefix};
-  auto key = (*etcd)->Get(keys.Alive(0));
+  auto [etcd, keys] = EtcdOf(cluster);
+  ASSERT_TRUE(etcd);
+  auto key = etcd->Get(keys.Alive(0));
   ASSERT_TRUE(key.ok() && key->has_value());
   const int64_t old_lease = (*key)->lease;
-  ASSERT_TRUE((*etcd)->RevokeLease(old_lease).ok());  // as if it had lapsed
+  ASSERT_TRUE(etcd->RevokeLease(old_lease).ok());  // as if it had lapsed
   const auto deadline = std::chrono::steady_clock::now() + 30s;
   while (true) {
-    key = (*etcd)->Get(keys.Alive(0));
+    key = etcd->Get(keys.Alive(0));
     ASSERT_TRUE(key.ok()) << key.status().ToString();
     if (key->has_value() && (*key)->lease != old_lease) break;
     ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "server 0 did not register again";
     std::this_thread::sleep_for(50ms);
   }
-  auto kept = (*etcd)->KeepAlive((*key)->lease);
+  auto kept = etcd->KeepAlive((*key)->lease);
   EXPECT_TRUE(kept.ok()) << kept.status().ToString();
 }
 
@@ -180,13 +193,12 @@ TEST(Membership, ServersServeWhileEtcdIsDownAndRegisterAgainAfterItReturns) {
   EXPECT_EQ(view.map.epoch, 1);
   // Their leases are kept alive, not leftovers that etcd restored and will expire: a TTL later
   // they are still there.
-  auto etcd = coord::EtcdClient::Create({config->etcd.endpoints});
-  ASSERT_TRUE(etcd.ok());
-  const coord::MapKeys keys{config->etcd.prefix};
+  auto [etcd, keys] = EtcdOf(cluster);
+  ASSERT_TRUE(etcd);
   for (uint16_t s = 0; s < 2; ++s) {
-    auto key = (*etcd)->Get(keys.Alive(s));
+    auto key = etcd->Get(keys.Alive(s));
     ASSERT_TRUE(key.ok() && key->has_value()) << "server " << s;
-    auto kept = (*etcd)->KeepAlive((*key)->lease);  // fails (NotFound) if the lease is gone
+    auto kept = etcd->KeepAlive((*key)->lease);  // fails (NotFound) if the lease is gone
     EXPECT_TRUE(kept.ok()) << "server " << s << ": " << kept.status().ToString();
   }
 }
@@ -252,12 +264,6 @@ TEST(Membership, ClustersJoinAnExistingEtcdUnderTheirOwnPrefixes) {
   StopProcesses({etcd->pid});
   std::filesystem::remove_all(dir);
 }
-
-}  // namespace
-}  // namespace farpool
-
-namespace farpool {
-namespace {
 
 // Writes increasing values into one object per server, round robin, and remembers per object
 // the last value acknowledged and the values written after it whose outcome is unknown.
@@ -435,12 +441,6 @@ TEST(CoordinatorFailover, AnotherCoordinatorIsElectedAndHandlesLaterFailures) {
   EXPECT_EQ(view.map.Find(victim)->served_by, (victim + 1) % kServers);
 }
 
-}  // namespace
-}  // namespace farpool
-
-namespace farpool {
-namespace {
-
 // Fencing by epoch: a server that finds in the map that its region is served by another (as
 // after a failover decided while it was cut off) stops serving and exits, on its own.
 TEST(Membership, AServerThatTheMapMovedAwayShutsItselfDown) {
@@ -448,10 +448,9 @@ TEST(Membership, AServerThatTheMapMovedAwayShutsItselfDown) {
   ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
   auto config = cluster.config();
   ASSERT_TRUE(config.ok());
-  auto etcd = coord::EtcdClient::Create({config->etcd.endpoints});
-  ASSERT_TRUE(etcd.ok());
-  const coord::MapKeys keys{config->etcd.prefix};
-  auto kv = (*etcd)->Get(keys.Map());
+  auto [etcd, keys] = EtcdOf(cluster);
+  ASSERT_TRUE(etcd);
+  auto kv = etcd->Get(keys.Map());
   ASSERT_TRUE(kv.ok() && kv->has_value());
   auto map = coord::ClusterMap::Parse((*kv)->value, keys.Map());
   ASSERT_TRUE(map.ok());
@@ -464,7 +463,7 @@ TEST(Membership, AServerThatTheMapMovedAwayShutsItselfDown) {
     }
     if (m.id == 1) m.backup = -1;
   }
-  ASSERT_TRUE((*etcd)->Put(keys.Map(), moved.ToJson()).ok());
+  ASSERT_TRUE(etcd->Put(keys.Map(), moved.ToJson()).ok());
   const pid_t server0 = static_cast<pid_t>(config->servers[0].pid);
   const auto deadline = std::chrono::steady_clock::now() + 30s;
   while (ProcessRunning(server0) && std::chrono::steady_clock::now() < deadline) {
