@@ -94,6 +94,40 @@ class Cluster:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+class TcpCluster:
+    """A local cluster over TCP with every server in its own network namespace (`cluster up
+    --netns`, event progress): the network case. `cluster up --netns` is retried `attempts`
+    times (it needs root, and another bridge on the host has made it fail); then plain TCP over
+    loopback. `how` says which one it got; `failure` why it fell back (empty if it did not)."""
+
+    def __init__(self, servers: int = 2, memory: str = "1GiB", attempts: int = 3, log=print):
+        self.servers, self.memory, self.attempts, self.log = servers, memory, attempts, log
+        self.cluster: Cluster | None = None
+        self.how = ""
+        self.failure = ""
+
+    def __enter__(self) -> str:
+        for attempt in range(self.attempts):
+            cluster = Cluster(self.servers, self.memory, "tcp", netns=True, progress="event")
+            try:
+                path = cluster.__enter__()
+            except RuntimeError as e:
+                self.log(f"   cluster up --netns failed (attempt {attempt + 1} of "
+                         f"{self.attempts}): {e}")
+                self.failure = f"--netns failed ({str(e)[:160]}); plain TCP loopback"
+                continue
+            self.cluster, self.how, self.failure = cluster, "tcp, netns", ""
+            return path
+        self.log("   using TCP over loopback")
+        self.cluster, self.how = Cluster(self.servers, self.memory, "tcp", progress="event"), \
+            "tcp, loopback"
+        return self.cluster.__enter__()
+
+    def __exit__(self, *exc):
+        if self.cluster is not None:
+            self.cluster.__exit__(*exc)
+
+
 def farpool_social(engine: str, scale: float, cluster: str | None = None, query: str = "all",
                    flows: int = 1, seconds: float = 1.0, verify: bool = True,
                    extra: list[str] | None = None) -> dict:

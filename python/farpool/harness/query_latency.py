@@ -71,24 +71,15 @@ def measure(systems: list[str], scale: float, seconds: float, memory: str = "2Gi
                                          transport="shm")
             elif system == "pool-tcp":
                 log("== farpool pool engine, 2 memory servers over TCP (network namespaces)")
-                try:
-                    cluster = peers.Cluster(2, memory, "tcp", netns=True, progress="event")
-                    c = cluster.__enter__()
-                    how = "tcp, netns"
-                except RuntimeError as e:
-                    log(f"   --netns unavailable ({e}); using TCP over loopback")
-                    notes[system] = f"--netns failed ({str(e)[:120]}); plain TCP loopback"
-                    cluster = peers.Cluster(2, memory, "tcp", progress="event")
-                    c = cluster.__enter__()
-                    how = "tcp, loopback"
-                try:
+                cluster = peers.TcpCluster(2, memory, attempts=1, log=log)
+                with cluster as c:
+                    if cluster.failure:
+                        notes[system] = cluster.failure
                     rows += farpool_rows(system, peers.farpool_social("pool", tcp_scale, c, seconds=seconds,
                                                                       extra=["--load-threads", "1"]),
-                                         transport=how)
+                                         transport=cluster.how)
                     notes.setdefault(system, f"scale {tcp_scale:g}, servers in event progress "
                                              "(2 cores)")
-                finally:
-                    cluster.__exit__(None, None, None)
             elif system == "sharded":
                 why = peers.sharded_available()
                 if why:

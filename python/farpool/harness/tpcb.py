@@ -172,27 +172,14 @@ class Systems:
             return pgbench_run(pg, self.scale, clients, self.seconds)
 
     def _pool_tcp(self, clients: int, system: str = "pool-tcp") -> dict:
-        for attempt in range(3):
-            try:
-                cluster = peers.Cluster(2, "1GiB", "tcp", netns=True, progress="event")
-                path = cluster.__enter__()
-                network = "TCP, 2 memory servers each in its own netns, event"
-                break
-            except RuntimeError as e:
-                log(f"   cluster up --netns failed (attempt {attempt + 1} of 3): {e}")
-                err = e
-        else:
-            log("   using TCP over loopback for this point")
-            self.notes[system] = f"--netns failed ({str(err)[:160]}); plain TCP loopback"
-            network = "TCP over loopback, event"
-            cluster = peers.Cluster(2, "1GiB", "tcp", progress="event")
-            path = cluster.__enter__()
-        self.network[system] = network
-        try:
+        cluster = peers.TcpCluster(2, "1GiB", log=log)
+        with cluster as path:
+            if cluster.failure:
+                self.notes[system] = cluster.failure
+            self.network[system] = ("TCP, 2 memory servers each in its own netns, event"
+                                    if cluster.how == "tcp, netns" else "TCP over loopback, event")
             return farpool_tpcb("pool", self.scale, clients, self.seconds, path,
                                 isolation="rc" if system.endswith("-rc") else "si")
-        finally:
-            cluster.__exit__(None, None, None)
 
     def _sharded_tcp(self, clients: int) -> dict:
         with contextlib.ExitStack() as point:
