@@ -6,9 +6,13 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sys/socket.h>
+#include <ucs/debug/log_def.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
@@ -74,6 +78,34 @@ const char* TransportList(Fabric fabric) {
   return "all";
 }
 
+// UCX prints its log to stdout unless UCX_LOG_FILE names another place, and a library must not
+// write into its caller's standard output (a `--json` line, the result a script prints: a
+// connection refused while a cluster stopped under a still-open client once landed in the
+// README example's output). So, unless the user chose with UCX_LOG_FILE, the messages UCX would
+// print go to stderr. Runs before UCX's own handler (pushed later); messages UCX would not print
+// go on to it (which drops them).
+ucs_log_func_rc_t LogToStderr(const char* file, unsigned line, const char* /*function*/,
+                              ucs_log_level_t level, const ucs_log_component_config_t* component,
+                              const char* message, va_list ap) {
+  if (level > component->log_level && level != UCS_LOG_LEVEL_PRINT) {
+    return UCS_LOG_FUNC_RC_CONTINUE;
+  }
+  char text[1024];
+  std::vsnprintf(text, sizeof(text), message, ap);
+  const char* base = std::strrchr(file, '/');
+  std::fprintf(stderr, "[pid %d] UCX %s %s:%u %s\n", static_cast<int>(getpid()),
+               ucs_log_level_names[level], base != nullptr ? base + 1 : file, line, text);
+  return UCS_LOG_FUNC_RC_STOP;
+}
+
+void SendUcxLogToStderr() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* chosen = std::getenv("UCX_LOG_FILE");
+    if (chosen == nullptr || *chosen == '\0') ucs_log_push_handler(LogToStderr);
+  });
+}
+
 // Memory allocation order for ucp_mem_map(ALLOCATE): POSIX shared memory first. It is the
 // path on which a same-host client maps the region and reads it with plain loads (UCX's default
 // tries System V first, whose remote-key path measured 5x slower here).
@@ -109,6 +141,7 @@ Result<std::unique_ptr<Context>> Context::Create(const Options& options) {
   // Shared-memory files in a directory of this process's own (see transport/shm_dir.h); sets
   // UCX_POSIX_DIR, which ucp_init reads.
   ShmDirectory();
+  SendUcxLogToStderr();
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) return UcxStatus(st, "reading UCX configuration");

@@ -9,8 +9,12 @@
 #include "transport/ucx.h"
 
 #include <gtest/gtest.h>
+#include <ucs/debug/log_def.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "transport/am_server.h"
@@ -44,6 +48,25 @@ class EchoThenClose : public AmHandler {
 
 ucs_status_t Ignore(void*, const void*, size_t, void*, size_t, const ucp_am_recv_param_t*) {
   return UCS_OK;
+}
+
+// UCX's log goes to stderr, not into the caller's standard output (unless UCX_LOG_FILE says
+// otherwise; unset in tests).
+TEST(Ucx, ItsLogGoesToStderrNotStdout) {
+  ASSERT_EQ(std::getenv("UCX_LOG_FILE"), nullptr);
+  Context::Options co;
+  co.fabric = Fabric::kTcp;
+  auto context = Context::Create(co);
+  ASSERT_TRUE(context.ok()) << context.status().ToString();
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
+  ucs_error("farpool log test %d", 42);
+  std::fflush(stdout);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(out, "");
+  EXPECT_NE(err.find("UCX ERROR"), std::string::npos) << err;
+  EXPECT_NE(err.find("farpool log test 42"), std::string::npos) << err;
 }
 
 TEST(Ucx, ManyThreadsLosingAndOpeningConnectionsAtOnce) {
