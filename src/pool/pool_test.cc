@@ -375,6 +375,19 @@ TEST_F(AccessPaths, EveryPathGivesTheSameAnswers) {
   }
 }
 
+// The critical section of a CAS lock held by `me`: a plain read-modify-write of `guarded` (a lost
+// update would show in its total), then the release, which must find the lock still `me`'s.
+void IncrementUnderLockAndRelease(Pool& pool, GlobalAddress lock, GlobalAddress guarded,
+                                  uint64_t me) {
+  uint64_t v = 0;
+  ASSERT_TRUE(pool.Read(guarded, &v, 8).ok());
+  ++v;
+  ASSERT_TRUE(pool.Write(guarded, &v, 8).ok());
+  auto held = pool.CompareAndSwap(lock, me, 0);
+  ASSERT_TRUE(held.ok());
+  ASSERT_EQ(*held, me) << "the lock was taken while held";
+}
+
 TEST_F(AccessPaths, AtomicsFromEveryPathAreAtomicTogether) {
   for (const auto& p : pools_) ASSERT_TRUE(p);
   auto counter = *pools_[0]->Alloc(8, Placement::OnServer(1));
@@ -397,13 +410,7 @@ TEST_F(AccessPaths, AtomicsFromEveryPathAreAtomicTogether) {
           if (*prev == 0) break;
           std::this_thread::yield();
         }
-        uint64_t v = 0;
-        ASSERT_TRUE(pool.Read(guarded, &v, 8).ok());
-        ++v;
-        ASSERT_TRUE(pool.Write(guarded, &v, 8).ok());
-        auto held = pool.CompareAndSwap(lock, me, 0);
-        ASSERT_TRUE(held.ok());
-        ASSERT_EQ(*held, me) << "the lock was taken while held";
+        IncrementUnderLockAndRelease(pool, lock, guarded, me);
       }
     });
   }
@@ -450,13 +457,7 @@ TEST_F(AccessPaths, AWaitingCasLockFromEveryPathExcludesAndLosesNothing) {
           ASSERT_NE(r.previous, 0u) << "not swapped, so held";
           std::this_thread::yield();
         }
-        uint64_t v = 0;
-        ASSERT_TRUE(pool.Read(guarded, &v, 8).ok());
-        ++v;
-        ASSERT_TRUE(pool.Write(guarded, &v, 8).ok());
-        auto held = pool.CompareAndSwap(lock, me, 0);
-        ASSERT_TRUE(held.ok());
-        ASSERT_EQ(*held, me) << "the lock was taken while held";
+        IncrementUnderLockAndRelease(pool, lock, guarded, me);
       }
       round_trips[t] = pool.counters().round_trips - before;
     });
