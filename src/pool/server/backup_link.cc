@@ -104,9 +104,9 @@ Status BackupLink::Forward(const std::byte* region, std::span<const memory_ops::
     expected.push_back(wire::Opcode::kReplicateReply);
   }
   for (const LeaseChange& l : leases) {
-    messages.push_back(wire::Encode(
-        mirror_->NextId(), wire::MirrorLeaseRequest{l.offset, l.size, primary_id_,
-                                                    static_cast<uint16_t>(l.leased ? 1 : 0), 0}));
+    messages.push_back(
+        wire::Encode(mirror_->NextId(),
+                     wire::MirrorLeaseRequest{l.offset, l.size, primary_id_, l.kind, l.owner}));
     expected.push_back(wire::Opcode::kMirrorLeaseReply);
   }
   const auto deadline = Clock::now() + mirror_->timeout();
