@@ -328,7 +328,8 @@ TEST(Replication, APartitionedPrimaryIsFencedAndTheClientsFollowTheData) {
 // owning pool and every pool's root, so once server 1 is SIGKILLed and its backup serves its
 // data, pool A's client still reads and writes its own object there and is refused B's
 // (PermissionDenied, counted by the backup), B's bytes and root area are intact, and a client
-// of B that connects only after the failover finds its root area in the mirror.
+// of B that connects only after the failover finds its root area in the mirror. Before the
+// kill, A's client cannot forge a forward on the backup's mirror port.
 TEST(Replication, PoolsStayIsolatedAcrossAFailover) {
   if (geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
   LocalClusterOptions o = Replicated(Fabric::kTcp);
@@ -358,6 +359,38 @@ TEST(Replication, PoolsStayIsolatedAcrossAFailover) {
 
   auto config = cluster.config();
   ASSERT_TRUE(config.ok());
+  {
+    // A pool's client on server 2's mirror port (where server 1's forwards arrive) may not
+    // forge a forward: releasing B's chunk in the mirrored book is refused.
+    auto secret = transport::ClusterSecret::Read(config->secret_file);
+    ASSERT_TRUE(secret.ok());
+    const transport::ClusterSecret key = secret->DerivePool("a");
+    wire::HelloRequest hello{};
+    hello.client_pid = static_cast<uint64_t>(getpid());
+    hello.client_nonce = 0x5eed00a1;
+    std::memcpy(hello.pool, "a", 1);
+    const ServerAddress& s2 = config->servers[2];
+    control::Connection::Options co{"server 2", s2.host, s2.port, &key, Fabric::kTcp, 3000ms};
+    auto main_port = control::Connection::Open(co, hello);
+    ASSERT_TRUE(main_port.ok()) << main_port.status().ToString();
+    co.port = (*main_port)->hello().mirror_port;
+    auto mirror_port = control::Connection::Open(co, hello);
+    ASSERT_TRUE(mirror_port.ok()) << mirror_port.status().ToString();
+    const uint64_t chunk = (*main_port)->hello().chunk_size;
+    const uint64_t b_root = (*b)->RootArea(1).offset() - Pool::Root(1).offset();
+    auto forged = (*mirror_port)
+                      ->Call(
+                          [&](uint64_t id) {
+                            return wire::Encode(
+                                id, wire::MirrorLeaseRequest{b_root, chunk, 1, wire::kMirrorRelease,
+                                                             transport::PoolId("b")});
+                          },
+                          wire::Opcode::kMirrorLeaseReply);
+    ASSERT_FALSE(forged.ok());
+    EXPECT_EQ(forged.status().code(), StatusCode::kPermissionDenied) << forged.status().ToString();
+    EXPECT_NE(forged.status().message().find("only the cluster's own servers"), std::string::npos)
+        << forged.status().message();
+  }
   ASSERT_EQ(kill(static_cast<pid_t>(config->servers[1].pid), SIGKILL), 0);
   // A's writes fail (Unavailable) until its client follows the data to the backup.
   const uint64_t kA2 = 0xaaa2;

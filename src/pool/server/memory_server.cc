@@ -226,7 +226,9 @@ class MemoryServer::Impl : public transport::AmHandler {
   uint64_t rejected_ = 0;
   // Pools: requests refused for touching another pool's memory (StatsReply::pool_refused), the
   // offset the last refused access began at (set by BatchRegion's check, read right after),
-  // and the pool of every process tag that said hello (for evictions by pool clients).
+  // and the pool of every process tag that said hello (for evictions by pool clients; kept
+  // after its connections close, since a dead process is what gets evicted, until it is
+  // evicted or says goodbye: 12 bytes per client process that died without either).
   uint64_t pool_refused_ = 0;
   std::optional<uint64_t> denied_;
   std::unordered_map<uint64_t, uint32_t> tag_pool_;
