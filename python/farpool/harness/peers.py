@@ -517,6 +517,22 @@ def percentiles(lat_us: list[float]) -> dict:
             "mean_us": statistics.fmean(lat)}
 
 
+def pgbench_latencies(work: str) -> list[float]:
+    """Every transaction's latency (µs) from the files `pgbench -l --log-prefix WORK/log` wrote."""
+    lat = []
+    for name in os.listdir(work):
+        if name.startswith("log"):
+            with open(os.path.join(work, name)) as f:
+                lat += [float(line.split()[2]) for line in f if line.strip()]
+    return lat
+
+
+def pgbench_tps(stdout: str) -> float | None:
+    """The tps pgbench printed, or None."""
+    tps = [line for line in stdout.splitlines() if line.startswith("tps")]
+    return float(tps[0].split()[2]) if tps else None
+
+
 # ------------------------------------------------------------------ PostgreSQL
 
 class Postgres:
@@ -615,14 +631,9 @@ class Postgres:
             out = subprocess.run(cmd, capture_output=True, text=True, cwd=work)
             if out.returncode != 0:
                 raise RuntimeError(f"pgbench failed: {out.stderr.strip()[-400:]}")
-            lat = []
-            for name in os.listdir(work):
-                if name.startswith("log"):
-                    with open(os.path.join(work, name)) as f:
-                        lat += [float(line.split()[2]) for line in f if line.strip()]
-            r = percentiles(lat)
-            tps = [line for line in out.stdout.splitlines() if line.startswith("tps")]
-            r["qps"] = float(tps[0].split()[2]) if tps else r["count"] / max(1, round(seconds))
+            r = percentiles(pgbench_latencies(work))
+            tps = pgbench_tps(out.stdout)
+            r["qps"] = tps if tps is not None else r["count"] / max(1, round(seconds))
             return r
         finally:
             shutil.rmtree(work, ignore_errors=True)

@@ -150,14 +150,9 @@ class Server:
             out = subprocess.run(cmd, capture_output=True, text=True, cwd=work, timeout=seconds * 4 + 600)
             if out.returncode != 0:
                 raise RuntimeError(f"pgbench -c {clients} failed: {(out.stderr or out.stdout).strip()[-400:]}")
-            lat = []
-            for name in os.listdir(work):
-                if name.startswith("log"):
-                    with open(os.path.join(work, name)) as f:
-                        lat += [float(line.split()[2]) for line in f if line.strip()]
-            r = peers.percentiles(lat)
-            tps = [l for l in out.stdout.splitlines() if l.startswith("tps")]
-            r["tps"] = float(tps[0].split()[2]) if tps else r["count"] / max(1, round(seconds))
+            r = peers.percentiles(peers.pgbench_latencies(work))
+            tps = peers.pgbench_tps(out.stdout)
+            r["tps"] = tps if tps is not None else r["count"] / max(1, round(seconds))
             failed = [l for l in out.stdout.splitlines() if "failed transactions" in l]
             r["failed"] = failed[0].split(":")[1].strip() if failed else ""
             return r
