@@ -172,8 +172,9 @@ class FarpoolMount:
     the pool's memory."""
 
     def __init__(self, transport: str = "shm", servers: int = 2, memory: str = "2GiB",
-                 name: str = "fs"):
+                 name: str = "fs", flags: tuple[str, ...] = ()):
         self.transport = transport
+        self.flags = flags  # more `farpool mount` flags, e.g. ("--direct-io",)
         self._cluster_args = (servers, memory, transport, transport == "tcp", "event")
         self.cluster = Cluster(*self._cluster_args)
         self.name = name
@@ -190,7 +191,8 @@ class FarpoolMount:
             try:
                 self.cluster_json = self.cluster.__enter__()
                 out = subprocess.run([str(farpool_bin()), "mount", "--cluster", self.cluster_json,
-                                      "--name", self.name, "--log", self.log_path, self.mountpoint],
+                                      "--name", self.name, "--log", self.log_path, *self.flags,
+                                      self.mountpoint],
                                      capture_output=True, text=True, timeout=120)
                 if out.returncode != 0:
                     raise RuntimeError(f"farpool mount ({self.transport}): "
@@ -231,10 +233,11 @@ class FarpoolMount:
 
 def mount_farpool_variants(variants: list[str], roots: dict[str, str], notes: dict[str, str],
                            pool_memory: str, given_dir: str | None, what: str,
-                           also: str = "") -> dict[str, FarpoolMount]:
+                           also: str = "", flags: tuple[str, ...] = ()) -> dict[str, FarpoolMount]:
     """For each variant named farpool-<transport> (farpool-shm, farpool-tcp): mounts a farpool
     filesystem on a fresh 2-server cluster and sets roots[v] to the mount point and notes[v] to
-    how (`what` names the experiment's directory on it, `also` is added to the note);
+    how (`what` names the experiment's directory on it, `also` is added to the note, `flags` go
+    to `farpool mount`);
     farpool-shm uses `given_dir` instead when given. A variant that cannot be mounted gets a
     note saying why and no root. Returns the mounts, which the caller exits (unmounts)."""
     farpool = [v for v in variants if v.startswith("farpool-")]
@@ -249,12 +252,12 @@ def mount_farpool_variants(variants: list[str], roots: dict[str, str], notes: di
                 notes[v] = f"not run: {why}"
             else:
                 try:
-                    m = FarpoolMount(v.split("-")[1], 2, pool_memory)
+                    m = FarpoolMount(v.split("-")[1], 2, pool_memory, flags=flags)
                     roots[v] = m.__enter__()
                     mounts[v] = m
                     netns = ", servers in network namespaces" if m.transport == "tcp" else ""
-                    notes[v] = (f"2 servers x {pool_memory}, {m.transport}{netns}, mounted on "
-                                f"{roots[v]}{also}")
+                    notes[v] = (f"2 servers x {pool_memory}, {m.transport}{netns}, mounted "
+                                f"{' '.join(flags) + ' ' if flags else ''}on {roots[v]}{also}")
                 except RuntimeError as e:
                     notes[v] = f"not run: {e}"
     except BaseException:
