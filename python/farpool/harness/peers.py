@@ -665,11 +665,21 @@ def load_farpool_vfs() -> None:
     con.close()
 
 
+def sqlite_connect(target: str, uri: bool, cache_mib: int = 0) -> sqlite3.Connection:
+    """A connection to `target` with a page cache of `cache_mib` MiB (0: SQLite's default)."""
+    con = sqlite3.connect(target, uri=uri)
+    if cache_mib:
+        con.execute(f"PRAGMA cache_size = -{cache_mib * 1024}")
+    return con
+
+
 class SQLiteDb:
     """The social network in an SQLite database: a file on disk (the page cache keeps it warm),
-    or, with `cluster`, the file `name` in the pool through the farpool VFS (docs/files.md)."""
+    or, with `cluster`, the file `name` in the pool through the farpool VFS (docs/files.md).
+    `cache_mib`: each connection's page cache (`PRAGMA cache_size`), 0 for SQLite's default."""
 
-    def __init__(self, cluster: str | None = None, name: str = "social.db"):
+    def __init__(self, cluster: str | None = None, name: str = "social.db", cache_mib: int = 0):
+        self.cache_mib = cache_mib
         self.dir = tempfile.mkdtemp(prefix="farpool-sqlite-", dir="/var/tmp")
         if cluster:
             load_farpool_vfs()
@@ -684,7 +694,7 @@ class SQLiteDb:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def connect(self) -> sqlite3.Connection:
-        return sqlite3.connect(self.target, uri=self.uri)
+        return sqlite_connect(self.target, self.uri, self.cache_mib)
 
     def load_social(self, export_dir: Path) -> float:
         t0 = time.perf_counter()
