@@ -64,7 +64,6 @@ from farpool.harness.peers import log
 
 TPCH_DIR = peers.ROOT / "bench" / "tpch"
 VARIANTS = ["disk", "tmpfs", "farpool-shm", "farpool-tcp"]
-MOUNT_FLAGS = {"direct": ("--direct-io",), "page": ()}
 LABELS = {"disk": "local disk (/var/tmp)", "tmpfs": "tmpfs (/dev/shm)",
           "farpool-shm": "farpool mount, shm", "farpool-tcp": "farpool mount, tcp (netns)"}
 # The stored answers are our queries' results on tpchgen-cli data (write_answers). They agreed,
@@ -450,9 +449,7 @@ def main(argv=None) -> int:
                     help="memory cgroup limit of the DuckDB process (auto: memory_limit + 384MiB; none)")
     ap.add_argument("--max-temp", default="20GiB", help="DuckDB max_temp_directory_size")
     ap.add_argument("--farpool-dir", help="an existing farpool mount's directory for farpool-shm")
-    ap.add_argument("--mount-cache", choices=["direct", "page"], default="direct",
-                    help="farpool mounts with --direct-io (default: spill files bypass the page "
-                         "cache) or through the page cache")
+    peers.add_mount_cache_arg(ap, "direct")  # spill files: written once, read back once
     ap.add_argument("--pool-memory", default="2GiB", help="per memory server (2 servers)")
     ap.add_argument("--data-dir", default="/var/tmp/farpool-tpch", help="Parquet cache")
     ap.add_argument("--timeout", type=float, default=3600)
@@ -511,7 +508,7 @@ def main(argv=None) -> int:
     try:
         mounts = peers.mount_farpool_variants(variants, roots, notes, args.pool_memory,
                                               args.farpool_dir, "temp directory",
-                                              flags=MOUNT_FLAGS[args.mount_cache])
+                                              flags=peers.MOUNT_CACHE_FLAGS[args.mount_cache])
         variants = [v for v in variants if v in roots]
         for rep in range(args.repeat):
             for v in variants:

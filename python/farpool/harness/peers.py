@@ -231,6 +231,17 @@ class FarpoolMount:
             pass
 
 
+# `farpool mount` flags by --mount-cache: through the page cache, or bypassing it (--direct-io).
+MOUNT_CACHE_FLAGS = {"page": (), "direct": ("--direct-io",)}
+
+
+def add_mount_cache_arg(ap: argparse.ArgumentParser, default: str) -> None:
+    """--mount-cache page|direct: how the experiment's farpool mounts cache file data."""
+    ap.add_argument("--mount-cache", choices=sorted(MOUNT_CACHE_FLAGS), default=default,
+                    help=f"farpool mounts through the page cache or with --direct-io (default "
+                         f"{default})")
+
+
 def mount_farpool_variants(variants: list[str], roots: dict[str, str], notes: dict[str, str],
                            pool_memory: str, given_dir: str | None, what: str,
                            also: str = "", flags: tuple[str, ...] = ()) -> dict[str, FarpoolMount]:

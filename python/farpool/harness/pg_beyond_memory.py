@@ -206,7 +206,8 @@ def med(rows, system, clients, key):
 def table(rows, systems, args, notes, ctx, elapsed, loads) -> str:
     lines = [f"Measured {ctx['time']} on {ctx['host']} ({ctx['cores']} cores), git {ctx['git_sha']}, "
              f"`bench/experiments/pg_beyond_memory --limit {args.limit} --scale {args.scale_n} --clients "
-             f"{args.clients} --seconds {args.seconds:g} --repeat {args.repeat}` ({elapsed:.0f} s); load "
+             f"{args.clients} --seconds {args.seconds:g} --repeat {args.repeat} --mount-cache "
+             f"{args.mount_cache}` ({elapsed:.0f} s); load "
              f"average {loads[0]:.1f} at start, {loads[1]:.1f} at end. pgbench tpcb-like, -M prepared, fsync on, "
              f"shared_buffers {args.shared_buffers}; median of {args.repeat} run(s).\n"]
     head = ["clients"] + [f"{LABELS[s]} tps" for s in systems]
@@ -281,6 +282,7 @@ def main(argv=None) -> int:
     ap.add_argument("--systems", default="memory,disk,farpool-shm")
     ap.add_argument("--shared-buffers", default="32MB")
     ap.add_argument("--farpool-dir", help="an existing farpool mount's directory for farpool-shm")
+    peers.add_mount_cache_arg(ap, "page")  # PostgreSQL rereads its pages from the OS cache
     ap.add_argument("--pool-memory", default="2GiB", help="per memory server (2 servers)")
     ap.add_argument("--template-dir", default="/var/tmp/farpool-pgbench")
     ap.add_argument("--out", default=str(peers.ROOT / "bench" / "results"))
@@ -311,7 +313,8 @@ def main(argv=None) -> int:
     try:
         mounts = peers.mount_farpool_variants(
             systems, roots, notes, args.pool_memory, args.farpool_dir, "data directory",
-            also="; the mount's daemon and the servers run outside the cgroup")
+            also="; the mount's daemon and the servers run outside the cgroup",
+            flags=peers.MOUNT_CACHE_FLAGS[args.mount_cache])
         systems = [s for s in systems if s in roots]
         for rep in range(args.repeat):
             for s in systems:
