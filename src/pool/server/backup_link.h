@@ -79,7 +79,7 @@ class BackupLink {
     uint64_t through;
     Status why;
   };
-  static constexpr size_t kMaxInFlight = 4;
+  static constexpr size_t kMaxInFlight = 2;
   static constexpr uint64_t kMaxPendingBytes = 4ull << 20;
 
   // Posts the bytes of `changed` (offsets into `region`, which outlives the link) and `leases`

@@ -17,7 +17,10 @@ Status Mirror::Start(const std::string& host, Fabric fabric, const std::string& 
   ao.host = host;
   ao.am_id = transport::kControlAm;
   ao.progress = ProgressMode::kEvent;  // forwards come in bursts; an idle mirror sleeps
-  ao.event_spin = std::chrono::microseconds(50);
+  // At once, no spin: the primary no longer waits with its loop for the acknowledgement, and
+  // on a host with few cores a spinning mirror took the core its primary and clients needed
+  // (docs/pool.md "Pipelined forwards": measured with a 50 µs spin before).
+  ao.event_spin = std::chrono::microseconds(0);
   ao.fabric = fabric;
   FARPOOL_ASSIGN_OR_RETURN(am_, transport::AmServer::Listen(ao));
   am_->Start(*this);
