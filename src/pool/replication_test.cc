@@ -364,6 +364,15 @@ TEST(Replication, AHealthyPrimaryIsNotTakenOverNorAreMisdirectedRequestsServed) 
                       .status();
   EXPECT_TRUE(forged.ok()) << "an empty forward from an authenticated peer is a renewal: "
                            << forged.ToString();
+  // Forwards are applied in the order sent (the primary pipelines them): one whose request id
+  // does not increase on its connection is refused, not applied. Id 1 went to the challenge.
+  ASSERT_TRUE((*m2)->Send(wire::Encode(1, forward)).ok());
+  Status reordered =
+      (*m2)
+          ->Await(1, wire::Opcode::kReplicateReply, std::chrono::steady_clock::now() + 3s)
+          .status();
+  EXPECT_EQ(reordered.code(), StatusCode::kProtocol) << reordered.ToString();
+  EXPECT_NE(reordered.message().find("out of order"), std::string::npos) << reordered.message();
   // A client without the secret gets nothing.
   ClusterConfig open = *config;
   open.secret_file.clear();
@@ -462,7 +471,9 @@ TEST_P(NoReplyBeforeItsForward, NoClientSeesAChangeTheFailoverLoses) {
   }
   ASSERT_EQ(kill(victim, SIGKILL), 0);
   stop_writing = true;
-  if (stall) ASSERT_EQ(kill(backup, SIGCONT), 0);
+  if (stall) {
+    ASSERT_EQ(kill(backup, SIGCONT), 0);
+  }
   killed = true;
   for (auto& th : threads) th.join();
   for (size_t t = 0; t < unclear.size(); ++t) {

@@ -900,7 +900,12 @@ void MemoryServer::Impl::FailForwards(const BackupLink::Failure& failure) {
                                            : "its backup does not answer") +
                                    " (" + failure.why.message() + ")");
   if (fenced) Fence(failure.why);
-  // Held replies settle in ticket order: those of earlier tickets were released already.
+  // Held replies settle in ticket order: those before the failed forwards were acknowledged
+  // (in the same Poll, maybe), the failed forwards' get the error.
+  while (!held_.empty() && held_.front().ticket < failure.from) {
+    released_.push_back(std::move(held_.front().reply));
+    held_.pop_front();
+  }
   while (!held_.empty() && held_.front().ticket <= failure.through) {
     transport::LateReply r = std::move(held_.front().reply);
     held_.pop_front();

@@ -3,9 +3,10 @@
 // How it works: the copy lives in the backup's own region, past its own part (at
 // HelloReply::mirror_offset), so that once promoted the backup serves it to clients like its
 // own memory. The primary's forwards arrive on a loop of their own (an AmServer on another
-// port, HelloReply::mirror_port, event progress): a primary waits for its backup's
-// acknowledgement on its progress thread, so two servers that back each other up would
-// deadlock if forwards had to pass through the loop that is waiting. That loop applies
+// port, HelloReply::mirror_port, event progress): a primary may wait for its backup's
+// acknowledgement on its progress thread (back-pressure, a backup being named; forwards are
+// otherwise pipelined, backup_link.h), so two servers that back each other up would deadlock
+// if forwards had to pass through the loop that is waiting. That loop applies
 // ReplicateRequests (writes, offsets in the primary's region) and MirrorLeaseRequests (the
 // primary's lease book) from authenticated connections, for the primary it mirrors only.
 //
