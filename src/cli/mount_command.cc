@@ -20,6 +20,9 @@ Command RegisterMount(CLI::App& app) {
                   "(the kernel's default for FUSE: 1; needs root)")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
+  sub->add_flag("--direct-io", o->direct_io,
+                "Bypass the page cache: every read and write goes to the pool (for spill "
+                "directories; mmap(MAP_SHARED) of its files fails)");
   sub->add_option("mountpoint", o->mountpoint, "An empty directory")->required();
   return {sub, [o] {
             auto done = fuse::Mount(*o);

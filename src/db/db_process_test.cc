@@ -285,6 +285,21 @@ std::vector<std::pair<pid_t, int>> Reap(const std::vector<pid_t>& pids,
   return out;
 }
 
+// Reaps the workers: each must have exited 0 or been SIGKILLed (by a fault site of its own or
+// by the test). Returns how many were killed.
+int ReapKilledOrExited(const std::vector<pid_t>& pids) {
+  int killed = 0;
+  for (auto [pid, status] : Reap(pids)) {
+    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) {
+      ++killed;
+      continue;
+    }
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "worker " << pid << " status " << status;
+  }
+  return killed;
+}
+
 class DbProcessTest : public testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -349,10 +364,7 @@ TEST_P(DbProcessTest, BankInvariantAcrossProcesses) {
                 return Status::Ok();
               }).ok());
   auto pids = SpawnWorkers(3, "bank", cluster_file_, seed);
-  for (auto [pid, status] : Reap(pids)) {
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << "worker " << pid << " status " << status;
-  }
+  EXPECT_EQ(ReapKilledOrExited(pids), 0);
   int64_t sum = 0;
   ASSERT_TRUE(RunTransaction(**session, [&](Transaction& txn) -> Status {
                 sum = 0;
@@ -384,16 +396,7 @@ TEST_P(DbProcessTest, CycleSurvivesSigkillMidCommit) {
   std::mt19937_64 rng(seed);
   std::this_thread::sleep_for(std::chrono::milliseconds(100 + rng() % 400));
   kill(pids[1], SIGKILL);
-  int killed = 0;
-  for (auto [pid, status] : Reap(pids)) {
-    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) {
-      ++killed;
-      continue;
-    }
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << "worker " << pid << " status " << status;
-  }
-  EXPECT_GE(killed, 1);
+  EXPECT_GE(ReapKilledOrExited(pids), 1);
   // Leases of the dead expire; recovery finishes their decided commits and breaks the rest.
   std::this_thread::sleep_for(1100ms);
   ASSERT_TRUE(db_->RecoverExpired().ok());
@@ -439,17 +442,8 @@ TEST_P(DbProcessTest, LockingReadsSurviveSigkill) {
                 return Status::Ok();
               }).ok());
   auto pids = SpawnWorkers(3, "counter", cluster_file_, seed);
-  int killed = 0;
-  for (auto [pid, status] : Reap(pids)) {
-    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) {
-      ++killed;
-      continue;
-    }
-    // Worker 2 never dies: it met the dead workers' locks and got past them.
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << "worker " << pid << " status " << status;
-  }
-  EXPECT_EQ(killed, 2);
+  // Worker 2 never dies: it met the dead workers' locks and got past them.
+  EXPECT_EQ(ReapKilledOrExited(pids), 2);
   std::this_thread::sleep_for(1100ms);
   ASSERT_TRUE(db_->RecoverExpired().ok());
   EXPECT_EQ(*db_->CountLocked(**t), 0u);
@@ -501,12 +495,7 @@ TEST_P(DbProcessTest, KilledLoaderLeavesNothing) {
     }
   });
   auto pids = SpawnWorkers(3, "bulk", cluster_file_, seed);
-  int killed = 0;
-  for (auto [pid, status] : Reap(pids)) {
-    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
-        << "worker " << pid << " status " << status;
-    killed += WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
-  }
+  const int killed = ReapKilledOrExited(pids);
   stop = true;
   watcher.join();
   EXPECT_EQ(killed, 3);

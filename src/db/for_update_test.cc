@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -76,12 +77,14 @@ class ForUpdateTest : public testing::TestWithParam<std::string> {
     EXPECT_TRUE(n.ok()) << n.status().ToString();
     return n.ok() ? *n : ~uint64_t{0};
   }
-  // `threads` threads add 1 to key 0 `per_thread` times each, reading it with `read`.
-  void ConcurrentIncrements(const TransactionOptions& options, bool lock_at_read, int threads,
-                            int per_thread) {
+  // `threads` threads, each with a session of its own, run `per_thread` transactions
+  // `body(txn, thread)` through RunTransaction (retrying aborts up to `max_attempts` times), then
+  // hand their session to `done(session)`. Asserts that every transaction committed.
+  void RunWorkers(int threads, int per_thread, const TransactionOptions& options,
+                  const std::function<Status(Transaction&, int)>& body,
+                  const std::function<void(Session&)>& done = nullptr, int max_attempts = 1 << 20) {
     std::vector<std::thread> workers;
     std::vector<Status> results(threads);
-    std::atomic<uint64_t> aborts{0};
     for (int th = 0; th < threads; ++th) {
       workers.emplace_back([&, th] {
         auto s = db().NewSession();
@@ -91,20 +94,28 @@ class ForUpdateTest : public testing::TestWithParam<std::string> {
         }
         for (int i = 0; i < per_thread && results[th].ok(); ++i) {
           results[th] = RunTransaction(
-              **s, options,
-              [&](Transaction& txn) -> Status {
-                Row row;
-                FARPOOL_RETURN_IF_ERROR(lock_at_read ? txn.GetForUpdate(*table_, 0, &row)
-                                                     : txn.Get(*table_, 0, &row));
-                return PutInt(txn, *table_, 0, row.GetInt64(0) + 1);
-              },
-              1 << 20);
+              **s, options, [&](Transaction& txn) { return body(txn, th); }, max_attempts);
         }
-        aborts += (*s)->counters().aborts;
+        if (done) done(**s);
       });
     }
     for (auto& w : workers) w.join();
     for (const Status& r : results) ASSERT_OK(r);
+  }
+  // `threads` threads add 1 to key 0 `per_thread` times each, reading it with a locking read
+  // or a plain one.
+  void ConcurrentIncrements(const TransactionOptions& options, bool lock_at_read, int threads,
+                            int per_thread) {
+    std::atomic<uint64_t> aborts{0};
+    RunWorkers(
+        threads, per_thread, options,
+        [&](Transaction& txn, int) -> Status {
+          Row row;
+          FARPOOL_RETURN_IF_ERROR(lock_at_read ? txn.GetForUpdate(*table_, 0, &row)
+                                               : txn.Get(*table_, 0, &row));
+          return PutInt(txn, *table_, 0, row.GetInt64(0) + 1);
+        },
+        [&](Session& s) { aborts += s.counters().aborts; });
     EXPECT_EQ(Value(0), int64_t{threads} * per_thread) << "aborts: " << aborts.load();
     EXPECT_EQ(Locked(), 0u);
   }
@@ -131,28 +142,18 @@ TEST_P(ForUpdateTest, ReadCommittedLockingIncrementsLoseNothing) {
 TEST_P(ForUpdateTest, ReadCommittedLockingWaitsCostOneRoundTrip) {
   if (GetParam() != "pool-tcp") GTEST_SKIP() << "the server waits only over messages";
   constexpr int kThreads = 4, kPerThread = 100;
-  std::vector<std::thread> workers;
-  std::vector<Status> results(kThreads);
   std::atomic<uint64_t> round_trips{0}, commits{0};
-  for (int th = 0; th < kThreads; ++th) {
-    workers.emplace_back([&, th] {
-      auto s = db().NewSession();
-      if (!s.ok()) {
-        results[th] = s.status();
-        return;
-      }
-      for (int i = 0; i < kPerThread && results[th].ok(); ++i) {
-        results[th] = RunTransaction(**s, kRc, [&](Transaction& txn) -> Status {
-          FARPOOL_ASSIGN_OR_RETURN(int64_t v, LockedInt(txn, 0));
-          return PutInt(txn, *table_, 0, v + 1);
-        });
-      }
-      round_trips += (*s)->counters().round_trips;
-      commits += (*s)->counters().commits;
-    });
-  }
-  for (auto& w : workers) w.join();
-  for (const Status& r : results) ASSERT_OK(r);
+  RunWorkers(
+      kThreads, kPerThread, kRc,
+      [&](Transaction& txn, int) -> Status {
+        FARPOOL_ASSIGN_OR_RETURN(int64_t v, LockedInt(txn, 0));
+        return PutInt(txn, *table_, 0, v + 1);
+      },
+      [&](Session& s) {
+        round_trips += s.counters().round_trips;
+        commits += s.counters().commits;
+      },
+      /*max_attempts=*/1000);
   EXPECT_EQ(Value(0), int64_t{kThreads} * kPerThread);
   EXPECT_EQ(Locked(), 0u);
   ASSERT_EQ(commits.load(), uint64_t{kThreads} * kPerThread);
@@ -178,36 +179,20 @@ TEST_P(ForUpdateTest, TwoRowInvariantWithMultiGetForUpdate) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed));
   constexpr int kThreads = 4, kPer = 120;
-  std::vector<std::thread> workers;
-  std::vector<Status> results(kThreads);
-  for (int th = 0; th < kThreads; ++th) {
-    workers.emplace_back([&, th] {
-      auto s = db().NewSession();
-      if (!s.ok()) {
-        results[th] = s.status();
-        return;
-      }
-      std::mt19937_64 rng(seed * 7 + th);
-      for (int i = 0; i < kPer && results[th].ok(); ++i) {
-        const int64_t from = 1 + rng() % 7, to = 1 + (from + rng() % 6) % 7;
-        results[th] = RunTransaction(
-            **s, kRc,
-            [&](Transaction& txn) -> Status {
-              const TableKey keys[] = {{table_, to}, {table_, 0}, {table_, from}};
-              std::vector<Row> rows;
-              std::vector<Status> found;
-              FARPOOL_RETURN_IF_ERROR(txn.MultiGetForUpdate(keys, &rows, &found));
-              for (const Status& f : found) FARPOOL_RETURN_IF_ERROR(f);
-              FARPOOL_RETURN_IF_ERROR(PutInt(txn, *table_, to, rows[0].GetInt64(0) + 1));
-              FARPOOL_RETURN_IF_ERROR(PutInt(txn, *table_, 0, rows[1].GetInt64(0) + 1));
-              return PutInt(txn, *table_, from, rows[2].GetInt64(0) - 1);
-            },
-            1 << 20);
-      }
-    });
-  }
-  for (auto& w : workers) w.join();
-  for (const Status& r : results) ASSERT_OK(r);
+  std::vector<std::mt19937_64> rngs;
+  for (int th = 0; th < kThreads; ++th) rngs.emplace_back(seed * 7 + th);
+  RunWorkers(kThreads, kPer, kRc, [&](Transaction& txn, int th) -> Status {
+    std::mt19937_64& rng = rngs[th];
+    const int64_t from = 1 + rng() % 7, to = 1 + (from + rng() % 6) % 7;
+    const TableKey keys[] = {{table_, to}, {table_, 0}, {table_, from}};
+    std::vector<Row> rows;
+    std::vector<Status> found;
+    FARPOOL_RETURN_IF_ERROR(txn.MultiGetForUpdate(keys, &rows, &found));
+    for (const Status& f : found) FARPOOL_RETURN_IF_ERROR(f);
+    FARPOOL_RETURN_IF_ERROR(PutInt(txn, *table_, to, rows[0].GetInt64(0) + 1));
+    FARPOOL_RETURN_IF_ERROR(PutInt(txn, *table_, 0, rows[1].GetInt64(0) + 1));
+    return PutInt(txn, *table_, from, rows[2].GetInt64(0) - 1);
+  });
   int64_t sum = 0;
   for (int64_t k = 1; k < 8; ++k) sum += Value(k);
   EXPECT_EQ(sum, 0);

@@ -176,6 +176,18 @@ Status Connection::Send(std::span<const std::byte> message) {
       .WithContext(options_.name);
 }
 
+std::optional<Result<Reply>> Connection::Take(uint64_t id, wire::Opcode expected) {
+  auto it = box_.replies.find(id);
+  if (it == box_.replies.end()) return std::nullopt;
+  std::vector<std::byte> bytes = std::move(it->second);
+  box_.replies.erase(it);
+  return TakeReply(options_.name, std::move(bytes), expected);
+}
+
+void Connection::DropRepliesBelow(uint64_t id) {
+  std::erase_if(box_.replies, [id](const auto& r) { return r.first < id; });
+}
+
 Result<Reply> Connection::Await(uint64_t id, wire::Opcode expected, Clock::time_point deadline,
                                 const std::function<bool()>& give_up) {
   // Polls for a short while, then sleeps on the worker: on a host with fewer cores than busy
@@ -184,12 +196,7 @@ Result<Reply> Connection::Await(uint64_t id, wire::Opcode expected, Clock::time_
   constexpr auto kSpin = std::chrono::microseconds(20);
   const auto spin_until = Clock::now() + kSpin;
   for (;;) {
-    auto it = box_.replies.find(id);
-    if (it != box_.replies.end()) {
-      std::vector<std::byte> bytes = std::move(it->second);
-      box_.replies.erase(it);
-      return TakeReply(options_.name, std::move(bytes), expected);
-    }
+    if (auto reply = Take(id, expected)) return std::move(*reply);
     if (give_up && give_up()) return Status::Aborted(options_.name + ": given up");
     if (!ep_->failed() && Clock::now() > deadline) {
       return Status::TimedOut(options_.name + ": no " + std::string(wire::OpcodeName(expected)) +

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -121,6 +122,15 @@ class Connection {
                       std::chrono::steady_clock::time_point deadline,
                       const std::function<bool()>& give_up = nullptr);
   std::chrono::milliseconds timeout() const { return options_.timeout; }
+  // Without waiting (a caller that waits on worker() itself): one progress of the worker; the
+  // reply to `id` if it has arrived (checked as Await does), else nullopt; whether the
+  // connection has failed; and forgetting replies to requests below `id` that arrive after
+  // their sender gave up on them.
+  void Progress() { worker_->Progress(); }
+  std::optional<Result<Reply>> Take(uint64_t id, wire::Opcode expected);
+  bool failed() const { return ep_->failed(); }
+  void DropRepliesBelow(uint64_t id);
+  transport::Worker& worker() { return *worker_; }
 
  private:
   Connection() = default;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "transport/wire.h"
@@ -34,6 +35,26 @@ class MemoryOpsTest : public ::testing::Test {
     auto r = Execute(b.op_count(), b.bytes(), region_);
     if (r.ok() && reply != nullptr) *reply = *r;
     return r.status();
+  }
+  // A request of a write, then the operation `add` appends: refused as a whole with
+  // InvalidArgument naming `needle`, and the write before it did not run either.
+  void ExpectRejectedWhole(const std::function<void(RequestBuilder&)>& add, const char* needle) {
+    RequestBuilder b;
+    b.Write(4096 + 1024, "x", 1);
+    add(b);
+    const std::vector<std::byte> before = memory_;
+    const Status s = Run(b);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
+    EXPECT_EQ(memory_, before);
+  }
+  // The operation `add` appends, its encoding cut `cut` bytes short: InvalidArgument.
+  void ExpectTruncatedRejected(const std::function<void(RequestBuilder&)>& add, size_t cut) {
+    RequestBuilder b;
+    add(b);
+    const auto bytes = b.bytes();
+    EXPECT_EQ(Execute(1, bytes.first(bytes.size() - cut), region_).status().code(),
+              StatusCode::kInvalidArgument);
   }
 
   std::vector<std::byte> memory_;
@@ -319,21 +340,11 @@ TEST_F(LookupReadTest, MalformedLookupsRejectTheWholeRequest) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    RequestBuilder b;
-    b.Write(4096 + 1024, "x", 1);
-    b.LookupRead(c.bucket, c.params, 42, c.size);
-    const std::vector<std::byte> before = memory_;
-    Status s = Run(b);
-    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(s.message().find(c.needle), std::string::npos) << s.message();
-    EXPECT_EQ(memory_, before);  // the write before it did not run either
+    ExpectRejectedWhole([&](RequestBuilder& b) { b.LookupRead(c.bucket, c.params, 42, c.size); },
+                        c.needle);
   }
   // A truncated parameter block.
-  RequestBuilder b;
-  b.LookupRead(4096, kParams, 42, 8);
-  auto bytes = b.bytes();
-  auto r = Execute(1, bytes.first(bytes.size() - 4), region_);
-  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  ExpectTruncatedRejected([](RequestBuilder& b) { b.LookupRead(4096, kParams, 42, 8); }, 4);
 }
 
 // ---- kInsertIfAbsent: the same buckets; the lock word is the bucket's first word.
@@ -469,20 +480,10 @@ TEST_F(InsertTest, MalformedInsertsRejectTheWholeRequest) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    RequestBuilder b;
-    b.Write(4096 + 1024, "x", 1);
-    b.InsertIfAbsent(c.bucket, c.params, 42, c.value);
-    const std::vector<std::byte> before = memory_;
-    Status s = Run(b);
-    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(s.message().find(c.needle), std::string::npos) << s.message();
-    EXPECT_EQ(memory_, before);  // the write before it did not run either
+    ExpectRejectedWhole(
+        [&](RequestBuilder& b) { b.InsertIfAbsent(c.bucket, c.params, 42, c.value); }, c.needle);
   }
-  RequestBuilder b;
-  b.InsertIfAbsent(4096, kInsert, 42, 1);
-  auto bytes = b.bytes();
-  auto r = Execute(1, bytes.first(bytes.size() - 4), region_);
-  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  ExpectTruncatedRejected([](RequestBuilder& b) { b.InsertIfAbsent(4096, kInsert, 42, 1); }, 4);
 }
 
 // ---- kWaitCompareAndSwap: Execute (and every client path) makes one attempt; a memory
@@ -583,26 +584,15 @@ TEST_F(MemoryOpsTest, MalformedWaitingCasesRejectTheWholeRequest) {
   const uint64_t lock = 4096;
   for (const WaitParams& bad :
        {WaitParams{0, 0, 10, 0}, WaitParams{1, 0, kMaxWaitUs + 1, 0}, WaitParams{1, 0, 10, 2}}) {
-    RequestBuilder b;
-    const uint64_t v = 1;
-    b.Write(lock + 8, &v, 8);
-    b.WaitCompareAndSwap(lock, 0, 5, bad);
-    const Status s = Run(b);
-    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(s.message().find("wait-compare-and-swap"), std::string::npos) << s.message();
-    EXPECT_EQ(Word(lock + 8), 0u) << "nothing ran";
+    ExpectRejectedWhole([&](RequestBuilder& b) { b.WaitCompareAndSwap(lock, 0, 5, bad); },
+                        "wait-compare-and-swap");
   }
-  RequestBuilder misaligned;
-  misaligned.WaitCompareAndSwap(lock + 4, 0, 5, HeldIsOdd(10));
-  EXPECT_EQ(Run(misaligned).code(), StatusCode::kInvalidArgument);
-  RequestBuilder outside;
-  outside.WaitCompareAndSwap(40000, 0, 5, HeldIsOdd(10));
-  EXPECT_EQ(Run(outside).code(), StatusCode::kInvalidArgument);
-  RequestBuilder truncated;
-  truncated.WaitCompareAndSwap(lock, 0, 5, HeldIsOdd(10));
-  const auto bytes = truncated.bytes();
-  EXPECT_EQ(Execute(1, bytes.first(bytes.size() - 8), region_).status().code(),
-            StatusCode::kInvalidArgument);
+  ExpectRejectedWhole(
+      [&](RequestBuilder& b) { b.WaitCompareAndSwap(lock + 4, 0, 5, HeldIsOdd(10)); }, "aligned");
+  ExpectRejectedWhole([](RequestBuilder& b) { b.WaitCompareAndSwap(40000, 0, 5, HeldIsOdd(10)); },
+                      "not inside");
+  ExpectTruncatedRejected(
+      [&](RequestBuilder& b) { b.WaitCompareAndSwap(lock, 0, 5, HeldIsOdd(10)); }, 8);
 }
 
 }  // namespace

@@ -39,6 +39,9 @@ class AmServer::Impl {
 
   uint16_t port() const { return port_; }
   MemoryRegion* region() { return region_.get(); }
+  void Wake() {
+    if (worker_) worker_->Signal();
+  }
   std::vector<uint64_t> tags() const;
   size_t CloseConnections(uint64_t tag, const Peer* keep);
 
@@ -74,8 +77,10 @@ class AmServer::Impl {
   std::deque<Incoming> inbox_;
   // The replies of the messages handled in this Poll, held for AmHandler::Settle.
   std::vector<ucp_ep_h> reply_eps_;
+  std::vector<uint64_t> reply_connections_;  // Peer::id, 0: none
   std::vector<std::vector<std::byte>> replies_;
-  bool reap_ = false;  // an endpoint failed since the last ReapFailed
+  std::vector<LateReply> settled_;  // AmHandler::TakeSettled's
+  bool reap_ = false;               // an endpoint failed since the last ReapFailed
   // Asked to close by the handler of the current message (CloseConnections).
   std::vector<ucp_ep_h> to_close_;
   // Closed during this Poll: their messages left in the inbox are dropped. Cleared when the
@@ -167,6 +172,7 @@ bool AmServer::Impl::Poll() {
     Peer* from = c == connections_.end() ? nullptr : &c->second.peer;
     replies_.push_back(handler_->Handle(in.bytes, from));
     reply_eps_.push_back(in.reply_ep);
+    reply_connections_.push_back(from == nullptr ? 0 : from->id);
     for (ucp_ep_h handle : to_close_) {
       auto closing = connections_.find(handle);
       closing->second.ep->ForceClose();
@@ -182,11 +188,12 @@ bool AmServer::Impl::Poll() {
     auto c = by_id_.find(late.connection);
     replies_.push_back(std::move(late.bytes));
     reply_eps_.push_back(c == by_id_.end() ? nullptr : c->second);
+    reply_connections_.push_back(c == by_id_.end() ? 0 : late.connection);
     busy = true;
   }
   late_.clear();
   if (!replies_.empty()) {
-    handler_->Settle(replies_);
+    handler_->Settle(replies_, reply_connections_);
     for (size_t i = 0; i < replies_.size(); ++i) {
       // No reply on a connection the handler has closed (the sender's own, if it asked), and
       // none for a message answered later.
@@ -196,7 +203,15 @@ bool AmServer::Impl::Poll() {
     }
     replies_.clear();
     reply_eps_.clear();
+    reply_connections_.clear();
   }
+  handler_->TakeSettled(&settled_);
+  for (LateReply& settled : settled_) {
+    auto c = by_id_.find(settled.connection);
+    if (c != by_id_.end() && !settled.bytes.empty()) Reply(c->second, std::move(settled.bytes));
+    busy = true;
+  }
+  settled_.clear();
   closed_.clear();
   ReapFailed();
   return busy;
@@ -218,7 +233,8 @@ void AmServer::Impl::Run(AmHandler& handler, const std::atomic<bool>& stop) {
         const auto until = *wake - Clock::now();
         wait = std::min(wait, std::chrono::ceil<std::chrono::milliseconds>(until));
       }
-      Status s = worker_->Wait(std::max(wait, std::chrono::milliseconds(0)));
+      Status s =
+          worker_->Wait(std::max(wait, std::chrono::milliseconds(0)), handler_->SideWorker());
       (void)s;  // a failed wait only means we poll again sooner
       last_work = Clock::now();
     }
@@ -283,6 +299,8 @@ void AmServer::Stop() {
   if (thread_.joinable()) thread_.join();
   impl_->Close();
 }
+
+void AmServer::Wake() { impl_->Wake(); }
 
 std::vector<uint64_t> AmServer::tags() const { return impl_->tags(); }
 

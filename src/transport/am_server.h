@@ -17,14 +17,17 @@
 //      connection wants nothing more from it executed);
 //   4. once the inbox is empty, collects the replies the handler held back earlier and can
 //      send now (AmHandler::TakeLate: a memory server's waiting compare-and-swaps), calls
-//      AmHandler::Settle with the replies of the messages it handled and those (the memory
-//      server makes their effects durable on its backup there), then posts each reply
-//      (eagerly, without waiting) to its sender, if it asked for a reply path and its
-//      connection was not closed meanwhile; an empty reply is the handler's "later" and is
-//      not sent;
+//      AmHandler::Settle with the replies of the messages it handled and those (a primary
+//      memory server sends their effects to its backup there, and holds back the replies that
+//      must wait for the backup's acknowledgement), then posts each reply (eagerly, without
+//      waiting) to its sender, if it asked for a reply path and its connection was not closed
+//      meanwhile; an empty reply is the handler's "later" and is not sent; then posts the
+//      replies the handler released after settling them (AmHandler::TakeSettled: those the
+//      backup has acknowledged), as they are;
 //   5. closes and forgets the endpoints that failed (reap), telling the handler (Closed);
 //   6. every kTickPeriod, calls AmHandler::Tick (an event-mode loop wakes up for it), and an
-//      event-mode loop also wakes up by AmHandler::WakeAt.
+//      event-mode loop also wakes up by AmHandler::WakeAt and for events on the handler's
+//      AmHandler::SideWorker (a primary's link to its backup: an acknowledgement).
 // A message that arrives by rendezvous (larger than the eager limit) is refused unread: the
 // sender gets AmHandler::Refuse's error reply. Every farpool sender posts eagerly (PostAm,
 // Endpoint::SendAm), so only a foreign or broken sender meets this.
@@ -69,6 +72,7 @@ std::string_view ProgressModeName(ProgressMode mode);  // "busy", "event"
 namespace farpool::transport {
 
 class MemoryRegion;
+class Worker;
 
 // One accepted connection as a handler sees it.
 struct Peer {
@@ -119,11 +123,23 @@ class AmHandler {
   // The error reply, in the handler's wire format, to a message refused unread for `reason`.
   virtual std::vector<std::byte> Refuse(const Status& reason) = 0;
   // Called once the inbox is empty, before the replies of the messages handled since the last
-  // call are posted: `replies` are those replies, in the order Handle returned them. A handler
-  // whose replies promise more than its own memory holds (a primary memory server: "your write
-  // is on the backup too") makes it so here, and replaces the replies whose promise it could
-  // not keep. It may block; the loop serves nothing meanwhile.
-  virtual void Settle(std::span<std::vector<std::byte>> replies) { (void)replies; }
+  // call are posted: `replies` are those replies, in the order Handle returned them (after
+  // them, those of TakeLate), `connections[i]` the connection (Peer::id) of replies[i], 0 for
+  // none. A handler whose replies promise more than its own memory holds (a primary memory
+  // server: "your write is on the backup too") makes it so here: it replaces the replies whose
+  // promise it could not keep, and takes out (leaving them empty) those that must wait, to
+  // release them later through TakeSettled. It may block; the loop serves nothing meanwhile.
+  virtual void Settle(std::span<std::vector<std::byte>> replies,
+                      std::span<const uint64_t> connections) {
+    (void)replies;
+    (void)connections;
+  }
+  // Appends the replies that Settle took out and that may go now; called on every iteration of
+  // the loop, after Settle. They are posted as they are (to connections still open).
+  virtual void TakeSettled(std::vector<LateReply>* out) { (void)out; }
+  // A worker of the handler's own, created with wakeup, whose events must wake an event-mode
+  // loop (the handler progresses it itself, from TakeSettled); null: none.
+  virtual Worker* SideWorker() { return nullptr; }
   // Called at least every kTickPeriod, busy or idle, between rounds (a primary memory server
   // renews its lease with its backup there). May block briefly.
   virtual void Tick() {}
@@ -156,6 +172,9 @@ class AmServer {
   void Start(AmHandler& handler);
   // Joins the progress thread and tears everything down (see above). Idempotent.
   void Stop();
+  // Wakes an event-mode loop that sleeps (something the handler watches changed on another
+  // thread). Any thread, until Stop().
+  void Wake();
 
   // The tags of the connections that have not failed, one per connection.
   // REQUIRES: on the progress thread (from the handler).

@@ -222,15 +222,26 @@ Status Worker::SetAmHandler(unsigned id, ucp_am_recv_callback_t callback, void* 
   return Status::Ok();
 }
 
-Status Worker::Wait(std::chrono::milliseconds timeout) {
-  if (event_fd_ < 0) return Status::Internal("Worker::Wait on a worker created without wakeup");
-  ucs_status_t st = ucp_worker_arm(worker_);
-  if (st == UCS_ERR_BUSY) return Status::Ok();  // events pending: go progress them
-  if (st != UCS_OK) return UcxStatus(st, "arming UCX worker");
-  pollfd pfd{event_fd_, POLLIN, 0};
-  int rc = ::poll(&pfd, 1, static_cast<int>(timeout.count()));
+Status Worker::Wait(std::chrono::milliseconds timeout, Worker* also) {
+  pollfd pfd[2];
+  nfds_t n = 0;
+  for (Worker* w : {this, also}) {
+    if (w == nullptr) continue;
+    if (w->event_fd_ < 0)
+      return Status::Internal("Worker::Wait on a worker created without wakeup");
+    ucs_status_t st = ucp_worker_arm(w->worker_);
+    if (st == UCS_ERR_BUSY) return Status::Ok();  // events pending: go progress them
+    if (st != UCS_OK) return UcxStatus(st, "arming UCX worker");
+    pfd[n++] = {w->event_fd_, POLLIN, 0};
+  }
+  int rc = ::poll(pfd, n, static_cast<int>(timeout.count()));
   if (rc < 0 && errno != EINTR) return Status::IoError(std::string("poll: ") + strerror(errno));
   return Status::Ok();
+}
+
+void Worker::Signal() {
+  ucs_status_t st = ucp_worker_signal(worker_);
+  (void)st;  // a lost signal only means the waiter wakes at its timeout
 }
 
 Status Worker::WaitRequest(ucs_status_ptr_t request, Clock::time_point deadline,

@@ -92,9 +92,11 @@ class Worker {
   // Registers the handler of active message `id`. `callback` runs inside Progress().
   Status SetAmHandler(unsigned id, ucp_am_recv_callback_t callback, void* arg);
 
-  // Event-driven wait (REQUIRES: created with wakeup): returns when there is work for
-  // Progress() or after `timeout`.
-  Status Wait(std::chrono::milliseconds timeout);
+  // Event-driven wait (REQUIRES: created with wakeup, `also` too): returns when there is work
+  // for Progress() of this worker or of `also` (if not null), or after `timeout`.
+  Status Wait(std::chrono::milliseconds timeout, Worker* also = nullptr);
+  // Ends a Wait of this worker now or the next one (ucp_worker_signal). Any thread.
+  void Signal();
 
   // Progress until `request` (a UCX request pointer or status) completes, `deadline` passes
   // (-> kTimedOut), or `abandon()` returns true (-> kUnavailable). Frees the request on

@@ -338,7 +338,8 @@ def median_by(rows, variant, n, key="seconds"):
 def table(rows, variants, queries, args, notes, ctx, elapsed, loads) -> str:
     lines = [f"Measured {ctx['time']} on {ctx['host']} ({ctx['cores']} cores), git {ctx['git_sha']}, "
              f"`bench/experiments/duckdb_spill --scale {args.scale:g} --memory-limit {args.memory_limit} "
-             f"--threads {args.threads} --repeat {args.repeat}` ({elapsed:.0f} s); DuckDB "
+             f"--threads {args.threads} --repeat {args.repeat} --mount-cache {args.mount_cache}` "
+             f"({elapsed:.0f} s); DuckDB "
              f"{notes.get('duckdb_version', '?')}; load average {loads[0]:.1f} at start, {loads[1]:.1f} at end. "
              f"Median of {args.repeat} hot run(s) per query; spilled = bytes written to the temp "
              "directory (median), peak = its largest size seen.\n"]
@@ -448,6 +449,7 @@ def main(argv=None) -> int:
                     help="memory cgroup limit of the DuckDB process (auto: memory_limit + 384MiB; none)")
     ap.add_argument("--max-temp", default="20GiB", help="DuckDB max_temp_directory_size")
     ap.add_argument("--farpool-dir", help="an existing farpool mount's directory for farpool-shm")
+    peers.add_mount_cache_arg(ap, "direct")  # spill files: written once, read back once
     ap.add_argument("--pool-memory", default="2GiB", help="per memory server (2 servers)")
     ap.add_argument("--data-dir", default="/var/tmp/farpool-tpch", help="Parquet cache")
     ap.add_argument("--timeout", type=float, default=3600)
@@ -505,7 +507,8 @@ def main(argv=None) -> int:
     mounts: dict[str, peers.FarpoolMount] = {}
     try:
         mounts = peers.mount_farpool_variants(variants, roots, notes, args.pool_memory,
-                                              args.farpool_dir, "temp directory")
+                                              args.farpool_dir, "temp directory",
+                                              flags=peers.MOUNT_CACHE_FLAGS[args.mount_cache])
         variants = [v for v in variants if v in roots]
         for rep in range(args.repeat):
             for v in variants:

@@ -172,8 +172,9 @@ class FarpoolMount:
     the pool's memory."""
 
     def __init__(self, transport: str = "shm", servers: int = 2, memory: str = "2GiB",
-                 name: str = "fs"):
+                 name: str = "fs", flags: tuple[str, ...] = ()):
         self.transport = transport
+        self.flags = flags  # more `farpool mount` flags, e.g. ("--direct-io",)
         self._cluster_args = (servers, memory, transport, transport == "tcp", "event")
         self.cluster = Cluster(*self._cluster_args)
         self.name = name
@@ -190,7 +191,8 @@ class FarpoolMount:
             try:
                 self.cluster_json = self.cluster.__enter__()
                 out = subprocess.run([str(farpool_bin()), "mount", "--cluster", self.cluster_json,
-                                      "--name", self.name, "--log", self.log_path, self.mountpoint],
+                                      "--name", self.name, "--log", self.log_path, *self.flags,
+                                      self.mountpoint],
                                      capture_output=True, text=True, timeout=120)
                 if out.returncode != 0:
                     raise RuntimeError(f"farpool mount ({self.transport}): "
@@ -229,12 +231,24 @@ class FarpoolMount:
             pass
 
 
+# `farpool mount` flags by --mount-cache: through the page cache, or bypassing it (--direct-io).
+MOUNT_CACHE_FLAGS = {"page": (), "direct": ("--direct-io",)}
+
+
+def add_mount_cache_arg(ap: argparse.ArgumentParser, default: str) -> None:
+    """--mount-cache page|direct: how the experiment's farpool mounts cache file data."""
+    ap.add_argument("--mount-cache", choices=sorted(MOUNT_CACHE_FLAGS), default=default,
+                    help=f"farpool mounts through the page cache or with --direct-io (default "
+                         f"{default})")
+
+
 def mount_farpool_variants(variants: list[str], roots: dict[str, str], notes: dict[str, str],
                            pool_memory: str, given_dir: str | None, what: str,
-                           also: str = "") -> dict[str, FarpoolMount]:
+                           also: str = "", flags: tuple[str, ...] = ()) -> dict[str, FarpoolMount]:
     """For each variant named farpool-<transport> (farpool-shm, farpool-tcp): mounts a farpool
     filesystem on a fresh 2-server cluster and sets roots[v] to the mount point and notes[v] to
-    how (`what` names the experiment's directory on it, `also` is added to the note);
+    how (`what` names the experiment's directory on it, `also` is added to the note, `flags` go
+    to `farpool mount`);
     farpool-shm uses `given_dir` instead when given. A variant that cannot be mounted gets a
     note saying why and no root. Returns the mounts, which the caller exits (unmounts)."""
     farpool = [v for v in variants if v.startswith("farpool-")]
@@ -249,12 +263,12 @@ def mount_farpool_variants(variants: list[str], roots: dict[str, str], notes: di
                 notes[v] = f"not run: {why}"
             else:
                 try:
-                    m = FarpoolMount(v.split("-")[1], 2, pool_memory)
+                    m = FarpoolMount(v.split("-")[1], 2, pool_memory, flags=flags)
                     roots[v] = m.__enter__()
                     mounts[v] = m
                     netns = ", servers in network namespaces" if m.transport == "tcp" else ""
-                    notes[v] = (f"2 servers x {pool_memory}, {m.transport}{netns}, mounted on "
-                                f"{roots[v]}{also}")
+                    notes[v] = (f"2 servers x {pool_memory}, {m.transport}{netns}, mounted "
+                                f"{' '.join(flags) + ' ' if flags else ''}on {roots[v]}{also}")
                 except RuntimeError as e:
                     notes[v] = f"not run: {e}"
     except BaseException:
@@ -517,6 +531,22 @@ def percentiles(lat_us: list[float]) -> dict:
             "mean_us": statistics.fmean(lat)}
 
 
+def pgbench_latencies(work: str) -> list[float]:
+    """Every transaction's latency (µs) from the files `pgbench -l --log-prefix WORK/log` wrote."""
+    lat = []
+    for name in os.listdir(work):
+        if name.startswith("log"):
+            with open(os.path.join(work, name)) as f:
+                lat += [float(line.split()[2]) for line in f if line.strip()]
+    return lat
+
+
+def pgbench_tps(stdout: str) -> float | None:
+    """The tps pgbench printed, or None."""
+    tps = [line for line in stdout.splitlines() if line.startswith("tps")]
+    return float(tps[0].split()[2]) if tps else None
+
+
 # ------------------------------------------------------------------ PostgreSQL
 
 class Postgres:
@@ -615,14 +645,9 @@ class Postgres:
             out = subprocess.run(cmd, capture_output=True, text=True, cwd=work)
             if out.returncode != 0:
                 raise RuntimeError(f"pgbench failed: {out.stderr.strip()[-400:]}")
-            lat = []
-            for name in os.listdir(work):
-                if name.startswith("log"):
-                    with open(os.path.join(work, name)) as f:
-                        lat += [float(line.split()[2]) for line in f if line.strip()]
-            r = percentiles(lat)
-            tps = [line for line in out.stdout.splitlines() if line.startswith("tps")]
-            r["qps"] = float(tps[0].split()[2]) if tps else r["count"] / max(1, round(seconds))
+            r = percentiles(pgbench_latencies(work))
+            tps = pgbench_tps(out.stdout)
+            r["qps"] = tps if tps is not None else r["count"] / max(1, round(seconds))
             return r
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -651,11 +676,21 @@ def load_farpool_vfs() -> None:
     con.close()
 
 
+def sqlite_connect(target: str, uri: bool, cache_mib: int = 0) -> sqlite3.Connection:
+    """A connection to `target` with a page cache of `cache_mib` MiB (0: SQLite's default)."""
+    con = sqlite3.connect(target, uri=uri)
+    if cache_mib:
+        con.execute(f"PRAGMA cache_size = -{cache_mib * 1024}")
+    return con
+
+
 class SQLiteDb:
     """The social network in an SQLite database: a file on disk (the page cache keeps it warm),
-    or, with `cluster`, the file `name` in the pool through the farpool VFS (docs/files.md)."""
+    or, with `cluster`, the file `name` in the pool through the farpool VFS (docs/files.md).
+    `cache_mib`: each connection's page cache (`PRAGMA cache_size`), 0 for SQLite's default."""
 
-    def __init__(self, cluster: str | None = None, name: str = "social.db"):
+    def __init__(self, cluster: str | None = None, name: str = "social.db", cache_mib: int = 0):
+        self.cache_mib = cache_mib
         self.dir = tempfile.mkdtemp(prefix="farpool-sqlite-", dir="/var/tmp")
         if cluster:
             load_farpool_vfs()
@@ -670,7 +705,7 @@ class SQLiteDb:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def connect(self) -> sqlite3.Connection:
-        return sqlite3.connect(self.target, uri=self.uri)
+        return sqlite_connect(self.target, self.uri, self.cache_mib)
 
     def load_social(self, export_dir: Path) -> float:
         t0 = time.perf_counter()

@@ -150,14 +150,9 @@ class Server:
             out = subprocess.run(cmd, capture_output=True, text=True, cwd=work, timeout=seconds * 4 + 600)
             if out.returncode != 0:
                 raise RuntimeError(f"pgbench -c {clients} failed: {(out.stderr or out.stdout).strip()[-400:]}")
-            lat = []
-            for name in os.listdir(work):
-                if name.startswith("log"):
-                    with open(os.path.join(work, name)) as f:
-                        lat += [float(line.split()[2]) for line in f if line.strip()]
-            r = peers.percentiles(lat)
-            tps = [l for l in out.stdout.splitlines() if l.startswith("tps")]
-            r["tps"] = float(tps[0].split()[2]) if tps else r["count"] / max(1, round(seconds))
+            r = peers.percentiles(peers.pgbench_latencies(work))
+            tps = peers.pgbench_tps(out.stdout)
+            r["tps"] = tps if tps is not None else r["count"] / max(1, round(seconds))
             failed = [l for l in out.stdout.splitlines() if "failed transactions" in l]
             r["failed"] = failed[0].split(":")[1].strip() if failed else ""
             return r
@@ -211,7 +206,8 @@ def med(rows, system, clients, key):
 def table(rows, systems, args, notes, ctx, elapsed, loads) -> str:
     lines = [f"Measured {ctx['time']} on {ctx['host']} ({ctx['cores']} cores), git {ctx['git_sha']}, "
              f"`bench/experiments/pg_beyond_memory --limit {args.limit} --scale {args.scale_n} --clients "
-             f"{args.clients} --seconds {args.seconds:g} --repeat {args.repeat}` ({elapsed:.0f} s); load "
+             f"{args.clients} --seconds {args.seconds:g} --repeat {args.repeat} --mount-cache "
+             f"{args.mount_cache}` ({elapsed:.0f} s); load "
              f"average {loads[0]:.1f} at start, {loads[1]:.1f} at end. pgbench tpcb-like, -M prepared, fsync on, "
              f"shared_buffers {args.shared_buffers}; median of {args.repeat} run(s).\n"]
     head = ["clients"] + [f"{LABELS[s]} tps" for s in systems]
@@ -286,6 +282,7 @@ def main(argv=None) -> int:
     ap.add_argument("--systems", default="memory,disk,farpool-shm")
     ap.add_argument("--shared-buffers", default="32MB")
     ap.add_argument("--farpool-dir", help="an existing farpool mount's directory for farpool-shm")
+    peers.add_mount_cache_arg(ap, "page")  # PostgreSQL rereads its pages from the OS cache
     ap.add_argument("--pool-memory", default="2GiB", help="per memory server (2 servers)")
     ap.add_argument("--template-dir", default="/var/tmp/farpool-pgbench")
     ap.add_argument("--out", default=str(peers.ROOT / "bench" / "results"))
@@ -316,7 +313,8 @@ def main(argv=None) -> int:
     try:
         mounts = peers.mount_farpool_variants(
             systems, roots, notes, args.pool_memory, args.farpool_dir, "data directory",
-            also="; the mount's daemon and the servers run outside the cgroup")
+            also="; the mount's daemon and the servers run outside the cgroup",
+            flags=peers.MOUNT_CACHE_FLAGS[args.mount_cache])
         systems = [s for s in systems if s in roots]
         for rep in range(args.repeat):
             for s in systems:

@@ -44,12 +44,11 @@ LABELS = {"sqlite-file": "SQLite (local file)", "sqlite-vfs-shm": "SQLite on far
 
 
 def reader(target: str, uri: bool, meta: dict, seconds: float, seed: int, start_at: float,
-           queries: list[str]) -> dict:
+           queries: list[str], cache_mib: int) -> dict:
     """One reader process: waits for the common start, runs the queries in turn."""
-    import sqlite3
     if uri:
         peers.load_farpool_vfs()
-    con = sqlite3.connect(target, uri=uri)
+    con = peers.sqlite_connect(target, uri, cache_mib)
     con.execute("SELECT count(*) FROM sn_users").fetchall()  # opened and cached before the start
     time.sleep(max(0.0, start_at - time.time()))
     return peers.time_queries(con, queries, meta, seconds, seed, round_trips=uri)
@@ -64,7 +63,7 @@ def run_readers(db: peers.SQLiteDb, meta: dict, n: int, seconds: float,
     for i in range(n):
         cmd = [*prefixes[i], sys.executable, "-m", "farpool.harness.sqlite_vfs", "--reader",
                json.dumps({"target": db.target, "uri": db.uri, "meta": meta, "seconds": seconds,
-                           "seed": 1000 + i, "start_at": start_at})]
+                           "seed": 1000 + i, "start_at": start_at, "cache_mib": db.cache_mib})]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
     results = []
@@ -78,7 +77,8 @@ def run_readers(db: peers.SQLiteDb, meta: dict, n: int, seconds: float,
             "p99_us": max(r["p99_us"] for r in results)}
 
 
-def measure(scale: float, seconds: float, readers: list[int], memory: str) -> tuple[list[dict], list[str]]:
+def measure(scale: float, seconds: float, readers: list[int], memory: str,
+            cache_mib: int) -> tuple[list[dict], list[str]]:
     rows: list[dict] = []
     notes: list[str] = []
 
@@ -102,7 +102,7 @@ def measure(scale: float, seconds: float, readers: list[int], memory: str) -> tu
         export = peers.export_social(scale, d)
         meta = peers.read_meta(export)
         log(f"== SQLite on a local file: loading the CSV export (scale {scale})")
-        local = stack.enter_context(peers.SQLiteDb())
+        local = stack.enter_context(peers.SQLiteDb(cache_mib=cache_mib))
         load = local.load_social(export)
         local.verify_social(export)
         size = os.path.getsize(local.target)
@@ -112,7 +112,7 @@ def measure(scale: float, seconds: float, readers: list[int], memory: str) -> tu
 
         log("== SQLite on farpool, 2 memory servers over shared memory")
         with peers.Cluster(2, memory, "shm") as cluster:
-            db = peers.SQLiteDb(cluster=cluster)
+            db = peers.SQLiteDb(cluster=cluster, cache_mib=cache_mib)
             copy = db.copy_from(local)
             db.verify_social(export)
             notes.append(f"copied into the pool over shm in {copy:.2f} s")
@@ -129,7 +129,7 @@ def measure(scale: float, seconds: float, readers: list[int], memory: str) -> tu
         log("== SQLite on farpool, 2 memory servers over TCP in network namespaces")
         ns = stack.enter_context(peers.Netns(2 + max_readers))
         cluster = stack.enter_context(peers.PoolServers(ns, 2, memory))
-        db = peers.SQLiteDb(cluster=cluster)
+        db = peers.SQLiteDb(cluster=cluster, cache_mib=cache_mib)
         copy = db.copy_from(local)
         db.verify_social(export)
         notes.append(f"copied into the pool over TCP in {copy:.2f} s; {ns.describe()}")
@@ -138,7 +138,8 @@ def measure(scale: float, seconds: float, readers: list[int], memory: str) -> tu
             out = subprocess.run(
                 [*ns.exec_prefix(2), sys.executable, "-m", "farpool.harness.sqlite_vfs", "--reader",
                  json.dumps({"target": db.target, "uri": True, "meta": meta, "seconds": seconds,
-                             "seed": 42, "start_at": 0, "queries": [q]})],
+                             "seed": 42, "start_at": 0, "queries": [q],
+                             "cache_mib": cache_mib})],
                 capture_output=True, text=True, timeout=seconds + 120)
             if out.returncode != 0:
                 raise RuntimeError(f"tcp reader failed: {out.stderr.strip()[-400:]}")
@@ -233,24 +234,30 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=1.5, help="measured seconds per query")
     ap.add_argument("--readers", default="1,2,4")
     ap.add_argument("--memory", default="1GiB", help="per memory server")
+    ap.add_argument("--cache-mib", type=int, default=0,
+                    help="every SQLite connection's page cache in MiB (PRAGMA cache_size; "
+                         "default 0: SQLite's own, 2 MB); results go to sqlite_vfs_cacheN")
     ap.add_argument("--out", default=str(peers.ROOT / "bench" / "results"))
     ap.add_argument("--reader", help=argparse.SUPPRESS)  # internal: one reader process
     args = ap.parse_args(argv)
     if args.reader:
         spec = json.loads(args.reader)
         print(json.dumps(reader(spec["target"], spec["uri"], spec["meta"], spec["seconds"],
-                                spec["seed"], spec["start_at"], spec.get("queries", QUERIES))))
+                                spec["seed"], spec["start_at"], spec.get("queries", QUERIES),
+                                spec["cache_mib"])))
         return 0
     if os.geteuid() != 0:
         print("sqlite_vfs: needs root (network namespaces)", file=sys.stderr)
         return 1
+    load_start = os.getloadavg()
     rows, notes = measure(args.scale, args.seconds, [int(n) for n in args.readers.split(",")],
-                          args.memory)
+                          args.memory, args.cache_mib)
     cmd = (f"bench/experiments/sqlite_vfs --scale {args.scale} --seconds {args.seconds} "
-           f"--readers {args.readers}")
-    header = (peers.measured(rows[0], cmd) + " p50 latency of one query, one process; in "
+           f"--readers {args.readers}" + (f" --cache-mib {args.cache_mib}" if args.cache_mib else ""))
+    header = (peers.measured(rows[0], cmd, loads=(load_start, os.getloadavg())) + " p50 latency of one query, one process; in "
               "brackets the ratio to SQLite on a local file.\n\n")
-    peers.publish(args.out, "sqlite_vfs", rows, header + table(rows, notes),
+    name = f"sqlite_vfs_cache{args.cache_mib}" if args.cache_mib else "sqlite_vfs"
+    peers.publish(args.out, name, rows, header + table(rows, notes),
                   lambda path: plot(rows, path))
     return 0
 

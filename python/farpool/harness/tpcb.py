@@ -115,12 +115,7 @@ def pgbench_run(pg: peers.Postgres, scale: int, clients: int, seconds: float) ->
                 r["failed"] = int(line.split(":")[1].split()[0])
             elif line.startswith("number of transactions actually processed"):
                 r["count"] = int(line.split(":")[1].split()[0].split("/")[0])
-        lat = []
-        for name in os.listdir(work):
-            if name.startswith("log"):
-                with open(os.path.join(work, name)) as f:
-                    lat += [float(line.split()[2]) for line in f if line.strip()]
-        p = peers.percentiles(lat)
+        p = peers.percentiles(peers.pgbench_latencies(work))
         r["p50_us"], r["p99_us"] = p["p50_us"], p["p99_us"]
         r["abort_rate"] = r["failed"] / max(1, r.get("count", 0) + r["failed"])
         return r

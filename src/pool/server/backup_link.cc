@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "common/far_copy.h"
@@ -55,11 +56,10 @@ Result<std::unique_ptr<BackupLink>> BackupLink::Connect(const Target& backup, ui
   return link;
 }
 
-Status BackupLink::Forward(const std::byte* region, std::span<const memory_ops::Range> changed,
-                           std::span<const LeaseChange> leases,
-                           const std::function<bool()>& give_up) {
-  // Sorted and merged: a word written by several requests of the round goes once.
-  std::vector<memory_ops::Range> ranges(changed.begin(), changed.end());
+namespace {
+
+// Sorted and merged: a word written by several requests or rounds goes once.
+std::vector<memory_ops::Range> Merged(std::vector<memory_ops::Range> ranges) {
   std::sort(ranges.begin(), ranges.end(),
             [](const auto& a, const auto& b) { return a.offset < b.offset; });
   std::vector<memory_ops::Range> merged;
@@ -71,8 +71,43 @@ Status BackupLink::Forward(const std::byte* region, std::span<const memory_ops::
       merged.push_back(r);
     }
   }
+  return merged;
+}
+
+}  // namespace
+
+uint64_t BackupLink::Post(const std::byte* region, std::span<const memory_ops::Range> changed,
+                          std::span<const LeaseChange> leases,
+                          const std::function<bool()>& give_up) {
+  region_ = region;
+  const uint64_t ticket = ++posted_;
+  pending_.any = true;
+  pending_.ticket = ticket;
+  pending_.ranges.insert(pending_.ranges.end(), changed.begin(), changed.end());
+  pending_.leases.insert(pending_.leases.end(), leases.begin(), leases.end());
+  for (const memory_ops::Range& r : changed) pending_.bytes += r.size;
+  if (pending_.bytes > kMaxPendingBytes) {
+    pending_.ranges = Merged(std::move(pending_.ranges));  // a round's ranges repeat rounds'
+    pending_.bytes = 0;
+    for (const memory_ops::Range& r : pending_.ranges) pending_.bytes += r.size;
+  }
+  const auto spin_until = Clock::now() + std::chrono::microseconds(20);
+  while (in_flight_.size() >= kMaxInFlight && pending_.any && pending_.bytes > kMaxPendingBytes) {
+    if (give_up && give_up()) return ticket;
+    Poll();
+    if (in_flight_.size() >= kMaxInFlight) Wait(spin_until);
+  }
+  if (pending_.any && in_flight_.size() < kMaxInFlight) SendPending();
+  return ticket;
+}
+
+void BackupLink::SendPending() {
+  Flight f;
+  f.ticket = pending_.ticket;
+  f.ranges = Merged(std::move(pending_.ranges));
+  const std::vector<LeaseChange> leases = std::move(pending_.leases);
+  pending_ = Pending{};
   std::vector<std::vector<std::byte>> messages;
-  std::vector<wire::Opcode> expected;
   memory_ops::RequestBuilder request;
   std::vector<std::byte> bytes;
   auto flush = [&] {
@@ -82,16 +117,16 @@ Status BackupLink::Forward(const std::byte* region, std::span<const memory_ops::
                      wire::ReplicateRequest{primary_id_, 0, request.op_count(),
                                             static_cast<uint32_t>(request.bytes().size()), 0},
                      request.bytes()));
-    expected.push_back(wire::Opcode::kReplicateReply);
+    f.expected.push_back(wire::Opcode::kReplicateReply);
     request.Clear();
   };
-  for (const memory_ops::Range& r : merged) {
+  for (const memory_ops::Range& r : f.ranges) {
     for (uint64_t done = 0; done < r.size;) {
       const auto piece =
           static_cast<uint32_t>(std::min(r.size - done, memory_ops::kMaxInlineBytes));
       if (!request.Fits(memory_ops::OpKind::kWrite, piece)) flush();
       bytes.resize(piece);
-      FarRead(bytes.data(), region + r.offset + done, piece);
+      FarRead(bytes.data(), region_ + r.offset + done, piece);
       request.Write(r.offset + done, bytes.data(), piece);
       done += piece;
     }
@@ -101,30 +136,87 @@ Status BackupLink::Forward(const std::byte* region, std::span<const memory_ops::
     // Nothing changed: an empty forward renews the primary's lease (mirror.h).
     messages.push_back(
         wire::Encode(mirror_->NextId(), wire::ReplicateRequest{primary_id_, 0, 0, 0, 0}));
-    expected.push_back(wire::Opcode::kReplicateReply);
+    f.expected.push_back(wire::Opcode::kReplicateReply);
   }
   for (const LeaseChange& l : leases) {
     messages.push_back(
         wire::Encode(mirror_->NextId(),
                      wire::MirrorLeaseRequest{l.offset, l.size, primary_id_, l.kind, l.owner}));
-    expected.push_back(wire::Opcode::kMirrorLeaseReply);
+    f.expected.push_back(wire::Opcode::kMirrorLeaseReply);
   }
-  const auto deadline = Clock::now() + mirror_->timeout();
-  std::vector<uint64_t> ids;
+  f.sent = Clock::now();
+  f.deadline = f.sent + mirror_->timeout();
   for (const std::vector<std::byte>& m : messages) {
-    ids.push_back(*transport::RequestIdOf(m));
-    FARPOOL_RETURN_IF_ERROR(mirror_->Send(m));
+    f.ids.push_back(*transport::RequestIdOf(m));
+    // A send that fails (the connection is lost) leaves the forward to fail at its deadline:
+    // until then the backup may still be declared gone, and the forward's rounds then stand.
+    Status sent = mirror_->Send(m);
+    (void)sent;
   }
-  Status first = Status::Ok();
-  for (size_t i = 0; i < ids.size(); ++i) {
-    auto r = mirror_->Await(ids[i], expected[i], deadline, give_up);
-    if (!r.ok() && (r.status().code() == StatusCode::kUnavailable ||
-                    r.status().code() == StatusCode::kTimedOut)) {
-      return r.status();
+  in_flight_.push_back(std::move(f));
+}
+
+void BackupLink::Poll() {
+  mirror_->Progress();
+  mirror_->DropRepliesBelow(first_live_id_);
+  while (!in_flight_.empty()) {
+    Flight& f = in_flight_.front();
+    while (f.replied < f.ids.size()) {
+      auto r = mirror_->Take(f.ids[f.replied], f.expected[f.replied]);
+      if (!r) break;
+      if (!r->ok()) return Fail(r->status());
+      ++f.replied;
     }
-    if (!r.ok() && first.ok()) first = r.status();
+    if (f.replied < f.ids.size()) {
+      if (Clock::now() <= f.deadline) break;
+      return Fail(mirror_->failed()
+                      ? Status::Unavailable(name_ + ": connection lost")
+                      : Status::TimedOut(name_ + ": a forward was not acknowledged within " +
+                                         std::to_string(mirror_->timeout().count()) + " ms"));
+    }
+    settled_ = f.ticket;
+    acknowledged_sent_ = f.sent;
+    in_flight_.pop_front();
   }
-  return first;
+  if (pending_.any && in_flight_.size() < kMaxInFlight) SendPending();
+}
+
+void BackupLink::Fail(const Status& why) {
+  failures_.push_back({settled_ + 1, posted_, why});
+  std::vector<memory_ops::Range> again = std::move(pending_.ranges);
+  for (Flight& f : in_flight_) again.insert(again.end(), f.ranges.begin(), f.ranges.end());
+  in_flight_.clear();
+  pending_ = Pending{};
+  first_live_id_ = mirror_->NextId();  // replies still to come for the failed ones: dropped
+  settled_ = posted_;                  // settled: failed
+  if (why.code() != StatusCode::kPermissionDenied && !again.empty()) {
+    Post(region_, again, {}, nullptr);
+  }
+}
+
+void BackupLink::Wait(Clock::time_point spin_until) {
+  if (Clock::now() < spin_until) return;
+  // Polls for a short while, then sleeps on the worker: on a host with fewer cores than busy
+  // threads, a waiter that keeps polling takes the core the backup needs.
+  Status waited = mirror_->worker().Wait(std::chrono::milliseconds(1));
+  (void)waited;  // a failed wait only means we poll again sooner
+}
+
+Status BackupLink::Forward(const std::byte* region, std::span<const memory_ops::Range> changed,
+                           std::span<const LeaseChange> leases,
+                           const std::function<bool()>& give_up) {
+  const size_t failed_before = failures_.size();
+  const uint64_t ticket = Post(region, changed, leases, give_up);
+  const auto spin_until = Clock::now() + std::chrono::microseconds(20);
+  for (;;) {
+    for (size_t i = failed_before; i < failures_.size(); ++i) {
+      if (failures_[i].from <= ticket && ticket <= failures_[i].through) return failures_[i].why;
+    }
+    if (settled_ >= ticket) return Status::Ok();
+    if (give_up && give_up()) return Status::Aborted(name_ + ": given up");
+    Poll();
+    if (settled_ < ticket) Wait(spin_until);
+  }
 }
 
 }  // namespace farpool

@@ -92,8 +92,13 @@ class MemoryServer::Impl : public transport::AmHandler {
 
   std::vector<std::byte> Handle(std::span<const std::byte> bytes, transport::Peer* from) override;
   std::vector<std::byte> Refuse(const Status& reason) override;
-  // Forwards this round's changes to the backup before the replies go (see the header).
-  void Settle(std::span<std::vector<std::byte>> replies) override;
+  // Posts this round's changes to the backup and holds back the replies that must wait for
+  // acknowledgements (see the header).
+  void Settle(std::span<std::vector<std::byte>> replies,
+              std::span<const uint64_t> connections) override;
+  // Takes the backup's acknowledgements and failures: the held replies they release.
+  void TakeSettled(std::vector<transport::LateReply>* out) override;
+  transport::Worker* SideWorker() override { return backup_ ? &backup_->worker() : nullptr; }
   // Waiting compare-and-swaps (see the header).
   void TakeLate(std::vector<transport::LateReply>* out) override;
   std::optional<Clock::time_point> WakeAt() const override;
@@ -112,8 +117,15 @@ class MemoryServer::Impl : public transport::AmHandler {
   void Tick() override;
   // The backup refused us (it took our data over): refuse everything from now on.
   void Fence(const Status& why);
-  // Stops forwarding: the backup was declared gone (DegradeRequest).
+  // Stops forwarding: the backup was declared gone (DegradeRequest). The rounds it had not
+  // acknowledged stand with one copy: their held replies go.
   void Degrade();
+  bool DeclaredGone() const { return backup_ != nullptr && backup_gone_.load() == backup_->id(); }
+  // Takes the link's acknowledgements and failures, and releases the held replies they settle.
+  void Pump();
+  // Forwards [from, through] failed for `why`: their held replies and the waiters that changed
+  // the region in their rounds are answered with an error.
+  void FailForwards(const BackupLink::Failure& failure);
   Result<wire::BackupReply> ConfigureBackup(const wire::BackupRequest& request);
   // The reply, or empty if the batch waits (answered later through TakeLate).
   Result<std::vector<std::byte>> ExecuteBatch(uint64_t id, const wire::BatchRequest& request,
@@ -144,6 +156,7 @@ class MemoryServer::Impl : public transport::AmHandler {
     uint64_t word = 0;  // the offset waited for
     Clock::time_point deadline;
     bool stopped_dirty = false;  // changed the region in the round it stopped in
+    uint64_t dirty_ticket = 0;   // the forward of such a round (0: none)
   };
   // Parks a stopped batch at the back of its word's queue.
   void Park(Waiter w);
@@ -197,12 +210,25 @@ class MemoryServer::Impl : public transport::AmHandler {
   bool degraded_ = false;
   // A DegradeRequest's backup id, set on the mirror's loop (-1: none).
   std::atomic<int> backup_gone_{-1};
-  // When the backup last acknowledged a forward or renewal (the primary's serving lease).
+  // When the latest forward or renewal the backup acknowledged was sent (the primary's
+  // serving lease).
   Clock::time_point last_ack_{};
   std::optional<Status> fenced_;
   std::vector<memory_ops::Range> changed_;
   std::vector<LeaseChange> lease_changes_;
   std::vector<uint64_t> round_;
+  // By position, as round_: whether the reply may show memory or leases (a batch's, a lease's,
+  // a release's), and so must wait for the forwards before it.
+  std::vector<bool> observes_;
+  // Replies held back until the backup has acknowledged forward `ticket` and every one before
+  // it (header: "Pipelined forwards"), in the order of their rounds (so tickets never
+  // decrease); and those released, for TakeSettled.
+  struct Held {
+    uint64_t ticket;
+    transport::LateReply reply;
+  };
+  std::deque<Held> held_;
+  std::vector<transport::LateReply> released_;
   std::unique_ptr<transport::AmServer> am_;
   transport::MemoryRegion* region_ = nullptr;  // owned by am_
   // Waiting compare-and-swaps: waiters by number, each word's queue (arrival order) and the
@@ -282,7 +308,10 @@ Status MemoryServer::Impl::Init() {
     }
     mirror_ = std::make_unique<Mirror>(*options_.mirror_of, region_->data() + chunks_.region_size(),
                                        chunks_.region_size(), chunks_.chunk_size(), *auth_,
-                                       [this](uint16_t backup) { backup_gone_.store(backup); });
+                                       [this](uint16_t backup) {
+                                         backup_gone_.store(backup);
+                                         am_->Wake();  // held replies wait for this
+                                       });
     FARPOOL_RETURN_IF_ERROR(mirror_->Start(options_.host, options_.fabric, Name()));
   }
   auto boot = BootId();
@@ -418,6 +447,9 @@ std::vector<std::byte> MemoryServer::Impl::Handle(std::span<const std::byte> byt
                                                   transport::Peer* from) {
   round_.push_back(0);  // set to the request id by a request that must reach the backup
   auto message = wire::Decode(bytes);
+  observes_.push_back(message.ok() && (message->opcode == wire::Opcode::kBatchRequest ||
+                                       message->opcode == wire::Opcode::kLeaseRequest ||
+                                       message->opcode == wire::Opcode::kReleaseRequest));
   if (!message.ok()) {
     ++rejected_;
     // Echo the request id if the header at least was readable, so the client can match it.
@@ -484,6 +516,7 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
           lease_changes_.push_back({*root, chunks_.chunk_size(), wire::kMirrorLeaseRoot, pool});
           round_.back() = id;
         }
+        observes_.back() = true;  // it shows a lease: after the backup has it
         r.root_offset = *root;
         if (mirror_) r.mirror_root_offset = mirror_->RootOf(pool).value_or(0);
         return wire::Encode(id, r);
@@ -595,6 +628,9 @@ void MemoryServer::Impl::Degrade() {
                backup_->name().c_str());
   backup_.reset();
   degraded_ = true;
+  for (Held& h : held_) released_.push_back(std::move(h.reply));
+  held_.clear();
+  for (auto& [number, w] : waiters_) w.dirty_ticket = 0;
 }
 
 Status MemoryServer::Impl::MayServe() const {
@@ -608,19 +644,13 @@ Status MemoryServer::Impl::MayServe() const {
 }
 
 void MemoryServer::Impl::Tick() {
-  if (backup_gone_.load() >= 0 && backup_ != nullptr && backup_gone_.load() == backup_->id()) {
-    Degrade();
+  if (DeclaredGone()) Degrade();
+  if (backup_ == nullptr || Clock::now() - last_ack_ < kServeLease / 4 ||
+      backup_->posted() > backup_->settled()) {
+    return;  // a forward in flight renews the lease when acknowledged
   }
-  if (backup_ == nullptr || Clock::now() - last_ack_ < kServeLease / 4) return;
-  // Renew: an empty forward. A backup that refuses it has taken over: fenced.
-  Status renewed = backup_->Forward(region_->data(), {}, {}, [this] {
-    return backup_gone_.load() >= 0 && backup_gone_.load() == backup_->id();
-  });
-  if (renewed.ok()) {
-    last_ack_ = Clock::now();
-  } else if (renewed.code() == StatusCode::kPermissionDenied) {
-    Fence(renewed);
-  }
+  // Renew: an empty forward, acknowledged (or refused: fenced) in a later Pump.
+  backup_->Post(region_->data(), {}, {}, [this] { return DeclaredGone(); });
 }
 
 void MemoryServer::Impl::Fence(const Status& why) {
@@ -662,7 +692,7 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(const wire::Backup
   FARPOOL_RETURN_IF_ERROR(
       link->Forward(region_->data(), {{memory_ops::Range{0, wire::kRootAreaSize}}}, {}, nullptr));
   backup_ = std::move(link);
-  last_ack_ = Clock::now();
+  last_ack_ = backup_->acknowledged_sent();
   degraded_ = false;
   return wire::BackupReply{0};
 }
@@ -889,6 +919,7 @@ void MemoryServer::Impl::TakeLate(std::vector<transport::LateReply>* out) {
   }
   for (auto& late : late_) out->push_back(std::move(late));
   round_.insert(round_.end(), late_round_.begin(), late_round_.end());
+  observes_.insert(observes_.end(), late_round_.size(), true);  // a batch's
   late_.clear();
   late_round_.clear();
 }
@@ -909,46 +940,85 @@ void MemoryServer::Impl::Closed(const transport::Peer& peer) {
   for (uint64_t number : gone) Forget(number);
 }
 
-void MemoryServer::Impl::Settle(std::span<std::vector<std::byte>> replies) {
+void MemoryServer::Impl::Settle(std::span<std::vector<std::byte>> replies,
+                                std::span<const uint64_t> connections) {
   const bool promised = stopped_dirty_ || std::any_of(round_.begin(), round_.end(),
                                                       [](uint64_t id) { return id != 0; });
-  auto declared_gone = [&] { return backup_ != nullptr && backup_gone_.load() == backup_->id(); };
-  if (declared_gone()) Degrade();
-  if (promised && backup_ != nullptr) {
-    Status forwarded = backup_->Forward(region_->data(), changed_, lease_changes_, declared_gone);
-    if (declared_gone()) {
-      Degrade();  // the round stands with one copy, as every later one
-      forwarded = Status::Ok();
-    } else if (forwarded.ok()) {
-      last_ack_ = Clock::now();
-    }
-    if (!forwarded.ok()) {
-      const bool fenced = forwarded.code() == StatusCode::kPermissionDenied;
-      Status why =
-          Status::Unavailable(Name() + ": the change was applied here but not acknowledged: " +
-                              (fenced ? "this server has been failed over; retry at the backup"
-                                      : "its backup does not answer") +
-                              " (" + forwarded.message() + ")");
-      if (fenced) Fence(forwarded);
-      for (size_t i = 0; i < replies.size() && i < round_.size(); ++i) {
-        if (round_[i] != 0) replies[i] = wire::EncodeError(round_[i], why);
-      }
-      // Batches that changed the region in this round and then stopped to wait: their reply
-      // (the next round's) would promise those changes too.
-      std::vector<uint64_t> failed;
-      for (const auto& [number, w] : waiters_) {
-        if (w.stopped_dirty) failed.push_back(number);
-      }
-      for (uint64_t number : failed) {
-        Answer(number, wire::EncodeError(waiters_.at(number).request_id, why), false);
+  if (DeclaredGone()) Degrade();
+  if (backup_ != nullptr) {
+    if (promised) {
+      const uint64_t ticket = backup_->Post(region_->data(), changed_, lease_changes_,
+                                            [this] { return DeclaredGone(); });
+      for (auto& [number, w] : waiters_) {
+        if (w.stopped_dirty) w.dirty_ticket = ticket;
       }
     }
+    // Every reply that may show memory waits for every forward posted so far: it may have
+    // observed any change applied before it. Replies promise nothing more than that.
+    const uint64_t ticket = backup_->posted();
+    for (size_t i = 0; i < replies.size(); ++i) {
+      const bool observes = i < observes_.size() && observes_[i];
+      if (!observes || replies[i].empty() || backup_->settled() >= ticket) continue;
+      held_.push_back({ticket, {connections[i], std::move(replies[i])}});
+      replies[i].clear();  // posted later, by TakeSettled
+    }
+    Pump();
   }
   for (auto& [number, w] : waiters_) w.stopped_dirty = false;
   stopped_dirty_ = false;
   changed_.clear();
   lease_changes_.clear();
   round_.clear();
+  observes_.clear();
+}
+
+void MemoryServer::Impl::TakeSettled(std::vector<transport::LateReply>* out) {
+  if (DeclaredGone()) Degrade();
+  Pump();
+  for (transport::LateReply& r : released_) out->push_back(std::move(r));
+  released_.clear();
+}
+
+void MemoryServer::Impl::Pump() {
+  if (backup_ == nullptr) return;
+  backup_->Poll();
+  for (const BackupLink::Failure& f : backup_->TakeFailures()) FailForwards(f);
+  if (backup_->acknowledged_sent() > last_ack_) last_ack_ = backup_->acknowledged_sent();
+  while (!held_.empty() && held_.front().ticket <= backup_->settled()) {
+    released_.push_back(std::move(held_.front().reply));
+    held_.pop_front();
+  }
+}
+
+void MemoryServer::Impl::FailForwards(const BackupLink::Failure& failure) {
+  const bool fenced = failure.why.code() == StatusCode::kPermissionDenied;
+  Status why = Status::Unavailable(Name() + ": the change was applied here but not acknowledged: " +
+                                   (fenced ? "this server has been failed over; retry at the backup"
+                                           : "its backup does not answer") +
+                                   " (" + failure.why.message() + ")");
+  if (fenced) Fence(failure.why);
+  // Held replies settle in ticket order: those before the failed forwards were acknowledged
+  // (in the same Poll, maybe), the failed forwards' get the error.
+  while (!held_.empty() && held_.front().ticket < failure.from) {
+    released_.push_back(std::move(held_.front().reply));
+    held_.pop_front();
+  }
+  while (!held_.empty() && held_.front().ticket <= failure.through) {
+    transport::LateReply r = std::move(held_.front().reply);
+    held_.pop_front();
+    r.bytes = wire::EncodeError(transport::RequestIdOf(r.bytes).value_or(0), why);
+    released_.push_back(std::move(r));
+  }
+  // Batches that changed the region in a failed round and then stopped to wait: their reply
+  // would promise those changes too.
+  std::vector<uint64_t> failed;
+  for (const auto& [number, w] : waiters_) {
+    if (w.dirty_ticket >= failure.from && w.dirty_ticket <= failure.through)
+      failed.push_back(number);
+  }
+  for (uint64_t number : failed) {
+    Answer(number, wire::EncodeError(waiters_.at(number).request_id, why), false);
+  }
 }
 
 Result<std::unique_ptr<MemoryServer>> MemoryServer::Start(const ServerOptions& options) {

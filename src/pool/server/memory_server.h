@@ -40,12 +40,32 @@
 // the donation: after the server's own part, a mirror of that server's region
 // (pool/server/mirror.h) that takes its forwards on a port of its own. With
 // ServerOptions::replicated, every request that changes the region or the leases is refused
-// until a BackupRequest names the backup; from then on (pool/server/backup_link.h) the changes
-// of each round of requests go to the backup before any of their replies does (AmHandler::
-// Settle). A backup that refuses them (it took this server's data over: fenced) makes this
-// server refuse every later request (and call ServerOptions::on_fenced); one that does not
-// answer fails that round's changes
-// (applied here, not acknowledged) until a DegradeRequest says the backup is gone.
+// until a BackupRequest names the backup; from then on the changes of each round of requests
+// go to the backup (pool/server/backup_link.h) before any reply that may show them does. A
+// backup that refuses them (it took this server's data over: fenced) makes this server refuse
+// every later request (and call ServerOptions::on_fenced); one that does not answer fails the
+// changes of the rounds outstanding (applied here, not acknowledged) until a DegradeRequest says
+// the backup is gone.
+//
+// Pipelined forwards (docs/pool.md "Pipelined forwards"): at the end of a round
+// (AmHandler::Settle) the server posts the round's changes to the backup and goes on serving
+// the next rounds without waiting. Every reply that may show memory or leases (a batch's, a
+// lease's, a release's, errors included) is held back until the backup has acknowledged every
+// forward posted up to the end of its round; the others (hello, stats, evict, goodbye) go at
+// once, as does every reply of a round that changed nothing while no forward is outstanding.
+// Why that is linearizable: a reply may have observed any change applied before it, and every
+// such change was posted by the end of its round; forwards are applied at the backup in the
+// order posted; so when the reply leaves, every change it may show is on the backup, and a
+// failover (which serves the backup's copy) cannot take back anything a client saw, read or
+// acknowledged. Held replies leave in order (tickets never decrease): on an acknowledgement
+// (the loop also sleeps on the link's worker, AmHandler::SideWorker), with one copy when the
+// backup is declared gone (DegradeRequest: released as they are), or as errors when their
+// forward fails (no acknowledgement by backup_timeout after it was sent, or refused: the
+// failure fails every forward outstanding, and their byte ranges are posted again). Bounded
+// by BackupLink::kMaxInFlight forwards in flight and kMaxPendingBytes coalesced behind them,
+// beyond which a round waits for room. The serving lease counts from when the latest
+// acknowledged forward was sent. Mapped reads (shm) bypass the server and so the hold: they
+// may see a change not yet on the backup (docs/pool.md).
 //
 // Waiting compare-and-swaps (memory_ops kWaitCompareAndSwap; docs/pool.md "Waiting
 // compare-and-swap"): a batch whose wait-compare-and-swap finds its word held stops there and
@@ -99,9 +119,9 @@ struct ServerOptions {
   // server's changes must reach a backup before they are acknowledged; how long it waits.
   std::optional<uint16_t> mirror_of;
   bool replicated = false;
-  // At most the serving lease (pool/server/mirror.h), and well below the clients' failure
-  // timeout: the loop serves nothing while it waits, and a primary that blocked longer for an
-  // unreachable backup would be declared dead itself by its clients' heartbeats.
+  // How long a forward may wait for the backup's acknowledgement before it fails (and the
+  // replies held for it get errors): at most the serving lease (pool/server/mirror.h), and well
+  // below the clients' failure timeout, since a client waits that long for a held reply.
   std::chrono::milliseconds backup_timeout{1000};
   // Called once, on the progress thread, when the backup refuses this server's forwards (it
   // took the data over: this server is fenced and refuses everything from then on). `farpool

@@ -17,7 +17,10 @@ Status Mirror::Start(const std::string& host, Fabric fabric, const std::string& 
   ao.host = host;
   ao.am_id = transport::kControlAm;
   ao.progress = ProgressMode::kEvent;  // forwards come in bursts; an idle mirror sleeps
-  ao.event_spin = std::chrono::microseconds(50);
+  // At once, no spin: the primary no longer waits with its loop for the acknowledgement, and
+  // on a host with few cores a spinning mirror took the core its primary and clients needed
+  // (docs/pool.md "Pipelined forwards": measured with a 50 µs spin before).
+  ao.event_spin = std::chrono::microseconds(0);
   ao.fabric = fabric;
   FARPOOL_ASSIGN_OR_RETURN(am_, transport::AmServer::Listen(ao));
   am_->Start(*this);
@@ -72,12 +75,19 @@ Status Mirror::NotPromoted() const {
                                  " has not been failed over to this server (PromoteRequest)");
 }
 
-Status Mirror::AdmitForward(uint16_t primary_id, const transport::Peer* from) {
+Status Mirror::AdmitForward(uint16_t primary_id, uint64_t id, const transport::Peer* from) {
   if (primary_id != primary_id_) {
     return Status::InvalidArgument(name_ + ": a forward from server " + std::to_string(primary_id) +
                                    ", not from its primary");
   }
   if (promoted_) return Fenced();
+  const uint64_t connection = from == nullptr ? 0 : from->id;
+  if (connection == forward_connection_ && id <= forward_id_) {
+    return Status::Protocol(name_ + ": forward " + std::to_string(id) + " arrived after forward " +
+                            std::to_string(forward_id_) + ": out of order, not applied");
+  }
+  forward_connection_ = connection;
+  forward_id_ = id;
   if (from != nullptr) primary_tag_ = from->tag;
   last_contact_ = std::chrono::steady_clock::now();
   return Status::Ok();
@@ -131,7 +141,7 @@ Result<std::vector<std::byte>> Mirror::Answer(std::span<const std::byte> bytes,
     case wire::Opcode::kReplicateRequest: {
       const auto req = m.As<wire::ReplicateRequest>();
       std::lock_guard lock(mu_);
-      FARPOOL_RETURN_IF_ERROR(AdmitForward(req.primary_id, from));
+      FARPOOL_RETURN_IF_ERROR(AdmitForward(req.primary_id, id, from));
       std::vector<memory_ops::Range> written;
       memory_ops::Region region{memory_,     size_,    [](uint64_t, uint64_t) { return true; },
                                 primary_id_, &written, /*writes_only=*/true};
@@ -144,7 +154,7 @@ Result<std::vector<std::byte>> Mirror::Answer(std::span<const std::byte> bytes,
     case wire::Opcode::kMirrorLeaseRequest: {
       const auto req = m.As<wire::MirrorLeaseRequest>();
       std::lock_guard lock(mu_);
-      FARPOOL_RETURN_IF_ERROR(AdmitForward(req.primary_id, from));
+      FARPOOL_RETURN_IF_ERROR(AdmitForward(req.primary_id, id, from));
       FARPOOL_RETURN_IF_ERROR((req.leased != wire::kMirrorRelease
                                    ? book_.LeaseAt(req.offset, req.size, req.owner,
                                                    req.leased == wire::kMirrorLeaseRoot)

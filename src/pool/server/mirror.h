@@ -3,9 +3,10 @@
 // How it works: the copy lives in the backup's own region, past its own part (at
 // HelloReply::mirror_offset), so that once promoted the backup serves it to clients like its
 // own memory. The primary's forwards arrive on a loop of their own (an AmServer on another
-// port, HelloReply::mirror_port, event progress): a primary waits for its backup's
-// acknowledgement on its progress thread, so two servers that back each other up would
-// deadlock if forwards had to pass through the loop that is waiting. That loop applies
+// port, HelloReply::mirror_port, event progress): a primary may wait for its backup's
+// acknowledgement on its progress thread (back-pressure, a backup being named; forwards are
+// otherwise pipelined, backup_link.h), so two servers that back each other up would deadlock
+// if forwards had to pass through the loop that is waiting. That loop applies
 // ReplicateRequests (writes, offsets in the primary's region) and MirrorLeaseRequests (the
 // primary's lease book) from authenticated connections, for the primary it mirrors only.
 //
@@ -93,10 +94,11 @@ class Mirror : public transport::AmHandler {
 
  private:
   Result<std::vector<std::byte>> Answer(std::span<const std::byte> bytes, transport::Peer* from);
-  // A forward (writes or a lease change) naming `primary_id`: refused unless it names our
-  // primary and we have not taken over; else it counts as the primary's contact (its lease).
-  // REQUIRES: mu_ held.
-  Status AdmitForward(uint16_t primary_id, const transport::Peer* from);
+  // A forward (writes or a lease change) naming `primary_id`, request `id`: refused unless it
+  // names our primary, we have not taken over, and it comes in the order sent (request ids
+  // increase on a connection; the primary pipelines its forwards and counts on their order);
+  // else it counts as the primary's contact (its lease). REQUIRES: mu_ held.
+  Status AdmitForward(uint16_t primary_id, uint64_t id, const transport::Peer* from);
   Status Fenced() const;
   // A PromoteRequest, on the mirror's loop: `primary_connected` whether the primary's
   // connection is still open.
@@ -112,6 +114,9 @@ class Mirror : public transport::AmHandler {
   // The mirror's loop only: the primary's process tag (from the connection of its forwards)
   // and when it last forwarded or renewed.
   uint64_t primary_tag_ = 0;
+  // The connection of the latest forward (Peer::id) and its request id.
+  uint64_t forward_connection_ = 0;
+  uint64_t forward_id_ = 0;
   std::chrono::steady_clock::time_point last_contact_{};
   ServerAuth& auth_;
   std::function<void(uint16_t)> on_degrade_;

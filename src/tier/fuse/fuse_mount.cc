@@ -35,7 +35,20 @@ constexpr double kCacheSeconds = 60.0;
 constexpr unsigned kMaxWrite = 1u << 20;
 constexpr unsigned kMaxThreads = 16;  // the FUSE loop's worker threads
 
-PoolFs& Fs(fuse_req_t req) { return *static_cast<PoolFs*>(fuse_req_userdata(req)); }
+// The session's userdata: what the operations serve, and how they open files.
+struct Served {
+  PoolFs& fs;
+  bool direct_io;  // MountOptions::direct_io
+};
+
+PoolFs& Fs(fuse_req_t req) { return static_cast<Served*>(fuse_req_userdata(req))->fs; }
+
+// How an opened file is cached: the page cache stays valid across opens (only this mount
+// writes), unless the mount bypasses it.
+void SetOpenFlags(fuse_req_t req, fuse_file_info* fi) {
+  fi->keep_cache = 1;
+  fi->direct_io = static_cast<Served*>(fuse_req_userdata(req))->direct_io ? 1 : 0;
+}
 
 // The reply of a lookup or create for the inode of `st`, cached by the kernel for kCacheSeconds.
 fuse_entry_param EntryOf(const struct stat& st) {
@@ -120,6 +133,7 @@ void MakeNode(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
     fuse_reply_err(req, open_err);
     return;
   }
+  SetOpenFlags(req, fi);
   const fuse_entry_param e = EntryOf(st);
   fuse_reply_create(req, &e, fi);
 }
@@ -155,7 +169,7 @@ void Open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     fuse_reply_err(req, err);
     return;
   }
-  fi->keep_cache = 1;  // the page cache stays valid across opens: only this mount writes
+  SetOpenFlags(req, fi);
   fuse_reply_open(req, fi);
 }
 
@@ -401,7 +415,8 @@ Status Serve(const MountOptions& o, const std::function<void(const Status&)>& re
   for (auto& a : argv) raw.push_back(a.data());
   fuse_args args = FUSE_ARGS_INIT(static_cast<int>(raw.size()), raw.data());
   const fuse_lowlevel_ops ops = Operations();
-  fuse_session* se = fuse_session_new(&args, &ops, sizeof(ops), fs->get());
+  Served served{**fs, o.direct_io};
+  fuse_session* se = fuse_session_new(&args, &ops, sizeof(ops), &served);
   if (se == nullptr) return Status::Internal("fuse_session_new failed (options '" + options + "')");
   if (fuse_set_signal_handlers(se) != 0) {
     fuse_session_destroy(se);

@@ -30,6 +30,13 @@ struct MountOptions {
   // root; without it the daemon logs why and the kernel's share stays.
   static constexpr int kDefaultDirtyShare = 50;
   int dirty_share = kDefaultDirtyShare;
+  // Every open file bypasses the page cache (FOPEN_DIRECT_IO): each read and write is a request
+  // to the daemon, a truncate waits for no writeback, and the writer's memory cgroup is charged
+  // no page cache for the file. For spill directories (files written once and read back once,
+  // e.g. DuckDB's temp_directory); a database that rereads its pages (PostgreSQL, SQLite) wants
+  // the cache. mmap(MAP_SHARED) of such a file fails with ENODEV (libfuse 3.14 cannot ask the
+  // kernel to allow it); MAP_PRIVATE works.
+  bool direct_io = false;
 };
 
 // Mounts and returns the message to print ("mounted ... (daemon pid P, log L)"); in the

@@ -17,6 +17,7 @@
 #include <linux/falloc.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
@@ -162,14 +163,16 @@ class FuseMountTest : public ::testing::Test {
     mkdir(d.c_str(), 0755);
     return d;
   }
-  Outcome MountAt(const std::string& point, const std::string& fs, TestCluster& cluster) {
+  Outcome MountAt(const std::string& point, const std::string& fs, TestCluster& cluster,
+                  const std::string& flags = "") {
     mounts_.insert(point);
     return Shell(std::string(FARPOOL_BINARY) + " mount --cluster " + cluster.cluster_file() +
-                 " --name " + fs + " --log " + point + ".log " + point);
+                 " --name " + fs + " --log " + point + ".log " + flags + " " + point);
   }
   // Mounts this test's filesystem at `point` on the suite's cluster; asserts success.
-  void Mount(const std::string& point, TestCluster* cluster = nullptr) {
-    Outcome r = MountAt(point, name_, cluster != nullptr ? *cluster : *cluster_);
+  void Mount(const std::string& point, TestCluster* cluster = nullptr,
+             const std::string& flags = "") {
+    Outcome r = MountAt(point, name_, cluster != nullptr ? *cluster : *cluster_, flags);
     ASSERT_EQ(r.code, 0) << r.output;
   }
   void Unmount(const std::string& point) {
@@ -599,6 +602,42 @@ TEST_F(FuseMountTest, KilledDaemonLosesNothingAcknowledgedAndItsLeaseIsReclaimed
   ASSERT_EQ(stat((m + "/dir").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0700u);
   EXPECT_NE(access((m + "/synced").c_str(), F_OK), 0);
+}
+
+// `--direct-io` bypasses the page cache: mmap(MAP_SHARED) fails with ENODEV (which no cached
+// mount does) while MAP_PRIVATE reads the file; writes of DuckDB's block size, a truncate and
+// reads see the pool's bytes; and a write is in the pool when it returns, so the daemon
+// SIGKILLed without any fsync loses none of it.
+TEST_F(FuseMountTest, DirectIoWritesAreInThePoolWhenTheyReturn) {
+  const std::string m = NewDir("m");
+  Mount(m, nullptr, "--direct-io");
+  const auto data = Pattern(3 << 20, 5);
+  const int fd = open((m + "/spill").c_str(), O_CREAT | O_RDWR, 0644);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  for (size_t at = 0; at < data.size(); at += 256 << 10) {  // DuckDB's block size
+    ASSERT_EQ(pwrite(fd, data.data() + at, 256 << 10, static_cast<off_t>(at)), 256 << 10);
+  }
+  ASSERT_EQ(ftruncate(fd, 2 << 20), 0) << strerror(errno);
+  std::vector<unsigned char> back(1 << 20);
+  ASSERT_EQ(pread(fd, back.data(), back.size(), 1 << 20), static_cast<ssize_t>(back.size()));
+  EXPECT_TRUE(std::equal(back.begin(), back.end(), data.begin() + (1 << 20)));
+  errno = 0;
+  EXPECT_EQ(mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0), MAP_FAILED);
+  EXPECT_EQ(errno, ENODEV);
+  void* priv = mmap(nullptr, 4096, PROT_READ, MAP_PRIVATE, fd, 0);
+  ASSERT_NE(priv, MAP_FAILED) << strerror(errno);
+  EXPECT_EQ(std::memcmp(priv, data.data(), 4096), 0);
+  munmap(priv, 4096);
+  const pid_t daemon = DaemonOf(m);
+  ASSERT_GT(daemon, 0);
+  ASSERT_EQ(kill(daemon, SIGKILL), 0);
+  AwaitExit(daemon);
+  close(fd);
+  Shell("umount -l " + m);
+  Mount(m);
+  const std::string after = ReadAll(m + "/spill");
+  EXPECT_TRUE(after == std::string(data.begin(), data.begin() + (2 << 20)))
+      << after.size() << " bytes";
 }
 
 TEST_F(FuseMountTest, SecondConcurrentMountIsRefusedNamingTheHolder) {
