@@ -64,6 +64,10 @@ struct ClusterConfig {
   // As written in the file; Load resolves a relative name against the file's directory.
   // Empty: no secret.
   std::string secret_file;
+  // The pool (tenant) this file's clients act for (docs/pool.md "Pools"); empty: the
+  // cluster's default pool. With a pool, secret_file holds the pool's credential
+  // (`farpool cluster pool add` writes both), not the cluster secret.
+  std::string pool;
   // Copies of every byte (docs/pool.md "Replication"): 0, or 1 with at least 2 servers: the
   // backup of servers[i] is servers[(i + 1) % n], which mirrors it and takes its data over
   // when a client finds it gone.

@@ -133,6 +133,7 @@ struct ServerStats {
   uint64_t requests_served = 0;  // control requests and batches; one-sided operations bypass it
   uint64_t rejected = 0;         // malformed or incompatible messages
   uint64_t auth_refused = 0;     // requests refused for want of authentication (cluster secret)
+  uint64_t pool_refused = 0;     // requests refused for touching another pool's memory
   uint64_t uptime_ns = 0;
   int64_t pid = 0;
   uint64_t rss_private = 0;  // private resident bytes beyond the region
@@ -236,7 +237,14 @@ class Pool {
   //   [kRootSize - 64, kRootSize) the file store (src/files/layout.h: its first word points
   //                               to the store, set once by CAS)
   static constexpr uint64_t kRootSize = 4096 - 64;
+  // The default pool's root area of server `id` (a cluster file without a pool).
   static constexpr GlobalAddress Root(uint16_t id) { return GlobalAddress(id, 64); }
+  // This client's pool's root area of server `id`, laid out as above: Root(id) for the
+  // default pool; for a pool of its own (ClusterConfig::pool, docs/pool.md "Pools") kRootSize
+  // bytes of the chunk the server leased to the pool as its root, which no other pool can
+  // touch, so two pools' databases or file stores on one cluster never meet. Zero at start.
+  // REQUIRES: `id` is one of server_ids().
+  GlobalAddress RootArea(uint16_t id) const;
 
   Result<GlobalAddress> Alloc(uint64_t size, Placement placement = Placement::Striped());
   Status Free(GlobalAddress address);

@@ -75,8 +75,6 @@ class Pool:
         return cls(_native.Pool.connect(os.fspath(cluster_file), transport, remote_access,
                                         direct_access))
 
-    root = staticmethod(_native.Pool.root)
-
     @property
     def closed(self) -> bool:
         return self._pool is None

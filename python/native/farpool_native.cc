@@ -159,6 +159,7 @@ nb::dict StatsDict(const ServerStats& s) {
   d["requests_served"] = s.requests_served;
   d["rejected"] = s.rejected;
   d["auth_refused"] = s.auth_refused;
+  d["pool_refused"] = s.pool_refused;
   d["uptime_ns"] = s.uptime_ns;
   d["pid"] = s.pid;
   d["rss_private"] = s.rss_private;
@@ -669,9 +670,11 @@ NB_MODULE(_native, m) {
       .def_prop_ro("server_ids", &Pool::server_ids)
       .def("access_path", &Pool::AccessPath, "server"_a,
            "'direct', 'one-sided' or 'messages': how operations reach server `server`.")
-      .def_static(
-          "root", [](uint16_t server) { return Pool::Root(server).raw(); }, "server"_a,
-          "The address of server `server`'s root area (ROOT_SIZE bytes, see pool.h).")
+      .def(
+          "root", [](const Pool& p, uint16_t server) { return p.RootArea(server).raw(); },
+          "server"_a,
+          "The address of this client's pool's root area on server `server` (ROOT_SIZE bytes, "
+          "see pool.h).")
       .def(
           "alloc",
           [](Pool& p, uint64_t size, std::optional<uint16_t> server, std::optional<uint64_t> key) {

@@ -1,4 +1,4 @@
-// `farpool cluster up|status|down`: a local cluster of memory-server processes.
+// `farpool cluster up|status|down|pool add`: a local cluster of memory-server processes.
 #include <unistd.h>
 
 #include <climits>
@@ -26,6 +26,7 @@ struct ClusterArgs {
   std::string delay;
   std::string etcd;
   bool json = false;
+  std::string pool;  // cluster pool add NAME
 };
 
 std::string SelfBinary() {
@@ -86,6 +87,16 @@ int Up(const ClusterArgs& a) {
   return 0;
 }
 
+int AddPoolCommand(const ClusterArgs& a) {
+  Status s = AddPool(a.dir, a.pool);
+  if (!s.ok()) return Fail("cluster pool add: " + s.message());
+  std::printf(
+      "cluster pool add: pool '%s': credential in %s/pools/%s.secret (mode 0600); its clients "
+      "use %s\n",
+      a.pool.c_str(), a.dir.c_str(), a.pool.c_str(), PoolClusterFile(a.dir, a.pool).c_str());
+  return 0;
+}
+
 int ShowStatus(const ClusterArgs& a) {
   auto status = ClusterStatus(a.dir);
   if (!status.ok()) return Fail("cluster status: " + status.status().message());
@@ -122,6 +133,7 @@ int ShowStatus(const ClusterArgs& a) {
                        {"requests_served", s.stats.requests_served},
                        {"rejected", s.stats.rejected},
                        {"auth_refused", s.stats.auth_refused},
+                       {"pool_refused", s.stats.pool_refused},
                        {"rss_private", s.stats.rss_private},
                        {"uptime_s", s.stats.uptime_ns / 1e9}});
   }
@@ -131,20 +143,21 @@ int ShowStatus(const ClusterArgs& a) {
     if (!etcd_json.is_null()) doc["etcd"] = etcd_json;
     std::printf("%s\n", doc.dump(2).c_str());
   } else {
-    std::printf("%-4s %-22s %-8s %10s %10s %8s %10s %10s %8s\n", "id", "address", "state",
-                "capacity", "leased", "clients", "requests", "overhead", "refused");
+    std::printf("%-4s %-22s %-8s %10s %10s %8s %10s %10s %8s %8s\n", "id", "address", "state",
+                "capacity", "leased", "clients", "requests", "overhead", "refused", "denied");
     for (const ServerStatus& s : *status) {
       if (!s.up) {
         std::printf("%-4u %-22s %-8s %s\n", s.address.id, s.address.Endpoint().c_str(), "DOWN",
                     s.error.c_str());
         continue;
       }
-      std::printf("%-4u %-22s %-8s %10s %10s %8u %10llu %10s %8llu\n", s.address.id,
+      std::printf("%-4u %-22s %-8s %10s %10s %8u %10llu %10s %8llu %8llu\n", s.address.id,
                   s.address.Endpoint().c_str(), "up", FormatSize(s.stats.capacity).c_str(),
                   FormatSize(s.stats.leased).c_str(), s.stats.clients,
                   static_cast<unsigned long long>(s.stats.requests_served),
                   FormatSize(s.stats.rss_private).c_str(),
-                  static_cast<unsigned long long>(s.stats.auth_refused));
+                  static_cast<unsigned long long>(s.stats.auth_refused),
+                  static_cast<unsigned long long>(s.stats.pool_refused));
     }
     std::printf("total: %s leased of %s\n", FormatSize(leased).c_str(),
                 FormatSize(capacity).c_str());
@@ -204,11 +217,21 @@ Command RegisterCluster(CLI::App& app) {
   status->add_flag("--json", args->json, "Print JSON");
   CLI::App* down = sub->add_subcommand("down", "Stop every server of the cluster");
   down->add_option("--dir", args->dir, "Cluster directory")->required();
-  return {sub, [args, up, status, down] {
+  CLI::App* pool = sub->add_subcommand("pool", "Pools (tenants) of the cluster");
+  pool->require_subcommand(1);
+  CLI::App* pool_add = pool->add_subcommand(
+      "add",
+      "Create a pool: its credential in DIR/pools/NAME.secret and its clients' cluster file "
+      "DIR/cluster-NAME.json; its clients see only its own chunks and root area");
+  pool_add->add_option("--dir", args->dir, "Cluster directory")->required();
+  pool_add->add_option("name", args->pool, "The pool's name (letters, digits, '-', '_')")
+      ->required();
+  return {sub, [args, up, status, down, pool_add] {
             if (up->parsed()) return Up(*args);
             if (status->parsed()) return ShowStatus(*args);
             if (down->parsed()) return Down(*args);
-            return Fail("cluster: expected up, status or down");
+            if (pool_add->parsed()) return AddPoolCommand(*args);
+            return Fail("cluster: expected up, status, down or pool add");
           }};
 }
 

@@ -58,7 +58,7 @@ class PoolMemory final : public Memory {
  public:
   explicit PoolMemory(Pool& pool) : pool_(pool) {
     auto ids = pool.server_ids();
-    root_ = Pool::Root(ids.empty() ? 0 : *std::min_element(ids.begin(), ids.end()));
+    root_ = pool.RootArea(ids.empty() ? 0 : *std::min_element(ids.begin(), ids.end()));
     mapped_ = std::all_of(ids.begin(), ids.end(),
                           [&](uint16_t id) { return pool.AccessPath(id) == "direct"; });
   }

@@ -49,7 +49,7 @@ Result<std::unique_ptr<FileStore>> FileStore::Open(Pool& pool) {
   const std::vector<uint16_t> ids = pool.server_ids();
   if (ids.empty()) return Status::InvalidArgument("file store: the cluster has no servers");
   const GlobalAddress root =
-      Pool::Root(*std::min_element(ids.begin(), ids.end())) + kStoreRootOffset;
+      pool.RootArea(*std::min_element(ids.begin(), ids.end())) + kStoreRootOffset;
   uint64_t image_raw = 0;
   FARPOOL_RETURN_IF_ERROR(pool.Read(root, &image_raw, 8).WithContext("file store root"));
   if (image_raw == 0) {

@@ -1,7 +1,7 @@
 // The file store's objects in the pool: what every process (on any host, any fabric) reads
 // and changes with one-sided operations. docs/files.md draws the same picture.
 //
-//   root word (Pool::Root(lowest server id) + kStoreRootOffset)
+//   root word (Pool::RootArea(lowest server id) + kStoreRootOffset)
 //     └─> StoreImage          one object, created once (allocated, filled, then CAS 0 → its
 //         ├─ leases[56]       address into the root word; the loser frees its copy)
 //         ├─ free[8192]       recycled extents (any process may take one)

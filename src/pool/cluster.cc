@@ -10,6 +10,8 @@
 #include <set>
 #include <sstream>
 
+#include "transport/auth.h"
+
 namespace farpool {
 
 Result<std::pair<std::string, uint16_t>> ParseHostPort(std::string_view text) {
@@ -60,6 +62,16 @@ Result<ClusterConfig> ClusterConfig::Parse(std::string_view json, std::string_vi
       return field_error("secret_file", "expected the name of the cluster's secret file");
     }
     config.secret_file = doc["secret_file"].get<std::string>();
+  }
+  if (doc.contains("pool")) {
+    if (!doc["pool"].is_string()) return field_error("pool", "expected a pool's name");
+    config.pool = doc["pool"].get<std::string>();
+    if (Status valid = transport::ValidPoolName(config.pool); !valid.ok()) {
+      return field_error("pool", valid.message());
+    }
+    if (config.secret_file.empty()) {
+      return field_error("pool", "a pool's clients need its credential (secret_file)");
+    }
   }
   if (!doc.contains("servers") || !doc["servers"].is_array() || doc["servers"].empty()) {
     return field_error("servers", "expected a non-empty array");
@@ -156,6 +168,7 @@ std::string ClusterConfig::ToJson() const {
   doc["version"] = 1;
   doc["transport"] = std::string(FabricName(transport));
   if (!secret_file.empty()) doc["secret_file"] = secret_file;
+  if (!pool.empty()) doc["pool"] = pool;
   if (replicas > 0) doc["replicas"] = replicas;
   doc["servers"] = nlohmann::json::array();
   for (const ServerAddress& s : servers) {

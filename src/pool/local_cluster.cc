@@ -535,10 +535,50 @@ Status ClusterDown(const std::string& dir) {
   std::error_code ec;
   fs::remove(ClusterFile(dir), ec);
   fs::remove(SecretFile(dir), ec);
+  // The pools' credentials derive from the secret just removed; a new cluster has others.
+  for (const auto& entry : fs::directory_iterator(fs::path(dir) / "pools", ec)) {
+    fs::remove(PoolClusterFile(dir, entry.path().stem().string()), ec);
+  }
+  fs::remove_all(fs::path(dir) / "pools", ec);
   for (size_t i = 0; i < config.servers.size(); ++i) {
     fs::remove(fs::path(dir) / ("server-" + std::to_string(i) + ".ready"), ec);
   }
   return Status::Ok();
+}
+
+std::string PoolClusterFile(const std::string& dir, const std::string& name) {
+  return (fs::path(dir) / ("cluster-" + name + ".json")).string();
+}
+
+Status AddPool(const std::string& dir, const std::string& name) {
+  FARPOOL_RETURN_IF_ERROR(transport::ValidPoolName(name));
+  FARPOOL_ASSIGN_OR_RETURN(ClusterConfig config, ClusterConfig::Load(ClusterFile(dir)));
+  if (config.secret_file.empty() || !config.pool.empty()) {
+    return Status::InvalidArgument(ClusterFile(dir) +
+                                   " names no cluster secret: a cluster without one has no pools");
+  }
+  FARPOOL_ASSIGN_OR_RETURN(transport::ClusterSecret secret,
+                           transport::ClusterSecret::Read(config.secret_file));
+  const fs::path pools = fs::path(dir) / "pools";
+  std::error_code ec;
+  fs::create_directory(pools, ec);
+  if (!ec) fs::permissions(pools, fs::perms::owner_all, ec);  // the credentials' directory
+  if (ec) return Status::IoError("cannot create " + pools.string() + ": " + ec.message());
+  for (const auto& entry : fs::directory_iterator(pools, ec)) {
+    const std::string other = entry.path().stem().string();
+    if (other == name) {
+      return Status::AlreadyExists("pool '" + name + "' exists (" + entry.path().string() + ")");
+    }
+    if (transport::PoolId(other) == transport::PoolId(name)) {
+      return Status::AlreadyExists("pool '" + name + "' would have the id of pool '" + other +
+                                   "' in the servers' lease books; choose another name");
+    }
+  }
+  const std::string file = "pools/" + name + ".secret";
+  FARPOOL_RETURN_IF_ERROR(secret.DerivePool(name).Write((fs::path(dir) / file).string()));
+  config.secret_file = file;  // relative to the cluster file, as cluster.json's
+  config.pool = name;
+  return config.Save(PoolClusterFile(dir, name));
 }
 
 }  // namespace farpool

@@ -94,4 +94,13 @@ std::string ClusterFile(const std::string& dir);
 inline constexpr const char* kSecretFileName = "cluster.secret";
 std::string SecretFile(const std::string& dir);
 
+// Pools (tenants; docs/pool.md "Pools"): creates pool `name` of the cluster in `dir`: its
+// credential (transport::ClusterSecret::DerivePool of the cluster secret) in
+// DIR/pools/NAME.secret, mode 0600, and its clients' cluster file DIR/cluster-NAME.json (the
+// cluster file's servers, that secret file, `"pool": NAME`). The servers are not told: they
+// derive the pool's key when its clients say hello. Errors: an invalid name, an existing pool
+// of that name, or another pool of the cluster with the same id (transport::PoolId).
+Status AddPool(const std::string& dir, const std::string& name);
+std::string PoolClusterFile(const std::string& dir, const std::string& name);
+
 }  // namespace farpool

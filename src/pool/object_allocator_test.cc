@@ -27,11 +27,11 @@ struct Fixture {
         g,
         [this](size_t i, uint64_t size) {
           ++leases;
-          return servers[i].Lease(size);
+          return servers[i].Lease(size, 0);
         },
         [this](size_t i, uint64_t off, uint64_t size) {
           ++releases;
-          return servers[i].Release(off, size);
+          return servers[i].Release(off, size, 0);
         });
   }
 };

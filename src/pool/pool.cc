@@ -146,10 +146,15 @@ struct ServerState {
   uint16_t hello_flags = 0;     // of the first hello: wire::kHelloMayMap, or why not
   std::byte* direct = nullptr;  // region mapped into this process, or null
   bool messages = false;        // not mapped: operations go as batch messages, not one-sided
+  bool keyless = false;         // a pool's client (kHelloPoolClient): no remote key, messages only
   // Of the first hello: whose region it mirrors, where, and the port of the mirror's loop.
   uint16_t mirror_of = wire::kNoMirror;
   uint64_t mirror_offset = 0;
   uint16_t mirror_port = 0;
+  // Of the first hello: where this client's pool has its root area (0: the region's, the
+  // default pool's), and in the mirror (of mirror_of's region).
+  uint64_t root_offset = 0;
+  uint64_t mirror_root_offset = 0;
   std::atomic<bool> failed{false};
   // Replication: once failed, the index of the server that took its data over (its backup,
   // which mirrors it at mirror_offset), or -1. Set once, after `failed`.
@@ -409,9 +414,23 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
       const ServerState& b = *servers_[static_cast<size_t>(s.moved_to.load())];
       s.region_size = b.region_size;
       s.chunk_size = b.chunk_size;
+      s.root_offset = b.mirror_root_offset;
       continue;
     }
     if (s.failed) return s.Failure().WithContext("connecting");
+    if (s.hello_flags & wire::kHelloPoolClient) {
+      // A pool's client gets no key: messages only, which the server checks (docs/pool.md).
+      if (fabric_ == Fabric::kShm || options_.remote_access == RemoteAccess::kOneSided) {
+        return Status::InvalidArgument(
+            s.name + ": pool '" + cluster_.pool +
+            "': a pool's clients reach memory through messages only (the server checks them "
+            "against the pool's chunks; a mapping or a remote key would reach every pool's "
+            "bytes): use transport tcp or auto and remote access messages or auto");
+      }
+      s.messages = true;
+      s.keyless = true;
+      continue;
+    }
     auto rkey = RemoteKey::Unpack(*tc->peers[i].ep, s.rkey);
     if (!rkey.ok()) return rkey.status().WithContext(s.name);
     tc->peers[i].rkey = std::move(*rkey);
@@ -537,9 +556,12 @@ Status Pool::Impl::Hello(ThreadContext& tc, size_t index) {
     s.mirror_of = hello.mirror_of;
     s.mirror_offset = hello.mirror_offset;
     s.mirror_port = hello.mirror_port;
+    s.root_offset = hello.root_offset;
+    s.mirror_root_offset = hello.mirror_root_offset;
     s.rkey.assign(r.message.tail.begin(), r.message.tail.end());
     return Status::Ok();
   }
+  if (s.rkey.empty()) return Status::Ok();  // a pool's client: no key
   auto rkey = RemoteKey::Unpack(*tc.peers[index].ep, s.rkey);
   if (!rkey.ok()) return rkey.status().WithContext(s.name);
   tc.peers[index].rkey = std::move(*rkey);
@@ -747,6 +769,7 @@ wire::HelloRequest Pool::Impl::HelloFor(bool map) const {
   h.start_time = start_time_;
   std::memcpy(h.boot_id, boot_id_.data(), sizeof(h.boot_id));
   h.flags = map ? wire::kHelloWantsMap : 0;
+  std::memcpy(h.pool, cluster_.pool.data(), std::min(cluster_.pool.size(), sizeof(h.pool) - 1));
   return h;
 }
 
@@ -864,6 +887,7 @@ Result<ServerStats> Pool::Impl::Stats(size_t index) {
   st.requests_served = w.requests_served;
   st.rejected = w.rejected;
   st.auth_refused = w.auth_refused;
+  st.pool_refused = w.pool_refused;
   st.uptime_ns = w.uptime_ns;
   st.pid = static_cast<int64_t>(w.server_pid);
   st.rss_private = w.rss_private;
@@ -1164,6 +1188,12 @@ std::vector<uint16_t> Pool::server_ids() const {
   std::vector<uint16_t> ids;
   for (const auto& s : impl_->servers_) ids.push_back(s->address.id);
   return ids;
+}
+
+GlobalAddress Pool::RootArea(uint16_t id) const {
+  auto index = impl_->IndexOf(id);
+  if (!index.ok()) return Root(id);
+  return GlobalAddress(id, impl_->servers_[*index]->root_offset + Root(id).offset());
 }
 
 Result<uint64_t> Pool::Impl::LeaseOn(size_t index, uint64_t size) {
@@ -1480,7 +1510,8 @@ size_t Batch::posted() const { return state_->posted; }
 namespace {
 // Whether an operation of `size` bytes on a target whose server takes batch messages
 // (Target::messages) travels inside the message. Larger writes are split into pieces that do
-// (Batch::Write); larger reads are one-sided.
+// (Batch::Write); larger reads are one-sided, except for a pool's client, which has no key
+// (Batch::Read splits them).
 bool InMessage(bool messages, uint64_t size) {
   return messages && size <= memory_ops::kMaxInlineBytes;
 }
@@ -1490,6 +1521,15 @@ bool InMessage(bool messages, uint64_t size) {
 Status Batch::Read(GlobalAddress source, void* destination, uint64_t size) {
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Resolve(source, size, "read", false, false));
+  if (t.direct == nullptr && t.messages && !InMessage(t.messages, size) &&
+      pool_.servers_[t.index]->keyless) {
+    // Without a key (a pool's client) a large read goes in pieces in messages too.
+    for (uint64_t at = 0; at < size; at += memory_ops::kMaxInlineBytes) {
+      FARPOOL_RETURN_IF_ERROR(Read(source + at, static_cast<std::byte*>(destination) + at,
+                                   std::min(memory_ops::kMaxInlineBytes, size - at)));
+    }
+    return Status::Ok();
+  }
   if (t.direct == nullptr && InMessage(t.messages, size)) {
     FARPOOL_RETURN_IF_ERROR(
         Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kRead), size));

@@ -1218,6 +1218,224 @@ TEST(Access, ClientsRefuseAServerThatCannotProveItKnowsTheSecret) {
   std::filesystem::remove_all(dir);
 }
 
+// ------------------------------------------------------------------ pools (tenants)
+
+Result<std::unique_ptr<Pool>> ConnectPool(const std::string& dir, const std::string& name) {
+  FARPOOL_ASSIGN_OR_RETURN(ClusterConfig config, ClusterConfig::Load(PoolClusterFile(dir, name)));
+  return ConnectTcp(config);
+}
+
+uint64_t PoolRefusals(Pool& pool) {
+  uint64_t total = 0;
+  for (uint16_t id : pool.server_ids()) {
+    auto stats = pool.Stats(id);
+    EXPECT_TRUE(stats.ok()) << stats.status().ToString();
+    if (stats.ok()) total += stats->pool_refused;
+  }
+  return total;
+}
+
+// Two pools on two servers in network namespaces over TCP. Pool B's chunks (objects, its root
+// area) and the default pool's root area are out of reach of pool A's client through every
+// operation kind the servers execute: each is refused with PermissionDenied naming pool A and
+// the address, executes nothing (B's bytes and words are as B left them), and is counted. A
+// wrong pool credential, or a pool the cluster does not know, is refused at the hello. A pool's
+// client gets no remote key, and its root area is its own.
+TEST(Pools, AClientOfOnePoolCannotReachAnotherPoolsBytes) {
+  if (geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+  LocalClusterOptions o = Options(2, 32 << 20, Fabric::kTcp);
+  o.netns = true;
+  TestCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  ASSERT_TRUE(AddPool(cluster.dir(), "a").ok());
+  ASSERT_TRUE(AddPool(cluster.dir(), "b").ok());
+  EXPECT_EQ(AddPool(cluster.dir(), "a").code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(AddPool(cluster.dir(), "no/such").code(), StatusCode::kInvalidArgument);
+  struct stat st {};
+  ASSERT_EQ(stat((cluster.dir() + "/pools/a.secret").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u) << "a pool's credential is its owner's only";
+
+  auto a = ConnectPool(cluster.dir(), "a");
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  auto b = ConnectPool(cluster.dir(), "b");
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  Pool& pa = **a;
+  Pool& pb = **b;
+  auto dflt = Connect(cluster, Fabric::kTcp);
+  ASSERT_TRUE(dflt);
+
+  // Wrong credentials: B's key for pool A, A's key for a pool nobody added.
+  uint64_t auth_refusals = 0;
+  {
+    auto config = ClusterConfig::Load(PoolClusterFile(cluster.dir(), "a"));
+    ASSERT_TRUE(config.ok());
+    ClusterConfig wrong = *config;
+    wrong.secret_file = cluster.dir() + "/pools/b.secret";
+    auto refused = ConnectTcp(wrong);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), StatusCode::kPermissionDenied);
+    EXPECT_NE(refused.status().message().find("wrong credential for pool 'a'"), std::string::npos)
+        << refused.status().message();
+    ClusterConfig unknown = *config;
+    unknown.pool = "c";
+    auto nobody = ConnectTcp(unknown);
+    ASSERT_FALSE(nobody.ok());
+    EXPECT_NE(nobody.status().message().find("wrong credential for pool 'c'"), std::string::npos)
+        << nobody.status().message();
+    auth_refusals += 2 * config->servers.size();  // each refused by every server's hello
+  }
+
+  // Keys only for the default pool; roots of their own.
+  for (uint16_t id : pa.server_ids()) {
+    EXPECT_EQ(pa.AccessPath(id), "messages");
+    EXPECT_NE(pa.RootArea(id), Pool::Root(id));
+    EXPECT_NE(pa.RootArea(id), pb.RootArea(id));
+    EXPECT_EQ(dflt->RootArea(id), Pool::Root(id));
+  }
+  uint64_t zero = 1;
+  ASSERT_TRUE(pa.Read(pa.RootArea(0), &zero, 8).ok());
+  EXPECT_EQ(zero, 0u) << "a new pool's root area starts zeroed";
+
+  // B's objects on both servers and its root; A's own object (for mixed batches).
+  const uint64_t kMarker = 0xb0b0b0b0b0b0b0b0ull;
+  std::vector<GlobalAddress> theirs;
+  for (uint16_t id : pb.server_ids()) {
+    auto x = pb.Alloc(4096, Placement::OnServer(id));
+    ASSERT_TRUE(x.ok()) << x.status().ToString();
+    std::vector<uint64_t> words(512, kMarker);
+    ASSERT_TRUE(pb.Write(*x, words.data(), 4096).ok());
+    theirs.push_back(*x);
+  }
+  ASSERT_TRUE(pb.Write(pb.RootArea(0), &kMarker, 8).ok());
+  theirs.push_back(pb.RootArea(0));
+  auto mine = pa.Alloc(4096, Placement::OnServer(0));
+  ASSERT_TRUE(mine.ok()) << mine.status().ToString();
+
+  uint64_t refusals = 0;
+  auto expect_denied = [&](const Status& s, const std::string& what) {
+    EXPECT_EQ(s.code(), StatusCode::kPermissionDenied) << what << ": " << s.ToString();
+    EXPECT_NE(s.message().find("pool 'a' may not touch offset"), std::string::npos)
+        << what << ": " << s.message();
+    ++refusals;
+  };
+  const LookupSpec spec{64, 8, 3, 56};
+  for (GlobalAddress t : theirs) {
+    const std::string at = t.ToString();
+    uint64_t word = 0;
+    expect_denied(pa.Read(t, &word, 8), "read " + at);
+    expect_denied(pa.Write(t, &word, 8), "write " + at);
+    expect_denied(pa.CompareAndSwap(t, kMarker, 1).status(), "cas " + at);
+    expect_denied(pa.FetchAdd(t, 1).status(), "fetch-add " + at);
+    {
+      Batch batch(pa);
+      std::vector<uint8_t> record(64);
+      LookupResult found;
+      ASSERT_TRUE(batch.LookupRead(t, spec, kMarker, record.data(), 64, &found).ok());
+      expect_denied(batch.Wait(), "lookup-read " + at);
+    }
+    {
+      Batch batch(pa);
+      InsertResult inserted;
+      ASSERT_TRUE(batch.InsertIfAbsent(t, spec, 0, 0x11, 5, 6, &inserted).ok());
+      expect_denied(batch.Wait(), "insert-if-absent " + at);
+    }
+    {
+      Batch batch(pa);
+      WaitSpec ws;
+      ws.wait = std::chrono::microseconds(1000);
+      WaitCasResult waited;
+      ASSERT_TRUE(batch.WaitCompareAndSwap(t, kMarker, 1, ws, &waited).ok());
+      expect_denied(batch.Wait(), "wait-cas " + at);
+    }
+    if (t.server() == 0) {
+      // A batch of A's own write and one read of B's: refused whole, its own write not done.
+      Batch batch(pa);
+      const uint64_t seven = 7;
+      ASSERT_TRUE(batch.Write(*mine, &seven, 8).ok());
+      ASSERT_TRUE(batch.Read(t, &word, 8).ok());
+      expect_denied(batch.Wait(), "batch " + at);
+      uint64_t back = 1;
+      ASSERT_TRUE(pa.Read(*mine, &back, 8).ok());
+      EXPECT_EQ(back, 0u) << "nothing of a refused batch is executed";
+    }
+  }
+  // The default pool's root area, and the default pool's client at B's bytes.
+  uint64_t word = 0;
+  expect_denied(pa.Read(Pool::Root(0), &word, 8), "read of the default root");
+  {
+    Status s = dflt->Read(theirs[0], &word, 8);
+    EXPECT_EQ(s.code(), StatusCode::kPermissionDenied) << s.ToString();
+    EXPECT_NE(s.message().find("the default pool may not touch offset"), std::string::npos)
+        << s.message();
+    ++refusals;
+  }
+  // A lookup in A's own bucket whose entry points into B's object: the chain is not followed
+  // there (nothing of B's is read), and it counts.
+  {
+    std::vector<uint64_t> bucket(8, 0);
+    bucket[1] = 5;                // key
+    bucket[2] = theirs[0].raw();  // value: B's object on server 0
+    ASSERT_TRUE(pa.Write(*mine, bucket.data(), 64).ok());
+    Batch batch(pa);
+    std::vector<uint64_t> record(8, 0);
+    LookupResult found;
+    ASSERT_TRUE(batch.LookupRead(*mine, spec, 5, record.data(), 64, &found).ok());
+    (void)batch.Wait();  // whatever the client makes of "out of bounds"
+    EXPECT_NE(found.outcome, LookupResult::Outcome::kFound);
+    EXPECT_EQ(record, std::vector<uint64_t>(8, 0)) << "none of B's bytes";
+    ++refusals;
+  }
+
+  // Leases: A releasing B's root chunk (raw, with A's credential, as any program could).
+  {
+    const transport::ClusterSecret key = SecretOf(cluster).DerivePool("a");
+    RawClient raw;
+    auto config = cluster.config();
+    ASSERT_TRUE(config.ok());
+    ASSERT_TRUE(raw.Open(config->servers[0]).ok());
+    wire::HelloRequest hello{};
+    hello.client_pid = static_cast<uint64_t>(getpid());
+    hello.client_nonce = 0x5151;
+    std::memcpy(hello.pool, "a", 1);
+    auto proved = raw.ProvedHello(key, hello);
+    ASSERT_TRUE(proved.ok() && proved->opcode == wire::Opcode::kHelloReply);
+    const auto reply = proved->As<wire::HelloReply>();
+    EXPECT_TRUE(reply.flags & wire::kHelloPoolClient);
+    EXPECT_EQ(reply.rkey_size, 0u) << "no remote key for a pool's client";
+    EXPECT_EQ(reply.root_offset + Pool::Root(0).offset(), pa.RootArea(0).offset());
+    const uint64_t root_b = pb.RootArea(0).offset() - Pool::Root(0).offset();
+    auto released = raw.Ask(wire::Encode(20, wire::ReleaseRequest{root_b, reply.chunk_size, 0, 0}));
+    ASSERT_TRUE(released.ok() && released->opcode == wire::Opcode::kErrorReply);
+    expect_denied(wire::DecodeError(*released), "release of B's root");
+    // Its own lease and release work.
+    auto leased = raw.Ask(wire::Encode(21, wire::LeaseRequest{reply.chunk_size, 0, 0}));
+    ASSERT_TRUE(leased.ok() && leased->opcode == wire::Opcode::kLeaseReply);
+    const uint64_t got = leased->As<wire::LeaseReply>().offset;
+    auto freed = raw.Ask(wire::Encode(22, wire::ReleaseRequest{got, reply.chunk_size, 0, 0}));
+    ASSERT_TRUE(freed.ok() && freed->opcode == wire::Opcode::kReleaseReply);
+    auto backup = raw.Ask(wire::Encode(23, wire::BackupRequest{1, 0, 0, {}}));
+    ASSERT_TRUE(backup.ok() && backup->opcode == wire::Opcode::kErrorReply);
+    EXPECT_EQ(wire::DecodeError(*backup).code(), StatusCode::kPermissionDenied);
+    ++refusals;
+  }
+
+  // B's bytes are as B left them; every refusal was counted, the hellos' with authentication.
+  for (size_t i = 0; i < theirs.size(); ++i) {
+    uint64_t back = 0;
+    ASSERT_TRUE(pb.Read(theirs[i], &back, 8).ok());
+    EXPECT_EQ(back, kMarker) << theirs[i].ToString();
+  }
+  std::vector<uint64_t> words(512);
+  ASSERT_TRUE(pb.Read(theirs[0], words.data(), 4096).ok());
+  EXPECT_EQ(words, std::vector<uint64_t>(512, kMarker));
+  EXPECT_EQ(PoolRefusals(pb), refusals);
+  uint64_t auth = 0;
+  for (uint16_t id : pb.server_ids()) auth += pb.Stats(id)->auth_refused;
+  EXPECT_EQ(auth, auth_refusals);
+  ExpectServes(pa);
+  ExpectServes(pb);
+}
+
 // Captures every frame that crosses an interface (AF_PACKET) until stopped.
 class Capture {
  public:

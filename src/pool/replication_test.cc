@@ -325,6 +325,110 @@ TEST(Replication, APartitionedPrimaryIsFencedAndTheClientsFollowTheData) {
   EXPECT_EQ(got, after) << "a new client reads what the failed-over client wrote";
 }
 
+// Pools (docs/pool.md "Pools") survive a failover: the primary forwards every lease with its
+// owning pool and every pool's root, so once server 1 is SIGKILLed and its backup serves its
+// data, pool A's client still reads and writes its own object there and is refused B's
+// (PermissionDenied, counted by the backup), B's bytes and root area are intact, and a client
+// of B that connects only after the failover finds its root area in the mirror. Before the
+// kill, A's client cannot forge a forward on the backup's mirror port.
+TEST(Replication, PoolsStayIsolatedAcrossAFailover) {
+  if (geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+  LocalClusterOptions o = Replicated(Fabric::kTcp);
+  o.netns = true;
+  TestCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  ASSERT_TRUE(AddPool(cluster.dir(), "a").ok());
+  ASSERT_TRUE(AddPool(cluster.dir(), "b").ok());
+  PoolOptions po;
+  po.transport = Fabric::kTcp;
+  po.op_timeout = 5000ms;
+  auto connect = [&](const char* name) {
+    auto config = ClusterConfig::Load(PoolClusterFile(cluster.dir(), name));
+    EXPECT_TRUE(config.ok()) << config.status().ToString();
+    return Pool::Connect(*config, po);
+  };
+  auto a = connect("a");
+  auto b = connect("b");
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status().ToString() << b.status().ToString();
+  auto mine = (*a)->Alloc(64, Placement::OnServer(1));
+  auto theirs = (*b)->Alloc(64, Placement::OnServer(1));
+  ASSERT_TRUE(mine.ok() && theirs.ok());
+  const uint64_t kA = 0xaaaa, kB = 0xbbbb, kRoot = 0xb007;
+  ASSERT_TRUE((*a)->Write(*mine, &kA, 8).ok());
+  ASSERT_TRUE((*b)->Write(*theirs, &kB, 8).ok());
+  ASSERT_TRUE((*b)->Write((*b)->RootArea(1), &kRoot, 8).ok());
+
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  {
+    // A pool's client on server 2's mirror port (where server 1's forwards arrive) may not
+    // forge a forward: releasing B's chunk in the mirrored book is refused.
+    auto secret = transport::ClusterSecret::Read(config->secret_file);
+    ASSERT_TRUE(secret.ok());
+    const transport::ClusterSecret key = secret->DerivePool("a");
+    wire::HelloRequest hello{};
+    hello.client_pid = static_cast<uint64_t>(getpid());
+    hello.client_nonce = 0x5eed00a1;
+    std::memcpy(hello.pool, "a", 1);
+    const ServerAddress& s2 = config->servers[2];
+    control::Connection::Options co{"server 2", s2.host, s2.port, &key, Fabric::kTcp, 3000ms};
+    auto main_port = control::Connection::Open(co, hello);
+    ASSERT_TRUE(main_port.ok()) << main_port.status().ToString();
+    co.port = (*main_port)->hello().mirror_port;
+    auto mirror_port = control::Connection::Open(co, hello);
+    ASSERT_TRUE(mirror_port.ok()) << mirror_port.status().ToString();
+    const uint64_t chunk = (*main_port)->hello().chunk_size;
+    const uint64_t b_root = (*b)->RootArea(1).offset() - Pool::Root(1).offset();
+    auto forged = (*mirror_port)
+                      ->Call(
+                          [&](uint64_t id) {
+                            return wire::Encode(
+                                id, wire::MirrorLeaseRequest{b_root, chunk, 1, wire::kMirrorRelease,
+                                                             transport::PoolId("b")});
+                          },
+                          wire::Opcode::kMirrorLeaseReply);
+    ASSERT_FALSE(forged.ok());
+    EXPECT_EQ(forged.status().code(), StatusCode::kPermissionDenied) << forged.status().ToString();
+    EXPECT_NE(forged.status().message().find("only the cluster's own servers"), std::string::npos)
+        << forged.status().message();
+  }
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[1].pid), SIGKILL), 0);
+  // A's writes fail (Unavailable) until its client follows the data to the backup.
+  const uint64_t kA2 = 0xaaa2;
+  Status wrote = Status::Unavailable("not tried");
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (!wrote.ok() && std::chrono::steady_clock::now() < deadline) {
+    wrote = (*a)->Write(*mine, &kA2, 8);
+    if (!wrote.ok()) {
+      EXPECT_TRUE(wrote.code() == StatusCode::kUnavailable || wrote.code() == StatusCode::kTimedOut)
+          << wrote.ToString();
+      std::this_thread::sleep_for(50ms);
+    }
+  }
+  ASSERT_TRUE(wrote.ok()) << wrote.ToString();
+  uint64_t got = 0;
+  ASSERT_TRUE((*a)->Read(*mine, &got, 8).ok());
+  EXPECT_EQ(got, kA2);
+
+  Status denied = (*a)->Read(*theirs, &got, 8);
+  EXPECT_EQ(denied.code(), StatusCode::kPermissionDenied) << denied.ToString();
+  EXPECT_NE(denied.message().find("pool 'a' may not touch offset"), std::string::npos)
+      << denied.message();
+  denied = (*a)->Write(*theirs, &kA, 8);
+  EXPECT_EQ(denied.code(), StatusCode::kPermissionDenied) << denied.ToString();
+
+  auto late = connect("b");  // connects with server 1 gone: its root comes from the mirror
+  ASSERT_TRUE(late.ok()) << late.status().ToString();
+  EXPECT_EQ((*late)->RootArea(1), (*b)->RootArea(1));
+  ASSERT_TRUE((*late)->Read((*late)->RootArea(1), &got, 8).ok());
+  EXPECT_EQ(got, kRoot);
+  ASSERT_TRUE((*late)->Read(*theirs, &got, 8).ok());
+  EXPECT_EQ(got, kB) << "B's bytes, as B left them";
+  auto stats = (*late)->Stats(2);  // the backup of server 1
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_EQ(stats->pool_refused, 2u);
+}
+
 TEST(Replication, AHealthyPrimaryIsNotTakenOverNorAreMisdirectedRequestsServed) {
   TestCluster cluster(Replicated(Fabric::kTcp));
   ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();

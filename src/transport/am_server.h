@@ -87,6 +87,10 @@ struct Peer {
   // cluster secret.
   std::optional<Challenge> challenge;
   bool authenticated = false;
+  // The pool (tenant) the connection authenticated for (transport/auth.h: PoolId, its name);
+  // 0 and "": the default pool.
+  uint32_t pool = 0;
+  std::string pool_name;
 };
 
 // A reply a handler held back (an empty reply from Handle) and sends now: to connection

@@ -19,6 +19,8 @@ namespace {
 
 constexpr std::string_view kClientLabel = "farpool client proof";
 constexpr std::string_view kServerLabel = "farpool server proof";
+constexpr std::string_view kPoolKeyLabel = "farpool pool key";
+constexpr std::string_view kPoolIdLabel = "farpool pool id";
 // The file: 64 lowercase hex digits and a newline.
 constexpr size_t kFileSize = 2 * kSecretSize + 1;
 
@@ -150,6 +152,43 @@ Proof ClusterSecret::Prove(Role role, const Nonce& client, const Nonce& server) 
   HMAC(EVP_sha256(), bytes_.data(), static_cast<int>(bytes_.size()), message, sizeof(message),
        proof.data(), &size);
   return proof;
+}
+
+ClusterSecret ClusterSecret::DerivePool(std::string_view name) const {
+  std::string message(kPoolKeyLabel);
+  message.append(name);
+  ClusterSecret pool;
+  unsigned int size = 0;
+  HMAC(EVP_sha256(), bytes_.data(), static_cast<int>(bytes_.size()),
+       reinterpret_cast<const uint8_t*>(message.data()), message.size(), pool.bytes_.data(), &size);
+  return pool;
+}
+
+Status ValidPoolName(std::string_view name) {
+  if (name.empty() || name.size() > kMaxPoolName) {
+    return Status::InvalidArgument("pool name '" + std::string(name) + "': 1 to " +
+                                   std::to_string(kMaxPoolName) + " characters");
+  }
+  for (char c : name) {
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+          c == '_')) {
+      return Status::InvalidArgument("pool name '" + std::string(name) +
+                                     "': only letters, digits, '-' and '_'");
+    }
+  }
+  return Status::Ok();
+}
+
+uint32_t PoolId(std::string_view name) {
+  if (name.empty()) return 0;
+  std::string message(kPoolIdLabel);
+  message.append(name);
+  uint8_t digest[32];
+  unsigned int size = 0;
+  EVP_Digest(message.data(), message.size(), digest, &size, EVP_sha256(), nullptr);
+  uint32_t id = 0;
+  std::memcpy(&id, digest, sizeof(id));
+  return id == 0 ? 1 : id;
 }
 
 bool ClusterSecret::Verify(const Proof& proof, Role role, const Nonce& client,

@@ -13,6 +13,14 @@
 // computed over nonces of its choice. Both nonces are fresh per connection, so a recorded
 // exchange proves nothing on another connection. Only the nonces and the proofs travel.
 //
+// Pools (tenants; docs/pool.md "Pools"): a pool's credential is derived from the cluster secret,
+// PoolKey(NAME) = HMAC-SHA256(cluster secret, "farpool pool key" || NAME), and written to the
+// pool's own file (`farpool cluster pool add`). Its clients prove with it exactly as above, the
+// hello naming the pool; a server, which holds the cluster secret, derives the pool's key to
+// check the proof. So servers need no list of pools and keep no per-pool secret, a pool's
+// client never learns the cluster secret (HMAC is one-way), and the key of pool A proves
+// nothing for pool B or for the cluster itself (the name is in the derivation).
+//
 // Thread-safety: pure functions and value types; the random source (OpenSSL's RAND_bytes) is
 // thread-safe.
 #pragma once
@@ -21,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "farpool/status.h"
 
@@ -50,6 +59,10 @@ class ClusterSecret {
   ClusterSecret& operator=(const ClusterSecret& other) = default;
   ~ClusterSecret();
 
+  // The credential of pool `name` (see the header comment), of the same form as a cluster
+  // secret: clients prove with it, the file holds it. REQUIRES: ValidPoolName(name).
+  ClusterSecret DerivePool(std::string_view name) const;
+
   // The proof that whoever holds this secret is `role` of the connection with these nonces.
   enum class Role : uint8_t { kClient, kServer };
   Proof Prove(Role role, const Nonce& client, const Nonce& server) const;
@@ -60,6 +73,16 @@ class ClusterSecret {
   ClusterSecret() = default;
   std::array<uint8_t, kSecretSize> bytes_{};
 };
+
+// Pool names: 1 to kMaxPoolName letters, digits, '-' or '_' (they name files and go in the
+// hello). The empty name is the cluster's default pool, whose credential is the cluster secret.
+inline constexpr size_t kMaxPoolName = 31;
+// Ok, or InvalidArgument saying what is wrong with `name`.
+Status ValidPoolName(std::string_view name);
+// The pool's id in servers' lease books: 0 for the default pool (""), else the first 32 bits
+// of SHA-256("farpool pool id" || name), never 0. Two names may share an id (one in 2^32 per
+// pair); `farpool cluster pool add` refuses a name whose id another pool of the cluster has.
+uint32_t PoolId(std::string_view name);
 
 // A fresh nonce from the system's random source.
 Result<Nonce> RandomNonce();

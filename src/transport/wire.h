@@ -47,7 +47,9 @@ inline constexpr uint32_t kMagic = 0x31575046;  // "FPW1"
 //    StatsReply::auth_refused.
 // 5: replication (HelloReply's mirror fields, backup, replicate, mirror lease, promote,
 //    degrade).
-inline constexpr uint16_t kVersion = 5;
+// 6: pools (HelloRequest::pool, HelloReply::root_offset and mirror_root_offset,
+//    kHelloPoolClient, StatsReply::pool_refused, MirrorLeaseRequest::owner).
+inline constexpr uint16_t kVersion = 6;
 // Batches: the operations of a request, the read data and atomic results of a reply. Small
 // enough to go eagerly in one UCX active message, large enough for a commit's worth of
 // records; a client splits larger batches into several messages.
@@ -123,10 +125,14 @@ struct HelloRequest {
   uint8_t boot_id[16];
   uint32_t flags;  // kHelloWantsMap, kHelloHasProof
   uint32_t reserved;
-  // ClusterSecret::Prove(kClient, client nonce, server nonce) of the connection's challenge.
+  // ClusterSecret::Prove(kClient, client nonce, server nonce) of the connection's challenge,
+  // with the credential of `pool` (transport/auth.h: the cluster secret for the default pool).
   uint8_t proof[32];
+  // The pool (tenant) the connection acts for, NUL-padded; all zero: the default pool. Only
+  // the first hello of a connection (the one that authenticates) sets it.
+  char pool[32];
 };
-static_assert(sizeof(HelloRequest) == 80);
+static_assert(sizeof(HelloRequest) == 112);
 
 // HelloReply::flags. kHelloMayMap is set only if the client asked (kHelloWantsMap) and the
 // server pinned its process: the same boot id as the server's, pidfd_open(client_pid)
@@ -141,6 +147,10 @@ inline constexpr uint16_t kHelloNoSignal = 1u << 4;       // the server may not 
 inline constexpr uint16_t kHelloPinRefused = 1u << 5;     // the tag is pinned to another pid
 // `proof` holds the server's proof (it has a secret and the client proved it knows it too).
 inline constexpr uint16_t kHelloServerProof = 1u << 6;
+// The connection acts for a pool other than the default: it gets no remote key (rkey_size 0)
+// and may not map the region (either would reach every pool's bytes); its operations go
+// through messages, which the server checks against the chunks its pool owns.
+inline constexpr uint16_t kHelloPoolClient = 1u << 7;
 // "" if `flags` allow mapping, else why not, for error messages.
 std::string HelloMapRefusal(uint16_t flags);
 
@@ -172,8 +182,14 @@ struct HelloReply {
   uint16_t mirror_port;
   uint16_t reserved[2];
   uint64_t mirror_offset;
+  // Where the connection's pool has its root area in this region (Pool::root): 0 for the
+  // default pool (the region's root area); for another pool, the chunk the server leased to
+  // it as its root at its first hello. mirror_root_offset: the same in the mirrored region
+  // (offsets of the mirrored server), 0 if none.
+  uint64_t root_offset;
+  uint64_t mirror_root_offset;
 };
-static_assert(sizeof(HelloReply) == 88);
+static_assert(sizeof(HelloReply) == 104);
 inline constexpr uint16_t kNoMirror = 0xffff;
 
 // Lease `size` bytes (a multiple of chunk_size) as one contiguous run. `mirror` nonzero: in
@@ -227,8 +243,11 @@ struct StatsReply {
   // Requests refused for want of authentication: hellos with a wrong or no proof, and every
   // other request of a connection that has not authenticated.
   uint64_t auth_refused;
+  // Requests refused because they named memory of another pool than their connection's
+  // (leases, releases, batch operations) or a control operation a pool's client may not send.
+  uint64_t pool_refused;
 };
-static_assert(sizeof(StatsReply) == 88);
+static_assert(sizeof(StatsReply) == 96);
 
 // Client -> server: `op_count` memory operations (pool/memory_ops.h) in the tail. The server
 // checks every operation before it executes any, then executes them in order.
@@ -316,15 +335,19 @@ struct ReplicateReply {
 };
 static_assert(sizeof(ReplicateReply) == 8);
 
-// Primary -> backup: a lease (leased = 1) or release (0) of [offset, offset + size) in the
-// primary's lease book, mirrored so that the backup checks clients' addresses as the primary
-// did once it has taken over. Refused once promoted, as ReplicateRequest.
+// Primary -> backup: a lease (leased = 1; 2: a pool's root area) or release (0) of [offset,
+// offset + size) for pool `owner` (transport::PoolId) in the primary's lease book, mirrored
+// so that the backup checks clients' addresses as the primary did once it has taken over.
+// Refused once promoted, as ReplicateRequest.
+inline constexpr uint16_t kMirrorRelease = 0;
+inline constexpr uint16_t kMirrorLease = 1;
+inline constexpr uint16_t kMirrorLeaseRoot = 2;
 struct MirrorLeaseRequest {
   uint64_t offset;
   uint64_t size;
   uint16_t primary_id;
   uint16_t leased;
-  uint32_t reserved;
+  uint32_t owner;
 };
 static_assert(sizeof(MirrorLeaseRequest) == 24);
 struct MirrorLeaseReply {

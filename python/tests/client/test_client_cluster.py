@@ -150,3 +150,29 @@ def test_a_replicated_cluster_keeps_every_byte_when_a_server_is_killed():
         address = next(a for a in written if retrying(lambda: pool.read(a, 64))[0] // 16 == 1)
         retrying(lambda: pool.write(address, b"x" * 64))
         assert retrying(lambda: pool.read(address, 64)) == b"x" * 64
+
+
+def test_a_pools_client_reads_only_its_pools_memory():
+    """`farpool cluster pool add` writes a pool's credential and cluster file; its client gets
+    its own root area and is refused another pool's bytes with PermissionDenied, which the
+    server counts (docs/pool.md "Pools")."""
+    from farpool._build import farpool_binary
+    with farpool.LocalCluster(servers=1, memory="32MiB", transport="tcp", progress="event") as c:
+        directory = Path(c.cluster_file).parent
+        for name in ("a", "b"):
+            subprocess.run([str(farpool_binary()), "cluster", "pool", "add", "--dir",
+                            str(directory), name], check=True, capture_output=True)
+        assert (directory / "pools" / "a.secret").stat().st_mode & 0o777 == 0o600
+        a = farpool.Pool.connect(str(directory / "cluster-a.json"))
+        b = farpool.Pool.connect(str(directory / "cluster-b.json"))
+        assert a.access_path(0) == "messages"
+        assert a.root(0) != b.root(0) != farpool.Pool.connect(c.cluster_file).root(0)
+        theirs = b.alloc(8)
+        b.write(theirs, b"b's data")
+        before = b.stats(0)["pool_refused"]
+        with pytest.raises(farpool.PermissionDenied, match="pool 'a' may not touch offset"):
+            a.read(theirs, 8)
+        with pytest.raises(farpool.PermissionDenied, match="pool 'a' may not touch offset"):
+            a.write(theirs, b"a's data")
+        assert b.read(theirs, 8) == b"b's data"
+        assert b.stats(0)["pool_refused"] == before + 2

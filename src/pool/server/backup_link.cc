@@ -139,9 +139,9 @@ void BackupLink::SendPending() {
     f.expected.push_back(wire::Opcode::kReplicateReply);
   }
   for (const LeaseChange& l : leases) {
-    messages.push_back(wire::Encode(
-        mirror_->NextId(), wire::MirrorLeaseRequest{l.offset, l.size, primary_id_,
-                                                    static_cast<uint16_t>(l.leased ? 1 : 0), 0}));
+    messages.push_back(
+        wire::Encode(mirror_->NextId(),
+                     wire::MirrorLeaseRequest{l.offset, l.size, primary_id_, l.kind, l.owner}));
     f.expected.push_back(wire::Opcode::kMirrorLeaseReply);
   }
   f.sent = Clock::now();

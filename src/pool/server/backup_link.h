@@ -50,11 +50,13 @@
 
 namespace farpool {
 
-// A lease (leased) or release of [offset, offset + size) in the primary's book.
+// A lease or release of [offset, offset + size) in the primary's book, by pool `owner`
+// (wire::MirrorLeaseRequest::leased: kMirrorLease, kMirrorLeaseRoot or kMirrorRelease).
 struct LeaseChange {
   uint64_t offset;
   uint64_t size;
-  bool leased;
+  uint16_t kind;
+  uint32_t owner;
 };
 
 class BackupLink {

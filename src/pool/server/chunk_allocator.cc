@@ -18,7 +18,7 @@ uint64_t ChunkAllocator::largest_free() const {
   return best;
 }
 
-Result<uint64_t> ChunkAllocator::Lease(uint64_t size) {
+Result<uint64_t> ChunkAllocator::Lease(uint64_t size, uint32_t owner) {
   if (size == 0 || size % chunk_size_ != 0) {
     return Status::InvalidArgument("lease size " + std::to_string(size) +
                                    " is not a positive multiple of the chunk size " +
@@ -30,7 +30,7 @@ Result<uint64_t> ChunkAllocator::Lease(uint64_t size) {
     uint64_t rest = it->second - size;
     free_.erase(it);
     if (rest > 0) free_.emplace(offset + size, rest);
-    leases_.emplace(offset, size);
+    leases_.emplace(offset, Held{size, owner, false});
     leased_ += size;
     return offset;
   }
@@ -39,7 +39,12 @@ Result<uint64_t> ChunkAllocator::Lease(uint64_t size) {
                              ", largest contiguous run " + FormatSize(largest_free()));
 }
 
-Status ChunkAllocator::LeaseAt(uint64_t offset, uint64_t size) {
+Status ChunkAllocator::LeaseAt(uint64_t offset, uint64_t size, uint32_t owner, bool root) {
+  if (root && (size != chunk_size_ || owner == 0 || roots_.count(owner) != 0)) {
+    return Status::InvalidArgument("cannot lease a root area of " + std::to_string(size) +
+                                   " bytes to pool id " + std::to_string(owner) +
+                                   ": one chunk, for a pool other than the default, once");
+  }
   auto it = free_.upper_bound(offset);
   if (size == 0 || size % chunk_size_ != 0 || offset < wire::kRootAreaSize ||
       (offset - wire::kRootAreaSize) % chunk_size_ != 0 || it == free_.begin() ||
@@ -52,16 +57,41 @@ Status ChunkAllocator::LeaseAt(uint64_t offset, uint64_t size) {
   free_.erase(it);
   if (offset > run) free_.emplace(run, offset - run);
   if (run + length > offset + size) free_.emplace(offset + size, run + length - offset - size);
-  leases_.emplace(offset, size);
+  leases_.emplace(offset, Held{size, owner, root});
+  if (root) roots_.emplace(owner, offset);
   leased_ += size;
   return Status::Ok();
 }
 
-Status ChunkAllocator::Release(uint64_t offset, uint64_t size) {
+Result<uint64_t> ChunkAllocator::LeaseRoot(uint32_t owner, bool* created) {
+  *created = false;
+  if (auto root = RootOf(owner)) return *root;
+  FARPOOL_ASSIGN_OR_RETURN(uint64_t offset, Lease(chunk_size_, owner));
+  leases_.at(offset).root = true;
+  roots_.emplace(owner, offset);
+  *created = true;
+  return offset;
+}
+
+std::optional<uint64_t> ChunkAllocator::RootOf(uint32_t owner) const {
+  auto it = roots_.find(owner);
+  if (it == roots_.end()) return std::nullopt;
+  return it->second;
+}
+
+Status ChunkAllocator::Release(uint64_t offset, uint64_t size, uint32_t owner) {
   auto lease = leases_.find(offset);
-  if (lease == leases_.end() || lease->second != size) {
+  if (lease == leases_.end() || lease->second.length != size) {
     return Status::InvalidArgument("no lease of " + std::to_string(size) + " bytes at offset " +
                                    std::to_string(offset) + " (already released or never leased)");
+  }
+  if (lease->second.owner != owner) {
+    return Status::PermissionDenied("the lease of " + std::to_string(size) + " bytes at offset " +
+                                    std::to_string(offset) + " belongs to another pool");
+  }
+  if (lease->second.root) {
+    return Status::InvalidArgument("the lease at offset " + std::to_string(offset) +
+                                   " is its pool's root area, which is never released");
   }
   leases_.erase(lease);
   leased_ -= size;
@@ -83,16 +113,19 @@ Status ChunkAllocator::Release(uint64_t offset, uint64_t size) {
   return Status::Ok();
 }
 
-bool ChunkAllocator::Covers(uint64_t offset, uint64_t size) const {
-  if (offset >= wire::kRootReserved && offset <= wire::kRootAreaSize &&
-      size <= wire::kRootAreaSize - offset) {
-    return true;
+ChunkAllocator::Access ChunkAllocator::Check(uint64_t offset, uint64_t size, uint32_t owner) const {
+  if (offset < wire::kRootAreaSize) {
+    if (owner != 0) return Access::kOtherPool;  // the default pool's root area
+    return offset >= wire::kRootReserved && size <= wire::kRootAreaSize - offset ? Access::kOk
+                                                                                 : Access::kOutside;
   }
   auto lease = leases_.upper_bound(offset);
-  if (lease == leases_.begin()) return false;
+  if (lease == leases_.begin()) return Access::kOutside;
   --lease;
-  const uint64_t end = lease->first + lease->second;
-  return offset < end && size <= end - offset;
+  const uint64_t end = lease->first + lease->second.length;
+  if (offset >= end) return Access::kOutside;
+  if (lease->second.owner != owner) return Access::kOtherPool;
+  return size <= end - offset ? Access::kOk : Access::kOutside;
 }
 
 }  // namespace farpool

@@ -131,8 +131,18 @@ class MemoryServer::Impl : public transport::AmHandler {
   Result<std::vector<std::byte>> ExecuteBatch(uint64_t id, const wire::BatchRequest& request,
                                               std::span<const std::byte> ops,
                                               const transport::Peer* from);
-  // The region as batches see it: the server's own part and, once promoted, the mirror's.
-  memory_ops::Region BatchRegion();
+  // The region as batches of pool `pool` see it: the server's own part and, once promoted, the
+  // mirror's, of which only the pool's chunks (or, for the default pool, the root area) are
+  // accessible. A range refused because another pool owns it sets denied_.
+  memory_ops::Region BatchRegion(uint32_t pool);
+  // The refusal of a request of `pool` (named `pool_name`; 0: the default pool), counted:
+  // `what` it asked for, and the offset it touched in another pool's memory if denied_ (which
+  // it clears).
+  Status PoolRefused(uint32_t pool, const std::string& pool_name, const std::string& what);
+  Status PoolRefused(const transport::Peer* from, const std::string& what) {
+    return from == nullptr ? PoolRefused(0, "", what)
+                           : PoolRefused(from->pool, from->pool_name, what);
+  }
 
   // A batch stopped at a wait-compare-and-swap whose word was held.
   struct Waiter {
@@ -141,7 +151,9 @@ class MemoryServer::Impl : public transport::AmHandler {
     uint32_t op_count = 0;
     uint64_t connection = 0;  // Peer::id
     uint64_t tag = 0;         // the connection's process tag
-    uint64_t word = 0;        // the offset waited for
+    uint32_t pool = 0;        // the connection's pool (Peer::pool)
+    std::string pool_name;
+    uint64_t word = 0;  // the offset waited for
     Clock::time_point deadline;
     bool stopped_dirty = false;  // changed the region in the round it stopped in
     uint64_t dirty_ticket = 0;   // the forward of such a round (0: none)
@@ -238,6 +250,14 @@ class MemoryServer::Impl : public transport::AmHandler {
   Clock::time_point started_ = Clock::now();
   uint64_t requests_served_ = 0;
   uint64_t rejected_ = 0;
+  // Pools: requests refused for touching another pool's memory (StatsReply::pool_refused), the
+  // offset the last refused access began at (set by BatchRegion's check, read right after),
+  // and the pool of every process tag that said hello (for evictions by pool clients; kept
+  // after its connections close, since a dead process is what gets evicted, until it is
+  // evicted or says goodbye: 12 bytes per client process that died without either).
+  uint64_t pool_refused_ = 0;
+  std::optional<uint64_t> denied_;
+  std::unordered_map<uint64_t, uint32_t> tag_pool_;
   std::optional<BootIdBytes> boot_id_;             // unknown: no client may map
   std::unordered_map<uint64_t, ProcessPin> pins_;  // by process tag
   // Evicted process tags, at most kMaxEvictedTags; `evicted_order_` oldest first.
@@ -349,6 +369,15 @@ Result<wire::EvictReply> MemoryServer::Impl::Evict(uint64_t tag, const transport
     return Status::InvalidArgument(Name() + ": process tag " + TagName(tag) +
                                    " asked to evict itself");
   }
+  // A pool's client evicts only processes of its own pool (the default pool's, the cluster's
+  // tools, any).
+  if (from != nullptr && from->pool != 0) {
+    auto of = tag_pool_.find(tag);
+    if (of == tag_pool_.end() || of->second != from->pool) {
+      return PoolRefused(
+          from, "EvictRequest for " + TagName(tag) + " refused: not a process of this pool here");
+    }
+  }
   RefuseTag(tag);
   wire::EvictReply reply{};
   reply.connections_closed = static_cast<uint32_t>(am_->CloseConnections(tag, from));
@@ -373,6 +402,7 @@ Result<wire::EvictReply> MemoryServer::Impl::Evict(uint64_t tag, const transport
 }
 
 void MemoryServer::Impl::RefuseTag(uint64_t tag) {
+  tag_pool_.erase(tag);
   if (IsEvicted(tag)) return;
   if (evicted_order_.size() >= kMaxEvictedTags) {
     evicted_.erase(evicted_order_.front());
@@ -453,7 +483,7 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
     case wire::Opcode::kHelloRequest: {
       auto hello = m.As<wire::HelloRequest>();
       wire::HelloReply r{};
-      if (auth_->NeedsProof(from)) FARPOOL_RETURN_IF_ERROR(auth_->Authenticate(hello, from, r));
+      FARPOOL_RETURN_IF_ERROR(auth_->Hello(hello, from, r));
       const uint32_t tag = static_cast<uint32_t>(hello.client_nonce);
       if (tag == 0) {
         return Status::InvalidArgument(Name() +
@@ -462,43 +492,70 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
       }
       if (from != nullptr) from->tag = tag;  // an evicted tag: everything on it is refused
       if (IsEvicted(tag)) return Evicted(tag);
+      const uint32_t pool = from != nullptr ? from->pool : 0;
+      tag_pool_[tag] = pool;
       r.server_id = options_.id;
-      r.flags |= Pin(hello, tag);
-      r.rkey_size = static_cast<uint32_t>(region_->packed_rkey().size());
-      r.region_base = reinterpret_cast<uint64_t>(region_->data());
       r.region_size = chunks_.region_size();
       r.chunk_size = chunks_.chunk_size();
       r.server_pid = static_cast<uint64_t>(getpid());
       r.mirror_of = mirror_ ? mirror_->primary_id() : wire::kNoMirror;
       r.mirror_port = mirror_ ? mirror_->port() : 0;
       r.mirror_offset = mirror_ ? chunks_.region_size() : 0;
+      if (pool != 0) {
+        // A pool's client: no key, no mapping (either reaches every pool's bytes), and its
+        // root area, leased at the pool's first hello here (and forwarded like any lease).
+        r.flags |= wire::kHelloPoolClient;
+        FARPOOL_RETURN_IF_ERROR(MayChange());
+        bool created = false;
+        auto root = chunks_.LeaseRoot(pool, &created);
+        if (!root.ok()) {
+          return root.status().WithContext(Name() + ": pool '" + from->pool_name +
+                                           "': no root area");
+        }
+        if (created) {
+          lease_changes_.push_back({*root, chunks_.chunk_size(), wire::kMirrorLeaseRoot, pool});
+          round_.back() = id;
+        }
+        observes_.back() = true;  // it shows a lease: after the backup has it
+        r.root_offset = *root;
+        if (mirror_) r.mirror_root_offset = mirror_->RootOf(pool).value_or(0);
+        return wire::Encode(id, r);
+      }
+      r.flags |= Pin(hello, tag);
+      r.rkey_size = static_cast<uint32_t>(region_->packed_rkey().size());
+      r.region_base = reinterpret_cast<uint64_t>(region_->data());
       return wire::Encode(id, r, region_->packed_rkey());
     }
     case wire::Opcode::kLeaseRequest: {
       FARPOOL_RETURN_IF_ERROR(MayChange());
       auto req = m.As<wire::LeaseRequest>();
+      const uint32_t pool = from != nullptr ? from->pool : 0;
       if (req.mirror != 0) {
         if (!mirror_) return Status::InvalidArgument(Name() + ": it mirrors no server");
-        auto offset = mirror_->Lease(req.size);
+        auto offset = mirror_->Lease(req.size, pool);
         if (!offset.ok()) return offset.status().WithContext(Name() + ": lease refused");
         return wire::Encode(id, wire::LeaseReply{*offset, req.size});
       }
-      auto offset = chunks_.Lease(req.size);
+      auto offset = chunks_.Lease(req.size, pool);
       if (!offset.ok()) return offset.status().WithContext(Name() + ": lease refused");
-      lease_changes_.push_back({*offset, req.size, true});
+      lease_changes_.push_back({*offset, req.size, wire::kMirrorLease, pool});
       round_.back() = id;
       return wire::Encode(id, wire::LeaseReply{*offset, req.size});
     }
     case wire::Opcode::kReleaseRequest: {
       FARPOOL_RETURN_IF_ERROR(MayChange());
       auto req = m.As<wire::ReleaseRequest>();
-      if (req.mirror != 0) {
-        if (!mirror_) return Status::InvalidArgument(Name() + ": it mirrors no server");
-        FARPOOL_RETURN_IF_ERROR(mirror_->Release(req.offset, req.size).WithContext(Name()));
-        return wire::Encode(id, wire::ReleaseReply{req.size});
+      const uint32_t pool = from != nullptr ? from->pool : 0;
+      Status released = req.mirror == 0 ? chunks_.Release(req.offset, req.size, pool)
+                        : mirror_       ? mirror_->Release(req.offset, req.size, pool)
+                                        : Status::InvalidArgument("it mirrors no server");
+      if (released.code() == StatusCode::kPermissionDenied) {
+        denied_ = req.offset;
+        return PoolRefused(from, "release refused: " + released.message());
       }
-      FARPOOL_RETURN_IF_ERROR(chunks_.Release(req.offset, req.size).WithContext(Name()));
-      lease_changes_.push_back({req.offset, req.size, false});
+      FARPOOL_RETURN_IF_ERROR(released.WithContext(Name()));
+      if (req.mirror != 0) return wire::Encode(id, wire::ReleaseReply{req.size});
+      lease_changes_.push_back({req.offset, req.size, wire::kMirrorRelease, pool});
       round_.back() = id;
       return wire::Encode(id, wire::ReleaseReply{req.size});
     }
@@ -517,6 +574,7 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
       r.server_pid = static_cast<uint64_t>(getpid());
       r.rss_private = PrivateResidentBytes();
       r.auth_refused = auth_->refused();
+      r.pool_refused = pool_refused_;
       return wire::Encode(id, r);
     }
     case wire::Opcode::kBatchRequest:
@@ -531,6 +589,9 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
       return wire::Encode(id, r);
     }
     case wire::Opcode::kBackupRequest: {
+      if (from != nullptr && from->pool != 0) {
+        return PoolRefused(from, "BackupRequest refused: the cluster's tools name backups");
+      }
       FARPOOL_ASSIGN_OR_RETURN(wire::BackupReply r, ConfigureBackup(m.As<wire::BackupRequest>()));
       return wire::Encode(id, r);
     }
@@ -636,15 +697,21 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(const wire::Backup
   return wire::BackupReply{0};
 }
 
-memory_ops::Region MemoryServer::Impl::BatchRegion() {
+memory_ops::Region MemoryServer::Impl::BatchRegion(uint32_t pool) {
   const uint64_t own = chunks_.region_size();
   // Offsets past the server's own part address the mirror, for clients that have failed its
-  // primary over to this server (only once promoted: Mirror::Covers).
+  // primary over to this server (only once promoted: Mirror::Check).
   memory_ops::Region region{region_->data(), own + (mirror_ ? mirror_->size() : 0),
-                            [this, own](uint64_t offset, uint64_t size) {
-                              if (offset < own)
-                                return size <= own - offset && chunks_.Covers(offset, size);
-                              return mirror_ != nullptr && mirror_->Covers(offset - own, size);
+                            [this, own, pool](uint64_t offset, uint64_t size) {
+                              ChunkAllocator::Access access = ChunkAllocator::Access::kOutside;
+                              if (offset < own) {
+                                if (size <= own - offset)
+                                  access = chunks_.Check(offset, size, pool);
+                              } else if (mirror_ != nullptr) {
+                                access = mirror_->Check(offset - own, size, pool);
+                              }
+                              if (access == ChunkAllocator::Access::kOtherPool) denied_ = offset;
+                              return access == ChunkAllocator::Access::kOk;
                             },
                             options_.id};
   // Always collected: waiters of a changed word are attempted again; only a replicated server
@@ -653,16 +720,32 @@ memory_ops::Region MemoryServer::Impl::BatchRegion() {
   return region;
 }
 
+Status MemoryServer::Impl::PoolRefused(uint32_t pool, const std::string& pool_name,
+                                       const std::string& what) {
+  ++pool_refused_;
+  const std::string who = pool == 0 ? "the default pool" : "pool '" + pool_name + "'";
+  if (!denied_)
+    return Status::PermissionDenied(Name() + ": permission denied: " + who + ": " + what);
+  const uint64_t at = *denied_;
+  denied_.reset();
+  return Status::PermissionDenied(Name() + ": permission denied: " + who +
+                                  " may not touch offset " + std::to_string(at) +
+                                  ": another pool's memory (" + what + ")");
+}
+
 Result<std::vector<std::byte>> MemoryServer::Impl::ExecuteBatch(uint64_t id,
                                                                 const wire::BatchRequest& request,
                                                                 std::span<const std::byte> ops,
                                                                 const transport::Peer* from) {
   FARPOOL_RETURN_IF_ERROR(MayChange());  // before anything is executed
   FARPOOL_RETURN_IF_ERROR(MayServe());
-  const memory_ops::Region region = BatchRegion();
+  const uint32_t pool = from != nullptr ? from->pool : 0;
+  const memory_ops::Region region = BatchRegion(pool);
   const size_t before = changed_.size();
+  denied_.reset();
   auto execution = memory_ops::Execution::Check(request.op_count, ops, region);
   if (!execution.ok()) {
+    if (denied_) return PoolRefused(from, execution.status().message());
     ++rejected_;
     return execution.status().WithContext(Name());
   }
@@ -672,13 +755,23 @@ Result<std::vector<std::byte>> MemoryServer::Impl::ExecuteBatch(uint64_t id,
                         (of == waiters_of_.end() || of->second < kMaxWaitersPerConnection);
   const bool done = execution->Run(
       region, may_wait ? memory_ops::Execution::Wait::kMay : memory_ops::Execution::Wait::kNever);
+  // A lookup that led into another pool's chunk answered "out of bounds" without reading it.
+  if (denied_) (void)PoolRefused(from, "a lookup followed a pointer");
   const bool changed = changed_.size() > before;
   if (changed) {
     WakeChanged({changed_.begin() + static_cast<ptrdiff_t>(before), changed_.end()});
   }
   KeepChanges(before);
   if (!done) {
-    Waiter w{std::move(*execution),         id, request.op_count, from->id, from->tag, 0, {},
+    Waiter w{std::move(*execution),
+             id,
+             request.op_count,
+             from->id,
+             from->tag,
+             from->pool,
+             from->pool_name,
+             0,
+             {},
              changed && options_.replicated};
     Park(std::move(w));
     return std::vector<std::byte>{};  // answered later
@@ -739,13 +832,17 @@ void MemoryServer::Impl::Attempt(uint64_t number, bool expire,
                                  std::vector<memory_ops::Range>* woken) {
   Waiter& w = waiters_.at(number);
   if (IsEvicted(w.tag)) return Forget(number);  // its connections are closed or refused
-  const memory_ops::Region region = BatchRegion();
+  const memory_ops::Region region = BatchRegion(w.pool);
   Status may = fenced_ ? *fenced_ : MayServe();
+  denied_.reset();
   if (may.ok()) may = w.execution.Recheck(region).WithContext(Name());
+  // Its chunk released while it waited and leased to another pool since.
+  if (denied_) may = PoolRefused(w.pool, w.pool_name, may.message());
   if (!may.ok()) return Answer(number, wire::EncodeError(w.request_id, may), false);
   const size_t before = changed_.size();
   const bool done = w.execution.Run(region, expire ? memory_ops::Execution::Wait::kExpireCurrent
                                                    : memory_ops::Execution::Wait::kMay);
+  if (denied_) (void)PoolRefused(w.pool, w.pool_name, "a lookup followed a pointer");
   const bool changed = changed_.size() > before;
   if (changed)
     woken->insert(woken->end(), changed_.begin() + static_cast<ptrdiff_t>(before), changed_.end());

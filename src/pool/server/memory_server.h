@@ -28,6 +28,14 @@
 // a secret the server authenticates nobody and serves every connection (in-process tests,
 // single-user development); `farpool cluster up` always gives its servers one.
 //
+// Pools (docs/pool.md "Pools"): a connection that authenticated for a pool (transport::Peer::
+// pool) is that pool's client: every lease it takes is the pool's, its hello reply carries no
+// remote key and no pin (it may not map), the pool's root area (one chunk, leased at the pool's
+// first hello) and kHelloPoolClient; every batch operation, release and eviction it sends must
+// touch only the pool's leases (the default pool's: its leases and the region's root area),
+// else it is refused with PermissionDenied naming the pool and the offset, executed not at all,
+// and counted in StatsReply::pool_refused. Only the default pool names backups.
+//
 // Replication (docs/pool.md "Replication"): with ServerOptions::mirror_of the region is twice
 // the donation: after the server's own part, a mirror of that server's region
 // (pool/server/mirror.h) that takes its forwards on a port of its own. With

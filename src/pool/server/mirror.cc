@@ -48,21 +48,26 @@ bool Mirror::promoted() const {
   return promoted_;
 }
 
-bool Mirror::Covers(uint64_t offset, uint64_t size) const {
+ChunkAllocator::Access Mirror::Check(uint64_t offset, uint64_t size, uint32_t owner) const {
   std::lock_guard lock(mu_);
-  return promoted_ && book_.Covers(offset, size);
+  return promoted_ ? book_.Check(offset, size, owner) : ChunkAllocator::Access::kOutside;
 }
 
-Result<uint64_t> Mirror::Lease(uint64_t size) {
+std::optional<uint64_t> Mirror::RootOf(uint32_t owner) const {
   std::lock_guard lock(mu_);
-  if (!promoted_) return NotPromoted();
-  return book_.Lease(size);
+  return book_.RootOf(owner);
 }
 
-Status Mirror::Release(uint64_t offset, uint64_t size) {
+Result<uint64_t> Mirror::Lease(uint64_t size, uint32_t owner) {
   std::lock_guard lock(mu_);
   if (!promoted_) return NotPromoted();
-  return book_.Release(offset, size);
+  return book_.Lease(size, owner);
+}
+
+Status Mirror::Release(uint64_t offset, uint64_t size, uint32_t owner) {
+  std::lock_guard lock(mu_);
+  if (!promoted_) return NotPromoted();
+  return book_.Release(offset, size, owner);
 }
 
 Status Mirror::NotPromoted() const {
@@ -109,6 +114,14 @@ Result<std::vector<std::byte>> Mirror::Answer(std::span<const std::byte> bytes,
   FARPOOL_ASSIGN_OR_RETURN(wire::Message m, wire::Decode(bytes));
   const uint64_t id = m.header.request_id;
   FARPOOL_RETURN_IF_ERROR(auth_.Admit(m.opcode, from));
+  // A pool's client may ask for a promotion (it found the primary gone), nothing else here:
+  // forwards and degrades are the cluster's own servers' and tools'.
+  if (from != nullptr && from->pool != 0 && m.opcode != wire::Opcode::kChallengeRequest &&
+      m.opcode != wire::Opcode::kHelloRequest && m.opcode != wire::Opcode::kPromoteRequest) {
+    return Status::PermissionDenied(name_ + ": pool '" + from->pool_name +
+                                    "': " + std::string(wire::OpcodeName(m.opcode)) +
+                                    " refused: only the cluster's own servers send it");
+  }
   switch (m.opcode) {
     case wire::Opcode::kChallengeRequest: {
       FARPOOL_ASSIGN_OR_RETURN(wire::ChallengeReply r,
@@ -117,9 +130,7 @@ Result<std::vector<std::byte>> Mirror::Answer(std::span<const std::byte> bytes,
     }
     case wire::Opcode::kHelloRequest: {
       wire::HelloReply r{};
-      if (auth_.NeedsProof(from)) {
-        FARPOOL_RETURN_IF_ERROR(auth_.Authenticate(m.As<wire::HelloRequest>(), from, r));
-      }
+      FARPOOL_RETURN_IF_ERROR(auth_.Hello(m.As<wire::HelloRequest>(), from, r));
       if (from != nullptr)
         from->tag = static_cast<uint32_t>(m.As<wire::HelloRequest>().client_nonce);
       r.server_pid = static_cast<uint64_t>(getpid());
@@ -144,9 +155,11 @@ Result<std::vector<std::byte>> Mirror::Answer(std::span<const std::byte> bytes,
       const auto req = m.As<wire::MirrorLeaseRequest>();
       std::lock_guard lock(mu_);
       FARPOOL_RETURN_IF_ERROR(AdmitForward(req.primary_id, id, from));
-      FARPOOL_RETURN_IF_ERROR(
-          (req.leased ? book_.LeaseAt(req.offset, req.size) : book_.Release(req.offset, req.size))
-              .WithContext(name_));
+      FARPOOL_RETURN_IF_ERROR((req.leased != wire::kMirrorRelease
+                                   ? book_.LeaseAt(req.offset, req.size, req.owner,
+                                                   req.leased == wire::kMirrorLeaseRoot)
+                                   : book_.Release(req.offset, req.size, req.owner))
+                                  .WithContext(name_));
       return wire::Encode(id, wire::MirrorLeaseReply{0});
     }
     case wire::Opcode::kPromoteRequest: {

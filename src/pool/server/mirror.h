@@ -35,6 +35,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "farpool/fabric.h"
@@ -77,13 +78,16 @@ class Mirror : public transport::AmHandler {
   uint64_t size() const { return size_; }
 
   bool promoted() const;
-  // Whether a client may touch [offset, offset + size) of the copy (offsets in the primary's
-  // region): promoted, and inside the root area or a mirrored lease.
-  bool Covers(uint64_t offset, uint64_t size) const;
+  // Whether a client of pool `owner` may touch [offset, offset + size) of the copy (offsets in
+  // the primary's region): kOutside unless promoted, else as the mirrored book says
+  // (ChunkAllocator::Check).
+  ChunkAllocator::Access Check(uint64_t offset, uint64_t size, uint32_t owner) const;
+  // Pool `owner`'s root area in the copy, as the primary leased it.
+  std::optional<uint64_t> RootOf(uint32_t owner) const;
   // Leases and releases in the mirrored book once promoted (for clients that failed the
   // primary over): the copy has no backup of its own, so nothing is forwarded.
-  Result<uint64_t> Lease(uint64_t size);
-  Status Release(uint64_t offset, uint64_t size);
+  Result<uint64_t> Lease(uint64_t size, uint32_t owner);
+  Status Release(uint64_t offset, uint64_t size, uint32_t owner);
 
   std::vector<std::byte> Handle(std::span<const std::byte> bytes, transport::Peer* from) override;
   std::vector<std::byte> Refuse(const Status& reason) override;

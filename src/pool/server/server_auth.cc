@@ -38,8 +38,25 @@ Result<wire::ChallengeReply> ServerAuth::Challenge(const wire::ChallengeRequest&
   return reply;
 }
 
+Status ServerAuth::Hello(const wire::HelloRequest& hello, transport::Peer* from,
+                         wire::HelloReply& reply) {
+  if (NeedsProof(from)) return Authenticate(hello, from, reply);
+  if (!secret_ && hello.pool[0] != '\0') {
+    return Refused(
+        "authentication failed: this server has no cluster secret, hence no pools (the "
+        "hello names one)");
+  }
+  return Status::Ok();
+}
+
 Status ServerAuth::Authenticate(const wire::HelloRequest& hello, transport::Peer* from,
                                 wire::HelloReply& reply) {
+  const std::string pool(hello.pool, strnlen(hello.pool, sizeof(hello.pool)));
+  if (!pool.empty()) {
+    if (Status valid = transport::ValidPoolName(pool); !valid.ok()) {
+      return Refused("authentication failed: " + valid.message());
+    }
+  }
   if (!(hello.flags & wire::kHelloHasProof)) {
     return Refused(
         "authentication failed: no cluster secret: this server requires one (the client's "
@@ -54,12 +71,18 @@ Status ServerAuth::Authenticate(const wire::HelloRequest& hello, transport::Peer
   from->challenge.reset();  // one proof per challenge, right or wrong
   transport::Proof proof;
   std::memcpy(proof.data(), hello.proof, proof.size());
-  if (!secret_->Verify(proof, transport::ClusterSecret::Role::kClient, c.client, c.server)) {
-    return Refused("authentication failed: wrong cluster secret");
+  // The default pool proves with the cluster secret, a pool with the key derived from it.
+  const transport::ClusterSecret key = pool.empty() ? *secret_ : secret_->DerivePool(pool);
+  if (!key.Verify(proof, transport::ClusterSecret::Role::kClient, c.client, c.server)) {
+    return Refused(pool.empty() ? "authentication failed: wrong cluster secret"
+                                : "authentication failed: wrong credential for pool '" + pool +
+                                      "' (or no such pool in this cluster)");
   }
   from->authenticated = true;
+  from->pool = transport::PoolId(pool);
+  from->pool_name = pool;
   const transport::Proof mine =
-      secret_->Prove(transport::ClusterSecret::Role::kServer, c.client, c.server);
+      key.Prove(transport::ClusterSecret::Role::kServer, c.client, c.server);
   std::memcpy(reply.proof, mine.data(), mine.size());
   reply.flags = wire::kHelloServerProof;
   return Status::Ok();

@@ -8,6 +8,12 @@
 // ("authentication failed: ...", "not authenticated: ...") and counted. Without a secret
 // nobody is authenticated and every connection is served.
 //
+// Pools (transport/auth.h, docs/pool.md "Pools"): a hello that names a pool proves with that
+// pool's key, which the server derives from the cluster secret; the connection is then the
+// pool's (Peer::pool, Peer::pool_name) for good. A server without a secret has no pools and
+// refuses such hellos. What a pool's connection may then do is the loops' business (the
+// memory server: its pool's chunks; the mirror: only promotions).
+//
 // Thread-safety: set_name before the loops start; then any thread (each Peer is its loop's).
 #pragma once
 
@@ -37,10 +43,11 @@ class ServerAuth {
   // A fresh challenge for the connection (replacing any earlier one).
   Result<wire::ChallengeReply> Challenge(const wire::ChallengeRequest& request,
                                          transport::Peer* from);
-  // For a hello on a connection that has not authenticated (with a secret): checks its proof;
-  // Ok marks the connection authenticated and puts our proof into `reply`.
-  Status Authenticate(const wire::HelloRequest& hello, transport::Peer* from,
-                      wire::HelloReply& reply);
+  // For every hello: on a connection that has not authenticated (with a secret) checks its
+  // proof with the credential of the pool it names; Ok marks the connection authenticated (and
+  // its pool's) and puts our proof into `reply`. Later hellos of an authenticated connection
+  // pass (they cannot change its pool); without a secret, a hello that names a pool is refused.
+  Status Hello(const wire::HelloRequest& hello, transport::Peer* from, wire::HelloReply& reply);
   bool NeedsProof(const transport::Peer* from) const {
     return secret_ && (from == nullptr || !from->authenticated);
   }
@@ -48,6 +55,8 @@ class ServerAuth {
 
  private:
   Status Refused(std::string why);
+  Status Authenticate(const wire::HelloRequest& hello, transport::Peer* from,
+                      wire::HelloReply& reply);
 
   std::optional<transport::ClusterSecret> secret_;
   std::string name_;
