@@ -49,8 +49,9 @@ def test_duckdb_table_ratios_to_tmpfs_and_spilling_queries():
         rows.append({"variant": v, "query": 6, "seconds": 1.0, "status": "ok", "rep": 0,
                      "spill_written_bytes": 0, "spill_peak_bytes": 0, "answer": "ok"})
     args = argparse.Namespace(scale=1.0, memory_limit="40MB", threads=2, database="file", repeat=1,
-                              spill_threshold=1 << 20)
+                              spill_threshold=1 << 20, mount_cache="direct")
     md = duckdb_spill.table(rows, ["disk", "tmpfs", "farpool-shm"], [6, 18], args, {}, CTX, 1.0, (1, 2))
+    assert "--mount-cache direct`" in md  # the command that reproduces it names the mount's cache
     assert "| q18 | 4.00 | 2.00 | 2.40 | 2.00x | 1.20x | 50 | 40 |" in md
     assert "Queries that spill (more than 1 MiB written to the temp directory): q18." in md
     assert "1 of 1 within 1.3x of tmpfs; faster than the local disk on 1 of 1" in md
@@ -61,6 +62,7 @@ def test_pg_table_ratios():
              "cgroup_peak_bytes": 1 << 28, "cgroup_limit_hits": 3, "rep": 0}
             for s, tps in (("memory", 1000.0), ("disk", 200.0), ("farpool-shm", 850.0)) for c in (1, 16)]
     args = argparse.Namespace(limit="256MiB", scale_n=69, clients="1,16", clients_list=[1, 16], seconds=30,
-                              repeat=1, shared_buffers="32MB")
+                              repeat=1, shared_buffers="32MB", mount_cache="page")
     md = pg_beyond_memory.table(rows, ["memory", "disk", "farpool-shm"], args, {}, CTX, 1.0, (1, 2))
+    assert "--mount-cache page`" in md
     assert "| 1 | 1,000 | 200 | 850 | 0.20x | 0.85x | 4.25x |" in md
