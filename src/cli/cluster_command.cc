@@ -23,6 +23,7 @@ struct ClusterArgs {
   std::string progress;  // empty: chosen from the cores (ChooseProgressMode)
   bool netns = false;
   int replicas = 0;
+  int mirror_slots = 1;
   std::string delay;
   std::string etcd;
   bool json = false;
@@ -55,6 +56,7 @@ int Up(const ClusterArgs& a) {
   o.progress = *progress;
   o.netns = a.netns;
   o.replicas = a.replicas;
+  o.mirror_slots = a.mirror_slots;
   if (!a.delay.empty()) {
     auto d = ParseDuration(a.delay);
     if (!d.ok()) return Fail("--delay: " + d.status().message());
@@ -195,6 +197,10 @@ Command RegisterCluster(CLI::App& app) {
   up->add_option("--replicas", args->replicas,
                  "Backups of every byte: 0 (default) or 1 (each server's region mirrored on the "
                  "next server, which takes it over when it dies; twice the memory)");
+  up->add_option("--mirror-slots", args->mirror_slots,
+                 "With --replicas 1: copies each server can keep (default 1, the ring's); each "
+                 "adds --memory to every server. More give re-replication room to restore two "
+                 "copies after a failure (docs/pool.md, Re-replication)");
   up->add_option("--delay", args->delay, "One-way link delay with --netns, e.g. 20us");
   up->add_option("--etcd", args->etcd,
                  "Join this etcd (http://HOST:PORT,...) for the cluster's map and membership; "

@@ -257,7 +257,7 @@ void TearDownEtcd(const std::string& dir, const EtcdConfig& etcd) {
 
 // The map of a freshly started cluster: every server serves its own region, backed up by its
 // ring successor when replicated.
-coord::ClusterMap InitialMap(const ClusterConfig& config) {
+coord::ClusterMap InitialMap(const ClusterConfig& config, int mirror_slots) {
   coord::ClusterMap map;
   map.epoch = 1;
   map.replicas = config.replicas;
@@ -269,6 +269,7 @@ coord::ClusterMap InitialMap(const ClusterConfig& config) {
     m.memory = s.memory;
     m.served_by = s.id;
     m.backup = config.replicas > 0 ? config.servers[config.BackupOf(i)].id : -1;
+    m.slots = config.replicas > 0 ? static_cast<uint32_t>(mirror_slots) : 0;
     map.servers.push_back(m);
   }
   return map;
@@ -296,6 +297,11 @@ Status ClusterUp(const LocalClusterOptions& o) {
                                    ": 0, or 1 with at least 2 servers (more copies are not built "
                                    "yet)");
   }
+  if (replicas > 0 && (o.mirror_slots < 1 || o.mirror_slots > 64)) {
+    return Status::InvalidArgument("--mirror-slots " + std::to_string(o.mirror_slots) +
+                                   ": from 1 to 64 with --replicas 1");
+  }
+  const int slots = replicas > 0 ? o.mirror_slots : 0;
   if (o.delay.count() > 0 && !o.netns) {
     return Status::InvalidArgument(
         "--delay needs --netns (the delay is put on each server's link)");
@@ -304,12 +310,14 @@ Status ClusterUp(const LocalClusterOptions& o) {
   // segment before mapping it): refuse up front what the host cannot give, instead of letting
   // the servers eat the machine's memory until the OOM killer steps in.
   uint64_t total = 0;
-  if (__builtin_mul_overflow(o.memory, static_cast<uint64_t>(o.servers) * (1 + replicas), &total)) {
+  if (__builtin_mul_overflow(o.memory, static_cast<uint64_t>(o.servers) * (1 + slots), &total)) {
     total = ~0ull;
   }
   FARPOOL_RETURN_IF_ERROR(CheckFitsInAvailableMemory(
-      total, "--servers " + std::to_string(o.servers) + " x --memory " + FormatSize(o.memory) +
-                 (replicas > 0 ? " x 2 copies" : "") + " (" + FormatSize(total) + " in all)"));
+      total,
+      "--servers " + std::to_string(o.servers) + " x --memory " + FormatSize(o.memory) +
+          (slots > 0 ? " x " + std::to_string(1 + slots) + " (own part and mirror slots)" : "") +
+          " (" + FormatSize(total) + " in all)"));
   std::error_code ec;
   fs::create_directories(o.dir, ec);
   if (ec) return Status::IoError("cannot create " + o.dir + ": " + ec.message());
@@ -384,7 +392,8 @@ Status ClusterUp(const LocalClusterOptions& o) {
                              "--etcd-prefix", config.etcd.prefix});
     if (replicas > 0) {
       const int primary = (i + o.servers - 1) % o.servers;  // the one whose backup i is
-      argv.insert(argv.end(), {"--mirror-of", std::to_string(primary), "--replicated"});
+      argv.insert(argv.end(), {"--mirror-of", std::to_string(primary), "--replicated",
+                               "--mirror-slots", std::to_string(slots)});
     }
     pid_t pid = SpawnDetached(argv, log, o.die_with_parent);
     if (pid < 0) return fail(Status::IoError(std::string("fork: ") + strerror(errno)));
@@ -412,8 +421,8 @@ Status ClusterUp(const LocalClusterOptions& o) {
   {
     auto client = coord::EtcdClient::Create({config.etcd.endpoints});
     if (!client.ok()) return fail(client.status());
-    auto put =
-        (*client)->Put(coord::MapKeys{config.etcd.prefix}.Map(), InitialMap(config).ToJson());
+    auto put = (*client)->Put(coord::MapKeys{config.etcd.prefix}.Map(),
+                              InitialMap(config, slots).ToJson());
     if (!put.ok()) return fail(put.status().WithContext("writing the cluster map to etcd"));
   }
   {

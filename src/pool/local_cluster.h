@@ -48,6 +48,10 @@ struct LocalClusterOptions {
   // Backups of every byte: 0 or 1 (ClusterConfig::replicas). Not yet 1 by default: over shared
   // memory a replicated cluster sends every change as a message (docs/pool.md, Replication).
   int replicas = 0;
+  // With replicas: each server's mirror slots (ServerOptions::mirror_slots), each as large as
+  // --memory. Slot 0 keeps the ring predecessor's copy; more give re-replication room to
+  // restore a backup after a failure (docs/pool.md "Re-replication").
+  int mirror_slots = 1;
   std::chrono::nanoseconds delay{0};  // requires netns
   std::string binary;                 // path of the farpool executable
   std::chrono::seconds start_timeout{30};

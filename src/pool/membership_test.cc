@@ -20,6 +20,7 @@
 #include "coord/etcd_client.h"
 #include "coord/etcd_process.h"
 #include "farpool/pool.h"
+#include "pool/server/memory_server.h"
 #include "pool/test_cluster.h"
 
 namespace farpool {
@@ -439,6 +440,115 @@ TEST(CoordinatorFailover, AnotherCoordinatorIsElectedAndHandlesLaterFailures) {
   view = ClusterEtcdStatus(cluster.dir()).value();
   EXPECT_EQ(view.map.epoch, 3);
   EXPECT_EQ(view.map.Find(victim)->served_by, (victim + 1) % kServers);
+}
+
+// Re-replication (docs/pool.md "Re-replication"), servers in network namespaces over TCP, two
+// mirror slots each: SIGKILL of a primary under a writing client; the coordinator fails it
+// over, then restores a backup for the region that lost its own (its server copies it to a
+// free slot while the client writes on); then SIGKILL of that region's server: the new backup
+// takes it over and no acknowledged write, nor the bytes written before, is lost.
+TEST(ReReplication, ARegionThatLostItsBackupGetsANewOneThatLaterTakesItOver) {
+  constexpr int kServers = 3;
+  LocalClusterOptions o = Options(kServers, 1, /*netns=*/true);
+  o.mirror_slots = 2;
+  TestCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  FailoverSetup setup;
+  ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
+  // A pattern of several slices' worth on every server, written before any failure.
+  constexpr uint64_t kBig = 3 * kCopySlice;
+  std::vector<GlobalAddress> big;
+  std::vector<std::vector<uint8_t>> pattern;
+  for (int s = 0; s < kServers; ++s) {
+    auto a = setup.pool->Alloc(kBig, Placement::OnServer(static_cast<uint16_t>(s)));
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    big.push_back(*a);
+    std::vector<uint8_t> bytes(kBig);
+    for (uint64_t i = 0; i < kBig; ++i) bytes[i] = static_cast<uint8_t>(i * 7 + s * 13 + i / 4096);
+    ASSERT_TRUE(setup.pool->Write(*a, bytes.data(), kBig).ok());
+    pattern.push_back(std::move(bytes));
+  }
+  const int coordinator = Coordinator(cluster.dir());
+  ASSERT_GE(coordinator, 0) << "no coordinator elected";
+  // Neither victim is the coordinator: `first`'s region goes to `keeper` (slot 0), `second`
+  // loses its backup (`first`) and gets `keeper`'s free slot 1.
+  const int keeper = coordinator;
+  const int first = (keeper + 2) % kServers;
+  const int second = (keeper + 1) % kServers;
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  Writer writer(*setup.pool, setup.objects);
+  ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[first].pid), SIGKILL), 0);
+  EtcdView view = WaitForView(cluster.dir(), [&](const EtcdView& v) {
+    return v.map.Find(second) != nullptr && v.map.Find(second)->backup >= 0 &&
+           v.map.Find(first)->served_by != first;
+  });
+  EXPECT_EQ(view.map.epoch, 3) << "failover, then re-replication";
+  EXPECT_EQ(view.map.Find(first)->served_by, keeper);
+  EXPECT_EQ(view.map.Find(first)->served_slot, 0);
+  EXPECT_EQ(view.map.Find(second)->backup, keeper) << "the only live server with a free slot";
+  EXPECT_EQ(view.map.Find(second)->backup_slot, 1);
+  EXPECT_EQ(view.map.Find(keeper)->backup, second) << "unchanged";
+  for (const coord::MapServer& m : view.map.servers) {
+    if (m.served_by == m.id && m.id != first) {
+      EXPECT_GE(m.backup, 0) << "server " << m.id << "'s region has one copy";
+    }
+  }
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(20)) << "writes stopped after re-replication";
+
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[second].pid), SIGKILL), 0);
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failover";
+  writer.Stop();
+  writer.CheckIntact();
+  for (int s = 0; s < kServers; ++s) {
+    std::vector<uint8_t> got(kBig);
+    ASSERT_TRUE(setup.pool->Read(big[s], got.data(), kBig).ok()) << "server " << s;
+    EXPECT_TRUE(got == pattern[s]) << "server " << s << "'s pattern changed";
+  }
+  view = ClusterEtcdStatus(cluster.dir()).value();
+  EXPECT_EQ(view.map.epoch, 4);
+  EXPECT_EQ(view.map.Find(second)->served_by, keeper);
+  EXPECT_EQ(view.map.Find(second)->served_slot, 1);
+  EXPECT_EQ(view.map.Find(keeper)->backup, -1) << "its backup was `second`";
+  const std::string log =
+      FileTail(cluster.dir() + "/server-" + std::to_string(second) + ".log", 4000);
+  EXPECT_NE(log.find("two copies again"), std::string::npos) << log;
+}
+
+// Without a free mirror slot (one slot each, the default) nothing is re-replicated: the map
+// keeps the region with one copy, and the coordinator says why.
+TEST(ReReplication, WithoutAFreeSlotTheRegionKeepsOneCopy) {
+  constexpr int kServers = 3;
+  TestCluster cluster(Options(kServers, 1));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  FailoverSetup setup;
+  ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
+  const int coordinator = Coordinator(cluster.dir());
+  ASSERT_GE(coordinator, 0) << "no coordinator elected";
+  const int first = (coordinator + 2) % kServers;
+  const int second = (coordinator + 1) % kServers;
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  Writer writer(*setup.pool, setup.objects);
+  ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[first].pid), SIGKILL), 0);
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failover";
+  const std::string coordinator_log =
+      cluster.dir() + "/server-" + std::to_string(coordinator) + ".log";
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (FileTail(coordinator_log, 4000).find("no live server has a free mirror slot") ==
+             std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_NE(FileTail(coordinator_log, 4000).find("no live server has a free mirror slot"),
+            std::string::npos);
+  writer.Stop();
+  writer.CheckIntact();
+  EtcdView view = ClusterEtcdStatus(cluster.dir()).value();
+  EXPECT_EQ(view.map.epoch, 2) << "the failover only";
+  EXPECT_EQ(view.map.Find(second)->backup, -1);
 }
 
 // Fencing by epoch: a server that finds in the map that its region is served by another (as

@@ -13,6 +13,14 @@
 // backup, no backup left for either region, epoch + 1 — by a txn on the map's mod_revision, and
 // deletes the suspicion. Clients follow the epoch (pool.cc, Pool's monitor).
 //
+// Re-replication (docs/pool.md "Re-replication"): in a round without a failover, every region
+// that its own server serves with no backup (its backup failed) gets one where a live server
+// has a free mirror slot (MapServer::slots minus ClusterMap::SlotsInUse): the coordinator
+// names that server and slot to the region's server (BackupRequest on its main port), which
+// copies the region in slices while it serves; each tick asks again, and once the answer says
+// the copy is complete the map records the backup (epoch + 1) by a txn as above. A target that
+// dies meanwhile is replaced by another at the next tick (the server gives the old copy up).
+//
 // Safety does not rest on the coordinator's judgement: the backup promotes only when its
 // primary's connection has closed or the primary's serving lease from it has lapsed
 // (pool/server/mirror.h), and answers "not yet" (Aborted) otherwise; the coordinator then
@@ -23,10 +31,14 @@
 // Thread-safety: Tick from one thread (the membership thread).
 #pragma once
 
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "coord/cluster_map.h"
 #include "coord/etcd_client.h"
@@ -49,11 +61,27 @@ class Coordinator {
   // Promote + Degrade; OK, Aborted ("not yet") or the failure.
   // `mirror_ports`: by server id, from the alive keys.
   Status FailOver(const std::map<uint16_t, uint16_t>& mirror_ports, const coord::MapServer& dead,
-                  const coord::MapServer& backup, const coord::MapServer* predecessor);
+                  const coord::MapServer& backup,
+                  const std::vector<const coord::MapServer*>& predecessors);
+  // One round of re-replication (see the header); whether the map changed.
+  bool ReReplicate(coord::EtcdClient& etcd, const coord::MapKeys& keys,
+                   const coord::ClusterMap& map, int64_t map_revision,
+                   const std::set<uint16_t>& alive, const std::set<uint16_t>& suspected);
+  // A BackupRequest naming `target`'s `slot` to `primary`: the bytes it has left to copy.
+  Result<uint64_t> AskBackup(const coord::MapServer& primary, const coord::MapServer& target,
+                             int slot);
+  void LogOnce(const std::string& message) {
+    if (message == last_error_) return;
+    last_error_ = message;
+    std::printf("farpool coordinator %u: %s\n", self_, message.c_str());
+    std::fflush(stdout);
+  }
 
   const uint16_t self_;
   std::optional<transport::ClusterSecret> secret_;
   std::string last_error_;  // not repeated in the log every tick
+  // Re-replications under way: region -> (target server, slot).
+  std::map<uint16_t, std::pair<uint16_t, int>> copying_;
 };
 
 }  // namespace farpool

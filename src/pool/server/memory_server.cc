@@ -114,6 +114,10 @@ class MemoryServer::Impl : public transport::AmHandler {
   void Fence(const Status& why);
   // Stops forwarding: the backup was declared gone (DegradeRequest).
   void Degrade();
+  // Re-replication: the next slice of the copy to a new backup (see the header).
+  void CopySlice();
+  // Gives the copy up (the new backup failed): one copy, as before it began.
+  void AbandonCopy(const Status& why);
   Result<wire::BackupReply> ConfigureBackup(const wire::BackupRequest& request);
   // The reply, or empty if the batch waits (answered later through TakeLate).
   Result<std::vector<std::byte>> ExecuteBatch(uint64_t id, const wire::BatchRequest& request,
@@ -176,13 +180,21 @@ class MemoryServer::Impl : public transport::AmHandler {
   uint16_t port_ = 0;
   ChunkAllocator chunks_;
   std::unique_ptr<ServerAuth> auth_;
-  std::unique_ptr<Mirror> mirror_;  // this server mirrors another (ServerOptions::mirror_of)
+  std::unique_ptr<Mirror> mirror_;  // this server's mirror slots (ServerOptions::mirror_slots)
   // Replication, as a primary: the link to the backup (none before a BackupRequest, or after
   // a DegradeRequest: `degraded_`), why this server refuses everything (its backup fenced it),
   // and this round's changes and which of its replies wait for them (request ids by position;
   // 0: the reply promises nothing).
   std::unique_ptr<BackupLink> backup_;
   bool degraded_ = false;
+  // Re-replication: while the region is copied to a new backup, the next offset to copy and
+  // whether the lease book went.
+  struct Copy {
+    uint64_t next = 0;
+    bool book_sent = false;
+    Clock::time_point started = Clock::now();
+  };
+  std::optional<Copy> copy_;
   // A DegradeRequest's backup id, set on the mirror's loop (-1: none).
   std::atomic<int> backup_gone_{-1};
   // When the backup last acknowledged a forward or renewal (the primary's serving lease).
@@ -231,10 +243,13 @@ Status MemoryServer::Impl::Init() {
   }
   // The region is committed at start (UCX writes every page of a shared-memory segment before
   // mapping it): a size the host cannot give would take its memory until the OOM killer acts.
-  const uint64_t region_size = chunks_.region_size() * (options_.mirror_of ? 2 : 1);
+  const uint32_t slots = std::max(options_.mirror_slots, options_.mirror_of ? 1u : 0u);
+  const uint64_t region_size = chunks_.region_size() * (1 + slots);
   FARPOOL_RETURN_IF_ERROR(CheckFitsInAvailableMemory(
       region_size, "--memory " + FormatSize(options_.memory) +
-                       (options_.mirror_of ? " (twice: the server's own and the mirror)" : "")));
+                       (slots > 0 ? " (" + std::to_string(1 + slots) +
+                                        " times: the server's own and its mirror slots)"
+                                  : "")));
   transport::AmServerOptions ao;
   ao.host = options_.host;
   ao.port = options_.port;
@@ -255,14 +270,14 @@ Status MemoryServer::Impl::Init() {
   port_ = am_->port();
   region_ = am_->region();
   auth_->set_name(Name());
-  if (options_.mirror_of) {
-    if (*options_.mirror_of == options_.id) {
+  if (slots > 0) {
+    if (options_.mirror_of == options_.id) {
       return Status::InvalidArgument("a server cannot mirror itself (--mirror-of " +
                                      std::to_string(options_.id) + ")");
     }
-    mirror_ = std::make_unique<Mirror>(*options_.mirror_of, region_->data() + chunks_.region_size(),
-                                       chunks_.region_size(), chunks_.chunk_size(), *auth_,
-                                       [this](uint16_t backup) { backup_gone_.store(backup); });
+    mirror_ = std::make_unique<Mirror>(
+        options_.mirror_of, slots, region_->data() + chunks_.region_size(), chunks_.region_size(),
+        chunks_.chunk_size(), *auth_, [this](uint16_t backup) { backup_gone_.store(backup); });
     FARPOOL_RETURN_IF_ERROR(mirror_->Start(options_.host, options_.fabric, Name()));
   }
   auto boot = BootId();
@@ -437,7 +452,7 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
       r.region_size = chunks_.region_size();
       r.chunk_size = chunks_.chunk_size();
       r.server_pid = static_cast<uint64_t>(getpid());
-      r.mirror_of = mirror_ ? mirror_->primary_id() : wire::kNoMirror;
+      r.mirror_of = mirror_ ? mirror_->first_primary() : wire::kNoMirror;
       r.mirror_port = mirror_ ? mirror_->port() : 0;
       r.mirror_offset = mirror_ ? chunks_.region_size() : 0;
       return wire::Encode(id, r, region_->packed_rkey());
@@ -447,7 +462,8 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
       auto req = m.As<wire::LeaseRequest>();
       if (req.mirror != 0) {
         if (!mirror_) return Status::InvalidArgument(Name() + ": it mirrors no server");
-        auto offset = mirror_->Lease(req.size);
+        if (req.mirror > 0xffff) return Status::InvalidArgument(Name() + ": no such server");
+        auto offset = mirror_->Lease(static_cast<uint16_t>(req.mirror - 1), req.size);
         if (!offset.ok()) return offset.status().WithContext(Name() + ": lease refused");
         return wire::Encode(id, wire::LeaseReply{*offset, req.size});
       }
@@ -462,7 +478,10 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
       auto req = m.As<wire::ReleaseRequest>();
       if (req.mirror != 0) {
         if (!mirror_) return Status::InvalidArgument(Name() + ": it mirrors no server");
-        FARPOOL_RETURN_IF_ERROR(mirror_->Release(req.offset, req.size).WithContext(Name()));
+        if (req.mirror > 0xffff) return Status::InvalidArgument(Name() + ": no such server");
+        FARPOOL_RETURN_IF_ERROR(
+            mirror_->Release(static_cast<uint16_t>(req.mirror - 1), req.offset, req.size)
+                .WithContext(Name()));
         return wire::Encode(id, wire::ReleaseReply{req.size});
       }
       FARPOOL_RETURN_IF_ERROR(chunks_.Release(req.offset, req.size).WithContext(Name()));
@@ -534,11 +553,49 @@ void MemoryServer::Impl::Degrade() {
   std::fprintf(stderr, "%s: %s is gone (a client says so): one copy from now on\n", Name().c_str(),
                backup_->name().c_str());
   backup_.reset();
+  copy_.reset();
   degraded_ = true;
 }
 
+void MemoryServer::Impl::AbandonCopy(const Status& why) {
+  std::fprintf(stderr, "%s: copying its region to %s failed, one copy as before: %s\n",
+               Name().c_str(), backup_->name().c_str(), why.message().c_str());
+  backup_.reset();
+  copy_.reset();
+}
+
+void MemoryServer::Impl::CopySlice() {
+  const uint64_t size = chunks_.region_size();
+  std::vector<LeaseChange> book;
+  if (!copy_->book_sent) {
+    for (const auto& [offset, length] : chunks_.leases()) book.push_back({offset, length, true});
+  }
+  const uint64_t n = std::min(kCopySlice, size - copy_->next);
+  const memory_ops::Range slice{copy_->next, n};
+  Status sent = backup_->Forward(region_->data(), {&slice, 1}, book, [this] {
+    return backup_gone_.load() >= 0 && backup_gone_.load() == backup_->id();
+  });
+  if (!sent.ok()) return AbandonCopy(sent);
+  last_ack_ = Clock::now();
+  copy_->book_sent = true;
+  copy_->next += n;
+  if (copy_->next < size) return;
+  // With the wall clock (ms since the epoch), to line the copy up with a client's timeline.
+  std::fprintf(
+      stderr, "%s: its region (%s) is copied to %s in %lld ms (done at %lld): two copies again\n",
+      Name().c_str(), FormatSize(size).c_str(), backup_->name().c_str(),
+      static_cast<long long>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - copy_->started)
+              .count()),
+      static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 std::chrono::system_clock::now().time_since_epoch())
+                                 .count()));
+  copy_.reset();
+  degraded_ = false;
+}
+
 Status MemoryServer::Impl::MayServe() const {
-  if (backup_ == nullptr || degraded_) return Status::Ok();
+  if (backup_ == nullptr || degraded_) return Status::Ok();  // degraded_ also while copying
   const auto since = Clock::now() - last_ack_;
   if (since < kServeLease) return Status::Ok();
   return Status::Unavailable(
@@ -551,6 +608,7 @@ void MemoryServer::Impl::Tick() {
   if (backup_gone_.load() >= 0 && backup_ != nullptr && backup_gone_.load() == backup_->id()) {
     Degrade();
   }
+  if (copy_ && backup_ != nullptr) return CopySlice();  // renews too
   if (backup_ == nullptr || Clock::now() - last_ack_ < kServeLease / 4) return;
   // Renew: an empty forward. A backup that refuses it has taken over: fenced.
   Status renewed = backup_->Forward(region_->data(), {}, {}, [this] {
@@ -589,29 +647,47 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(const wire::Backup
   if (request.backup_id == options_.id) {
     return Status::InvalidArgument(Name() + ": cannot be its own backup");
   }
-  // The copy starts equal: nothing is leased before the backup is named, and the root area,
-  // all a client may have touched, is sent once.
-  if (chunks_.leased() > 0) {
-    return Status::InvalidArgument(Name() + ": a backup can be named only before any lease");
+  const uint64_t size = chunks_.region_size();
+  if (backup_ != nullptr && backup_->id() == request.backup_id && backup_->slot() == request.slot) {
+    return wire::BackupReply{copy_ ? size - copy_->next : 0};  // progress
+  }
+  // The copy starts equal when nothing is leased yet and nothing was acknowledged with one copy:
+  // the root area, all a client may have touched, is sent once. Otherwise the region is copied.
+  const bool fresh = chunks_.leased() == 0 && !degraded_;
+  if (backup_ != nullptr && (fresh || !degraded_)) {
+    return Status::InvalidArgument(Name() + ": it forwards to " + backup_->name() +
+                                   " already; a new backup is named only once that one is "
+                                   "declared gone (DegradeRequest)");
   }
   const std::string host(request.host, strnlen(request.host, sizeof(request.host)));
-  FARPOOL_ASSIGN_OR_RETURN(std::unique_ptr<BackupLink> link,
-                           BackupLink::Connect({request.backup_id, host, request.port}, options_.id,
-                                               chunks_.region_size(), auth_->secret(),
-                                               options_.fabric, options_.backup_timeout));
-  FARPOOL_RETURN_IF_ERROR(
-      link->Forward(region_->data(), {{memory_ops::Range{0, wire::kRootAreaSize}}}, {}, nullptr));
-  backup_ = std::move(link);
+  FARPOOL_ASSIGN_OR_RETURN(
+      std::unique_ptr<BackupLink> link,
+      BackupLink::Connect({request.backup_id, host, request.port, request.slot}, options_.id, size,
+                          auth_->secret(), options_.fabric, options_.backup_timeout));
+  // A copy under way to another backup (which the map never named) is given up for this one.
+  if (backup_ != nullptr) AbandonCopy(Status::Aborted("a new backup was named"));
+  backup_gone_.store(-1);
   last_ack_ = Clock::now();
-  degraded_ = false;
-  return wire::BackupReply{0};
+  if (fresh) {
+    FARPOOL_RETURN_IF_ERROR(
+        link->Forward(region_->data(), {{memory_ops::Range{0, wire::kRootAreaSize}}}, {}, nullptr));
+    backup_ = std::move(link);
+    degraded_ = false;
+    return wire::BackupReply{0};
+  }
+  std::fprintf(stderr, "%s: copying its region (%s) to %s slot %u\n", Name().c_str(),
+               FormatSize(size).c_str(), link->name().c_str(), request.slot);
+  backup_ = std::move(link);
+  copy_ = Copy{};
+  return wire::BackupReply{size};
 }
 
 memory_ops::Region MemoryServer::Impl::BatchRegion() {
   const uint64_t own = chunks_.region_size();
   // Offsets past the server's own part address the mirror, for clients that have failed its
   // primary over to this server (only once promoted: Mirror::Covers).
-  memory_ops::Region region{region_->data(), own + (mirror_ ? mirror_->size() : 0),
+  memory_ops::Region region{region_->data(),
+                            own + (mirror_ ? mirror_->size() * mirror_->slots() : 0),
                             [this, own](uint64_t offset, uint64_t size) {
                               if (offset < own)
                                 return size <= own - offset && chunks_.Covers(offset, size);
@@ -825,6 +901,9 @@ void MemoryServer::Impl::Settle(std::span<std::vector<std::byte>> replies) {
       forwarded = Status::Ok();
     } else if (forwarded.ok()) {
       last_ack_ = Clock::now();
+    } else if (copy_) {
+      AbandonCopy(forwarded);  // the round promised one copy
+      forwarded = Status::Ok();
     }
     if (!forwarded.ok()) {
       const bool fenced = forwarded.code() == StatusCode::kPermissionDenied;

@@ -28,9 +28,10 @@
 // a secret the server authenticates nobody and serves every connection (in-process tests,
 // single-user development); `farpool cluster up` always gives its servers one.
 //
-// Replication (docs/pool.md "Replication"): with ServerOptions::mirror_of the region is twice
-// the donation: after the server's own part, a mirror of that server's region
-// (pool/server/mirror.h) that takes its forwards on a port of its own. With
+// Replication (docs/pool.md "Replication"): with ServerOptions::mirror_slots S the region is
+// 1 + S times the donation: after the server's own part, S mirror slots that hold copies of
+// other servers' regions (pool/server/mirror.h; slot 0 that of ServerOptions::mirror_of) and
+// take their forwards on a port of their own. With
 // ServerOptions::replicated, every request that changes the region or the leases is refused
 // until a BackupRequest names the backup; from then on (pool/server/backup_link.h) the changes
 // of each round of requests go to the backup before any of their replies does (AmHandler::
@@ -38,6 +39,17 @@
 // server refuse every later request (and call ServerOptions::on_fenced); one that does not
 // answer fails that round's changes
 // (applied here, not acknowledged) until a DegradeRequest says the backup is gone.
+//
+// Re-replication (docs/pool.md "Re-replication"): a BackupRequest that names a backup after
+// leases exist (the server has run with one copy since its backup was declared gone) attaches
+// the new backup's slot and copies the region and the lease book to it in slices of
+// kCopySlice bytes, one slice per AmHandler tick, on the progress thread, which meanwhile
+// serves and forwards every change to the new backup as well: the same thread sends both, so a
+// slice (the bytes as they are when it is sent) never overtakes a later change. Until the copy
+// is complete the server promises one copy (the map's): a round whose forward to the copying
+// backup fails is acknowledged, and the copy abandoned. Repeating the BackupRequest reports the
+// bytes left (BackupReply::remaining); 0 once complete, from which on the backup is the full
+// guarantee (the coordinator writes it into the map then).
 //
 // Waiting compare-and-swaps (memory_ops kWaitCompareAndSwap; docs/pool.md "Waiting
 // compare-and-swap"): a batch whose wait-compare-and-swap finds its word held stops there and
@@ -91,6 +103,8 @@ struct ServerOptions {
   // server's changes must reach a backup before they are acknowledged; how long it waits.
   std::optional<uint16_t> mirror_of;
   bool replicated = false;
+  // Mirror slots, each as large as the server's own part (at least 1 with mirror_of).
+  uint32_t mirror_slots = 0;
   // At most the serving lease (pool/server/mirror.h), and well below the clients' failure
   // timeout: the loop serves nothing while it waits, and a primary that blocked longer for an
   // unreachable backup would be declared dead itself by its clients' heartbeats.
@@ -110,6 +124,8 @@ inline constexpr size_t kMaxEvictedTags = 1 << 16;
 inline constexpr std::chrono::microseconds kRecheckPeriod{250};
 inline constexpr size_t kMaxWaiters = 4096;
 inline constexpr uint32_t kMaxWaitersPerConnection = 16;
+// Re-replication: the bytes of the region copied to a new backup per tick.
+inline constexpr uint64_t kCopySlice = 2ull << 20;
 
 // Private resident memory (RssAnon) of this process, in bytes; 0 if unknown.
 uint64_t PrivateResidentBytes();
@@ -123,7 +139,7 @@ class MemoryServer {
 
   // The port actually listened on.
   uint16_t port() const { return port_; }
-  // The port of its mirror's loop (HelloReply::mirror_port); 0 without ServerOptions::mirror_of.
+  // The port of its mirror's loop (HelloReply::mirror_port); 0 without mirror slots.
   uint16_t mirror_port() const { return mirror_port_; }
   const ServerOptions& options() const { return options_; }
   // Stops serving: joins the progress thread and closes connections. Idempotent.
