@@ -88,6 +88,35 @@ int Up(const ClusterArgs& a) {
   return 0;
 }
 
+int Add(const ClusterArgs& a, bool memory_given) {
+  auto config = ClusterConfig::Load(ClusterFile(a.dir));
+  if (!config.ok()) return Fail("cluster add: " + config.status().message());
+  LocalClusterOptions o;
+  o.dir = a.dir;
+  if (memory_given) {
+    auto memory = ParseSize(a.memory);
+    if (!memory.ok()) return Fail("--memory: " + memory.status().message());
+    o.memory = *memory;
+  } else if (!config->servers.empty()) {
+    o.memory = config->servers[0].memory;  // as the others: it can keep their copies
+  }
+  auto chunk = ParseSize(a.chunk_size);
+  if (!chunk.ok()) return Fail("--chunk-size: " + chunk.status().message());
+  o.chunk_size = *chunk;
+  std::string progress_name;
+  auto progress =
+      ChooseProgressMode(a.progress, static_cast<int>(config->servers.size()) + 1, &progress_name);
+  if (!progress.ok()) return Fail("--progress: " + progress.status().message());
+  o.progress = *progress;
+  o.mirror_slots = a.mirror_slots;
+  o.binary = SelfBinary();
+  auto id = ClusterAdd(o);
+  if (!id.ok()) return Fail("cluster add: " + id.status().message());
+  std::printf("cluster add: server %u (%s) joined the cluster in %s\n", *id,
+              FormatSize(o.memory).c_str(), ClusterFile(a.dir).c_str());
+  return 0;
+}
+
 int ShowStatus(const ClusterArgs& a) {
   auto status = ClusterStatus(a.dir);
   if (!status.ok()) return Fail("cluster status: " + status.status().message());
@@ -205,16 +234,26 @@ Command RegisterCluster(CLI::App& app) {
   up->add_option("--etcd", args->etcd,
                  "Join this etcd (http://HOST:PORT,...) for the cluster's map and membership; "
                  "default: start a one-member etcd of the cluster's own");
+  CLI::App* add = sub->add_subcommand(
+      "add", "Start one more server for a running cluster: it joins the map and takes new chunks");
+  add->add_option("--dir", args->dir, "Cluster directory")->required();
+  CLI::Option* add_memory =
+      add->add_option("--memory", args->memory, "Memory of the new server (default: server 0's)");
+  add->add_option("--chunk-size", args->chunk_size, "Lease granularity");
+  add->add_option("--progress", args->progress, "The server's progress: busy or event");
+  add->add_option("--mirror-slots", args->mirror_slots,
+                  "Replicated clusters: copies of other regions it can keep (default 1)");
   CLI::App* status = sub->add_subcommand("status", "Show every server's state");
   status->add_option("--dir", args->dir, "Cluster directory")->required();
   status->add_flag("--json", args->json, "Print JSON");
   CLI::App* down = sub->add_subcommand("down", "Stop every server of the cluster");
   down->add_option("--dir", args->dir, "Cluster directory")->required();
-  return {sub, [args, up, status, down] {
+  return {sub, [args, up, add, add_memory, status, down] {
             if (up->parsed()) return Up(*args);
+            if (add->parsed()) return Add(*args, add_memory->count() > 0);
             if (status->parsed()) return ShowStatus(*args);
             if (down->parsed()) return Down(*args);
-            return Fail("cluster: expected up, status or down");
+            return Fail("cluster: expected up, add, status or down");
           }};
 }
 

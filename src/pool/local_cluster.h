@@ -64,6 +64,16 @@ struct LocalClusterOptions {
 };
 
 Status ClusterUp(const LocalClusterOptions& options);
+// `farpool cluster add`: starts one more server for the running cluster in options.dir (same
+// transport; in a network namespace of its own if the cluster's servers have one), with
+// options.memory, .chunk_size, .progress, .mirror_slots (replicated clusters), .binary; waits
+// until it is registered in etcd and listening, enters it into the map (epoch + 1, its own
+// region, no backup yet) and into cluster.json, and returns its id. In a replicated cluster it
+// refuses changes until the coordinator has named its backup (re-replication, where a free
+// mirror slot exists); its own slots are free for other regions. Clients that connect from
+// then on use it; Pools already connected do not (docs/pool.md "cluster add").
+// Errors: no etcd in cluster.json, the server's start (its log named); nothing is left behind.
+Result<uint16_t> ClusterAdd(const LocalClusterOptions& options);
 Status ClusterDown(const std::string& dir);
 
 struct ServerStatus {

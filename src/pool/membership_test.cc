@@ -299,6 +299,8 @@ class Writer {
     }
     return false;
   }
+  // Writes that failed (outcome unknown) so far.
+  uint64_t failures() const { return failures_.load(); }
   // Every object holds its last acknowledged value or a later one whose outcome was unknown.
   void CheckIntact() {
     std::lock_guard lock(mu_);
@@ -332,6 +334,7 @@ class Writer {
           ++log_[i].acks;
         } else {
           log_[i].unknown.push_back(value);
+          ++failures_;
         }
       }
       std::this_thread::sleep_for(2ms);
@@ -343,6 +346,7 @@ class Writer {
   std::mutex mu_;
   std::vector<Log> log_;  // guarded by mu_
   std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> failures_{0};
   std::thread thread_;
 };
 
@@ -549,6 +553,103 @@ TEST(ReReplication, WithoutAFreeSlotTheRegionKeepsOneCopy) {
   EtcdView view = ClusterEtcdStatus(cluster.dir()).value();
   EXPECT_EQ(view.map.epoch, 2) << "the failover only";
   EXPECT_EQ(view.map.Find(second)->backup, -1);
+}
+
+// `cluster add` (docs/pool.md "cluster add"), servers in network namespaces: the new server
+// gets a namespace of its own, registers, enters the map (epoch 2) and gets a backup in a free
+// slot (epoch 3); a client that connects then leases chunks on it, striped allocations land
+// there too, and when it is SIGKILLed under that client's writes its backup takes over.
+TEST(ClusterAdd, AnAddedServerJoinsGetsABackupAndTakesNewChunks) {
+  LocalClusterOptions o = Options(2, 1, /*netns=*/true);
+  o.mirror_slots = 2;
+  TestCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  LocalClusterOptions add = o;
+  add.dir = cluster.dir();
+  add.binary = FARPOOL_BINARY;
+  add.die_with_parent = true;
+  auto id = ClusterAdd(add);
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  EXPECT_EQ(*id, 2);
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  ASSERT_EQ(config->servers.size(), 3u);
+  EXPECT_FALSE(config->servers[2].netns.empty());
+  EtcdView view = WaitForView(cluster.dir(), [&](const EtcdView& v) {
+    return v.map.Find(2) != nullptr && v.map.Find(2)->backup >= 0;
+  });
+  EXPECT_EQ(view.map.epoch, 3) << "joined, then backed up";
+  EXPECT_TRUE(Contains(view.alive, 2));
+  ASSERT_NE(view.map.Find(2), nullptr);
+  EXPECT_EQ(view.map.Find(2)->served_by, 2);
+  EXPECT_EQ(view.map.Find(2)->backup_slot, 1) << "slot 0 of each holds the ring's copy";
+
+  FailoverSetup setup;
+  ASSERT_NO_FATAL_FAILURE(Connect(cluster, 3, &setup));  // one object on each, server 2's too
+  int on_new = 0;
+  for (int i = 0; i < 12; ++i) {
+    auto a = setup.pool->Alloc(4 << 20, Placement::Striped());
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    on_new += a->server() == 2;
+  }
+  EXPECT_GT(on_new, 0) << "no striped chunk on the added server";
+  Writer writer(*setup.pool, setup.objects);
+  ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[2].pid), SIGKILL), 0);
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failover";
+  writer.Stop();
+  writer.CheckIntact();
+}
+
+// Re-replication onto an added server: with one slot each there is no room after a failure;
+// `cluster add` brings a server with a free slot, the region that lost its backup is copied
+// there, and when that region's server dies too the added server takes it over.
+TEST(ClusterAdd, AnAddedServerIsWhereAStrandedRegionGetsItsBackup) {
+  constexpr int kServers = 3;
+  TestCluster cluster(Options(kServers, 1));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  const int coordinator = Coordinator(cluster.dir());
+  ASSERT_GE(coordinator, 0) << "no coordinator elected";
+  const int first = (coordinator + 2) % kServers;
+  const int second = (coordinator + 1) % kServers;  // loses its backup, `first`
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[first].pid), SIGKILL), 0);
+  EtcdView view = WaitForView(cluster.dir(), [&](const EtcdView& v) { return v.map.epoch == 2; });
+  ASSERT_EQ(view.map.Find(second)->backup, -1);
+  LocalClusterOptions add = Options(kServers, 1);
+  add.dir = cluster.dir();
+  add.binary = FARPOOL_BINARY;
+  add.die_with_parent = true;
+  auto id = ClusterAdd(add);
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  view = WaitForView(cluster.dir(),
+                     [&](const EtcdView& v) { return v.map.Find(second)->backup == *id; });
+  EXPECT_EQ(view.map.Find(second)->backup, *id);
+  EXPECT_EQ(view.map.Find(*id)->backup, -1) << "no room left for the added server's own copy";
+
+  // A client of the grown cluster writes to `second` (and the others) and sees it die.
+  FailoverSetup setup;
+  auto grown = cluster.config();
+  ASSERT_TRUE(grown.ok());
+  PoolOptions po;
+  po.op_timeout = 5000ms;
+  auto pool = Pool::Connect(*grown, po);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  setup.pool = std::move(*pool);
+  for (int s : {coordinator, second}) {
+    auto a = setup.pool->Alloc(64, Placement::OnServer(static_cast<uint16_t>(s)));
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    setup.objects.push_back(*a);
+  }
+  Writer writer(*setup.pool, setup.objects);
+  ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[second].pid), SIGKILL), 0);
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failover";
+  writer.Stop();
+  writer.CheckIntact();
+  view = ClusterEtcdStatus(cluster.dir()).value();
+  EXPECT_EQ(view.map.Find(second)->served_by, *id);
 }
 
 // Fencing by epoch: a server that finds in the map that its region is served by another (as

@@ -124,7 +124,9 @@ class MemoryServer::Impl : public transport::AmHandler {
                                               std::span<const std::byte> ops,
                                               const transport::Peer* from);
   // The region as batches see it: the server's own part and, once promoted, the mirror's.
-  memory_ops::Region BatchRegion();
+  // `own_part`: whether batches may touch the server's own part (MayChange: a replicated
+  // server without a backup yet serves only the slots it has taken over).
+  memory_ops::Region BatchRegion(bool own_part);
 
   // A batch stopped at a wait-compare-and-swap whose word was held.
   struct Waiter {
@@ -458,7 +460,6 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
       return wire::Encode(id, r, region_->packed_rkey());
     }
     case wire::Opcode::kLeaseRequest: {
-      FARPOOL_RETURN_IF_ERROR(MayChange());
       auto req = m.As<wire::LeaseRequest>();
       if (req.mirror != 0) {
         if (!mirror_) return Status::InvalidArgument(Name() + ": it mirrors no server");
@@ -467,6 +468,7 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
         if (!offset.ok()) return offset.status().WithContext(Name() + ": lease refused");
         return wire::Encode(id, wire::LeaseReply{*offset, req.size});
       }
+      FARPOOL_RETURN_IF_ERROR(MayChange());  // the own part (a promoted slot has one copy)
       auto offset = chunks_.Lease(req.size);
       if (!offset.ok()) return offset.status().WithContext(Name() + ": lease refused");
       lease_changes_.push_back({*offset, req.size, true});
@@ -474,7 +476,6 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
       return wire::Encode(id, wire::LeaseReply{*offset, req.size});
     }
     case wire::Opcode::kReleaseRequest: {
-      FARPOOL_RETURN_IF_ERROR(MayChange());
       auto req = m.As<wire::ReleaseRequest>();
       if (req.mirror != 0) {
         if (!mirror_) return Status::InvalidArgument(Name() + ": it mirrors no server");
@@ -484,6 +485,7 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
                 .WithContext(Name()));
         return wire::Encode(id, wire::ReleaseReply{req.size});
       }
+      FARPOOL_RETURN_IF_ERROR(MayChange());
       FARPOOL_RETURN_IF_ERROR(chunks_.Release(req.offset, req.size).WithContext(Name()));
       lease_changes_.push_back({req.offset, req.size, false});
       round_.back() = id;
@@ -682,18 +684,17 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(const wire::Backup
   return wire::BackupReply{size};
 }
 
-memory_ops::Region MemoryServer::Impl::BatchRegion() {
+memory_ops::Region MemoryServer::Impl::BatchRegion(bool own_part) {
   const uint64_t own = chunks_.region_size();
   // Offsets past the server's own part address the mirror, for clients that have failed its
   // primary over to this server (only once promoted: Mirror::Covers).
-  memory_ops::Region region{region_->data(),
-                            own + (mirror_ ? mirror_->size() * mirror_->slots() : 0),
-                            [this, own](uint64_t offset, uint64_t size) {
-                              if (offset < own)
-                                return size <= own - offset && chunks_.Covers(offset, size);
-                              return mirror_ != nullptr && mirror_->Covers(offset - own, size);
-                            },
-                            options_.id};
+  memory_ops::Region region{
+      region_->data(), own + (mirror_ ? mirror_->size() * mirror_->slots() : 0),
+      [this, own, own_part](uint64_t offset, uint64_t size) {
+        if (offset < own) return own_part && size <= own - offset && chunks_.Covers(offset, size);
+        return mirror_ != nullptr && mirror_->Covers(offset - own, size);
+      },
+      options_.id};
   // Always collected: waiters of a changed word are attempted again; only a replicated server
   // keeps them for its backup (KeepChanges).
   region.changed = &changed_;
@@ -704,14 +705,15 @@ Result<std::vector<std::byte>> MemoryServer::Impl::ExecuteBatch(uint64_t id,
                                                                 const wire::BatchRequest& request,
                                                                 std::span<const std::byte> ops,
                                                                 const transport::Peer* from) {
-  FARPOOL_RETURN_IF_ERROR(MayChange());  // before anything is executed
   FARPOOL_RETURN_IF_ERROR(MayServe());
-  const memory_ops::Region region = BatchRegion();
+  // Checked before anything is executed: the own part only with a backup (or degraded).
+  const Status may_change = MayChange();
+  const memory_ops::Region region = BatchRegion(may_change.ok());
   const size_t before = changed_.size();
   auto execution = memory_ops::Execution::Check(request.op_count, ops, region);
   if (!execution.ok()) {
     ++rejected_;
-    return execution.status().WithContext(Name());
+    return may_change.ok() ? execution.status().WithContext(Name()) : may_change;
   }
   // Waits only with somewhere to answer and room for one more waiter.
   auto of = from == nullptr ? waiters_of_.end() : waiters_of_.find(from->id);
@@ -786,7 +788,7 @@ void MemoryServer::Impl::Attempt(uint64_t number, bool expire,
                                  std::vector<memory_ops::Range>* woken) {
   Waiter& w = waiters_.at(number);
   if (IsEvicted(w.tag)) return Forget(number);  // its connections are closed or refused
-  const memory_ops::Region region = BatchRegion();
+  const memory_ops::Region region = BatchRegion(MayChange().ok());
   Status may = fenced_ ? *fenced_ : MayServe();
   if (may.ok()) may = w.execution.Recheck(region).WithContext(Name());
   if (!may.ok()) return Answer(number, wire::EncodeError(w.request_id, may), false);
