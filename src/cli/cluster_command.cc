@@ -24,6 +24,7 @@ struct ClusterArgs {
   bool netns = false;
   int replicas = 0;
   int mirror_slots = 1;
+  int drain_id = -1;
   std::string delay;
   std::string etcd;
   bool json = false;
@@ -114,6 +115,15 @@ int Add(const ClusterArgs& a, bool memory_given) {
   if (!id.ok()) return Fail("cluster add: " + id.status().message());
   std::printf("cluster add: server %u (%s) joined the cluster in %s\n", *id,
               FormatSize(o.memory).c_str(), ClusterFile(a.dir).c_str());
+  return 0;
+}
+
+int Drain(const ClusterArgs& a) {
+  if (a.drain_id < 0 || a.drain_id > 65535)
+    return Fail("cluster drain: ID must be from 0 to 65535");
+  Status s = ClusterDrain(a.dir, static_cast<uint16_t>(a.drain_id), std::chrono::seconds(30));
+  if (!s.ok()) return Fail("cluster drain: " + s.message());
+  std::printf("cluster drain: server %d stopped; its region is served by its backup\n", a.drain_id);
   return 0;
 }
 
@@ -243,17 +253,22 @@ Command RegisterCluster(CLI::App& app) {
   add->add_option("--progress", args->progress, "The server's progress: busy or event");
   add->add_option("--mirror-slots", args->mirror_slots,
                   "Replicated clusters: copies of other regions it can keep (default 1)");
+  CLI::App* drain = sub->add_subcommand(
+      "drain", "Move server ID's data to its backup while clients run, then stop it");
+  drain->add_option("--dir", args->dir, "Cluster directory")->required();
+  drain->add_option("ID", args->drain_id, "The server to drain")->required();
   CLI::App* status = sub->add_subcommand("status", "Show every server's state");
   status->add_option("--dir", args->dir, "Cluster directory")->required();
   status->add_flag("--json", args->json, "Print JSON");
   CLI::App* down = sub->add_subcommand("down", "Stop every server of the cluster");
   down->add_option("--dir", args->dir, "Cluster directory")->required();
-  return {sub, [args, up, add, add_memory, status, down] {
+  return {sub, [args, up, add, add_memory, drain, status, down] {
             if (up->parsed()) return Up(*args);
             if (add->parsed()) return Add(*args, add_memory->count() > 0);
+            if (drain->parsed()) return Drain(*args);
             if (status->parsed()) return ShowStatus(*args);
             if (down->parsed()) return Down(*args);
-            return Fail("cluster: expected up, add, status or down");
+            return Fail("cluster: expected up, add, drain, status or down");
           }};
 }
 

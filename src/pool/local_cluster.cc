@@ -549,6 +549,71 @@ Result<uint16_t> ClusterAdd(const LocalClusterOptions& o) {
   return id;
 }
 
+Status ClusterDrain(const std::string& dir, uint16_t id, std::chrono::milliseconds timeout) {
+  FARPOOL_ASSIGN_OR_RETURN(ClusterConfig config, ClusterConfig::Load(ClusterFile(dir)));
+  FARPOOL_ASSIGN_OR_RETURN(EtcdView view, ClusterEtcdStatus(dir));
+  const coord::ClusterMap& map = view.map;
+  const ServerAddress* server = nullptr;
+  std::string ids;
+  for (const ServerAddress& a : config.servers) {
+    if (a.id == id) server = &a;
+    ids += (ids.empty() ? "" : " ") + std::to_string(a.id);
+  }
+  const coord::MapServer* entry = map.Find(id);
+  const std::string name = "server " + std::to_string(id);
+  if (server == nullptr || entry == nullptr) {
+    return Status::InvalidArgument("no " + name + " in the cluster (servers: " + ids + ")");
+  }
+  auto alive = [&](int s) {
+    return s >= 0 && std::find(view.alive.begin(), view.alive.end(), s) != view.alive.end();
+  };
+  if (entry->served_by != id || !alive(id)) {
+    return Status::InvalidArgument(name +
+                                   " serves no region of its own (drained or failed over "
+                                   "already, or not alive): nothing to drain");
+  }
+  const bool others =
+      std::any_of(view.alive.begin(), view.alive.end(), [&](uint16_t s) { return s != id; });
+  if (!others)
+    return Status::InvalidArgument(name + " is the last server: its data has nowhere to go");
+  if (map.replicas == 0) {
+    return Status::InvalidArgument(
+        "draining a cluster without replicas (a copy to a target first) "
+        "is not built yet: start it with --replicas 1");
+  }
+  if (!alive(entry->backup)) {
+    return Status::InvalidArgument(name +
+                                   "'s region has no live backup (it runs with one copy): "
+                                   "draining it would lose the region; wait for "
+                                   "re-replication or `cluster add` room for it");
+  }
+  for (const coord::MapServer& r : map.servers) {
+    if (r.id != id && r.served_by == id) {
+      return Status::InvalidArgument(name + " serves server " + std::to_string(r.id) +
+                                     "'s region from a mirror slot, with one copy: draining it "
+                                     "would lose that region");
+    }
+  }
+  // A planned failover: the server leaves etcd (its lease revoked) and stops serving in order;
+  // the coordinator promotes its backup and moves the epoch; clients follow the map.
+  const auto deadline = Clock::now() + timeout;
+  if (kill(static_cast<pid_t>(server->pid), SIGTERM) != 0) {
+    return Status::IoError("cannot signal " + name + " (pid " + std::to_string(server->pid) +
+                           "): " + strerror(errno));
+  }
+  while (Clock::now() < deadline) {
+    auto now = ClusterEtcdStatus(dir);
+    const bool moved =
+        now.ok() && now->map.Find(id) != nullptr && now->map.Find(id)->served_by != id;
+    if (moved && !ProcessRunning(static_cast<pid_t>(server->pid))) return Status::Ok();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return Status::TimedOut(name + " was stopped, but within " + std::to_string(timeout.count()) +
+                          " ms the map did not move its region to its backup, or its process did "
+                          "not end (see " +
+                          dir + "/server-*.log)");
+}
+
 Result<std::vector<ServerStatus>> ClusterStatus(const std::string& dir) {
   FARPOOL_ASSIGN_OR_RETURN(ClusterConfig config, ClusterConfig::Load(ClusterFile(dir)));
   std::vector<ServerStatus> out;
