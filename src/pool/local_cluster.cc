@@ -206,6 +206,7 @@ Status NameBackups(const ClusterConfig& config, const transport::ClusterSecret& 
     wire::BackupRequest request{};
     request.backup_id = backup.id;
     request.port = backup.port;
+    request.region = s.id;
     if (backup.host.size() >= sizeof(request.host)) {
       return Status::InvalidArgument("host name too long: " + backup.host);
     }
@@ -588,7 +589,7 @@ Status ClusterDrain(const std::string& dir, uint16_t id, std::chrono::millisecon
                                    "re-replication or `cluster add` room for it");
   }
   for (const coord::MapServer& r : map.servers) {
-    if (r.id != id && r.served_by == id) {
+    if (r.id != id && r.served_by == id && !alive(r.backup)) {
       return Status::InvalidArgument(name + " serves server " + std::to_string(r.id) +
                                      "'s region from a mirror slot, with one copy: draining it "
                                      "would lose that region");

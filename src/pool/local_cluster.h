@@ -77,7 +77,7 @@ Result<uint16_t> ClusterAdd(const LocalClusterOptions& options);
 // `farpool cluster drain ID` (docs/pool.md "cluster drain"), replicated clusters: a planned
 // failover. Checks first, changing nothing if any fails (InvalidArgument naming why): ID is a
 // live server of the cluster serving its own region, not the last one, whose backup is alive,
-// and which serves no other region from a slot (that one has one copy). Then stops it in
+// and every region it serves from a slot has a live backup too. Then stops it in
 // order (SIGTERM: it leaves etcd at once and closes its connections), and returns once the map
 // has its region served by its backup and its process has ended (TimedOut after `timeout`).
 // The regions it kept copies of are degraded, and get new copies where slots are free

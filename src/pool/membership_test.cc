@@ -448,10 +448,13 @@ TEST(CoordinatorFailover, AnotherCoordinatorIsElectedAndHandlesLaterFailures) {
 
 // Re-replication (docs/pool.md "Re-replication"), servers in network namespaces over TCP, two
 // mirror slots each: SIGKILL of a primary under a writing client; the coordinator fails it
-// over, then restores a backup for the region that lost its own (its server copies it to a
-// free slot while the client writes on); then SIGKILL of that region's server: the new backup
-// takes it over and no acknowledged write, nor the bytes written before, is lost.
-TEST(ReReplication, ARegionThatLostItsBackupGetsANewOneThatLaterTakesItOver) {
+// over, then restores a backup for both regions left with one copy (the one whose backup died,
+// and the dead server's own, now served from a promoted slot) while the client writes on; then
+// SIGKILL of the server that took the first one over: every region moves to the last server
+// (the first one a second time, from its new backup), and no acknowledged write is lost: not
+// the bytes written before the first failure (copied), nor those written after the copies
+// (forwarded).
+TEST(ReReplication, EveryRegionGetsABackupAgainAndSurvivesASecondFailure) {
   constexpr int kServers = 3;
   LocalClusterOptions o = Options(kServers, 1, /*netns=*/true);
   o.mirror_slots = 2;
@@ -474,8 +477,8 @@ TEST(ReReplication, ARegionThatLostItsBackupGetsANewOneThatLaterTakesItOver) {
   }
   const int coordinator = Coordinator(cluster.dir());
   ASSERT_GE(coordinator, 0) << "no coordinator elected";
-  // Neither victim is the coordinator: `first`'s region goes to `keeper` (slot 0), `second`
-  // loses its backup (`first`) and gets `keeper`'s free slot 1.
+  // The ring: the backup of i is i + 1. `first` (not the coordinator) dies: `keeper` serves
+  // its region from slot 0; `second` loses its backup (`first`).
   const int keeper = coordinator;
   const int first = (keeper + 2) % kServers;
   const int second = (keeper + 1) % kServers;
@@ -485,39 +488,45 @@ TEST(ReReplication, ARegionThatLostItsBackupGetsANewOneThatLaterTakesItOver) {
   ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
   ASSERT_EQ(kill(static_cast<pid_t>(config->servers[first].pid), SIGKILL), 0);
   EtcdView view = WaitForView(cluster.dir(), [&](const EtcdView& v) {
-    return v.map.Find(second) != nullptr && v.map.Find(second)->backup >= 0 &&
-           v.map.Find(first)->served_by != first;
+    return v.map.Find(first)->served_by != first &&
+           std::all_of(v.map.servers.begin(), v.map.servers.end(),
+                       [](const coord::MapServer& m) { return m.backup >= 0; });
   });
-  EXPECT_EQ(view.map.epoch, 3) << "failover, then re-replication";
+  EXPECT_EQ(view.map.epoch, 4) << "failover, then two re-replications";
   EXPECT_EQ(view.map.Find(first)->served_by, keeper);
   EXPECT_EQ(view.map.Find(first)->served_slot, 0);
-  EXPECT_EQ(view.map.Find(second)->backup, keeper) << "the only live server with a free slot";
+  EXPECT_EQ(view.map.Find(first)->backup, second) << "the only other live server";
+  EXPECT_EQ(view.map.Find(first)->backup_slot, 1);
+  EXPECT_EQ(view.map.Find(second)->backup, keeper);
   EXPECT_EQ(view.map.Find(second)->backup_slot, 1);
   EXPECT_EQ(view.map.Find(keeper)->backup, second) << "unchanged";
-  for (const coord::MapServer& m : view.map.servers) {
-    if (m.served_by == m.id && m.id != first) {
-      EXPECT_GE(m.backup, 0) << "server " << m.id << "'s region has one copy";
-    }
-  }
   EXPECT_TRUE(writer.AcknowledgedEverywhere(20)) << "writes stopped after re-replication";
+  // New bytes after the copies: they reach the new backups only as forwards.
+  for (int s = 0; s < kServers; ++s) {
+    for (uint8_t& b : pattern[s]) b ^= 0x5a;
+    ASSERT_TRUE(setup.pool->Write(big[s], pattern[s].data(), kBig).ok()) << "server " << s;
+  }
 
-  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[second].pid), SIGKILL), 0);
+  // The coordinator dies too: another is elected and moves all three regions to `second`.
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[keeper].pid), SIGKILL), 0);
   EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failover";
+  view = WaitForView(cluster.dir(), [&](const EtcdView& v) {
+    return std::all_of(v.map.servers.begin(), v.map.servers.end(),
+                       [&](const coord::MapServer& m) { return m.served_by == second; });
+  });
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(20)) << "the client did not follow the second move";
   writer.Stop();
   writer.CheckIntact();
   for (int s = 0; s < kServers; ++s) {
     std::vector<uint8_t> got(kBig);
-    ASSERT_TRUE(setup.pool->Read(big[s], got.data(), kBig).ok()) << "server " << s;
+    Status read = setup.pool->Read(big[s], got.data(), kBig);
+    ASSERT_TRUE(read.ok()) << "server " << s << ": " << read.ToString();
     EXPECT_TRUE(got == pattern[s]) << "server " << s << "'s pattern changed";
   }
-  view = ClusterEtcdStatus(cluster.dir()).value();
-  EXPECT_EQ(view.map.epoch, 4);
-  EXPECT_EQ(view.map.Find(second)->served_by, keeper);
-  EXPECT_EQ(view.map.Find(second)->served_slot, 1);
-  EXPECT_EQ(view.map.Find(keeper)->backup, -1) << "its backup was `second`";
-  const std::string log =
-      FileTail(cluster.dir() + "/server-" + std::to_string(second) + ".log", 4000);
-  EXPECT_NE(log.find("two copies again"), std::string::npos) << log;
+  EXPECT_EQ(view.map.Find(first)->served_by, second);
+  EXPECT_EQ(view.map.Find(first)->served_slot, 1) << "from its new backup's slot";
+  EXPECT_EQ(view.map.Find(keeper)->served_slot, 0);
+  EXPECT_EQ(view.map.Find(second)->backup, -1);
 }
 
 // Without a free mirror slot (one slot each, the default) nothing is re-replicated: the map
@@ -618,6 +627,7 @@ TEST(ClusterAdd, AnAddedServerIsWhereAStrandedRegionGetsItsBackup) {
   EtcdView view = WaitForView(cluster.dir(), [&](const EtcdView& v) { return v.map.epoch == 2; });
   ASSERT_EQ(view.map.Find(second)->backup, -1);
   LocalClusterOptions add = Options(kServers, 1);
+  add.mirror_slots = 2;  // for both regions left with one copy (the dead server's own too)
   add.dir = cluster.dir();
   add.binary = FARPOOL_BINARY;
   add.die_with_parent = true;

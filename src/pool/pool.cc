@@ -152,7 +152,8 @@ struct ServerState {
   std::atomic<bool> failed{false};
   // Replication: once failed, the index of the server that took its data over (a backup,
   // which serves it from its mirror slot `moved_slot`, at (1 + moved_slot) x its own region
-  // size), or -1. Set once, after `failed`; moved_slot before moved_to.
+  // size), or -1. Set after `failed`, moved_slot before moved_to; changed again only when the
+  // map moves the region again (the server that took it over was lost too).
   std::atomic<int> moved_to{-1};
   std::atomic<int> moved_slot{0};
   std::atomic<bool> failing_over{false};  // FailOver is running (set before `failed`)
@@ -633,8 +634,11 @@ void Pool::Impl::FollowMap(const coord::ClusterMap& map) {
   for (size_t i = 0; i < servers_.size(); ++i) {
     ServerState& s = *servers_[i];
     const auto served = ServedBy(map, i);
-    if (!served || s.moved_to.load() >= 0) continue;
+    if (!served) continue;
     const auto b = served->first;
+    // A region moves again when the server that took it over is lost in turn (re-replication
+    // gave it a backup there).
+    if (s.moved_to.load() == static_cast<int>(b) && s.moved_slot.load() == served->second) continue;
     {
       std::lock_guard lock(s.mu);
       if (s.failing_over.load()) continue;  // its FailOver reads the map itself

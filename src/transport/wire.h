@@ -298,7 +298,8 @@ struct BackupRequest {
   uint16_t backup_id;
   uint16_t port;
   uint16_t slot;
-  uint16_t reserved;
+  // Whose region: the primary's own id, or a region it serves from a promoted mirror slot.
+  uint16_t region;
   char host[64];  // NUL-terminated
 };
 static_assert(sizeof(BackupRequest) == 72);

@@ -100,6 +100,13 @@ class MemoryServer::Impl : public transport::AmHandler {
   void Closed(const transport::Peer& peer) override;
 
  private:
+  // Re-replication: while the region is copied to a new backup, the next offset to copy and
+  // whether the lease book went.
+  struct Copy {
+    uint64_t next = 0;
+    bool book_sent = false;
+    Clock::time_point started = Clock::now();
+  };
   Result<std::vector<std::byte>> Answer(const wire::Message& m, transport::Peer* from);
   // Keeps this batch's changes (from `before` in changed_) for the backup if replicated, else
   // drops them (they served only to wake waiters).
@@ -116,6 +123,19 @@ class MemoryServer::Impl : public transport::AmHandler {
   void Degrade();
   // Re-replication: the next slice of the copy to a new backup (see the header).
   void CopySlice();
+  // One slice of `copy` of [base, base + size) to `link`, the lease book `book` with the
+  // first: Ok, or why it failed. Logs when the copy is complete (copy.next == size).
+  Status CopyStep(BackupLink& link, Copy& copy, const std::byte* base, uint64_t size,
+                  const std::map<uint64_t, uint64_t>& book, const std::string& what);
+  // A backup for region `request.region`, which this server serves from a promoted slot.
+  Result<wire::BackupReply> ConfigureSlotBackup(const wire::BackupRequest& request);
+  // Tick and Settle for the slot links: copies, renewals, forwards of `changed` (offsets in
+  // region_). Returns Ok, or the failure that fails the round.
+  void TickSlotLinks();
+  Status ForwardSlotLinks(const std::vector<memory_ops::Range>& changed);
+  bool DeclaredGone(const BackupLink& link) const {
+    return backup_gone_.load() >= 0 && backup_gone_.load() == link.id();
+  }
   // Gives the copy up (the new backup failed): one copy, as before it began.
   void AbandonCopy(const Status& why);
   Result<wire::BackupReply> ConfigureBackup(const wire::BackupRequest& request);
@@ -189,14 +209,18 @@ class MemoryServer::Impl : public transport::AmHandler {
   // 0: the reply promises nothing).
   std::unique_ptr<BackupLink> backup_;
   bool degraded_ = false;
-  // Re-replication: while the region is copied to a new backup, the next offset to copy and
-  // whether the lease book went.
-  struct Copy {
-    uint64_t next = 0;
-    bool book_sent = false;
-    Clock::time_point started = Clock::now();
-  };
   std::optional<Copy> copy_;
+  // Regions this server serves from promoted mirror slots that have a backup again (or are
+  // being copied to one), by region id: the same as backup_/copy_/last_ack_ for the own part,
+  // with the slot's place in the region and the round's lease changes in its book.
+  struct SlotLink {
+    std::unique_ptr<BackupLink> link;
+    uint64_t base = 0;  // where the slot starts in region_
+    std::optional<Copy> copy;
+    Clock::time_point last_ack{};
+    std::vector<LeaseChange> leases;
+  };
+  std::map<uint16_t, SlotLink> slot_links_;
   // A DegradeRequest's backup id, set on the mirror's loop (-1: none).
   std::atomic<int> backup_gone_{-1};
   // When the backup last acknowledged a forward or renewal (the primary's serving lease).
@@ -464,8 +488,13 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
       if (req.mirror != 0) {
         if (!mirror_) return Status::InvalidArgument(Name() + ": it mirrors no server");
         if (req.mirror > 0xffff) return Status::InvalidArgument(Name() + ": no such server");
-        auto offset = mirror_->Lease(static_cast<uint16_t>(req.mirror - 1), req.size);
+        const auto region = static_cast<uint16_t>(req.mirror - 1);
+        auto offset = mirror_->Lease(region, req.size);
         if (!offset.ok()) return offset.status().WithContext(Name() + ": lease refused");
+        if (auto l = slot_links_.find(region); l != slot_links_.end()) {
+          l->second.leases.push_back({*offset, req.size, true});
+          round_.back() = id;
+        }
         return wire::Encode(id, wire::LeaseReply{*offset, req.size});
       }
       FARPOOL_RETURN_IF_ERROR(MayChange());  // the own part (a promoted slot has one copy)
@@ -480,9 +509,12 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
       if (req.mirror != 0) {
         if (!mirror_) return Status::InvalidArgument(Name() + ": it mirrors no server");
         if (req.mirror > 0xffff) return Status::InvalidArgument(Name() + ": no such server");
-        FARPOOL_RETURN_IF_ERROR(
-            mirror_->Release(static_cast<uint16_t>(req.mirror - 1), req.offset, req.size)
-                .WithContext(Name()));
+        const auto region = static_cast<uint16_t>(req.mirror - 1);
+        FARPOOL_RETURN_IF_ERROR(mirror_->Release(region, req.offset, req.size).WithContext(Name()));
+        if (auto l = slot_links_.find(region); l != slot_links_.end()) {
+          l->second.leases.push_back({req.offset, req.size, false});
+          round_.back() = id;
+        }
         return wire::Encode(id, wire::ReleaseReply{req.size});
       }
       FARPOOL_RETURN_IF_ERROR(MayChange());
@@ -566,37 +598,142 @@ void MemoryServer::Impl::AbandonCopy(const Status& why) {
   copy_.reset();
 }
 
+Status MemoryServer::Impl::CopyStep(BackupLink& link, Copy& copy, const std::byte* base,
+                                    uint64_t size, const std::map<uint64_t, uint64_t>& book,
+                                    const std::string& what) {
+  std::vector<LeaseChange> leases;
+  if (!copy.book_sent) {
+    for (const auto& [offset, length] : book) leases.push_back({offset, length, true});
+  }
+  const uint64_t n = std::min(kCopySlice, size - copy.next);
+  const memory_ops::Range slice{copy.next, n};
+  FARPOOL_RETURN_IF_ERROR(
+      link.Forward(base, {&slice, 1}, leases, [this, &link] { return DeclaredGone(link); }));
+  copy.book_sent = true;
+  copy.next += n;
+  if (copy.next < size) return Status::Ok();
+  // With the wall clock (ms since the epoch), to line the copy up with a client's timeline.
+  std::fprintf(stderr, "%s: %s (%s) is copied to %s in %lld ms (done at %lld): two copies again\n",
+               Name().c_str(), what.c_str(), FormatSize(size).c_str(), link.name().c_str(),
+               static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          Clock::now() - copy.started)
+                                          .count()),
+               static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          std::chrono::system_clock::now().time_since_epoch())
+                                          .count()));
+  return Status::Ok();
+}
+
 void MemoryServer::Impl::CopySlice() {
   const uint64_t size = chunks_.region_size();
-  std::vector<LeaseChange> book;
-  if (!copy_->book_sent) {
-    for (const auto& [offset, length] : chunks_.leases()) book.push_back({offset, length, true});
-  }
-  const uint64_t n = std::min(kCopySlice, size - copy_->next);
-  const memory_ops::Range slice{copy_->next, n};
-  Status sent = backup_->Forward(region_->data(), {&slice, 1}, book, [this] {
-    return backup_gone_.load() >= 0 && backup_gone_.load() == backup_->id();
-  });
+  Status sent = CopyStep(*backup_, *copy_, region_->data(), size, chunks_.leases(), "its region");
   if (!sent.ok()) return AbandonCopy(sent);
   last_ack_ = Clock::now();
-  copy_->book_sent = true;
-  copy_->next += n;
   if (copy_->next < size) return;
-  // With the wall clock (ms since the epoch), to line the copy up with a client's timeline.
-  std::fprintf(
-      stderr, "%s: its region (%s) is copied to %s in %lld ms (done at %lld): two copies again\n",
-      Name().c_str(), FormatSize(size).c_str(), backup_->name().c_str(),
-      static_cast<long long>(
-          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - copy_->started)
-              .count()),
-      static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                 std::chrono::system_clock::now().time_since_epoch())
-                                 .count()));
   copy_.reset();
   degraded_ = false;
 }
 
+Result<wire::BackupReply> MemoryServer::Impl::ConfigureSlotBackup(
+    const wire::BackupRequest& request) {
+  const auto slot = mirror_ ? mirror_->PromotedSlot(request.region) : std::nullopt;
+  if (!slot) {
+    return Status::InvalidArgument(Name() + ": it does not serve server " +
+                                   std::to_string(request.region) + "'s region");
+  }
+  const uint64_t size = mirror_->size();
+  auto it = slot_links_.find(request.region);
+  if (it != slot_links_.end() && it->second.link->id() == request.backup_id &&
+      it->second.link->slot() == request.slot) {
+    return wire::BackupReply{it->second.copy ? size - it->second.copy->next : 0};  // progress
+  }
+  const std::string host(request.host, strnlen(request.host, sizeof(request.host)));
+  FARPOOL_ASSIGN_OR_RETURN(
+      std::unique_ptr<BackupLink> link,
+      BackupLink::Connect({request.backup_id, host, request.port, request.slot}, request.region,
+                          size, auth_->secret(), options_.fabric, options_.backup_timeout));
+  std::fprintf(stderr, "%s: copying server %u's region (%s) to %s slot %u\n", Name().c_str(),
+               request.region, FormatSize(size).c_str(), link->name().c_str(), request.slot);
+  backup_gone_.store(-1);
+  slot_links_[request.region] =
+      SlotLink{std::move(link), chunks_.region_size() + *slot * size, Copy{}, Clock::now(), {}};
+  return wire::BackupReply{size};
+}
+
+void MemoryServer::Impl::TickSlotLinks() {
+  const uint64_t size = mirror_ ? mirror_->size() : 0;
+  for (auto it = slot_links_.begin(); it != slot_links_.end();) {
+    SlotLink& l = it->second;
+    const std::string what = "server " + std::to_string(it->first) + "'s region";
+    Status done = Status::Ok();
+    if (DeclaredGone(*l.link)) {
+      done = Status::Unavailable(l.link->name() + " is gone (a client says so)");
+    } else if (l.copy) {
+      done = CopyStep(*l.link, *l.copy, region_->data() + l.base, size, mirror_->Leases(it->first),
+                      what);
+      if (done.ok() && l.copy->next == size) l.copy.reset();
+    } else if (Clock::now() - l.last_ack >= kServeLease / 4) {
+      done = l.link->Forward(region_->data() + l.base, {}, {},
+                             [this, &l] { return DeclaredGone(*l.link); });
+      if (done.code() == StatusCode::kPermissionDenied) Fence(done);
+    }
+    if (done.ok()) {
+      l.last_ack = Clock::now();
+      ++it;
+    } else if (l.copy || DeclaredGone(*l.link)) {
+      std::fprintf(stderr, "%s: %s has one copy again: %s\n", Name().c_str(), what.c_str(),
+                   done.message().c_str());
+      it = slot_links_.erase(it);
+    } else {
+      ++it;  // a renewal that failed: MayServe stops serving when the lease runs out
+    }
+  }
+}
+
+Status MemoryServer::Impl::ForwardSlotLinks(const std::vector<memory_ops::Range>& changed) {
+  const uint64_t size = mirror_ ? mirror_->size() : 0;
+  Status first = Status::Ok();
+  for (auto it = slot_links_.begin(); it != slot_links_.end();) {
+    SlotLink& l = it->second;
+    std::vector<memory_ops::Range> local;
+    for (const memory_ops::Range& r : changed) {
+      if (r.offset >= l.base && r.offset < l.base + size)
+        local.push_back({r.offset - l.base, r.size});
+    }
+    if (l.copy && !l.copy->book_sent) l.leases.clear();  // the book goes whole with a slice
+    Status forwarded = Status::Ok();
+    if (!local.empty() || !l.leases.empty()) {
+      forwarded = l.link->Forward(region_->data() + l.base, local, l.leases,
+                                  [this, &l] { return DeclaredGone(*l.link); });
+    }
+    l.leases.clear();
+    if (forwarded.ok()) {
+      l.last_ack = Clock::now();
+      ++it;
+    } else if (l.copy || DeclaredGone(*l.link)) {
+      // The map promises one copy of the region (copying), or its backup was declared gone.
+      std::fprintf(stderr, "%s: server %u's region has one copy again: %s\n", Name().c_str(),
+                   it->first, forwarded.message().c_str());
+      it = slot_links_.erase(it);
+    } else {
+      if (first.ok()) first = forwarded;
+      ++it;
+    }
+  }
+  return first;
+}
+
 Status MemoryServer::Impl::MayServe() const {
+  for (const auto& [region, l] : slot_links_) {
+    const auto since = Clock::now() - l.last_ack;
+    if (!l.copy && since >= kServeLease) {
+      return Status::Unavailable(
+          Name() + ": the backup of server " + std::to_string(region) +
+          "'s region has not answered for " +
+          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(since).count()) +
+          " ms: it serves nothing until it does");
+    }
+  }
   if (backup_ == nullptr || degraded_) return Status::Ok();  // degraded_ also while copying
   const auto since = Clock::now() - last_ack_;
   if (since < kServeLease) return Status::Ok();
@@ -610,6 +747,7 @@ void MemoryServer::Impl::Tick() {
   if (backup_gone_.load() >= 0 && backup_ != nullptr && backup_gone_.load() == backup_->id()) {
     Degrade();
   }
+  TickSlotLinks();
   if (copy_ && backup_ != nullptr) return CopySlice();  // renews too
   if (backup_ == nullptr || Clock::now() - last_ack_ < kServeLease / 4) return;
   // Renew: an empty forward. A backup that refuses it has taken over: fenced.
@@ -649,6 +787,7 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(const wire::Backup
   if (request.backup_id == options_.id) {
     return Status::InvalidArgument(Name() + ": cannot be its own backup");
   }
+  if (request.region != options_.id) return ConfigureSlotBackup(request);
   const uint64_t size = chunks_.region_size();
   if (backup_ != nullptr && backup_->id() == request.backup_id && backup_->slot() == request.slot) {
     return wire::BackupReply{copy_ ? size - copy_->next : 0};  // progress
@@ -743,10 +882,18 @@ void MemoryServer::Impl::KeepChanges(size_t before) {
     changed_.resize(before);
     return;
   }
-  // Changes to the mirror (a failed-over primary's data) have this one copy: not forwarded.
+  // Changes to a promoted slot (a failed-over primary's data) go to that region's backup if it
+  // has one again (slot_links_), else they have this one copy: not forwarded.
   const uint64_t own = chunks_.region_size();
+  const uint64_t slot = mirror_ ? mirror_->size() : 0;
+  auto forwarded = [&](const memory_ops::Range& r) {
+    if (r.offset < own) return true;
+    return std::any_of(slot_links_.begin(), slot_links_.end(), [&](const auto& l) {
+      return r.offset >= l.second.base && r.offset < l.second.base + slot;
+    });
+  };
   changed_.erase(std::remove_if(changed_.begin() + static_cast<ptrdiff_t>(before), changed_.end(),
-                                [own](const memory_ops::Range& r) { return r.offset >= own; }),
+                                [&](const memory_ops::Range& r) { return !forwarded(r); }),
                  changed_.end());
 }
 
@@ -894,10 +1041,21 @@ void MemoryServer::Impl::Closed(const transport::Peer& peer) {
 void MemoryServer::Impl::Settle(std::span<std::vector<std::byte>> replies) {
   const bool promised = stopped_dirty_ || std::any_of(round_.begin(), round_.end(),
                                                       [](uint64_t id) { return id != 0; });
-  auto declared_gone = [&] { return backup_ != nullptr && backup_gone_.load() == backup_->id(); };
+  auto declared_gone = [&] { return backup_ != nullptr && DeclaredGone(*backup_); };
   if (declared_gone()) Degrade();
+  Status forwarded = Status::Ok();
   if (promised && backup_ != nullptr) {
-    Status forwarded = backup_->Forward(region_->data(), changed_, lease_changes_, declared_gone);
+    // The own part's changes to its backup; those in promoted slots to theirs (below).
+    const uint64_t own = chunks_.region_size();
+    std::vector<memory_ops::Range> mine;
+    for (const memory_ops::Range& r : changed_) {
+      if (r.offset < own) mine.push_back(r);
+    }
+    // Before a copy's first slice its lease book goes whole with that slice (CopyStep).
+    const bool book_to_come = copy_ && !copy_->book_sent;
+    forwarded = backup_->Forward(region_->data(), mine,
+                                 book_to_come ? std::span<const LeaseChange>{} : lease_changes_,
+                                 declared_gone);
     if (declared_gone()) {
       Degrade();  // the round stands with one copy, as every later one
       forwarded = Status::Ok();
@@ -907,26 +1065,27 @@ void MemoryServer::Impl::Settle(std::span<std::vector<std::byte>> replies) {
       AbandonCopy(forwarded);  // the round promised one copy
       forwarded = Status::Ok();
     }
-    if (!forwarded.ok()) {
-      const bool fenced = forwarded.code() == StatusCode::kPermissionDenied;
-      Status why =
-          Status::Unavailable(Name() + ": the change was applied here but not acknowledged: " +
-                              (fenced ? "this server has been failed over; retry at the backup"
-                                      : "its backup does not answer") +
-                              " (" + forwarded.message() + ")");
-      if (fenced) Fence(forwarded);
-      for (size_t i = 0; i < replies.size() && i < round_.size(); ++i) {
-        if (round_[i] != 0) replies[i] = wire::EncodeError(round_[i], why);
-      }
-      // Batches that changed the region in this round and then stopped to wait: their reply
-      // (the next round's) would promise those changes too.
-      std::vector<uint64_t> failed;
-      for (const auto& [number, w] : waiters_) {
-        if (w.stopped_dirty) failed.push_back(number);
-      }
-      for (uint64_t number : failed) {
-        Answer(number, wire::EncodeError(waiters_.at(number).request_id, why), false);
-      }
+  }
+  if (promised && forwarded.ok() && !slot_links_.empty()) forwarded = ForwardSlotLinks(changed_);
+  if (!forwarded.ok()) {
+    const bool fenced = forwarded.code() == StatusCode::kPermissionDenied;
+    Status why =
+        Status::Unavailable(Name() + ": the change was applied here but not acknowledged: " +
+                            (fenced ? "this server has been failed over; retry at the backup"
+                                    : "its backup does not answer") +
+                            " (" + forwarded.message() + ")");
+    if (fenced) Fence(forwarded);
+    for (size_t i = 0; i < replies.size() && i < round_.size(); ++i) {
+      if (round_[i] != 0) replies[i] = wire::EncodeError(round_[i], why);
+    }
+    // Batches that changed the region in this round and then stopped to wait: their reply
+    // (the next round's) would promise those changes too.
+    std::vector<uint64_t> failed;
+    for (const auto& [number, w] : waiters_) {
+      if (w.stopped_dirty) failed.push_back(number);
+    }
+    for (uint64_t number : failed) {
+      Answer(number, wire::EncodeError(waiters_.at(number).request_id, why), false);
     }
   }
   for (auto& [number, w] : waiters_) w.stopped_dirty = false;

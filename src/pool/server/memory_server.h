@@ -49,7 +49,10 @@
 // is complete the server promises one copy (the map's): a round whose forward to the copying
 // backup fails is acknowledged, and the copy abandoned. Repeating the BackupRequest reports the
 // bytes left (BackupReply::remaining); 0 once complete, from which on the backup is the full
-// guarantee (the coordinator writes it into the map then).
+// guarantee (the coordinator writes it into the map then). A BackupRequest for a region the
+// server serves from a promoted mirror slot (BackupRequest::region) does the same for that
+// slot: its own link, the slot's bytes and mirrored lease book copied, the slot's changes,
+// leases and releases forwarded there, its acknowledgements counted in the serving lease.
 //
 // Waiting compare-and-swaps (memory_ops kWaitCompareAndSwap; docs/pool.md "Waiting
 // compare-and-swap"): a batch whose wait-compare-and-swap finds its word held stops there and

@@ -72,6 +72,19 @@ Result<wire::PromoteReply> Mirror::Promote(uint16_t primary_id,
   return wire::PromoteReply{slot->book.leased()};
 }
 
+std::optional<uint32_t> Mirror::PromotedSlot(uint16_t primary_id) const {
+  std::lock_guard lock(mu_);
+  const Slot* slot = Holding(primary_id);
+  if (slot == nullptr || !slot->promoted) return std::nullopt;
+  return static_cast<uint32_t>(slot - slots_.data());
+}
+
+std::map<uint64_t, uint64_t> Mirror::Leases(uint16_t primary_id) const {
+  std::lock_guard lock(mu_);
+  const Slot* slot = Holding(primary_id);
+  return slot == nullptr ? std::map<uint64_t, uint64_t>{} : slot->book.leases();
+}
+
 bool Mirror::Covers(uint64_t offset, uint64_t size) const {
   const uint64_t k = offset / size_;
   const uint64_t within = offset % size_;

@@ -41,6 +41,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -85,10 +86,15 @@ class Mirror : public transport::AmHandler {
   // start): inside one promoted slot, and inside its root area or a mirrored lease.
   bool Covers(uint64_t offset, uint64_t size) const;
   // Leases and releases in the mirrored book of server `primary_id`'s region once promoted
-  // (for clients that failed that primary over): the copy has no backup of its own, so
-  // nothing is forwarded. Offsets are the primary's.
+  // (for clients that failed that primary over). Offsets are the primary's. The server
+  // forwards them to the region's new backup, once it has one (re-replication).
   Result<uint64_t> Lease(uint16_t primary_id, uint64_t size);
   Status Release(uint16_t primary_id, uint64_t offset, uint64_t size);
+
+  // The slot that serves server `primary_id`'s region (promoted), if any.
+  std::optional<uint32_t> PromotedSlot(uint16_t primary_id) const;
+  // The mirrored lease book of `primary_id`'s region (offset -> length), for a copy of it.
+  std::map<uint64_t, uint64_t> Leases(uint16_t primary_id) const;
 
   std::vector<std::byte> Handle(std::span<const std::byte> bytes, transport::Peer* from) override;
   std::vector<std::byte> Refuse(const Status& reason) override;
