@@ -40,6 +40,8 @@ class ChunkAllocator {
   uint64_t capacity() const { return capacity_; }
   uint64_t leased() const { return leased_; }
   uint64_t largest_free() const;
+  // The leases, offset -> length (a primary copies its book to a new backup).
+  const std::map<uint64_t, uint64_t>& leases() const { return leases_; }
   // Bytes the region must span: root area + capacity.
   uint64_t region_size() const { return wire::kRootAreaSize + capacity_; }
 
