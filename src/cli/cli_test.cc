@@ -80,7 +80,7 @@ TEST(Cli, UnknownCommandIsNamedWithTheValidOnes) {
                 "unknown command 'frobnicate' for `farpool`; valid: server, cluster, bench, shard, "
                 "shard-cluster, mount, umount");
   ExpectFailure("cluster upp --dir /tmp/x",
-                "unknown command 'upp' for `farpool cluster`; valid: up, status, down");
+                "unknown command 'upp' for `farpool cluster`; valid: up, add, drain, status, down");
   ExpectFailure("bench opz", "unknown command 'opz' for `farpool bench`; valid: ops, txn");
 }
 

@@ -1,4 +1,4 @@
-// `farpool cluster up|status|down|pool add`: a local cluster of memory-server processes.
+// `farpool cluster up|add|drain|status|down|pool add`: a local cluster of memory-server processes.
 #include <unistd.h>
 
 #include <climits>
@@ -23,6 +23,8 @@ struct ClusterArgs {
   std::string progress;  // empty: chosen from the cores (ChooseProgressMode)
   bool netns = false;
   int replicas = 0;
+  int mirror_slots = 1;
+  int drain_id = -1;
   std::string delay;
   std::string etcd;
   bool json = false;
@@ -56,6 +58,7 @@ int Up(const ClusterArgs& a) {
   o.progress = *progress;
   o.netns = a.netns;
   o.replicas = a.replicas;
+  o.mirror_slots = a.mirror_slots;
   if (!a.delay.empty()) {
     auto d = ParseDuration(a.delay);
     if (!d.ok()) return Fail("--delay: " + d.status().message());
@@ -94,6 +97,44 @@ int AddPoolCommand(const ClusterArgs& a) {
       "cluster pool add: pool '%s': credential in %s/pools/%s.secret (mode 0600); its clients "
       "use %s\n",
       a.pool.c_str(), a.dir.c_str(), a.pool.c_str(), PoolClusterFile(a.dir, a.pool).c_str());
+  return 0;
+}
+
+int Add(const ClusterArgs& a, bool memory_given) {
+  auto config = ClusterConfig::Load(ClusterFile(a.dir));
+  if (!config.ok()) return Fail("cluster add: " + config.status().message());
+  LocalClusterOptions o;
+  o.dir = a.dir;
+  if (memory_given) {
+    auto memory = ParseSize(a.memory);
+    if (!memory.ok()) return Fail("--memory: " + memory.status().message());
+    o.memory = *memory;
+  } else if (!config->servers.empty()) {
+    o.memory = config->servers[0].memory;  // as the others: it can keep their copies
+  }
+  auto chunk = ParseSize(a.chunk_size);
+  if (!chunk.ok()) return Fail("--chunk-size: " + chunk.status().message());
+  o.chunk_size = *chunk;
+  std::string progress_name;
+  auto progress =
+      ChooseProgressMode(a.progress, static_cast<int>(config->servers.size()) + 1, &progress_name);
+  if (!progress.ok()) return Fail("--progress: " + progress.status().message());
+  o.progress = *progress;
+  o.mirror_slots = a.mirror_slots;
+  o.binary = SelfBinary();
+  auto id = ClusterAdd(o);
+  if (!id.ok()) return Fail("cluster add: " + id.status().message());
+  std::printf("cluster add: server %u (%s) joined the cluster in %s\n", *id,
+              FormatSize(o.memory).c_str(), ClusterFile(a.dir).c_str());
+  return 0;
+}
+
+int Drain(const ClusterArgs& a) {
+  if (a.drain_id < 0 || a.drain_id > 65535)
+    return Fail("cluster drain: ID must be from 0 to 65535");
+  Status s = ClusterDrain(a.dir, static_cast<uint16_t>(a.drain_id), std::chrono::seconds(30));
+  if (!s.ok()) return Fail("cluster drain: " + s.message());
+  std::printf("cluster drain: server %d stopped; its region is served by its backup\n", a.drain_id);
   return 0;
 }
 
@@ -208,10 +249,27 @@ Command RegisterCluster(CLI::App& app) {
   up->add_option("--replicas", args->replicas,
                  "Backups of every byte: 0 (default) or 1 (each server's region mirrored on the "
                  "next server, which takes it over when it dies; twice the memory)");
+  up->add_option("--mirror-slots", args->mirror_slots,
+                 "With --replicas 1: copies each server can keep (default 1, the ring's); each "
+                 "adds --memory to every server. More give re-replication room to restore two "
+                 "copies after a failure (docs/pool.md, Re-replication)");
   up->add_option("--delay", args->delay, "One-way link delay with --netns, e.g. 20us");
   up->add_option("--etcd", args->etcd,
                  "Join this etcd (http://HOST:PORT,...) for the cluster's map and membership; "
                  "default: start a one-member etcd of the cluster's own");
+  CLI::App* add = sub->add_subcommand(
+      "add", "Start one more server for a running cluster: it joins the map and takes new chunks");
+  add->add_option("--dir", args->dir, "Cluster directory")->required();
+  CLI::Option* add_memory =
+      add->add_option("--memory", args->memory, "Memory of the new server (default: server 0's)");
+  add->add_option("--chunk-size", args->chunk_size, "Lease granularity");
+  add->add_option("--progress", args->progress, "The server's progress: busy or event");
+  add->add_option("--mirror-slots", args->mirror_slots,
+                  "Replicated clusters: copies of other regions it can keep (default 1)");
+  CLI::App* drain = sub->add_subcommand(
+      "drain", "Move server ID's data to its backup while clients run, then stop it");
+  drain->add_option("--dir", args->dir, "Cluster directory")->required();
+  drain->add_option("ID", args->drain_id, "The server to drain")->required();
   CLI::App* status = sub->add_subcommand("status", "Show every server's state");
   status->add_option("--dir", args->dir, "Cluster directory")->required();
   status->add_flag("--json", args->json, "Print JSON");
@@ -226,12 +284,14 @@ Command RegisterCluster(CLI::App& app) {
   pool_add->add_option("--dir", args->dir, "Cluster directory")->required();
   pool_add->add_option("name", args->pool, "The pool's name (letters, digits, '-', '_')")
       ->required();
-  return {sub, [args, up, status, down, pool_add] {
+  return {sub, [args, up, add, add_memory, drain, status, down, pool_add] {
             if (up->parsed()) return Up(*args);
+            if (add->parsed()) return Add(*args, add_memory->count() > 0);
+            if (drain->parsed()) return Drain(*args);
             if (status->parsed()) return ShowStatus(*args);
             if (down->parsed()) return Down(*args);
             if (pool_add->parsed()) return AddPoolCommand(*args);
-            return Fail("cluster: expected up, status, down or pool add");
+            return Fail("cluster: expected up, add, drain, status, down or pool add");
           }};
 }
 

@@ -29,6 +29,7 @@ struct ServerArgs {
   std::string ready_file;
   std::string secret_file;
   int mirror_of = -1;
+  int mirror_slots = -1;  // -1: 1 with --mirror-of or --replicated, else 0
   bool replicated = false;
   std::string etcd;
   std::string etcd_prefix;
@@ -51,6 +52,7 @@ int RunServer(const ServerArgs& a) {
   if (!fabric.ok()) return Fail("--transport: " + fabric.status().message());
   if (a.id < 0 || a.id > 65535) return Fail("--id must be from 0 to 65535");
   if (a.mirror_of > 65535) return Fail("--mirror-of must be from 0 to 65535");
+  if (a.mirror_slots > 64) return Fail("--mirror-slots must be from 0 to 64");
   std::vector<std::string> etcd_endpoints;
   if (!a.etcd.empty()) {
     auto endpoints = coord::ParseEndpoints(a.etcd);
@@ -78,6 +80,8 @@ int RunServer(const ServerArgs& a) {
   o.secret_file = a.secret_file;
   if (a.mirror_of >= 0) o.mirror_of = static_cast<uint16_t>(a.mirror_of);
   o.replicated = a.replicated;
+  o.mirror_slots = a.mirror_slots >= 0 ? static_cast<uint32_t>(a.mirror_slots)
+                                       : (a.mirror_of >= 0 || a.replicated ? 1 : 0);
   static std::atomic<bool> fenced{false};
   o.on_fenced = [](const Status&) {
     fenced = true;
@@ -169,6 +173,11 @@ Command RegisterServer(CLI::App& app) {
   sub->add_option("--mirror-of", args->mirror_of,
                   "Keep a copy of server ID's region (of the same --memory), which takes it over "
                   "if it dies: the region doubles (docs/pool.md, Replication)");
+  sub->add_option("--mirror-slots", args->mirror_slots,
+                  "Copies of other servers' regions this server can keep, each as large as "
+                  "its own (the region grows by as much); slot 0 is --mirror-of's, the others "
+                  "take re-replicated copies (docs/pool.md, Re-replication). Default 1 with "
+                  "--mirror-of or --replicated, else 0");
   sub->add_flag("--replicated", args->replicated,
                 "Acknowledge no change before a backup has it: leases and batches are refused "
                 "until `cluster up` names the backup");

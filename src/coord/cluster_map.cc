@@ -13,6 +13,15 @@ const MapServer* ClusterMap::Find(uint16_t id) const {
   return nullptr;
 }
 
+std::vector<int> ClusterMap::SlotsInUse(uint16_t id) const {
+  std::vector<int> used;
+  for (const MapServer& s : servers) {
+    if (s.served_by == id && s.served_slot >= 0) used.push_back(s.served_slot);
+    if (s.backup == id) used.push_back(s.backup_slot);
+  }
+  return used;
+}
+
 std::string ClusterMap::ToJson() const {
   nlohmann::json doc = {{"epoch", epoch}, {"replicas", replicas}};
   doc["servers"] = nlohmann::json::array();
@@ -21,7 +30,10 @@ std::string ClusterMap::ToJson() const {
                               {"address", s.address},
                               {"memory", s.memory},
                               {"served_by", s.served_by},
-                              {"backup", s.backup}});
+                              {"backup", s.backup},
+                              {"served_slot", s.served_slot},
+                              {"backup_slot", s.backup_slot},
+                              {"slots", s.slots}});
   }
   return doc.dump();
 }
@@ -74,6 +86,22 @@ Result<ClusterMap> ClusterMap::Parse(std::string_view json, std::string_view ori
       return bad(name + ".backup", "expected a server id or -1");
     }
     s.backup = j["backup"].get<int>();
+    // Maps written before mirror slots: one slot (the ring's), a failed-over region in it.
+    s.served_slot = s.served_by == s.id ? -1 : 0;
+    s.slots = map.replicas > 0 ? 1 : 0;
+    auto slot = [&](const char* field, int min, int* out) -> Status {
+      if (!j.contains(field)) return Status::Ok();
+      if (!j[field].is_number_integer() || j[field] < min || j[field] > 64) {
+        return bad(name + "." + field, "expected a slot from " + std::to_string(min) + " to 64");
+      }
+      *out = j[field].get<int>();
+      return Status::Ok();
+    };
+    FARPOOL_RETURN_IF_ERROR(slot("served_slot", -1, &s.served_slot));
+    FARPOOL_RETURN_IF_ERROR(slot("backup_slot", 0, &s.backup_slot));
+    int slots = static_cast<int>(s.slots);
+    FARPOOL_RETURN_IF_ERROR(slot("slots", 0, &slots));
+    s.slots = static_cast<uint32_t>(slots);
     map.servers.push_back(std::move(s));
   }
   for (const MapServer& s : map.servers) {

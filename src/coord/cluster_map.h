@@ -35,6 +35,13 @@ struct MapServer {
   // The server that keeps a copy of this region (replicas 1), or -1: none (replicas 0, or the
   // backup took the region over and it has one copy left).
   int backup = -1;
+  // Where the region lives at served_by: -1 its own part, else mirror slot k (at
+  // (1 + k) x served_by's own region size in served_by's region); and the mirror slot of
+  // `backup` that keeps the copy (docs/pool.md "Re-replication").
+  int served_slot = -1;
+  int backup_slot = 0;
+  // How many mirror slots this server has (ServerOptions::mirror_slots).
+  uint32_t slots = 0;
 };
 
 struct ClusterMap {
@@ -44,6 +51,8 @@ struct ClusterMap {
 
   // nullptr if `id` is not in the map.
   const MapServer* Find(uint16_t id) const;
+  // The mirror slots of server `id` that hold a region (served from there or kept as a backup).
+  std::vector<int> SlotsInUse(uint16_t id) const;
   std::string ToJson() const;
   // InvalidArgument naming `origin` and the field for anything that is not a map.
   static Result<ClusterMap> Parse(std::string_view json, std::string_view origin);

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -114,10 +115,11 @@ Status Run(const std::vector<std::string>& argv) {
 }
 
 // Makes the bridge, the namespaces and their links, on the first network from `n.net` on that no
+Status AddNamespace(const NetNames& n, int i, std::chrono::nanoseconds delay);
+
 // interface here has an address in yet (two networks on two bridges would route one cluster's
 // clients to the other's servers); sets `n.net` to it.
 Status SetUpNetwork(NetNames& n, int servers, std::chrono::nanoseconds delay) {
-  const std::string us = std::to_string(delay.count() / 1000.0) + "us";
   FARPOOL_RETURN_IF_ERROR(Run({"ip", "link", "add", n.Bridge(), "type", "bridge"}));
   {
     NetChoiceLock lock;
@@ -134,7 +136,14 @@ Status SetUpNetwork(NetNames& n, int servers, std::chrono::nanoseconds delay) {
     FARPOOL_RETURN_IF_ERROR(Run({"ip", "addr", "add", n.BridgeIp() + "/16", "dev", n.Bridge()}));
   }
   FARPOOL_RETURN_IF_ERROR(Run({"ip", "link", "set", n.Bridge(), "up"}));
-  for (int i = 0; i < servers; ++i) {
+  for (int i = 0; i < servers; ++i) FARPOOL_RETURN_IF_ERROR(AddNamespace(n, i, delay));
+  return Status::Ok();
+}
+
+// Server i's namespace, its link to the bridge and its address.
+Status AddNamespace(const NetNames& n, int i, std::chrono::nanoseconds delay) {
+  const std::string us = std::to_string(delay.count() / 1000.0) + "us";
+  {
     const std::string ns = n.Namespace(i);
     FARPOOL_RETURN_IF_ERROR(Run({"ip", "netns", "add", ns}));
     FARPOOL_RETURN_IF_ERROR(
@@ -164,13 +173,15 @@ Status SetUpNetwork(NetNames& n, int servers, std::chrono::nanoseconds delay) {
   return Status::Ok();
 }
 
+void TearDownNamespace(const NetNames& n, int i) {
+  Status a = Run({"ip", "netns", "del", n.Namespace(i)});
+  Status b = Run({"ip", "link", "del", n.HostVeth(i)});
+  (void)a;  // may not exist (a partial Up); removal is best effort by design
+  (void)b;
+}
+
 void TearDownNetwork(const NetNames& n, int servers) {
-  for (int i = 0; i < servers; ++i) {
-    Status a = Run({"ip", "netns", "del", n.Namespace(i)});
-    Status b = Run({"ip", "link", "del", n.HostVeth(i)});
-    (void)a;  // may not exist (a partial Up); removal is best effort by design
-    (void)b;
-  }
+  for (int i = 0; i < servers; ++i) TearDownNamespace(n, i);
   Status c = Run({"ip", "link", "del", n.Bridge()});
   (void)c;
 }
@@ -195,6 +206,7 @@ Status NameBackups(const ClusterConfig& config, const transport::ClusterSecret& 
     wire::BackupRequest request{};
     request.backup_id = backup.id;
     request.port = backup.port;
+    request.region = s.id;
     if (backup.host.size() >= sizeof(request.host)) {
       return Status::InvalidArgument("host name too long: " + backup.host);
     }
@@ -255,9 +267,31 @@ void TearDownEtcd(const std::string& dir, const EtcdConfig& etcd) {
   }
 }
 
+// `farpool server`'s command line for server `id` of a cluster (before the replication flags),
+// run in namespace `netns` if not empty.
+std::vector<std::string> ServerArgv(const LocalClusterOptions& o, const std::string& netns,
+                                    const std::string& listen, int id, const std::string& ready,
+                                    const std::string& secret_file, const EtcdConfig& etcd) {
+  std::string endpoints;
+  for (const std::string& e : etcd.endpoints) endpoints += (endpoints.empty() ? "" : ",") + e;
+  std::vector<std::string> argv;
+  if (!netns.empty()) argv = {"ip", "netns", "exec", netns};
+  argv.insert(argv.end(), {o.binary,        "server",
+                           "--listen",      listen,
+                           "--memory",      std::to_string(o.memory),
+                           "--chunk-size",  std::to_string(o.chunk_size),
+                           "--id",          std::to_string(id),
+                           "--progress",    std::string(ProgressModeName(o.progress)),
+                           "--ready-file",  ready,
+                           "--secret-file", secret_file,
+                           "--etcd",        endpoints,
+                           "--etcd-prefix", etcd.prefix});
+  return argv;
+}
+
 // The map of a freshly started cluster: every server serves its own region, backed up by its
 // ring successor when replicated.
-coord::ClusterMap InitialMap(const ClusterConfig& config) {
+coord::ClusterMap InitialMap(const ClusterConfig& config, int mirror_slots) {
   coord::ClusterMap map;
   map.epoch = 1;
   map.replicas = config.replicas;
@@ -269,6 +303,7 @@ coord::ClusterMap InitialMap(const ClusterConfig& config) {
     m.memory = s.memory;
     m.served_by = s.id;
     m.backup = config.replicas > 0 ? config.servers[config.BackupOf(i)].id : -1;
+    m.slots = config.replicas > 0 ? static_cast<uint32_t>(mirror_slots) : 0;
     map.servers.push_back(m);
   }
   return map;
@@ -296,6 +331,11 @@ Status ClusterUp(const LocalClusterOptions& o) {
                                    ": 0, or 1 with at least 2 servers (more copies are not built "
                                    "yet)");
   }
+  if (replicas > 0 && (o.mirror_slots < 1 || o.mirror_slots > 64)) {
+    return Status::InvalidArgument("--mirror-slots " + std::to_string(o.mirror_slots) +
+                                   ": from 1 to 64 with --replicas 1");
+  }
+  const int slots = replicas > 0 ? o.mirror_slots : 0;
   if (o.delay.count() > 0 && !o.netns) {
     return Status::InvalidArgument(
         "--delay needs --netns (the delay is put on each server's link)");
@@ -304,12 +344,14 @@ Status ClusterUp(const LocalClusterOptions& o) {
   // segment before mapping it): refuse up front what the host cannot give, instead of letting
   // the servers eat the machine's memory until the OOM killer steps in.
   uint64_t total = 0;
-  if (__builtin_mul_overflow(o.memory, static_cast<uint64_t>(o.servers) * (1 + replicas), &total)) {
+  if (__builtin_mul_overflow(o.memory, static_cast<uint64_t>(o.servers) * (1 + slots), &total)) {
     total = ~0ull;
   }
   FARPOOL_RETURN_IF_ERROR(CheckFitsInAvailableMemory(
-      total, "--servers " + std::to_string(o.servers) + " x --memory " + FormatSize(o.memory) +
-                 (replicas > 0 ? " x 2 copies" : "") + " (" + FormatSize(total) + " in all)"));
+      total,
+      "--servers " + std::to_string(o.servers) + " x --memory " + FormatSize(o.memory) +
+          (slots > 0 ? " x " + std::to_string(1 + slots) + " (own part and mirror slots)" : "") +
+          " (" + FormatSize(total) + " in all)"));
   std::error_code ec;
   fs::create_directories(o.dir, ec);
   if (ec) return Status::IoError("cannot create " + o.dir + ": " + ec.message());
@@ -359,10 +401,6 @@ Status ClusterUp(const LocalClusterOptions& o) {
   auto etcd = SetUpEtcd(o, o.netns ? names.BridgeIp() : "127.0.0.1");
   if (!etcd.ok()) return fail(etcd.status());
   config.etcd = *etcd;
-  std::string etcd_endpoints;
-  for (const std::string& e : config.etcd.endpoints) {
-    etcd_endpoints += (etcd_endpoints.empty() ? "" : ",") + e;
-  }
   for (int i = 0; i < o.servers; ++i) {
     const std::string ready =
         (fs::path(o.dir) / ("server-" + std::to_string(i) + ".ready")).string();
@@ -370,21 +408,13 @@ Status ClusterUp(const LocalClusterOptions& o) {
     fs::remove(ready, ec);
     const std::string host = o.netns ? names.ServerIp(i) : "127.0.0.1";
     const std::string port = o.netns ? "7000" : "0";
-    std::vector<std::string> argv;
-    if (o.netns) argv = {"ip", "netns", "exec", names.Namespace(i)};
-    argv.insert(argv.end(), {o.binary,        "server",
-                             "--listen",      std::string(host).append(":").append(port),
-                             "--memory",      std::to_string(o.memory),
-                             "--chunk-size",  std::to_string(o.chunk_size),
-                             "--id",          std::to_string(i),
-                             "--progress",    std::string(ProgressModeName(o.progress)),
-                             "--ready-file",  ready,
-                             "--secret-file", secret_file,
-                             "--etcd",        etcd_endpoints,
-                             "--etcd-prefix", config.etcd.prefix});
+    std::vector<std::string> argv =
+        ServerArgv(o, o.netns ? names.Namespace(i) : "", host + ":" + port, i, ready, secret_file,
+                   config.etcd);
     if (replicas > 0) {
       const int primary = (i + o.servers - 1) % o.servers;  // the one whose backup i is
-      argv.insert(argv.end(), {"--mirror-of", std::to_string(primary), "--replicated"});
+      argv.insert(argv.end(), {"--mirror-of", std::to_string(primary), "--replicated",
+                               "--mirror-slots", std::to_string(slots)});
     }
     pid_t pid = SpawnDetached(argv, log, o.die_with_parent);
     if (pid < 0) return fail(Status::IoError(std::string("fork: ") + strerror(errno)));
@@ -412,8 +442,8 @@ Status ClusterUp(const LocalClusterOptions& o) {
   {
     auto client = coord::EtcdClient::Create({config.etcd.endpoints});
     if (!client.ok()) return fail(client.status());
-    auto put =
-        (*client)->Put(coord::MapKeys{config.etcd.prefix}.Map(), InitialMap(config).ToJson());
+    auto put = (*client)->Put(coord::MapKeys{config.etcd.prefix}.Map(),
+                              InitialMap(config, slots).ToJson());
     if (!put.ok()) return fail(put.status().WithContext("writing the cluster map to etcd"));
   }
   {
@@ -430,6 +460,166 @@ Status ClusterUp(const LocalClusterOptions& o) {
     }
   }
   return Status::Ok();
+}
+
+Result<uint16_t> ClusterAdd(const LocalClusterOptions& o) {
+  FARPOOL_ASSIGN_OR_RETURN(ClusterConfig config, ClusterConfig::Load(ClusterFile(o.dir)));
+  if (config.etcd.endpoints.empty() || config.servers.empty()) {
+    return Status::InvalidArgument(ClusterFile(o.dir) +
+                                   " names no etcd: only a cluster of `cluster up` can grow");
+  }
+  FARPOOL_ASSIGN_OR_RETURN(auto etcd, coord::EtcdClient::Create({config.etcd.endpoints}));
+  const coord::MapKeys keys{config.etcd.prefix};
+  FARPOOL_ASSIGN_OR_RETURN(auto kv, etcd->Get(keys.Map()));
+  if (!kv) return Status::NotFound("no cluster map at " + keys.Map());
+  FARPOOL_ASSIGN_OR_RETURN(coord::ClusterMap map, coord::ClusterMap::Parse(kv->value, keys.Map()));
+  uint16_t id = 0;
+  for (const ServerAddress& a : config.servers) id = std::max<uint16_t>(id, a.id + 1);
+  const int index = static_cast<int>(config.servers.size());
+  const bool netns = !config.servers[0].netns.empty();
+  NetNames names = NamesFor(o.dir);
+  std::string host = "127.0.0.1";
+  if (netns) {
+    // The network `cluster up` took: the second octet of its servers' addresses.
+    unsigned a = 0, net = 0;
+    if (std::sscanf(config.servers[0].host.c_str(), "%u.%u.", &a, &net) != 2 || a != 10) {
+      return Status::InvalidArgument("server 0's address " + config.servers[0].host +
+                                     " is not in a network of `cluster up --netns`");
+    }
+    names.net = static_cast<int>(net);
+    host = names.ServerIp(index);
+    Status net_made = AddNamespace(names, index, std::chrono::nanoseconds(0));
+    if (!net_made.ok()) {
+      TearDownNamespace(names, index);
+      return net_made.WithContext("adding a network namespace (needs root)");
+    }
+  }
+  const std::string base = (fs::path(o.dir) / ("server-" + std::to_string(index))).string();
+  std::error_code ec;
+  fs::remove(base + ".ready", ec);
+  std::vector<std::string> argv =
+      ServerArgv(o, netns ? names.Namespace(index) : "", host + (netns ? ":7000" : ":0"), id,
+                 base + ".ready", fs::absolute(SecretFile(o.dir)).string(), config.etcd);
+  const uint32_t slots = map.replicas > 0 ? static_cast<uint32_t>(o.mirror_slots) : 0;
+  if (map.replicas > 0) {
+    argv.insert(argv.end(), {"--replicated", "--mirror-slots", std::to_string(slots)});
+  }
+  const pid_t pid = SpawnDetached(argv, base + ".log", o.die_with_parent);
+  if (pid < 0) return Status::IoError(std::string("fork: ") + strerror(errno));
+  auto fail = [&](const Status& s) {
+    StopProcesses({pid});
+    if (netns) TearDownNamespace(names, index);
+    return s;
+  };
+  auto port = WaitReady(base + ".ready", pid, "server " + std::to_string(id), base + ".log",
+                        Clock::now() + o.start_timeout);
+  if (!port.ok()) return fail(port.status());
+  ServerAddress added;
+  added.id = id;
+  added.host = host;
+  added.port = *port;
+  added.memory = o.memory;
+  added.pid = pid;
+  added.netns = netns ? names.Namespace(index) : "";
+  // Into the map (epoch + 1) by a txn on its revision: the coordinator may change it meanwhile.
+  for (int attempt = 0;; ++attempt) {
+    coord::ClusterMap next = map;
+    next.epoch = map.epoch + 1;
+    coord::MapServer m;
+    m.id = id;
+    m.address = added.Endpoint();
+    m.memory = o.memory;
+    m.served_by = id;
+    m.slots = slots;
+    next.servers.push_back(m);
+    auto written =
+        etcd->PutIf({{keys.Map(), coord::Compare::Target::kModRevision, kv->mod_revision}},
+                    keys.Map(), next.ToJson());
+    if (!written.ok()) return fail(written.status().WithContext("writing the cluster map"));
+    if (written->succeeded) break;
+    if (attempt == 20) return fail(Status::Aborted("the cluster map kept changing; try again"));
+    auto again = etcd->Get(keys.Map());
+    if (!again.ok() || !*again) return fail(Status::Unavailable("reading the cluster map again"));
+    kv = *again;
+    auto parsed = coord::ClusterMap::Parse(kv->value, keys.Map());
+    if (!parsed.ok()) return fail(parsed.status());
+    map = *parsed;
+  }
+  config.servers.push_back(added);
+  FARPOOL_RETURN_IF_ERROR(config.Save(ClusterFile(o.dir)));
+  // The pools' clients' cluster files (AddPool) list the servers too.
+  for (const auto& entry : fs::directory_iterator(fs::path(o.dir) / "pools", ec)) {
+    const std::string file = PoolClusterFile(o.dir, entry.path().stem().string());
+    FARPOOL_ASSIGN_OR_RETURN(ClusterConfig pool_config, ClusterConfig::Load(file));
+    pool_config.servers.push_back(added);
+    FARPOOL_RETURN_IF_ERROR(pool_config.Save(file));
+  }
+  return id;
+}
+
+Status ClusterDrain(const std::string& dir, uint16_t id, std::chrono::milliseconds timeout) {
+  FARPOOL_ASSIGN_OR_RETURN(ClusterConfig config, ClusterConfig::Load(ClusterFile(dir)));
+  FARPOOL_ASSIGN_OR_RETURN(EtcdView view, ClusterEtcdStatus(dir));
+  const coord::ClusterMap& map = view.map;
+  const ServerAddress* server = nullptr;
+  std::string ids;
+  for (const ServerAddress& a : config.servers) {
+    if (a.id == id) server = &a;
+    ids += (ids.empty() ? "" : " ") + std::to_string(a.id);
+  }
+  const coord::MapServer* entry = map.Find(id);
+  const std::string name = "server " + std::to_string(id);
+  if (server == nullptr || entry == nullptr) {
+    return Status::InvalidArgument("no " + name + " in the cluster (servers: " + ids + ")");
+  }
+  auto alive = [&](int s) {
+    return s >= 0 && std::find(view.alive.begin(), view.alive.end(), s) != view.alive.end();
+  };
+  if (entry->served_by != id || !alive(id)) {
+    return Status::InvalidArgument(name +
+                                   " serves no region of its own (drained or failed over "
+                                   "already, or not alive): nothing to drain");
+  }
+  const bool others =
+      std::any_of(view.alive.begin(), view.alive.end(), [&](uint16_t s) { return s != id; });
+  if (!others)
+    return Status::InvalidArgument(name + " is the last server: its data has nowhere to go");
+  if (map.replicas == 0) {
+    return Status::InvalidArgument(
+        "draining a cluster without replicas (a copy to a target first) "
+        "is not built yet: start it with --replicas 1");
+  }
+  if (!alive(entry->backup)) {
+    return Status::InvalidArgument(name +
+                                   "'s region has no live backup (it runs with one copy): "
+                                   "draining it would lose the region; wait for "
+                                   "re-replication or `cluster add` room for it");
+  }
+  for (const coord::MapServer& r : map.servers) {
+    if (r.id != id && r.served_by == id && !alive(r.backup)) {
+      return Status::InvalidArgument(name + " serves server " + std::to_string(r.id) +
+                                     "'s region from a mirror slot, with one copy: draining it "
+                                     "would lose that region");
+    }
+  }
+  // A planned failover: the server leaves etcd (its lease revoked) and stops serving in order;
+  // the coordinator promotes its backup and moves the epoch; clients follow the map.
+  const auto deadline = Clock::now() + timeout;
+  if (kill(static_cast<pid_t>(server->pid), SIGTERM) != 0) {
+    return Status::IoError("cannot signal " + name + " (pid " + std::to_string(server->pid) +
+                           "): " + strerror(errno));
+  }
+  while (Clock::now() < deadline) {
+    auto now = ClusterEtcdStatus(dir);
+    const bool moved =
+        now.ok() && now->map.Find(id) != nullptr && now->map.Find(id)->served_by != id;
+    if (moved && !ProcessRunning(static_cast<pid_t>(server->pid))) return Status::Ok();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return Status::TimedOut(name + " was stopped, but within " + std::to_string(timeout.count()) +
+                          " ms the map did not move its region to its backup, or its process did "
+                          "not end (see " +
+                          dir + "/server-*.log)");
 }
 
 Result<std::vector<ServerStatus>> ClusterStatus(const std::string& dir) {

@@ -48,6 +48,10 @@ struct LocalClusterOptions {
   // Backups of every byte: 0 or 1 (ClusterConfig::replicas). Not yet 1 by default: over shared
   // memory a replicated cluster sends every change as a message (docs/pool.md, Replication).
   int replicas = 0;
+  // With replicas: each server's mirror slots (ServerOptions::mirror_slots), each as large as
+  // --memory. Slot 0 keeps the ring predecessor's copy; more give re-replication room to
+  // restore a backup after a failure (docs/pool.md "Re-replication").
+  int mirror_slots = 1;
   std::chrono::nanoseconds delay{0};  // requires netns
   std::string binary;                 // path of the farpool executable
   std::chrono::seconds start_timeout{30};
@@ -60,6 +64,26 @@ struct LocalClusterOptions {
 };
 
 Status ClusterUp(const LocalClusterOptions& options);
+// `farpool cluster add`: starts one more server for the running cluster in options.dir (same
+// transport; in a network namespace of its own if the cluster's servers have one), with
+// options.memory, .chunk_size, .progress, .mirror_slots (replicated clusters), .binary; waits
+// until it is registered in etcd and listening, enters it into the map (epoch + 1, its own
+// region, no backup yet), into cluster.json and into every pool's cluster-NAME.json, and
+// returns its id. In a replicated cluster it refuses changes until the coordinator has named
+// its backup (re-replication, where a free mirror slot exists); its own slots are free for
+// other regions. Clients that connect from then on use it; Pools already connected do not
+// (docs/pool.md "cluster add"). Errors: no etcd in cluster.json, the server's start (its log
+// named); nothing is left behind.
+Result<uint16_t> ClusterAdd(const LocalClusterOptions& options);
+// `farpool cluster drain ID` (docs/pool.md "cluster drain"), replicated clusters: a planned
+// failover. Checks first, changing nothing if any fails (InvalidArgument naming why): ID is a
+// live server of the cluster serving its own region, not the last one, whose backup is alive,
+// and every region it serves from a slot has a live backup too. Then stops it in
+// order (SIGTERM: it leaves etcd at once and closes its connections), and returns once the map
+// has its region served by its backup and its process has ended (TimedOut after `timeout`).
+// The regions it kept copies of are degraded, and get new copies where slots are free
+// (re-replication). InvalidArgument without replicas (not built yet).
+Status ClusterDrain(const std::string& dir, uint16_t id, std::chrono::milliseconds timeout);
 Status ClusterDown(const std::string& dir);
 
 struct ServerStatus {

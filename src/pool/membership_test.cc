@@ -20,6 +20,7 @@
 #include "coord/etcd_client.h"
 #include "coord/etcd_process.h"
 #include "farpool/pool.h"
+#include "pool/server/memory_server.h"
 #include "pool/test_cluster.h"
 
 namespace farpool {
@@ -298,6 +299,8 @@ class Writer {
     }
     return false;
   }
+  // Writes that failed (outcome unknown) so far.
+  uint64_t failures() const { return failures_.load(); }
   // Every object holds its last acknowledged value or a later one whose outcome was unknown.
   void CheckIntact() {
     std::lock_guard lock(mu_);
@@ -331,6 +334,7 @@ class Writer {
           ++log_[i].acks;
         } else {
           log_[i].unknown.push_back(value);
+          ++failures_;
         }
       }
       std::this_thread::sleep_for(2ms);
@@ -342,6 +346,7 @@ class Writer {
   std::mutex mu_;
   std::vector<Log> log_;  // guarded by mu_
   std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> failures_{0};
   std::thread thread_;
 };
 
@@ -439,6 +444,291 @@ TEST(CoordinatorFailover, AnotherCoordinatorIsElectedAndHandlesLaterFailures) {
   view = ClusterEtcdStatus(cluster.dir()).value();
   EXPECT_EQ(view.map.epoch, 3);
   EXPECT_EQ(view.map.Find(victim)->served_by, (victim + 1) % kServers);
+}
+
+// Re-replication (docs/pool.md "Re-replication"), servers in network namespaces over TCP, two
+// mirror slots each: SIGKILL of a primary under a writing client; the coordinator fails it
+// over, then restores a backup for both regions left with one copy (the one whose backup died,
+// and the dead server's own, now served from a promoted slot) while the client writes on; then
+// SIGKILL of the server that took the first one over: every region moves to the last server
+// (the first one a second time, from its new backup), and no acknowledged write is lost: not
+// the bytes written before the first failure (copied), nor those written after the copies
+// (forwarded).
+TEST(ReReplication, EveryRegionGetsABackupAgainAndSurvivesASecondFailure) {
+  constexpr int kServers = 3;
+  LocalClusterOptions o = Options(kServers, 1, /*netns=*/true);
+  o.mirror_slots = 2;
+  TestCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  FailoverSetup setup;
+  ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
+  // A pattern of several slices' worth on every server, written before any failure.
+  constexpr uint64_t kBig = 3 * kCopySlice;
+  std::vector<GlobalAddress> big;
+  std::vector<std::vector<uint8_t>> pattern;
+  for (int s = 0; s < kServers; ++s) {
+    auto a = setup.pool->Alloc(kBig, Placement::OnServer(static_cast<uint16_t>(s)));
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    big.push_back(*a);
+    std::vector<uint8_t> bytes(kBig);
+    for (uint64_t i = 0; i < kBig; ++i) bytes[i] = static_cast<uint8_t>(i * 7 + s * 13 + i / 4096);
+    ASSERT_TRUE(setup.pool->Write(*a, bytes.data(), kBig).ok());
+    pattern.push_back(std::move(bytes));
+  }
+  const int coordinator = Coordinator(cluster.dir());
+  ASSERT_GE(coordinator, 0) << "no coordinator elected";
+  // The ring: the backup of i is i + 1. `first` (not the coordinator) dies: `keeper` serves
+  // its region from slot 0; `second` loses its backup (`first`).
+  const int keeper = coordinator;
+  const int first = (keeper + 2) % kServers;
+  const int second = (keeper + 1) % kServers;
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  Writer writer(*setup.pool, setup.objects);
+  ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[first].pid), SIGKILL), 0);
+  EtcdView view = WaitForView(cluster.dir(), [&](const EtcdView& v) {
+    return v.map.Find(first)->served_by != first &&
+           std::all_of(v.map.servers.begin(), v.map.servers.end(),
+                       [](const coord::MapServer& m) { return m.backup >= 0; });
+  });
+  EXPECT_EQ(view.map.epoch, 4) << "failover, then two re-replications";
+  EXPECT_EQ(view.map.Find(first)->served_by, keeper);
+  EXPECT_EQ(view.map.Find(first)->served_slot, 0);
+  EXPECT_EQ(view.map.Find(first)->backup, second) << "the only other live server";
+  EXPECT_EQ(view.map.Find(first)->backup_slot, 1);
+  EXPECT_EQ(view.map.Find(second)->backup, keeper);
+  EXPECT_EQ(view.map.Find(second)->backup_slot, 1);
+  EXPECT_EQ(view.map.Find(keeper)->backup, second) << "unchanged";
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(20)) << "writes stopped after re-replication";
+  // New bytes after the copies: they reach the new backups only as forwards.
+  for (int s = 0; s < kServers; ++s) {
+    for (uint8_t& b : pattern[s]) b ^= 0x5a;
+    ASSERT_TRUE(setup.pool->Write(big[s], pattern[s].data(), kBig).ok()) << "server " << s;
+  }
+
+  // The coordinator dies too: another is elected and moves all three regions to `second`.
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[keeper].pid), SIGKILL), 0);
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failover";
+  view = WaitForView(cluster.dir(), [&](const EtcdView& v) {
+    return std::all_of(v.map.servers.begin(), v.map.servers.end(),
+                       [&](const coord::MapServer& m) { return m.served_by == second; });
+  });
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(20)) << "the client did not follow the second move";
+  writer.Stop();
+  writer.CheckIntact();
+  for (int s = 0; s < kServers; ++s) {
+    std::vector<uint8_t> got(kBig);
+    Status read = setup.pool->Read(big[s], got.data(), kBig);
+    ASSERT_TRUE(read.ok()) << "server " << s << ": " << read.ToString();
+    EXPECT_TRUE(got == pattern[s]) << "server " << s << "'s pattern changed";
+  }
+  EXPECT_EQ(view.map.Find(first)->served_by, second);
+  EXPECT_EQ(view.map.Find(first)->served_slot, 1) << "from its new backup's slot";
+  EXPECT_EQ(view.map.Find(keeper)->served_slot, 0);
+  EXPECT_EQ(view.map.Find(second)->backup, -1);
+}
+
+// Without a free mirror slot (one slot each, the default) nothing is re-replicated: the map
+// keeps the region with one copy, and the coordinator says why.
+TEST(ReReplication, WithoutAFreeSlotTheRegionKeepsOneCopy) {
+  constexpr int kServers = 3;
+  TestCluster cluster(Options(kServers, 1));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  FailoverSetup setup;
+  ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
+  const int coordinator = Coordinator(cluster.dir());
+  ASSERT_GE(coordinator, 0) << "no coordinator elected";
+  const int first = (coordinator + 2) % kServers;
+  const int second = (coordinator + 1) % kServers;
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  Writer writer(*setup.pool, setup.objects);
+  ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[first].pid), SIGKILL), 0);
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failover";
+  const std::string coordinator_log =
+      cluster.dir() + "/server-" + std::to_string(coordinator) + ".log";
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (FileTail(coordinator_log, 4000).find("no live server has a free mirror slot") ==
+             std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_NE(FileTail(coordinator_log, 4000).find("no live server has a free mirror slot"),
+            std::string::npos);
+  writer.Stop();
+  writer.CheckIntact();
+  EtcdView view = ClusterEtcdStatus(cluster.dir()).value();
+  EXPECT_EQ(view.map.epoch, 2) << "the failover only";
+  EXPECT_EQ(view.map.Find(second)->backup, -1);
+}
+
+// `cluster add` (docs/pool.md "cluster add"), servers in network namespaces: the new server
+// gets a namespace of its own, registers, enters the map (epoch 2) and gets a backup in a free
+// slot (epoch 3); a client that connects then leases chunks on it, striped allocations land
+// there too, and when it is SIGKILLed under that client's writes its backup takes over.
+TEST(ClusterAdd, AnAddedServerJoinsGetsABackupAndTakesNewChunks) {
+  LocalClusterOptions o = Options(2, 1, /*netns=*/true);
+  o.mirror_slots = 2;
+  TestCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  LocalClusterOptions add = o;
+  add.dir = cluster.dir();
+  add.binary = FARPOOL_BINARY;
+  add.die_with_parent = true;
+  auto id = ClusterAdd(add);
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  EXPECT_EQ(*id, 2);
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  ASSERT_EQ(config->servers.size(), 3u);
+  EXPECT_FALSE(config->servers[2].netns.empty());
+  EtcdView view = WaitForView(cluster.dir(), [&](const EtcdView& v) {
+    return v.map.Find(2) != nullptr && v.map.Find(2)->backup >= 0;
+  });
+  EXPECT_EQ(view.map.epoch, 3) << "joined, then backed up";
+  EXPECT_TRUE(Contains(view.alive, 2));
+  ASSERT_NE(view.map.Find(2), nullptr);
+  EXPECT_EQ(view.map.Find(2)->served_by, 2);
+  EXPECT_EQ(view.map.Find(2)->backup_slot, 1) << "slot 0 of each holds the ring's copy";
+
+  FailoverSetup setup;
+  ASSERT_NO_FATAL_FAILURE(Connect(cluster, 3, &setup));  // one object on each, server 2's too
+  int on_new = 0;
+  for (int i = 0; i < 12; ++i) {
+    auto a = setup.pool->Alloc(4 << 20, Placement::Striped());
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    on_new += a->server() == 2;
+  }
+  EXPECT_GT(on_new, 0) << "no striped chunk on the added server";
+  Writer writer(*setup.pool, setup.objects);
+  ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[2].pid), SIGKILL), 0);
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failover";
+  writer.Stop();
+  writer.CheckIntact();
+}
+
+// Re-replication onto an added server: with one slot each there is no room after a failure;
+// `cluster add` brings a server with a free slot, the region that lost its backup is copied
+// there, and when that region's server dies too the added server takes it over.
+TEST(ClusterAdd, AnAddedServerIsWhereAStrandedRegionGetsItsBackup) {
+  constexpr int kServers = 3;
+  TestCluster cluster(Options(kServers, 1));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  const int coordinator = Coordinator(cluster.dir());
+  ASSERT_GE(coordinator, 0) << "no coordinator elected";
+  const int first = (coordinator + 2) % kServers;
+  const int second = (coordinator + 1) % kServers;  // loses its backup, `first`
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[first].pid), SIGKILL), 0);
+  EtcdView view = WaitForView(cluster.dir(), [&](const EtcdView& v) { return v.map.epoch == 2; });
+  ASSERT_EQ(view.map.Find(second)->backup, -1);
+  LocalClusterOptions add = Options(kServers, 1);
+  add.mirror_slots = 2;  // for both regions left with one copy (the dead server's own too)
+  add.dir = cluster.dir();
+  add.binary = FARPOOL_BINARY;
+  add.die_with_parent = true;
+  auto id = ClusterAdd(add);
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  view = WaitForView(cluster.dir(),
+                     [&](const EtcdView& v) { return v.map.Find(second)->backup == *id; });
+  EXPECT_EQ(view.map.Find(second)->backup, *id);
+  EXPECT_EQ(view.map.Find(*id)->backup, -1) << "no room left for the added server's own copy";
+
+  // A client of the grown cluster writes to `second` (and the others) and sees it die.
+  FailoverSetup setup;
+  auto grown = cluster.config();
+  ASSERT_TRUE(grown.ok());
+  PoolOptions po;
+  po.op_timeout = 5000ms;
+  auto pool = Pool::Connect(*grown, po);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  setup.pool = std::move(*pool);
+  for (int s : {coordinator, second}) {
+    auto a = setup.pool->Alloc(64, Placement::OnServer(static_cast<uint16_t>(s)));
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    setup.objects.push_back(*a);
+  }
+  Writer writer(*setup.pool, setup.objects);
+  ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[second].pid), SIGKILL), 0);
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failover";
+  writer.Stop();
+  writer.CheckIntact();
+  view = ClusterEtcdStatus(cluster.dir()).value();
+  EXPECT_EQ(view.map.Find(second)->served_by, *id);
+}
+
+// `cluster drain` (docs/pool.md "cluster drain") under a writing client: the drained server's
+// region moves to its backup (a planned failover), its process ends, no server keeps anything
+// on it afterwards (the region it kept a copy of gets a new one in a free slot), and no
+// acknowledged write is lost.
+TEST(ClusterDrain, ADrainedServersRegionMovesToItsBackupUnderWritesAndItsProcessEnds) {
+  constexpr int kServers = 3;
+  LocalClusterOptions o = Options(kServers, 1);
+  o.mirror_slots = 2;
+  TestCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  FailoverSetup setup;
+  ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
+  const int coordinator = Coordinator(cluster.dir());
+  ASSERT_GE(coordinator, 0) << "no coordinator elected";
+  const int victim = (coordinator + 1) % kServers;
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  Writer writer(*setup.pool, setup.objects);
+  ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
+  Status drained = ClusterDrain(cluster.dir(), static_cast<uint16_t>(victim), 30000ms);
+  ASSERT_TRUE(drained.ok()) << drained.ToString();
+  EXPECT_FALSE(ProcessRunning(static_cast<pid_t>(config->servers[victim].pid)));
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the drain";
+  EtcdView view = WaitForView(cluster.dir(), [&](const EtcdView& v) {
+    return std::none_of(v.map.servers.begin(), v.map.servers.end(), [&](const auto& m) {
+      return m.served_by == victim || m.backup == victim || (m.served_by == m.id && m.backup < 0);
+    });
+  });
+  EXPECT_EQ(view.map.Find(victim)->served_by, (victim + 1) % kServers);
+  for (const coord::MapServer& m : view.map.servers) {
+    EXPECT_NE(m.served_by, victim) << "server " << m.id;
+    EXPECT_NE(m.backup, victim) << "server " << m.id;
+  }
+  EXPECT_FALSE(Contains(view.alive, static_cast<uint16_t>(victim)));
+  writer.Stop();
+  writer.CheckIntact();
+  std::printf(
+      "writes that failed during the drain (outcome unknown, retried by the writer): %llu\n",
+      static_cast<unsigned long long>(writer.failures()));
+}
+
+// Bad input: an unknown id, a server that serves nothing of its own any more, the last server:
+// each a clear error, and nothing changes (the map's epoch, the server still running).
+TEST(ClusterDrain, BadInputIsRefusedAndChangesNothing) {
+  TestCluster cluster(Options(2, 1));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  Status unknown = ClusterDrain(cluster.dir(), 9, 30000ms);
+  EXPECT_EQ(unknown.code(), StatusCode::kInvalidArgument) << unknown.ToString();
+  EXPECT_NE(unknown.message().find("no server 9 in the cluster (servers: 0 1)"), std::string::npos)
+      << unknown.message();
+  EXPECT_EQ(ClusterEtcdStatus(cluster.dir()).value().map.epoch, 1);
+  ASSERT_TRUE(ClusterDrain(cluster.dir(), 1, 30000ms).ok());
+  EtcdView view = ClusterEtcdStatus(cluster.dir()).value();
+  const int64_t epoch = view.map.epoch;
+  EXPECT_EQ(view.map.Find(1)->served_by, 0);
+  Status again = ClusterDrain(cluster.dir(), 1, 30000ms);
+  EXPECT_EQ(again.code(), StatusCode::kInvalidArgument) << again.ToString();
+  EXPECT_NE(again.message().find("serves no region of its own"), std::string::npos)
+      << again.message();
+  Status last = ClusterDrain(cluster.dir(), 0, 30000ms);
+  EXPECT_EQ(last.code(), StatusCode::kInvalidArgument) << last.ToString();
+  EXPECT_NE(last.message().find("server 0 is the last server"), std::string::npos)
+      << last.message();
+  EXPECT_TRUE(ProcessRunning(static_cast<pid_t>(config->servers[0].pid)));
+  EXPECT_EQ(ClusterEtcdStatus(cluster.dir()).value().map.epoch, epoch);
 }
 
 // Fencing by epoch: a server that finds in the map that its region is served by another (as

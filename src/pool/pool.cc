@@ -147,18 +147,20 @@ struct ServerState {
   std::byte* direct = nullptr;  // region mapped into this process, or null
   bool messages = false;        // not mapped: operations go as batch messages, not one-sided
   bool keyless = false;         // a pool's client (kHelloPoolClient): no remote key, messages only
-  // Of the first hello: whose region it mirrors, where, and the port of the mirror's loop.
+  // Of the first hello: whose region its slot 0 mirrors, and the port of the mirror's loop.
   uint16_t mirror_of = wire::kNoMirror;
-  uint64_t mirror_offset = 0;
   uint16_t mirror_port = 0;
   // Of the first hello: where this client's pool has its root area (0: the region's, the
-  // default pool's), and in the mirror (of mirror_of's region).
+  // default pool's), and in the mirror's slot 0 (of mirror_of's region; offsets of that server).
   uint64_t root_offset = 0;
   uint64_t mirror_root_offset = 0;
   std::atomic<bool> failed{false};
-  // Replication: once failed, the index of the server that took its data over (its backup,
-  // which mirrors it at mirror_offset), or -1. Set once, after `failed`.
+  // Replication: once failed, the index of the server that took its data over (a backup,
+  // which serves it from its mirror slot `moved_slot`, at (1 + moved_slot) x its own region
+  // size), or -1. Set after `failed`, moved_slot before moved_to; changed again only when the
+  // map moves the region again (the server that took it over was lost too).
   std::atomic<int> moved_to{-1};
+  std::atomic<int> moved_slot{0};
   std::atomic<bool> failing_over{false};  // FailOver is running (set before `failed`)
   mutable std::mutex mu;
   std::string failure;                                 // guarded by mu
@@ -273,12 +275,13 @@ class Pool::Impl {
   // Failover on etcd: reports failed server `index` to the coordinator and waits until the map
   // names the server that serves its region now; returns that server's index. Errors: etcd
   // unreachable, or no decision within kCoordinatorWait (the caller falls back).
-  Result<size_t> AwaitMapDecision(size_t index);
+  Result<std::pair<size_t, int>> AwaitMapDecision(size_t index);
   // Re-routes every server that `map` says another serves (see the file comment).
   void FollowMap(const coord::ClusterMap& map);
-  // Where `map` says server `index`'s region is served now, if elsewhere and valid for this
-  // client (the backup that mirrors it); -1: still at `index`.
-  int ServedBy(const coord::ClusterMap& map, size_t index) const;
+  // Where `map` says server `index`'s region is served now, if elsewhere: that server's index
+  // and its mirror slot that holds the region; nullopt: still at `index` (or a server this
+  // client does not know).
+  std::optional<std::pair<size_t, int>> ServedBy(const coord::ClusterMap& map, size_t index) const;
   void WatchMap();
   // The index of the server that serves failed server `s`'s data, or -1 (waits for a
   // FailOver in progress).
@@ -328,8 +331,8 @@ class Pool::Impl {
   void SayGoodbye(ThreadContext& tc);
   static constexpr std::chrono::milliseconds kGoodbyeTimeout{1000};
   Status ReleaseOn(size_t index, uint64_t offset, uint64_t size);
-  // Where leases of server `index` go: itself (mirror 0), or, failed over, its backup's
-  // promoted mirror (mirror 1).
+  // Where leases of server `index` go: itself (mirror 0), or, failed over, the promoted
+  // mirror slot of the server that serves it (mirror: 1 + its id).
   std::pair<size_t, uint32_t> ControlTarget(size_t index) const;
 
   PoolOptions options_;
@@ -414,7 +417,12 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
       const ServerState& b = *servers_[static_cast<size_t>(s.moved_to.load())];
       s.region_size = b.region_size;
       s.chunk_size = b.chunk_size;
-      s.root_offset = b.mirror_root_offset;
+      // The pool's root there is known from the backup's hello only if its slot 0 holds the
+      // region (the ring backup); in a slot re-replication chose, a pool other than the default
+      // does not learn its root area at connect (its root operations are refused, not misrouted).
+      if (b.mirror_of == s.address.id && s.moved_slot.load() == 0) {
+        s.root_offset = b.mirror_root_offset;
+      }
       continue;
     }
     if (s.failed) return s.Failure().WithContext("connecting");
@@ -554,7 +562,6 @@ Status Pool::Impl::Hello(ThreadContext& tc, size_t index) {
     s.chunk_size = hello.chunk_size;
     s.hello_flags = hello.flags;
     s.mirror_of = hello.mirror_of;
-    s.mirror_offset = hello.mirror_offset;
     s.mirror_port = hello.mirror_port;
     s.root_offset = hello.root_offset;
     s.mirror_root_offset = hello.mirror_root_offset;
@@ -621,16 +628,16 @@ int Pool::Impl::MovedTo(const ServerState& s) const {
   return s.moved_to.load(std::memory_order_acquire);
 }
 
-int Pool::Impl::ServedBy(const coord::ClusterMap& map, size_t index) const {
+std::optional<std::pair<size_t, int>> Pool::Impl::ServedBy(const coord::ClusterMap& map,
+                                                           size_t index) const {
   const coord::MapServer* m = map.Find(servers_[index]->address.id);
-  if (m == nullptr || m->served_by == m->id) return -1;
+  if (m == nullptr || m->served_by == m->id || m->served_slot < 0) return std::nullopt;
   auto b = IndexOf(m->served_by);
-  // The map can only move a region to the backup that mirrors it (replicas 1's ring).
-  if (!b.ok() || *b != cluster_.BackupOf(index)) return -1;
-  return static_cast<int>(*b);
+  if (!b.ok()) return std::nullopt;
+  return std::pair<size_t, int>{*b, m->served_slot};
 }
 
-Result<size_t> Pool::Impl::AwaitMapDecision(size_t index) {
+Result<std::pair<size_t, int>> Pool::Impl::AwaitMapDecision(size_t index) {
   const ServerState& s = *servers_[index];
   const coord::MapKeys keys{cluster_.etcd.prefix};
   FARPOOL_RETURN_IF_ERROR(
@@ -640,8 +647,7 @@ Result<size_t> Pool::Impl::AwaitMapDecision(size_t index) {
     FARPOOL_ASSIGN_OR_RETURN(auto kv, etcd_->Get(keys.Map()));
     if (!kv) return Status::NotFound("no cluster map at " + keys.Map());
     FARPOOL_ASSIGN_OR_RETURN(auto map, coord::ClusterMap::Parse(kv->value, keys.Map()));
-    const int b = ServedBy(map, index);
-    if (b >= 0) return static_cast<size_t>(b);
+    if (auto b = ServedBy(map, index)) return *b;
     if (Clock::now() > deadline) {
       return Status::TimedOut("the coordinator did not fail it over within " +
                               std::to_string(kCoordinatorWait.count()) + " ms");
@@ -654,23 +660,26 @@ void Pool::Impl::FollowMap(const coord::ClusterMap& map) {
   if (map.epoch <= map_epoch_.load()) return;
   for (size_t i = 0; i < servers_.size(); ++i) {
     ServerState& s = *servers_[i];
-    const int b = ServedBy(map, i);
-    if (b < 0 || s.moved_to.load() >= 0) continue;
+    const auto served = ServedBy(map, i);
+    if (!served) continue;
+    const auto b = served->first;
+    // A region moves again when the server that took it over is lost in turn (re-replication
+    // gave it a backup there).
+    if (s.moved_to.load() == static_cast<int>(b) && s.moved_slot.load() == served->second) continue;
     {
       std::lock_guard lock(s.mu);
       if (s.failing_over.load()) continue;  // its FailOver reads the map itself
       if (!s.failed.load()) {
         s.failure = "the cluster map (epoch " + std::to_string(map.epoch) +
-                    ") has its region served by server " +
-                    std::to_string(servers_[static_cast<size_t>(b)]->address.id);
+                    ") has its region served by server " + std::to_string(servers_[b]->address.id);
         s.failure_code = StatusCode::kUnavailable;
         s.failed.store(true);
       }
     }
-    s.moved_to.store(b, std::memory_order_release);
+    s.moved_slot.store(served->second);
+    s.moved_to.store(static_cast<int>(b), std::memory_order_release);
     std::fprintf(stderr, "farpool: the cluster map (epoch %lld) moved %s to %s\n",
-                 static_cast<long long>(map.epoch), s.name.c_str(),
-                 servers_[static_cast<size_t>(b)]->name.c_str());
+                 static_cast<long long>(map.epoch), s.name.c_str(), servers_[b]->name.c_str());
   }
   map_epoch_.store(map.epoch);
 }
@@ -694,6 +703,22 @@ void Pool::Impl::WatchMap() {
 
 void Pool::Impl::FailOver(size_t index) {
   ServerState& s = *servers_[index];
+  if (etcd_) {
+    // The map may have moved the backup since `cluster up` (re-replication): it decides.
+    auto decided = AwaitMapDecision(index);
+    if (decided.ok()) {
+      s.moved_slot.store(decided->second);
+      s.moved_to.store(static_cast<int>(decided->first), std::memory_order_release);
+      std::fprintf(stderr, "farpool: %s is gone; the coordinator moved its data to %s\n",
+                   s.name.c_str(), servers_[decided->first]->name.c_str());
+      return;
+    }
+    std::fprintf(stderr,
+                 "farpool: %s is gone and etcd's coordinator did not fail it over (%s): asking "
+                 "its ring backup directly\n",
+                 s.name.c_str(), decided.status().message().c_str());
+  }
+  // The first stage's fallback: the ring backup, which mirrors it in its slot 0.
   const size_t b = cluster_.BackupOf(index);
   ServerState& backup = *servers_[b];
   if (backup.failed.load() || backup.mirror_of != s.address.id) {
@@ -701,19 +726,6 @@ void Pool::Impl::FailOver(size_t index) {
     std::fprintf(stderr, "farpool: %s is gone and cannot fail over: %s\n", s.name.c_str(),
                  backup.failed.load() ? "its backup is gone too" : "its backup does not mirror it");
     return;
-  }
-  if (etcd_) {
-    auto decided = AwaitMapDecision(index);
-    if (decided.ok()) {
-      s.moved_to.store(static_cast<int>(*decided), std::memory_order_release);
-      std::fprintf(stderr, "farpool: %s is gone; the coordinator moved its data to %s\n",
-                   s.name.c_str(), servers_[*decided]->name.c_str());
-      return;
-    }
-    std::fprintf(stderr,
-                 "farpool: %s is gone and etcd's coordinator did not fail it over (%s): asking "
-                 "its backup directly\n",
-                 s.name.c_str(), decided.status().message().c_str());
   }
   // One connection per server asked, opened once: opening one creates a UCX context and
   // worker, which holds every other thread's progress back meanwhile (transport/ucx.h).
@@ -744,6 +756,7 @@ void Pool::Impl::FailOver(size_t index) {
                  promoted.message().c_str());
     return;
   }
+  s.moved_slot.store(0);
   s.moved_to.store(static_cast<int>(b));
   std::fprintf(stderr, "farpool: %s is gone; %s has taken its data over\n", s.name.c_str(),
                backup.name.c_str());
@@ -1041,8 +1054,9 @@ Result<Pool::Impl::Target> Pool::Impl::Resolve(GlobalAddress address, uint64_t s
     // Failed over: its backup serves it from the mirror, in messages (its checks apply).
     const ServerState& b = *servers_[static_cast<size_t>(moved)];
     if (b.failed.load(std::memory_order_relaxed)) return b.Failure();
-    return Target{static_cast<size_t>(moved), b.region_base + b.mirror_offset + offset, nullptr,
-                  true};
+    const uint64_t slot = static_cast<uint64_t>(s.moved_slot.load());
+    return Target{static_cast<size_t>(moved), b.region_base + b.region_size * (1 + slot) + offset,
+                  nullptr, true};
   }
   // Replicated: a change goes through the server, which forwards it to the backup before it
   // answers; a mapped store or a one-sided put would bypass both.
@@ -1225,8 +1239,9 @@ std::pair<size_t, uint32_t> Pool::Impl::ControlTarget(size_t index) const {
   const ServerState& s = *servers_[index];
   if (!s.failed.load()) return {index, 0};
   const int moved = MovedTo(s);
-  return moved < 0 ? std::pair<size_t, uint32_t>{index, 0}
-                   : std::pair<size_t, uint32_t>{static_cast<size_t>(moved), 1};
+  return moved < 0
+             ? std::pair<size_t, uint32_t>{index, 0}
+             : std::pair<size_t, uint32_t>{static_cast<size_t>(moved), uint32_t{s.address.id} + 1};
 }
 
 std::string Pool::AccessPath(uint16_t id) const {

@@ -384,7 +384,7 @@ TEST(Replication, PoolsStayIsolatedAcrossAFailover) {
                           [&](uint64_t id) {
                             return wire::Encode(
                                 id, wire::MirrorLeaseRequest{b_root, chunk, 1, wire::kMirrorRelease,
-                                                             transport::PoolId("b")});
+                                                             0, transport::PoolId("b")});
                           },
                           wire::Opcode::kMirrorLeaseReply);
     ASSERT_FALSE(forged.ok());

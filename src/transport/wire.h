@@ -193,8 +193,8 @@ static_assert(sizeof(HelloReply) == 104);
 inline constexpr uint16_t kNoMirror = 0xffff;
 
 // Lease `size` bytes (a multiple of chunk_size) as one contiguous run. `mirror` nonzero: in
-// the region of the server this one has taken over (its promoted mirror; offsets are that
-// server's), for a client that has failed that server over.
+// the region of server `mirror - 1`, which this one has taken over (its promoted mirror slot;
+// offsets are that server's), for a client that has failed that server over.
 struct LeaseRequest {
   uint64_t size;
   uint32_t mirror;
@@ -305,30 +305,41 @@ static_assert(sizeof(GoodbyeReply) == 8);
 
 // ---- Replication (docs/pool.md "Replication").
 
-// Tool -> primary: forward every change to server `backup_id` at HOST:PORT, which mirrors this
-// server (its hello must say so). Until a primary has a backup, every request that would change
+// Tool or coordinator -> primary: forward every change to server `backup_id` at HOST:PORT,
+// into its mirror slot `slot`. Until a primary has a backup, every request that would change
 // its region or its leases is refused: nothing is acknowledged with fewer copies than asked.
+// Named before any lease (cluster up) the copy starts equal; named later (re-replication,
+// docs/pool.md "Re-replication") the primary first copies its region and lease book in
+// slices while it serves, and `remaining` says how many bytes are left to copy (0: the copy is
+// complete and every change since is forwarded). Asking again with the same backup and slot
+// reports progress.
 struct BackupRequest {
   uint16_t backup_id;
   uint16_t port;
-  uint32_t reserved;
+  uint16_t slot;
+  // Whose region: the primary's own id, or a region it serves from a promoted mirror slot.
+  uint16_t region;
   char host[64];  // NUL-terminated
 };
 static_assert(sizeof(BackupRequest) == 72);
 struct BackupReply {
-  uint64_t reserved;
+  uint64_t remaining;
 };
 static_assert(sizeof(BackupReply) == 8);
 
 // Primary -> backup: writes (memory_ops kWrite operations, offsets in the primary's region) to
 // apply to the mirror. Refused once the backup has taken the primary's data over (promoted).
+// `slot`: the backup's mirror slot that holds the primary's copy. kReplicateAttach (the first
+// forward of a new BackupLink) makes that slot the primary's, with an empty lease book, unless
+// the slot has been promoted (it serves a region).
 struct ReplicateRequest {
   uint16_t primary_id;
-  uint16_t reserved;
+  uint16_t slot;
   uint32_t op_count;
   uint32_t ops_size;  // tail length
-  uint32_t reserved2;
+  uint32_t flags;
 };
+inline constexpr uint32_t kReplicateAttach = 1;
 static_assert(sizeof(ReplicateRequest) == 16);
 struct ReplicateReply {
   uint64_t bytes_applied;
@@ -339,14 +350,15 @@ static_assert(sizeof(ReplicateReply) == 8);
 // offset + size) for pool `owner` (transport::PoolId) in the primary's lease book, mirrored
 // so that the backup checks clients' addresses as the primary did once it has taken over.
 // Refused once promoted, as ReplicateRequest.
-inline constexpr uint16_t kMirrorRelease = 0;
-inline constexpr uint16_t kMirrorLease = 1;
-inline constexpr uint16_t kMirrorLeaseRoot = 2;
+inline constexpr uint8_t kMirrorRelease = 0;
+inline constexpr uint8_t kMirrorLease = 1;
+inline constexpr uint8_t kMirrorLeaseRoot = 2;
 struct MirrorLeaseRequest {
   uint64_t offset;
   uint64_t size;
   uint16_t primary_id;
-  uint16_t leased;
+  uint8_t leased;  // kMirrorRelease, kMirrorLease or kMirrorLeaseRoot
+  uint8_t slot;    // as in ReplicateRequest (ServerOptions::mirror_slots is at most 64)
   uint32_t owner;
 };
 static_assert(sizeof(MirrorLeaseRequest) == 24);

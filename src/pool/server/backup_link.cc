@@ -38,21 +38,28 @@ Result<std::unique_ptr<BackupLink>> BackupLink::Connect(const Target& backup, ui
     return Status::InvalidArgument(link->name_ + ": it says it is server " +
                                    std::to_string(h.server_id));
   }
-  if (h.mirror_of != primary_id || h.mirror_port == 0) {
-    return Status::InvalidArgument(
-        link->name_ + ": it does not mirror server " + std::to_string(primary_id) +
-        (h.mirror_of == wire::kNoMirror
-             ? std::string(" (it mirrors nobody: start it with --mirror-of)")
-             : " (it mirrors server " + std::to_string(h.mirror_of) + ")"));
+  if (h.mirror_port == 0) {
+    return Status::InvalidArgument(link->name_ +
+                                   ": it mirrors nobody (start it with --mirror-slots)");
   }
   o.port = h.mirror_port;
   FARPOOL_ASSIGN_OR_RETURN(link->mirror_, control::Connection::Open(o, hello));
   const wire::HelloReply& m = link->mirror_->hello();
-  if (m.mirror_of != primary_id || m.region_size < region_size) {
-    return Status::InvalidArgument(link->name_ + ": its mirror (" + std::to_string(m.region_size) +
-                                   " bytes) cannot hold this server's region of " +
-                                   std::to_string(region_size) + " bytes");
+  if (m.region_size < region_size) {
+    return Status::InvalidArgument(
+        link->name_ + ": its mirror slots (" + std::to_string(m.region_size) +
+        " bytes) cannot hold this server's region of " + std::to_string(region_size) + " bytes");
   }
+  link->slot_ = backup.slot;
+  FARPOOL_RETURN_IF_ERROR(link->mirror_
+                              ->Call(
+                                  [&](uint64_t id) {
+                                    return wire::Encode(
+                                        id, wire::ReplicateRequest{primary_id, backup.slot, 0, 0,
+                                                                   wire::kReplicateAttach});
+                                  },
+                                  wire::Opcode::kReplicateReply)
+                              .status());
   return link;
 }
 
@@ -114,7 +121,7 @@ void BackupLink::SendPending() {
     if (request.empty()) return;
     messages.push_back(
         wire::Encode(mirror_->NextId(),
-                     wire::ReplicateRequest{primary_id_, 0, request.op_count(),
+                     wire::ReplicateRequest{primary_id_, slot_, request.op_count(),
                                             static_cast<uint32_t>(request.bytes().size()), 0},
                      request.bytes()));
     f.expected.push_back(wire::Opcode::kReplicateReply);
@@ -135,13 +142,13 @@ void BackupLink::SendPending() {
   if (messages.empty() && leases.empty()) {
     // Nothing changed: an empty forward renews the primary's lease (mirror.h).
     messages.push_back(
-        wire::Encode(mirror_->NextId(), wire::ReplicateRequest{primary_id_, 0, 0, 0, 0}));
+        wire::Encode(mirror_->NextId(), wire::ReplicateRequest{primary_id_, slot_, 0, 0, 0}));
     f.expected.push_back(wire::Opcode::kReplicateReply);
   }
   for (const LeaseChange& l : leases) {
-    messages.push_back(
-        wire::Encode(mirror_->NextId(),
-                     wire::MirrorLeaseRequest{l.offset, l.size, primary_id_, l.kind, l.owner}));
+    messages.push_back(wire::Encode(
+        mirror_->NextId(), wire::MirrorLeaseRequest{l.offset, l.size, primary_id_, l.kind,
+                                                    static_cast<uint8_t>(slot_), l.owner}));
     f.expected.push_back(wire::Opcode::kMirrorLeaseReply);
   }
   f.sent = Clock::now();

@@ -1,9 +1,11 @@
 // BackupLink: a primary memory server's connection to its backup's mirror (pool/server/mirror.h,
 // docs/pool.md "Replication"), used on the primary's progress thread only.
 //
-// Connect() says hello on the backup's port (which must answer that it mirrors this server,
-// with room for its region) to learn the mirror's port, then connects there and says hello
-// again; both with the cluster secret's challenge-response.
+// Connect() says hello on the backup's port to learn the mirror's port, then connects there,
+// says hello again (both with the cluster secret's challenge-response) and attaches the
+// backup's mirror slot Target::slot (an empty forward with wire::kReplicateAttach: the slot
+// becomes this server's copy, its lease book empty; the slot must be as large as the region).
+// Every forward and lease change names that slot.
 //
 // How forwarding works: a forward is the current bytes of the ranges some rounds of requests
 // changed (as writes, in messages of at most wire::kMaxBatchTail) and their lease changes;
@@ -55,7 +57,7 @@ namespace farpool {
 struct LeaseChange {
   uint64_t offset;
   uint64_t size;
-  uint16_t kind;
+  uint8_t kind;  // wire::kMirrorLease, kMirrorRelease or kMirrorLeaseRoot
   uint32_t owner;
 };
 
@@ -65,6 +67,7 @@ class BackupLink {
     uint16_t id;
     std::string host;
     uint16_t port;  // the backup's clients' port
+    uint16_t slot;  // the mirror slot that holds the copy
   };
   // `primary_id`, `region_size`: this server's. Every wait is bounded by `timeout`.
   static Result<std::unique_ptr<BackupLink>> Connect(const Target& backup, uint16_t primary_id,
@@ -114,6 +117,7 @@ class BackupLink {
 
   const std::string& name() const { return name_; }
   int id() const { return id_; }
+  uint16_t slot() const { return slot_; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -147,6 +151,7 @@ class BackupLink {
   std::string name_;
   int id_ = 0;  // the backup's server id
   uint16_t primary_id_ = 0;
+  uint16_t slot_ = 0;
   std::unique_ptr<control::Connection> mirror_;  // to the backup's mirror port
   const std::byte* region_ = nullptr;            // the primary's, from the first Post
   uint64_t posted_ = 0;

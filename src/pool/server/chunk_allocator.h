@@ -57,6 +57,14 @@ class ChunkAllocator {
   uint64_t capacity() const { return capacity_; }
   uint64_t leased() const { return leased_; }
   uint64_t largest_free() const;
+  // A lease: its length, its pool, whether it is that pool's root area.
+  struct Held {
+    uint64_t length;
+    uint32_t owner;
+    bool root;
+  };
+  // The leases by offset (a primary copies its book, owners and roots, to a new backup).
+  const std::map<uint64_t, Held>& leases() const { return leases_; }
   // Bytes the region must span: root area + capacity.
   uint64_t region_size() const { return wire::kRootAreaSize + capacity_; }
 
@@ -64,12 +72,7 @@ class ChunkAllocator {
   uint64_t chunk_size_;
   uint64_t capacity_;
   uint64_t leased_ = 0;
-  std::map<uint64_t, uint64_t> free_;  // offset -> length, coalesced
-  struct Held {
-    uint64_t length;
-    uint32_t owner;
-    bool root;
-  };
+  std::map<uint64_t, uint64_t> free_;             // offset -> length, coalesced
   std::map<uint64_t, Held> leases_;               // by offset
   std::unordered_map<uint32_t, uint64_t> roots_;  // pool -> its root area's offset
 };

@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -27,9 +29,9 @@ Result<std::unique_ptr<Coordinator>> Coordinator::Create(uint16_t self,
   return c;
 }
 
-Status Coordinator::FailOver(const std::map<uint16_t, uint16_t>& mirror_ports,
-                             const coord::MapServer& dead, const coord::MapServer& backup,
-                             const coord::MapServer* predecessor) {
+Status Coordinator::FailOver(const std::map<uint16_t, uint16_t>& mirror_ports, uint16_t region,
+                             uint16_t dead, const coord::MapServer* backup,
+                             const std::vector<const coord::MapServer*>& predecessors) {
   wire::HelloRequest hello{};
   hello.client_pid = static_cast<uint64_t>(getpid());
   hello.client_nonce = (static_cast<uint64_t>(getpid()) << 32) | 0xc00d;  // tag nonzero
@@ -52,35 +54,33 @@ Status Coordinator::FailOver(const std::map<uint16_t, uint16_t>& mirror_ports,
     FARPOOL_ASSIGN_OR_RETURN(auto mirror, control::Connection::Open(o, hello));
     return mirror->Call(encode, expected).status();
   };
-  FARPOOL_RETURN_IF_ERROR(ask_mirror(
-      backup,
-      [&](uint64_t id) {
-        return wire::Encode(id, wire::PromoteRequest{dead.id, {}});
-      },
-      wire::Opcode::kPromoteReply));
-  if (predecessor != nullptr) {
+  if (backup != nullptr) {
+    FARPOOL_RETURN_IF_ERROR(ask_mirror(
+        *backup,
+        [&](uint64_t id) {
+          return wire::Encode(id, wire::PromoteRequest{region, {}});
+        },
+        wire::Opcode::kPromoteReply));
+  }
+  for (const coord::MapServer* predecessor : predecessors) {
     Status degraded = ask_mirror(
         *predecessor,
         [&](uint64_t id) {
-          return wire::Encode(id, wire::DegradeRequest{dead.id, {}});
+          return wire::Encode(id, wire::DegradeRequest{dead, {}});
         },
         wire::Opcode::kDegradeReply);
     if (!degraded.ok()) {
       // Its forwards to the dead backup fail until told; it is told again by the clients'
       // fallback, or is itself failed over if it is gone too.
       std::printf("farpool coordinator %u: telling server %u that its backup %u is gone: %s\n",
-                  self_, predecessor->id, dead.id, degraded.message().c_str());
+                  self_, predecessor->id, dead, degraded.message().c_str());
     }
   }
   return Status::Ok();
 }
 
 bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys) {
-  auto log_once = [&](const std::string& message) {
-    if (message == last_error_) return;
-    last_error_ = message;
-    std::printf("farpool coordinator %u: %s\n", self_, message.c_str());
-  };
+  auto log_once = [&](const std::string& message) { LogOnce(message); };
   auto all = etcd.GetPrefix(keys.prefix);
   if (!all.ok()) return log_once(all.status().message()), false;
   std::optional<coord::KeyValue> map_kv;
@@ -107,40 +107,54 @@ bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys) {
   if (!map_kv) return log_once("no cluster map at " + keys.Map()), false;
   auto map = coord::ClusterMap::Parse(map_kv->value, keys.Map());
   if (!map.ok()) return log_once(map.status().message()), false;
+  auto serves = [&](uint16_t x) {
+    return std::any_of(map->servers.begin(), map->servers.end(),
+                       [&](const coord::MapServer& r) { return r.served_by == x; });
+  };
+  for (uint16_t x : suspected) {
+    if (!serves(x)) {
+      Status cleared = etcd.Delete(keys.Suspect(x));  // failed over already
+      (void)cleared;
+    }
+  }
+  // Each region whose server (its own, or the one that took it over) is lost.
   for (const coord::MapServer& s : map->servers) {
-    const bool lost = !alive.contains(s.id) || suspected.contains(s.id);
-    if (s.served_by != s.id || !lost) {
-      if (suspected.contains(s.id) && s.served_by != s.id) {
-        Status cleared = etcd.Delete(keys.Suspect(s.id));  // already failed over
-        (void)cleared;
-      }
-      continue;
-    }
-    if (s.backup < 0 || !alive.contains(static_cast<uint16_t>(s.backup))) {
-      log_once("server " + std::to_string(s.id) + " is gone and has no live backup");
-      continue;
-    }
-    const coord::MapServer& backup = *map->Find(static_cast<uint16_t>(s.backup));
-    const coord::MapServer* predecessor = nullptr;
+    const uint16_t x = s.served_by;
+    if (alive.contains(x) && !suspected.contains(x)) continue;
+    const coord::MapServer* backup =
+        s.backup >= 0 && alive.contains(static_cast<uint16_t>(s.backup))
+            ? map->Find(static_cast<uint16_t>(s.backup))
+            : nullptr;
+    // The servers that served a region whose backup it was: they go on alone.
+    std::vector<const coord::MapServer*> predecessors;
     for (const coord::MapServer& p : map->servers) {
-      if (p.backup == s.id && p.id != s.id && p.served_by == p.id && alive.contains(p.id)) {
-        predecessor = &p;
+      const coord::MapServer* by = map->Find(p.served_by);
+      if (p.backup == x && p.served_by != x && alive.contains(p.served_by) &&
+          std::find(predecessors.begin(), predecessors.end(), by) == predecessors.end()) {
+        predecessors.push_back(by);
       }
     }
-    Status done = FailOver(mirror_ports, s, backup, predecessor);
+    if (backup == nullptr) {
+      log_once("server " + std::to_string(x) + " is gone and server " + std::to_string(s.id) +
+               "'s region, which it served, has no live backup");
+      // Lost; those that forwarded to the dead server still go on alone, once its lease has
+      // lapsed (no promote checks here that it is gone: a suspicion alone is not enough).
+      if (predecessors.empty() || alive.contains(x)) continue;
+    }
+    Status done = FailOver(mirror_ports, s.id, x, backup, predecessors);
     if (done.code() == StatusCode::kAborted) continue;  // "not yet": it may be alive; next tick
     if (!done.ok()) {
-      log_once("failing server " + std::to_string(s.id) + " over to " + std::to_string(backup.id) +
-               ": " + done.message());
+      log_once("failing server " + std::to_string(s.id) + "'s region over: " + done.message());
       continue;
     }
     coord::ClusterMap next = *map;
     next.epoch = map->epoch + 1;
     for (coord::MapServer& m : next.servers) {
-      if (m.id == s.id) {
-        m.served_by = backup.id;
+      if (m.id == s.id && backup != nullptr) {
+        m.served_by = backup->id;
+        m.served_slot = s.backup_slot;
         m.backup = -1;
-      } else if (predecessor != nullptr && m.id == predecessor->id) {
+      } else if (m.backup == x) {
         m.backup = -1;
       }
     }
@@ -152,13 +166,123 @@ bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys) {
                (written.ok() ? "the map changed meanwhile" : written.status().message()));
       return false;  // read again next tick (the promote is idempotent)
     }
-    Status cleared = etcd.Delete(keys.Suspect(s.id));
-    (void)cleared;  // a leftover suspicion of a failed-over server is ignored and deleted later
-    last_error_.clear();
+    last_error_.clear();  // the suspicion of `x` goes once it serves nothing (above)
+    if (backup != nullptr) {
+      std::printf(
+          "farpool coordinator %u: server %u is gone; server %u serves its region (server %u's, "
+          "epoch %lld)\n",
+          self_, x, backup->id, s.id, static_cast<long long>(next.epoch));
+    } else {
+      std::printf(
+          "farpool coordinator %u: server %u is gone with server %u's region; the servers it "
+          "backed up go on alone (epoch %lld)\n",
+          self_, x, s.id, static_cast<long long>(next.epoch));
+    }
+    std::fflush(stdout);
+    return true;
+  }
+  return ReReplicate(etcd, keys, *map, map_kv->mod_revision, alive, suspected);
+}
+
+Result<uint64_t> Coordinator::AskBackup(const coord::MapServer& primary, uint16_t region,
+                                        const coord::MapServer& target, int slot) {
+  FARPOOL_ASSIGN_OR_RETURN(auto at, ParseHostPort(primary.address));
+  FARPOOL_ASSIGN_OR_RETURN(auto to, ParseHostPort(target.address));
+  wire::BackupRequest request{};
+  request.backup_id = target.id;
+  request.port = to.second;
+  request.slot = static_cast<uint16_t>(slot);
+  request.region = region;
+  if (to.first.size() >= sizeof(request.host)) {
+    return Status::InvalidArgument("host name too long: " + to.first);
+  }
+  std::memcpy(request.host, to.first.data(), to.first.size());
+  wire::HelloRequest hello{};
+  hello.client_pid = static_cast<uint64_t>(getpid());
+  hello.client_nonce = (static_cast<uint64_t>(getpid()) << 32) | 0xc00e;  // tag nonzero
+  control::Connection::Options o;
+  o.name = "server " + std::to_string(primary.id) + " (" + primary.address + ")";
+  o.host = at.first;
+  o.port = at.second;
+  o.secret = secret_ ? &*secret_ : nullptr;
+  o.fabric = Fabric::kTcp;
+  o.timeout = kAskTimeout;
+  FARPOOL_ASSIGN_OR_RETURN(auto server, control::Connection::Open(o, hello));
+  FARPOOL_ASSIGN_OR_RETURN(auto reply,
+                           server->Call([&](uint64_t id) { return wire::Encode(id, request); },
+                                        wire::Opcode::kBackupReply));
+  return reply.message.As<wire::BackupReply>().remaining;
+}
+
+bool Coordinator::ReReplicate(coord::EtcdClient& etcd, const coord::MapKeys& keys,
+                              const coord::ClusterMap& map, int64_t map_revision,
+                              const std::set<uint16_t>& alive,
+                              const std::set<uint16_t>& suspected) {
+  if (map.replicas == 0) return false;
+  auto healthy = [&](uint16_t id) { return alive.contains(id) && !suspected.contains(id); };
+  for (const coord::MapServer& r : map.servers) {
+    // A region served with one copy, by its own server or from a promoted slot.
+    if (r.backup >= 0 || !healthy(r.served_by)) {
+      copying_.erase(r.id);
+      continue;
+    }
+    auto chosen = copying_.find(r.id);
+    const coord::MapServer* target =
+        chosen == copying_.end() ? nullptr : map.Find(chosen->second.first);
+    int slot = chosen == copying_.end() ? 0 : chosen->second.second;
+    if (target == nullptr || !healthy(target->id)) {
+      // The server with the most free slots (then the lowest id); its slots hold the region.
+      target = nullptr;
+      int most = 0;
+      for (const coord::MapServer& t : map.servers) {
+        if (t.id == r.id || t.id == r.served_by || t.served_by != t.id || !healthy(t.id) ||
+            t.memory < r.memory) {
+          continue;
+        }
+        // The map's, and those that copies under way for other regions are filling.
+        std::vector<int> used = map.SlotsInUse(t.id);
+        for (const auto& [region, chosen] : copying_) {
+          if (region != r.id && chosen.first == t.id) used.push_back(chosen.second);
+        }
+        const int free = static_cast<int>(t.slots) - static_cast<int>(used.size());
+        if (free <= most) continue;
+        most = free;
+        target = &t;
+        slot = 0;
+        while (std::find(used.begin(), used.end(), slot) != used.end()) ++slot;
+      }
+      if (target == nullptr) {
+        LogOnce("server " + std::to_string(r.id) +
+                "'s region has one copy and no live server has a free mirror slot for another");
+        copying_.erase(r.id);
+        continue;
+      }
+      copying_[r.id] = {target->id, slot};
+    }
+    auto remaining = AskBackup(*map.Find(r.served_by), r.id, *target, slot);
+    if (!remaining.ok()) {
+      LogOnce("re-replicating server " + std::to_string(r.id) + "'s region to server " +
+              std::to_string(target->id) + ": " + remaining.status().message());
+      continue;
+    }
+    if (*remaining > 0) continue;  // copying; asked again next tick
+    coord::ClusterMap next = map;
+    next.epoch = map.epoch + 1;
+    for (coord::MapServer& m : next.servers) {
+      if (m.id == r.id) {
+        m.backup = target->id;
+        m.backup_slot = slot;
+      }
+    }
+    auto written = etcd.PutIf({{keys.Map(), coord::Compare::Target::kModRevision, map_revision}},
+                              keys.Map(), next.ToJson());
+    if (!written.ok() || !written->succeeded) return false;  // read again next tick
     std::printf(
-        "farpool coordinator %u: server %u is gone; server %u serves its region (epoch "
-        "%lld)\n",
-        self_, s.id, backup.id, static_cast<long long>(next.epoch));
+        "farpool coordinator %u: server %u's region has two copies again: its backup is server "
+        "%u, slot %d (epoch %lld)\n",
+        self_, r.id, target->id, slot, static_cast<long long>(next.epoch));
+    std::fflush(stdout);
+    copying_.erase(r.id);
     return true;
   }
   return false;

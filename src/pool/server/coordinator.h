@@ -5,13 +5,24 @@
 // How it works: Tick (run every 100 ms on the coordinator's membership thread) reads the
 // cluster's keys in one range: the map, the alive keys, and the suspicions clients reported
 // (MapKeys::Suspect); the alive keys carry each server's mirror port, so that the coordinator
-// never asks a server's main loop, which may be blocked waiting for a dead backup. A server that
-// still serves its own region, has a backup, and is either not alive (its lease lapsed) or
-// suspected is a candidate. For the first candidate it asks the backup to take the region over
-// (PromoteRequest on the backup's mirror port) and the server whose backup the candidate was to
-// stop forwarding to it (DegradeRequest), then writes the new map — the region served by the
-// backup, no backup left for either region, epoch + 1 — by a txn on the map's mod_revision, and
-// deletes the suspicion. Clients follow the epoch (pool.cc, Pool's monitor).
+// never asks a server's main loop, which may be blocked waiting for a dead backup. A region
+// whose server (its own, or the one that took it over) is either not alive (its lease lapsed)
+// or suspected, and which has a live backup, is a candidate. For the first candidate it asks
+// the backup to take the region over (PromoteRequest on the backup's mirror port) and every
+// server that serves a region whose backup the lost server was to stop forwarding to it
+// (DegradeRequest), then writes the new map — the region served by the backup from its slot,
+// no backup left for those regions, epoch + 1 — by a txn on the map's mod_revision. A
+// suspicion is deleted once its server serves nothing. Clients follow the epoch (pool.cc,
+// Pool's monitor).
+//
+// Re-replication (docs/pool.md "Re-replication"): in a round without a failover, every region
+// served with no backup (its backup failed, or it is served from a promoted slot) gets one
+// where a live server has a free mirror slot (MapServer::slots minus ClusterMap::SlotsInUse):
+// the coordinator names that server and slot to the server that serves the region
+// (BackupRequest on its main port), which copies the region in slices while it serves; each
+// tick asks again, and once the answer says the copy is complete the map records the backup
+// (epoch + 1) by a txn as above. A target that dies meanwhile is replaced by another at the
+// next tick (the server gives the old copy up).
 //
 // Safety does not rest on the coordinator's judgement: the backup promotes only when its
 // primary's connection has closed or the primary's serving lease from it has lapsed
@@ -23,10 +34,14 @@
 // Thread-safety: Tick from one thread (the membership thread).
 #pragma once
 
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "coord/cluster_map.h"
 #include "coord/etcd_client.h"
@@ -48,12 +63,31 @@ class Coordinator {
   explicit Coordinator(uint16_t self) : self_(self) {}
   // Promote + Degrade; OK, Aborted ("not yet") or the failure.
   // `mirror_ports`: by server id, from the alive keys.
-  Status FailOver(const std::map<uint16_t, uint16_t>& mirror_ports, const coord::MapServer& dead,
-                  const coord::MapServer& backup, const coord::MapServer* predecessor);
+  // Promotes server `region`'s region at `backup` (nullptr: none left, the region is lost) and
+  // tells `predecessors` that their backup, server `dead`, is gone.
+  Status FailOver(const std::map<uint16_t, uint16_t>& mirror_ports, uint16_t region, uint16_t dead,
+                  const coord::MapServer* backup,
+                  const std::vector<const coord::MapServer*>& predecessors);
+  // One round of re-replication (see the header); whether the map changed.
+  bool ReReplicate(coord::EtcdClient& etcd, const coord::MapKeys& keys,
+                   const coord::ClusterMap& map, int64_t map_revision,
+                   const std::set<uint16_t>& alive, const std::set<uint16_t>& suspected);
+  // A BackupRequest naming `target`'s `slot` for server `region`'s region to `primary`, the
+  // server that serves it: the bytes it has left to copy.
+  Result<uint64_t> AskBackup(const coord::MapServer& primary, uint16_t region,
+                             const coord::MapServer& target, int slot);
+  void LogOnce(const std::string& message) {
+    if (message == last_error_) return;
+    last_error_ = message;
+    std::printf("farpool coordinator %u: %s\n", self_, message.c_str());
+    std::fflush(stdout);
+  }
 
   const uint16_t self_;
   std::optional<transport::ClusterSecret> secret_;
   std::string last_error_;  // not repeated in the log every tick
+  // Re-replications under way: region -> (target server, slot).
+  std::map<uint16_t, std::pair<uint16_t, int>> copying_;
 };
 
 }  // namespace farpool

@@ -105,6 +105,13 @@ class MemoryServer::Impl : public transport::AmHandler {
   void Closed(const transport::Peer& peer) override;
 
  private:
+  // Re-replication: while the region is copied to a new backup, the next offset to copy and
+  // whether the lease book went.
+  struct Copy {
+    uint64_t next = 0;
+    bool book_sent = false;
+    Clock::time_point started = Clock::now();
+  };
   Result<std::vector<std::byte>> Answer(const wire::Message& m, transport::Peer* from);
   // Keeps this batch's changes (from `before` in changed_) for the backup if replicated, else
   // drops them (they served only to wake waiters).
@@ -120,21 +127,44 @@ class MemoryServer::Impl : public transport::AmHandler {
   // Stops forwarding: the backup was declared gone (DegradeRequest). The rounds it had not
   // acknowledged stand with one copy: their held replies go.
   void Degrade();
-  bool DeclaredGone() const { return backup_ != nullptr && backup_gone_.load() == backup_->id(); }
-  // Takes the link's acknowledgements and failures, and releases the held replies they settle.
+  bool DeclaredGone() const { return backup_ != nullptr && DeclaredGone(*backup_); }
+  bool DeclaredGone(const BackupLink& link) const {
+    return backup_gone_.load() >= 0 && backup_gone_.load() == link.id();
+  }
+  // Takes the own link's acknowledgements and failures, and releases the held replies they
+  // settle. A failure while copying abandons the copy instead.
   void Pump();
   // Forwards [from, through] failed for `why`: their held replies and the waiters that changed
   // the region in their rounds are answered with an error.
   void FailForwards(const BackupLink::Failure& failure);
+  // Every held reply goes as it is (the backup_ they wait for is dropped, and the rounds stand
+  // with one copy).
+  void ReleaseHeld();
+  // Re-replication: the next slice of the copy to a new backup (see the header).
+  void CopySlice();
+  // One slice of `copy` of [base, base + size) to `link`, the lease book `book` with the
+  // first: Ok, or why it failed. Logs when the copy is complete (copy.next == size).
+  Status CopyStep(BackupLink& link, Copy& copy, const std::byte* base, uint64_t size,
+                  const std::map<uint64_t, ChunkAllocator::Held>& book, const std::string& what);
+  // A backup for region `request.region`, which this server serves from a promoted slot.
+  Result<wire::BackupReply> ConfigureSlotBackup(const wire::BackupRequest& request);
+  // Tick and Settle for the slot links (blocking forwards, see the header): copies, renewals,
+  // forwards of `changed` (offsets in region_). Returns Ok, or the failure that fails the round.
+  void TickSlotLinks();
+  Status ForwardSlotLinks(const std::vector<memory_ops::Range>& changed);
+  // Gives the copy up (the new backup failed): one copy, as before it began.
+  void AbandonCopy(const Status& why);
   Result<wire::BackupReply> ConfigureBackup(const wire::BackupRequest& request);
   // The reply, or empty if the batch waits (answered later through TakeLate).
   Result<std::vector<std::byte>> ExecuteBatch(uint64_t id, const wire::BatchRequest& request,
                                               std::span<const std::byte> ops,
                                               const transport::Peer* from);
   // The region as batches of pool `pool` see it: the server's own part and, once promoted, the
-  // mirror's, of which only the pool's chunks (or, for the default pool, the root area) are
-  // accessible. A range refused because another pool owns it sets denied_.
-  memory_ops::Region BatchRegion(uint32_t pool);
+  // mirror slots', of which only the pool's chunks (or, for the default pool, the root area)
+  // are accessible. `own_part`: whether batches may touch the server's own part (MayChange: a
+  // replicated server without a backup yet serves only the slots it has taken over). A range
+  // refused because another pool owns it sets denied_.
+  memory_ops::Region BatchRegion(uint32_t pool, bool own_part);
   // The refusal of a request of `pool` (named `pool_name`; 0: the default pool), counted:
   // `what` it asked for, and the offset it touched in another pool's memory if denied_ (which
   // it clears).
@@ -201,13 +231,25 @@ class MemoryServer::Impl : public transport::AmHandler {
   uint16_t port_ = 0;
   ChunkAllocator chunks_;
   std::unique_ptr<ServerAuth> auth_;
-  std::unique_ptr<Mirror> mirror_;  // this server mirrors another (ServerOptions::mirror_of)
+  std::unique_ptr<Mirror> mirror_;  // this server's mirror slots (ServerOptions::mirror_slots)
   // Replication, as a primary: the link to the backup (none before a BackupRequest, or after
   // a DegradeRequest: `degraded_`), why this server refuses everything (its backup fenced it),
   // and this round's changes and which of its replies wait for them (request ids by position;
   // 0: the reply promises nothing).
   std::unique_ptr<BackupLink> backup_;
   bool degraded_ = false;
+  std::optional<Copy> copy_;
+  // Regions this server serves from promoted mirror slots that have a backup again (or are
+  // being copied to one), by region id: the same as backup_/copy_/last_ack_ for the own part,
+  // with the slot's place in the region and the round's lease changes in its book.
+  struct SlotLink {
+    std::unique_ptr<BackupLink> link;
+    uint64_t base = 0;  // where the slot starts in region_
+    std::optional<Copy> copy;
+    Clock::time_point last_ack{};
+    std::vector<LeaseChange> leases;
+  };
+  std::map<uint16_t, SlotLink> slot_links_;
   // A DegradeRequest's backup id, set on the mirror's loop (-1: none).
   std::atomic<int> backup_gone_{-1};
   // When the latest forward or renewal the backup acknowledged was sent (the primary's
@@ -277,10 +319,13 @@ Status MemoryServer::Impl::Init() {
   }
   // The region is committed at start (UCX writes every page of a shared-memory segment before
   // mapping it): a size the host cannot give would take its memory until the OOM killer acts.
-  const uint64_t region_size = chunks_.region_size() * (options_.mirror_of ? 2 : 1);
+  const uint32_t slots = std::max(options_.mirror_slots, options_.mirror_of ? 1u : 0u);
+  const uint64_t region_size = chunks_.region_size() * (1 + slots);
   FARPOOL_RETURN_IF_ERROR(CheckFitsInAvailableMemory(
       region_size, "--memory " + FormatSize(options_.memory) +
-                       (options_.mirror_of ? " (twice: the server's own and the mirror)" : "")));
+                       (slots > 0 ? " (" + std::to_string(1 + slots) +
+                                        " times: the server's own and its mirror slots)"
+                                  : "")));
   transport::AmServerOptions ao;
   ao.host = options_.host;
   ao.port = options_.port;
@@ -301,17 +346,17 @@ Status MemoryServer::Impl::Init() {
   port_ = am_->port();
   region_ = am_->region();
   auth_->set_name(Name());
-  if (options_.mirror_of) {
-    if (*options_.mirror_of == options_.id) {
+  if (slots > 0) {
+    if (options_.mirror_of == options_.id) {
       return Status::InvalidArgument("a server cannot mirror itself (--mirror-of " +
                                      std::to_string(options_.id) + ")");
     }
-    mirror_ = std::make_unique<Mirror>(*options_.mirror_of, region_->data() + chunks_.region_size(),
-                                       chunks_.region_size(), chunks_.chunk_size(), *auth_,
-                                       [this](uint16_t backup) {
-                                         backup_gone_.store(backup);
-                                         am_->Wake();  // held replies wait for this
-                                       });
+    mirror_ = std::make_unique<Mirror>(
+        options_.mirror_of, slots, region_->data() + chunks_.region_size(), chunks_.region_size(),
+        chunks_.chunk_size(), *auth_, [this](uint16_t backup) {
+          backup_gone_.store(backup);
+          am_->Wake();  // held replies wait for this
+        });
     FARPOOL_RETURN_IF_ERROR(mirror_->Start(options_.host, options_.fabric, Name()));
   }
   auto boot = BootId();
@@ -498,7 +543,7 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
       r.region_size = chunks_.region_size();
       r.chunk_size = chunks_.chunk_size();
       r.server_pid = static_cast<uint64_t>(getpid());
-      r.mirror_of = mirror_ ? mirror_->primary_id() : wire::kNoMirror;
+      r.mirror_of = mirror_ ? mirror_->first_primary() : wire::kNoMirror;
       r.mirror_port = mirror_ ? mirror_->port() : 0;
       r.mirror_offset = mirror_ ? chunks_.region_size() : 0;
       if (pool != 0) {
@@ -518,7 +563,11 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
         }
         observes_.back() = true;  // it shows a lease: after the backup has it
         r.root_offset = *root;
-        if (mirror_) r.mirror_root_offset = mirror_->RootOf(pool).value_or(0);
+        // Slot 0's (the hello's mirror_of): a client that finds its server gone at connect and
+        // has no hello of it learns the pool's root there from its ring backup.
+        if (mirror_) {
+          r.mirror_root_offset = mirror_->RootOf(mirror_->first_primary(), pool).value_or(0);
+        }
         return wire::Encode(id, r);
       }
       r.flags |= Pin(hello, tag);
@@ -527,15 +576,21 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
       return wire::Encode(id, r, region_->packed_rkey());
     }
     case wire::Opcode::kLeaseRequest: {
-      FARPOOL_RETURN_IF_ERROR(MayChange());
       auto req = m.As<wire::LeaseRequest>();
       const uint32_t pool = from != nullptr ? from->pool : 0;
       if (req.mirror != 0) {
         if (!mirror_) return Status::InvalidArgument(Name() + ": it mirrors no server");
-        auto offset = mirror_->Lease(req.size, pool);
+        if (req.mirror > 0xffff) return Status::InvalidArgument(Name() + ": no such server");
+        const auto region = static_cast<uint16_t>(req.mirror - 1);
+        auto offset = mirror_->Lease(region, req.size, pool);
         if (!offset.ok()) return offset.status().WithContext(Name() + ": lease refused");
+        if (auto l = slot_links_.find(region); l != slot_links_.end()) {
+          l->second.leases.push_back({*offset, req.size, wire::kMirrorLease, pool});
+          round_.back() = id;
+        }
         return wire::Encode(id, wire::LeaseReply{*offset, req.size});
       }
+      FARPOOL_RETURN_IF_ERROR(MayChange());  // the own part (a promoted slot has one copy)
       auto offset = chunks_.Lease(req.size, pool);
       if (!offset.ok()) return offset.status().WithContext(Name() + ": lease refused");
       lease_changes_.push_back({*offset, req.size, wire::kMirrorLease, pool});
@@ -543,18 +598,31 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
       return wire::Encode(id, wire::LeaseReply{*offset, req.size});
     }
     case wire::Opcode::kReleaseRequest: {
-      FARPOOL_RETURN_IF_ERROR(MayChange());
       auto req = m.As<wire::ReleaseRequest>();
       const uint32_t pool = from != nullptr ? from->pool : 0;
-      Status released = req.mirror == 0 ? chunks_.Release(req.offset, req.size, pool)
-                        : mirror_       ? mirror_->Release(req.offset, req.size, pool)
-                                        : Status::InvalidArgument("it mirrors no server");
+      if (req.mirror != 0) {
+        if (!mirror_) return Status::InvalidArgument(Name() + ": it mirrors no server");
+        if (req.mirror > 0xffff) return Status::InvalidArgument(Name() + ": no such server");
+        const auto region = static_cast<uint16_t>(req.mirror - 1);
+        Status released = mirror_->Release(region, req.offset, req.size, pool);
+        if (released.code() == StatusCode::kPermissionDenied) {
+          denied_ = req.offset;
+          return PoolRefused(from, "release refused: " + released.message());
+        }
+        FARPOOL_RETURN_IF_ERROR(released.WithContext(Name()));
+        if (auto l = slot_links_.find(region); l != slot_links_.end()) {
+          l->second.leases.push_back({req.offset, req.size, wire::kMirrorRelease, pool});
+          round_.back() = id;
+        }
+        return wire::Encode(id, wire::ReleaseReply{req.size});
+      }
+      FARPOOL_RETURN_IF_ERROR(MayChange());
+      Status released = chunks_.Release(req.offset, req.size, pool);
       if (released.code() == StatusCode::kPermissionDenied) {
         denied_ = req.offset;
         return PoolRefused(from, "release refused: " + released.message());
       }
       FARPOOL_RETURN_IF_ERROR(released.WithContext(Name()));
-      if (req.mirror != 0) return wire::Encode(id, wire::ReleaseReply{req.size});
       lease_changes_.push_back({req.offset, req.size, wire::kMirrorRelease, pool});
       round_.back() = id;
       return wire::Encode(id, wire::ReleaseReply{req.size});
@@ -627,14 +695,169 @@ void MemoryServer::Impl::Degrade() {
   std::fprintf(stderr, "%s: %s is gone (a client says so): one copy from now on\n", Name().c_str(),
                backup_->name().c_str());
   backup_.reset();
+  copy_.reset();
   degraded_ = true;
+  ReleaseHeld();
+}
+
+void MemoryServer::Impl::ReleaseHeld() {
   for (Held& h : held_) released_.push_back(std::move(h.reply));
   held_.clear();
   for (auto& [number, w] : waiters_) w.dirty_ticket = 0;
 }
 
+void MemoryServer::Impl::AbandonCopy(const Status& why) {
+  std::fprintf(stderr, "%s: copying its region to %s failed, one copy as before: %s\n",
+               Name().c_str(), backup_->name().c_str(), why.message().c_str());
+  backup_.reset();
+  copy_.reset();
+  ReleaseHeld();  // none while copying; the rounds stand with one copy, as the map says
+}
+
+Status MemoryServer::Impl::CopyStep(BackupLink& link, Copy& copy, const std::byte* base,
+                                    uint64_t size,
+                                    const std::map<uint64_t, ChunkAllocator::Held>& book,
+                                    const std::string& what) {
+  std::vector<LeaseChange> leases;
+  if (!copy.book_sent) {
+    for (const auto& [offset, held] : book) {
+      leases.push_back({offset, held.length,
+                        held.root ? wire::kMirrorLeaseRoot : wire::kMirrorLease, held.owner});
+    }
+  }
+  const uint64_t n = std::min(kCopySlice, size - copy.next);
+  const memory_ops::Range slice{copy.next, n};
+  FARPOOL_RETURN_IF_ERROR(
+      link.Forward(base, {&slice, 1}, leases, [this, &link] { return DeclaredGone(link); }));
+  copy.book_sent = true;
+  copy.next += n;
+  if (copy.next < size) return Status::Ok();
+  // With the wall clock (ms since the epoch), to line the copy up with a client's timeline.
+  std::fprintf(stderr, "%s: %s (%s) is copied to %s in %lld ms (done at %lld): two copies again\n",
+               Name().c_str(), what.c_str(), FormatSize(size).c_str(), link.name().c_str(),
+               static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          Clock::now() - copy.started)
+                                          .count()),
+               static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          std::chrono::system_clock::now().time_since_epoch())
+                                          .count()));
+  return Status::Ok();
+}
+
+void MemoryServer::Impl::CopySlice() {
+  const uint64_t size = chunks_.region_size();
+  Status sent = CopyStep(*backup_, *copy_, region_->data(), size, chunks_.leases(), "its region");
+  if (!sent.ok()) return AbandonCopy(sent);
+  last_ack_ = std::max(last_ack_, backup_->acknowledged_sent());
+  if (copy_->next < size) return;
+  copy_.reset();
+  degraded_ = false;
+}
+
+Result<wire::BackupReply> MemoryServer::Impl::ConfigureSlotBackup(
+    const wire::BackupRequest& request) {
+  const auto slot = mirror_ ? mirror_->PromotedSlot(request.region) : std::nullopt;
+  if (!slot) {
+    return Status::InvalidArgument(Name() + ": it does not serve server " +
+                                   std::to_string(request.region) + "'s region");
+  }
+  const uint64_t size = mirror_->size();
+  auto it = slot_links_.find(request.region);
+  if (it != slot_links_.end() && it->second.link->id() == request.backup_id &&
+      it->second.link->slot() == request.slot) {
+    return wire::BackupReply{it->second.copy ? size - it->second.copy->next : 0};  // progress
+  }
+  const std::string host(request.host, strnlen(request.host, sizeof(request.host)));
+  FARPOOL_ASSIGN_OR_RETURN(
+      std::unique_ptr<BackupLink> link,
+      BackupLink::Connect({request.backup_id, host, request.port, request.slot}, request.region,
+                          size, auth_->secret(), options_.fabric, options_.backup_timeout));
+  std::fprintf(stderr, "%s: copying server %u's region (%s) to %s slot %u\n", Name().c_str(),
+               request.region, FormatSize(size).c_str(), link->name().c_str(), request.slot);
+  backup_gone_.store(-1);
+  slot_links_[request.region] =
+      SlotLink{std::move(link), chunks_.region_size() + *slot * size, Copy{}, Clock::now(), {}};
+  return wire::BackupReply{size};
+}
+
+void MemoryServer::Impl::TickSlotLinks() {
+  const uint64_t size = mirror_ ? mirror_->size() : 0;
+  for (auto it = slot_links_.begin(); it != slot_links_.end();) {
+    SlotLink& l = it->second;
+    const std::string what = "server " + std::to_string(it->first) + "'s region";
+    Status done = Status::Ok();
+    if (DeclaredGone(*l.link)) {
+      done = Status::Unavailable(l.link->name() + " is gone (a client says so)");
+    } else if (l.copy) {
+      done = CopyStep(*l.link, *l.copy, region_->data() + l.base, size, mirror_->Leases(it->first),
+                      what);
+      if (done.ok() && l.copy->next == size) l.copy.reset();
+    } else if (Clock::now() - l.last_ack >= kServeLease / 4) {
+      done = l.link->Forward(region_->data() + l.base, {}, {},
+                             [this, &l] { return DeclaredGone(*l.link); });
+      if (done.code() == StatusCode::kPermissionDenied) Fence(done);
+    }
+    l.link->TakeFailures();  // Forward returned them (blocking: nothing held for a slot link)
+    if (done.ok()) {
+      // The serving lease counts from when the latest acknowledged forward was sent.
+      l.last_ack = std::max(l.last_ack, l.link->acknowledged_sent());
+      ++it;
+    } else if (l.copy || DeclaredGone(*l.link)) {
+      std::fprintf(stderr, "%s: %s has one copy again: %s\n", Name().c_str(), what.c_str(),
+                   done.message().c_str());
+      it = slot_links_.erase(it);
+    } else {
+      ++it;  // a renewal that failed: MayServe stops serving when the lease runs out
+    }
+  }
+}
+
+Status MemoryServer::Impl::ForwardSlotLinks(const std::vector<memory_ops::Range>& changed) {
+  const uint64_t size = mirror_ ? mirror_->size() : 0;
+  Status first = Status::Ok();
+  for (auto it = slot_links_.begin(); it != slot_links_.end();) {
+    SlotLink& l = it->second;
+    std::vector<memory_ops::Range> local;
+    for (const memory_ops::Range& r : changed) {
+      if (r.offset >= l.base && r.offset < l.base + size)
+        local.push_back({r.offset - l.base, r.size});
+    }
+    if (l.copy && !l.copy->book_sent) l.leases.clear();  // the book goes whole with a slice
+    Status forwarded = Status::Ok();
+    if (!local.empty() || !l.leases.empty()) {
+      forwarded = l.link->Forward(region_->data() + l.base, local, l.leases,
+                                  [this, &l] { return DeclaredGone(*l.link); });
+    }
+    l.leases.clear();
+    l.link->TakeFailures();  // Forward returned them
+    if (forwarded.ok()) {
+      l.last_ack = std::max(l.last_ack, l.link->acknowledged_sent());
+      ++it;
+    } else if (l.copy || DeclaredGone(*l.link)) {
+      // The map promises one copy of the region (copying), or its backup was declared gone.
+      std::fprintf(stderr, "%s: server %u's region has one copy again: %s\n", Name().c_str(),
+                   it->first, forwarded.message().c_str());
+      it = slot_links_.erase(it);
+    } else {
+      if (first.ok()) first = forwarded;
+      ++it;
+    }
+  }
+  return first;
+}
+
 Status MemoryServer::Impl::MayServe() const {
-  if (backup_ == nullptr || degraded_) return Status::Ok();
+  for (const auto& [region, l] : slot_links_) {
+    const auto since = Clock::now() - l.last_ack;
+    if (!l.copy && since >= kServeLease) {
+      return Status::Unavailable(
+          Name() + ": the backup of server " + std::to_string(region) +
+          "'s region has not answered for " +
+          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(since).count()) +
+          " ms: it serves nothing until it does");
+    }
+  }
+  if (backup_ == nullptr || degraded_) return Status::Ok();  // degraded_ also while copying
   const auto since = Clock::now() - last_ack_;
   if (since < kServeLease) return Status::Ok();
   return Status::Unavailable(
@@ -645,6 +868,11 @@ Status MemoryServer::Impl::MayServe() const {
 
 void MemoryServer::Impl::Tick() {
   if (DeclaredGone()) Degrade();
+  TickSlotLinks();
+  if (copy_ && backup_ != nullptr) {
+    CopySlice();  // renews too
+    return Pump();
+  }
   if (backup_ == nullptr || Clock::now() - last_ack_ < kServeLease / 4 ||
       backup_->posted() > backup_->settled()) {
     return;  // a forward in flight renews the lease when acknowledged
@@ -679,33 +907,58 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(const wire::Backup
   if (request.backup_id == options_.id) {
     return Status::InvalidArgument(Name() + ": cannot be its own backup");
   }
-  // The copy starts equal: nothing is leased before the backup is named, and the root area,
-  // all a client may have touched, is sent once.
-  if (chunks_.leased() > 0) {
-    return Status::InvalidArgument(Name() + ": a backup can be named only before any lease");
+  if (request.region != options_.id) return ConfigureSlotBackup(request);
+  const uint64_t size = chunks_.region_size();
+  if (backup_ != nullptr && backup_->id() == request.backup_id && backup_->slot() == request.slot) {
+    return wire::BackupReply{copy_ ? size - copy_->next : 0};  // progress
+  }
+  // The copy starts equal when nothing is leased yet and nothing was acknowledged with one copy:
+  // the root area, all a client may have touched, is sent once. Otherwise the region is copied.
+  const bool fresh = chunks_.leased() == 0 && !degraded_;
+  if (backup_ != nullptr && (fresh || !degraded_)) {
+    return Status::InvalidArgument(Name() + ": it forwards to " + backup_->name() +
+                                   " already; a new backup is named only once that one is "
+                                   "declared gone (DegradeRequest)");
   }
   const std::string host(request.host, strnlen(request.host, sizeof(request.host)));
-  FARPOOL_ASSIGN_OR_RETURN(std::unique_ptr<BackupLink> link,
-                           BackupLink::Connect({request.backup_id, host, request.port}, options_.id,
-                                               chunks_.region_size(), auth_->secret(),
-                                               options_.fabric, options_.backup_timeout));
-  FARPOOL_RETURN_IF_ERROR(
-      link->Forward(region_->data(), {{memory_ops::Range{0, wire::kRootAreaSize}}}, {}, nullptr));
+  // backup_ is replaced only when no reply is held for it: its tickets number them (see the
+  // header). None are held after a DegradeRequest (which released them) or while copying.
+  if (!held_.empty()) {
+    return Status::Aborted(Name() + ": replies still wait for " + backup_->name() + "; ask again");
+  }
+  FARPOOL_ASSIGN_OR_RETURN(
+      std::unique_ptr<BackupLink> link,
+      BackupLink::Connect({request.backup_id, host, request.port, request.slot}, options_.id, size,
+                          auth_->secret(), options_.fabric, options_.backup_timeout));
+  // A copy under way to another backup (which the map never named) is given up for this one.
+  if (backup_ != nullptr) AbandonCopy(Status::Aborted("a new backup was named"));
+  backup_gone_.store(-1);
+  last_ack_ = Clock::now();
+  if (fresh) {
+    FARPOOL_RETURN_IF_ERROR(
+        link->Forward(region_->data(), {{memory_ops::Range{0, wire::kRootAreaSize}}}, {}, nullptr));
+    backup_ = std::move(link);
+    last_ack_ = backup_->acknowledged_sent();
+    degraded_ = false;
+    return wire::BackupReply{0};
+  }
+  std::fprintf(stderr, "%s: copying its region (%s) to %s slot %u\n", Name().c_str(),
+               FormatSize(size).c_str(), link->name().c_str(), request.slot);
   backup_ = std::move(link);
-  last_ack_ = backup_->acknowledged_sent();
-  degraded_ = false;
-  return wire::BackupReply{0};
+  copy_ = Copy{};
+  return wire::BackupReply{size};
 }
 
-memory_ops::Region MemoryServer::Impl::BatchRegion(uint32_t pool) {
+memory_ops::Region MemoryServer::Impl::BatchRegion(uint32_t pool, bool own_part) {
   const uint64_t own = chunks_.region_size();
-  // Offsets past the server's own part address the mirror, for clients that have failed its
-  // primary over to this server (only once promoted: Mirror::Check).
-  memory_ops::Region region{region_->data(), own + (mirror_ ? mirror_->size() : 0),
-                            [this, own, pool](uint64_t offset, uint64_t size) {
+  // Offsets past the server's own part address the mirror slots, for clients that have failed
+  // their primaries over to this server (only once promoted: Mirror::Check).
+  memory_ops::Region region{region_->data(),
+                            own + (mirror_ ? mirror_->size() * mirror_->slots() : 0),
+                            [this, own, pool, own_part](uint64_t offset, uint64_t size) {
                               ChunkAllocator::Access access = ChunkAllocator::Access::kOutside;
                               if (offset < own) {
-                                if (size <= own - offset)
+                                if (own_part && size <= own - offset)
                                   access = chunks_.Check(offset, size, pool);
                               } else if (mirror_ != nullptr) {
                                 access = mirror_->Check(offset - own, size, pool);
@@ -737,17 +990,18 @@ Result<std::vector<std::byte>> MemoryServer::Impl::ExecuteBatch(uint64_t id,
                                                                 const wire::BatchRequest& request,
                                                                 std::span<const std::byte> ops,
                                                                 const transport::Peer* from) {
-  FARPOOL_RETURN_IF_ERROR(MayChange());  // before anything is executed
   FARPOOL_RETURN_IF_ERROR(MayServe());
   const uint32_t pool = from != nullptr ? from->pool : 0;
-  const memory_ops::Region region = BatchRegion(pool);
+  // Checked before anything is executed: the own part only with a backup (or degraded).
+  const Status may_change = MayChange();
+  const memory_ops::Region region = BatchRegion(pool, may_change.ok());
   const size_t before = changed_.size();
   denied_.reset();
   auto execution = memory_ops::Execution::Check(request.op_count, ops, region);
   if (!execution.ok()) {
     if (denied_) return PoolRefused(from, execution.status().message());
     ++rejected_;
-    return execution.status().WithContext(Name());
+    return may_change.ok() ? execution.status().WithContext(Name()) : may_change;
   }
   // Waits only with somewhere to answer and room for one more waiter.
   auto of = from == nullptr ? waiters_of_.end() : waiters_of_.find(from->id);
@@ -787,10 +1041,18 @@ void MemoryServer::Impl::KeepChanges(size_t before) {
     changed_.resize(before);
     return;
   }
-  // Changes to the mirror (a failed-over primary's data) have this one copy: not forwarded.
+  // Changes to a promoted slot (a failed-over primary's data) go to that region's backup if it
+  // has one again (slot_links_), else they have this one copy: not forwarded.
   const uint64_t own = chunks_.region_size();
+  const uint64_t slot = mirror_ ? mirror_->size() : 0;
+  auto forwarded = [&](const memory_ops::Range& r) {
+    if (r.offset < own) return true;
+    return std::any_of(slot_links_.begin(), slot_links_.end(), [&](const auto& l) {
+      return r.offset >= l.second.base && r.offset < l.second.base + slot;
+    });
+  };
   changed_.erase(std::remove_if(changed_.begin() + static_cast<ptrdiff_t>(before), changed_.end(),
-                                [own](const memory_ops::Range& r) { return r.offset >= own; }),
+                                [&](const memory_ops::Range& r) { return !forwarded(r); }),
                  changed_.end());
 }
 
@@ -832,7 +1094,7 @@ void MemoryServer::Impl::Attempt(uint64_t number, bool expire,
                                  std::vector<memory_ops::Range>* woken) {
   Waiter& w = waiters_.at(number);
   if (IsEvicted(w.tag)) return Forget(number);  // its connections are closed or refused
-  const memory_ops::Region region = BatchRegion(w.pool);
+  const memory_ops::Region region = BatchRegion(w.pool, MayChange().ok());
   Status may = fenced_ ? *fenced_ : MayServe();
   denied_.reset();
   if (may.ok()) may = w.execution.Recheck(region).WithContext(Name());
@@ -945,18 +1207,60 @@ void MemoryServer::Impl::Settle(std::span<std::vector<std::byte>> replies,
   const bool promised = stopped_dirty_ || std::any_of(round_.begin(), round_.end(),
                                                       [](uint64_t id) { return id != 0; });
   if (DeclaredGone()) Degrade();
-  if (backup_ != nullptr) {
-    if (promised) {
-      const uint64_t ticket = backup_->Post(region_->data(), changed_, lease_changes_,
-                                            [this] { return DeclaredGone(); });
+  // The own part's changes are posted to its backup (pipelined); those in promoted slots go to
+  // theirs, waited for (ForwardSlotLinks), meanwhile the own forward is on its way.
+  if (backup_ != nullptr && promised) {
+    const uint64_t own = chunks_.region_size();
+    std::vector<memory_ops::Range> mine;
+    for (const memory_ops::Range& r : changed_) {
+      if (r.offset < own) mine.push_back(r);
+    }
+    // Before a copy's first slice its lease book goes whole with that slice (CopyStep).
+    const bool book_to_come = copy_ && !copy_->book_sent;
+    const std::span<const LeaseChange> leases = book_to_come
+                                                    ? std::span<const LeaseChange>{}
+                                                    : std::span<const LeaseChange>(lease_changes_);
+    // A round that changed only promoted slots posts nothing here: its replies wait for the
+    // forwards posted before (below), and the slot links.
+    if (!mine.empty() || !leases.empty()) {
+      const uint64_t ticket =
+          backup_->Post(region_->data(), mine, leases, [this] { return DeclaredGone(); });
       for (auto& [number, w] : waiters_) {
         if (w.stopped_dirty) w.dirty_ticket = ticket;
       }
     }
+  }
+  if (promised && !slot_links_.empty()) {
+    Status forwarded = ForwardSlotLinks(changed_);
+    if (!forwarded.ok()) {
+      const bool fenced = forwarded.code() == StatusCode::kPermissionDenied;
+      Status why =
+          Status::Unavailable(Name() + ": the change was applied here but not acknowledged: " +
+                              (fenced ? "this server has been failed over; retry at the backup"
+                                      : "its backup does not answer") +
+                              " (" + forwarded.message() + ")");
+      if (fenced) Fence(forwarded);
+      for (size_t i = 0; i < replies.size() && i < round_.size(); ++i) {
+        if (round_[i] != 0) replies[i] = wire::EncodeError(round_[i], why);
+      }
+      // Batches that changed the region in this round and then stopped to wait: their reply
+      // (the next round's) would promise those changes too.
+      std::vector<uint64_t> failed;
+      for (const auto& [number, w] : waiters_) {
+        if (w.stopped_dirty) failed.push_back(number);
+      }
+      for (uint64_t number : failed) {
+        Answer(number, wire::EncodeError(waiters_.at(number).request_id, why), false);
+      }
+    }
+  }
+  if (DeclaredGone()) Degrade();  // the rounds stand with one copy, as every later one
+  if (backup_ != nullptr) {
     // Every reply that may show memory waits for every forward posted so far: it may have
-    // observed any change applied before it. Replies promise nothing more than that.
+    // observed any change applied before it. Replies promise nothing more than that. While
+    // copying, the server promises one copy: nothing is held.
     const uint64_t ticket = backup_->posted();
-    for (size_t i = 0; i < replies.size(); ++i) {
+    for (size_t i = 0; i < replies.size() && !copy_; ++i) {
       const bool observes = i < observes_.size() && observes_[i];
       if (!observes || replies[i].empty() || backup_->settled() >= ticket) continue;
       held_.push_back({ticket, {connections[i], std::move(replies[i])}});
@@ -982,7 +1286,9 @@ void MemoryServer::Impl::TakeSettled(std::vector<transport::LateReply>* out) {
 void MemoryServer::Impl::Pump() {
   if (backup_ == nullptr) return;
   backup_->Poll();
-  for (const BackupLink::Failure& f : backup_->TakeFailures()) FailForwards(f);
+  std::vector<BackupLink::Failure> failures = backup_->TakeFailures();
+  if (!failures.empty() && copy_) return AbandonCopy(failures.front().why);  // one copy promised
+  for (const BackupLink::Failure& f : failures) FailForwards(f);
   if (backup_->acknowledged_sent() > last_ack_) last_ack_ = backup_->acknowledged_sent();
   while (!held_.empty() && held_.front().ticket <= backup_->settled()) {
     released_.push_back(std::move(held_.front().reply));

@@ -34,11 +34,14 @@
 // first hello) and kHelloPoolClient; every batch operation, release and eviction it sends must
 // touch only the pool's leases (the default pool's: its leases and the region's root area),
 // else it is refused with PermissionDenied naming the pool and the offset, executed not at all,
-// and counted in StatsReply::pool_refused. Only the default pool names backups.
+// and counted in StatsReply::pool_refused. Only the default pool names backups. The same holds
+// in the mirror slots it serves once promoted: their books keep each lease's owner and the
+// pools' root areas, and a copy of a book (re-replication) carries them.
 //
-// Replication (docs/pool.md "Replication"): with ServerOptions::mirror_of the region is twice
-// the donation: after the server's own part, a mirror of that server's region
-// (pool/server/mirror.h) that takes its forwards on a port of its own. With
+// Replication (docs/pool.md "Replication"): with ServerOptions::mirror_slots S the region is
+// 1 + S times the donation: after the server's own part, S mirror slots that hold copies of
+// other servers' regions (pool/server/mirror.h; slot 0 that of ServerOptions::mirror_of) and
+// take their forwards on a port of their own. With
 // ServerOptions::replicated, every request that changes the region or the leases is refused
 // until a BackupRequest names the backup; from then on the changes of each round of requests
 // go to the backup (pool/server/backup_link.h) before any reply that may show them does. A
@@ -66,6 +69,33 @@
 // beyond which a round waits for room. The serving lease counts from when the latest
 // acknowledged forward was sent. Mapped reads (shm) bypass the server and so the hold: they
 // may see a change not yet on the backup (docs/pool.md).
+//
+// Re-replication (docs/pool.md "Re-replication"): a BackupRequest that names a backup after
+// leases exist (the server has run with one copy since its backup was declared gone) attaches
+// the new backup's slot and copies the region and the lease book to it in slices of
+// kCopySlice bytes, one slice per AmHandler tick, on the progress thread, which meanwhile
+// serves and posts every change to the new backup as well. A slice goes through the same link
+// as the rounds' forwards (BackupLink::Forward: posted after every forward before it, then
+// waited for), and the link keeps the order posted, so a slice (the bytes as they are when it is
+// sent) never overtakes a later change. Until the copy is complete the server promises one
+// copy (the map's): it holds no reply for the copying backup, and a forward to it that fails
+// (a slice, or a round's) abandons the copy, the rounds standing as acknowledged. The last
+// slice's Forward returns once the backup has acknowledged it and every forward before it, so
+// when the copy completes nothing posted is unacknowledged, and from then on replies are held
+// as above. Repeating the BackupRequest reports the bytes left (BackupReply::remaining); 0 once
+// complete, from which on the backup is the full guarantee (the coordinator writes it into the
+// map then). backup_ is replaced only when no reply is held (held replies are numbered by its
+// tickets): after a DegradeRequest (which releases them) or while copying (none held).
+//
+// A BackupRequest for a region the server serves from a promoted mirror slot
+// (BackupRequest::region) does the same for that slot through a slot link of its own: the
+// slot's bytes and mirrored lease book copied, the slot's changes, leases and releases
+// forwarded there, its acknowledgements counted in the serving lease. Slot links are not
+// pipelined: Settle forwards a round's slot changes with a blocking BackupLink::Forward (after
+// posting the own part's, so the two overlap) before any reply of the round leaves or is held,
+// so a reply that may show a slot's change leaves only once that slot's backup has it; a reply
+// held for the own link is thus released only when every link that carries a change it may show
+// has acknowledged it.
 //
 // Waiting compare-and-swaps (memory_ops kWaitCompareAndSwap; docs/pool.md "Waiting
 // compare-and-swap"): a batch whose wait-compare-and-swap finds its word held stops there and
@@ -119,9 +149,14 @@ struct ServerOptions {
   // server's changes must reach a backup before they are acknowledged; how long it waits.
   std::optional<uint16_t> mirror_of;
   bool replicated = false;
+  // Mirror slots, each as large as the server's own part (at least 1 with mirror_of).
+  uint32_t mirror_slots = 0;
   // How long a forward may wait for the backup's acknowledgement before it fails (and the
   // replies held for it get errors): at most the serving lease (pool/server/mirror.h), and well
-  // below the clients' failure timeout, since a client waits that long for a held reply.
+  // below the clients' failure timeout, since a client waits that long for a held reply. The
+  // forwards that block the loop (a re-replication's copy slices, slot links: see the header)
+  // wait as long, and a primary that blocked longer for an unreachable backup would be declared
+  // dead itself by its clients' heartbeats.
   std::chrono::milliseconds backup_timeout{1000};
   // Called once, on the progress thread, when the backup refuses this server's forwards (it
   // took the data over: this server is fenced and refuses everything from then on). `farpool
@@ -138,6 +173,8 @@ inline constexpr size_t kMaxEvictedTags = 1 << 16;
 inline constexpr std::chrono::microseconds kRecheckPeriod{250};
 inline constexpr size_t kMaxWaiters = 4096;
 inline constexpr uint32_t kMaxWaitersPerConnection = 16;
+// Re-replication: the bytes of the region copied to a new backup per tick.
+inline constexpr uint64_t kCopySlice = 2ull << 20;
 
 // Private resident memory (RssAnon) of this process, in bytes; 0 if unknown.
 uint64_t PrivateResidentBytes();
@@ -151,7 +188,7 @@ class MemoryServer {
 
   // The port actually listened on.
   uint16_t port() const { return port_; }
-  // The port of its mirror's loop (HelloReply::mirror_port); 0 without ServerOptions::mirror_of.
+  // The port of its mirror's loop (HelloReply::mirror_port); 0 without mirror slots.
   uint16_t mirror_port() const { return mirror_port_; }
   const ServerOptions& options() const { return options_; }
   // Stops serving: joins the progress thread and closes connections. Idempotent.

@@ -11,8 +11,15 @@
 
 namespace farpool {
 
+Mirror::Mirror(std::optional<uint16_t> first, uint32_t slots, std::byte* memory, uint64_t size,
+               uint64_t chunk_size, ServerAuth& auth, std::function<void(uint16_t)> on_degrade)
+    : memory_(memory), size_(size), auth_(auth), on_degrade_(std::move(on_degrade)) {
+  for (uint32_t k = 0; k < slots; ++k) slots_.push_back(Slot{-1, ChunkAllocator(size, chunk_size)});
+  if (first && !slots_.empty()) slots_[0].primary = *first;
+}
+
 Status Mirror::Start(const std::string& host, Fabric fabric, const std::string& name) {
-  name_ = name + " mirror of server " + std::to_string(primary_id_);
+  name_ = name + " mirror";
   transport::AmServerOptions ao;
   ao.host = host;
   ao.am_id = transport::kControlAm;
@@ -27,76 +34,135 @@ Status Mirror::Start(const std::string& host, Fabric fabric, const std::string& 
   return Status::Ok();
 }
 
-Result<wire::PromoteReply> Mirror::Promote(bool primary_connected) {
-  const auto since = std::chrono::steady_clock::now() - last_contact_;
+uint16_t Mirror::first_primary() const {
   std::lock_guard lock(mu_);
-  if (!promoted_ && primary_connected && since < kServeLease + kLeaseMargin) {
+  return slots_.empty() || slots_[0].primary < 0 ? wire::kNoMirror
+                                                 : static_cast<uint16_t>(slots_[0].primary);
+}
+
+Mirror::Slot* Mirror::Holding(uint16_t primary_id) {
+  for (Slot& s : slots_) {
+    if (s.primary == primary_id) return &s;
+  }
+  return nullptr;
+}
+
+const Mirror::Slot* Mirror::Holding(uint16_t primary_id) const {
+  return const_cast<Mirror*>(this)->Holding(primary_id);
+}
+
+Result<wire::PromoteReply> Mirror::Promote(uint16_t primary_id,
+                                           const std::function<bool(uint64_t)>& connected) {
+  std::lock_guard lock(mu_);
+  Slot* slot = Holding(primary_id);
+  if (slot == nullptr) {
+    return Status::InvalidArgument(name_ + ": cannot take server " + std::to_string(primary_id) +
+                                   "'s data over: it does not mirror it");
+  }
+  const auto since = std::chrono::steady_clock::now() - slot->last_contact;
+  const bool primary_connected = slot->primary_tag != 0 && connected(slot->primary_tag);
+  if (!slot->promoted && primary_connected && since < kServeLease + kLeaseMargin) {
     return Status::Aborted(
-        name_ + ": not yet: server " + std::to_string(primary_id_) + " renewed its lease " +
+        name_ + ": not yet: server " + std::to_string(primary_id) + " renewed its lease " +
         std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(since).count()) +
         " ms ago and may serve until it lapses; ask again");
   }
-  if (!promoted_) {
-    std::fprintf(stderr, "%s: taking server %d's data over\n", name_.c_str(), primary_id_);
+  if (!slot->promoted) {
+    std::fprintf(stderr, "%s: taking server %d's data over (slot %zu)\n", name_.c_str(), primary_id,
+                 static_cast<size_t>(slot - slots_.data()));
   }
-  promoted_ = true;
-  return wire::PromoteReply{book_.leased()};
+  slot->promoted = true;
+  return wire::PromoteReply{slot->book.leased()};
 }
 
-bool Mirror::promoted() const {
+std::optional<uint32_t> Mirror::PromotedSlot(uint16_t primary_id) const {
   std::lock_guard lock(mu_);
-  return promoted_;
+  const Slot* slot = Holding(primary_id);
+  if (slot == nullptr || !slot->promoted) return std::nullopt;
+  return static_cast<uint32_t>(slot - slots_.data());
+}
+
+std::map<uint64_t, ChunkAllocator::Held> Mirror::Leases(uint16_t primary_id) const {
+  std::lock_guard lock(mu_);
+  const Slot* slot = Holding(primary_id);
+  return slot == nullptr ? std::map<uint64_t, ChunkAllocator::Held>{} : slot->book.leases();
 }
 
 ChunkAllocator::Access Mirror::Check(uint64_t offset, uint64_t size, uint32_t owner) const {
+  const uint64_t k = offset / size_;
+  const uint64_t within = offset % size_;
   std::lock_guard lock(mu_);
-  return promoted_ ? book_.Check(offset, size, owner) : ChunkAllocator::Access::kOutside;
+  if (k >= slots_.size() || size > size_ - within || !slots_[k].promoted) {
+    return ChunkAllocator::Access::kOutside;
+  }
+  return slots_[k].book.Check(within, size, owner);
 }
 
-std::optional<uint64_t> Mirror::RootOf(uint32_t owner) const {
+std::optional<uint64_t> Mirror::RootOf(uint16_t primary_id, uint32_t owner) const {
   std::lock_guard lock(mu_);
-  return book_.RootOf(owner);
+  const Slot* slot = Holding(primary_id);
+  if (slot == nullptr) return std::nullopt;
+  return slot->book.RootOf(owner);
 }
 
-Result<uint64_t> Mirror::Lease(uint64_t size, uint32_t owner) {
+Result<uint64_t> Mirror::Lease(uint16_t primary_id, uint64_t size, uint32_t owner) {
   std::lock_guard lock(mu_);
-  if (!promoted_) return NotPromoted();
-  return book_.Lease(size, owner);
+  Slot* slot = Holding(primary_id);
+  if (slot == nullptr || !slot->promoted) return NotPromoted(primary_id);
+  return slot->book.Lease(size, owner);
 }
 
-Status Mirror::Release(uint64_t offset, uint64_t size, uint32_t owner) {
+Status Mirror::Release(uint16_t primary_id, uint64_t offset, uint64_t size, uint32_t owner) {
   std::lock_guard lock(mu_);
-  if (!promoted_) return NotPromoted();
-  return book_.Release(offset, size, owner);
+  Slot* slot = Holding(primary_id);
+  if (slot == nullptr || !slot->promoted) return NotPromoted(primary_id);
+  return slot->book.Release(offset, size, owner);
 }
 
-Status Mirror::NotPromoted() const {
-  return Status::InvalidArgument(name_ + ": server " + std::to_string(primary_id_) +
+Status Mirror::NotPromoted(uint16_t primary_id) const {
+  return Status::InvalidArgument(name_ + ": server " + std::to_string(primary_id) +
                                  " has not been failed over to this server (PromoteRequest)");
 }
 
-Status Mirror::AdmitForward(uint16_t primary_id, uint64_t id, const transport::Peer* from) {
-  if (primary_id != primary_id_) {
-    return Status::InvalidArgument(name_ + ": a forward from server " + std::to_string(primary_id) +
+Result<Mirror::Slot*> Mirror::AdmitForward(uint16_t primary_id, uint16_t slot, bool attach,
+                                           uint64_t id, const transport::Peer* from) {
+  const std::string named = name_ + " slot " + std::to_string(slot);
+  if (slot >= slots_.size()) {
+    return Status::InvalidArgument(named + ": no such slot (" + std::to_string(slots_.size()) +
+                                   " slots)");
+  }
+  Slot& s = slots_[slot];
+  if (attach && !s.promoted) {
+    // A new copy (re-replication, or the first forward of `cluster up`'s ring): whatever the
+    // slot held belongs to a link that the coordinator has told to stop forwarding here.
+    if (s.primary != primary_id) {
+      std::fprintf(stderr, "%s: now the copy of server %u\n", named.c_str(), primary_id);
+    }
+    s.primary = primary_id;
+    s.book = ChunkAllocator(size_, s.book.chunk_size());
+    s.primary_tag = 0;
+    s.forward_connection = 0;
+    s.forward_id = 0;
+  }
+  if (s.primary != primary_id) {
+    return Status::InvalidArgument(named + ": a forward from server " + std::to_string(primary_id) +
                                    ", not from its primary");
   }
-  if (promoted_) return Fenced();
-  const uint64_t connection = from == nullptr ? 0 : from->id;
-  if (connection == forward_connection_ && id <= forward_id_) {
-    return Status::Protocol(name_ + ": forward " + std::to_string(id) + " arrived after forward " +
-                            std::to_string(forward_id_) + ": out of order, not applied");
+  if (s.promoted) {
+    return Status::PermissionDenied(
+        named + ": fenced: this server has taken server " + std::to_string(primary_id) +
+        "'s data over (a client found it gone) and takes no more of its forwards");
   }
-  forward_connection_ = connection;
-  forward_id_ = id;
-  if (from != nullptr) primary_tag_ = from->tag;
-  last_contact_ = std::chrono::steady_clock::now();
-  return Status::Ok();
-}
-
-Status Mirror::Fenced() const {
-  return Status::PermissionDenied(
-      name_ + ": fenced: this server has taken server " + std::to_string(primary_id_) +
-      "'s data over (a client found it gone) and takes no more of its forwards");
+  const uint64_t connection = from == nullptr ? 0 : from->id;
+  if (connection == s.forward_connection && id <= s.forward_id) {
+    return Status::Protocol(named + ": forward " + std::to_string(id) + " arrived after forward " +
+                            std::to_string(s.forward_id) + ": out of order, not applied");
+  }
+  s.forward_connection = connection;
+  s.forward_id = id;
+  if (from != nullptr) s.primary_tag = from->tag;
+  s.last_contact = std::chrono::steady_clock::now();
+  return &s;
 }
 
 std::vector<std::byte> Mirror::Refuse(const Status& reason) {
@@ -134,17 +200,23 @@ Result<std::vector<std::byte>> Mirror::Answer(std::span<const std::byte> bytes,
       if (from != nullptr)
         from->tag = static_cast<uint32_t>(m.As<wire::HelloRequest>().client_nonce);
       r.server_pid = static_cast<uint64_t>(getpid());
-      r.mirror_of = primary_id_;
+      r.mirror_of = first_primary();
       r.region_size = size_;
       return wire::Encode(id, r);
     }
     case wire::Opcode::kReplicateRequest: {
       const auto req = m.As<wire::ReplicateRequest>();
       std::lock_guard lock(mu_);
-      FARPOOL_RETURN_IF_ERROR(AdmitForward(req.primary_id, id, from));
+      FARPOOL_RETURN_IF_ERROR(AdmitForward(req.primary_id, req.slot,
+                                           (req.flags & wire::kReplicateAttach) != 0, id, from)
+                                  .status());
       std::vector<memory_ops::Range> written;
-      memory_ops::Region region{memory_,     size_,    [](uint64_t, uint64_t) { return true; },
-                                primary_id_, &written, /*writes_only=*/true};
+      memory_ops::Region region{memory_ + req.slot * size_,
+                                size_,
+                                [](uint64_t, uint64_t) { return true; },
+                                req.primary_id,
+                                &written,
+                                /*writes_only=*/true};
       FARPOOL_RETURN_IF_ERROR(
           memory_ops::Execute(req.op_count, m.tail, region).status().WithContext(name_));
       uint64_t applied = 0;
@@ -154,24 +226,21 @@ Result<std::vector<std::byte>> Mirror::Answer(std::span<const std::byte> bytes,
     case wire::Opcode::kMirrorLeaseRequest: {
       const auto req = m.As<wire::MirrorLeaseRequest>();
       std::lock_guard lock(mu_);
-      FARPOOL_RETURN_IF_ERROR(AdmitForward(req.primary_id, id, from));
+      FARPOOL_ASSIGN_OR_RETURN(Slot * slot,
+                               AdmitForward(req.primary_id, req.slot, false, id, from));
       FARPOOL_RETURN_IF_ERROR((req.leased != wire::kMirrorRelease
-                                   ? book_.LeaseAt(req.offset, req.size, req.owner,
-                                                   req.leased == wire::kMirrorLeaseRoot)
-                                   : book_.Release(req.offset, req.size, req.owner))
+                                   ? slot->book.LeaseAt(req.offset, req.size, req.owner,
+                                                        req.leased == wire::kMirrorLeaseRoot)
+                                   : slot->book.Release(req.offset, req.size, req.owner))
                                   .WithContext(name_));
       return wire::Encode(id, wire::MirrorLeaseReply{0});
     }
     case wire::Opcode::kPromoteRequest: {
-      if (m.As<wire::PromoteRequest>().id != primary_id_) {
-        return Status::InvalidArgument(name_ + ": cannot take server " +
-                                       std::to_string(m.As<wire::PromoteRequest>().id) +
-                                       "'s data over: it does not mirror it");
-      }
       const auto tags = am_->tags();
-      const bool connected =
-          primary_tag_ != 0 && std::find(tags.begin(), tags.end(), primary_tag_) != tags.end();
-      FARPOOL_ASSIGN_OR_RETURN(wire::PromoteReply r, Promote(connected));
+      FARPOOL_ASSIGN_OR_RETURN(wire::PromoteReply r,
+                               Promote(m.As<wire::PromoteRequest>().id, [&](uint64_t tag) {
+                                 return std::find(tags.begin(), tags.end(), tag) != tags.end();
+                               }));
       return wire::Encode(id, r);
     }
     case wire::Opcode::kDegradeRequest:

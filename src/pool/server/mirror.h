@@ -1,14 +1,16 @@
 // Mirror: a backup memory server's copy of its primary's region (docs/pool.md "Replication").
 //
-// How it works: the copy lives in the backup's own region, past its own part (at
+// How it works: the copy lives in the backup's own region, past its own part (slot 0 at
 // HelloReply::mirror_offset), so that once promoted the backup serves it to clients like its
 // own memory. The primary's forwards arrive on a loop of their own (an AmServer on another
 // port, HelloReply::mirror_port, event progress): a primary may wait for its backup's
-// acknowledgement on its progress thread (back-pressure, a backup being named; forwards are
-// otherwise pipelined, backup_link.h), so two servers that back each other up would deadlock
-// if forwards had to pass through the loop that is waiting. That loop applies
+// acknowledgement on its progress thread (back-pressure, a backup being named, a slot link or
+// a re-replication's copy, memory_server.h; its own forwards are otherwise pipelined,
+// backup_link.h), so two servers that back each other up would deadlock if forwards had to pass
+// through the loop that is waiting. That loop applies
 // ReplicateRequests (writes, offsets in the primary's region) and MirrorLeaseRequests (the
-// primary's lease book) from authenticated connections, for the primary it mirrors only.
+// primary's lease book) from authenticated connections, each into the slot (below) that holds
+// that primary's copy.
 //
 // The mirror's loop also takes DegradeRequests meant for the server as a primary (its own
 // backup is gone): the server's progress thread may be the one waiting for that backup.
@@ -24,15 +26,31 @@
 // backup from acknowledging another write, and the server's own loop serves the copy: its
 // clients' operations at mirror offsets are checked against the mirrored lease book.
 //
+// Slots (docs/pool.md "Re-replication"): the mirror area holds `slots` copies, each as large as
+// the server's own part, slot k at k * size past the mirror's start. Slot 0 starts as the copy
+// of ServerOptions::mirror_of (the ring of `cluster up`); a primary that the coordinator later
+// names this server as backup for attaches to a free slot with its first forward
+// (wire::kReplicateAttach: the slot becomes its copy, with an empty lease book, unless the slot
+// is promoted). Every forward, promote and mirrored lease names the primary (its region) and
+// the slot; a forward naming a slot that holds another primary's copy is refused.
+//
+// Order: a primary pipelines the forwards of a link (backup_link.h) and counts on the mirror
+// applying them in the order sent. A slot is fed by one link at a time (one connection; the
+// forwards of different slots come on different links), so each slot keeps the connection and
+// request id of its latest forward and refuses one from the same connection with a request id
+// not above it (Protocol, "out of order"); a forward on another connection (a new link, an
+// attach) starts the count again.
+//
 // Thread-safety: the forwards run on the mirror's loop, everything else on the server's
-// progress thread; the lease book and the promoted flag are guarded by one mutex, and a
-// forward applies its writes under it, so no forward lands after Promote returns.
+// progress thread; the slots (lease books, owners, promoted flags) are guarded by one mutex,
+// and a forward applies its writes under it, so no forward lands after Promote returns.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -54,18 +72,12 @@ inline constexpr std::chrono::milliseconds kLeaseMargin{200};
 
 class Mirror : public transport::AmHandler {
  public:
-  // The copy of server `primary_id`'s region of `size` bytes (chunks of `chunk_size`) at
-  // `memory`, which outlives the mirror. `auth` is the server's; `name` its name.
+  // `slots` copies of `size` bytes each (chunks of `chunk_size`) at `memory`, which outlives
+  // the mirror; slot 0 mirrors server `first` if set. `auth` is the server's; `name` its name.
   // `on_degrade(backup_id)`: a DegradeRequest for this server's own role as a primary (served
   // here because the server's loop may be blocked waiting for that backup); any thread.
-  Mirror(uint16_t primary_id, std::byte* memory, uint64_t size, uint64_t chunk_size,
-         ServerAuth& auth, std::function<void(uint16_t)> on_degrade)
-      : primary_id_(primary_id),
-        memory_(memory),
-        size_(size),
-        book_(size, chunk_size),
-        auth_(auth),
-        on_degrade_(std::move(on_degrade)) {}
+  Mirror(std::optional<uint16_t> first, uint32_t slots, std::byte* memory, uint64_t size,
+         uint64_t chunk_size, ServerAuth& auth, std::function<void(uint16_t)> on_degrade);
   ~Mirror() override { Stop(); }
 
   // Listens on `host` (any free port) and starts the forwards' loop.
@@ -74,50 +86,66 @@ class Mirror : public transport::AmHandler {
     if (am_) am_->Stop();
   }
   uint16_t port() const { return am_ ? am_->port() : 0; }
-  uint16_t primary_id() const { return primary_id_; }
+  // Slot 0's primary (wire::kNoMirror: none), for the hello.
+  uint16_t first_primary() const;
   uint64_t size() const { return size_; }
+  uint32_t slots() const { return static_cast<uint32_t>(slots_.size()); }
 
-  bool promoted() const;
-  // Whether a client of pool `owner` may touch [offset, offset + size) of the copy (offsets in
-  // the primary's region): kOutside unless promoted, else as the mirrored book says
-  // (ChunkAllocator::Check).
+  // Whether a client of pool `owner` may touch [offset, offset + size) of the mirror area
+  // (offsets from its start): kOutside unless inside one promoted slot, else as that slot's
+  // mirrored book says (ChunkAllocator::Check; offsets within the slot are the primary's).
   ChunkAllocator::Access Check(uint64_t offset, uint64_t size, uint32_t owner) const;
-  // Pool `owner`'s root area in the copy, as the primary leased it.
-  std::optional<uint64_t> RootOf(uint32_t owner) const;
-  // Leases and releases in the mirrored book once promoted (for clients that failed the
-  // primary over): the copy has no backup of its own, so nothing is forwarded.
-  Result<uint64_t> Lease(uint64_t size, uint32_t owner);
-  Status Release(uint64_t offset, uint64_t size, uint32_t owner);
+  // Pool `owner`'s root area in the copy of server `primary_id`'s region, as that primary
+  // leased it (its offset in the primary's region), if the copy has it.
+  std::optional<uint64_t> RootOf(uint16_t primary_id, uint32_t owner) const;
+  // Leases and releases for pool `owner` in the mirrored book of server `primary_id`'s region
+  // once promoted (for clients that failed that primary over). Offsets are the primary's. The
+  // server forwards them to the region's new backup, once it has one (re-replication).
+  Result<uint64_t> Lease(uint16_t primary_id, uint64_t size, uint32_t owner);
+  Status Release(uint16_t primary_id, uint64_t offset, uint64_t size, uint32_t owner);
+
+  // The slot that serves server `primary_id`'s region (promoted), if any.
+  std::optional<uint32_t> PromotedSlot(uint16_t primary_id) const;
+  // The mirrored lease book of `primary_id`'s region (offset -> length, owner, root), for a
+  // copy of it.
+  std::map<uint64_t, ChunkAllocator::Held> Leases(uint16_t primary_id) const;
 
   std::vector<std::byte> Handle(std::span<const std::byte> bytes, transport::Peer* from) override;
   std::vector<std::byte> Refuse(const Status& reason) override;
 
  private:
+  struct Slot {
+    int primary = -1;  // whose copy it holds, -1: free
+    ChunkAllocator book;
+    bool promoted = false;
+    // The mirror's loop only: the primary's process tag (from the connection of its forwards)
+    // and when it last forwarded or renewed.
+    uint64_t primary_tag = 0;
+    std::chrono::steady_clock::time_point last_contact{};
+    // The mirror's loop only: the connection of the latest forward (Peer::id) and its request id.
+    uint64_t forward_connection = 0;
+    uint64_t forward_id = 0;
+  };
   Result<std::vector<std::byte>> Answer(std::span<const std::byte> bytes, transport::Peer* from);
-  // A forward (writes or a lease change) naming `primary_id`, request `id`: refused unless it
-  // names our primary, we have not taken over, and it comes in the order sent (request ids
-  // increase on a connection; the primary pipelines its forwards and counts on their order);
-  // else it counts as the primary's contact (its lease). REQUIRES: mu_ held.
-  Status AdmitForward(uint16_t primary_id, uint64_t id, const transport::Peer* from);
-  Status Fenced() const;
-  // A PromoteRequest, on the mirror's loop: `primary_connected` whether the primary's
-  // connection is still open.
-  Result<wire::PromoteReply> Promote(bool primary_connected);
-  Status NotPromoted() const;
+  // A forward (writes or a lease change) from `primary_id` into `slot`, request `id`: attaches
+  // the slot if `attach`; refused unless the slot holds that primary's copy, has not taken over,
+  // and the forward comes in the order sent (Order, above); else it counts as the primary's
+  // contact (its lease). REQUIRES: mu_ held.
+  Result<Slot*> AdmitForward(uint16_t primary_id, uint16_t slot, bool attach, uint64_t id,
+                             const transport::Peer* from);
+  // The slot that holds `primary_id`'s copy, or nullptr. REQUIRES: mu_ held.
+  Slot* Holding(uint16_t primary_id);
+  const Slot* Holding(uint16_t primary_id) const;
+  // A PromoteRequest, on the mirror's loop: `connected(tag)` whether a connection of that
+  // process tag is still open.
+  Result<wire::PromoteReply> Promote(uint16_t primary_id,
+                                     const std::function<bool(uint64_t)>& connected);
+  Status NotPromoted(uint16_t primary_id) const;
 
-  const uint16_t primary_id_;
   std::byte* const memory_;
   const uint64_t size_;
   mutable std::mutex mu_;
-  ChunkAllocator book_;    // guarded by mu_
-  bool promoted_ = false;  // guarded by mu_
-  // The mirror's loop only: the primary's process tag (from the connection of its forwards)
-  // and when it last forwarded or renewed.
-  uint64_t primary_tag_ = 0;
-  // The connection of the latest forward (Peer::id) and its request id.
-  uint64_t forward_connection_ = 0;
-  uint64_t forward_id_ = 0;
-  std::chrono::steady_clock::time_point last_contact_{};
+  std::vector<Slot> slots_;  // guarded by mu_
   ServerAuth& auth_;
   std::function<void(uint16_t)> on_degrade_;
   std::string name_;
