@@ -100,9 +100,27 @@ std::string ReadFile(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
+// A test's cluster directory, removed with everything in it (the servers' logs that `cluster
+// down` keeps) when the test ends, however it ends: runs of this suite left one per test in /tmp.
+class ScopedDir {
+ public:
+  explicit ScopedDir(const std::string& prefix) : path_(MakeTempDir(prefix)) {}
+  ~ScopedDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  ScopedDir(const ScopedDir&) = delete;
+  ScopedDir& operator=(const ScopedDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 TEST(Cli, ProgressModeDefaultsToEventWithFewerCoresThanServersPlusOne) {
   const std::string one_core = "taskset -c " + std::to_string(FirstUsableCpu()) + " ";
-  const std::string dir = MakeTempDir("farpool-cli");
+  const ScopedDir scoped("farpool-cli");
+  const std::string& dir = scoped.path();
   CommandResult up = Farpool("cluster up --dir " + dir + " --servers 2 --memory 32MiB", one_core);
   ASSERT_EQ(up.exit_code, 0) << up.output;
   EXPECT_NE(up.output.find("progress event: 1 core for 2 servers + 1 client"), std::string::npos)
@@ -135,7 +153,8 @@ TEST(Cli, MemoryBeyondWhatTheHostCanGiveIsRefusedUpFront) {
   ExpectFailure("server --listen 127.0.0.1:0 --memory 100TiB",
                 "--memory 100 TiB is more memory than this host can give: ");
   ExpectFailure("server --listen 127.0.0.1:0 --memory 100TiB", "available (MemAvailable");
-  const std::string dir = MakeTempDir("farpool-cli");
+  const ScopedDir scoped("farpool-cli");
+  const std::string& dir = scoped.path();
   ExpectFailure("cluster up --dir " + dir + " --servers 2 --memory 100TiB",
                 "--servers 2 x --memory 100 TiB (200 TiB in all) is more memory than this host "
                 "can give");
@@ -166,7 +185,8 @@ TEST(Cli, FailedStartUpsSayWhy) {
   close(s);
 
   // A server that dies at start in `cluster up`: which one, how it ended, and its log's reason.
-  const std::string dir = MakeTempDir("farpool-cli");
+  const ScopedDir scoped("farpool-cli");
+  const std::string& dir = scoped.path();
   ExpectFailure("cluster up --dir " + dir + " --servers 2 --memory 32MiB --chunk-size 3000",
                 "server 0 exited with status 1 during start-up; " + dir + "/server-0.log:");
   ExpectFailure("cluster up --dir " + dir + " --servers 2 --memory 32MiB --chunk-size 3000",
@@ -185,7 +205,8 @@ bool WaitGone(const std::string& path) {
 }
 
 TEST(Cli, ServerKilledBySigkillLeavesNothingInDevShm) {
-  const std::string dir = MakeTempDir("farpool-cli");
+  const ScopedDir scoped("farpool-cli");
+  const std::string& dir = scoped.path();
   // Large enough that UCX spends a while writing the region's file before it unlinks it: the
   // kill lands in that window when it can (the worst case: the whole region stays in /dev/shm).
   auto available = AvailableMemory();
@@ -265,7 +286,8 @@ TEST(Cli, ProgressLinesAreRedrawnOnlyOnATerminal) {
 }
 
 TEST(Cli, BadClusterFilesNameTheFileAndField) {
-  const std::string dir = MakeTempDir("farpool-cli");
+  const ScopedDir scoped("farpool-cli");
+  const std::string& dir = scoped.path();
   ExpectFailure("bench ops --cluster " + dir + "/missing.json", dir + "/missing.json");
   std::ofstream(dir + "/bad.json") << R"({"servers": [{"id": 0, "address": "localhost"}]})";
   ExpectFailure("bench ops --cluster " + dir + "/bad.json", "servers[0].address");
@@ -276,7 +298,8 @@ TEST(Cli, BadClusterFilesNameTheFileAndField) {
 }
 
 TEST(Cli, ClusterUpStatusBenchDownLeavesNoProcessBehind) {
-  const std::string dir = MakeTempDir("farpool-cli");
+  const ScopedDir scoped("farpool-cli");
+  const std::string& dir = scoped.path();
   CommandResult up = Farpool("cluster up --dir " + dir +
                              " --servers 3 --memory 64MiB --transport shm --progress event");
   ASSERT_EQ(up.exit_code, 0) << up.output;
@@ -325,7 +348,8 @@ TEST(Cli, ClusterUpStatusBenchDownLeavesNoProcessBehind) {
 // pools' credentials with the cluster secret.
 TEST(Cli, TwoPoolsRunTwoBankDatabasesOnOneCluster) {
   if (geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
-  const std::string dir = MakeTempDir("farpool-pools");
+  const ScopedDir scoped("farpool-pools");
+  const std::string& dir = scoped.path();
   CommandResult up =
       Farpool("cluster up --dir " + dir +
               " --servers 2 --memory 128MiB --transport tcp --netns --progress event");
@@ -365,7 +389,6 @@ TEST(Cli, TwoPoolsRunTwoBankDatabasesOnOneCluster) {
   ASSERT_EQ(down.exit_code, 0) << down.output;
   EXPECT_FALSE(std::filesystem::exists(dir + "/pools"));
   EXPECT_FALSE(std::filesystem::exists(dir + "/cluster-alpha.json"));
-  std::filesystem::remove_all(dir);
 }
 
 TEST(Cli, StatusReportsADeadServerAndFails) {
