@@ -401,6 +401,24 @@ class Batch {
   // Waits for every posted operation; returns the first error. The batch is empty afterwards
   // and can be reused.
   Status Wait();
+  // Completes the batch without waiting for the servers where the path allows it: for writes
+  // and atomics whose outcome the caller does not need (the SQLite VFS's release of its own
+  // lock bit with a fetch-and-add, docs/files.md). The batch is empty afterwards.
+  //   messages (TCP):  each server's message is sent and its reply dropped on arrival. Order:
+  //                    a server executes it before any later message of this thread (one
+  //                    connection per thread and server, handled in order), so this thread's
+  //                    next operation on that server sees its effect; another thread's
+  //                    operations are not ordered behind it.
+  //   direct (mapped): done at once, as always.
+  //   one-sided (UCX): waited for, as Wait() does.
+  // Errors: returned are those known before anything leaves (the batch's own, a server already
+  // failed, a lost connection, a send that fails). Later ones are not: a connection lost or a
+  // server failed after the send fails this thread's next operation on that server, and an
+  // error reply is dropped (a process the servers evicted is refused its later operations as
+  // well). Not counted in OpCounters::round_trips (nothing is waited for).
+  // REQUIRES: over messages, no posted operation wants a result (a read, a `previous`, a
+  // lookup, an insert, a waiting compare-and-swap): InvalidArgument, nothing sent.
+  Status Post();
   size_t posted() const;
 
  private:

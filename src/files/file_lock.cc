@@ -1,6 +1,8 @@
 #include "files/file_lock.h"
 
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace farpool::files {
@@ -49,8 +51,38 @@ Result<uint64_t> FileLock::Swap(uint64_t expected, uint64_t desired,
   return prev;
 }
 
+Status FileLock::Settle() {
+  if (posted_by_ == std::this_thread::get_id()) {
+    // This thread's next operation on the word's server is ordered behind the release.
+    posted_by_ = std::thread::id();
+    return Status::Ok();
+  }
+  return Drain();
+}
+
+Status FileLock::Drain() {
+  if (posted_by_ == std::thread::id()) return Status::Ok();
+  // The release has landed once our bit is clear (nobody else sets it); a read is ordered
+  // behind it on the posting thread's connection, another thread's may have to look again.
+  const uint64_t mine = uint64_t{1} << leases_.slot();
+  const auto deadline = std::chrono::steady_clock::now() + kDrainPatience;
+  for (;;) {
+    uint64_t w = 0;
+    FARPOOL_RETURN_IF_ERROR(ReadWord(&w));
+    if ((w & mine) == 0) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      return Status::TimedOut("the posted release of this process's SHARED lock did not land in " +
+                              std::to_string(kDrainPatience.count()) + " s");
+    }
+    std::this_thread::yield();
+  }
+  posted_by_ = std::thread::id();
+  return Status::Ok();
+}
+
 Status FileLock::Lock(LockLevel level, const std::function<Status(Batch&)>& with) {
   FARPOOL_RETURN_IF_ERROR(leases_.Check());
+  FARPOOL_RETURN_IF_ERROR(Settle());
   const int me = leases_.slot();
   const uint64_t mine = uint64_t{1} << me;
   // w starts as a guess (what this handle last saw), good only as a CAS's expected value: a
@@ -134,6 +166,20 @@ Status FileLock::ReadWord(uint64_t* w) {
 
 Status FileLock::Unlock(LockLevel level) {
   const int me = leases_.slot();
+  if (level == LockLevel::kNone && level_ == LockLevel::kShared) {
+    // Only our SHARED bit is ours in the word, and it is set (our CAS set it; a sweeper clears
+    // it only after the servers evicted us, when nothing of ours lands any more): subtracting
+    // it is exact whatever else changed, so the release needs no reply.
+    const uint64_t mine = uint64_t{1} << me;
+    Batch batch(pool_);
+    FARPOOL_RETURN_IF_ERROR(batch.FetchAdd(word_, ~mine + 1, nullptr));
+    FARPOOL_RETURN_IF_ERROR(batch.Post());
+    seen_ &= ~mine;
+    level_ = LockLevel::kNone;
+    posted_by_ = std::this_thread::get_id();
+    return Status::Ok();
+  }
+  FARPOOL_RETURN_IF_ERROR(Settle());
   // A guess, as in Lock. Only this handle sets its bits, and seen_ holds them from its own
   // CAS, so when seen_ shows none of ours the word has none either.
   uint64_t w = seen_;

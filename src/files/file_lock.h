@@ -23,12 +23,25 @@
 // Every Lock first checks this process's own lease (LeaseTable::Check): a process that lost
 // it gets IoError and must reopen.
 //
-// Thread-safety: one FileLock per open file, used by one thread at a time.
+// The release of SHARED (Unlock(kNone) from kShared, the end of every read transaction) is not
+// waited for: a fetch-and-add that subtracts this process's bit, posted (Batch::Post). It is
+// exact whatever else changed in the word (only we set or clear the bit while our lease
+// lives; a sweeper clears it only after the servers evicted us, so a release still in flight
+// then never lands). Its effect is ordered before the posting thread's next operation on the
+// word's server; another thread's next Lock or Unlock first waits until it landed (our bit
+// clear); errors surface there (the connection or server failed) or are harmless (an error
+// reply: we were evicted). A lost release leaves our bit set, as a crashed process's is, until
+// our lease ends: the lease reclaims it as today.
+//
+// Thread-safety: one FileLock per open file, used by one thread at a time (several threads in
+// turn, e.g. under the VFS's mutex).
 // REQUIRES: the lease table outlives it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <thread>
 
 #include "files/file_store.h"
 #include "files/lease.h"
@@ -50,13 +63,23 @@ class FileLock {
   // with every retry, so when Lock returns OK, what it read was read with the CAS that won.
   // REQUIRES: level > level(); kReserved only from kShared.
   Status Lock(LockLevel level, const std::function<Status(Batch&)>& with = {});
-  // Lowers the lock to kShared or kNone.
+  // Lowers the lock to kShared or kNone; from kShared to kNone without waiting (posted, above).
   Status Unlock(LockLevel level);
   // Whether another live process holds RESERVED or more (a dead one is swept first).
   Result<bool> ReservedElsewhere();
+  // Waits until a posted release of SHARED has landed (reads the word until our bit is clear;
+  // nothing to do when none is in flight). REQUIRES: called before this process's lease slot
+  // can be freed: a release landing after another process took the slot would clear that
+  // process's bit. TimedOut after kDrainPatience.
+  Status Drain();
   LockLevel level() const { return level_; }
 
+  static constexpr std::chrono::seconds kDrainPatience{5};
+
  private:
+  // Before any change of the word: a release this thread posted is ordered ahead already;
+  // another thread's is drained.
+  Status Settle();
   // Resolves a conflict with `slot`: sweeps it and returns OK if it is dead, else Aborted.
   Status Conflict(int slot, const char* what);
   // Reads the word into *w and seen_.
@@ -71,6 +94,8 @@ class FileLock {
   LeaseTable& leases_;
   LockLevel level_ = LockLevel::kNone;
   uint64_t seen_ = 0;  // the word as this handle last read or wrote it
+  // The thread that posted a release of SHARED not known to have landed; none: no such release.
+  std::thread::id posted_by_;
 };
 
 // Removes lease slot `slot`'s bits from the lock word of every file in the store (the sweep of

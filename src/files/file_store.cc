@@ -385,6 +385,25 @@ void File::FinishRefresh() {
   }
 }
 
+Result<File::PostedRead> File::PostRead(Batch& batch, uint64_t offset, void* out, uint64_t n,
+                                        uint16_t server) {
+  const uint64_t i = offset / kExtentSize;
+  if (n == 0 || i >= kDirectEntries || (offset + n - 1) / kExtentSize != i ||
+      extents_.size() <= i || extents_[i] == 0) {
+    return PostedRead{};
+  }
+  const GlobalAddress extent = GlobalAddress::FromRaw(extents_[i]);
+  if (extent.server() != server) return PostedRead{};
+  FARPOOL_RETURN_IF_ERROR(
+      batch.Read(extent + offset % kExtentSize, out, n).WithContext(Where() + ": read"));
+  return PostedRead{offset, n, extents_[i]};
+}
+
+bool File::ReadCurrent(const PostedRead& read) const {
+  return read.extent != 0 && read.offset + read.n <= state_.size &&
+         state_.direct[read.offset / kExtentSize] == read.extent;
+}
+
 Status File::EnsureLeaf(int top) {
   FARPOOL_ASSIGN_OR_RETURN(GlobalAddress leaf, store_.TakeBlock());
   FARPOOL_ASSIGN_OR_RETURN(

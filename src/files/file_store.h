@@ -172,6 +172,23 @@ class File {
   // The size as of the last Refresh or this handle's own changes.
   uint64_t size() const { return state_.size; }
 
+  // A read in a caller's batch (the SQLite VFS reads page 1 with the CAS that takes the
+  // database's lock): PostRead posts the read of [offset, offset + n) into `out` if the range
+  // lies in one of the direct extents (the first 2 MiB), this handle knows that extent and it
+  // is on `server` (so that it is ordered after what the caller posted there before a fence);
+  // otherwise it posts nothing. After the batch's Wait and FinishRefresh of a PostRefresh in
+  // the same batch, ReadCurrent says whether the bytes read are the file's: the range is
+  // inside the refreshed size and the extent is still the one read.
+  // REQUIRES: nobody changes the file between the batch and the use of the bytes (the caller
+  // holds a lock the batch took before the reads).
+  struct PostedRead {
+    uint64_t offset = 0, n = 0;
+    uint64_t extent = 0;  // the extent read from; 0: nothing posted
+  };
+  Result<PostedRead> PostRead(Batch& batch, uint64_t offset, void* out, uint64_t n,
+                              uint16_t server);
+  bool ReadCurrent(const PostedRead& read) const;
+
   // Reads up to `n` bytes at `offset`; returns how many were before the end of the file
   // (the rest of `out` is zero-filled).
   Result<uint64_t> Read(uint64_t offset, void* out, uint64_t n);

@@ -1475,6 +1475,14 @@ struct Batch::State {
   };
 
   Message& Open(size_t index) { return messages[static_cast<size_t>(open[index])]; }
+  // Forgets the messages (sent and completed, or posted) and their per-server bookkeeping.
+  void ClearMessages() {
+    messages.clear();
+    std::fill(open.begin(), open.end(), -1);
+    std::fill(message_count.begin(), message_count.end(), 0);
+    std::fill(one_sided.begin(), one_sided.end(), 0);
+    std::fill(fenced.begin(), fenced.end(), 0);
+  }
 
   ThreadContext* tc = nullptr;
   Status context_error;
@@ -1967,18 +1975,45 @@ Status Batch::Drain() {
     // From here a late reply is dropped: the caller may reuse the sinks' memory.
     st.tc->box.Forget(m.request_id);
   }
-  st.messages.clear();
   for (const State::WaitOutcome& w : st.wait_outcomes) {
     w.result->swapped = first.ok() && memory_ops::WaitCompareAndSwapSwapped(w.result->previous,
                                                                             w.expected, w.params);
   }
   st.wait_outcomes.clear();
-  std::fill(st.open.begin(), st.open.end(), -1);
-  std::fill(st.message_count.begin(), st.message_count.end(), 0);
-  std::fill(st.one_sided.begin(), st.one_sided.end(), 0);
-  std::fill(st.fenced.begin(), st.fenced.end(), 0);
+  st.ClearMessages();
   if (waits) Bump(st.tc->round_trips);
   if (st.error.ok()) st.error = first;
+  return first;
+}
+
+Status Batch::Post() {
+  State& st = *state_;
+  FARPOOL_RETURN_IF_ERROR(st.context_error);
+  // One-sided operations complete only through their worker: waited for, as Wait() does.
+  if (!st.pending.empty() || !st.lookups.empty()) return Wait();
+  for (const State::Message& m : st.messages) {
+    for (const BatchSink& sink : m.sinks) {
+      if (sink.read_into != nullptr || sink.previous != nullptr || sink.lookup != nullptr ||
+          sink.insert != nullptr) {
+        return Status::InvalidArgument(pool_.servers_[m.index]->name +
+                                       ": Batch::Post of an operation whose result is wanted "
+                                       "(a read, a previous value): nothing was sent");
+      }
+    }
+  }
+  Status first = st.error;
+  const auto deadline = Clock::now() + pool_.options_.op_timeout;
+  for (State::Message& m : st.messages) {
+    m.request_id = st.tc->next_request_id++;
+    // Abandoned before it is sent: its reply is dropped on arrival, never kept.
+    st.tc->box.Expect(m.request_id, nullptr, nullptr);
+    st.tc->box.Forget(m.request_id);
+    Status sent = pool_.SendBatch(*st.tc, m.index, m.request_id, m.request, deadline);
+    if (first.ok()) first = sent;
+  }
+  st.ClearMessages();
+  st.error = Status::Ok();
+  st.posted = 0;
   return first;
 }
 

@@ -15,11 +15,12 @@
 // SQLite connections of several threads) share one ProcessLock, which combines their levels as
 // the unix VFS combines the handles of one inode. Whenever a lock is raised, every store file
 // this connection has open is refreshed, since another process (or another handle of this one)
-// may have changed it. A read transaction's first look costs one round trip: the CAS that takes
-// SHARED carries the database header's refresh and the probes for a hot journal and a WAL
-// (answered to the xAccess calls that follow), and xFileSize under a lock needs no refresh (nobody
-// else can change the file then). With SQLite's page-1 check and the unlock, a read transaction
-// whose pages SQLite has cached costs 3 round trips (`PRAGMA farpool_round_trips` counts them).
+// may have changed it. A read transaction whose pages SQLite has cached costs one round trip:
+// the CAS that takes SHARED carries the database header's refresh, the probes for a hot journal
+// and a WAL (answered to the xAccess calls that follow) and, where page 1 is on the lock word's
+// server, page 1 (SQLite's look at its change counter); xFileSize under a lock needs no refresh
+// (nobody else can change the file then); and the unlock is posted, not waited for (file_lock.h).
+// `PRAGMA farpool_round_trips` counts them.
 // xSync returns OK: a write is complete in the servers' memory when xWrite returns
 // (docs/files.md says what that means). There is no xShmMap, so WAL needs
 // `PRAGMA locking_mode=EXCLUSIVE`.
@@ -40,6 +41,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "files/file_lock.h"
 #include "files/file_store.h"
@@ -67,6 +69,13 @@ struct ProcessLock {
   static constexpr const char* kCompanions[] = {"-journal", "-wal"};
   FileStore::ExistsProbe companions[std::size(kCompanions)];
   bool probed[std::size(kCompanions)] = {};
+  // Page 1, read with the same CAS where it lives on the lock word's server: SQLite's look at
+  // its change counter (bytes 24..39) and its read of page 1 that follow, served without a
+  // round trip. Valid while this process holds SHARED and has not written the database.
+  std::vector<unsigned char> head = std::vector<unsigned char>(kHeadDefault);
+  File::PostedRead head_read;
+  bool head_valid = false;
+  static constexpr size_t kHeadDefault = 4096;  // the page size until page 1 says otherwise
 };
 
 // One cluster's pool, store and lease slot in this process.
@@ -159,6 +168,7 @@ Status LowerLock(PoolFile& p, LockLevel level) {
   }
   if (level == LockLevel::kNone && --l.shared == 0 && s.ok()) {
     std::fill(std::begin(l.probed), std::end(l.probed), false);
+    l.head_valid = false;
     s = l.word->Unlock(LockLevel::kNone);
   }
   p.level = level;
@@ -173,7 +183,13 @@ int Close(sqlite3_file* f) {
   if (p.lock != nullptr) {
     Status s = LowerLock(p, LockLevel::kNone);
     if (!s.ok()) rc = Fail(s, SQLITE_IOERR_UNLOCK);
-    if (--p.lock->handles == 0) p.connection->locks.erase(name);
+    if (--p.lock->handles == 0) {
+      // The last handle may take the lease slot with it (Release): no release of ours may
+      // land after that.
+      s = p.lock->word->Drain();
+      if (!s.ok() && rc == SQLITE_OK) rc = Fail(s, SQLITE_IOERR_UNLOCK);
+      p.connection->locks.erase(name);
+    }
     p.lock = nullptr;
   }
   p.file.reset();
@@ -187,13 +203,20 @@ int Close(sqlite3_file* f) {
 }
 
 int Read(sqlite3_file* f, void* out, int n, sqlite3_int64 offset) {
-  auto got = Of(f).file->Read(offset, out, n);
+  PoolFile& p = Of(f);
+  if (p.lock != nullptr && p.level >= LockLevel::kShared && p.lock->head_valid &&
+      static_cast<uint64_t>(offset) + n <= p.lock->head.size()) {
+    std::memcpy(out, p.lock->head.data() + offset, n);
+    return SQLITE_OK;
+  }
+  auto got = p.file->Read(offset, out, n);
   if (!got.ok()) return Fail(got.status(), SQLITE_IOERR_READ);
   return *got < static_cast<uint64_t>(n) ? SQLITE_IOERR_SHORT_READ : SQLITE_OK;
 }
 
 int Write(sqlite3_file* f, const void* data, int n, sqlite3_int64 offset) {
   PoolFile& p = Of(f);
+  if (p.lock != nullptr) p.lock->head_valid = false;
   Status s = p.connection->leases->Check();
   if (s.ok()) s = p.file->Write(offset, data, n);
   return s.ok() ? SQLITE_OK : Fail(s, SQLITE_IOERR_WRITE);
@@ -201,6 +224,7 @@ int Write(sqlite3_file* f, const void* data, int n, sqlite3_int64 offset) {
 
 int Truncate(sqlite3_file* f, sqlite3_int64 size) {
   PoolFile& p = Of(f);
+  if (p.lock != nullptr) p.lock->head_valid = false;
   Status s = p.connection->leases->Check();
   if (s.ok()) s = p.file->Truncate(size);
   return s.ok() ? SQLITE_OK : Fail(s, SQLITE_IOERR_TRUNCATE);
@@ -216,6 +240,17 @@ int FileSize(sqlite3_file* f, sqlite3_int64* size) {
   if (!s.ok()) return Fail(s, SQLITE_IOERR_FSTAT);
   *size = static_cast<sqlite3_int64>(p.file->size());
   return SQLITE_OK;
+}
+
+// Reads page 1 at the page size its header gives from the next lock on (bytes 16..17, big
+// endian; 1 means 65536).
+void AdoptPageSize(ProcessLock& l) {
+  const unsigned field = (unsigned{l.head[16]} << 8) | l.head[17];
+  const size_t page = field == 1 ? 65536 : field;
+  if (page >= 512 && page <= 65536 && (page & (page - 1)) == 0 && page != l.head.size()) {
+    l.head.resize(page);
+    l.head_valid = false;  // beyond the bytes read: read again at the next lock
+  }
 }
 
 int Lock(sqlite3_file* f, int level) {
@@ -241,12 +276,16 @@ int Lock(sqlite3_file* f, int level) {
           FARPOOL_RETURN_IF_ERROR(
               store.PostExists(batch, p.file->name() + l.kCompanions[i], server, &l.companions[i]));
         }
+        FARPOOL_ASSIGN_OR_RETURN(l.head_read,
+                                 p.file->PostRead(batch, 0, l.head.data(), l.head.size(), server));
         return Status::Ok();
       });
       if (s.ok()) {
         p.file->FinishRefresh();
         refreshed = &p;
         std::fill(std::begin(l.probed), std::end(l.probed), true);
+        l.head_valid = p.file->ReadCurrent(l.head_read);
+        if (l.head_valid) AdoptPageSize(l);
       }
     }
     if (s.ok()) ++l.shared;
