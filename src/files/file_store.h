@@ -171,6 +171,11 @@ class File {
   void FinishRefresh();
   // The size as of the last Refresh or this handle's own changes.
   uint64_t size() const { return state_.size; }
+  // As of the last Refresh (or this handle's own truncates): FileHeader::generation and
+  // FileHeader::data_version (layout.h).
+  uint64_t generation() const { return state_.generation; }
+  uint64_t data_version() const { return state_.data_version; }
+  GlobalAddress data_version_word() const { return header_ + offsetof(FileHeader, data_version); }
 
   // A read in a caller's batch (the SQLite VFS reads page 1 with the CAS that takes the
   // database's lock): PostRead posts the read of [offset, offset + n) into `out` if the range
@@ -216,6 +221,7 @@ class File {
     uint64_t lock, generation, size;
     uint64_t leaves[kTopEntries];
     uint64_t direct[kDirectEntries];
+    uint64_t data_version;
   };
   static_assert(sizeof(State) == kHeaderStateSize);
 

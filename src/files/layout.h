@@ -29,8 +29,9 @@
 //     so a taker that wins the CAS owns the block, whatever happened to the slot in between;
 //     spare[] likewise for inode headers.
 //
-// Version 2 (the FUSE mount) added FileHeader::attr and StoreImage::spare[]; a version-1 store
-// is refused by name (FileStore::Open), not misread.
+// Version 2 (the FUSE mount) added FileHeader::attr and StoreImage::spare[]; version 3 added
+// FileHeader::data_version (the SQLite VFS's page cache). An older store is refused by name
+// (FileStore::Open), not misread, and so is a process of an older build on a newer store.
 #pragma once
 
 #include <cstddef>
@@ -45,7 +46,7 @@ namespace farpool::files {
 inline constexpr uint64_t kStoreRootOffset = Pool::kRootSize - 64;
 
 inline constexpr uint64_t kStoreMagic = 0x666172706f6f6c46;  // "farpoolF"
-inline constexpr uint64_t kStoreVersion = 2;
+inline constexpr uint64_t kStoreVersion = 3;
 inline constexpr uint64_t kHeaderMagic = 0x4644482d6c6f6f70;
 
 inline constexpr uint64_t kExtentSize = 256 << 10;
@@ -105,6 +106,10 @@ struct FileHeader {
   uint64_t size;
   uint64_t leaves[kTopEntries];
   uint64_t direct[kDirectEntries];  // extents 0..kDirectEntries - 1
+  // +1 by every writer before it changes the file's bytes, while no reader holds the lock
+  // (the SQLite VFS: with the CAS that takes EXCLUSIVE). A reader that sees the same value at
+  // two of its lock acquisitions knows nobody wrote in between: its cached pages are current.
+  uint64_t data_version;
   uint64_t name_length;
   char name[kMaxNameLength + 1];
   InodeAttr attr;
@@ -114,7 +119,7 @@ struct FileHeader {
 inline constexpr uint64_t kHeaderStride = 512;
 static_assert(sizeof(FileHeader) <= kHeaderStride && kExtentSize % kHeaderStride == 0);
 
-// What a handle refreshes in one read: lock .. direct.
+// What a handle refreshes in one read: lock .. data_version.
 inline constexpr uint64_t kHeaderStateOffset = offsetof(FileHeader, lock);
 inline constexpr uint64_t kHeaderStateSize = offsetof(FileHeader, name_length) - kHeaderStateOffset;
 

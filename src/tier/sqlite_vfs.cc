@@ -29,12 +29,20 @@
 // matching SQLITE_IOERR_*; a full pool is SQLITE_FULL; a lost lease fails every write and
 // lock with SQLITE_IOERR.
 //
-// Thread-safety: SQLite serialises calls on one file; the connection table has a mutex.
+// Page cache: each process keeps the pages it read of a database (tier::PageCache, 64 MiB by
+// default: URI parameter or PRAGMA farpool_cache_mib) across transactions. Every writer adds 1
+// to the file's data_version (layout.h) with the CAS that takes EXCLUSIVE; the first SHARED lock
+// of a process's transaction reads it with the CAS, and the cache is dropped if it moved. A
+// reader whose pages are cached pays the lock's round trip only.
+//
+// Thread-safety: SQLite serialises calls on one file; g_mu guards the connection table and
+// the ProcessLocks (levels, probes, cache) that handles of several threads share.
 #include <sqlite3ext.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -46,6 +54,7 @@
 #include "files/file_lock.h"
 #include "files/file_store.h"
 #include "files/lease.h"
+#include "tier/page_cache.h"
 
 SQLITE_EXTENSION_INIT1
 
@@ -69,13 +78,24 @@ struct ProcessLock {
   static constexpr const char* kCompanions[] = {"-journal", "-wal"};
   FileStore::ExistsProbe companions[std::size(kCompanions)];
   bool probed[std::size(kCompanions)] = {};
-  // Page 1, read with the same CAS where it lives on the lock word's server: SQLite's look at
-  // its change counter (bytes 24..39) and its read of page 1 that follow, served without a
-  // round trip. Valid while this process holds SHARED and has not written the database.
+  // Page 1, read with the same CAS where it lives on the lock word's server, into the cache:
+  // SQLite's look at its change counter (bytes 24..39) and its read of page 1 that follow are
+  // served without a round trip.
   std::vector<unsigned char> head = std::vector<unsigned char>(kHeadDefault);
   File::PostedRead head_read;
-  bool head_valid = false;
   static constexpr size_t kHeadDefault = 4096;  // the page size until page 1 says otherwise
+  // The pages this process read or wrote, across transactions (docs/files.md, "The VFS page
+  // cache"). `cached_version` is the file's (data_version, generation) the cache is current
+  // for; at the first SHARED lock of a transaction (when `shared` goes from 0 to 1) the pair read
+  // with the CAS is compared with it, and the cache dropped if either moved. While any handle of
+  // this process holds SHARED nobody else can write, and this process's own writes go through
+  // the cache, so it stays current until the lock is dropped.
+  tier::PageCache cache{kDefaultCacheMib << 20};
+  bool cache_current = false;  // cache and cached_version describe the file
+  uint64_t cached_version = 0, cached_generation = 0;
+  // Whether this EXCLUSIVE lock has bumped the file's data_version (before any write).
+  bool bumped = false;
+  static constexpr uint64_t kDefaultCacheMib = 64;
 };
 
 // One cluster's pool, store and lease slot in this process.
@@ -164,16 +184,19 @@ Status LowerLock(PoolFile& p, LockLevel level) {
   Status s;
   if (l.writer == &p) {
     l.writer = nullptr;
+    l.bumped = false;
     s = l.word->Unlock(LockLevel::kShared);
   }
   if (level == LockLevel::kNone && --l.shared == 0 && s.ok()) {
     std::fill(std::begin(l.probed), std::end(l.probed), false);
-    l.head_valid = false;
     s = l.word->Unlock(LockLevel::kNone);
   }
   p.level = level;
   return s;
 }
+
+// A cache size in MiB as bytes; a negative one is 0 (the cache then keeps the last page only).
+uint64_t CacheBytes(sqlite3_int64 mib) { return mib <= 0 ? 0 : static_cast<uint64_t>(mib) << 20; }
 
 int Close(sqlite3_file* f) {
   PoolFile& p = Of(f);
@@ -202,31 +225,81 @@ int Close(sqlite3_file* f) {
   return rc;
 }
 
+// The handle's process cache, when it describes the file: a main database this handle holds
+// SHARED or more on. REQUIRES: g_mu held.
+tier::PageCache* CacheOf(PoolFile& p) {
+  if (p.lock == nullptr || p.level < LockLevel::kShared || !p.lock->cache_current) return nullptr;
+  return &p.lock->cache;
+}
+
 int Read(sqlite3_file* f, void* out, int n, sqlite3_int64 offset) {
   PoolFile& p = Of(f);
-  if (p.lock != nullptr && p.level >= LockLevel::kShared && p.lock->head_valid &&
-      static_cast<uint64_t>(offset) + n <= p.lock->head.size()) {
-    std::memcpy(out, p.lock->head.data() + offset, n);
-    return SQLITE_OK;
+  tier::PageCache* cache = nullptr;
+  if (p.lock != nullptr) {
+    std::lock_guard<std::mutex> lock(g_mu);  // the cache is shared by the process's handles
+    cache = CacheOf(p);
+    if (cache != nullptr && cache->Get(offset, out, n)) return SQLITE_OK;
   }
+  // Without the mutex: while this handle holds SHARED, no handle of this process writes or
+  // drops the cache (both need the others to hold no SHARED).
   auto got = p.file->Read(offset, out, n);
   if (!got.ok()) return Fail(got.status(), SQLITE_IOERR_READ);
-  return *got < static_cast<uint64_t>(n) ? SQLITE_IOERR_SHORT_READ : SQLITE_OK;
+  if (*got < static_cast<uint64_t>(n)) return SQLITE_IOERR_SHORT_READ;
+  if (cache != nullptr) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    cache->Put(offset, out, n);
+  }
+  return SQLITE_OK;
+}
+
+// Adds 1 to the file's data_version before this lock's first write, with the CAS that takes
+// EXCLUSIVE (Lock) or, should a write come without it, here. The cache stays current: this
+// process has held SHARED since it was checked, so nobody else wrote, and the version bumped to
+// is the one a reader will compare with. REQUIRES: g_mu held; this handle holds EXCLUSIVE.
+void NoteBump(ProcessLock& l, uint64_t previous) {
+  l.bumped = true;
+  l.cached_version = previous + 1;
+}
+Status Bump(PoolFile& p) {
+  ProcessLock& l = *p.lock;
+  if (l.bumped) return Status::Ok();
+  FARPOOL_ASSIGN_OR_RETURN(uint64_t previous,
+                           p.connection->pool->FetchAdd(p.file->data_version_word(), 1));
+  NoteBump(l, previous);
+  return Status::Ok();
 }
 
 int Write(sqlite3_file* f, const void* data, int n, sqlite3_int64 offset) {
   PoolFile& p = Of(f);
-  if (p.lock != nullptr) p.lock->head_valid = false;
+  std::unique_lock<std::mutex> lock(g_mu, std::defer_lock);
+  if (p.lock != nullptr) lock.lock();  // the main database: its ProcessLock and cache
   Status s = p.connection->leases->Check();
+  if (s.ok() && p.lock != nullptr) s = Bump(p);
   if (s.ok()) s = p.file->Write(offset, data, n);
+  if (p.lock != nullptr) {
+    if (s.ok()) {
+      p.lock->cache.Write(offset, data, n);
+    } else {
+      p.lock->cache_current = false;  // the bytes may have landed in part
+    }
+  }
   return s.ok() ? SQLITE_OK : Fail(s, SQLITE_IOERR_WRITE);
 }
 
 int Truncate(sqlite3_file* f, sqlite3_int64 size) {
   PoolFile& p = Of(f);
-  if (p.lock != nullptr) p.lock->head_valid = false;
+  std::unique_lock<std::mutex> lock(g_mu, std::defer_lock);
+  if (p.lock != nullptr) lock.lock();  // the main database: its ProcessLock and cache
   Status s = p.connection->leases->Check();
+  if (s.ok() && p.lock != nullptr) s = Bump(p);
   if (s.ok()) s = p.file->Truncate(size);
+  if (p.lock != nullptr) {
+    ProcessLock& l = *p.lock;
+    l.cache.Truncate(size);
+    // A truncate that released extents bumped the generation: ours, under EXCLUSIVE.
+    l.cached_generation = p.file->generation();
+    if (!s.ok()) l.cache_current = false;
+  }
   return s.ok() ? SQLITE_OK : Fail(s, SQLITE_IOERR_TRUNCATE);
 }
 
@@ -242,15 +315,23 @@ int FileSize(sqlite3_file* f, sqlite3_int64* size) {
   return SQLITE_OK;
 }
 
-// Reads page 1 at the page size its header gives from the next lock on (bytes 16..17, big
-// endian; 1 means 65536).
-void AdoptPageSize(ProcessLock& l) {
+// After the batch that took SHARED for the process: the cache is kept if the file's version
+// is the one it is current for, else dropped; page 1, if it came with the batch, goes in, and
+// its page size (bytes 16..17, big endian; 1 means 65536) is what the next lock reads.
+// REQUIRES: g_mu held; the batch's refresh finished.
+void CheckCache(ProcessLock& l, const File& file) {
+  if (!l.cache_current || l.cached_version != file.data_version() ||
+      l.cached_generation != file.generation()) {
+    l.cache.Clear();
+    l.cached_version = file.data_version();
+    l.cached_generation = file.generation();
+    l.cache_current = true;
+  }
+  if (!file.ReadCurrent(l.head_read)) return;
+  l.cache.Put(0, l.head.data(), l.head_read.n);
   const unsigned field = (unsigned{l.head[16]} << 8) | l.head[17];
   const size_t page = field == 1 ? 65536 : field;
-  if (page >= 512 && page <= 65536 && (page & (page - 1)) == 0 && page != l.head.size()) {
-    l.head.resize(page);
-    l.head_valid = false;  // beyond the bytes read: read again at the next lock
-  }
+  if (page >= 512 && page <= 65536 && (page & (page - 1)) == 0) l.head.resize(page);
 }
 
 int Lock(sqlite3_file* f, int level) {
@@ -284,8 +365,7 @@ int Lock(sqlite3_file* f, int level) {
         p.file->FinishRefresh();
         refreshed = &p;
         std::fill(std::begin(l.probed), std::end(l.probed), true);
-        l.head_valid = p.file->ReadCurrent(l.head_read);
-        if (l.head_valid) AdoptPageSize(l);
+        CheckCache(l, *p.file);
       }
     }
     if (s.ok()) ++l.shared;
@@ -294,7 +374,16 @@ int Lock(sqlite3_file* f, int level) {
   } else if (want == LockLevel::kExclusive && l.shared > 1) {
     return SQLITE_BUSY;  // other handles of this process read
   } else {
-    s = l.word->Lock(want);
+    // The data_version bump rides with the CAS that takes EXCLUSIVE (same server, after it). A
+    // CAS that fails bumps it too, harmlessly: a reader that sees it moved only drops its cache.
+    uint64_t previous = 0;
+    const bool bump = want == LockLevel::kExclusive && !l.bumped;
+    s = l.word->Lock(
+        want,
+        bump ? [&](Batch&
+                       batch) { return batch.FetchAdd(p.file->data_version_word(), 1, &previous); }
+             : std::function<Status(Batch&)>());
+    if (s.ok() && bump) NoteBump(l, previous);
     if (s.ok() || l.word->level() >= LockLevel::kReserved) l.writer = &p;
     if (l.writer == &p) p.level = l.word->level();
   }
@@ -335,14 +424,26 @@ int CheckReservedLock(sqlite3_file* f, int* out) {
 
 // `PRAGMA farpool_round_trips`: the round trips this process's connection to the cluster has
 // made for SQLite (lease renewals left out), for measuring what a statement costs.
+// `PRAGMA farpool_cache_mib [= N]`: the database's page cache in this process (MiB; the URI
+// parameter farpool_cache_mib sets it at open, 64 by default).
 int FileControl(sqlite3_file* f, int op, void* arg) {
   if (op != SQLITE_FCNTL_PRAGMA) return SQLITE_NOTFOUND;
   auto** a = static_cast<char**>(arg);  // [0]: result, [1]: pragma name, [2]: its argument
-  if (sqlite3_stricmp(a[1], "farpool_round_trips") != 0) return SQLITE_NOTFOUND;
-  const Connection& c = *Of(f).connection;
-  const uint64_t n = c.pool->counters().round_trips - c.leases->renewals();
-  a[0] = sqlite3_mprintf("%llu", static_cast<unsigned long long>(n));
-  return SQLITE_OK;
+  PoolFile& p = Of(f);
+  if (sqlite3_stricmp(a[1], "farpool_round_trips") == 0) {
+    const Connection& c = *p.connection;
+    const uint64_t n = c.pool->counters().round_trips - c.leases->renewals();
+    a[0] = sqlite3_mprintf("%llu", static_cast<unsigned long long>(n));
+    return SQLITE_OK;
+  }
+  if (sqlite3_stricmp(a[1], "farpool_cache_mib") == 0 && p.lock != nullptr) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    tier::PageCache& cache = p.lock->cache;
+    if (a[2] != nullptr) cache.set_capacity(CacheBytes(std::atoll(a[2])));
+    a[0] = sqlite3_mprintf("%llu", static_cast<unsigned long long>(cache.capacity() >> 20));
+    return SQLITE_OK;
+  }
+  return SQLITE_NOTFOUND;
 }
 
 int SectorSize(sqlite3_file*) { return 4096; }
@@ -398,6 +499,8 @@ int Open(sqlite3_vfs*, const char* name, sqlite3_file* f, int flags, int* out_fl
     if (!l) {
       l = std::make_unique<ProcessLock>();
       l->word = std::make_unique<FileLock>(*(*c)->pool, p->file->lock_word(), *(*c)->leases);
+      l->cache.set_capacity(
+          CacheBytes(sqlite3_uri_int64(name, "farpool_cache_mib", ProcessLock::kDefaultCacheMib)));
     }
     ++l->handles;
     p->lock = l.get();
