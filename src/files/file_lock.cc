@@ -1,5 +1,6 @@
 #include "files/file_lock.h"
 
+#include <atomic>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -24,6 +25,14 @@ uint64_t Without(uint64_t w, int slot, bool keep_shared) {
   if (!keep_shared) w &= ~(uint64_t{1} << slot);
   if (Writer(w) == slot) w &= ~(kWriterField | kPendingBit | kExclusiveBit);
   return w;
+}
+
+// A number of the calling thread that no other thread ever has: a std::thread::id may be
+// reused once its thread ended, and the connections a release was posted on end with it.
+uint64_t ThreadToken() {
+  static std::atomic<uint64_t> next{1};
+  thread_local const uint64_t token = next.fetch_add(1, std::memory_order_relaxed);
+  return token;
 }
 
 }  // namespace
@@ -52,16 +61,16 @@ Result<uint64_t> FileLock::Swap(uint64_t expected, uint64_t desired,
 }
 
 Status FileLock::Settle() {
-  if (posted_by_ == std::this_thread::get_id()) {
+  if (posted_by_ == ThreadToken()) {
     // This thread's next operation on the word's server is ordered behind the release.
-    posted_by_ = std::thread::id();
+    posted_by_ = 0;
     return Status::Ok();
   }
   return Drain();
 }
 
 Status FileLock::Drain() {
-  if (posted_by_ == std::thread::id()) return Status::Ok();
+  if (posted_by_ == 0) return Status::Ok();
   // The release has landed once our bit is clear (nobody else sets it); a read is ordered
   // behind it on the posting thread's connection, another thread's may have to look again.
   const uint64_t mine = uint64_t{1} << leases_.slot();
@@ -76,7 +85,7 @@ Status FileLock::Drain() {
     }
     std::this_thread::yield();
   }
-  posted_by_ = std::thread::id();
+  posted_by_ = 0;
   return Status::Ok();
 }
 
@@ -176,7 +185,7 @@ Status FileLock::Unlock(LockLevel level) {
     FARPOOL_RETURN_IF_ERROR(batch.Post());
     seen_ &= ~mine;
     level_ = LockLevel::kNone;
-    posted_by_ = std::this_thread::get_id();
+    posted_by_ = ThreadToken();
     return Status::Ok();
   }
   FARPOOL_RETURN_IF_ERROR(Settle());

@@ -41,7 +41,6 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <thread>
 
 #include "files/file_store.h"
 #include "files/lease.h"
@@ -94,8 +93,9 @@ class FileLock {
   LeaseTable& leases_;
   LockLevel level_ = LockLevel::kNone;
   uint64_t seen_ = 0;  // the word as this handle last read or wrote it
-  // The thread that posted a release of SHARED not known to have landed; none: no such release.
-  std::thread::id posted_by_;
+  // The thread (its token, file_lock.cc) that posted a release of SHARED not known to have
+  // landed; 0: no such release.
+  uint64_t posted_by_ = 0;
 };
 
 // Removes lease slot `slot`'s bits from the lock word of every file in the store (the sweep of
