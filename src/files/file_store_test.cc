@@ -5,9 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <thread>
 
 #include "files/file_lock.h"
 #include "files/lease.h"
@@ -374,6 +376,43 @@ TEST_F(FileStoreTest, LockLevelsBetweenTwoHolders) {
   uint64_t word = 1;
   ASSERT_TRUE(pool_->Read(f->lock_word(), &word, 8).ok());
   EXPECT_EQ(word, 0u);
+}
+
+// The release of SHARED is posted (file_lock.h). Over TCP each thread has its own connections,
+// so a lock taken next by another thread first waits for the release to land: the bit it
+// sets must still be there afterwards, also when the releasing thread has ended.
+TEST_F(FileStoreTest, AReleasePostedByAnotherThreadNeverUndoesTheNextLock) {
+  auto config = cluster_->config();
+  ASSERT_TRUE(config.ok());
+  PoolOptions tcp;
+  tcp.transport = Fabric::kTcp;
+  auto pool = Pool::Connect(*config, tcp);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  auto store = FileStore::Open(**pool);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  auto f = (*store)->OpenFile("posted.db", OpenMode::kCreate);
+  ASSERT_TRUE(f.ok());
+  auto leases = LeaseTable::Attach(**store, [&](int slot) { return ClearSlot(**store, slot); });
+  ASSERT_TRUE(leases.ok());
+  FileLock lock(**pool, (*f)->lock_word(), **leases);
+  const uint64_t mine = uint64_t{1} << (*leases)->slot();
+  auto word = [&] {
+    uint64_t w = 0;
+    EXPECT_TRUE(pool_->Read((*f)->lock_word(), &w, 8).ok());  // another connection
+    return w;
+  };
+  for (int i = 0; i < 50; ++i) {
+    std::thread([&] {
+      ASSERT_TRUE(lock.Lock(LockLevel::kShared).ok());
+      ASSERT_TRUE(lock.Unlock(LockLevel::kNone).ok());  // posted; the thread then ends
+    }).join();
+    ASSERT_TRUE(lock.Lock(LockLevel::kShared).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // anything in flight lands
+    ASSERT_NE(word() & mine, 0u) << "round " << i << ": a late release took the new lock's bit";
+    ASSERT_TRUE(lock.Unlock(LockLevel::kNone).ok());
+  }
+  ASSERT_TRUE(lock.Drain().ok());
+  EXPECT_EQ(word() & mine, 0u);
 }
 
 }  // namespace
