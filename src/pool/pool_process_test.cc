@@ -1109,7 +1109,7 @@ TEST(NetworkNamespaces, FetchAddAcrossNamespacesIsExact) {
   EXPECT_EQ(total, 2u * 2 * 500);
 }
 
-// Makes server `index`'s namespace drop every answer to a TCP handshake (SYN-ACK) that does not
+// Makes `server`'s namespace drop every answer to a TCP handshake (SYN-ACK) that does not
 // come from its listening port: clients still reach that port, but every other new connection
 // to the server, the lanes UCX wires up to its TCP interface's own port after the handshake,
 // hangs in the kernel's SYN retries as towards a host whose link failed at that moment. (An htb
@@ -1152,7 +1152,7 @@ TEST(NetworkNamespaces, AServerWhoseLanesCannotConnectHoldsNoOtherClientBack) {
   healthy.servers.resize(1);
   const std::string healthy_file = cluster.dir() + "/server-0-only.json";
   ASSERT_TRUE(healthy.Save(healthy_file).ok());
-  DropHandshakesButFromItsPort(config.servers[1]);
+  ASSERT_NO_FATAL_FAILURE(DropHandshakesButFromItsPort(config.servers[1]));
   // 60 s: far above the worker's deadlines (2 s to connect, 3 s per operation), far below the
   // kernel's SYN retries.
   EXPECT_EQ(RunWorkers(1,
