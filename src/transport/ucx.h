@@ -15,7 +15,7 @@
 //     every TCP lane's, are made without blocking (Context::Create sets UCX_TCP_CONN_NB=y), so
 //     Progress() returns promptly even while a peer is unreachable; a request is waited for
 //     until the caller's deadline (WaitRequest), a close at most 2 s, an abandoned request at
-//     most 1 s. What waits longer is the caller's loop, and the caller's deadline ends it.
+//     most 1 s. Any longer wait is a caller's loop over these, ended by the caller's deadline.
 //   - Messages are UCX active messages whose payload is one frame (frame.h): the pool's control
 //     messages (id kControlAm, wire.h) and the sharded engine's (db/shard_wire.h). They are
 //     always sent eagerly, so that a receiver gets the whole message in its callback (servers,
