@@ -19,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -169,6 +170,46 @@ Status RunWorker(const std::string& role) {
       auto a = pool->Alloc(64);
       FARPOOL_RETURN_IF_ERROR(a.status());
       return pool->Write(*a, probe.data(), probe.size());
+    }
+    if (role == "beside-unreachable") {  // see AServerWhoseLanesCannotConnectHoldsNoOther...
+      if (t != 0) return Status::Ok();
+      FARPOOL_ASSIGN_OR_RETURN(ClusterConfig all, ClusterConfig::Load(Env("FARPOOL_CLUSTER_ALL")));
+      FARPOOL_ASSIGN_OR_RETURN(GlobalAddress object, pool->Alloc(64));
+      PoolOptions late_options = po;
+      late_options.connect_timeout = 2000ms;
+      late_options.op_timeout = 3000ms;
+      std::atomic<bool> connected{false};
+      Status late = Status::Unavailable("not tried");
+      std::thread connecting([&] {
+        late = Pool::Connect(all, late_options).status();
+        connected = true;
+      });
+      std::mutex mu;
+      std::string failures;
+      auto write = [&] {
+        const uint64_t v = 0x5eed;
+        Status s = pool->Write(object, &v, 8);
+        std::lock_guard lock(mu);
+        if (!s.ok()) failures += s.ToString() + "; ";
+      };
+      while (!connected.load()) {
+        std::thread fresh(write);  // a new thread: a new UCX worker and endpoints
+        for (int i = 0; i < 20; ++i) write();
+        fresh.join();
+      }
+      connecting.join();
+      if (!failures.empty()) {
+        return Status::Internal(
+            "writes to the healthy server failed while another Pool "
+            "connected to the unreachable one: " +
+            failures);
+      }
+      // Connect refuses a cluster with a server it cannot reach, and names it.
+      if ((late.code() != StatusCode::kUnavailable && late.code() != StatusCode::kTimedOut) ||
+          late.message().find("server 1") == std::string::npos) {
+        return Status::Internal("connecting to the whole cluster: " + late.ToString());
+      }
+      return Status::Ok();
     }
     if (role == "hold") {  // allocate and write, say so, then wait to be killed
       if (t != 0) return Status::Ok();
@@ -1066,6 +1107,61 @@ TEST(NetworkNamespaces, FetchAddAcrossNamespacesIsExact) {
   uint64_t total = 0;
   ASSERT_TRUE(pool->Read(counter, &total, 8).ok());
   EXPECT_EQ(total, 2u * 2 * 500);
+}
+
+// Makes `server`'s namespace drop every answer to a TCP handshake (SYN-ACK) that does not
+// come from its listening port: clients still reach that port, but every other new connection
+// to the server, the lanes UCX wires up to its TCP interface's own port after the handshake,
+// hangs in the kernel's SYN retries as towards a host whose link failed at that moment. (An htb
+// class whose queue holds nothing: this kernel has neither netem nor tc actions.)
+void DropHandshakesButFromItsPort(const ServerAddress& server) {
+  const std::string& ns = server.netns;  // fp<tag>s<i>; its end of the veth pair: fp<tag>p<i>
+  const std::string dev = ns.substr(0, ns.rfind('s')) + "p" + ns.substr(ns.rfind('s') + 1);
+  const std::string tc = "ip netns exec " + ns + " tc ";
+  for (const std::string& args :
+       {"qdisc add dev " + dev + " root handle 1: htb default 1",
+        "class add dev " + dev + " parent 1: classid 1:1 htb rate 10gbit",
+        "class add dev " + dev + " parent 1: classid 1:2 htb rate 10gbit",
+        "qdisc add dev " + dev + " parent 1:2 handle 20: pfifo limit 0",
+        "filter add dev " + dev + " parent 1: prio 1 protocol ip u32 match ip protocol 6 0xff " +
+            "match ip sport " + std::to_string(server.port) + " 0xffff flowid 1:1",
+        // SYN and ACK set: the flags byte, 13 bytes into a TCP header after 20 of IP.
+        "filter add dev " + dev + " parent 1: prio 2 protocol ip u32 match ip protocol 6 0xff " +
+            "match u8 0x12 0x12 at 33 flowid 1:2"}) {
+    ASSERT_EQ(std::system((tc + args + " >/dev/null 2>&1").c_str()), 0) << tc << args;
+  }
+}
+
+// A server that answers on its listening port but takes no other new connection (its TCP
+// lanes' port unreachable, as when its link fails between UCX's handshake and the lanes): a
+// client process that connects to the whole cluster meanwhile fails that server within its own
+// deadline, and no other thread of the process is held back: its other Pool's writes to the
+// healthy server, from its thread and from threads that start (create UCX workers) meanwhile,
+// all succeed (worker role "beside-unreachable"). Before the lanes connected without blocking
+// (transport/ucx.h), the connecting thread slept in connect() inside UCX's progress through the
+// kernel's SYN retries (~127 s, then again for each probe) holding the descriptor lock, the next
+// worker creation waited for it and every other progress behind that: the worker hung.
+TEST(NetworkNamespaces, AServerWhoseLanesCannotConnectHoldsNoOtherClientBack) {
+  if (geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+  LocalClusterOptions o = Options(2, 32 << 20, Fabric::kTcp);
+  o.netns = true;
+  TestCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  const ClusterConfig config = *cluster.config();
+  ClusterConfig healthy = config;  // server 0 only: the worker's Pool that must not wait
+  healthy.servers.resize(1);
+  const std::string healthy_file = cluster.dir() + "/server-0-only.json";
+  ASSERT_TRUE(healthy.Save(healthy_file).ok());
+  ASSERT_NO_FATAL_FAILURE(DropHandshakesButFromItsPort(config.servers[1]));
+  // 60 s: far above the worker's deadlines (2 s to connect, 3 s per operation), far below the
+  // kernel's SYN retries.
+  EXPECT_EQ(RunWorkers(1,
+                       {"beside-unreachable",
+                        {{"FARPOOL_CLUSTER", healthy_file},
+                         {"FARPOOL_CLUSTER_ALL", cluster.cluster_file()},
+                         {"FARPOOL_TRANSPORT", "tcp"}}},
+                       60s),
+            "");
 }
 
 // ------------------------------------------------------------------ access control

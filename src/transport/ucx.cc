@@ -153,6 +153,17 @@ Result<std::unique_ptr<Context>> Context::Create(const Options& options) {
   Status s = modify("TLS", TransportList(options.fabric));
   if (s.ok()) s = modify("ALLOC_PRIO", kAllocPriority);
   if (s.ok()) s = modify("KEEPALIVE_INTERVAL", std::to_string(options.keepalive.count()) + "ms");
+  // UCX 1.13's TCP transport connects its lanes with a *blocking* connect() unless
+  // UCX_TCP_CONN_NB=y (default n), and it does so inside ucp_worker_progress when a wireup
+  // reply arrives. Towards a peer whose link is down that call sleeps through the kernel's SYN
+  // retries (~127 s with tcp_syn_retries = 6), and since every progress holds g_descriptors
+  // shared, a thread waiting to create a worker or endpoint (exclusive, writer-preferred)
+  // then stops every other thread's progress in the process: a partitioned server froze the
+  // whole client (docs/pool.md "Known UCX behaviour"). Non-blocking, the lane stays connecting
+  // until the kernel gives up, and our deadlines decide meanwhile. The tcp transport's own
+  // name for the option (UCX passes names it does not know on to the transports): applied to
+  // it whatever UCX_TCP_CONN_NB says, since the contract in ucx.h depends on it.
+  if (s.ok()) s = modify("CONN_NB", "y");
   if (s.ok() && !options.reach.empty() &&
       (options.fabric != Fabric::kAuto || !RdmaDevicesPresent())) {
     // RDMA devices are no interfaces of the routing table: where they may be used, UCX chooses.

@@ -11,6 +11,11 @@
 //     request created from it must only be touched by one thread at a time).
 //   - Endpoints connect by socket address (the server's --listen HOST:PORT); UCX then wires up
 //     the best lanes both sides share.
+//   - No call here waits on a peer without a bound: connections, the socket address's and
+//     every TCP lane's, are made without blocking (Context::Create sets UCX_TCP_CONN_NB=y), so
+//     Progress() returns promptly even while a peer is unreachable; a request is waited for
+//     until the caller's deadline (WaitRequest), a close at most 2 s, an abandoned request at
+//     most 1 s. Any longer wait is a caller's loop over these, ended by the caller's deadline.
 //   - Messages are UCX active messages whose payload is one frame (frame.h): the pool's control
 //     messages (id kControlAm, wire.h) and the sharded engine's (db/shard_wire.h). They are
 //     always sent eagerly, so that a receiver gets the whole message in its callback (servers,
