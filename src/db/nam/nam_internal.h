@@ -736,10 +736,11 @@ class NamTxn final : public Transaction {
     GlobalAddress record;
     RecordImage* image;
   };
-  // Over messages (not mapped): the copies that show a commit's lock (not a locking read's) on
-  // their key's record are taken again with one ReadAfterRelease, so a read that met several
-  // commits' locks waits for all of them in one round trip; SettleRecord then settles each copy
-  // as usual (a record locked again since is waited for there). Counts read_lock_waits.
+  // The copies that show a commit's lock (not a locking read's) on their key's record are
+  // taken again with one ReadAfterRelease, so a read that met several commits' locks waits for
+  // all of them in one round trip; SettleRecord then settles each copy as usual (a record
+  // locked again since is waited for there). Counts read_lock_waits. REQUIRES: the memory is
+  // not mapped (there SettleRecord polls locally; a wait would be one look).
   Status RecopyLocked(std::span<const LockedCopy> copies);
   // Reads `record` and settles it.
   Status ReadRecord(const NamTable& t, GlobalAddress record, int64_t key, RecordImage* image,

@@ -70,7 +70,6 @@ Status NamTxn::ReadAfterRelease(std::span<const Recopy> recopies, int64_t wait_u
 }
 
 Status NamTxn::RecopyLocked(std::span<const LockedCopy> copies) {
-  if (s_.access_.memory().mapped()) return Status::Ok();  // SettleRecord polls there
   std::vector<Recopy> recopies;
   for (const LockedCopy& c : copies) {
     RecordImage& image = *c.image;
@@ -396,7 +395,7 @@ Status NamTxn::ReadKeysOnce(std::span<KeyRead> keys) {
       }
       FARPOOL_RETURN_IF_ERROR(b.Wait());
     }
-    {
+    if (!s_.access_.memory().mapped()) {  // where SettleRecord polls, nothing to do here
       std::vector<LockedCopy> copies;
       for (KeyRead& k : keys) {
         if (!k.done) copies.push_back({k.t, k.key, k.record, &k.image});
@@ -958,7 +957,7 @@ Status NamTxn::ReadIndexed(std::span<const IndexEntry> entries, std::vector<Row>
     }
     FARPOOL_RETURN_IF_ERROR(b.Wait());
   }
-  {
+  if (!s_.access_.memory().mapped()) {  // where SettleRecord polls, nothing to do here
     std::vector<LockedCopy> copies;
     for (size_t i = 0; i < entries.size(); ++i) {
       copies.push_back({entries[i].t, entries[i].key, entries[i].record, &images[i]});
