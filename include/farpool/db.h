@@ -179,6 +179,11 @@ struct TxnCounters {
   // over to its backup under it) and that the session settled itself at once: finished
   // (counted in commits too) or rolled back (Aborted, counted in aborts).
   uint64_t commits_cut = 0;
+  // Pool engines: record reads that found the record locked by a commit (a lock that may be
+  // installing a version the snapshot sees) and waited for it. Over messages each copy after
+  // such a find waits at the memory server for the release (one round trip); on mapped memory
+  // the reader polls.
+  uint64_t read_lock_waits = 0;
 };
 
 // The columns a read wants (projection): a set of a table's columns by their index in its

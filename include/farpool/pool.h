@@ -202,6 +202,12 @@ struct WaitSpec {
   // Swap a free word that is not `expected` too (from the word found: what a caller that
   // retries "with the word it saw" does); `previous` then says which version was taken.
   bool take_free = false;
+  // Wait until free, change nothing: the word counts as held only while it is held and still
+  // `expected` (the holder the caller saw), so the answer comes once that holder let go of it
+  // (released, broken, or another word since); `previous` is the word found, `swapped` false.
+  // For a reader that must not read past a holder: its read of what the holder writes goes
+  // behind a Fence in the same batch. REQUIRES: not take_free; `desired` 0.
+  bool wait_only = false;
   static constexpr std::chrono::microseconds kMaxWait{1'000'000};
 };
 
@@ -382,11 +388,13 @@ class Batch {
   //                    is kept). A server at its cap of waiters makes it one attempt.
   //   direct (mapped): one attempt, at once: polling costs no round trip here (the caller
   //                    polls).
-  //   one-sided (UCX): one plain compare-and-swap from `expected` (no take_free).
-  // Every outcome is one a caller retrying compare-and-swaps could have seen. `result` is set
-  // by Wait(). REQUIRES: `result` stays valid until Wait() returns; spec.held_mask nonzero and
-  // spec.wait at most kMaxWait (else InvalidArgument, nothing posted); the op_timeout of the
-  // Pool longer than spec.wait.
+  //   one-sided (UCX): one plain compare-and-swap from `expected` (no take_free); with
+  //                    wait_only, one read of the word.
+  // Every outcome is one a caller retrying compare-and-swaps (or reading the word) could have
+  // seen. `result` is set by Wait(). REQUIRES: `result` stays valid until Wait() returns;
+  // spec.held_mask nonzero, spec.wait at most kMaxWait, wait_only without take_free and with
+  // `desired` 0 (else InvalidArgument, nothing posted); the op_timeout of the Pool longer than
+  // spec.wait.
   Status WaitCompareAndSwap(GlobalAddress address, uint64_t expected, uint64_t desired,
                             const WaitSpec& spec, WaitCasResult* result);
 

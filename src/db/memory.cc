@@ -328,9 +328,8 @@ class LocalMemory final : public Memory {
   // One attempt of the memory server's wait-compare-and-swap (memory_ops).
   Status WaitCompareAndSwap(GlobalAddress a, uint64_t e, uint64_t d, const WaitSpec& spec,
                             WaitCasResult* result) {
-    const memory_ops::WaitParams params{spec.held_mask, spec.not_held, 0,
-                                        spec.take_free ? memory_ops::kWaitTakeFree : 0};
-    if (std::string why = memory_ops::CheckWaitParams(params); !why.empty()) {
+    const memory_ops::WaitParams params = memory_ops::ParamsOf(spec);
+    if (std::string why = memory_ops::CheckWaitParams(params, d); !why.empty()) {
       return Status::InvalidArgument("local memory: wait-compare-and-swap at " + a.ToString() +
                                      ": " + why);
     }

@@ -178,10 +178,11 @@ class Access {
       OpCount::Bump(count_->faa);
       return Get().FetchAdd(a, delta, previous);
     }
-    // Counted as one CAS (however long the server held it).
+    // Counted as one CAS, or with spec.wait_only as one read (however long the server held
+    // it).
     Status WaitCas(GlobalAddress a, uint64_t expected, uint64_t desired, const WaitSpec& spec,
                    WaitCasResult* result) {
-      OpCount::Bump(count_->cas);
+      OpCount::Bump(spec.wait_only ? count_->reads : count_->cas);
       return Get().WaitCompareAndSwap(a, expected, desired, spec, result);
     }
     // Counted as one read (what it replaces: the head bucket's read, and the record's when

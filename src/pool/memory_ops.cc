@@ -1,6 +1,7 @@
 #include "pool/memory_ops.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -173,17 +174,35 @@ std::string CheckInsertParams(const InsertParams& p) {
   return {};
 }
 
-std::string CheckWaitParams(const WaitParams& p) {
+std::string CheckWaitParams(const WaitParams& p, uint64_t desired) {
   if (p.held_mask == 0) return "held mask is zero";
   if (p.wait_us > kMaxWaitUs) {
     return "wait of " + std::to_string(p.wait_us) + " us beyond " + std::to_string(kMaxWaitUs);
   }
-  if ((p.flags & ~kWaitTakeFree) != 0) return "unknown flags " + std::to_string(p.flags);
+  if ((p.flags & ~(kWaitTakeFree | kWaitOnly)) != 0) {
+    return "unknown flags " + std::to_string(p.flags);
+  }
+  if ((p.flags & kWaitOnly) != 0) {
+    if ((p.flags & kWaitTakeFree) != 0) return "wait-only and take-free exclude each other";
+    if (desired != 0) return "wait-only with a nonzero desired word";
+  }
   return {};
+}
+
+WaitParams ParamsOf(const WaitSpec& spec) {
+  const int64_t us = spec.wait.count();  // out of range: refused by CheckWaitParams
+  return {spec.held_mask, spec.not_held,
+          us < 0 || us > int64_t{UINT32_MAX} ? UINT32_MAX : static_cast<uint32_t>(us),
+          (spec.take_free ? kWaitTakeFree : 0) | (spec.wait_only ? kWaitOnly : 0)};
 }
 
 WaitAttempt AttemptWaitCompareAndSwap(uint64_t* word, uint64_t expected, uint64_t desired,
                                       const WaitParams& params) {
+  if ((params.flags & kWaitOnly) != 0) {
+    const uint64_t found = __atomic_load_n(word, __ATOMIC_SEQ_CST);
+    return {found,
+            found == expected && (found & params.held_mask) != 0 && found != params.not_held};
+  }
   for (;;) {
     uint64_t found = expected;
     if (__atomic_compare_exchange_n(word, &found, desired, false, __ATOMIC_SEQ_CST,
@@ -201,6 +220,7 @@ WaitAttempt AttemptWaitCompareAndSwap(uint64_t* word, uint64_t expected, uint64_
 }
 
 bool WaitCompareAndSwapSwapped(uint64_t previous, uint64_t expected, const WaitParams& params) {
+  if ((params.flags & kWaitOnly) != 0) return false;
   return previous == expected ||
          ((params.flags & kWaitTakeFree) != 0 && (previous & params.held_mask) == 0);
 }
@@ -440,7 +460,9 @@ Result<Execution> Execution::Check(uint32_t op_count, std::span<const std::byte>
         if (ops.size() - at < sizeof(WaitParams)) return bad_op("parameters truncated");
         std::memcpy(&c.wait, ops.data() + at, sizeof(WaitParams));
         at += sizeof(WaitParams);
-        if (std::string why = CheckWaitParams(c.wait); !why.empty()) return bad_op(why);
+        if (std::string why = CheckWaitParams(c.wait, h.desired); !why.empty()) {
+          return bad_op(why);
+        }
       }
     } else if (insert) {
       if (h.size != 0) return bad_op("size is not 0");

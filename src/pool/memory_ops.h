@@ -150,18 +150,31 @@ static_assert(sizeof(InsertReply) == 16);
 // and the caller polls. Every answer is one a client retrying the CAS could have seen, so it
 // composes with every other path. Bounds: as a compare-and-swap's (8 bytes, aligned, region,
 // root area or a lease), checked with the request and again before an attempt after a wait.
+//
+// kWaitOnly makes it a *wait-until-free* that changes nothing: an attempt loads the word, which
+// counts as held while it is held (above) and still equals `expected` (the holder the caller
+// saw), so a server answers as soon as that holder let go of it (released, broken, or moved on
+// to another word) or at the bound. The reply is the word found; nothing is swapped (`desired`
+// must be 0; excludes kWaitTakeFree). A reader that must not read past a holder (a record
+// being installed) puts its read behind it, after a fence: one round trip, answered the moment
+// the holder's release is executed. Being a load, it changes nothing a replicated server would
+// forward, and every answer is one a client polling the word could have seen.
 struct WaitParams {    // follows the OpHeader of a kWaitCompareAndSwap in the request
   uint64_t held_mask;  // nonzero
   uint64_t not_held;   // a word that is not waited for although (word & held_mask) != 0
   uint32_t wait_us;    // the bound, at most kMaxWaitUs; 0: one attempt
-  uint32_t flags;      // kWaitTakeFree, else 0
+  uint32_t flags;      // kWaitTakeFree or kWaitOnly, else 0
 };
 static_assert(sizeof(WaitParams) == 24);
 inline constexpr uint32_t kWaitTakeFree = 1;
+inline constexpr uint32_t kWaitOnly = 2;
 inline constexpr uint32_t kMaxWaitUs = 1'000'000;
 
-// The checks of a WaitParams (Execute's, also used by clients): empty if well-formed.
-std::string CheckWaitParams(const WaitParams& params);
+// The checks of a WaitParams and of the operation's `desired` (Execute's, also used by
+// clients): empty if well-formed.
+std::string CheckWaitParams(const WaitParams& params, uint64_t desired);
+// The wire parameters of a Batch::WaitCompareAndSwap's spec (checked by CheckWaitParams).
+WaitParams ParamsOf(const WaitSpec& spec);
 
 // The outcome of one attempt of a wait-compare-and-swap on `word` (see above).
 struct WaitAttempt {
@@ -170,7 +183,7 @@ struct WaitAttempt {
 };
 WaitAttempt AttemptWaitCompareAndSwap(uint64_t* word, uint64_t expected, uint64_t desired,
                                       const WaitParams& params);
-// Whether a wait-compare-and-swap that answered `previous` swapped.
+// Whether a wait-compare-and-swap that answered `previous` swapped (never, with kWaitOnly).
 bool WaitCompareAndSwapSwapped(uint64_t previous, uint64_t expected, const WaitParams& params);
 
 // Reads and writes larger than this take the one-sided path even over TCP (UCX's rendezvous
@@ -198,7 +211,7 @@ class RequestBuilder {
   // REQUIRES: Fits(OpKind::kInsertIfAbsent, 0).
   void InsertIfAbsent(uint64_t bucket_offset, const InsertParams& params, uint64_t key,
                       uint64_t value);
-  // REQUIRES: Fits(OpKind::kWaitCompareAndSwap, 8).
+  // REQUIRES: Fits(OpKind::kWaitCompareAndSwap, 8); with kWaitOnly, desired 0.
   void WaitCompareAndSwap(uint64_t offset, uint64_t expected, uint64_t desired,
                           const WaitParams& params);
 

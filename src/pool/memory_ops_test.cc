@@ -580,13 +580,71 @@ TEST_F(MemoryOpsTest, AWaiterWhoseLeaseWentIsRefusedOnResume) {
   EXPECT_NE(s.message().find("released while it waited"), std::string::npos) << s.message();
 }
 
+// kWaitOnly: a wait-until-free that changes nothing. It stops while the word is still the
+// holder it names, is answered once that holder let go (released, or another holder since),
+// and the read behind it then sees what the holder wrote before it let go.
+TEST_F(MemoryOpsTest, AWaitOnlyWaitsForItsHolderAndChangesNothing) {
+  const uint64_t lock = 4096, data = 4104, holder = 3;
+  std::memcpy(memory_.data() + lock, &holder, 8);
+  std::vector<Range> changed;
+  region_.changed = &changed;
+  // In Execute: one attempt, the holder's word answered, nothing swapped or reported changed.
+  {
+    RequestBuilder b;
+    b.WaitCompareAndSwap(lock, holder, 0, HeldIsOdd(1000, kWaitOnly));
+    std::vector<std::byte> reply;
+    ASSERT_TRUE(Run(b, &reply).ok());
+    uint64_t prev;
+    std::memcpy(&prev, reply.data(), 8);
+    EXPECT_EQ(prev, holder);
+    EXPECT_FALSE(WaitCompareAndSwapSwapped(prev, holder, HeldIsOdd(0, kWaitOnly)));
+  }
+  RequestBuilder b;
+  b.WaitCompareAndSwap(lock, holder, 0, HeldIsOdd(1000, kWaitOnly));
+  b.Read(data, 8);
+  auto e = Execution::Check(b.op_count(), b.bytes(), region_);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  ASSERT_FALSE(e->Run(region_, Execution::Wait::kMay)) << "stops while the holder holds it";
+  EXPECT_EQ(e->waiting_offset(), lock);
+  // The holder writes, then hands the word straight to another holder (5): ours let go.
+  const uint64_t written = 0x3333, next_holder = 5;
+  std::memcpy(memory_.data() + data, &written, 8);
+  std::memcpy(memory_.data() + lock, &next_holder, 8);
+  ASSERT_TRUE(e->Recheck(region_).ok());
+  ASSERT_TRUE(e->Run(region_, Execution::Wait::kMay));
+  const std::vector<std::byte> reply = e->TakeReply();
+  ASSERT_EQ(reply.size(), 16u);
+  uint64_t prev, read;
+  std::memcpy(&prev, reply.data(), 8);
+  std::memcpy(&read, reply.data() + 8, 8);
+  EXPECT_EQ(prev, next_holder);
+  EXPECT_EQ(read, written);
+  EXPECT_EQ(Word(lock), next_holder) << "a wait-only swaps nothing";
+  EXPECT_FALSE(WaitCompareAndSwapSwapped(prev, holder, HeldIsOdd(0, kWaitOnly)));
+  EXPECT_TRUE(changed.empty()) << "a wait-only reports no change (nothing to forward or wake)";
+  // A free word, or the not_held word, is answered at once even if it is the one named.
+  for (const uint64_t word : {uint64_t{4}, ~uint64_t{0}}) {
+    std::memcpy(memory_.data() + lock, &word, 8);
+    RequestBuilder once;
+    once.WaitCompareAndSwap(lock, word, 0, HeldIsOdd(1000, kWaitOnly));
+    auto f = Execution::Check(once.op_count(), once.bytes(), region_);
+    ASSERT_TRUE(f.ok());
+    EXPECT_TRUE(f->Run(region_, Execution::Wait::kMay)) << word;
+    EXPECT_EQ(Word(lock), word);
+  }
+}
+
 TEST_F(MemoryOpsTest, MalformedWaitingCasesRejectTheWholeRequest) {
   const uint64_t lock = 4096;
   for (const WaitParams& bad :
-       {WaitParams{0, 0, 10, 0}, WaitParams{1, 0, kMaxWaitUs + 1, 0}, WaitParams{1, 0, 10, 2}}) {
+       {WaitParams{0, 0, 10, 0}, WaitParams{1, 0, kMaxWaitUs + 1, 0}, WaitParams{1, 0, 10, 4},
+        WaitParams{1, 0, 10, kWaitOnly | kWaitTakeFree}}) {
     ExpectRejectedWhole([&](RequestBuilder& b) { b.WaitCompareAndSwap(lock, 0, 5, bad); },
                         "wait-compare-and-swap");
   }
+  ExpectRejectedWhole(
+      [&](RequestBuilder& b) { b.WaitCompareAndSwap(lock, 3, 5, HeldIsOdd(10, kWaitOnly)); },
+      "wait-only with a nonzero desired word");
   ExpectRejectedWhole(
       [&](RequestBuilder& b) { b.WaitCompareAndSwap(lock + 4, 0, 5, HeldIsOdd(10)); }, "aligned");
   ExpectRejectedWhole([](RequestBuilder& b) { b.WaitCompareAndSwap(40000, 0, 5, HeldIsOdd(10)); },

@@ -1681,10 +1681,8 @@ Status Batch::WaitCompareAndSwap(GlobalAddress address, uint64_t expected, uint6
                                    std::to_string(spec.wait.count()) + " us is not within 0.." +
                                    std::to_string(WaitSpec::kMaxWait.count()));
   }
-  const memory_ops::WaitParams params{spec.held_mask, spec.not_held,
-                                      static_cast<uint32_t>(spec.wait.count()),
-                                      spec.take_free ? memory_ops::kWaitTakeFree : 0};
-  if (std::string why = memory_ops::CheckWaitParams(params); !why.empty()) {
+  const memory_ops::WaitParams params = memory_ops::ParamsOf(spec);
+  if (std::string why = memory_ops::CheckWaitParams(params, desired); !why.empty()) {
     return Status::InvalidArgument("wait-compare-and-swap at " + address.ToString() + ": " + why);
   }
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
@@ -1698,10 +1696,13 @@ Status Batch::WaitCompareAndSwap(GlobalAddress address, uint64_t expected, uint6
     return Status::Ok();
   }
   if (!t.messages) {
-    // One-sided: a plain compare-and-swap, whose outcome the same rule decides without flags.
+    // One-sided: a plain compare-and-swap, whose outcome the same rule decides without
+    // take-free; wait-only: a read of the word (8 aligned bytes: word-atomic), never swapped.
     memory_ops::WaitParams plain = params;
-    plain.flags = 0;
-    FARPOOL_RETURN_IF_ERROR(CompareAndSwap(address, expected, desired, &result->previous));
+    plain.flags &= memory_ops::kWaitOnly;
+    FARPOOL_RETURN_IF_ERROR(spec.wait_only
+                                ? Read(address, &result->previous, sizeof(result->previous))
+                                : CompareAndSwap(address, expected, desired, &result->previous));
     state_->wait_outcomes.push_back({result, expected, plain});
     return Status::Ok();
   }

@@ -530,6 +530,61 @@ TEST_F(AccessPaths, AWaiterTakesTheWordWhenReleasedOrGivesUpAtItsBound) {
   EXPECT_EQ(b.WaitCompareAndSwap(lock, 0, 1, spec, &r).code(), StatusCode::kInvalidArgument);
 }
 
+// A wait-only (WaitSpec::wait_only: wait until free, change nothing) over messages is answered
+// once the holder it names lets go of the word, here by handing it straight to another holder,
+// and the read behind it sees what the first holder wrote; the word stays the second holder's.
+// On the mapped and one-sided paths it is one look at the word, answered at once. Malformed
+// ones (with take_free, or a nonzero desired word) are refused before anything is posted.
+TEST_F(AccessPaths, AWaitOnlyIsAnsweredWhenItsHolderLetsGoAndSwapsNothing) {
+  for (const auto& p : pools_) ASSERT_TRUE(p);
+  Pool& holder = *pools_[1];
+  auto lock = *holder.Alloc(8, Placement::OnServer(1));
+  auto data = *holder.Alloc(8, Placement::OnServer(1));
+  const uint64_t first = 7, second = 9, payload = 42;
+  ASSERT_TRUE(holder.Write(lock, &first, 8).ok());
+  WaitSpec spec;
+  spec.held_mask = 1;
+  spec.wait = 1s;
+  spec.wait_only = true;
+  WaitCasResult r{0, true};
+  uint64_t seen = 0;
+  std::thread t([&] {
+    Batch b(*pools_[1]);
+    ASSERT_TRUE(b.WaitCompareAndSwap(lock, first, 0, spec, &r).ok());
+    ASSERT_TRUE(b.Fence().ok());
+    ASSERT_TRUE(b.Read(data, &seen, 8).ok());
+    ASSERT_TRUE(b.Wait().ok());
+  });
+  std::this_thread::sleep_for(50ms);  // likely parked by now (either order must pass)
+  ASSERT_TRUE(holder.Write(data, &payload, 8).ok());
+  ASSERT_EQ(*holder.CompareAndSwap(lock, first, second), first);
+  t.join();
+  EXPECT_FALSE(r.swapped);
+  EXPECT_EQ(r.previous, second);
+  EXPECT_EQ(seen, payload) << "the read behind the wait-only ran before the holder let go";
+  // Mapped and one-sided: one look, answered at once with the word held by `second` (it is not
+  // the holder named, and the server would not have waited either); nothing swapped anywhere.
+  for (size_t path : {size_t{0}, size_t{2}}) {
+    for (uint64_t named : {first, second}) {
+      Batch b(*pools_[path]);
+      r = {0, true};
+      ASSERT_TRUE(b.WaitCompareAndSwap(lock, named, 0, spec, &r).ok());
+      ASSERT_TRUE(b.Wait().ok());
+      EXPECT_FALSE(r.swapped) << path;
+      EXPECT_EQ(r.previous, second) << path;
+    }
+  }
+  EXPECT_EQ(*holder.CompareAndSwap(lock, 0, 0), second) << "a wait-only changed the word";
+  for (size_t path = 0; path < pools_.size(); ++path) {
+    Batch b(*pools_[path]);
+    EXPECT_EQ(b.WaitCompareAndSwap(lock, second, 1, spec, &r).code(), StatusCode::kInvalidArgument);
+    WaitSpec both = spec;
+    both.take_free = true;
+    EXPECT_EQ(b.WaitCompareAndSwap(lock, second, 0, both, &r).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(b.posted(), 0u);
+  }
+}
+
 // At most kMaxWaitersPerConnection batches of one connection wait at a server; the next one's
 // waiting CAS is one attempt, answered at once. A batch of 17 messages to one server (three
 // 16 KiB reads each fill a message; a waiting CAS on one held word ends each): the first 16

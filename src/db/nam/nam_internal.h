@@ -689,8 +689,9 @@ class NamTxn final : public Transaction {
   // broken after its lease whatever this is; this bounds what a cycle of waits across calls
   // (which the address order within a call does not prevent) costs before one aborts.
   static constexpr int64_t kLockingReadWaitNs = 100'000'000;
-  // Over messages, how long one waiting compare-and-swap of a locking read may wait at the
-  // server before the caller checks whether the holder died (and sends it again).
+  // Over messages, how long one waiting compare-and-swap of a locking read (or wait-until-free
+  // of a reader, SettleRecord) may wait at the server before the caller checks whether the
+  // holder died (and sends it again).
   static constexpr int64_t kServerWaitSliceUs = 10'000;
   // MultiGet and MultiGetForUpdate: own writes and keys locked earlier answered without a
   // round trip, the others read (ReadKeys) or locked (LockKeys).
@@ -716,6 +717,31 @@ class NamTxn final : public Transaction {
   // not key's (a raced or stale index entry).
   Status SettleRecord(const NamTable& t, GlobalAddress record, int64_t key, RecordImage* image,
                       bool* key_ok);
+  // A copy to take again once the commit holding the record let go of it.
+  struct Recopy {
+    GlobalAddress record;
+    uint64_t holder;     // the commit's lock word the copy showed
+    RecordImage* image;  // its bytes are overwritten
+  };
+  // One batch: per record a wait at the memory server until its lock word is no longer its
+  // holder (a wait-until-free: changes nothing; at most `wait_us`), then, behind a fence, the
+  // copies: each taken the moment the server executed its holder's release (one round trip
+  // for all, however many servers). On mapped memory and one-sided paths one look at the word
+  // (no wait): the caller polls there.
+  Status ReadAfterRelease(std::span<const Recopy> recopies, int64_t wait_us);
+  // A first copy of `key`'s record, read by the caller (maybe in a batch with others).
+  struct LockedCopy {
+    const NamTable* t;
+    int64_t key;
+    GlobalAddress record;
+    RecordImage* image;
+  };
+  // The copies that show a commit's lock (not a locking read's) on their key's record are
+  // taken again with one ReadAfterRelease, so a read that met several commits' locks waits for
+  // all of them in one round trip; SettleRecord then settles each copy as usual (a record
+  // locked again since is waited for there). Counts read_lock_waits. REQUIRES: the memory is
+  // not mapped (there SettleRecord polls locally; a wait would be one look).
+  Status RecopyLocked(std::span<const LockedCopy> copies);
   // Reads `record` and settles it.
   Status ReadRecord(const NamTable& t, GlobalAddress record, int64_t key, RecordImage* image,
                     bool* key_ok);

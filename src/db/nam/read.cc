@@ -52,21 +52,67 @@ Status NamTxn::ReadRecord(const NamTable& t, GlobalAddress record, int64_t key, 
   return SettleRecord(t, record, key, image, key_ok);
 }
 
+Status NamTxn::ReadAfterRelease(std::span<const Recopy> recopies, int64_t wait_us) {
+  WaitSpec spec{.held_mask = 1,  // layout.h IsLocked
+                .not_held = kRemovedLock,
+                .wait = std::chrono::microseconds(wait_us),
+                .wait_only = true};
+  Access::Batch b(s_.access_);
+  std::vector<WaitCasResult> found(recopies.size());
+  for (size_t i = 0; i < recopies.size(); ++i) {
+    FARPOOL_RETURN_IF_ERROR(b.WaitCas(recopies[i].record, recopies[i].holder, 0, spec, &found[i]));
+  }
+  FARPOOL_RETURN_IF_ERROR(b.Fence());
+  for (const Recopy& r : recopies) {
+    FARPOOL_RETURN_IF_ERROR(b.Read(r.record, r.image->bytes.data(), r.image->bytes.size()));
+  }
+  return b.Wait();
+}
+
+Status NamTxn::RecopyLocked(std::span<const LockedCopy> copies) {
+  std::vector<Recopy> recopies;
+  for (const LockedCopy& c : copies) {
+    RecordImage& image = *c.image;
+    image.Decode(c.t->layout_);
+    if (image.key != c.key || !IsLocked(image.lock) || image.lock == kRemovedLock ||
+        IsReadLock(image.lock)) {
+      continue;  // not a commit's lock on this key's record: SettleRecord decides
+    }
+    recopies.push_back({c.record, image.lock, &image});
+  }
+  if (recopies.empty()) return Status::Ok();
+  s_.counters_.read_lock_waits += recopies.size();
+  return ReadAfterRelease(recopies, kServerWaitSliceUs);
+}
+
 Status NamTxn::SettleRecord(const NamTable& t, GlobalAddress record, int64_t key,
                             RecordImage* image, bool* key_ok) {
   const auto& layout = t.layout_;
   int64_t start = 0, next_check = 0;  // set at the first inconsistent copy
   std::vector<unsigned char> previous;
   int same = 0;
-  // A locked record is re-read at once kLockedRereads times, then after pauses doubling from
-  // 20 µs up to kMaxLockedPauseNs.
+  // Where we poll (mapped memory), a locked record is re-read at once kLockedRereads times,
+  // then after pauses doubling from 20 µs up to kMaxLockedPauseNs. Over messages the memory
+  // server waits for the holder instead: each copy after one that a commit held is read
+  // behind a wait-until-free of the holder's word (ReadAfterRelease), in slices of
+  // kServerWaitSliceUs so that we check now and then whether the holder died.
   constexpr int kLockedRereads = 3;
   constexpr int64_t kMaxLockedPauseNs = 500'000;
   int64_t locked_pause_ns = 10'000;
+  const bool server_waits = !s_.access_.memory().mapped();
+  uint64_t holder = 0;  // the commit's lock word the next copy waits for (server_waits)
   for (int tries = 0;; ++tries) {
-    if (tries > 0) {
+    if (holder != 0) {
+      const int64_t left_us = (2 * s_.db_.lease_ns() - (MonoNs() - start)) / 1000;
+      const Recopy recopy{record, holder, image};
+      FARPOOL_RETURN_IF_ERROR(
+          ReadAfterRelease(std::span<const Recopy>(&recopy, 1),
+                           std::clamp<int64_t>(left_us, 0, kServerWaitSliceUs)));
+    } else if (tries > 0) {
       FARPOOL_RETURN_IF_ERROR(s_.access_.Read(record, image->bytes.data(), image->bytes.size()));
     }
+    const uint64_t waited_for = holder;
+    holder = 0;
     image->Decode(layout);
     if (image->key != key || image->lock == kRemovedLock) {
       *key_ok = false;
@@ -81,6 +127,7 @@ Status NamTxn::SettleRecord(const NamTable& t, GlobalAddress record, int64_t key
     if (start == 0) {
       start = now;
       next_check = now + 1'000'000;
+      if (IsLocked(image->lock) && !IsReadLock(image->lock)) ++s_.counters_.read_lock_waits;
     }
     if (IsLocked(image->lock)) {
       same = 0;
@@ -108,7 +155,16 @@ Status NamTxn::SettleRecord(const NamTable& t, GlobalAddress record, int64_t key
       }
       previous = image->bytes;
     }
-    if (IsLocked(image->lock) && tries >= kLockedRereads) {
+    if (IsLocked(image->lock) && server_waits && !IsReadLock(image->lock)) {
+      // The next copy is read once the server saw this holder let go. Held by the one we
+      // waited for still: the slice passed, or the server was at its cap of waiters and
+      // answered at once; then pause as a poller would, not to spin round trips.
+      if (image->lock == waited_for) {
+        locked_pause_ns = std::min<int64_t>(2 * locked_pause_ns, kMaxLockedPauseNs);
+        std::this_thread::sleep_for(std::chrono::nanoseconds(locked_pause_ns));
+      }
+      holder = image->lock;
+    } else if (IsLocked(image->lock) && tries >= kLockedRereads) {
       // A committer holds it for its remaining rounds: re-reading at once costs a round trip
       // each (and the holder's servers the work) without ending the wait sooner.
       locked_pause_ns = std::min<int64_t>(2 * locked_pause_ns, kMaxLockedPauseNs);
@@ -338,6 +394,13 @@ Status NamTxn::ReadKeysOnce(std::span<KeyRead> keys) {
         FARPOOL_RETURN_IF_ERROR(b.Read(k.record, k.image.bytes.data(), k.image.bytes.size()));
       }
       FARPOOL_RETURN_IF_ERROR(b.Wait());
+    }
+    if (!s_.access_.memory().mapped()) {  // where SettleRecord polls, nothing to do here
+      std::vector<LockedCopy> copies;
+      for (KeyRead& k : keys) {
+        if (!k.done) copies.push_back({k.t, k.key, k.record, &k.image});
+      }
+      FARPOOL_RETURN_IF_ERROR(RecopyLocked(copies));
     }
     for (KeyRead& k : keys) {
       if (k.done) continue;
@@ -893,6 +956,13 @@ Status NamTxn::ReadIndexed(std::span<const IndexEntry> entries, std::vector<Row>
           b.Read(entries[i].record, images[i].bytes.data(), images[i].bytes.size()));
     }
     FARPOOL_RETURN_IF_ERROR(b.Wait());
+  }
+  if (!s_.access_.memory().mapped()) {  // where SettleRecord polls, nothing to do here
+    std::vector<LockedCopy> copies;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      copies.push_back({entries[i].t, entries[i].key, entries[i].record, &images[i]});
+    }
+    FARPOOL_RETURN_IF_ERROR(RecopyLocked(copies));
   }
   std::vector<std::string> payloads(entries.size());
   std::vector<RowLoad> loads;
