@@ -4,8 +4,11 @@
 // a key is present exactly while its server lives and reaches etcd (a SIGKILLed server's key
 // goes, a server whose lease was lost registers again); etcd is not on the data path (the
 // servers serve while it is down); an unreachable etcd is an error that names its URL.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -759,6 +762,80 @@ TEST(ClusterAdd, ARunningPoolLearnsTheAddedServerAndPlacesChunksThere) {
   writer.Stop();
   writer.CheckIntact();
   EXPECT_EQ(writer.failures(), 0u);
+}
+
+// A server the map names that does not answer yet (here: nothing listens on its port) neither
+// fails nor stalls a running Pool: it is not entered, nothing is placed on it, the writes to
+// the other servers go on; once a server listens there the Pool enters it and uses it.
+TEST(ClusterAdd, AServerThatDoesNotAnswerYetIsEnteredOnceItDoes) {
+  TestCluster cluster(Options(2, 1));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  FailoverSetup setup;
+  ASSERT_NO_FATAL_FAILURE(Connect(cluster, 2, &setup));
+  Pool& pool = *setup.pool;
+  Writer writer(pool, setup.objects);
+  ASSERT_TRUE(writer.AcknowledgedEverywhere(10));
+  // A free port, closed again: connections to it are refused until the server below listens.
+  int probe = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(probe, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(probe, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const uint16_t port = ntohs(addr.sin_port);
+  close(probe);
+  constexpr uint16_t kId = 7;
+  auto [etcd, keys] = EtcdOf(cluster);
+  ASSERT_TRUE(etcd);
+  auto kv = etcd->Get(keys.Map());
+  ASSERT_TRUE(kv.ok() && kv->has_value());
+  auto map = coord::ClusterMap::Parse((*kv)->value, keys.Map());
+  ASSERT_TRUE(map.ok());
+  coord::MapServer added;
+  added.id = kId;
+  added.address = "127.0.0.1:" + std::to_string(port);
+  added.memory = 32 << 20;
+  added.served_by = kId;
+  map->servers.push_back(added);
+  map->epoch += 1;
+  ASSERT_TRUE(etcd->Put(keys.Map(), map->ToJson()).ok());
+  // Time for the watcher to meet the silent server (a few tries); not asserted on.
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_FALSE(Contains(pool.server_ids(), kId)) << "entered before it said hello";
+  ASSERT_TRUE(writer.AcknowledgedEverywhere(10)) << "the silent server held the Pool up";
+  for (int i = 0; i < 4; ++i) {
+    auto a = pool.Alloc(4 << 20, Placement::Striped());
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    EXPECT_NE(a->server(), kId);
+  }
+  ServerOptions so;
+  so.host = "127.0.0.1";
+  so.port = port;
+  so.memory = 32 << 20;
+  so.id = kId;
+  so.progress = ProgressMode::kEvent;
+  so.fabric = Fabric::kTcp;
+  so.secret_file = SecretFile(cluster.dir());
+  auto server = MemoryServer::Start(so);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (!Contains(pool.server_ids(), kId) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE(Contains(pool.server_ids(), kId)) << "not entered once it answered";
+  auto object = pool.Alloc(4096, Placement::OnServer(kId));
+  ASSERT_TRUE(object.ok()) << object.status().ToString();
+  std::vector<uint8_t> pattern(4096, 0x5a), back(4096);
+  ASSERT_TRUE(pool.Write(*object, pattern.data(), pattern.size()).ok());
+  ASSERT_TRUE(pool.Read(*object, back.data(), back.size()).ok());
+  EXPECT_EQ(back, pattern);
+  writer.Stop();
+  writer.CheckIntact();
+  EXPECT_EQ(writer.failures(), 0u);
+  setup.pool.reset();  // says goodbye to the server before it stops
+  (*server)->Stop();
 }
 
 // Re-replication onto an added server: with one slot each there is no room after a failure;
