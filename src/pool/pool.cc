@@ -193,6 +193,10 @@ struct ServerState {
   std::atomic<int> moved_to{-1};
   std::atomic<int> moved_slot{0};
   std::atomic<bool> failing_over{false};  // FailOver is running (set before `failed`)
+  // Failed because it refused a request unexecuted (MovingReply): it is being drained, still
+  // alive, and answers every request it received (results or refusals), so replies awaited
+  // from it are still awaited (AwaitReply), not abandoned as a dead server's are.
+  std::atomic<bool> draining{false};
   mutable std::mutex mu;
   std::string failure;                                 // guarded by mu
   StatusCode failure_code = StatusCode::kUnavailable;  // guarded by mu
@@ -292,8 +296,8 @@ class Pool::Impl {
   void Moving(size_t index);
   // Waits until the reply to request `id`, sent to server `index` from this thread, has
   // arrived in tc.box (landed or kept: control::ReplyBox::Arrived), the server fails
-  // (Unavailable) or `deadline` passes (TimedOut, naming `expected`; `timeout` is for the
-  // message).
+  // (Unavailable; not a server being drained, which answers), its connection fails, or
+  // `deadline` passes (TimedOut, naming `expected`; `timeout` is for the message).
   Status AwaitReply(ThreadContext& tc, size_t index, uint64_t id, wire::Opcode expected,
                     Clock::time_point deadline, std::chrono::milliseconds timeout);
   // Waits for a posted UCX request to server `index`; on timeout or server failure abandons
@@ -1059,6 +1063,7 @@ Result<Pool::Impl::Reply> Pool::Impl::Call(
 }
 
 void Pool::Impl::Moving(size_t index) {
+  servers_[index]->draining.store(true);
   MarkFailed(index, "being drained: it refuses requests unexecuted and hands its regions over");
 }
 
@@ -1070,7 +1075,9 @@ Status Pool::Impl::AwaitReply(ThreadContext& tc, size_t index, uint64_t id, wire
     if (tc.box.Arrived(id)) return Status::Ok();
     const bool progressed = tc.worker->Progress() != 0;
     if (ep->failed()) return ConnectionLost(tc, index);
-    if (s.failed.load(std::memory_order_relaxed)) return s.Failure();
+    if (s.failed.load(std::memory_order_relaxed) && !s.draining.load(std::memory_order_relaxed)) {
+      return s.Failure();
+    }
     const auto now = Clock::now();
     if (now > deadline) {
       return Status::TimedOut(s.name + ": no " + std::string(wire::OpcodeName(expected)) +
