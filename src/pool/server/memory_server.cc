@@ -887,8 +887,8 @@ Status MemoryServer::Impl::MayServe() const {
 }
 
 void MemoryServer::Impl::Tick() {
+  if (DeclaredGone()) Degrade();  // releases the replies held for a backup declared gone
   if (moving_.load(std::memory_order_relaxed)) return HandOver();
-  if (DeclaredGone()) Degrade();
   TickSlotLinks();
   if (copy_ && backup_ != nullptr) {
     CopySlice();  // renews too
