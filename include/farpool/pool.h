@@ -41,6 +41,20 @@
 //     1 s more (a server that answers that hello was only slow and stays in use); from then on
 //     every call that touches it fails fast with Unavailable, calls to other servers go on. It
 //     is not reconnected: connect a new Pool.
+//   - Servers added to the cluster (`farpool cluster add`; a cluster with an etcd and
+//     replicas): the Pool learns them from the cluster map while it runs (the map watcher, every
+//     250 ms), says hello (same secret and pool rules as at Connect) and only then enters them:
+//     from then on server_ids(), Geometry(), striped and by-key placement and addresses of
+//     theirs include them. A server the map names that does not answer is not entered and is
+//     tried again later; nothing is placed on it meanwhile. Each thread connects to a learned
+//     server on its first use of it (one hello). At most 1024 servers per Pool.
+//   - Planned moves (`farpool cluster drain`): a server being drained refuses requests without
+//     executing them; the Pool follows the map to the region's new server and sends them again
+//     there, so callers see no error. Also resent there, in a replicated cluster: reads (and
+//     lookup-reads) cut by a server's failure, and operations that had not left when their
+//     server failed. Never resent: a write, compare-and-swap, fetch-and-add or insert that may
+//     have reached a server that then failed (its outcome is unknown: Unavailable, "may or may
+//     not have taken effect"). OpCounters::resent counts what was sent again.
 //
 // Thread-safety: a Pool is safe for concurrent use by any number of threads. Each thread gets
 // its own UCX worker and endpoints on first use (one worker per thread, no shared queue).
@@ -144,11 +158,14 @@ struct ServerStats {
 // shared-memory path waits for none); messages: batch messages sent (one per server per
 // round trip, more for batches beyond one message's size). suspicions_cleared: times the
 // monitor found a server silent for failure_timeout and a hello on a fresh connection then
-// showed it alive (a slow server or a stalled connection, not declared failed).
+// showed it alive (a slow server or a stalled connection, not declared failed). resent:
+// operations (and leases, releases) sent again to a region's new server: refused unexecuted by
+// a server being drained, or, in a replicated cluster, reads cut by a failure (see Pool).
 struct OpCounters {
   uint64_t reads = 0, writes = 0, cas = 0, faa = 0, bytes_read = 0, bytes_written = 0;
   uint64_t round_trips = 0, messages = 0;
   uint64_t suspicions_cleared = 0;
+  uint64_t resent = 0;
 };
 
 class Batch;
@@ -431,9 +448,17 @@ class Batch {
 
  private:
   struct State;
+  struct Replay;  // an operation as posted, to post it again (pool.cc)
   // Sends and completes everything posted so far (results written); the first error is also
-  // kept for Wait().
+  // kept for Wait(). Operations a server refused unexecuted (it is being drained) and, in a
+  // replicated cluster, reads cut by a server's failure are posted again, to where the map has
+  // moved their region, at most `resends` times (see Pool).
   Status Drain();
+  Status Drain(int resends);
+  // Makes the batch's per-server state cover server `index` (one the Pool learned after the
+  // batch began) and connects this thread to it if it has not yet.
+  Status Route(size_t index);
+  Status Repost(const Replay& op);
   // Makes room for an operation of `kind`/`size` (memory_ops::OpKind) in server `index`'s
   // open message: starts a new one when it is full, draining first if the new one could
   // overtake a fence.

@@ -58,7 +58,8 @@ void AddDbBenchOptions(CLI::App* c, DbBenchArgs* args, std::string* cluster_file
 Result<Engine> ParseDbBenchEngine(const DbBenchArgs& args, const std::string& cluster_file);
 
 // For server commands: BlockTerminationSignals() before any thread starts, then
-// WaitForTerminationSignal() returns the signal (SIGTERM or SIGINT) that asked to stop.
+// WaitForTerminationSignal() returns the signal (SIGTERM, SIGINT, or SIGUSR1: a memory server's
+// drain) that asked to stop.
 void BlockTerminationSignals();
 int WaitForTerminationSignal();
 

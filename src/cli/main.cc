@@ -25,6 +25,7 @@ sigset_t TerminationSignals() {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGUSR1);  // farpool server: drain, then stop (`farpool cluster drain`)
   return signals;
 }
 }  // namespace

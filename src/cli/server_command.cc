@@ -1,14 +1,18 @@
-// `farpool server`: run one memory server until SIGTERM or SIGINT.
+// `farpool server`: run one memory server until SIGTERM or SIGINT, or until SIGUSR1 (`farpool
+// cluster drain`), which hands its regions over to their backups before it stops.
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
 #include <memory>
+#include <thread>
 
 #include "cli/commands.h"
 #include "common/process.h"
 #include "common/units.h"
+#include "coord/cluster_map.h"
+#include "coord/etcd_client.h"
 #include "coord/membership.h"
 #include "farpool/cluster.h"
 #include "pool/server/coordinator.h"
@@ -34,6 +38,37 @@ struct ServerArgs {
   std::string etcd;
   std::string etcd_prefix;
 };
+
+// A drain (SIGUSR1): how long the server may take to release the replies it holds for its
+// backups, how long it then waits for the coordinator to move its region in the map, and how
+// long it keeps refusing requests (MovingReply) after that, so that clients which have not sent
+// it anything meanwhile have followed the map (their watcher reads it every 250 ms, kMapPoll in
+// pool/pool.cc) instead of finding the connection closed, which would leave a write's outcome
+// unknown to them.
+constexpr auto kHandOverTimeout = std::chrono::milliseconds(3000);
+constexpr auto kMapMoveTimeout = std::chrono::milliseconds(10000);
+constexpr auto kFollowGrace = std::chrono::milliseconds(600);
+
+// Waits until the map under `prefix` has server `id`'s region served by another server.
+Status AwaitMovedAway(const std::vector<std::string>& endpoints, const std::string& prefix,
+                      uint16_t id) {
+  FARPOOL_ASSIGN_OR_RETURN(auto etcd, coord::EtcdClient::Create({endpoints}));
+  const coord::MapKeys keys{prefix};
+  const auto deadline = std::chrono::steady_clock::now() + kMapMoveTimeout;
+  for (;;) {
+    auto kv = etcd->Get(keys.Map());
+    if (kv.ok() && kv->has_value()) {
+      auto map = coord::ClusterMap::Parse((*kv)->value, keys.Map());
+      const coord::MapServer* me = map.ok() ? map->Find(id) : nullptr;
+      if (me != nullptr && me->served_by != id) return Status::Ok();
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      return Status::TimedOut("the map did not move its region within " +
+                              std::to_string(kMapMoveTimeout.count()) + " ms");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
 
 int RunServer(const ServerArgs& a) {
   // Started by `ip netns exec` (a --netns cluster), this process has a copy of its starter's
@@ -139,8 +174,21 @@ int RunServer(const ServerArgs& a) {
     if (!s.ok()) return Fail(s.message());
   }
   const int sig = WaitForTerminationSignal();
-  std::printf("farpool server %d: signal %d, shutting down\n", a.id, sig);
+  std::printf("farpool server %d: signal %d, %s\n", a.id, sig,
+              sig == SIGUSR1 ? "draining" : "shutting down");
+  std::fflush(stdout);
+  // A drain hands the regions over before the server leaves (docs/pool.md "cluster drain"):
+  // refusals the clients resend elsewhere instead of requests cut off in flight.
+  const bool drain = sig == SIGUSR1 && a.replicated && membership != nullptr;
+  Status handed = drain ? (*server)->Drain(kHandOverTimeout) : Status::Ok();
+  if (!handed.ok()) std::printf("farpool server %d: %s\n", a.id, handed.message().c_str());
   membership.reset();  // leaves etcd first: the cluster sees it gone at once
+  if (drain && handed.ok()) {
+    Status moved = AwaitMovedAway(etcd_endpoints, a.etcd_prefix, static_cast<uint16_t>(a.id));
+    std::printf("farpool server %d: %s\n", a.id,
+                moved.ok() ? "the map has moved its region" : moved.message().c_str());
+    if (moved.ok()) std::this_thread::sleep_for(kFollowGrace);
+  }
   (*server)->Stop();
   server->reset();
   std::printf("farpool server %d: stopped\n", a.id);

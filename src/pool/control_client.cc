@@ -68,6 +68,13 @@ Result<wire::Message> CheckReply(const std::string& name, std::span<const std::b
   return m;
 }
 
+bool IsMovingReply(std::span<const std::byte> bytes) {
+  transport::FrameHeader h;
+  if (bytes.size() < sizeof(h)) return false;
+  std::memcpy(&h, bytes.data(), sizeof(h));
+  return h.magic == wire::kMagic && h.opcode == static_cast<uint16_t>(wire::Opcode::kMovingReply);
+}
+
 Result<Reply> TakeReply(const std::string& name, std::vector<std::byte> bytes,
                         wire::Opcode expected) {
   Reply r{std::move(bytes), {}};

@@ -75,6 +75,9 @@ using Ask = std::function<Result<Reply>(const Encoder& encode, wire::Opcode expe
 // ErrorReply as its Status, Protocol unless of opcode `expected`.
 Result<wire::Message> CheckReply(const std::string& name, std::span<const std::byte> bytes,
                                  wire::Opcode expected);
+// Whether `bytes` is a MovingReply (the server refused the request without executing it:
+// it is being drained). Reads only the header: cheap enough for every reply.
+bool IsMovingReply(std::span<const std::byte> bytes);
 // CheckReply of a reply the caller keeps.
 Result<Reply> TakeReply(const std::string& name, std::vector<std::byte> bytes,
                         wire::Opcode expected);

@@ -602,10 +602,12 @@ Status ClusterDrain(const std::string& dir, uint16_t id, std::chrono::millisecon
                                      "would lose that region");
     }
   }
-  // A planned failover: the server leaves etcd (its lease revoked) and stops serving in order;
-  // the coordinator promotes its backup and moves the epoch; clients follow the map.
+  // A planned failover (SIGUSR1, `farpool server`): the server refuses requests unexecuted
+  // (the clients resend them to the new holder), closes its links to its backups once they
+  // have every change, leaves etcd (its lease revoked); the coordinator promotes its backup at
+  // once and moves the epoch; the server stops once the map shows the move.
   const auto deadline = Clock::now() + timeout;
-  if (kill(static_cast<pid_t>(server->pid), SIGTERM) != 0) {
+  if (kill(static_cast<pid_t>(server->pid), SIGUSR1) != 0) {
     return Status::IoError("cannot signal " + name + " (pid " + std::to_string(server->pid) +
                            "): " + strerror(errno));
   }

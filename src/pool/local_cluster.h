@@ -71,16 +71,18 @@ Status ClusterUp(const LocalClusterOptions& options);
 // region, no backup yet), into cluster.json and into every pool's cluster-NAME.json, and
 // returns its id. In a replicated cluster it refuses changes until the coordinator has named
 // its backup (re-replication, where a free mirror slot exists); its own slots are free for
-// other regions. Clients that connect from then on use it; Pools already connected do not
+// other regions. Clients use it, those connected before too: a Pool learns it from the map
 // (docs/pool.md "cluster add"). Errors: no etcd in cluster.json, the server's start (its log
 // named); nothing is left behind.
 Result<uint16_t> ClusterAdd(const LocalClusterOptions& options);
 // `farpool cluster drain ID` (docs/pool.md "cluster drain"), replicated clusters: a planned
 // failover. Checks first, changing nothing if any fails (InvalidArgument naming why): ID is a
 // live server of the cluster serving its own region, not the last one, whose backup is alive,
-// and every region it serves from a slot has a live backup too. Then stops it in
-// order (SIGTERM: it leaves etcd at once and closes its connections), and returns once the map
-// has its region served by its backup and its process has ended (TimedOut after `timeout`).
+// and every region it serves from a slot has a live backup too. Then drains it (SIGUSR1: it
+// refuses requests unexecuted, which the clients resend to the new holder, hands its regions
+// over to their backups, leaves etcd, and stops once the map shows the move:
+// MemoryServer::Drain), and returns once the map has its region served by its backup and its
+// process has ended (TimedOut after `timeout`).
 // The regions it kept copies of are degraded, and get new copies where slots are free
 // (re-replication). InvalidArgument without replicas (not built yet).
 Status ClusterDrain(const std::string& dir, uint16_t id, std::chrono::milliseconds timeout);

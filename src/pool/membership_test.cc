@@ -4,8 +4,11 @@
 // a key is present exactly while its server lives and reaches etcd (a SIGKILLed server's key
 // goes, a server whose lease was lost registers again); etcd is not on the data path (the
 // servers serve while it is down); an unreachable etcd is an error that names its URL.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +17,8 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <thread>
 
 #include "common/process.h"
@@ -350,6 +355,55 @@ class Writer {
   std::thread thread_;
 };
 
+// Reads every object in one batch, again and again, and counts the batches that failed (with
+// the first error): a read is resent wherever its region moved, so none should.
+class Reader {
+ public:
+  Reader(Pool& pool, std::vector<GlobalAddress> objects)
+      : pool_(pool), objects_(std::move(objects)) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~Reader() { Stop(); }
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  uint64_t batches() const { return batches_.load(); }
+  uint64_t failures() const { return failures_.load(); }
+  std::string first_error() {
+    std::lock_guard lock(mu_);
+    return first_error_;
+  }
+
+ private:
+  void Run() {
+    std::vector<uint64_t> values(objects_.size());
+    while (!stop_) {
+      Batch batch(pool_);
+      Status st;
+      for (size_t i = 0; i < objects_.size() && st.ok(); ++i) {
+        st = batch.Read(objects_[i], &values[i], 8);
+      }
+      Status waited = batch.Wait();
+      if (st.ok()) st = waited;
+      ++batches_;
+      if (!st.ok()) {
+        ++failures_;
+        std::lock_guard lock(mu_);
+        if (first_error_.empty()) first_error_ = st.ToString();
+      }
+    }
+  }
+
+  Pool& pool_;
+  const std::vector<GlobalAddress> objects_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> batches_{0}, failures_{0};
+  std::mutex mu_;
+  std::string first_error_;  // guarded by mu_
+  std::thread thread_;
+};
+
 struct FailoverSetup {
   std::unique_ptr<Pool> pool;
   std::vector<GlobalAddress> objects;  // one per server
@@ -610,6 +664,180 @@ TEST(ClusterAdd, AnAddedServerJoinsGetsABackupAndTakesNewChunks) {
   writer.CheckIntact();
 }
 
+// A Pool connected before `cluster add` (servers in network namespaces) learns the added server
+// from the map while threads use it: once the server has joined (and has a backup), striped
+// chunks land on it, a thread that began before the add writes and reads an object there (its
+// endpoint made on first use), and the writes to the other servers that ran throughout lose
+// nothing.
+TEST(ClusterAdd, ARunningPoolLearnsTheAddedServerAndPlacesChunksThere) {
+  LocalClusterOptions o = Options(2, 1, /*netns=*/true);
+  o.mirror_slots = 2;
+  TestCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  FailoverSetup setup;
+  ASSERT_NO_FATAL_FAILURE(Connect(cluster, 2, &setup));
+  Pool& pool = *setup.pool;
+  Writer writer(pool, setup.objects);
+  ASSERT_TRUE(writer.AcknowledgedEverywhere(10));
+  // A thread that began before the add and later uses the added server.
+  std::mutex mu;
+  std::vector<GlobalAddress> later;  // guarded by mu: objects on the added server
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> round_trips{0}, failures{0};
+  std::string first_failure;  // guarded by mu
+  std::thread old_thread([&] {
+    uint64_t value = 0;
+    while (!stop) {
+      std::vector<GlobalAddress> objects;
+      {
+        std::lock_guard lock(mu);
+        objects = later;
+      }
+      for (GlobalAddress a : objects) {
+        ++value;
+        uint64_t back = 0;
+        Status st = pool.Write(a, &value, 8);
+        if (st.ok()) st = pool.Read(a, &back, 8);
+        if (st.ok() && back != value) st = Status::Internal("read back " + std::to_string(back));
+        ++round_trips;
+        if (!st.ok()) {
+          ++failures;
+          std::lock_guard lock(mu);
+          if (first_failure.empty()) first_failure = st.ToString();
+        }
+      }
+      std::this_thread::sleep_for(1ms);
+    }
+  });
+  LocalClusterOptions add = o;
+  add.dir = cluster.dir();
+  add.binary = FARPOOL_BINARY;
+  add.die_with_parent = true;
+  auto id = ClusterAdd(add);
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  ASSERT_EQ(*id, 2);
+  // Changes are refused until the coordinator names its backup (re-replication).
+  EtcdView view = WaitForView(cluster.dir(), [&](const EtcdView& v) {
+    return v.map.Find(2) != nullptr && v.map.Find(2)->backup >= 0;
+  });
+  ASSERT_GE(view.map.Find(2)->backup, 0);
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (!Contains(pool.server_ids(), 2) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE(Contains(pool.server_ids(), 2)) << "the running Pool did not learn server 2";
+  auto geometry = pool.Geometry(2);
+  ASSERT_TRUE(geometry.ok()) << geometry.status().ToString();
+  EXPECT_EQ(geometry->chunk_size, o.chunk_size);
+  // Striped: some chunks on the new server (it is one of three in turn).
+  int on_new = 0;
+  for (int i = 0; i < 6; ++i) {
+    auto a = pool.Alloc(4 << 20, Placement::Striped());
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    on_new += a->server() == 2;
+  }
+  EXPECT_GT(on_new, 0) << "no striped chunk on the added server";
+  // An object there, from this thread (its context predates the add too), bytes read back.
+  auto object = pool.Alloc(4096, Placement::OnServer(2));
+  ASSERT_TRUE(object.ok()) << object.status().ToString();
+  std::vector<uint8_t> pattern(4096), back(4096);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<uint8_t>(i * 7 + 3);
+  ASSERT_TRUE(pool.Write(*object, pattern.data(), pattern.size()).ok());
+  ASSERT_TRUE(pool.Read(*object, back.data(), back.size()).ok());
+  EXPECT_EQ(back, pattern);
+  auto counter = pool.Alloc(64, Placement::OnServer(2));
+  ASSERT_TRUE(counter.ok()) << counter.status().ToString();
+  {
+    std::lock_guard lock(mu);
+    later.push_back(*counter);
+  }
+  while (round_trips < 200 && std::chrono::steady_clock::now() < deadline + 30s) {
+    std::this_thread::sleep_for(10ms);
+  }
+  stop = true;
+  old_thread.join();
+  EXPECT_GE(round_trips.load(), 200u);
+  EXPECT_EQ(failures.load(), 0u) << first_failure;
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(10));
+  writer.Stop();
+  writer.CheckIntact();
+  EXPECT_EQ(writer.failures(), 0u);
+}
+
+// A server the map names that does not answer yet (here: nothing listens on its port) neither
+// fails nor stalls a running Pool: it is not entered, nothing is placed on it, the writes to
+// the other servers go on; once a server listens there the Pool enters it and uses it.
+TEST(ClusterAdd, AServerThatDoesNotAnswerYetIsEnteredOnceItDoes) {
+  TestCluster cluster(Options(2, 1));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  FailoverSetup setup;
+  ASSERT_NO_FATAL_FAILURE(Connect(cluster, 2, &setup));
+  Pool& pool = *setup.pool;
+  Writer writer(pool, setup.objects);
+  ASSERT_TRUE(writer.AcknowledgedEverywhere(10));
+  // A free port, closed again: connections to it are refused until the server below listens.
+  int probe = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(probe, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(probe, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const uint16_t port = ntohs(addr.sin_port);
+  close(probe);
+  constexpr uint16_t kId = 7;
+  auto [etcd, keys] = EtcdOf(cluster);
+  ASSERT_TRUE(etcd);
+  auto kv = etcd->Get(keys.Map());
+  ASSERT_TRUE(kv.ok() && kv->has_value());
+  auto map = coord::ClusterMap::Parse((*kv)->value, keys.Map());
+  ASSERT_TRUE(map.ok());
+  coord::MapServer added;
+  added.id = kId;
+  added.address = "127.0.0.1:" + std::to_string(port);
+  added.memory = 32 << 20;
+  added.served_by = kId;
+  map->servers.push_back(added);
+  map->epoch += 1;
+  ASSERT_TRUE(etcd->Put(keys.Map(), map->ToJson()).ok());
+  // Time for the watcher to meet the silent server (a few tries); not asserted on.
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_FALSE(Contains(pool.server_ids(), kId)) << "entered before it said hello";
+  ASSERT_TRUE(writer.AcknowledgedEverywhere(10)) << "the silent server held the Pool up";
+  for (int i = 0; i < 4; ++i) {
+    auto a = pool.Alloc(4 << 20, Placement::Striped());
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    EXPECT_NE(a->server(), kId);
+  }
+  ServerOptions so;
+  so.host = "127.0.0.1";
+  so.port = port;
+  so.memory = 32 << 20;
+  so.id = kId;
+  so.progress = ProgressMode::kEvent;
+  so.fabric = Fabric::kTcp;
+  so.secret_file = SecretFile(cluster.dir());
+  auto server = MemoryServer::Start(so);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (!Contains(pool.server_ids(), kId) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE(Contains(pool.server_ids(), kId)) << "not entered once it answered";
+  auto object = pool.Alloc(4096, Placement::OnServer(kId));
+  ASSERT_TRUE(object.ok()) << object.status().ToString();
+  std::vector<uint8_t> pattern(4096, 0x5a), back(4096);
+  ASSERT_TRUE(pool.Write(*object, pattern.data(), pattern.size()).ok());
+  ASSERT_TRUE(pool.Read(*object, back.data(), back.size()).ok());
+  EXPECT_EQ(back, pattern);
+  writer.Stop();
+  writer.CheckIntact();
+  EXPECT_EQ(writer.failures(), 0u);
+  setup.pool.reset();  // says goodbye to the server before it stops
+  (*server)->Stop();
+}
+
 // Re-replication onto an added server: with one slot each there is no room after a failure;
 // `cluster add` brings a server with a free slot, the region that lost its backup is copied
 // there, and when that region's server dies too the added server takes it over.
@@ -701,6 +929,68 @@ TEST(ClusterDrain, ADrainedServersRegionMovesToItsBackupUnderWritesAndItsProcess
   std::printf(
       "writes that failed during the drain (outcome unknown, retried by the writer): %llu\n",
       static_cast<unsigned long long>(writer.failures()));
+}
+
+// The planned move seen by clients (docs/pool.md "cluster drain"): while two threads write
+// their own objects on every server and two read every object, server 1 is drained. The
+// server refuses what arrives during the drain without executing it and the clients resend
+// it to the region's new server: no reader sees an error, and no write fails either (each is
+// refused before it runs or done before the hand-over), every acknowledged write survives.
+TEST(ClusterDrain, ReadersAndWritersSeeNoErrorWhileTheRegionMoves) {
+  constexpr int kServers = 3;
+  LocalClusterOptions o = Options(kServers, 1);
+  o.mirror_slots = 2;
+  TestCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  PoolOptions po;
+  po.op_timeout = 5000ms;
+  auto connected = Pool::Connect(*config, po);
+  ASSERT_TRUE(connected.ok()) << connected.status().ToString();
+  Pool& pool = **connected;
+  std::vector<GlobalAddress> objects[2], all;
+  for (int w = 0; w < 2; ++w) {
+    for (int s = 0; s < kServers; ++s) {
+      for (int k = 0; k < 2; ++k) {
+        auto a = pool.Alloc(64, Placement::OnServer(static_cast<uint16_t>(s)));
+        ASSERT_TRUE(a.ok()) << a.status().ToString();
+        objects[w].push_back(*a);
+        all.push_back(*a);
+      }
+    }
+  }
+  const int coordinator = Coordinator(cluster.dir());
+  ASSERT_GE(coordinator, 0) << "no coordinator elected";
+  const int victim = (coordinator + 1) % kServers;
+  Writer writer0(pool, objects[0]), writer1(pool, objects[1]);
+  Reader reader0(pool, all), reader1(pool, all);
+  ASSERT_TRUE(writer0.AcknowledgedEverywhere(20));
+  ASSERT_TRUE(writer1.AcknowledgedEverywhere(20));
+  const uint64_t resent_before = pool.counters().resent;
+  Status drained = ClusterDrain(cluster.dir(), static_cast<uint16_t>(victim), 30000ms);
+  ASSERT_TRUE(drained.ok()) << drained.ToString();
+  EXPECT_FALSE(ProcessRunning(static_cast<pid_t>(config->servers[victim].pid)));
+  EXPECT_TRUE(writer0.AcknowledgedEverywhere(20)) << "the client did not follow the drain";
+  EXPECT_TRUE(writer1.AcknowledgedEverywhere(20)) << "the client did not follow the drain";
+  const uint64_t batches = reader0.batches() + reader1.batches();
+  reader0.Stop();
+  reader1.Stop();
+  writer0.Stop();
+  writer1.Stop();
+  writer0.CheckIntact();
+  writer1.CheckIntact();
+  const uint64_t resent = pool.counters().resent - resent_before;
+  std::printf(
+      "drain of server %d: %llu read batches, %llu operations resent; failed: %llu "
+      "reads, %llu writes\n",
+      victim, static_cast<unsigned long long>(batches), static_cast<unsigned long long>(resent),
+      static_cast<unsigned long long>(reader0.failures() + reader1.failures()),
+      static_cast<unsigned long long>(writer0.failures() + writer1.failures()));
+  EXPECT_EQ(reader0.failures() + reader1.failures(), 0u)
+      << reader0.first_error() << " / " << reader1.first_error();
+  EXPECT_EQ(writer0.failures() + writer1.failures(), 0u);
+  EXPECT_GT(resent, 0u) << "nothing was refused and resent: the drain was not under load";
 }
 
 // Bad input: an unknown id, a server that serves nothing of its own any more, the last server:

@@ -48,19 +48,33 @@ struct ObjectAllocator::Server {
   }
 };
 
-ObjectAllocator::ObjectAllocator(const std::vector<Geometry>& servers, LeaseFn lease,
-                                 ReleaseFn release)
-    : lease_(std::move(lease)), release_(std::move(release)) {
-  for (const Geometry& g : servers) {
-    auto s = std::make_unique<Server>();
-    s->geometry = g;
-    s->num_chunks = g.region_size > wire::kRootAreaSize
-                        ? (g.region_size - wire::kRootAreaSize) / g.chunk_size
-                        : 0;
-    s->chunks = std::make_unique<ChunkState[]>(s->num_chunks);
-    s->partial.resize(s->NumClasses());
-    servers_.push_back(std::move(s));
+ObjectAllocator::ObjectAllocator(const std::vector<Geometry>& servers, size_t capacity,
+                                 LeaseFn lease, ReleaseFn release)
+    : lease_(std::move(lease)), release_(std::move(release)), servers_(capacity) {
+  for (const Geometry& g : servers) servers_[count_++] = MakeServer(g);
+}
+
+std::unique_ptr<ObjectAllocator::Server> ObjectAllocator::MakeServer(const Geometry& g) {
+  auto s = std::make_unique<Server>();
+  s->geometry = g;
+  s->num_chunks = g.region_size > wire::kRootAreaSize
+                      ? (g.region_size - wire::kRootAreaSize) / g.chunk_size
+                      : 0;
+  s->chunks = std::make_unique<ChunkState[]>(s->num_chunks);
+  s->partial.resize(s->NumClasses());
+  return s;
+}
+
+Result<size_t> ObjectAllocator::AddServer(const Geometry& geometry) {
+  std::lock_guard lock(mu_);
+  const size_t index = count_.load(std::memory_order_relaxed);
+  if (index == servers_.size()) {
+    return Status::ResourceExhausted("the allocator's table of " + std::to_string(servers_.size()) +
+                                     " servers is full");
   }
+  servers_[index] = MakeServer(geometry);
+  count_.store(index + 1, std::memory_order_release);
+  return index;
 }
 
 ObjectAllocator::~ObjectAllocator() = default;
@@ -141,7 +155,7 @@ Status ObjectAllocator::TrimLocked(size_t index) {
 Status ObjectAllocator::Trim() {
   std::lock_guard lock(mu_);
   Status first_error;
-  for (size_t i = 0; i < servers_.size(); ++i) {
+  for (size_t i = 0; i < count_.load(std::memory_order_relaxed); ++i) {
     Status st = TrimLocked(i);
     if (first_error.ok() && !st.ok()) first_error = st;
   }

@@ -16,8 +16,13 @@
 // slab's live bitmap has exactly live_count bits set; a slab is in partial[class] iff
 // live_count < slot count; a run (offset, size) is in retained iff its chunks are kFreed.
 //
-// Thread-safety: Allocate and Free are serialised by one mutex (they may block on a lease
-// round trip); CheckLive is lock-free and safe concurrently with them.
+// Servers: a fixed-capacity table (`capacity` at construction). AddServer appends one (a server
+// the Pool learned from the cluster map) and publishes it with a release store of the count;
+// an index is valid once AddServer has returned it, and stays valid.
+//
+// Thread-safety: Allocate, Free, Trim and AddServer are serialised by one mutex (they may block
+// on a lease round trip); CheckLive is lock-free and safe concurrently with them, for an index
+// its caller learned after AddServer returned it.
 #pragma once
 
 #include <atomic>
@@ -41,8 +46,14 @@ class ObjectAllocator {
   using LeaseFn = std::function<Result<uint64_t>(size_t index, uint64_t size)>;
   using ReleaseFn = std::function<Status(size_t index, uint64_t offset, uint64_t size)>;
 
-  ObjectAllocator(const std::vector<Geometry>& servers, LeaseFn lease, ReleaseFn release);
+  // REQUIRES: servers.size() <= capacity.
+  ObjectAllocator(const std::vector<Geometry>& servers, size_t capacity, LeaseFn lease,
+                  ReleaseFn release);
   ~ObjectAllocator();
+
+  // Adds a server; returns its index (the number of servers before). ResourceExhausted when
+  // the table is full.
+  Result<size_t> AddServer(const Geometry& geometry);
 
   // Returns the offset of a new object of at least `size` bytes on server `index`.
   // REQUIRES: size > 0.
@@ -73,7 +84,10 @@ class ObjectAllocator {
 
   LeaseFn lease_;
   ReleaseFn release_;
-  std::vector<std::unique_ptr<Server>> servers_;
+  static std::unique_ptr<Server> MakeServer(const Geometry& geometry);
+
+  std::vector<std::unique_ptr<Server>> servers_;  // `capacity` entries, the first count_ set
+  std::atomic<size_t> count_{0};
   std::mutex mu_;
 };
 

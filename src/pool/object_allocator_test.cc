@@ -19,12 +19,13 @@ struct Fixture {
   int leases = 0, releases = 0;
 
   explicit Fixture(uint64_t capacity) {
+    servers.reserve(3);  // AddedServer... adds a third: the lambdas index into it
     servers.emplace_back(capacity, kChunk);
     servers.emplace_back(capacity, kChunk);
     std::vector<ObjectAllocator::Geometry> g;
     for (auto& s : servers) g.push_back({s.region_size(), kChunk});
     alloc = std::make_unique<ObjectAllocator>(
-        g,
+        g, /*capacity=*/3,
         [this](size_t i, uint64_t size) {
           ++leases;
           return servers[i].Lease(size, 0);
@@ -111,6 +112,25 @@ TEST(ObjectAllocator, RetainedMemoryIsReusedAndTrimmedWhenTheServerIsFull) {
   // Two retained 1-chunk runs; a 2-chunk object only fits once they are given back.
   auto two = f.alloc->Allocate(0, 2 * kChunk);
   EXPECT_TRUE(two.ok()) << two.status().ToString();
+}
+
+// A server added later (the Pool learned it from the map) gets the next index, takes objects
+// and checks like the first ones; beyond the capacity the table refuses with a reason.
+TEST(ObjectAllocator, AnAddedServerGetsTheNextIndexAndTakesObjects) {
+  Fixture f(16 * kChunk);
+  f.servers.emplace_back(16 * kChunk, kChunk);
+  auto index = f.alloc->AddServer({f.servers[2].region_size(), kChunk});
+  ASSERT_TRUE(index.ok()) << index.status().ToString();
+  EXPECT_EQ(*index, 2u);
+  auto a = f.alloc->Allocate(2, 100);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_TRUE(f.alloc->CheckLive(2, *a, 100).ok());
+  ASSERT_TRUE(f.alloc->Free(2, *a).ok());
+  EXPECT_EQ(f.alloc->CheckLive(2, *a, 8).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(f.alloc->Trim().ok());
+  EXPECT_EQ(f.releases, 1) << "the added server's freed chunk went back";
+  auto full = f.alloc->AddServer({f.servers[2].region_size(), kChunk});
+  EXPECT_EQ(full.status().code(), StatusCode::kResourceExhausted) << full.status().ToString();
 }
 
 }  // namespace

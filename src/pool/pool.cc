@@ -37,6 +37,25 @@
 //     not found gone itself (a partitioned old primary it still reaches, say). If etcd does
 //     not answer or no decision comes within kCoordinatorWait, the client falls back to
 //     asking the backup itself (the race of the first stage, kept safe by the backup's fence).
+//   - Servers added to the cluster (`farpool cluster add`, docs/pool.md "cluster add"): the map
+//     watcher also learns servers the map names and this Pool does not know (LearnServers).
+//     The server table has a fixed capacity (kMaxServers): a new server's state is built, its
+//     hello answered (on the watcher's own context) and its allocator geometry added before
+//     index_of_[id] and then count_ are published with release stores, so a thread that finds
+//     the id (acquire) sees a whole ServerState, and a loop over count() never meets a half-made
+//     one. A thread's endpoint to a server it has not talked to yet is made on its first use
+//     (PeerOf, one hello); Batch state grows with it (Batch::Route). A server that does not
+//     answer is not entered and is tried again kJoinRetry later: nothing is placed on it before
+//     its hello. Entries, once published, are never removed (a server that leaves stays, failed).
+//   - Planned moves (`farpool cluster drain`): a server being drained answers batches, leases
+//     and releases with a MovingReply, executed not at all. The client marks it failed, follows
+//     the map to the region's new server (as after a failure) and sends the refused operations
+//     again there (Batch::Drain, LeaseOn, ReleaseOn). It also resends, in a replicated cluster,
+//     reads whose server failed while they were in flight, and operations that never left
+//     because their server had failed: a read changes nothing, so running it again is safe.
+//     A write, CAS, fetch-and-add or insert whose request may have reached a server that then
+//     failed is never resent: its outcome is unknown and it returns Unavailable ("may or may not
+//     have taken effect").
 //   - Access control: with a cluster secret (ClusterConfig::secret_file) every connection,
 //     the monitor's and WhyLost's included, opens with the challenge-response of
 //     transport/auth.h (Handshake): a ChallengeRequest, then the hello with our proof; the
@@ -132,10 +151,22 @@ constexpr auto kReplySleep = std::chrono::milliseconds(10);
 constexpr auto kCoordinatorWait = std::chrono::milliseconds(8000);
 // How often the map watcher reads the map's epoch.
 constexpr auto kMapPoll = std::chrono::milliseconds(250);
+// The server table's capacity: servers a Pool can know, those learned from the map included.
+constexpr size_t kMaxServers = 1024;
+// How long the watcher waits for a hello of a server it learns from the map (it must not block
+// the failovers it follows for long), and how long before it tries a server that did not answer
+// again.
+constexpr auto kJoinTimeout = std::chrono::milliseconds(1000);
+constexpr auto kJoinRetry = std::chrono::milliseconds(1000);
+constexpr auto kJoinRetryMax = std::chrono::milliseconds(16000);
+// How many times a batch's refused or lost-but-safe operations are sent again (a region may
+// move more than once meanwhile: a drain of the server that took it over).
+constexpr int kMaxResends = 3;
 
 }  // namespace
 
-// Shared per-server state. Immutable after Connect except `failed`/`failure`.
+// Shared per-server state. Immutable once published (Init, or LearnServers) except the
+// failure fields below.
 struct ServerState {
   ServerAddress address;
   std::string name;  // "server 3 (127.0.0.1:7003)"
@@ -162,6 +193,10 @@ struct ServerState {
   std::atomic<int> moved_to{-1};
   std::atomic<int> moved_slot{0};
   std::atomic<bool> failing_over{false};  // FailOver is running (set before `failed`)
+  // Failed because it refused a request unexecuted (MovingReply): it is being drained, still
+  // alive, and answers every request it received (results or refusals), so replies awaited
+  // from it are still awaited (AwaitReply), not abandoned as a dead server's are.
+  std::atomic<bool> draining{false};
   mutable std::mutex mu;
   std::string failure;                                 // guarded by mu
   StatusCode failure_code = StatusCode::kUnavailable;  // guarded by mu
@@ -178,6 +213,13 @@ struct ServerState {
   }
 };
 
+std::unique_ptr<ServerState> NewServerState(const ServerAddress& a) {
+  auto s = std::make_unique<ServerState>();
+  s->address = a;
+  s->name = "server " + std::to_string(a.id) + " (" + a.Endpoint() + ")";
+  return s;
+}
+
 struct ThreadContext {
   struct Peer {
     std::unique_ptr<Endpoint> ep;
@@ -189,7 +231,7 @@ struct ThreadContext {
   uint64_t next_request_id = 1;
   // Written by the owning thread only; read by counters() from any thread.
   std::atomic<uint64_t> reads{0}, writes{0}, cas{0}, faa{0}, bytes_read{0}, bytes_written{0};
-  std::atomic<uint64_t> round_trips{0}, messages{0};
+  std::atomic<uint64_t> round_trips{0}, messages{0}, resent{0};
 };
 
 // Where part of a batch message's reply goes: one per read or atomic, in request order.
@@ -208,6 +250,7 @@ struct BatchLanding {
   const memory_ops::RequestBuilder* request = nullptr;
   std::span<const BatchSink> sinks;  // in request order
   Status status;                     // of the reply, once landed
+  bool moving = false;               // the server refused it unexecuted (wire::MovingReply)
 
   static void Land(void* context, std::span<const std::byte> reply);
 };
@@ -241,14 +284,20 @@ class Pool::Impl {
   Result<Target> Resolve(GlobalAddress address, uint64_t size, const char* op, bool atomic,
                          bool changes);
   // Sends a control request built by `encode(request_id)` to server `index` and waits for
-  // the reply of opcode `expected` (an ErrorReply becomes its Status).
+  // the reply of opcode `expected` (an ErrorReply becomes its Status). A MovingReply (the
+  // server is being drained and did not execute it) marks the server failed, sets `*moving`
+  // if given, and returns Unavailable.
   Result<Reply> Call(ThreadContext& tc, size_t index,
                      const std::function<std::vector<std::byte>(uint64_t)>& encode,
-                     wire::Opcode expected, std::chrono::milliseconds timeout);
+                     wire::Opcode expected, std::chrono::milliseconds timeout,
+                     bool* moving = nullptr);
+  // Server `index` refused a request unexecuted (wire::MovingReply): marks it failed, which
+  // follows the map to where its regions go (FailOver), so that the request can be resent.
+  void Moving(size_t index);
   // Waits until the reply to request `id`, sent to server `index` from this thread, has
   // arrived in tc.box (landed or kept: control::ReplyBox::Arrived), the server fails
-  // (Unavailable) or `deadline` passes (TimedOut, naming `expected`; `timeout` is for the
-  // message).
+  // (Unavailable; not a server being drained, which answers), its connection fails, or
+  // `deadline` passes (TimedOut, naming `expected`; `timeout` is for the message).
   Status AwaitReply(ThreadContext& tc, size_t index, uint64_t id, wire::Opcode expected,
                     Clock::time_point deadline, std::chrono::milliseconds timeout);
   // Waits for a posted UCX request to server `index`; on timeout or server failure abandons
@@ -258,12 +307,30 @@ class Pool::Impl {
   Status Flush(ThreadContext& tc, size_t index);
   // Sends one batch message to server `index`, whose reply lands in `landing` (the caller
   // registered it with tc.box.Expect); FinishBatch awaits it and returns the landing's status.
-  // The caller calls tc.box.Forget(request_id) after either, success or not.
+  // The caller calls tc.box.Forget(request_id) after either, success or not. `*left` says
+  // whether any of it may have reached the server (false: refused before sending).
   Status SendBatch(ThreadContext& tc, size_t index, uint64_t request_id,
-                   const memory_ops::RequestBuilder& request, Clock::time_point deadline);
+                   const memory_ops::RequestBuilder& request, Clock::time_point deadline,
+                   bool* left);
   Status FinishBatch(ThreadContext& tc, size_t index, uint64_t request_id,
                      const BatchLanding& landing, Clock::time_point deadline);
   Result<size_t> IndexOf(uint16_t id) const;
+  // The servers this Pool knows (published; see the file comment).
+  size_t count() const { return count_.load(std::memory_order_acquire); }
+  // The calling thread's endpoint to server `index`, connected (and hello said) now if this
+  // thread has not talked to it yet (a server learned from the map after the thread began).
+  Result<Endpoint*> PeerOf(ThreadContext& tc, size_t index);
+  // Connects `tc` to server `index` and says hello; a failure marks the server failed.
+  void ConnectPeer(ThreadContext& tc, size_t index);
+  // Marks server `index` failed for a hello that failed (a refusal keeps its code).
+  void HelloFailed(size_t index, const Status& hello);
+  // After the first hello of server `index` on `tc` (Init, or LearnServers): its remote key,
+  // its mapping if allowed, and how operations reach it.
+  Status Adopt(ThreadContext& tc, size_t index);
+  // Enters every server of `map` that serves a region and that this Pool does not know yet
+  // (see the file comment); a server that does not answer is tried again kJoinRetry later.
+  void LearnServers(const coord::ClusterMap& map);
+  Status Join(const coord::MapServer& m);
   // Marks server `index` failed (once; later calls change nothing). In a replicated cluster an
   // outage (not a refusal) then fails it over to its backup (FailOver).
   void MarkFailed(size_t index, const std::string& reason,
@@ -338,8 +405,21 @@ class Pool::Impl {
   PoolOptions options_;
   Fabric fabric_ = Fabric::kAuto;
   ClusterConfig cluster_;  // as connected to (replicas, the backup ring)
-  std::vector<std::unique_ptr<ServerState>> servers_;
-  std::vector<int32_t> index_of_;  // server id -> index, -1 if absent
+  // kMaxServers entries; the first count_ are published (see the file comment). Written only
+  // by Init and by the map watcher (LearnServers), before publication.
+  std::vector<std::unique_ptr<ServerState>> servers_ =
+      std::vector<std::unique_ptr<ServerState>>(kMaxServers);
+  std::atomic<size_t> count_{0};
+  // Server id -> index + 1 (0: unknown), published before count_.
+  std::unique_ptr<std::atomic<uint16_t>[]> index_of_ =
+      std::make_unique<std::atomic<uint16_t>[]>(size_t{1} << 16);
+  // LearnServers: when a server that did not answer may be tried again, and the delay after
+  // the next failure (watcher thread only).
+  struct JoinBackoff {
+    Clock::time_point next{};
+    std::chrono::milliseconds delay = kJoinRetry / 2;
+  };
+  std::map<uint16_t, JoinBackoff> join_after_;
   std::unique_ptr<transport::Context> context_;
   std::unique_ptr<ObjectAllocator> allocator_;
   std::atomic<uint64_t> stripe_{0};
@@ -356,7 +436,10 @@ class Pool::Impl {
 
  private:
   Result<std::unique_ptr<ThreadContext>> CreateThreadContext();
-  Status Hello(ThreadContext& tc, size_t index);
+  Status Hello(ThreadContext& tc, size_t index, std::chrono::milliseconds timeout);
+  // What a hello reply of server `index` on `tc` says: the region, on the first hello (before
+  // the server is published); the remote key on every later one.
+  Status Record(ThreadContext& tc, size_t index, const Reply& r);
   void Monitor();
 
   std::thread monitor_;
@@ -389,15 +472,19 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
     FARPOOL_ASSIGN_OR_RETURN(
         etcd_, coord::EtcdClient::Create({cluster.etcd.endpoints, std::chrono::milliseconds(500)}));
   }
-  uint16_t max_id = 0;
-  for (const ServerAddress& a : cluster.servers) max_id = std::max(max_id, a.id);
-  index_of_.assign(size_t{max_id} + 1, -1);
+  if (cluster.servers.size() > kMaxServers) {
+    return Status::InvalidArgument("the cluster has " + std::to_string(cluster.servers.size()) +
+                                   " servers; a Pool knows at most " + std::to_string(kMaxServers));
+  }
   for (const ServerAddress& a : cluster.servers) {
-    auto s = std::make_unique<ServerState>();
-    s->address = a;
-    s->name = "server " + std::to_string(a.id) + " (" + a.Endpoint() + ")";
-    index_of_[a.id] = static_cast<int32_t>(servers_.size());
-    servers_.push_back(std::move(s));
+    if (index_of_[a.id].load() != 0) {
+      return Status::InvalidArgument("server " + std::to_string(a.id) +
+                                     " is named twice in the cluster file");
+    }
+    const size_t i = count_.load();
+    servers_[i] = NewServerState(a);
+    index_of_[a.id].store(static_cast<uint16_t>(i + 1));
+    count_.store(i + 1);
   }
   transport::Context::Options copts;
   copts.fabric = fabric_;
@@ -407,7 +494,7 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
 
   // The connecting thread's context learns every region (and, with direct access, maps it).
   FARPOOL_ASSIGN_OR_RETURN(ThreadContext * tc, Local());
-  for (size_t i = 0; i < servers_.size(); ++i) {
+  for (size_t i = 0; i < count(); ++i) {
     ServerState& s = *servers_[i];
     if (s.failed && cluster_.replicas > 0 && s.moved_to.load() < 0 && Outage(s)) {
       FailOver(i);  // down at connect: its backup's hello (its mirror) is known only now
@@ -426,52 +513,60 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
       continue;
     }
     if (s.failed) return s.Failure().WithContext("connecting");
-    if (s.hello_flags & wire::kHelloPoolClient) {
-      // A pool's client gets no key: messages only, which the server checks (docs/pool.md).
-      if (fabric_ == Fabric::kShm || options_.remote_access == RemoteAccess::kOneSided) {
-        return Status::InvalidArgument(
-            s.name + ": pool '" + cluster_.pool +
-            "': a pool's clients reach memory through messages only (the server checks them "
-            "against the pool's chunks; a mapping or a remote key would reach every pool's "
-            "bytes): use transport tcp or auto and remote access messages or auto");
-      }
-      s.messages = true;
-      s.keyless = true;
-      continue;
-    }
-    auto rkey = RemoteKey::Unpack(*tc->peers[i].ep, s.rkey);
-    if (!rkey.ok()) return rkey.status().WithContext(s.name);
-    tc->peers[i].rkey = std::move(*rkey);
-    // Only a client the server pinned may map: only it can be fenced by a kill (docs/pool.md).
-    if (map_ && (s.hello_flags & wire::kHelloMayMap)) {
-      s.direct = tc->peers[i].rkey->DirectPointer(s.region_base);
-    }
-    const bool messages = options_.remote_access == RemoteAccess::kMessages ||
-                          (options_.remote_access == RemoteAccess::kAuto &&
-                           (fabric_ == Fabric::kTcp ||
-                            (fabric_ == Fabric::kAuto && !transport::RdmaDevicesPresent())));
-    s.messages = s.direct == nullptr && messages;
-    if (fabric_ == Fabric::kShm && s.direct == nullptr) {
-      const std::string why = !options_.direct_access ? "direct access is off (--no-direct)"
-                              : !(s.hello_flags & wire::kHelloMayMap)
-                                  ? "the server does not let this process map it: " +
-                                        wire::HelloMapRefusal(s.hello_flags)
-                                  : "UCX cannot map it (is the server on another host?)";
-      return Status::Unavailable(s.name +
-                                 ": transport shm needs the server's region mapped "
-                                 "into this process, which failed (" +
-                                 why + "); use tcp or auto");
-    }
+    FARPOOL_RETURN_IF_ERROR(Adopt(*tc, i));
   }
   std::vector<ObjectAllocator::Geometry> geometry;
-  for (const auto& s : servers_) geometry.push_back({s->region_size, s->chunk_size});
+  for (size_t i = 0; i < count(); ++i) {
+    geometry.push_back({servers_[i]->region_size, servers_[i]->chunk_size});
+  }
   allocator_ = std::make_unique<ObjectAllocator>(
-      geometry, [this](size_t index, uint64_t size) { return LeaseOn(index, size); },
+      geometry, kMaxServers, [this](size_t index, uint64_t size) { return LeaseOn(index, size); },
       [this](size_t index, uint64_t offset, uint64_t size) {
         return ReleaseOn(index, offset, size);
       });
   monitor_ = std::thread([this] { Monitor(); });
   if (etcd_) map_watcher_ = std::thread([this] { WatchMap(); });
+  return Status::Ok();
+}
+
+Status Pool::Impl::Adopt(ThreadContext& tc, size_t i) {
+  ServerState& s = *servers_[i];
+  if (s.hello_flags & wire::kHelloPoolClient) {
+    // A pool's client gets no key: messages only, which the server checks (docs/pool.md).
+    if (fabric_ == Fabric::kShm || options_.remote_access == RemoteAccess::kOneSided) {
+      return Status::InvalidArgument(
+          s.name + ": pool '" + cluster_.pool +
+          "': a pool's clients reach memory through messages only (the server checks them "
+          "against the pool's chunks; a mapping or a remote key would reach every pool's "
+          "bytes): use transport tcp or auto and remote access messages or auto");
+    }
+    s.messages = true;
+    s.keyless = true;
+    return Status::Ok();
+  }
+  auto rkey = RemoteKey::Unpack(*tc.peers[i].ep, s.rkey);
+  if (!rkey.ok()) return rkey.status().WithContext(s.name);
+  tc.peers[i].rkey = std::move(*rkey);
+  // Only a client the server pinned may map: only it can be fenced by a kill (docs/pool.md).
+  if (map_ && (s.hello_flags & wire::kHelloMayMap)) {
+    s.direct = tc.peers[i].rkey->DirectPointer(s.region_base);
+  }
+  const bool messages =
+      options_.remote_access == RemoteAccess::kMessages ||
+      (options_.remote_access == RemoteAccess::kAuto &&
+       (fabric_ == Fabric::kTcp || (fabric_ == Fabric::kAuto && !transport::RdmaDevicesPresent())));
+  s.messages = s.direct == nullptr && messages;
+  if (fabric_ == Fabric::kShm && s.direct == nullptr) {
+    const std::string why =
+        !options_.direct_access ? "direct access is off (--no-direct)"
+        : !(s.hello_flags & wire::kHelloMayMap)
+            ? "the server does not let this process map it: " + wire::HelloMapRefusal(s.hello_flags)
+            : "UCX cannot map it (is the server on another host?)";
+    return Status::Unavailable(s.name +
+                               ": transport shm needs the server's region mapped "
+                               "into this process, which failed (" +
+                               why + "); use tcp or auto");
+  }
   return Status::Ok();
 }
 
@@ -494,7 +589,7 @@ Pool::Impl::~Impl() {
   for (auto& [id, tc] : contexts_) {
     for (auto& p : tc->peers) p.rkey.reset();
   }
-  for (auto& s : servers_) s->direct = nullptr;
+  for (size_t i = 0; i < count(); ++i) servers_[i]->direct = nullptr;
   if (!contexts_.empty()) SayGoodbye(*contexts_.begin()->second);
   for (auto& [id, tc] : contexts_) {
     for (auto& p : tc->peers) p.ep.reset();
@@ -504,8 +599,8 @@ Pool::Impl::~Impl() {
 }
 
 void Pool::Impl::SayGoodbye(ThreadContext& tc) {
-  for (size_t i = 0; i < servers_.size(); ++i) {
-    if (servers_[i]->failed || tc.peers[i].ep == nullptr) continue;
+  for (size_t i = 0; i < count(); ++i) {
+    if (servers_[i]->failed || i >= tc.peers.size() || tc.peers[i].ep == nullptr) continue;
     // Best effort: a server that does not answer keeps a pin that it drops when we exit.
     (void)Call(
         tc, i, [&](uint64_t id) { return wire::Encode(id, wire::GoodbyeRequest{tag()}); },
@@ -518,8 +613,9 @@ Result<std::unique_ptr<ThreadContext>> Pool::Impl::CreateThreadContext() {
   FARPOOL_ASSIGN_OR_RETURN(tc->worker, Worker::Create(*context_, true));  // AwaitReply sleeps
   FARPOOL_RETURN_IF_ERROR(
       tc->worker->SetAmHandler(transport::kControlAm, &control::ReplyBox::OnMessage, &tc->box));
-  tc->peers.resize(servers_.size());
-  for (size_t i = 0; i < servers_.size(); ++i) {
+  const size_t n = count();  // servers learned later are connected on first use (PeerOf)
+  tc->peers.resize(n);
+  for (size_t i = 0; i < n; ++i) {
     ServerState& s = *servers_[i];
     if (s.failed) continue;
     auto ep = Endpoint::Connect(*tc->worker, s.address.host, s.address.port, nullptr);
@@ -529,28 +625,54 @@ Result<std::unique_ptr<ThreadContext>> Pool::Impl::CreateThreadContext() {
     }
     tc->peers[i].ep = std::move(*ep);
   }
-  for (size_t i = 0; i < servers_.size(); ++i) {
+  for (size_t i = 0; i < n; ++i) {
     if (servers_[i]->failed) continue;
-    Status hello = Hello(*tc, i);
-    if (!hello.ok()) {
-      std::string_view reason = hello.message();
-      const std::string prefix = servers_[i]->name + ": ";
-      if (reason.substr(0, prefix.size()) == prefix) reason.remove_prefix(prefix.size());
-      // A refusal is no outage: it keeps its code (PermissionDenied), so callers can tell.
-      MarkFailed(
-          i, "connect failed: " + std::string(reason),
-          hello.code() == StatusCode::kPermissionDenied ? hello.code() : StatusCode::kUnavailable);
-    }
+    Status hello = Hello(*tc, i, options_.connect_timeout);
+    if (!hello.ok()) HelloFailed(i, hello);
   }
   return tc;
 }
 
-Status Pool::Impl::Hello(ThreadContext& tc, size_t index) {
+void Pool::Impl::HelloFailed(size_t index, const Status& hello) {
+  std::string_view reason = hello.message();
+  const std::string prefix = servers_[index]->name + ": ";
+  if (reason.substr(0, prefix.size()) == prefix) reason.remove_prefix(prefix.size());
+  // A refusal is no outage: it keeps its code (PermissionDenied), so callers can tell.
+  MarkFailed(
+      index, "connect failed: " + std::string(reason),
+      hello.code() == StatusCode::kPermissionDenied ? hello.code() : StatusCode::kUnavailable);
+}
+
+void Pool::Impl::ConnectPeer(ThreadContext& tc, size_t index) {
   ServerState& s = *servers_[index];
+  if (tc.peers.size() <= index) tc.peers.resize(index + 1);
+  auto ep = Endpoint::Connect(*tc.worker, s.address.host, s.address.port, nullptr);
+  if (!ep.ok()) return MarkFailed(index, ep.status().message());
+  tc.peers[index].ep = std::move(*ep);
+  Status hello = Hello(tc, index, options_.connect_timeout);
+  if (!hello.ok()) HelloFailed(index, hello);
+}
+
+Result<Endpoint*> Pool::Impl::PeerOf(ThreadContext& tc, size_t index) {
+  if (index < tc.peers.size() && tc.peers[index].ep) return tc.peers[index].ep.get();
+  ServerState& s = *servers_[index];
+  // No endpoint and not failed: this thread has not talked to the server yet (one the map
+  // added after the thread's context was made; a failed connection attempt marks it failed).
+  if (!s.failed.load()) ConnectPeer(tc, index);
+  if (s.failed.load()) return s.Failure();
+  return tc.peers[index].ep.get();
+}
+
+Status Pool::Impl::Hello(ThreadContext& tc, size_t index, std::chrono::milliseconds timeout) {
   FARPOOL_ASSIGN_OR_RETURN(
       Reply r, Handshake(index, map_, [&](const Encoder& encode, wire::Opcode expected) {
-        return Call(tc, index, encode, expected, options_.connect_timeout);
+        return Call(tc, index, encode, expected, timeout);
       }));
+  return Record(tc, index, r);
+}
+
+Status Pool::Impl::Record(ThreadContext& tc, size_t index, const Reply& r) {
+  ServerState& s = *servers_[index];
   auto hello = r.message.As<wire::HelloReply>();
   if (hello.server_id != s.address.id) {
     return Status::Protocol(s.name + ": server says it is server " +
@@ -658,7 +780,7 @@ Result<std::pair<size_t, int>> Pool::Impl::AwaitMapDecision(size_t index) {
 
 void Pool::Impl::FollowMap(const coord::ClusterMap& map) {
   if (map.epoch <= map_epoch_.load()) return;
-  for (size_t i = 0; i < servers_.size(); ++i) {
+  for (size_t i = 0; i < count(); ++i) {
     ServerState& s = *servers_[i];
     const auto served = ServedBy(map, i);
     if (!served) continue;
@@ -692,13 +814,89 @@ void Pool::Impl::WatchMap() {
     // client-driven failover).
     if (kv.ok() && kv->has_value()) {
       auto map = coord::ClusterMap::Parse((*kv)->value, keys.Map());
-      if (map.ok()) FollowMap(*map);
+      if (map.ok()) {
+        LearnServers(*map);  // first: a region may have moved to a server new to us
+        FollowMap(*map);
+      }
     }
     for (auto slept = std::chrono::milliseconds(0); slept < kMapPoll && !stop_monitor_.load();
          slept += std::chrono::milliseconds(10)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
+}
+
+void Pool::Impl::LearnServers(const coord::ClusterMap& map) {
+  for (const coord::MapServer& m : map.servers) {
+    if (IndexOf(m.id).ok()) continue;
+    // A server that serves no region (drained, or failed over before we saw it) has nothing
+    // for us.
+    if (std::none_of(map.servers.begin(), map.servers.end(),
+                     [&](const coord::MapServer& r) { return r.served_by == m.id; })) {
+      continue;
+    }
+    JoinBackoff& b = join_after_[m.id];
+    if (Clock::now() < b.next) continue;
+    Status joined = Join(m);
+    if (joined.ok()) {
+      join_after_.erase(m.id);
+      std::fprintf(stderr, "farpool: the cluster map (epoch %lld) names server %u (%s): joined\n",
+                   static_cast<long long>(map.epoch), m.id, m.address.c_str());
+      continue;
+    }
+    // Not entered: nothing goes to it; tried again later, less often while it stays silent.
+    b.delay = std::min(b.delay * 2, kJoinRetryMax);
+    b.next = Clock::now() + b.delay;
+    std::fprintf(stderr,
+                 "farpool: the cluster map (epoch %lld) names server %u (%s), which does not "
+                 "answer yet (%s): tried again in %lld ms\n",
+                 static_cast<long long>(map.epoch), m.id, m.address.c_str(),
+                 joined.message().c_str(), static_cast<long long>(b.delay.count()));
+  }
+}
+
+Status Pool::Impl::Join(const coord::MapServer& m) {
+  const size_t index = count();
+  if (index == kMaxServers) {
+    return Status::ResourceExhausted("this Pool knows " + std::to_string(kMaxServers) +
+                                     " servers, its table's capacity");
+  }
+  FARPOOL_ASSIGN_OR_RETURN(auto host_port, ParseHostPort(m.address));
+  ServerAddress a;
+  a.id = m.id;
+  a.host = host_port.first;
+  a.port = host_port.second;
+  a.memory = m.memory;
+  FARPOOL_ASSIGN_OR_RETURN(ThreadContext * tc, Local());
+  // Not published yet: no other thread looks at servers_[index] before count_ says so.
+  servers_[index] = NewServerState(a);
+  if (tc->peers.size() <= index) tc->peers.resize(index + 1);
+  ThreadContext::Peer& peer = tc->peers[index];
+  auto fail = [&](const Status& why) {
+    peer.rkey.reset();
+    peer.ep.reset();
+    servers_[index].reset();
+    return why;
+  };
+  auto ep = Endpoint::Connect(*tc->worker, a.host, a.port, nullptr);
+  if (!ep.ok()) return fail(ep.status());
+  peer.ep = std::move(*ep);
+  // On a connection of this thread's, but not through Call: a failure here is no failure of a
+  // server of ours (MarkFailed would fail it over); the deadline keeps the watcher responsive.
+  auto hello = Handshake(index, map_,
+                         AskOn(index, *tc->worker, tc->box, *peer.ep, tc->next_request_id,
+                               Clock::now() + kJoinTimeout));
+  if (!hello.ok()) return fail(hello.status());
+  Status recorded = Record(*tc, index, *hello);
+  if (recorded.ok()) recorded = Adopt(*tc, index);
+  if (!recorded.ok()) return fail(recorded);
+  ServerState& s = *servers_[index];
+  auto at = allocator_->AddServer({s.region_size, s.chunk_size});
+  if (!at.ok()) return fail(at.status());
+  if (*at != index) return fail(Status::Internal("the allocator's server table is out of step"));
+  index_of_[a.id].store(static_cast<uint16_t>(index + 1), std::memory_order_release);
+  count_.store(index + 1, std::memory_order_release);
+  return Status::Ok();
 }
 
 void Pool::Impl::FailOver(size_t index) {
@@ -761,7 +959,7 @@ void Pool::Impl::FailOver(size_t index) {
   std::fprintf(stderr, "farpool: %s is gone; %s has taken its data over\n", s.name.c_str(),
                backup.name.c_str());
   // The server whose backup it was keeps one copy from now on (until re-replication exists).
-  for (size_t a = 0; a < servers_.size(); ++a) {
+  for (size_t a = 0; a < count(); ++a) {
     if (cluster_.BackupOf(a) != index || a == index || servers_[a]->failed.load()) continue;
     // On its mirror's port: its own loop may be waiting for the dead backup.
     Status degraded = ask(*servers_[a], servers_[a]->mirror_port, wire::Opcode::kDegradeReply, 1,
@@ -827,22 +1025,22 @@ Pool::Impl::Probe Pool::Impl::ProbeServer(size_t index) {
 }
 
 Result<size_t> Pool::Impl::IndexOf(uint16_t id) const {
-  if (id >= index_of_.size() || index_of_[id] < 0) {
+  const uint16_t slot = index_of_[id].load(std::memory_order_acquire);
+  if (slot == 0) {
     return Status::InvalidArgument("no server " + std::to_string(id) + " in the cluster (" +
-                                   std::to_string(servers_.size()) + " servers)");
+                                   std::to_string(count()) + " servers)");
   }
-  return static_cast<size_t>(index_of_[id]);
+  return size_t{slot} - 1;
 }
 
 // ------------------------------------------------------------------ control requests
 
 Result<Pool::Impl::Reply> Pool::Impl::Call(
     ThreadContext& tc, size_t index, const std::function<std::vector<std::byte>(uint64_t)>& encode,
-    wire::Opcode expected, std::chrono::milliseconds timeout) {
+    wire::Opcode expected, std::chrono::milliseconds timeout, bool* moving) {
   ServerState& s = *servers_[index];
   if (s.failed) return s.Failure();
-  Endpoint* ep = tc.peers[index].ep.get();
-  if (ep == nullptr) return Status::Unavailable(s.name + ": not connected");
+  FARPOOL_ASSIGN_OR_RETURN(Endpoint * ep, PeerOf(tc, index));
   if (ep->failed()) return ConnectionLost(tc, index);
   const uint64_t id = tc.next_request_id++;
   const auto deadline = Clock::now() + timeout;
@@ -855,7 +1053,18 @@ Result<Pool::Impl::Reply> Pool::Impl::Call(
   auto it = tc.box.replies.find(id);
   std::vector<std::byte> bytes = std::move(it->second);
   tc.box.replies.erase(it);
+  if (control::IsMovingReply(bytes)) {
+    Moving(index);
+    if (moving != nullptr) *moving = true;
+    return Status::Unavailable(s.name + ": " + std::string(wire::OpcodeName(expected)) +
+                               " refused unexecuted: the server is being drained");
+  }
   return control::TakeReply(s.name, std::move(bytes), expected);
+}
+
+void Pool::Impl::Moving(size_t index) {
+  servers_[index]->draining.store(true);
+  MarkFailed(index, "being drained: it refuses requests unexecuted and hands its regions over");
 }
 
 Status Pool::Impl::AwaitReply(ThreadContext& tc, size_t index, uint64_t id, wire::Opcode expected,
@@ -866,7 +1075,9 @@ Status Pool::Impl::AwaitReply(ThreadContext& tc, size_t index, uint64_t id, wire
     if (tc.box.Arrived(id)) return Status::Ok();
     const bool progressed = tc.worker->Progress() != 0;
     if (ep->failed()) return ConnectionLost(tc, index);
-    if (s.failed.load(std::memory_order_relaxed)) return s.Failure();
+    if (s.failed.load(std::memory_order_relaxed) && !s.draining.load(std::memory_order_relaxed)) {
+      return s.Failure();
+    }
     const auto now = Clock::now();
     if (now > deadline) {
       return Status::TimedOut(s.name + ": no " + std::string(wire::OpcodeName(expected)) +
@@ -922,35 +1133,42 @@ void Pool::Impl::Monitor() {
   // Every heartbeat in flight, by request id: any answer proves its server alive, even one
   // slower than the interval (a loaded host), not only the answer to the latest request.
   std::unordered_map<uint64_t, size_t> in_flight;
-  std::vector<Watch> watch(servers_.size());
-  for (size_t i = 0; i < servers_.size(); ++i) {
-    watch[i].last_answer = Clock::now();
-    auto ep =
-        Endpoint::Connect(**worker, servers_[i]->address.host, servers_[i]->address.port, nullptr);
-    if (ep.ok()) watch[i].ep = std::move(*ep);
-  }
+  std::vector<Watch> watch;
   uint64_t next_id = 1;
-  // A hello first (with the challenge-response if we have a secret): the monitor's connections
-  // carry this Pool's tag, so an eviction closes them too, and the monitor learns of it. Each
-  // waits at most connect_timeout, as every thread's hello does.
-  for (size_t i = 0; i < servers_.size() && !stop_monitor_.load(); ++i) {
-    if (!watch[i].ep || servers_[i]->failed) continue;
-    auto hello = Handshake(
-        i, false,
-        AskOn(i, **worker, box, *watch[i].ep, next_id, Clock::now() + options_.connect_timeout));
-    watch[i].last_answer = Clock::now();
-    if (hello.ok() || watch[i].ep->failed()) continue;  // a failed connection: noticed below
-    std::string_view reason = hello.status().message();
-    const std::string prefix = servers_[i]->name + ": ";
-    if (reason.substr(0, prefix.size()) == prefix) reason.remove_prefix(prefix.size());
-    MarkFailed(i, std::string(reason),
-               hello.status().code() == StatusCode::kPermissionDenied
-                   ? StatusCode::kPermissionDenied
-                   : StatusCode::kUnavailable);
-  }
+  // Watches the servers published since the last call: connects to them, then a hello
+  // (with the challenge-response if we have a secret): the monitor's connections carry this
+  // Pool's tag, so an eviction closes them too, and the monitor learns of it. Each hello waits
+  // at most connect_timeout, as every thread's hello does.
+  auto watch_new = [&] {
+    const size_t from = watch.size();
+    watch.resize(count());
+    for (size_t i = from; i < watch.size(); ++i) {
+      watch[i].last_answer = Clock::now();
+      auto ep = Endpoint::Connect(**worker, servers_[i]->address.host, servers_[i]->address.port,
+                                  nullptr);
+      if (ep.ok()) watch[i].ep = std::move(*ep);
+    }
+    for (size_t i = from; i < watch.size() && !stop_monitor_.load(); ++i) {
+      if (!watch[i].ep || servers_[i]->failed) continue;
+      auto hello = Handshake(
+          i, false,
+          AskOn(i, **worker, box, *watch[i].ep, next_id, Clock::now() + options_.connect_timeout));
+      watch[i].last_answer = Clock::now();
+      if (hello.ok() || watch[i].ep->failed()) continue;  // a failed connection: noticed below
+      std::string_view reason = hello.status().message();
+      const std::string prefix = servers_[i]->name + ": ";
+      if (reason.substr(0, prefix.size()) == prefix) reason.remove_prefix(prefix.size());
+      MarkFailed(i, std::string(reason),
+                 hello.status().code() == StatusCode::kPermissionDenied
+                     ? StatusCode::kPermissionDenied
+                     : StatusCode::kUnavailable);
+    }
+  };
+  watch_new();
   auto next_round = Clock::now();
   auto last_round = next_round;
   while (!stop_monitor_.load()) {
+    if (watch.size() < count()) watch_new();  // servers learned from the map
     while ((*worker)->Progress() != 0) {
     }
     for (auto& [id, bytes] : box.replies) {
@@ -970,7 +1188,7 @@ void Pool::Impl::Monitor() {
     // In a replicated cluster a connection that failed is acted on at once, not at the next
     // round: the failover waits for it. (Elsewhere not: each probe creates and destroys a UCX
     // worker, and churn of them raced UCX 1.13's async handlers at teardown.)
-    for (size_t i = 0; i < servers_.size() && cluster_.replicas > 0; ++i) {
+    for (size_t i = 0; i < watch.size() && cluster_.replicas > 0; ++i) {
       if (!servers_[i]->failed && watch[i].ep && watch[i].ep->failed()) MarkFailed(i, WhyLost(i));
     }
     if (now >= next_round) {
@@ -981,7 +1199,7 @@ void Pool::Impl::Monitor() {
       }
       last_round = now;
       next_round = now + interval;
-      for (size_t i = 0; i < servers_.size(); ++i) {
+      for (size_t i = 0; i < watch.size(); ++i) {
         if (servers_[i]->failed) continue;
         Watch& w = watch[i];
         if (!w.ep) {
@@ -1030,11 +1248,12 @@ Result<Pool::Impl::Target> Pool::Impl::Resolve(GlobalAddress address, uint64_t s
                                                bool atomic, bool changes) {
   if (address.is_null()) return Status::InvalidArgument(std::string(op) + " at the null address");
   const uint16_t id = address.server();
-  if (id >= index_of_.size() || index_of_[id] < 0) {
+  const uint16_t slot = index_of_[id].load(std::memory_order_acquire);
+  if (slot == 0) {
     return Status::InvalidArgument(std::string(op) + " at " + address.ToString() + ": no server " +
                                    std::to_string(id) + " in the cluster");
   }
-  const size_t index = static_cast<size_t>(index_of_[id]);
+  const size_t index = size_t{slot} - 1;
   ServerState& s = *servers_[index];
   const uint64_t offset = address.offset();
   if (size > s.region_size || offset > s.region_size - size) {
@@ -1169,7 +1388,7 @@ Status Pool::Evict(uint32_t tag, std::chrono::milliseconds timeout) {
   FARPOOL_ASSIGN_OR_RETURN(ThreadContext * tc, impl_->Local());
   const auto deadline = Clock::now() + timeout;
   // The servers never wait for a killed process to exit: ask each again until it has.
-  std::vector<size_t> pending(impl_->servers_.size());
+  std::vector<size_t> pending(impl_->count());
   for (size_t i = 0; i < pending.size(); ++i) pending[i] = i;
   for (;;) {
     std::vector<size_t> left;
@@ -1200,7 +1419,7 @@ Status Pool::Evict(uint32_t tag, std::chrono::milliseconds timeout) {
 
 std::vector<uint16_t> Pool::server_ids() const {
   std::vector<uint16_t> ids;
-  for (const auto& s : impl_->servers_) ids.push_back(s->address.id);
+  for (size_t i = 0; i < impl_->count(); ++i) ids.push_back(impl_->servers_[i]->address.id);
   return ids;
 }
 
@@ -1212,27 +1431,40 @@ GlobalAddress Pool::RootArea(uint16_t id) const {
 
 Result<uint64_t> Pool::Impl::LeaseOn(size_t index, uint64_t size) {
   FARPOOL_ASSIGN_OR_RETURN(ThreadContext * t, Local());
-  const auto [to, mirror] = ControlTarget(index);
-  FARPOOL_ASSIGN_OR_RETURN(Reply r,
-                           Call(
-                               *t, to,
-                               [&](uint64_t id) {
-                                 return wire::Encode(id, wire::LeaseRequest{size, mirror, 0});
-                               },
-                               wire::Opcode::kLeaseReply, options_.op_timeout));
-  return r.message.As<wire::LeaseReply>().offset;
+  // A lease the server refused unexecuted (drained) goes again to where the map moved it; one
+  // whose outcome is unknown does not (it may have leased a chunk nobody would release).
+  for (int resends = 0;; ++resends) {
+    const auto [to, mirror] = ControlTarget(index);
+    bool moving = false;
+    auto r = Call(
+        *t, to,
+        [&](uint64_t id) {
+          return wire::Encode(id, wire::LeaseRequest{size, mirror, 0});
+        },
+        wire::Opcode::kLeaseReply, options_.op_timeout, &moving);
+    if (r.ok()) return r->message.As<wire::LeaseReply>().offset;
+    if (!moving || resends == kMaxResends) return r.status();
+    Bump(t->resent);
+  }
 }
 
 Status Pool::Impl::ReleaseOn(size_t index, uint64_t offset, uint64_t size) {
   FARPOOL_ASSIGN_OR_RETURN(ThreadContext * t, Local());
-  const auto [to, mirror] = ControlTarget(index);
-  auto r = Call(
-      *t, to,
-      [&](uint64_t id) {
-        return wire::Encode(id, wire::ReleaseRequest{offset, size, mirror, 0});
-      },
-      wire::Opcode::kReleaseReply, options_.op_timeout);
-  return r.ok() ? Status::Ok() : r.status();
+  // As LeaseOn: never resent after an unknown outcome (a second release could free a lease
+  // someone took in between).
+  for (int resends = 0;; ++resends) {
+    const auto [to, mirror] = ControlTarget(index);
+    bool moving = false;
+    auto r = Call(
+        *t, to,
+        [&](uint64_t id) {
+          return wire::Encode(id, wire::ReleaseRequest{offset, size, mirror, 0});
+        },
+        wire::Opcode::kReleaseReply, options_.op_timeout, &moving);
+    if (r.ok()) return Status::Ok();
+    if (!moving || resends == kMaxResends) return r.status();
+    Bump(t->resent);
+  }
 }
 
 std::pair<size_t, uint32_t> Pool::Impl::ControlTarget(size_t index) const {
@@ -1273,9 +1505,9 @@ Result<GlobalAddress> Pool::Alloc(uint64_t size, Placement placement) {
     }
     case Placement::Kind::kByKey:
       return on(static_cast<size_t>(
-          JumpConsistentHash(placement.value(), static_cast<int32_t>(im.servers_.size()))));
+          JumpConsistentHash(placement.value(), static_cast<int32_t>(im.count()))));
     case Placement::Kind::kStriped: {
-      const size_t n = im.servers_.size();
+      const size_t n = im.count();
       const size_t start = im.stripe_.fetch_add(1, std::memory_order_relaxed) % n;
       Status last;
       for (size_t k = 0; k < n; ++k) {
@@ -1354,10 +1586,10 @@ Result<uint16_t> Pool::ServerFor(Placement placement) {
     case Placement::Kind::kByKey:
       return im
           .servers_[static_cast<size_t>(
-              JumpConsistentHash(placement.value(), static_cast<int32_t>(im.servers_.size())))]
+              JumpConsistentHash(placement.value(), static_cast<int32_t>(im.count())))]
           ->address.id;
     case Placement::Kind::kStriped:
-      return im.servers_[im.stripe_.fetch_add(1, std::memory_order_relaxed) % im.servers_.size()]
+      return im.servers_[im.stripe_.fetch_add(1, std::memory_order_relaxed) % im.count()]
           ->address.id;
   }
   return Status::Internal("unknown placement");
@@ -1441,6 +1673,7 @@ OpCounters Pool::counters() const {
     c.bytes_written += tc->bytes_written.load(std::memory_order_relaxed);
     c.round_trips += tc->round_trips.load(std::memory_order_relaxed);
     c.messages += tc->messages.load(std::memory_order_relaxed);
+    c.resent += tc->resent.load(std::memory_order_relaxed);
   }
   c.suspicions_cleared = impl_->suspicions_cleared_.load(std::memory_order_relaxed);
   return c;
@@ -1448,8 +1681,30 @@ OpCounters Pool::counters() const {
 
 // ------------------------------------------------------------------ Batch
 
+// An operation as it was posted: what Drain needs to post it again at the region's new server
+// after its server refused it unexecuted (MovingReply) or, for a read, lost it (see the file
+// comment). The caller keeps the buffers valid until Wait returns, so they still are.
+struct Batch::Replay {
+  memory_ops::OpKind kind = memory_ops::OpKind::kRead;
+  GlobalAddress address;
+  void* into = nullptr;        // read: destination; lookup-read: the record
+  const void* from = nullptr;  // write: source
+  uint64_t size = 0;           // read, write: bytes; lookup-read: the record's bytes
+  // compare-and-swap, wait-compare-and-swap: expected, desired; fetch-and-add: delta;
+  // lookup-read: key; insert-if-absent: lock word, key, value.
+  uint64_t a = 0, b = 0, c = 0;
+  void* result = nullptr;    // uint64_t* previous, LookupResult*, InsertResult*, WaitCasResult*
+  LookupSpec spec{};         // lookup-read, insert-if-absent
+  uint32_t lock_offset = 0;  // insert-if-absent
+  WaitSpec wait{};           // wait-compare-and-swap
+  // Changes nothing: may run twice.
+  bool reads() const {
+    return kind == memory_ops::OpKind::kRead || kind == memory_ops::OpKind::kLookupRead;
+  }
+};
+
 struct Batch::State {
-  // A one-sided UCX operation in flight.
+  // A one-sided UCX operation in flight; plain reads keep how to post them again.
   struct Pending {
     ucs_status_ptr_t request = nullptr;
     size_t index = 0;
@@ -1457,6 +1712,7 @@ struct Batch::State {
     uint64_t operand = 0;
     uint64_t result = 0;
     uint64_t* out = nullptr;
+    std::optional<Replay> read;
   };
   using Sink = BatchSink;
   // A lookup-read over one-sided access: its first bucket, read by a get and scanned at Wait.
@@ -1470,6 +1726,7 @@ struct Batch::State {
     size_t index = 0;
     memory_ops::RequestBuilder request;
     std::vector<Sink> sinks;
+    std::vector<Replay> ops;  // as posted, in request order
     uint64_t request_id = 0;
     BatchLanding landing;  // registered while the message is in flight (Drain)
   };
@@ -1515,7 +1772,7 @@ Batch::Batch(Pool& pool) : pool_(*pool.impl_), state_(std::make_unique<State>())
   } else {
     state_->context_error = tc.status();
   }
-  const size_t n = pool_.servers_.size();
+  const size_t n = pool_.count();
   state_->wrote.assign(n, 0);
   state_->open.assign(n, -1);
   state_->message_count.assign(n, 0);
@@ -1529,6 +1786,43 @@ Batch::~Batch() {
 }
 
 size_t Batch::posted() const { return state_->posted; }
+
+Status Batch::Route(size_t index) {
+  State& st = *state_;
+  if (index >= st.open.size()) {  // a server the Pool learned after this batch began
+    const size_t n = pool_.count();
+    st.wrote.resize(n, 0);
+    st.open.resize(n, -1);
+    st.message_count.resize(n, 0);
+    st.one_sided.resize(n, 0);
+    st.fenced.resize(n, 0);
+  }
+  if (index < st.tc->peers.size() && st.tc->peers[index].ep) return Status::Ok();
+  return pool_.PeerOf(*st.tc, index).status();
+}
+
+Status Batch::Repost(const Replay& r) {
+  using K = memory_ops::OpKind;
+  switch (r.kind) {
+    case K::kRead:
+      return Read(r.address, r.into, r.size);
+    case K::kWrite:
+      return Write(r.address, r.from, r.size);
+    case K::kCompareAndSwap:
+      return CompareAndSwap(r.address, r.a, r.b, static_cast<uint64_t*>(r.result));
+    case K::kFetchAdd:
+      return FetchAdd(r.address, r.a, static_cast<uint64_t*>(r.result));
+    case K::kLookupRead:
+      return LookupRead(r.address, r.spec, r.a, r.into, static_cast<uint32_t>(r.size),
+                        static_cast<LookupResult*>(r.result));
+    case K::kInsertIfAbsent:
+      return InsertIfAbsent(r.address, r.spec, r.lock_offset, r.a, r.b, r.c,
+                            static_cast<InsertResult*>(r.result));
+    case K::kWaitCompareAndSwap:
+      return WaitCompareAndSwap(r.address, r.a, r.b, r.wait, static_cast<WaitCasResult*>(r.result));
+  }
+  return Status::Internal("an operation of unknown kind to post again");
+}
 
 namespace {
 // Whether an operation of `size` bytes on a target whose server takes batch messages
@@ -1544,6 +1838,7 @@ bool InMessage(bool messages, uint64_t size) {
 Status Batch::Read(GlobalAddress source, void* destination, uint64_t size) {
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Resolve(source, size, "read", false, false));
+  if (t.direct == nullptr) FARPOOL_RETURN_IF_ERROR(Route(t.index));
   if (t.direct == nullptr && t.messages && !InMessage(t.messages, size) &&
       pool_.servers_[t.index]->keyless) {
     // Without a key (a pool's client) a large read goes in pieces in messages too.
@@ -1569,12 +1864,16 @@ Status Batch::Read(GlobalAddress source, void* destination, uint64_t size) {
     auto& m = state_->Open(t.index);
     m.request.Read(t.remote - pool_.servers_[t.index]->region_base, static_cast<uint32_t>(size));
     m.sinks.push_back({destination, size, nullptr});
+    m.ops.push_back(
+        {.kind = memory_ops::OpKind::kRead, .address = source, .into = destination, .size = size});
     return Status::Ok();
   }
   state_->one_sided[t.index] = 1;
   auto& p = state_->pending.emplace_back();
   p.index = t.index;
   p.what = "read";
+  p.read = Replay{
+      .kind = memory_ops::OpKind::kRead, .address = source, .into = destination, .size = size};
   p.request = PostRead(tc.peers[t.index], destination, size, t.remote);
   return Status::Ok();
 }
@@ -1583,6 +1882,7 @@ Status Batch::Write(GlobalAddress destination, const void* source, uint64_t size
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
                            pool_.Resolve(destination, size, "write", false, true));
+  if (t.direct == nullptr) FARPOOL_RETURN_IF_ERROR(Route(t.index));
   if (t.direct == nullptr && t.messages && !InMessage(t.messages, size)) {
     // Pieces in messages, all sent at Wait: over TCP a one-sided put is emulated by the
     // server's progress and was 1.4-2.3x slower than messages (6x on a loaded host). Large
@@ -1610,6 +1910,8 @@ Status Batch::Write(GlobalAddress destination, const void* source, uint64_t size
     auto& m = state_->Open(t.index);
     m.request.Write(t.remote - pool_.servers_[t.index]->region_base, source,
                     static_cast<uint32_t>(size));
+    m.ops.push_back(
+        {.kind = memory_ops::OpKind::kWrite, .address = destination, .from = source, .size = size});
     return Status::Ok();
   }
   state_->one_sided[t.index] = 1;
@@ -1635,6 +1937,7 @@ Status Batch::Atomic(GlobalAddress address, bool cas, uint64_t operand, uint64_t
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
   const char* what = cas ? "compare-and-swap" : "fetch-and-add";
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Resolve(address, 8, what, true, true));
+  if (t.direct == nullptr) FARPOOL_RETURN_IF_ERROR(Route(t.index));
   const auto kind = cas ? memory_ops::OpKind::kCompareAndSwap : memory_ops::OpKind::kFetchAdd;
   if (t.direct == nullptr && t.messages) {
     FARPOOL_RETURN_IF_ERROR(Reserve(t.index, static_cast<uint8_t>(kind), 8));
@@ -1657,6 +1960,8 @@ Status Batch::Atomic(GlobalAddress address, bool cas, uint64_t operand, uint64_t
       m.request.FetchAdd(offset, operand);
     }
     m.sinks.push_back({nullptr, 8, previous});
+    m.ops.push_back(
+        {.kind = kind, .address = address, .a = operand, .b = desired, .result = previous});
     return Status::Ok();
   }
   state_->one_sided[t.index] = 1;
@@ -1687,6 +1992,7 @@ Status Batch::WaitCompareAndSwap(GlobalAddress address, uint64_t expected, uint6
   }
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
                            pool_.Resolve(address, 8, "wait-compare-and-swap", true, true));
+  if (t.direct == nullptr) FARPOOL_RETURN_IF_ERROR(Route(t.index));
   if (t.direct != nullptr) {
     const memory_ops::WaitAttempt a = memory_ops::AttemptWaitCompareAndSwap(
         reinterpret_cast<uint64_t*>(t.direct), expected, desired, params);
@@ -1714,6 +2020,12 @@ Status Batch::WaitCompareAndSwap(GlobalAddress address, uint64_t expected, uint6
   m.request.WaitCompareAndSwap(t.remote - pool_.servers_[t.index]->region_base, expected, desired,
                                params);
   m.sinks.push_back({nullptr, 8, &result->previous});
+  m.ops.push_back({.kind = memory_ops::OpKind::kWaitCompareAndSwap,
+                   .address = address,
+                   .a = expected,
+                   .b = desired,
+                   .result = result,
+                   .wait = spec});
   state_->wait_outcomes.push_back({result, expected, params});
   return Status::Ok();
 }
@@ -1732,6 +2044,7 @@ Status Batch::LookupRead(GlobalAddress bucket, const LookupSpec& spec, uint64_t 
   }
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
                            pool_.Resolve(bucket, spec.bucket_size, "lookup-read", true, false));
+  if (t.direct == nullptr) FARPOOL_RETURN_IF_ERROR(Route(t.index));
   if (t.direct == nullptr && t.messages) {
     FARPOOL_RETURN_IF_ERROR(
         Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kLookupRead), record_size));
@@ -1761,6 +2074,13 @@ Status Batch::LookupRead(GlobalAddress bucket, const LookupSpec& spec, uint64_t 
     auto& m = state_->Open(t.index);
     m.request.LookupRead(offset, params, key, record_size);
     m.sinks.push_back({record, sizeof(memory_ops::LookupReply) + record_size, nullptr, result});
+    m.ops.push_back({.kind = memory_ops::OpKind::kLookupRead,
+                     .address = bucket,
+                     .into = record,
+                     .size = record_size,
+                     .a = key,
+                     .result = result,
+                     .spec = spec});
     return Status::Ok();
   }
   state_->one_sided[t.index] = 1;
@@ -1789,6 +2109,7 @@ Status Batch::InsertIfAbsent(GlobalAddress bucket, const LookupSpec& spec, uint3
     return Status::InvalidArgument("insert-if-absent at " + bucket.ToString() + ": " + why);
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
                            pool_.Resolve(bucket, spec.bucket_size, "insert-if-absent", true, true));
+  if (t.direct == nullptr) FARPOOL_RETURN_IF_ERROR(Route(t.index));
   if (t.direct == nullptr && !t.messages) {
     // One-sided: no single step does it; the caller inserts with its own operations.
     *result = InsertResult{};
@@ -1816,17 +2137,26 @@ Status Batch::InsertIfAbsent(GlobalAddress bucket, const LookupSpec& spec, uint3
   auto& m = state_->Open(t.index);
   m.request.InsertIfAbsent(offset, params, key, value);
   m.sinks.push_back({nullptr, sizeof(memory_ops::InsertReply), nullptr, nullptr, result});
+  m.ops.push_back({.kind = memory_ops::OpKind::kInsertIfAbsent,
+                   .address = bucket,
+                   .a = lock_word,
+                   .b = key,
+                   .c = value,
+                   .result = result,
+                   .spec = spec,
+                   .lock_offset = lock_offset});
   return Status::Ok();
 }
 
 Status Pool::Impl::SendBatch(ThreadContext& tc, size_t index, uint64_t request_id,
-                             const memory_ops::RequestBuilder& request,
-                             Clock::time_point deadline) {
+                             const memory_ops::RequestBuilder& request, Clock::time_point deadline,
+                             bool* left) {
   ServerState& s = *servers_[index];
+  *left = false;
   if (s.failed.load(std::memory_order_relaxed)) return s.Failure();
-  Endpoint* ep = tc.peers[index].ep.get();
-  if (ep == nullptr) return Status::Unavailable(s.name + ": not connected");
+  FARPOOL_ASSIGN_OR_RETURN(Endpoint * ep, PeerOf(tc, index));
   if (ep->failed()) return ConnectionLost(tc, index);
+  *left = true;
   std::vector<std::byte> bytes = wire::Encode(
       request_id,
       wire::BatchRequest{request.op_count(), static_cast<uint32_t>(request.bytes().size())},
@@ -1856,6 +2186,15 @@ Status Pool::Impl::FinishBatch(ThreadContext& tc, size_t index, uint64_t request
 void BatchLanding::Land(void* context, std::span<const std::byte> reply) {
   auto& l = *static_cast<BatchLanding*>(context);
   const ServerState& s = *l.server;
+  if (control::IsMovingReply(reply)) {
+    // Refused before any of it ran: Batch::Drain follows the map and sends it again. (Not
+    // here: following the map waits, and this runs inside a progress of the worker.)
+    l.moving = true;
+    l.status = Status::Unavailable(s.name +
+                                   ": batch refused unexecuted: the server is being "
+                                   "drained");
+    return;
+  }
   auto m = control::CheckReply(s.name, reply, wire::Opcode::kBatchReply);
   if (!m.ok()) {
     l.status = m.status();  // an error reply says the server lives
@@ -1928,26 +2267,42 @@ Status Batch::Fence() {
   return Status::Ok();
 }
 
-Status Batch::Drain() {
+Status Batch::Drain() { return Drain(kMaxResends); }
+
+Status Batch::Drain(int resends) {
   State& st = *state_;
   Status first;
   auto note = [&first](const Status& s) {
     if (first.ok() && !s.ok()) first = s;
   };
+  // What is posted again once this round is done (see the file comment): only in a replicated
+  // cluster, where a failed server's regions move to another.
+  std::vector<Replay> again;
+  const bool resend = pool_.cluster_.replicas > 0 && resends > 0;
+  auto moved = [&](size_t index) {
+    return pool_.servers_[index]->failed.load(std::memory_order_relaxed);
+  };
   const bool waits = !st.messages.empty() || !st.pending.empty();
   const auto deadline = Clock::now() + pool_.options_.op_timeout;
   // Every server's messages go out before any reply is awaited: one round trip in all.
   std::vector<Status> sent(st.messages.size());
+  std::vector<uint8_t> left(st.messages.size());
   for (size_t k = 0; k < st.messages.size(); ++k) {
     State::Message& m = st.messages[k];
     m.request_id = st.tc->next_request_id++;
     m.landing = {pool_.servers_[m.index].get(), &m.request, m.sinks, Status::Ok()};
     st.tc->box.Expect(m.request_id, &BatchLanding::Land, &m.landing);
-    sent[k] = pool_.SendBatch(*st.tc, m.index, m.request_id, m.request, deadline);
+    bool l = false;
+    sent[k] = pool_.SendBatch(*st.tc, m.index, m.request_id, m.request, deadline, &l);
+    left[k] = l;
   }
   for (auto& p : st.pending) {
     Status s = pool_.Complete(*st.tc, p.index, p.request, p.what);
     if (s.ok() && p.out != nullptr) *p.out = p.result;
+    if (!s.ok() && resend && p.read && s.code() == StatusCode::kUnavailable && moved(p.index)) {
+      again.push_back(*p.read);
+      continue;
+    }
     note(s);
   }
   st.pending.clear();
@@ -1971,10 +2326,24 @@ Status Batch::Drain() {
   }
   for (size_t k = 0; k < st.messages.size(); ++k) {
     const State::Message& m = st.messages[k];
-    note(sent[k].ok() ? pool_.FinishBatch(*st.tc, m.index, m.request_id, m.landing, deadline)
-                      : sent[k]);
+    Status done = sent[k].ok()
+                      ? pool_.FinishBatch(*st.tc, m.index, m.request_id, m.landing, deadline)
+                      : sent[k];
     // From here a late reply is dropped: the caller may reuse the sinks' memory.
     st.tc->box.Forget(m.request_id);
+    if (!done.ok() && m.landing.moving) pool_.Moving(m.index);  // follows the map
+    // Safe to run again elsewhere: refused unexecuted, never sent, or reads only. A change
+    // that may have reached the server keeps its error: its outcome is unknown.
+    const bool cut =
+        done.code() == StatusCode::kUnavailable || done.code() == StatusCode::kTimedOut;
+    if (resend && !done.ok() && moved(m.index) &&
+        (m.landing.moving || (!left[k] && done.code() == StatusCode::kUnavailable) ||
+         (cut &&
+          std::all_of(m.ops.begin(), m.ops.end(), [](const Replay& r) { return r.reads(); })))) {
+      again.insert(again.end(), m.ops.begin(), m.ops.end());
+      continue;
+    }
+    note(done);
   }
   for (const State::WaitOutcome& w : st.wait_outcomes) {
     w.result->swapped = first.ok() && memory_ops::WaitCompareAndSwapSwapped(w.result->previous,
@@ -1983,6 +2352,13 @@ Status Batch::Drain() {
   st.wait_outcomes.clear();
   st.ClearMessages();
   if (waits) Bump(st.tc->round_trips);
+  if (!again.empty()) {
+    // Resolve follows the move (waiting for a failover in progress): the operations go to the
+    // region's new server, or fail there with its reason.
+    Bump(st.tc->resent, again.size());
+    for (const Replay& r : again) note(Repost(r));
+    note(Drain(resends - 1));
+  }
   if (st.error.ok()) st.error = first;
   return first;
 }

@@ -64,6 +64,8 @@ std::optional<BodyLayout> LayoutOf(uint16_t opcode) {
       return FixedBody(sizeof(DegradeRequest));
     case Opcode::kDegradeReply:
       return FixedBody(sizeof(DegradeReply));
+    case Opcode::kMovingReply:
+      return FixedBody(sizeof(MovingReply));
   }
   return std::nullopt;
 }
@@ -135,6 +137,8 @@ std::string_view OpcodeName(Opcode op) {
       return "DegradeRequest";
     case Opcode::kDegradeReply:
       return "DegradeReply";
+    case Opcode::kMovingReply:
+      return "MovingReply";
   }
   return "Unknown";
 }
@@ -199,6 +203,7 @@ FARPOOL_WIRE_BODY(PromoteRequest)
 FARPOOL_WIRE_BODY(PromoteReply)
 FARPOOL_WIRE_BODY(DegradeRequest)
 FARPOOL_WIRE_BODY(DegradeReply)
+FARPOOL_WIRE_BODY(MovingReply)
 #undef FARPOOL_WIRE_BODY
 
 std::vector<std::byte> EncodeError(uint64_t request_id, const Status& status) {

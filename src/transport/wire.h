@@ -49,7 +49,8 @@ inline constexpr uint32_t kMagic = 0x31575046;  // "FPW1"
 //    degrade).
 // 6: pools (HelloRequest::pool, HelloReply::root_offset and mirror_root_offset,
 //    kHelloPoolClient, StatsReply::pool_refused, MirrorLeaseRequest::owner).
-inline constexpr uint16_t kVersion = 6;
+// 7: MovingReply (a server being drained refuses requests without executing them).
+inline constexpr uint16_t kVersion = 7;
 // Batches: the operations of a request, the read data and atomic results of a reply. Small
 // enough to go eagerly in one UCX active message, large enough for a commit's worth of
 // records; a client splits larger batches into several messages.
@@ -83,6 +84,7 @@ enum class Opcode : uint16_t {
   kPromoteReply = 25,
   kDegradeRequest = 26,
   kDegradeReply = 27,
+  kMovingReply = 28,  // server -> client: a request refused, not executed (MovingReply)
 };
 std::string_view OpcodeName(Opcode op);
 
@@ -393,6 +395,17 @@ struct DegradeReply {
   uint64_t reserved;
 };
 static_assert(sizeof(DegradeReply) == 8);
+
+// Server -> client, the reply to a batch, lease or release request that a server being
+// drained (`farpool cluster drain`, MemoryServer::Drain) refused WITHOUT executing any of it:
+// the server is handing the regions it serves over to their backups. The client follows the
+// cluster map to the region's new server and sends the request again there (safe for every
+// kind of request, writes included, because nothing of it took effect here).
+struct MovingReply {
+  uint16_t server_id;
+  uint16_t reserved[3];
+};
+static_assert(sizeof(MovingReply) == 8);
 
 // A decoded message: the header plus views into the caller's buffer.
 using Message = transport::Message<Opcode>;

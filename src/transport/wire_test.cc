@@ -42,6 +42,14 @@ TEST(Wire, EveryMessageRoundTrips) {
     EXPECT_TRUE(Decode(bytes).ok());
   }
 
+  // A drained server's refusal names it.
+  const auto moving = Encode(13, MovingReply{4, {}});
+  auto mm = Decode(moving);
+  ASSERT_TRUE(mm.ok()) << mm.status().ToString();
+  EXPECT_EQ(mm->opcode, Opcode::kMovingReply);
+  EXPECT_EQ(mm->As<MovingReply>().server_id, 4);
+  EXPECT_EQ(OpcodeName(Opcode::kMovingReply), "MovingReply");
+
   // The challenge-response: nonces and proofs travel whole.
   ChallengeReply challenge{};
   challenge.server_nonce[0] = 0x11;

@@ -92,7 +92,10 @@ Result<GlobalAddress> Recycler::Alloc(const Access& access, LockOwner& owner, ui
                                       Placement placement) {
   const int c = ClassOf(size);
   FARPOOL_ASSIGN_OR_RETURN(uint16_t first, memory_.ServerFor(placement));
-  FARPOOL_ASSIGN_OR_RETURN(size_t si, IndexOf(first));
+  // A server the pool learned after the database was made (`cluster add`) has no directory
+  // here: its turn goes to one of the database's servers.
+  auto known = IndexOf(first);
+  size_t si = known.ok() ? *known : first % servers_.size();
   // Placement is a preference: a full server's objects go to the next one.
   const size_t tries = servers_.size();
   Status last;

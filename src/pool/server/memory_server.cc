@@ -14,6 +14,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -89,6 +90,8 @@ class MemoryServer::Impl : public transport::AmHandler {
   }
   uint16_t port() const { return port_; }
   uint16_t mirror_port() const { return mirror_ ? mirror_->port() : 0; }
+  // MemoryServer::Drain, on the owning thread: the progress thread does the work (HandOver).
+  Status Drain(std::chrono::milliseconds timeout);
 
   std::vector<std::byte> Handle(std::span<const std::byte> bytes, transport::Peer* from) override;
   std::vector<std::byte> Refuse(const Status& reason) override;
@@ -124,6 +127,10 @@ class MemoryServer::Impl : public transport::AmHandler {
   void Tick() override;
   // The backup refused us (it took our data over): refuse everything from now on.
   void Fence(const Status& why);
+  // Draining (moving_): once nothing is held, waiting or in flight, closes the links to the
+  // backups, so that they may take the regions over at once (mirror.h), and says so
+  // (handed_over_).
+  void HandOver();
   // Stops forwarding: the backup was declared gone (DegradeRequest). The rounds it had not
   // acknowledged stand with one copy: their held replies go.
   void Degrade();
@@ -256,6 +263,11 @@ class MemoryServer::Impl : public transport::AmHandler {
   // serving lease).
   Clock::time_point last_ack_{};
   std::optional<Status> fenced_;
+  // Drain (MemoryServer::Drain): set by the owning thread, from then on batches, leases and
+  // releases get a MovingReply, unexecuted; handed_over_ is set by the progress thread once the
+  // links to the backups are closed with nothing unacknowledged.
+  std::atomic<bool> moving_{false};
+  std::atomic<bool> handed_over_{false};
   std::vector<memory_ops::Range> changed_;
   std::vector<LeaseChange> lease_changes_;
   std::vector<uint64_t> round_;
@@ -519,6 +531,13 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
       m.opcode != wire::Opcode::kHelloRequest && m.opcode != wire::Opcode::kStatsRequest) {
     return *fenced_;
   }
+  // Being drained: whatever could change or show the regions is refused before any of it runs,
+  // so the client may send it again to the region's new server (wire::MovingReply).
+  if (moving_.load(std::memory_order_relaxed) &&
+      (m.opcode == wire::Opcode::kBatchRequest || m.opcode == wire::Opcode::kLeaseRequest ||
+       m.opcode == wire::Opcode::kReleaseRequest)) {
+    return wire::Encode(id, wire::MovingReply{options_.id, {}});
+  }
   switch (m.opcode) {
     case wire::Opcode::kChallengeRequest: {
       FARPOOL_ASSIGN_OR_RETURN(wire::ChallengeReply r,
@@ -677,6 +696,7 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
     case wire::Opcode::kMirrorLeaseReply:
     case wire::Opcode::kPromoteReply:
     case wire::Opcode::kDegradeReply:
+    case wire::Opcode::kMovingReply:
       break;
     case wire::Opcode::kReplicateRequest:
     case wire::Opcode::kMirrorLeaseRequest:
@@ -867,7 +887,8 @@ Status MemoryServer::Impl::MayServe() const {
 }
 
 void MemoryServer::Impl::Tick() {
-  if (DeclaredGone()) Degrade();
+  if (DeclaredGone()) Degrade();  // releases the replies held for a backup declared gone
+  if (moving_.load(std::memory_order_relaxed)) return HandOver();
   TickSlotLinks();
   if (copy_ && backup_ != nullptr) {
     CopySlice();  // renews too
@@ -879,6 +900,43 @@ void MemoryServer::Impl::Tick() {
   }
   // Renew: an empty forward, acknowledged (or refused: fenced) in a later Pump.
   backup_->Post(region_->data(), {}, {}, [this] { return DeclaredGone(); });
+}
+
+void MemoryServer::Impl::HandOver() {
+  if (handed_over_.load()) return;
+  Pump();  // acknowledgements release held replies
+  // Held replies wait for the backup, waiters may still change words: both finish first (each
+  // is bounded: backup_timeout, the waiter's wait).
+  if (!held_.empty() || !waiters_.empty() || !late_.empty() ||
+      (backup_ != nullptr && backup_->posted() > backup_->settled())) {
+    return;
+  }
+  // Nothing unacknowledged: the backups have every change. Closing the links lets each backup
+  // promote as soon as the coordinator asks (a closed primary connection, mirror.h), and this
+  // server executes nothing from here on (moving_), so no change can be lost or doubled.
+  std::fprintf(stderr, "%s: drained: every change is on its backups; handing its regions over\n",
+               Name().c_str());
+  backup_.reset();
+  copy_.reset();
+  slot_links_.clear();
+  handed_over_.store(true);
+}
+
+Status MemoryServer::Impl::Drain(std::chrono::milliseconds timeout) {
+  if (!options_.replicated) {
+    return Status::InvalidArgument(Name() + ": not replicated: no backup can take its region over");
+  }
+  moving_.store(true);
+  am_->Wake();
+  const auto deadline = Clock::now() + timeout;
+  while (!handed_over_.load()) {
+    if (Clock::now() > deadline) {
+      return Status::TimedOut(Name() + ": draining: replies still waited for the backup after " +
+                              std::to_string(timeout.count()) + " ms");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return Status::Ok();
 }
 
 void MemoryServer::Impl::Fence(const Status& why) {
@@ -1343,6 +1401,8 @@ Result<std::unique_ptr<MemoryServer>> MemoryServer::Start(const ServerOptions& o
 }
 
 void MemoryServer::Stop() { impl_->Stop(); }
+
+Status MemoryServer::Drain(std::chrono::milliseconds timeout) { return impl_->Drain(timeout); }
 
 MemoryServer::MemoryServer(const ServerOptions& options) : options_(options) {}
 

@@ -115,6 +115,12 @@
 //     a replicated server forwards what a batch changed before it stopped with that round, and
 //     a round whose forward failed fails the batches that stopped in it (error reply).
 //
+// Drain (docs/pool.md "cluster drain"): Drain() makes the server refuse every batch, lease
+// and release with a MovingReply, executed not at all, then, on the progress thread's tick, once
+// no reply is held for a backup, no forward is unacknowledged and no waiter is left, closes its
+// links to the backups (HandOver). From then on the backups hold every change this server ever
+// acknowledged and may promote at once; the clients resend what was refused to the new holders.
+//
 // Progress modes (ProgressMode, transport/am_server.h): kBusy polls without pause; kEvent
 // sleeps on the worker's event descriptor as soon as a poll finds no work (no spin), or until
 // the next waiter's recheck or bound.
@@ -193,6 +199,15 @@ class MemoryServer {
   const ServerOptions& options() const { return options_; }
   // Stops serving: joins the progress thread and closes connections. Idempotent.
   void Stop();
+  // A planned move (`farpool cluster drain`, docs/pool.md "cluster drain"): from now on every
+  // batch, lease and release request is answered with a wire::MovingReply and not executed;
+  // once the replies held for the backup are released and the waiting compare-and-swaps
+  // answered, the links to the backups are closed (nothing unacknowledged: each backup may then
+  // take its region over at once). Returns Ok then; TimedOut if that did not happen within
+  // `timeout`. The server goes on
+  // answering (hellos, stats, MovingReplies) until Stop(). REQUIRES: replicated
+  // (InvalidArgument otherwise); called from the owning thread, before Stop().
+  Status Drain(std::chrono::milliseconds timeout);
 
  private:
   class Impl;
