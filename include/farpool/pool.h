@@ -440,7 +440,8 @@ class Batch {
   // failed, a lost connection, a send that fails). Later ones are not: a connection lost or a
   // server failed after the send fails this thread's next operation on that server, and an
   // error reply is dropped (a process the servers evicted is refused its later operations as
-  // well). Not counted in OpCounters::round_trips (nothing is waited for).
+  // well). Not resent after a planned move (nothing waits for the MovingReply): a server being
+  // drained drops it unexecuted. Not counted in OpCounters::round_trips (nothing is waited for).
   // REQUIRES: over messages, no posted operation wants a result (a read, a `previous`, a
   // lookup, an insert, a waiting compare-and-swap): InvalidArgument, nothing sent.
   Status Post();

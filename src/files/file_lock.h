@@ -30,8 +30,10 @@
 // then never lands). Its effect is ordered before the posting thread's next operation on the
 // word's server; another thread's next Lock or Unlock first waits until it landed (our bit
 // clear); errors surface there (the connection or server failed) or are harmless (an error
-// reply: we were evicted). A lost release leaves our bit set, as a crashed process's is, until
-// our lease ends: the lease reclaims it as today.
+// reply: we were evicted). A lost release (its server failed, or was being drained and refused
+// it unexecuted) leaves our bit set: our next Lock(kShared) finds it set and keeps it, our next
+// release clears it; a writer meanwhile sees a live reader (SQLITE_BUSY), and a crash or the
+// end of our lease reclaims it as any reader's.
 //
 // Thread-safety: one FileLock per open file, used by one thread at a time (several threads in
 // turn, e.g. under the VFS's mutex).

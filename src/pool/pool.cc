@@ -2385,7 +2385,8 @@ Status Batch::Post() {
     // Abandoned before it is sent: its reply is dropped on arrival, never kept.
     st.tc->box.Expect(m.request_id, nullptr, nullptr);
     st.tc->box.Forget(m.request_id);
-    Status sent = pool_.SendBatch(*st.tc, m.index, m.request_id, m.request, deadline);
+    bool left = false;  // a posted operation is never resent: the caller wants no outcome
+    Status sent = pool_.SendBatch(*st.tc, m.index, m.request_id, m.request, deadline, &left);
     if (first.ok()) first = sent;
   }
   st.ClearMessages();

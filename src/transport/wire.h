@@ -49,7 +49,8 @@ inline constexpr uint32_t kMagic = 0x31575046;  // "FPW1"
 //    degrade).
 // 6: pools (HelloRequest::pool, HelloReply::root_offset and mirror_root_offset,
 //    kHelloPoolClient, StatsReply::pool_refused, MirrorLeaseRequest::owner).
-// 7: MovingReply (a server being drained refuses requests without executing them).
+// 7: MovingReply (a server being drained refuses requests without executing them); the
+//    waiting compare-and-swap's flag kWaitOnly (memory_ops.h: wait until free, change nothing).
 inline constexpr uint16_t kVersion = 7;
 // Batches: the operations of a request, the read data and atomic results of a reply. Small
 // enough to go eagerly in one UCX active message, large enough for a commit's worth of
