@@ -240,10 +240,22 @@ Status BulkWorker(uint64_t seed, int id) {
   return loader->Finish().status();
 }
 
+// Longer than lease + margin of the default lease: a stall that gets a process evicted.
+std::chrono::milliseconds EvictingStall() { return WorkerOptions().lease * 5 / 4 + 500ms; }
+
 // A live worker: writes its key in one transaction after another until the file
-// FARPOOL_DIR/stop appears, having created FARPOOL_DIR/ready after its first commit.
+// FARPOOL_DIR/stop appears, having created FARPOOL_DIR/ready after its first commit. With
+// FARPOOL_STALL_AT=<fault site> it stalls there once for EvictingStall().
 Status LiveWorker(uint64_t, int id) {
-  FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(WorkerOptions()));
+  DatabaseOptions o = WorkerOptions();
+  const std::string stall_at = Env("FARPOOL_STALL_AT");
+  std::atomic<bool> stalled{false};
+  if (!stall_at.empty()) {
+    o.testing = std::make_shared<TestingHooks>(TestingHooks{.commit_hook = [&](std::string_view p) {
+      if (p == stall_at && !stalled.exchange(true)) std::this_thread::sleep_for(EvictingStall());
+    }});
+  }
+  FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(o));
   FARPOOL_ASSIGN_OR_RETURN(const Table* t, db->OpenTable("counters"));
   FARPOOL_ASSIGN_OR_RETURN(auto session, db->NewSession());
   const std::string dir = Env("FARPOOL_DIR");
@@ -531,39 +543,62 @@ TEST_P(DbProcessTest, KilledLoaderLeavesNothing) {
   EXPECT_EQ(sum, 999 * 1000);
 }
 
-// The maintenance pass of the parent's second handle reads every session slot, then stalls for
-// longer than lease + margin before it judges them (the hook; in real life: it fences and
+// Runs one live worker (LiveWorker, with `env`) until it has committed, then `meanwhile`,
+// then stops it; it must finish (exit 0: not evicted).
+void RunLiveWorker(const std::string& cluster_file, const testing::EnvVars& env,
+                   const std::function<void()>& meanwhile) {
+  const std::string dir = MakeTempDir("farpool-live");
+  testing::EnvVars all = env;
+  all.push_back({"FARPOOL_DIR", dir});
+  auto pids = SpawnWorkers(1, "live", cluster_file, TestSeed(), all);
+  Status ready = testing::WaitForFile(dir + "/ready", 120s);
+  EXPECT_TRUE(ready.ok()) << ready.ToString();
+  if (ready.ok()) meanwhile();
+  std::ofstream(dir + "/stop").put('1');
+  ReapExpecting(pids, {End::kFinish});
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+// The maintenance pass of the parent's second handle reads every session slot, then stalls
+// (hook "slots.read") for EvictingStall() before it judges them (in real life: it fences and
 // recovers a dead slot first, or its thread is preempted under load). The live worker renewed
 // its lease all along; what the pass read of its slot was seconds old, unchanged since only
 // the previous pass (10 ms before). It must not be judged expired: judged by the time of the
 // judgment instead of the time of the read, it was, and was evicted (killed on shared memory,
-// cut off on TCP); it ends with exit 0 only if it was not.
+// cut off on TCP).
 TEST_P(DbProcessTest, SlowObserverEvictsNoLiveProcess) {
   if (GetParam() == "sharded") GTEST_SKIP() << "sharded has no session slots";
   auto t = db_->CreateTable("counters", Schema{{"v", ColumnType::kInt64}});
   ASSERT_TRUE(t.ok()) << t.status().ToString();
-  const std::string dir = MakeTempDir("farpool-slow-observer");
   std::atomic<bool> armed{false}, stalled{false};
-  const auto stall = WorkerOptions().lease * 5 / 4 + 500ms;  // past lease + margin
   DatabaseOptions o = WorkerOptions();
   o.cluster_file = cluster_file_;
   o.testing = std::make_shared<TestingHooks>(TestingHooks{.commit_hook = [&](std::string_view p) {
     if (p == "slots.read" && armed.exchange(false)) {
-      std::this_thread::sleep_for(stall);
+      std::this_thread::sleep_for(EvictingStall());
       stalled = true;
     }
   }});
   auto observer = Database::Open(o);
   ASSERT_TRUE(observer.ok()) << observer.status().ToString();
-  auto pids = SpawnWorkers(1, "live", cluster_file_, TestSeed(), {{"FARPOOL_DIR", dir}});
-  ASSERT_OK(testing::WaitForFile(dir + "/ready", 120s));
-  armed = true;  // the next pass reads the worker's slot, then stalls
-  while (!stalled) std::this_thread::sleep_for(10ms);
-  std::this_thread::sleep_for(200ms);  // passes after the stall judge what it read
-  std::ofstream(dir + "/stop").put('1');
-  ReapExpecting(pids, {End::kFinish});
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
+  RunLiveWorker(cluster_file_, {}, [&] {
+    armed = true;  // the next pass reads the worker's slot, then stalls
+    while (!stalled) std::this_thread::sleep_for(10ms);
+    std::this_thread::sleep_for(200ms);  // passes after the stall judge what it read
+  });
+}
+
+// A worker that is slow to open its database (hook "session.claimed": right after it claimed
+// the slot of its system session, before the session is set up) for EvictingStall(): its
+// slot is renewed meanwhile, so it is not evicted. The renewal thread used to start only
+// once the system session was set up; a slow start under load (lease requests to busy
+// servers) got workers evicted before their first transaction.
+TEST_P(DbProcessTest, SlowStartIsNotEvicted) {
+  if (GetParam() == "sharded") GTEST_SKIP() << "sharded has no session slots";
+  auto t = db_->CreateTable("counters", Schema{{"v", ColumnType::kInt64}});
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  RunLiveWorker(cluster_file_, {{"FARPOOL_STALL_AT", "session.claimed"}}, [] {});
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, DbProcessTest, ::testing::Values("pool", "pool-tcp", "sharded"),

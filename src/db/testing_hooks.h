@@ -28,7 +28,8 @@ struct TestingHooks {
   // ("bulk.flushed"), after the B+tree's build ("bulk.built") and inside the publication,
   // between the claim of the table and the state write that makes it live ("bulk.publish"),
   // and in the maintenance pass between its read of every session slot and its judgment of
-  // them ("slots.read": the maintenance thread's passes and CollectGarbage's).
+  // them ("slots.read": the maintenance thread's passes and CollectGarbage's), and right after a
+  // session slot is claimed, before the session is set up ("session.claimed").
   // Tests kill or stop the process there, or commit from another
   // session to make a race happen.
   std::function<void(std::string_view point)> commit_hook;

@@ -903,7 +903,10 @@ class NamDatabase final : public Database {
   // `*stop` (under stop_mu_).
   void RunEvery(std::chrono::milliseconds period, const bool* stop,
                 const std::function<void()>& pass);
-  void StartThreads();
+  // The renewal thread starts before the system session is claimed (a claimed slot is renewed
+  // from the start), the maintenance thread once Open is done.
+  void StartRenewals();
+  void StartMaintenance();
   void StopThread(bool* stop, std::thread& thread);
   Status RenewAll(const Access& access);
   Status ScanSlots(const Access& access);

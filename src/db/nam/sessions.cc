@@ -110,24 +110,36 @@ Result<std::shared_ptr<SlotLease>> NamDatabase::ClaimSlot(const Access& access, 
     lease->epoch = OwnerEpoch(owner);
     lease->owner = owner;
     lease->valid_until = sent + lease_ns() - margin_ns();
-    FARPOOL_RETURN_IF_ERROR(access.Read(SlotAddr(s), image, sizeof(*image)));
-    const uint64_t pid = static_cast<uint64_t>(getpid());
-    FARPOOL_RETURN_IF_ERROR(access.Write(SlotAddr(s) + kSlotPid, &pid, 8));
-    // The slot's log areas, allocated by its first owner and kept by the slot. Published by
-    // CAS from 0, so a claimer that was fenced while allocating never replaces the areas of
-    // the slot's next owner (whose decided commits recovery finds there).
-    auto area = [&](uint64_t field, uint64_t bytes, uint64_t* raw) -> Status {
-      if (*raw != 0) return Status::Ok();
-      FARPOOL_ASSIGN_OR_RETURN(GlobalAddress a, AllocZeroed(access, bytes, Placement::Striped()));
-      FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(SlotAddr(s) + field, 0, a.raw()));
-      *raw = prev == 0 ? a.raw() : prev;
-      return Status::Ok();
-    };
-    FARPOOL_RETURN_IF_ERROR(area(kSlotLog, kLogBytes, &image->log));
-    FARPOOL_RETURN_IF_ERROR(area(kSlotIndexLog, LockOwner::kIndexLogBytes, &image->index_log));
-    const uint64_t idle = 0;
-    FARPOOL_RETURN_IF_ERROR(access.Write(AnnounceAddr(s), &idle, 8));
+    // Renewed from now on: what follows allocates (lease requests to the servers), and so does
+    // the caller (stamp words; Open starts the renewal thread before its system session). Were
+    // it registered only once set up, a slow start under load went unrenewed for lease +
+    // margin and others evicted the starting process (db_process_test, 2026-11-28).
     Register(lease);
+    Hook("session.claimed");
+    auto set_up = [&]() -> Status {
+      FARPOOL_RETURN_IF_ERROR(access.Read(SlotAddr(s), image, sizeof(*image)));
+      const uint64_t pid = static_cast<uint64_t>(getpid());
+      FARPOOL_RETURN_IF_ERROR(access.Write(SlotAddr(s) + kSlotPid, &pid, 8));
+      // The slot's log areas, allocated by its first owner and kept by the slot. Published by
+      // CAS from 0, so a claimer that was fenced while allocating never replaces the areas of
+      // the slot's next owner (whose decided commits recovery finds there).
+      auto area = [&](uint64_t field, uint64_t bytes, uint64_t* raw) -> Status {
+        if (*raw != 0) return Status::Ok();
+        FARPOOL_ASSIGN_OR_RETURN(GlobalAddress a, AllocZeroed(access, bytes, Placement::Striped()));
+        FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(SlotAddr(s) + field, 0, a.raw()));
+        *raw = prev == 0 ? a.raw() : prev;
+        return Status::Ok();
+      };
+      FARPOOL_RETURN_IF_ERROR(area(kSlotLog, kLogBytes, &image->log));
+      FARPOOL_RETURN_IF_ERROR(area(kSlotIndexLog, LockOwner::kIndexLogBytes, &image->index_log));
+      const uint64_t idle = 0;
+      return access.Write(AnnounceAddr(s), &idle, 8);
+    };
+    Status ready = set_up();
+    if (!ready.ok()) {
+      Unregister(lease.get());  // left to expire and be recovered, as a dead session's
+      return ready;
+    }
     return lease;
   }
   return Status::ResourceExhausted("all " + std::to_string(root_.max_slots) +
@@ -200,15 +212,18 @@ void NamDatabase::StopThread(bool* stop, std::thread& thread) {
   if (thread.joinable()) thread.join();
 }
 
-void NamDatabase::StartThreads() {
-  // Errors of a pass are transient (a server being slow or gone): the next pass tries again,
-  // and a lease that cannot be renewed simply runs out, which every user of it checks.
+// Errors of a pass are transient (a server being slow or gone): the next pass tries again,
+// and a lease that cannot be renewed simply runs out, which every user of it checks.
+void NamDatabase::StartRenewals() {
   // Renewals are due every lease/4; looking 8 times per lease keeps them on time.
   const auto renew_period = std::clamp(std::chrono::milliseconds(root_.lease_ms / 8),
                                        std::chrono::milliseconds(1), kGcPeriod);
   renewals_ = std::thread([this, renew_period] {
     RunEvery(renew_period, &stop_renewals_, [this] { (void)RenewAll(access_); });
   });
+}
+
+void NamDatabase::StartMaintenance() {
   maintenance_ = std::thread([this] {
     RunEvery(kGcPeriod, &stop_maintenance_, [this] {
       (void)ScanSlots(access_);
