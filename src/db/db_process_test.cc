@@ -16,6 +16,13 @@
 //   Bulk loads (pool): loader processes die by SIGKILL half-way through loading, after their
 //          B+tree build, and inside the publication; none of their tables ever becomes visible,
 //          all are reclaimed, and the database stays usable.
+//   Slow observer (pool): the parent's maintenance pass stalls between its read of the session
+//          slots and its judgment of them for longer than a lease; the live worker whose slot
+//          it read is not judged expired (nor evicted, which kills it on shared memory).
+//
+// A worker that does not die by design must exit 0: killed (also by a memory server's
+// eviction) it fails the test. The database's lease is the default one (2 s): the tests are
+// about processes that die, not about short leases, and share 2 loaded cores.
 //
 // Both engines: `pool` (memory servers) and `sharded` (`farpool shard` partition servers; its
 // fault sites are "locked" = all participants prepared, and "decided" = partition 0 committed
@@ -31,6 +38,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <random>
 #include <set>
@@ -38,6 +46,7 @@
 
 #include "db/db_test_util.h"
 #include "db/shard_cluster.h"
+#include "db/testing/worker_processes.h"
 #include "db/testing_hooks.h"
 #include "farpool/db.h"
 #include "pool/test_cluster.h"
@@ -50,11 +59,11 @@ namespace {
 constexpr int kAccounts = 64;
 constexpr int64_t kInitial = 1000;
 constexpr int kRing = 24;
+// How long the parent waits for its workers before it kills them (a hung worker fails).
+constexpr std::chrono::seconds kWorkerDeadline{240};
 
-std::string Env(const char* name, const char* fallback = "") {
-  const char* v = std::getenv(name);
-  return v ? v : fallback;
-}
+using testing::Env;
+using testing::WorkerExit;
 
 // FARPOOL_ENGINE: pool (memory servers) or sharded (`farpool shard` partition servers).
 Engine TestEngine() {
@@ -66,7 +75,6 @@ DatabaseOptions WorkerOptions() {
   DatabaseOptions o;
   o.engine = TestEngine();
   o.cluster_file = Env("FARPOOL_CLUSTER");
-  o.lease = 1000ms;
   o.max_sessions = 64;
   return o;
 }
@@ -138,16 +146,6 @@ Status BankWorker(uint64_t seed) {
         100000);
     return give_up && s.code() == StatusCode::kInvalidArgument ? Status::Ok() : s;
   });
-}
-
-// One Cycle step: a -> b -> c -> d becomes a -> c -> b -> d.
-Status CycleStep(Transaction& txn, const Table& t, int64_t a) {
-  FARPOOL_ASSIGN_OR_RETURN(int64_t b, GetInt(txn, t, a));
-  FARPOOL_ASSIGN_OR_RETURN(int64_t c, GetInt(txn, t, b));
-  FARPOOL_ASSIGN_OR_RETURN(int64_t d, GetInt(txn, t, c));
-  FARPOOL_RETURN_IF_ERROR(PutInt(txn, t, a, c));
-  FARPOOL_RETURN_IF_ERROR(PutInt(txn, t, c, b));
-  return PutInt(txn, t, b, d);
 }
 
 Status CycleWorker(uint64_t seed, int id) {
@@ -242,65 +240,73 @@ Status BulkWorker(uint64_t seed, int id) {
   return loader->Finish().status();
 }
 
+// Longer than lease + margin of the default lease: a stall that gets a process evicted.
+std::chrono::milliseconds EvictingStall() { return WorkerOptions().lease * 5 / 4 + 500ms; }
+
+// A live worker: writes its key in one transaction after another until the file
+// FARPOOL_DIR/stop appears, having created FARPOOL_DIR/ready after its first commit. With
+// FARPOOL_STALL_AT=<fault site> it stalls there once for EvictingStall().
+Status LiveWorker(uint64_t, int id) {
+  DatabaseOptions o = WorkerOptions();
+  const std::string stall_at = Env("FARPOOL_STALL_AT");
+  std::atomic<bool> stalled{false};
+  if (!stall_at.empty()) {
+    o.testing = std::make_shared<TestingHooks>(TestingHooks{.commit_hook = [&](std::string_view p) {
+      if (p == stall_at && !stalled.exchange(true)) std::this_thread::sleep_for(EvictingStall());
+    }});
+  }
+  FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(o));
+  FARPOOL_ASSIGN_OR_RETURN(const Table* t, db->OpenTable("counters"));
+  FARPOOL_ASSIGN_OR_RETURN(auto session, db->NewSession());
+  const std::string dir = Env("FARPOOL_DIR");
+  for (int64_t i = 0; !std::filesystem::exists(dir + "/stop"); ++i) {
+    FARPOOL_RETURN_IF_ERROR(RunTransaction(
+        *session, [&](Transaction& txn) { return PutInt(txn, *t, id, i); }, 100000));
+    if (i == 0) std::ofstream(dir + "/ready").put('1');
+    std::this_thread::sleep_for(5ms);
+  }
+  return Status::Ok();
+}
+
 // ------------------------------------------------------------------ parent side
 
+// Starts workers 0 .. count-1 of `role` on `cluster`; `env` adds to what every worker gets.
 std::vector<pid_t> SpawnWorkers(int count, const std::string& role, const std::string& cluster,
-                                uint64_t seed) {
+                                uint64_t seed, testing::EnvVars env = {}) {
+  env.push_back({"FARPOOL_CLUSTER", cluster});
+  env.push_back({"FARPOOL_SEED", std::to_string(seed)});
+  env.push_back({"FARPOOL_ENGINE", std::string(EngineName(TestEngine()))});
   std::vector<pid_t> pids;
   for (int i = 0; i < count; ++i) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      setenv("FARPOOL_WORKER", role.c_str(), 1);
-      setenv("FARPOOL_WORKER_ID", std::to_string(i).c_str(), 1);
-      setenv("FARPOOL_CLUSTER", cluster.c_str(), 1);
-      setenv("FARPOOL_SEED", std::to_string(seed).c_str(), 1);
-      setenv("FARPOOL_ENGINE", std::string(EngineName(TestEngine())).c_str(), 1);
-      execl("/proc/self/exe", "db_process_test", nullptr);
-      _exit(127);
-    }
-    pids.push_back(pid);
+    auto pid = testing::SpawnWorker(role, i, env);
+    EXPECT_TRUE(pid.ok()) << pid.status().ToString();
+    if (pid.ok()) pids.push_back(*pid);
   }
   return pids;
 }
 
-// Waits for the workers; returns "pid: status" of those that did not exit 0 (killed ones too).
-std::vector<std::pair<pid_t, int>> Reap(const std::vector<pid_t>& pids,
-                                        std::chrono::seconds limit = 240s) {
-  std::vector<std::pair<pid_t, int>> out;
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  for (pid_t pid : pids) {
-    int status = 0;
-    for (;;) {
-      if (waitpid(pid, &status, WNOHANG) == pid) break;
-      if (std::chrono::steady_clock::now() > deadline) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-        status = -1;
-        break;
-      }
-      std::this_thread::sleep_for(10ms);
-    }
-    out.push_back({pid, status});
+// How a worker is meant to end. kDie: by SIGKILL, in time (at a fault site of its own or from
+// the test; one that the memory servers evict first dies the same way). kFinish: exit 0, in
+// time; killed, even by an eviction, it fails the test. kEither: killed by the test at a
+// moment it may have finished by.
+enum class End { kFinish, kDie, kEither };
+
+// Reaps the workers and checks that worker i ended as `ends[i]` says; anything else (an error
+// exit, another signal, a hang) fails the test with the worker's exit.
+void ReapExpecting(const std::vector<pid_t>& pids, const std::vector<End>& ends) {
+  ASSERT_EQ(pids.size(), ends.size());
+  const std::vector<WorkerExit> exits = testing::ReapWorkers(pids, kWorkerDeadline);
+  for (size_t i = 0; i < exits.size(); ++i) {
+    const WorkerExit& w = exits[i];
+    const bool sigkilled = !w.timed_out && WIFSIGNALED(w.status) && WTERMSIG(w.status) == SIGKILL;
+    const bool ok = ends[i] == End::kFinish ? w.Succeeded()
+                    : ends[i] == End::kDie  ? sigkilled
+                                            : sigkilled || w.Succeeded();
+    EXPECT_TRUE(ok) << "worker " << i << " ended unexpectedly: " << w.Describe();
   }
-  return out;
 }
 
-// Reaps the workers: each must have exited 0 or been SIGKILLed (by a fault site of its own or
-// by the test). Returns how many were killed.
-int ReapKilledOrExited(const std::vector<pid_t>& pids) {
-  int killed = 0;
-  for (auto [pid, status] : Reap(pids)) {
-    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) {
-      ++killed;
-      continue;
-    }
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << "worker " << pid << " status " << status;
-  }
-  return killed;
-}
-
-class DbProcessTest : public testing::TestWithParam<std::string> {
+class DbProcessTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     // pool-tcp: the pool engine on servers reached over TCP (the cluster file says so, and the
@@ -363,8 +369,8 @@ TEST_P(DbProcessTest, BankInvariantAcrossProcesses) {
                   FARPOOL_RETURN_IF_ERROR(PutInt(txn, **t, a, kInitial));
                 return Status::Ok();
               }).ok());
-  auto pids = SpawnWorkers(3, "bank", cluster_file_, seed);
-  EXPECT_EQ(ReapKilledOrExited(pids), 0);
+  ReapExpecting(SpawnWorkers(3, "bank", cluster_file_, seed),
+                {End::kFinish, End::kFinish, End::kFinish});
   int64_t sum = 0;
   ASSERT_TRUE(RunTransaction(**session, [&](Transaction& txn) -> Status {
                 sum = 0;
@@ -396,9 +402,9 @@ TEST_P(DbProcessTest, CycleSurvivesSigkillMidCommit) {
   std::mt19937_64 rng(seed);
   std::this_thread::sleep_for(std::chrono::milliseconds(100 + rng() % 400));
   kill(pids[1], SIGKILL);
-  EXPECT_GE(ReapKilledOrExited(pids), 1);
-  // Leases of the dead expire; recovery finishes their decided commits and breaks the rest.
-  std::this_thread::sleep_for(1100ms);
+  ReapExpecting(pids, {End::kDie, End::kEither, End::kFinish});
+  // Leases of the dead expire (RecoverExpired waits for that); recovery finishes their decided
+  // commits and breaks the rest.
   ASSERT_TRUE(db_->RecoverExpired().ok());
   EXPECT_EQ(*db_->CountLocked(**t), 0u);
   // The ring is one ring of kRing records.
@@ -441,10 +447,9 @@ TEST_P(DbProcessTest, LockingReadsSurviveSigkill) {
                   FARPOOL_RETURN_IF_ERROR(PutInt(txn, **t, i, 0));
                 return Status::Ok();
               }).ok());
-  auto pids = SpawnWorkers(3, "counter", cluster_file_, seed);
   // Worker 2 never dies: it met the dead workers' locks and got past them.
-  EXPECT_EQ(ReapKilledOrExited(pids), 2);
-  std::this_thread::sleep_for(1100ms);
+  ReapExpecting(SpawnWorkers(3, "counter", cluster_file_, seed),
+                {End::kDie, End::kDie, End::kFinish});
   ASSERT_TRUE(db_->RecoverExpired().ok());
   EXPECT_EQ(*db_->CountLocked(**t), 0u);
   int64_t sum = 0, total = -1;
@@ -494,11 +499,9 @@ TEST_P(DbProcessTest, KilledLoaderLeavesNothing) {
       std::this_thread::sleep_for(5ms);
     }
   });
-  auto pids = SpawnWorkers(3, "bulk", cluster_file_, seed);
-  const int killed = ReapKilledOrExited(pids);
+  ReapExpecting(SpawnWorkers(3, "bulk", cluster_file_, seed), {End::kDie, End::kDie, End::kDie});
   stop = true;
   watcher.join();
-  EXPECT_EQ(killed, 3);
   EXPECT_EQ(seen.load(), 0) << "a table of a dead loader became visible";
   // Their sessions expire; the sweep adopts the three loads and reclaims them.
   GcStats g;
@@ -540,7 +543,65 @@ TEST_P(DbProcessTest, KilledLoaderLeavesNothing) {
   EXPECT_EQ(sum, 999 * 1000);
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, DbProcessTest, testing::Values("pool", "pool-tcp", "sharded"),
+// Runs one live worker (LiveWorker, with `env`) until it has committed, then `meanwhile`,
+// then stops it; it must finish (exit 0: not evicted).
+void RunLiveWorker(const std::string& cluster_file, const testing::EnvVars& env,
+                   const std::function<void()>& meanwhile) {
+  const std::string dir = MakeTempDir("farpool-live");
+  testing::EnvVars all = env;
+  all.push_back({"FARPOOL_DIR", dir});
+  auto pids = SpawnWorkers(1, "live", cluster_file, TestSeed(), all);
+  Status ready = testing::WaitForFile(dir + "/ready", 120s);
+  EXPECT_TRUE(ready.ok()) << ready.ToString();
+  if (ready.ok()) meanwhile();
+  std::ofstream(dir + "/stop").put('1');
+  ReapExpecting(pids, {End::kFinish});
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+// The maintenance pass of the parent's second handle reads every session slot, then stalls
+// (hook "slots.read") for EvictingStall() before it judges them (in real life: it fences and
+// recovers a dead slot first, or its thread is preempted under load). The live worker renewed
+// its lease all along; what the pass read of its slot was seconds old, unchanged since only
+// the previous pass (10 ms before). It must not be judged expired: judged by the time of the
+// judgment instead of the time of the read, it was, and was evicted (killed on shared memory,
+// cut off on TCP).
+TEST_P(DbProcessTest, SlowObserverEvictsNoLiveProcess) {
+  if (GetParam() == "sharded") GTEST_SKIP() << "sharded has no session slots";
+  auto t = db_->CreateTable("counters", Schema{{"v", ColumnType::kInt64}});
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  std::atomic<bool> armed{false}, stalled{false};
+  DatabaseOptions o = WorkerOptions();
+  o.cluster_file = cluster_file_;
+  o.testing = std::make_shared<TestingHooks>(TestingHooks{.commit_hook = [&](std::string_view p) {
+    if (p == "slots.read" && armed.exchange(false)) {
+      std::this_thread::sleep_for(EvictingStall());
+      stalled = true;
+    }
+  }});
+  auto observer = Database::Open(o);
+  ASSERT_TRUE(observer.ok()) << observer.status().ToString();
+  RunLiveWorker(cluster_file_, {}, [&] {
+    armed = true;  // the next pass reads the worker's slot, then stalls
+    while (!stalled) std::this_thread::sleep_for(10ms);
+    std::this_thread::sleep_for(200ms);  // passes after the stall judge what it read
+  });
+}
+
+// A worker that is slow to open its database (hook "session.claimed": right after it claimed
+// the slot of its system session, before the session is set up) for EvictingStall(): its
+// slot is renewed meanwhile, so it is not evicted. The renewal thread used to start only
+// once the system session was set up; a slow start under load (lease requests to busy
+// servers) got workers evicted before their first transaction.
+TEST_P(DbProcessTest, SlowStartIsNotEvicted) {
+  if (GetParam() == "sharded") GTEST_SKIP() << "sharded has no session slots";
+  auto t = db_->CreateTable("counters", Schema{{"v", ColumnType::kInt64}});
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  RunLiveWorker(cluster_file_, {{"FARPOOL_STALL_AT", "session.claimed"}}, [] {});
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, DbProcessTest, ::testing::Values("pool", "pool-tcp", "sharded"),
                          [](const auto& p) {
                            std::string name = p.param;
                            std::replace(name.begin(), name.end(), '-', '_');
@@ -551,18 +612,12 @@ INSTANTIATE_TEST_SUITE_P(Engines, DbProcessTest, testing::Values("pool", "pool-t
 }  // namespace farpool::db
 
 int main(int argc, char** argv) {
-  const std::string role = farpool::db::Env("FARPOOL_WORKER");
-  if (!role.empty()) {
-    const uint64_t seed = std::strtoull(farpool::db::Env("FARPOOL_SEED", "1").c_str(), nullptr, 10);
-    const int id = std::atoi(farpool::db::Env("FARPOOL_WORKER_ID", "0").c_str());
-    farpool::Status s = role == "bank"      ? farpool::db::BankWorker(seed + id)
-                        : role == "cycle"   ? farpool::db::CycleWorker(seed, id)
-                        : role == "counter" ? farpool::db::CounterWorker(seed, id)
-                        : role == "bulk"    ? farpool::db::BulkWorker(seed, id)
-                                         : farpool::Status::InvalidArgument("unknown role " + role);
-    if (!s.ok()) std::fprintf(stderr, "worker %s %d: %s\n", role.c_str(), id, s.ToString().c_str());
-    return s.ok() ? 0 : 1;
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  using namespace farpool::db;
+  return farpool::db::testing::WorkerMain(
+      argc, argv,
+      {{"bank", [](uint64_t seed, int id) { return BankWorker(seed + id); }},
+       {"cycle", CycleWorker},
+       {"counter", CounterWorker},
+       {"bulk", BulkWorker},
+       {"live", LiveWorker}});
 }

@@ -37,6 +37,15 @@ Result<int64_t> GetInt(Transaction& txn, const Table& t, int64_t key) {
   return r.GetInt64(0);
 }
 
+Status CycleStep(Transaction& txn, const Table& t, int64_t a) {
+  FARPOOL_ASSIGN_OR_RETURN(int64_t b, GetInt(txn, t, a));
+  FARPOOL_ASSIGN_OR_RETURN(int64_t c, GetInt(txn, t, b));
+  FARPOOL_ASSIGN_OR_RETURN(int64_t d, GetInt(txn, t, c));
+  FARPOOL_RETURN_IF_ERROR(PutInt(txn, t, a, c));
+  FARPOOL_RETURN_IF_ERROR(PutInt(txn, t, c, b));
+  return PutInt(txn, t, b, d);
+}
+
 Result<std::unique_ptr<TestDatabase>> TestDatabase::Start(const std::string& engine,
                                                           std::chrono::milliseconds lease) {
   auto t = std::unique_ptr<TestDatabase>(new TestDatabase());

@@ -43,6 +43,9 @@ LocalClusterOptions ShmTestCluster(const std::string& binary);
 // One-column int64 rows (column 0), as most invariant tests use them.
 Status PutInt(Transaction& txn, const Table& t, int64_t key, int64_t v);
 Result<int64_t> GetInt(Transaction& txn, const Table& t, int64_t key);
+// One step of FoundationDB's Cycle workload on a ring of such rows (each holds the key of the
+// next): a -> b -> c -> d becomes a -> c -> b -> d, so the ring stays one ring.
+Status CycleStep(Transaction& txn, const Table& t, int64_t a);
 
 // Runs maintenance passes until `done` holds (the maintenance thread also runs on its own);
 // bounded, so a GC that never happens fails the test instead of hanging it.

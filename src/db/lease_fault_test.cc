@@ -113,16 +113,6 @@ Status Audit(Transaction& txn, const Table& accounts, const Table& ring) {
   return Status::Ok();
 }
 
-// One Cycle step: a -> b -> c -> d becomes a -> c -> b -> d.
-Status CycleStep(Transaction& txn, const Table& t, int64_t a) {
-  FARPOOL_ASSIGN_OR_RETURN(int64_t b, GetInt(txn, t, a));
-  FARPOOL_ASSIGN_OR_RETURN(int64_t c, GetInt(txn, t, b));
-  FARPOOL_ASSIGN_OR_RETURN(int64_t d, GetInt(txn, t, c));
-  FARPOOL_RETURN_IF_ERROR(PutInt(txn, t, a, c));
-  FARPOOL_RETURN_IF_ERROR(PutInt(txn, t, c, b));
-  return PutInt(txn, t, b, d);
-}
-
 // ------------------------------------------------------------------ worker
 
 // A thread's connection: its own Database handle (its own pool connection), the tables, a

@@ -26,7 +26,10 @@ struct TestingHooks {
   // ("gc.table-record"), and in a locking read between its copies and its lock round
   // ("locking-read.copied"), and in a bulk load (bulk_load.cc) after each flush of rows
   // ("bulk.flushed"), after the B+tree's build ("bulk.built") and inside the publication,
-  // between the claim of the table and the state write that makes it live ("bulk.publish").
+  // between the claim of the table and the state write that makes it live ("bulk.publish"),
+  // and in the maintenance pass between its read of every session slot and its judgment of
+  // them ("slots.read": the maintenance thread's passes and CollectGarbage's), and right after a
+  // session slot is claimed, before the session is set up ("session.claimed").
   // Tests kill or stop the process there, or commit from another
   // session to make a race happen.
   std::function<void(std::string_view point)> commit_hook;

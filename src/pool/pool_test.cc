@@ -96,6 +96,14 @@ class InProcessCluster {
 
 class PoolTest : public ::testing::TestWithParam<Fabric> {};
 
+// A new 8-byte word of `pool` that holds 0: what the atomics tests start from.
+Result<GlobalAddress> NewZeroWord(Pool& pool) {
+  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress a, pool.Alloc(8));
+  const uint64_t zero = 0;
+  FARPOOL_RETURN_IF_ERROR(pool.Write(a, &zero, 8));
+  return a;
+}
+
 TEST_P(PoolTest, EveryByteWrittenReadsBack) {
   InProcessCluster cluster(2, 16 << 20);
   auto pool = cluster.Connect(GetParam());
@@ -116,9 +124,9 @@ TEST_P(PoolTest, AtomicsHaveTheirContract) {
   InProcessCluster cluster(1, 8 << 20);
   auto pool = cluster.Connect(GetParam());
   ASSERT_TRUE(pool);
-  auto a = *pool->Alloc(8);
-  uint64_t zero = 0;
-  ASSERT_TRUE(pool->Write(a, &zero, 8).ok());
+  auto word = NewZeroWord(*pool);
+  ASSERT_TRUE(word.ok()) << word.status().ToString();
+  const GlobalAddress a = *word;
   EXPECT_EQ(*pool->FetchAdd(a, 5), 0u);
   EXPECT_EQ(*pool->FetchAdd(a, 2), 5u);
   EXPECT_EQ(*pool->CompareAndSwap(a, 6, 100), 7u) << "failed CAS returns the current value";
@@ -261,9 +269,9 @@ TEST_P(PoolTest, FetchAddFromManyThreadsIsExact) {
   InProcessCluster cluster(1, 8 << 20);
   auto pool = cluster.Connect(GetParam());
   ASSERT_TRUE(pool);
-  auto a = *pool->Alloc(8);
-  uint64_t zero = 0;
-  ASSERT_TRUE(pool->Write(a, &zero, 8).ok());
+  auto word = NewZeroWord(*pool);
+  ASSERT_TRUE(word.ok()) << word.status().ToString();
+  const GlobalAddress a = *word;
   constexpr int kThreads = 4, kAdds = 2000;
   std::vector<std::thread> ts;
   for (int t = 0; t < kThreads; ++t) {

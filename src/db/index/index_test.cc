@@ -21,28 +21,49 @@
 namespace farpool::db {
 namespace {
 
+// What most tests here run on: 2 local servers of `bytes` each, an Access of the test's own
+// and a registry of lock owners on the same memory.
+struct TestMemory {
+  explicit TestMemory(std::unique_ptr<Memory> m)
+      : memory(std::move(m)), access(*memory, count), owners(*memory) {}
+  std::unique_ptr<Memory> memory;
+  OpCount count;
+  Access access;
+  OwnerRegistry owners;
+};
+
+std::unique_ptr<TestMemory> NewTestMemory(uint64_t bytes) {
+  auto m = NewLocalMemory(2, bytes);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  return m.ok() ? std::make_unique<TestMemory>(std::move(*m)) : nullptr;
+}
+
+// An empty B+tree whose root word is allocated through `access`.
+Result<BTree> NewBTree(const Access& access, LockOwner& owner) {
+  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress root_word, access.Alloc(64));
+  FARPOOL_RETURN_IF_ERROR(BTree::Create(access, owner, root_word));
+  return BTree(root_word);
+}
+
 // BTree::BuildSorted: trees of every height (an empty input; one leaf; the boundaries where a
 // level fills up) are well formed, hold exactly the input, scan it in order both ways, and
 // take inserts afterwards (splits of the packed nodes) while staying well formed.
 TEST(IndexTest, BuildSortedMakesAWellFormedTree) {
   const uint64_t seed = IndexTestSeed();
   SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed));
-  auto mem = NewLocalMemory(2, 256ull << 20);
-  ASSERT_TRUE(mem.ok());
-  OpCount count;
-  Access access(**mem, count);
-  OwnerRegistry owners(**mem);
-  auto owner = owners.NewOwner();
+  auto mem = NewTestMemory(256ull << 20);
+  ASSERT_NE(mem, nullptr);
+  const Access& access = mem->access;
+  auto owner = mem->owners.NewOwner();
   ASSERT_TRUE(owner.ok());
   std::mt19937_64 rng(seed);
   const size_t fill = BTree::kBuildFill;
   for (size_t n :
        {size_t{0}, size_t{1}, fill, fill + 1, fill * fill, fill * fill + 1, size_t{20000}}) {
     SCOPED_TRACE("entries " + std::to_string(n));
-    auto root_word = access.Alloc(64);
-    ASSERT_TRUE(root_word.ok());
-    ASSERT_TRUE(BTree::Create(access, **owner, *root_word).ok());
-    BTree tree(*root_word);
+    auto made = NewBTree(access, **owner);
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    BTree& tree = *made;
     std::map<int64_t, uint64_t> model;
     while (model.size() < n) model.emplace(int64_t(rng() % 1000000) - 500000, rng() | 1);
     std::vector<std::pair<int64_t, uint64_t>> entries(model.begin(), model.end());
@@ -83,17 +104,14 @@ TEST(IndexTest, BuildSortedMakesAWellFormedTree) {
 }
 
 TEST(IndexTest, BuildSortedRejectsBadInput) {
-  auto mem = NewLocalMemory(2, 64ull << 20);
-  ASSERT_TRUE(mem.ok());
-  OpCount count;
-  Access access(**mem, count);
-  OwnerRegistry owners(**mem);
-  auto owner = owners.NewOwner();
+  auto mem = NewTestMemory(64ull << 20);
+  ASSERT_NE(mem, nullptr);
+  const Access& access = mem->access;
+  auto owner = mem->owners.NewOwner();
   ASSERT_TRUE(owner.ok());
-  auto root_word = access.Alloc(64);
-  ASSERT_TRUE(root_word.ok());
-  ASSERT_TRUE(BTree::Create(access, **owner, *root_word).ok());
-  BTree tree(*root_word);
+  auto made = NewBTree(access, **owner);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  BTree& tree = *made;
   using E = std::vector<std::pair<int64_t, uint64_t>>;
   EXPECT_EQ(tree.BuildSorted(access, **owner, E{{2, 1}, {1, 1}}).code(),
             StatusCode::kInvalidArgument);
@@ -115,20 +133,18 @@ TEST(IndexTest, BuildSortedRejectsBadInput) {
 TEST(IndexTest, ConcurrentInsertsMatchModel) {
   const uint64_t seed = IndexTestSeed();
   SCOPED_TRACE("FARPOOL_SEED=" + std::to_string(seed));
-  auto mem = NewLocalMemory(2, 256ull << 20);
-  ASSERT_TRUE(mem.ok());
-  OpCount count;
-  Access access(**mem, count);
-  OwnerRegistry owners(**mem);
+  auto mem = NewTestMemory(256ull << 20);
+  ASSERT_NE(mem, nullptr);
+  const Access& access = mem->access;
+  OwnerRegistry& owners = mem->owners;
   auto checker = owners.NewOwner();
   ASSERT_TRUE(checker.ok());
   auto buckets = HashIndex::Create(access, **checker, 64);  // small: forces overflow chains
   ASSERT_TRUE(buckets.ok());
   HashIndex hash(*buckets, 64, 12345);
-  auto root_word = access.Alloc(64);
-  ASSERT_TRUE(root_word.ok());
-  ASSERT_TRUE(BTree::Create(access, **checker, *root_word).ok());
-  BTree tree(*root_word);
+  auto made = NewBTree(access, **checker);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  BTree& tree = *made;
 
   constexpr int kThreads = 4, kOps = 3000;
   std::mutex mu;
@@ -206,21 +222,18 @@ TEST(IndexTest, ConcurrentInsertsMatchModel) {
 // others are untouched, removed slots are reused by later inserts, and a removal that names
 // another value removes nothing.
 TEST(IndexTest, RemovedKeysMissAndTheirSlotsAreReused) {
-  auto mem = NewLocalMemory(2, 64ull << 20);
-  ASSERT_TRUE(mem.ok());
-  OpCount count;
-  Access access(**mem, count);
-  OwnerRegistry owners(**mem);
-  auto o = owners.NewOwner();
+  auto mem = NewTestMemory(64ull << 20);
+  ASSERT_NE(mem, nullptr);
+  const Access& access = mem->access;
+  auto o = mem->owners.NewOwner();
   ASSERT_TRUE(o.ok());
   TestOwner& owner = **o;
   auto buckets = HashIndex::Create(access, owner, 8);  // small: entries live in overflow chains
   ASSERT_TRUE(buckets.ok());
   HashIndex hash(*buckets, 8, 777);
-  auto root_word = access.Alloc(64);
-  ASSERT_TRUE(root_word.ok());
-  ASSERT_TRUE(BTree::Create(access, owner, *root_word).ok());
-  BTree tree(*root_word);
+  auto made = NewBTree(access, owner);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  BTree& tree = *made;
   constexpr int64_t kKeys = 500;
   auto value = [](int64_t k, int gen) { return GlobalAddress(1, 4096 + 64 * (k + 1000 * gen)); };
   for (int64_t k = 0; k < kKeys; ++k) {

@@ -841,8 +841,13 @@ class NamDatabase final : public Database {
 
   // sessions.cc
   // True once the owner word of `slot` was seen equal to `owner` for lease + margin, or at
-  // once for a recovery given up (recovering, tag 0: nobody writes for it).
-  bool ObservedExpired(uint32_t slot, uint64_t owner);
+  // once for a recovery given up (recovering, tag 0: nobody writes for it). `read_at`: the
+  // monotonic time taken right before the read that returned `owner` was issued. The word
+  // is known unchanged only from the first sighting to that read, so the span ends there:
+  // measured to the time of the call instead, a caller slowed between its read and this call
+  // (ScanSlots fencing an earlier slot of the same pass, a preempted thread) counted its own
+  // delay as the owner's silence and evicted live processes (db_process_test, under load).
+  bool ObservedExpired(uint32_t slot, uint64_t owner, int64_t read_at);
   Result<bool> HolderDead(const Access& access, uint64_t word);
   // Renews `lease` now (CAS on its owner word); fences it locally if that fails.
   Status Renew(const Access& access, SlotLease& lease);
@@ -924,7 +929,10 @@ class NamDatabase final : public Database {
   // `*stop` (under stop_mu_).
   void RunEvery(std::chrono::milliseconds period, const bool* stop,
                 const std::function<void()>& pass);
-  void StartThreads();
+  // The renewal thread starts before the system session is claimed (a claimed slot is renewed
+  // from the start), the maintenance thread once Open is done.
+  void StartRenewals();
+  void StartMaintenance();
   void StopThread(bool* stop, std::thread& thread);
   Status RenewAll(const Access& access);
   Status ScanSlots(const Access& access);

@@ -268,9 +268,10 @@ Status NamDatabase::RecoverExpired() {
     if (mine.count(s)) continue;
     for (;;) {
       uint64_t owner;
+      const int64_t read_at = MonoNs();
       FARPOOL_RETURN_IF_ERROR(access.Read(SlotAddr(s), &owner, 8));
       if (OwnerState(owner) == kSlotFree) break;
-      if (ObservedExpired(s, owner)) {
+      if (ObservedExpired(s, owner, read_at)) {
         FARPOOL_ASSIGN_OR_RETURN(bool done, FenceAndRecover(access, s, owner, kSlotFree));
         if (done) break;  // else changed meanwhile, or a slot this process still uses
       }

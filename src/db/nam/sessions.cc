@@ -10,8 +10,10 @@ namespace farpool::db {
 
 // ================================================================ leases
 
-bool NamDatabase::ObservedExpired(uint32_t slot, uint64_t owner) {
+bool NamDatabase::ObservedExpired(uint32_t slot, uint64_t owner, int64_t read_at) {
   if (OwnerState(owner) == kSlotRecovering && OwnerTag(owner) == 0) return true;
+  // A first sighting counts from now, after its read completed: the later of the two bounds,
+  // as a judgment must never come early.
   const int64_t now = MonoNs();
   std::lock_guard<std::mutex> l(observe_mu_);
   Observed& o = observed_[slot];
@@ -19,7 +21,7 @@ bool NamDatabase::ObservedExpired(uint32_t slot, uint64_t owner) {
     o = {owner, now};
     return false;
   }
-  return now - o.since > lease_ns() + margin_ns();
+  return read_at - o.since > lease_ns() + margin_ns();
 }
 
 Status NamDatabase::Renew(const Access& access, SlotLease& lease) {
@@ -71,19 +73,20 @@ Result<bool> NamDatabase::HolderDead(const Access& access, uint64_t word) {
                             " (the database has " + std::to_string(root_.max_slots) + ")");
   }
   uint64_t owner;
+  const int64_t read_at = MonoNs();
   FARPOOL_RETURN_IF_ERROR(access.Read(SlotAddr(slot), &owner, 8));
   const uint64_t st = OwnerState(owner);
   if (OwnerEpoch(owner) != epoch) {
     // The holder's epoch is over. Every state but "recovering" comes after its log was rolled
     // forward; a recovery that stalls is taken over like an expired session.
     if (st != kSlotRecovering) return true;
-    if (!ObservedExpired(slot, owner)) return false;
+    if (!ObservedExpired(slot, owner, read_at)) return false;
     return FenceAndRecover(access, slot, owner, kSlotFree);
   }
   // Same epoch. A slot freed by its own session had its log finished first (see ~NamSession):
   // a lock still carrying its word is from a commit that was never decided.
   if (st == kSlotFree) return true;
-  if (st == kSlotActive && ObservedExpired(slot, owner)) {
+  if (st == kSlotActive && ObservedExpired(slot, owner, read_at)) {
     return FenceAndRecover(access, slot, owner, kSlotFree);
   }
   return false;
@@ -91,9 +94,10 @@ Result<bool> NamDatabase::HolderDead(const Access& access, uint64_t word) {
 
 Result<std::shared_ptr<SlotLease>> NamDatabase::ClaimSlot(const Access& access, SlotImage* image) {
   for (uint32_t s = 0; s < root_.max_slots; ++s) {
+    const int64_t read_at = MonoNs();
     FARPOOL_RETURN_IF_ERROR(access.Read(SlotAddr(s), image, sizeof(*image)));
     const uint64_t st = OwnerState(image->owner);
-    if (st != kSlotFree && !ObservedExpired(s, image->owner)) continue;
+    if (st != kSlotFree && !ObservedExpired(s, image->owner, read_at)) continue;
     // A free slot is claimed through the recovering state too, so that nobody mistakes the
     // previous epoch's locks for broken before its log (if any) is finished.
     const int64_t sent = MonoNs();
@@ -106,24 +110,36 @@ Result<std::shared_ptr<SlotLease>> NamDatabase::ClaimSlot(const Access& access, 
     lease->epoch = OwnerEpoch(owner);
     lease->owner = owner;
     lease->valid_until = sent + lease_ns() - margin_ns();
-    FARPOOL_RETURN_IF_ERROR(access.Read(SlotAddr(s), image, sizeof(*image)));
-    const uint64_t pid = static_cast<uint64_t>(getpid());
-    FARPOOL_RETURN_IF_ERROR(access.Write(SlotAddr(s) + kSlotPid, &pid, 8));
-    // The slot's log areas, allocated by its first owner and kept by the slot. Published by
-    // CAS from 0, so a claimer that was fenced while allocating never replaces the areas of
-    // the slot's next owner (whose decided commits recovery finds there).
-    auto area = [&](uint64_t field, uint64_t bytes, uint64_t* raw) -> Status {
-      if (*raw != 0) return Status::Ok();
-      FARPOOL_ASSIGN_OR_RETURN(GlobalAddress a, AllocZeroed(access, bytes, Placement::Striped()));
-      FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(SlotAddr(s) + field, 0, a.raw()));
-      *raw = prev == 0 ? a.raw() : prev;
-      return Status::Ok();
-    };
-    FARPOOL_RETURN_IF_ERROR(area(kSlotLog, kLogBytes, &image->log));
-    FARPOOL_RETURN_IF_ERROR(area(kSlotIndexLog, LockOwner::kIndexLogBytes, &image->index_log));
-    const uint64_t idle = 0;
-    FARPOOL_RETURN_IF_ERROR(access.Write(AnnounceAddr(s), &idle, 8));
+    // Renewed from now on: what follows allocates (lease requests to the servers), and so does
+    // the caller (stamp words; Open starts the renewal thread before its system session). Were
+    // it registered only once set up, a slow start under load went unrenewed for lease +
+    // margin and others evicted the starting process (db_process_test, 2026-11-28).
     Register(lease);
+    Hook("session.claimed");
+    auto set_up = [&]() -> Status {
+      FARPOOL_RETURN_IF_ERROR(access.Read(SlotAddr(s), image, sizeof(*image)));
+      const uint64_t pid = static_cast<uint64_t>(getpid());
+      FARPOOL_RETURN_IF_ERROR(access.Write(SlotAddr(s) + kSlotPid, &pid, 8));
+      // The slot's log areas, allocated by its first owner and kept by the slot. Published by
+      // CAS from 0, so a claimer that was fenced while allocating never replaces the areas of
+      // the slot's next owner (whose decided commits recovery finds there).
+      auto area = [&](uint64_t field, uint64_t bytes, uint64_t* raw) -> Status {
+        if (*raw != 0) return Status::Ok();
+        FARPOOL_ASSIGN_OR_RETURN(GlobalAddress a, AllocZeroed(access, bytes, Placement::Striped()));
+        FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(SlotAddr(s) + field, 0, a.raw()));
+        *raw = prev == 0 ? a.raw() : prev;
+        return Status::Ok();
+      };
+      FARPOOL_RETURN_IF_ERROR(area(kSlotLog, kLogBytes, &image->log));
+      FARPOOL_RETURN_IF_ERROR(area(kSlotIndexLog, LockOwner::kIndexLogBytes, &image->index_log));
+      const uint64_t idle = 0;
+      return access.Write(AnnounceAddr(s), &idle, 8);
+    };
+    Status ready = set_up();
+    if (!ready.ok()) {
+      Unregister(lease.get());  // left to expire and be recovered, as a dead session's
+      return ready;
+    }
     return lease;
   }
   return Status::ResourceExhausted("all " + std::to_string(root_.max_slots) +
@@ -196,15 +212,18 @@ void NamDatabase::StopThread(bool* stop, std::thread& thread) {
   if (thread.joinable()) thread.join();
 }
 
-void NamDatabase::StartThreads() {
-  // Errors of a pass are transient (a server being slow or gone): the next pass tries again,
-  // and a lease that cannot be renewed simply runs out, which every user of it checks.
+// Errors of a pass are transient (a server being slow or gone): the next pass tries again,
+// and a lease that cannot be renewed simply runs out, which every user of it checks.
+void NamDatabase::StartRenewals() {
   // Renewals are due every lease/4; looking 8 times per lease keeps them on time.
   const auto renew_period = std::clamp(std::chrono::milliseconds(root_.lease_ms / 8),
                                        std::chrono::milliseconds(1), kGcPeriod);
   renewals_ = std::thread([this, renew_period] {
     RunEvery(renew_period, &stop_renewals_, [this] { (void)RenewAll(access_); });
   });
+}
+
+void NamDatabase::StartMaintenance() {
   maintenance_ = std::thread([this] {
     RunEvery(kGcPeriod, &stop_maintenance_, [this] {
       (void)ScanSlots(access_);
@@ -264,18 +283,22 @@ Status NamDatabase::ScanSlots(const Access& access) {
   const uint64_t counter = CounterOf(word);
   std::vector<SlotImage> slots(n);
   std::vector<uint64_t> announced(n);
+  // Fencing a slot below takes a while (eviction, recovery): the slots after it are judged as
+  // of this read, not as of when the loop reaches them.
+  const int64_t read_at = MonoNs();
   {
     Access::Batch b(access);
     FARPOOL_RETURN_IF_ERROR(b.Read(SlotAddr(0), slots.data(), n * kSlotSize));
     FARPOOL_RETURN_IF_ERROR(b.Read(AnnounceAddr(0), announced.data(), n * 8));
     FARPOOL_RETURN_IF_ERROR(b.Wait());
   }
+  Hook("slots.read");
   uint64_t lwm = counter;
   uint64_t live = 0;
   for (uint32_t s = 0; s < n; ++s) {
     const uint64_t st = OwnerState(slots[s].owner);
     if (st == kSlotFree) continue;
-    if (!mine.count(s) && ObservedExpired(s, slots[s].owner)) {
+    if (!mine.count(s) && ObservedExpired(s, slots[s].owner, read_at)) {
       auto fenced = FenceAndRecover(access, s, slots[s].owner, kSlotFree);
       if (fenced.ok() && *fenced) continue;
     }
