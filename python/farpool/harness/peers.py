@@ -691,18 +691,20 @@ class SQLiteDb:
 
     def __init__(self, cluster: str | None = None, name: str = "social.db", cache_mib: int = 0):
         self.cache_mib = cache_mib
-        self.dir = tempfile.mkdtemp(prefix="farpool-sqlite-", dir="/var/tmp")
+        self.dir = None  # a directory of its own only for a local file (removed at exit)
         if cluster:
             load_farpool_vfs()
             self.target, self.uri = f"file:{name}?vfs=farpool&cluster={cluster}", True
         else:
+            self.dir = tempfile.mkdtemp(prefix="farpool-sqlite-", dir="/var/tmp")
             self.target, self.uri = os.path.join(self.dir, name), False
 
     def __enter__(self) -> "SQLiteDb":
         return self
 
     def __exit__(self, *exc):
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     def connect(self) -> sqlite3.Connection:
         return sqlite_connect(self.target, self.uri, self.cache_mib)
