@@ -44,6 +44,15 @@ LocalClusterOptions Options(int servers, int replicas, bool netns = false) {
   return o;
 }
 
+// `farpool cluster add` for `cluster`, with the options `o` (the new server's) and this
+// build's binary: the new server's id.
+Result<uint16_t> AddServer(LocalClusterOptions o, const TestCluster& cluster) {
+  o.dir = cluster.dir();
+  o.binary = FARPOOL_BINARY;
+  o.die_with_parent = true;
+  return ClusterAdd(o);
+}
+
 bool Contains(const std::vector<uint16_t>& ids, uint16_t id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
@@ -627,11 +636,7 @@ TEST(ClusterAdd, AnAddedServerJoinsGetsABackupAndTakesNewChunks) {
   o.mirror_slots = 2;
   TestCluster cluster(o);
   ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  LocalClusterOptions add = o;
-  add.dir = cluster.dir();
-  add.binary = FARPOOL_BINARY;
-  add.die_with_parent = true;
-  auto id = ClusterAdd(add);
+  auto id = AddServer(o, cluster);
   ASSERT_TRUE(id.ok()) << id.status().ToString();
   EXPECT_EQ(*id, 2);
   auto config = cluster.config();
@@ -709,11 +714,7 @@ TEST(ClusterAdd, ARunningPoolLearnsTheAddedServerAndPlacesChunksThere) {
       std::this_thread::sleep_for(1ms);
     }
   });
-  LocalClusterOptions add = o;
-  add.dir = cluster.dir();
-  add.binary = FARPOOL_BINARY;
-  add.die_with_parent = true;
-  auto id = ClusterAdd(add);
+  auto id = AddServer(o, cluster);
   ASSERT_TRUE(id.ok()) << id.status().ToString();
   ASSERT_EQ(*id, 2);
   // Changes are refused until the coordinator names its backup (re-replication).
@@ -856,10 +857,7 @@ TEST(ClusterAdd, AnAddedServerIsWhereAStrandedRegionGetsItsBackup) {
   ASSERT_EQ(view.map.Find(second)->backup, -1);
   LocalClusterOptions add = Options(kServers, 1);
   add.mirror_slots = 2;  // for both regions left with one copy (the dead server's own too)
-  add.dir = cluster.dir();
-  add.binary = FARPOOL_BINARY;
-  add.die_with_parent = true;
-  auto id = ClusterAdd(add);
+  auto id = AddServer(add, cluster);
   ASSERT_TRUE(id.ok()) << id.status().ToString();
   view = WaitForView(cluster.dir(),
                      [&](const EtcdView& v) { return v.map.Find(second)->backup == *id; });

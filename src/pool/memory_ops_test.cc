@@ -26,6 +26,21 @@ class MemoryOpsTest : public ::testing::Test {
       return inside(64, 4096) || inside(4096, 32768);
     };
   }
+  // The holder of `lock` writes `written` at `data` and sets the lock word to `word`; the
+  // stopped execution `e` (a wait on `lock`, then a read of `data`) is rechecked and run on.
+  // Returns its reply's two words: the wait's previous value and the read (0s on a failure).
+  std::pair<uint64_t, uint64_t> HolderWritesAndResume(Execution& e, uint64_t data, uint64_t written,
+                                                      uint64_t lock, uint64_t word) {
+    std::memcpy(memory_.data() + data, &written, 8);
+    std::memcpy(memory_.data() + lock, &word, 8);
+    EXPECT_TRUE(e.Recheck(region_).ok());
+    EXPECT_TRUE(e.Run(region_, Execution::Wait::kMay));
+    const std::vector<std::byte> reply = e.TakeReply();
+    EXPECT_EQ(reply.size(), 16u);
+    uint64_t words[2] = {0, 0};
+    if (reply.size() == 16) std::memcpy(words, reply.data(), 16);
+    return {words[0], words[1]};
+  }
   uint64_t Word(uint64_t offset) const {
     uint64_t v;
     std::memcpy(&v, memory_.data() + offset, 8);
@@ -527,15 +542,7 @@ TEST_F(MemoryOpsTest, AnExecutionStopsAtAHeldWordAndResumesInOrder) {
   // the one expected: taken from it (kWaitTakeFree), and the read behind sees the write.
   ASSERT_FALSE(e->Run(region_, Execution::Wait::kMay));
   const uint64_t after = 0x2222, released = 4;
-  std::memcpy(memory_.data() + data, &after, 8);
-  std::memcpy(memory_.data() + lock, &released, 8);
-  ASSERT_TRUE(e->Recheck(region_).ok());
-  ASSERT_TRUE(e->Run(region_, Execution::Wait::kMay));
-  const std::vector<std::byte> reply = e->TakeReply();
-  ASSERT_EQ(reply.size(), 16u);
-  uint64_t prev, read;
-  std::memcpy(&prev, reply.data(), 8);
-  std::memcpy(&read, reply.data() + 8, 8);
+  const auto [prev, read] = HolderWritesAndResume(*e, data, after, lock, released);
   EXPECT_EQ(prev, released);
   EXPECT_TRUE(WaitCompareAndSwapSwapped(prev, 2, HeldIsOdd(0, kWaitTakeFree)));
   EXPECT_EQ(Word(lock), 5u);
@@ -608,15 +615,7 @@ TEST_F(MemoryOpsTest, AWaitOnlyWaitsForItsHolderAndChangesNothing) {
   EXPECT_EQ(e->waiting_offset(), lock);
   // The holder writes, then hands the word straight to another holder (5): ours let go.
   const uint64_t written = 0x3333, next_holder = 5;
-  std::memcpy(memory_.data() + data, &written, 8);
-  std::memcpy(memory_.data() + lock, &next_holder, 8);
-  ASSERT_TRUE(e->Recheck(region_).ok());
-  ASSERT_TRUE(e->Run(region_, Execution::Wait::kMay));
-  const std::vector<std::byte> reply = e->TakeReply();
-  ASSERT_EQ(reply.size(), 16u);
-  uint64_t prev, read;
-  std::memcpy(&prev, reply.data(), 8);
-  std::memcpy(&read, reply.data() + 8, 8);
+  const auto [prev, read] = HolderWritesAndResume(*e, data, written, lock, next_holder);
   EXPECT_EQ(prev, next_holder);
   EXPECT_EQ(read, written);
   EXPECT_EQ(Word(lock), next_holder) << "a wait-only swaps nothing";
