@@ -4,11 +4,8 @@
 // a key is present exactly while its server lives and reaches etcd (a SIGKILLed server's key
 // goes, a server whose lease was lost registers again); etcd is not on the data path (the
 // servers serve while it is down); an unreachable etcd is an error that names its URL.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -777,16 +774,9 @@ TEST(ClusterAdd, AServerThatDoesNotAnswerYetIsEnteredOnceItDoes) {
   Writer writer(pool, setup.objects);
   ASSERT_TRUE(writer.AcknowledgedEverywhere(10));
   // A free port, closed again: connections to it are refused until the server below listens.
-  int probe = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(probe, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(getsockname(probe, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  const uint16_t port = ntohs(addr.sin_port);
-  close(probe);
+  auto free_port = coord::FreePort("127.0.0.1");
+  ASSERT_TRUE(free_port.ok()) << free_port.status().ToString();
+  const uint16_t port = *free_port;
   constexpr uint16_t kId = 7;
   auto [etcd, keys] = EtcdOf(cluster);
   ASSERT_TRUE(etcd);

@@ -371,6 +371,27 @@ TEST_F(SqliteVfsTest, AFullPoolIsSqliteFullAndTheDatabaseStaysIntact) {
 class SqliteVfsOverTcpTest : public SqliteVfsTest {
  protected:
   static void SetUpTestSuite() { StartCluster(Fabric::kTcp); }
+
+  // Runs `script` on `db`: `skip` answer lines, then `repeats` times a query's answer (which
+  // must be `value`) and `PRAGMA farpool_round_trips`. Returns the least growth of the count
+  // from one repeat to the next (the smallest is judged: a lease renewal may land between two).
+  uint64_t FewestRoundTripsPerRepeat(const std::string& db, const std::string& script, int skip,
+                                     const std::string& value, size_t repeats) const {
+    Run r = Sql(db, script);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    std::istringstream lines(r.output);
+    std::string line, answer, count;
+    for (int i = 0; i < skip; ++i) std::getline(lines, line);
+    std::vector<uint64_t> counts;
+    while (std::getline(lines, answer) && std::getline(lines, count)) {
+      EXPECT_EQ(answer, value) << r.output;
+      counts.push_back(std::stoull(count));
+    }
+    EXPECT_EQ(counts.size(), repeats) << r.output;
+    uint64_t least = UINT64_MAX;
+    for (size_t i = 1; i < counts.size(); ++i) least = std::min(least, counts[i] - counts[i - 1]);
+    return least;
+  }
 };
 
 // A reader that keeps SQLite's page cache between transactions sees another process's commit:
@@ -395,20 +416,9 @@ TEST_F(SqliteVfsOverTcpTest, AReadTransactionOfCachedPagesCostsOneRoundTrip) {
   std::string script = "SELECT v FROM t WHERE id = 5;\nPRAGMA farpool_round_trips;\n";
   for (int i = 0; i < 8; ++i)
     script += "SELECT v FROM t WHERE id = 5;\nPRAGMA farpool_round_trips;\n";
-  Run r = Sql("trips.db", script);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  std::istringstream lines(r.output);
-  std::string value, count;
-  std::vector<uint64_t> counts;
-  while (std::getline(lines, value) && std::getline(lines, count)) {
-    ASSERT_EQ(value, "35") << r.output;
-    counts.push_back(std::stoull(count));
-  }
-  ASSERT_EQ(counts.size(), 9u) << r.output;
-  uint64_t fewest = UINT64_MAX;
-  for (size_t i = 1; i < counts.size(); ++i) fewest = std::min(fewest, counts[i] - counts[i - 1]);
-  EXPECT_LE(fewest, 1u) << "round trips after each read: " << r.output;
-  EXPECT_GE(fewest, 1u) << "a read transaction takes a lock: " << r.output;
+  const uint64_t fewest = FewestRoundTripsPerRepeat("trips.db", script, 0, "35", 9);
+  EXPECT_LE(fewest, 1u) << "round trips of a read transaction";
+  EXPECT_GE(fewest, 1u) << "a read transaction takes a lock";
 }
 
 // The VFS's page cache keeps what a process read across its transactions: with SQLite's own
@@ -421,20 +431,8 @@ TEST_F(SqliteVfsOverTcpTest, AReReadFromTheVfsCacheCostsOnlyTheLockRoundTrip) {
   auto fewest = [&](const std::string& setup) {
     std::string script = "PRAGMA cache_size = 10;\n" + setup;
     for (int i = 0; i < 5; ++i) script += scan;
-    Run r = Sql("recache.db", script);
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    std::istringstream lines(r.output);
-    std::string line, sum, count;
-    if (!setup.empty()) std::getline(lines, line);  // the pragma's answer
-    std::vector<uint64_t> counts;
-    while (std::getline(lines, sum) && std::getline(lines, count)) {
-      EXPECT_EQ(sum, "350035000") << r.output;
-      counts.push_back(std::stoull(count));
-    }
-    EXPECT_EQ(counts.size(), 5u) << r.output;
-    uint64_t least = UINT64_MAX;
-    for (size_t i = 1; i < counts.size(); ++i) least = std::min(least, counts[i] - counts[i - 1]);
-    return least;
+    // The setup pragma's answer comes first.
+    return FewestRoundTripsPerRepeat("recache.db", script, setup.empty() ? 0 : 1, "350035000", 5);
   };
   EXPECT_EQ(fewest(""), 1u) << "a scan again should cost the lock's round trip only";
   EXPECT_GT(fewest("PRAGMA farpool_cache_mib = 0;\n"), 100u)
