@@ -385,6 +385,24 @@ void File::FinishRefresh() {
   }
 }
 
+Status File::SetCompanions(uint64_t bits, bool set) {
+  uint64_t seen = state_.companions;
+  for (;;) {
+    const uint64_t desired = set ? seen | bits : seen & ~bits;
+    if (desired == seen) break;
+    auto found =
+        store_.pool().CompareAndSwap(header_ + offsetof(FileHeader, companions), seen, desired);
+    if (!found.ok()) return found.status().WithContext(Where() + ": companions");
+    if (*found == seen) {
+      seen = desired;
+      break;
+    }
+    seen = *found;  // changed since we looked: again from what is there
+  }
+  state_.companions = seen;
+  return Status::Ok();
+}
+
 Result<File::PostedRead> File::PostRead(Batch& batch, uint64_t offset, void* out, uint64_t n,
                                         uint16_t server) {
   const uint64_t i = offset / kExtentSize;

@@ -176,6 +176,12 @@ class File {
   uint64_t generation() const { return state_.generation; }
   uint64_t data_version() const { return state_.data_version; }
   GlobalAddress data_version_word() const { return header_ + offsetof(FileHeader, data_version); }
+  // FileHeader::companions (layout.h) as of the last Refresh or this handle's own changes.
+  uint64_t companions() const { return state_.companions; }
+  // Sets or clears `bits` of FileHeader::companions (a CAS from the last value seen: one round
+  // trip when nobody else changed it). REQUIRES: the caller follows the word's protocol
+  // (layout.h).
+  Status SetCompanions(uint64_t bits, bool set);
 
   // A read in a caller's batch (the SQLite VFS reads page 1 with the CAS that takes the
   // database's lock): PostRead posts the read of [offset, offset + n) into `out` if the range
@@ -222,6 +228,7 @@ class File {
     uint64_t leaves[kTopEntries];
     uint64_t direct[kDirectEntries];
     uint64_t data_version;
+    uint64_t companions;
   };
   static_assert(sizeof(State) == kHeaderStateSize);
 

@@ -30,7 +30,8 @@
 //     spare[] likewise for inode headers.
 //
 // Version 2 (the FUSE mount) added FileHeader::attr and StoreImage::spare[]; version 3 added
-// FileHeader::data_version (the SQLite VFS's page cache). An older store is refused by name
+// FileHeader::data_version (the SQLite VFS's page cache); version 4 added FileHeader::companions
+// (the VFS's journal probe). An older store is refused by name
 // (FileStore::Open), not misread, and so is a process of an older build on a newer store.
 #pragma once
 
@@ -46,7 +47,7 @@ namespace farpool::files {
 inline constexpr uint64_t kStoreRootOffset = Pool::kRootSize - 64;
 
 inline constexpr uint64_t kStoreMagic = 0x666172706f6f6c46;  // "farpoolF"
-inline constexpr uint64_t kStoreVersion = 3;
+inline constexpr uint64_t kStoreVersion = 4;
 inline constexpr uint64_t kHeaderMagic = 0x4644482d6c6f6f70;
 
 inline constexpr uint64_t kExtentSize = 256 << 10;
@@ -110,6 +111,11 @@ struct FileHeader {
   // (the SQLite VFS: with the CAS that takes EXCLUSIVE). A reader that sees the same value at
   // two of its lock acquisitions knows nobody wrote in between: its cached pages are current.
   uint64_t data_version;
+  // Kept by the file's user, read with the header: the SQLite VFS sets bit i before it creates
+  // the database's companion file i (its "-journal", "-wal") and clears it after deleting that
+  // file under the database's write lock, so a clear bit says the file does not exist (the
+  // invariant and why it holds: src/tier/sqlite_vfs.cc). 0 for other files.
+  uint64_t companions;
   uint64_t name_length;
   char name[kMaxNameLength + 1];
   InodeAttr attr;
@@ -119,7 +125,7 @@ struct FileHeader {
 inline constexpr uint64_t kHeaderStride = 512;
 static_assert(sizeof(FileHeader) <= kHeaderStride && kExtentSize % kHeaderStride == 0);
 
-// What a handle refreshes in one read: lock .. data_version.
+// What a handle refreshes in one read: lock .. companions.
 inline constexpr uint64_t kHeaderStateOffset = offsetof(FileHeader, lock);
 inline constexpr uint64_t kHeaderStateSize = offsetof(FileHeader, name_length) - kHeaderStateOffset;
 

@@ -21,6 +21,19 @@
 // server, page 1 (SQLite's look at its change counter); xFileSize under a lock needs no refresh
 // (nobody else can change the file then); and the unlock is posted, not waited for (file_lock.h).
 // `PRAGMA farpool_round_trips` counts them.
+//
+// The journal probe without a round trip: SQLite asks whether "-journal" and "-wal" exist at
+// the start of every read transaction, and their names may live on another server than the
+// lock word (or not at all: a database that never had a WAL). The database header's companions
+// word (layout.h), read with the lock's CAS, answers "no" when its bit is clear. Invariant: while
+// companion file i exists, bit i is set. It holds because (1) the VFS sets the bit before it
+// creates the file (xOpen with SQLITE_OPEN_CREATE) and (2) clears it only after the file is
+// deleted, and only while holding the database's RESERVED lock or more, when no other process
+// can create it: SQLite creates journals and WALs only under RESERVED (the hot-journal check
+// opens an existing journal without CREATE). A process that dies between (1) and the create, or
+// deletes without the lock, leaves the bit set: a reader then probes the name as before, never
+// a wrong answer. A clear bit read with the CAS says the file did not exist at that instant,
+// the same instant the probe read of its `exists` word would have seen.
 // xSync returns OK: a write is complete in the servers' memory when xWrite returns
 // (docs/files.md says what that means). There is no xShmMap, so WAL needs
 // `PRAGMA locking_mode=EXCLUSIVE`.
@@ -47,6 +60,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -72,11 +86,14 @@ struct ProcessLock {
   int handles = 0;             // open handles of the file
   int shared = 0;              // handles at SHARED or more
   PoolFile* writer = nullptr;  // the handle at RESERVED or more
-  // Whether the rollback journal and the WAL exist, probed with the CAS that took SHARED: the
+  // Whether the rollback journal and the WAL exist, as of the CAS that took SHARED: the
   // answers to SQLite's checks for a hot journal and a WAL (xAccess) in the same transaction.
-  // Each is used once, and dropped on unlock.
+  // `present` is the header's companions word (bit i: kCompanions[i] may exist) read with the
+  // CAS; a clear bit answers "no" at once, a set one by the probe of the file's name posted in
+  // the same batch (FileStore::PostExists). Each answer is used once, and dropped on unlock.
   static constexpr const char* kCompanions[] = {"-journal", "-wal"};
-  FileStore::ExistsProbe companions[std::size(kCompanions)];
+  uint64_t present = 0;
+  FileStore::ExistsProbe probes[std::size(kCompanions)];
   bool probed[std::size(kCompanions)] = {};
   // Page 1, read with the same CAS where it lives on the lock word's server, into the cache:
   // SQLite's look at its change counter (bytes 24..39) and its read of page 1 that follow are
@@ -174,6 +191,64 @@ Result<Connection*> ConnectionFor(const char* name) {
 }
 
 PoolFile& Of(sqlite3_file* f) { return *reinterpret_cast<PoolFile*>(f); }
+
+// ------------------------------------------------------------------- companion files
+
+uint64_t CompanionBit(size_t i) { return uint64_t{1} << i; }
+
+// A companion file's database: its name without the suffix kCompanions[index], and the handle
+// of this process that has it open (null if none).
+struct Companion {
+  std::string database;
+  size_t index;
+  PoolFile* main;
+};
+// REQUIRES: g_mu held.
+std::optional<Companion> CompanionOf(Connection& c, std::string_view name) {
+  for (size_t i = 0; i < std::size(ProcessLock::kCompanions); ++i) {
+    const std::string_view suffix = ProcessLock::kCompanions[i];
+    if (name.size() <= suffix.size() || !name.ends_with(suffix)) continue;
+    Companion companion{std::string(name.substr(0, name.size() - suffix.size())), i, nullptr};
+    for (PoolFile* f : c.files) {
+      if (f->lock != nullptr && f->file->name() == companion.database) companion.main = f;
+    }
+    return companion;
+  }
+  return std::nullopt;
+}
+
+// Before companion file `name` may be created: its bit in the database's companions word is
+// set (the first half of the invariant in the header comment). The handle's view of the word is
+// current under this process's write lock (Lock refreshed it, and only the lock's holder clears
+// a bit); without it, the header is read again first. REQUIRES: g_mu held.
+Status MarkCompanion(Connection& c, std::string_view name) {
+  std::optional<Companion> companion = CompanionOf(c, name);
+  if (!companion) return Status::Ok();
+  std::unique_ptr<File> opened;
+  File* main = companion->main != nullptr ? companion->main->file.get() : nullptr;
+  if (main == nullptr) {
+    auto f = c.store->OpenFile(companion->database, OpenMode::kExisting);
+    if (f.status().code() == StatusCode::kNotFound) return Status::Ok();  // no database to mark
+    if (!f.ok()) return f.status();
+    opened = std::move(*f);
+    main = opened.get();
+  } else if (companion->main->lock->writer == nullptr) {
+    FARPOOL_RETURN_IF_ERROR(main->Refresh());
+  }
+  return main->SetCompanions(CompanionBit(companion->index), /*set=*/true);
+}
+
+// After companion file `name` was deleted (or found absent): its bit is cleared if this process
+// holds the database's write lock, the only time nobody else can create the file (SQLite
+// creates journals under RESERVED or more). Otherwise the bit stays set: a set bit costs a
+// reader a probe, never a wrong answer. REQUIRES: g_mu held.
+Status UnmarkCompanion(Connection& c, std::string_view name) {
+  std::optional<Companion> companion = CompanionOf(c, name);
+  if (!companion || companion->main == nullptr || companion->main->lock->writer == nullptr) {
+    return Status::Ok();
+  }
+  return companion->main->file->SetCompanions(CompanionBit(companion->index), /*set=*/false);
+}
 
 // ------------------------------------------------------------------- sqlite3_io_methods
 
@@ -355,7 +430,7 @@ int Lock(sqlite3_file* f, int level) {
         FARPOOL_RETURN_IF_ERROR(p.file->PostRefresh(batch));
         for (size_t i = 0; i < std::size(l.kCompanions); ++i) {
           FARPOOL_RETURN_IF_ERROR(
-              store.PostExists(batch, p.file->name() + l.kCompanions[i], server, &l.companions[i]));
+              store.PostExists(batch, p.file->name() + l.kCompanions[i], server, &l.probes[i]));
         }
         FARPOOL_ASSIGN_OR_RETURN(l.head_read,
                                  p.file->PostRead(batch, 0, l.head.data(), l.head.size(), server));
@@ -364,6 +439,7 @@ int Lock(sqlite3_file* f, int level) {
       if (s.ok()) {
         p.file->FinishRefresh();
         refreshed = &p;
+        l.present = p.file->companions();
         std::fill(std::begin(l.probed), std::end(l.probed), true);
         CheckCache(l, *p.file);
       }
@@ -482,6 +558,13 @@ int Open(sqlite3_vfs*, const char* name, sqlite3_file* f, int flags, int* out_fl
     c = ConnectionFor(name);
   }
   if (!c.ok()) return Fail(c.status().WithContext(name), SQLITE_CANTOPEN);
+  if ((flags & SQLITE_OPEN_CREATE) != 0) {
+    Status s = MarkCompanion(**c, name);
+    if (!s.ok()) {
+      Release(*c);
+      return Fail(s.WithContext(name), SQLITE_CANTOPEN);
+    }
+  }
   const OpenMode mode = (flags & SQLITE_OPEN_EXCLUSIVE) != 0 ? OpenMode::kCreateExclusive
                         : (flags & SQLITE_OPEN_CREATE) != 0  ? OpenMode::kCreate
                                                              : OpenMode::kExisting;
@@ -517,6 +600,14 @@ int Delete(sqlite3_vfs*, const char* name, int) {
   auto c = ConnectionFor(name);
   if (!c.ok()) return Fail(c.status().WithContext(name), SQLITE_IOERR_DELETE);
   Status s = (*c)->store->Delete(name);
+  const bool gone = s.ok() || s.code() == StatusCode::kNotFound;
+  if (gone) {
+    Status u = UnmarkCompanion(**c, name);
+    if (!u.ok()) {
+      Release(*c);
+      return Fail(u.WithContext(name), SQLITE_IOERR_DELETE);
+    }
+  }
   Release(*c);
   if (s.code() == StatusCode::kNotFound) return SQLITE_IOERR_DELETE_NOENT;
   return s.ok() ? SQLITE_OK : Fail(s, SQLITE_IOERR_DELETE);
@@ -529,15 +620,19 @@ int Access(sqlite3_vfs*, const char* name, int, int* out) {
   // SQLite's checks for a hot journal and a WAL after SHARED was taken: answered by the
   // lock's probes.
   FileStore::ExistsProbe* probe = nullptr;
+  bool absent = false;  // the database's companions word says so
   for (auto& [_, l] : (*c)->locks) {
     for (size_t i = 0; i < std::size(l->kCompanions); ++i) {
-      if (l->probed[i] && l->companions[i].name == name) {
+      if (l->probed[i] && l->probes[i].name == name) {
         l->probed[i] = false;
-        probe = &l->companions[i];
+        probe = &l->probes[i];
+        absent = (l->present & CompanionBit(i)) == 0;
       }
     }
   }
-  auto exists = probe != nullptr ? (*c)->store->FinishExists(*probe) : (*c)->store->Exists(name);
+  Result<bool> exists = absent             ? Result<bool>(false)
+                        : probe != nullptr ? (*c)->store->FinishExists(*probe)
+                                           : (*c)->store->Exists(name);
   Release(*c);
   if (!exists.ok()) return Fail(exists.status(), SQLITE_IOERR_ACCESS);
   *out = *exists ? 1 : 0;

@@ -46,10 +46,10 @@ std::string ReadFile(const std::string& path) {
 class SqliteVfsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { StartCluster(Fabric::kShm); }
-  static void StartCluster(Fabric fabric) {
+  static void StartCluster(Fabric fabric, int servers = 1) {
     if (!HaveSqlite3()) return;
     LocalClusterOptions o;
-    o.servers = 1;
+    o.servers = servers;
     o.memory = 128ull << 20;
     o.chunk_size = 1ull << 20;
     o.transport = fabric;
@@ -457,6 +457,39 @@ TEST_F(SqliteVfsOverTcpTest, AWriterInAnotherProcessInvalidatesTheReadersCache) 
   }
   EXPECT_EQ(a.Finish(), 0) << a.Output();
   EXPECT_EQ(a.Output(), expected);
+}
+
+// Two servers over TCP: the names of a database's journal and WAL (their name-table buckets,
+// their headers) live on either server, so whether they exist is not always readable in the
+// lock's batch (which reaches the lock word's server only).
+class SqliteVfsOverTwoServersTest : public SqliteVfsOverTcpTest {
+ protected:
+  static void SetUpTestSuite() { StartCluster(Fabric::kTcp, /*servers=*/2); }
+};
+
+// A read transaction is still one round trip: the database header's companions word, read with
+// the lock, says that neither a journal nor a WAL exists, so SQLite's checks for them cost
+// nothing wherever their names live (they cost a round trip to the other server before).
+TEST_F(SqliteVfsOverTwoServersTest, AReadTransactionOfCachedPagesCostsOneRoundTrip) {
+  for (const std::string db : {"two-a.db", "two-b.db", "two-c.db"}) {
+    CreateRows(db);
+    std::string script;
+    for (int i = 0; i < 9; ++i)
+      script += "SELECT v FROM t WHERE id = 5;\nPRAGMA farpool_round_trips;\n";
+    EXPECT_EQ(FewestRoundTripsPerRepeat(db, script, 0, "35", 9), 1u)
+        << db << ": round trips of a read transaction";
+  }
+}
+
+// The companions word keeps a hot journal found on two servers as on one: a writer killed with
+// its changes spilled into the database leaves its journal (and the word's bit) behind; the next
+// process rolls it back.
+TEST_F(SqliteVfsOverTwoServersTest, AKilledWritersJournalIsFoundAndRolledBack) {
+  Interactive a(Path("two-killed.log"));
+  ASSERT_NO_FATAL_FAILURE(
+      Hold(a, "two-killed.db", "PRAGMA cache_size = 2;\nBEGIN;\nUPDATE t SET v = v + 1;\n"));
+  a.Kill();
+  ExpectRows("two-killed.db", ".timeout 20000\n");
 }
 
 }  // namespace
