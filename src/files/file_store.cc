@@ -296,8 +296,21 @@ Status FileStore::Push(const Recycler& list, GlobalAddress object) {
   return pool_.FetchAdd(image_ + offsetof(StoreImage, leaked), 1).status();
 }
 
-Result<GlobalAddress> FileStore::TakeBlock(bool zeroed) {
-  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress block, Pop(Blocks()));
+Result<GlobalAddress> FileStore::TakeBlock(bool zeroed, std::optional<uint16_t> server) {
+  GlobalAddress block;
+  if (server) {
+    // New memory there rather than a search of the free list for a block on that server (up
+    // to kFreeSlots / kFreeWindow reads); a full server leaves the choice to the list.
+    auto placed = pool_.Alloc(kExtentSize, Placement::OnServer(*server));
+    if (placed.ok()) {
+      block = *placed;
+    } else if (placed.status().code() != StatusCode::kOutOfMemory) {
+      return placed.status();
+    }
+  }
+  if (block.is_null()) {
+    FARPOOL_ASSIGN_OR_RETURN(block, Pop(Blocks()));
+  }
   if (block.is_null()) {
     FARPOOL_ASSIGN_OR_RETURN(block, pool_.Alloc(kExtentSize));
   }
@@ -493,7 +506,10 @@ Status File::LoadExtents(uint64_t first, uint64_t last, bool allocate, const Fil
   };
   for (uint64_t i = first; i <= last; ++i) {
     if (extents_[i] != 0) continue;
-    auto block = store_.TakeBlock(fill == nullptr);
+    // Extent 0 on the header's server: a reader's first page comes with the lock's batch
+    // (PostRead), which reaches that server only.
+    auto block = store_.TakeBlock(
+        fill == nullptr, i == 0 ? std::optional<uint16_t>(header_.server()) : std::nullopt);
     if (!block.ok()) {
       give_back();
       return block.status().WithContext(Where());

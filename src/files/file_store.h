@@ -42,6 +42,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -108,8 +109,9 @@ class FileStore {
 
   // An extent-sized block (leaf or extent): from the free list, else a new Alloc; zeroed unless
   // `zeroed` is false (the caller writes all of it before anyone can read it: a recycled block
-  // holds another file's old bytes).
-  Result<GlobalAddress> TakeBlock(bool zeroed = true);
+  // holds another file's old bytes). With `server`, a new Alloc there first (a file's extent
+  // 0 goes on its header's server); the free list and other servers if it is full.
+  Result<GlobalAddress> TakeBlock(bool zeroed = true, std::optional<uint16_t> server = {});
   // Gives a block back: to the free list; if it is full, Pool::Free (this process's own
   // blocks); else it is counted in StoreImage::leaked.
   Status ReleaseBlock(GlobalAddress block);

@@ -198,6 +198,26 @@ TEST_F(FileStoreTest, InodesKeepAttributesAndRecycleTheirHeaders) {
   EXPECT_LE(leased() - before, 1u << 20);
 }
 
+// A file's extent 0 is on its header's server (2 servers here), so the first page can be read
+// in the batch that takes the lock (PostRead posts only reads to the server named), whichever
+// server the striping would have picked.
+TEST_F(FileStoreTest, TheFirstExtentIsOnTheHeadersServer) {
+  const auto page = Pattern(4096, 7);
+  for (int i = 0; i < 8; ++i) {
+    auto f = Create("first-extent-" + std::to_string(i) + ".db");
+    ASSERT_NE(f, nullptr);
+    ASSERT_TRUE(f->Write(0, page.data(), page.size()).ok());
+    std::vector<unsigned char> got(page.size());
+    Batch batch(*pool_);
+    auto read = f->PostRead(batch, 0, got.data(), got.size(), f->header().server());
+    ASSERT_TRUE(read.ok()) << read.status().ToString();
+    ASSERT_NE(read->extent, 0u) << f->name() << ": extent 0 is not on server "
+                                << f->header().server();
+    ASSERT_TRUE(batch.Wait().ok());
+    EXPECT_EQ(got, page);
+  }
+}
+
 TEST_F(FileStoreTest, HolesReadAsZerosAcrossExtents) {
   auto f = Create("holes.db");
   ASSERT_NE(f, nullptr);
