@@ -60,6 +60,19 @@ Result<uint64_t> FileLock::Swap(uint64_t expected, uint64_t desired,
   return prev;
 }
 
+Result<uint64_t> FileLock::Add(uint64_t delta, const std::function<Status(Batch&)>& with) {
+  uint64_t prev = 0;
+  Batch batch(pool_);
+  FARPOOL_RETURN_IF_ERROR(batch.FetchAdd(word_, delta, &prev));
+  if (with) {
+    FARPOOL_RETURN_IF_ERROR(batch.Fence());
+    FARPOOL_RETURN_IF_ERROR(with(batch));
+  }
+  FARPOOL_RETURN_IF_ERROR(batch.Wait());
+  seen_ = prev + delta;
+  return prev;
+}
+
 Status FileLock::Settle() {
   if (posted_by_ == ThreadToken()) {
     // This thread's next operation on the word's server is ordered behind the release.
@@ -132,6 +145,23 @@ Status FileLock::Lock(LockLevel level, const std::function<Status(Batch&)>& with
     if (conflict != nullptr) {
       FARPOOL_RETURN_IF_ERROR(Conflict(writer, conflict));
       FARPOOL_RETURN_IF_ERROR(ReadWord(&w));
+      continue;
+    }
+    if (level == LockLevel::kShared && fresh && (w & mine) == 0) {
+      // The word changed since this handle last saw it (other readers come and go): rather
+      // than CAS again from the value just returned, which they may change again before it
+      // arrives (a CAS per change, without bound), add our bit. Exact whatever else changes:
+      // it is clear (fresh from the server) and only we set it.
+      FARPOOL_ASSIGN_OR_RETURN(const uint64_t prev, Add(mine, with));
+      const int now_writer = Writer(prev);
+      if (now_writer < 0 || now_writer == me || (prev & (kPendingBit | kExclusiveBit)) == 0) {
+        level_ = LockLevel::kShared;
+        return Status::Ok();
+      }
+      // A writer took PENDING meanwhile: our bit comes out again (before SQLITE_BUSY, so that
+      // it does not keep the writer waiting), and the conflict is judged as above.
+      FARPOOL_RETURN_IF_ERROR(Add(~mine + 1, {}).status());
+      w = prev;
       continue;
     }
     if (desired != w) {

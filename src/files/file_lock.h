@@ -11,7 +11,11 @@
 // How it works: every Lock/Unlock computes the new word from the last value this handle saw
 // and CASes, retrying from the value the CAS returns on a lost race: one round trip when the
 // word did not change since (one process, or readers that come and go rarely), two otherwise,
-// as reading it first would always cost. A request that conflicts with a holder asks the lease
+// as reading it first would always cost. SHARED whose CAS lost to a change takes its bit with a
+// fetch-and-add instead (exact: the bit is ours and was clear in the word the CAS returned), so
+// readers that keep changing the word cost each other at most one round trip, not a CAS per
+// change; a writer's PENDING found by that add is answered by subtracting the bit again.
+// A request that conflicts with a holder asks the lease
 // table whether the holder is dead; if so it sweeps the holder's slot (its bits leave every lock
 // word, lease.h) and retries, else it returns Aborted (SQLITE_BUSY: SQLite's busy handler sleeps
 // and calls again, so a dead holder's lock is broken after lease + margin of retries).
@@ -89,6 +93,9 @@ class FileLock {
   // word found (== expected: swapped) and sets seen_.
   Result<uint64_t> Swap(uint64_t expected, uint64_t desired,
                         const std::function<Status(Batch&)>& with);
+  // Adds `delta` to the word with `with` posted after it; returns the word before and sets
+  // seen_ to the word after.
+  Result<uint64_t> Add(uint64_t delta, const std::function<Status(Batch&)>& with);
 
   Pool& pool_;
   const GlobalAddress word_;

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <numeric>
@@ -396,6 +398,51 @@ TEST_F(FileStoreTest, LockLevelsBetweenTwoHolders) {
   uint64_t word = 1;
   ASSERT_TRUE(pool_->Read(f->lock_word(), &word, 8).ok());
   EXPECT_EQ(word, 0u);
+}
+
+// Readers that keep changing the lock word (B, over shared memory, takes and drops SHARED
+// without pause) cost a reader over TCP (A) at most one round trip more per lock: its CAS from
+// the word it last saw fails, the fetch-and-add of its bit that follows cannot. Before, A
+// CASed again from each word returned, which B had changed again by the time it arrived.
+TEST_F(FileStoreTest, ASharedLockAmongBusyReadersTakesAtMostTwoRoundTrips) {
+  auto config = cluster_->config();
+  ASSERT_TRUE(config.ok());
+  PoolOptions tcp;
+  tcp.transport = Fabric::kTcp;
+  auto pool = Pool::Connect(*config, tcp);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  auto store = FileStore::Open(**pool);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  auto f = (*store)->OpenFile("busy-readers.db", OpenMode::kCreate);
+  ASSERT_TRUE(f.ok());
+  auto a_leases = LeaseTable::Attach(**store, [&](int slot) { return ClearSlot(**store, slot); });
+  auto b_leases = LeaseTable::Attach(*store_, [&](int slot) { return ClearSlot(*store_, slot); });
+  ASSERT_TRUE(a_leases.ok() && b_leases.ok());
+  FileLock a(**pool, (*f)->lock_word(), **a_leases);
+  FileLock b(*pool_, (*f)->lock_word(), **b_leases);
+  std::atomic<bool> stop{false};
+  std::thread reader([&] {
+    while (!stop.load()) {
+      ASSERT_TRUE(b.Lock(LockLevel::kShared).ok());
+      ASSERT_TRUE(b.Unlock(LockLevel::kNone).ok());
+    }
+  });
+  auto trips = [&] { return (*pool)->counters().round_trips - (*a_leases)->renewals(); };
+  uint64_t most = 0;
+  for (int i = 0; i < 200; ++i) {
+    const uint64_t before = trips();
+    ASSERT_TRUE(a.Lock(LockLevel::kShared).ok()) << "lock " << i;
+    most = std::max(most, trips() - before);
+    ASSERT_TRUE(a.Unlock(LockLevel::kNone).ok());
+  }
+  stop = true;
+  reader.join();
+  EXPECT_LE(most, 2u) << "round trips of the costliest SHARED lock among busy readers";
+  ASSERT_TRUE(a.Drain().ok());
+  ASSERT_TRUE(b.Drain().ok());
+  uint64_t word = 1;
+  ASSERT_TRUE(pool_->Read((*f)->lock_word(), &word, 8).ok());
+  EXPECT_EQ(word, 0u) << "every bit taken was given back";
 }
 
 // The release of SHARED is posted (file_lock.h). Over TCP each thread has its own connections,
