@@ -196,8 +196,9 @@ PoolFile& Of(sqlite3_file* f) { return *reinterpret_cast<PoolFile*>(f); }
 
 uint64_t CompanionBit(size_t i) { return uint64_t{1} << i; }
 
-// A companion file's database: its name without the suffix kCompanions[index], and the handle
-// of this process that has it open (null if none).
+// A companion file's database: its name without the suffix kCompanions[index], and a handle of
+// this process that has it open (null if none): the writer's if it has one, whose view of the
+// companions word follows this process's own changes.
 struct Companion {
   std::string database;
   size_t index;
@@ -210,7 +211,8 @@ std::optional<Companion> CompanionOf(Connection& c, std::string_view name) {
     if (name.size() <= suffix.size() || !name.ends_with(suffix)) continue;
     Companion companion{std::string(name.substr(0, name.size() - suffix.size())), i, nullptr};
     for (PoolFile* f : c.files) {
-      if (f->lock != nullptr && f->file->name() == companion.database) companion.main = f;
+      if (f->lock == nullptr || f->file->name() != companion.database) continue;
+      if (companion.main == nullptr || f->lock->writer == f) companion.main = f;
     }
     return companion;
   }
