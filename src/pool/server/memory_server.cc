@@ -745,12 +745,17 @@ Status MemoryServer::Impl::CopyStep(BackupLink& link, Copy& copy, const std::byt
                         held.root ? wire::kMirrorLeaseRoot : wire::kMirrorLease, held.owner});
     }
   }
-  const uint64_t n = std::min(kCopySlice, size - copy.next);
-  const memory_ops::Range slice{copy.next, n};
-  FARPOOL_RETURN_IF_ERROR(
-      link.Forward(base, {&slice, 1}, leases, [this, &link] { return DeclaredGone(link); }));
-  copy.book_sent = true;
-  copy.next += n;
+  // Pieces until the slice or the tick's budget is spent (kCopyBudget: the loop serves between).
+  const auto until = Clock::now() + kCopyBudget;
+  for (uint64_t sent = 0; copy.next < size && sent < kCopySlice && Clock::now() < until;) {
+    const memory_ops::Range piece{copy.next, std::min(kCopyPiece, size - copy.next)};
+    FARPOOL_RETURN_IF_ERROR(
+        link.Forward(base, {&piece, 1}, leases, [this, &link] { return DeclaredGone(link); }));
+    leases.clear();
+    copy.book_sent = true;
+    copy.next += piece.size;
+    sent += piece.size;
+  }
   if (copy.next < size) return Status::Ok();
   // With the wall clock (ms since the epoch), to line the copy up with a client's timeline.
   std::fprintf(stderr, "%s: %s (%s) is copied to %s in %lld ms (done at %lld): two copies again\n",
