@@ -313,6 +313,10 @@ class Writer {
   }
   // Writes that failed (outcome unknown) so far, and the latest failure's error.
   uint64_t failures() const { return failures_.load(); }
+  uint64_t failures(size_t object) {
+    std::lock_guard lock(mu_);
+    return log_[object].failures;
+  }
   std::string last_error() {
     std::lock_guard lock(mu_);
     return last_error_;
@@ -336,6 +340,7 @@ class Writer {
     uint64_t acked = 0;
     uint64_t acks = 0;
     std::vector<uint64_t> unknown;  // written after `acked`, outcome unknown
+    uint64_t failures = 0;
   };
   void Run() {
     uint64_t next = 0;
@@ -350,6 +355,7 @@ class Writer {
           ++log_[i].acks;
         } else {
           log_[i].unknown.push_back(value);
+          ++log_[i].failures;
           ++failures_;
           last_error_ = st.ToString();
         }
@@ -521,6 +527,45 @@ TEST(CoordinatorFailover, AnotherCoordinatorIsElectedAndHandlesLaterFailures) {
 // (the first one a second time, from its new backup), and no acknowledged write is lost: not
 // the bytes written before the first failure (copied), nor those written after the copies
 // (forwarded).
+// SIGKILL of the coordinator, which is also the backup of another server's region: the server
+// whose mirror saw it go finds its port refusing connections and revokes its lease, so another
+// coordinator is elected at once rather than after the 2 s TTL, and it degrades the primary
+// whose backup died before that primary's forwards time out (backup_timeout, 1 s) and its
+// serving lease (1 s) lapses. The writes to the surviving servers' objects never fail; without
+// the revocation every one of them failed for a second ("the change was applied here but not
+// acknowledged", then "its backup has not answered").
+TEST(CoordinatorFailover, AKilledCoordinatorIsReplacedBeforeItsPrimaryStopsServing) {
+  constexpr int kServers = 3;
+  TestCluster cluster(Options(kServers, 1, /*netns=*/true));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  FailoverSetup setup;
+  ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
+  const int victim = Coordinator(cluster.dir());
+  ASSERT_GE(victim, 0) << "no coordinator elected";
+  const int primary = (victim + kServers - 1) % kServers;  // its backup is the victim
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  Writer writer(*setup.pool, setup.objects);
+  ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[victim].pid), SIGKILL), 0);
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failover";
+  writer.Stop();
+  writer.CheckIntact();
+  for (int s = 0; s < kServers; ++s) {
+    if (s == victim) continue;  // a write in flight at the kill fails: its outcome is unknown
+    EXPECT_EQ(writer.failures(s), 0u)
+        << "writes to server " << s << (s == primary ? " (the victim's primary)" : "")
+        << " failed, the latest: " << writer.last_error();
+  }
+  EtcdView view = ClusterEtcdStatus(cluster.dir()).value();
+  EXPECT_EQ(view.map.epoch, 2);
+  EXPECT_EQ(view.map.Find(victim)->served_by, (victim + 1) % kServers);
+  EXPECT_EQ(view.map.Find(primary)->backup, -1) << "degraded";
+  const std::string log =
+      FileTail(cluster.dir() + "/server-" + std::to_string((victim + 1) % kServers) + ".log", 4000);
+  EXPECT_NE(log.find("its lease revoked"), std::string::npos) << log;
+}
+
 TEST(ReReplication, EveryRegionGetsABackupAgainAndSurvivesASecondFailure) {
   constexpr int kServers = 3;
   LocalClusterOptions o = Options(kServers, 1, /*netns=*/true);

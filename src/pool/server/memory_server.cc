@@ -365,10 +365,12 @@ Status MemoryServer::Impl::Init() {
     }
     mirror_ = std::make_unique<Mirror>(
         options_.mirror_of, slots, region_->data() + chunks_.region_size(), chunks_.region_size(),
-        chunks_.chunk_size(), *auth_, [this](uint16_t backup) {
+        chunks_.chunk_size(), *auth_,
+        [this](uint16_t backup) {
           backup_gone_.store(backup);
           am_->Wake();  // held replies wait for this
-        });
+        },
+        options_.on_primary_closed);
     FARPOOL_RETURN_IF_ERROR(mirror_->Start(options_.host, options_.fabric, Name()));
   }
   auto boot = BootId();

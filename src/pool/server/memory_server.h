@@ -169,6 +169,10 @@ struct ServerOptions {
   // took the data over: this server is fenced and refuses everything from then on). `farpool
   // server` shuts down then, so that its clients see it gone and follow the data.
   std::function<void(const Status&)> on_fenced;
+  // Called on the mirror's loop (must not block) when the connection of a primary whose copy
+  // this server keeps closes (Mirror: evidence that it is gone, not proof). `farpool server`
+  // has its membership check it (coord::Membership::PeerClosed).
+  std::function<void(uint16_t primary_id)> on_primary_closed;
 };
 
 // How many evicted process tags a server remembers (the oldest is forgotten first): 8 bytes each
