@@ -51,18 +51,35 @@ Result<control::Reply> Coordinator::Ask(const coord::MapServer& to, uint16_t por
   auto kept = open_.find(key);
   if (kept != open_.end()) {
     auto reply = kept->second->Call(encode, expected);
-    if (!kept->second->failed()) return reply;
+    if (!kept->second->failed()) {
+      // No answer in time: the connection is dropped, so that a late answer meets no later ask.
+      if (reply.status().code() == StatusCode::kTimedOut) {
+        kept->second->CloseNow();
+        open_.erase(kept);
+      }
+      return reply;
+    }
     open_.erase(kept);  // lost (the server restarted, or is gone): once more on a fresh one
   }
   FARPOOL_ASSIGN_OR_RETURN(auto connection, Open(to, port));
   auto reply = connection->Call(encode, expected);
-  if (!connection->failed()) open_[key] = std::move(connection);
+  if (connection->failed() || reply.status().code() == StatusCode::kTimedOut) {
+    connection->CloseNow();
+  } else {
+    open_[key] = std::move(connection);
+  }
   return reply;
 }
 
 void Coordinator::OpenAhead(const coord::ClusterMap& map,
                             const std::map<uint16_t, uint16_t>& mirror_ports) {
-  std::erase_if(open_, [&](const auto& kept) { return !mirror_ports.contains(kept.first.first); });
+  // Those of servers no longer alive (stopped or cut off, maybe: a graceful close would hold
+  // this thread, and its keepalives, for up to 2 s).
+  std::erase_if(open_, [&](auto& kept) {
+    if (mirror_ports.contains(kept.first.first)) return false;
+    kept.second->CloseNow();
+    return true;
+  });
   for (const auto& [id, port] : mirror_ports) {
     const coord::MapServer* to = map.Find(id);
     if (port == 0 || to == nullptr || open_.contains({id, port})) continue;

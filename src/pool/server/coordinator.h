@@ -37,7 +37,9 @@
 // died fails its held replies after its forward's 1 s backup_timeout. The coordinator now keeps
 // one connection per server and port, opens the mirror ports' ahead (one a tick, while nothing
 // else is to do), and reuses them: an ask is one round trip. A kept connection that has failed
-// is dropped and the ask made once more on a fresh one.
+// is dropped and the ask made once more on a fresh one; one whose answer did not come in time is
+// closed (at once: a graceful close waits up to 2 s for a stopped peer), as are those of servers
+// whose alive key went.
 //
 // Thread-safety: Tick from one thread (the membership thread).
 #pragma once
@@ -78,8 +80,8 @@ class Coordinator {
   // connection kept for them (opened if none; see the header).
   Result<control::Reply> Ask(const coord::MapServer& to, uint16_t port,
                              const control::Encoder& encode, wire::Opcode expected);
-  // Opens the connection to one live server's mirror port that is not open yet, and drops the
-  // connections to servers no longer alive.
+  // Opens the connection to one live server's mirror port that is not open yet, and closes
+  // (at once, CloseNow) the connections to servers no longer alive.
   void OpenAhead(const coord::ClusterMap& map, const std::map<uint16_t, uint16_t>& mirror_ports);
   // Promote + Degrade; OK, Aborted ("not yet") or the failure.
   // `mirror_ports`: by server id, from the alive keys.

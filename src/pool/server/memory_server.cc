@@ -149,8 +149,9 @@ class MemoryServer::Impl : public transport::AmHandler {
   void ReleaseHeld();
   // Re-replication: the next slice of the copy to a new backup (see the header).
   void CopySlice();
-  // One slice of `copy` of [base, base + size) to `link`, the lease book `book` with the
-  // first: Ok, or why it failed. Logs when the copy is complete (copy.next == size).
+  // The next slice of `copy` of [base, base + size) to `link` (pieces of kCopyPiece while the
+  // tick's kCopyBudget lasts), the lease book `book` with the first: Ok, or why it failed. Logs
+  // when the copy is complete (copy.next == size).
   Status CopyStep(BackupLink& link, Copy& copy, const std::byte* base, uint64_t size,
                   const std::map<uint64_t, ChunkAllocator::Held>& book, const std::string& what);
   // A backup for region `request.region`, which this server serves from a promoted slot.
