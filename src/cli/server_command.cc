@@ -6,7 +6,10 @@
 #include <atomic>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "cli/commands.h"
 #include "common/process.h"
@@ -122,6 +125,14 @@ int RunServer(const ServerArgs& a) {
     fenced = true;
     kill(getpid(), SIGTERM);  // taken by the wait below: an orderly shutdown
   };
+  // Primaries whose connection to this server's mirror closed (the mirror's loop reports them),
+  // for the membership to check whether they are gone (coord::Membership::Options::closed).
+  static std::mutex closed_mu;
+  static std::vector<uint16_t> closed;  // guarded by closed_mu
+  o.on_primary_closed = [](uint16_t id) {
+    std::lock_guard lock(closed_mu);
+    closed.push_back(id);
+  };
   auto server = MemoryServer::Start(o);
   if (!server.ok()) return Fail(server.status().message());
   std::printf("farpool server %d listening on %s:%u, donating %s (progress %s, transport %s)\n",
@@ -161,6 +172,10 @@ int RunServer(const ServerArgs& a) {
           id, static_cast<long long>(map.epoch), me->served_by);
       std::fflush(stdout);
       kill(getpid(), SIGTERM);  // taken by the wait below: an orderly shutdown
+    };
+    mo.closed = [] {
+      std::lock_guard lock(closed_mu);
+      return std::exchange(closed, {});
     };
     auto m = coord::Membership::Start(mo);
     if (!m.ok()) return Fail(m.status().message());

@@ -1,11 +1,52 @@
 #include "coord/membership.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "farpool/cluster.h"
+
 namespace farpool::coord {
+namespace {
+
+// Whether a TCP connection to `address` (HOST:PORT) is refused within `timeout`: nothing
+// listens there (the host answered). A timeout, an unreachable host or an accepted connection
+// is not a refusal.
+bool Refused(const std::string& address, std::chrono::milliseconds timeout) {
+  auto hp = ParseHostPort(address);
+  if (!hp.ok()) return false;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(hp->first.c_str(), std::to_string(hp->second).c_str(), &hints, &found) != 0) {
+    return false;
+  }
+  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  bool refused = false;
+  if (fd >= 0) {
+    int error = connect(fd, found->ai_addr, found->ai_addrlen) == 0 ? 0 : errno;
+    if (error == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      socklen_t length = sizeof(error);
+      error = poll(&p, 1, static_cast<int>(timeout.count())) == 1 &&
+                      getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0
+                  ? error
+                  : ETIMEDOUT;
+    }
+    refused = error == ECONNREFUSED;
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return refused;
+}
+
+}  // namespace
 
 Membership::Membership(const Options& options) : options_(options), keys_{options.prefix} {}
 
@@ -54,6 +95,24 @@ Status Membership::Register() {
   return Status::Ok();
 }
 
+void Membership::CheckClosedPeers() {
+  if (!options_.closed) return;
+  for (uint16_t id : options_.closed()) {
+    if (id == options_.id) continue;
+    auto kv = etcd_->Get(keys_.Alive(id));
+    if (!kv.ok() || !kv->has_value() || (*kv)->lease == 0) continue;  // gone already, or unknown
+    auto value = nlohmann::json::parse((*kv)->value, nullptr, /*allow_exceptions=*/false);
+    if (!value.is_object() || !value.contains("address") || !value["address"].is_string()) continue;
+    const std::string address = value["address"].get<std::string>();
+    if (!Refused(address, std::chrono::milliseconds(300))) continue;
+    Status revoked = etcd_->RevokeLease((*kv)->lease);
+    std::printf("farpool server %u: server %u's connection closed and %s refuses connections: %s\n",
+                options_.id, id, address.c_str(),
+                revoked.ok() ? "its lease revoked (it is gone)"
+                             : ("revoking its lease: " + revoked.message()).c_str());
+  }
+}
+
 void Membership::Elect() {
   const std::string me = std::to_string(options_.id);
   if (coordinator_) {
@@ -80,6 +139,7 @@ void Membership::Run() {
   std::unique_lock lock(mu_);
   while (!cv_.wait_for(lock, tick, [&] { return stop_; })) {
     lock.unlock();
+    CheckClosedPeers();
     if (std::chrono::steady_clock::now() >= next_keepalive || !registered_) {
       next_keepalive = std::chrono::steady_clock::now() + options_.ttl / 4;
       KeepAliveOnce();

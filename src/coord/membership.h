@@ -17,6 +17,14 @@
 // on this thread: the coordinator's duties (pool/server/coordinator.h). A coordinator that
 // lost its lease stops at its next tick (the key names it no more).
 //
+// Dead peers (branch `failfast`): a SIGKILLed server's key lapsed only after the TTL (2 s), and
+// when it was the coordinator nothing was decided until then, while the primary whose backup it
+// was failed its held replies after 1 s. A server that sees a peer's connection close
+// (Options::closed) and then finds its port refusing connections revokes the peer's lease. The
+// revocation is safe whatever it is based on: it only removes keys; a failover still needs the
+// backup to find its primary's connection closed or its serving lease lapsed (pool/server/
+// mirror.h), and a live server whose lease was revoked registers again at its next keepalive.
+//
 // Start fails, naming the etcd endpoints and etcd's reason, if the first registration fails:
 // a server that cannot register would look dead to the cluster.
 //
@@ -56,6 +64,12 @@ class Membership {
     // after a re-registration: how a server learns that the map moved its region away
     // (fencing by epoch). Empty: the map is not read.
     std::function<void(const ClusterMap& map)> on_map;
+    // The servers whose connection to this one closed since the last call (taken each tick).
+    // For each, the thread tries a TCP connection to the address of its alive key; if that is
+    // refused, no process listens there any more: its lease is revoked, so that its alive key
+    // (and the coordinator key, if it held that) goes at once instead of after the TTL. See
+    // "Dead peers". Empty: none are checked.
+    std::function<std::vector<uint16_t>()> closed;
   };
   static Result<std::unique_ptr<Membership>> Start(const Options& options);
   ~Membership();
@@ -72,6 +86,8 @@ class Membership {
   Status Register();  // a new lease and the key under it
   void Run();
   void KeepAliveOnce();
+  // The peers Options::closed reports: their leases revoked if their ports refuse.
+  void CheckClosedPeers();
   void ReadMap();
   // One election step: campaigns if nobody holds the key; checks that the key is still ours.
   void Elect();

@@ -132,6 +132,9 @@ class Connection {
   void Progress() { worker_->Progress(); }
   std::optional<Result<Reply>> Take(uint64_t id, wire::Opcode expected);
   bool failed() const { return ep_->failed(); }
+  // Closes at once, without the graceful close's flush, which waits up to 2 s for a peer that
+  // is stopped or cut off. No request may follow.
+  void CloseNow() { ep_->ForceClose(); }
   void DropRepliesBelow(uint64_t id);
   transport::Worker& worker() { return *worker_; }
 

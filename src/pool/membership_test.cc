@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -310,8 +311,16 @@ class Writer {
     }
     return false;
   }
-  // Writes that failed (outcome unknown) so far.
+  // Writes that failed (outcome unknown) so far, and the latest failure's error.
   uint64_t failures() const { return failures_.load(); }
+  uint64_t failures(size_t object) {
+    std::lock_guard lock(mu_);
+    return log_[object].failures;
+  }
+  std::string last_error() {
+    std::lock_guard lock(mu_);
+    return last_error_;
+  }
   // Every object holds its last acknowledged value or a later one whose outcome was unknown.
   void CheckIntact() {
     std::lock_guard lock(mu_);
@@ -331,6 +340,7 @@ class Writer {
     uint64_t acked = 0;
     uint64_t acks = 0;
     std::vector<uint64_t> unknown;  // written after `acked`, outcome unknown
+    uint64_t failures = 0;
   };
   void Run() {
     uint64_t next = 0;
@@ -345,7 +355,9 @@ class Writer {
           ++log_[i].acks;
         } else {
           log_[i].unknown.push_back(value);
+          ++log_[i].failures;
           ++failures_;
+          last_error_ = st.ToString();
         }
       }
       std::this_thread::sleep_for(2ms);
@@ -355,7 +367,8 @@ class Writer {
   Pool& pool_;
   const std::vector<GlobalAddress> objects_;
   std::mutex mu_;
-  std::vector<Log> log_;  // guarded by mu_
+  std::vector<Log> log_;    // guarded by mu_
+  std::string last_error_;  // guarded by mu_
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> failures_{0};
   std::thread thread_;
@@ -514,6 +527,45 @@ TEST(CoordinatorFailover, AnotherCoordinatorIsElectedAndHandlesLaterFailures) {
 // (the first one a second time, from its new backup), and no acknowledged write is lost: not
 // the bytes written before the first failure (copied), nor those written after the copies
 // (forwarded).
+// SIGKILL of the coordinator, which is also the backup of another server's region: the server
+// whose mirror saw it go finds its port refusing connections and revokes its lease, so another
+// coordinator is elected at once rather than after the 2 s TTL, and it degrades the primary
+// whose backup died before that primary's forwards time out (backup_timeout, 1 s) and its
+// serving lease (1 s) lapses. The writes to the surviving servers' objects never fail; without
+// the revocation every one of them failed for a second ("the change was applied here but not
+// acknowledged", then "its backup has not answered").
+TEST(CoordinatorFailover, AKilledCoordinatorIsReplacedBeforeItsPrimaryStopsServing) {
+  constexpr int kServers = 3;
+  TestCluster cluster(Options(kServers, 1, /*netns=*/true));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  FailoverSetup setup;
+  ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
+  const int victim = Coordinator(cluster.dir());
+  ASSERT_GE(victim, 0) << "no coordinator elected";
+  const int primary = (victim + kServers - 1) % kServers;  // its backup is the victim
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  Writer writer(*setup.pool, setup.objects);
+  ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[victim].pid), SIGKILL), 0);
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failover";
+  writer.Stop();
+  writer.CheckIntact();
+  for (int s = 0; s < kServers; ++s) {
+    if (s == victim) continue;  // a write in flight at the kill fails: its outcome is unknown
+    EXPECT_EQ(writer.failures(s), 0u)
+        << "writes to server " << s << (s == primary ? " (the victim's primary)" : "")
+        << " failed, the latest: " << writer.last_error();
+  }
+  EtcdView view = ClusterEtcdStatus(cluster.dir()).value();
+  EXPECT_EQ(view.map.epoch, 2);
+  EXPECT_EQ(view.map.Find(victim)->served_by, (victim + 1) % kServers);
+  EXPECT_EQ(view.map.Find(primary)->backup, -1) << "degraded";
+  const std::string log =
+      FileTail(cluster.dir() + "/server-" + std::to_string((victim + 1) % kServers) + ".log", 4000);
+  EXPECT_NE(log.find("its lease revoked"), std::string::npos) << log;
+}
+
 TEST(ReReplication, EveryRegionGetsABackupAgainAndSurvivesASecondFailure) {
   constexpr int kServers = 3;
   LocalClusterOptions o = Options(kServers, 1, /*netns=*/true);
@@ -587,6 +639,79 @@ TEST(ReReplication, EveryRegionGetsABackupAgainAndSurvivesASecondFailure) {
   EXPECT_EQ(view.map.Find(first)->served_slot, 1) << "from its new backup's slot";
   EXPECT_EQ(view.map.Find(keeper)->served_slot, 0);
   EXPECT_EQ(view.map.Find(second)->backup, -1);
+}
+
+// Runs `command` through the shell and returns its standard output and error.
+std::string Output(const std::string& command) {
+  std::string out;
+  if (FILE* f = popen((command + " 2>&1").c_str(), "r")) {
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+    pclose(f);
+  }
+  return out;
+}
+
+// Limits what network namespace `ns` sends to `rate` (tc's token bucket on each of its links
+// but lo): a server whose copy to a new backup is slow, as on a loaded host.
+void LimitEgress(const std::string& ns, const std::string& rate) {
+  std::istringstream links(Output("ip -n " + ns + " -o link show"));
+  std::string line;
+  while (std::getline(links, line)) {
+    // "2: fp1234p1@if7: <...>": the name is the second field, up to '@' or ':'.
+    const size_t start = line.find(": ") + 2;
+    const std::string name = line.substr(start, line.find_first_of("@:", start) - start);
+    if (name == "lo") continue;
+    const std::string cmd = "ip netns exec " + ns + " tc qdisc replace dev " + name +
+                            " root tbf rate " + rate + " burst 32kbit latency 5s";
+    ASSERT_EQ(Output(cmd), "") << cmd;
+  }
+}
+
+// A copy to a new backup never starves the copying server's loop or its serving lease: the
+// server that took a dead server's region over copies it to the other survivor's free slot
+// while its link sends at 12 Mbit/s (1.5 MB/s; a 2 MiB slice then blocks for 1.4 s, longer than
+// the serving lease) and a client writes to every server throughout. Once the failover has
+// landed, no write fails until the copies are complete and the map has every region backed up.
+// With a whole slice per blocking forward (before `failfast`) the copying server's own writes
+// failed ("its backup has not answered for ... ms").
+TEST(ReReplication, ASlowCopyNeverStarvesTheCopyingServersLease) {
+  constexpr int kServers = 3;
+  LocalClusterOptions o = Options(kServers, 1, /*netns=*/true);
+  o.memory = 16 << 20;  // 11 s to copy at 1.5 MB/s
+  o.mirror_slots = 2;
+  TestCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  FailoverSetup setup;
+  ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
+  const int coordinator = Coordinator(cluster.dir());
+  ASSERT_GE(coordinator, 0) << "no coordinator elected";
+  // As in EveryRegionGetsABackupAgain...: `keeper` takes `first`'s region over and copies it.
+  const int keeper = coordinator;
+  const int first = (keeper + 2) % kServers;
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  Writer writer(*setup.pool, setup.objects);
+  ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[first].pid), SIGKILL), 0);
+  // The failover (a write cut by the kill fails: its outcome is unknown), then the slow link.
+  EtcdView view = WaitForView(cluster.dir(), [&](const EtcdView& v) { return v.map.epoch >= 2; });
+  ASSERT_EQ(view.map.Find(first)->served_by, keeper);
+  ASSERT_TRUE(writer.AcknowledgedEverywhere(20)) << "the client did not follow the failover";
+  ASSERT_NO_FATAL_FAILURE(LimitEgress(config->servers[keeper].netns, "12mbit"));
+  const uint64_t failed_before = writer.failures();
+  view = WaitForView(cluster.dir(), [&](const EtcdView& v) {
+    return std::all_of(v.map.servers.begin(), v.map.servers.end(),
+                       [](const coord::MapServer& m) { return m.backup >= 0; });
+  });
+  EXPECT_EQ(view.map.epoch, 4) << "failover, then two re-replications";
+  EXPECT_EQ(view.map.Find(first)->backup, (keeper + 1) % kServers);
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(20)) << "writes stopped after re-replication";
+  writer.Stop();
+  EXPECT_EQ(writer.failures() - failed_before, 0u)
+      << "writes failed during the copy, the latest: " << writer.last_error();
+  writer.CheckIntact();
 }
 
 // Without a free mirror slot (one slot each, the default) nothing is re-replicated: the map

@@ -29,30 +29,79 @@ Result<std::unique_ptr<Coordinator>> Coordinator::Create(uint16_t self,
   return c;
 }
 
-Status Coordinator::FailOver(const std::map<uint16_t, uint16_t>& mirror_ports, uint16_t region,
-                             uint16_t dead, const coord::MapServer* backup,
-                             const std::vector<const coord::MapServer*>& predecessors) {
+Result<std::unique_ptr<control::Connection>> Coordinator::Open(const coord::MapServer& to,
+                                                               uint16_t port) const {
+  FARPOOL_ASSIGN_OR_RETURN(auto hp, ParseHostPort(to.address));
   wire::HelloRequest hello{};
   hello.client_pid = static_cast<uint64_t>(getpid());
   hello.client_nonce = (static_cast<uint64_t>(getpid()) << 32) | 0xc00d;  // tag nonzero
+  control::Connection::Options o;
+  o.name = "server " + std::to_string(to.id) + " (" + hp.first + ":" + std::to_string(port) + ")";
+  o.host = hp.first;
+  o.port = port;
+  o.secret = secret_ ? &*secret_ : nullptr;
+  o.fabric = Fabric::kTcp;
+  o.timeout = kAskTimeout;
+  return control::Connection::Open(o, hello);
+}
+
+Result<control::Reply> Coordinator::Ask(const coord::MapServer& to, uint16_t port,
+                                        const control::Encoder& encode, wire::Opcode expected) {
+  const std::pair<uint16_t, uint16_t> key{to.id, port};
+  auto kept = open_.find(key);
+  if (kept != open_.end()) {
+    auto reply = kept->second->Call(encode, expected);
+    if (!kept->second->failed()) {
+      // No answer in time: the connection is dropped, so that a late answer meets no later ask.
+      if (reply.status().code() == StatusCode::kTimedOut) {
+        kept->second->CloseNow();
+        open_.erase(kept);
+      }
+      return reply;
+    }
+    open_.erase(kept);  // lost (the server restarted, or is gone): once more on a fresh one
+  }
+  FARPOOL_ASSIGN_OR_RETURN(auto connection, Open(to, port));
+  auto reply = connection->Call(encode, expected);
+  if (connection->failed() || reply.status().code() == StatusCode::kTimedOut) {
+    connection->CloseNow();
+  } else {
+    open_[key] = std::move(connection);
+  }
+  return reply;
+}
+
+void Coordinator::OpenAhead(const coord::ClusterMap& map,
+                            const std::map<uint16_t, uint16_t>& mirror_ports) {
+  // Those of servers no longer alive (stopped or cut off, maybe: a graceful close would hold
+  // this thread, and its keepalives, for up to 2 s).
+  std::erase_if(open_, [&](auto& kept) {
+    if (mirror_ports.contains(kept.first.first)) return false;
+    kept.second->CloseNow();
+    return true;
+  });
+  for (const auto& [id, port] : mirror_ports) {
+    const coord::MapServer* to = map.Find(id);
+    if (port == 0 || to == nullptr || open_.contains({id, port})) continue;
+    auto connection = Open(*to, port);
+    if (connection.ok()) open_[{id, port}] = std::move(*connection);
+    return;  // one a tick: the membership thread's keepalives must not starve
+  }
+}
+
+Status Coordinator::FailOver(const std::map<uint16_t, uint16_t>& mirror_ports, uint16_t region,
+                             uint16_t dead, const coord::MapServer* backup,
+                             const std::vector<const coord::MapServer*>& predecessors) {
   // Asks `to` on its mirror port: the loop that takes promotes and degrades even while the
   // main loop waits for a dead backup.
   auto ask_mirror = [&](const coord::MapServer& to, const control::Encoder& encode,
                         wire::Opcode expected) -> Status {
-    FARPOOL_ASSIGN_OR_RETURN(auto hp, ParseHostPort(to.address));
-    control::Connection::Options o;
-    o.name = "server " + std::to_string(to.id) + " (" + to.address + ")";
-    o.host = hp.first;
     auto port = mirror_ports.find(to.id);
     if (port == mirror_ports.end() || port->second == 0) {
-      return Status::InvalidArgument(o.name + " registered no mirror port");
+      return Status::InvalidArgument("server " + std::to_string(to.id) + " (" + to.address +
+                                     ") registered no mirror port");
     }
-    o.port = port->second;
-    o.secret = secret_ ? &*secret_ : nullptr;
-    o.fabric = Fabric::kTcp;
-    o.timeout = kAskTimeout;
-    FARPOOL_ASSIGN_OR_RETURN(auto mirror, control::Connection::Open(o, hello));
-    return mirror->Call(encode, expected).status();
+    return Ask(to, port->second, encode, expected).status();
   };
   if (backup != nullptr) {
     FARPOOL_RETURN_IF_ERROR(ask_mirror(
@@ -181,7 +230,10 @@ bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys) {
     std::fflush(stdout);
     return true;
   }
-  return ReReplicate(etcd, keys, *map, map_kv->mod_revision, alive, suspected);
+  const bool changed = ReReplicate(etcd, keys, *map, map_kv->mod_revision, alive, suspected);
+  std::erase_if(mirror_ports, [&](const auto& m) { return suspected.contains(m.first); });
+  OpenAhead(*map, mirror_ports);
+  return changed;
 }
 
 Result<uint64_t> Coordinator::AskBackup(const coord::MapServer& primary, uint16_t region,
@@ -197,20 +249,10 @@ Result<uint64_t> Coordinator::AskBackup(const coord::MapServer& primary, uint16_
     return Status::InvalidArgument("host name too long: " + to.first);
   }
   std::memcpy(request.host, to.first.data(), to.first.size());
-  wire::HelloRequest hello{};
-  hello.client_pid = static_cast<uint64_t>(getpid());
-  hello.client_nonce = (static_cast<uint64_t>(getpid()) << 32) | 0xc00e;  // tag nonzero
-  control::Connection::Options o;
-  o.name = "server " + std::to_string(primary.id) + " (" + primary.address + ")";
-  o.host = at.first;
-  o.port = at.second;
-  o.secret = secret_ ? &*secret_ : nullptr;
-  o.fabric = Fabric::kTcp;
-  o.timeout = kAskTimeout;
-  FARPOOL_ASSIGN_OR_RETURN(auto server, control::Connection::Open(o, hello));
-  FARPOOL_ASSIGN_OR_RETURN(auto reply,
-                           server->Call([&](uint64_t id) { return wire::Encode(id, request); },
-                                        wire::Opcode::kBackupReply));
+  FARPOOL_ASSIGN_OR_RETURN(
+      auto reply, Ask(
+                      primary, at.second, [&](uint64_t id) { return wire::Encode(id, request); },
+                      wire::Opcode::kBackupReply));
   return reply.message.As<wire::BackupReply>().remaining;
 }
 

@@ -149,8 +149,9 @@ class MemoryServer::Impl : public transport::AmHandler {
   void ReleaseHeld();
   // Re-replication: the next slice of the copy to a new backup (see the header).
   void CopySlice();
-  // One slice of `copy` of [base, base + size) to `link`, the lease book `book` with the
-  // first: Ok, or why it failed. Logs when the copy is complete (copy.next == size).
+  // The next slice of `copy` of [base, base + size) to `link` (pieces of kCopyPiece while the
+  // tick's kCopyBudget lasts), the lease book `book` with the first: Ok, or why it failed. Logs
+  // when the copy is complete (copy.next == size).
   Status CopyStep(BackupLink& link, Copy& copy, const std::byte* base, uint64_t size,
                   const std::map<uint64_t, ChunkAllocator::Held>& book, const std::string& what);
   // A backup for region `request.region`, which this server serves from a promoted slot.
@@ -365,10 +366,12 @@ Status MemoryServer::Impl::Init() {
     }
     mirror_ = std::make_unique<Mirror>(
         options_.mirror_of, slots, region_->data() + chunks_.region_size(), chunks_.region_size(),
-        chunks_.chunk_size(), *auth_, [this](uint16_t backup) {
+        chunks_.chunk_size(), *auth_,
+        [this](uint16_t backup) {
           backup_gone_.store(backup);
           am_->Wake();  // held replies wait for this
-        });
+        },
+        options_.on_primary_closed);
     FARPOOL_RETURN_IF_ERROR(mirror_->Start(options_.host, options_.fabric, Name()));
   }
   auto boot = BootId();
@@ -745,12 +748,17 @@ Status MemoryServer::Impl::CopyStep(BackupLink& link, Copy& copy, const std::byt
                         held.root ? wire::kMirrorLeaseRoot : wire::kMirrorLease, held.owner});
     }
   }
-  const uint64_t n = std::min(kCopySlice, size - copy.next);
-  const memory_ops::Range slice{copy.next, n};
-  FARPOOL_RETURN_IF_ERROR(
-      link.Forward(base, {&slice, 1}, leases, [this, &link] { return DeclaredGone(link); }));
-  copy.book_sent = true;
-  copy.next += n;
+  // Pieces until the slice or the tick's budget is spent (kCopyBudget: the loop serves between).
+  const auto until = Clock::now() + kCopyBudget;
+  for (uint64_t sent = 0; copy.next < size && sent < kCopySlice && Clock::now() < until;) {
+    const memory_ops::Range piece{copy.next, std::min(kCopyPiece, size - copy.next)};
+    FARPOOL_RETURN_IF_ERROR(
+        link.Forward(base, {&piece, 1}, leases, [this, &link] { return DeclaredGone(link); }));
+    leases.clear();
+    copy.book_sent = true;
+    copy.next += piece.size;
+    sent += piece.size;
+  }
   if (copy.next < size) return Status::Ok();
   // With the wall clock (ms since the epoch), to line the copy up with a client's timeline.
   std::fprintf(stderr, "%s: %s (%s) is copied to %s in %lld ms (done at %lld): two copies again\n",

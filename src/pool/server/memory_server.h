@@ -72,8 +72,9 @@
 //
 // Re-replication (docs/pool.md "Re-replication"): a BackupRequest that names a backup after
 // leases exist (the server has run with one copy since its backup was declared gone) attaches
-// the new backup's slot and copies the region and the lease book to it in slices of
-// kCopySlice bytes, one slice per AmHandler tick, on the progress thread, which meanwhile
+// the new backup's slot and copies the region and the lease book to it in slices of at most
+// kCopySlice bytes (pieces of kCopyPiece, for kCopyBudget), one slice per AmHandler tick, on
+// the progress thread, which meanwhile
 // serves and posts every change to the new backup as well. A slice goes through the same link
 // as the rounds' forwards (BackupLink::Forward: posted after every forward before it, then
 // waited for), and the link keeps the order posted, so a slice (the bytes as they are when it is
@@ -168,6 +169,10 @@ struct ServerOptions {
   // took the data over: this server is fenced and refuses everything from then on). `farpool
   // server` shuts down then, so that its clients see it gone and follow the data.
   std::function<void(const Status&)> on_fenced;
+  // Called on the mirror's loop (must not block) when the connection of a primary whose copy
+  // this server keeps closes (Mirror: evidence that it is gone, not proof). `farpool server`
+  // has its membership check it (coord::Membership::PeerClosed).
+  std::function<void(uint16_t primary_id)> on_primary_closed;
 };
 
 // How many evicted process tags a server remembers (the oldest is forgotten first): 8 bytes each
@@ -179,8 +184,15 @@ inline constexpr size_t kMaxEvictedTags = 1 << 16;
 inline constexpr std::chrono::microseconds kRecheckPeriod{250};
 inline constexpr size_t kMaxWaiters = 4096;
 inline constexpr uint32_t kMaxWaitersPerConnection = 16;
-// Re-replication: the bytes of the region copied to a new backup per tick.
+// Re-replication: the bytes of the region copied to a new backup per tick, at most: in pieces
+// of kCopyPiece (one blocking forward each), and no piece begins once kCopyBudget of the tick
+// has gone to the copy. A copy thus holds the loop for at most the budget plus one piece's round
+// trip per tick, whatever the load, and the serving lease's renewals and the rounds' forwards go
+// between (a whole 2 MiB slice blocked the loop for 5-20 ms at low load and for more than the
+// 1 s serving lease under load: its lease lapsed and clients got errors during a drain).
 inline constexpr uint64_t kCopySlice = 2ull << 20;
+inline constexpr uint64_t kCopyPiece = 256ull << 10;
+inline constexpr std::chrono::milliseconds kCopyBudget{10};
 
 // Private resident memory (RssAnon) of this process, in bytes; 0 if unknown.
 uint64_t PrivateResidentBytes();

@@ -12,10 +12,30 @@
 namespace farpool {
 
 Mirror::Mirror(std::optional<uint16_t> first, uint32_t slots, std::byte* memory, uint64_t size,
-               uint64_t chunk_size, ServerAuth& auth, std::function<void(uint16_t)> on_degrade)
-    : memory_(memory), size_(size), auth_(auth), on_degrade_(std::move(on_degrade)) {
+               uint64_t chunk_size, ServerAuth& auth, std::function<void(uint16_t)> on_degrade,
+               std::function<void(uint16_t)> on_primary_closed)
+    : memory_(memory),
+      size_(size),
+      auth_(auth),
+      on_degrade_(std::move(on_degrade)),
+      on_primary_closed_(std::move(on_primary_closed)) {
   for (uint32_t k = 0; k < slots; ++k) slots_.push_back(Slot{-1, ChunkAllocator(size, chunk_size)});
   if (first && !slots_.empty()) slots_[0].primary = *first;
+}
+
+void Mirror::Closed(const transport::Peer& peer) {
+  std::vector<uint16_t> closed;
+  {
+    std::lock_guard lock(mu_);
+    for (const Slot& s : slots_) {
+      if (s.primary >= 0 && !s.promoted && s.forward_connection == peer.id) {
+        closed.push_back(static_cast<uint16_t>(s.primary));
+      }
+    }
+  }
+  if (on_primary_closed_) {
+    for (uint16_t primary : closed) on_primary_closed_(primary);
+  }
 }
 
 Status Mirror::Start(const std::string& host, Fabric fabric, const std::string& name) {

@@ -76,8 +76,13 @@ class Mirror : public transport::AmHandler {
   // the mirror; slot 0 mirrors server `first` if set. `auth` is the server's; `name` its name.
   // `on_degrade(backup_id)`: a DegradeRequest for this server's own role as a primary (served
   // here because the server's loop may be blocked waiting for that backup); any thread.
+  // `on_primary_closed(primary_id)`: the connection that brought the forwards of a primary whose
+  // copy a slot keeps (not promoted) has closed, on the mirror's loop (must not block):
+  // evidence that the primary is gone, not proof (it also closes its link when it drains, gives
+  // a copy up, or is degraded).
   Mirror(std::optional<uint16_t> first, uint32_t slots, std::byte* memory, uint64_t size,
-         uint64_t chunk_size, ServerAuth& auth, std::function<void(uint16_t)> on_degrade);
+         uint64_t chunk_size, ServerAuth& auth, std::function<void(uint16_t)> on_degrade,
+         std::function<void(uint16_t)> on_primary_closed);
   ~Mirror() override { Stop(); }
 
   // Listens on `host` (any free port) and starts the forwards' loop.
@@ -112,6 +117,8 @@ class Mirror : public transport::AmHandler {
 
   std::vector<std::byte> Handle(std::span<const std::byte> bytes, transport::Peer* from) override;
   std::vector<std::byte> Refuse(const Status& reason) override;
+  // Calls on_primary_closed for the slots whose primary's forwards came on `peer`.
+  void Closed(const transport::Peer& peer) override;
 
  private:
   struct Slot {
@@ -148,6 +155,7 @@ class Mirror : public transport::AmHandler {
   std::vector<Slot> slots_;  // guarded by mu_
   ServerAuth& auth_;
   std::function<void(uint16_t)> on_degrade_;
+  std::function<void(uint16_t)> on_primary_closed_;
   std::string name_;
   std::unique_ptr<transport::AmServer> am_;
 };
