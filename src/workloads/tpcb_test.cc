@@ -72,9 +72,9 @@ class TpcbTest : public testing::TestWithParam<std::string> {
   }
 };
 
-// A few transactions (2-4%, the same ones under both levels) pay 3-5 round trips more, in their
-// commit (the history row's insert or the session's set-up), not in their reads: the counts
-// asserted are those of at least 95% of the transactions, and none is below.
+// A few transactions (2-4%, the same ones under both levels, so not in their reads) pay 3-5
+// round trips more: the counts asserted are those of at least 95% of the transactions, and
+// none is below.
 TEST_P(TpcbTest, ReadCommittedIsFourRoundTrips) {
   constexpr int kTxns = 200;
   const std::map<uint64_t, int> h = RoundTrips(/*read_committed=*/true, kTxns);
