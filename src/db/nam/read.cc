@@ -594,6 +594,13 @@ Status NamTxn::ReadMany(std::span<const TableKey> keys, bool for_update, std::ve
 }
 
 Status NamTxn::LockAtLookup(std::span<KeyRead> keys, uint64_t mine) {
+  // Records too large for one message are found and copied by FindRecords, which takes the
+  // snapshot then: nothing to do here for them.
+  if (std::none_of(keys.begin(), keys.end(), [](const KeyRead& k) {
+        return !k.done && k.t->layout_.record_size() <= kMaxLookupReadBytes;
+      })) {
+    return Status::Ok();
+  }
   // No lock of this session while its last commit's log is whole (NamSession::log_to_clear_),
   // but a read lock may share the round that clears it: log recovery matches the plain word
   // only, never a read-lock word (recovery.cc), so the two need no order.
