@@ -74,7 +74,7 @@ fuzz: setup
 	mkdir -p build-fuzz/corpus build-fuzz/shard_corpus build-fuzz/memory_ops_corpus
 	./build-fuzz/wire_fuzz -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus src/transport/fuzz_seeds
 	./build-fuzz/src/db/shard_wire_fuzz -max_total_time=$(FUZZ_SECONDS) build-fuzz/shard_corpus src/db/fuzz_seeds
-	./build-fuzz/memory_ops_fuzz -max_total_time=$(FUZZ_SECONDS) build-fuzz/memory_ops_corpus
+	./build-fuzz/memory_ops_fuzz -max_total_time=$(FUZZ_SECONDS) build-fuzz/memory_ops_corpus src/pool/fuzz_seeds
 
 soak: build
 	FARPOOL_BIN=$(BUILD)/farpool PYTHONPATH=python $(PY) -m farpool.harness.soak --seconds $(SOAK_SECONDS)

@@ -195,6 +195,13 @@ struct LookupResult {
   GlobalAddress value;
 };
 
+// What a Batch::LookupLockRead did.
+struct LockReadResult {
+  LookupResult lookup;  // as a LookupRead's; the record was read (and maybe locked) iff kFound
+  uint64_t found = 0;   // kFound: the record's lock word before the operation
+  bool locked = false;  // kFound and `found` was free: the word is now the caller's lock word
+};
+
 // What a Batch::InsertIfAbsent did.
 struct InsertResult {
   enum class Outcome : uint8_t {
@@ -376,6 +383,25 @@ class Batch {
   // Wait() returns; `spec` is well-formed (else InvalidArgument, nothing posted).
   Status LookupRead(GlobalAddress bucket, const LookupSpec& spec, uint64_t key, void* record,
                     uint32_t record_size, LookupResult* result);
+
+  // A locking read's lookup, lock and copy in one step: finds `key` in the bucket chain that
+  // starts at `bucket` (layout `spec`) as LookupRead does; where the record found is read in
+  // this round trip, its 8-byte lock word at `lock_offset` is first taken if free ((word &
+  // held_mask) == 0: swapped to `lock_word` from whatever free word it holds, as a take-free
+  // WaitCompareAndSwap), a held word left alone (it never waits), then its `record_size` bytes
+  // are read. `result` is set by Wait(): `lookup` as a LookupRead's; with kFound, `found` is the
+  // word before and `locked` whether it is now `lock_word`.
+  //   messages (TCP):  one operation of the server's message (memory_ops kLookupLockRead).
+  //   direct (mapped): done at once, the same way, on the mapped region.
+  //   one-sided (UCX): LookupRead's one-sided path: kFound never happens, nothing is locked.
+  // A bucket or record address outside the server's region or leases fails the batch
+  // (InvalidArgument from Wait naming it); nothing was locked for this lookup then.
+  // REQUIRES: `record` and `result` stay valid until Wait() returns; `spec` well-formed,
+  // `held_mask` and `lock_word` nonzero, `lock_offset` a multiple of 8 with lock_offset + 8 <=
+  // record_size <= 16 KiB (else InvalidArgument, nothing posted).
+  Status LookupLockRead(GlobalAddress bucket, const LookupSpec& spec, uint64_t key,
+                        uint32_t lock_offset, uint64_t held_mask, uint64_t lock_word, void* record,
+                        uint32_t record_size, LockReadResult* result);
 
   // A compound insert-if-absent into the bucket chain that starts at `bucket` (layout `spec`),
   // with exactly the steps a one-sided inserter takes, done by whoever executes it: the head's

@@ -151,7 +151,7 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
                                    ? -1
                                    : p.history_key - int64_t(o.history_keep);
           p.mtime_ms = static_cast<int64_t>(WallMs());
-          p.lock_at_read = txn_options.isolation == Isolation::kReadCommitted;
+          p.lock_at_read = o.for_update || txn_options.isolation == Isolation::kReadCommitted;
           r = RunTransaction(
               *current, txn_options,
               [&](Transaction& txn) { return workloads::TpcbTransaction(txn, tables.tpcb, p); },
@@ -264,37 +264,39 @@ double Percentile(std::vector<uint32_t>& v, double q) {
 }
 
 std::vector<std::string> ChildArgs(const TxnBenchOptions& o, int id, uint64_t start_ms) {
-  return {"farpool",
-          "bench",
-          "txn",
-          "--cluster",
-          o.cluster_file,
-          "--engine",
-          std::string(EngineName(o.engine)),
-          "--workload",
-          o.workload,
-          "--threads",
-          std::to_string(o.threads),
-          "--seconds",
-          std::to_string(o.seconds),
-          "--warmup",
-          std::to_string(o.warmup_seconds),
-          "--accounts",
-          std::to_string(o.accounts),
-          "--scale",
-          std::to_string(o.scale),
-          "--history-keep",
-          std::to_string(o.history_keep),
-          "--isolation",
-          o.isolation,
-          "--seed",
-          std::to_string(o.seed),
-          "--timeline-ms",
-          std::to_string(o.timeline_ms),
-          "--client-id",
-          std::to_string(id),
-          "--start-at",
-          std::to_string(start_ms)};
+  std::vector<std::string> args{"farpool",
+                                "bench",
+                                "txn",
+                                "--cluster",
+                                o.cluster_file,
+                                "--engine",
+                                std::string(EngineName(o.engine)),
+                                "--workload",
+                                o.workload,
+                                "--threads",
+                                std::to_string(o.threads),
+                                "--seconds",
+                                std::to_string(o.seconds),
+                                "--warmup",
+                                std::to_string(o.warmup_seconds),
+                                "--accounts",
+                                std::to_string(o.accounts),
+                                "--scale",
+                                std::to_string(o.scale),
+                                "--history-keep",
+                                std::to_string(o.history_keep),
+                                "--isolation",
+                                o.isolation,
+                                "--seed",
+                                std::to_string(o.seed),
+                                "--timeline-ms",
+                                std::to_string(o.timeline_ms),
+                                "--client-id",
+                                std::to_string(id),
+                                "--start-at",
+                                std::to_string(start_ms)};
+  if (o.for_update) args.push_back("--for-update");
+  return args;
 }
 
 }  // namespace
@@ -421,6 +423,7 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
   r["threads"] = o.threads;
   r["seconds"] = o.seconds;
   r["isolation"] = o.isolation;
+  if (o.workload == "tpcb") r["for_update"] = o.for_update || o.isolation == "rc";
   if (o.workload == "bank")
     r["accounts"] = o.accounts;
   else

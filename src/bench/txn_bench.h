@@ -50,6 +50,8 @@ struct TxnBenchOptions {
   int scale = 1;                 // tpcb
   uint64_t history_keep = 0;     // tpcb: history rows kept per thread (0: all)
   std::string isolation = "si";  // "si" | "rc" (db.h Isolation)
+  // tpcb: read the three rows for update (TpcbTxn::lock_at_read) under SI too; always under rc.
+  bool for_update = false;
   uint64_t seed = 42;
   bool verify = false;
   // > 0: also count commits per `timeline_ms` milliseconds of wall time from the common start

@@ -51,6 +51,8 @@ Command RegisterTxnBench(CLI::App& bench) {
   txn->add_option("--isolation", a->o.isolation,
                   "si (snapshot isolation, default) or rc (read committed; tpcb reads its rows "
                   "for update)");
+  txn->add_flag("--for-update", a->o.for_update,
+                "tpcb: read the three rows for update under si too (always under rc)");
   txn->add_flag("--verify", a->o.verify, "Check the workload's invariant at the end");
   txn->add_option("--timeline-ms", a->o.timeline_ms,
                   "Also count commits per this many ms of wall time (JSON timeline)");

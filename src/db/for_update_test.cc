@@ -543,16 +543,22 @@ TEST_P(ForUpdateTest, AReadCommittedLockerHoldsNoVersionsBack) {
 
 TEST_P(ForUpdateTest, ACommitBetweenCopyAndLockIsLockedAndSeen) {
   if (GetParam() != "pool") GTEST_SKIP() << "needs a second Database handle with a hook";
-  // Another session commits key 3 right after the locking read copied it (so the CAS expects
-  // the old word: it is retried with the new one) and after its snapshot was taken (SI: the
-  // version locked is newer than the snapshot; as the first read, it takes the snapshot again
-  // instead of aborting).
+  // A locking read's first round locks a free record with its lookup (no window between copy
+  // and lock); one held by another is only copied, and locked in a later round. Key 3 is held
+  // by a locking read of a third session; right after our copy of it that one gives it back and
+  // another session commits key 3 (so our lock must take the new version, not the one copied)
+  // after our snapshot was taken (SI: the version locked is newer than the snapshot; as the
+  // first read, it takes the snapshot again instead of aborting).
   for (const TransactionOptions& o : {kSi, kRc}) {
     auto writer = NewSession();
+    auto holder = NewSession();
+    std::unique_ptr<Transaction> held = Begin(*holder, kRc);
+    ASSERT_OK(LockedInt(*held, 3).status());
     std::atomic<int> fired{0};
     const int64_t bumped = o.isolation == Isolation::kSnapshot ? 33 : 44;
     auto other = t_->OpenAnother([&](std::string_view point) {
       if (point == "locking-read.copied" && fired.fetch_add(1) == 0) {
+        held.reset();  // rolled back: key 3 is free again, unchanged
         EXPECT_OK(RunTransaction(*writer, [&](Transaction& t) -> Status {
           FARPOOL_RETURN_IF_ERROR(PutInt(t, *table_, 4, bumped));
           return PutInt(t, *table_, 3, bumped);

@@ -41,6 +41,12 @@ class PoolBatch final : public MemoryBatch {
                     uint32_t size, LookupResult* result) override {
     return batch_.LookupRead(b, spec, key, record, size, result);
   }
+  Status LookupLockRead(GlobalAddress b, const LookupSpec& spec, uint64_t key, uint32_t lock_offset,
+                        uint64_t held_mask, uint64_t lock_word, void* record, uint32_t size,
+                        LockReadResult* result) override {
+    return batch_.LookupLockRead(b, spec, key, lock_offset, held_mask, lock_word, record, size,
+                                 result);
+  }
   Status InsertIfAbsent(GlobalAddress b, const LookupSpec& spec, uint32_t lock_offset,
                         uint64_t lock_word, uint64_t key, uint64_t value,
                         InsertResult* result) override {
@@ -341,6 +347,29 @@ class LocalMemory final : public Memory {
                memory_ops::WaitCompareAndSwapSwapped(attempt.previous, e, params)};
     return Status::Ok();
   }
+  // The memory server's lookup-lock-read (memory_ops), on this process's regions.
+  Status LookupLockRead(GlobalAddress bucket, const LookupSpec& spec, uint64_t key,
+                        uint32_t lock_offset, uint64_t held_mask, uint64_t lock_word, void* record,
+                        uint32_t size, LockReadResult* result) const {
+    const memory_ops::LockReadParams params{memory_ops::ParamsOf(spec), held_mask, lock_offset, 0};
+    std::string why = memory_ops::CheckLockReadParams(params, size, lock_word);
+    if (why.empty() && size > memory_ops::kMaxInlineBytes) why = "record out of range";
+    if (!why.empty()) {
+      return Status::InvalidArgument("local memory: lookup-lock-read at " + bucket.ToString() +
+                                     ": " + why);
+    }
+    std::byte* p;
+    FARPOOL_RETURN_IF_ERROR(Resolve(bucket, spec.bucket_size, true, &p));
+    const memory_ops::Region region{regions_[bucket.server()].base, size_,
+                                    [](uint64_t offset, uint64_t) { return offset >= 64; },
+                                    bucket.server()};
+    std::vector<std::byte> out(sizeof(memory_ops::LookupReply) + sizeof(uint64_t) + size);
+    memory_ops::ExecuteLookupLockRead(region, bucket.offset(), params, key, lock_word, size,
+                                      out.data());
+    return memory_ops::DecodeLockReadReply(out.data(), bucket.server(), held_mask, size, record,
+                                           result)
+        .WithContext("local memory");
+  }
   // The memory server's insert-if-absent (memory_ops), on this process's regions.
   Status InsertIfAbsent(GlobalAddress bucket, const LookupSpec& spec, uint32_t lock_offset,
                         uint64_t lock_word, uint64_t key, uint64_t value,
@@ -425,6 +454,12 @@ class LocalBatch final : public MemoryBatch {
   Status LookupRead(GlobalAddress b, const LookupSpec& spec, uint64_t key, void* record,
                     uint32_t size, LookupResult* result) override {
     return Note(m_.LookupRead(b, spec, key, record, size, result));
+  }
+  Status LookupLockRead(GlobalAddress b, const LookupSpec& spec, uint64_t key, uint32_t lock_offset,
+                        uint64_t held_mask, uint64_t lock_word, void* record, uint32_t size,
+                        LockReadResult* result) override {
+    return Note(
+        m_.LookupLockRead(b, spec, key, lock_offset, held_mask, lock_word, record, size, result));
   }
   Status InsertIfAbsent(GlobalAddress b, const LookupSpec& spec, uint32_t lock_offset,
                         uint64_t lock_word, uint64_t key, uint64_t value,

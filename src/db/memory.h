@@ -59,6 +59,12 @@ class MemoryBatch {
   // (the pool over messages or mapped, local memory); `result` says what was done.
   virtual Status LookupRead(GlobalAddress bucket, const LookupSpec& spec, uint64_t key,
                             void* record, uint32_t record_size, LookupResult* result) = 0;
+  // Batch::LookupLockRead of pool.h: LookupRead, and where the record is read in this round
+  // trip its lock word (at `lock_offset`) taken first if free ((word & held_mask) == 0; never
+  // waits); `result` says what was found and whether it was locked.
+  virtual Status LookupLockRead(GlobalAddress bucket, const LookupSpec& spec, uint64_t key,
+                                uint32_t lock_offset, uint64_t held_mask, uint64_t lock_word,
+                                void* record, uint32_t record_size, LockReadResult* result) = 0;
   // Batch::InsertIfAbsent of pool.h: insert (key, value) into the bucket chain at `bucket`
   // under its lock word, as one operation where the memory allows it (the pool over messages
   // or mapped, local memory); kNotDone where it does not (the caller inserts one-sided).
@@ -191,6 +197,15 @@ class Access {
                       uint32_t record_size, LookupResult* result) {
       OpCount::Bump(count_->reads);
       return Get().LookupRead(bucket, spec, key, record, record_size, result);
+    }
+    // Counted as one read and one CAS (the lookup-read and the lock it replaces).
+    Status LookupLockRead(GlobalAddress bucket, const LookupSpec& spec, uint64_t key,
+                          uint32_t lock_offset, uint64_t held_mask, uint64_t lock_word,
+                          void* record, uint32_t record_size, LockReadResult* result) {
+      OpCount::Bump(count_->reads);
+      OpCount::Bump(count_->cas);
+      return Get().LookupLockRead(bucket, spec, key, lock_offset, held_mask, lock_word, record,
+                                  record_size, result);
     }
     // Counted as one CAS (the head lock's: what a one-sided insert would start with).
     Status InsertIfAbsent(GlobalAddress bucket, const LookupSpec& spec, uint32_t lock_offset,

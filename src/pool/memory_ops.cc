@@ -34,6 +34,8 @@ const char* KindName(OpKind kind) {
       return "insert-if-absent";
     case OpKind::kWaitCompareAndSwap:
       return "wait-compare-and-swap";
+    case OpKind::kLookupLockRead:
+      return "lookup-lock-read";
   }
   return "unknown";
 }
@@ -43,6 +45,7 @@ uint64_t ParamsBytes(OpKind kind) {
   if (kind == OpKind::kLookupRead) return sizeof(LookupParams);
   if (kind == OpKind::kInsertIfAbsent) return sizeof(InsertParams);
   if (kind == OpKind::kWaitCompareAndSwap) return sizeof(WaitParams);
+  if (kind == OpKind::kLookupLockRead) return sizeof(LockReadParams);
   return 0;
 }
 
@@ -70,6 +73,8 @@ uint64_t RequestBuilder::ReplyBytes(OpKind kind, uint64_t size) {
       return sizeof(LookupReply) + size;
     case OpKind::kInsertIfAbsent:
       return sizeof(InsertReply);
+    case OpKind::kLookupLockRead:
+      return sizeof(LookupReply) + sizeof(uint64_t) + size;
   }
   return 0;
 }
@@ -137,6 +142,12 @@ void RequestBuilder::WaitCompareAndSwap(uint64_t offset, uint64_t expected, uint
          &params);
 }
 
+void RequestBuilder::LookupLockRead(uint64_t bucket_offset, const LockReadParams& params,
+                                    uint64_t key, uint64_t desired, uint32_t size) {
+  Append({static_cast<uint8_t>(OpKind::kLookupLockRead), {}, size, bucket_offset, key, desired},
+         &params);
+}
+
 void RequestBuilder::Clear() {
   bytes_.clear();
   op_count_ = 0;
@@ -171,6 +182,18 @@ std::string CheckInsertParams(const InsertParams& p) {
   if (p.reserved[0] != 0 || p.reserved[1] != 0 || p.reserved[2] != 0) {
     return "reserved parameter is not zero";
   }
+  return {};
+}
+
+std::string CheckLockReadParams(const LockReadParams& p, uint32_t size, uint64_t desired) {
+  if (std::string why = CheckLookupParams(p.layout); !why.empty()) return why;
+  if (p.held_mask == 0) return "held mask is zero";
+  if (desired == 0) return "lock word is zero";
+  if (p.lock_offset % 8 != 0 || uint64_t{p.lock_offset} + 8 > size) {
+    return "lock word at " + std::to_string(p.lock_offset) + " not inside the record of " +
+           std::to_string(size) + " bytes";
+  }
+  if (p.reserved != 0) return "reserved parameter is not zero";
   return {};
 }
 
@@ -373,6 +396,61 @@ Status DecodeInsertReply(const std::byte* reply, uint16_t server_id, InsertResul
                           std::to_string(r.outcome));
 }
 
+void ExecuteLookupLockRead(const Region& region, uint64_t bucket_offset,
+                           const LockReadParams& params, uint64_t key, uint64_t desired,
+                           uint32_t size, std::byte* out) {
+  // The walk is the lookup-read's, without its read of the record (size 0): the record is
+  // read below, after its lock word was taken or found held.
+  std::byte lookup[sizeof(LookupReply)];
+  ExecuteLookupRead(region, bucket_offset, params.layout, key, 0, lookup);
+  LookupReply reply;
+  std::memcpy(&reply, lookup, sizeof(reply));
+  std::memset(out, 0, sizeof(LookupReply) + sizeof(uint64_t) + size);
+  uint64_t found = 0;
+  if (reply.outcome == static_cast<uint64_t>(LookupOutcome::kFoundNotRead) &&
+      (reply.value >> kShift) == region.server_id) {
+    const uint64_t off = reply.value & kOffsetMask;
+    if (size > region.size || off > region.size - size || !region.accessible(off, size) ||
+        (off + params.lock_offset) % 8 != 0) {
+      reply = {static_cast<uint64_t>(LookupOutcome::kOutOfBounds), off};
+    } else {
+      const WaitParams take{params.held_mask, 0, 0, kWaitTakeFree};
+      const WaitAttempt a = AttemptWaitCompareAndSwap(
+          reinterpret_cast<uint64_t*>(region.base + off + params.lock_offset), 0, desired, take);
+      found = a.previous;
+      if (region.changed != nullptr && WaitCompareAndSwapSwapped(found, 0, take)) {
+        region.changed->push_back({off + params.lock_offset, 8});
+      }
+      reply.outcome = static_cast<uint64_t>(LookupOutcome::kFound);
+      FarRead(out + sizeof(LookupReply) + sizeof(uint64_t), region.base + off, size);
+    }
+  }
+  std::memcpy(out, &reply, sizeof(reply));
+  std::memcpy(out + sizeof(reply), &found, sizeof(found));
+}
+
+Status DecodeLockReadReply(const std::byte* reply, uint16_t server_id, uint64_t held_mask,
+                           uint32_t size, void* record, LockReadResult* result) {
+  result->found = 0;
+  result->locked = false;
+  LookupReply r;
+  std::memcpy(&r, reply, sizeof(r));
+  if (r.outcome == static_cast<uint64_t>(LookupOutcome::kOutOfBounds)) {
+    result->lookup = LookupResult{};
+    return Status::InvalidArgument(
+        "lookup-lock-read: " + GlobalAddress(server_id, r.value).ToString() +
+        " (a bucket or record it reached) is outside the region or "
+        "every lease, or the record's lock word is not aligned");
+  }
+  FARPOOL_RETURN_IF_ERROR(DecodeLookupReply(reply, server_id, &result->lookup));
+  if (result->lookup.outcome == LookupResult::Outcome::kFound) {
+    std::memcpy(&result->found, reply + sizeof(LookupReply), sizeof(uint64_t));
+    result->locked = (result->found & held_mask) == 0;
+    std::memcpy(record, reply + sizeof(LookupReply) + sizeof(uint64_t), size);
+  }
+  return Status::Ok();
+}
+
 LookupParams ParamsOf(const LookupSpec& spec) {
   return {spec.bucket_size, spec.entries_offset, spec.entry_count,
           spec.next_offset, kMaxLookupBuckets,   0};
@@ -410,7 +488,10 @@ namespace {
 // The bytes an operation checks against the region and the leases at its offset.
 uint64_t Touched(const OpHeader& h, uint64_t bucket_size) {
   const auto kind = static_cast<OpKind>(h.kind);
-  return kind == OpKind::kLookupRead || kind == OpKind::kInsertIfAbsent ? bucket_size : h.size;
+  return kind == OpKind::kLookupRead || kind == OpKind::kInsertIfAbsent ||
+                 kind == OpKind::kLookupLockRead
+             ? bucket_size
+             : h.size;
 }
 
 }  // namespace
@@ -438,7 +519,7 @@ Result<Execution> Execution::Check(uint32_t op_count, std::span<const std::byte>
     const OpHeader& h = c.header;
     const auto kind = static_cast<OpKind>(h.kind);
     if (h.kind < static_cast<uint8_t>(OpKind::kRead) ||
-        h.kind > static_cast<uint8_t>(OpKind::kWaitCompareAndSwap)) {
+        h.kind > static_cast<uint8_t>(OpKind::kLookupLockRead)) {
       return bad("unknown kind " + std::to_string(h.kind));
     }
     if (h.reserved[0] != 0 || h.reserved[1] != 0 || h.reserved[2] != 0) {
@@ -452,6 +533,7 @@ Result<Execution> Execution::Check(uint32_t op_count, std::span<const std::byte>
     const bool lookup = kind == OpKind::kLookupRead;
     const bool insert = kind == OpKind::kInsertIfAbsent;
     const bool wait = kind == OpKind::kWaitCompareAndSwap;
+    const bool lock_read = kind == OpKind::kLookupLockRead;
     uint64_t touched = h.size;  // bytes at h.offset checked against the region and leases
     if (IsAtomic(kind)) {
       if (h.size != sizeof(uint64_t)) return bad_op("atomics are 8 bytes");
@@ -481,11 +563,21 @@ Result<Execution> Execution::Check(uint32_t op_count, std::span<const std::byte>
       at += sizeof(LookupParams);
       if (std::string why = CheckLookupParams(c.lookup); !why.empty()) return bad_op(why);
       touched = c.lookup.bucket_size;
+    } else if (lock_read) {
+      if (h.size == 0 || h.size > kMaxInlineBytes) return bad_op("record size out of range");
+      if (h.offset % 8 != 0) return bad_op("bucket not 8-byte aligned");
+      if (ops.size() - at < sizeof(LockReadParams)) return bad_op("parameters truncated");
+      std::memcpy(&c.lock, ops.data() + at, sizeof(LockReadParams));
+      at += sizeof(LockReadParams);
+      if (std::string why = CheckLockReadParams(c.lock, h.size, h.desired); !why.empty()) {
+        return bad_op(why);
+      }
+      touched = c.lock.layout.bucket_size;
     } else {
       if (h.size == 0 || h.size > wire::kMaxBatchTail) return bad_op("size out of range");
     }
-    const bool operand_used = IsAtomic(kind) || lookup || insert,
-               desired_used = kind == OpKind::kCompareAndSwap || insert || wait;
+    const bool operand_used = IsAtomic(kind) || lookup || insert || lock_read,
+               desired_used = kind == OpKind::kCompareAndSwap || insert || wait || lock_read;
     if ((!operand_used && h.operand != 0) || (!desired_used && h.desired != 0)) {
       return bad_op("unused operand is not zero");
     }
@@ -519,10 +611,11 @@ Result<Execution> Execution::Check(uint32_t op_count, std::span<const std::byte>
 Status Execution::Recheck(const Region& region) const {
   for (size_t i = next_; i < checked_.size(); ++i) {
     const Checked& c = checked_[i];
+    const auto kind = static_cast<OpKind>(c.header.kind);
     const uint64_t touched =
-        Touched(c.header, static_cast<OpKind>(c.header.kind) == OpKind::kInsertIfAbsent
-                              ? c.insert.layout.bucket_size
-                              : c.lookup.bucket_size);
+        Touched(c.header, kind == OpKind::kInsertIfAbsent   ? c.insert.layout.bucket_size
+                          : kind == OpKind::kLookupLockRead ? c.lock.layout.bucket_size
+                                                            : c.lookup.bucket_size);
     if (!region.accessible(c.header.offset, touched)) {
       return Status::InvalidArgument(
           "batch operation " + std::to_string(i) + " of " + std::to_string(checked_.size()) + ": " +
@@ -588,6 +681,11 @@ bool Execution::Run(const Region& region, Wait wait) {
         ExecuteInsertIfAbsent(region, c.header.offset, c.insert, c.header.operand, c.header.desired,
                               out);
         out_ += sizeof(InsertReply);
+        break;
+      case OpKind::kLookupLockRead:
+        ExecuteLookupLockRead(region, c.header.offset, c.lock, c.header.operand, c.header.desired,
+                              c.header.size, out);
+        out_ += sizeof(LookupReply) + sizeof(uint64_t) + c.header.size;
         break;
     }
   }

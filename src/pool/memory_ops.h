@@ -9,8 +9,9 @@
 // Two compound operations save round trips where a pointer must be followed or a lock taken
 // (see their sections below): kLookupRead walks a chain of buckets of (key, value) entries and
 // reads the bytes the value found points to; kInsertIfAbsent inserts an entry under the
-// chain's lock word as a one-sided inserter would. They know nothing of any database: the
-// bucket layout and the lock word travel in the request. kWaitCompareAndSwap is a compare-and-
+// chain's lock word as a one-sided inserter would; kLookupLockRead is a lookup-read that takes
+// the record's lock word (if free) before it reads the record. They know nothing of any database:
+// the bucket layout and the lock word travel in the request. kWaitCompareAndSwap is a compare-and-
 // swap that a memory server may hold back while the word is *held* (a predicate that travels
 // in the request), answering once it swapped or its bound passed (see its section).
 //
@@ -44,6 +45,7 @@ enum class OpKind : uint8_t {
   kLookupRead = 5,
   kInsertIfAbsent = 6,
   kWaitCompareAndSwap = 7,
+  kLookupLockRead = 8,
 };
 
 struct OpHeader {
@@ -170,6 +172,30 @@ inline constexpr uint32_t kWaitTakeFree = 1;
 inline constexpr uint32_t kWaitOnly = 2;
 inline constexpr uint32_t kMaxWaitUs = 1'000'000;
 
+// ---- kLookupLockRead: "find key K in a bucket chain, lock the record its value points to if
+// it is free, then read the record" (a locking read's lookup, lock and copy in one message).
+//
+// The walk is kLookupRead's (LookupParams, the same bounds and outcomes). Where it is kFound
+// (the record is on this server and inside the region and a lease), the 8-byte word at
+// `lock_offset` in the record is *free* when (word & held_mask) == 0; a free word is swapped to
+// `desired` (OpHeader.desired, nonzero) by a CPU compare-and-swap repeated from the word found
+// while it is free (kWaitCompareAndSwap's take-free attempt); a held word is left alone. Then the
+// record's `size` bytes are read (so a swapped copy shows `desired` and the version the previous
+// word named). It never waits. OpHeader: size = the record's bytes (lock_offset + 8 <= size),
+// offset = the first bucket, operand = K, desired = the lock word. The reply is a LookupReply, the
+// lock word found (8 bytes: the previous value if swapped; 0 unless kFound), then `size` bytes
+// (zeros unless kFound). Swapped iff kFound and the word found is free. A record whose lock word is
+// not 8-byte aligned is kOutOfBounds. Every answer is one a client doing the lookup-read, then a
+// take-free compare-and-swap, then the read, with nothing in between, could have seen, so it
+// composes with every other path.
+struct LockReadParams {  // follows the OpHeader of a kLookupLockRead in the request
+  LookupParams layout;   // the buckets, checked as for kLookupRead
+  uint64_t held_mask;    // nonzero
+  uint32_t lock_offset;  // multiple of 8; the word is inside the record
+  uint32_t reserved;     // 0
+};
+static_assert(sizeof(LockReadParams) == 32);
+
 // The checks of a WaitParams and of the operation's `desired` (Execute's, also used by
 // clients): empty if well-formed.
 std::string CheckWaitParams(const WaitParams& params, uint64_t desired);
@@ -214,6 +240,9 @@ class RequestBuilder {
   // REQUIRES: Fits(OpKind::kWaitCompareAndSwap, 8); with kWaitOnly, desired 0.
   void WaitCompareAndSwap(uint64_t offset, uint64_t expected, uint64_t desired,
                           const WaitParams& params);
+  // REQUIRES: Fits(OpKind::kLookupLockRead, size).
+  void LookupLockRead(uint64_t bucket_offset, const LockReadParams& params, uint64_t key,
+                      uint64_t desired, uint32_t size);
 
   uint32_t op_count() const { return op_count_; }
   std::span<const std::byte> bytes() const { return bytes_; }
@@ -276,6 +305,22 @@ void ExecuteInsertIfAbsent(const Region& region, uint64_t bucket_offset, const I
 // outcome.
 Status DecodeInsertReply(const std::byte* reply, uint16_t server_id, InsertResult* result);
 
+// The checks of a LockReadParams for a record of `size` bytes and of `desired` (Execute's,
+// also used by clients): empty if well-formed.
+std::string CheckLockReadParams(const LockReadParams& params, uint32_t size, uint64_t desired);
+
+// Executes one checked lookup-lock-read on `region` (the first bucket at `bucket_offset` must
+// be inside it): writes the LookupReply, the word found and `size` bytes to `out`. Used by the
+// server and by clients that map the region.
+void ExecuteLookupLockRead(const Region& region, uint64_t bucket_offset,
+                           const LockReadParams& params, uint64_t key, uint64_t desired,
+                           uint32_t size, std::byte* out);
+// A lookup-lock-read's reply (at `reply`) as executed by server `server_id`: the lookup into
+// result->lookup, the word found and whether it was swapped; the record's bytes to `record`
+// if kFound. Errors as DecodeLookupReply's.
+Status DecodeLockReadReply(const std::byte* reply, uint16_t server_id, uint64_t held_mask,
+                           uint32_t size, void* record, LockReadResult* result);
+
 // Scans one copy of a bucket: the value of the first entry with `key` and a nonzero value
 // (0 if none), and the bucket's next word.
 struct BucketScan {
@@ -329,6 +374,7 @@ class Execution {
     LookupParams lookup;  // lookup-reads
     InsertParams insert;  // insert-if-absent
     WaitParams wait;      // wait-compare-and-swap
+    LockReadParams lock;  // lookup-lock-read
   };
   std::vector<std::byte> ops_;
   std::vector<Checked> checked_;

@@ -362,6 +362,187 @@ TEST_F(LookupReadTest, MalformedLookupsRejectTheWholeRequest) {
   ExpectTruncatedRejected([](RequestBuilder& b) { b.LookupRead(4096, kParams, 42, 8); }, 4);
 }
 
+// ---- kLookupLockRead: the same buckets; records of 32 bytes, lock word first, bit 0 = held.
+
+class LockReadTest : public LookupReadTest {
+ protected:
+  static constexpr LockReadParams kLock{kParams, 1, 0, 0};
+  static constexpr uint64_t kMine = 0x0003'0000'0000'0005;  // odd: held
+  static constexpr uint32_t kSize = 32;
+  // Runs one lookup-lock-read; the reply's LookupReply, the word found and the bytes read.
+  Status LockRead(uint64_t bucket, uint64_t key, LookupReply* r, uint64_t* found,
+                  std::vector<std::byte>* bytes) {
+    RequestBuilder b;
+    b.LookupLockRead(bucket, kLock, key, kMine, kSize);
+    EXPECT_EQ(b.reply_size(), sizeof(LookupReply) + 8 + kSize);
+    std::vector<std::byte> reply;
+    FARPOOL_RETURN_IF_ERROR(Run(b, &reply));
+    EXPECT_EQ(reply.size(), sizeof(LookupReply) + 8 + kSize);
+    std::memcpy(r, reply.data(), sizeof(*r));
+    std::memcpy(found, reply.data() + sizeof(LookupReply), 8);
+    bytes->assign(reply.begin() + sizeof(LookupReply) + 8, reply.end());
+    return Status::Ok();
+  }
+  static uint64_t At(const std::vector<std::byte>& bytes, size_t at) {
+    uint64_t v;
+    std::memcpy(&v, bytes.data() + at, 8);
+    return v;
+  }
+};
+
+TEST_F(LockReadTest, TakesAFreeRecordFromWhateverWordItHasAndReadsItLocked) {
+  SetWord(12288, 6);  // unlocked, newest version 3
+  SetWord(12288 + 8, 42);
+  SetEntry(4096, 3, 42, Addr(kServer, 12288));
+  std::vector<Range> changed;
+  region_.changed = &changed;
+  LookupReply r;
+  uint64_t found = 0;
+  std::vector<std::byte> bytes;
+  ASSERT_TRUE(LockRead(4096, 42, &r, &found, &bytes).ok());
+  EXPECT_EQ(Outcome(r), LookupOutcome::kFound);
+  EXPECT_EQ(r.value, Addr(kServer, 12288));
+  EXPECT_EQ(found, 6u);            // the word it was taken from: the version locked
+  EXPECT_EQ(Word(12288), kMine);   // ours now
+  EXPECT_EQ(At(bytes, 0), kMine);  // the copy is read behind the lock
+  EXPECT_EQ(At(bytes, 8), 42u);
+  ASSERT_EQ(changed.size(), 1u);  // a replica and the waiters learn of the swap
+  EXPECT_EQ(changed[0].offset, 12288u);
+  EXPECT_EQ(changed[0].size, 8u);
+  // The client's decoding: locked, the word and the bytes.
+  RequestBuilder b;
+  b.LookupLockRead(4096, kLock, 42, kMine + 2, kSize);
+  SetWord(12288, 8);
+  auto reply = Execute(b.op_count(), b.bytes(), region_);
+  ASSERT_TRUE(reply.ok());
+  LockReadResult result;
+  std::vector<std::byte> record(kSize);
+  ASSERT_TRUE(DecodeLockReadReply(reply->data(), kServer, 1, kSize, record.data(), &result).ok());
+  EXPECT_EQ(result.lookup.outcome, LookupResult::Outcome::kFound);
+  EXPECT_TRUE(result.locked);
+  EXPECT_EQ(result.found, 8u);
+  EXPECT_EQ(At(record, 0), kMine + 2);
+}
+
+TEST_F(LockReadTest, AHeldOrRemovedRecordIsCopiedNotTaken) {
+  SetWord(12288 + 8, 42);
+  SetEntry(4096, 0, 42, Addr(kServer, 12288));
+  std::vector<Range> changed;
+  region_.changed = &changed;
+  for (const uint64_t held : {uint64_t{0x0001'0000'0000'0003}, ~uint64_t{0}}) {
+    SCOPED_TRACE(held);
+    SetWord(12288, held);
+    LookupReply r;
+    uint64_t found = 0;
+    std::vector<std::byte> bytes;
+    ASSERT_TRUE(LockRead(4096, 42, &r, &found, &bytes).ok());
+    EXPECT_EQ(Outcome(r), LookupOutcome::kFound);
+    EXPECT_EQ(found, held);
+    EXPECT_EQ(Word(12288), held);   // unchanged: it never waits, never takes a held word
+    EXPECT_EQ(At(bytes, 0), held);  // the copy shows the holder
+    LockReadResult result;
+    std::vector<std::byte> record(kSize);
+    RequestBuilder b;
+    b.LookupLockRead(4096, kLock, 42, kMine, kSize);
+    auto reply = Execute(b.op_count(), b.bytes(), region_);
+    ASSERT_TRUE(reply.ok());
+    ASSERT_TRUE(DecodeLockReadReply(reply->data(), kServer, 1, kSize, record.data(), &result).ok());
+    EXPECT_FALSE(result.locked);
+  }
+  EXPECT_TRUE(changed.empty());
+}
+
+TEST_F(LockReadTest, WhatIsNotReadHereIsNotLocked) {
+  // Absent; the record on another server (same offset here: must not be touched); the chain
+  // going on elsewhere.
+  SetWord(12288, 6);
+  LookupReply r;
+  uint64_t found = 1;
+  std::vector<std::byte> bytes;
+  ASSERT_TRUE(LockRead(4096, 42, &r, &found, &bytes).ok());
+  EXPECT_EQ(Outcome(r), LookupOutcome::kAbsent);
+  EXPECT_EQ(found, 0u);
+  EXPECT_EQ(bytes, std::vector<std::byte>(kSize, std::byte{0}));
+  SetEntry(4096, 0, 42, Addr(kServer + 1, 12288));
+  ASSERT_TRUE(LockRead(4096, 42, &r, &found, &bytes).ok());
+  EXPECT_EQ(Outcome(r), LookupOutcome::kFoundNotRead);
+  EXPECT_EQ(r.value, Addr(kServer + 1, 12288));
+  EXPECT_EQ(Word(12288), 6u);
+  SetEntry(4096, 0, 0, 0);
+  SetWord(4096 + 8, Addr(kServer + 1, 8192));
+  ASSERT_TRUE(LockRead(4096, 42, &r, &found, &bytes).ok());
+  EXPECT_EQ(Outcome(r), LookupOutcome::kContinue);
+  EXPECT_EQ(Word(12288), 6u);
+  LockReadResult result;
+  std::vector<std::byte> record(kSize, std::byte{7});
+  RequestBuilder b;
+  b.LookupLockRead(4096, kLock, 42, kMine, kSize);
+  auto reply = Execute(b.op_count(), b.bytes(), region_);
+  ASSERT_TRUE(reply.ok());
+  ASSERT_TRUE(DecodeLockReadReply(reply->data(), kServer, 1, kSize, record.data(), &result).ok());
+  EXPECT_EQ(result.lookup.outcome, LookupResult::Outcome::kContinue);
+  EXPECT_FALSE(result.locked);
+  EXPECT_EQ(record, std::vector<std::byte>(kSize, std::byte{7}));  // not written
+}
+
+TEST_F(LockReadTest, ARecordOutsideTheLeasesIsNeitherLockedNorRead) {
+  SetWord(40000, 6);  // beyond the leases
+  for (const uint64_t record : {Addr(kServer, 40000), Addr(kServer, (64 << 10) - 16),
+                                Addr(kServer, 12292)}) {  // straddles the end; misaligned
+    SCOPED_TRACE(record);
+    SetEntry(4096, 0, 42, record);
+    const std::vector<std::byte> before = memory_;
+    LookupReply r;
+    uint64_t found = 0;
+    std::vector<std::byte> bytes;
+    ASSERT_TRUE(LockRead(4096, 42, &r, &found, &bytes).ok());
+    EXPECT_EQ(Outcome(r), LookupOutcome::kOutOfBounds);
+    EXPECT_EQ(r.value, record & GlobalAddress::kOffsetMask);
+    EXPECT_EQ(memory_, before);
+    RequestBuilder b;
+    b.LookupLockRead(4096, kLock, 42, kMine, kSize);
+    auto reply = Execute(b.op_count(), b.bytes(), region_);
+    ASSERT_TRUE(reply.ok());
+    LockReadResult result;
+    std::vector<std::byte> out(kSize);
+    const Status st = DecodeLockReadReply(reply->data(), kServer, 1, kSize, out.data(), &result);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find("outside the region"), std::string::npos) << st.message();
+    EXPECT_FALSE(result.locked);
+  }
+}
+
+TEST_F(LockReadTest, MalformedLockReadsRejectTheWholeRequest) {
+  struct Case {
+    const char* name;
+    uint64_t bucket;
+    LockReadParams params;
+    uint64_t desired;
+    uint32_t size;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {"bucket outside the leases", 40960, kLock, kMine, kSize, "not inside the root area"},
+      {"misaligned bucket", 4100, kLock, kMine, kSize, "not 8-byte aligned"},
+      {"bad bucket layout", 4096, {{128, 16, 8, 8, 64, 0}, 1, 0, 0}, kMine, kSize, "entries"},
+      {"no held mask", 4096, {kParams, 0, 0, 0}, kMine, kSize, "held mask"},
+      {"zero lock word", 4096, kLock, 0, kSize, "lock word is zero"},
+      {"lock word beyond the record", 4096, {kParams, 1, 32, 0}, kMine, kSize, "lock word at"},
+      {"misaligned lock word", 4096, {kParams, 1, 4, 0}, kMine, kSize, "lock word at"},
+      {"reserved parameter", 4096, {kParams, 1, 0, 1}, kMine, kSize, "reserved"},
+      {"no record", 4096, kLock, kMine, 0, "record size"},
+      {"record too large", 4096, kLock, kMine, kMaxInlineBytes + 1, "record size"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    ExpectRejectedWhole(
+        [&](RequestBuilder& b) { b.LookupLockRead(c.bucket, c.params, 42, c.desired, c.size); },
+        c.needle);
+  }
+  ExpectTruncatedRejected([](RequestBuilder& b) { b.LookupLockRead(4096, kLock, 42, kMine, 8); },
+                          4);
+}
+
 // ---- kInsertIfAbsent: the same buckets; the lock word is the bucket's first word.
 
 class InsertTest : public LookupReadTest {

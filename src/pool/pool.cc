@@ -236,11 +236,13 @@ struct ThreadContext {
 
 // Where part of a batch message's reply goes: one per read or atomic, in request order.
 struct BatchSink {
-  void* read_into = nullptr;       // reads; lookup-reads: the record's bytes
-  uint64_t size = 0;               // bytes in the reply
-  uint64_t* previous = nullptr;    // atomics; may be null
-  LookupResult* lookup = nullptr;  // lookup-reads (a memory_ops::LookupReply, then the bytes)
-  InsertResult* insert = nullptr;  // insert-if-absent (a memory_ops::InsertReply)
+  void* read_into = nullptr;            // reads; lookup-reads: the record's bytes
+  uint64_t size = 0;                    // bytes in the reply
+  uint64_t* previous = nullptr;         // atomics; may be null
+  LookupResult* lookup = nullptr;       // lookup-reads (a memory_ops::LookupReply, then the bytes)
+  InsertResult* insert = nullptr;       // insert-if-absent (a memory_ops::InsertReply)
+  LockReadResult* lock_read = nullptr;  // lookup-lock-reads (LookupReply, word, the bytes)
+  uint64_t held_mask = 0;               // lookup-lock-reads: what a held word has set
 };
 
 // Where the reply of one batch message lands (control::ReplyBox::Expect): scattered straight
@@ -1691,11 +1693,13 @@ struct Batch::Replay {
   const void* from = nullptr;  // write: source
   uint64_t size = 0;           // read, write: bytes; lookup-read: the record's bytes
   // compare-and-swap, wait-compare-and-swap: expected, desired; fetch-and-add: delta;
-  // lookup-read: key; insert-if-absent: lock word, key, value.
+  // lookup-read: key; insert-if-absent: lock word, key, value; lookup-lock-read: key, held
+  // mask, lock word.
   uint64_t a = 0, b = 0, c = 0;
-  void* result = nullptr;    // uint64_t* previous, LookupResult*, InsertResult*, WaitCasResult*
-  LookupSpec spec{};         // lookup-read, insert-if-absent
-  uint32_t lock_offset = 0;  // insert-if-absent
+  void* result = nullptr;    // uint64_t* previous, LookupResult*, InsertResult*, WaitCasResult*,
+                             // LockReadResult*
+  LookupSpec spec{};         // lookup-read, insert-if-absent, lookup-lock-read
+  uint32_t lock_offset = 0;  // insert-if-absent, lookup-lock-read
   WaitSpec wait{};           // wait-compare-and-swap
   // Changes nothing: may run twice.
   bool reads() const {
@@ -1820,6 +1824,9 @@ Status Batch::Repost(const Replay& r) {
                             static_cast<InsertResult*>(r.result));
     case K::kWaitCompareAndSwap:
       return WaitCompareAndSwap(r.address, r.a, r.b, r.wait, static_cast<WaitCasResult*>(r.result));
+    case K::kLookupLockRead:
+      return LookupLockRead(r.address, r.spec, r.a, r.lock_offset, r.b, r.c, r.into,
+                            static_cast<uint32_t>(r.size), static_cast<LockReadResult*>(r.result));
   }
   return Status::Internal("an operation of unknown kind to post again");
 }
@@ -2096,6 +2103,67 @@ Status Batch::LookupRead(GlobalAddress bucket, const LookupSpec& spec, uint64_t 
   return Status::Ok();
 }
 
+Status Batch::LookupLockRead(GlobalAddress bucket, const LookupSpec& spec, uint64_t key,
+                             uint32_t lock_offset, uint64_t held_mask, uint64_t lock_word,
+                             void* record, uint32_t record_size, LockReadResult* result) {
+  FARPOOL_RETURN_IF_ERROR(state_->context_error);
+  const memory_ops::LockReadParams params{memory_ops::ParamsOf(spec), held_mask, lock_offset, 0};
+  std::string why = memory_ops::CheckLockReadParams(params, record_size, lock_word);
+  if (why.empty() && record_size > memory_ops::kMaxInlineBytes) why = "record out of range";
+  if (!why.empty()) {
+    return Status::InvalidArgument("lookup-lock-read at " + bucket.ToString() + ": " + why);
+  }
+  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
+                           pool_.Resolve(bucket, spec.bucket_size, "lookup-lock-read", true, true));
+  if (t.direct == nullptr) FARPOOL_RETURN_IF_ERROR(Route(t.index));
+  *result = LockReadResult{};
+  if (t.direct == nullptr && !t.messages) {
+    // One-sided: the lookup-read's path (no record is read in this round trip, so none is
+    // locked); the caller locks in a round trip of its own.
+    return LookupRead(bucket, spec, key, record, record_size, &result->lookup);
+  }
+  if (t.direct == nullptr) {
+    FARPOOL_RETURN_IF_ERROR(
+        Reserve(t.index, static_cast<uint8_t>(memory_ops::OpKind::kLookupLockRead), record_size));
+  }
+  ThreadContext& tc = *state_->tc;
+  Bump(tc.reads);
+  Bump(tc.cas);
+  Bump(tc.bytes_read, spec.bucket_size);
+  ++state_->posted;
+  ServerState& s = *pool_.servers_[t.index];
+  const uint64_t offset = t.remote - s.region_base;  // past the mirror's start if failed over
+  const uint64_t reply = sizeof(memory_ops::LookupReply) + sizeof(uint64_t) + record_size;
+  if (t.direct != nullptr) {
+    // The server's code on the mapped region (as LookupRead).
+    memory_ops::Region region{s.direct, s.region_size, [](uint64_t, uint64_t) { return true; },
+                              s.address.id};
+    std::vector<std::byte> out(reply);
+    memory_ops::ExecuteLookupLockRead(region, offset, params, key, lock_word, record_size,
+                                      out.data());
+    Status st = memory_ops::DecodeLockReadReply(out.data(), s.address.id, held_mask, record_size,
+                                                record, result)
+                    .WithContext(s.name);
+    if (!st.ok() && state_->error.ok()) state_->error = st;
+    return Status::Ok();
+  }
+  auto& m = state_->Open(t.index);
+  m.request.LookupLockRead(offset, params, key, lock_word, record_size);
+  m.sinks.push_back(
+      {.read_into = record, .size = reply, .lock_read = result, .held_mask = held_mask});
+  m.ops.push_back({.kind = memory_ops::OpKind::kLookupLockRead,
+                   .address = bucket,
+                   .into = record,
+                   .size = record_size,
+                   .a = key,
+                   .b = held_mask,
+                   .c = lock_word,
+                   .result = result,
+                   .spec = spec,
+                   .lock_offset = lock_offset});
+  return Status::Ok();
+}
+
 Status Batch::InsertIfAbsent(GlobalAddress bucket, const LookupSpec& spec, uint32_t lock_offset,
                              uint64_t lock_word, uint64_t key, uint64_t value,
                              InsertResult* result) {
@@ -2218,6 +2286,16 @@ void BatchLanding::Land(void* context, std::span<const std::byte> reply) {
         std::memcpy(sink.read_into, at + sizeof(memory_ops::LookupReply),
                     sink.size - sizeof(memory_ops::LookupReply));
       }
+      at += sink.size;
+      continue;
+    }
+    if (sink.lock_read != nullptr) {
+      const uint64_t head = sizeof(memory_ops::LookupReply) + sizeof(uint64_t);
+      Status st = memory_ops::DecodeLockReadReply(at, s.address.id, sink.held_mask,
+                                                  static_cast<uint32_t>(sink.size - head),
+                                                  sink.read_into, sink.lock_read)
+                      .WithContext(s.name);
+      if (lookups.ok()) lookups = st;
       at += sink.size;
       continue;
     }
@@ -2371,7 +2449,7 @@ Status Batch::Post() {
   for (const State::Message& m : st.messages) {
     for (const BatchSink& sink : m.sinks) {
       if (sink.read_into != nullptr || sink.previous != nullptr || sink.lookup != nullptr ||
-          sink.insert != nullptr) {
+          sink.insert != nullptr || sink.lock_read != nullptr) {
         return Status::InvalidArgument(pool_.servers_[m.index]->name +
                                        ": Batch::Post of an operation whose result is wanted "
                                        "(a read, a previous value): nothing was sent");

@@ -706,6 +706,67 @@ TEST_F(AccessPaths, ABatchIsOneRoundTripWithOneMessagePerServer) {
 // every path, over a chain that starts on server 0 and ends on server 1: the answer is the
 // same; over messages and mapped memory the record on the bucket's server comes with the
 // lookup in one round trip.
+// A lookup-lock-read takes the record's lock word where the record is read in the round trip
+// (mapped: at once; messages: at the server) and only if it is free; the one-sided path locks
+// nothing (its lookup reads the head bucket only). What it took is what the caller's
+// compare-and-swap would have taken, and the copy is read behind it.
+TEST_F(AccessPaths, ALookupLockReadLocksOnlyAFreeRecordItReads) {
+  for (const auto& p : pools_) ASSERT_TRUE(p);
+  Pool& setup = *pools_[0];
+  struct Bucket {
+    uint64_t lock, next;
+    uint64_t entries[7][2];
+  };
+  const LookupSpec spec{128, 16, 7, 8};
+  const GlobalAddress bucket = *setup.Alloc(128, Placement::OnServer(0));
+  constexpr uint32_t kRecord = 64;
+  const GlobalAddress record = *setup.Alloc(kRecord, Placement::OnServer(0));
+  Bucket x{};
+  x.entries[2][0] = 7;
+  x.entries[2][1] = record.raw();
+  ASSERT_TRUE(setup.Write(bucket, &x, sizeof(x)).ok());
+  constexpr uint64_t kMine = 0x0002'0000'0000'0009;
+  for (size_t path = 0; path < pools_.size(); ++path) {
+    Pool& pool = *pools_[path];
+    SCOPED_TRACE("path " + pool.AccessPath(0));
+    const bool near = path != 2;  // mapped or messages
+    for (const uint64_t word : {uint64_t{6}, uint64_t{0x0001'0000'0000'0003}}) {
+      SCOPED_TRACE("word " + std::to_string(word));
+      std::vector<uint64_t> bytes(kRecord / 8, 0x1111);
+      bytes[0] = word;
+      ASSERT_TRUE(setup.Write(record, bytes.data(), kRecord).ok());
+      std::vector<uint64_t> got(kRecord / 8, 0);
+      LockReadResult r;
+      const OpCounters before = pool.counters();
+      Batch b(pool);
+      ASSERT_TRUE(b.LookupLockRead(bucket, spec, 7, 0, 1, kMine, got.data(), kRecord, &r).ok());
+      ASSERT_TRUE(b.Wait().ok());
+      EXPECT_LE(pool.counters().round_trips - before.round_trips, 1u);
+      uint64_t now = 0;
+      ASSERT_TRUE(setup.Read(record, &now, 8).ok());
+      const bool free = (word & 1) == 0;
+      EXPECT_EQ(r.lookup.outcome,
+                near ? LookupResult::Outcome::kFound : LookupResult::Outcome::kFoundNotRead);
+      EXPECT_EQ(r.lookup.value, record);
+      EXPECT_EQ(r.locked, near && free);
+      EXPECT_EQ(now, near && free ? kMine : word);
+      if (near) {
+        EXPECT_EQ(r.found, word);
+        EXPECT_EQ(got[0], now);  // read behind the lock
+        EXPECT_EQ(got[1], 0x1111u);
+      }
+    }
+  }
+  // Malformed: refused before anything is posted.
+  Batch b(*pools_[1]);
+  LockReadResult r;
+  std::vector<uint8_t> got(kRecord);
+  EXPECT_EQ(b.LookupLockRead(bucket, spec, 7, 60, 1, kMine, got.data(), kRecord, &r).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(b.LookupLockRead(bucket, spec, 7, 0, 1, 0, got.data(), kRecord, &r).code(),
+            StatusCode::kInvalidArgument);
+}
+
 TEST_F(AccessPaths, ALookupReadGivesTheTwoStepAnswerOnEveryPath) {
   for (const auto& p : pools_) ASSERT_TRUE(p);
   Pool& setup = *pools_[0];

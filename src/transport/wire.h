@@ -51,7 +51,9 @@ inline constexpr uint32_t kMagic = 0x31575046;  // "FPW1"
 //    kHelloPoolClient, StatsReply::pool_refused, MirrorLeaseRequest::owner).
 // 7: MovingReply (a server being drained refuses requests without executing them); the
 //    waiting compare-and-swap's flag kWaitOnly (memory_ops.h: wait until free, change nothing).
-inline constexpr uint16_t kVersion = 7;
+// 8: the lookup-lock-read (memory_ops.h kLookupLockRead: a locking read's lookup, lock and
+//    copy in one operation).
+inline constexpr uint16_t kVersion = 8;
 // Batches: the operations of a request, the read data and atomic results of a reply. Small
 // enough to go eagerly in one UCX active message, large enough for a commit's worth of
 // records; a client splits larger batches into several messages.

@@ -24,6 +24,9 @@ Read committed (farpool's `--isolation rc`: the account, teller and branch read 
 pgbench's UPDATEs lock them; the plain names run snapshot isolation):
   pool-rc             pool, read committed
   pool-tcp-rc         pool-tcp, read committed
+  pool-tcp-fu         pool-tcp, snapshot isolation with the three rows read for update
+                      (`--for-update`: locked at read, the snapshot taken again once they are
+                      held, so writers of one branch row wait instead of aborting)
 
 PostgreSQL: `pgbench -i -s SCALE` once per server, then `pgbench -c N -j N -T S -M prepared -l`
 (the built-in tpcb-like script; p50/p99 from the per-transaction log). farpool's tpcb is the
@@ -64,7 +67,7 @@ from farpool.harness.peers import log
 
 SHM_SYSTEMS = ["pool", "local", "sharded", "postgresql-ram", "postgresql-default"]
 TCP_SYSTEMS = ["pool-tcp", "sharded-tcp", "postgresql-tcp"]
-RC_SYSTEMS = ["pool-rc", "pool-tcp-rc"]  # read committed; not in the default set
+RC_SYSTEMS = ["pool-rc", "pool-tcp-rc", "pool-tcp-fu"]  # rows locked at read; not default
 SYSTEMS = SHM_SYSTEMS + TCP_SYSTEMS + RC_SYSTEMS
 LABELS = {"pool": "farpool pool (shm)", "local": "farpool local", "sharded": "farpool sharded",
           "postgresql-ram": "PostgreSQL (tmpfs, fsync off)",
@@ -72,22 +75,26 @@ LABELS = {"pool": "farpool pool (shm)", "local": "farpool local", "sharded": "fa
           "pool-tcp": "farpool pool (tcp)", "sharded-tcp": "farpool sharded (tcp)",
           "postgresql-tcp": "PostgreSQL (tcp, tmpfs, fsync off)",
           "pool-rc": "farpool pool (shm, read committed)",
-          "pool-tcp-rc": "farpool pool (tcp, read committed)"}
+          "pool-tcp-rc": "farpool pool (tcp, read committed)",
+          "pool-tcp-fu": "farpool pool (tcp, SI, rows read for update)"}
 # (numerator, denominator) of the ratio columns, shown when both were measured.
 RATIOS = [("pool", "postgresql-ram"), ("pool", "postgresql-default"),
           ("pool-tcp", "postgresql-tcp"), ("pool-tcp", "sharded-tcp"),
           ("pool-rc", "postgresql-ram"), ("pool-tcp-rc", "postgresql-tcp"),
-          ("pool-tcp-rc", "pool-tcp")]
+          ("pool-tcp-rc", "pool-tcp"), ("pool-tcp-fu", "postgresql-tcp")]
 PG_ROUND_TRIPS = 7  # statements of pgbench's tpcb-like script, each waited for
 METRICS = ["tps", "p50_us", "p99_us", "abort_rate", "round_trips_per_txn", "messages_per_txn",
            "reads_per_txn", "writes_per_txn", "cas_per_txn"]
 
 
 def farpool_tpcb(engine: str, scale: int, clients: int, seconds: float,
-                 cluster: str | None = None, isolation: str = "si") -> dict:
+                 cluster: str | None = None, isolation: str = "si",
+                 for_update: bool = False) -> dict:
     cmd = [str(peers.farpool_bin()), "bench", "txn", "--engine", engine, "--workload", "tpcb",
            "--scale", str(scale), "--threads", str(clients), "--seconds", str(seconds),
            "--warmup", "0.5", "--verify", "--json", "--isolation", isolation]
+    if for_update:
+        cmd.append("--for-update")
     if cluster:
         return peers.run_json(cmd + ["--cluster", cluster])
     if engine == "pool":
@@ -174,7 +181,8 @@ class Systems:
             self.network[system] = ("TCP, 2 memory servers each in its own netns, event"
                                     if cluster.how == "tcp, netns" else "TCP over loopback, event")
             return farpool_tpcb("pool", self.scale, clients, self.seconds, path,
-                                isolation="rc" if system.endswith("-rc") else "si")
+                                isolation="rc" if system.endswith("-rc") else "si",
+                                for_update=system.endswith("-fu"))
 
     def _sharded_tcp(self, clients: int) -> dict:
         with contextlib.ExitStack() as point:
@@ -195,7 +203,7 @@ class Systems:
             return self._postgresql_tcp(clients)
         if system.startswith("postgresql"):
             return pgbench_run(self._postgres(system), self.scale, clients, self.seconds)
-        if system in ("pool-tcp", "pool-tcp-rc"):
+        if system in ("pool-tcp", "pool-tcp-rc", "pool-tcp-fu"):
             r = self._pool_tcp(clients, system)
         elif system == "sharded-tcp":
             r = self._sharded_tcp(clients)
@@ -241,7 +249,7 @@ def with_binaries(systems, binaries):
         if len(binaries) > 1 and (f"{s}@{binaries[1][0]}", f"{s}@{binaries[0][0]}") not in RATIOS:
             base, candidate = f"{s}@{binaries[0][0]}", f"{s}@{binaries[1][0]}"
             RATIOS.append((candidate, base))
-            if "postgresql-tcp" in systems and s.endswith(("-tcp", "-tcp-rc")):
+            if "postgresql-tcp" in systems and s.endswith(("-tcp", "-tcp-rc", "-tcp-fu")):
                 RATIOS.extend([(base, "postgresql-tcp"), (candidate, "postgresql-tcp")])
     return runs
 
@@ -384,7 +392,7 @@ def main(argv=None) -> int:
         binaries.append((name, os.path.abspath(path)))
     clients = [int(c) for c in args.clients.split(",")]
     systems = peers.systems_arg(ap, args.systems, SYSTEMS)
-    tcp_set = TCP_SYSTEMS + ["pool-tcp-rc"]
+    tcp_set = TCP_SYSTEMS + ["pool-tcp-rc", "pool-tcp-fu"]
     name = args.out_name or ("tpcb_tcp" if any(s in tcp_set for s in systems) else "tpcb")
     peers.stop_on_sigterm()
     load_start = os.getloadavg()

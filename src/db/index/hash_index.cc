@@ -95,6 +95,13 @@ Status HashIndex::PostLookupRead(Access::Batch& batch, int64_t key, void* record
                           result);
 }
 
+Status HashIndex::PostLookupLockRead(Access::Batch& batch, int64_t key, uint32_t lock_offset,
+                                     uint64_t held_mask, uint64_t lock_word, void* record,
+                                     uint32_t record_size, LockReadResult* result) const {
+  return batch.LookupLockRead(Bucket(key), kSpec, static_cast<uint64_t>(key), lock_offset,
+                              held_mask, lock_word, record, record_size, result);
+}
+
 Result<GlobalAddress> HashIndex::FinishLookupRead(const Access& access, int64_t key,
                                                   const LookupResult& result,
                                                   bool* record_read) const {

@@ -98,6 +98,13 @@ class HashIndex {
                         LookupResult* result) const;
   Result<GlobalAddress> FinishLookupRead(const Access& access, int64_t key,
                                          const LookupResult& result, bool* record_read) const;
+  // PostLookupRead that also takes the record's lock word (at `lock_offset`) to `lock_word` if
+  // it is free ((word & held_mask) == 0) before reading it (Access::Batch::LookupLockRead:
+  // where the record is read in this round trip). result->lookup goes to FinishLookupRead as a
+  // PostLookupRead's result; result->locked says whether the lock is the caller's now.
+  Status PostLookupLockRead(Access::Batch& batch, int64_t key, uint32_t lock_offset,
+                            uint64_t held_mask, uint64_t lock_word, void* record,
+                            uint32_t record_size, LockReadResult* result) const;
   // The server of key's head bucket.
   uint16_t HeadServer(int64_t key) const { return Bucket(key).server(); }
   // GetOrInsert as one operation where the memory allows it (Access::Batch::InsertIfAbsent:

@@ -604,11 +604,13 @@ class LockWait {
 struct KeyRead {
   const NamTable* t = nullptr;
   int64_t key = 0;
-  GlobalAddress record;     // null: the key has no record
-  bool cached = false;      // `record` came from the session's address cache
-  bool done = false;        // read (or known absent)
-  bool prefetched = false;  // `image.bytes` hold the record, read with its lookup
-  LookupResult lookup;      // of HashIndex::PostLookupRead
+  GlobalAddress record;         // null: the key has no record
+  bool cached = false;          // `record` came from the session's address cache
+  bool done = false;            // read (or known absent)
+  bool prefetched = false;      // `image.bytes` hold the record, read with its lookup
+  LookupResult lookup;          // of HashIndex::PostLookupRead
+  LockReadResult lock_read;     // of HashIndex::PostLookupLockRead (NamTxn::LockAtLookup)
+  bool held_at_lookup = false;  // locked by LockAtLookup, not yet taken into LockKeys' wants
   RecordImage image;
   bool found = false, deleted = false;
   std::string payload;  // the visible version's fixed payload, if found
@@ -682,6 +684,13 @@ class NamTxn final : public Transaction {
   // db.h: SI's snapshot is taken again if this was the first read and a locked version is
   // newer; otherwise Aborted).
   Status LockKeys(std::span<KeyRead> keys);
+  // LockKeys' first round where one operation per key can look it up, lock it and copy it
+  // (HashIndex::PostLookupLockRead; with the snapshot's counter read if none is taken): a key
+  // whose record was free is locked (in held_, `held_at_lookup`), one held by another or
+  // removed gets its copy (`prefetched`), one not found is done. LockKeys goes on from there
+  // (waits, words moved on, records not read along). A failed batch abandons the session (a
+  // lock may have been taken from a word it did not learn).
+  Status LockAtLookup(std::span<KeyRead> keys, uint64_t mine);
   // How long a locking read waits for a live holder. Much longer than a commit waits
   // (LockWait::kLimitNs): a holder keeps the lock for its whole transaction, and waiters take
   // turns in no order (each retries on its own), so with 8 clients on one row of a 2-core

@@ -287,7 +287,7 @@ Status NamTxn::FindRecords(std::span<KeyRead> keys, bool copies) {
   std::vector<KeyRead*> lookups;
   bool any_cached = false;
   for (KeyRead& k : keys) {
-    if (k.done) continue;
+    if (k.done || k.held_at_lookup) continue;
     k.prefetched = false;
     k.record = s_.CachedRecord(*k.t, k.key);
     k.cached = !k.record.is_null();
@@ -334,7 +334,7 @@ Status NamTxn::FindRecords(std::span<KeyRead> keys, bool copies) {
       }
       for (KeyRead& k : keys) {
         if (!posted.ok()) break;
-        if (k.done || !k.cached) continue;
+        if (k.done || !k.cached || k.held_at_lookup) continue;
         // Copies for LockKeys need no order (they are guesses of the word to expect).
         const bool ordered = taking && k.record.server() == counter_server;
         if (!ordered && !copies) continue;
@@ -366,7 +366,7 @@ Status NamTxn::FindRecords(std::span<KeyRead> keys, bool copies) {
     if (cache_cleared) {
       // Records were removed since the cache was filled: look the cached ones up again.
       for (KeyRead& k : keys) {
-        if (!k.done && k.cached) {
+        if (!k.done && k.cached && !k.held_at_lookup) {
           k.prefetched = false;  // its address may have changed
           FARPOOL_ASSIGN_OR_RETURN(k.record, s_.FindRecord(*k.t, k.key));
         }
@@ -593,10 +593,117 @@ Status NamTxn::ReadMany(std::span<const TableKey> keys, bool for_update, std::ve
   return s_.CheckLease();
 }
 
+Status NamTxn::LockAtLookup(std::span<KeyRead> keys, uint64_t mine) {
+  // Records too large for one message are found and copied by FindRecords, which takes the
+  // snapshot then: nothing to do here for them.
+  if (std::none_of(keys.begin(), keys.end(), [](const KeyRead& k) {
+        return !k.done && k.t->layout_.record_size() <= kMaxLookupReadBytes;
+      })) {
+    return Status::Ok();
+  }
+  // No lock of this session while its last commit's log is whole (NamSession::log_to_clear_),
+  // but a read lock may share the round that clears it: log recovery matches the plain word
+  // only, never a read-lock word (recovery.cc), so the two need no order.
+  if (has_snapshot_ && s_.log_to_clear_ != 0) FARPOOL_RETURN_IF_ERROR(s_.ClearLog());
+  FARPOOL_RETURN_IF_ERROR(s_.CheckLease());  // the CASes follow a passed check
+  const bool taking = !has_snapshot_;
+  NamSession::SnapshotRead snap;
+  std::vector<uint8_t> posted_at(keys.size(), 0);
+  Status posted, waited;
+  {
+    Access::Batch b(s_.access_);
+    // Read committed's locking reads read no versions (only what they lock). No record needs
+    // to follow the counter here: each is locked at its newest version and read behind the
+    // lock, and LockKeys' checks (SI: a version newer than the snapshot) come after.
+    if (taking) FARPOOL_RETURN_IF_ERROR(s_.PostSnapshot(b, &snap, /*versions=*/!rc_));
+    for (size_t j = 0; j < keys.size() && posted.ok(); ++j) {
+      KeyRead& k = keys[j];
+      const uint64_t size = k.t->layout_.record_size();
+      if (k.done || size > kMaxLookupReadBytes) continue;
+      k.image.bytes.resize(size);
+      posted = k.t->hash_->PostLookupLockRead(b, k.key, /*lock_offset=*/0, /*held_mask=*/1, mine,
+                                              k.image.bytes.data(), static_cast<uint32_t>(size),
+                                              &k.lock_read);
+      posted_at[j] = posted.ok();
+    }
+    waited = b.Wait();
+    if (!posted.ok()) waited = posted;
+  }
+  for (size_t j = 0; j < keys.size(); ++j) {
+    KeyRead& k = keys[j];
+    if (posted_at[j] && k.lock_read.locked) {
+      held_[{k.t->id_, k.key}] = {k.t, k.lock_read.lookup.value, k.lock_read.found, k.image.bytes};
+    }
+  }
+  bool cache_cleared = false;
+  if (!waited.ok() && std::find(posted_at.begin(), posted_at.end(), 1) != posted_at.end()) {
+    // A lock may have been taken from a word we never learned: no release could restore it.
+    // The session stops; its locks are broken after its lease (BreakRecordLock restores the
+    // newest version's word), as after a failed waiting compare-and-swap in LockKeys.
+    s_.Abandon();
+  }
+  if (taking) FARPOOL_RETURN_IF_ERROR(FinishSnapshot(snap, waited, &cache_cleared));
+  FARPOOL_RETURN_IF_ERROR(waited);
+  // Locks taken on a record of another key (a raced index entry) are given back at once.
+  std::vector<KeyRead*> wrong;
+  for (size_t j = 0; j < keys.size(); ++j) {
+    KeyRead& k = keys[j];
+    if (!posted_at[j]) continue;
+    bool read = false;
+    FARPOOL_ASSIGN_OR_RETURN(
+        k.record, k.t->hash_->FinishLookupRead(s_.access_, k.key, k.lock_read.lookup, &read));
+    if (k.record.is_null()) {
+      k.done = true;  // no record: the key does not exist (nothing to lock)
+      continue;
+    }
+    k.prefetched = read;
+    if (!read) continue;  // LockKeys' rounds copy and lock it
+    k.image.Decode(k.t->layout_);
+    if (k.image.key != k.key) {
+      if (k.lock_read.locked) wrong.push_back(&k);
+      k.prefetched = false;
+      continue;
+    }
+    s_.RememberRecord(*k.t, k.key, k.record);
+    if (!k.lock_read.locked) continue;
+    if (k.image.torn || !CellsConsecutive(k.image) ||
+        UnlockedWord(k.image.newest_seq()) != k.lock_read.found) {
+      return Status::Internal("record of key " + std::to_string(k.key) + " in table '" +
+                              k.t->name_ + "' at " + k.record.ToString() +
+                              " does not hold the version its lock word named: corruption");
+    }
+    k.held_at_lookup = true;
+  }
+  if (!wrong.empty()) {
+    std::vector<uint64_t> prev(wrong.size());
+    Access::Batch b(s_.access_);
+    for (size_t i = 0; i < wrong.size(); ++i) {
+      FARPOOL_RETURN_IF_ERROR(b.Cas(wrong[i]->record, mine, wrong[i]->lock_read.found, &prev[i]));
+    }
+    FARPOOL_RETURN_IF_ERROR(b.Wait());  // on an error they stay in held_: Finish releases them
+    for (KeyRead* k : wrong) {
+      held_.erase({k->t->id_, k->key});
+      s_.ForgetRecord(*k->t, k->key);
+    }
+  }
+  if (cache_cleared) {
+    // Records were removed since the cache was filled: the lookups above did not use it, but
+    // the addresses they found are the ones to remember.
+    for (size_t j = 0; j < keys.size(); ++j) {
+      if (posted_at[j] && !keys[j].record.is_null()) {
+        s_.RememberRecord(*keys[j].t, keys[j].key, keys[j].record);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 Status NamTxn::LockKeys(std::span<KeyRead> keys) {
   const bool first = !has_snapshot_;
   const uint64_t mine = ReadLockWord(s_.lock_word());
   bool retake = false;  // SI, first read: a locked version is newer than the snapshot
+  // Round 1: lookups, locks of the free records and copies, in one operation per key.
+  FARPOOL_RETURN_IF_ERROR(LockAtLookup(keys, mine));
   for (int attempt = 0;; ++attempt) {
     if (attempt == 3) {
       for (const KeyRead& k : keys) {
@@ -607,13 +714,21 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys) {
       }
       break;
     }
-    // Round 1: the records (lookups, or the cache validated by the snapshot, taken here if this
-    // is the first read) and a copy of each, whose lock word is what we expect to find.
-    FARPOOL_RETURN_IF_ERROR(FindRecords(keys, /*copies=*/true));
+    // The records not locked or copied by LockAtLookup (and, after the first attempt, those
+    // lost from under their index entries): lookups, or the cache validated by the snapshot,
+    // and a copy of each, whose lock word is what we expect to find.
+    const bool copied = attempt == 0 && std::all_of(keys.begin(), keys.end(), [](const KeyRead& k) {
+                          return k.done || k.held_at_lookup || k.prefetched;
+                        });
+    if (!copied) FARPOOL_RETURN_IF_ERROR(FindRecords(keys, /*copies=*/true));
     // No lock of this session while its last commit's log is whole (NamSession::log_to_clear_):
     // the snapshot round clears it; if it was taken before, this clears it now.
     if (s_.log_to_clear_ != 0) FARPOOL_RETURN_IF_ERROR(s_.ClearLog());
-    s_.db_.Hook("locking-read.copied");
+    // Between a copy and the lock round (a key LockAtLookup did not lock).
+    if (std::any_of(keys.begin(), keys.end(),
+                    [](const KeyRead& k) { return !k.done && !k.held_at_lookup; })) {
+      s_.db_.Hook("locking-read.copied");
+    }
     // The keys to lock, in address order.
     struct Want {
       KeyRead* k;
@@ -629,6 +744,13 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys) {
         continue;
       }
       Want w{&k};
+      if (k.held_at_lookup) {  // ours since LockAtLookup (in held_), from the word it had
+        k.held_at_lookup = false;
+        w.expected = w.prev = held_[{k.t->id_, k.key}].expected;
+        w.locked = w.tried = true;
+        want.push_back(w);
+        continue;
+      }
       // The word to expect: the copy's, or the read of it in this transaction; a copy locked by
       // another says its holder is likely to commit the next version. Wrong guesses cost a
       // retry (the CAS returns the word, the read behind it the record).
@@ -748,10 +870,11 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys) {
     // above follow once it is ours).
     std::vector<size_t> first_batch;
     for (size_t i = 0; i < want.size(); ++i) {
+      if (want[i].locked) continue;  // locked at lookup
       first_batch.push_back(i);
       if (server_waits && want[i].copy_held) break;
     }
-    if (!want.empty()) FARPOOL_RETURN_IF_ERROR(lock(first_batch));
+    if (!first_batch.empty()) FARPOOL_RETURN_IF_ERROR(lock(first_batch));
     int moved_on = 0;  // retries at once of words that moved on: bounded by the wait too
     for (;;) {
       // The lowest record not locked (and not gone from under its index entry).
