@@ -67,9 +67,19 @@ Result<wire::PromoteReply> Mirror::Promote(uint16_t primary_id,
         std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(since).count()) +
         " ms ago and may serve until it lapses; ask again");
   }
+  if (!slot->promoted && slot->adopted != nullptr) {
+    // Shared pages: the pages are served only once the old primary cannot change them any
+    // more, dead or merely stalled (a stopped process dies of SIGKILL too).
+    Status dead = slot->adopted->KillOwner(kKillWait);
+    if (!dead.ok()) {
+      return Status::Aborted(name_ + ": not yet: server " + std::to_string(primary_id) + ": " +
+                             dead.message() + "; ask again");
+    }
+  }
   if (!slot->promoted) {
-    std::fprintf(stderr, "%s: taking server %d's data over (slot %zu)\n", name_.c_str(), primary_id,
-                 static_cast<size_t>(slot - slots_.data()));
+    std::fprintf(stderr, "%s: taking server %d's data over (slot %zu%s)\n", name_.c_str(),
+                 primary_id, static_cast<size_t>(slot - slots_.data()),
+                 slot->adopted != nullptr ? ", its own pages: its process is dead" : "");
   }
   slot->promoted = true;
   return wire::PromoteReply{slot->book.leased()};
@@ -86,6 +96,35 @@ std::map<uint64_t, ChunkAllocator::Held> Mirror::Leases(uint16_t primary_id) con
   std::lock_guard lock(mu_);
   const Slot* slot = Holding(primary_id);
   return slot == nullptr ? std::map<uint64_t, ChunkAllocator::Held>{} : slot->book.leases();
+}
+
+std::optional<SharedFile> Mirror::SharedFileOf(uint16_t primary_id) const {
+  std::lock_guard lock(mu_);
+  const Slot* slot = Holding(primary_id);
+  if (slot == nullptr || slot->adopted == nullptr) return std::nullopt;
+  return slot->adopted->Describe();
+}
+
+Status Mirror::Adopt(Slot& slot, const wire::ReplicateRequest& req) {
+  const std::string named = name_ + " slot " + std::to_string(req.slot);
+  if (!own_file_) {
+    return Status::InvalidArgument(named +
+                                   ": its own region is no shared file: it cannot share "
+                                   "server " +
+                                   std::to_string(req.primary_id) + "'s pages");
+  }
+  const SharedFile file{req.share_pid, req.share_start_time, req.share_inode, req.share_fd};
+  auto adopted = AdoptedPages::Adopt(file, memory_ + req.slot * size_, size_, *own_file_,
+                                     own_file_offset_ + req.slot * size_);
+  if (!adopted.ok()) {
+    slot.primary = -1;  // holds nobody's copy: later forwards are refused, not applied
+    return adopted.status().WithContext(named + ": sharing server " +
+                                        std::to_string(req.primary_id) + "'s pages");
+  }
+  slot.adopted = std::move(*adopted);
+  std::fprintf(stderr, "%s: shares server %u's pages (process %llu)\n", named.c_str(),
+               req.primary_id, static_cast<unsigned long long>(req.share_pid));
+  return Status::Ok();
 }
 
 ChunkAllocator::Access Mirror::Check(uint64_t offset, uint64_t size, uint32_t owner) const {
@@ -207,9 +246,20 @@ Result<std::vector<std::byte>> Mirror::Answer(std::span<const std::byte> bytes,
     case wire::Opcode::kReplicateRequest: {
       const auto req = m.As<wire::ReplicateRequest>();
       std::lock_guard lock(mu_);
-      FARPOOL_RETURN_IF_ERROR(AdmitForward(req.primary_id, req.slot,
-                                           (req.flags & wire::kReplicateAttach) != 0, id, from)
-                                  .status());
+      const bool attach = (req.flags & wire::kReplicateAttach) != 0;
+      FARPOOL_ASSIGN_OR_RETURN(Slot * slot,
+                               AdmitForward(req.primary_id, req.slot, attach, id, from));
+      if (attach && (req.flags & wire::kReplicateShare) != 0) {
+        FARPOOL_RETURN_IF_ERROR(Adopt(*slot, req));
+      } else if (attach && slot->adopted != nullptr) {
+        return Status::InvalidArgument(name_ + " slot " + std::to_string(req.slot) +
+                                       " shares a region's pages: it takes no copy");
+      }
+      if (slot->adopted != nullptr && req.op_count > 0) {
+        return Status::Protocol(name_ + " slot " + std::to_string(req.slot) + " shares server " +
+                                std::to_string(req.primary_id) +
+                                "'s pages: a forward of bytes would write older bytes over them");
+      }
       std::vector<memory_ops::Range> written;
       memory_ops::Region region{memory_ + req.slot * size_,
                                 size_,
