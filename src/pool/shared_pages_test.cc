@@ -224,6 +224,7 @@ TEST_P(KillTest, EveryAcknowledgedMappedChangeSurvivesTheKillOfItsServer) {
   }
   const OpCounters before = pl.counters();
   std::atomic<bool> killed{false};
+  std::atomic<bool> moved{false};  // the Pool sends the victim's operations to its backup
   std::vector<uint64_t> acked_adds(kThreads * 3), unknown_adds(kThreads * 3);
   std::vector<std::string> unclear(kThreads);
   std::vector<uint64_t> failures(kThreads);
@@ -275,7 +276,7 @@ TEST_P(KillTest, EveryAcknowledgedMappedChangeSurvivesTheKillOfItsServer) {
           if (st.code() != StatusCode::kUnavailable && st.code() != StatusCode::kTimedOut)
             unclear[t] = st.ToString();
           std::this_thread::sleep_for(10ms);
-        } else if (killed) {
+        } else if (moved) {
           ++after_kill;
         }
       }
@@ -285,7 +286,18 @@ TEST_P(KillTest, EveryAcknowledgedMappedChangeSurvivesTheKillOfItsServer) {
   at_kill[0] = pl.counters();
   ASSERT_EQ(kill(static_cast<pid_t>(config->servers[victim].pid), SIGKILL), 0);
   killed = true;
+  // Mapped operations do not notice the kill (the pages are still mapped): go on until the Pool
+  // has failed the victim over and its operations go to the backup as messages, so that what
+  // is checked below is what the backup serves.
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (pl.counters().messages < at_kill[0].messages + 100 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  moved = true;
   for (auto& th : threads) th.join();
+  ASSERT_GE(pl.counters().messages, at_kill[0].messages + 100)
+      << "the Pool never sent the victim's operations to its backup";
 
   // Before the kill every change was a mapped store or atomic: no message was sent.
   EXPECT_GT(at_kill[0].writes + at_kill[0].cas + at_kill[0].faa,
