@@ -24,6 +24,7 @@
 #include "farpool/pool.h"
 #include "pool/test_cluster.h"
 #include "transport/ucx.h"
+#include "transport/wire.h"
 
 namespace farpool {
 namespace {
@@ -383,6 +384,45 @@ TEST(SharedPages, AStoppedPrimaryIsKilledByItsBackupNotServedBeside) {
   ASSERT_TRUE(pl.Write(*a, &after, 8).ok());
   ASSERT_TRUE(pl.Read(*a, &got, 8).ok());
   EXPECT_EQ(got, after);
+}
+
+// A server killed inside an insert-if-absent, between taking the bucket's lock and releasing
+// it, leaves its requester's lock word on the pages (a copy would have been rolled back to the
+// round before). Its intent record (wire::kInsertIntentOffset, written by the server before it
+// takes such a lock) is what the adopter goes by: at promotion it releases that lock if the
+// requester's word still holds it. Here the record is written by the test, as the dead server
+// would have left it; a lock without a record stays held.
+TEST(SharedPages, ABucketLockADeadServerHeldIsReleasedByItsAdopter) {
+  TestCluster cluster(SharedPagesCluster());
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  PoolOptions po;
+  po.op_timeout = 5000ms;
+  auto pool = Pool::Connect(*config, po);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  Pool& pl = **pool;
+  auto recorded = pl.Alloc(8, Placement::OnServer(1));
+  auto other = pl.Alloc(8, Placement::OnServer(1));
+  ASSERT_TRUE(recorded.ok() && other.ok());
+  constexpr uint64_t kWord = 0xB0C7, kOtherWord = 0x07E5;
+  for (auto [at, word] : {std::pair{*recorded, kWord}, std::pair{*other, kOtherWord}}) {
+    auto prev = pl.CompareAndSwap(at, 0, word);
+    ASSERT_TRUE(prev.ok() && *prev == 0) << prev.status().ToString();
+  }
+  const uint64_t intent[2] = {recorded->offset() + 1, kWord};
+  ASSERT_TRUE(pl.Write(GlobalAddress(1, wire::kInsertIntentOffset), intent, 16).ok());
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[1].pid), SIGKILL), 0);
+  uint64_t lock = kWord;
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (lock == kWord && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+    if (!pl.Read(*recorded, &lock, 8).ok()) lock = kWord;
+  }
+  EXPECT_EQ(lock, 0u) << "the dead server's bucket lock was not released by its adopter";
+  uint64_t held = 0;
+  ASSERT_TRUE(pl.Read(*other, &held, 8).ok());
+  EXPECT_EQ(held, kOtherWord) << "a lock the dead server did not record was released";
 }
 
 // `cluster down` of a shared-pages cluster after a failover leaves no directory of its

@@ -170,6 +170,11 @@ inline constexpr uint64_t kRootAreaSize = 4096;
 // The first bytes of the root area are touched by nobody (offset 0 of server 0 is the null
 // address); clients use the rest (Pool::Root).
 inline constexpr uint64_t kRootReserved = 64;
+// Inside the reserved bytes, a server whose backups share its pages keeps the insert-if-absent
+// it is executing (two words: the lock's offset + 1, 0 for none, and the lock word), so that the
+// backup that adopts the pages after a kill can release the lock the dead process held
+// (memory_ops::Region::insert_intent, pool/server/mirror.h).
+inline constexpr uint64_t kInsertIntentOffset = 16;
 
 // Server -> client: what the client needs to address the region. Tail: packed rkey. Sent only
 // to a connection that has authenticated (or by a server without a secret).

@@ -1046,6 +1046,15 @@ memory_ops::Region MemoryServer::Impl::BatchRegion(uint32_t pool, bool own_part)
   // Always collected: waiters of a changed word are attempted again; only a replicated server
   // keeps them for its backup (KeepChanges).
   region.changed = &changed_;
+  if (options_.shared_pages) {
+    // In the root area of the region that holds the lock: this server's own, or the one a
+    // promoted slot serves (whose next backup adopts that slot's pages).
+    const uint64_t slot = mirror_ ? mirror_->size() : 0;
+    region.insert_intent = [this, own, slot](uint64_t offset) {
+      const uint64_t root = offset < own ? 0 : own + (offset - own) / slot * slot;
+      return reinterpret_cast<uint64_t*>(region_->data() + root + wire::kInsertIntentOffset);
+    };
+  }
   return region;
 }
 

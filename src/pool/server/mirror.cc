@@ -76,6 +76,7 @@ Result<wire::PromoteReply> Mirror::Promote(uint16_t primary_id,
                              dead.message() + "; ask again");
     }
   }
+  if (!slot->promoted && slot->adopted != nullptr) ReleaseDeadInsert(*slot);
   if (!slot->promoted) {
     std::fprintf(stderr, "%s: taking server %d's data over (slot %zu%s)\n", name_.c_str(),
                  primary_id, static_cast<size_t>(slot - slots_.data()),
@@ -103,6 +104,27 @@ std::optional<SharedFile> Mirror::SharedFileOf(uint16_t primary_id) const {
   const Slot* slot = Holding(primary_id);
   if (slot == nullptr || slot->adopted == nullptr) return std::nullopt;
   return slot->adopted->Describe();
+}
+
+void Mirror::ReleaseDeadInsert(Slot& slot) {
+  std::byte* base = memory_ + (&slot - slots_.data()) * size_;
+  auto* intent = reinterpret_cast<uint64_t*>(base + wire::kInsertIntentOffset);
+  const uint64_t at = __atomic_load_n(&intent[0], __ATOMIC_SEQ_CST);
+  if (at == 0 || at - 1 > size_ - 8 || (at - 1) % 8 != 0) return;
+  uint64_t expected = intent[1];
+  const uint64_t word = expected;
+  // Only if the dead server's requester still holds it: a lock taken since by someone else
+  // stays theirs.
+  const bool released =
+      __atomic_compare_exchange_n(reinterpret_cast<uint64_t*>(base + at - 1), &expected, 0, false,
+                                  __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&intent[0], uint64_t{0}, __ATOMIC_SEQ_CST);
+  std::fprintf(stderr,
+               "%s: server %d died in an insert-if-absent: bucket lock at offset %llu (word "
+               "0x%llx) %s\n",
+               name_.c_str(), slot.primary, static_cast<unsigned long long>(at - 1),
+               static_cast<unsigned long long>(word),
+               released ? "released" : "held by another since, left as it is");
 }
 
 Status Mirror::Adopt(Slot& slot, const wire::ReplicateRequest& req) {

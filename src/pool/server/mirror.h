@@ -46,7 +46,10 @@
 // copy; that slot then takes lease changes only (a forward of bytes into it is refused: it would
 // write the pages' own older bytes back over newer stores). Before such a slot is promoted, the
 // primary process is killed and its exit awaited (AdoptedPages::KillOwner): the pages are served
-// only once nothing of the old primary can change them any more.
+// only once nothing of the old primary can change them any more. An insert-if-absent the dead
+// process was executing left its requester's lock word on the bucket (the pages are not rolled
+// back as a copy would be): the promotion releases it (ReleaseDeadInsert); an entry it had made
+// live stays (the requester was told "may or may not have taken effect").
 //
 // Thread-safety: the forwards run on the mirror's loop, everything else on the server's
 // progress thread; the slots (lease books, owners, promoted flags) are guarded by one mutex,
@@ -150,6 +153,10 @@ class Mirror : public transport::AmHandler {
   };
   // Maps the file `req` names over `slot` (shared pages). REQUIRES: mu_ held.
   Status Adopt(Slot& slot, const wire::ReplicateRequest& req);
+  // Shared pages, at promotion, once the primary is dead: releases the bucket lock of an
+  // insert-if-absent it was executing (wire::kInsertIntentOffset), if its requester's word
+  // still holds it. REQUIRES: mu_ held.
+  void ReleaseDeadInsert(Slot& slot);
   Result<std::vector<std::byte>> Answer(std::span<const std::byte> bytes, transport::Peer* from);
   // A forward (writes or a lease change) from `primary_id` into `slot`, request `id`: attaches
   // the slot if `attach`; refused unless the slot holds that primary's copy, has not taken over,
