@@ -60,8 +60,9 @@ def cost(fabric: str, workload: str, replicas: int, seconds: float, copies: bool
     return r
 
 
-def failover(fabric: str, run: float, kill_at: float) -> dict:
-    with cluster(fabric, 1) as path:
+def failover(fabric: str, run: float, kill_at: float, copies: bool = False) -> dict:
+    with cluster(fabric, 1, copies) as path:
+        shared = json.load(open(path)).get("shared_pages", False)
         victim = json.load(open(path))["servers"][1]["pid"]
         cmd = bench_args(path, "tpcb", run) + ["--timeline-ms", "10", "--warmup", "0.5"]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -88,7 +89,9 @@ def failover(fabric: str, run: float, kill_at: float) -> dict:
         stall = max(stall, run)
     before = [c for c in commits[max(0, k - 100):k]]  # the second before the kill
     later = commits[k + 100:k + 200] if after is not None else []  # the second after 1 s
-    r.update(part="failover", fabric=fabric, replicas=1, kill_at_s=kill_at,
+    r.update(part="failover", fabric=fabric, replicas=1, kill_at_s=kill_at, shared_pages=shared,
+             setup=fabric + (", forwarded copies" if copies else
+                             ", shared pages" if shared else ""),
              kill_offset_ms=kill_ms - t["start_unix_ms"], bucket_ms=width,
              timeline=commits,
              first_commit_after_kill_ms=(None if after is None else
@@ -126,7 +129,7 @@ def table(rows: list[dict]) -> str:
         if r["part"] != "failover":
             continue
         gap = r["first_commit_after_kill_ms"]
-        lines.append(f"| {r['fabric']} | {'none' if gap is None else f'{gap:.0f}'} | "
+        lines.append(f"| {r.get('setup', r['fabric'])} | {'none' if gap is None else f'{gap:.0f}'} | "
                      f"{r['longest_stall_after_kill_ms']} | "
                      f"{r['tps_before'] or 0:,.0f} | {r['tps_after'] or 0:,.0f} | "
                      f"{r['max_us'] / 1000:,.0f} | {r.get('commits_cut', 0)} | "
@@ -145,7 +148,7 @@ def plot(rows: list[dict], path: Path) -> None:
         w = r["bucket_ms"]
         x = [(b * w - r["kill_offset_ms"]) / 1000 for b in range(len(r["timeline"]))]
         y = [c * 1000 / w for c in r["timeline"]]
-        ax.plot(x, y, lw=0.8, label=f"{r['fabric']} (first commit +"
+        ax.plot(x, y, lw=0.8, label=f"{r.get('setup', r['fabric'])} (first commit +"
                 f"{r['first_commit_after_kill_ms'] or float('nan'):.0f} ms)")
     ax.axvline(0, color="red", ls="--", lw=1)
     ax.text(0.02, 0.95, "SIGKILL of server 1", transform=ax.get_xaxis_transform(), color="red")
@@ -187,8 +190,10 @@ def main(argv=None) -> int:
                         rows.append(cost(fabric, workload, replicas, args.seconds, copies)
                                     | {"rep": rep})
             if "failover" in parts:
-                log(f"rep {rep}: failover {fabric}")
-                rows.append(failover(fabric, args.run, args.kill_at) | {"rep": rep})
+                for copies in ([False, True] if fabric == "shm" and args.forward_copies
+                               else [False]):
+                    log(f"rep {rep}: failover {fabric}{' (forwarded copies)' if copies else ''}")
+                    rows.append(failover(fabric, args.run, args.kill_at, copies) | {"rep": rep})
     load_end = os.getloadavg()
     cmd = (f"bench/experiments/failover --fabrics {args.fabrics} --seconds {args.seconds:g} "
            f"--run {args.run:g} --kill-at {args.kill_at:g} --repeat {args.repeat} --parts "

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -35,13 +36,16 @@ Result<SharedFile> DescribeSharedFile(const std::byte* address, uint64_t size) {
     uintptr_t hi = 0;
     char perms[8] = {};
     unsigned long long offset = 0;
+    unsigned dev_major = 0;
+    unsigned dev_minor = 0;
     unsigned long long inode = 0;
-    if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR " %7s %llx %*s %llu", &lo, &hi, perms,
-                    &offset, &inode) != 5) {
+    if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR " %7s %llx %x:%x %llu", &lo, &hi, perms,
+                    &offset, &dev_major, &dev_minor, &inode) != 7) {
       continue;
     }
     if (begin < lo || begin >= hi) continue;
-    if (end > hi || perms[3] != 's' || inode == 0 || offset != (begin - lo)) {
+    // The file's offset 0 must be at `address`: a backup maps the file from there.
+    if (end > hi || perms[3] != 's' || inode == 0 || offset + (begin - lo) != 0) {
       return Status::NotFound("the region at " + std::to_string(begin) +
                               " is not one shared file mapping from its offset 0 (" + line + ")");
     }
@@ -55,6 +59,7 @@ Result<SharedFile> DescribeSharedFile(const std::byte* address, uint64_t size) {
       if (rest == e->d_name || *rest != '\0') continue;
       struct stat st {};
       if (fstat(static_cast<int>(fd), &st) == 0 && st.st_ino == inode &&
+          major(st.st_dev) == dev_major && minor(st.st_dev) == dev_minor &&
           static_cast<uint64_t>(st.st_size) >= (hi - lo)) {
         found = static_cast<int>(fd);
         break;
