@@ -75,8 +75,8 @@ Result<wire::PromoteReply> Mirror::Promote(uint16_t primary_id,
       return Status::Aborted(name_ + ": not yet: server " + std::to_string(primary_id) + ": " +
                              dead.message() + "; ask again");
     }
+    ReleaseDeadInsert(*slot);
   }
-  if (!slot->promoted && slot->adopted != nullptr) ReleaseDeadInsert(*slot);
   if (!slot->promoted) {
     std::fprintf(stderr, "%s: taking server %d's data over (slot %zu%s)\n", name_.c_str(),
                  primary_id, static_cast<size_t>(slot - slots_.data()),
@@ -140,6 +140,7 @@ Status Mirror::Adopt(Slot& slot, const wire::ReplicateRequest& req) {
                                      own_file_offset_ + req.slot * size_);
   if (!adopted.ok()) {
     slot.primary = -1;  // holds nobody's copy: later forwards are refused, not applied
+    slot.adopted.reset();
     return adopted.status().WithContext(named + ": sharing server " +
                                         std::to_string(req.primary_id) + "'s pages");
   }
