@@ -72,6 +72,10 @@ struct ClusterConfig {
   // backup of servers[i] is servers[(i + 1) % n], which mirrors it and takes its data over
   // when a client finds it gone.
   int replicas = 0;
+  // With replicas 1, how a backup holds its primary's data (docs/pool.md "Shared-pages
+  // backups"): false: a copy that the primary forwards every change to; true: the primary's own
+  // pages (every server on one host, shared memory), only lease changes forwarded.
+  bool shared_pages = false;
   // The index in `servers` of the backup of servers[index] (replicas 1).
   size_t BackupOf(size_t index) const { return (index + 1) % servers.size(); }
   EtcdConfig etcd;

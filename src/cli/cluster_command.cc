@@ -23,6 +23,7 @@ struct ClusterArgs {
   std::string progress;  // empty: chosen from the cores (ChooseProgressMode)
   bool netns = false;
   int replicas = 0;
+  bool forward_copies = false;
   int mirror_slots = 1;
   int drain_id = -1;
   std::string delay;
@@ -58,6 +59,7 @@ int Up(const ClusterArgs& a) {
   o.progress = *progress;
   o.netns = a.netns;
   o.replicas = a.replicas;
+  o.forward_copies = a.forward_copies;
   o.mirror_slots = a.mirror_slots;
   if (!a.delay.empty()) {
     auto d = ParseDuration(a.delay);
@@ -253,6 +255,10 @@ Command RegisterCluster(CLI::App& app) {
                  "With --replicas 1: copies each server can keep (default 1, the ring's); each "
                  "adds --memory to every server. More give re-replication room to restore two "
                  "copies after a failure (docs/pool.md, Re-replication)");
+  up->add_flag("--forward-copies", args->forward_copies,
+               "With --replicas 1 over --transport shm: backups keep copies that every change "
+               "is forwarded to, instead of sharing their primaries' pages (the default there; "
+               "docs/pool.md, Shared-pages backups)");
   up->add_option("--delay", args->delay, "One-way link delay with --netns, e.g. 20us");
   up->add_option("--etcd", args->etcd,
                  "Join this etcd (http://HOST:PORT,...) for the cluster's map and membership; "

@@ -38,6 +38,7 @@ struct ServerArgs {
   int mirror_of = -1;
   int mirror_slots = -1;  // -1: 1 with --mirror-of or --replicated, else 0
   bool replicated = false;
+  bool shared_pages = false;
   std::string etcd;
   std::string etcd_prefix;
 };
@@ -118,6 +119,7 @@ int RunServer(const ServerArgs& a) {
   o.secret_file = a.secret_file;
   if (a.mirror_of >= 0) o.mirror_of = static_cast<uint16_t>(a.mirror_of);
   o.replicated = a.replicated;
+  o.shared_pages = a.shared_pages;
   o.mirror_slots = a.mirror_slots >= 0 ? static_cast<uint32_t>(a.mirror_slots)
                                        : (a.mirror_of >= 0 || a.replicated ? 1 : 0);
   static std::atomic<bool> fenced{false};
@@ -244,6 +246,10 @@ Command RegisterServer(CLI::App& app) {
   sub->add_flag("--replicated", args->replicated,
                 "Acknowledge no change before a backup has it: leases and batches are refused "
                 "until `cluster up` names the backup");
+  sub->add_flag("--shared-pages", args->shared_pages,
+                "Same-host backups map this server's region itself instead of keeping a copy, "
+                "and its mirror slots map other servers' regions; forwards carry lease changes "
+                "only (docs/pool.md, Shared-pages backups). Needs --transport shm");
   sub->add_option("--etcd", args->etcd,
                   "etcd endpoints (http://HOST:PORT,...): register there under a lease, as the "
                   "cluster's membership (docs/pool.md, Membership on etcd)");

@@ -1,8 +1,10 @@
 #include "common/process.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -55,6 +57,17 @@ bool ProcessRunning(pid_t pid) {
   std::string content((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
   const size_t close = content.rfind(')');
   return close == std::string::npos || close + 2 >= content.size() || content[close + 2] != 'Z';
+}
+
+int PidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
+
+int PidfdSendSignal(int pidfd, int signal) {
+  return static_cast<int>(syscall(SYS_pidfd_send_signal, pidfd, signal, nullptr, 0));
+}
+
+bool PidfdExited(int pidfd, std::chrono::milliseconds timeout) {
+  pollfd p{pidfd, POLLIN, 0};
+  return poll(&p, 1, static_cast<int>(timeout.count())) > 0;
 }
 
 void StopProcesses(const std::vector<pid_t>& pids, std::chrono::milliseconds grace) {

@@ -36,6 +36,14 @@ bool ProcessRunning(pid_t pid);
 void StopProcesses(const std::vector<pid_t>& pids,
                    std::chrono::milliseconds grace = std::chrono::seconds(5));
 
+// pidfd(2) through syscall(2): not every C library has the wrappers. A pidfd names one process
+// for good (it never follows a reused pid). PidfdOpen: -1 with errno on failure.
+int PidfdOpen(pid_t pid);
+int PidfdSendSignal(int pidfd, int signal);
+// Whether the process of `pidfd` has exited (the pidfd is readable then; the kernel signals it
+// after exit_mm, so the process maps nothing any more), waiting at most `timeout`.
+bool PidfdExited(int pidfd, std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+
 // The last `max_bytes` of a file (a server's log, for error messages).
 std::string FileTail(const std::string& path, size_t max_bytes = 600);
 

@@ -83,6 +83,13 @@ Result<ClusterConfig> ClusterConfig::Parse(std::string_view json, std::string_vi
     }
     config.replicas = doc["replicas"].get<int>();
   }
+  if (doc.contains("shared_pages")) {
+    if (!doc["shared_pages"].is_boolean() ||
+        (doc["shared_pages"].get<bool>() && config.replicas == 0)) {
+      return field_error("shared_pages", "expected true or false (true only with replicas 1)");
+    }
+    config.shared_pages = doc["shared_pages"].get<bool>();
+  }
   if (doc.contains("etcd")) {
     const auto& e = doc["etcd"];
     if (!e.is_object()) return field_error("etcd", "expected an object");
@@ -170,6 +177,7 @@ std::string ClusterConfig::ToJson() const {
   if (!secret_file.empty()) doc["secret_file"] = secret_file;
   if (!pool.empty()) doc["pool"] = pool;
   if (replicas > 0) doc["replicas"] = replicas;
+  if (shared_pages) doc["shared_pages"] = true;
   doc["servers"] = nlohmann::json::array();
   for (const ServerAddress& s : servers) {
     doc["servers"].push_back({{"id", s.id},

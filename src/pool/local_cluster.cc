@@ -390,6 +390,8 @@ Status ClusterUp(const LocalClusterOptions& o) {
   config.transport = o.transport;
   config.secret_file = kSecretFileName;
   config.replicas = replicas;
+  config.shared_pages =
+      replicas > 0 && o.transport == Fabric::kShm && !o.netns && !o.forward_copies;
   std::vector<pid_t> pids;
   auto fail = [&](const Status& s) {
     StopProcesses(pids);
@@ -415,6 +417,7 @@ Status ClusterUp(const LocalClusterOptions& o) {
       const int primary = (i + o.servers - 1) % o.servers;  // the one whose backup i is
       argv.insert(argv.end(), {"--mirror-of", std::to_string(primary), "--replicated",
                                "--mirror-slots", std::to_string(slots)});
+      if (config.shared_pages) argv.push_back("--shared-pages");
     }
     pid_t pid = SpawnDetached(argv, log, o.die_with_parent);
     if (pid < 0) return fail(Status::IoError(std::string("fork: ") + strerror(errno)));
@@ -503,6 +506,7 @@ Result<uint16_t> ClusterAdd(const LocalClusterOptions& o) {
   const uint32_t slots = map.replicas > 0 ? static_cast<uint32_t>(o.mirror_slots) : 0;
   if (map.replicas > 0) {
     argv.insert(argv.end(), {"--replicated", "--mirror-slots", std::to_string(slots)});
+    if (config.shared_pages) argv.push_back("--shared-pages");
   }
   const pid_t pid = SpawnDetached(argv, base + ".log", o.die_with_parent);
   if (pid < 0) return Status::IoError(std::string("fork: ") + strerror(errno));

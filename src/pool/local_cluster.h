@@ -45,13 +45,17 @@ struct LocalClusterOptions {
   Fabric transport = Fabric::kAuto;  // written to cluster.json for clients
   ProgressMode progress = ProgressMode::kBusy;
   bool netns = false;
-  // Backups of every byte: 0 or 1 (ClusterConfig::replicas). Not yet 1 by default: over shared
-  // memory a replicated cluster sends every change as a message (docs/pool.md, Replication).
+  // Backups of every byte: 0 or 1 (ClusterConfig::replicas). Not yet 1 by default (docs/pool.md,
+  // "Shared-pages backups": what making it the default takes).
   int replicas = 0;
   // With replicas: each server's mirror slots (ServerOptions::mirror_slots), each as large as
   // --memory. Slot 0 keeps the ring predecessor's copy; more give re-replication room to
   // restore a backup after a failure (docs/pool.md "Re-replication").
   int mirror_slots = 1;
+  // With replicas 1 and transport shm (every server on this host, no network namespaces), the
+  // backups share their primaries' pages (ClusterConfig::shared_pages, docs/pool.md
+  // "Shared-pages backups") unless this asks for forwarded copies instead.
+  bool forward_copies = false;
   std::chrono::nanoseconds delay{0};  // requires netns
   std::string binary;                 // path of the farpool executable
   std::chrono::seconds start_timeout{30};

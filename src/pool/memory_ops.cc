@@ -316,6 +316,21 @@ void ExecuteInsertIfAbsent(const Region& region, uint64_t bucket_offset, const I
     std::memcpy(out, &reply, sizeof(reply));
   };
   const uint64_t lock = bucket_offset + params.lock_offset;  // inside the checked first bucket
+  // Cleared on every way out, after the lock's release (or the failed take).
+  struct Intent {
+    uint64_t* words;
+    ~Intent() {
+      if (words != nullptr) __atomic_store_n(&words[0], uint64_t{0}, __ATOMIC_SEQ_CST);
+    }
+  } intent{region.insert_intent ? region.insert_intent(lock) : nullptr};
+  if (intent.words != nullptr) {
+    // The offset within the region whose root area holds the words (its adopter's view).
+    const auto root =
+        static_cast<uint64_t>(reinterpret_cast<std::byte*>(intent.words) - region.base) -
+        wire::kInsertIntentOffset;
+    __atomic_store_n(&intent.words[1], params.lock_word, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&intent.words[0], lock - root + 1, __ATOMIC_SEQ_CST);
+  }
   if (const uint64_t held = cas(lock, 0, params.lock_word); held != 0) {
     return finish(InsertOutcome::kBusy, held);
   }

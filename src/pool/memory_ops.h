@@ -280,6 +280,13 @@ struct Region {
   std::vector<Range>* changed = nullptr;
   // Only writes are accepted (a backup applying its primary's forwards).
   bool writes_only = false;
+  // If set (a server whose backups share its pages): where the insert-if-absent whose lock is
+  // at `offset` records itself, at wire::kInsertIntentOffset of the root area of the region
+  // (own part or served slot) that holds the lock: two words {the lock's offset from that root
+  // + 1, lock word}, written before the lock is taken and cleared (first word 0) once it is
+  // released. A backup that adopts the pages of a server
+  // killed in between releases that lock (pool/server/mirror.h).
+  std::function<uint64_t*(uint64_t offset)> insert_intent;
 };
 
 // The checks of a LookupParams (Execute's, also used by clients before they post one):

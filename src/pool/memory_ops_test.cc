@@ -587,6 +587,31 @@ TEST_F(InsertTest, InsertsIntoTheFirstFreeEntryAndReleasesTheLock) {
   EXPECT_EQ(l.value, Addr(kServer, 12288));
 }
 
+// A server whose backups share its pages records the insert it runs in the root area of the
+// region that holds the lock (wire::kInsertIntentOffset) and clears it once the lock is
+// released; a busy lock leaves the record cleared too.
+TEST_F(InsertTest, TheIntentRecordNamesTheLockAndIsClearedAfterTheRelease) {
+  uint64_t* const intent = reinterpret_cast<uint64_t*>(memory_.data() + wire::kInsertIntentOffset);
+  std::vector<uint64_t> asked;
+  region_.insert_intent = [&](uint64_t offset) {
+    asked.push_back(offset);
+    return intent;
+  };
+  InsertReply r;
+  ASSERT_TRUE(Insert(4096, 43, Addr(kServer, 12288), &r).ok());
+  EXPECT_EQ(Outcome(r), InsertOutcome::kInserted);
+  EXPECT_EQ(asked, std::vector<uint64_t>{4096});
+  EXPECT_EQ(intent[1], kMine) << "the lock word was not recorded";
+  EXPECT_EQ(intent[0], 0u) << "the record outlived the release";
+  EXPECT_EQ(Word(4096), 0u);
+  SetWord(4096, 0x0007000000000003);
+  intent[1] = 0;
+  ASSERT_TRUE(Insert(4096, 44, Addr(kServer, 12288), &r).ok());
+  EXPECT_EQ(Outcome(r), InsertOutcome::kBusy);
+  EXPECT_EQ(intent[1], kMine);
+  EXPECT_EQ(intent[0], 0u);
+}
+
 TEST_F(InsertTest, AHeldLockChangesNothing) {
   const uint64_t theirs = 0x0007000000000003;
   SetWord(4096, theirs);

@@ -174,7 +174,7 @@ struct ServerState {
   uint64_t region_size = 0;
   uint64_t chunk_size = 0;
   std::vector<std::byte> rkey;
-  uint16_t hello_flags = 0;     // of the first hello: wire::kHelloMayMap, or why not
+  uint16_t hello_flags = 0;     // of the first hello: kHelloMayMap (or why not), kHelloSharedPages
   std::byte* direct = nullptr;  // region mapped into this process, or null
   bool messages = false;        // not mapped: operations go as batch messages, not one-sided
   bool keyless = false;         // a pool's client (kHelloPoolClient): no remote key, messages only
@@ -1280,8 +1280,10 @@ Result<Pool::Impl::Target> Pool::Impl::Resolve(GlobalAddress address, uint64_t s
                   nullptr, true};
   }
   // Replicated: a change goes through the server, which forwards it to the backup before it
-  // answers; a mapped store or a one-sided put would bypass both.
-  const bool bypass = changes && cluster_.replicas > 0;
+  // answers; a mapped store or a one-sided put would bypass both. Unless the backup shares the
+  // server's pages (kHelloSharedPages): then a mapped store is on the backup as it lands.
+  const bool shared = s.direct != nullptr && (s.hello_flags & wire::kHelloSharedPages) != 0;
+  const bool bypass = changes && cluster_.replicas > 0 && !shared;
   return Target{index, s.region_base + offset, s.direct && !bypass ? s.direct + offset : nullptr,
                 s.messages || bypass};
 }

@@ -53,7 +53,9 @@ inline constexpr uint32_t kMagic = 0x31575046;  // "FPW1"
 //    waiting compare-and-swap's flag kWaitOnly (memory_ops.h: wait until free, change nothing).
 // 8: the lookup-lock-read (memory_ops.h kLookupLockRead: a locking read's lookup, lock and
 //    copy in one operation).
-inline constexpr uint16_t kVersion = 8;
+// 9: shared-pages backups (ReplicateRequest's shared file and kReplicateShare,
+//    kHelloSharedPages).
+inline constexpr uint16_t kVersion = 9;
 // Batches: the operations of a request, the read data and atomic results of a reply. Small
 // enough to go eagerly in one UCX active message, large enough for a commit's worth of
 // records; a client splits larger batches into several messages.
@@ -156,6 +158,10 @@ inline constexpr uint16_t kHelloServerProof = 1u << 6;
 // and may not map the region (either would reach every pool's bytes); its operations go
 // through messages, which the server checks against the chunks its pool owns.
 inline constexpr uint16_t kHelloPoolClient = 1u << 7;
+// The server's backup holds its region's pages themselves (shared-pages backups, docs/pool.md):
+// a client that maps the region changes it with mapped stores and atomics, as without a backup;
+// nothing needs forwarding.
+inline constexpr uint16_t kHelloSharedPages = 1u << 8;
 // "" if `flags` allow mapping, else why not, for error messages.
 std::string HelloMapRefusal(uint16_t flags);
 
@@ -166,6 +172,11 @@ inline constexpr uint64_t kRootAreaSize = 4096;
 // The first bytes of the root area are touched by nobody (offset 0 of server 0 is the null
 // address); clients use the rest (Pool::Root).
 inline constexpr uint64_t kRootReserved = 64;
+// Inside the reserved bytes, a server whose backups share its pages keeps the insert-if-absent
+// it is executing (two words: the lock's offset + 1, 0 for none, and the lock word), so that the
+// backup that adopts the pages after a kill can release the lock the dead process held
+// (memory_ops::Region::insert_intent, pool/server/mirror.h).
+inline constexpr uint64_t kInsertIntentOffset = 16;
 
 // Server -> client: what the client needs to address the region. Tail: packed rkey. Sent only
 // to a connection that has authenticated (or by a server without a secret).
@@ -337,15 +348,26 @@ static_assert(sizeof(BackupReply) == 8);
 // `slot`: the backup's mirror slot that holds the primary's copy. kReplicateAttach (the first
 // forward of a new BackupLink) makes that slot the primary's, with an empty lease book, unless
 // the slot has been promoted (it serves a region).
+//
+// kReplicateShare (with kReplicateAttach, same host only): the backup maps the primary's region
+// file over the slot instead of keeping a copy (pool/server/shared_pages.h): process
+// `share_pid` (started at `share_start_time`) holds it open as descriptor `share_fd`, inode
+// `share_inode`. Its forwards then carry lease changes only.
 struct ReplicateRequest {
   uint16_t primary_id;
   uint16_t slot;
   uint32_t op_count;
   uint32_t ops_size;  // tail length
-  uint32_t flags;
+  uint32_t flags;     // kReplicateAttach, kReplicateShare
+  uint64_t share_pid;
+  uint64_t share_start_time;
+  uint64_t share_inode;
+  int32_t share_fd;
+  uint32_t reserved;
 };
 inline constexpr uint32_t kReplicateAttach = 1;
-static_assert(sizeof(ReplicateRequest) == 16);
+inline constexpr uint32_t kReplicateShare = 2;
+static_assert(sizeof(ReplicateRequest) == 48);
 struct ReplicateReply {
   uint64_t bytes_applied;
 };

@@ -2,8 +2,11 @@
 
   cost      `farpool bench txn` (TPC-B scale 1 and bank, 8 threads, --verify) on a fresh
             3-server cluster with --replicas 0 and with --replicas 1, interleaved, per fabric:
-            shm (same host, mapped reads; a replicated cluster sends every change as a message)
-            and tcp (every server in its own network namespace, event progress)
+            shm (same host, mapped; replicas 1 there is shared-pages backups, the default of
+            `cluster up` over shm: changes stay mapped stores) and tcp (every server in its own
+            network namespace, event progress). --forward-copies adds shm replicas 1 with
+            forwarded copies (`cluster up --forward-copies`: every change a message), the design
+            before shared pages, in the same run
   failover  TPC-B, 8 threads, --replicas 1, --timeline-ms 10: server 1 SIGKILLed --kill-at
             seconds into the run; the gap from the kill to the next commit, the throughput
             before and after, whether the invariant holds (--verify), commits the kill cut
@@ -13,7 +16,7 @@ Output: bench/results/failover.jsonl (every run), failover.md (tables), failover
 commit timelines around the kill).
 
 Usage: bench/experiments/failover [--fabrics shm,tcp] [--seconds 3] [--run 8] [--kill-at 3]
-                                  [--repeat 2] [--parts cost,failover]
+                                  [--repeat 2] [--parts cost,failover] [--forward-copies]
 """
 
 from __future__ import annotations
@@ -35,9 +38,9 @@ SERVERS = 3
 THREADS = 8
 
 
-def cluster(fabric: str, replicas: int) -> peers.Cluster:
+def cluster(fabric: str, replicas: int, copies: bool = False) -> peers.Cluster:
     return peers.Cluster(SERVERS, "512MiB", fabric, netns=fabric == "tcp", progress="event",
-                         replicas=replicas)
+                         replicas=replicas, extra=("--forward-copies",) if copies else ())
 
 
 def bench_args(path: str, workload: str, seconds: float) -> list[str]:
@@ -47,15 +50,19 @@ def bench_args(path: str, workload: str, seconds: float) -> list[str]:
     return args + (["--accounts", "10000"] if workload == "bank" else [])
 
 
-def cost(fabric: str, workload: str, replicas: int, seconds: float) -> dict:
-    with cluster(fabric, replicas) as path:
+def cost(fabric: str, workload: str, replicas: int, seconds: float, copies: bool = False) -> dict:
+    with cluster(fabric, replicas, copies) as path:
+        shared = json.load(open(path)).get("shared_pages", False)
         r = peers.run_json(bench_args(path, workload, seconds), timeout=600)
-    r.update(part="cost", fabric=fabric, replicas=replicas)
+    r.update(part="cost", fabric=fabric, replicas=replicas, shared_pages=shared,
+             setup=fabric + (", forwarded copies" if copies else
+                             ", shared pages" if shared else ""))
     return r
 
 
-def failover(fabric: str, run: float, kill_at: float) -> dict:
-    with cluster(fabric, 1) as path:
+def failover(fabric: str, run: float, kill_at: float, copies: bool = False) -> dict:
+    with cluster(fabric, 1, copies) as path:
+        shared = json.load(open(path)).get("shared_pages", False)
         victim = json.load(open(path))["servers"][1]["pid"]
         cmd = bench_args(path, "tpcb", run) + ["--timeline-ms", "10", "--warmup", "0.5"]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -82,7 +89,9 @@ def failover(fabric: str, run: float, kill_at: float) -> dict:
         stall = max(stall, run)
     before = [c for c in commits[max(0, k - 100):k]]  # the second before the kill
     later = commits[k + 100:k + 200] if after is not None else []  # the second after 1 s
-    r.update(part="failover", fabric=fabric, replicas=1, kill_at_s=kill_at,
+    r.update(part="failover", fabric=fabric, replicas=1, kill_at_s=kill_at, shared_pages=shared,
+             setup=fabric + (", forwarded copies" if copies else
+                             ", shared pages" if shared else ""),
              kill_offset_ms=kill_ms - t["start_unix_ms"], bucket_ms=width,
              timeline=commits,
              first_commit_after_kill_ms=(None if after is None else
@@ -97,17 +106,19 @@ def failover(fabric: str, run: float, kill_at: float) -> dict:
 def table(rows: list[dict]) -> str:
     lines = ["| fabric | workload | tps replicas 0 | tps replicas 1 | ratio | abort rate 0 / 1 "
              "| round trips/txn 0 / 1 | verify |", "|---" * 8 + "|"]
-    for fabric in sorted({r["fabric"] for r in rows if r["part"] == "cost"}):
+    for setup in sorted({r["setup"] for r in rows if r["part"] == "cost" and r["replicas"] == 1}):
+        fabric = setup.split(",")[0]
         for w in ("tpcb", "bank"):
-            pick = lambda n: [r for r in rows if r["part"] == "cost" and r["fabric"] == fabric
-                              and r["workload"] == w and r["replicas"] == n]
-            r0, r1 = pick(0), pick(1)
+            r0 = [r for r in rows if r["part"] == "cost" and r["fabric"] == fabric
+                  and r["workload"] == w and r["replicas"] == 0]
+            r1 = [r for r in rows if r["part"] == "cost" and r.get("setup") == setup
+                  and r["workload"] == w and r["replicas"] == 1]
             if not r0 or not r1:
                 continue
             med = lambda rs, k: statistics.median(r[k] for r in rs)
             t0, t1 = med(r0, "tps"), med(r1, "tps")
             lines.append(
-                f"| {fabric} | {w} | {t0:,.0f} | {t1:,.0f} | {t1 / t0:.2f}x | "
+                f"| {setup} | {w} | {t0:,.0f} | {t1:,.0f} | {t1 / t0:.2f}x | "
                 f"{med(r0, 'abort_rate'):.3f} / {med(r1, 'abort_rate'):.3f} | "
                 f"{med(r0, 'round_trips_per_txn'):.2f} / {med(r1, 'round_trips_per_txn'):.2f} | "
                 f"{'ok' if all(r['verify'] == 'ok' for r in r0 + r1) else 'FAILED'} |")
@@ -118,7 +129,7 @@ def table(rows: list[dict]) -> str:
         if r["part"] != "failover":
             continue
         gap = r["first_commit_after_kill_ms"]
-        lines.append(f"| {r['fabric']} | {'none' if gap is None else f'{gap:.0f}'} | "
+        lines.append(f"| {r.get('setup', r['fabric'])} | {'none' if gap is None else f'{gap:.0f}'} | "
                      f"{r['longest_stall_after_kill_ms']} | "
                      f"{r['tps_before'] or 0:,.0f} | {r['tps_after'] or 0:,.0f} | "
                      f"{r['max_us'] / 1000:,.0f} | {r.get('commits_cut', 0)} | "
@@ -137,7 +148,7 @@ def plot(rows: list[dict], path: Path) -> None:
         w = r["bucket_ms"]
         x = [(b * w - r["kill_offset_ms"]) / 1000 for b in range(len(r["timeline"]))]
         y = [c * 1000 / w for c in r["timeline"]]
-        ax.plot(x, y, lw=0.8, label=f"{r['fabric']} (first commit +"
+        ax.plot(x, y, lw=0.8, label=f"{r.get('setup', r['fabric'])} (first commit +"
                 f"{r['first_commit_after_kill_ms'] or float('nan'):.0f} ms)")
     ax.axvline(0, color="red", ls="--", lw=1)
     ax.text(0.02, 0.95, "SIGKILL of server 1", transform=ax.get_xaxis_transform(), color="red")
@@ -158,6 +169,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--parts", default="cost,failover")
     ap.add_argument("--out", default=str(peers.ROOT / "bench" / "results"))
+    ap.add_argument("--forward-copies", action="store_true",
+                    help="also shm replicas 1 with forwarded copies (the A/B for shared pages)")
     args = ap.parse_args(argv)
     peers.stop_on_sigterm()
     fabrics = args.fabrics.split(",")
@@ -168,16 +181,23 @@ def main(argv=None) -> int:
         for fabric in fabrics:
             if "cost" in parts:
                 for workload in ("tpcb", "bank"):
-                    for replicas in (0, 1):
-                        log(f"rep {rep}: cost {fabric} {workload} replicas {replicas}")
-                        rows.append(cost(fabric, workload, replicas, args.seconds) | {"rep": rep})
+                    setups = [(0, False), (1, False)]
+                    if fabric == "shm" and args.forward_copies:
+                        setups.append((1, True))
+                    for replicas, copies in setups:
+                        log(f"rep {rep}: cost {fabric} {workload} replicas {replicas}"
+                            f"{' (forwarded copies)' if copies else ''}")
+                        rows.append(cost(fabric, workload, replicas, args.seconds, copies)
+                                    | {"rep": rep})
             if "failover" in parts:
-                log(f"rep {rep}: failover {fabric}")
-                rows.append(failover(fabric, args.run, args.kill_at) | {"rep": rep})
+                for copies in ([False, True] if fabric == "shm" and args.forward_copies
+                               else [False]):
+                    log(f"rep {rep}: failover {fabric}{' (forwarded copies)' if copies else ''}")
+                    rows.append(failover(fabric, args.run, args.kill_at, copies) | {"rep": rep})
     load_end = os.getloadavg()
     cmd = (f"bench/experiments/failover --fabrics {args.fabrics} --seconds {args.seconds:g} "
            f"--run {args.run:g} --kill-at {args.kill_at:g} --repeat {args.repeat} --parts "
-           f"{args.parts}")
+           f"{args.parts}" + (" --forward-copies" if args.forward_copies else ""))
     md = (peers.measured(rows[0], cmd, loads=(load_start, load_end)) + f" {SERVERS} memory "
           f"servers, {THREADS} client threads; cost: medians of {args.repeat} interleaved runs."
           "\n\n" + table(rows))

@@ -72,13 +72,15 @@ class Cluster:
     """A local farpool cluster (`farpool cluster up`) for one benchmark run."""
 
     def __init__(self, servers: int = 2, memory: str = "1GiB", transport: str = "shm",
-                 netns: bool = False, progress: str | None = None, replicas: int = 0):
+                 netns: bool = False, progress: str | None = None, replicas: int = 0,
+                 extra: tuple[str, ...] = ()):
         self.dir = tempfile.mkdtemp(prefix=f"farpool-{transport}-")
         self.args = ["--servers", str(servers), "--memory", memory, "--transport", transport,
                      "--progress", progress or ("event" if transport == "shm" else "busy"),
                      "--replicas", str(replicas)]
         if netns:
             self.args.append("--netns")
+        self.args += list(extra)
 
     def __enter__(self) -> str:
         out = subprocess.run([str(farpool_bin()), "cluster", "up", "--dir", self.dir, *self.args],

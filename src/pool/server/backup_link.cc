@@ -17,7 +17,8 @@ Result<std::unique_ptr<BackupLink>> BackupLink::Connect(const Target& backup, ui
                                                         uint64_t region_size,
                                                         const transport::ClusterSecret* secret,
                                                         Fabric fabric,
-                                                        std::chrono::milliseconds timeout) {
+                                                        std::chrono::milliseconds timeout,
+                                                        const SharedFile* share) {
   std::unique_ptr<BackupLink> link(new BackupLink());
   link->name_ = "backup server " + std::to_string(backup.id) + " (" + backup.host + ":" +
                 std::to_string(backup.port) + ")";
@@ -51,14 +52,17 @@ Result<std::unique_ptr<BackupLink>> BackupLink::Connect(const Target& backup, ui
         " bytes) cannot hold this server's region of " + std::to_string(region_size) + " bytes");
   }
   link->slot_ = backup.slot;
+  wire::ReplicateRequest attach{primary_id, backup.slot, 0, 0, wire::kReplicateAttach};
+  if (share != nullptr) {
+    attach.flags |= wire::kReplicateShare;
+    attach.share_pid = share->pid;
+    attach.share_start_time = share->start_time;
+    attach.share_inode = share->inode;
+    attach.share_fd = share->fd;
+  }
   FARPOOL_RETURN_IF_ERROR(link->mirror_
-                              ->Call(
-                                  [&](uint64_t id) {
-                                    return wire::Encode(
-                                        id, wire::ReplicateRequest{primary_id, backup.slot, 0, 0,
-                                                                   wire::kReplicateAttach});
-                                  },
-                                  wire::Opcode::kReplicateReply)
+                              ->Call([&](uint64_t id) { return wire::Encode(id, attach); },
+                                     wire::Opcode::kReplicateReply)
                               .status());
   return link;
 }

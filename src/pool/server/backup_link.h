@@ -46,6 +46,7 @@
 #include "farpool/status.h"
 #include "pool/control_client.h"
 #include "pool/memory_ops.h"
+#include "pool/server/shared_pages.h"
 #include "transport/auth.h"
 #include "transport/ucx.h"
 #include "transport/wire.h"
@@ -69,12 +70,15 @@ class BackupLink {
     uint16_t port;  // the backup's clients' port
     uint16_t slot;  // the mirror slot that holds the copy
   };
-  // `primary_id`, `region_size`: this server's. Every wait is bounded by `timeout`.
+  // `primary_id`, `region_size`: this server's. Every wait is bounded by `timeout`. `share`:
+  // the backup adopts the region's file instead of keeping a copy (shared_pages.h; the attach
+  // fails with the backup's reason if it cannot), and the caller forwards no bytes from then on.
   static Result<std::unique_ptr<BackupLink>> Connect(const Target& backup, uint16_t primary_id,
                                                      uint64_t region_size,
                                                      const transport::ClusterSecret* secret,
                                                      Fabric fabric,
-                                                     std::chrono::milliseconds timeout);
+                                                     std::chrono::milliseconds timeout,
+                                                     const SharedFile* share = nullptr);
   ~BackupLink() = default;
 
   // A forward posted and failed: tickets [from, through] (every forward outstanding at the

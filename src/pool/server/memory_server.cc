@@ -1,8 +1,6 @@
 #include "pool/server/memory_server.h"
 
-#include <poll.h>
 #include <signal.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -20,6 +18,7 @@
 #include <vector>
 
 #include "common/host.h"
+#include "common/process.h"
 #include "common/units.h"
 #include "farpool/pool.h"
 #include "pool/memory_ops.h"
@@ -49,17 +48,6 @@ uint64_t PrivateResidentBytes() {
 }
 
 namespace {
-
-// The pidfd calls through syscall(2): not every C library has the wrappers.
-int PidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
-int PidfdSendSignal(int pidfd, int signal) {
-  return static_cast<int>(syscall(SYS_pidfd_send_signal, pidfd, signal, nullptr, 0));
-}
-// Whether the process of `pidfd` has exited (the pidfd is readable then).
-bool Exited(int pidfd) {
-  pollfd p{pidfd, POLLIN, 0};
-  return poll(&p, 1, 0) > 0;
-}
 
 std::string TagName(uint64_t tag) {
   char buf[24];
@@ -119,6 +107,9 @@ class MemoryServer::Impl : public transport::AmHandler {
   // Keeps this batch's changes (from `before` in changed_) for the backup if replicated, else
   // drops them (they served only to wake waiters).
   void KeepChanges(size_t before);
+  // Whether the bytes a round changed go to the backups: replicated, unless they share this
+  // server's pages (then only lease changes do).
+  bool ForwardsBytes() const { return options_.replicated && !options_.shared_pages; }
   // Ok if a request that changes the region or the leases may run now (replication).
   Status MayChange() const;
   // Ok while the lease from the backup holds (replicated, not degraded): see mirror.h.
@@ -239,7 +230,8 @@ class MemoryServer::Impl : public transport::AmHandler {
   uint16_t port_ = 0;
   ChunkAllocator chunks_;
   std::unique_ptr<ServerAuth> auth_;
-  std::unique_ptr<Mirror> mirror_;  // this server's mirror slots (ServerOptions::mirror_slots)
+  std::unique_ptr<Mirror> mirror_;      // this server's mirror slots (ServerOptions::mirror_slots)
+  std::optional<SharedFile> own_file_;  // shared pages: the region's file, for its backups
   // Replication, as a primary: the link to the backup (none before a BackupRequest, or after
   // a DegradeRequest: `degraded_`), why this server refuses everything (its backup fenced it),
   // and this round's changes and which of its replies wait for them (request ids by position;
@@ -372,8 +364,20 @@ Status MemoryServer::Impl::Init() {
           am_->Wake();  // held replies wait for this
         },
         options_.on_primary_closed);
-    FARPOOL_RETURN_IF_ERROR(mirror_->Start(options_.host, options_.fabric, Name()));
   }
+  if (options_.shared_pages) {
+    // The region must be one shared file that a backup on this host can open, and so must
+    // the mirror slots that adopt other servers' files (shared_pages.h).
+    auto own = DescribeSharedFile(region_->data(), region_->size());
+    if (!own.ok()) {
+      return own.status().WithContext(Name() +
+                                      ": --shared-pages needs the region in a shared "
+                                      "memory file (--transport shm)");
+    }
+    own_file_ = *own;
+    if (mirror_) mirror_->SetOwnFile(*own, chunks_.region_size());
+  }
+  if (mirror_) FARPOOL_RETURN_IF_ERROR(mirror_->Start(options_.host, options_.fabric, Name()));
   auto boot = BootId();
   if (boot.ok()) boot_id_ = *boot;
   return Status::Ok();
@@ -411,7 +415,7 @@ uint16_t MemoryServer::Impl::Pin(const wire::HelloRequest& hello, uint32_t tag) 
 
 void MemoryServer::Impl::SweepPins() {
   for (auto it = pins_.begin(); it != pins_.end();) {
-    if (Exited(it->second.pidfd)) {
+    if (PidfdExited(it->second.pidfd)) {
       close(it->second.pidfd);
       it = pins_.erase(it);
     } else {
@@ -453,7 +457,7 @@ Result<wire::EvictReply> MemoryServer::Impl::Evict(uint64_t tag, const transport
     pin.killed = true;
   }
   reply.flags = wire::kEvictKilled;
-  if (Exited(pin.pidfd)) {
+  if (PidfdExited(pin.pidfd)) {
     reply.flags |= wire::kEvictExited;
     close(pin.pidfd);
     pins_.erase(it);
@@ -565,6 +569,7 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
       r.region_size = chunks_.region_size();
       r.chunk_size = chunks_.chunk_size();
       r.server_pid = static_cast<uint64_t>(getpid());
+      if (options_.shared_pages) r.flags |= wire::kHelloSharedPages;
       r.mirror_of = mirror_ ? mirror_->first_primary() : wire::kNoMirror;
       r.mirror_port = mirror_ ? mirror_->port() : 0;
       r.mirror_offset = mirror_ ? chunks_.region_size() : 0;
@@ -748,6 +753,13 @@ Status MemoryServer::Impl::CopyStep(BackupLink& link, Copy& copy, const std::byt
                         held.root ? wire::kMirrorLeaseRoot : wire::kMirrorLease, held.owner});
     }
   }
+  if (options_.shared_pages) {
+    // Shared pages: the backup maps the bytes themselves; only the lease book is copied.
+    FARPOOL_RETURN_IF_ERROR(
+        link.Forward(base, {}, leases, [this, &link] { return DeclaredGone(link); }));
+    copy.book_sent = true;
+    copy.next = size;
+  }
   // Pieces until the slice or the tick's budget is spent (kCopyBudget: the loop serves between).
   const auto until = Clock::now() + kCopyBudget;
   for (uint64_t sent = 0; copy.next < size && sent < kCopySlice && Clock::now() < until;) {
@@ -796,10 +808,17 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureSlotBackup(
     return wire::BackupReply{it->second.copy ? size - it->second.copy->next : 0};  // progress
   }
   const std::string host(request.host, strnlen(request.host, sizeof(request.host)));
+  const std::optional<SharedFile> share =
+      options_.shared_pages ? mirror_->SharedFileOf(request.region) : std::nullopt;
+  if (options_.shared_pages && !share) {
+    return Status::InvalidArgument(Name() + ": server " + std::to_string(request.region) +
+                                   "'s region is a copy here, not its shared pages");
+  }
   FARPOOL_ASSIGN_OR_RETURN(
       std::unique_ptr<BackupLink> link,
       BackupLink::Connect({request.backup_id, host, request.port, request.slot}, request.region,
-                          size, auth_->secret(), options_.fabric, options_.backup_timeout));
+                          size, auth_->secret(), options_.fabric, options_.backup_timeout,
+                          share ? &*share : nullptr));
   std::fprintf(stderr, "%s: copying server %u's region (%s) to %s slot %u\n", Name().c_str(),
                request.region, FormatSize(size).c_str(), link->name().c_str(), request.slot);
   backup_gone_.store(-1);
@@ -995,14 +1014,18 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(const wire::Backup
   FARPOOL_ASSIGN_OR_RETURN(
       std::unique_ptr<BackupLink> link,
       BackupLink::Connect({request.backup_id, host, request.port, request.slot}, options_.id, size,
-                          auth_->secret(), options_.fabric, options_.backup_timeout));
+                          auth_->secret(), options_.fabric, options_.backup_timeout,
+                          own_file_ ? &*own_file_ : nullptr));
   // A copy under way to another backup (which the map never named) is given up for this one.
   if (backup_ != nullptr) AbandonCopy(Status::Aborted("a new backup was named"));
   backup_gone_.store(-1);
   last_ack_ = Clock::now();
   if (fresh) {
-    FARPOOL_RETURN_IF_ERROR(
-        link->Forward(region_->data(), {{memory_ops::Range{0, wire::kRootAreaSize}}}, {}, nullptr));
+    // Shared pages: the attach was all (the backup maps these very bytes).
+    if (!own_file_) {
+      FARPOOL_RETURN_IF_ERROR(link->Forward(
+          region_->data(), {{memory_ops::Range{0, wire::kRootAreaSize}}}, {}, nullptr));
+    }
     backup_ = std::move(link);
     last_ack_ = backup_->acknowledged_sent();
     degraded_ = false;
@@ -1036,6 +1059,15 @@ memory_ops::Region MemoryServer::Impl::BatchRegion(uint32_t pool, bool own_part)
   // Always collected: waiters of a changed word are attempted again; only a replicated server
   // keeps them for its backup (KeepChanges).
   region.changed = &changed_;
+  if (options_.shared_pages) {
+    // In the root area of the region that holds the lock: this server's own, or the one a
+    // promoted slot serves (whose next backup adopts that slot's pages).
+    const uint64_t slot = mirror_ ? mirror_->size() : 0;
+    region.insert_intent = [this, own, slot](uint64_t offset) {
+      const uint64_t root = offset < own ? 0 : own + (offset - own) / slot * slot;
+      return reinterpret_cast<uint64_t*>(region_->data() + root + wire::kInsertIntentOffset);
+    };
+  }
   return region;
 }
 
@@ -1092,7 +1124,7 @@ Result<std::vector<std::byte>> MemoryServer::Impl::ExecuteBatch(uint64_t id,
              from->pool_name,
              0,
              {},
-             changed && options_.replicated};
+             changed && ForwardsBytes()};
     Park(std::move(w));
     return std::vector<std::byte>{};  // answered later
   }
@@ -1103,7 +1135,7 @@ Result<std::vector<std::byte>> MemoryServer::Impl::ExecuteBatch(uint64_t id,
 }
 
 void MemoryServer::Impl::KeepChanges(size_t before) {
-  if (!options_.replicated) {
+  if (!ForwardsBytes()) {
     changed_.resize(before);
     return;
   }
@@ -1183,7 +1215,7 @@ void MemoryServer::Impl::Attempt(uint64_t number, bool expire,
                      wire::BatchReply{w.op_count, static_cast<uint32_t>(results.size())}, results),
         changed_.size() > before);
   }
-  if (changed && options_.replicated) {
+  if (changed && ForwardsBytes()) {
     w.stopped_dirty = true;
     stopped_dirty_ = true;
   }

@@ -50,6 +50,10 @@
 // changes of the rounds outstanding (applied here, not acknowledged) until a DegradeRequest says
 // the backup is gone.
 //
+// Shared pages (ServerOptions::shared_pages): the backups map this server's region itself, so
+// a round's changed bytes are not forwarded (KeepChanges keeps none), only its lease changes,
+// and nothing but those holds a reply; copies to a new backup send the lease book alone.
+//
 // Pipelined forwards (docs/pool.md "Pipelined forwards"): at the end of a round
 // (AmHandler::Settle) the server posts the round's changes to the backup and goes on serving
 // the next rounds without waiting. Every reply that may show memory or leases (a batch's, a
@@ -158,6 +162,12 @@ struct ServerOptions {
   bool replicated = false;
   // Mirror slots, each as large as the server's own part (at least 1 with mirror_of).
   uint32_t mirror_slots = 0;
+  // Shared-pages backups (docs/pool.md "Shared-pages backups", pool/server/shared_pages.h; all
+  // servers on one host, the region in shared memory): a backup maps this server's region file
+  // instead of keeping a copy, and the mirror slots adopt other servers' files; forwards carry
+  // lease changes only, and clients that map the region change it with mapped stores
+  // (wire::kHelloSharedPages). A backup kills its primary's process before it serves its pages.
+  bool shared_pages = false;
   // How long a forward may wait for the backup's acknowledgement before it fails (and the
   // replies held for it get errors): at most the serving lease (pool/server/mirror.h), and well
   // below the clients' failure timeout, since a client waits that long for a held reply. The

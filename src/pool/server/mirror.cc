@@ -87,9 +87,20 @@ Result<wire::PromoteReply> Mirror::Promote(uint16_t primary_id,
         std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(since).count()) +
         " ms ago and may serve until it lapses; ask again");
   }
+  if (!slot->promoted && slot->adopted != nullptr) {
+    // Shared pages: the pages are served only once the old primary cannot change them any
+    // more, dead or merely stalled (a stopped process dies of SIGKILL too).
+    Status dead = slot->adopted->KillOwner(kKillWait);
+    if (!dead.ok()) {
+      return Status::Aborted(name_ + ": not yet: server " + std::to_string(primary_id) + ": " +
+                             dead.message() + "; ask again");
+    }
+    ReleaseDeadInsert(*slot);
+  }
   if (!slot->promoted) {
-    std::fprintf(stderr, "%s: taking server %d's data over (slot %zu)\n", name_.c_str(), primary_id,
-                 static_cast<size_t>(slot - slots_.data()));
+    std::fprintf(stderr, "%s: taking server %d's data over (slot %zu%s)\n", name_.c_str(),
+                 primary_id, static_cast<size_t>(slot - slots_.data()),
+                 slot->adopted != nullptr ? ", its own pages: its process is dead" : "");
   }
   slot->promoted = true;
   return wire::PromoteReply{slot->book.leased()};
@@ -106,6 +117,57 @@ std::map<uint64_t, ChunkAllocator::Held> Mirror::Leases(uint16_t primary_id) con
   std::lock_guard lock(mu_);
   const Slot* slot = Holding(primary_id);
   return slot == nullptr ? std::map<uint64_t, ChunkAllocator::Held>{} : slot->book.leases();
+}
+
+std::optional<SharedFile> Mirror::SharedFileOf(uint16_t primary_id) const {
+  std::lock_guard lock(mu_);
+  const Slot* slot = Holding(primary_id);
+  if (slot == nullptr || slot->adopted == nullptr) return std::nullopt;
+  return slot->adopted->Describe();
+}
+
+void Mirror::ReleaseDeadInsert(Slot& slot) {
+  std::byte* base = memory_ + (&slot - slots_.data()) * size_;
+  auto* intent = reinterpret_cast<uint64_t*>(base + wire::kInsertIntentOffset);
+  const uint64_t at = __atomic_load_n(&intent[0], __ATOMIC_SEQ_CST);
+  if (at == 0 || at - 1 > size_ - 8 || (at - 1) % 8 != 0) return;
+  uint64_t expected = intent[1];
+  const uint64_t word = expected;
+  // Only if the dead server's requester still holds it: a lock taken since by someone else
+  // stays theirs.
+  const bool released =
+      __atomic_compare_exchange_n(reinterpret_cast<uint64_t*>(base + at - 1), &expected, 0, false,
+                                  __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&intent[0], uint64_t{0}, __ATOMIC_SEQ_CST);
+  std::fprintf(stderr,
+               "%s: server %d died in an insert-if-absent: bucket lock at offset %llu (word "
+               "0x%llx) %s\n",
+               name_.c_str(), slot.primary, static_cast<unsigned long long>(at - 1),
+               static_cast<unsigned long long>(word),
+               released ? "released" : "held by another since, left as it is");
+}
+
+Status Mirror::Adopt(Slot& slot, const wire::ReplicateRequest& req) {
+  const std::string named = name_ + " slot " + std::to_string(req.slot);
+  if (!own_file_) {
+    return Status::InvalidArgument(named +
+                                   ": its own region is no shared file: it cannot share "
+                                   "server " +
+                                   std::to_string(req.primary_id) + "'s pages");
+  }
+  const SharedFile file{req.share_pid, req.share_start_time, req.share_inode, req.share_fd};
+  auto adopted = AdoptedPages::Adopt(file, memory_ + req.slot * size_, size_, *own_file_,
+                                     own_file_offset_ + req.slot * size_);
+  if (!adopted.ok()) {
+    slot.primary = -1;  // holds nobody's copy: later forwards are refused, not applied
+    slot.adopted.reset();
+    return adopted.status().WithContext(named + ": sharing server " +
+                                        std::to_string(req.primary_id) + "'s pages");
+  }
+  slot.adopted = std::move(*adopted);
+  std::fprintf(stderr, "%s: shares server %u's pages (process %llu)\n", named.c_str(),
+               req.primary_id, static_cast<unsigned long long>(req.share_pid));
+  return Status::Ok();
 }
 
 ChunkAllocator::Access Mirror::Check(uint64_t offset, uint64_t size, uint32_t owner) const {
@@ -227,9 +289,20 @@ Result<std::vector<std::byte>> Mirror::Answer(std::span<const std::byte> bytes,
     case wire::Opcode::kReplicateRequest: {
       const auto req = m.As<wire::ReplicateRequest>();
       std::lock_guard lock(mu_);
-      FARPOOL_RETURN_IF_ERROR(AdmitForward(req.primary_id, req.slot,
-                                           (req.flags & wire::kReplicateAttach) != 0, id, from)
-                                  .status());
+      const bool attach = (req.flags & wire::kReplicateAttach) != 0;
+      FARPOOL_ASSIGN_OR_RETURN(Slot * slot,
+                               AdmitForward(req.primary_id, req.slot, attach, id, from));
+      if (attach && (req.flags & wire::kReplicateShare) != 0) {
+        FARPOOL_RETURN_IF_ERROR(Adopt(*slot, req));
+      } else if (attach && slot->adopted != nullptr) {
+        return Status::InvalidArgument(name_ + " slot " + std::to_string(req.slot) +
+                                       " shares a region's pages: it takes no copy");
+      }
+      if (slot->adopted != nullptr && req.op_count > 0) {
+        return Status::Protocol(name_ + " slot " + std::to_string(req.slot) + " shares server " +
+                                std::to_string(req.primary_id) +
+                                "'s pages: a forward of bytes would write older bytes over them");
+      }
       std::vector<memory_ops::Range> written;
       memory_ops::Region region{memory_ + req.slot * size_,
                                 size_,

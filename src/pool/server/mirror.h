@@ -41,6 +41,16 @@
 // not above it (Protocol, "out of order"); a forward on another connection (a new link, an
 // attach) starts the count again.
 //
+// Shared pages (pool/server/shared_pages.h, docs/pool.md "Shared-pages backups"): an attach
+// with wire::kReplicateShare maps the primary's region file over the slot instead of keeping a
+// copy; that slot then takes lease changes only (a forward of bytes into it is refused: it would
+// write the pages' own older bytes back over newer stores). Before such a slot is promoted, the
+// primary process is killed and its exit awaited (AdoptedPages::KillOwner): the pages are served
+// only once nothing of the old primary can change them any more. An insert-if-absent the dead
+// process was executing left its requester's lock word on the bucket (the pages are not rolled
+// back as a copy would be): the promotion releases it (ReleaseDeadInsert); an entry it had made
+// live stays (the requester was told "may or may not have taken effect").
+//
 // Thread-safety: the forwards run on the mirror's loop, everything else on the server's
 // progress thread; the slots (lease books, owners, promoted flags) are guarded by one mutex,
 // and a forward applies its writes under it, so no forward lands after Promote returns.
@@ -60,6 +70,7 @@
 #include "farpool/status.h"
 #include "pool/server/chunk_allocator.h"
 #include "pool/server/server_auth.h"
+#include "pool/server/shared_pages.h"
 #include "transport/am_server.h"
 #include "transport/wire.h"
 
@@ -69,6 +80,9 @@ namespace farpool {
 // much longer its backup waits before it takes over from a primary it cannot see gone.
 inline constexpr std::chrono::milliseconds kServeLease{1000};
 inline constexpr std::chrono::milliseconds kLeaseMargin{200};
+// Shared pages: how long a promotion waits for the killed primary to exit before it answers
+// "not yet" (the client asks again). An exit unmaps the whole region, which takes milliseconds.
+inline constexpr std::chrono::milliseconds kKillWait{500};
 
 class Mirror : public transport::AmHandler {
  public:
@@ -114,6 +128,15 @@ class Mirror : public transport::AmHandler {
   // The mirrored lease book of `primary_id`'s region (offset -> length, owner, root), for a
   // copy of it.
   std::map<uint64_t, ChunkAllocator::Held> Leases(uint16_t primary_id) const;
+  // Shared pages: this server's own region file (DescribeSharedFile) and where the mirror area
+  // starts in it, so that an adopted slot's own pages can be given back. Call before Start.
+  void SetOwnFile(const SharedFile& own, uint64_t mirror_offset) {
+    own_file_ = own;
+    own_file_offset_ = mirror_offset;
+  }
+  // The file of `primary_id`'s region if its slot shares its pages, as this process can
+  // describe it to a backup of its own (re-replication of a region it serves).
+  std::optional<SharedFile> SharedFileOf(uint16_t primary_id) const;
 
   std::vector<std::byte> Handle(std::span<const std::byte> bytes, transport::Peer* from) override;
   std::vector<std::byte> Refuse(const Status& reason) override;
@@ -132,7 +155,15 @@ class Mirror : public transport::AmHandler {
     // The mirror's loop only: the connection of the latest forward (Peer::id) and its request id.
     uint64_t forward_connection = 0;
     uint64_t forward_id = 0;
+    // Shared pages: the primary's region mapped over the slot, and its process (for the kill).
+    std::unique_ptr<AdoptedPages> adopted;
   };
+  // Maps the file `req` names over `slot` (shared pages). REQUIRES: mu_ held.
+  Status Adopt(Slot& slot, const wire::ReplicateRequest& req);
+  // Shared pages, at promotion, once the primary is dead: releases the bucket lock of an
+  // insert-if-absent it was executing (wire::kInsertIntentOffset), if its requester's word
+  // still holds it. REQUIRES: mu_ held.
+  void ReleaseDeadInsert(Slot& slot);
   Result<std::vector<std::byte>> Answer(std::span<const std::byte> bytes, transport::Peer* from);
   // A forward (writes or a lease change) from `primary_id` into `slot`, request `id`: attaches
   // the slot if `attach`; refused unless the slot holds that primary's copy, has not taken over,
@@ -156,6 +187,8 @@ class Mirror : public transport::AmHandler {
   ServerAuth& auth_;
   std::function<void(uint16_t)> on_degrade_;
   std::function<void(uint16_t)> on_primary_closed_;
+  std::optional<SharedFile> own_file_;
+  uint64_t own_file_offset_ = 0;
   std::string name_;
   std::unique_ptr<transport::AmServer> am_;
 };

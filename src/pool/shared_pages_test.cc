@@ -1,0 +1,465 @@
+// Shared-pages backups (docs/pool.md "Shared-pages backups", pool/server/shared_pages.h) with
+// real processes: the mechanism itself (a process adopts another's shared-memory file, the
+// pages outlive the owner's SIGKILL, a stopped owner is killed), then whole clusters of
+// `farpool server` processes over shm with `--replicas 1`: every acknowledged mapped write,
+// compare-and-swap and fetch-and-add survives the SIGKILL of its server; a stopped primary is
+// killed by the backup that takes over, never served beside; nothing is left in /dev/shm.
+#include "pool/server/shared_pages.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "common/process.h"
+#include "farpool/pool.h"
+#include "pool/test_cluster.h"
+#include "transport/ucx.h"
+#include "transport/wire.h"
+
+namespace farpool {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr uint64_t kRegion = 8 << 20;
+
+// A pipe between the test and a forked owner process, one 8-byte word at a time.
+struct Channel {
+  int to_child[2];
+  int to_parent[2];
+  void Send(int fd, uint64_t word) { ASSERT_EQ(write(fd, &word, 8), 8); }
+  uint64_t Receive(int fd) {
+    uint64_t word = 0;
+    return read(fd, &word, 8) == 8 ? word : ~uint64_t{0};
+  }
+};
+
+// The owner: a UCX region like a memory server's (transport shm), described to the parent;
+// then, on each word from the parent: 1 store the next pattern word, 2 report word 1 (what the
+// parent stored), 0 pause forever.
+[[noreturn]] void Owner(Channel& c) {
+  auto context = transport::Context::Create({Fabric::kShm});
+  if (!context.ok()) _exit(2);
+  auto region = transport::MemoryRegion::Allocate(**context, kRegion);
+  if (!region.ok()) _exit(3);
+  auto* words = reinterpret_cast<volatile uint64_t*>((*region)->data());
+  words[0] = 0xA;
+  auto file = DescribeSharedFile((*region)->data(), (*region)->size());
+  if (!file.ok()) _exit(4);
+  for (uint64_t w : {file->pid, file->start_time, file->inode, static_cast<uint64_t>(file->fd)}) {
+    if (write(c.to_parent[1], &w, 8) != 8) _exit(5);
+  }
+  for (;;) {
+    uint64_t command = 0;
+    if (read(c.to_child[0], &command, 8) != 8) _exit(6);
+    uint64_t answer = 0;
+    if (command == 1) words[0] = 0xB;
+    if (command == 2) answer = words[1];
+    if (write(c.to_parent[1], &answer, 8) != 8) _exit(7);
+  }
+}
+
+// The mechanism, without any farpool server: process B adopts process A's UCX region file over
+// a part of its own shared file; each sees the other's stores; after SIGKILL of A (here through
+// KillOwner, also of a stopped A) the pages and B's mapping stay, readable and writable.
+class Mechanism : public ::testing::TestWithParam<bool> {};
+
+TEST_P(Mechanism, AdoptedPagesOutliveTheirOwnersDeath) {
+  const bool stop_first = GetParam();
+  Channel c{};
+  ASSERT_EQ(pipe(c.to_child), 0);
+  ASSERT_EQ(pipe(c.to_parent), 0);
+  const pid_t owner = fork();
+  ASSERT_GE(owner, 0);
+  if (owner == 0) Owner(c);
+  SharedFile file;
+  file.pid = c.Receive(c.to_parent[0]);
+  file.start_time = c.Receive(c.to_parent[0]);
+  file.inode = c.Receive(c.to_parent[0]);
+  file.fd = static_cast<int32_t>(c.Receive(c.to_parent[0]));
+  ASSERT_EQ(file.pid, static_cast<uint64_t>(owner)) << "the owner failed before describing";
+
+  // This process's "own region": a shared file twice the size; the second half adopts.
+  const int own_fd = memfd_create("adopter", 0);
+  ASSERT_GE(own_fd, 0);
+  ASSERT_EQ(ftruncate(own_fd, 2 * kRegion), 0);
+  void* mine = mmap(nullptr, 2 * kRegion, PROT_READ | PROT_WRITE, MAP_SHARED, own_fd, 0);
+  ASSERT_NE(mine, MAP_FAILED);
+  auto* base = static_cast<std::byte*>(mine);
+  std::memset(base + kRegion, 0x5a, 4096);  // the slot's own pages, to be given back
+  auto own = DescribeSharedFile(base, 2 * kRegion);
+  ASSERT_TRUE(own.ok()) << own.status().ToString();
+  auto pages = AdoptedPages::Adopt(file, base + kRegion, kRegion, *own, kRegion);
+  ASSERT_TRUE(pages.ok()) << pages.status().ToString();
+  auto* words = reinterpret_cast<volatile uint64_t*>(base + kRegion);
+
+  EXPECT_EQ(words[0], 0xAu) << "the adopted slot does not show the owner's bytes";
+  c.Send(c.to_child[1], 1);
+  ASSERT_EQ(c.Receive(c.to_parent[0]), 0u);
+  EXPECT_EQ(words[0], 0xBu) << "a store of the owner after the adoption is not seen";
+  words[1] = 0xC;
+  c.Send(c.to_child[1], 2);
+  EXPECT_EQ(c.Receive(c.to_parent[0]), 0xCu) << "the owner does not see the adopter's store";
+
+  if (stop_first) ASSERT_EQ(kill(owner, SIGSTOP), 0);
+  Status killed = (*pages)->KillOwner(2000ms);
+  ASSERT_TRUE(killed.ok()) << killed.ToString();
+  int status = 0;
+  ASSERT_EQ(waitpid(owner, &status, 0), owner);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+
+  EXPECT_EQ(words[0], 0xBu) << "the pages did not outlive their owner";
+  EXPECT_EQ(words[1], 0xCu);
+  words[2] = 0xD;
+  EXPECT_EQ(words[2], 0xDu);
+  // The adopted file is the one the owner named: reading it again through this process's
+  // descriptor (Describe) shows the same bytes.
+  const SharedFile again = (*pages)->Describe();
+  EXPECT_EQ(again.pid, static_cast<uint64_t>(getpid()));
+  EXPECT_EQ(again.inode, file.inode);
+  munmap(mine, 2 * kRegion);
+  close(own_fd);
+}
+
+INSTANTIATE_TEST_SUITE_P(Owner, Mechanism, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "Stopped" : "Running");
+                         });
+
+TEST(AdoptionChecks, RefuseAnotherProcessOrFile) {
+  const int fd = memfd_create("probe", 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 2 * kRegion), 0);
+  void* m = mmap(nullptr, 2 * kRegion, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  auto* base = static_cast<std::byte*>(m);
+  auto own = DescribeSharedFile(base, 2 * kRegion);
+  ASSERT_TRUE(own.ok()) << own.status().ToString();
+  SharedFile wrong = *own;
+  wrong.start_time += 1;  // a reused pid
+  auto refused = AdoptedPages::Adopt(wrong, base + kRegion, kRegion, *own, kRegion);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("not the primary"), std::string::npos)
+      << refused.status().ToString();
+  wrong = *own;
+  wrong.inode += 1;  // another file
+  refused = AdoptedPages::Adopt(wrong, base + kRegion, kRegion, *own, kRegion);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("not the region's"), std::string::npos)
+      << refused.status().ToString();
+  std::vector<std::byte> anonymous(4096);
+  EXPECT_FALSE(DescribeSharedFile(anonymous.data(), anonymous.size()).ok());
+  munmap(m, 2 * kRegion);
+  close(fd);
+}
+
+LocalClusterOptions SharedPagesCluster() {
+  LocalClusterOptions o;
+  o.servers = 3;
+  o.memory = 64 << 20;
+  o.transport = Fabric::kShm;
+  o.progress = ProgressMode::kEvent;
+  o.replicas = 1;
+  return o;
+}
+
+// Client threads change their own words on every server with mapped operations: a write of a
+// whole 64-byte object (its sequence number in every word), a compare-and-swap that moves a word
+// from n to n + 1, a fetch-and-add of 1 to a counter per server; the victim is SIGKILLed
+// half-way. Afterwards every object holds its last acknowledged number or a later attempted one,
+// untorn; every CAS word its last acknowledged value or one more; every counter lies between the
+// acknowledged and the attempted additions. Before the kill the changes went mapped: no
+// messages but the leases'.
+class KillTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(KillTest, EveryAcknowledgedMappedChangeSurvivesTheKillOfItsServer) {
+  const int victim = GetParam();
+  constexpr int kThreads = 2;
+  constexpr int kWords = 8;  // per thread and server
+  TestCluster cluster(SharedPagesCluster());
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  ASSERT_TRUE(config->shared_pages) << "cluster up over shm did not choose shared pages";
+  PoolOptions po;
+  po.op_timeout = 5000ms;
+  auto pool = Pool::Connect(*config, po);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  Pool& pl = **pool;
+
+  struct Word {
+    GlobalAddress object;                       // 64 bytes, written whole
+    GlobalAddress cas;                          // 8 bytes, n -> n + 1
+    uint64_t written = 0, written_unknown = 0;  // last acknowledged, and the highest attempted
+    uint64_t swapped = 0;                       // the CAS word's acknowledged value
+    bool swap_unknown = false;                  // a CAS after the last acknowledged one failed
+  };
+  std::vector<std::vector<Word>> words(kThreads);
+  std::vector<GlobalAddress> counters;
+  for (int s = 0; s < 3; ++s) {
+    auto c = pl.Alloc(8, Placement::OnServer(static_cast<uint16_t>(s)));
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    counters.push_back(*c);
+    for (int t = 0; t < kThreads; ++t) {
+      for (int i = 0; i < kWords; ++i) {
+        auto o = pl.Alloc(64, Placement::OnServer(static_cast<uint16_t>(s)));
+        auto w = pl.Alloc(8, Placement::OnServer(static_cast<uint16_t>(s)));
+        ASSERT_TRUE(o.ok() && w.ok());
+        words[t].push_back({*o, *w});
+      }
+    }
+  }
+  for (const GlobalAddress& c : counters) {
+    const uint64_t zero = 0;
+    ASSERT_TRUE(pl.Write(c, &zero, 8).ok());
+  }
+  const OpCounters before = pl.counters();
+  std::atomic<bool> killed{false};
+  std::atomic<bool> moved{false};  // the Pool sends the victim's operations to its backup
+  std::vector<uint64_t> acked_adds(kThreads * 3), unknown_adds(kThreads * 3);
+  std::vector<std::string> unclear(kThreads);
+  std::vector<uint64_t> failures(kThreads);
+  std::vector<OpCounters> at_kill(1);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(2000 + t);
+      int after_kill = 0;
+      const auto give_up = std::chrono::steady_clock::now() + 60s;
+      while (after_kill < 300 && std::chrono::steady_clock::now() < give_up) {
+        Word& w = words[t][rng() % words[t].size()];
+        const int server = static_cast<int>(rng() % 3);
+        Status st;
+        switch (rng() % 3) {
+          case 0: {
+            const uint64_t n = std::max(w.written, w.written_unknown) + 1;
+            std::vector<uint64_t> object(8, n);
+            st = pl.Write(w.object, object.data(), 64);
+            if (st.ok()) w.written = n;
+            if (!st.ok()) w.written_unknown = n;
+            break;
+          }
+          case 1: {
+            if (w.swap_unknown) {  // learn where the word stands first
+              uint64_t now = 0;
+              st = pl.Read(w.cas, &now, 8);
+              if (st.ok()) {
+                w.swapped = now;
+                w.swap_unknown = false;
+              }
+              break;
+            }
+            auto old = pl.CompareAndSwap(w.cas, w.swapped, w.swapped + 1);
+            st = old.status();
+            if (st.ok() && *old == w.swapped) ++w.swapped;
+            if (st.ok() && *old != w.swapped - 1) unclear[t] = "a CAS found a value nobody wrote";
+            if (!st.ok()) w.swap_unknown = true;
+            break;
+          }
+          default: {
+            auto prev = pl.FetchAdd(counters[server], 1);
+            st = prev.status();
+            (st.ok() ? acked_adds : unknown_adds)[t * 3 + server]++;
+          }
+        }
+        if (!st.ok()) {
+          ++failures[t];
+          if (st.code() != StatusCode::kUnavailable && st.code() != StatusCode::kTimedOut)
+            unclear[t] = st.ToString();
+          std::this_thread::sleep_for(10ms);
+        } else if (moved) {
+          ++after_kill;
+        }
+      }
+    });
+  }
+  std::this_thread::sleep_for(1s);
+  at_kill[0] = pl.counters();
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[victim].pid), SIGKILL), 0);
+  killed = true;
+  // Mapped operations do not notice the kill (the pages are still mapped): go on until the Pool
+  // has failed the victim over and its operations go to the backup as messages, so that what
+  // is checked below is what the backup serves.
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (pl.counters().messages < at_kill[0].messages + 100 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  moved = true;
+  for (auto& th : threads) th.join();
+  ASSERT_GE(pl.counters().messages, at_kill[0].messages + 100)
+      << "the Pool never sent the victim's operations to its backup";
+
+  // Before the kill every change was a mapped store or atomic: no message was sent.
+  EXPECT_GT(at_kill[0].writes + at_kill[0].cas + at_kill[0].faa,
+            before.writes + before.cas + before.faa + 100);
+  EXPECT_EQ(at_kill[0].messages, before.messages)
+      << "changes went as messages although the backups share the pages";
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(unclear[t], "");
+    EXPECT_LE(failures[t], 20u) << "only operations in flight at the kill may fail";
+  }
+  for (int t = 0; t < kThreads; ++t) {
+    for (const Word& w : words[t]) {
+      std::vector<uint64_t> object(8);
+      ASSERT_TRUE(pl.Read(w.object, object.data(), 64).ok());
+      for (uint64_t v : object)
+        EXPECT_EQ(v, object[0]) << "a torn object at " << w.object.ToString();
+      EXPECT_TRUE(object[0] == w.written ||
+                  (object[0] > w.written && object[0] <= w.written_unknown))
+          << w.object.ToString() << " holds " << object[0] << ", acknowledged " << w.written;
+      uint64_t value = 0;
+      ASSERT_TRUE(pl.Read(w.cas, &value, 8).ok());
+      EXPECT_TRUE(value == w.swapped || (w.swap_unknown && value == w.swapped + 1))
+          << "CAS word " << w.cas.ToString() << " holds " << value << ", acknowledged "
+          << w.swapped;
+    }
+  }
+  for (int s = 0; s < 3; ++s) {
+    uint64_t value = 0, acked = 0, unknown = 0;
+    ASSERT_TRUE(pl.Read(counters[s], &value, 8).ok());
+    for (int t = 0; t < kThreads; ++t) {
+      acked += acked_adds[t * 3 + s];
+      unknown += unknown_adds[t * 3 + s];
+    }
+    EXPECT_GE(value, acked) << "server " << s << "'s counter lost acknowledged additions";
+    EXPECT_LE(value, acked + unknown) << "server " << s << "'s counter gained additions";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Victims, KillTest, ::testing::Values(0, 1),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "server" + std::to_string(info.param);
+                         });
+
+// SIGSTOP of a primary: its etcd lease lapses, the coordinator fails it over, and its backup
+// kills it before it serves its pages (a stopped process that resumed would otherwise run a
+// half-done operation beside the backup). What was acknowledged before the stop reads back at
+// the backup, and a write there afterwards too.
+TEST(SharedPages, AStoppedPrimaryIsKilledByItsBackupNotServedBeside) {
+  TestCluster cluster(SharedPagesCluster());
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  PoolOptions po;
+  po.op_timeout = 5000ms;
+  auto pool = Pool::Connect(*config, po);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  Pool& pl = **pool;
+  auto a = pl.Alloc(8, Placement::OnServer(1));
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  const uint64_t before = 0x5707;
+  ASSERT_TRUE(pl.Write(*a, &before, 8).ok());
+  const pid_t primary = static_cast<pid_t>(config->servers[1].pid);
+  ASSERT_EQ(kill(primary, SIGSTOP), 0);
+  // The cluster's servers are this process's children: their end is ours to see.
+  int status = 0;
+  pid_t ended = 0;
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (ended == 0 && std::chrono::steady_clock::now() < deadline) {
+    ended = waitpid(primary, &status, WNOHANG);
+    if (ended == 0) std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_EQ(ended, primary) << "the stopped primary still exists: its backup did not kill it";
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+  uint64_t got = 0;
+  Status read = Status::Unavailable("not tried");
+  for (int i = 0; i < 100 && !read.ok(); ++i) {
+    read = pl.Read(*a, &got, 8);
+    if (!read.ok()) std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_TRUE(read.ok()) << read.ToString();
+  EXPECT_EQ(got, before);
+  const uint64_t after = 0xAF7E;
+  ASSERT_TRUE(pl.Write(*a, &after, 8).ok());
+  ASSERT_TRUE(pl.Read(*a, &got, 8).ok());
+  EXPECT_EQ(got, after);
+}
+
+// A server killed inside an insert-if-absent, between taking the bucket's lock and releasing
+// it, leaves its requester's lock word on the pages (a copy would have been rolled back to the
+// round before). Its intent record (wire::kInsertIntentOffset, written by the server before it
+// takes such a lock) is what the adopter goes by: at promotion it releases that lock if the
+// requester's word still holds it. Here the record is written by the test, as the dead server
+// would have left it; a lock without a record stays held.
+TEST(SharedPages, ABucketLockADeadServerHeldIsReleasedByItsAdopter) {
+  TestCluster cluster(SharedPagesCluster());
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  PoolOptions po;
+  po.op_timeout = 5000ms;
+  auto pool = Pool::Connect(*config, po);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  Pool& pl = **pool;
+  auto recorded = pl.Alloc(8, Placement::OnServer(1));
+  auto other = pl.Alloc(8, Placement::OnServer(1));
+  ASSERT_TRUE(recorded.ok() && other.ok());
+  constexpr uint64_t kWord = 0xB0C7, kOtherWord = 0x07E5;
+  for (auto [at, word] : {std::pair{*recorded, kWord}, std::pair{*other, kOtherWord}}) {
+    auto prev = pl.CompareAndSwap(at, 0, word);
+    ASSERT_TRUE(prev.ok() && *prev == 0) << prev.status().ToString();
+  }
+  const uint64_t intent[2] = {recorded->offset() + 1, kWord};
+  ASSERT_TRUE(pl.Write(GlobalAddress(1, wire::kInsertIntentOffset), intent, 16).ok());
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[1].pid), SIGKILL), 0);
+  uint64_t lock = kWord;
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (lock == kWord && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+    if (!pl.Read(*recorded, &lock, 8).ok()) lock = kWord;
+  }
+  EXPECT_EQ(lock, 0u) << "the dead server's bucket lock was not released by its adopter";
+  uint64_t held = 0;
+  ASSERT_TRUE(pl.Read(*other, &held, 8).ok());
+  EXPECT_EQ(held, kOtherWord) << "a lock the dead server did not record was released";
+}
+
+// `cluster down` of a shared-pages cluster after a failover leaves no directory of its
+// servers in /dev/shm (the adopted files were unlinked from the start; the backups' mappings end
+// with their processes).
+TEST(SharedPages, NothingIsLeftInDevShmAfterClusterDown) {
+  std::vector<pid_t> pids;
+  {
+    TestCluster cluster(SharedPagesCluster());
+    ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+    auto config = cluster.config();
+    ASSERT_TRUE(config.ok());
+    for (const ServerAddress& s : config->servers) pids.push_back(static_cast<pid_t>(s.pid));
+    auto pool = Pool::Connect(*config, PoolOptions{});
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    auto a = (*pool)->Alloc(4096, Placement::OnServer(2));
+    ASSERT_TRUE(a.ok());
+    ASSERT_EQ(kill(pids[2], SIGKILL), 0);
+    uint64_t v = 1;
+    Status wrote = Status::Unavailable("not tried");
+    for (int i = 0; i < 100 && !wrote.ok(); ++i) {
+      wrote = (*pool)->Write(*a, &v, 8);
+      if (!wrote.ok()) std::this_thread::sleep_for(100ms);
+    }
+    EXPECT_TRUE(wrote.ok()) << wrote.ToString();
+  }
+  for (pid_t p : pids) {
+    EXPECT_FALSE(ProcessRunning(p)) << "server process " << p;
+    const std::string dir = "/dev/shm/farpool-ucx-" + std::to_string(p);
+    bool gone = false;
+    for (int i = 0; i < 50 && !gone; ++i) {  // the janitor removes it once its server is gone
+      gone = !std::filesystem::exists(dir);
+      if (!gone) std::this_thread::sleep_for(100ms);
+    }
+    EXPECT_TRUE(gone) << dir << " is left behind";
+  }
+}
+
+}  // namespace
+}  // namespace farpool
