@@ -888,8 +888,11 @@ TEST(ServerProcess, RejectsMalformedControlMessagesAndKeepsRunning) {
   auto good = wire::Encode(1, wire::StatsRequest{0});
   std::vector<std::vector<std::byte>> bad;
   bad.push_back({std::byte{1}, std::byte{2}, std::byte{3}});  // truncated
+  // A version no build speaks: the current one + 100 (bytes 4-5 of the frame, little-endian).
+  const uint16_t unknown_version = wire::kVersion + 100;
   auto wrong_version = good;
-  wrong_version[4] = std::byte{9};
+  wrong_version[4] = static_cast<std::byte>(unknown_version & 0xff);
+  wrong_version[5] = static_cast<std::byte>(unknown_version >> 8);
   bad.push_back(wrong_version);
   auto wrong_size = good;
   wrong_size[8] = std::byte{200};
@@ -940,9 +943,10 @@ TEST(ServerProcess, RejectsMalformedControlMessagesAndKeepsRunning) {
   // Replies may arrive in any order; the wrong-version one names both versions.
   bool version_named = false;
   for (auto& r : replies) {
-    version_named =
-        version_named ||
-        wire::DecodeError(*wire::Decode(r)).message().find("version 9") != std::string::npos;
+    version_named = version_named || wire::DecodeError(*wire::Decode(r))
+                                             .message()
+                                             .find("version " + std::to_string(unknown_version)) !=
+                                         std::string::npos;
   }
   EXPECT_TRUE(version_named);
   // The server still serves a normal client, and counted what it rejected.
