@@ -317,11 +317,7 @@ class LocalMemory final : public Memory {
       return Status::InvalidArgument("local memory: lookup-read of a record of " +
                                      std::to_string(size) + " bytes");
     }
-    std::byte* p;
-    FARPOOL_RETURN_IF_ERROR(Resolve(bucket, spec.bucket_size, true, &p));
-    const memory_ops::Region region{regions_[bucket.server()].base, size_,
-                                    [](uint64_t offset, uint64_t) { return offset >= 64; },
-                                    bucket.server()};
+    FARPOOL_ASSIGN_OR_RETURN(const memory_ops::Region region, BucketRegion(bucket, spec));
     std::vector<std::byte> out(sizeof(memory_ops::LookupReply) + size);
     memory_ops::ExecuteLookupRead(region, bucket.offset(), params, key, size, out.data());
     FARPOOL_RETURN_IF_ERROR(memory_ops::DecodeLookupReply(out.data(), bucket.server(), result)
@@ -358,11 +354,7 @@ class LocalMemory final : public Memory {
       return Status::InvalidArgument("local memory: lookup-lock-read at " + bucket.ToString() +
                                      ": " + why);
     }
-    std::byte* p;
-    FARPOOL_RETURN_IF_ERROR(Resolve(bucket, spec.bucket_size, true, &p));
-    const memory_ops::Region region{regions_[bucket.server()].base, size_,
-                                    [](uint64_t offset, uint64_t) { return offset >= 64; },
-                                    bucket.server()};
+    FARPOOL_ASSIGN_OR_RETURN(const memory_ops::Region region, BucketRegion(bucket, spec));
     std::vector<std::byte> out(sizeof(memory_ops::LookupReply) + sizeof(uint64_t) + size);
     memory_ops::ExecuteLookupLockRead(region, bucket.offset(), params, key, lock_word, size,
                                       out.data());
@@ -383,11 +375,7 @@ class LocalMemory final : public Memory {
       return Status::InvalidArgument("local memory: insert-if-absent at " + bucket.ToString() +
                                      ": " + why);
     }
-    std::byte* p;
-    FARPOOL_RETURN_IF_ERROR(Resolve(bucket, spec.bucket_size, true, &p));
-    const memory_ops::Region region{regions_[bucket.server()].base, size_,
-                                    [](uint64_t offset, uint64_t) { return offset >= 64; },
-                                    bucket.server()};
+    FARPOOL_ASSIGN_OR_RETURN(const memory_ops::Region region, BucketRegion(bucket, spec));
     std::byte out[sizeof(memory_ops::InsertReply)];
     memory_ops::ExecuteInsertIfAbsent(region, bucket.offset(), params, key, value, out);
     return memory_ops::DecodeInsertReply(out, bucket.server(), result).WithContext("local memory");
@@ -425,6 +413,14 @@ class LocalMemory final : public Memory {
             std::min<uint64_t>(4 << 20, std::bit_floor(std::max<uint64_t>(64 << 10, size / 64)))) {}
   uint64_t ChunkStart(uint64_t chunk) const { return kFirstObject + chunk * chunk_; }
 
+  // The region a lookup operation on `bucket` runs in, once the bucket itself resolves.
+  Result<memory_ops::Region> BucketRegion(GlobalAddress bucket, const LookupSpec& spec) const {
+    std::byte* p;
+    FARPOOL_RETURN_IF_ERROR(Resolve(bucket, spec.bucket_size, true, &p));
+    return memory_ops::Region{regions_[bucket.server()].base, size_,
+                              [](uint64_t offset, uint64_t) { return offset >= 64; },
+                              bucket.server()};
+  }
   Status Resolve(GlobalAddress a, uint64_t n, bool atomic, std::byte** out) const {
     if (a.is_null()) return Status::InvalidArgument("local memory: null address");
     if (a.server() >= regions_.size()) {

@@ -429,18 +429,24 @@ struct FailoverSetup {
 };
 
 void Connect(const TestCluster& cluster, int servers, FailoverSetup* out) {
-  auto config = cluster.config();
-  ASSERT_TRUE(config.ok()) << config.status().ToString();
-  PoolOptions po;
-  po.op_timeout = 5000ms;
-  auto pool = Pool::Connect(*config, po);
-  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
-  out->pool = std::move(*pool);
+  auto client = ConnectTestClient(cluster);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  out->pool = std::move(client->pool);
   for (int s = 0; s < servers; ++s) {
     auto a = out->pool->Alloc(64, Placement::OnServer(static_cast<uint16_t>(s)));
     ASSERT_TRUE(a.ok()) << a.status().ToString();
     out->objects.push_back(*a);
   }
+}
+
+// Once `writer` is acknowledged on every server, SIGKILLs server `victim` of `cluster`; the
+// writer's client must follow the failover.
+void KillUnderWriter(const TestCluster& cluster, int victim, Writer* writer) {
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  ASSERT_TRUE(writer->AcknowledgedEverywhere(20));
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[victim].pid), SIGKILL), 0);
+  EXPECT_TRUE(writer->AcknowledgedEverywhere(50)) << "the client did not follow the failover";
 }
 
 int Coordinator(const std::string& dir) {
@@ -459,12 +465,8 @@ void KillAPrimary(bool netns) {
   ASSERT_GE(coordinator, 0) << "no coordinator elected";
   const int victim = (coordinator + 1) % kServers;
   const int backup = (victim + 1) % kServers;
-  auto config = cluster.config();
-  ASSERT_TRUE(config.ok());
   Writer writer(*setup.pool, setup.objects);
-  ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
-  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[victim].pid), SIGKILL), 0);
-  EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failover";
+  ASSERT_NO_FATAL_FAILURE(KillUnderWriter(cluster, victim, &writer));
   writer.Stop();
   writer.CheckIntact();
   EtcdView view = ClusterEtcdStatus(cluster.dir()).value();
@@ -543,12 +545,8 @@ TEST(CoordinatorFailover, AKilledCoordinatorIsReplacedBeforeItsPrimaryStopsServi
   const int victim = Coordinator(cluster.dir());
   ASSERT_GE(victim, 0) << "no coordinator elected";
   const int primary = (victim + kServers - 1) % kServers;  // its backup is the victim
-  auto config = cluster.config();
-  ASSERT_TRUE(config.ok());
   Writer writer(*setup.pool, setup.objects);
-  ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
-  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[victim].pid), SIGKILL), 0);
-  EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failover";
+  ASSERT_NO_FATAL_FAILURE(KillUnderWriter(cluster, victim, &writer));
   writer.Stop();
   writer.CheckIntact();
   for (int s = 0; s < kServers; ++s) {
@@ -726,12 +724,8 @@ TEST(ReReplication, WithoutAFreeSlotTheRegionKeepsOneCopy) {
   ASSERT_GE(coordinator, 0) << "no coordinator elected";
   const int first = (coordinator + 2) % kServers;
   const int second = (coordinator + 1) % kServers;
-  auto config = cluster.config();
-  ASSERT_TRUE(config.ok());
   Writer writer(*setup.pool, setup.objects);
-  ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
-  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[first].pid), SIGKILL), 0);
-  EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failover";
+  ASSERT_NO_FATAL_FAILURE(KillUnderWriter(cluster, first, &writer));
   const std::string coordinator_log =
       cluster.dir() + "/server-" + std::to_string(coordinator) + ".log";
   const auto deadline = std::chrono::steady_clock::now() + 30s;
@@ -784,9 +778,7 @@ TEST(ClusterAdd, AnAddedServerJoinsGetsABackupAndTakesNewChunks) {
   }
   EXPECT_GT(on_new, 0) << "no striped chunk on the added server";
   Writer writer(*setup.pool, setup.objects);
-  ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
-  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[2].pid), SIGKILL), 0);
-  EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failover";
+  ASSERT_NO_FATAL_FAILURE(KillUnderWriter(cluster, 2, &writer));
   writer.Stop();
   writer.CheckIntact();
 }
@@ -994,9 +986,7 @@ TEST(ClusterAdd, AnAddedServerIsWhereAStrandedRegionGetsItsBackup) {
     setup.objects.push_back(*a);
   }
   Writer writer(*setup.pool, setup.objects);
-  ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
-  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[second].pid), SIGKILL), 0);
-  EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failover";
+  ASSERT_NO_FATAL_FAILURE(KillUnderWriter(cluster, second, &writer));
   writer.Stop();
   writer.CheckIntact();
   view = ClusterEtcdStatus(cluster.dir()).value();

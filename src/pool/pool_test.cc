@@ -702,10 +702,15 @@ TEST_F(AccessPaths, ABatchIsOneRoundTripWithOneMessagePerServer) {
   EXPECT_EQ(pool.counters().round_trips - last.round_trips, 1u);
 }
 
-// Batch::LookupRead against the two steps it replaces (read the chain, then the record), on
-// every path, over a chain that starts on server 0 and ends on server 1: the answer is the
-// same; over messages and mapped memory the record on the bucket's server comes with the
-// lookup in one round trip.
+// A bucket of the lookup tests' hash chains: a lock word, the next bucket, 7 entries of
+// {key, record address}, as `kLookupSpec` describes it.
+struct Bucket {
+  uint64_t lock, next;
+  uint64_t entries[7][2];
+};
+static_assert(sizeof(Bucket) == 128);
+constexpr LookupSpec kLookupSpec{128, 16, 7, 8};
+
 // A lookup-lock-read takes the record's lock word where the record is read in the round trip
 // (mapped: at once; messages: at the server) and only if it is free; the one-sided path locks
 // nothing (its lookup reads the head bucket only). What it took is what the caller's
@@ -713,11 +718,7 @@ TEST_F(AccessPaths, ABatchIsOneRoundTripWithOneMessagePerServer) {
 TEST_F(AccessPaths, ALookupLockReadLocksOnlyAFreeRecordItReads) {
   for (const auto& p : pools_) ASSERT_TRUE(p);
   Pool& setup = *pools_[0];
-  struct Bucket {
-    uint64_t lock, next;
-    uint64_t entries[7][2];
-  };
-  const LookupSpec spec{128, 16, 7, 8};
+  const LookupSpec spec = kLookupSpec;
   const GlobalAddress bucket = *setup.Alloc(128, Placement::OnServer(0));
   constexpr uint32_t kRecord = 64;
   const GlobalAddress record = *setup.Alloc(kRecord, Placement::OnServer(0));
@@ -767,15 +768,14 @@ TEST_F(AccessPaths, ALookupLockReadLocksOnlyAFreeRecordItReads) {
             StatusCode::kInvalidArgument);
 }
 
+// Batch::LookupRead against the two steps it replaces (read the chain, then the record), on
+// every path, over a chain that starts on server 0 and ends on server 1: the answer is the
+// same; over messages and mapped memory the record on the bucket's server comes with the
+// lookup in one round trip.
 TEST_F(AccessPaths, ALookupReadGivesTheTwoStepAnswerOnEveryPath) {
   for (const auto& p : pools_) ASSERT_TRUE(p);
   Pool& setup = *pools_[0];
-  struct Bucket {
-    uint64_t lock, next;
-    uint64_t entries[7][2];
-  };
-  static_assert(sizeof(Bucket) == 128);
-  const LookupSpec spec{128, 16, 7, 8};
+  const LookupSpec spec = kLookupSpec;
   const GlobalAddress b0 = *setup.Alloc(128, Placement::OnServer(0));
   const GlobalAddress b1 = *setup.Alloc(128, Placement::OnServer(0));
   const GlobalAddress b2 = *setup.Alloc(128, Placement::OnServer(1));

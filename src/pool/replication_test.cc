@@ -85,14 +85,10 @@ TEST_P(ReplicationTest, EveryAcknowledgedChangeSurvivesTheKillOfItsServer) {
   options.netns = p.netns;
   TestCluster cluster(options);
   ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  auto config = cluster.config();
-  ASSERT_TRUE(config.ok()) << config.status().ToString();
-  ASSERT_EQ(config->replicas, 1);
-  PoolOptions po;
-  po.op_timeout = 5000ms;
-  auto pool = Pool::Connect(*config, po);
-  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
-  Pool& pl = **pool;
+  auto client = ConnectTestClient(cluster);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  ASSERT_EQ(client->config.replicas, 1);
+  Pool& pl = *client->pool;
 
   std::vector<GlobalAddress> counters;
   std::vector<ObjectLog> objects;
@@ -152,7 +148,7 @@ TEST_P(ReplicationTest, EveryAcknowledgedChangeSurvivesTheKillOfItsServer) {
     });
   }
   std::this_thread::sleep_for(1s);
-  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[p.victim].pid), SIGKILL), 0);
+  ASSERT_EQ(kill(static_cast<pid_t>(client->config.servers[p.victim].pid), SIGKILL), 0);
   killed = true;
   for (auto& th : threads) th.join();
 
@@ -507,13 +503,9 @@ TEST_P(NoReplyBeforeItsForward, NoClientSeesAChangeTheFailoverLoses) {
   constexpr int kVictim = 1, kBackup = 2, kObjects = 32, kWriters = 2, kReaders = 2;
   TestCluster cluster(Replicated(Fabric::kTcp));
   ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  auto config = cluster.config();
-  ASSERT_TRUE(config.ok()) << config.status().ToString();
-  PoolOptions po;
-  po.op_timeout = 5000ms;
-  auto pool = Pool::Connect(*config, po);
-  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
-  Pool& pl = **pool;
+  auto client = ConnectTestClient(cluster);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  Pool& pl = *client->pool;
   std::vector<GlobalAddress> objects;
   for (int i = 0; i < kObjects; ++i) {
     auto a = pl.Alloc(kWordsPerObject * 8, Placement::OnServer(kVictim));
@@ -567,8 +559,8 @@ TEST_P(NoReplyBeforeItsForward, NoClientSeesAChangeTheFailoverLoses) {
     });
   }
   std::this_thread::sleep_for(1s);
-  const auto victim = static_cast<pid_t>(config->servers[kVictim].pid);
-  const auto backup = static_cast<pid_t>(config->servers[kBackup].pid);
+  const auto victim = static_cast<pid_t>(client->config.servers[kVictim].pid);
+  const auto backup = static_cast<pid_t>(client->config.servers[kBackup].pid);
   if (stall) {
     ASSERT_EQ(kill(backup, SIGSTOP), 0);
     std::this_thread::sleep_for(300ms);  // below the forwards' deadline and the etcd lease

@@ -188,14 +188,10 @@ TEST_P(KillTest, EveryAcknowledgedMappedChangeSurvivesTheKillOfItsServer) {
   constexpr int kWords = 8;  // per thread and server
   TestCluster cluster(SharedPagesCluster());
   ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  auto config = cluster.config();
-  ASSERT_TRUE(config.ok()) << config.status().ToString();
-  ASSERT_TRUE(config->shared_pages) << "cluster up over shm did not choose shared pages";
-  PoolOptions po;
-  po.op_timeout = 5000ms;
-  auto pool = Pool::Connect(*config, po);
-  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
-  Pool& pl = **pool;
+  auto client = ConnectTestClient(cluster);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  ASSERT_TRUE(client->config.shared_pages) << "cluster up over shm did not choose shared pages";
+  Pool& pl = *client->pool;
 
   struct Word {
     GlobalAddress object;                       // 64 bytes, written whole
@@ -285,7 +281,7 @@ TEST_P(KillTest, EveryAcknowledgedMappedChangeSurvivesTheKillOfItsServer) {
   }
   std::this_thread::sleep_for(1s);
   at_kill[0] = pl.counters();
-  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[victim].pid), SIGKILL), 0);
+  ASSERT_EQ(kill(static_cast<pid_t>(client->config.servers[victim].pid), SIGKILL), 0);
   killed = true;
   // Mapped operations do not notice the kill (the pages are still mapped): go on until the Pool
   // has failed the victim over and its operations go to the backup as messages, so that what
@@ -349,18 +345,14 @@ INSTANTIATE_TEST_SUITE_P(Victims, KillTest, ::testing::Values(0, 1),
 TEST(SharedPages, AStoppedPrimaryIsKilledByItsBackupNotServedBeside) {
   TestCluster cluster(SharedPagesCluster());
   ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  auto config = cluster.config();
-  ASSERT_TRUE(config.ok()) << config.status().ToString();
-  PoolOptions po;
-  po.op_timeout = 5000ms;
-  auto pool = Pool::Connect(*config, po);
-  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
-  Pool& pl = **pool;
+  auto client = ConnectTestClient(cluster);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  Pool& pl = *client->pool;
   auto a = pl.Alloc(8, Placement::OnServer(1));
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   const uint64_t before = 0x5707;
   ASSERT_TRUE(pl.Write(*a, &before, 8).ok());
-  const pid_t primary = static_cast<pid_t>(config->servers[1].pid);
+  const pid_t primary = static_cast<pid_t>(client->config.servers[1].pid);
   ASSERT_EQ(kill(primary, SIGSTOP), 0);
   // The cluster's servers are this process's children: their end is ours to see.
   int status = 0;
@@ -395,13 +387,9 @@ TEST(SharedPages, AStoppedPrimaryIsKilledByItsBackupNotServedBeside) {
 TEST(SharedPages, ABucketLockADeadServerHeldIsReleasedByItsAdopter) {
   TestCluster cluster(SharedPagesCluster());
   ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  auto config = cluster.config();
-  ASSERT_TRUE(config.ok()) << config.status().ToString();
-  PoolOptions po;
-  po.op_timeout = 5000ms;
-  auto pool = Pool::Connect(*config, po);
-  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
-  Pool& pl = **pool;
+  auto client = ConnectTestClient(cluster);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  Pool& pl = *client->pool;
   auto recorded = pl.Alloc(8, Placement::OnServer(1));
   auto other = pl.Alloc(8, Placement::OnServer(1));
   ASSERT_TRUE(recorded.ok() && other.ok());
@@ -412,7 +400,7 @@ TEST(SharedPages, ABucketLockADeadServerHeldIsReleasedByItsAdopter) {
   }
   const uint64_t intent[2] = {recorded->offset() + 1, kWord};
   ASSERT_TRUE(pl.Write(GlobalAddress(1, wire::kInsertIntentOffset), intent, 16).ok());
-  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[1].pid), SIGKILL), 0);
+  ASSERT_EQ(kill(static_cast<pid_t>(client->config.servers[1].pid), SIGKILL), 0);
   uint64_t lock = kWord;
   const auto deadline = std::chrono::steady_clock::now() + 30s;
   while (lock == kWord && std::chrono::steady_clock::now() < deadline) {

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <utility>
 
 namespace farpool {
 
@@ -19,6 +20,15 @@ TestCluster::TestCluster(LocalClusterOptions options) {
   options.binary = FARPOOL_BINARY;
   options.die_with_parent = true;
   status_ = ClusterUp(options);
+}
+
+Result<TestClient> ConnectTestClient(const TestCluster& cluster,
+                                     std::chrono::milliseconds op_timeout) {
+  FARPOOL_ASSIGN_OR_RETURN(ClusterConfig config, cluster.config());
+  PoolOptions po;
+  po.op_timeout = op_timeout;
+  FARPOOL_ASSIGN_OR_RETURN(std::unique_ptr<Pool> pool, Pool::Connect(config, po));
+  return TestClient{std::move(config), std::move(pool)};
 }
 
 TestCluster::~TestCluster() {

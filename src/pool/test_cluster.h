@@ -3,8 +3,11 @@
 // and killed with the thread that made it (die_with_parent) if the test process dies first.
 #pragma once
 
+#include <chrono>
+#include <memory>
 #include <string>
 
+#include "farpool/pool.h"
 #include "pool/local_cluster.h"
 
 namespace farpool {
@@ -26,6 +29,16 @@ class TestCluster {
   std::string dir_;
   Status status_;
 };
+
+// A client of a TestCluster: the config it connected with, and its Pool.
+struct TestClient {
+  ClusterConfig config;
+  std::unique_ptr<Pool> pool;
+};
+
+// Connects a client to `cluster` whose operations fail after `op_timeout`.
+Result<TestClient> ConnectTestClient(
+    const TestCluster& cluster, std::chrono::milliseconds op_timeout = std::chrono::seconds(5));
 
 // A directory under $TMPDIR (or /tmp) unique to this process, created.
 std::string MakeTempDir(const std::string& prefix);
