@@ -111,7 +111,9 @@ TEST_P(Mechanism, AdoptedPagesOutliveTheirOwnersDeath) {
   c.Send(c.to_child[1], 2);
   EXPECT_EQ(c.Receive(c.to_parent[0]), 0xCu) << "the owner does not see the adopter's store";
 
-  if (stop_first) ASSERT_EQ(kill(owner, SIGSTOP), 0);
+  if (stop_first) {
+    ASSERT_EQ(kill(owner, SIGSTOP), 0);
+  }
   Status killed = (*pages)->KillOwner(2000ms);
   ASSERT_TRUE(killed.ok()) << killed.ToString();
   int status = 0;
