@@ -50,6 +50,28 @@ class FileStoreTest : public ::testing::Test {
     return f.ok() ? std::move(*f) : nullptr;
   }
 
+  // A second client over TCP (its own Pool and FileStore) and file `name` created through it.
+  struct TcpClient {
+    std::unique_ptr<Pool> pool;
+    std::unique_ptr<FileStore> store;
+    std::unique_ptr<File> file;
+  };
+  void ConnectOverTcp(const std::string& name, TcpClient* c) {
+    auto config = cluster_->config();
+    ASSERT_TRUE(config.ok()) << config.status().ToString();
+    PoolOptions tcp;
+    tcp.transport = Fabric::kTcp;
+    auto pool = Pool::Connect(*config, tcp);
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    c->pool = std::move(*pool);
+    auto store = FileStore::Open(*c->pool);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    c->store = std::move(*store);
+    auto f = c->store->OpenFile(name, OpenMode::kCreate);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    c->file = std::move(*f);
+  }
+
   static TestCluster* cluster_;
   std::unique_ptr<Pool> pool_;
   std::unique_ptr<FileStore> store_;
@@ -405,21 +427,13 @@ TEST_F(FileStoreTest, LockLevelsBetweenTwoHolders) {
 // the word it last saw fails, the fetch-and-add of its bit that follows cannot. Before, A
 // CASed again from each word returned, which B had changed again by the time it arrived.
 TEST_F(FileStoreTest, ASharedLockAmongBusyReadersTakesAtMostTwoRoundTrips) {
-  auto config = cluster_->config();
-  ASSERT_TRUE(config.ok());
-  PoolOptions tcp;
-  tcp.transport = Fabric::kTcp;
-  auto pool = Pool::Connect(*config, tcp);
-  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
-  auto store = FileStore::Open(**pool);
-  ASSERT_TRUE(store.ok()) << store.status().ToString();
-  auto f = (*store)->OpenFile("busy-readers.db", OpenMode::kCreate);
-  ASSERT_TRUE(f.ok());
-  auto a_leases = LeaseTable::Attach(**store, [&](int slot) { return ClearSlot(**store, slot); });
+  TcpClient c;
+  ASSERT_NO_FATAL_FAILURE(ConnectOverTcp("busy-readers.db", &c));
+  auto a_leases = LeaseTable::Attach(*c.store, [&](int slot) { return ClearSlot(*c.store, slot); });
   auto b_leases = LeaseTable::Attach(*store_, [&](int slot) { return ClearSlot(*store_, slot); });
   ASSERT_TRUE(a_leases.ok() && b_leases.ok());
-  FileLock a(**pool, (*f)->lock_word(), **a_leases);
-  FileLock b(*pool_, (*f)->lock_word(), **b_leases);
+  FileLock a(*c.pool, c.file->lock_word(), **a_leases);
+  FileLock b(*pool_, c.file->lock_word(), **b_leases);
   std::atomic<bool> stop{false};
   std::thread reader([&] {
     while (!stop.load()) {
@@ -427,7 +441,7 @@ TEST_F(FileStoreTest, ASharedLockAmongBusyReadersTakesAtMostTwoRoundTrips) {
       ASSERT_TRUE(b.Unlock(LockLevel::kNone).ok());
     }
   });
-  auto trips = [&] { return (*pool)->counters().round_trips - (*a_leases)->renewals(); };
+  auto trips = [&] { return c.pool->counters().round_trips - (*a_leases)->renewals(); };
   uint64_t most = 0;
   for (int i = 0; i < 200; ++i) {
     const uint64_t before = trips();
@@ -441,7 +455,7 @@ TEST_F(FileStoreTest, ASharedLockAmongBusyReadersTakesAtMostTwoRoundTrips) {
   ASSERT_TRUE(a.Drain().ok());
   ASSERT_TRUE(b.Drain().ok());
   uint64_t word = 1;
-  ASSERT_TRUE(pool_->Read((*f)->lock_word(), &word, 8).ok());
+  ASSERT_TRUE(pool_->Read(c.file->lock_word(), &word, 8).ok());
   EXPECT_EQ(word, 0u) << "every bit taken was given back";
 }
 
@@ -449,23 +463,15 @@ TEST_F(FileStoreTest, ASharedLockAmongBusyReadersTakesAtMostTwoRoundTrips) {
 // so a lock taken next by another thread first waits for the release to land: the bit it
 // sets must still be there afterwards, also when the releasing thread has ended.
 TEST_F(FileStoreTest, AReleasePostedByAnotherThreadNeverUndoesTheNextLock) {
-  auto config = cluster_->config();
-  ASSERT_TRUE(config.ok());
-  PoolOptions tcp;
-  tcp.transport = Fabric::kTcp;
-  auto pool = Pool::Connect(*config, tcp);
-  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
-  auto store = FileStore::Open(**pool);
-  ASSERT_TRUE(store.ok()) << store.status().ToString();
-  auto f = (*store)->OpenFile("posted.db", OpenMode::kCreate);
-  ASSERT_TRUE(f.ok());
-  auto leases = LeaseTable::Attach(**store, [&](int slot) { return ClearSlot(**store, slot); });
+  TcpClient c;
+  ASSERT_NO_FATAL_FAILURE(ConnectOverTcp("posted.db", &c));
+  auto leases = LeaseTable::Attach(*c.store, [&](int slot) { return ClearSlot(*c.store, slot); });
   ASSERT_TRUE(leases.ok());
-  FileLock lock(**pool, (*f)->lock_word(), **leases);
+  FileLock lock(*c.pool, c.file->lock_word(), **leases);
   const uint64_t mine = uint64_t{1} << (*leases)->slot();
   auto word = [&] {
     uint64_t w = 0;
-    EXPECT_TRUE(pool_->Read((*f)->lock_word(), &w, 8).ok());  // another connection
+    EXPECT_TRUE(pool_->Read(c.file->lock_word(), &w, 8).ok());  // another connection
     return w;
   };
   for (int i = 0; i < 50; ++i) {
