@@ -37,6 +37,9 @@
 //     not found gone itself (a partitioned old primary it still reaches, say). If etcd does
 //     not answer or no decision comes within kCoordinatorWait, the client falls back to
 //     asking the backup itself (the race of the first stage, kept safe by the backup's fence).
+//     In a shared-pages cluster a region that this client maps stays mapped after it moved: the
+//     server that serves it maps the same file (KeepsMapping), so its operations stay loads,
+//     stores and CPU atomics; only its leases go to the new server (ControlTarget).
 //   - Servers added to the cluster (`farpool cluster add`, docs/pool.md "cluster add"): the map
 //     watcher also learns servers the map names and this Pool does not know (LearnServers).
 //     The server table has a fixed capacity (kMaxServers): a new server's state is built, its
@@ -355,6 +358,18 @@ class Pool::Impl {
   // The index of the server that serves failed server `s`'s data, or -1 (waits for a
   // FailOver in progress).
   int MovedTo(const ServerState& s) const;
+  // Whether this client reaches failed server `s`'s region, now served by `b`, through its own
+  // mapping of `s`'s region, as before the failure (docs/pool.md "The client keeps its
+  // mapping"). Only in a shared-pages cluster: there `b` serves the region from a mapping of
+  // the same file (it adopted `s`'s pages, or adopted them from the server that had), and `b`
+  // killed `s` before it served them, so a mapped store or CPU atomic lands on the bytes `b`
+  // executes messages on, as replicas 0's do. And only if `b` pinned this process (it let us map
+  // its own region): the fence a mapping needs, an eviction by `b` kills us.
+  bool KeepsMapping(const ServerState& s, const ServerState& b) const {
+    return cluster_.shared_pages && s.direct != nullptr && b.direct != nullptr &&
+           (s.hello_flags & wire::kHelloSharedPages) != 0 &&
+           (b.hello_flags & wire::kHelloSharedPages) != 0;
+  }
   // Whether failed server `s` failed by an outage (not by refusing us).
   static bool Outage(const ServerState& s) {
     std::lock_guard lock(s.mu);
@@ -1272,9 +1287,10 @@ Result<Pool::Impl::Target> Pool::Impl::Resolve(GlobalAddress address, uint64_t s
   if (s.failed.load(std::memory_order_relaxed)) {
     const int moved = MovedTo(s);
     if (moved < 0) return s.Failure();
-    // Failed over: its backup serves it from the mirror, in messages (its checks apply).
     const ServerState& b = *servers_[static_cast<size_t>(moved)];
     if (b.failed.load(std::memory_order_relaxed)) return b.Failure();
+    if (KeepsMapping(s, b)) return Target{index, s.region_base + offset, s.direct + offset, false};
+    // Failed over: its backup serves it from the mirror, in messages (its checks apply).
     const uint64_t slot = static_cast<uint64_t>(s.moved_slot.load());
     return Target{static_cast<size_t>(moved), b.region_base + b.region_size * (1 + slot) + offset,
                   nullptr, true};

@@ -2,8 +2,10 @@
 // real processes: the mechanism itself (a process adopts another's shared-memory file, the
 // pages outlive the owner's SIGKILL, a stopped owner is killed), then whole clusters of
 // `farpool server` processes over shm with `--replicas 1`: every acknowledged mapped write,
-// compare-and-swap and fetch-and-add survives the SIGKILL of its server; a stopped primary is
-// killed by the backup that takes over, never served beside; nothing is left in /dev/shm.
+// compare-and-swap and fetch-and-add survives the SIGKILL of its server; a client keeps
+// reaching a failed-over region through its mapping, the bytes its backup serves; a stopped
+// primary is killed by the backup that takes over, never served beside; nothing is left in
+// /dev/shm.
 #include "pool/server/shared_pages.h"
 
 #include <gtest/gtest.h>
@@ -165,6 +167,23 @@ TEST(AdoptionChecks, RefuseAnotherProcessOrFile) {
   close(fd);
 }
 
+// Waits until `pool` sends server `id`'s leases to the server that took its region over: a
+// lease run there succeeds (released again at once). A lease of the dead server itself fails,
+// which makes the Pool find it gone and follow the map.
+Status AwaitFailedOver(Pool& pool, uint16_t id) {
+  auto geometry = pool.Geometry(id);
+  if (!geometry.ok()) return geometry.status();
+  Status last = Status::Unavailable("not tried");
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto run = pool.LeaseRun(id, geometry->chunk_size);
+    if (run.ok()) return pool.ReleaseRun(*run, geometry->chunk_size);
+    last = run.status();
+    std::this_thread::sleep_for(50ms);
+  }
+  return last.WithContext("server " + std::to_string(id) + " was not failed over within 60 s");
+}
+
 LocalClusterOptions SharedPagesCluster() {
   LocalClusterOptions o;
   o.servers = 3;
@@ -222,8 +241,7 @@ TEST_P(KillTest, EveryAcknowledgedMappedChangeSurvivesTheKillOfItsServer) {
     ASSERT_TRUE(pl.Write(c, &zero, 8).ok());
   }
   const OpCounters before = pl.counters();
-  std::atomic<bool> killed{false};
-  std::atomic<bool> moved{false};  // the Pool sends the victim's operations to its backup
+  std::atomic<bool> moved{false};  // the Pool has failed the victim over
   std::vector<uint64_t> acked_adds(kThreads * 3), unknown_adds(kThreads * 3);
   std::vector<std::string> unclear(kThreads);
   std::vector<uint64_t> failures(kThreads);
@@ -284,19 +302,18 @@ TEST_P(KillTest, EveryAcknowledgedMappedChangeSurvivesTheKillOfItsServer) {
   std::this_thread::sleep_for(1s);
   at_kill[0] = pl.counters();
   ASSERT_EQ(kill(static_cast<pid_t>(client->config.servers[victim].pid), SIGKILL), 0);
-  killed = true;
   // Mapped operations do not notice the kill (the pages are still mapped): go on until the Pool
-  // has failed the victim over and its operations go to the backup as messages, so that what
-  // is checked below is what the backup serves.
-  const auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (pl.counters().messages < at_kill[0].messages + 100 &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(20ms);
-  }
+  // has failed the victim over, and 300 operations per thread after that, so that what is
+  // checked below is what the backup serves.
+  Status followed = AwaitFailedOver(pl, static_cast<uint16_t>(victim));
+  const OpCounters at_move = pl.counters();
   moved = true;
   for (auto& th : threads) th.join();
-  ASSERT_GE(pl.counters().messages, at_kill[0].messages + 100)
-      << "the Pool never sent the victim's operations to its backup";
+  ASSERT_TRUE(followed.ok()) << followed.ToString();
+  // After the failover too (the Pool keeps its mapping of the victim's pages, which its backup
+  // serves): not one message for a change or a read.
+  EXPECT_EQ(pl.counters().messages, at_move.messages)
+      << "operations on the failed-over region went as messages to its backup";
 
   // Before the kill every change was a mapped store or atomic: no message was sent.
   EXPECT_GT(at_kill[0].writes + at_kill[0].cas + at_kill[0].faa,
@@ -339,6 +356,87 @@ INSTANTIATE_TEST_SUITE_P(Victims, KillTest, ::testing::Values(0, 1),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return "server" + std::to_string(info.param);
                          });
+
+// After the SIGKILL of a primary, a client that maps its region goes on reaching it through
+// that mapping once it has followed the map (docs/pool.md "The client keeps its mapping"):
+// its writes, compare-and-swaps and fetch-and-adds on the dead server's addresses are the bytes
+// the backup serves to a client over TCP (which reaches them by messages), both ways, and
+// concurrent additions of the two on one word are all counted; the mapping client sends no
+// message for any of it.
+TEST(SharedPages, AClientKeepsItsMappingOfAFailedOverRegion) {
+  TestCluster cluster(SharedPagesCluster());
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto client = ConnectTestClient(cluster);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  Pool& mapped = *client->pool;
+  PoolOptions tcp_options;
+  tcp_options.transport = Fabric::kTcp;
+  auto tcp_pool = Pool::Connect(client->config, tcp_options);
+  ASSERT_TRUE(tcp_pool.ok()) << tcp_pool.status().ToString();
+  Pool& tcp = **tcp_pool;
+  ASSERT_EQ(mapped.AccessPath(1), "direct");
+  ASSERT_EQ(tcp.AccessPath(1), "messages");
+  auto object = mapped.Alloc(64, Placement::OnServer(1));
+  auto word = mapped.Alloc(8, Placement::OnServer(1));
+  auto counter = mapped.Alloc(8, Placement::OnServer(1));
+  ASSERT_TRUE(object.ok() && word.ok() && counter.ok());
+  const uint64_t zero = 0;
+  ASSERT_TRUE(mapped.Write(*word, &zero, 8).ok());
+  ASSERT_TRUE(mapped.Write(*counter, &zero, 8).ok());
+
+  ASSERT_EQ(kill(static_cast<pid_t>(client->config.servers[1].pid), SIGKILL), 0);
+  Status followed = AwaitFailedOver(mapped, 1);
+  ASSERT_TRUE(followed.ok()) << "mapping client: " << followed.ToString();
+  followed = AwaitFailedOver(tcp, 1);
+  ASSERT_TRUE(followed.ok()) << "TCP client: " << followed.ToString();
+  const OpCounters before = mapped.counters();
+  const OpCounters tcp_before = tcp.counters();
+
+  // Writes, each read back by the other client.
+  std::vector<uint64_t> pattern(8, 0xA11CE), got(8);
+  ASSERT_TRUE(mapped.Write(*object, pattern.data(), 64).ok());
+  ASSERT_TRUE(tcp.Read(*object, got.data(), 64).ok());
+  EXPECT_EQ(got, pattern) << "the backup does not serve what the mapping client wrote";
+  std::fill(pattern.begin(), pattern.end(), 0xB0B);
+  ASSERT_TRUE(tcp.Write(*object, pattern.data(), 64).ok());
+  ASSERT_TRUE(mapped.Read(*object, got.data(), 64).ok());
+  EXPECT_EQ(got, pattern) << "the mapping does not show what the backup wrote";
+  // Compare-and-swaps taking turns: each finds the other's value.
+  for (uint64_t n = 0; n < 6; ++n) {
+    Pool& by = n % 2 == 0 ? mapped : tcp;
+    auto previous = by.CompareAndSwap(*word, n, n + 1);
+    ASSERT_TRUE(previous.ok()) << previous.status().ToString();
+    EXPECT_EQ(*previous, n) << (n % 2 == 0 ? "mapping" : "TCP") << " client's CAS " << n;
+  }
+  // Fetch-and-adds of both at once on one word: CPU atomics and the backup's atomics on the
+  // same bytes lose none.
+  constexpr uint64_t kAdds = 2000;
+  std::vector<Status> failed(2);
+  std::vector<std::thread> adders;
+  for (int c = 0; c < 2; ++c) {
+    adders.emplace_back([&, c] {
+      Pool& by = c == 0 ? mapped : tcp;
+      for (uint64_t i = 0; i < kAdds && failed[c].ok(); ++i) {
+        failed[c] = by.FetchAdd(*counter, 1).status();
+      }
+    });
+  }
+  for (auto& t : adders) t.join();
+  ASSERT_TRUE(failed[0].ok()) << failed[0].ToString();
+  ASSERT_TRUE(failed[1].ok()) << failed[1].ToString();
+  uint64_t sum_mapped = 0, sum_tcp = 0;
+  ASSERT_TRUE(mapped.Read(*counter, &sum_mapped, 8).ok());
+  ASSERT_TRUE(tcp.Read(*counter, &sum_tcp, 8).ok());
+  EXPECT_EQ(sum_mapped, 2 * kAdds);
+  EXPECT_EQ(sum_tcp, 2 * kAdds);
+
+  const OpCounters after = mapped.counters();
+  EXPECT_GE(after.faa, before.faa + kAdds);
+  EXPECT_EQ(after.messages, before.messages)
+      << "the mapping client reached the failed-over region by messages";
+  EXPECT_GT(tcp.counters().messages, tcp_before.messages + kAdds)
+      << "the TCP client did not reach the region by messages";
+}
 
 // SIGSTOP of a primary: its etcd lease lapses, the coordinator fails it over, and its backup
 // kills it before it serves its pages (a stopped process that resumed would otherwise run a
