@@ -256,9 +256,9 @@ Command RegisterCluster(CLI::App& app) {
                  "adds --memory to every server. More give re-replication room to restore two "
                  "copies after a failure (docs/pool.md, Re-replication)");
   up->add_flag("--forward-copies", args->forward_copies,
-               "With --replicas 1 over --transport shm: backups keep copies that every change "
-               "is forwarded to, instead of sharing their primaries' pages (the default there; "
-               "docs/pool.md, Shared-pages backups)");
+               "With --replicas 1 over --transport shm or auto without --netns: backups keep "
+               "copies that every change is forwarded to, instead of sharing their primaries' "
+               "pages (the default there; docs/pool.md, Shared-pages backups)");
   up->add_option("--delay", args->delay, "One-way link delay with --netns, e.g. 20us");
   up->add_option("--etcd", args->etcd,
                  "Join this etcd (http://HOST:PORT,...) for the cluster's map and membership; "

@@ -249,7 +249,7 @@ Command RegisterServer(CLI::App& app) {
   sub->add_flag("--shared-pages", args->shared_pages,
                 "Same-host backups map this server's region itself instead of keeping a copy, "
                 "and its mirror slots map other servers' regions; forwards carry lease changes "
-                "only (docs/pool.md, Shared-pages backups). Needs --transport shm");
+                "only (docs/pool.md, Shared-pages backups). Needs --transport shm or auto");
   sub->add_option("--etcd", args->etcd,
                   "etcd endpoints (http://HOST:PORT,...): register there under a lease, as the "
                   "cluster's membership (docs/pool.md, Membership on etcd)");

@@ -390,8 +390,13 @@ Status ClusterUp(const LocalClusterOptions& o) {
   config.transport = o.transport;
   config.secret_file = kSecretFileName;
   config.replicas = replicas;
+  // Shared pages wherever every server is on this host and has its region in a shared-memory
+  // file: without --netns the servers listen on 127.0.0.1, so every client is on this host
+  // too, and under shm and auto alike UCX allocates the region from /dev/shm (transport/ucx.cc,
+  // kAllocPriority). Over tcp the region may be no such file, and --netns stands for servers
+  // on hosts of their own: forwarded copies there (docs/pool.md "Shared-pages backups").
   config.shared_pages =
-      replicas > 0 && o.transport == Fabric::kShm && !o.netns && !o.forward_copies;
+      replicas > 0 && o.transport != Fabric::kTcp && !o.netns && !o.forward_copies;
   std::vector<pid_t> pids;
   auto fail = [&](const Status& s) {
     StopProcesses(pids);

@@ -52,9 +52,9 @@ struct LocalClusterOptions {
   // --memory. Slot 0 keeps the ring predecessor's copy; more give re-replication room to
   // restore a backup after a failure (docs/pool.md "Re-replication").
   int mirror_slots = 1;
-  // With replicas 1 and transport shm (every server on this host, no network namespaces), the
-  // backups share their primaries' pages (ClusterConfig::shared_pages, docs/pool.md
-  // "Shared-pages backups") unless this asks for forwarded copies instead.
+  // With replicas 1, transport shm or auto, and no network namespaces (every server and client
+  // on this host), the backups share their primaries' pages (ClusterConfig::shared_pages,
+  // docs/pool.md "Shared-pages backups") unless this asks for forwarded copies instead.
   bool forward_copies = false;
   std::chrono::nanoseconds delay{0};  // requires netns
   std::string binary;                 // path of the farpool executable

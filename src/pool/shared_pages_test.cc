@@ -184,11 +184,11 @@ Status AwaitFailedOver(Pool& pool, uint16_t id) {
   return last.WithContext("server " + std::to_string(id) + " was not failed over within 60 s");
 }
 
-LocalClusterOptions SharedPagesCluster() {
+LocalClusterOptions SharedPagesCluster(Fabric transport = Fabric::kShm) {
   LocalClusterOptions o;
   o.servers = 3;
   o.memory = 64 << 20;
-  o.transport = Fabric::kShm;
+  o.transport = transport;
   o.progress = ProgressMode::kEvent;
   o.replicas = 1;
   return o;
@@ -362,12 +362,16 @@ INSTANTIATE_TEST_SUITE_P(Victims, KillTest, ::testing::Values(0, 1),
 // its writes, compare-and-swaps and fetch-and-adds on the dead server's addresses are the bytes
 // the backup serves to a client over TCP (which reaches them by messages), both ways, and
 // concurrent additions of the two on one word are all counted; the mapping client sends no
-// message for any of it.
-TEST(SharedPages, AClientKeepsItsMappingOfAFailedOverRegion) {
-  TestCluster cluster(SharedPagesCluster());
+// message for any of it. With transport shm, and auto (`cluster up` chooses shared pages there
+// too, and a same-host client of auto maps).
+class KeepMappingTest : public ::testing::TestWithParam<Fabric> {};
+
+TEST_P(KeepMappingTest, AClientKeepsItsMappingOfAFailedOverRegion) {
+  TestCluster cluster(SharedPagesCluster(GetParam()));
   ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
   auto client = ConnectTestClient(cluster);
   ASSERT_TRUE(client.ok()) << client.status().ToString();
+  ASSERT_TRUE(client->config.shared_pages) << "cluster up did not choose shared pages";
   Pool& mapped = *client->pool;
   PoolOptions tcp_options;
   tcp_options.transport = Fabric::kTcp;
@@ -437,6 +441,12 @@ TEST(SharedPages, AClientKeepsItsMappingOfAFailedOverRegion) {
   EXPECT_GT(tcp.counters().messages, tcp_before.messages + kAdds)
       << "the TCP client did not reach the region by messages";
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, KeepMappingTest,
+                         ::testing::Values(Fabric::kShm, Fabric::kAuto),
+                         [](const ::testing::TestParamInfo<Fabric>& info) {
+                           return info.param == Fabric::kShm ? "shm" : "auto";
+                         });
 
 // SIGSTOP of a primary: its etcd lease lapses, the coordinator fails it over, and its backup
 // kills it before it serves its pages (a stopped process that resumed would otherwise run a

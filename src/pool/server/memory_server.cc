@@ -372,7 +372,7 @@ Status MemoryServer::Impl::Init() {
     if (!own.ok()) {
       return own.status().WithContext(Name() +
                                       ": --shared-pages needs the region in a shared "
-                                      "memory file (--transport shm)");
+                                      "memory file (--transport shm or auto)");
     }
     own_file_ = *own;
     if (mirror_) mirror_->SetOwnFile(*own, chunks_.region_size());
