@@ -22,7 +22,7 @@ cleanup() { for d in "${DIRS[@]}"; do "$A" cluster down --dir "$d" >/dev/null 2>
 trap cleanup EXIT
 
 up() {  # up BINARY DIR: a 2-server TCP cluster in namespaces
-  "$1" cluster up --dir "$2" --servers 2 --memory 1GiB --transport tcp --netns --progress event >/dev/null
+  "$1" cluster up --dir "$2" --servers 2 --memory 1GiB --transport tcp --netns --progress event --replicas 0 >/dev/null
   DIRS+=("$2")
 }
 down() { "$A" cluster down --dir "$1" >/dev/null 2>&1 || true; }

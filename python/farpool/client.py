@@ -227,7 +227,8 @@ class LocalCluster:
     directory, removed by stop()). `transport` is the clients' default fabric ("auto", "shm",
     "tcp"); `progress` the servers' ("busy", "event"; default: chosen from the cores);
     `replicas` 1 keeps a second copy of every byte on the next server (at least 2 servers;
-    docs/pool.md, "Replication"). Raises farpool.Error with `farpool cluster up`'s reason if the servers cannot start.
+    docs/pool.md, "Replication"); 0 (the default here) one copy, passed to `cluster up`
+    explicitly whatever its default. Raises farpool.Error with `farpool cluster up`'s reason if the servers cannot start.
     """
 
     def __init__(self, servers: int = 1, memory: Union[str, int] = "256MiB", *,
@@ -263,8 +264,8 @@ class LocalCluster:
                    str(self.servers), "--memory", self.memory, "--transport", self.transport]
         if self.progress:
             command += ["--progress", self.progress]
-        if self.replicas:
-            command += ["--replicas", str(self.replicas)]
+        # Always said: what a cluster keeps must not change with `cluster up`'s default.
+        command += ["--replicas", str(self.replicas)]
         # From here on the finalizer stops whatever runs: `cluster down` of a directory whose
         # servers did not all start stops the others (cluster up does too, on failure).
         self._stopper = weakref.finalize(self, _stop, str(self.binary), directory, owned)

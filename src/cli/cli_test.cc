@@ -155,16 +155,17 @@ TEST(Cli, MemoryBeyondWhatTheHostCanGiveIsRefusedUpFront) {
   ExpectFailure("server --listen 127.0.0.1:0 --memory 100TiB", "available (MemAvailable");
   const ScopedDir scoped("farpool-cli");
   const std::string& dir = scoped.path();
-  ExpectFailure("cluster up --dir " + dir + " --servers 2 --memory 100TiB",
+  // One copy's memory (--replicas 0): the sums below are --servers x --memory.
+  ExpectFailure("cluster up --dir " + dir + " --servers 2 --memory 100TiB --replicas 0",
                 "--servers 2 x --memory 100 TiB (200 TiB in all) is more memory than this host "
                 "can give");
   // Each server would fit; all of them do not.
   auto available = AvailableMemory();
   ASSERT_TRUE(available.ok()) << available.status().ToString();
   const uint64_t each_mib = *available / 10 * 6 / (1 << 20);
-  ExpectFailure(
-      "cluster up --dir " + dir + " --servers 2 --memory " + std::to_string(each_mib) + "MiB",
-      "in all) is more memory than this host can give");
+  ExpectFailure("cluster up --dir " + dir + " --servers 2 --memory " + std::to_string(each_mib) +
+                    "MiB --replicas 0",
+                "in all) is more memory than this host can give");
   EXPECT_FALSE(std::filesystem::exists(dir + "/server-0.log")) << "a server was started";
 }
 

@@ -69,7 +69,9 @@ def run_json(cmd: list[str], timeout: float = 3600, stream_stderr: bool = False,
 # ------------------------------------------------------------------ farpool
 
 class Cluster:
-    """A local farpool cluster (`farpool cluster up`) for one benchmark run."""
+    """A local farpool cluster (`farpool cluster up`) for one benchmark run. `replicas` is
+    always passed to `cluster up`, whatever its default: the peers compare one copy (0) unless
+    a benchmark is about replication (failover.py asks for 1)."""
 
     def __init__(self, servers: int = 2, memory: str = "1GiB", transport: str = "shm",
                  netns: bool = False, progress: str | None = None, replicas: int = 0,
