@@ -3,9 +3,9 @@
 // pages outlive the owner's SIGKILL, a stopped owner is killed), then whole clusters of
 // `farpool server` processes over shm with `--replicas 1`: every acknowledged mapped write,
 // compare-and-swap and fetch-and-add survives the SIGKILL of its server; a client keeps
-// reaching a failed-over region through its mapping, the bytes its backup serves; a stopped
-// primary is killed by the backup that takes over, never served beside; nothing is left in
-// /dev/shm.
+// reaching a failed-over region through its mapping, the bytes its backup serves; a drain
+// under transfers loses nothing; a stopped primary is killed by the backup that takes over,
+// never served beside; nothing is left in /dev/shm.
 #include "pool/server/shared_pages.h"
 
 #include <gtest/gtest.h>
@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -447,6 +448,103 @@ INSTANTIATE_TEST_SUITE_P(Transports, KeepMappingTest,
                          [](const ::testing::TestParamInfo<Fabric>& info) {
                            return info.param == Fabric::kShm ? "shm" : "auto";
                          });
+
+// `cluster drain` of a shared-pages server under transfers (docs/pool.md "Drain over shared
+// pages"): 24 account words over the three servers; a mapping client and a TCP client (whose
+// requests the drained server refuses and the Pool resends) each move amounts between random
+// accounts with fetch-and-adds (-x on one, +x on another) while server `victim` is drained.
+// No operation fails, the total is what it was (nothing lost or doubled, whichever path each
+// addition took), the drained process has ended, and the map has no region served by or backed
+// up on it; its accounts are served by its backup, from the same pages.
+TEST(SharedPages, ADrainUnderTransfersLosesNothingAndNoClientSeesAnError) {
+  LocalClusterOptions o = SharedPagesCluster();
+  o.mirror_slots = 2;  // room for re-replication after the move
+  TestCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto client = ConnectTestClient(cluster);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  ASSERT_TRUE(client->config.shared_pages);
+  Pool& mapped = *client->pool;
+  PoolOptions tcp_options;
+  tcp_options.transport = Fabric::kTcp;
+  auto tcp_pool = Pool::Connect(client->config, tcp_options);
+  ASSERT_TRUE(tcp_pool.ok()) << tcp_pool.status().ToString();
+  constexpr int kAccounts = 24;
+  constexpr uint64_t kStart = 1000000;
+  std::vector<GlobalAddress> accounts;
+  for (int a = 0; a < kAccounts; ++a) {
+    auto at = mapped.Alloc(8, Placement::OnServer(static_cast<uint16_t>(a % 3)));
+    ASSERT_TRUE(at.ok()) << at.status().ToString();
+    ASSERT_TRUE(mapped.Write(*at, &kStart, 8).ok());
+    accounts.push_back(*at);
+  }
+  EtcdView view = ClusterEtcdStatus(cluster.dir()).value();
+  for (int i = 0; i < 100 && view.coordinator < 0; ++i) {
+    std::this_thread::sleep_for(50ms);
+    view = ClusterEtcdStatus(cluster.dir()).value();
+  }
+  ASSERT_GE(view.coordinator, 0) << "no coordinator elected";
+  const int victim = (view.coordinator + 1) % 3;  // the coordinator's own drain is not this test's
+
+  std::atomic<bool> stop{false};
+  std::vector<Status> failed(2);
+  std::vector<uint64_t> transfers(2);
+  std::vector<std::thread> movers;
+  for (int c = 0; c < 2; ++c) {
+    movers.emplace_back([&, c] {
+      Pool& by = c == 0 ? mapped : **tcp_pool;
+      std::mt19937_64 rng(7000 + c);
+      while (!stop && failed[c].ok()) {
+        const size_t from = rng() % kAccounts, to = rng() % kAccounts;
+        const uint64_t amount = 1 + rng() % 100;
+        failed[c] = by.FetchAdd(accounts[from], -amount).status();
+        if (failed[c].ok()) failed[c] = by.FetchAdd(accounts[to], amount).status();
+        if (failed[c].ok()) ++transfers[c];
+      }
+    });
+  }
+  std::this_thread::sleep_for(500ms);
+  Status drained = ClusterDrain(cluster.dir(), static_cast<uint16_t>(victim), 30000ms);
+  const uint64_t at_drain = transfers[0] + transfers[1];
+  std::this_thread::sleep_for(500ms);
+  stop = true;
+  for (auto& t : movers) t.join();
+  ASSERT_TRUE(drained.ok()) << drained.ToString();
+  EXPECT_TRUE(failed[0].ok()) << "mapping client: " << failed[0].ToString();
+  EXPECT_TRUE(failed[1].ok()) << "TCP client: " << failed[1].ToString();
+  EXPECT_GT(transfers[0] + transfers[1], at_drain) << "no transfer after the drain";
+  EXPECT_FALSE(ProcessRunning(static_cast<pid_t>(client->config.servers[victim].pid)));
+  for (Pool* by : {&mapped, &**tcp_pool}) {
+    uint64_t total = 0;
+    for (const GlobalAddress& a : accounts) {
+      uint64_t balance = 0;
+      Status read = by->Read(a, &balance, 8);
+      ASSERT_TRUE(read.ok()) << (by == &mapped ? "mapping" : "TCP")
+                             << " client: " << read.ToString();
+      total += balance;
+    }
+    EXPECT_EQ(total, kAccounts * kStart) << (by == &mapped ? "mapping" : "TCP") << " client";
+  }
+  // The coordinator degrades the server whose backup the victim was after the move: wait.
+  auto on_victim = [&](const EtcdView& v) {
+    return std::any_of(v.map.servers.begin(), v.map.servers.end(),
+                       [&](const auto& m) { return m.served_by == victim || m.backup == victim; });
+  };
+  view = ClusterEtcdStatus(cluster.dir()).value();
+  for (int i = 0; i < 300 && on_victim(view); ++i) {
+    std::this_thread::sleep_for(100ms);
+    view = ClusterEtcdStatus(cluster.dir()).value();
+  }
+  EXPECT_EQ(view.map.Find(static_cast<uint16_t>(victim))->served_by, (victim + 1) % 3);
+  for (const coord::MapServer& m : view.map.servers) {
+    EXPECT_NE(m.served_by, victim) << "server " << m.id;
+    EXPECT_NE(m.backup, victim) << "server " << m.id;
+  }
+  std::printf("drain of server %d under transfers: %llu mapped, %llu over TCP (%llu resent)\n",
+              victim, static_cast<unsigned long long>(transfers[0]),
+              static_cast<unsigned long long>(transfers[1]),
+              static_cast<unsigned long long>((*tcp_pool)->counters().resent));
+}
 
 // SIGSTOP of a primary: its etcd lease lapses, the coordinator fails it over, and its backup
 // kills it before it serves its pages (a stopped process that resumed would otherwise run a
