@@ -137,7 +137,7 @@ TEST(Cli, ProgressModeDefaultsToEventWithFewerCoresThanServersPlusOne) {
   // An explicit --progress wins.
   up = Farpool("cluster up --dir " + dir + " --servers 2 --memory 32MiB --progress busy", one_core);
   ASSERT_EQ(up.exit_code, 0) << up.output;
-  EXPECT_NE(up.output.find("progress busy)"), std::string::npos) << up.output;
+  EXPECT_NE(up.output.find("progress busy"), std::string::npos) << up.output;
   EXPECT_NE(ReadFile(dir + "/server-0.log").find("(progress busy,"), std::string::npos);
   ASSERT_EQ(Farpool("cluster down --dir " + dir).exit_code, 0);
 

@@ -22,7 +22,7 @@ struct ClusterArgs {
   std::string transport = "auto";
   std::string progress;  // empty: chosen from the cores (ChooseProgressMode)
   bool netns = false;
-  int replicas = 0;
+  int replicas = -1;  // unset: 1 with at least 2 servers, else 0
   bool forward_copies = false;
   int mirror_slots = 1;
   int drain_id = -1;
@@ -58,7 +58,9 @@ int Up(const ClusterArgs& a) {
   if (!progress.ok()) return Fail("--progress: " + progress.status().message());
   o.progress = *progress;
   o.netns = a.netns;
-  o.replicas = a.replicas;
+  // A second copy by default wherever there is a second server (docs/pool.md, "--replicas 1
+  // by default"): shared pages on this host, forwarded copies over tcp or with --netns.
+  o.replicas = a.replicas >= 0 ? a.replicas : a.servers >= 2 ? 1 : 0;
   o.forward_copies = a.forward_copies;
   o.mirror_slots = a.mirror_slots;
   if (!a.delay.empty()) {
@@ -77,7 +79,7 @@ int Up(const ClusterArgs& a) {
   std::printf("cluster up: %d servers x %s in %s (transport %s, progress %s%s%s)\n", a.servers,
               FormatSize(o.memory).c_str(), ClusterFile(a.dir).c_str(), a.transport.c_str(),
               progress_name.c_str(), a.netns ? ", network namespaces" : "",
-              a.replicas > 0 ? ", 1 backup of every byte" : "");
+              o.replicas > 0 ? ", 1 backup of every byte" : "");
   std::printf("cluster up: cluster secret in %s (mode 0600; clients find it through %s)\n",
               SecretFile(a.dir).c_str(), ClusterFile(a.dir).c_str());
   auto config = ClusterConfig::Load(ClusterFile(a.dir));
@@ -249,8 +251,10 @@ Command RegisterCluster(CLI::App& app) {
                  "more cores than there are servers, else event");
   up->add_flag("--netns", args->netns, "Each server in its own network namespace (root)");
   up->add_option("--replicas", args->replicas,
-                 "Backups of every byte: 0 (default) or 1 (each server's region mirrored on the "
-                 "next server, which takes it over when it dies; twice the memory)");
+                 "Backups of every byte: 0 or 1 (each server's region mirrored on the next "
+                 "server, which takes it over when it dies); default 1 with --servers 2 or more, "
+                 "else 0. Over shm or auto without --netns the backup shares its primary's pages "
+                 "(one copy's memory once started); else it keeps a copy (twice the memory)");
   up->add_option("--mirror-slots", args->mirror_slots,
                  "With --replicas 1: copies each server can keep (default 1, the ring's); each "
                  "adds --memory to every server. More give re-replication room to restore two "
