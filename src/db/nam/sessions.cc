@@ -222,8 +222,8 @@ void NamDatabase::StopThread(bool* stop, std::thread& thread) {
 // CPU instruction. Done lazily, that set-up was the first renewal, lease/4 after the claim,
 // and under load it took up to 5 s (2 cores, load 7-14, 2026-11-28: p50 0.6 s, p90 1.8 s) while
 // others judged the slot expired after lease + margin (2.5 s at the default lease) and evicted
-// the live process (SiHistoryTest.ListAppendHistoryWithLockingReads..., 6 of 12 runs; its
-// sessions' own lease checks waited for the renewal under SlotLease::mu meanwhile).
+// the live process (SiHistoryTest.ListAppendHistoryWithLockingReads...; its sessions' own
+// lease checks waited for the renewal under SlotLease::mu meanwhile).
 // DbProcessTest.SlowRenewalConnectIsNotEvicted replays it (hook "renewals.connect").
 Status NamDatabase::StartRenewals() {
   // Renewals are due every lease/4; looking 8 times per lease keeps them on time.
