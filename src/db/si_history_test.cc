@@ -451,10 +451,10 @@ TEST_F(SiHistoryTest, ListAppendHistoryUnderSigstopIsSnapshotIsolated) {
       auto running = [&] {
         for (int th = 0; th < kThreads; ++th) {
           std::error_code ec;
-          const auto size = std::filesystem::file_size(
-              history_dir_ + "/history-w" + std::to_string(id) + "-t" + std::to_string(th) +
-                  ".jsonl",
-              ec);
+          const auto size =
+              std::filesystem::file_size(history_dir_ + "/history-w" + std::to_string(id) + "-t" +
+                                             std::to_string(th) + ".jsonl",
+                                         ec);
           if (ec || size == 0) return false;
         }
         return true;
