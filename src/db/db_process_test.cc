@@ -601,6 +601,21 @@ TEST_P(DbProcessTest, SlowStartIsNotEvicted) {
   RunLiveWorker(cluster_file_, {{"FARPOOL_STALL_AT", "session.claimed"}}, [] {});
 }
 
+// A worker whose lease renewal thread is slow to connect to the memory servers (hook
+// "renewals.connect", right before the thread's first memory operation) for EvictingStall():
+// no slot of it depends on that thread yet, so it is not evicted. A thread's first operation
+// on a Pool sets up its connections (a hello per server); the renewal thread's was its first
+// renewal, lease/4 after the system session's claim, and under load the set-up took up to 5 s
+// while others judged the slot expired after lease + margin: live workers were evicted
+// (SiHistoryTest.ListAppendHistoryWithLockingReads..., 2026-11-28). Now Open waits for the
+// thread to connect before it claims a slot.
+TEST_P(DbProcessTest, SlowRenewalConnectIsNotEvicted) {
+  if (GetParam() == "sharded") GTEST_SKIP() << "sharded has no session slots";
+  auto t = db_->CreateTable("counters", Schema{{"v", ColumnType::kInt64}});
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  RunLiveWorker(cluster_file_, {{"FARPOOL_STALL_AT", "renewals.connect"}}, [] {});
+}
+
 INSTANTIATE_TEST_SUITE_P(Engines, DbProcessTest, ::testing::Values("pool", "pool-tcp", "sharded"),
                          [](const auto& p) {
                            std::string name = p.param;

@@ -444,8 +444,26 @@ TEST_F(SiHistoryTest, ListAppendHistoryUnderSigstopIsSnapshotIsolated) {
   CheckReport r = RunAndCheck(seed, /*skip_validation=*/false, 1500, [&](const auto& pids) {
     std::mt19937_64 rng(seed);
     for (int round = 0; round < 2; ++round) {
+      const int id = 1 + round % (kWorkers - 1);
+      // Stopped while still opening its database (no slot claimed yet) a worker has nothing to
+      // fence: each of its threads has begun a transaction first (its history file has a line).
+      const auto begun = std::chrono::steady_clock::now();
+      auto running = [&] {
+        for (int th = 0; th < kThreads; ++th) {
+          std::error_code ec;
+          const auto size =
+              std::filesystem::file_size(history_dir_ + "/history-w" + std::to_string(id) + "-t" +
+                                             std::to_string(th) + ".jsonl",
+                                         ec);
+          if (ec || size == 0) return false;
+        }
+        return true;
+      };
+      while (!running() && std::chrono::steady_clock::now() - begun < 120s) {
+        std::this_thread::sleep_for(10ms);
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(300 + rng() % 700));
-      const pid_t victim = pids[1 + round % (kWorkers - 1)];
+      const pid_t victim = pids[id];
       stopped_.insert(victim);
       kill(victim, SIGSTOP);
       // Past its lease and margin, a checker process fences it whether or not it holds a lock

@@ -29,7 +29,9 @@ struct TestingHooks {
   // between the claim of the table and the state write that makes it live ("bulk.publish"),
   // and in the maintenance pass between its read of every session slot and its judgment of
   // them ("slots.read": the maintenance thread's passes and CollectGarbage's), and right after a
-  // session slot is claimed, before the session is set up ("session.claimed").
+  // session slot is claimed, before the session is set up ("session.claimed"), and on the
+  // lease renewal thread right before its first memory operation, which connects it to the
+  // memory servers ("renewals.connect").
   // Tests kill or stop the process there, or commit from another
   // session to make a race happen.
   std::function<void(std::string_view point)> commit_hook;

@@ -62,7 +62,7 @@ Status NamDatabase::Init() {
   observed_.resize(root_.max_slots);
   FARPOOL_ASSIGN_OR_RETURN(recycler_,
                            Recycler::Open(access, GlobalAddress::FromRaw(root_.chunk_dirs)));
-  StartRenewals();
+  FARPOOL_RETURN_IF_ERROR(StartRenewals());
   FARPOOL_ASSIGN_OR_RETURN(system_, OpenSession(access));
   StartMaintenance();
   return Status::Ok();

@@ -939,8 +939,11 @@ class NamDatabase final : public Database {
   void RunEvery(std::chrono::milliseconds period, const bool* stop,
                 const std::function<void()>& pass);
   // The renewal thread starts before the system session is claimed (a claimed slot is renewed
-  // from the start), the maintenance thread once Open is done.
-  void StartRenewals();
+  // from the start), the maintenance thread once Open is done. StartRenewals returns once the
+  // renewal thread has made its connections to the memory servers (its first operation), so
+  // that no renewal of a claimed slot ever waits for a connection set-up; an error if it could
+  // not (the thread runs on: the destructor stops it).
+  Status StartRenewals();
   void StartMaintenance();
   void StopThread(bool* stop, std::thread& thread);
   Status RenewAll(const Access& access);
