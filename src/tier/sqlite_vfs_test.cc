@@ -149,6 +149,7 @@ class SqliteVfsTest : public ::testing::Test {
       pid_ = -1;
     }
     void Stop() { kill(pid_, SIGSTOP); }
+    void Continue() { kill(pid_, SIGCONT); }
     // Waits (bounded) until the CLI has ended; the signal that ended it, 0 if it exited, -1 if
     // it is still running.
     int EndedBy(std::chrono::seconds limit) {
@@ -319,6 +320,21 @@ TEST_F(SqliteVfsTest, AStoppedWriterIsEvictedAndTheNextWriterGoesOn) {
   EXPECT_EQ(a.EndedBy(10s), SIGKILL) << "the stopped writer was not evicted: " << a.Output();
 }
 
+// A writer stopped (SIGSTOP) while it holds RESERVED, longer than its lease plus the margin
+// others wait, while nobody wants its lock: its late renewal finds its lease slot still its own
+// (nobody swept it) and takes the lease up again, so it commits (it used to fence itself for
+// good: "disk I/O error" at COMMIT).
+TEST_F(SqliteVfsTest, AStoppedWriterThatNobodySweptGoesOn) {
+  Interactive a(Path("stalled-a.log"));
+  ASSERT_NO_FATAL_FAILURE(HoldReserved(a, "stalled.db"));
+  a.Stop();
+  std::this_thread::sleep_for(3s);  // the lease is 1.5 s, the margin 0.5 s
+  a.Continue();
+  a.Send("COMMIT;\nSELECT count(*) FROM t;\nPRAGMA integrity_check;\n");
+  EXPECT_EQ(a.Finish(), 0) << a.Output();
+  EXPECT_EQ(a.Output(), "10001\nok\n");
+}
+
 // The lock word has one set of bits per process, so two connections of one process must
 // combine their levels: a connection that reads and ends must not take away the SHARED lock of
 // another that is still reading, and neither may write under the other's read.
@@ -457,6 +473,23 @@ TEST_F(SqliteVfsOverTcpTest, AWriterInAnotherProcessInvalidatesTheReadersCache) 
   }
   EXPECT_EQ(a.Finish(), 0) << a.Output();
   EXPECT_EQ(a.Output(), expected);
+}
+
+// A writer stopped while it holds RESERVED, whose lock another writer breaks meanwhile (it
+// sweeps the stopped one's lease slot after evicting it: over TCP its connections are cut):
+// once continued, the stopped writer's late renewal finds its slot swept, and its COMMIT fails
+// with an I/O error instead of writing; the database has the other writer's row only.
+TEST_F(SqliteVfsOverTcpTest, AStoppedWriterWhoseLockWasBrokenGetsAnError) {
+  Interactive a(Path("broken-a.log"));
+  ASSERT_NO_FATAL_FAILURE(HoldReserved(a, "broken.db"));
+  a.Stop();
+  ExpectNextWriterGetsIn("broken.db");
+  a.Continue();
+  a.Send("COMMIT;\n");
+  EXPECT_NE(a.Finish(), 0) << a.Output();
+  EXPECT_NE(a.Output().find("disk I/O error"), std::string::npos) << a.Output();
+  Run r = Sql("broken.db", "SELECT count(*), max(id) FROM t;\nPRAGMA integrity_check;\n");
+  EXPECT_EQ(r.output, "10001|20001\nok\n");
 }
 
 // Two servers over TCP: the names of a database's journal and WAL (their name-table buckets,
