@@ -447,8 +447,8 @@ TEST_F(SqliteVfsOverTcpTest, AReadTransactionOfCachedPagesCostsNoRoundTrip) {
 
 // The VFS's page cache keeps what a process read across its transactions: with SQLite's own
 // cache at 10 pages, a scan of the table misses SQLite's cache on every page, yet a scan again
-// costs only the lock's round trip; without the VFS's cache (farpool_cache_mib = 0) it costs a
-// round trip per page again.
+// costs only the lock's round trip (none under a kept SHARED lock); without the VFS's cache
+// (farpool_cache_mib = 0) it costs a round trip per page again.
 TEST_F(SqliteVfsOverTcpTest, AReReadFromTheVfsCacheCostsOnlyTheLockRoundTrip) {
   CreateRows("recache.db");
   const std::string scan = "SELECT sum(v) FROM t;\nPRAGMA farpool_round_trips;\n";
