@@ -233,6 +233,26 @@ Status FileLock::Unlock(LockLevel level) {
   return Status::Ok();
 }
 
+bool FileLock::WriterElsewhere(uint64_t word) const {
+  const int writer = Writer(word);
+  return writer >= 0 && writer != leases_.slot();
+}
+
+Status FileLock::AwaitReaders(std::chrono::microseconds patience) {
+  FARPOOL_RETURN_IF_ERROR(Settle());
+  const uint64_t others = kReaders & ~(uint64_t{1} << leases_.slot());
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  for (;;) {
+    uint64_t w = 0;
+    FARPOOL_RETURN_IF_ERROR(ReadWord(&w));
+    if ((w & others) == 0) return Status::Ok();
+    if (std::chrono::steady_clock::now() > deadline) {
+      return Status::Aborted("EXCLUSIVE waits for other readers to leave (PENDING held)");
+    }
+    std::this_thread::sleep_for(patience / 32);
+  }
+}
+
 Result<bool> FileLock::ReservedElsewhere() {
   const int me = leases_.slot();
   for (;;) {

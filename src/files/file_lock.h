@@ -78,6 +78,17 @@ class FileLock {
   // process's bit. TimedOut after kDrainPatience.
   Status Drain();
   LockLevel level() const { return level_; }
+  GlobalAddress word() const { return word_; }
+
+  // Whether `word` (a value of this lock's word) shows another process holding RESERVED or
+  // more: it will want EXCLUSIVE, so a reader that keeps its SHARED bit between transactions
+  // gives it up (the VFS, docs/files.md "Read transactions without a round trip").
+  bool WriterElsewhere(uint64_t word) const;
+  // For a writer holding PENDING (level() == kPending): reads the word until no other process
+  // holds SHARED, for up to `patience`. OK then (Lock(kExclusive) may succeed), Aborted if
+  // readers remain. Readers that keep SHARED between transactions leave within their watch
+  // interval, so a writer without a busy handler is not refused because of them.
+  Status AwaitReaders(std::chrono::microseconds patience);
 
   static constexpr std::chrono::seconds kDrainPatience{5};
 

@@ -45,7 +45,7 @@ Result<std::unique_ptr<LeaseTable>> LeaseTable::Attach(FileStore& store, SweepFn
         pool.Read(t.Slot(0), slots, sizeof(slots)).WithContext("file store lease slots"));
     for (int i = 0; i < kLeaseSlots && t.slot_ < 0; ++i) {
       if (slots[i].owner != 0) continue;
-      FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, pool.CompareAndSwap(t.Slot(i), 0, t.token_));
+      FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, pool.CompareAndSwap(t.Slot(i), 0, t.token_.load()));
       if (prev == 0) t.slot_ = i;
     }
     for (int i = 0; i < kLeaseSlots && t.slot_ < 0; ++i) {
@@ -55,7 +55,7 @@ Result<std::unique_ptr<LeaseTable>> LeaseTable::Attach(FileStore& store, SweepFn
       if (s.ok()) {
         uint64_t owner = 0;
         FARPOOL_RETURN_IF_ERROR(pool.Read(t.Slot(i), &owner, 8));
-        if (owner == t.token_) t.slot_ = i;
+        if (owner == t.token_.load()) t.slot_ = i;
       } else if (s.code() != StatusCode::kAborted) {
         return s;
       }
@@ -79,61 +79,93 @@ LeaseTable::~LeaseTable() {
   }
   stop_cv_.notify_all();
   if (renewal_.joinable()) renewal_.join();
-  if (slot_ >= 0 && !lost_) (void)Sweep(slot_, token_, /*keep=*/false);
+  if (slot_ >= 0 && !lost_) (void)Sweep(slot_, token_.load(), /*keep=*/false);
 }
 
 void LeaseTable::Renew() {
-  Pool& pool = store_.pool();
-  const GlobalAddress slot = Slot(slot_);
   std::unique_lock<std::mutex> lock(stop_mu_);
   while (!stop_cv_.wait_for(lock, lease_ / 8, [this] { return stop_; })) {
-    const int64_t now = NowNs();
-    const int64_t gap_ms = (now - last_renewal_ns_) / 1000000;
-    auto lose = [&](std::string reason) {
-      std::lock_guard<std::mutex> l(lost_mu_);
-      if (!lost_) lost_reason_ = std::move(reason);
-      lost_ = true;
-    };
-    if (gap_ms > lease_.count()) {
-      lose("lease slot " + std::to_string(slot_) + " was not renewed for " +
-           std::to_string(gap_ms) + " ms (lease " + std::to_string(lease_.count()) +
-           " ms): this process's locks may have been broken");
-      return;
-    }
-    uint64_t heartbeat = 0, owner = 0;
-    Batch batch(pool);  // one round trip: the heartbeat, and the owner to see we still own it
-    Status s = batch.FetchAdd(slot + offsetof(LeaseSlot, heartbeat), 1, &heartbeat);
-    if (s.ok()) s = batch.Read(slot, &owner, 8);
-    if (s.ok()) s = batch.Wait();
-    renewals_.fetch_add(1, std::memory_order_relaxed);
-    if (!s.ok()) continue;
-    if (owner != token_) {
-      lose("lease slot " + std::to_string(slot_) + " was reclaimed by another process");
-      return;
-    }
-    last_renewal_ns_ = now;
+    std::lock_guard<std::mutex> renewing(renew_mu_);
+    if (lost_) return;
+    (void)RenewLocked();  // a failed one is tried again next time; Check() reports lateness
+    if (lost_) return;
   }
 }
 
-Status LeaseTable::Check() const {
-  if (lost_) {
-    std::lock_guard<std::mutex> l(lost_mu_);
+void LeaseTable::Lose(std::string reason) {
+  std::lock_guard<std::mutex> l(lost_mu_);
+  if (!lost_) lost_reason_ = std::move(reason);
+  lost_ = true;
+}
+
+Status LeaseTable::RenewLocked() {
+  Pool& pool = store_.pool();
+  const GlobalAddress slot = Slot(slot_);
+  const int64_t now = NowNs();
+  const int64_t gap_ms = (now - last_renewal_ns_) / 1000000;
+  const bool late = gap_ms > lease_.count();
+  const uint64_t token = token_;
+  // Late: the owner is re-keyed (header comment). The fresh token is kept across failed
+  // attempts, so a CAS that landed but whose reply was lost is recognised next time.
+  if (late && retry_token_ == 0) retry_token_ = NewToken(pool.process_tag());
+  uint64_t heartbeat = 0, owner = 0;
+  Batch batch(pool);  // one round trip
+  Status s = late ? batch.CompareAndSwap(slot, token, retry_token_, &owner)
+                  : batch.FetchAdd(slot + offsetof(LeaseSlot, heartbeat), 1, &heartbeat);
+  if (s.ok() && !late) s = batch.Read(slot, &owner, 8);  // to see we still own it
+  if (s.ok()) s = batch.Wait();
+  renewals_.fetch_add(1, std::memory_order_relaxed);
+  if (!s.ok()) return s;
+  const int64_t reply_ms = (NowNs() - last_renewal_ns_) / 1000000;
+  if (!late && reply_ms > lease_.count()) {
+    // The add may have landed after a sweeper judged the slot dead (lease + margin after the
+    // previous one), so the owner read with it proves nothing: the next attempt is late and
+    // re-keys.
+    return Status::TimedOut("lease slot " + std::to_string(slot_) + ": renewal answered " +
+                            std::to_string(reply_ms) + " ms after the previous one");
+  }
+  if (late && (owner == token || owner == retry_token_)) {
+    token_ = retry_token_;
+    retry_token_ = 0;
+  } else if (owner != token) {
+    Lose(late ? "lease slot " + std::to_string(slot_) + " was not renewed for " +
+                    std::to_string(gap_ms) + " ms (lease " + std::to_string(lease_.count()) +
+                    " ms) and another process swept it meanwhile: this process's locks were "
+                    "broken"
+              : "lease slot " + std::to_string(slot_) + " was reclaimed by another process");
     return Status::IoError(lost_reason_);
   }
-  const int64_t age_ms = (NowNs() - last_renewal_ns_) / 1000000;
-  if (age_ms > lease_.count()) {
-    return Status::IoError("lease slot " + std::to_string(slot_) + " was last renewed " +
-                           std::to_string(age_ms) + " ms ago (lease " +
-                           std::to_string(lease_.count()) + " ms)");
-  }
+  last_renewal_ns_ = now;
   return Status::Ok();
+}
+
+Status LeaseTable::Check() {
+  auto lost = [this] {
+    std::lock_guard<std::mutex> l(lost_mu_);
+    return Status::IoError(lost_reason_);
+  };
+  if (lost_) return lost();
+  if ((NowNs() - last_renewal_ns_) / 1000000 <= lease_.count()) return Status::Ok();
+  // Late (this process stalled, or its renewals did): take the lease up again if nobody swept.
+  std::lock_guard<std::mutex> renewing(renew_mu_);
+  const int64_t age_ms = (NowNs() - last_renewal_ns_) / 1000000;
+  if (!lost_ && age_ms > lease_.count()) {
+    Status s = RenewLocked();
+    if (!s.ok() && !lost_) {
+      return Status::IoError("lease slot " + std::to_string(slot_) + " was last renewed " +
+                             std::to_string(age_ms) + " ms ago (lease " +
+                             std::to_string(lease_.count()) +
+                             " ms) and could not be taken up again: " + s.ToString());
+    }
+  }
+  return lost_ ? lost() : Status::Ok();
 }
 
 Result<bool> LeaseTable::Dead(int slot) {
   LeaseSlot now;
   FARPOOL_RETURN_IF_ERROR(store_.pool().Read(Slot(slot), &now, sizeof(now)));
   if (now.owner == 0) return true;
-  if (now.owner == token_) return false;
+  if (now.owner == token_.load()) return false;
   const auto t = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(seen_mu_);
   Seen& seen = seen_[slot];
@@ -155,7 +187,7 @@ Status LeaseTable::Reclaim(int slot) {
 
 Status LeaseTable::Sweep(int slot, uint64_t owner, bool keep) {
   Pool& pool = store_.pool();
-  const uint64_t sweeping = kSweeping | token_;
+  const uint64_t sweeping = kSweeping | token_.load();
   // Another process's slot (or its unfinished sweep): that process is shut out of the pool
   // first, so that a write it was about to make when it stalled can never land after its locks
   // are gone. One of this process's own Pools that maps the memory cannot be evicted: wait.
@@ -172,7 +204,8 @@ Status LeaseTable::Sweep(int slot, uint64_t owner, bool keep) {
     return Status::Aborted("lease slot " + std::to_string(slot) + " changed owner");
   }
   FARPOOL_RETURN_IF_ERROR(sweep_(slot).WithContext("sweeping lease slot " + std::to_string(slot)));
-  FARPOOL_ASSIGN_OR_RETURN(prev, pool.CompareAndSwap(Slot(slot), sweeping, keep ? token_ : 0));
+  FARPOOL_ASSIGN_OR_RETURN(prev,
+                           pool.CompareAndSwap(Slot(slot), sweeping, keep ? token_.load() : 0));
   {
     std::lock_guard<std::mutex> lock(seen_mu_);
     seen_.erase(slot);

@@ -20,9 +20,25 @@
 //     kSweeping|token with a heartbeat that no longer moves: it looks dead in turn and the
 //     next observer sweeps again.
 //   - Self-fencing: a process whose last successful renewal is older than the lease on its own
-//     clock (stopped, starved, or cut off from the pool), or whose slot was taken, has lost
-//     the lease for good: Check() fails from then on and the VFS refuses to write. A process
-//     stalled between Check() and a write is evicted before its locks are broken (above).
+//     clock (stopped, starved, or cut off from the pool) holds no lease: Check() fails and the
+//     VFS refuses to lock or write. A process stalled between Check() and a write is evicted
+//     before its locks are broken (above).
+//   - A renewal counts only if its reply came within the lease of the previous counted one's
+//     sending: an add that landed later may have come after a sweeper judged the slot dead,
+//     so the owner read with it proves nothing, and the lease is late (below).
+//   - Taking a late lease up again: a stall that ends finds the slot either still ours or
+//     swept. The late renewal (the renewal thread's, or Check()'s when it comes first) CASes
+//     the owner from our token to a fresh one (same process tag, new random bits) with the
+//     heartbeat's add, in one batch. A sweeper CASes the owner from our token too, after it
+//     evicted us and before it touches a bit, so exactly one of the two CASes wins: if ours
+//     does, no sweep of the old token can follow (a sweeper that judged it dead fails its CAS
+//     with Aborted and leaves every bit alone), so no other process broke our locks and we go
+//     on holding them; a sweeper that judges the new token needs lease + margin of silence
+//     afresh. If the sweeper's CAS won (owner swept, freed or taken), or its eviction refused
+//     our batch, the lease is lost for good: Check() says why (the VFS: SQLITE_IOERR), the
+//     database must be reopened. A sweeper that evicted us but lost the CAS leaves us evicted
+//     without a sweep: our later operations fail (killed over shared memory, refused over
+//     TCP), never a write under a broken lock.
 //
 // Thread-safety: safe for concurrent use. REQUIRES: the store (and its pool) outlive this.
 #pragma once
@@ -53,8 +69,9 @@ class LeaseTable {
   ~LeaseTable();
 
   int slot() const { return slot_; }
-  // OK while this process holds its lease; the reason it lost it otherwise.
-  Status Check() const;
+  // OK while this process holds its lease; the reason it lost it otherwise. A lease whose
+  // renewal is late is taken up again here (one round trip) if nobody swept it (above).
+  Status Check();
   // Whether `slot`'s owner is dead by this process's observations (the first look at a value
   // says no). A free slot is dead.
   Result<bool> Dead(int slot);
@@ -74,14 +91,21 @@ class LeaseTable {
   // Takes `slot` from `owner` (a dead token, or 0) for a sweep; Aborted if the owner changed.
   Status Sweep(int slot, uint64_t owner, bool keep);
   void Renew();
+  // One renewal: the heartbeat's add, with the owner read (on time) or re-keyed to a fresh
+  // token (late, above). Sets lost_ when the slot is no longer ours. REQUIRES: renew_mu_ held.
+  Status RenewLocked();
+  void Lose(std::string reason);
 
   FileStore& store_;
   const SweepFn sweep_;
-  const uint64_t token_;
+  std::atomic<uint64_t> token_;  // changes only when a late lease is taken up (under renew_mu_)
+  uint64_t retry_token_ =
+      0;  // the fresh token of a take-up not known to have landed; GUARDED_BY(renew_mu_)
   const std::chrono::milliseconds lease_;
   int slot_ = -1;
 
-  std::atomic<int64_t> last_renewal_ns_{0};  // steady clock
+  std::mutex renew_mu_;  // one renewal at a time (the thread's, or a late Check()'s)
+  std::atomic<int64_t> last_renewal_ns_{0};  // steady clock, when the last successful one was sent
   std::atomic<uint64_t> renewals_{0};
   std::atomic<bool> lost_{false};
   mutable std::mutex lost_mu_;

@@ -15,12 +15,49 @@
 // SQLite connections of several threads) share one ProcessLock, which combines their levels as
 // the unix VFS combines the handles of one inode. Whenever a lock is raised, every store file
 // this connection has open is refreshed, since another process (or another handle of this one)
-// may have changed it. A read transaction whose pages SQLite has cached costs one round trip:
-// the CAS that takes SHARED carries the database header's refresh, the probes for a hot journal
-// and a WAL (answered to the xAccess calls that follow) and, where page 1 is on the lock word's
-// server, page 1 (SQLite's look at its change counter); xFileSize under a lock needs no refresh
-// (nobody else can change the file then); and the unlock is posted, not waited for (file_lock.h).
-// `PRAGMA farpool_round_trips` counts them.
+// may have changed it. A read transaction that takes SHARED costs one round trip: the CAS
+// carries the database header's refresh, the probes for a hot journal and a WAL (answered to
+// the xAccess calls that follow) and, where page 1 is on the lock word's server, page 1
+// (SQLite's look at its change counter); xFileSize under a lock needs no refresh (nobody else
+// can change the file then); and the unlock is posted, not waited for (file_lock.h). A read
+// transaction under a kept SHARED lock (below) costs none. `PRAGMA farpool_round_trips` counts
+// them.
+//
+// Keeping SHARED between read transactions (on by default; URI parameter and PRAGMA
+// farpool_keep_shared). When the last handle of a process leaves SHARED, the bit stays in the
+// word ("kept"); the next read transaction of the process uses it without a round trip. The
+// protocol:
+//   1. A process's SHARED bit is set from the CAS (or add) that takes it until the release
+//      that clears it; while it is set no other process can take EXCLUSIVE (file_lock.h), so
+//      nobody else writes the database. A kept bit is therefore a SHARED lock held
+//      throughout, as a long read transaction's would be: SQLite's rule "no writer while a
+//      reader holds SHARED" holds across hosts because it is the word's rule.
+//   2. Hence a transaction under a kept bit needs no version check (the page cache and the
+//      header are what the last lock saw, plus this process's own writes), no refresh, and no
+//      journal probe: a journal that exists now either existed at the last lock (SQLite
+//      checked it then; the "present" bits of that lock answer again, a set bit by asking the
+//      store anew) or was created since by a RESERVED writer, which cannot have written the
+//      database (that needs EXCLUSIVE), so it holds nothing to roll back: not hot. A WAL is
+//      only created under EXCLUSIVE here (no xShmMap).
+//   3. A thread of the process, the watch (shared_watch.h), reads the words on which it holds
+//      SHARED without writing every kWatchInterval (one batch). When one shows another
+//      process holding RESERVED or more (a writer, which will want EXCLUSIVE), a kept bit is
+//      released at once (posted, under g_mu, only while no handle reads), and a bit under a
+//      running transaction when that transaction ends (`yield`). The next transaction then
+//      takes SHARED again as above, and SQLite's PENDING rule (no new SHARED) applies to it.
+//      The watch only ever releases, never reads on a reader's behalf, so a late or failed
+//      look delays the writer, never endangers it.
+//   4. A writer whose EXCLUSIVE finds readers keeps PENDING and, before SQLITE_BUSY, reads the
+//      word for up to kWriterPatience for them to leave (FileLock::AwaitReaders): kept bits go
+//      within about an interval, so a writer without a busy handler is not refused for them.
+//      Readers inside transactions hold writers up as before (SQLITE_BUSY, busy handler).
+//   5. A kept bit is the lease's like any SHARED bit: a transaction starting under it checks
+//      the lease first (LeaseTable::Check; a process that stalled past its lease and was swept
+//      gets SQLITE_IOERR, one that nobody swept takes the lease up again, lease.h), and a
+//      crashed process's kept bit is swept after its lease like any other. So that an idle
+//      process neither costs the watch's looks nor keeps a writer waiting for its lease should
+//      it stall, a bit kept for keep_idle (100 ms; URI farpool_keep_idle_ms) without a
+//      transaction is released by the watch.
 //
 // The journal probe without a round trip: SQLite asks whether "-journal" and "-wal" exist at
 // the start of every read transaction, and their names may live on another server than the
@@ -53,6 +90,7 @@
 #include <sqlite3ext.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -69,6 +107,7 @@
 #include "files/file_store.h"
 #include "files/lease.h"
 #include "tier/page_cache.h"
+#include "tier/shared_watch.h"
 
 SQLITE_EXTENSION_INIT1
 
@@ -113,6 +152,20 @@ struct ProcessLock {
   // Whether this EXCLUSIVE lock has bumped the file's data_version (before any write).
   bool bumped = false;
   static constexpr uint64_t kDefaultCacheMib = 64;
+  // SHARED kept between read transactions (header comment, "Keeping SHARED"). `kept`: the
+  // word holds our SHARED bit while no handle of this process reads; `yield`: the watch saw a
+  // writer during a transaction, so the bit goes when it ends.
+  const uint64_t id;  // names this lock to the watch (a pointer may be reused)
+  bool keep = true;   // URI parameter or PRAGMA farpool_keep_shared
+  std::chrono::milliseconds keep_idle{kDefaultKeepIdleMs};  // URI parameter farpool_keep_idle_ms
+  static constexpr int64_t kDefaultKeepIdleMs = 100;
+  bool kept = false;
+  bool yield = false;
+  // The handle whose File (size, extent map) is known current: the one refreshed by the last
+  // lock, or the last to write. A kept SHARED skips the refresh of that handle only.
+  PoolFile* fresh = nullptr;
+  std::chrono::steady_clock::time_point kept_since;
+  explicit ProcessLock(uint64_t id) : id(id) {}
 };
 
 // One cluster's pool, store and lease slot in this process.
@@ -123,6 +176,10 @@ struct Connection {
   std::unique_ptr<LeaseTable> leases;
   std::set<PoolFile*> files;                                  // open store files
   std::map<std::string, std::unique_ptr<ProcessLock>> locks;  // by main database name
+  uint64_t next_lock_id = 1;
+  // Last, so that it stops before anything it looks at goes; its thread takes g_mu, so a
+  // Connection is destroyed without g_mu held (Release).
+  std::unique_ptr<tier::SharedWatch> watch;
 };  // every field after leases GUARDED_BY(g_mu)
 
 struct PoolFile {
@@ -137,6 +194,57 @@ struct PoolFile {
 std::mutex g_mu;
 std::map<std::string, std::unique_ptr<Connection>> g_connections;  // GUARDED_BY(g_mu)
 sqlite3_vfs* g_default = nullptr;
+
+// ------------------------------------------------------------------- keeping SHARED
+
+// How often the watch looks at the words of kept locks, and how long a writer holding PENDING
+// waits for readers to give their bits up before SQLITE_BUSY. (How long a lock is kept without
+// a transaction, so that an idle process neither costs the watch's looks nor holds a writer up
+// should it stall: ProcessLock::keep_idle.)
+constexpr std::chrono::microseconds kWatchInterval{1000};
+constexpr std::chrono::milliseconds kWriterPatience{10};
+
+// Gives up a kept SHARED bit (a posted release, file_lock.h). REQUIRES: g_mu held; l.kept.
+Status ReleaseKept(ProcessLock& l) {
+  l.kept = false;
+  return l.word->Unlock(LockLevel::kNone);
+}
+
+// The watch's collect: the words on which this process holds SHARED without writing (kept, or
+// in a read transaction); kept locks idle for their keep_idle are given up instead.
+std::vector<tier::SharedWatch::Word> Watched(Connection& c) {
+  std::vector<tier::SharedWatch::Word> words;
+  std::lock_guard<std::mutex> lock(g_mu);
+  const auto now = std::chrono::steady_clock::now();
+  for (auto& [_, l] : c.locks) {
+    if (!l->keep || l->word->level() != LockLevel::kShared || l->yield) continue;
+    if (l->kept && now - l->kept_since > l->keep_idle) {
+      (void)ReleaseKept(*l);  // a failed post leaves the bit set: the lease reclaims it
+      continue;
+    }
+    words.push_back({l->id, l->word->word()});
+  }
+  return words;
+}
+
+// The watch's report: where another process holds RESERVED or more, a kept bit is given up
+// now, a transaction's when it ends. A look older than a change of the lock's state at worst
+// gives a bit up early.
+void Seen(Connection& c, const std::vector<tier::SharedWatch::Word>& words,
+          const std::vector<uint64_t>& values) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (size_t i = 0; i < words.size(); ++i) {
+    for (auto& [_, l] : c.locks) {
+      if (l->id != words[i].id || l->word->level() != LockLevel::kShared) continue;
+      if (!l->word->WriterElsewhere(values[i])) continue;
+      if (l->kept) {
+        (void)ReleaseKept(*l);
+      } else {
+        l->yield = true;
+      }
+    }
+  }
+}
 
 int Fail(const Status& s, int code) {
   if (s.code() == StatusCode::kOutOfMemory) code = SQLITE_FULL;
@@ -157,13 +265,18 @@ Result<Connection*> Connect(const std::string& cluster_file) {
   FARPOOL_ASSIGN_OR_RETURN(
       c->leases, LeaseTable::Attach(store, [&store](int slot) { return ClearSlot(store, slot); }));
   Connection* raw = c.get();
+  c->watch = std::make_unique<tier::SharedWatch>(
+      *c->pool, kWatchInterval, [raw] { return Watched(*raw); },
+      [raw](const auto& words, const auto& values) { Seen(*raw, words, values); });
   g_connections.emplace(cluster_file, std::move(c));
   return raw;
 }
 
-// Closes the connection when its last file is gone. REQUIRES: g_mu held.
-void Release(Connection* c) {
-  if (c->files.empty()) g_connections.erase(c->cluster_file);
+// Takes the connection out when its last file is gone; the caller destroys it once g_mu is
+// released (its watch thread takes g_mu). REQUIRES: g_mu held.
+[[nodiscard]] std::unique_ptr<Connection> Release(Connection* c) {
+  if (!c->files.empty()) return nullptr;
+  return std::move(g_connections.extract(c->cluster_file).mapped());
 }
 
 // The cluster file for a database name: its URI's cluster= parameter, else $FARPOOL_CLUSTER.
@@ -266,7 +379,13 @@ Status LowerLock(PoolFile& p, LockLevel level) {
   }
   if (level == LockLevel::kNone && --l.shared == 0 && s.ok()) {
     std::fill(std::begin(l.probed), std::end(l.probed), false);
-    s = l.word->Unlock(LockLevel::kNone);
+    if (l.keep && !l.yield && l.word->level() == LockLevel::kShared) {
+      l.kept = true;  // the watch looks at it (it did during the transaction)
+      l.kept_since = std::chrono::steady_clock::now();
+    } else {
+      l.yield = false;
+      s = l.word->Unlock(LockLevel::kNone);
+    }
   }
   p.level = level;
   return s;
@@ -278,12 +397,18 @@ uint64_t CacheBytes(sqlite3_int64 mib) { return mib <= 0 ? 0 : static_cast<uint6
 int Close(sqlite3_file* f) {
   PoolFile& p = Of(f);
   int rc = SQLITE_OK;
+  std::unique_ptr<Connection> closed;  // destroyed after g_mu is released (Release)
   std::lock_guard<std::mutex> lock(g_mu);
   const std::string name = p.file->name();
   if (p.lock != nullptr) {
     Status s = LowerLock(p, LockLevel::kNone);
     if (!s.ok()) rc = Fail(s, SQLITE_IOERR_UNLOCK);
+    if (p.lock->fresh == &p) p.lock->fresh = nullptr;
     if (--p.lock->handles == 0) {
+      if (p.lock->kept) {
+        s = ReleaseKept(*p.lock);
+        if (!s.ok() && rc == SQLITE_OK) rc = Fail(s, SQLITE_IOERR_UNLOCK);
+      }
       // The last handle may take the lease slot with it (Release): no release of ours may
       // land after that.
       s = p.lock->word->Drain();
@@ -298,7 +423,7 @@ int Close(sqlite3_file* f) {
     Status s = p.connection->store->Delete(name);
     if (!s.ok() && s.code() != StatusCode::kNotFound) rc = Fail(s, SQLITE_IOERR_DELETE);
   }
-  Release(p.connection);
+  closed = Release(p.connection);
   return rc;
 }
 
@@ -354,6 +479,7 @@ int Write(sqlite3_file* f, const void* data, int n, sqlite3_int64 offset) {
   if (s.ok() && p.lock != nullptr) s = Bump(p);
   if (s.ok()) s = p.file->Write(offset, data, n);
   if (p.lock != nullptr) {
+    p.lock->fresh = &p;  // other handles' Files may now be stale
     if (s.ok()) {
       p.lock->cache.Write(offset, data, n);
     } else {
@@ -372,6 +498,7 @@ int Truncate(sqlite3_file* f, sqlite3_int64 size) {
   if (s.ok()) s = p.file->Truncate(size);
   if (p.lock != nullptr) {
     ProcessLock& l = *p.lock;
+    l.fresh = &p;  // other handles' Files may now be stale
     l.cache.Truncate(size);
     // A truncate that released extents bumped the generation: ours, under EXCLUSIVE.
     l.cached_generation = p.file->generation();
@@ -422,7 +549,19 @@ int Lock(sqlite3_file* f, int level) {
   PoolFile* refreshed = nullptr;  // refreshed in the lock's own batch
   if (want == LockLevel::kShared) {
     if (l.writer != nullptr && l.writer->level >= LockLevel::kPending) return SQLITE_BUSY;
-    if (l.shared == 0) {
+    if (l.shared == 0 && l.kept) {
+      // Our SHARED bit was never given up since the last lock: nobody else wrote (the cache
+      // and the header are current), and no journal can have become hot (header comment).
+      // The lease is checked as Lock would (a stalled process's bit may have been swept).
+      s = p.connection->leases->Check();
+      if (!s.ok()) return Fail(s, SQLITE_IOERR_LOCK);
+      l.kept = false;
+      for (size_t i = 0; i < std::size(l.kCompanions); ++i) {
+        l.probed[i] = (l.present & CompanionBit(i)) == 0;  // "no", else asked anew
+      }
+      if (l.fresh == &p) refreshed = &p;
+    } else if (l.shared == 0) {
+      l.yield = false;
       // SQLite's first look at the database in one round trip: the CAS, then (same server,
       // after it) the header, and whether a journal or a WAL exists where their names are on
       // that server too.
@@ -444,6 +583,7 @@ int Lock(sqlite3_file* f, int level) {
         l.present = p.file->companions();
         std::fill(std::begin(l.probed), std::end(l.probed), true);
         CheckCache(l, *p.file);
+        if (l.keep) p.connection->watch->Wake();
       }
     }
     if (s.ok()) ++l.shared;
@@ -456,11 +596,17 @@ int Lock(sqlite3_file* f, int level) {
     // CAS that fails bumps it too, harmlessly: a reader that sees it moved only drops its cache.
     uint64_t previous = 0;
     const bool bump = want == LockLevel::kExclusive && !l.bumped;
-    s = l.word->Lock(
-        want,
+    const auto with =
         bump ? [&](Batch&
                        batch) { return batch.FetchAdd(p.file->data_version_word(), 1, &previous); }
-             : std::function<Status(Batch&)>());
+             : std::function<Status(Batch&)>();
+    s = l.word->Lock(want, with);
+    if (s.code() == StatusCode::kAborted && l.word->level() == LockLevel::kPending &&
+        l.word->AwaitReaders(kWriterPatience).ok()) {
+      // Readers that kept SHARED gave it up (their watch saw our PENDING): without this wait a
+      // writer with no busy handler would be refused where no reader is at work.
+      s = l.word->Lock(want, with);
+    }
     if (s.ok() && bump) NoteBump(l, previous);
     if (s.ok() || l.word->level() >= LockLevel::kReserved) l.writer = &p;
     if (l.writer == &p) p.level = l.word->level();
@@ -474,6 +620,7 @@ int Lock(sqlite3_file* f, int level) {
     s = other->file->Refresh();
     if (!s.ok()) return Fail(s, SQLITE_IOERR_LOCK);
   }
+  l.fresh = &p;
   return SQLITE_OK;
 }
 
@@ -501,17 +648,41 @@ int CheckReservedLock(sqlite3_file* f, int* out) {
 }
 
 // `PRAGMA farpool_round_trips`: the round trips this process's connection to the cluster has
-// made for SQLite (lease renewals left out), for measuring what a statement costs.
+// made for SQLite (over TCP; lease renewals and the watch's looks left out), for measuring
+// what a statement costs. `PRAGMA farpool_watch_round_trips`: the watch's looks (off every
+// transaction's path).
 // `PRAGMA farpool_cache_mib [= N]`: the database's page cache in this process (MiB; the URI
 // parameter farpool_cache_mib sets it at open, 64 by default).
+// `PRAGMA farpool_keep_shared [= 0|1]`: whether this process keeps the database's SHARED lock
+// between read transactions (the URI parameter farpool_keep_shared sets it at open, on by
+// default).
 int FileControl(sqlite3_file* f, int op, void* arg) {
   if (op != SQLITE_FCNTL_PRAGMA) return SQLITE_NOTFOUND;
   auto** a = static_cast<char**>(arg);  // [0]: result, [1]: pragma name, [2]: its argument
   PoolFile& p = Of(f);
   if (sqlite3_stricmp(a[1], "farpool_round_trips") == 0) {
     const Connection& c = *p.connection;
-    const uint64_t n = c.pool->counters().round_trips - c.leases->renewals();
-    a[0] = sqlite3_mprintf("%llu", static_cast<unsigned long long>(n));
+    const uint64_t off_path = c.leases->renewals() + c.watch->looks();
+    const uint64_t all = c.pool->counters().round_trips;
+    a[0] = sqlite3_mprintf("%llu", static_cast<unsigned long long>(all - std::min(all, off_path)));
+    return SQLITE_OK;
+  }
+  if (sqlite3_stricmp(a[1], "farpool_watch_round_trips") == 0) {
+    a[0] = sqlite3_mprintf("%llu", static_cast<unsigned long long>(p.connection->watch->looks()));
+    return SQLITE_OK;
+  }
+  if (sqlite3_stricmp(a[1], "farpool_keep_shared") == 0 && p.lock != nullptr) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    ProcessLock& l = *p.lock;
+    if (a[2] != nullptr) {
+      l.keep = !(sqlite3_stricmp(a[2], "0") == 0 || sqlite3_stricmp(a[2], "off") == 0 ||
+                 sqlite3_stricmp(a[2], "false") == 0 || sqlite3_stricmp(a[2], "no") == 0);
+      if (!l.keep && l.kept) {
+        Status s = ReleaseKept(l);
+        if (!s.ok()) return Fail(s, SQLITE_IOERR_UNLOCK);
+      }
+    }
+    a[0] = sqlite3_mprintf("%d", l.keep ? 1 : 0);
     return SQLITE_OK;
   }
   if (sqlite3_stricmp(a[1], "farpool_cache_mib") == 0 && p.lock != nullptr) {
@@ -551,6 +722,7 @@ int Open(sqlite3_vfs*, const char* name, sqlite3_file* f, int flags, int* out_fl
     return g_default->xOpen(g_default, name, f, flags, out_flags);  // temporary files
   }
   auto* p = new (f) PoolFile{};
+  std::unique_ptr<Connection> closed;  // destroyed after g_mu is released (Release)
   std::lock_guard<std::mutex> lock(g_mu);
   Result<Connection*> c = Status::Internal("unset");
   if ((flags & SQLITE_OPEN_MAIN_DB) != 0) {
@@ -563,7 +735,7 @@ int Open(sqlite3_vfs*, const char* name, sqlite3_file* f, int flags, int* out_fl
   if ((flags & SQLITE_OPEN_CREATE) != 0) {
     Status s = MarkCompanion(**c, name);
     if (!s.ok()) {
-      Release(*c);
+      closed = Release(*c);
       return Fail(s.WithContext(name), SQLITE_CANTOPEN);
     }
   }
@@ -572,7 +744,7 @@ int Open(sqlite3_vfs*, const char* name, sqlite3_file* f, int flags, int* out_fl
                                                              : OpenMode::kExisting;
   auto file = (*c)->store->OpenFile(name, mode);
   if (!file.ok()) {
-    Release(*c);
+    closed = Release(*c);
     return Fail(file.status(), SQLITE_CANTOPEN);
   }
   p->connection = *c;
@@ -582,7 +754,10 @@ int Open(sqlite3_vfs*, const char* name, sqlite3_file* f, int flags, int* out_fl
   if ((flags & SQLITE_OPEN_MAIN_DB) != 0) {
     auto& l = (*c)->locks[p->file->name()];
     if (!l) {
-      l = std::make_unique<ProcessLock>();
+      l = std::make_unique<ProcessLock>((*c)->next_lock_id++);
+      l->keep = sqlite3_uri_boolean(name, "farpool_keep_shared", 1) != 0;
+      l->keep_idle = std::chrono::milliseconds(
+          sqlite3_uri_int64(name, "farpool_keep_idle_ms", ProcessLock::kDefaultKeepIdleMs));
       l->word = std::make_unique<FileLock>(*(*c)->pool, p->file->lock_word(), *(*c)->leases);
       l->cache.set_capacity(
           CacheBytes(sqlite3_uri_int64(name, "farpool_cache_mib", ProcessLock::kDefaultCacheMib)));
@@ -598,6 +773,7 @@ int Open(sqlite3_vfs*, const char* name, sqlite3_file* f, int flags, int* out_fl
 }
 
 int Delete(sqlite3_vfs*, const char* name, int) {
+  std::unique_ptr<Connection> closed;  // destroyed after g_mu is released (Release)
   std::lock_guard<std::mutex> lock(g_mu);
   auto c = ConnectionFor(name);
   if (!c.ok()) return Fail(c.status().WithContext(name), SQLITE_IOERR_DELETE);
@@ -606,16 +782,17 @@ int Delete(sqlite3_vfs*, const char* name, int) {
   if (gone) {
     Status u = UnmarkCompanion(**c, name);
     if (!u.ok()) {
-      Release(*c);
+      closed = Release(*c);
       return Fail(u.WithContext(name), SQLITE_IOERR_DELETE);
     }
   }
-  Release(*c);
+  closed = Release(*c);
   if (s.code() == StatusCode::kNotFound) return SQLITE_IOERR_DELETE_NOENT;
   return s.ok() ? SQLITE_OK : Fail(s, SQLITE_IOERR_DELETE);
 }
 
 int Access(sqlite3_vfs*, const char* name, int, int* out) {
+  std::unique_ptr<Connection> closed;  // destroyed after g_mu is released (Release)
   std::lock_guard<std::mutex> lock(g_mu);
   auto c = ConnectionFor(name);
   if (!c.ok()) return Fail(c.status().WithContext(name), SQLITE_IOERR_ACCESS);
@@ -635,7 +812,7 @@ int Access(sqlite3_vfs*, const char* name, int, int* out) {
   Result<bool> exists = absent             ? Result<bool>(false)
                         : probe != nullptr ? (*c)->store->FinishExists(*probe)
                                            : (*c)->store->Exists(name);
-  Release(*c);
+  closed = Release(*c);
   if (!exists.ok()) return Fail(exists.status(), SQLITE_IOERR_ACCESS);
   *out = *exists ? 1 : 0;
   return SQLITE_OK;

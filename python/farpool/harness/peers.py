@@ -758,14 +758,18 @@ def time_queries(con: sqlite3.Connection, queries: list[str], meta: dict, second
     """Runs the queries in turn (random parameters) on `con` for `seconds`, closes it, and
     returns count, qps and latency percentiles of what ran after a 0.2 s warm-up; with
     `round_trips` (a database on the farpool VFS), also the pool round trips per query
-    (`PRAGMA farpool_round_trips`, over every query run)."""
+    (`PRAGMA farpool_round_trips`, over every query run) and the VFS watch's round trips per
+    second beside them (`PRAGMA farpool_watch_round_trips`; None for a VFS without one)."""
     import random
     rnd = random.Random(seed)
 
-    def trips() -> int:
-        return int(con.execute("PRAGMA farpool_round_trips").fetchone()[0])
+    def trips(pragma: str = "farpool_round_trips") -> int | None:
+        row = con.execute(f"PRAGMA {pragma}").fetchone()
+        return None if row is None else int(row[0])
 
     trips_before = trips() if round_trips else 0
+    watch_before = trips("farpool_watch_round_trips") if round_trips else None
+    started = time.perf_counter()
     lat = []
     clock = time.perf_counter_ns
     end = time.perf_counter() + seconds
@@ -784,11 +788,15 @@ def time_queries(con: sqlite3.Connection, queries: list[str], meta: dict, second
         if now >= warm:
             lat.append((t1 - t0) / 1000)
     trips_after = trips() if round_trips else 0
+    watch_after = trips("farpool_watch_round_trips") if round_trips else None
+    elapsed = time.perf_counter() - started
     con.close()
     r = percentiles(lat)
     r["qps"] = len(lat) / max(1e-9, seconds - 0.2)
     if round_trips:
         r["round_trips_per_query"] = (trips_after - trips_before) / max(1, i)
+        r["watch_round_trips_per_s"] = (None if watch_before is None or watch_after is None
+                                        else (watch_after - watch_before) / elapsed)
     return r
 
 

@@ -7,6 +7,9 @@ Part 1, latency (one process, one query flow; p50/p99 per query):
   sqlite-vfs-shm   SQLite, database in the pool, 2 memory servers over shared memory
   sqlite-vfs-tcp   SQLite, database in the pool, 2 memory servers over TCP, each in its own
                    network namespace, the client in a third (as on another host)
+  sqlite-vfs-tcp-nokeep  the same with `farpool_keep_shared=0`: every read transaction takes
+                   SHARED (1 round trip) instead of keeping it (docs/files.md, "Read
+                   transactions without a round trip"); run query by query beside the above
   native-shm       farpool's pool engine on the same data (`farpool bench social`, shm)
 
 Part 2, readers that scale: 1, 2, 4 processes run the six queries in turn on one database at
@@ -38,9 +41,11 @@ from farpool.harness import peers
 from farpool.harness.peers import log
 
 QUERIES = ["q1", "q2", "q3", "q4", "q5", "q6"]
-SYSTEMS = ["sqlite-file", "sqlite-vfs-shm", "sqlite-vfs-tcp", "native-shm"]
+SYSTEMS = ["sqlite-file", "sqlite-vfs-shm", "sqlite-vfs-tcp", "native-shm",
+           "sqlite-vfs-tcp-nokeep"]
 LABELS = {"sqlite-file": "SQLite (local file)", "sqlite-vfs-shm": "SQLite on farpool (shm)",
-          "sqlite-vfs-tcp": "SQLite on farpool (tcp)", "native-shm": "farpool engine (shm)"}
+          "sqlite-vfs-tcp": "SQLite on farpool (tcp)", "native-shm": "farpool engine (shm)",
+          "sqlite-vfs-tcp-nokeep": "SQLite on farpool (tcp, SHARED not kept)"}
 
 
 def reader(target: str, uri: bool, meta: dict, seconds: float, seed: int, start_at: float,
@@ -133,20 +138,25 @@ def measure(scale: float, seconds: float, readers: list[int], memory: str,
         copy = db.copy_from(local)
         db.verify_social(export)
         notes.append(f"copied into the pool over TCP in {copy:.2f} s; {ns.describe()}")
-        # Part 1 from a reader in its own namespace, like the readers of part 2.
+        # Part 1 from a reader in its own namespace, like the readers of part 2; each query
+        # with SHARED kept (the default) and not, one after the other.
+        variants = {"sqlite-vfs-tcp": db.target,
+                    "sqlite-vfs-tcp-nokeep": db.target + "&farpool_keep_shared=0"}
         for q in QUERIES:
-            out = subprocess.run(
-                [*ns.exec_prefix(2), sys.executable, "-m", "farpool.harness.sqlite_vfs", "--reader",
-                 json.dumps({"target": db.target, "uri": True, "meta": meta, "seconds": seconds,
-                             "seed": 42, "start_at": 0, "queries": [q],
-                             "cache_mib": cache_mib})],
-                capture_output=True, text=True, timeout=seconds + 120)
-            if out.returncode != 0:
-                raise RuntimeError(f"tcp reader failed: {out.stderr.strip()[-400:]}")
-            r = json.loads(out.stdout.strip().splitlines()[-1])
-            rows.append({"experiment": "sqlite_vfs", "part": "latency", "system": "sqlite-vfs-tcp",
-                         "query": q, "scale": scale, **r})
-            log(f"   sqlite-vfs-tcp {q}: p50 {r['p50_us']:.1f} us")
+            for system, target in variants.items():
+                out = subprocess.run(
+                    [*ns.exec_prefix(2), sys.executable, "-m", "farpool.harness.sqlite_vfs",
+                     "--reader",
+                     json.dumps({"target": target, "uri": True, "meta": meta, "seconds": seconds,
+                                 "seed": 42, "start_at": 0, "queries": [q],
+                                 "cache_mib": cache_mib})],
+                    capture_output=True, text=True, timeout=seconds + 120)
+                if out.returncode != 0:
+                    raise RuntimeError(f"tcp reader failed: {out.stderr.strip()[-400:]}")
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                rows.append({"experiment": "sqlite_vfs", "part": "latency", "system": system,
+                             "query": q, "scale": scale, **r})
+                log(f"   {system} {q}: p50 {r['p50_us']:.1f} us")
         scaling("sqlite-vfs-tcp", db, meta, [ns.exec_prefix(2 + i) for i in range(max_readers)])
     peers.stamp(rows)
     return rows, notes
@@ -170,7 +180,9 @@ def table(rows: list[dict], notes: list[str]) -> str:
             if r and base and s != "sqlite-file" and base["p50_us"] > 0:
                 cell += f" ({r['p50_us'] / base['p50_us']:.2f}x)"
             if r and "round_trips_per_query" in r:
-                cell += f", {r['round_trips_per_query']:.1f} RTT"
+                cell += f", {r['round_trips_per_query']:.2f} RTT"
+            if r and r.get("watch_round_trips_per_s") is not None:
+                cell += f" (+{r['watch_round_trips_per_s']:,.0f}/s watch)"
             cells.append(cell)
         lines.append(f"| {q} | " + " | ".join(cells) + " |")
     lines.append("")
