@@ -459,6 +459,23 @@ TEST_F(FileStoreTest, ASharedLockAmongBusyReadersTakesAtMostTwoRoundTrips) {
   EXPECT_EQ(word, 0u) << "every bit taken was given back";
 }
 
+// A thread's first operation on a Pool sets up its connections (seconds under load), so the
+// renewal thread makes its first operation before Attach claims a slot: done lazily, it was the
+// first renewal, and others judged the fresh slot dead meanwhile (lease.h). Attach on a store
+// with free slots reads the slots once and claims one with a CAS; the other read is the
+// renewal thread's, made before Attach returned.
+TEST_F(FileStoreTest, TheRenewalThreadIsConnectedBeforeAttachReturns) {
+  TcpClient c;
+  ASSERT_NO_FATAL_FAILURE(ConnectOverTcp("renewal-connect.db", &c));
+  const OpCounters before = c.pool->counters();
+  auto leases = LeaseTable::Attach(*c.store, [&](int slot) { return ClearSlot(*c.store, slot); });
+  const OpCounters after = c.pool->counters();
+  ASSERT_TRUE(leases.ok()) << leases.status().ToString();
+  EXPECT_EQ(after.cas - before.cas, 1u) << "the claim";
+  EXPECT_EQ(after.reads - before.reads, 2u) << "the slots' read and the renewal thread's";
+  EXPECT_EQ((*leases)->renewals(), 0u) << "no renewal is due yet";
+}
+
 // The release of SHARED is posted (file_lock.h). Over TCP each thread has its own connections,
 // so a lock taken next by another thread first waits for the release to land: the bit it
 // sets must still be there afterwards, also when the releasing thread has ended.

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <future>
 #include <random>
 
 namespace farpool::files {
@@ -38,6 +39,18 @@ Result<std::unique_ptr<LeaseTable>> LeaseTable::Attach(FileStore& store, SweepFn
       new LeaseTable(store, std::move(sweep), NewToken(store.pool().process_tag())));
   LeaseTable& t = *table;
   Pool& pool = store.pool();
+  // The renewal thread connects before a slot is claimed: a thread's first memory operation on
+  // a Pool sets up its connections (include/farpool/pool.h), which under load took seconds
+  // (docs/database.md, "Leases and fencing": the same cause evicted live database workers).
+  // Done lazily it was the first renewal, and observers judged the fresh slot dead meanwhile.
+  std::promise<Status> connected;
+  std::future<Status> ready = connected.get_future();
+  t.renewal_ = std::thread([&t, connected = std::move(connected)]() mutable {
+    uint64_t owner = 0;
+    connected.set_value(t.store_.pool().Read(t.Slot(0), &owner, 8));
+    t.Renew();
+  });
+  FARPOOL_RETURN_IF_ERROR(ready.get().WithContext("connecting the lease renewal thread"));
   const auto deadline = std::chrono::steady_clock::now() + 2 * (t.lease_ + t.margin());
   for (;;) {
     LeaseSlot slots[kLeaseSlots];
@@ -67,8 +80,12 @@ Result<std::unique_ptr<LeaseTable>> LeaseTable::Attach(FileStore& store, SweepFn
     }
     std::this_thread::sleep_for(t.lease_ / 8);
   }
-  t.last_renewal_ns_ = NowNs();
-  t.renewal_ = std::thread([&t] { t.Renew(); });
+  {
+    std::lock_guard<std::mutex> lock(t.stop_mu_);
+    t.last_renewal_ns_ = NowNs();
+    t.claimed_ = true;
+  }
+  t.stop_cv_.notify_all();
   return table;
 }
 
@@ -84,6 +101,7 @@ LeaseTable::~LeaseTable() {
 
 void LeaseTable::Renew() {
   std::unique_lock<std::mutex> lock(stop_mu_);
+  stop_cv_.wait(lock, [this] { return stop_ || claimed_; });
   while (!stop_cv_.wait_for(lock, lease_ / 8, [this] { return stop_; })) {
     std::lock_guard<std::mutex> renewing(renew_mu_);
     if (lost_) return;

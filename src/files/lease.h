@@ -5,7 +5,9 @@
 // How it works:
 //   - Attach claims a free slot (CAS owner 0 → a token: random high bits, the process's pool
 //     process tag in the low 32). A renewal thread adds 1 to
-//     the slot's heartbeat every lease/8 and checks the owner is still its token.
+//     the slot's heartbeat every lease/8 and checks the owner is still its token. It is
+//     connected to the servers before the claim, so its first renewal is not a connection
+//     set-up (seconds under load, longer than lease + margin).
 //   - An observer judges another slot by its own monotonic clock: a slot whose (owner,
 //     heartbeat) has not changed for lease + margin since the observer first saw that value
 //     is dead. No clocks are compared across hosts.
@@ -120,8 +122,9 @@ class LeaseTable {
 
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
-  bool stop_ = false;  // GUARDED_BY(stop_mu_)
-  std::thread renewal_;
+  bool stop_ = false;     // GUARDED_BY(stop_mu_)
+  bool claimed_ = false;  // GUARDED_BY(stop_mu_): slot_ is set; the thread starts renewing
+  std::thread renewal_;   // started (and connected) by Attach before it claims a slot
 };
 
 }  // namespace farpool::files
