@@ -876,7 +876,7 @@ TEST(ClusterAdd, ARunningPoolLearnsTheAddedServerAndPlacesChunksThere) {
   EXPECT_TRUE(writer.AcknowledgedEverywhere(10));
   writer.Stop();
   writer.CheckIntact();
-  EXPECT_EQ(writer.failures(), 0u);
+  EXPECT_EQ(writer.failures(), 0u) << writer.first_error();
 }
 
 // A server the map names that does not answer yet (here: nothing listens on its port) neither
@@ -941,7 +941,7 @@ TEST(ClusterAdd, AServerThatDoesNotAnswerYetIsEnteredOnceItDoes) {
   EXPECT_EQ(back, pattern);
   writer.Stop();
   writer.CheckIntact();
-  EXPECT_EQ(writer.failures(), 0u);
+  EXPECT_EQ(writer.failures(), 0u) << writer.first_error();
   setup.pool.reset();  // says goodbye to the server before it stops
   (*server)->Stop();
 }
@@ -1108,7 +1108,8 @@ TEST(ClusterDrain, BadInputIsRefusedAndChangesNothing) {
   EXPECT_NE(unknown.message().find("no server 9 in the cluster (servers: 0 1)"), std::string::npos)
       << unknown.message();
   EXPECT_EQ(ClusterEtcdStatus(cluster.dir()).value().map.epoch, 1);
-  ASSERT_TRUE(ClusterDrain(cluster.dir(), 1, 30000ms).ok());
+  Status drained = ClusterDrain(cluster.dir(), 1, 30000ms);
+  ASSERT_TRUE(drained.ok()) << drained.ToString();
   EtcdView view = ClusterEtcdStatus(cluster.dir()).value();
   const int64_t epoch = view.map.epoch;
   EXPECT_EQ(view.map.Find(1)->served_by, 0);
