@@ -785,19 +785,27 @@ class NamTxn final : public Transaction {
     GlobalAddress record;
     ColumnSet columns;
   };
+  // `along`: records read in the batch of the entries' records if it reads any (never in a
+  // round trip of their own), their copies put into *guessed: a join's target records
+  // (ScanRanges). REQUIRES: the snapshot is taken; guessed is not null if along is not empty.
   Status ReadIndexed(std::span<const IndexEntry> entries, std::vector<Row>* rows,
-                     std::vector<uint8_t>* found, GuessedRecords* guessed = nullptr);
+                     std::vector<uint8_t>* found, GuessedRecords* guessed = nullptr,
+                     std::span<const std::pair<const NamTable*, GlobalAddress>> along = {});
   // The snapshot's counter read for a B+tree walk's first round (BTree::FirstRound).
   BTree::FirstRound SnapshotRound(NamSession::SnapshotRead* snap);
   // ScanMany's first round: the snapshot's counter read if none is taken, then (behind a fence)
   // copies of the records `guesses` name (table, address: what the cached leaves name, BTree
   // invariant 13). The copies that may serve the snapshot (see read.cc) go to *out once the
   // round is done. REQUIRES: guesses and *out outlive the round.
+  // `lookups` (table, key): keys whose records are looked up and read together
+  // (HashIndex::PostLookupRead) in that round, the addresses found remembered in the session's
+  // cache and the copies, under the same rule, put in *out.
   BTree::FirstRound GuessRound(NamSession::SnapshotRead* snap,
                                std::span<const std::pair<const NamTable*, uint64_t>> guesses,
+                               std::span<const std::pair<const NamTable*, int64_t>> lookups,
                                GuessedRecords* out);
   // ScanThenGet's addition to ScanMany's first round: the target records that the guessed
-  // entries name, where the session's address cache knows them.
+  // entries name (read at the address the session's cache knows, else looked up and read).
   struct JoinGuess {
     const NamTable* target;
     const std::function<int64_t(size_t range, int64_t key)>* target_key;

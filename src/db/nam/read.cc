@@ -1067,7 +1067,8 @@ bool NamTxn::TakeGuess(GuessedRecords& guessed, const NamTable& t, GlobalAddress
 }
 
 Status NamTxn::ReadIndexed(std::span<const IndexEntry> entries, std::vector<Row>* rows,
-                           std::vector<uint8_t>* found, GuessedRecords* guessed) {
+                           std::vector<uint8_t>* found, GuessedRecords* guessed,
+                           std::span<const std::pair<const NamTable*, GlobalAddress>> along) {
   rows->assign(entries.size(), Row());
   found->assign(entries.size(), 0);
   if (entries.empty()) return Status::Ok();
@@ -1084,7 +1085,17 @@ Status NamTxn::ReadIndexed(std::span<const IndexEntry> entries, std::vector<Row>
       FARPOOL_RETURN_IF_ERROR(
           b.Read(entries[i].record, images[i].bytes.data(), images[i].bytes.size()));
     }
+    std::vector<std::vector<unsigned char>> copies;
+    if (b.posted() > 0) {
+      copies.reserve(along.size());
+      for (const auto& [t, record] : along) {
+        auto& copy = copies.emplace_back(t->layout_.record_size());
+        FARPOOL_RETURN_IF_ERROR(b.Read(record, copy.data(), copy.size()));
+      }
+    }
     FARPOOL_RETURN_IF_ERROR(b.Wait());
+    for (size_t i = 0; i < copies.size(); ++i)
+      guessed->emplace(along[i].second.raw(), std::move(copies[i]));
   }
   if (!s_.access_.memory().mapped()) {  // where SettleRecord polls, nothing to do here
     std::vector<LockedCopy> copies;
@@ -1120,15 +1131,23 @@ BTree::FirstRound NamTxn::SnapshotRound(NamSession::SnapshotRead* snap) {
 
 BTree::FirstRound NamTxn::GuessRound(NamSession::SnapshotRead* snap,
                                      std::span<const std::pair<const NamTable*, uint64_t>> guesses,
+                                     std::span<const std::pair<const NamTable*, int64_t>> lookups,
                                      GuessedRecords* out) {
   // The copies' state between post and finish (the closures are called once each).
+  struct Lookup {
+    const NamTable* t;
+    int64_t key;
+    LookupResult result;
+    std::vector<unsigned char> bytes;
+  };
   struct State {
     bool taking = false;
     uint64_t before = 0;
     std::vector<std::pair<uint64_t, std::vector<unsigned char>>> copies;
+    std::vector<Lookup> lookups;  // reserved: the batch writes into each element
   };
   auto st = std::make_shared<State>();
-  auto post = [this, snap, guesses, st](Access::Batch& b) -> Status {
+  auto post = [this, snap, guesses, lookups, st](Access::Batch& b) -> Status {
     st->taking = !has_snapshot_;
     if (st->taking) {
       // A counter value read before this round began (NamDatabase::NoteCounter notes only
@@ -1144,6 +1163,17 @@ BTree::FirstRound NamTxn::GuessRound(NamSession::SnapshotRead* snap,
       auto& copy = st->copies.emplace_back(record, t->layout_.record_size());
       if (!b.Read(GlobalAddress::FromRaw(record), copy.second.data(), copy.second.size()).ok()) {
         st->copies.pop_back();
+        break;
+      }
+    }
+    st->lookups.reserve(lookups.size());
+    for (const auto& [t, key] : lookups) {
+      const uint64_t size = t->layout_.record_size();
+      if (size > kMaxLookupReadBytes) continue;
+      Lookup& l = st->lookups.emplace_back(Lookup{t, key, {}, std::vector<unsigned char>(size)});
+      if (!t->hash_->PostLookupRead(b, key, l.bytes.data(), static_cast<uint32_t>(size), &l.result)
+               .ok()) {
+        st->lookups.pop_back();
         break;
       }
     }
@@ -1167,6 +1197,17 @@ BTree::FirstRound NamTxn::GuessRound(NamSession::SnapshotRead* snap,
     for (auto& [record, bytes] : st->copies) {
       if (quiet || GlobalAddress::FromRaw(record).server() == counter_server)
         out->emplace(record, std::move(bytes));
+    }
+    // The lookups' answers do not depend on the snapshot (as FindRecords' lookups); the records
+    // read along serve under the copies' rule.
+    for (Lookup& l : st->lookups) {
+      bool read = false;
+      FARPOOL_ASSIGN_OR_RETURN(GlobalAddress record,
+                               l.t->hash_->FinishLookupRead(s_.access_, l.key, l.result, &read));
+      if (record.is_null()) continue;
+      s_.RememberRecord(*l.t, l.key, record);
+      if (read && (quiet || record.server() == counter_server))
+        out->emplace(record.raw(), std::move(l.bytes));
     }
     return Status::Ok();
   };
@@ -1304,6 +1345,7 @@ Status NamTxn::ScanRanges(std::span<const ScanRange> ranges, const JoinGuess* jo
   {
     std::map<const NamTable*, std::vector<BTree::Range>> by_table;
     std::vector<std::pair<const NamTable*, uint64_t>> guesses;
+    std::vector<std::pair<const NamTable*, int64_t>> lookups;
     std::vector<uint64_t> values;
     std::vector<int64_t> keys;
     size_t indexed = 0;  // guesses of index records (at most kMaxGuesses, and as many targets)
@@ -1322,18 +1364,26 @@ Status NamTxn::ScanRanges(std::span<const ScanRange> ranges, const JoinGuess* jo
       indexed += values.size();
       for (uint64_t v : values) guesses.push_back({&t, v});
       for (int64_t k : keys) {
-        const GlobalAddress record = s_.CachedRecord(*join->target, (*join->target_key)(i, k));
-        if (!record.is_null()) guesses.push_back({join->target, record.raw()});
+        const int64_t target_key = (*join->target_key)(i, k);
+        const GlobalAddress record = s_.CachedRecord(*join->target, target_key);
+        if (!record.is_null()) {
+          guesses.push_back({join->target, record.raw()});
+        } else {
+          lookups.push_back({join->target, target_key});
+        }
       }
     }
     std::sort(guesses.begin(), guesses.end());
     guesses.erase(std::unique(guesses.begin(), guesses.end()), guesses.end());
+    std::sort(lookups.begin(), lookups.end());
+    lookups.erase(std::unique(lookups.begin(), lookups.end()), lookups.end());
     bool first_table = true;
     for (const auto& [t, rs] : by_table) {
       NamSession::SnapshotRead snap;
       const BTree::FirstRound first =
-          first_table ? GuessRound(&snap, guesses, guessed) : SnapshotRound(&snap);
-      const bool with_first = first_table ? !has_snapshot_ || !guesses.empty() : !has_snapshot_;
+          first_table ? GuessRound(&snap, guesses, lookups, guessed) : SnapshotRound(&snap);
+      const bool with_first =
+          first_table ? !has_snapshot_ || !guesses.empty() || !lookups.empty() : !has_snapshot_;
       first_table = false;
       FARPOOL_RETURN_IF_ERROR(
           t->btree_->ReadAhead(s_.access_, rs, with_first ? &first : nullptr, &ahead[t]));
@@ -1370,9 +1420,22 @@ Status NamTxn::ScanRanges(std::span<const ScanRange> ranges, const JoinGuess* jo
         nullptr, &ahead[&t]));
     p.end = entries.size();
   }
+  // A join's target records not read in round 1 (the counter moved, a guess missed), at the
+  // addresses the session knows: along with the index records if those take a round trip.
+  std::vector<std::pair<const NamTable*, GlobalAddress>> along;
+  for (size_t i = 0; i < ranges.size() && join != nullptr; ++i) {
+    for (size_t j = parts[i].begin; j < parts[i].end; ++j) {
+      const GlobalAddress record =
+          s_.CachedRecord(*join->target, (*join->target_key)(i, entries[j].key));
+      if (!record.is_null() && guessed->count(record.raw()) == 0)
+        along.push_back({join->target, record});
+    }
+  }
+  std::sort(along.begin(), along.end());
+  along.erase(std::unique(along.begin(), along.end()), along.end());
   std::vector<Row> rows;
   std::vector<uint8_t> found;
-  FARPOOL_RETURN_IF_ERROR(ReadIndexed(entries, &rows, &found, guessed));
+  FARPOOL_RETURN_IF_ERROR(ReadIndexed(entries, &rows, &found, guessed, along));
   for (size_t i = 0; i < ranges.size(); ++i) {
     const ScanRange& r = ranges[i];
     const Part& p = parts[i];
