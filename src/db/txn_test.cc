@@ -1196,15 +1196,20 @@ TEST_P(ScanGuessTest, ScanThenGetReadsTargetsWithTheLeaves) {
   ASSERT_TRUE(os.ok()) << os.status().ToString();
   bool reread = false;
   for (int round = 1; round <= 5 && !reread; ++round) {
+    const auto idle_from = std::chrono::steady_clock::now();
     ASSERT_OK(RunTransaction(**os, [&](Transaction& txn) -> Status {
       for (int k = 0; k < 40; ++k)
         FARPOOL_RETURN_IF_ERROR(PutInt(txn, **ot, 1000 + k, 100 * round + k));
       return Status::Ok();
     }));
+    // A session idle for over a second drops its address cache at its next snapshot
+    // (NamSession::FinishSnapshot): the targets are then looked up in a round of their own. The
+    // bound is about counts, so it is chosen by how long the commit kept us idle.
+    const bool idle = std::chrono::steady_clock::now() - idle_from > std::chrono::milliseconds(800);
     for (int k = 0; k < 40; ++k) want[k] = 100 * round + k;
     EXPECT_EQ(join(&trips), want);
-    EXPECT_LE(trips, 2u);
-    reread = trips == 2;
+    EXPECT_LE(trips, idle ? 3u : 2u);
+    reread = trips >= 2;
   }
   EXPECT_TRUE(reread) << "the counter moved: the other server's target records must be read again";
 }

@@ -1421,9 +1421,12 @@ Status NamTxn::ScanRanges(std::span<const ScanRange> ranges, const JoinGuess* jo
     p.end = entries.size();
   }
   // A join's target records not read in round 1 (the counter moved, a guess missed), at the
-  // addresses the session knows: along with the index records if those take a round trip.
+  // addresses the session knows: along with the index records if those take a round trip. Not
+  // over mapped memory, where that "round trip" is memcpys and the copies' bookkeeping made q4
+  // 1.5x slower (docs/experiments.md).
   std::vector<std::pair<const NamTable*, GlobalAddress>> along;
-  for (size_t i = 0; i < ranges.size() && join != nullptr; ++i) {
+  const bool read_along = join != nullptr && !s_.access_.memory().mapped();
+  for (size_t i = 0; i < ranges.size() && read_along; ++i) {
     for (size_t j = parts[i].begin; j < parts[i].end; ++j) {
       const GlobalAddress record =
           s_.CachedRecord(*join->target, (*join->target_key)(i, entries[j].key));
