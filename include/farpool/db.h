@@ -314,12 +314,13 @@ class Transaction {
   // What it returns is what those two calls would return one after the other in this
   // transaction: the same snapshot (snapshot isolation), own writes, locks held by this
   // transaction's locking reads, reads recorded for the commit. Read committed: one snapshot
-  // for the whole call (the two calls would take two). The pool engines read, in the round trip
-  // of the ranges' first leaves, the index records and the target records that their cached
-  // images name (target records whose address this session knows), so a warm join costs one
-  // round trip where the two calls cost two; every guess is checked against what the fresh
-  // leaves and lookups say, a wrong one read again. The default, for other engines, makes the
-  // two calls. REQUIRES: as ScanMany; target_key has no side effects.
+  // for the whole call (the two calls would take two). The pool engines, where memory is not
+  // mapped, read in the round trip of the ranges' first leaves the index records and the target
+  // records that their cached images name (at the address this session knows, else with a
+  // near-memory lookup-read), so a warm join costs one round trip where the two calls cost two;
+  // every guess is checked against what the fresh leaves and lookups say, a wrong one read
+  // again. Over mapped memory, and in the default for other engines, it is the two calls.
+  // REQUIRES: as ScanMany; target_key has no side effects (it is also called on guessed keys).
   virtual Status ScanThenGet(
       std::span<const ScanRange> ranges, const Table& target, ColumnSet columns,
       const std::function<int64_t(size_t range, int64_t key)>& target_key,
