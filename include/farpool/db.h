@@ -306,6 +306,26 @@ class Transaction {
   virtual Status ScanMany(
       std::span<const ScanRange> ranges,
       const std::function<bool(size_t range, int64_t key, const Row& row)>& visit);
+  // A join through an index: ScanMany of `ranges` (tables used as indexes; the ranges' columns
+  // are not read), then MultiGet of the rows of `target` that the visible entries name, key
+  // `target_key(range, key)`, `columns` of each. Calls `visit` for every visible entry in
+  // ScanMany's order with Get's outcome for its target row (OK with the row, or NotFound with
+  // an empty row); false stops. Any other outcome is returned for the whole call, as MultiGet.
+  // What it returns is what those two calls would return one after the other in this
+  // transaction: the same snapshot (snapshot isolation), own writes, locks held by this
+  // transaction's locking reads, reads recorded for the commit. Read committed: one snapshot
+  // for the whole call (the two calls would take two). The pool engines, where memory is not
+  // mapped, read in the round trip of the ranges' first leaves the index records and the target
+  // records that their cached images name (at the address this session knows, else with a
+  // near-memory lookup-read), so a warm join costs one round trip where the two calls cost two;
+  // every guess is checked against what the fresh leaves and lookups say, a wrong one read
+  // again. Over mapped memory, and in the default for other engines, it is the two calls.
+  // REQUIRES: as ScanMany; target_key has no side effects (it is also called on guessed keys).
+  virtual Status ScanThenGet(
+      std::span<const ScanRange> ranges, const Table& target, ColumnSet columns,
+      const std::function<int64_t(size_t range, int64_t key)>& target_key,
+      const std::function<bool(size_t range, int64_t key, const Status& status, const Row& row)>&
+          visit);
 
   // Installs the writes atomically or returns Aborted (first committer wins; also a lock held
   // by another transaction). Any other error is a failure. The transaction is finished

@@ -192,6 +192,31 @@ Status Transaction::ScanMany(
   return Status::Ok();
 }
 
+Status Transaction::ScanThenGet(
+    std::span<const ScanRange> ranges, const Table& target, ColumnSet columns,
+    const std::function<int64_t(size_t range, int64_t key)>& target_key,
+    const std::function<bool(size_t range, int64_t key, const Status& status, const Row& row)>&
+        visit) {
+  std::vector<ScanRange> keys_only(ranges.begin(), ranges.end());
+  for (ScanRange& r : keys_only) r.columns = ColumnSet::None();
+  std::vector<std::pair<size_t, int64_t>> entries;
+  FARPOOL_RETURN_IF_ERROR(ScanMany(keys_only, [&](size_t range, int64_t key, const Row&) {
+    entries.push_back({range, key});
+    return true;
+  }));
+  std::vector<TableKey> keys;
+  keys.reserve(entries.size());
+  for (const auto& [range, key] : entries)
+    keys.push_back({&target, target_key(range, key), columns});
+  std::vector<Row> rows;
+  std::vector<Status> statuses;
+  FARPOOL_RETURN_IF_ERROR(MultiGet(keys, &rows, &statuses));
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (!visit(entries[i].first, entries[i].second, statuses[i], rows[i])) break;
+  }
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<Transaction>> Session::Begin(const TransactionOptions& options) {
   if (options.isolation != Isolation::kSnapshot) {
     return Status::InvalidArgument("this engine offers snapshot isolation only (isolation '" +

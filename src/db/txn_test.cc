@@ -44,8 +44,9 @@ class TxnTest : public testing::TestWithParam<std::string> {
     EXPECT_TRUE(t.ok()) << t.status().ToString();
     return t.ok() ? *t : nullptr;
   }
-  // Body of the test of that name, shared by TxnTest and ScanGuessTest.
+  // Bodies of the tests of those names, shared by TxnTest and ScanGuessTest.
   void ScansSeeWholeCommitsUnderConcurrentWriters();
+  void ScanThenGetIsScanManyThenMultiGet();
   std::unique_ptr<TestDatabase> t_;
 };
 
@@ -1005,11 +1006,220 @@ TEST_P(ScanGuessTest, ScanManyReadsRecordsWithTheLeaves) {
   EXPECT_EQ(trips, 1u);
 }
 
+// ScanThenGet is ScanMany of the index ranges, then MultiGet of the rows their entries name,
+// in one transaction: index entries whose target row is missing (never written, deleted before,
+// deleted or written by this transaction), a target asked by two entries, ranges of two index
+// tables forward and reverse with limits, columns (a kBytes column not wanted), a visit that
+// stops. Checked against the two calls in the same transaction, and in read committed too; on
+// pool over TCP too (ScanGuessTest), where the join reads guessed target copies.
+TEST_P(TxnTest, ScanThenGetIsScanManyThenMultiGet) { ScanThenGetIsScanManyThenMultiGet(); }
+TEST_P(ScanGuessTest, ScanThenGetIsScanManyThenMultiGet) { ScanThenGetIsScanManyThenMultiGet(); }
+
+void TxnTest::ScanThenGetIsScanManyThenMultiGet() {
+  const Table* ix = MakeTable("ix", IntSchema(), /*ordered=*/true);
+  const Table* iy = MakeTable("iy", IntSchema(), /*ordered=*/true);
+  const Schema schema{{"n", ColumnType::kInt64}, {"text", ColumnType::kBytes}};
+  const Table* rows = MakeTable("rows", schema);
+  auto s = NewSession();
+  ASSERT_OK(RunTransaction(*s, [&](Transaction& txn) -> Status {
+    for (int k = 0; k < 400; ++k) {
+      FARPOOL_RETURN_IF_ERROR(PutInt(txn, *ix, k, 0));
+      if (k % 4 == 0) FARPOOL_RETURN_IF_ERROR(PutInt(txn, *iy, k, 0));
+      if (k % 7 == 3) continue;  // no row: NotFound
+      Row r(schema);
+      r.SetInt64(0, k * 10);
+      r.SetBytes(1, "text of " + std::to_string(k));
+      FARPOOL_RETURN_IF_ERROR(txn.Put(*rows, k, r));
+    }
+    return Status::Ok();
+  }));
+  ASSERT_OK(RunTransaction(*s, [&](Transaction& txn) -> Status {
+    for (int k = 10; k < 20; ++k) {
+      if (k % 7 != 3) FARPOOL_RETURN_IF_ERROR(txn.Delete(*rows, k));
+    }
+    return Status::Ok();
+  }));
+  // ix key k names row k; iy key k names row k / 2 (two entries, one row).
+  auto target = [&](size_t range, int64_t key) -> int64_t {
+    return range % 2 == 1 ? key / 2 : key;
+  };
+  const std::vector<ScanRange> ranges = {
+      {ix, 0, 60, 0, false}, {iy, 0, 399, 0, true},    {ix, 300, 399, 17, true},
+      {iy, 8, 9, 0, false},  {ix, 500, 400, 0, false}, {ix, 0, 399, 0, false},
+  };
+  using Seen = std::vector<std::tuple<size_t, int64_t, StatusCode, int64_t, std::string>>;
+  for (const ColumnSet cols : {ColumnSet::All(), ColumnSet{0}}) {
+    for (const Isolation iso : {Isolation::kSnapshot, Isolation::kReadCommitted}) {
+      if (iso == Isolation::kReadCommitted && GetParam() == "sharded") continue;  // SI only
+      auto begun = s->Begin(TransactionOptions{.isolation = iso});
+      ASSERT_TRUE(begun.ok()) << begun.status().ToString();
+      Transaction& txn = **begun;
+      // This transaction's own writes: a row written, one deleted, one that had none.
+      Row mine(schema);
+      mine.SetInt64(0, -1);
+      mine.SetBytes(1, "mine");
+      ASSERT_OK(txn.Put(*rows, 21, mine));
+      ASSERT_OK(txn.Put(*rows, 3, mine));
+      ASSERT_OK(txn.Delete(*rows, 22));
+      Seen want, got;
+      std::vector<std::pair<size_t, int64_t>> entries;
+      std::vector<ScanRange> keys_only = ranges;
+      for (ScanRange& r : keys_only) r.columns = ColumnSet::None();
+      ASSERT_OK(txn.ScanMany(keys_only, [&](size_t i, int64_t k, const Row&) {
+        entries.push_back({i, k});
+        return true;
+      }));
+      std::vector<TableKey> keys;
+      for (const auto& [i, k] : entries) keys.push_back({rows, target(i, k), cols});
+      std::vector<Row> got_rows;
+      std::vector<Status> statuses;
+      ASSERT_OK(txn.MultiGet(keys, &got_rows, &statuses));
+      for (size_t j = 0; j < entries.size(); ++j) {
+        const bool ok = statuses[j].ok();
+        want.emplace_back(entries[j].first, entries[j].second, statuses[j].code(),
+                          ok ? got_rows[j].GetInt64(0) : 0, ok ? got_rows[j].GetBytes(1) : "");
+      }
+      ASSERT_OK(txn.ScanThenGet(ranges, *rows, cols, target,
+                                [&](size_t i, int64_t k, const Status& st, const Row& r) {
+                                  got.emplace_back(i, k, st.code(), st.ok() ? r.GetInt64(0) : 0,
+                                                   st.ok() ? r.GetBytes(1) : "");
+                                  return true;
+                                }));
+      EXPECT_EQ(got, want);
+      EXPECT_GT(want.size(), 500u);
+      // The cases are there: missing, deleted, own write, unwanted column empty.
+      auto at = [&](size_t range, int64_t key) {
+        for (const auto& w : want)
+          if (std::get<0>(w) == range && std::get<1>(w) == key) return w;
+        return Seen::value_type{};
+      };
+      EXPECT_EQ(std::get<2>(at(0, 11)), StatusCode::kNotFound) << "deleted before";
+      EXPECT_EQ(std::get<2>(at(0, 17)), StatusCode::kNotFound) << "never written";
+      EXPECT_EQ(std::get<2>(at(0, 22)), StatusCode::kNotFound) << "deleted by this transaction";
+      EXPECT_EQ(std::get<3>(at(0, 21)), -1) << "written by this transaction";
+      EXPECT_EQ(std::get<3>(at(0, 3)), -1) << "written by this transaction, no row before";
+      EXPECT_EQ(std::get<3>(at(0, 40)), 400);
+      EXPECT_EQ(std::get<4>(at(0, 40)), cols == ColumnSet::All() ? "text of 40" : "");
+      // A visit that stops.
+      got.clear();
+      ASSERT_OK(txn.ScanThenGet(ranges, *rows, cols, target,
+                                [&](size_t i, int64_t k, const Status& st, const Row& r) {
+                                  got.emplace_back(i, k, st.code(), st.ok() ? r.GetInt64(0) : 0,
+                                                   st.ok() ? r.GetBytes(1) : "");
+                                  return got.size() < 30;
+                                }));
+      EXPECT_EQ(got, Seen(want.begin(), want.begin() + 30));
+      txn.Rollback();
+    }
+  }
+}
+
+// A join's first read (pool over TCP, warm caches) reads the index records and the target
+// records that its cached leaves name with the snapshot and the leaves: one round trip where
+// ScanMany then MultiGet take two; the rows are those of the two calls. A session that knows
+// no target address yet (its own address cache is empty; the leaves are cached per process)
+// looks the targets up and reads them in that round too.
+TEST_P(ScanGuessTest, ScanThenGetReadsTargetsWithTheLeaves) {
+  const Table* ix = MakeTable("ix", IntSchema(), /*ordered=*/true);
+  const Table* t = MakeTable("t", IntSchema());
+  auto s = NewSession();
+  ASSERT_OK(RunTransaction(*s, [&](Transaction& txn) -> Status {
+    // Enough keys for inner nodes: the cache routes scans only through a cached parent.
+    for (int k = 0; k < 300; ++k) {
+      FARPOOL_RETURN_IF_ERROR(PutInt(txn, *ix, k, 0));
+      FARPOOL_RETURN_IF_ERROR(PutInt(txn, *t, 1000 + k, k));
+    }
+    return Status::Ok();
+  }));
+  const ScanRange range{ix, 0, 39, 0, false};
+  auto key = [](size_t, int64_t k) -> int64_t { return 1000 + k; };
+  std::vector<int64_t> want(40);
+  for (int k = 0; k < 40; ++k) want[k] = k;
+  auto join = [&](uint64_t* trips, Session* session = nullptr) {
+    Session& js = session != nullptr ? *session : *s;
+    std::vector<int64_t> values;
+    auto txn = BeginTxn(js);
+    const uint64_t before = js.counters().round_trips;
+    EXPECT_OK(txn->ScanThenGet(std::span<const ScanRange>(&range, 1), *t, ColumnSet::All(), key,
+                               [&](size_t, int64_t, const Status& st, const Row& r) {
+                                 EXPECT_OK(st);
+                                 values.push_back(r.GetInt64(0));
+                                 return true;
+                               }));
+    *trips = js.counters().round_trips - before;
+    EXPECT_OK(txn->Commit());
+    return values;
+  };
+  auto two_calls = [&](uint64_t* trips) {
+    std::vector<TableKey> keys;
+    auto txn = BeginTxn(*s);
+    const uint64_t before = s->counters().round_trips;
+    EXPECT_OK(
+        txn->ScanMany(std::span<const ScanRange>(&range, 1), [&](size_t, int64_t k, const Row&) {
+          keys.push_back({t, key(0, k)});
+          return true;
+        }));
+    std::vector<Row> rows;
+    std::vector<Status> statuses;
+    EXPECT_OK(txn->MultiGet(keys, &rows, &statuses));
+    *trips = s->counters().round_trips - before;
+    EXPECT_OK(txn->Commit());
+    std::vector<int64_t> values;
+    for (const Row& r : rows) values.push_back(r.GetInt64(0));
+    return values;
+  };
+  uint64_t trips = 0, two = 0;
+  for (int warm = 0; warm < 2; ++warm) join(&trips);  // the caches
+  EXPECT_EQ(two_calls(&two), want);
+  EXPECT_EQ(two, 2u) << "leaves with the index records, then the target records";
+  EXPECT_EQ(join(&trips), want);
+  EXPECT_EQ(trips, 1u) << "snapshot, leaves, index and target records in one round trip";
+  auto fresh = NewSession();
+  {
+    // A session's very first snapshot announces itself in a round trip of its own
+    // (NamSession::PostSnapshot from idle): that one is not the join's.
+    auto txn = BeginTxn(*fresh);
+    EXPECT_TRUE(GetInt(*txn, *ix, 299).ok());
+    EXPECT_OK(txn->Commit());
+  }
+  EXPECT_EQ(join(&trips, fresh.get()), want);
+  EXPECT_EQ(trips, 1u) << "the targets looked up and read with the leaves";
+  // Another handle commits target rows: the counter moved unseen by this one, so the target
+  // copies not on the counter's server are read again (2 round trips; 1 if this handle's
+  // maintenance thread read the counter in between: up to 5 tries for a 2), and the join sees
+  // the commit.
+  auto other = t_->OpenAnother();
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  auto ot = (*other)->OpenTable("t");
+  ASSERT_TRUE(ot.ok()) << ot.status().ToString();
+  auto os = (*other)->NewSession();
+  ASSERT_TRUE(os.ok()) << os.status().ToString();
+  bool reread = false;
+  for (int round = 1; round <= 5 && !reread; ++round) {
+    const auto idle_from = std::chrono::steady_clock::now();
+    ASSERT_OK(RunTransaction(**os, [&](Transaction& txn) -> Status {
+      for (int k = 0; k < 40; ++k)
+        FARPOOL_RETURN_IF_ERROR(PutInt(txn, **ot, 1000 + k, 100 * round + k));
+      return Status::Ok();
+    }));
+    // A session idle for over a second drops its address cache at its next snapshot
+    // (NamSession::FinishSnapshot): the targets are then looked up in a round of their own. The
+    // bound is about counts, so it is chosen by how long the commit kept us idle.
+    const bool idle = std::chrono::steady_clock::now() - idle_from > std::chrono::milliseconds(800);
+    for (int k = 0; k < 40; ++k) want[k] = 100 * round + k;
+    EXPECT_EQ(join(&trips), want);
+    EXPECT_LE(trips, idle ? 3u : 2u);
+    reread = trips >= 2;
+  }
+  EXPECT_TRUE(reread) << "the counter moved: the other server's target records must be read again";
+}
+
 // Snapshot isolation of scans under concurrent writers, on every engine: writers (threads of
 // this process and, on the pool, of another Database handle, whose commits this process does
 // not see the counter of) set all 64 keys of a block to one new value per transaction; every
 // ScanMany and Scan (full rows, and rows without columns) sees each block whole, and the same
-// values again later in the transaction. With warm caches the pool engine over TCP
+// values again later in the transaction, as does a ScanThenGet through an index of the keys
+// (the transaction's first read, or after the scans). With warm caches the pool engine over TCP
 // (ScanGuessTest) reads the records with the leaves (BTree invariant 13) while commits lock
 // and install them.
 TEST_P(TxnTest, ScansSeeWholeCommitsUnderConcurrentWriters) {
@@ -1025,8 +1235,13 @@ void TxnTest::ScansSeeWholeCommitsUnderConcurrentWriters() {
   constexpr int kBlocks = 4, kBlock = 64;
   const int kReads = GetParam() == "pool-tcp" ? 25 : 200, kCommits = kReads;
   const Table* t = MakeTable("t", IntSchema(), /*ordered=*/true);
+  // An index naming t's keys (ScanThenGet joins through it; nobody writes it).
+  const Table* ix = MakeTable("ix", IntSchema(), /*ordered=*/true);
   ASSERT_OK(RunTransaction(*NewSession(), [&](Transaction& txn) -> Status {
-    for (int k = 0; k < kBlocks * kBlock; ++k) FARPOOL_RETURN_IF_ERROR(PutInt(txn, *t, k, 0));
+    for (int k = 0; k < kBlocks * kBlock; ++k) {
+      FARPOOL_RETURN_IF_ERROR(PutInt(txn, *t, k, 0));
+      FARPOOL_RETURN_IF_ERROR(PutInt(txn, *ix, k, 0));
+    }
     return Status::Ok();
   }));
   std::unique_ptr<Database> other;
@@ -1061,19 +1276,36 @@ void TxnTest::ScansSeeWholeCommitsUnderConcurrentWriters() {
   writers.emplace_back([&] { wrote[0] = write(db(), *t, 1); });
   if (other) writers.emplace_back([&] { wrote[1] = write(*other, *other_t, 2); });
   auto reader = NewSession();
-  std::vector<ScanRange> ranges;
-  for (int b = 0; b < kBlocks; ++b)
+  std::vector<ScanRange> ranges, index_ranges;
+  for (int b = 0; b < kBlocks; ++b) {
     ranges.push_back({t, b * kBlock, (b + 1) * kBlock - 1, 0, b % 2 == 1});
+    index_ranges.push_back({ix, b * kBlock, (b + 1) * kBlock - 1, 0, b % 2 == 0});
+  }
   std::string bad;
   for (int i = 0; (i < kReads || commits.load() < kCommits) && bad.empty(); ++i) {
     Status st = RunTransaction(*reader, [&](Transaction& txn) -> Status {
-      std::map<int64_t, int64_t> first, again;
+      std::map<int64_t, int64_t> first, again, joined;
       const ColumnSet cols = i % 3 == 2 ? ColumnSet::None() : ColumnSet::All();
       for (ScanRange& r : ranges) r.columns = cols;
+      // The join through ix: the transaction's first read every other time (its guessed
+      // target copies then ride with the snapshot's counter read), else after the scans.
+      auto join = [&]() -> Status {
+        return txn.ScanThenGet(
+            index_ranges, *t, cols, [](size_t, int64_t k) { return k; },
+            [&](size_t, int64_t k, const Status& found, const Row& r) {
+              joined[k] = found.ok() ? r.GetInt64(0) : -1;
+              return true;
+            });
+      };
+      if (i % 2 == 0) FARPOOL_RETURN_IF_ERROR(join());
       FARPOOL_RETURN_IF_ERROR(txn.ScanMany(ranges, [&](size_t, int64_t k, const Row& r) {
         first[k] = r.GetInt64(0);
         return true;
       }));
+      if (i % 2 == 1) FARPOOL_RETURN_IF_ERROR(join());
+      if (joined != first) {
+        bad = "read " + std::to_string(i) + ": the join differs from the scan in the snapshot";
+      }
       FARPOOL_RETURN_IF_ERROR(
           txn.Scan(*t, 0, kBlocks * kBlock - 1, 0, false, cols, [&](int64_t k, const Row& r) {
             again[k] = r.GetInt64(0);

@@ -147,14 +147,16 @@ class BTree::NodeCache {
   // Appends to *values those of the cached image of leaf `at` with lo <= key <= hi, in scan
   // order, while values->size() < cap. False if the leaf is not cached.
   bool LeafValues(uint64_t at, int64_t lo, int64_t hi, bool reverse, size_t cap,
-                  std::vector<uint64_t>* values) const {
+                  std::vector<uint64_t>* values, std::vector<int64_t>* keys) const {
     std::shared_lock l(mu_);
     auto it = leaves_.find(at);
     if (it == leaves_.end()) return false;
     const Node& n = it->second;
     for (uint32_t j = 0; j < n.count && values->size() < cap; ++j) {
       const Entry& e = n.e[reverse ? n.count - 1 - j : j];
-      if (e.key >= lo && e.key <= hi) values->push_back(e.value);
+      if (e.key < lo || e.key > hi) continue;
+      values->push_back(e.value);
+      if (keys != nullptr) keys->push_back(e.key);
     }
     return true;
   }
@@ -608,13 +610,14 @@ Status BTree::ReadAhead(const Access& access, std::span<const Range> ranges,
   return ReadRound(access, first, GlobalAddress(), nullptr, 0, at, &ahead->map_->nodes);
 }
 
-void BTree::GuessValues(const Range& range, size_t limit, std::vector<uint64_t>* values) const {
+void BTree::GuessValues(const Range& range, size_t limit, std::vector<uint64_t>* values,
+                        std::vector<int64_t>* keys) const {
   const size_t cap = values->size() + limit;
   for (uint64_t leaf : AheadLeaves(range)) {
     // The leaves follow each other in scan order: a gap would make the guesses skip entries
     // (harmless, but then the rest are unlikely to be the scan's).
     if (values->size() >= cap ||
-        !cache_->LeafValues(leaf, range.lo, range.hi, range.reverse, cap, values))
+        !cache_->LeafValues(leaf, range.lo, range.hi, range.reverse, cap, values, keys))
       return;
   }
 }

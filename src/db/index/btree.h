@@ -210,8 +210,9 @@ class BTree {
                    LeafImages* ahead) const;
   // Invariant 13: appends to *values the values of the entries in `range` (scan order, at most
   // `limit`) of the cached images of the leaves ReadAhead would read for it, as long as they
-  // are cached. Reads nothing.
-  void GuessValues(const Range& range, size_t limit, std::vector<uint64_t>* values) const;
+  // are cached, and their keys to *keys if it is not null. Reads nothing.
+  void GuessValues(const Range& range, size_t limit, std::vector<uint64_t>* values,
+                   std::vector<int64_t>* keys = nullptr) const;
   // Visits entries with lo <= key <= hi in order (descending if reverse) until `visit`
   // returns false. Entries inserted during the scan may or may not be visited; every entry
   // present before the scan began and not removed is. `owner` as for Lookup. `first`, if

@@ -644,6 +644,10 @@ class NamTxn final : public Transaction {
   Status ScanMany(
       std::span<const ScanRange> ranges,
       const std::function<bool(size_t range, int64_t key, const Row& row)>& visit) override;
+  Status ScanThenGet(std::span<const ScanRange> ranges, const Table& target, ColumnSet columns,
+                     const std::function<int64_t(size_t range, int64_t key)>& target_key,
+                     const std::function<bool(size_t range, int64_t key, const Status& status,
+                                              const Row& row)>& visit) override;
   Status Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bool reverse,
               ColumnSet columns, const std::function<bool(int64_t, const Row&)>& visit) override;
   Status Commit() override;
@@ -655,6 +659,14 @@ class NamTxn final : public Transaction {
  private:
   friend class CommitRun;
   using Key = std::pair<uint32_t, int64_t>;
+  // Record copies read ahead (GuessRound), by address: each is taken (moved out) by the first
+  // entry or key that names its address, as its first copy if it holds that key's record
+  // (TakeGuess).
+  using GuessedRecords = std::unordered_map<uint64_t, std::vector<unsigned char>>;
+  // Moves the copy of `record` out of `guessed` into image->bytes (decoded) and returns true if
+  // there is one and it holds `key`'s record (not removed); the copy is dropped either way.
+  static bool TakeGuess(GuessedRecords& guessed, const NamTable& t, GlobalAddress record,
+                        int64_t key, RecordImage* image);
   // The snapshot is taken by the transaction's first read, its counter read in the round trip
   // of that read's index lookups (PostSnapshot into the lookup batch, then FinishSnapshot).
   // With nothing to look up, TakeSnapshot takes it in a round trip of its own.
@@ -667,8 +679,9 @@ class NamTxn final : public Transaction {
   // read of every key with a record in reads_.
   // The transaction's first read takes the snapshot again (up to kSnapshotRetakes times) while
   // a key it read has a version newer than the snapshot (ReadKeys in read.cc).
-  Status ReadKeys(std::span<KeyRead> keys);
-  Status ReadKeysOnce(std::span<KeyRead> keys);
+  // `guessed`: first copies read ahead (ScanThenGet), taken instead of reads (TakeGuess).
+  Status ReadKeys(std::span<KeyRead> keys, GuessedRecords* guessed = nullptr);
+  Status ReadKeysOnce(std::span<KeyRead> keys, GuessedRecords* guessed);
   // Round 1 of ReadKeysOnce: the records of `keys` (cache, else index lookups) and the
   // snapshot if none is taken, in one round trip; keys whose record was read along have
   // `prefetched` set. `copies`: also read every cached record in that round (and make the
@@ -703,9 +716,12 @@ class NamTxn final : public Transaction {
   // holder died (and sends it again).
   static constexpr int64_t kServerWaitSliceUs = 10'000;
   // MultiGet and MultiGetForUpdate: own writes and keys locked earlier answered without a
-  // round trip, the others read (ReadKeys) or locked (LockKeys).
+  // round trip, the others read (ReadKeys) or locked (LockKeys). With `guessed` (ScanThenGet:
+  // copies read in the round of the caller's scan), the read goes on in the caller's snapshot
+  // (read committed takes no fresh one) and takes the copies instead of reads.
+  // REQUIRES: guessed is null if for_update.
   Status ReadMany(std::span<const TableKey> keys, bool for_update, std::vector<Row>* rows,
-                  std::vector<Status>* statuses);
+                  std::vector<Status>* statuses, GuessedRecords* guessed = nullptr);
   // Releases every lock in held_ (one batch); abandons the session if that fails.
   void ReleaseHeld();
   // The version a read of locked key returns (from held_): sets k's found/deleted/payload.
@@ -769,20 +785,38 @@ class NamTxn final : public Transaction {
     GlobalAddress record;
     ColumnSet columns;
   };
-  // Record copies read ahead (GuessRound), by address: each is taken (moved out) by the first
-  // entry that names its address, as that entry's first copy if it holds the entry's key.
-  using GuessedRecords = std::unordered_map<uint64_t, std::vector<unsigned char>>;
+  // `along`: records read in the batch of the entries' records if it reads any (never in a
+  // round trip of their own), their copies put into *guessed: a join's target records
+  // (ScanRanges). REQUIRES: the snapshot is taken; guessed is not null if along is not empty.
   Status ReadIndexed(std::span<const IndexEntry> entries, std::vector<Row>* rows,
-                     std::vector<uint8_t>* found, GuessedRecords* guessed = nullptr);
+                     std::vector<uint8_t>* found, GuessedRecords* guessed = nullptr,
+                     std::span<const std::pair<const NamTable*, GlobalAddress>> along = {});
   // The snapshot's counter read for a B+tree walk's first round (BTree::FirstRound).
   BTree::FirstRound SnapshotRound(NamSession::SnapshotRead* snap);
   // ScanMany's first round: the snapshot's counter read if none is taken, then (behind a fence)
   // copies of the records `guesses` name (table, address: what the cached leaves name, BTree
   // invariant 13). The copies that may serve the snapshot (see read.cc) go to *out once the
   // round is done. REQUIRES: guesses and *out outlive the round.
+  // `lookups` (table, key): keys whose records are looked up and read together
+  // (HashIndex::PostLookupRead) in that round, the addresses found remembered in the session's
+  // cache and the copies, under the same rule, put in *out.
   BTree::FirstRound GuessRound(NamSession::SnapshotRead* snap,
                                std::span<const std::pair<const NamTable*, uint64_t>> guesses,
+                               std::span<const std::pair<const NamTable*, int64_t>> lookups,
                                GuessedRecords* out);
+  // ScanThenGet's addition to ScanMany's first round: the target records that the guessed
+  // entries name (read at the address the session's cache knows, else looked up and read).
+  struct JoinGuess {
+    const NamTable* target;
+    const std::function<int64_t(size_t range, int64_t key)>* target_key;
+  };
+  // ScanMany after its checks and read committed's fresh snapshot. With `join`, the first
+  // round also copies the join's target records (GuessRound, under the same rule), and the
+  // copies the scan did not take are left in *guessed for the target's reads.
+  // REQUIRES: guessed is not null if join is not.
+  Status ScanRanges(std::span<const ScanRange> ranges, const JoinGuess* join,
+                    GuessedRecords* guessed,
+                    const std::function<bool(size_t range, int64_t key, const Row& row)>& visit);
   // Scan without taking a fresh snapshot first (read committed: ScanMany's ranges share one).
   Status ScanOne(const NamTable& t, int64_t lo, int64_t hi, size_t limit, bool reverse,
                  ColumnSet columns, const std::function<bool(int64_t, const Row&)>& visit);

@@ -252,10 +252,10 @@ Status NamTxn::TakeSnapshot() {
   return Status::Ok();
 }
 
-Status NamTxn::ReadKeys(std::span<KeyRead> keys) {
+Status NamTxn::ReadKeys(std::span<KeyRead> keys, GuessedRecords* guessed) {
   const bool first = !has_snapshot_;
   for (int retake = 0;; ++retake) {
-    FARPOOL_RETURN_IF_ERROR(ReadKeysOnce(keys));
+    FARPOOL_RETURN_IF_ERROR(ReadKeysOnce(keys, guessed));
     // The first read returns nothing until here, so the snapshot it took may be taken again:
     // if a key it read got a newer version than the snapshot (a commit that took its stamp
     // after our counter read, met as a lock and waited for, or installed meanwhile), a write
@@ -376,7 +376,7 @@ Status NamTxn::FindRecords(std::span<KeyRead> keys, bool copies) {
   return Status::Ok();
 }
 
-Status NamTxn::ReadKeysOnce(std::span<KeyRead> keys) {
+Status NamTxn::ReadKeysOnce(std::span<KeyRead> keys, GuessedRecords* guessed) {
   for (int attempt = 0; attempt < 3; ++attempt) {
     // Round 1 (FindRecords): the records, and the snapshot if none is taken yet.
     FARPOOL_RETURN_IF_ERROR(FindRecords(keys, /*copies=*/false));
@@ -390,6 +390,7 @@ Status NamTxn::ReadKeysOnce(std::span<KeyRead> keys) {
           continue;
         }
         if (k.prefetched) continue;  // read with its lookup
+        if (guessed != nullptr && TakeGuess(*guessed, *k.t, k.record, k.key, &k.image)) continue;
         k.image.bytes.resize(k.t->layout_.record_size());
         FARPOOL_RETURN_IF_ERROR(b.Read(k.record, k.image.bytes.data(), k.image.bytes.size()));
       }
@@ -521,7 +522,7 @@ Status NamTxn::MultiGetForUpdate(std::span<const TableKey> keys, std::vector<Row
 }
 
 Status NamTxn::ReadMany(std::span<const TableKey> keys, bool for_update, std::vector<Row>* rows,
-                        std::vector<Status>* statuses) {
+                        std::vector<Status>* statuses, GuessedRecords* guessed) {
   if (finished_) return Status::InvalidArgument("transaction already finished");
   rows->assign(keys.size(), Row());
   statuses->assign(keys.size(), Status::Ok());
@@ -567,8 +568,8 @@ Status NamTxn::ReadMany(std::span<const TableKey> keys, bool for_update, std::ve
       aborted_ = aborted_ || locked.code() == StatusCode::kAborted;
       FARPOOL_RETURN_IF_ERROR(locked);
     } else {
-      FreshSnapshotForRead();
-      FARPOOL_RETURN_IF_ERROR(ReadKeys(reads));
+      if (guessed == nullptr) FreshSnapshotForRead();
+      FARPOOL_RETURN_IF_ERROR(ReadKeys(reads, guessed));
     }
   }
   std::vector<RowLoad> loads;
@@ -1053,8 +1054,21 @@ Status NamTxn::Delete(const Table& table, int64_t key) {
   return Status::Ok();
 }
 
+bool NamTxn::TakeGuess(GuessedRecords& guessed, const NamTable& t, GlobalAddress record,
+                       int64_t key, RecordImage* image) {
+  // The first copy if it is the record of this key (a freed or reused record is read again,
+  // as any other); SettleRecord then treats it as a copy just read.
+  auto g = guessed.find(record.raw());
+  if (g == guessed.end()) return false;
+  image->bytes = std::move(g->second);
+  guessed.erase(g);
+  image->Decode(t.layout_);
+  return image->key == key && image->lock != kRemovedLock;
+}
+
 Status NamTxn::ReadIndexed(std::span<const IndexEntry> entries, std::vector<Row>* rows,
-                           std::vector<uint8_t>* found, GuessedRecords* guessed) {
+                           std::vector<uint8_t>* found, GuessedRecords* guessed,
+                           std::span<const std::pair<const NamTable*, GlobalAddress>> along) {
   rows->assign(entries.size(), Row());
   found->assign(entries.size(), 0);
   if (entries.empty()) return Status::Ok();
@@ -1062,23 +1076,26 @@ Status NamTxn::ReadIndexed(std::span<const IndexEntry> entries, std::vector<Row>
   {
     Access::Batch b(s_.access_);
     for (size_t i = 0; i < entries.size(); ++i) {
-      if (guessed != nullptr) {
-        // A copy read with the leaves, at a time a read of the snapshot may be: the first copy,
-        // if it is the record of this key (a freed or reused record is read again, as any
-        // other).
-        auto g = guessed->find(entries[i].record.raw());
-        if (g != guessed->end()) {
-          images[i].bytes = std::move(g->second);
-          guessed->erase(g);
-          images[i].Decode(entries[i].t->layout_);
-          if (images[i].key == entries[i].key && images[i].lock != kRemovedLock) continue;
-        }
+      // A copy read with the leaves, at a time a read of the snapshot may be.
+      if (guessed != nullptr &&
+          TakeGuess(*guessed, *entries[i].t, entries[i].record, entries[i].key, &images[i])) {
+        continue;
       }
       images[i].bytes.resize(entries[i].t->layout_.record_size());
       FARPOOL_RETURN_IF_ERROR(
           b.Read(entries[i].record, images[i].bytes.data(), images[i].bytes.size()));
     }
+    std::vector<std::vector<unsigned char>> copies;
+    if (b.posted() > 0) {
+      copies.reserve(along.size());
+      for (const auto& [t, record] : along) {
+        auto& copy = copies.emplace_back(t->layout_.record_size());
+        FARPOOL_RETURN_IF_ERROR(b.Read(record, copy.data(), copy.size()));
+      }
+    }
     FARPOOL_RETURN_IF_ERROR(b.Wait());
+    for (size_t i = 0; i < copies.size(); ++i)
+      guessed->emplace(along[i].second.raw(), std::move(copies[i]));
   }
   if (!s_.access_.memory().mapped()) {  // where SettleRecord polls, nothing to do here
     std::vector<LockedCopy> copies;
@@ -1114,15 +1131,23 @@ BTree::FirstRound NamTxn::SnapshotRound(NamSession::SnapshotRead* snap) {
 
 BTree::FirstRound NamTxn::GuessRound(NamSession::SnapshotRead* snap,
                                      std::span<const std::pair<const NamTable*, uint64_t>> guesses,
+                                     std::span<const std::pair<const NamTable*, int64_t>> lookups,
                                      GuessedRecords* out) {
   // The copies' state between post and finish (the closures are called once each).
+  struct Lookup {
+    const NamTable* t;
+    int64_t key;
+    LookupResult result;
+    std::vector<unsigned char> bytes;
+  };
   struct State {
     bool taking = false;
     uint64_t before = 0;
     std::vector<std::pair<uint64_t, std::vector<unsigned char>>> copies;
+    std::vector<Lookup> lookups;  // reserved: the batch writes into each element
   };
   auto st = std::make_shared<State>();
-  auto post = [this, snap, guesses, st](Access::Batch& b) -> Status {
+  auto post = [this, snap, guesses, lookups, st](Access::Batch& b) -> Status {
     st->taking = !has_snapshot_;
     if (st->taking) {
       // A counter value read before this round began (NamDatabase::NoteCounter notes only
@@ -1138,6 +1163,17 @@ BTree::FirstRound NamTxn::GuessRound(NamSession::SnapshotRead* snap,
       auto& copy = st->copies.emplace_back(record, t->layout_.record_size());
       if (!b.Read(GlobalAddress::FromRaw(record), copy.second.data(), copy.second.size()).ok()) {
         st->copies.pop_back();
+        break;
+      }
+    }
+    st->lookups.reserve(lookups.size());
+    for (const auto& [t, key] : lookups) {
+      const uint64_t size = t->layout_.record_size();
+      if (size > kMaxLookupReadBytes) continue;
+      Lookup& l = st->lookups.emplace_back(Lookup{t, key, {}, std::vector<unsigned char>(size)});
+      if (!t->hash_->PostLookupRead(b, key, l.bytes.data(), static_cast<uint32_t>(size), &l.result)
+               .ok()) {
+        st->lookups.pop_back();
         break;
       }
     }
@@ -1161,6 +1197,17 @@ BTree::FirstRound NamTxn::GuessRound(NamSession::SnapshotRead* snap,
     for (auto& [record, bytes] : st->copies) {
       if (quiet || GlobalAddress::FromRaw(record).server() == counter_server)
         out->emplace(record, std::move(bytes));
+    }
+    // The lookups' answers do not depend on the snapshot (as FindRecords' lookups); the records
+    // read along serve under the copies' rule.
+    for (Lookup& l : st->lookups) {
+      bool read = false;
+      FARPOOL_ASSIGN_OR_RETURN(GlobalAddress record,
+                               l.t->hash_->FinishLookupRead(s_.access_, l.key, l.result, &read));
+      if (record.is_null()) continue;
+      s_.RememberRecord(*l.t, l.key, record);
+      if (read && (quiet || record.server() == counter_server))
+        out->emplace(record.raw(), std::move(l.bytes));
     }
     return Status::Ok();
   };
@@ -1242,35 +1289,101 @@ Status NamTxn::ScanMany(std::span<const ScanRange> ranges,
     if (!table(i).btree_) return NotOrdered(table(i));
   }
   FreshSnapshotForRead();
+  GuessedRecords guessed;
+  return ScanRanges(ranges, nullptr, &guessed, visit);
+}
+
+Status NamTxn::ScanThenGet(std::span<const ScanRange> ranges, const Table& target,
+                           ColumnSet columns,
+                           const std::function<int64_t(size_t range, int64_t key)>& target_key,
+                           const std::function<bool(size_t range, int64_t key, const Status& status,
+                                                    const Row& row)>& visit) {
+  if (finished_) return Status::InvalidArgument("transaction already finished");
+  std::vector<ScanRange> keys_only(ranges.begin(), ranges.end());
+  for (ScanRange& r : keys_only) {
+    if (!static_cast<const NamTable&>(*r.table).btree_) {
+      return NotOrdered(static_cast<const NamTable&>(*r.table));
+    }
+    r.columns = ColumnSet::None();
+  }
+  FreshSnapshotForRead();
+  // The scan, with the target records its guessed entries name in its first round; then the
+  // targets as MultiGet reads them, in the scan's snapshot, taking those copies instead of
+  // reads where the scan's entries and the lookups agree with them.
+  const JoinGuess join{&static_cast<const NamTable&>(target), &target_key};
+  GuessedRecords guessed;
+  std::vector<std::pair<size_t, int64_t>> entries;
+  FARPOOL_RETURN_IF_ERROR(
+      ScanRanges(keys_only, &join, &guessed, [&](size_t range, int64_t key, const Row&) {
+        entries.push_back({range, key});
+        return true;
+      }));
+  std::vector<TableKey> keys;
+  keys.reserve(entries.size());
+  for (const auto& [range, key] : entries)
+    keys.push_back({&target, target_key(range, key), columns});
+  std::vector<Row> rows;
+  std::vector<Status> statuses;
+  FARPOOL_RETURN_IF_ERROR(ReadMany(keys, false, &rows, &statuses, &guessed));
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (!visit(entries[i].first, entries[i].second, statuses[i], rows[i])) break;
+  }
+  return Status::Ok();
+}
+
+Status NamTxn::ScanRanges(std::span<const ScanRange> ranges, const JoinGuess* join,
+                          GuessedRecords* guessed,
+                          const std::function<bool(size_t, int64_t, const Row&)>& visit) {
+  auto table = [&](size_t i) -> const NamTable& {
+    return static_cast<const NamTable&>(*ranges[i].table);
+  };
   // Round 1, per table: the leaves its cache routes the ranges to (BTree::ReadAhead), the first
   // table's with the snapshot if this is the transaction's first read and with the records
-  // that the cached images of those leaves name (guesses, BTree invariant 13).
+  // that the cached images of those leaves name (guesses, BTree invariant 13), and a join's
+  // target records that those entries name.
   std::map<const NamTable*, BTree::LeafImages> ahead;
-  GuessedRecords guessed;
   {
     std::map<const NamTable*, std::vector<BTree::Range>> by_table;
     std::vector<std::pair<const NamTable*, uint64_t>> guesses;
+    std::vector<std::pair<const NamTable*, int64_t>> lookups;
     std::vector<uint64_t> values;
+    std::vector<int64_t> keys;
+    size_t indexed = 0;  // guesses of index records (at most kMaxGuesses, and as many targets)
     for (size_t i = 0; i < ranges.size(); ++i) {
       const NamTable& t = table(i);
       const BTree::Range r{ranges[i].lo, ranges[i].hi, ranges[i].reverse};
       by_table[&t].push_back(r);
       values.clear();
+      keys.clear();
       const size_t cap = ranges[i].limit == 0 ? kScanBatch : std::min(ranges[i].limit, kScanBatch);
       // Over mapped memory a guess saves no wait, and its copies cost time (docs/database.md).
       if (!s_.access_.memory().mapped()) {
-        t.btree_->GuessValues(r, std::min(cap, kMaxGuesses - guesses.size()), &values);
+        t.btree_->GuessValues(r, std::min(cap, kMaxGuesses - indexed), &values,
+                              join != nullptr ? &keys : nullptr);
       }
+      indexed += values.size();
       for (uint64_t v : values) guesses.push_back({&t, v});
+      for (int64_t k : keys) {
+        const int64_t target_key = (*join->target_key)(i, k);
+        const GlobalAddress record = s_.CachedRecord(*join->target, target_key);
+        if (!record.is_null()) {
+          guesses.push_back({join->target, record.raw()});
+        } else {
+          lookups.push_back({join->target, target_key});
+        }
+      }
     }
     std::sort(guesses.begin(), guesses.end());
     guesses.erase(std::unique(guesses.begin(), guesses.end()), guesses.end());
+    std::sort(lookups.begin(), lookups.end());
+    lookups.erase(std::unique(lookups.begin(), lookups.end()), lookups.end());
     bool first_table = true;
     for (const auto& [t, rs] : by_table) {
       NamSession::SnapshotRead snap;
       const BTree::FirstRound first =
-          first_table ? GuessRound(&snap, guesses, &guessed) : SnapshotRound(&snap);
-      const bool with_first = first_table ? !has_snapshot_ || !guesses.empty() : !has_snapshot_;
+          first_table ? GuessRound(&snap, guesses, lookups, guessed) : SnapshotRound(&snap);
+      const bool with_first =
+          first_table ? !has_snapshot_ || !guesses.empty() || !lookups.empty() : !has_snapshot_;
       first_table = false;
       FARPOOL_RETURN_IF_ERROR(
           t->btree_->ReadAhead(s_.access_, rs, with_first ? &first : nullptr, &ahead[t]));
@@ -1307,9 +1420,25 @@ Status NamTxn::ScanMany(std::span<const ScanRange> ranges,
         nullptr, &ahead[&t]));
     p.end = entries.size();
   }
+  // A join's target records not read in round 1 (the counter moved, a guess missed), at the
+  // addresses the session knows: along with the index records if those take a round trip. Not
+  // over mapped memory, where that "round trip" is memcpys and the copies' bookkeeping made q4
+  // 1.5x slower (docs/experiments.md).
+  std::vector<std::pair<const NamTable*, GlobalAddress>> along;
+  const bool read_along = join != nullptr && !s_.access_.memory().mapped();
+  for (size_t i = 0; i < ranges.size() && read_along; ++i) {
+    for (size_t j = parts[i].begin; j < parts[i].end; ++j) {
+      const GlobalAddress record =
+          s_.CachedRecord(*join->target, (*join->target_key)(i, entries[j].key));
+      if (!record.is_null() && guessed->count(record.raw()) == 0)
+        along.push_back({join->target, record});
+    }
+  }
+  std::sort(along.begin(), along.end());
+  along.erase(std::unique(along.begin(), along.end()), along.end());
   std::vector<Row> rows;
   std::vector<uint8_t> found;
-  FARPOOL_RETURN_IF_ERROR(ReadIndexed(entries, &rows, &found, &guessed));
+  FARPOOL_RETURN_IF_ERROR(ReadIndexed(entries, &rows, &found, guessed, along));
   for (size_t i = 0; i < ranges.size(); ++i) {
     const ScanRange& r = ranges[i];
     const Part& p = parts[i];

@@ -38,81 +38,85 @@ ScanRange PrefixRange(const Table& table, int64_t prefix, int bits, size_t limit
   return {&table, lo, lo | ((int64_t{1} << bits) - 1), limit, reverse, ColumnSet::None()};
 }
 
-// The ids (low `bits` bits) of the keys in `ranges`, range by range, in one ScanMany.
-Status CollectScans(Transaction& txn, std::span<const ScanRange> ranges, int bits,
-                    std::vector<int64_t>* ids) {
+// The ids (low `bits` bits) of the keys that start with `prefix` in `table`, with ScanMany (its
+// pool engines read the records with the leaves when their images are cached).
+Status CollectIds(Transaction& txn, const Table& table, int64_t prefix, int bits,
+                  std::vector<int64_t>* ids) {
   const int64_t mask = (int64_t{1} << bits) - 1;
-  return txn.ScanMany(ranges, [&](size_t, int64_t key, const Row&) {
+  const ScanRange range = PrefixRange(table, prefix, bits, 0, false);
+  return txn.ScanMany(std::span<const ScanRange>(&range, 1), [&](size_t, int64_t key, const Row&) {
     ids->push_back(key & mask);
     return true;
   });
 }
 
-Status CollectScan(Transaction& txn, const Table& table, int64_t prefix, int bits, size_t limit,
-                   bool reverse, std::vector<int64_t>* ids) {
-  const ScanRange range = PrefixRange(table, prefix, bits, limit, reverse);
-  return CollectScans(txn, std::span<const ScanRange>(&range, 1), bits, ids);
+// The `columns` of the rows of `target` that the keys in `ranges` name (their low `bits` bits),
+// in one ScanThenGet, handed to `visit` with their id in scan order; every id must exist (the
+// indexes name them).
+Status JoinRows(Transaction& txn, std::span<const ScanRange> ranges, int bits, const Table& target,
+                ColumnSet columns, const std::function<void(int64_t id, const Row& row)>& visit) {
+  const int64_t mask = (int64_t{1} << bits) - 1;
+  Status missing;
+  FARPOOL_RETURN_IF_ERROR(txn.ScanThenGet(
+      ranges, target, columns, [mask](size_t, int64_t key) { return key & mask; },
+      [&](size_t, int64_t key, const Status& status, const Row& row) {
+        if (!status.ok()) {
+          missing = status;
+          return false;
+        }
+        visit(key & mask, row);
+        return true;
+      }));
+  return missing;
 }
 
-// The `columns` of the rows of `ids` in `table`, in one MultiGet; every id must exist (the
-// indexes name them).
-Status GetRows(Transaction& txn, const Table& table, const std::vector<int64_t>& ids,
-               ColumnSet columns, std::vector<Row>* rows) {
-  std::vector<TableKey> keys;
-  keys.reserve(ids.size());
-  for (int64_t id : ids) keys.push_back({&table, id, columns});
-  return GetAll(txn, keys, rows);
+Status JoinRows(Transaction& txn, const ScanRange& range, int bits, const Table& target,
+                ColumnSet columns, const std::function<void(int64_t id, const Row& row)>& visit) {
+  return JoinRows(txn, std::span<const ScanRange>(&range, 1), bits, target, columns, visit);
 }
 
 Status QueryBody(Transaction& txn, const SocialTables& t, SocialQuery q, int64_t p, Answer* a) {
   *a = {};
-  std::vector<int64_t> ids;
-  std::vector<Row> rows;
   Row r;
   switch (q) {
     case SocialQuery::kFriends:
     case SocialQuery::kGroupNames: {
       const bool friends = q == SocialQuery::kFriends;
-      FARPOOL_RETURN_IF_ERROR(
-          CollectScan(txn, friends ? *t.friends : *t.members, p, kUserBits, 0, false, &ids));
-      FARPOOL_RETURN_IF_ERROR(
-          GetRows(txn, friends ? *t.users : *t.groups, ids, ColumnSet::All(), &rows));
-      for (const Row& row : rows) {
-        ++a->rows;
-        a->checksum += HashString(row.GetChar(0));
-      }
-      return Status::Ok();
+      return JoinRows(txn, PrefixRange(friends ? *t.friends : *t.members, p, kUserBits, 0, false),
+                      kUserBits, friends ? *t.users : *t.groups, ColumnSet::All(),
+                      [&](int64_t, const Row& row) {
+                        ++a->rows;
+                        a->checksum += HashString(row.GetChar(0));
+                      });
     }
     case SocialQuery::kNewMessages:
     case SocialQuery::kNewGroupMessages: {
+      std::vector<ScanRange> inboxes;
       if (q == SocialQuery::kNewMessages) {
-        FARPOOL_RETURN_IF_ERROR(CollectScan(txn, *t.inbox, p, kMidBits, 0, false, &ids));
+        inboxes.push_back(PrefixRange(*t.inbox, p, kMidBits, 0, false));
       } else {
         std::vector<int64_t> groups;
-        FARPOOL_RETURN_IF_ERROR(CollectScan(txn, *t.members, p, kUserBits, 0, false, &groups));
-        // Every group's inbox at once: their leaves in one round trip, records in the next.
-        std::vector<ScanRange> inboxes;
+        FARPOOL_RETURN_IF_ERROR(CollectIds(txn, *t.members, p, kUserBits, &groups));
+        // Every group's inbox at once: their leaves, records and messages in one round trip
+        // when the caches are warm.
         for (int64_t g : groups)
           inboxes.push_back(PrefixRange(*t.group_inbox, g, kMidBits, 0, false));
-        FARPOOL_RETURN_IF_ERROR(CollectScans(txn, inboxes, kMidBits, &ids));
       }
       // The flag only: the text (a blob) is not read.
-      FARPOOL_RETURN_IF_ERROR(GetRows(txn, *t.messages, ids, ColumnSet{kIsRead}, &rows));
-      for (const Row& row : rows) {
-        if (row.GetInt64(kIsRead) == 0) ++a->rows;
-      }
+      FARPOOL_RETURN_IF_ERROR(JoinRows(txn, inboxes, kMidBits, *t.messages, ColumnSet{kIsRead},
+                                       [&](int64_t, const Row& row) {
+                                         if (row.GetInt64(kIsRead) == 0) ++a->rows;
+                                       }));
       a->checksum = a->rows;
       return Status::Ok();
     }
     case SocialQuery::kLast100: {
-      FARPOOL_RETURN_IF_ERROR(CollectScan(txn, *t.by_sender, p, kMidBits, 100, true, &ids));
-      FARPOOL_RETURN_IF_ERROR(GetRows(txn, *t.messages, ids, ColumnSet{kTime, kTextCol}, &rows));
-      for (size_t i = 0; i < ids.size(); ++i) {
-        ++a->rows;
-        a->checksum = Chain(a->checksum, HashMessageRow(ids[i], rows[i].GetInt64(kTime),
-                                                        rows[i].GetBytes(kTextCol)));
-      }
-      return Status::Ok();
+      return JoinRows(txn, PrefixRange(*t.by_sender, p, kMidBits, 100, true), kMidBits, *t.messages,
+                      ColumnSet{kTime, kTextCol}, [&](int64_t id, const Row& row) {
+                        ++a->rows;
+                        a->checksum = Chain(a->checksum, HashMessageRow(id, row.GetInt64(kTime),
+                                                                        row.GetBytes(kTextCol)));
+                      });
     }
     case SocialQuery::kText: {
       FARPOOL_RETURN_IF_ERROR(txn.Get(*t.messages, p, &r, ColumnSet{kTextCol}));
