@@ -876,7 +876,7 @@ TEST(ClusterAdd, ARunningPoolLearnsTheAddedServerAndPlacesChunksThere) {
   EXPECT_TRUE(writer.AcknowledgedEverywhere(10));
   writer.Stop();
   writer.CheckIntact();
-  EXPECT_EQ(writer.failures(), 0u) << writer.first_error();
+  EXPECT_EQ(writer.failures(), 0u) << writer.last_error();
 }
 
 // A server the map names that does not answer yet (here: nothing listens on its port) neither
@@ -941,7 +941,7 @@ TEST(ClusterAdd, AServerThatDoesNotAnswerYetIsEnteredOnceItDoes) {
   EXPECT_EQ(back, pattern);
   writer.Stop();
   writer.CheckIntact();
-  EXPECT_EQ(writer.failures(), 0u) << writer.first_error();
+  EXPECT_EQ(writer.failures(), 0u) << writer.last_error();
   setup.pool.reset();  // says goodbye to the server before it stops
   (*server)->Stop();
 }
