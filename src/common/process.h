@@ -18,8 +18,9 @@
 
 namespace farpool {
 
-// Forks and execs `argv` in its own session, stdout and stderr to `log`, stdin from
-// /dev/null. Returns the pid, or -1 if fork failed.
+// Forks and execs `argv` in a process group of its own (in the caller's session, so in its
+// scheduling autogroup; SIGHUP ignored), stdout and stderr to `log`, stdin from /dev/null.
+// Returns the pid, or -1 if fork failed.
 // `die_with_parent`: the child gets SIGKILL when the calling *thread* ends
 // (PR_SET_PDEATHSIG; the kernel ties it to the thread that forked), so a killed test leaves no
 // server behind. A child whose parent died before it could ask exits at once. REQUIRES (then):

@@ -1,7 +1,7 @@
 // ShardCluster: runs the sharded engine's partition servers as `farpool shard` processes on
 // this machine, for benchmarks and tests: `farpool shard-cluster up|down --dir DIR`.
 //
-// Up starts N processes (detached, in their own session, logs in DIR/shard-N.log), waits until
+// Up starts N processes (detached: SpawnDetached, logs in DIR/shard-N.log), waits until
 // each has written its ready file, and writes DIR/cluster.json (ClusterConfig: ids 0..N-1,
 // addresses, pids) — the file DatabaseOptions::cluster_file of Engine::kSharded points to. Down
 // sends SIGTERM (SIGKILL after 5 s) to the pids of DIR/cluster.json and waits for them. A failed

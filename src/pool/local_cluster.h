@@ -1,7 +1,7 @@
 // LocalCluster: runs a pool's memory servers as processes on this machine (the embedded
 // default for development, demos, tests and benchmarks): `farpool cluster up|status|down`.
 //
-// Up starts N `farpool server` processes (detached, in their own session, logs in
+// Up starts N `farpool server` processes (detached: SpawnDetached, logs in
 // DIR/server-N.log) with a new cluster secret (DIR/cluster.secret, mode 0600, passed to each
 // server as --secret-file and named by the cluster file), waits until every one has written its
 // ready file and answers a stats request, and writes DIR/cluster.json. With `netns`, each server

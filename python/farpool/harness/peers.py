@@ -385,7 +385,10 @@ def start_in_netns(netns: Netns, count: int, directory: str, kind: str, transpor
                 procs.append(subprocess.Popen(
                     [*netns.exec_prefix(i), str(farpool_bin()), *argv(i), "--ready-file",
                      os.path.join(directory, f"{kind}-{i}.ready")],
-                    stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True))
+                    # A process group, not a session of its own: a session is a scheduling
+                    # group under autogroup, and a server alone in one starved on a loaded
+                    # host (docs/pool.md, "Failure detection").
+                    stdout=log_file, stderr=subprocess.STDOUT, process_group=0))
         servers = []
         deadline = time.time() + 30
         for i, p in enumerate(procs):
