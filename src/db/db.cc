@@ -204,17 +204,12 @@ Status Transaction::ScanThenGet(
     entries.push_back({range, key});
     return true;
   }));
-  std::vector<TableKey> keys;
-  keys.reserve(entries.size());
-  for (const auto& [range, key] : entries)
-    keys.push_back({&target, target_key(range, key), columns});
-  std::vector<Row> rows;
-  std::vector<Status> statuses;
-  FARPOOL_RETURN_IF_ERROR(MultiGet(keys, &rows, &statuses));
-  for (size_t i = 0; i < entries.size(); ++i) {
-    if (!visit(entries[i].first, entries[i].second, statuses[i], rows[i])) break;
-  }
-  return Status::Ok();
+  return db::VisitJoined(
+      entries, target, columns, target_key,
+      [&](std::span<const TableKey> keys, std::vector<Row>* rows, std::vector<Status>* statuses) {
+        return MultiGet(keys, rows, statuses);
+      },
+      visit);
 }
 
 Result<std::unique_ptr<Transaction>> Session::Begin(const TransactionOptions& options) {
@@ -285,6 +280,26 @@ void KeepColumns(ColumnSet columns, Row& row) {
     std::fill(payload.begin() + schema.Offset(c), payload.begin() + end, '\0');
     if (schema.columns()[c].type == ColumnType::kBytes) RowAccess::bytes(row)[c].clear();
   }
+}
+
+Status VisitJoined(
+    std::span<const std::pair<size_t, int64_t>> entries, const Table& target, ColumnSet columns,
+    const std::function<int64_t(size_t range, int64_t key)>& target_key,
+    const std::function<Status(std::span<const TableKey> keys, std::vector<Row>* rows,
+                               std::vector<Status>* statuses)>& get_many,
+    const std::function<bool(size_t range, int64_t key, const Status& status, const Row& row)>&
+        visit) {
+  std::vector<TableKey> keys;
+  keys.reserve(entries.size());
+  for (const auto& [range, key] : entries)
+    keys.push_back({&target, target_key(range, key), columns});
+  std::vector<Row> rows;
+  std::vector<Status> statuses;
+  FARPOOL_RETURN_IF_ERROR(get_many(keys, &rows, &statuses));
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (!visit(entries[i].first, entries[i].second, statuses[i], rows[i])) break;
+  }
+  return Status::Ok();
 }
 
 Status CheckLoadRow(const Schema& schema, const std::string& table, int64_t key, const Row& row) {

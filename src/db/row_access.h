@@ -4,7 +4,11 @@
 // Thread-safety: as the Row (no synchronization).
 #pragma once
 
+#include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "farpool/db.h"
@@ -30,5 +34,16 @@ void KeepColumns(ColumnSet columns, Row& row);
 // and the key unless the row was made for an equal schema (column names, types and lengths,
 // in order) and the key is not INT64_MAX (reserved, as for Transaction::Put).
 Status CheckLoadRow(const Schema& schema, const std::string& table, int64_t key, const Row& row);
+
+// ScanThenGet's second half, the same in every engine: gets the rows of `target` that the
+// scanned index entries (range, key) name (target_key), through `get_many` (the engine's
+// MultiGet), and visits them in the scan's order until `visit` returns false.
+Status VisitJoined(
+    std::span<const std::pair<size_t, int64_t>> entries, const Table& target, ColumnSet columns,
+    const std::function<int64_t(size_t range, int64_t key)>& target_key,
+    const std::function<Status(std::span<const TableKey> keys, std::vector<Row>* rows,
+                               std::vector<Status>* statuses)>& get_many,
+    const std::function<bool(size_t range, int64_t key, const Status& status, const Row& row)>&
+        visit);
 
 }  // namespace farpool::db

@@ -52,7 +52,27 @@ class TxnTest : public testing::TestWithParam<std::string> {
 
 // The pool engine over TCP (loopback): what only unmapped memory does, such as reading the
 // records that cached leaves name with the leaves (mapped memory reads no guesses).
-class ScanGuessTest : public TxnTest {};
+class ScanGuessTest : public TxnTest {
+ protected:
+  // Another handle on the same data (another compute process), a session of its own and its
+  // view of table `name`.
+  struct OtherHandle {
+    std::unique_ptr<Database> db;
+    const Table* table = nullptr;
+    std::unique_ptr<Session> session;
+  };
+  void OpenOther(const std::string& name, OtherHandle* o) {
+    auto db = t_->OpenAnother();
+    ASSERT_TRUE(db.ok()) << db.status().ToString();
+    o->db = std::move(*db);
+    auto table = o->db->OpenTable(name);
+    ASSERT_TRUE(table.ok()) << table.status().ToString();
+    o->table = *table;
+    auto session = o->db->NewSession();
+    ASSERT_TRUE(session.ok()) << session.status().ToString();
+    o->session = std::move(*session);
+  }
+};
 
 std::unique_ptr<Transaction> BeginTxn(Session& s) {
   auto t = s.Begin();
@@ -961,12 +981,8 @@ TEST_P(ScanGuessTest, ScanManyReadsRecordsWithTheLeaves) {
     for (int k = 0; k < 300; ++k) FARPOOL_RETURN_IF_ERROR(PutInt(txn, *t, k, k));
     return Status::Ok();
   }));
-  auto other = t_->OpenAnother();
-  ASSERT_TRUE(other.ok()) << other.status().ToString();
-  auto ot = (*other)->OpenTable("t");
-  ASSERT_TRUE(ot.ok()) << ot.status().ToString();
-  auto os = (*other)->NewSession();
-  ASSERT_TRUE(os.ok()) << os.status().ToString();
+  OtherHandle other;
+  ASSERT_NO_FATAL_FAILURE(OpenOther("t", &other));
   const ScanRange range{t, 0, 39, 0, false};
   auto scan = [&](uint64_t* trips) {
     std::vector<int64_t> values;
@@ -992,8 +1008,9 @@ TEST_P(ScanGuessTest, ScanManyReadsRecordsWithTheLeaves) {
   // read the counter in between (then the copies may serve: 1). Up to 5 tries for a 2.
   bool reread = false;
   for (int round = 1; round <= 5 && !reread; ++round) {
-    ASSERT_OK(RunTransaction(**os, [&](Transaction& txn) -> Status {
-      for (int k = 0; k < 40; ++k) FARPOOL_RETURN_IF_ERROR(PutInt(txn, **ot, k, 100 * round + k));
+    ASSERT_OK(RunTransaction(*other.session, [&](Transaction& txn) -> Status {
+      for (int k = 0; k < 40; ++k)
+        FARPOOL_RETURN_IF_ERROR(PutInt(txn, *other.table, k, 100 * round + k));
       return Status::Ok();
     }));
     for (int k = 0; k < 40; ++k) want[k] = 100 * round + k;
@@ -1188,18 +1205,14 @@ TEST_P(ScanGuessTest, ScanThenGetReadsTargetsWithTheLeaves) {
   // copies not on the counter's server are read again (2 round trips; 1 if this handle's
   // maintenance thread read the counter in between: up to 5 tries for a 2), and the join sees
   // the commit.
-  auto other = t_->OpenAnother();
-  ASSERT_TRUE(other.ok()) << other.status().ToString();
-  auto ot = (*other)->OpenTable("t");
-  ASSERT_TRUE(ot.ok()) << ot.status().ToString();
-  auto os = (*other)->NewSession();
-  ASSERT_TRUE(os.ok()) << os.status().ToString();
+  OtherHandle other;
+  ASSERT_NO_FATAL_FAILURE(OpenOther("t", &other));
   bool reread = false;
   for (int round = 1; round <= 5 && !reread; ++round) {
     const auto idle_from = std::chrono::steady_clock::now();
-    ASSERT_OK(RunTransaction(**os, [&](Transaction& txn) -> Status {
+    ASSERT_OK(RunTransaction(*other.session, [&](Transaction& txn) -> Status {
       for (int k = 0; k < 40; ++k)
-        FARPOOL_RETURN_IF_ERROR(PutInt(txn, **ot, 1000 + k, 100 * round + k));
+        FARPOOL_RETURN_IF_ERROR(PutInt(txn, *other.table, 1000 + k, 100 * round + k));
       return Status::Ok();
     }));
     // A session idle for over a second drops its address cache at its next snapshot

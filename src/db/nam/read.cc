@@ -1318,17 +1318,12 @@ Status NamTxn::ScanThenGet(std::span<const ScanRange> ranges, const Table& targe
         entries.push_back({range, key});
         return true;
       }));
-  std::vector<TableKey> keys;
-  keys.reserve(entries.size());
-  for (const auto& [range, key] : entries)
-    keys.push_back({&target, target_key(range, key), columns});
-  std::vector<Row> rows;
-  std::vector<Status> statuses;
-  FARPOOL_RETURN_IF_ERROR(ReadMany(keys, false, &rows, &statuses, &guessed));
-  for (size_t i = 0; i < entries.size(); ++i) {
-    if (!visit(entries[i].first, entries[i].second, statuses[i], rows[i])) break;
-  }
-  return Status::Ok();
+  return VisitJoined(
+      entries, target, columns, target_key,
+      [&](std::span<const TableKey> keys, std::vector<Row>* rows, std::vector<Status>* statuses) {
+        return ReadMany(keys, false, rows, statuses, &guessed);
+      },
+      visit);
 }
 
 Status NamTxn::ScanRanges(std::span<const ScanRange> ranges, const JoinGuess* join,
