@@ -116,6 +116,11 @@ void LeaseTable::Lose(std::string reason) {
   lost_ = true;
 }
 
+Status LeaseTable::LostStatus() const {
+  std::lock_guard<std::mutex> l(lost_mu_);
+  return Status::IoError(lost_reason_);
+}
+
 Status LeaseTable::RenewLocked() {
   Pool& pool = store_.pool();
   const GlobalAddress slot = Slot(slot_);
@@ -151,18 +156,14 @@ Status LeaseTable::RenewLocked() {
                     " ms) and another process swept it meanwhile: this process's locks were "
                     "broken"
               : "lease slot " + std::to_string(slot_) + " was reclaimed by another process");
-    return Status::IoError(lost_reason_);
+    return LostStatus();
   }
   last_renewal_ns_ = now;
   return Status::Ok();
 }
 
 Status LeaseTable::Check() {
-  auto lost = [this] {
-    std::lock_guard<std::mutex> l(lost_mu_);
-    return Status::IoError(lost_reason_);
-  };
-  if (lost_) return lost();
+  if (lost_) return LostStatus();
   if ((NowNs() - last_renewal_ns_) / 1000000 <= lease_.count()) return Status::Ok();
   // Late (this process stalled, or its renewals did): take the lease up again if nobody swept.
   std::lock_guard<std::mutex> renewing(renew_mu_);
@@ -176,7 +177,7 @@ Status LeaseTable::Check() {
                              " ms) and could not be taken up again: " + s.ToString());
     }
   }
-  return lost_ ? lost() : Status::Ok();
+  return lost_ ? LostStatus() : Status::Ok();
 }
 
 Result<bool> LeaseTable::Dead(int slot) {

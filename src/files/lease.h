@@ -97,6 +97,8 @@ class LeaseTable {
   // token (late, above). Sets lost_ when the slot is no longer ours. REQUIRES: renew_mu_ held.
   Status RenewLocked();
   void Lose(std::string reason);
+  // The reason the lease was lost, as Check() reports it. REQUIRES: lost_.
+  Status LostStatus() const;
 
   FileStore& store_;
   const SweepFn sweep_;
