@@ -338,6 +338,39 @@ TEST_F(SqliteVfsTest, AStoppedWriterThatNobodySweptGoesOn) {
   EXPECT_EQ(a.Output(), "10001\nok\n");
 }
 
+// A reader that keeps its SHARED bit between transactions (header of sqlite_vfs.cc) and is
+// killed while it is kept: its watch died with it, so only its lease gives the bit up. A
+// writer is refused until then, gets in once it has run out, and the database is intact.
+TEST_F(SqliteVfsTest, AKilledReaderThatKeptSharedLetsTheWriterInAfterItsLease) {
+  Interactive a(Path("kept-killed.log"));
+  ASSERT_NO_FATAL_FAILURE(
+      Hold(a, "kept-killed.db", "SELECT v FROM t WHERE id = 1;\n", "&farpool_keep_idle_ms=60000"));
+  a.Kill();
+  Run early = Sql("kept-killed.db", ".timeout 0\nUPDATE t SET v = 100 WHERE id = 1;\n");
+  EXPECT_NE(early.output.find("database is locked"), std::string::npos) << early.output;
+  Run w = Sql("kept-killed.db",
+              ".timeout 20000\nUPDATE t SET v = 100 WHERE id = 1;\n"
+              "SELECT v FROM t WHERE id = 1;\nPRAGMA integrity_check;\n");
+  EXPECT_EQ(w.exit_code, 0) << w.output;
+  EXPECT_EQ(w.output, "100\nok\n");
+}
+
+// The same reader stopped (SIGSTOP) instead: its watch cannot give the bit up either, so the
+// writer waits out its lease and sweeps it, which evicts the stopped reader first (it maps the
+// server's memory: killed), so it can never read on under a lock that is gone.
+TEST_F(SqliteVfsTest, AStoppedReaderThatKeptSharedIsEvictedAndTheWriterGoesOn) {
+  Interactive a(Path("kept-stopped.log"));
+  ASSERT_NO_FATAL_FAILURE(
+      Hold(a, "kept-stopped.db", "SELECT v FROM t WHERE id = 1;\n", "&farpool_keep_idle_ms=60000"));
+  a.Stop();
+  Run w = Sql("kept-stopped.db",
+              ".timeout 20000\nUPDATE t SET v = 100 WHERE id = 1;\n"
+              "SELECT v FROM t WHERE id = 1;\nPRAGMA integrity_check;\n");
+  EXPECT_EQ(w.exit_code, 0) << w.output;
+  EXPECT_EQ(w.output, "100\nok\n");
+  EXPECT_EQ(a.EndedBy(10s), SIGKILL) << "the stopped reader was not evicted: " << a.Output();
+}
+
 // The lock word has one set of bits per process, so two connections of one process must
 // combine their levels: a connection that reads and ends must not take away the SHARED lock of
 // another that is still reading, and neither may write under the other's read.
