@@ -20,6 +20,11 @@ namespace farpool {
 
 using Clock = std::chrono::steady_clock;
 
+void DetachFromTerminal() {
+  setpgid(0, 0);
+  signal(SIGHUP, SIG_IGN);
+}
+
 pid_t SpawnDetached(const std::vector<std::string>& argv, const std::string& log,
                     bool die_with_parent) {
   const pid_t parent = getpid();
@@ -30,13 +35,7 @@ pid_t SpawnDetached(const std::vector<std::string>& argv, const std::string& log
     // then our parent is already someone else and no signal will come.
     if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(126);
   }
-  // Out of the terminal's job control (its Ctrl-C and hangup go to the foreground group), but
-  // not a session of its own: with autogroup scheduling (Linux's default,
-  // kernel.sched_autogroup_enabled=1) each session is a scheduling group, and a memory server
-  // alone in one waited seconds for a CPU on a loaded host, which its clients took for a dead
-  // server (docs/pool.md, "Failure detection").
-  setpgid(0, 0);
-  signal(SIGHUP, SIG_IGN);  // a hangup of the session: kept across exec
+  DetachFromTerminal();
   int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd >= 0) {
     dup2(fd, STDOUT_FILENO);

@@ -29,6 +29,14 @@ namespace farpool {
 pid_t SpawnDetached(const std::vector<std::string>& argv, const std::string& log,
                     bool die_with_parent = false);
 
+// Takes the calling process out of its terminal's job control without leaving its session: a
+// process group of its own (the terminal's Ctrl-C and hangup go to the foreground group) and
+// SIGHUP ignored (a hangup of the session; kept across exec). Not setsid(2): with autogroup
+// scheduling (Linux's default, kernel.sched_autogroup_enabled=1) each session is a scheduling
+// group, and a server alone in one waited seconds for a CPU on a loaded host, which its clients
+// took for a dead server (docs/pool.md, "Failure detection"). For daemons and servers.
+void DetachFromTerminal();
+
 // Whether `pid` is a running process (reaps it if it is our exited child; a zombie is not
 // running).
 bool ProcessRunning(pid_t pid);

@@ -95,9 +95,11 @@ def soak_one(workload: str, seconds: float, args: argparse.Namespace) -> dict:
             cmd += ["--history-keep", str(args.history_keep)]
         log(f"soak {workload}: {' '.join(cmd)}")
         start = time.monotonic()
-        # Its own process group, so that a hung bench goes down with its client processes.
+        # Its own process group, so that a hung bench goes down with its client processes; in
+        # our session (a session of its own would be a scheduling autogroup of its own: starved
+        # on a loaded host, docs/pool.md "Failure detection").
         bench = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 start_new_session=True)
+                                 process_group=0)
         limit = start + seconds + max(60.0, seconds)
         while bench.poll() is None:
             now = time.monotonic()

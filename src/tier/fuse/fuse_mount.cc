@@ -24,6 +24,7 @@
 #include <sstream>
 #include <vector>
 
+#include "common/process.h"
 #include "tier/fuse/pool_fs.h"
 
 namespace farpool::fuse {
@@ -474,7 +475,7 @@ Result<std::string> Mount(const MountOptions& options) {
   if (pid < 0) return Status::IoError(std::string("fork: ") + strerror(errno));
   if (pid == 0) {  // the daemon
     close(fds[0]);
-    setsid();
+    DetachFromTerminal();  // the caller's session: its scheduling autogroup, not one alone
     if (chdir("/") != 0) _exit(1);
     const int null = open("/dev/null", O_RDWR);
     const int log = open(o.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);

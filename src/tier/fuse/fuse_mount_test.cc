@@ -265,6 +265,34 @@ TEST_F(FuseMountTest, FilesHolesTruncateRenameAndTheyOutliveTheMount) {
   }
 }
 
+// The daemon stays in the caller's session (so in its scheduling autogroup: a daemon alone in a
+// session of its own is a scheduling group of its own, starved on a loaded host as the memory
+// servers were, docs/pool.md "Failure detection") but leads a process group of its own, out of
+// the terminal's job control, and ignores SIGHUP.
+TEST_F(FuseMountTest, TheDaemonSharesTheCallersSessionInAGroupOfItsOwn) {
+  const std::string m = NewDir("m");
+  Mount(m);
+  const pid_t daemon = DaemonOf(m);
+  ASSERT_GT(daemon, 0);
+  const std::string stat_line = ReadAll("/proc/" + std::to_string(daemon) + "/stat");
+  const size_t close = stat_line.rfind(')');
+  ASSERT_NE(close, std::string::npos) << stat_line;
+  std::istringstream fields(stat_line.substr(close + 1));
+  std::string state;
+  pid_t ppid = 0, pgrp = 0, session = 0;
+  fields >> state >> ppid >> pgrp >> session;
+  EXPECT_EQ(pgrp, daemon) << "not the leader of a process group of its own: " << stat_line;
+  EXPECT_EQ(session, getsid(0)) << "a session of its own: " << stat_line;
+  // SigIgn in /proc/PID/status: a hex mask, bit (SIGHUP - 1).
+  std::istringstream status(ReadAll("/proc/" + std::to_string(daemon) + "/status"));
+  uint64_t ignored = 0;
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("SigIgn:", 0) == 0) ignored = std::stoull(line.substr(7), nullptr, 16);
+  }
+  EXPECT_NE(ignored & (uint64_t{1} << (SIGHUP - 1)), 0u) << "SIGHUP is not ignored";
+  Unmount(m);
+}
+
 TEST_F(FuseMountTest, DirectoriesNamesAndManyFiles) {
   const std::string m = NewDir("m");
   Mount(m);
