@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -654,6 +656,87 @@ TEST(SharedPages, NothingIsLeftInDevShmAfterClusterDown) {
       if (!gone) std::this_thread::sleep_for(100ms);
     }
     EXPECT_TRUE(gone) << dir << " is left behind";
+  }
+}
+
+// The shared memory that server processes hold: st_blocks of every file in /dev/shm or memfd
+// that one of `pids` holds open (its region, the regions it adopted, its mirror slots' file,
+// UCX's queues), each file once; and of those, the mirror slots' files alone
+// (pool/server/mirror.h).
+struct HeldMemory {
+  uint64_t all = 0;
+  uint64_t slots = 0;
+};
+HeldMemory SharedMemoryHeld(const std::vector<pid_t>& pids) {
+  HeldMemory held;
+  std::set<std::pair<dev_t, ino_t>> seen;
+  for (pid_t pid : pids) {
+    const std::string fds = "/proc/" + std::to_string(pid) + "/fd";
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(fds, ec)) {
+      const std::string link = std::filesystem::read_symlink(e.path(), ec).string();
+      if (ec || (link.rfind("/dev/shm/", 0) != 0 && link.rfind("/memfd:", 0) != 0)) continue;
+      struct stat st {};
+      if (stat(e.path().c_str(), &st) != 0 || !seen.insert({st.st_dev, st.st_ino}).second) continue;
+      const uint64_t bytes = static_cast<uint64_t>(st.st_blocks) * 512;
+      held.all += bytes;
+      if (link.rfind("/memfd:farpool-mirror-slots", 0) == 0) held.slots += bytes;
+    }
+  }
+  return held;
+}
+
+// Mirror slots cost nothing until they hold a copy (docs/pool.md "Mirror slots cost nothing
+// until they hold a copy"): three servers with two slots each. With shared pages no slot ever
+// commits memory, before or after a failover and the re-replication that adopts onward: the
+// cluster holds each region once (plus UCX's queues), not (1 + 2) times at start and then
+// twice for the slot no backup adopted. With forwarded copies (`--forward-copies`) each server
+// commits the one slot that keeps its predecessor's copy, and not the other.
+TEST(SharedPages, MirrorSlotsCommitNoMemoryUntilTheyHoldACopy) {
+  for (bool copies : {false, true}) {
+    SCOPED_TRACE(copies ? "forwarded copies" : "shared pages");
+    LocalClusterOptions o = SharedPagesCluster();
+    o.mirror_slots = 2;
+    o.forward_copies = copies;
+    TestCluster cluster(o);
+    ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+    auto client = ConnectTestClient(cluster);
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    ASSERT_EQ(client->config.shared_pages, !copies);
+    std::vector<pid_t> pids;
+    for (const ServerAddress& s : client->config.servers) pids.push_back(static_cast<pid_t>(s.pid));
+    // Each server's own region is written through, so that it is all there to count.
+    Pool& pl = *client->pool;
+    for (uint16_t id = 0; id < 3; ++id) {
+      auto a = pl.Alloc(4096, Placement::OnServer(id));
+      ASSERT_TRUE(a.ok()) << a.status().ToString();
+      const uint64_t v = 7;
+      ASSERT_TRUE(pl.Write(*a, &v, 8).ok());
+    }
+    const uint64_t region = o.memory;
+    // UCX's queues and a mirror's own context: a few MiB per server (docs/pool.md measured 6).
+    const uint64_t overhead = 3 * (16ull << 20);
+    HeldMemory held = SharedMemoryHeld(pids);
+    std::printf("%s: %llu MiB held in shared memory, %llu MiB of it in mirror slots\n",
+                copies ? "forwarded copies" : "shared pages",
+                static_cast<unsigned long long>(held.all >> 20),
+                static_cast<unsigned long long>(held.slots >> 20));
+    if (!copies) {
+      EXPECT_EQ(held.slots, 0u) << "a shared-pages slot committed memory";
+      EXPECT_LE(held.all, 3 * region + overhead) << "more than one copy of each region";
+      ASSERT_EQ(kill(pids[1], SIGKILL), 0);
+      Status moved = AwaitFailedOver(pl, 1);
+      ASSERT_TRUE(moved.ok()) << moved.ToString();
+      pids.erase(pids.begin() + 1);
+      held = SharedMemoryHeld(pids);
+      EXPECT_EQ(held.slots, 0u) << "a slot committed memory at the failover";
+      EXPECT_LE(held.all, 3 * region + overhead);
+    } else {
+      // The attach of each ring primary commits its slot: cluster up has named the backups.
+      EXPECT_GE(held.slots, 3 * region) << "a ring slot holds no memory for its copy";
+      EXPECT_LT(held.slots, 3 * (region + (4ull << 20))) << "the second slots committed memory";
+      EXPECT_LE(held.all, 6 * region + overhead);
+    }
   }
 }
 

@@ -324,13 +324,11 @@ Status MemoryServer::Impl::Init() {
   }
   // The region is committed at start (UCX writes every page of a shared-memory segment before
   // mapping it): a size the host cannot give would take its memory until the OOM killer acts.
+  // The mirror slots are not part of it: address space reserved after it, each slot committed
+  // only when it is to hold a copy (Mirror::Commit, which checks again then).
   const uint32_t slots = std::max(options_.mirror_slots, options_.mirror_of ? 1u : 0u);
-  const uint64_t region_size = chunks_.region_size() * (1 + slots);
-  FARPOOL_RETURN_IF_ERROR(CheckFitsInAvailableMemory(
-      region_size, "--memory " + FormatSize(options_.memory) +
-                       (slots > 0 ? " (" + std::to_string(1 + slots) +
-                                        " times: the server's own and its mirror slots)"
-                                  : "")));
+  FARPOOL_RETURN_IF_ERROR(
+      CheckFitsInAvailableMemory(chunks_.region_size(), "--memory " + FormatSize(options_.memory)));
   transport::AmServerOptions ao;
   ao.host = options_.host;
   ao.port = options_.port;
@@ -341,7 +339,8 @@ Status MemoryServer::Impl::Init() {
   // took the core the client needed to use it (docs/pool.md, "Measured: the cost of a round
   // trip over TCP"), as partition servers had measured before (docs/database.md).
   ao.fabric = options_.fabric;
-  ao.region_size = region_size;
+  ao.region_size = chunks_.region_size();
+  ao.region_reserve_after = chunks_.region_size() * slots;
   std::optional<transport::ClusterSecret> secret;
   if (!options_.secret_file.empty()) {  // before listening: a bad file fails the start at once
     FARPOOL_ASSIGN_OR_RETURN(secret, transport::ClusterSecret::Read(options_.secret_file));
@@ -357,8 +356,8 @@ Status MemoryServer::Impl::Init() {
                                      std::to_string(options_.id) + ")");
     }
     mirror_ = std::make_unique<Mirror>(
-        options_.mirror_of, slots, region_->data() + chunks_.region_size(), chunks_.region_size(),
-        chunks_.chunk_size(), *auth_,
+        options_.mirror_of, slots, region_->tail(), chunks_.region_size(), chunks_.chunk_size(),
+        *auth_,
         [this](uint16_t backup) {
           backup_gone_.store(backup);
           am_->Wake();  // held replies wait for this
@@ -375,9 +374,12 @@ Status MemoryServer::Impl::Init() {
                                       "memory file (--transport shm or auto)");
     }
     own_file_ = *own;
-    if (mirror_) mirror_->SetOwnFile(*own, chunks_.region_size());
   }
   if (mirror_) FARPOOL_RETURN_IF_ERROR(mirror_->Start(options_.host, options_.fabric, Name()));
+  // The ring predecessor's forwarded copy will fill slot 0: its memory now, as the region's own.
+  if (mirror_ && options_.mirror_of && !options_.shared_pages) {
+    FARPOOL_RETURN_IF_ERROR(mirror_->Reserve(0));
+  }
   auto boot = BootId();
   if (boot.ok()) boot_id_ = *boot;
   return Status::Ok();
