@@ -211,9 +211,22 @@ Status NameBackups(const ClusterConfig& config, const transport::ClusterSecret& 
       return Status::InvalidArgument("host name too long: " + backup.host);
     }
     std::memcpy(request.host, backup.host.data(), backup.host.size());
-    FARPOOL_RETURN_IF_ERROR(
-        c->Call([&](uint64_t id) { return wire::Encode(id, request); }, wire::Opcode::kBackupReply)
-            .status());
+    // The server connects to its backup within its backup_timeout (1 s): on a loaded host (two
+    // busy loops beside a test, load 20) that failed now and then ("backup server 2: sending a
+    // message: no completion before the deadline"). Nothing is leased yet, so naming the backup
+    // again is safe (the attach makes the slot a fresh copy): up to kNameAttempts times.
+    constexpr int kNameAttempts = 5;
+    Status named;
+    int attempt = 0;
+    do {
+      if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      ++attempt;
+      named = c->Call([&](uint64_t id) { return wire::Encode(id, request); },
+                      wire::Opcode::kBackupReply)
+                  .status();
+    } while (attempt < kNameAttempts &&
+             (named.code() == StatusCode::kTimedOut || named.code() == StatusCode::kUnavailable));
+    if (!named.ok()) return named.WithContext("attempt " + std::to_string(attempt));
   }
   return Status::Ok();
 }

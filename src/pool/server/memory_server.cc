@@ -10,6 +10,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <future>
 #include <map>
 #include <optional>
 #include <thread>
@@ -150,6 +151,9 @@ class MemoryServer::Impl : public transport::AmHandler {
   // Tick and Settle for the slot links (blocking forwards, see the header): copies, renewals,
   // forwards of `changed` (offsets in region_). Returns Ok, or the failure that fails the round.
   void TickSlotLinks();
+  // Moves the slot links whose connection is done from connecting_ to slot_links_ (or drops
+  // one that failed, saying why).
+  void InstallSlotLinks();
   Status ForwardSlotLinks(const std::vector<memory_ops::Range>& changed);
   // Gives the copy up (the new backup failed): one copy, as before it began.
   void AbandonCopy(const Status& why);
@@ -250,6 +254,15 @@ class MemoryServer::Impl : public transport::AmHandler {
     std::vector<LeaseChange> leases;
   };
   std::map<uint16_t, SlotLink> slot_links_;
+  // Slot links being connected off the progress thread (ConfigureSlotBackup), by region:
+  // installed in slot_links_ by TickSlotLinks once connected.
+  struct PendingSlotLink {
+    uint16_t backup_id = 0;
+    uint16_t slot = 0;
+    Clock::time_point began;
+    std::future<Result<std::unique_ptr<BackupLink>>> link;
+  };
+  std::map<uint16_t, PendingSlotLink> connecting_;
   // A DegradeRequest's backup id, set on the mirror's loop (-1: none).
   std::atomic<int> backup_gone_{-1};
   // When the latest forward or renewal the backup acknowledged was sent (the primary's
@@ -809,6 +822,14 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureSlotBackup(
       it->second.link->slot() == request.slot) {
     return wire::BackupReply{it->second.copy ? size - it->second.copy->next : 0};  // progress
   }
+  if (auto p = connecting_.find(request.region); p != connecting_.end()) {
+    if (p->second.backup_id == request.backup_id && p->second.slot == request.slot) {
+      return wire::BackupReply{size};  // still connecting: nothing copied yet
+    }
+    return Status::Aborted(Name() + ": still connecting to server " +
+                           std::to_string(p->second.backup_id) + " for server " +
+                           std::to_string(request.region) + "'s region; ask again");
+  }
   const std::string host(request.host, strnlen(request.host, sizeof(request.host)));
   const std::optional<SharedFile> share =
       options_.shared_pages ? mirror_->SharedFileOf(request.region) : std::nullopt;
@@ -816,20 +837,54 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureSlotBackup(
     return Status::InvalidArgument(Name() + ": server " + std::to_string(request.region) +
                                    "'s region is a copy here, not its shared pages");
   }
-  FARPOOL_ASSIGN_OR_RETURN(
-      std::unique_ptr<BackupLink> link,
-      BackupLink::Connect({request.backup_id, host, request.port, request.slot}, request.region,
-                          size, auth_->secret(), options_.fabric, options_.backup_timeout,
-                          share ? &*share : nullptr));
-  std::fprintf(stderr, "%s: copying server %u's region (%s) to %s slot %u\n", Name().c_str(),
-               request.region, FormatSize(size).c_str(), link->name().c_str(), request.slot);
-  backup_gone_.store(-1);
-  slot_links_[request.region] =
-      SlotLink{std::move(link), chunks_.region_size() + *slot * size, Copy{}, Clock::now(), {}};
+  // Connected on a thread of its own, not this loop: two connections (each a UCX context and
+  // worker, a challenge and a hello) and the attach took more than the serving lease at load
+  // above 10, and meanwhile the loop renewed nothing: its own backup's lease lapsed and clients
+  // got "its backup has not answered" (docs/pool.md "Drain over shared pages").
+  BackupLink::Target target{request.backup_id, host, request.port, request.slot};
+  connecting_[request.region] = PendingSlotLink{
+      request.backup_id, request.slot, Clock::now(),
+      std::async(std::launch::async,
+                 [target, region = request.region, size, secret = auth_->secret(),
+                  fabric = options_.fabric, timeout = options_.backup_timeout, share] {
+                   return BackupLink::Connect(target, region, size, secret, fabric, timeout,
+                                              share ? &*share : nullptr);
+                 })};
   return wire::BackupReply{size};
 }
 
+void MemoryServer::Impl::InstallSlotLinks() {
+  for (auto p = connecting_.begin(); p != connecting_.end();) {
+    if (p->second.link.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+      ++p;
+      continue;
+    }
+    const uint16_t region = p->first;
+    auto link = p->second.link.get();
+    const auto took =
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - p->second.began);
+    const auto slot = mirror_->PromotedSlot(region);
+    if (!link.ok() || !slot) {
+      // The coordinator asks again (a BackupRequest finds neither a link nor a connection).
+      std::fprintf(stderr, "%s: no backup for server %u's region after %lld ms: %s\n",
+                   Name().c_str(), region, static_cast<long long>(took.count()),
+                   link.ok() ? "it is no longer served here" : link.status().message().c_str());
+    } else {
+      const uint64_t size = mirror_->size();
+      std::fprintf(stderr,
+                   "%s: copying server %u's region (%s) to %s slot %u (connected in %lld ms)\n",
+                   Name().c_str(), region, FormatSize(size).c_str(), (*link)->name().c_str(),
+                   p->second.slot, static_cast<long long>(took.count()));
+      backup_gone_.store(-1);
+      slot_links_[region] = SlotLink{
+          std::move(*link), chunks_.region_size() + *slot * size, Copy{}, Clock::now(), {}};
+    }
+    p = connecting_.erase(p);
+  }
+}
+
 void MemoryServer::Impl::TickSlotLinks() {
+  InstallSlotLinks();
   const uint64_t size = mirror_ ? mirror_->size() : 0;
   for (auto it = slot_links_.begin(); it != slot_links_.end();) {
     SlotLink& l = it->second;
