@@ -451,6 +451,81 @@ INSTANTIATE_TEST_SUITE_P(Transports, KeepMappingTest,
                            return info.param == Fabric::kShm ? "shm" : "auto";
                          });
 
+// A client that connects after a failover, and so never mapped the dead server, maps the moved
+// region too (docs/pool.md "A client that connects after a failover maps the moved region"):
+// the server that serves it offers the file of the pages it adopted (wire::MovedFileRequest).
+// The new client reads what a client that mapped before the kill wrote and the other way round,
+// they take turns at compare-and-swaps (each finds the other's value) and add 2,000 each at once
+// to one word (the sum is 4,000): one set of bytes, the ones the server serves; and the new
+// client sends no message for any of it.
+TEST(SharedPages, AClientThatConnectsAfterAFailoverMapsTheMovedRegion) {
+  TestCluster cluster(SharedPagesCluster());
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto client = ConnectTestClient(cluster);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  Pool& early = *client->pool;
+  auto object = early.Alloc(64, Placement::OnServer(1));
+  auto word = early.Alloc(8, Placement::OnServer(1));
+  auto counter = early.Alloc(8, Placement::OnServer(1));
+  ASSERT_TRUE(object.ok() && word.ok() && counter.ok());
+  std::vector<uint64_t> pattern(8, 0xEA51), got(8);
+  const uint64_t zero = 0;
+  ASSERT_TRUE(early.Write(*object, pattern.data(), 64).ok());
+  ASSERT_TRUE(early.Write(*word, &zero, 8).ok());
+  ASSERT_TRUE(early.Write(*counter, &zero, 8).ok());
+
+  ASSERT_EQ(kill(static_cast<pid_t>(client->config.servers[1].pid), SIGKILL), 0);
+  Status followed = AwaitFailedOver(early, 1);
+  ASSERT_TRUE(followed.ok()) << followed.ToString();
+  auto late_pool = Pool::Connect(client->config, PoolOptions{});
+  ASSERT_TRUE(late_pool.ok()) << late_pool.status().ToString();
+  Pool& late = **late_pool;
+  EXPECT_EQ(late.AccessPath(1), "direct") << "the new client did not map the moved region";
+  const OpCounters before = late.counters();
+
+  ASSERT_TRUE(late.Read(*object, got.data(), 64).ok());
+  EXPECT_EQ(got, pattern) << "the new client does not see what was written before the kill";
+  std::fill(pattern.begin(), pattern.end(), 0x1A7E);
+  ASSERT_TRUE(late.Write(*object, pattern.data(), 64).ok());
+  ASSERT_TRUE(early.Read(*object, got.data(), 64).ok());
+  EXPECT_EQ(got, pattern) << "the served region does not show the new client's write";
+  for (uint64_t n = 0; n < 6; ++n) {
+    Pool& by = n % 2 == 0 ? late : early;
+    auto previous = by.CompareAndSwap(*word, n, n + 1);
+    ASSERT_TRUE(previous.ok()) << previous.status().ToString();
+    EXPECT_EQ(*previous, n) << (n % 2 == 0 ? "new" : "early") << " client's CAS " << n;
+  }
+  constexpr uint64_t kAdds = 2000;
+  std::vector<Status> failed(2);
+  std::vector<std::thread> adders;
+  for (int c = 0; c < 2; ++c) {
+    adders.emplace_back([&, c] {
+      Pool& by = c == 0 ? late : early;
+      for (uint64_t i = 0; i < kAdds && failed[c].ok(); ++i) {
+        failed[c] = by.FetchAdd(*counter, 1).status();
+      }
+    });
+  }
+  for (auto& t : adders) t.join();
+  ASSERT_TRUE(failed[0].ok()) << failed[0].ToString();
+  ASSERT_TRUE(failed[1].ok()) << failed[1].ToString();
+  uint64_t sum = 0;
+  ASSERT_TRUE(late.Read(*counter, &sum, 8).ok());
+  EXPECT_EQ(sum, 2 * kAdds);
+  // A TCP client reaches the region by messages, at the server that serves it: the same bytes.
+  PoolOptions tcp_options;
+  tcp_options.transport = Fabric::kTcp;
+  auto tcp = Pool::Connect(client->config, tcp_options);
+  ASSERT_TRUE(tcp.ok()) << tcp.status().ToString();
+  ASSERT_TRUE((*tcp)->Read(*counter, &sum, 8).ok());
+  EXPECT_EQ(sum, 2 * kAdds) << "the server serves other bytes than the new client's mapping";
+
+  const OpCounters after = late.counters();
+  EXPECT_GE(after.faa, before.faa + kAdds);
+  EXPECT_EQ(after.messages, before.messages)
+      << "the new client reached the failed-over region by messages";
+}
+
 // `cluster drain` of a shared-pages server under transfers (docs/pool.md "Drain over shared
 // pages"): 24 account words over the three servers; a mapping client and a TCP client (whose
 // requests the drained server refuses and the Pool resends) each move amounts between random

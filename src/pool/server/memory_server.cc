@@ -214,6 +214,10 @@ class MemoryServer::Impl : public transport::AmHandler {
   Result<wire::EvictReply> Evict(uint64_t tag, const transport::Peer* from);
   // A client closing its Pool: drops its pin and refuses its tag from now on (no kill, ever).
   Result<wire::GoodbyeReply> Goodbye(uint64_t tag, const transport::Peer* from);
+  // The file of server `primary_id`'s region, which this server serves from a promoted slot
+  // whose pages it adopted, for a client on this host that `from` says this server pinned
+  // (wire::MovedFileRequest); refused with the reason otherwise.
+  Result<wire::MovedFileReply> MovedFile(uint16_t primary_id, const transport::Peer* from);
   // Remembers `tag` as refused (bounded: the oldest is forgotten first).
   void RefuseTag(uint64_t tag);
   bool IsEvicted(uint64_t tag) const { return evicted_.count(tag) != 0; }
@@ -698,6 +702,11 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
                                Goodbye(m.As<wire::GoodbyeRequest>().tag, from));
       return wire::Encode(id, r);
     }
+    case wire::Opcode::kMovedFileRequest: {
+      FARPOOL_ASSIGN_OR_RETURN(wire::MovedFileReply r,
+                               MovedFile(m.As<wire::MovedFileRequest>().primary_id, from));
+      return wire::Encode(id, r);
+    }
     case wire::Opcode::kBackupRequest: {
       if (from != nullptr && from->pool != 0) {
         return PoolRefused(from, "BackupRequest refused: the cluster's tools name backups");
@@ -720,6 +729,7 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
     case wire::Opcode::kPromoteReply:
     case wire::Opcode::kDegradeReply:
     case wire::Opcode::kMovingReply:
+    case wire::Opcode::kMovedFileReply:
       break;
     case wire::Opcode::kReplicateRequest:
     case wire::Opcode::kMirrorLeaseRequest:
@@ -732,6 +742,30 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
   ++rejected_;
   return Status::Protocol(Name() + ": " + std::string(wire::OpcodeName(m.opcode)) +
                           " is a reply, not a request");
+}
+
+Result<wire::MovedFileReply> MemoryServer::Impl::MovedFile(uint16_t primary_id,
+                                                           const transport::Peer* from) {
+  const std::string what =
+      Name() + ": the file of server " + std::to_string(primary_id) + "'s region";
+  if (from == nullptr || from->pool != 0) {
+    return Status::PermissionDenied(what + ": only the default pool's clients map regions");
+  }
+  SweepPins();
+  if (pins_.find(from->tag) == pins_.end()) {
+    return Status::PermissionDenied(what +
+                                    ": this process is not pinned here (its hello did not ask "
+                                    "to map, or was refused), so it may not map");
+  }
+  if (!mirror_ || !mirror_->PromotedSlot(primary_id)) {
+    return Status::NotFound(what + ": not served here (not failed over to this server)");
+  }
+  auto file = mirror_->SharedFileOf(primary_id);
+  if (!file) {
+    return Status::NotFound(what + ": its slot keeps a copy, not the region's pages");
+  }
+  return wire::MovedFileReply{file->pid, file->start_time,     file->inode, file->fd,
+                              0,         chunks_.region_size()};
 }
 
 void MemoryServer::Impl::Degrade() {

@@ -55,6 +55,9 @@
 // Shared pages (ServerOptions::shared_pages): the backups map this server's region itself, so
 // a round's changed bytes are not forwarded (KeepChanges keeps none), only its lease changes,
 // and nothing but those holds a reply; copies to a new backup send the lease book alone.
+// Once it serves a dead server's region from a slot that adopted its pages, it tells a client
+// on this host that it pinned where that file is (wire::MovedFileRequest), so that a client that
+// connects after the failover maps the region too.
 //
 // Pipelined forwards (docs/pool.md "Pipelined forwards"): at the end of a round
 // (AmHandler::Settle) the server posts the round's changes to the backup and goes on serving
