@@ -257,8 +257,9 @@ Command RegisterCluster(CLI::App& app) {
                  "(one copy's memory once started); else it keeps a copy (twice the memory)");
   up->add_option("--mirror-slots", args->mirror_slots,
                  "With --replicas 1: copies each server can keep (default 1, the ring's); each "
-                 "adds --memory to every server. More give re-replication room to restore two "
-                 "copies after a failure (docs/pool.md, Re-replication)");
+                 "takes --memory on its server only once it holds a copy (never with shared "
+                 "pages). More give re-replication room to restore two copies after a failure "
+                 "(docs/pool.md, Re-replication)");
   up->add_flag("--forward-copies", args->forward_copies,
                "With --replicas 1 over --transport shm or auto without --netns: backups keep "
                "copies that every change is forwarded to, instead of sharing their primaries' "

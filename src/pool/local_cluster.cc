@@ -211,9 +211,22 @@ Status NameBackups(const ClusterConfig& config, const transport::ClusterSecret& 
       return Status::InvalidArgument("host name too long: " + backup.host);
     }
     std::memcpy(request.host, backup.host.data(), backup.host.size());
-    FARPOOL_RETURN_IF_ERROR(
-        c->Call([&](uint64_t id) { return wire::Encode(id, request); }, wire::Opcode::kBackupReply)
-            .status());
+    // The server connects to its backup within its backup_timeout (1 s): on a loaded host (two
+    // busy loops beside a test, load 20) that failed now and then ("backup server 2: sending a
+    // message: no completion before the deadline"). Nothing is leased yet, so naming the backup
+    // again is safe (the attach makes the slot a fresh copy): up to kNameAttempts times.
+    constexpr int kNameAttempts = 5;
+    Status named;
+    int attempt = 0;
+    do {
+      if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      ++attempt;
+      named = c->Call([&](uint64_t id) { return wire::Encode(id, request); },
+                      wire::Opcode::kBackupReply)
+                  .status();
+    } while (attempt < kNameAttempts &&
+             (named.code() == StatusCode::kTimedOut || named.code() == StatusCode::kUnavailable));
+    if (!named.ok()) return named.WithContext("attempt " + std::to_string(attempt));
   }
   return Status::Ok();
 }
@@ -309,6 +322,15 @@ coord::ClusterMap InitialMap(const ClusterConfig& config, int mirror_slots) {
   return map;
 }
 
+// Shared pages wherever every server is on this host and has its region in a shared-memory
+// file: without --netns the servers listen on 127.0.0.1, so every client is on this host too,
+// and under shm and auto alike UCX allocates the region from /dev/shm (transport/ucx.cc,
+// kAllocPriority). Over tcp the region may be no such file, and --netns stands for servers on
+// hosts of their own: forwarded copies there (docs/pool.md "Shared-pages backups").
+bool SharesPages(const LocalClusterOptions& o) {
+  return o.replicas > 0 && o.transport != Fabric::kTcp && !o.netns && !o.forward_copies;
+}
+
 }  // namespace
 
 std::string ClusterFile(const std::string& dir) {
@@ -340,18 +362,22 @@ Status ClusterUp(const LocalClusterOptions& o) {
     return Status::InvalidArgument(
         "--delay needs --netns (the delay is put on each server's link)");
   }
-  // Each server commits its whole region at start (UCX writes every page of a shared-memory
-  // segment before mapping it): refuse up front what the host cannot give, instead of letting
-  // the servers eat the machine's memory until the OOM killer steps in.
+  // Each server commits its own part at start (UCX writes every page of a shared-memory
+  // segment before mapping it), and a mirror slot when it is to hold a copy (pool/server/
+  // mirror.h): with forwarded copies the ring's slot at once, with shared pages none (the
+  // backup maps its primary's pages). Refuse up front what the host cannot give, instead of
+  // letting the servers eat the machine's memory until the OOM killer steps in. Further slots
+  // are for re-replication after a failure and check for themselves when they take a copy.
+  const bool copies = slots > 0 && !SharesPages(o);
   uint64_t total = 0;
-  if (__builtin_mul_overflow(o.memory, static_cast<uint64_t>(o.servers) * (1 + slots), &total)) {
+  if (__builtin_mul_overflow(o.memory, static_cast<uint64_t>(o.servers) * (copies ? 2 : 1),
+                             &total)) {
     total = ~0ull;
   }
   FARPOOL_RETURN_IF_ERROR(CheckFitsInAvailableMemory(
-      total,
-      "--servers " + std::to_string(o.servers) + " x --memory " + FormatSize(o.memory) +
-          (slots > 0 ? " x " + std::to_string(1 + slots) + " (own part and mirror slots)" : "") +
-          " (" + FormatSize(total) + " in all)"));
+      total, "--servers " + std::to_string(o.servers) + " x --memory " + FormatSize(o.memory) +
+                 (copies ? " x 2 (own part and the backup's copy)" : "") + " (" +
+                 FormatSize(total) + " in all)"));
   std::error_code ec;
   fs::create_directories(o.dir, ec);
   if (ec) return Status::IoError("cannot create " + o.dir + ": " + ec.message());
@@ -390,13 +416,7 @@ Status ClusterUp(const LocalClusterOptions& o) {
   config.transport = o.transport;
   config.secret_file = kSecretFileName;
   config.replicas = replicas;
-  // Shared pages wherever every server is on this host and has its region in a shared-memory
-  // file: without --netns the servers listen on 127.0.0.1, so every client is on this host
-  // too, and under shm and auto alike UCX allocates the region from /dev/shm (transport/ucx.cc,
-  // kAllocPriority). Over tcp the region may be no such file, and --netns stands for servers
-  // on hosts of their own: forwarded copies there (docs/pool.md "Shared-pages backups").
-  config.shared_pages =
-      replicas > 0 && o.transport != Fabric::kTcp && !o.netns && !o.forward_copies;
+  config.shared_pages = SharesPages(o);
   std::vector<pid_t> pids;
   auto fail = [&](const Status& s) {
     StopProcesses(pids);

@@ -66,11 +66,15 @@
 //     way fails Connect with PermissionDenied ("authentication failed: ...").
 #include "farpool/pool.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -179,8 +183,11 @@ struct ServerState {
   std::vector<std::byte> rkey;
   uint16_t hello_flags = 0;     // of the first hello: kHelloMayMap (or why not), kHelloSharedPages
   std::byte* direct = nullptr;  // region mapped into this process, or null
-  bool messages = false;        // not mapped: operations go as batch messages, not one-sided
-  bool keyless = false;         // a pool's client (kHelloPoolClient): no remote key, messages only
+  // > 0: `direct` is a mapping of this many bytes that this Pool made itself (MapMoved), not
+  // UCX's through the remote key; unmapped at close.
+  uint64_t mapped_moved = 0;
+  bool messages = false;  // not mapped: operations go as batch messages, not one-sided
+  bool keyless = false;   // a pool's client (kHelloPoolClient): no remote key, messages only
   // Of the first hello: whose region its slot 0 mirrors, and the port of the mirror's loop.
   uint16_t mirror_of = wire::kNoMirror;
   uint16_t mirror_port = 0;
@@ -370,6 +377,15 @@ class Pool::Impl {
            (s.hello_flags & wire::kHelloSharedPages) != 0 &&
            (b.hello_flags & wire::kHelloSharedPages) != 0;
   }
+  // At Connect, for server `index` that failed over before this client connected (it never
+  // mapped it): in a shared-pages cluster, asks the server that serves its region now for the
+  // region's file (wire::MovedFileRequest) and maps it, so that KeepsMapping holds for this
+  // client too (docs/pool.md "A client that connects after a failover maps the moved region").
+  // The same conditions as KeepsMapping's: that server adopted the pages and killed the old
+  // primary before it served them (it answers only then), and it pinned this process. Any
+  // failure leaves the region reached by messages, as before, and says why on stderr.
+  // REQUIRES: Init, before any other thread uses the Pool (it sets `direct`).
+  void MapMoved(ThreadContext& tc, size_t index);
   // Whether failed server `s` failed by an outage (not by refusing us).
   static bool Outage(const ServerState& s) {
     std::lock_guard lock(s.mu);
@@ -532,6 +548,10 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
     if (s.failed) return s.Failure().WithContext("connecting");
     FARPOOL_RETURN_IF_ERROR(Adopt(*tc, i));
   }
+  // Once every live server's mapping is known (a region may move to a server of a higher index).
+  for (size_t i = 0; i < count(); ++i) {
+    if (servers_[i]->failed && servers_[i]->moved_to.load() >= 0) MapMoved(*tc, i);
+  }
   std::vector<ObjectAllocator::Geometry> geometry;
   for (size_t i = 0; i < count(); ++i) {
     geometry.push_back({servers_[i]->region_size, servers_[i]->chunk_size});
@@ -587,6 +607,57 @@ Status Pool::Impl::Adopt(ThreadContext& tc, size_t i) {
   return Status::Ok();
 }
 
+void Pool::Impl::MapMoved(ThreadContext& tc, size_t index) {
+  ServerState& s = *servers_[index];
+  const auto b = static_cast<size_t>(s.moved_to.load());
+  const ServerState& by = *servers_[b];
+  if (!cluster_.shared_pages || s.direct != nullptr || by.direct == nullptr ||
+      (by.hello_flags & wire::kHelloSharedPages) == 0) {
+    return;
+  }
+  auto file = [&]() -> Result<std::byte*> {
+    FARPOOL_ASSIGN_OR_RETURN(
+        Reply reply, Call(
+                         tc, b,
+                         [&](uint64_t id) {
+                           return wire::Encode(id, wire::MovedFileRequest{s.address.id, {}});
+                         },
+                         wire::Opcode::kMovedFileReply, options_.op_timeout));
+    const auto r = reply.message.As<wire::MovedFileReply>();
+    const std::string path = "/proc/" + std::to_string(r.pid) + "/fd/" + std::to_string(r.fd);
+    if (r.size < s.region_size) {
+      return Status::Protocol(path + ": " + std::to_string(r.size) +
+                              " bytes offered, fewer than the region's " +
+                              std::to_string(s.region_size));
+    }
+    const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return Status::PermissionDenied("opening " + path + ": " + std::strerror(errno));
+    struct stat st {};
+    const bool stat_ok = fstat(fd, &st) == 0;
+    // Read after the open: if the process still has the start time named, the descriptor we
+    // opened was that process's (a pid is not reused while its process lives).
+    auto started = ProcessStartTime(static_cast<int64_t>(r.pid));
+    if (!stat_ok || st.st_ino != r.inode || static_cast<uint64_t>(st.st_size) < r.size ||
+        !started.ok() || *started != r.start_time) {
+      close(fd);
+      return Status::NotFound(path + " is not the file offered (inode " + std::to_string(r.inode) +
+                              " of process " + std::to_string(r.pid) + "), or that process exited");
+    }
+    void* m = mmap(nullptr, r.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);  // the mapping keeps the file
+    if (m == MAP_FAILED) return Status::Internal("mapping " + path + ": " + std::strerror(errno));
+    s.mapped_moved = r.size;
+    return static_cast<std::byte*>(m);
+  }();
+  if (!file.ok()) {
+    std::fprintf(stderr, "farpool: %s: its region at %s is reached by messages: %s\n",
+                 s.name.c_str(), by.name.c_str(), file.status().message().c_str());
+    return;
+  }
+  s.direct = *file;
+  s.hello_flags |= wire::kHelloSharedPages;  // the pages are shared, as its own hello would say
+}
+
 Pool::Impl::~Impl() {
   if (map_) {
     std::lock_guard<std::mutex> l(g_live_tags_mu);
@@ -606,7 +677,11 @@ Pool::Impl::~Impl() {
   for (auto& [id, tc] : contexts_) {
     for (auto& p : tc->peers) p.rkey.reset();
   }
-  for (size_t i = 0; i < count(); ++i) servers_[i]->direct = nullptr;
+  for (size_t i = 0; i < count(); ++i) {
+    ServerState& s = *servers_[i];
+    if (s.mapped_moved > 0) munmap(s.direct, s.mapped_moved);
+    s.direct = nullptr;
+  }
   if (!contexts_.empty()) SayGoodbye(*contexts_.begin()->second);
   for (auto& [id, tc] : contexts_) {
     for (auto& p : tc->peers) p.ep.reset();

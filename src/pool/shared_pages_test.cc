@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -449,6 +451,81 @@ INSTANTIATE_TEST_SUITE_P(Transports, KeepMappingTest,
                            return info.param == Fabric::kShm ? "shm" : "auto";
                          });
 
+// A client that connects after a failover, and so never mapped the dead server, maps the moved
+// region too (docs/pool.md "A client that connects after a failover maps the moved region"):
+// the server that serves it offers the file of the pages it adopted (wire::MovedFileRequest).
+// The new client reads what a client that mapped before the kill wrote and the other way round,
+// they take turns at compare-and-swaps (each finds the other's value) and add 2,000 each at once
+// to one word (the sum is 4,000): one set of bytes, the ones the server serves; and the new
+// client sends no message for any of it.
+TEST(SharedPages, AClientThatConnectsAfterAFailoverMapsTheMovedRegion) {
+  TestCluster cluster(SharedPagesCluster());
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto client = ConnectTestClient(cluster);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  Pool& early = *client->pool;
+  auto object = early.Alloc(64, Placement::OnServer(1));
+  auto word = early.Alloc(8, Placement::OnServer(1));
+  auto counter = early.Alloc(8, Placement::OnServer(1));
+  ASSERT_TRUE(object.ok() && word.ok() && counter.ok());
+  std::vector<uint64_t> pattern(8, 0xEA51), got(8);
+  const uint64_t zero = 0;
+  ASSERT_TRUE(early.Write(*object, pattern.data(), 64).ok());
+  ASSERT_TRUE(early.Write(*word, &zero, 8).ok());
+  ASSERT_TRUE(early.Write(*counter, &zero, 8).ok());
+
+  ASSERT_EQ(kill(static_cast<pid_t>(client->config.servers[1].pid), SIGKILL), 0);
+  Status followed = AwaitFailedOver(early, 1);
+  ASSERT_TRUE(followed.ok()) << followed.ToString();
+  auto late_pool = Pool::Connect(client->config, PoolOptions{});
+  ASSERT_TRUE(late_pool.ok()) << late_pool.status().ToString();
+  Pool& late = **late_pool;
+  EXPECT_EQ(late.AccessPath(1), "direct") << "the new client did not map the moved region";
+  const OpCounters before = late.counters();
+
+  ASSERT_TRUE(late.Read(*object, got.data(), 64).ok());
+  EXPECT_EQ(got, pattern) << "the new client does not see what was written before the kill";
+  std::fill(pattern.begin(), pattern.end(), 0x1A7E);
+  ASSERT_TRUE(late.Write(*object, pattern.data(), 64).ok());
+  ASSERT_TRUE(early.Read(*object, got.data(), 64).ok());
+  EXPECT_EQ(got, pattern) << "the served region does not show the new client's write";
+  for (uint64_t n = 0; n < 6; ++n) {
+    Pool& by = n % 2 == 0 ? late : early;
+    auto previous = by.CompareAndSwap(*word, n, n + 1);
+    ASSERT_TRUE(previous.ok()) << previous.status().ToString();
+    EXPECT_EQ(*previous, n) << (n % 2 == 0 ? "new" : "early") << " client's CAS " << n;
+  }
+  constexpr uint64_t kAdds = 2000;
+  std::vector<Status> failed(2);
+  std::vector<std::thread> adders;
+  for (int c = 0; c < 2; ++c) {
+    adders.emplace_back([&, c] {
+      Pool& by = c == 0 ? late : early;
+      for (uint64_t i = 0; i < kAdds && failed[c].ok(); ++i) {
+        failed[c] = by.FetchAdd(*counter, 1).status();
+      }
+    });
+  }
+  for (auto& t : adders) t.join();
+  ASSERT_TRUE(failed[0].ok()) << failed[0].ToString();
+  ASSERT_TRUE(failed[1].ok()) << failed[1].ToString();
+  uint64_t sum = 0;
+  ASSERT_TRUE(late.Read(*counter, &sum, 8).ok());
+  EXPECT_EQ(sum, 2 * kAdds);
+  // A TCP client reaches the region by messages, at the server that serves it: the same bytes.
+  PoolOptions tcp_options;
+  tcp_options.transport = Fabric::kTcp;
+  auto tcp = Pool::Connect(client->config, tcp_options);
+  ASSERT_TRUE(tcp.ok()) << tcp.status().ToString();
+  ASSERT_TRUE((*tcp)->Read(*counter, &sum, 8).ok());
+  EXPECT_EQ(sum, 2 * kAdds) << "the server serves other bytes than the new client's mapping";
+
+  const OpCounters after = late.counters();
+  EXPECT_GE(after.faa, before.faa + kAdds);
+  EXPECT_EQ(after.messages, before.messages)
+      << "the new client reached the failed-over region by messages";
+}
+
 // `cluster drain` of a shared-pages server under transfers (docs/pool.md "Drain over shared
 // pages"): 24 account words over the three servers; a mapping client and a TCP client (whose
 // requests the drained server refuses and the Pool resends) each move amounts between random
@@ -654,6 +731,87 @@ TEST(SharedPages, NothingIsLeftInDevShmAfterClusterDown) {
       if (!gone) std::this_thread::sleep_for(100ms);
     }
     EXPECT_TRUE(gone) << dir << " is left behind";
+  }
+}
+
+// The shared memory that server processes hold: st_blocks of every file in /dev/shm or memfd
+// that one of `pids` holds open (its region, the regions it adopted, its mirror slots' file,
+// UCX's queues), each file once; and of those, the mirror slots' files alone
+// (pool/server/mirror.h).
+struct HeldMemory {
+  uint64_t all = 0;
+  uint64_t slots = 0;
+};
+HeldMemory SharedMemoryHeld(const std::vector<pid_t>& pids) {
+  HeldMemory held;
+  std::set<std::pair<dev_t, ino_t>> seen;
+  for (pid_t pid : pids) {
+    const std::string fds = "/proc/" + std::to_string(pid) + "/fd";
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(fds, ec)) {
+      const std::string link = std::filesystem::read_symlink(e.path(), ec).string();
+      if (ec || (link.rfind("/dev/shm/", 0) != 0 && link.rfind("/memfd:", 0) != 0)) continue;
+      struct stat st {};
+      if (stat(e.path().c_str(), &st) != 0 || !seen.insert({st.st_dev, st.st_ino}).second) continue;
+      const uint64_t bytes = static_cast<uint64_t>(st.st_blocks) * 512;
+      held.all += bytes;
+      if (link.rfind("/memfd:farpool-mirror-slots", 0) == 0) held.slots += bytes;
+    }
+  }
+  return held;
+}
+
+// Mirror slots cost nothing until they hold a copy (docs/pool.md "Mirror slots cost nothing
+// until they hold a copy"): three servers with two slots each. With shared pages no slot ever
+// commits memory, before or after a failover and the re-replication that adopts onward: the
+// cluster holds each region once (plus UCX's queues), not (1 + 2) times at start and then
+// twice for the slot no backup adopted. With forwarded copies (`--forward-copies`) each server
+// commits the one slot that keeps its predecessor's copy, and not the other.
+TEST(SharedPages, MirrorSlotsCommitNoMemoryUntilTheyHoldACopy) {
+  for (bool copies : {false, true}) {
+    SCOPED_TRACE(copies ? "forwarded copies" : "shared pages");
+    LocalClusterOptions o = SharedPagesCluster();
+    o.mirror_slots = 2;
+    o.forward_copies = copies;
+    TestCluster cluster(o);
+    ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+    auto client = ConnectTestClient(cluster);
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    ASSERT_EQ(client->config.shared_pages, !copies);
+    std::vector<pid_t> pids;
+    for (const ServerAddress& s : client->config.servers) pids.push_back(static_cast<pid_t>(s.pid));
+    // Each server's own region is written through, so that it is all there to count.
+    Pool& pl = *client->pool;
+    for (uint16_t id = 0; id < 3; ++id) {
+      auto a = pl.Alloc(4096, Placement::OnServer(id));
+      ASSERT_TRUE(a.ok()) << a.status().ToString();
+      const uint64_t v = 7;
+      ASSERT_TRUE(pl.Write(*a, &v, 8).ok());
+    }
+    const uint64_t region = o.memory;
+    // UCX's queues and a mirror's own context: a few MiB per server (docs/pool.md measured 6).
+    const uint64_t overhead = 3 * (16ull << 20);
+    HeldMemory held = SharedMemoryHeld(pids);
+    std::printf("%s: %llu MiB held in shared memory, %llu MiB of it in mirror slots\n",
+                copies ? "forwarded copies" : "shared pages",
+                static_cast<unsigned long long>(held.all >> 20),
+                static_cast<unsigned long long>(held.slots >> 20));
+    if (!copies) {
+      EXPECT_EQ(held.slots, 0u) << "a shared-pages slot committed memory";
+      EXPECT_LE(held.all, 3 * region + overhead) << "more than one copy of each region";
+      ASSERT_EQ(kill(pids[1], SIGKILL), 0);
+      Status moved = AwaitFailedOver(pl, 1);
+      ASSERT_TRUE(moved.ok()) << moved.ToString();
+      pids.erase(pids.begin() + 1);
+      held = SharedMemoryHeld(pids);
+      EXPECT_EQ(held.slots, 0u) << "a slot committed memory at the failover";
+      EXPECT_LE(held.all, 3 * region + overhead);
+    } else {
+      // The attach of each ring primary commits its slot: cluster up has named the backups.
+      EXPECT_GE(held.slots, 3 * region) << "a ring slot holds no memory for its copy";
+      EXPECT_LT(held.slots, 3 * (region + (4ull << 20))) << "the second slots committed memory";
+      EXPECT_LE(held.all, 6 * region + overhead);
+    }
   }
 }
 

@@ -96,7 +96,8 @@ Status AmServer::Impl::Init() {
   FARPOOL_ASSIGN_OR_RETURN(worker_, Worker::Create(*context_, copts.wakeup));
   FARPOOL_RETURN_IF_ERROR(worker_->SetAmHandler(options_.am_id, &OnMessage, this));
   if (options_.region_size > 0) {
-    FARPOOL_ASSIGN_OR_RETURN(region_, MemoryRegion::Allocate(*context_, options_.region_size));
+    FARPOOL_ASSIGN_OR_RETURN(region_, MemoryRegion::Allocate(*context_, options_.region_size,
+                                                             options_.region_reserve_after));
   }
   FARPOOL_ASSIGN_OR_RETURN(listener_, Listener::Create(*worker_, options_.host, options_.port));
   port_ = listener_->port();

@@ -154,6 +154,7 @@ struct AmServerOptions {
   std::chrono::microseconds event_spin{0};  // kEvent: poll this long after the last work
   Fabric fabric = Fabric::kAuto;
   uint64_t region_size = 0;  // > 0: allocate a memory region of this many bytes (see region())
+  uint64_t region_reserve_after = 0;  // address space reserved after it (MemoryRegion::tail)
 };
 
 class AmServer {

@@ -5,11 +5,13 @@
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <ucs/debug/log_def.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -481,7 +483,8 @@ std::vector<ucp_conn_request_h> Listener::TakeRequests() {
 
 // ---------------------------------------------------------------- MemoryRegion
 
-Result<std::unique_ptr<MemoryRegion>> MemoryRegion::Allocate(Context& context, uint64_t size) {
+Result<std::unique_ptr<MemoryRegion>> MemoryRegion::Allocate(Context& context, uint64_t size,
+                                                             uint64_t reserve_after) {
   std::unique_ptr<MemoryRegion> region(new MemoryRegion(context));
   ucp_mem_map_params_t params{};
   params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
@@ -489,12 +492,40 @@ Result<std::unique_ptr<MemoryRegion>> MemoryRegion::Allocate(Context& context, u
   params.address = nullptr;
   params.length = size;
   params.flags = UCP_MEM_MAP_ALLOCATE;
+  if (reserve_after > 0) {
+    const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    if (size % page != 0 || reserve_after % page != 0) {
+      return Status::InvalidArgument("a region of " + std::to_string(size) + " bytes with " +
+                                     std::to_string(reserve_after) +
+                                     " reserved after it: both must be whole pages");
+    }
+    void* at = mmap(nullptr, size + reserve_after, PROT_NONE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (at == MAP_FAILED) {
+      return Status::OutOfMemory("reserving " + std::to_string(size + reserve_after) +
+                                 " bytes of address space: " + std::strerror(errno));
+    }
+    // Owned from here: the destructor unmaps the whole reservation.
+    region->data_ = static_cast<std::byte*>(at);
+    region->size_ = size;
+    region->reserved_ = reserve_after;
+    params.address = at;
+    params.flags |= UCP_MEM_MAP_FIXED;
+  }
   ucs_status_t st = ucp_mem_map(context.get(), &params, &region->memh_);
-  if (st != UCS_OK) return UcxStatus(st, "allocating a " + std::to_string(size) + "-byte region");
+  if (st != UCS_OK) {
+    region->memh_ = nullptr;
+    return UcxStatus(st, "allocating a " + std::to_string(size) + "-byte region");
+  }
   ucp_mem_attr_t attr{};
   attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
   st = ucp_mem_query(region->memh_, &attr);
   if (st != UCS_OK) return UcxStatus(st, "querying the allocated region");
+  if (reserve_after > 0 && attr.address != params.address) {
+    return Status::Internal("UCX allocated the region at " +
+                            std::to_string(reinterpret_cast<uintptr_t>(attr.address)) +
+                            ", not at the reserved address");
+  }
   region->data_ = static_cast<std::byte*>(attr.address);
   region->size_ = size;
 
@@ -513,6 +544,15 @@ MemoryRegion::~MemoryRegion() {
   if (memh_ != nullptr) {
     ucs_status_t st = ucp_mem_unmap(context_.get(), memh_);
     (void)st;  // process teardown; the mapping is released with the process anyway
+  }
+  // The tail of the reservation, whatever the owner mapped over it; the region's part too if
+  // UCX never mapped the region over it (UCX unmapped the region above otherwise).
+  if (reserved_ > 0) {
+    if (memh_ == nullptr) {
+      munmap(data_, size_ + reserved_);
+    } else {
+      munmap(data_ + size_, reserved_);
+    }
   }
 }
 

@@ -203,15 +203,26 @@ std::string InterfacesToward(const std::vector<std::string>& hosts);
 Status PostAm(ucp_ep_h ep, unsigned id, std::vector<std::byte> bytes, bool want_reply_ep);
 
 // A region allocated and registered by UCX, owned by a memory server.
+//
+// Address space after it (`reserve_after`): UCX writes every page of a shared-memory region
+// when it allocates it (its check that /dev/shm has room), so memory that may never be used
+// (a memory server's mirror slots, pool/server/mirror.h) must not be part of it. Allocate then
+// reserves `size + reserve_after` bytes of address space (PROT_NONE, nothing committed) and has
+// UCX allocate the region at its start (UCP_MEM_MAP_FIXED); the rest, [tail(), tail() +
+// reserve_after), is the owner's to map over with MAP_FIXED, contiguous with the region, and is
+// unmapped with it. It is not registered: no remote key reaches it.
 class MemoryRegion {
  public:
-  static Result<std::unique_ptr<MemoryRegion>> Allocate(Context& context, uint64_t size);
+  static Result<std::unique_ptr<MemoryRegion>> Allocate(Context& context, uint64_t size,
+                                                        uint64_t reserve_after = 0);
   ~MemoryRegion();
   MemoryRegion(const MemoryRegion&) = delete;
   MemoryRegion& operator=(const MemoryRegion&) = delete;
 
   std::byte* data() const { return data_; }
   uint64_t size() const { return size_; }
+  // The reserved address space right after the region (see above); null if none.
+  std::byte* tail() const { return reserved_ > 0 ? data_ + size_ : nullptr; }
   // The remote key a client unpacks to reach the region.
   std::span<const std::byte> packed_rkey() const { return {packed_rkey_.get(), rkey_size_}; }
 
@@ -221,6 +232,7 @@ class MemoryRegion {
   ucp_mem_h memh_ = nullptr;
   std::byte* data_ = nullptr;
   uint64_t size_ = 0;
+  uint64_t reserved_ = 0;  // bytes of address space reserved after the region
   std::unique_ptr<std::byte[]> packed_rkey_;
   size_t rkey_size_ = 0;
 };

@@ -66,6 +66,10 @@ std::optional<BodyLayout> LayoutOf(uint16_t opcode) {
       return FixedBody(sizeof(DegradeReply));
     case Opcode::kMovingReply:
       return FixedBody(sizeof(MovingReply));
+    case Opcode::kMovedFileRequest:
+      return FixedBody(sizeof(MovedFileRequest));
+    case Opcode::kMovedFileReply:
+      return FixedBody(sizeof(MovedFileReply));
   }
   return std::nullopt;
 }
@@ -139,6 +143,10 @@ std::string_view OpcodeName(Opcode op) {
       return "DegradeReply";
     case Opcode::kMovingReply:
       return "MovingReply";
+    case Opcode::kMovedFileRequest:
+      return "MovedFileRequest";
+    case Opcode::kMovedFileReply:
+      return "MovedFileReply";
   }
   return "Unknown";
 }
@@ -204,6 +212,8 @@ FARPOOL_WIRE_BODY(PromoteReply)
 FARPOOL_WIRE_BODY(DegradeRequest)
 FARPOOL_WIRE_BODY(DegradeReply)
 FARPOOL_WIRE_BODY(MovingReply)
+FARPOOL_WIRE_BODY(MovedFileRequest)
+FARPOOL_WIRE_BODY(MovedFileReply)
 #undef FARPOOL_WIRE_BODY
 
 std::vector<std::byte> EncodeError(uint64_t request_id, const Status& status) {

@@ -55,7 +55,8 @@ inline constexpr uint32_t kMagic = 0x31575046;  // "FPW1"
 //    copy in one operation).
 // 9: shared-pages backups (ReplicateRequest's shared file and kReplicateShare,
 //    kHelloSharedPages).
-inline constexpr uint16_t kVersion = 9;
+// 10: MovedFileRequest/Reply (a client that connects after a failover maps the moved region).
+inline constexpr uint16_t kVersion = 10;
 // Batches: the operations of a request, the read data and atomic results of a reply. Small
 // enough to go eagerly in one UCX active message, large enough for a commit's worth of
 // records; a client splits larger batches into several messages.
@@ -90,6 +91,8 @@ enum class Opcode : uint16_t {
   kDegradeRequest = 26,
   kDegradeReply = 27,
   kMovingReply = 28,  // server -> client: a request refused, not executed (MovingReply)
+  kMovedFileRequest = 29,
+  kMovedFileReply = 30,
 };
 std::string_view OpcodeName(Opcode op);
 
@@ -431,6 +434,30 @@ struct MovingReply {
   uint16_t reserved[3];
 };
 static_assert(sizeof(MovingReply) == 8);
+
+// Client -> server, shared pages (docs/pool.md "A client that connects after a failover maps
+// the moved region"): the file of server `primary_id`'s region, which this server serves from a
+// promoted mirror slot whose pages it adopted. Answered only to a connection of the default
+// pool whose process this server pinned (it may map this server's region: an eviction by this
+// server kills it, the fence a mapping needs), and only once the slot is promoted (this server
+// killed the old primary before it served the pages); an ErrorReply with the reason otherwise.
+struct MovedFileRequest {
+  uint16_t primary_id;
+  uint16_t reserved[3];
+};
+static_assert(sizeof(MovedFileRequest) == 8);
+// Server -> client: the client opens /proc/<pid>/fd/<fd> (the same user, as for the region
+// UCX lets it map), checks that it is `inode` of process `pid` started at `start_time`, and maps
+// its first `size` bytes: the pages the server executes that region's requests on.
+struct MovedFileReply {
+  uint64_t pid;
+  uint64_t start_time;
+  uint64_t inode;
+  int32_t fd;
+  uint32_t reserved;
+  uint64_t size;
+};
+static_assert(sizeof(MovedFileReply) == 40);
 
 // A decoded message: the header plus views into the caller's buffer.
 using Message = transport::Message<Opcode>;

@@ -48,6 +48,16 @@ TEST(Wire, EveryMessageRoundTrips) {
   ASSERT_TRUE(mm.ok()) << mm.status().ToString();
   EXPECT_EQ(mm->opcode, Opcode::kMovingReply);
   EXPECT_EQ(mm->As<MovingReply>().server_id, 4);
+
+  // A moved region's file, for a client that maps it after a failover.
+  const auto file = Encode(14, MovedFileReply{1234, 5678, 99, 7, 0, 64 << 20});
+  auto fm = Decode(file);
+  ASSERT_TRUE(fm.ok()) << fm.status().ToString();
+  EXPECT_EQ(fm->opcode, Opcode::kMovedFileReply);
+  EXPECT_EQ(fm->As<MovedFileReply>().fd, 7);
+  EXPECT_EQ(fm->As<MovedFileReply>().size, uint64_t{64} << 20);
+  const auto ask = Encode(15, MovedFileRequest{1, {}});
+  EXPECT_TRUE(Decode(ask).ok());
   EXPECT_EQ(OpcodeName(Opcode::kMovingReply), "MovingReply");
 
   // The challenge-response: nonces and proofs travel whole.

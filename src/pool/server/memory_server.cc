@@ -10,6 +10,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <future>
 #include <map>
 #include <optional>
 #include <thread>
@@ -150,6 +151,9 @@ class MemoryServer::Impl : public transport::AmHandler {
   // Tick and Settle for the slot links (blocking forwards, see the header): copies, renewals,
   // forwards of `changed` (offsets in region_). Returns Ok, or the failure that fails the round.
   void TickSlotLinks();
+  // Moves the slot links whose connection is done from connecting_ to slot_links_ (or drops
+  // one that failed, saying why).
+  void InstallSlotLinks();
   Status ForwardSlotLinks(const std::vector<memory_ops::Range>& changed);
   // Gives the copy up (the new backup failed): one copy, as before it began.
   void AbandonCopy(const Status& why);
@@ -210,6 +214,10 @@ class MemoryServer::Impl : public transport::AmHandler {
   Result<wire::EvictReply> Evict(uint64_t tag, const transport::Peer* from);
   // A client closing its Pool: drops its pin and refuses its tag from now on (no kill, ever).
   Result<wire::GoodbyeReply> Goodbye(uint64_t tag, const transport::Peer* from);
+  // The file of server `primary_id`'s region, which this server serves from a promoted slot
+  // whose pages it adopted, for a client on this host that `from` says this server pinned
+  // (wire::MovedFileRequest); refused with the reason otherwise.
+  Result<wire::MovedFileReply> MovedFile(uint16_t primary_id, const transport::Peer* from);
   // Remembers `tag` as refused (bounded: the oldest is forgotten first).
   void RefuseTag(uint64_t tag);
   bool IsEvicted(uint64_t tag) const { return evicted_.count(tag) != 0; }
@@ -250,6 +258,15 @@ class MemoryServer::Impl : public transport::AmHandler {
     std::vector<LeaseChange> leases;
   };
   std::map<uint16_t, SlotLink> slot_links_;
+  // Slot links being connected off the progress thread (ConfigureSlotBackup), by region:
+  // installed in slot_links_ by TickSlotLinks once connected.
+  struct PendingSlotLink {
+    uint16_t backup_id = 0;
+    uint16_t slot = 0;
+    Clock::time_point began;
+    std::future<Result<std::unique_ptr<BackupLink>>> link;
+  };
+  std::map<uint16_t, PendingSlotLink> connecting_;
   // A DegradeRequest's backup id, set on the mirror's loop (-1: none).
   std::atomic<int> backup_gone_{-1};
   // When the latest forward or renewal the backup acknowledged was sent (the primary's
@@ -324,13 +341,11 @@ Status MemoryServer::Impl::Init() {
   }
   // The region is committed at start (UCX writes every page of a shared-memory segment before
   // mapping it): a size the host cannot give would take its memory until the OOM killer acts.
+  // The mirror slots are not part of it: address space reserved after it, each slot committed
+  // only when it is to hold a copy (Mirror::Commit, which checks again then).
   const uint32_t slots = std::max(options_.mirror_slots, options_.mirror_of ? 1u : 0u);
-  const uint64_t region_size = chunks_.region_size() * (1 + slots);
-  FARPOOL_RETURN_IF_ERROR(CheckFitsInAvailableMemory(
-      region_size, "--memory " + FormatSize(options_.memory) +
-                       (slots > 0 ? " (" + std::to_string(1 + slots) +
-                                        " times: the server's own and its mirror slots)"
-                                  : "")));
+  FARPOOL_RETURN_IF_ERROR(
+      CheckFitsInAvailableMemory(chunks_.region_size(), "--memory " + FormatSize(options_.memory)));
   transport::AmServerOptions ao;
   ao.host = options_.host;
   ao.port = options_.port;
@@ -341,7 +356,8 @@ Status MemoryServer::Impl::Init() {
   // took the core the client needed to use it (docs/pool.md, "Measured: the cost of a round
   // trip over TCP"), as partition servers had measured before (docs/database.md).
   ao.fabric = options_.fabric;
-  ao.region_size = region_size;
+  ao.region_size = chunks_.region_size();
+  ao.region_reserve_after = chunks_.region_size() * slots;
   std::optional<transport::ClusterSecret> secret;
   if (!options_.secret_file.empty()) {  // before listening: a bad file fails the start at once
     FARPOOL_ASSIGN_OR_RETURN(secret, transport::ClusterSecret::Read(options_.secret_file));
@@ -357,8 +373,8 @@ Status MemoryServer::Impl::Init() {
                                      std::to_string(options_.id) + ")");
     }
     mirror_ = std::make_unique<Mirror>(
-        options_.mirror_of, slots, region_->data() + chunks_.region_size(), chunks_.region_size(),
-        chunks_.chunk_size(), *auth_,
+        options_.mirror_of, slots, region_->tail(), chunks_.region_size(), chunks_.chunk_size(),
+        *auth_,
         [this](uint16_t backup) {
           backup_gone_.store(backup);
           am_->Wake();  // held replies wait for this
@@ -375,9 +391,12 @@ Status MemoryServer::Impl::Init() {
                                       "memory file (--transport shm or auto)");
     }
     own_file_ = *own;
-    if (mirror_) mirror_->SetOwnFile(*own, chunks_.region_size());
   }
   if (mirror_) FARPOOL_RETURN_IF_ERROR(mirror_->Start(options_.host, options_.fabric, Name()));
+  // The ring predecessor's forwarded copy will fill slot 0: its memory now, as the region's own.
+  if (mirror_ && options_.mirror_of && !options_.shared_pages) {
+    FARPOOL_RETURN_IF_ERROR(mirror_->Reserve(0));
+  }
   auto boot = BootId();
   if (boot.ok()) boot_id_ = *boot;
   return Status::Ok();
@@ -683,6 +702,11 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
                                Goodbye(m.As<wire::GoodbyeRequest>().tag, from));
       return wire::Encode(id, r);
     }
+    case wire::Opcode::kMovedFileRequest: {
+      FARPOOL_ASSIGN_OR_RETURN(wire::MovedFileReply r,
+                               MovedFile(m.As<wire::MovedFileRequest>().primary_id, from));
+      return wire::Encode(id, r);
+    }
     case wire::Opcode::kBackupRequest: {
       if (from != nullptr && from->pool != 0) {
         return PoolRefused(from, "BackupRequest refused: the cluster's tools name backups");
@@ -705,6 +729,7 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
     case wire::Opcode::kPromoteReply:
     case wire::Opcode::kDegradeReply:
     case wire::Opcode::kMovingReply:
+    case wire::Opcode::kMovedFileReply:
       break;
     case wire::Opcode::kReplicateRequest:
     case wire::Opcode::kMirrorLeaseRequest:
@@ -717,6 +742,30 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
   ++rejected_;
   return Status::Protocol(Name() + ": " + std::string(wire::OpcodeName(m.opcode)) +
                           " is a reply, not a request");
+}
+
+Result<wire::MovedFileReply> MemoryServer::Impl::MovedFile(uint16_t primary_id,
+                                                           const transport::Peer* from) {
+  const std::string what =
+      Name() + ": the file of server " + std::to_string(primary_id) + "'s region";
+  if (from == nullptr || from->pool != 0) {
+    return Status::PermissionDenied(what + ": only the default pool's clients map regions");
+  }
+  SweepPins();
+  if (pins_.find(from->tag) == pins_.end()) {
+    return Status::PermissionDenied(what +
+                                    ": this process is not pinned here (its hello did not ask "
+                                    "to map, or was refused), so it may not map");
+  }
+  if (!mirror_ || !mirror_->PromotedSlot(primary_id)) {
+    return Status::NotFound(what + ": not served here (not failed over to this server)");
+  }
+  auto file = mirror_->SharedFileOf(primary_id);
+  if (!file) {
+    return Status::NotFound(what + ": its slot keeps a copy, not the region's pages");
+  }
+  return wire::MovedFileReply{file->pid, file->start_time,     file->inode, file->fd,
+                              0,         chunks_.region_size()};
 }
 
 void MemoryServer::Impl::Degrade() {
@@ -807,6 +856,14 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureSlotBackup(
       it->second.link->slot() == request.slot) {
     return wire::BackupReply{it->second.copy ? size - it->second.copy->next : 0};  // progress
   }
+  if (auto p = connecting_.find(request.region); p != connecting_.end()) {
+    if (p->second.backup_id == request.backup_id && p->second.slot == request.slot) {
+      return wire::BackupReply{size};  // still connecting: nothing copied yet
+    }
+    return Status::Aborted(Name() + ": still connecting to server " +
+                           std::to_string(p->second.backup_id) + " for server " +
+                           std::to_string(request.region) + "'s region; ask again");
+  }
   const std::string host(request.host, strnlen(request.host, sizeof(request.host)));
   const std::optional<SharedFile> share =
       options_.shared_pages ? mirror_->SharedFileOf(request.region) : std::nullopt;
@@ -814,20 +871,54 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureSlotBackup(
     return Status::InvalidArgument(Name() + ": server " + std::to_string(request.region) +
                                    "'s region is a copy here, not its shared pages");
   }
-  FARPOOL_ASSIGN_OR_RETURN(
-      std::unique_ptr<BackupLink> link,
-      BackupLink::Connect({request.backup_id, host, request.port, request.slot}, request.region,
-                          size, auth_->secret(), options_.fabric, options_.backup_timeout,
-                          share ? &*share : nullptr));
-  std::fprintf(stderr, "%s: copying server %u's region (%s) to %s slot %u\n", Name().c_str(),
-               request.region, FormatSize(size).c_str(), link->name().c_str(), request.slot);
-  backup_gone_.store(-1);
-  slot_links_[request.region] =
-      SlotLink{std::move(link), chunks_.region_size() + *slot * size, Copy{}, Clock::now(), {}};
+  // Connected on a thread of its own, not this loop: two connections (each a UCX context and
+  // worker, a challenge and a hello) and the attach took more than the serving lease at load
+  // above 10, and meanwhile the loop renewed nothing: its own backup's lease lapsed and clients
+  // got "its backup has not answered" (docs/pool.md "Drain over shared pages").
+  BackupLink::Target target{request.backup_id, host, request.port, request.slot};
+  connecting_[request.region] = PendingSlotLink{
+      request.backup_id, request.slot, Clock::now(),
+      std::async(std::launch::async,
+                 [target, region = request.region, size, secret = auth_->secret(),
+                  fabric = options_.fabric, timeout = options_.backup_timeout, share] {
+                   return BackupLink::Connect(target, region, size, secret, fabric, timeout,
+                                              share ? &*share : nullptr);
+                 })};
   return wire::BackupReply{size};
 }
 
+void MemoryServer::Impl::InstallSlotLinks() {
+  for (auto p = connecting_.begin(); p != connecting_.end();) {
+    if (p->second.link.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+      ++p;
+      continue;
+    }
+    const uint16_t region = p->first;
+    auto link = p->second.link.get();
+    const auto took =
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - p->second.began);
+    const auto slot = mirror_->PromotedSlot(region);
+    if (!link.ok() || !slot) {
+      // The coordinator asks again (a BackupRequest finds neither a link nor a connection).
+      std::fprintf(stderr, "%s: no backup for server %u's region after %lld ms: %s\n",
+                   Name().c_str(), region, static_cast<long long>(took.count()),
+                   link.ok() ? "it is no longer served here" : link.status().message().c_str());
+    } else {
+      const uint64_t size = mirror_->size();
+      std::fprintf(stderr,
+                   "%s: copying server %u's region (%s) to %s slot %u (connected in %lld ms)\n",
+                   Name().c_str(), region, FormatSize(size).c_str(), (*link)->name().c_str(),
+                   p->second.slot, static_cast<long long>(took.count()));
+      backup_gone_.store(-1);
+      slot_links_[region] = SlotLink{
+          std::move(*link), chunks_.region_size() + *slot * size, Copy{}, Clock::now(), {}};
+    }
+    p = connecting_.erase(p);
+  }
+}
+
 void MemoryServer::Impl::TickSlotLinks() {
+  InstallSlotLinks();
   const uint64_t size = mirror_ ? mirror_->size() : 0;
   for (auto it = slot_links_.begin(); it != slot_links_.end();) {
     SlotLink& l = it->second;

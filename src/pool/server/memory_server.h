@@ -38,10 +38,12 @@
 // in the mirror slots it serves once promoted: their books keep each lease's owner and the
 // pools' root areas, and a copy of a book (re-replication) carries them.
 //
-// Replication (docs/pool.md "Replication"): with ServerOptions::mirror_slots S the region is
-// 1 + S times the donation: after the server's own part, S mirror slots that hold copies of
-// other servers' regions (pool/server/mirror.h; slot 0 that of ServerOptions::mirror_of) and
-// take their forwards on a port of their own. With
+// Replication (docs/pool.md "Replication"): with ServerOptions::mirror_slots S the region's
+// addresses span 1 + S times the donation: after the server's own part, S mirror slots that
+// hold copies of other servers' regions (pool/server/mirror.h; slot 0 that of
+// ServerOptions::mirror_of) and take their forwards on a port of their own. The slots are
+// address space only until they hold a copy (mirror.h, "Memory"): the ring's slot 0 is
+// committed at start when this server keeps a forwarded copy there, never with shared pages. With
 // ServerOptions::replicated, every request that changes the region or the leases is refused
 // until a BackupRequest names the backup; from then on the changes of each round of requests
 // go to the backup (pool/server/backup_link.h) before any reply that may show them does. A
@@ -53,6 +55,9 @@
 // Shared pages (ServerOptions::shared_pages): the backups map this server's region itself, so
 // a round's changed bytes are not forwarded (KeepChanges keeps none), only its lease changes,
 // and nothing but those holds a reply; copies to a new backup send the lease book alone.
+// Once it serves a dead server's region from a slot that adopted its pages, it tells a client
+// on this host that it pinned where that file is (wire::MovedFileRequest), so that a client that
+// connects after the failover maps the region too.
 //
 // Pipelined forwards (docs/pool.md "Pipelined forwards"): at the end of a round
 // (AmHandler::Settle) the server posts the round's changes to the backup and goes on serving

@@ -1,10 +1,17 @@
 #include "pool/server/mirror.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 
+#include "common/host.h"
+#include "common/units.h"
 #include "pool/memory_ops.h"
 #include "transport/ucx.h"
 #include "transport/wire.h"
@@ -38,8 +45,29 @@ void Mirror::Closed(const transport::Peer& peer) {
   }
 }
 
+Mirror::~Mirror() {
+  Stop();
+  if (slot_file_.fd >= 0) close(slot_file_.fd);  // its mapping stays until the region's owner's
+}
+
 Status Mirror::Start(const std::string& host, Fabric fabric, const std::string& name) {
   name_ = name + " mirror";
+  // The slots' file, sparse: nothing is committed until a slot is to hold a copy (Commit).
+  const uint64_t bytes = size_ * slots_.size();
+  const int fd = static_cast<int>(memfd_create("farpool-mirror-slots", MFD_CLOEXEC));
+  if (fd < 0) return Status::Internal(name_ + ": memfd_create: " + std::strerror(errno));
+  slot_file_.fd = fd;
+  struct stat st {};
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0 || fstat(fd, &st) != 0) {
+    return Status::Internal(name_ + ": sizing the slots' file to " + FormatSize(bytes) + ": " +
+                            std::strerror(errno));
+  }
+  if (mmap(memory_, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+    return Status::Internal(name_ + ": mapping the slots' file: " + std::strerror(errno));
+  }
+  FARPOOL_ASSIGN_OR_RETURN(slot_file_.start_time, ProcessStartTime(getpid()));
+  slot_file_.pid = static_cast<uint64_t>(getpid());
+  slot_file_.inode = st.st_ino;
   transport::AmServerOptions ao;
   ao.host = host;
   ao.am_id = transport::kControlAm;
@@ -98,6 +126,15 @@ Result<wire::PromoteReply> Mirror::Promote(uint16_t primary_id,
     ReleaseDeadInsert(*slot);
   }
   if (!slot->promoted) {
+    // Served from now on, and so written: a slot that took no forward of bytes yet (its
+    // primary died before its attach) gets its memory first, or is not served.
+    Status room = Commit(static_cast<uint32_t>(slot - slots_.data()));
+    if (!room.ok()) {
+      return room.WithContext(name_ + ": cannot take server " + std::to_string(primary_id) +
+                              "'s data over");
+    }
+  }
+  if (!slot->promoted) {
     std::fprintf(stderr, "%s: taking server %d's data over (slot %zu%s)\n", name_.c_str(),
                  primary_id, static_cast<size_t>(slot - slots_.data()),
                  slot->adopted != nullptr ? ", its own pages: its process is dead" : "");
@@ -147,17 +184,38 @@ void Mirror::ReleaseDeadInsert(Slot& slot) {
                released ? "released" : "held by another since, left as it is");
 }
 
+Status Mirror::Commit(uint32_t index) {
+  Slot& slot = slots_[index];
+  if (slot.committed || slot.adopted != nullptr) return Status::Ok();
+  const std::string named = name_ + " slot " + std::to_string(index);
+  const std::string what = named + ": a copy of " + FormatSize(size_);
+  if (Status fits = CheckFitsInAvailableMemory(size_, what); !fits.ok()) {
+    return Status::OutOfMemory(fits.message());
+  }
+  // Allocated now, not at the first store into each page: a slot never takes memory it was not
+  // given (a failed page fault would be a SIGBUS or the OOM killer, not a refused forward).
+  if (fallocate(slot_file_.fd, 0, static_cast<off_t>(index * size_), static_cast<off_t>(size_)) !=
+      0) {
+    return Status::OutOfMemory(what + ": allocating it: " + std::strerror(errno));
+  }
+  slot.committed = true;
+  std::fprintf(stderr, "%s: allocated %s for a copy\n", named.c_str(), FormatSize(size_).c_str());
+  return Status::Ok();
+}
+
+Status Mirror::Reserve(uint32_t index) {
+  std::lock_guard lock(mu_);
+  if (index >= slots_.size()) {
+    return Status::InvalidArgument(name_ + ": no slot " + std::to_string(index));
+  }
+  return Commit(index);
+}
+
 Status Mirror::Adopt(Slot& slot, const wire::ReplicateRequest& req) {
   const std::string named = name_ + " slot " + std::to_string(req.slot);
-  if (!own_file_) {
-    return Status::InvalidArgument(named +
-                                   ": its own region is no shared file: it cannot share "
-                                   "server " +
-                                   std::to_string(req.primary_id) + "'s pages");
-  }
   const SharedFile file{req.share_pid, req.share_start_time, req.share_inode, req.share_fd};
-  auto adopted = AdoptedPages::Adopt(file, memory_ + req.slot * size_, size_, *own_file_,
-                                     own_file_offset_ + req.slot * size_);
+  auto adopted =
+      AdoptedPages::Adopt(file, memory_ + req.slot * size_, size_, slot_file_, req.slot * size_);
   if (!adopted.ok()) {
     slot.primary = -1;  // holds nobody's copy: later forwards are refused, not applied
     slot.adopted.reset();
@@ -165,6 +223,7 @@ Status Mirror::Adopt(Slot& slot, const wire::ReplicateRequest& req) {
                                         std::to_string(req.primary_id) + "'s pages");
   }
   slot.adopted = std::move(*adopted);
+  slot.committed = false;  // what the slot had of its own was given back (Adopt)
   std::fprintf(stderr, "%s: shares server %u's pages (process %llu)\n", named.c_str(),
                req.primary_id, static_cast<unsigned long long>(req.share_pid));
   return Status::Ok();
@@ -290,6 +349,11 @@ Result<std::vector<std::byte>> Mirror::Answer(std::span<const std::byte> bytes,
       const auto req = m.As<wire::ReplicateRequest>();
       std::lock_guard lock(mu_);
       const bool attach = (req.flags & wire::kReplicateAttach) != 0;
+      // Bytes go into a slot only once it has its memory (a copy's first forward, its attach);
+      // refused before the slot becomes the primary's copy if the host cannot give it.
+      if ((req.flags & wire::kReplicateShare) == 0 && req.slot < slots_.size()) {
+        FARPOOL_RETURN_IF_ERROR(Commit(req.slot));
+      }
       FARPOOL_ASSIGN_OR_RETURN(Slot * slot,
                                AdmitForward(req.primary_id, req.slot, attach, id, from));
       if (attach && (req.flags & wire::kReplicateShare) != 0) {

@@ -51,6 +51,17 @@
 // back as a copy would be): the promotion releases it (ReleaseDeadInsert); an entry it had made
 // live stays (the requester was told "may or may not have taken effect").
 //
+// Memory (docs/pool.md "Mirror slots cost nothing until they hold a copy"): the slots live in a
+// file of their own (a memfd, mapped over the address space the server's region reserved after
+// itself, transport::MemoryRegion::tail), sparse at start: a slot commits its memory only when it
+// is to hold a copy, at the first forward of bytes into it (the attach of a primary that
+// forwards copies) or at a promotion, after checking that the host has it
+// (CheckFitsInAvailableMemory, then fallocate): a slot that cannot get it refuses the forward
+// or the promotion with the reason, and is never written past what it committed. A slot that
+// shares its primary's pages never commits any; the ring's slot 0 of a server that keeps
+// forwarded copies commits at start (Reserve: allocating a large slot can take longer than a
+// forward may wait for its acknowledgement).
+//
 // Thread-safety: the forwards run on the mirror's loop, everything else on the server's
 // progress thread; the slots (lease books, owners, promoted flags) are guarded by one mutex,
 // and a forward applies its writes under it, so no forward lands after Promote returns.
@@ -86,20 +97,22 @@ inline constexpr std::chrono::milliseconds kKillWait{500};
 
 class Mirror : public transport::AmHandler {
  public:
-  // `slots` copies of `size` bytes each (chunks of `chunk_size`) at `memory`, which outlives
-  // the mirror; slot 0 mirrors server `first` if set. `auth` is the server's; `name` its name.
-  // `on_degrade(backup_id)`: a DegradeRequest for this server's own role as a primary (served
-  // here because the server's loop may be blocked waiting for that backup); any thread.
-  // `on_primary_closed(primary_id)`: the connection that brought the forwards of a primary whose
-  // copy a slot keeps (not promoted) has closed, on the mirror's loop (must not block):
-  // evidence that the primary is gone, not proof (it also closes its link when it drains, gives
-  // a copy up, or is degraded).
+  // `slots` copies of `size` bytes each (chunks of `chunk_size`) at `memory`: address space
+  // reserved for them (page-aligned, unmapped or PROT_NONE) that outlives the mirror, which
+  // maps its slots' file over it in Start; slot 0 mirrors server `first` if set. `auth` is the
+  // server's; `name` its name. `on_degrade(backup_id)`: a DegradeRequest for this server's own role
+  // as a primary (served here because the server's loop may be blocked waiting for that backup);
+  // any thread. `on_primary_closed(primary_id)`: the connection that brought the forwards of a
+  // primary whose copy a slot keeps (not promoted) has closed, on the mirror's loop (must not
+  // block): evidence that the primary is gone, not proof (it also closes its link when it drains,
+  // gives a copy up, or is degraded).
   Mirror(std::optional<uint16_t> first, uint32_t slots, std::byte* memory, uint64_t size,
          uint64_t chunk_size, ServerAuth& auth, std::function<void(uint16_t)> on_degrade,
          std::function<void(uint16_t)> on_primary_closed);
-  ~Mirror() override { Stop(); }
+  ~Mirror() override;
 
-  // Listens on `host` (any free port) and starts the forwards' loop.
+  // Maps the slots' file over `memory` (nothing committed), listens on `host` (any free port)
+  // and starts the forwards' loop.
   Status Start(const std::string& host, Fabric fabric, const std::string& name);
   void Stop() {
     if (am_) am_->Stop();
@@ -128,12 +141,10 @@ class Mirror : public transport::AmHandler {
   // The mirrored lease book of `primary_id`'s region (offset -> length, owner, root), for a
   // copy of it.
   std::map<uint64_t, ChunkAllocator::Held> Leases(uint16_t primary_id) const;
-  // Shared pages: this server's own region file (DescribeSharedFile) and where the mirror area
-  // starts in it, so that an adopted slot's own pages can be given back. Call before Start.
-  void SetOwnFile(const SharedFile& own, uint64_t mirror_offset) {
-    own_file_ = own;
-    own_file_offset_ = mirror_offset;
-  }
+  // Commits slot `index`'s memory now (see Memory above): for a slot known to hold a forwarded
+  // copy from the start (the ring's slot 0 without shared pages), so that its first forward,
+  // the attach, does not wait for it. OutOfMemory with the reason if the host cannot give it.
+  Status Reserve(uint32_t index);
   // The file of `primary_id`'s region if its slot shares its pages, as this process can
   // describe it to a backup of its own (re-replication of a region it serves).
   std::optional<SharedFile> SharedFileOf(uint16_t primary_id) const;
@@ -157,7 +168,12 @@ class Mirror : public transport::AmHandler {
     uint64_t forward_id = 0;
     // Shared pages: the primary's region mapped over the slot, and its process (for the kill).
     std::unique_ptr<AdoptedPages> adopted;
+    // Its memory in the slots' file is allocated (Commit).
+    bool committed = false;
   };
+  // Allocates the memory of slot `index` in the slots' file unless it has it or shares pages:
+  // OutOfMemory with the reason if the host cannot give it. REQUIRES: mu_ held.
+  Status Commit(uint32_t index);
   // Maps the file `req` names over `slot` (shared pages). REQUIRES: mu_ held.
   Status Adopt(Slot& slot, const wire::ReplicateRequest& req);
   // Shared pages, at promotion, once the primary is dead: releases the bucket lock of an
@@ -187,8 +203,8 @@ class Mirror : public transport::AmHandler {
   ServerAuth& auth_;
   std::function<void(uint16_t)> on_degrade_;
   std::function<void(uint16_t)> on_primary_closed_;
-  std::optional<SharedFile> own_file_;
-  uint64_t own_file_offset_ = 0;
+  // The slots' file (a memfd mapped over memory_), as AdoptedPages::Adopt needs it.
+  SharedFile slot_file_;
   std::string name_;
   std::unique_ptr<transport::AmServer> am_;
 };
