@@ -1533,7 +1533,7 @@ Result<uint64_t> Pool::Impl::LeaseOn(size_t index, uint64_t size) {
     bool moving = false;
     auto r = Call(
         *t, to,
-        [&](uint64_t id) {
+        [&, mirror = mirror](uint64_t id) {  // a structured binding: clang < 16 cannot capture it
           return wire::Encode(id, wire::LeaseRequest{size, mirror, 0});
         },
         wire::Opcode::kLeaseReply, options_.op_timeout, &moving);
@@ -1552,7 +1552,7 @@ Status Pool::Impl::ReleaseOn(size_t index, uint64_t offset, uint64_t size) {
     bool moving = false;
     auto r = Call(
         *t, to,
-        [&](uint64_t id) {
+        [&, mirror = mirror](uint64_t id) {  // a structured binding: clang < 16 cannot capture it
           return wire::Encode(id, wire::ReleaseRequest{offset, size, mirror, 0});
         },
         wire::Opcode::kReleaseReply, options_.op_timeout, &moving);
