@@ -76,13 +76,15 @@ class TpcbTest : public testing::TestWithParam<std::string> {
   }
 };
 
-// A few transactions (2-4%, the same ones under both levels, so not in their reads) pay 3-5
-// round trips more: the counts asserted are those of at least 95% of the transactions, and
-// none is below.
+// A few transactions (2-4%, the same ones under both levels, so not in their reads; up to 5.5%
+// seen at a load average of 21) pay 3-5 round trips more: the session's first two (set-up),
+// then now and then one (the allocator reserving records for the history rows, a lease renewed
+// in line under load). The counts asserted are those of at least 90% of the transactions (without
+// the update intent, none is at 3), and none is below.
 TEST_P(TpcbTest, ReadCommittedIsThreeRoundTrips) {
   constexpr int kTxns = 200;
   const std::map<uint64_t, int> h = RoundTrips(/*read_committed=*/true, kTxns);
-  EXPECT_GE(h.count(3) ? h.at(3) : 0, kTxns * 95 / 100) << "round trips per txn: " << Show(h);
+  EXPECT_GE(h.count(3) ? h.at(3) : 0, kTxns * 90 / 100) << "round trips per txn: " << Show(h);
   EXPECT_TRUE(h.empty() || h.begin()->first == 3) << Show(h);
 }
 
@@ -92,7 +94,7 @@ TEST_P(TpcbTest, ReadCommittedWithReadIntentIsFourRoundTrips) {
   constexpr int kTxns = 200;
   const std::map<uint64_t, int> h =
       RoundTrips(/*read_committed=*/true, kTxns, /*for_update=*/true, LockIntent::kRead);
-  EXPECT_GE(h.count(4) ? h.at(4) : 0, kTxns * 95 / 100) << "round trips per txn: " << Show(h);
+  EXPECT_GE(h.count(4) ? h.at(4) : 0, kTxns * 90 / 100) << "round trips per txn: " << Show(h);
   EXPECT_TRUE(h.empty() || h.begin()->first == 4) << Show(h);
 }
 
@@ -109,7 +111,7 @@ TEST_P(TpcbTest, SnapshotIsolationWithRowsReadForUpdateIsThreeRoundTrips) {
   constexpr int kTxns = 200;
   const std::map<uint64_t, int> h =
       RoundTrips(/*read_committed=*/false, kTxns, /*for_update=*/true);
-  EXPECT_GE(h.count(3) ? h.at(3) : 0, kTxns * 95 / 100) << "round trips per txn: " << Show(h);
+  EXPECT_GE(h.count(3) ? h.at(3) : 0, kTxns * 90 / 100) << "round trips per txn: " << Show(h);
   EXPECT_TRUE(h.empty() || h.begin()->first == 3) << Show(h);
 }
 

@@ -43,6 +43,10 @@
 // word to our plain lock word in its batch, before the stamp is taken (layout.h ReadLockWord),
 // and from then on they are the commit's like any lock it took; Finish releases in its batch
 // the keys locked at read and not written, unchanged.
+// Keys locked at read with the update intent (LockIntent::kUpdate) hold our plain lock word
+// already, new keys Put before that read were inserted locked in its round, and that round read
+// the descriptors and the announcement array (NamTxn::CommitPrep): when that covers the whole
+// write set, LockedAtRead takes the locks over and Lock's round is skipped (3 round trips).
 //
 // Fencing: the lease is checked before Lock and before Decide and Finish; releases are CAS
 // from our own word. An error before the decision releases the locks and leaves the session

@@ -29,7 +29,10 @@
 //
 // Locking reads (GetForUpdate) and read committed: see read.cc. A record locked at read carries
 // the holder's read-lock word, which readers pass by and recovery treats as an undecided lock
-// (layout.h ReadLockWord); the commit takes such locks over in its lock round. A read committed
+// (layout.h ReadLockWord); the commit takes such locks over in its lock round. With the update
+// intent (LockIntent::kUpdate) it carries the plain lock word, readers wait for it, and the
+// round that took it also inserted the pending new keys and read what the commit's lock round
+// reads (NamTxn::CommitPrep), so that round is skipped (CommitRun::LockedAtRead). A read committed
 // transaction's locking read announces records-only (kAnnounceRecordsOnly): it needs records
 // not freed, never an old version.
 //
