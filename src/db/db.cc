@@ -168,12 +168,12 @@ Status Transaction::MultiGet(std::span<const TableKey> keys, std::vector<Row>* r
 }
 
 // Engines that lock at commit only read here; their commit validates the version read.
-Status Transaction::GetForUpdate(const Table& table, int64_t key, Row* row) {
+Status Transaction::GetForUpdate(const Table& table, int64_t key, Row* row, LockIntent) {
   return Get(table, key, row);
 }
 
 Status Transaction::MultiGetForUpdate(std::span<const TableKey> keys, std::vector<Row>* rows,
-                                      std::vector<Status>* statuses) {
+                                      std::vector<Status>* statuses, LockIntent) {
   return MultiGet(keys, rows, statuses);
 }
 

@@ -45,6 +45,7 @@
 #include <thread>
 
 #include "db/db_test_util.h"
+#include "db/nam/nam_internal.h"
 #include "db/shard_cluster.h"
 #include "db/testing/worker_processes.h"
 #include "db/testing_hooks.h"
@@ -191,13 +192,16 @@ Status CounterWorker(uint64_t seed, int id) {
   return RunSessionThreads(*db, 2, 200, [&](Session& session, int th, int i) -> Status {
     const int64_t c = 1 + rngs[th]() % kCounters;
     const bool die = id == 1 && th == 1 && i == crash_after;
+    // Thread 1 locks as a writer (LockIntent::kUpdate: the plain lock word, no lock round at
+    // commit), thread 0 with read locks; worker 1's thread 1 dies holding plain locks, no log.
+    const LockIntent intent = th == 1 ? LockIntent::kUpdate : LockIntent::kRead;
     Status s = RunTransaction(
         session, TransactionOptions{Isolation::kReadCommitted},
         [&](Transaction& txn) -> Status {
           const TableKey keys[] = {{t, c}, {t, 0}};
           std::vector<Row> rows;
           std::vector<Status> found;
-          FARPOOL_RETURN_IF_ERROR(txn.MultiGetForUpdate(keys, &rows, &found));
+          FARPOOL_RETURN_IF_ERROR(txn.MultiGetForUpdate(keys, &rows, &found, intent));
           for (const Status& f : found) FARPOOL_RETURN_IF_ERROR(f);
           if (die) raise(SIGKILL);  // holding both locks, nothing logged
           FARPOOL_RETURN_IF_ERROR(PutInt(txn, *t, c, rows[0].GetInt64(0) + 1));
@@ -207,6 +211,33 @@ Status CounterWorker(uint64_t seed, int id) {
     ++commits;
     return s;
   });
+}
+
+// Session A commits keys 1 and 2 (its commit log stays whole until A's next round trip clears
+// it), session B commits key 1 three times (the cell of A's version is overwritten) and records
+// A's slot in key 3, then A locks key 1 with LockIntent::kUpdate, in the round trip that clears
+// its log, and the process dies by SIGKILL (UpdateIntentLockBesideAWholeLogSurvivesSigkill).
+Status RelockWorker(uint64_t, int) {
+  FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(WorkerOptions()));
+  FARPOOL_ASSIGN_OR_RETURN(const Table* t, db->OpenTable("counters"));
+  FARPOOL_ASSIGN_OR_RETURN(auto a, db->NewSession());
+  FARPOOL_ASSIGN_OR_RETURN(auto b, db->NewSession());
+  FARPOOL_RETURN_IF_ERROR(RunTransaction(*a, [&](Transaction& txn) -> Status {
+    FARPOOL_RETURN_IF_ERROR(PutInt(txn, *t, 1, 100));
+    return PutInt(txn, *t, 2, 200);
+  }));
+  const int64_t slot = static_cast<NamSession&>(*a).lease_->slot;
+  for (int64_t v = 101; v <= 103; ++v) {
+    FARPOOL_RETURN_IF_ERROR(RunTransaction(*b, [&](Transaction& txn) -> Status {
+      FARPOOL_RETURN_IF_ERROR(PutInt(txn, *t, 1, v));
+      return PutInt(txn, *t, 3, slot);
+    }));
+  }
+  FARPOOL_ASSIGN_OR_RETURN(auto txn, a->Begin(TransactionOptions{Isolation::kReadCommitted}));
+  Row row;
+  FARPOOL_RETURN_IF_ERROR(txn->GetForUpdate(*t, 1, &row, LockIntent::kUpdate));
+  raise(SIGKILL);  // key 1 locked with A's plain word, A's last log cleared in that round
+  return Status::Internal("not killed");
 }
 
 // Bulk loaders that die by SIGKILL: worker i loads table "bulk<i>" and kills itself at a fault
@@ -477,6 +508,66 @@ TEST_P(DbProcessTest, LockingReadsSurviveSigkill) {
   EXPECT_EQ(*db_->CountLocked(**t), 0u);
 }
 
+// A lock of LockIntent::kUpdate (the plain lock word) may be taken in the round trip that
+// clears the session's last commit log: the two land on different servers in no order, so a
+// crash can leave the log whole beside a lock taken after it on a record of that log that others
+// have written since. Here the worker's clear landed, and the test puts the log's state word
+// back as if it had not. Recovery must leave that record to BreakRecordLock (the lock is
+// undecided) and not roll the old log into it: without the check of the record's version in
+// RecoverLog, it rewrites the cell of a version three commits old over the newest and unlocks
+// the record naming that old version, and the reads below fail (checked).
+TEST_P(DbProcessTest, UpdateIntentLockBesideAWholeLogSurvivesSigkill) {
+  if (GetParam() == "sharded") GTEST_SKIP() << "sharded neither locks at read nor logs per session";
+  auto t = db_->CreateTable("counters", Schema{{"v", ColumnType::kInt64}});
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  auto session = db_->NewSession();
+  ASSERT_TRUE(session.ok());
+  ASSERT_TRUE(RunTransaction(**session, [&](Transaction& txn) -> Status {
+                for (int i = 1; i <= 3; ++i) FARPOOL_RETURN_IF_ERROR(PutInt(txn, **t, i, 0));
+                return Status::Ok();
+              }).ok());
+  ReapExpecting(SpawnWorkers(1, "relock", cluster_file_, TestSeed()), {End::kDie});
+  int64_t slot = -1;
+  ASSERT_TRUE(RunTransaction(**session, [&](Transaction& txn) -> Status {
+                FARPOOL_ASSIGN_OR_RETURN(slot, GetInt(txn, **t, 3));
+                return Status::Ok();
+              }).ok());
+  auto& nam = static_cast<NamDatabase&>(*db_);
+  OpCount count;
+  Access access(nam.memory(), count);
+  uint64_t owner = 0, log = 0;
+  ASSERT_GE(slot, 0);
+  const GlobalAddress slot_addr = nam.SlotAddr(static_cast<uint32_t>(slot));
+  ASSERT_TRUE(access.Read(slot_addr, &owner, 8).ok());
+  ASSERT_TRUE(access.Read(slot_addr + kSlotLog, &log, 8).ok());
+  LogHeader h;
+  ASSERT_TRUE(access.Read(GlobalAddress::FromRaw(log), &h, sizeof(h)).ok());
+  ASSERT_EQ(h.state, 0u) << "the worker's locking read cleared its log";
+  ASSERT_EQ(h.count, 2u) << "the log of keys 1 and 2";
+  const uint64_t whole = LogState(OwnerEpoch(owner), h.number);
+  ASSERT_TRUE(access.Write(GlobalAddress::FromRaw(log), &whole, 8).ok());
+  ASSERT_TRUE(db_->RecoverExpired().ok());
+  EXPECT_EQ(*db_->CountLocked(**t), 0u);
+  int64_t v1 = -1, v2 = -1;
+  Status read = RunTransaction(**session, [&](Transaction& txn) -> Status {
+    FARPOOL_ASSIGN_OR_RETURN(v1, GetInt(txn, **t, 1));
+    FARPOOL_ASSIGN_OR_RETURN(v2, GetInt(txn, **t, 2));
+    return Status::Ok();
+  });
+  EXPECT_TRUE(read.ok()) << read.ToString();
+  EXPECT_EQ(v1, 103);
+  EXPECT_EQ(v2, 200);
+  // And it takes new versions.
+  Status more = RunTransaction(
+      **session, TransactionOptions{Isolation::kReadCommitted}, [&](Transaction& txn) -> Status {
+        Row row;
+        FARPOOL_RETURN_IF_ERROR(txn.GetForUpdate(**t, 1, &row, LockIntent::kUpdate));
+        return PutInt(txn, **t, 1, row.GetInt64(0) + 1);
+      });
+  EXPECT_TRUE(more.ok()) << more.ToString();
+  EXPECT_EQ(*db_->CountLocked(**t), 0u);
+}
+
 // Loader processes killed half-way (BulkWorker): no reader ever sees their tables, the
 // garbage collector of this process adopts and reclaims all three once their leases expire,
 // and the database stays usable: the names load again and an existing table is untouched.
@@ -634,5 +725,6 @@ int main(int argc, char** argv) {
        {"cycle", CycleWorker},
        {"counter", CounterWorker},
        {"bulk", BulkWorker},
-       {"live", LiveWorker}});
+       {"live", LiveWorker},
+       {"relock", RelockWorker}});
 }

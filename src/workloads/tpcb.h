@@ -10,8 +10,8 @@
 // Transaction (TpcbTransaction): read one account, a teller and its branch (one MultiGet, or
 // with `lock_at_read` one MultiGetForUpdate: the three rows locked as they are read, as
 // pgbench's UPDATEs lock them), add `delta` to the three balances (the account's new balance
-// is what pgbench's SELECT reads back), insert a history row and optionally delete an older
-// one (for soaks in a fixed pool).
+// is what pgbench's SELECT reads back), insert a history row (Put before the reads: its values
+// do not depend on them) and optionally delete an older one (for soaks in a fixed pool).
 // Invariant (VerifyTpcb): sum(accounts) == sum(tellers) == sum(branches).
 //
 // Thread-safety: stateless; use one Session per thread.
@@ -51,6 +51,10 @@ struct TpcbTxn {
   // read committed (what pgbench runs) a hot branch row is then updated by one transaction
   // after another instead of aborting all but one of those that overlap.
   bool lock_at_read = false;
+  // With lock_at_read: the intent of the locks (LockIntent::kUpdate: the three rows are
+  // written, so their locks are a committing writer's from the start and the commit needs no
+  // lock round; the history row is inserted in the locking read's round trip).
+  LockIntent intent = LockIntent::kUpdate;
 };
 
 // pgbench's transaction inside `txn`.

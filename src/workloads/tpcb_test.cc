@@ -3,13 +3,15 @@
 // counts are the protocol's dependency depth, the same on every fabric (local memory, the pool
 // on shared memory, the pool over TCP messages), so every engine must show them.
 //
-// Read committed with the three rows read for update (what pgbench runs): one round for the
-// lookups, locks and copies of account, teller and branch with the snapshot's counter
-// (HashIndex::PostLookupLockRead), then the commit's three (lock round with the history insert
-// and the read-lock words changed to the plain word, decide, finish): 4. It was 5 before the
-// lookup-lock-read (copies, then the lock round). Snapshot isolation reads the records after
-// the counter: 2 rounds (1 when all three sit on the counter's server), then the commit's 3;
-// with the rows read for update (SELECT ... FOR UPDATE under SI), 4 like read committed.
+// Read committed with the three rows read for update (what pgbench runs), LockIntent::kUpdate:
+// one round for the lookups, locks (the plain lock word) and copies of account, teller and
+// branch with the snapshot's counter (HashIndex::PostLookupLockRead), the history row's insert
+// (locked), the tables' descriptors and the announcement array; then the commit's decision and
+// its install: 3. With LockIntent::kRead the commit needs its lock round too (history insert,
+// read-lock words changed to the plain word): 4. It was 5 before the lookup-lock-read (copies,
+// then the lock round). Snapshot isolation reads the records after the counter: 2 rounds (1
+// when all three sit on the counter's server), then the commit's 3; with the rows read for
+// update (SELECT ... FOR UPDATE under SI), 3 like read committed.
 #include "workloads/tpcb.h"
 
 #include <gtest/gtest.h>
@@ -29,7 +31,8 @@ class TpcbTest : public testing::TestWithParam<std::string> {
   // Runs `count` TPC-B transactions one after another at scale 1 (10 tellers, 100,000
   // accounts: the account is nearly never in the session's address cache) and returns how many
   // round trips each committed one cost, as a histogram.
-  std::map<uint64_t, int> RoundTrips(bool read_committed, int count, bool for_update = false) {
+  std::map<uint64_t, int> RoundTrips(bool read_committed, int count, bool for_update = false,
+                                     LockIntent intent = LockIntent::kUpdate) {
     auto t = db::TestDatabase::Start(GetParam());
     EXPECT_TRUE(t.ok()) << t.status().ToString();
     if (!t.ok()) return {};
@@ -50,6 +53,7 @@ class TpcbTest : public testing::TestWithParam<std::string> {
       p.delta = i % 11 - 5;
       p.history_key = i;
       p.lock_at_read = read_committed || for_update;
+      p.intent = intent;
       const TxnCounters before = (*session)->counters();
       EXPECT_OK(RunTransaction(**session, options,
                                [&](Transaction& txn) { return TpcbTransaction(txn, *tables, p); }));
@@ -72,13 +76,25 @@ class TpcbTest : public testing::TestWithParam<std::string> {
   }
 };
 
-// A few transactions (2-4%, the same ones under both levels, so not in their reads) pay 3-5
-// round trips more: the counts asserted are those of at least 95% of the transactions, and
-// none is below.
-TEST_P(TpcbTest, ReadCommittedIsFourRoundTrips) {
+// A few transactions (2-4%, the same ones under both levels, so not in their reads; up to 5.5%
+// seen at a load average of 21) pay 3-5 round trips more: the session's first two (set-up),
+// then now and then one (the allocator reserving records for the history rows, a lease renewed
+// in line under load). The counts asserted are those of at least 90% of the transactions (without
+// the update intent, none is at 3), and none is below.
+TEST_P(TpcbTest, ReadCommittedIsThreeRoundTrips) {
   constexpr int kTxns = 200;
   const std::map<uint64_t, int> h = RoundTrips(/*read_committed=*/true, kTxns);
-  EXPECT_GE(h.count(4) ? h.at(4) : 0, kTxns * 95 / 100) << "round trips per txn: " << Show(h);
+  EXPECT_GE(h.count(3) ? h.at(3) : 0, kTxns * 90 / 100) << "round trips per txn: " << Show(h);
+  EXPECT_TRUE(h.empty() || h.begin()->first == 3) << Show(h);
+}
+
+// The rows locked with LockIntent::kRead: the commit changes their read-lock words in a lock
+// round of its own, which carries the history insert too.
+TEST_P(TpcbTest, ReadCommittedWithReadIntentIsFourRoundTrips) {
+  constexpr int kTxns = 200;
+  const std::map<uint64_t, int> h =
+      RoundTrips(/*read_committed=*/true, kTxns, /*for_update=*/true, LockIntent::kRead);
+  EXPECT_GE(h.count(4) ? h.at(4) : 0, kTxns * 90 / 100) << "round trips per txn: " << Show(h);
   EXPECT_TRUE(h.empty() || h.begin()->first == 4) << Show(h);
 }
 
@@ -90,13 +106,13 @@ TEST_P(TpcbTest, SnapshotIsolationIsAtMostFiveRoundTrips) {
 }
 
 // SI with the rows read for update (`bench txn --for-update`): the first round locks them and
-// takes the snapshot; alone, no version is newer than it, so the commit follows at once: 4.
-TEST_P(TpcbTest, SnapshotIsolationWithRowsReadForUpdateIsFourRoundTrips) {
+// takes the snapshot; alone, no version is newer than it, so the commit follows at once: 3.
+TEST_P(TpcbTest, SnapshotIsolationWithRowsReadForUpdateIsThreeRoundTrips) {
   constexpr int kTxns = 200;
   const std::map<uint64_t, int> h =
       RoundTrips(/*read_committed=*/false, kTxns, /*for_update=*/true);
-  EXPECT_GE(h.count(4) ? h.at(4) : 0, kTxns * 95 / 100) << "round trips per txn: " << Show(h);
-  EXPECT_TRUE(h.empty() || h.begin()->first == 4) << Show(h);
+  EXPECT_GE(h.count(3) ? h.at(3) : 0, kTxns * 90 / 100) << "round trips per txn: " << Show(h);
+  EXPECT_TRUE(h.empty() || h.begin()->first == 3) << Show(h);
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, TpcbTest, testing::Values("local", "pool", "pool-tcp"),

@@ -43,6 +43,10 @@
 // word to our plain lock word in its batch, before the stamp is taken (layout.h ReadLockWord),
 // and from then on they are the commit's like any lock it took; Finish releases in its batch
 // the keys locked at read and not written, unchanged.
+// Keys locked at read with the update intent (LockIntent::kUpdate) hold our plain lock word
+// already, new keys Put before that read were inserted locked in its round, and that round read
+// the descriptors and the announcement array (NamTxn::CommitPrep): when that covers the whole
+// write set, LockedAtRead takes the locks over and Lock's round is skipped (3 round trips).
 //
 // Fencing: the lease is checked before Lock and before Decide and Finish; releases are CAS
 // from our own word. An error before the decision releases the locks and leaves the session
@@ -90,6 +94,7 @@ class CommitRun {
     InsertResult inserted;       // of that insert (HashIndex::PostInsert)
     bool late = false;           // such a key found to have a record: Lock locks it after
     bool held = false;           // locked by a locking read (NamTxn::held_): Lock takes it over
+    uint64_t held_word = 0;      // the word it holds then (HeldLock::word)
     uint64_t expected = 0;       // unlocked word we expect (the version we validated)
     RecordImage image;           // the record as of that version
     bool locked = false;
@@ -118,6 +123,12 @@ class CommitRun {
   // A new empty record of it.w->key, written (not published).
   Result<GlobalAddress> NewRecord(const Item& it, std::vector<unsigned char>* image);
   Status ResolveUnread(const std::vector<size_t>& need_read);
+  // The lock round's work, done by the locking reads already (LockIntent::kUpdate): if every
+  // written key is held with our plain lock word (read, or inserted, that way), no blob is to
+  // be written, and the reads' round read the tables' descriptors and the announcement array
+  // under the snapshot still open (NamTxn::CommitPrep), takes the locks over and sets *locked;
+  // otherwise leaves everything to Lock. NotFound (locks released) if a table was dropped.
+  Status LockedAtRead(bool* locked);
   Status Lock();
   // A new key's insert (insert_at_lock) found `record` in the index: ours if it went live
   // (then locked), else ours is freed and the key's record is locked late.
@@ -194,7 +205,11 @@ class CommitRun {
   };
   std::vector<BlobWrite> blob_writes_;  // written in the Lock batch
   std::vector<uint64_t> announced_;     // read only if the process's LWM does not decide
-  uint64_t lwm_ = 0;                    // the process's low-water mark when we locked
+  // Counter value below which announced_ is exact: every session missing from it announced
+  // later and has a snapshot of at least this (UINT64_MAX: read after the records' copies, in
+  // the lock round; NamTxn::CommitPrep otherwise).
+  uint64_t announced_upto_ = UINT64_MAX;
+  uint64_t lwm_ = 0;  // the process's low-water mark when we locked
   uint64_t stamp_ = 0;
   uint64_t log_state_ = 0;  // the state word of our commit log
   struct StampWord {
@@ -226,6 +241,7 @@ Status CommitRun::Resolve() {
       // Locked at its read: the version locked is the one to write on (no validation: nobody
       // could commit a version since). Lock takes the lock over.
       it.held = true;
+      it.held_word = h->second.word;
       it.record = h->second.record;
       it.expected = h->second.expected;
       it.image.bytes = h->second.image;
@@ -304,17 +320,19 @@ Status CommitRun::Resolve() {
   return Status::Ok();
 }
 
-Result<GlobalAddress> CommitRun::NewRecord(const Item& it, std::vector<unsigned char>* image) {
-  const RecordLayout& layout = it.t->layout_;
-  // On the server of the key's head bucket: a near-memory lookup-read then returns the record
-  // with its bucket (one message), and a table is spread over the servers as its buckets are.
-  FARPOOL_ASSIGN_OR_RETURN(
-      GlobalAddress fresh,
-      s_.db_.recycler().Alloc(access_, s_, layout.record_size(),
-                              Placement::OnServer(it.t->hash_->HeadServer(it.w->key))));
+Result<GlobalAddress> NewRecord(NamSession& s, const NamTable& t, int64_t key,
+                                std::vector<unsigned char>* image) {
+  const RecordLayout& layout = t.layout_;
+  FARPOOL_ASSIGN_OR_RETURN(GlobalAddress fresh,
+                           s.db_.recycler().Alloc(s.access_, s, layout.record_size(),
+                                                  Placement::OnServer(t.hash_->HeadServer(key))));
   image->assign(layout.record_size(), 0);
-  std::memcpy(image->data() + 8, &it.w->key, 8);
+  std::memcpy(image->data() + 8, &key, 8);
   return fresh;
+}
+
+Result<GlobalAddress> CommitRun::NewRecord(const Item& it, std::vector<unsigned char>* image) {
+  return db::NewRecord(s_, *it.t, it.w->key, image);
 }
 
 Status CommitRun::Publish(const std::vector<NewKey>& news) {
@@ -597,8 +615,8 @@ Status CommitRun::Lock() {
       Item& it = items_[i];
       if (it.held) {
         // Locked at its read: from the read lock to our plain lock word, before the stamp is
-        // taken (layout.h ReadLockWord: readers stop passing it by).
-        posted = b.Cas(it.record, ReadLockWord(mine), mine, &it.prev);
+        // taken (layout.h ReadLockWord: readers stop passing it by). Unless it is ours already.
+        if (it.held_word != mine) posted = b.Cas(it.record, ReadLockWord(mine), mine, &it.prev);
         continue;
       }
       if (!it.insert_at_lock) {
@@ -644,7 +662,7 @@ Status CommitRun::Lock() {
     Item& it = items_[i];
     if (it.held) {
       // Not ours any more only if it was broken (we were fenced): a conflict like any other.
-      it.locked = it.prev == ReadLockWord(mine);
+      it.locked = it.held_word == mine || it.prev == ReadLockWord(mine);
       continue;
     }
     if (!it.insert_at_lock) {
@@ -717,6 +735,36 @@ Status CommitRun::Lock() {
     }
     for (Item& it : items_) it.image.Decode(it.t->layout_);
   }
+  return Status::Ok();
+}
+
+Status CommitRun::LockedAtRead(bool* locked) {
+  *locked = false;
+  const uint64_t mine = s_.lock_word();
+  NamTxn::CommitPrep& prep = txn_.prep_;
+  if (TestingSkipValidation(s_.db_.options()) || !blob_writes_.empty() || !txn_.has_snapshot_ ||
+      prep.snapshot == 0 || prep.snapshot != txn_.snapshot_gen_) {
+    return Status::Ok();
+  }
+  for (const Item& it : items_) {
+    if (!it.held || it.held_word != mine || !prep.descs.count(it.t)) return Status::Ok();
+  }
+  for (Item& it : items_) {
+    it.locked = true;
+    txn_.held_.erase({it.t->id_, it.w->key});
+  }
+  for (const Item& it : items_) {
+    const std::array<uint64_t, 2>& words = prep.descs.at(it.t);
+    if (words[0] != kDescLive || words[1] != it.t->incarnation_) {
+      ReleaseLocks();
+      return Status::NotFound("table '" + it.t->name_ + "' was dropped");
+    }
+  }
+  lwm_ = s_.db_.lwm();
+  announced_ = std::move(prep.announced);
+  announced_upto_ = prep.announced_upto;
+  prep = NamTxn::CommitPrep{};
+  *locked = true;
   return Status::Ok();
 }
 
@@ -889,6 +937,8 @@ Result<uint64_t> CommitRun::Trim(const NamTable& t, GlobalAddress head, uint64_t
     if (i != me && a != 0 && (a & kAnnounceRecordsOnly) == 0) oldest = std::min(oldest, a);
   }
   if (announced_.empty() || oldest == UINT64_MAX) return length;  // nothing to decide with
+  // Sessions the copy missed have snapshots of at least announced_upto_ (CommitPrep).
+  oldest = std::min(oldest, announced_upto_);
   std::vector<unsigned char> node(t.layout_.cell_size());
   uint64_t kept = 0;
   for (GlobalAddress at = head; !at.is_null();) {
@@ -916,7 +966,8 @@ Result<uint64_t> CommitRun::Trim(const NamTable& t, GlobalAddress head, uint64_t
 
 bool CommitRun::AnyOlderThan(uint64_t stamp) const {
   if (stamp <= lwm_) return false;
-  if (announced_.empty()) return true;  // not read: keep (Lock reads it whenever this matters)
+  if (announced_.empty()) return true;       // not read: keep (Lock reads it whenever this matters)
+  if (stamp > announced_upto_) return true;  // a session the copy missed may be older
   // Our own announcement counts only if another transaction of this session is open.
   const uint32_t me = s_.lease_->open > 1 ? UINT32_MAX : s_.lease_->slot;
   for (uint32_t i = 0; i < announced_.size(); ++i) {
@@ -1066,7 +1117,7 @@ Status CommitRun::Finish() {
   std::vector<uint64_t> held_prev(txn_.held_.size());
   size_t h = 0;
   for (const auto& [key, held] : txn_.held_) {
-    if (s.ok()) s = b.Cas(held.record, ReadLockWord(mine), held.expected, &held_prev[h++]);
+    if (s.ok()) s = b.Cas(held.record, held.word, held.expected, &held_prev[h++]);
   }
   Status w = b.Wait();
   if (s.ok()) s = w;
@@ -1156,8 +1207,10 @@ Status CommitRun::Run() {
   // The last commit's log, if no round trip since took its clear along: before any lock.
   if (s_.log_to_clear_ != 0) FARPOOL_RETURN_IF_ERROR(s_.ClearLog());
   FARPOOL_RETURN_IF_ERROR(s_.CheckLease());
-  // Every error of Lock has released what it took (or stopped the session).
-  FARPOOL_RETURN_IF_ERROR(RolledBack(Lock()));
+  // Every error of LockedAtRead and Lock has released what it took (or stopped the session).
+  bool locked = false;
+  FARPOOL_RETURN_IF_ERROR(LockedAtRead(&locked));
+  if (!locked) FARPOOL_RETURN_IF_ERROR(RolledBack(Lock()));
   s_.db_.Hook("locked");
   Status s = Decide();
   if (!s.ok()) {

@@ -29,7 +29,10 @@
 //
 // Locking reads (GetForUpdate) and read committed: see read.cc. A record locked at read carries
 // the holder's read-lock word, which readers pass by and recovery treats as an undecided lock
-// (layout.h ReadLockWord); the commit takes such locks over in its lock round. A read committed
+// (layout.h ReadLockWord); the commit takes such locks over in its lock round. With the update
+// intent (LockIntent::kUpdate) it carries the plain lock word, readers wait for it, and the
+// round that took it also inserted the pending new keys and read what the commit's lock round
+// reads (NamTxn::CommitPrep), so that round is skipped (CommitRun::LockedAtRead). A read committed
 // transaction's locking read announces records-only (kAnnounceRecordsOnly): it needs records
 // not freed, never an old version.
 //
@@ -544,14 +547,25 @@ struct ReadEntry {
   std::vector<unsigned char> image;  // the record copy the read decided on
 };
 
-// A record this transaction locked when it read it (GetForUpdate): released by CAS from our
-// lock word back to `expected` unless a commit installs a version of it.
+// A record this transaction locked when it read it (GetForUpdate), or a new key's record it
+// inserted locked (LockIntent::kUpdate): released by CAS from `word` back to `expected` unless
+// a commit installs a version of it.
 struct HeldLock {
   const NamTable* t = nullptr;
   GlobalAddress record;
   uint64_t expected = 0;             // the unlocked word it had (its newest version)
   std::vector<unsigned char> image;  // the record as locked (lock word ours, cells unchanged)
+  // Our word on it: the read-lock word (LockIntent::kRead), or the session's plain lock word
+  // (kUpdate: a commit's lock from the start; the commit does not change it).
+  uint64_t word = 0;
 };
+
+// A new empty record of `key` for table `t` (no version, unlocked; its image in *image, not yet
+// written anywhere), allocated on the server of the key's head bucket: a near-memory
+// lookup-read then returns it with its bucket, and a table is spread over the servers as its
+// buckets are. The caller frees it unless it goes into the index.
+Result<GlobalAddress> NewRecord(NamSession& s, const NamTable& t, int64_t key,
+                                std::vector<unsigned char>* image);
 
 // The bounded wait for a record lock held by another transaction, shared by the commit's lock
 // round (commit.cc) and locking reads (read.cc): pauses doubling from kFirstPauseNs up to
@@ -632,13 +646,15 @@ class NamTxn final : public Transaction {
   ~NamTxn() override { Rollback(); }
 
   using Transaction::Get;
+  using Transaction::GetForUpdate;
+  using Transaction::MultiGetForUpdate;
   using Transaction::Scan;
   Status Get(const Table& table, int64_t key, Row* row, ColumnSet columns) override;
   Status MultiGet(std::span<const TableKey> keys, std::vector<Row>* rows,
                   std::vector<Status>* statuses) override;
-  Status GetForUpdate(const Table& table, int64_t key, Row* row) override;
+  Status GetForUpdate(const Table& table, int64_t key, Row* row, LockIntent intent) override;
   Status MultiGetForUpdate(std::span<const TableKey> keys, std::vector<Row>* rows,
-                           std::vector<Status>* statuses) override;
+                           std::vector<Status>* statuses, LockIntent intent) override;
   Status Put(const Table& table, int64_t key, const Row& row) override;
   Status Delete(const Table& table, int64_t key) override;
   Status ScanMany(
@@ -696,14 +712,59 @@ class NamTxn final : public Transaction {
   // records go into held_ (and reads_) and each KeyRead gets the version it returns (see
   // db.h: SI's snapshot is taken again if this was the first read and a locked version is
   // newer; otherwise Aborted).
-  Status LockKeys(std::span<KeyRead> keys);
+  // With LockIntent::kUpdate the locks carry the session's plain lock word, and the first
+  // round also inserts the transaction's pending new keys and reads what the commit's lock
+  // round would (PrepareCommit).
+  Status LockKeys(std::span<KeyRead> keys, LockIntent intent);
   // LockKeys' first round where one operation per key can look it up, lock it and copy it
   // (HashIndex::PostLookupLockRead; with the snapshot's counter read if none is taken): a key
   // whose record was free is locked (in held_, `held_at_lookup`), one held by another or
   // removed gets its copy (`prefetched`), one not found is done. LockKeys goes on from there
   // (waits, words moved on, records not read along). A failed batch abandons the session (a
   // lock may have been taken from a word it did not learn).
-  Status LockAtLookup(std::span<KeyRead> keys, uint64_t mine);
+  Status LockAtLookup(std::span<KeyRead> keys, uint64_t mine, LockIntent intent);
+  // What a commit after locking reads of LockIntent::kUpdate needs from its lock round,
+  // posted into LockAtLookup's batch instead (commit.cc, CommitRun::LockedAtRead):
+  //   - the pending new keys (buffered Puts of keys not read, not known to the session's
+  //     cache, in tables without a B+tree): each a new record written whole with our plain
+  //     lock word and, behind a fence, inserted near memory (HashIndex::PostInsert), exactly as
+  //     the lock round inserts them; those that went live are in held_ (from the empty
+  //     record's unlocked word);
+  //   - the descriptors of the tables written and locked (a dropped table's memory is never
+  //     written): proof while the snapshot taken in (or before) this round stays open, so
+  //     only for the commit of that snapshot (prep_.snapshot);
+  //   - the announcement array, for the commit's version GC decisions, with the counter that
+  //     this process had seen before the round (prep_.announced_upto): a session missing
+  //     from that copy announced after it was read, so its snapshot is at least that counter.
+  struct CommitPrep {
+    uint64_t snapshot = 0;  // snapshot_gen_ the descriptors are proof for (0: none)
+    std::map<const NamTable*, std::array<uint64_t, 2>> descs;  // state, incarnation
+    std::vector<uint64_t> announced;
+    uint64_t announced_upto = 0;
+    // The new records being inserted (index in the batch's order).
+    struct Insert {
+      const NamTable* t;
+      int64_t key;
+      GlobalAddress record;
+      std::vector<unsigned char> image;  // written with our lock word
+      InsertResult inserted;
+      bool posted = false;  // its insert was posted: the entry may be live
+    };
+    std::vector<Insert> inserts;
+  };
+  // Before the round's lease check: starts prep_ for a round locking `keys` with word `mine`
+  // and allocates the pending new keys' records.
+  Status NewPending(std::span<const KeyRead> keys, uint64_t mine);
+  // Posts into the round's batch the reads and inserts that prep_ names.
+  Status PostPrepare(Access::Batch& b);
+  // After the batch of PostPrepare (`ok`: it succeeded), or instead of it (false): the inserts
+  // that went live go into held_, the others' records are freed (or kept, if the insert's
+  // outcome is unknown: in held_ too).
+  Status FinishPrepare(bool ok, uint64_t mine);
+  CommitPrep prep_;
+  // Counts the snapshots taken: a snapshot taken again (read committed's next call, SI's
+  // retake) ends the proof of descriptors read under the previous one.
+  uint64_t snapshot_gen_ = 0;
   // How long a locking read waits for a live holder. Much longer than a commit waits
   // (LockWait::kLimitNs): a holder keeps the lock for its whole transaction, and waiters take
   // turns in no order (each retries on its own), so with 8 clients on one row of a 2-core
@@ -719,9 +780,11 @@ class NamTxn final : public Transaction {
   // round trip, the others read (ReadKeys) or locked (LockKeys). With `guessed` (ScanThenGet:
   // copies read in the round of the caller's scan), the read goes on in the caller's snapshot
   // (read committed takes no fresh one) and takes the copies instead of reads.
-  // REQUIRES: guessed is null if for_update.
-  Status ReadMany(std::span<const TableKey> keys, bool for_update, std::vector<Row>* rows,
-                  std::vector<Status>* statuses, GuessedRecords* guessed = nullptr);
+  // `lock`: a locking read (MultiGetForUpdate) with that intent; none: a plain read.
+  // REQUIRES: guessed is null if lock is set.
+  Status ReadMany(std::span<const TableKey> keys, std::optional<LockIntent> lock,
+                  std::vector<Row>* rows, std::vector<Status>* statuses,
+                  GuessedRecords* guessed = nullptr);
   // Releases every lock in held_ (one batch); abandons the session if that fails.
   void ReleaseHeld();
   // The version a read of locked key returns (from held_): sets k's found/deleted/payload.

@@ -242,6 +242,7 @@ Status NamTxn::FinishSnapshot(const NamSession::SnapshotRead& read, const Status
                               bool* cache_cleared) {
   FARPOOL_ASSIGN_OR_RETURN(snapshot_, s_.FinishSnapshot(read, batch_status, cache_cleared));
   has_snapshot_ = true;
+  ++snapshot_gen_;
   return Status::Ok();
 }
 
@@ -249,6 +250,7 @@ Status NamTxn::TakeSnapshot() {
   if (has_snapshot_) return Status::Ok();
   FARPOOL_ASSIGN_OR_RETURN(snapshot_, s_.TakeSnapshot());
   has_snapshot_ = true;
+  ++snapshot_gen_;
   return Status::Ok();
 }
 
@@ -502,27 +504,29 @@ Status NamTxn::Get(const Table& table, int64_t key, Row* row, ColumnSet columns)
   return k.found ? Status::Ok() : NoKey(t, key);
 }
 
-Status NamTxn::GetForUpdate(const Table& table, int64_t key, Row* row) {
+Status NamTxn::GetForUpdate(const Table& table, int64_t key, Row* row, LockIntent intent) {
   std::vector<Row> rows;
   std::vector<Status> statuses;
   const TableKey k{&table, key};
-  FARPOOL_RETURN_IF_ERROR(ReadMany(std::span<const TableKey>(&k, 1), true, &rows, &statuses));
+  FARPOOL_RETURN_IF_ERROR(ReadMany(std::span<const TableKey>(&k, 1), intent, &rows, &statuses));
   *row = std::move(rows[0]);
   return statuses[0];
 }
 
 Status NamTxn::MultiGet(std::span<const TableKey> keys, std::vector<Row>* rows,
                         std::vector<Status>* statuses) {
-  return ReadMany(keys, false, rows, statuses);
+  return ReadMany(keys, std::nullopt, rows, statuses);
 }
 
 Status NamTxn::MultiGetForUpdate(std::span<const TableKey> keys, std::vector<Row>* rows,
-                                 std::vector<Status>* statuses) {
-  return ReadMany(keys, true, rows, statuses);
+                                 std::vector<Status>* statuses, LockIntent intent) {
+  return ReadMany(keys, intent, rows, statuses);
 }
 
-Status NamTxn::ReadMany(std::span<const TableKey> keys, bool for_update, std::vector<Row>* rows,
-                        std::vector<Status>* statuses, GuessedRecords* guessed) {
+Status NamTxn::ReadMany(std::span<const TableKey> keys, std::optional<LockIntent> lock,
+                        std::vector<Row>* rows, std::vector<Status>* statuses,
+                        GuessedRecords* guessed) {
+  const bool for_update = lock.has_value();
   if (finished_) return Status::InvalidArgument("transaction already finished");
   rows->assign(keys.size(), Row());
   statuses->assign(keys.size(), Status::Ok());
@@ -564,7 +568,7 @@ Status NamTxn::ReadMany(std::span<const TableKey> keys, bool for_update, std::ve
   }
   if (!reads.empty()) {
     if (for_update) {
-      Status locked = LockKeys(reads);
+      Status locked = LockKeys(reads, *lock);
       aborted_ = aborted_ || locked.code() == StatusCode::kAborted;
       FARPOOL_RETURN_IF_ERROR(locked);
     } else {
@@ -594,7 +598,7 @@ Status NamTxn::ReadMany(std::span<const TableKey> keys, bool for_update, std::ve
   return s_.CheckLease();
 }
 
-Status NamTxn::LockAtLookup(std::span<KeyRead> keys, uint64_t mine) {
+Status NamTxn::LockAtLookup(std::span<KeyRead> keys, uint64_t mine, LockIntent intent) {
   // Records too large for one message are found and copied by FindRecords, which takes the
   // snapshot then: nothing to do here for them.
   if (std::none_of(keys.begin(), keys.end(), [](const KeyRead& k) {
@@ -603,10 +607,16 @@ Status NamTxn::LockAtLookup(std::span<KeyRead> keys, uint64_t mine) {
     return Status::Ok();
   }
   // No lock of this session while its last commit's log is whole (NamSession::log_to_clear_),
-  // but a read lock may share the round that clears it: log recovery matches the plain word
-  // only, never a read-lock word (recovery.cc), so the two need no order.
+  // but a lock may share the round that clears it: log recovery matches the plain word only,
+  // never a read-lock word, and rolls a log into a record only while the record has not moved
+  // past that log's version (recovery.cc), so the two need no order.
   if (has_snapshot_ && s_.log_to_clear_ != 0) FARPOOL_RETURN_IF_ERROR(s_.ClearLog());
-  FARPOOL_RETURN_IF_ERROR(s_.CheckLease());  // the CASes follow a passed check
+  if (intent == LockIntent::kUpdate) FARPOOL_RETURN_IF_ERROR(NewPending(keys, mine));
+  // The CASes and the inserts' stores follow a passed check.
+  if (Status s = s_.CheckLease(); !s.ok()) {
+    (void)FinishPrepare(false, mine);  // frees the new records: nothing was posted
+    return s;
+  }
   const bool taking = !has_snapshot_;
   NamSession::SnapshotRead snap;
   std::vector<uint8_t> posted_at(keys.size(), 0);
@@ -616,7 +626,12 @@ Status NamTxn::LockAtLookup(std::span<KeyRead> keys, uint64_t mine) {
     // Read committed's locking reads read no versions (only what they lock). No record needs
     // to follow the counter here: each is locked at its newest version and read behind the
     // lock, and LockKeys' checks (SI: a version newer than the snapshot) come after.
-    if (taking) FARPOOL_RETURN_IF_ERROR(s_.PostSnapshot(b, &snap, /*versions=*/!rc_));
+    if (taking) {
+      if (Status s = s_.PostSnapshot(b, &snap, /*versions=*/!rc_); !s.ok()) {
+        (void)FinishPrepare(false, mine);
+        return s;
+      }
+    }
     for (size_t j = 0; j < keys.size() && posted.ok(); ++j) {
       KeyRead& k = keys[j];
       const uint64_t size = k.t->layout_.record_size();
@@ -627,15 +642,19 @@ Status NamTxn::LockAtLookup(std::span<KeyRead> keys, uint64_t mine) {
                                               &k.lock_read);
       posted_at[j] = posted.ok();
     }
+    if (posted.ok() && intent == LockIntent::kUpdate) posted = PostPrepare(b);
     waited = b.Wait();
     if (!posted.ok()) waited = posted;
   }
   for (size_t j = 0; j < keys.size(); ++j) {
     KeyRead& k = keys[j];
     if (posted_at[j] && k.lock_read.locked) {
-      held_[{k.t->id_, k.key}] = {k.t, k.lock_read.lookup.value, k.lock_read.found, k.image.bytes};
+      held_[{k.t->id_, k.key}] = {k.t, k.lock_read.lookup.value, k.lock_read.found, k.image.bytes,
+                                  mine};
     }
   }
+  // Pending inserts: into held_ if live (or maybe live), else their records are freed.
+  const Status prepared = FinishPrepare(waited.ok(), mine);
   bool cache_cleared = false;
   if (!waited.ok() && std::find(posted_at.begin(), posted_at.end(), 1) != posted_at.end()) {
     // A lock may have been taken from a word we never learned: no release could restore it.
@@ -645,6 +664,9 @@ Status NamTxn::LockAtLookup(std::span<KeyRead> keys, uint64_t mine) {
   }
   if (taking) FARPOOL_RETURN_IF_ERROR(FinishSnapshot(snap, waited, &cache_cleared));
   FARPOOL_RETURN_IF_ERROR(waited);
+  FARPOOL_RETURN_IF_ERROR(prepared);
+  // What the batch read for the commit is proof under the snapshot open now.
+  if (intent == LockIntent::kUpdate) prep_.snapshot = snapshot_gen_;
   // Locks taken on a record of another key (a raced index entry) are given back at once.
   std::vector<KeyRead*> wrong;
   for (size_t j = 0; j < keys.size(); ++j) {
@@ -699,12 +721,96 @@ Status NamTxn::LockAtLookup(std::span<KeyRead> keys, uint64_t mine) {
   return Status::Ok();
 }
 
-Status NamTxn::LockKeys(std::span<KeyRead> keys) {
+Status NamTxn::NewPending(std::span<const KeyRead> keys, uint64_t mine) {
+  prep_ = CommitPrep{};
+  for (const KeyRead& k : keys) prep_.descs[k.t] = {0, 0};
+  std::set<Key> locking;
+  for (const KeyRead& k : keys) locking.insert({k.t->id_, k.key});
+  // Pending new keys: written, neither read nor locked (nor being locked now), unknown to the
+  // session's cache (so most likely new), in a table whose index is the hash index alone.
+  for (const auto& [key, w] : writes_) {
+    prep_.descs[w.table] = {0, 0};
+    if (w.deleted || w.table->btree_ || held_.count(key) || reads_.count(key) ||
+        locking.count(key) || !s_.CachedRecord(*w.table, w.key).is_null()) {
+      continue;
+    }
+    CommitPrep::Insert ins{w.table, w.key, GlobalAddress(), {}, {}};
+    Result<GlobalAddress> fresh = NewRecord(s_, *w.table, w.key, &ins.image);
+    if (!fresh.ok()) {
+      (void)FinishPrepare(false, mine);
+      return fresh.status();
+    }
+    ins.record = *fresh;
+    if (ins.record.server() != w.table->hash_->HeadServer(w.key)) {
+      // The insert can be done near memory only beside its head bucket: the commit inserts it.
+      (void)s_.db_.recycler().Free(s_.access_, s_, ins.record, w.table->layout_.record_size());
+      continue;
+    }
+    std::memcpy(ins.image.data(), &mine, 8);
+    prep_.inserts.push_back(std::move(ins));
+  }
+  return Status::Ok();
+}
+
+Status NamTxn::PostPrepare(Access::Batch& b) {
+  for (auto& [t, words] : prep_.descs) FARPOOL_RETURN_IF_ERROR(b.Read(t->desc_, words.data(), 16));
+  // Every counter value this process has seen came from an operation that completed before the
+  // array's read is sent.
+  prep_.announced_upto = s_.db_.latest_counter();
+  prep_.announced.resize(s_.db_.root().max_slots);
+  FARPOOL_RETURN_IF_ERROR(
+      b.Read(s_.db_.AnnounceAddr(0), prep_.announced.data(), prep_.announced.size() * 8));
+  if (prep_.inserts.empty()) return Status::Ok();
+  for (const CommitPrep::Insert& ins : prep_.inserts) {
+    FARPOOL_RETURN_IF_ERROR(b.Write(ins.record, ins.image.data(), ins.image.size()));
+  }
+  FARPOOL_RETURN_IF_ERROR(b.Fence());  // a record is whole before its entry can go live
+  for (CommitPrep::Insert& ins : prep_.inserts) {
+    ins.posted = true;
+    FARPOOL_RETURN_IF_ERROR(ins.t->hash_->PostInsert(b, s_, ins.key, ins.record, &ins.inserted));
+  }
+  return Status::Ok();
+}
+
+Status NamTxn::FinishPrepare(bool ok, uint64_t mine) {
+  Status failed;
+  for (CommitPrep::Insert& ins : prep_.inserts) {
+    const uint64_t size = ins.t->layout_.record_size();
+    const Key key{ins.t->id_, ins.key};
+    if (!ins.posted) {
+      (void)s_.db_.recycler().Free(s_.access_, s_, ins.record, size);
+      continue;
+    }
+    Result<GlobalAddress> got = ok ? ins.t->hash_->FinishInsert(ins.key, ins.inserted)
+                                   : Result<GlobalAddress>(GlobalAddress());
+    if (!ok || !got.ok()) {
+      // Its entry may be live, locked by us: released like any lock (to the empty record's
+      // unlocked word), the record kept.
+      held_[key] = {ins.t, ins.record, UnlockedWord(0), ins.image, mine};
+      if (failed.ok() && !got.ok()) failed = got.status();
+      continue;
+    }
+    if (*got != ins.record) {
+      // Not done near memory (null), or the key has a record already: ours never went live.
+      // The commit writes the key as one it did not read.
+      (void)s_.db_.recycler().Free(s_.access_, s_, ins.record, size);
+      if (!got->is_null()) s_.RememberRecord(*ins.t, ins.key, *got);
+      continue;
+    }
+    held_[key] = {ins.t, ins.record, UnlockedWord(0), ins.image, mine};
+    s_.RememberRecord(*ins.t, ins.key, ins.record);
+  }
+  prep_.inserts.clear();
+  return failed;
+}
+
+Status NamTxn::LockKeys(std::span<KeyRead> keys, LockIntent intent) {
   const bool first = !has_snapshot_;
-  const uint64_t mine = ReadLockWord(s_.lock_word());
+  const uint64_t mine =
+      intent == LockIntent::kUpdate ? s_.lock_word() : ReadLockWord(s_.lock_word());
   bool retake = false;  // SI, first read: a locked version is newer than the snapshot
   // Round 1: lookups, locks of the free records and copies, in one operation per key.
-  FARPOOL_RETURN_IF_ERROR(LockAtLookup(keys, mine));
+  FARPOOL_RETURN_IF_ERROR(LockAtLookup(keys, mine, intent));
   for (int attempt = 0;; ++attempt) {
     if (attempt == 3) {
       for (const KeyRead& k : keys) {
@@ -852,7 +958,7 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys) {
           continue;
         }
         // Taken (or maybe, on an error): released by Finish unless a commit installs it.
-        held_[{w.k->t->id_, w.k->key}] = {w.k->t, w.k->record, w.expected, w.k->image.bytes};
+        held_[{w.k->t->id_, w.k->key}] = {w.k->t, w.k->record, w.expected, w.k->image.bytes, mine};
         if (failed) continue;
         RecordImage& img = w.k->image;
         img.Decode(w.k->t->layout_);
@@ -995,11 +1101,10 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys) {
 }
 
 void NamTxn::ReleaseHeld() {
-  const uint64_t mine = ReadLockWord(s_.lock_word());
   std::vector<uint64_t> prev(held_.size());
   Access::Batch b(s_.access_);
   size_t i = 0;
-  for (const auto& [key, h] : held_) (void)b.Cas(h.record, mine, h.expected, &prev[i++]);
+  for (const auto& [key, h] : held_) (void)b.Cas(h.record, h.word, h.expected, &prev[i++]);
   // Some may still be ours: stop the session, so that others judge it dead after its lease
   // and break them (as CommitRun::ReleaseLocks).
   if (!b.Wait().ok()) s_.Abandon();
@@ -1321,7 +1426,7 @@ Status NamTxn::ScanThenGet(std::span<const ScanRange> ranges, const Table& targe
   return VisitJoined(
       entries, target, columns, target_key,
       [&](std::span<const TableKey> keys, std::vector<Row>* rows, std::vector<Status>* statuses) {
-        return ReadMany(keys, false, rows, statuses, &guessed);
+        return ReadMany(keys, std::nullopt, rows, statuses, &guessed);
       },
       visit);
 }

@@ -181,9 +181,21 @@ Status NamDatabase::RecoverLog(const Access& access, uint32_t slot, int64_t dead
                                 " is inconsistent (entry " + std::to_string(i) + ")");
       }
       const GlobalAddress rec = GlobalAddress::FromRaw(p.e.record);
-      uint64_t lock;
-      FARPOOL_RETURN_IF_ERROR(access.Read(rec, &lock, 8));
-      if (lock != dead_lock) continue;  // installed and released before the crash
+      const RecordLayout layout = CellLayout(p.e.cell_size);
+      if (p.e.cell_offset != layout.cell_offset(p.e.new_seq)) {
+        return Status::Internal("commit log of session slot " + std::to_string(slot) +
+                                " is inconsistent (entry " + std::to_string(i) + ": cell offset)");
+      }
+      RecordImage img;
+      img.bytes.resize(layout.record_size());
+      FARPOOL_RETURN_IF_ERROR(access.Read(rec, img.bytes.data(), img.bytes.size()));
+      img.Decode(layout);
+      if (img.lock != dead_lock) continue;  // installed and released before the crash
+      // Locked by the writer, but already past this log's version: the commit was installed
+      // and released here, others committed since, and the writer locked it again, with this
+      // log still whole (a lock in the round that clears it, read.cc LockAtLookup). That lock
+      // is undecided: BreakRecordLock restores it, nothing of this log goes in.
+      if (img.newest >= 0 && img.newest_seq() > p.e.new_seq) continue;
       if (stamp == 0) {
         // Did the writer install this one? Then its stamp is the commit's.
         installed.resize(p.e.cell_size);
