@@ -73,9 +73,17 @@ print(s['netns'], s['address'].rsplit(':', 1)[0])")
           > "$WORK/raw.out" 2>&1 &
         raw_pid=$!
         for _ in $(seq 50); do grep -q ready "$WORK/raw.out" 2>/dev/null && break; sleep 0.1; done
-        emit rawucx-client-$client $place $progress "$("${client_env[@]}" "$RAW" client \
-          --host "$host" --port $port --op get --size 64 --batch "$BATCH" --progress $client \
-          --seconds "$SECONDS_EACH")"
+        # Bounded: under heavy load a raw UCX client was once seen never to get its first reply
+        # (its target spinning, its socket silent); such a run is reported as lost.
+        out=$("${client_env[@]}" timeout $((SECONDS_EACH + 30)) "$RAW" client --host "$host" \
+          --port $port --op get --size 64 --batch "$BATCH" --progress $client \
+          --seconds "$SECONDS_EACH" || true)
+        if [ -n "$out" ]; then
+          emit rawucx-client-$client $place $progress "$out"
+        else
+          echo "{\"system\": \"rawucx-client-$client\", \"place\": \"$place\", \"target_progress\": \"$progress\", \"lost\": true}"
+          kill $raw_pid 2>/dev/null || true
+        fi
         wait $raw_pid || true
       done
       if [ -n "$UP" ]; then "$FP" cluster down --dir "$dir" >/dev/null 2>&1 || true; fi
