@@ -1,13 +1,24 @@
 // farpool-rawucx: the floor farpool's operations are compared against. A plain UCX program,
 // deliberately independent of farpool's own transport layer: one server that allocates a
-// region with ucp_mem_map(ALLOCATE) and busy-polls its worker, one client that connects by
+// region with ucp_mem_map(ALLOCATE) and progresses its worker, one client that connects by
 // worker address (bootstrapped over a TCP socket) and runs get/put/fetch-and-add/CAS on
 // random 64-byte-aligned offsets, timing each (or each batch of --batch posted operations)
 // with the steady clock. The fabric is UCX's own choice from UCX_TLS (set by the caller).
 //
-//   farpool-rawucx server --port P --region BYTES
+//   farpool-rawucx server --port P --region BYTES [--listen HOST] [--progress busy|event]
 //   farpool-rawucx client --host H --port P --op get|put|fadd|cswap --size S
 //                         [--batch B] [--seconds T] [--working-set BYTES] [--mapped]
+//                         [--progress busy|event]
+//
+// --progress says how each side waits, as farpool's processes do (transport/am_server.h,
+// pool.cc AwaitReply): busy polls its worker without pause (the default); event progresses
+// while that finds work and otherwise sleeps on the worker's event descriptor (ucp_worker_arm,
+// then poll). Over TCP the target's progress executes the emulated one-sided operations, so
+// an event-progress target wakes up once per request, as a memory server in event progress
+// does: that is the like-for-like floor of `farpool bench ops` against such servers.
+// --listen is the address the server's bootstrap socket binds to (default 127.0.0.1): a server
+// started in a network namespace (`ip netns exec NS farpool-rawucx server --listen IP`) is
+// reached across the namespace's veth pair, as `cluster up --netns`'s servers are.
 //
 // Offsets are drawn from the first min(working-set / max(size, 64), 65536) slots of
 // max(size, 64) bytes, the same working set `farpool bench ops` uses.
@@ -16,6 +27,7 @@
 // a UCX program does when it wants load/store access. Prints one JSON object.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
@@ -76,27 +88,50 @@ std::vector<char> RecvBlob(int fd) {
 struct Ucx {
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
-  Ucx() {
+  bool event = false;
+  int efd = -1;  // event: the worker's event descriptor
+  explicit Ucx(bool event_progress) : event(event_progress) {
     ucp_params_t p{};
     p.field_mask = UCP_PARAM_FIELD_FEATURES;
-    p.features = UCP_FEATURE_RMA | UCP_FEATURE_AMO64;
+    p.features = UCP_FEATURE_RMA | UCP_FEATURE_AMO64 | (event ? UCP_FEATURE_WAKEUP : 0);
     Check(ucp_init(&p, nullptr, &context), "ucp_init");
     ucp_worker_params_t wp{};
     wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
     wp.thread_mode = UCS_THREAD_MODE_SINGLE;
     Check(ucp_worker_create(context, &wp, &worker), "ucp_worker_create");
+    if (event) Check(ucp_worker_get_efd(worker, &efd), "ucp_worker_get_efd");
+  }
+  // Event progress, idle: sleeps until the worker has events, `also` (if >= 0) is readable, or
+  // `timeout_ms` passes; returns at once if events are pending. Returns whether `also` woke it.
+  bool Sleep(int also, int timeout_ms) {
+    ucs_status_t st = ucp_worker_arm(worker);
+    if (st == UCS_ERR_BUSY) return false;
+    Check(st, "ucp_worker_arm");
+    pollfd fds[2] = {{efd, POLLIN, 0}, {also, POLLIN, 0}};
+    int n = ::poll(fds, also >= 0 ? 2 : 1, timeout_ms);
+    return n > 0 && also >= 0 && (fds[1].revents & (POLLIN | POLLHUP)) != 0;
   }
   void Wait(ucs_status_ptr_t r) {
     if (r == nullptr) return;
     if (UCS_PTR_IS_ERR(r)) Check(UCS_PTR_STATUS(r), "operation");
-    while (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(worker);
+    while (ucp_request_check_status(r) == UCS_INPROGRESS) {
+      // As farpool's client (pool.cc AwaitReply): progress while that finds work, else sleep
+      // (at most 10 ms, its kReplySleep).
+      if (ucp_worker_progress(worker) == 0 && event) Sleep(-1, 10);
+    }
     Check(ucp_request_check_status(r), "operation");
     ucp_request_free(r);
   }
 };
 
-int Server(int port, uint64_t region) {
-  Ucx u;
+bool ParseProgress(const std::string& text) {
+  if (text == "event") return true;
+  if (text != "busy") Die("unknown --progress " + text + " (expected busy or event)");
+  return false;
+}
+
+int Server(const std::string& listen_host, int port, uint64_t region, bool event) {
+  Ucx u(event);
   ucp_mem_map_params_t mp{};
   mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS |
                   UCP_MEM_MAP_PARAM_FIELD_ADDRESS;
@@ -122,7 +157,9 @@ int Server(int port, uint64_t region) {
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(static_cast<uint16_t>(port));
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (inet_pton(AF_INET, listen_host.c_str(), &sa.sin_addr) != 1) {
+    Die("--listen " + listen_host + ": not an IPv4 address");
+  }
   if (bind(ls, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) Die("bind failed");
   listen(ls, 1);
   std::printf("ready\n");
@@ -133,14 +170,19 @@ int Server(int port, uint64_t region) {
   SendBlob(fd, rkey, rkey_size);
   SendAll(fd, &base, 8);
   SendAll(fd, &region, 8);
-  // Busy-poll (the target's progress executes emulated one-sided operations) until the
-  // client closes the bootstrap socket.
+  // Progress (the target's progress executes emulated one-sided operations) until the client
+  // closes the bootstrap socket: busy, without pause; event, sleeping whenever a progress
+  // finds nothing, woken by the worker's events or the bootstrap socket.
+  auto closed = [fd] {
+    char c = 0;
+    return ::recv(fd, &c, 1, MSG_DONTWAIT) == 0;
+  };
   for (uint64_t spins = 0;; ++spins) {
-    ucp_worker_progress(u.worker);
-    if ((spins & 1023) == 0) {
-      char c = 0;
-      ssize_t k = ::recv(fd, &c, 1, MSG_DONTWAIT);
-      if (k == 0) break;
+    const unsigned work = ucp_worker_progress(u.worker);
+    if (event) {
+      if (work == 0 && u.Sleep(fd, -1) && closed()) break;
+    } else if ((spins & 1023) == 0 && closed()) {
+      break;
     }
   }
   close(fd);
@@ -154,8 +196,8 @@ int Server(int port, uint64_t region) {
 }
 
 int Client(const std::string& host, int port, const std::string& op, uint64_t size, int batch,
-           double seconds, uint64_t working_set, bool mapped) {
-  Ucx u;
+           double seconds, uint64_t working_set, bool mapped, bool event) {
+  Ucx u(event);
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
@@ -254,11 +296,12 @@ int Client(const std::string& host, int port, const std::string& op, uint64_t si
   const double elapsed = seconds;
   std::printf(
       "{\"system\": \"ucx\", \"op\": \"%s\", \"size\": %llu, \"batch\": %d, \"mapped\": %s, "
+      "\"progress\": \"%s\", "
       "\"ops_per_s\": %.1f, \"mb_per_s\": %.1f, \"p50_us\": %.4f, \"p99_us\": %.4f, "
       "\"p999_us\": %.4f, \"mean_us\": %.4f}\n",
       op.c_str(), static_cast<unsigned long long>(size), batch, mapped ? "true" : "false",
-      ops / elapsed, ops * double(size) / elapsed / 1e6, h.Percentile(0.5) / 1e3,
-      h.Percentile(0.99) / 1e3, h.Percentile(0.999) / 1e3, h.mean() / 1e3);
+      event ? "event" : "busy", ops / elapsed, ops * double(size) / elapsed / 1e6,
+      h.Percentile(0.5) / 1e3, h.Percentile(0.99) / 1e3, h.Percentile(0.999) / 1e3, h.mean() / 1e3);
   ucp_rkey_destroy(rkey);
   ucp_request_param_t cp{};
   cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
@@ -278,11 +321,11 @@ int Client(const std::string& host, int port, const std::string& op, uint64_t si
 
 int main(int argc, char** argv) {
   if (argc < 2) Die("usage: farpool-rawucx server|client [options]");
-  std::string mode = argv[1], host = "127.0.0.1", op = "get";
+  std::string mode = argv[1], host = "127.0.0.1", listen_host = "127.0.0.1", op = "get";
   int port = 19500, batch = 1;
   uint64_t size = 64, region = 64 << 20, working_set = 16 << 20;
   double seconds = 2;
-  bool mapped = false;
+  bool mapped = false, event = false;
   for (int i = 2; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -307,11 +350,17 @@ int main(int argc, char** argv) {
       working_set = std::stoull(next());
     else if (a == "--mapped")
       mapped = true;
+    else if (a == "--listen")
+      listen_host = next();
+    else if (a == "--progress")
+      event = ParseProgress(next());
     else
       Die("unknown option " + a);
   }
   if (op != "get" && op != "put" && op != "fadd" && op != "cswap") Die("unknown --op " + op);
-  if (mode == "server") return Server(port, region);
-  if (mode == "client") return Client(host, port, op, size, batch, seconds, working_set, mapped);
+  if (mode == "server") return Server(listen_host, port, region, event);
+  if (mode == "client") {
+    return Client(host, port, op, size, batch, seconds, working_set, mapped, event);
+  }
   Die("unknown mode " + mode);
 }

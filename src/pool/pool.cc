@@ -239,6 +239,12 @@ struct ThreadContext {
   control::ReplyBox box;
   std::vector<Peer> peers;  // by server index
   uint64_t next_request_id = 1;
+  // The batch of one that sync calls on memory that is not mapped run in (RunAlone), made on
+  // the first and reused after each Wait: a Batch's state is a dozen allocations, as many as
+  // the rest of a round trip's client side (docs/pool.md, "Measured: the cost of a round trip
+  // over TCP"). In use while `alone_busy` (a sync call made while one runs gets its own).
+  std::unique_ptr<Batch> alone;
+  bool alone_busy = false;
   // Written by the owning thread only; read by counters() from any thread.
   std::atomic<uint64_t> reads{0}, writes{0}, cas{0}, faa{0}, bytes_read{0}, bytes_written{0};
   std::atomic<uint64_t> round_trips{0}, messages{0}, resent{0};
@@ -291,6 +297,12 @@ class Pool::Impl {
   Status Init(const ClusterConfig& cluster, const PoolOptions& options);
 
   Result<ThreadContext*> Local();
+  // Local(), or null if the calling thread cannot have a context (its error is then what a
+  // Batch made on this thread reports).
+  ThreadContext* LocalOrNull() {
+    auto tc = Local();
+    return tc.ok() ? *tc : nullptr;
+  }
   // Where an operation on `address` goes. `changes`: it may change memory (in a replicated
   // cluster it then goes as a message, never mapped or one-sided).
   Result<Target> Resolve(GlobalAddress address, uint64_t size, const char* op, bool atomic,
@@ -659,6 +671,8 @@ void Pool::Impl::MapMoved(ThreadContext& tc, size_t index) {
 }
 
 Pool::Impl::~Impl() {
+  // The sync calls' batches first: they refer to this Pool (and have nothing in flight).
+  for (auto& [id, tc] : contexts_) tc->alone.reset();
   if (map_) {
     std::lock_guard<std::mutex> l(g_live_tags_mu);
     auto it = g_live_tags.find(tag());
@@ -1691,19 +1705,30 @@ Result<uint16_t> Pool::ServerFor(Placement placement) {
 }
 
 namespace {
-// A sync operation on a server whose region is not mapped: a batch of one.
+// A sync operation on a server whose region is not mapped: a batch of one, the calling
+// thread's ThreadContext::alone unless that is in use (or the thread has no context: then the
+// Batch reports why).
 template <typename Post>
-Status RunAlone(Pool& pool, const Post& post) {
-  Batch batch(pool);
-  FARPOOL_RETURN_IF_ERROR(post(batch));
-  return batch.Wait();
+Status RunAlone(Pool& pool, ThreadContext* tc, const Post& post) {
+  if (tc == nullptr || tc->alone_busy) {
+    Batch batch(pool);
+    FARPOOL_RETURN_IF_ERROR(post(batch));
+    return batch.Wait();
+  }
+  if (!tc->alone) tc->alone = std::make_unique<Batch>(pool);
+  tc->alone_busy = true;
+  const Status posted = post(*tc->alone);
+  const Status done = tc->alone->Wait();  // also after a failed post: the batch is reused
+  tc->alone_busy = false;
+  return posted.ok() ? done : posted;
 }
 }  // namespace
 
 Status Pool::Read(GlobalAddress source, void* destination, uint64_t size) {
   FARPOOL_ASSIGN_OR_RETURN(Impl::Target t, impl_->Resolve(source, size, "read", false, false));
   if (t.direct == nullptr) {
-    return RunAlone(*this, [&](Batch& b) { return b.Read(source, destination, size); });
+    return RunAlone(*this, impl_->LocalOrNull(),
+                    [&](Batch& b) { return b.Read(source, destination, size); });
   }
   FARPOOL_ASSIGN_OR_RETURN(ThreadContext * tc, impl_->Local());
   Bump(tc->reads);
@@ -1715,7 +1740,8 @@ Status Pool::Read(GlobalAddress source, void* destination, uint64_t size) {
 Status Pool::Write(GlobalAddress destination, const void* source, uint64_t size) {
   FARPOOL_ASSIGN_OR_RETURN(Impl::Target t, impl_->Resolve(destination, size, "write", false, true));
   if (t.direct == nullptr) {
-    return RunAlone(*this, [&](Batch& b) { return b.Write(destination, source, size); });
+    return RunAlone(*this, impl_->LocalOrNull(),
+                    [&](Batch& b) { return b.Write(destination, source, size); });
   }
   FARPOOL_ASSIGN_OR_RETURN(ThreadContext * tc, impl_->Local());
   Bump(tc->writes);
@@ -1729,8 +1755,9 @@ Result<uint64_t> Pool::CompareAndSwap(GlobalAddress address, uint64_t expected, 
                            impl_->Resolve(address, 8, "compare-and-swap", true, true));
   uint64_t previous = 0;
   if (t.direct == nullptr) {
-    FARPOOL_RETURN_IF_ERROR(RunAlone(
-        *this, [&](Batch& b) { return b.CompareAndSwap(address, expected, desired, &previous); }));
+    FARPOOL_RETURN_IF_ERROR(RunAlone(*this, impl_->LocalOrNull(), [&](Batch& b) {
+      return b.CompareAndSwap(address, expected, desired, &previous);
+    }));
     return previous;
   }
   FARPOOL_ASSIGN_OR_RETURN(ThreadContext * tc, impl_->Local());
@@ -1742,8 +1769,9 @@ Result<uint64_t> Pool::FetchAdd(GlobalAddress address, uint64_t delta) {
   FARPOOL_ASSIGN_OR_RETURN(Impl::Target t, impl_->Resolve(address, 8, "fetch-and-add", true, true));
   uint64_t previous = 0;
   if (t.direct == nullptr) {
-    FARPOOL_RETURN_IF_ERROR(
-        RunAlone(*this, [&](Batch& b) { return b.FetchAdd(address, delta, &previous); }));
+    FARPOOL_RETURN_IF_ERROR(RunAlone(*this, impl_->LocalOrNull(), [&](Batch& b) {
+      return b.FetchAdd(address, delta, &previous);
+    }));
     return previous;
   }
   FARPOOL_ASSIGN_OR_RETURN(ThreadContext * tc, impl_->Local());
@@ -2326,7 +2354,8 @@ Status Pool::Impl::SendBatch(ThreadContext& tc, size_t index, uint64_t request_i
                            [&] { return s.failed.load(std::memory_order_relaxed); });
   Bump(tc.messages);
   if (!sent.ok() && ep->failed()) return ConnectionLost(tc, index);
-  if (!sent.ok()) MarkFailed(index, "sending a batch: " + sent.message());
+  if (sent.ok()) return sent;  // no context string to build: this runs for every message
+  MarkFailed(index, "sending a batch: " + sent.message());
   return sent.WithContext(s.name + ": batch");
 }
 

@@ -1,7 +1,6 @@
 #include "transport/am_server.h"
 
 #include <algorithm>
-#include <deque>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -74,7 +73,15 @@ class AmServer::Impl {
   std::unordered_map<uint64_t, ucp_ep_h> by_id_;  // Peer::id -> endpoint
   uint64_t next_id_ = 1;
   std::vector<LateReply> late_;
-  std::deque<Incoming> inbox_;
+  // Messages received and not yet handled, in order; emptied by every Poll (a connection closed
+  // while it is handled may progress the worker, which appends to it meanwhile).
+  std::vector<Incoming> inbox_;
+  // Buffers of handled messages, kept for the next ones (OnMessage copies each message out of
+  // UCX's receive buffer, which the TCP transport does not let a callback keep): no allocation
+  // per message. At most kSpareBuffers of at most kSpareBytes each.
+  std::vector<std::vector<std::byte>> spare_;
+  static constexpr size_t kSpareBuffers = 64;
+  static constexpr size_t kSpareBytes = 64 << 10;
   // The replies of the messages handled in this Poll, held for AmHandler::Settle.
   std::vector<ucp_ep_h> reply_eps_;
   std::vector<uint64_t> reply_connections_;  // Peer::id, 0: none
@@ -120,7 +127,13 @@ ucs_status_t AmServer::Impl::OnMessage(void* arg, const void* /*header*/, size_t
     return UCS_OK;
   }
   const auto* bytes = static_cast<const std::byte*>(data);
-  self->inbox_.push_back({std::vector<std::byte>(bytes, bytes + length), reply_ep});
+  std::vector<std::byte> copy;
+  if (!self->spare_.empty()) {
+    copy = std::move(self->spare_.back());
+    self->spare_.pop_back();
+  }
+  copy.assign(bytes, bytes + length);
+  self->inbox_.push_back({std::move(copy), reply_ep});
   return UCS_OK;
 }
 
@@ -164,16 +177,20 @@ bool AmServer::Impl::Poll() {
     Accept(r);
     busy = true;
   }
-  while (!inbox_.empty()) {
-    Incoming in = std::move(inbox_.front());
-    inbox_.pop_front();
+  // By index: a ForceClose below progresses the worker, which may append to the inbox.
+  for (size_t i = 0; i < inbox_.size(); ++i) {
+    Incoming in = std::move(inbox_[i]);
     busy = true;
-    if (in.reply_ep != nullptr && closed_.count(in.reply_ep) != 0) continue;
-    auto c = connections_.find(in.reply_ep);
-    Peer* from = c == connections_.end() ? nullptr : &c->second.peer;
-    replies_.push_back(handler_->Handle(in.bytes, from));
-    reply_eps_.push_back(in.reply_ep);
-    reply_connections_.push_back(from == nullptr ? 0 : from->id);
+    if (in.reply_ep == nullptr || closed_.count(in.reply_ep) == 0) {
+      auto c = connections_.find(in.reply_ep);
+      Peer* from = c == connections_.end() ? nullptr : &c->second.peer;
+      replies_.push_back(handler_->Handle(in.bytes, from));
+      reply_eps_.push_back(in.reply_ep);
+      reply_connections_.push_back(from == nullptr ? 0 : from->id);
+    }
+    if (spare_.size() < kSpareBuffers && in.bytes.capacity() <= kSpareBytes) {
+      spare_.push_back(std::move(in.bytes));
+    }
     for (ucp_ep_h handle : to_close_) {
       auto closing = connections_.find(handle);
       closing->second.ep->ForceClose();
@@ -184,6 +201,7 @@ bool AmServer::Impl::Poll() {
     }
     to_close_.clear();
   }
+  inbox_.clear();
   handler_->TakeLate(&late_);
   for (LateReply& late : late_) {
     auto c = by_id_.find(late.connection);
@@ -223,23 +241,30 @@ void AmServer::Impl::Run(AmHandler& handler, const std::atomic<bool>& stop) {
   const bool event = options_.progress == ProgressMode::kEvent;
   auto last_work = Clock::now();
   auto next_tick = last_work + kTickPeriod;
+  // One clock read per iteration (a message wakes the loop, one iteration handles it, the next
+  // finds nothing and sleeps: two reads per message where there were six): on this VM's clock a
+  // read was ~2% of a server's samples per round trip (docs/pool.md, "Measured: the cost of a
+  // round trip over TCP"). The spin counts from the last work or wakeup, timed by the read
+  // after it.
+  bool woke = false;
   while (!stop.load(std::memory_order_relaxed)) {
-    if (Poll()) {
-      last_work = Clock::now();
-    } else if (event && Clock::now() - last_work > options_.event_spin) {
+    const bool worked = Poll();
+    const auto now = Clock::now();
+    if (worked || woke) last_work = now;
+    woke = false;
+    if (!worked && event && now - last_work >= options_.event_spin) {
       // Until the next tick, or earlier if the handler has a bound to keep (rounded up to the
       // poll's millisecond; 0 polls once without sleeping).
-      auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next_tick - Clock::now());
+      auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next_tick - now);
       if (auto wake = handler_->WakeAt()) {
-        const auto until = *wake - Clock::now();
-        wait = std::min(wait, std::chrono::ceil<std::chrono::milliseconds>(until));
+        wait = std::min(wait, std::chrono::ceil<std::chrono::milliseconds>(*wake - now));
       }
       Status s =
           worker_->Wait(std::max(wait, std::chrono::milliseconds(0)), handler_->SideWorker());
       (void)s;  // a failed wait only means we poll again sooner
-      last_work = Clock::now();
+      woke = true;
     }
-    if (Clock::now() >= next_tick) {
+    if (now >= next_tick) {
       handler_->Tick();
       next_tick = Clock::now() + kTickPeriod;
     }
