@@ -154,6 +154,9 @@ struct AmServerOptions {
   std::chrono::microseconds event_spin{0};  // kEvent: poll this long after the last work
   Fabric fabric = Fabric::kAuto;
   uint64_t region_size = 0;  // > 0: allocate a memory region of this many bytes (see region())
+  // The progress thread's name (at most 15 characters; empty: inherited), so that per-thread
+  // profiles (perf, /proc/PID/task/TID/comm) tell a process's loops apart.
+  std::string thread_name;
 };
 
 class AmServer {

@@ -342,6 +342,7 @@ Status MemoryServer::Impl::Init() {
   // trip over TCP"), as partition servers had measured before (docs/database.md).
   ao.fabric = options_.fabric;
   ao.region_size = region_size;
+  ao.thread_name = "fp-serve";
   std::optional<transport::ClusterSecret> secret;
   if (!options_.secret_file.empty()) {  // before listening: a bad file fails the start at once
     FARPOOL_ASSIGN_OR_RETURN(secret, transport::ClusterSecret::Read(options_.secret_file));
