@@ -89,7 +89,11 @@ class MemoryServer::Impl : public transport::AmHandler {
               std::span<const uint64_t> connections) override;
   // Takes the backup's acknowledgements and failures: the held replies they release.
   void TakeSettled(std::vector<transport::LateReply>* out) override;
-  transport::Worker* SideWorker() override { return backup_ ? &backup_->worker() : nullptr; }
+  // The own link's worker while a forward is in flight (BackupLink::in_flight): arming an idle
+  // one would cost a system call per sleep for nothing.
+  transport::Worker* SideWorker() override {
+    return backup_ != nullptr && backup_->in_flight() ? &backup_->worker() : nullptr;
+  }
   // Waiting compare-and-swaps (see the header).
   void TakeLate(std::vector<transport::LateReply>* out) override;
   std::optional<Clock::time_point> WakeAt() const override;
@@ -1365,7 +1369,8 @@ void MemoryServer::Impl::Settle(std::span<std::vector<std::byte>> replies,
       held_.push_back({ticket, {connections[i], std::move(replies[i])}});
       replies[i].clear();  // posted later, by TakeSettled
     }
-    Pump();
+    // No Pump here: the loop calls TakeSettled right after Settle, which pumps (one progress
+    // of the link's worker per round, not two).
   }
   for (auto& [number, w] : waiters_) w.stopped_dirty = false;
   stopped_dirty_ = false;
