@@ -119,21 +119,30 @@ def budget(fabric: str, workload: str, replicas: int, seconds: float, window: fl
     # Commits in [t0, t1]: whole buckets, the two ends by the part of them inside.
     commits = sum(c * max(0.0, min(t1, start + (b + 1) * width) - max(t0, start + b * width))
                   / width for b, c in enumerate(t["commits"]))
-    counts: dict[str, dict[str, float]] = {}
-    for line in perf.stderr.splitlines():
-        f = line.split(",")
-        if len(f) < 4 or "-" not in f[0] or not f[1].replace(".", "").isdigit():
-            continue
-        role = roles.get(int(f[0].rsplit("-", 1)[1]), "other")
-        event = f[3].split(":")[-1].replace("sys_enter_", "").replace("sys_enter", "syscalls")
-        counts.setdefault(role, {}).setdefault(event, 0.0)
-        counts[role][event] += float(f[1])
+    counts = per_thread_counts(perf.stderr, roles)
     per_txn = {role: {e: v / commits for e, v in c.items()} for role, c in counts.items()}
     for c in per_txn.values():
         c["cpu_us"] = c.pop("task-clock") * 1000  # msec -> µs per transaction
     r.update(part="budget", fabric=fabric, replicas=replicas, setup=fabric, window_s=window,
              window_commits=commits, window_tps=commits * 1000 / (t1 - t0), per_txn=per_txn)
     return r
+
+
+def per_thread_counts(perf_output: str, roles: dict[int, str]) -> dict[str, dict[str, float]]:
+    """Sums `perf stat --per-thread -x ,` lines ("COMM-TID,COUNT,UNIT,EVENT,...") by the role of
+    each thread (`roles`: tid -> role; others: "other") and event (short names: "poll" for
+    syscalls:sys_enter_poll, "syscalls" for raw_syscalls:sys_enter). Lines not counted are
+    skipped."""
+    counts: dict[str, dict[str, float]] = {}
+    for line in perf_output.splitlines():
+        f = line.split(",")
+        if len(f) < 4 or "-" not in f[0] or not f[1].replace(".", "", 1).isdigit():
+            continue
+        role = roles.get(int(f[0].rsplit("-", 1)[1]), "other")
+        event = f[3].split(":")[-1].replace("sys_enter_", "").replace("sys_enter", "syscalls")
+        counts.setdefault(role, {}).setdefault(event, 0.0)
+        counts[role][event] += float(f[1])
+    return counts
 
 
 def _ppid(pid: int) -> int:
