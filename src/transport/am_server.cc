@@ -1,5 +1,7 @@
 #include "transport/am_server.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
@@ -238,6 +240,9 @@ bool AmServer::Impl::Poll() {
 
 void AmServer::Impl::Run(AmHandler& handler, const std::atomic<bool>& stop) {
   handler_ = &handler;
+  if (!options_.thread_name.empty()) {
+    (void)pthread_setname_np(pthread_self(), options_.thread_name.substr(0, 15).c_str());
+  }
   const bool event = options_.progress == ProgressMode::kEvent;
   auto last_work = Clock::now();
   auto next_tick = last_work + kTickPeriod;

@@ -155,6 +155,9 @@ struct AmServerOptions {
   Fabric fabric = Fabric::kAuto;
   uint64_t region_size = 0;  // > 0: allocate a memory region of this many bytes (see region())
   uint64_t region_reserve_after = 0;  // address space reserved after it (MemoryRegion::tail)
+  // The progress thread's name (at most 15 characters; empty: inherited), so that per-thread
+  // profiles (perf, /proc/PID/task/TID/comm) tell a process's loops apart.
+  std::string thread_name;
 };
 
 class AmServer {

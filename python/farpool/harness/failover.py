@@ -11,12 +11,20 @@
             seconds into the run; the gap from the kill to the next commit, the throughput
             before and after, whether the invariant holds (--verify), commits the kill cut
             that their sessions settled themselves (commits_cut), sessions restarted
+  budget    where the CPU of a transaction goes, replicas 0 against 1 (TPC-B and bank, tcp in
+            network namespaces): `perf stat --per-thread` on every server and client process for
+            --window seconds in the middle of a `bench txn` run, divided by the transactions
+            committed in that window (the run's --timeline-ms buckets): CPU µs, context switches
+            and system calls per transaction of each server's loop (fp-serve: a primary's
+            requests and its backup link), its mirror's loop (fp-mirror: the forwards it backs
+            up), the servers' other threads, and the client process
 
 Output: bench/results/failover.jsonl (every run), failover.md (tables), failover.png (the
 commit timelines around the kill).
 
 Usage: bench/experiments/failover [--fabrics shm,tcp] [--seconds 3] [--run 8] [--kill-at 3]
-                                  [--repeat 2] [--parts cost,failover] [--forward-copies]
+                                  [--repeat 2] [--parts cost,failover,budget] [--window 2]
+                                  [--forward-copies] [--name failover]
 """
 
 from __future__ import annotations
@@ -58,6 +66,90 @@ def cost(fabric: str, workload: str, replicas: int, seconds: float, copies: bool
              setup=fabric + (", forwarded copies" if copies else
                              ", shared pages" if shared else ""))
     return r
+
+
+# What `budget` counts per thread, and the threads' roles by name (AmServerOptions::thread_name).
+BUDGET_EVENTS = ("task-clock", "context-switches", "raw_syscalls:sys_enter",
+                 "syscalls:sys_enter_sendmsg", "syscalls:sys_enter_sendto",
+                 "syscalls:sys_enter_recvfrom", "syscalls:sys_enter_recvmsg",
+                 "syscalls:sys_enter_poll", "syscalls:sys_enter_epoll_wait",
+                 "syscalls:sys_enter_futex", "syscalls:sys_enter_write", "syscalls:sys_enter_read")
+ROLES = {"fp-serve": "serve", "fp-mirror": "mirror"}
+
+
+def threads_of(pids: list[int], role) -> dict[int, str]:
+    """tid -> role of every thread of `pids`; role(pid, comm) names it."""
+    out = {}
+    for pid in pids:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            except OSError:
+                continue  # exited meanwhile
+            out[int(tid)] = role(pid, comm)
+    return out
+
+
+def budget(fabric: str, workload: str, replicas: int, seconds: float, window: float) -> dict:
+    with cluster(fabric, replicas) as path:
+        servers = [s["pid"] for s in json.load(open(path))["servers"]]
+        cmd = bench_args(path, workload, seconds) + ["--timeline-ms", "100"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        first = proc.stderr.readline()  # "bench txn: loaded in ...; running ...": the run starts
+        if "running" not in first:
+            proc.kill()
+            raise RuntimeError(f"bench txn did not start: {first.strip()}")
+        time.sleep(1.0)  # past the warm-up (0.5 s)
+        clients = [proc.pid] + [int(p) for p in os.listdir("/proc") if p.isdigit() and
+                                _ppid(int(p)) == proc.pid]
+        roles = threads_of(servers, lambda pid, comm: ROLES.get(comm, "other"))
+        roles |= threads_of(clients, lambda pid, comm: "client")
+        t0 = time.time() * 1000
+        perf = subprocess.run(["perf", "stat", "--per-thread", "-x", ",", "-e",
+                               ",".join(BUDGET_EVENTS), "-p",
+                               ",".join(str(p) for p in servers + clients), "--", "sleep",
+                               str(window)], capture_output=True, text=True)
+        t1 = time.time() * 1000
+        out, err = proc.communicate(timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"bench txn failed: {(first + err).strip()[-400:]}")
+        r = json.loads(out.strip().splitlines()[-1])
+    t = r.pop("timeline")
+    width, start = t["bucket_ms"], t["start_unix_ms"]
+    # Commits in [t0, t1]: whole buckets, the two ends by the part of them inside.
+    commits = sum(c * max(0.0, min(t1, start + (b + 1) * width) - max(t0, start + b * width))
+                  / width for b, c in enumerate(t["commits"]))
+    counts = per_thread_counts(perf.stderr, roles)
+    per_txn = {role: {e: v / commits for e, v in c.items()} for role, c in counts.items()}
+    for c in per_txn.values():
+        c["cpu_us"] = c.pop("task-clock") * 1000  # msec -> µs per transaction
+    r.update(part="budget", fabric=fabric, replicas=replicas, setup=fabric, window_s=window,
+             window_commits=commits, window_tps=commits * 1000 / (t1 - t0), per_txn=per_txn)
+    return r
+
+
+def per_thread_counts(perf_output: str, roles: dict[int, str]) -> dict[str, dict[str, float]]:
+    """Sums `perf stat --per-thread -x ,` lines ("COMM-TID,COUNT,UNIT,EVENT,...") by the role of
+    each thread (`roles`: tid -> role; others: "other") and event (short names: "poll" for
+    syscalls:sys_enter_poll, "syscalls" for raw_syscalls:sys_enter). Lines not counted are
+    skipped."""
+    counts: dict[str, dict[str, float]] = {}
+    for line in perf_output.splitlines():
+        f = line.split(",")
+        if len(f) < 4 or "-" not in f[0] or not f[1].replace(".", "", 1).isdigit():
+            continue
+        role = roles.get(int(f[0].rsplit("-", 1)[1]), "other")
+        event = f[3].split(":")[-1].replace("sys_enter_", "").replace("sys_enter", "syscalls")
+        counts.setdefault(role, {}).setdefault(event, 0.0)
+        counts[role][event] += float(f[1])
+    return counts
+
+
+def _ppid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def failover(fabric: str, run: float, kill_at: float, copies: bool = False) -> dict:
@@ -137,6 +229,40 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def budget_table(rows: list[dict]) -> str:
+    """Per transaction, medians over the runs: each role's CPU, context switches, system calls,
+    sends (sendmsg + sendto), receives (recvmsg + recvfrom) and sleeps (poll + epoll_wait)."""
+    rows = [r for r in rows if r["part"] == "budget"]
+    if not rows:
+        return ""
+    lines = ["| workload | thread | CPU µs 0 / 1 | context switches 0 / 1 | system calls 0 / 1 "
+             "| sends 0 / 1 | receives 0 / 1 | polls 0 / 1 | futex 0 / 1 |", "|---" * 9 + "|"]
+    metrics = {"cpu": lambda c: c.get("cpu_us", 0),
+               "cs": lambda c: c.get("context-switches", 0),
+               "sys": lambda c: c.get("syscalls", 0),
+               "send": lambda c: c.get("sendmsg", 0) + c.get("sendto", 0),
+               "recv": lambda c: c.get("recvmsg", 0) + c.get("recvfrom", 0),
+               "poll": lambda c: c.get("poll", 0) + c.get("epoll_wait", 0),
+               "futex": lambda c: c.get("futex", 0)}
+    for w in ("tpcb", "bank"):
+        by = {n: [r for r in rows if r["workload"] == w and r["replicas"] == n] for n in (0, 1)}
+        if not by[0] or not by[1]:
+            continue
+        for role in ("serve", "mirror", "other", "client", "all"):
+            def med(n, m):
+                vals = []
+                for r in by[n]:
+                    pt = r["per_txn"]
+                    cs = pt.values() if role == "all" else [pt.get(role, {})]
+                    vals.append(sum(metrics[m](c) for c in cs))
+                return statistics.median(vals)
+            cells = [f"{med(0, m):,.1f} / {med(1, m):,.1f}" for m in metrics]
+            lines.append(f"| {w} | {role} | " + " | ".join(cells) + " |")
+        tps = [f"{statistics.median(r['window_tps'] for r in by[n]):,.0f}" for n in (0, 1)]
+        lines.append(f"| {w} | (tps in the window) | {tps[0]} / {tps[1]} |" + " |" * 6)
+    return "\n".join(lines) + "\n"
+
+
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -169,6 +295,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--parts", default="cost,failover")
     ap.add_argument("--out", default=str(peers.ROOT / "bench" / "results"))
+    ap.add_argument("--window", type=float, default=2.0, help="each budget's measured window")
+    ap.add_argument("--name", default="failover", help="the results' file names")
     ap.add_argument("--forward-copies", action="store_true",
                     help="also shm replicas 1 with forwarded copies (the A/B for shared pages)")
     args = ap.parse_args(argv)
@@ -189,6 +317,12 @@ def main(argv=None) -> int:
                             f"{' (forwarded copies)' if copies else ''}")
                         rows.append(cost(fabric, workload, replicas, args.seconds, copies)
                                     | {"rep": rep})
+            if "budget" in parts:
+                for workload in ("tpcb", "bank"):
+                    for replicas in (0, 1):
+                        log(f"rep {rep}: budget {fabric} {workload} replicas {replicas}")
+                        rows.append(budget(fabric, workload, replicas, args.seconds, args.window)
+                                    | {"rep": rep})
             if "failover" in parts:
                 for copies in ([False, True] if fabric == "shm" and args.forward_copies
                                else [False]):
@@ -197,11 +331,13 @@ def main(argv=None) -> int:
     load_end = os.getloadavg()
     cmd = (f"bench/experiments/failover --fabrics {args.fabrics} --seconds {args.seconds:g} "
            f"--run {args.run:g} --kill-at {args.kill_at:g} --repeat {args.repeat} --parts "
-           f"{args.parts}" + (" --forward-copies" if args.forward_copies else ""))
+           f"{args.parts}" + (f" --window {args.window:g}" if "budget" in parts else "") +
+           (" --forward-copies" if args.forward_copies else "") +
+           (f" --name {args.name}" if args.name != "failover" else ""))
     md = (peers.measured(rows[0], cmd, loads=(load_start, load_end)) + f" {SERVERS} memory "
           f"servers, {THREADS} client threads; cost: medians of {args.repeat} interleaved runs."
-          "\n\n" + table(rows))
-    peers.publish(args.out, "failover", rows, md,
+          "\n\n" + table(rows) + "\n" + budget_table(rows))
+    peers.publish(args.out, args.name, rows, md,
                   (lambda path: plot(rows, path)) if "failover" in parts else None)
     return 0
 

@@ -168,6 +168,10 @@ void BackupLink::SendPending() {
 }
 
 void BackupLink::Poll() {
+  if (in_flight_.empty()) {
+    if (pending_.any) SendPending();
+    return;
+  }
   mirror_->Progress();
   mirror_->DropRepliesBelow(first_live_id_);
   while (!in_flight_.empty()) {

@@ -99,10 +99,16 @@ class BackupLink {
   uint64_t Post(const std::byte* region, std::span<const memory_ops::Range> changed,
                 std::span<const LeaseChange> leases, const std::function<bool()>& give_up);
   // Takes what has arrived without waiting: acknowledgements, failures; sends the pending
-  // forward if there is room.
+  // forward if there is room. With no forward in flight there is nothing to take, and the
+  // link's worker is not progressed (a system call or more each time, on every round of the
+  // primary's loop: docs/pool.md "What a forward costs").
   void Poll();
   uint64_t posted() const { return posted_; }
   uint64_t settled() const { return settled_; }
+  // Whether a forward is in flight: only then can the link's worker have an event the primary's
+  // loop waits for (an acknowledgement, or the connection's loss, which matters to a forward
+  // only: a failure is a forward's).
+  bool in_flight() const { return !in_flight_.empty(); }
   // When the latest acknowledged forward was sent (a primary's serving lease counts from there:
   // the backup counts it from when the forward arrived, later).
   std::chrono::steady_clock::time_point acknowledged_sent() const { return acknowledged_sent_; }

@@ -90,7 +90,11 @@ class MemoryServer::Impl : public transport::AmHandler {
               std::span<const uint64_t> connections) override;
   // Takes the backup's acknowledgements and failures: the held replies they release.
   void TakeSettled(std::vector<transport::LateReply>* out) override;
-  transport::Worker* SideWorker() override { return backup_ ? &backup_->worker() : nullptr; }
+  // The own link's worker while a forward is in flight (BackupLink::in_flight): arming an idle
+  // one would cost a system call per sleep for nothing.
+  transport::Worker* SideWorker() override {
+    return backup_ != nullptr && backup_->in_flight() ? &backup_->worker() : nullptr;
+  }
   // Waiting compare-and-swaps (see the header).
   void TakeLate(std::vector<transport::LateReply>* out) override;
   std::optional<Clock::time_point> WakeAt() const override;
@@ -358,6 +362,7 @@ Status MemoryServer::Impl::Init() {
   ao.fabric = options_.fabric;
   ao.region_size = chunks_.region_size();
   ao.region_reserve_after = chunks_.region_size() * slots;
+  ao.thread_name = "fp-serve";
   std::optional<transport::ClusterSecret> secret;
   if (!options_.secret_file.empty()) {  // before listening: a bad file fails the start at once
     FARPOOL_ASSIGN_OR_RETURN(secret, transport::ClusterSecret::Read(options_.secret_file));
@@ -1455,7 +1460,8 @@ void MemoryServer::Impl::Settle(std::span<std::vector<std::byte>> replies,
       held_.push_back({ticket, {connections[i], std::move(replies[i])}});
       replies[i].clear();  // posted later, by TakeSettled
     }
-    Pump();
+    // No Pump here: the loop calls TakeSettled right after Settle, which pumps (one progress
+    // of the link's worker per round, not two).
   }
   for (auto& [number, w] : waiters_) w.stopped_dirty = false;
   stopped_dirty_ = false;

@@ -70,7 +70,9 @@
 // order posted; so when the reply leaves, every change it may show is on the backup, and a
 // failover (which serves the backup's copy) cannot take back anything a client saw, read or
 // acknowledged. Held replies leave in order (tickets never decrease): on an acknowledgement
-// (the loop also sleeps on the link's worker, AmHandler::SideWorker), with one copy when the
+// (the loop also sleeps on the link's worker, AmHandler::SideWorker, while a forward is in
+// flight: a held reply waits for a forward posted and not settled, which is in flight or
+// pending behind one that is), with one copy when the
 // backup is declared gone (DegradeRequest: released as they are), or as errors when their
 // forward fails (no acknowledgement by backup_timeout after it was sent, or refused: the
 // failure fails every forward outstanding, and their byte ranges are posted again). Bounded

@@ -77,6 +77,7 @@ Status Mirror::Start(const std::string& host, Fabric fabric, const std::string& 
   // (docs/pool.md "Pipelined forwards": measured with a 50 µs spin before).
   ao.event_spin = std::chrono::microseconds(0);
   ao.fabric = fabric;
+  ao.thread_name = "fp-mirror";
   FARPOOL_ASSIGN_OR_RETURN(am_, transport::AmServer::Listen(ao));
   am_->Start(*this);
   return Status::Ok();
