@@ -61,9 +61,9 @@ class ForUpdateTest : public testing::TestWithParam<std::string> {
     EXPECT_TRUE(t.ok()) << t.status().ToString();
     return t.ok() ? std::move(*t) : nullptr;
   }
-  Result<int64_t> LockedInt(Transaction& txn, int64_t key) {
+  Result<int64_t> LockedInt(Transaction& txn, int64_t key, LockIntent intent = LockIntent::kRead) {
     Row row;
-    FARPOOL_RETURN_IF_ERROR(txn.GetForUpdate(*table_, key, &row));
+    FARPOOL_RETURN_IF_ERROR(txn.GetForUpdate(*table_, key, &row, intent));
     return row.GetInt64(0);
   }
   int64_t Value(int64_t key) {
@@ -512,41 +512,45 @@ TEST_P(ForUpdateTest, AHeldKeyIsWaitedForThenAborted) {
 TEST_P(ForUpdateTest, ReadsOfLockedKeysSeeTheLockedVersion) {
   if (!nam()) GTEST_SKIP() << "sharded does not lock at read";
   auto s = NewSession();
-  for (const TransactionOptions& o : {kRc, kSi}) {
-    auto txn = Begin(*s, o);
-    ASSERT_OK(LockedInt(*txn, 5).status());
-    // Get, MultiGet and a scan of our own locked record do not wait for our own lock.
-    Row row;
-    ASSERT_OK(txn->Get(*table_, 5, &row));
-    EXPECT_EQ(row.GetInt64(0), 0);
-    const TableKey keys[] = {{table_, 5}, {table_, 6}, {table_, 5}, {table_, 99}};
-    std::vector<Row> rows;
-    std::vector<Status> found;
-    ASSERT_OK(txn->MultiGetForUpdate(keys, &rows, &found));
-    EXPECT_OK(found[0]);
-    EXPECT_OK(found[1]);
-    EXPECT_OK(found[2]);
-    EXPECT_EQ(found[3].code(), StatusCode::kNotFound);  // no row: nothing locked
-    EXPECT_EQ(Locked(), 2u);
-    int seen = 0;
-    ASSERT_OK(txn->Scan(*table_, 4, 6, 0, false, [&](int64_t, const Row& r) {
-      ++seen;
-      return r.GetInt64(0) == 0;
-    }));
-    EXPECT_EQ(seen, 3);
-    // A write then a read of a locked key: the write.
-    ASSERT_OK(PutInt(*txn, *table_, 6, 3));
-    auto w = LockedInt(*txn, 6);
-    ASSERT_OK(w.status());
-    EXPECT_EQ(*w, 3);
-    ASSERT_OK(txn->Delete(*table_, 5));
-    ASSERT_OK(txn->Commit());
-    EXPECT_EQ(Locked(), 0u);
-    EXPECT_EQ(Value(6), 3);
-    // Put key 5 back for the next round.
-    ASSERT_OK(RunTransaction(*s, [&](Transaction& t) { return PutInt(t, *table_, 5, 0); }));
-    ASSERT_OK(RunTransaction(*s, [&](Transaction& t) { return PutInt(t, *table_, 6, 0); }));
-  }
+  // Both intents: the update intent's plain lock word is ours too (a scan once waited for it
+  // as for another commit's, until it gave up after two leases).
+  for (const LockIntent intent : {LockIntent::kRead, LockIntent::kUpdate})
+    for (const TransactionOptions& o : {kRc, kSi}) {
+      SCOPED_TRACE(intent == LockIntent::kRead ? "read intent" : "update intent");
+      auto txn = Begin(*s, o);
+      ASSERT_OK(LockedInt(*txn, 5, intent).status());
+      // Get, MultiGet and a scan of our own locked record do not wait for our own lock.
+      Row row;
+      ASSERT_OK(txn->Get(*table_, 5, &row));
+      EXPECT_EQ(row.GetInt64(0), 0);
+      const TableKey keys[] = {{table_, 5}, {table_, 6}, {table_, 5}, {table_, 99}};
+      std::vector<Row> rows;
+      std::vector<Status> found;
+      ASSERT_OK(txn->MultiGetForUpdate(keys, &rows, &found, intent));
+      EXPECT_OK(found[0]);
+      EXPECT_OK(found[1]);
+      EXPECT_OK(found[2]);
+      EXPECT_EQ(found[3].code(), StatusCode::kNotFound);  // no row: nothing locked
+      EXPECT_EQ(Locked(), 2u);
+      int seen = 0;
+      ASSERT_OK(txn->Scan(*table_, 4, 6, 0, false, [&](int64_t, const Row& r) {
+        ++seen;
+        return r.GetInt64(0) == 0;
+      }));
+      EXPECT_EQ(seen, 3);
+      // A write then a read of a locked key: the write.
+      ASSERT_OK(PutInt(*txn, *table_, 6, 3));
+      auto w = LockedInt(*txn, 6, intent);
+      ASSERT_OK(w.status());
+      EXPECT_EQ(*w, 3);
+      ASSERT_OK(txn->Delete(*table_, 5));
+      ASSERT_OK(txn->Commit());
+      EXPECT_EQ(Locked(), 0u);
+      EXPECT_EQ(Value(6), 3);
+      // Put key 5 back for the next round.
+      ASSERT_OK(RunTransaction(*s, [&](Transaction& t) { return PutInt(t, *table_, 5, 0); }));
+      ASSERT_OK(RunTransaction(*s, [&](Transaction& t) { return PutInt(t, *table_, 6, 0); }));
+    }
 }
 
 TEST_P(ForUpdateTest, WhatEachIsolationLevelSees) {

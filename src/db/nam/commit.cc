@@ -1224,6 +1224,8 @@ Status CommitRun::Run() {
   if (s_.lease_->fenced) return s;  // fenced: recovery finished the commit
   if (!s.ok()) return Settle(s.WithContext("installing versions and releasing locks"));
   s_.log_to_clear_ = log_state_;
+  s_.logged_records_.clear();
+  for (const Item& it : items_) s_.logged_records_.push_back(it.record.raw());
   Reclaim();
   return Status::Ok();
 }

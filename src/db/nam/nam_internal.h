@@ -506,6 +506,10 @@ class NamSession final : public Session, public LockOwner {
   // while a finished log is whole, or recovery would roll that log into records it locks.
   // Nonzero: the log's state word, to be CASed to 0.
   uint64_t log_to_clear_ = 0;
+  // The records that log names (raw addresses; meaningful only while log_to_clear_ != 0). A
+  // record freed and reused since (another key's, or a new record of ours) must not be locked
+  // in the round that clears the log: recovery would roll the log into it (NamTxn::NewPending).
+  std::vector<uint64_t> logged_records_;
   Status ClearLog();
   // This session's stamp word on `server` (StampWordImage; allocated there with the memory's
   // own allocator, which places it exactly, for every server when the session opens; freed

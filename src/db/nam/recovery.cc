@@ -195,7 +195,11 @@ Status NamDatabase::RecoverLog(const Access& access, uint32_t slot, int64_t dead
       // and released here, others committed since, and the writer locked it again, with this
       // log still whole (a lock in the round that clears it, read.cc LockAtLookup). That lock
       // is undecided: BreakRecordLock restores it, nothing of this log goes in.
-      if (img.newest >= 0 && img.newest_seq() > p.e.new_seq) continue;
+      // Likewise a record not at this log's version nor the one before it (never the case
+      // for a record the commit locked: it holds new_seq - 1 until installed, new_seq after):
+      // a record freed and reused since, locked again by the writer in that round.
+      // (An empty record counts as seq 0, the one before a first version's 1.)
+      if (img.newest_seq() > p.e.new_seq || img.newest_seq() + 1 < p.e.new_seq) continue;
       if (stamp == 0) {
         // Did the writer install this one? Then its stamp is the commit's.
         installed.resize(p.e.cell_size);
