@@ -914,7 +914,10 @@ void MemoryServer::Impl::InstallSlotLinks() {
                    "%s: copying server %u's region (%s) to %s slot %u (connected in %lld ms)\n",
                    Name().c_str(), region, FormatSize(size).c_str(), (*link)->name().c_str(),
                    p->second.slot, static_cast<long long>(took.count()));
-      backup_gone_.store(-1);
+      // A verdict about this very server from before is stale now; one about another (our
+      // own backup, declared gone while this link connected) stands.
+      int gone = (*link)->id();
+      backup_gone_.compare_exchange_strong(gone, -1);
       slot_links_[region] = SlotLink{
           std::move(*link), chunks_.region_size() + *slot * size, Copy{}, Clock::now(), {}};
     }
@@ -1041,6 +1044,9 @@ void MemoryServer::Impl::HandOver() {
                Name().c_str());
   backup_.reset();
   copy_.reset();
+  // A slot link still connecting is waited for and closed (else its backup, seeing a primary
+  // connected, would refuse to promote until that lease ran out).
+  connecting_.clear();
   slot_links_.clear();
   handed_over_.store(true);
 }
