@@ -274,15 +274,8 @@ TEST_F(FuseMountTest, TheDaemonSharesTheCallersSessionInAGroupOfItsOwn) {
   Mount(m);
   const pid_t daemon = DaemonOf(m);
   ASSERT_GT(daemon, 0);
-  const std::string stat_line = ReadAll("/proc/" + std::to_string(daemon) + "/stat");
-  const size_t close = stat_line.rfind(')');
-  ASSERT_NE(close, std::string::npos) << stat_line;
-  std::istringstream fields(stat_line.substr(close + 1));
-  std::string state;
-  pid_t ppid = 0, pgrp = 0, session = 0;
-  fields >> state >> ppid >> pgrp >> session;
-  EXPECT_EQ(pgrp, daemon) << "not the leader of a process group of its own: " << stat_line;
-  EXPECT_EQ(session, getsid(0)) << "a session of its own: " << stat_line;
+  EXPECT_EQ(getpgid(daemon), daemon) << "not the leader of a process group of its own";
+  EXPECT_EQ(getsid(daemon), getsid(0)) << "a session of its own";
   // SigIgn in /proc/PID/status: a hex mask, bit (SIGHUP - 1).
   std::istringstream status(ReadAll("/proc/" + std::to_string(daemon) + "/status"));
   uint64_t ignored = 0;
