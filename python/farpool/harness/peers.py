@@ -194,14 +194,7 @@ class FarpoolMount:
         for attempt in range(3):
             try:
                 self.cluster_json = self.cluster.__enter__()
-                out = subprocess.run([str(farpool_bin()), "mount", "--cluster", self.cluster_json,
-                                      "--name", self.name, "--log", self.log_path, *self.flags,
-                                      self.mountpoint],
-                                     capture_output=True, text=True, timeout=120)
-                if out.returncode != 0:
-                    raise RuntimeError(f"farpool mount ({self.transport}): "
-                                       f"{(out.stderr or out.stdout).strip()[-400:]}")
-                self.mounted = True
+                self._mount()
                 os.chmod(self.mountpoint, 0o1777)
                 return self.mountpoint
             except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
@@ -214,7 +207,24 @@ class FarpoolMount:
                 time.sleep(2)
         raise AssertionError("unreachable")
 
-    def _teardown(self):
+    def remount(self) -> None:
+        """`farpool umount`, then `farpool mount` of the same filesystem on the same mount
+        point: the files are then what the pool held (no page of the old mount's cache
+        survives an unmount)."""
+        self._unmount()
+        self._mount()
+
+    def _mount(self) -> None:
+        out = subprocess.run([str(farpool_bin()), "mount", "--cluster", self.cluster_json,
+                              "--name", self.name, "--log", self.log_path, *self.flags,
+                              self.mountpoint],
+                             capture_output=True, text=True, timeout=120)
+        if out.returncode != 0:
+            raise RuntimeError(f"farpool mount ({self.transport}): "
+                               f"{(out.stderr or out.stdout).strip()[-400:]}")
+        self.mounted = True
+
+    def _unmount(self) -> None:
         if self.mounted:
             for extra in ([], [], ["--lazy"]):
                 out = subprocess.run([str(farpool_bin()), "umount", *extra, self.mountpoint],
@@ -223,6 +233,9 @@ class FarpoolMount:
                     break
                 time.sleep(1)
             self.mounted = False
+
+    def _teardown(self):
+        self._unmount()
         self.cluster.__exit__(None, None, None)
 
     def __exit__(self, *exc):
@@ -566,11 +579,15 @@ class Postgres:
     only."""
 
     def __init__(self, in_ram: bool = True, shared_buffers: str = "512MB",
-                 netns: tuple["Netns", int] | None = None):
+                 netns: tuple["Netns", int] | None = None, directory: str | None = None):
+        """directory: where the data directory goes (default /dev/shm in RAM, else /var/tmp)."""
         self.in_ram = in_ram
-        base = "/dev/shm" if in_ram else "/var/tmp"
+        base = directory or ("/dev/shm" if in_ram else "/var/tmp")
         self.dir = tempfile.mkdtemp(prefix="farpool-pg-", dir=base)
         self.data = os.path.join(self.dir, "data")
+        # The Unix socket beside the data, unless that is on a filesystem of the caller's
+        # choosing (the farpool mount has no socket files: mknod is EPERM there).
+        self.sockets = self.dir if directory is None else tempfile.mkdtemp(prefix="farpool-pg-")
         self.port = free_port()
         self.shared_buffers = shared_buffers
         self.netns = netns
@@ -588,15 +605,21 @@ class Postgres:
             raise RuntimeError(f"PostgreSQL not found in {PG_BIN}: run `make setup`")
         if os.geteuid() == 0:
             shutil.chown(self.dir, "postgres", "postgres")
+            shutil.chown(self.sockets, "postgres", "postgres")
         out = self._as_postgres([str(PG_BIN / "initdb"), "-D", self.data, "-A", "trust", "-U",
                                  "postgres", "--no-sync"])
         if out.returncode != 0:
             raise RuntimeError(f"initdb failed: {out.stderr.strip()[-400:]}")
-        listen = self.host or "''"
         if self.host:
             with open(os.path.join(self.data, "pg_hba.conf"), "a") as f:
                 f.write("host all all 0.0.0.0/0 trust\n")
-        opts = [f"-p {self.port}", f"-k {self.dir}", f"-c listen_addresses={listen}",
+        self.start()
+        return self
+
+    def start(self) -> None:
+        """Starts the server on its data directory (after __enter__'s initdb, or a stop)."""
+        listen = self.host or "''"
+        opts = [f"-p {self.port}", f"-k {self.sockets}", f"-c listen_addresses={listen}",
                 f"-c shared_buffers={self.shared_buffers}", "-c max_connections=200"]
         if self.in_ram:
             opts += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
@@ -605,14 +628,19 @@ class Postgres:
         if out.returncode != 0:
             log = Path(self.dir, "log").read_text() if Path(self.dir, "log").exists() else ""
             raise RuntimeError(f"PostgreSQL did not start: {out.stderr.strip()} {log[-400:]}")
-        return self
+
+    def stop(self, mode: str = "immediate") -> None:
+        """pg_ctl stop; `immediate` is a crash as far as the data directory knows (no
+        checkpoint: the next start replays the WAL)."""
+        self._as_postgres([str(PG_BIN / "pg_ctl"), "-D", self.data, "-m", mode, "stop"])
 
     def __exit__(self, *exc):
-        self._as_postgres([str(PG_BIN / "pg_ctl"), "-D", self.data, "-m", "immediate", "stop"])
+        self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+        shutil.rmtree(self.sockets, ignore_errors=True)
 
     def conn_args(self) -> list[str]:
-        return ["-h", self.host or self.dir, "-p", str(self.port), "-U", "postgres"]
+        return ["-h", self.host or self.sockets, "-p", str(self.port), "-U", "postgres"]
 
     def psql(self, sql: str, db: str = "postgres") -> str:
         out = subprocess.run(["psql", *self.conn_args(), "-d", db, "-v", "ON_ERROR_STOP=1", "-At",
