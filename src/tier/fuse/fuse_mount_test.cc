@@ -8,7 +8,9 @@
 // appends, truncates and holes, data integrity under concurrent writers (fio --verify), unmount
 // with open files, a SIGKILLed daemon (the next mount reclaims the lease, acknowledged changes are
 // there), a second concurrent mount refused naming the holder, a full pool (ENOSPC, the file intact
-// up to the last successful fsync), a lost server (EIO, no hang).
+// up to the last successful fsync), a lost server (EIO, no hang; one of two: EIO for its extents
+// only), the errnos of long paths, rename flags and special files, `--foreground`, and a mount
+// from another host (a client network namespace) seeing the same files.
 #include "tier/fuse/fuse_mount.h"
 
 #include <dirent.h>
@@ -767,7 +769,8 @@ TEST_F(FuseMountTest, LostServerIsEioNotAHang) {
 // than PATH_MAX is the kernel's ENAMETOOLONG (it never reaches FUSE); a component of 256 bytes
 // reaches the daemon (FUSE passes names up to 1024), which refuses it in a rename too, while
 // 255 works; renameat2(RENAME_EXCHANGE) is EINVAL and changes nothing; mknod of a FIFO, a
-// socket or a character device is EPERM (mknod of a regular file creates it).
+// socket or a character device is EPERM (mknod of a regular file creates it); symlink is
+// ENOSYS and link EPERM.
 TEST_F(FuseMountTest, ErrnosOfLongPathsExchangeAndSpecialFiles) {
   const std::string m = NewDir("m");
   Mount(m);
@@ -802,6 +805,11 @@ TEST_F(FuseMountTest, ErrnosOfLongPathsExchangeAndSpecialFiles) {
   for (const char* leaf : {"/fifo", "/sock", "/null"}) {
     EXPECT_NE(access((m + leaf).c_str(), F_OK), 0) << leaf << " exists";
   }
+  // No links of either kind (docs/files.md, "Errors").
+  EXPECT_EQ(symlink("b", (m + "/symlink").c_str()), -1);
+  EXPECT_EQ(errno, ENOSYS);
+  EXPECT_EQ(link((m + "/b").c_str(), (m + "/hardlink").c_str()), -1);
+  EXPECT_EQ(errno, EPERM);
   ASSERT_EQ(mknod((m + "/plain").c_str(), S_IFREG | 0644, 0), 0) << strerror(errno);
   struct stat st;
   ASSERT_EQ(stat((m + "/plain").c_str(), &st), 0);
