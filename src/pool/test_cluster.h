@@ -50,7 +50,8 @@ class TestClientHost {
   // has only its own link and lo). The mount namespace begins as a copy of ours, other
   // mounts included: keep what runs there short-lived (docs/files.md, "Copies of the mount").
   std::string Prefix() const;
-  // The same as an argv prefix, for exec.
+  // The same as an argv prefix, for exec. Both end in `env ...`, so NAME=VALUE assignments for
+  // the command alone may follow.
   std::vector<std::string> Argv() const;
 
  private:

@@ -88,7 +88,8 @@ class SqliteVfsTest : public ::testing::Test {
     const std::string file =
         Path("script-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + ".sql");
     std::ofstream(file) << before << Preamble(db) << script;
-    return Shell(kCliEnv + (host != nullptr ? host->Prefix() : "") + "sqlite3 -batch < " + file);
+    // After the host's prefix (which ends in `env`), so that only the CLI gets kCliEnv.
+    return Shell((host != nullptr ? host->Prefix() : "") + kCliEnv + "sqlite3 -batch < " + file);
   }
   // Runs `command` with sh, stderr into the output too.
   static Run Shell(const std::string& command) {
@@ -115,7 +116,12 @@ class SqliteVfsTest : public ::testing::Test {
         dup2(out, 2);
         close(fds[1]);
 #ifdef FARPOOL_TSAN_RUNTIME
-        setenv("LD_PRELOAD", FARPOOL_TSAN_RUNTIME, 1);
+        // For the CLI only: after a prefix (which ends in `env`) as an assignment of its own.
+        if (prefix.empty()) {
+          setenv("LD_PRELOAD", FARPOOL_TSAN_RUNTIME, 1);
+        } else {
+          prefix.push_back("LD_PRELOAD=" FARPOOL_TSAN_RUNTIME);
+        }
 #endif
         prefix.insert(prefix.end(), {"sqlite3", "-batch"});
         std::vector<char*> argv;
