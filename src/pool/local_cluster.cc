@@ -50,6 +50,17 @@ struct NetNames {
            std::to_string((i + 2) % 256);
   }
   std::string BridgeIp() const { return "10." + std::to_string(net) + ".0.1"; }
+  // A namespace on the bridge: server i's, or client host k's (AddClientNamespace; addresses
+  // 10.<net>.255.<k + 1>, far above the servers').
+  struct Link {
+    std::string ns, host_veth, peer_veth, ip;
+  };
+  Link Server(int i) const { return {Namespace(i), HostVeth(i), PeerVeth(i), ServerIp(i)}; }
+  Link Client(int k) const {
+    const std::string n = std::to_string(k);
+    return {"fp" + tag + "c" + n, "fp" + tag + "ch" + n, "fp" + tag + "cp" + n,
+            "10." + std::to_string(net) + ".255." + std::to_string(k + 1)};
+  }
 };
 
 // The networks 10.N.0.0/16 that clusters take: N in [kFirstNet, kFirstNet + kNets). (The Python
@@ -114,9 +125,9 @@ Status Run(const std::vector<std::string>& argv) {
   return Status::Ok();
 }
 
-// Makes the bridge, the namespaces and their links, on the first network from `n.net` on that no
-Status AddNamespace(const NetNames& n, int i, std::chrono::nanoseconds delay);
+Status AddNamespace(const NetNames& n, const NetNames::Link& link, std::chrono::nanoseconds delay);
 
+// Makes the bridge, the namespaces and their links, on the first network from `n.net` on that no
 // interface here has an address in yet (two networks on two bridges would route one cluster's
 // clients to the other's servers); sets `n.net` to it.
 Status SetUpNetwork(NetNames& n, int servers, std::chrono::nanoseconds delay) {
@@ -136,52 +147,66 @@ Status SetUpNetwork(NetNames& n, int servers, std::chrono::nanoseconds delay) {
     FARPOOL_RETURN_IF_ERROR(Run({"ip", "addr", "add", n.BridgeIp() + "/16", "dev", n.Bridge()}));
   }
   FARPOOL_RETURN_IF_ERROR(Run({"ip", "link", "set", n.Bridge(), "up"}));
-  for (int i = 0; i < servers; ++i) FARPOOL_RETURN_IF_ERROR(AddNamespace(n, i, delay));
-  return Status::Ok();
-}
-
-// Server i's namespace, its link to the bridge and its address.
-Status AddNamespace(const NetNames& n, int i, std::chrono::nanoseconds delay) {
-  const std::string us = std::to_string(delay.count() / 1000.0) + "us";
-  {
-    const std::string ns = n.Namespace(i);
-    FARPOOL_RETURN_IF_ERROR(Run({"ip", "netns", "add", ns}));
-    FARPOOL_RETURN_IF_ERROR(
-        Run({"ip", "link", "add", n.HostVeth(i), "type", "veth", "peer", "name", n.PeerVeth(i)}));
-    FARPOOL_RETURN_IF_ERROR(Run({"ip", "link", "set", n.PeerVeth(i), "netns", ns}));
-    FARPOOL_RETURN_IF_ERROR(Run({"ip", "link", "set", n.HostVeth(i), "master", n.Bridge()}));
-    FARPOOL_RETURN_IF_ERROR(Run({"ip", "link", "set", n.HostVeth(i), "up"}));
-    FARPOOL_RETURN_IF_ERROR(Run({"ip", "-n", ns, "link", "set", "lo", "up"}));
-    FARPOOL_RETURN_IF_ERROR(
-        Run({"ip", "-n", ns, "addr", "add", n.ServerIp(i) + "/16", "dev", n.PeerVeth(i)}));
-    FARPOOL_RETURN_IF_ERROR(Run({"ip", "-n", ns, "link", "set", n.PeerVeth(i), "up"}));
-    FARPOOL_RETURN_IF_ERROR(Run({"ip", "-n", ns, "route", "add", "default", "via", n.BridgeIp()}));
-    if (delay.count() > 0) {
-      Status netem =
-          Run({"tc", "qdisc", "add", "dev", n.HostVeth(i), "root", "netem", "delay", us});
-      if (!netem.ok() && netem.message().find("qdisc kind is unknown") != std::string::npos) {
-        return Status::InvalidArgument(
-            "--delay needs the kernel's netem queueing discipline, which this kernel lacks "
-            "(CONFIG_NET_SCH_NETEM is off): " +
-            netem.message());
-      }
-      FARPOOL_RETURN_IF_ERROR(netem);
-      FARPOOL_RETURN_IF_ERROR(Run({"ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev",
-                                   n.PeerVeth(i), "root", "netem", "delay", us}));
-    }
+  for (int i = 0; i < servers; ++i) {
+    FARPOOL_RETURN_IF_ERROR(AddNamespace(n, n.Server(i), delay));
   }
   return Status::Ok();
 }
 
-void TearDownNamespace(const NetNames& n, int i) {
-  Status a = Run({"ip", "netns", "del", n.Namespace(i)});
-  Status b = Run({"ip", "link", "del", n.HostVeth(i)});
+// A namespace, its link to the bridge and its address.
+Status AddNamespace(const NetNames& n, const NetNames::Link& link, std::chrono::nanoseconds delay) {
+  const std::string us = std::to_string(delay.count() / 1000.0) + "us";
+  const std::string& ns = link.ns;
+  FARPOOL_RETURN_IF_ERROR(Run({"ip", "netns", "add", ns}));
+  FARPOOL_RETURN_IF_ERROR(
+      Run({"ip", "link", "add", link.host_veth, "type", "veth", "peer", "name", link.peer_veth}));
+  FARPOOL_RETURN_IF_ERROR(Run({"ip", "link", "set", link.peer_veth, "netns", ns}));
+  FARPOOL_RETURN_IF_ERROR(Run({"ip", "link", "set", link.host_veth, "master", n.Bridge()}));
+  FARPOOL_RETURN_IF_ERROR(Run({"ip", "link", "set", link.host_veth, "up"}));
+  FARPOOL_RETURN_IF_ERROR(Run({"ip", "-n", ns, "link", "set", "lo", "up"}));
+  FARPOOL_RETURN_IF_ERROR(
+      Run({"ip", "-n", ns, "addr", "add", link.ip + "/16", "dev", link.peer_veth}));
+  FARPOOL_RETURN_IF_ERROR(Run({"ip", "-n", ns, "link", "set", link.peer_veth, "up"}));
+  FARPOOL_RETURN_IF_ERROR(Run({"ip", "-n", ns, "route", "add", "default", "via", n.BridgeIp()}));
+  if (delay.count() > 0) {
+    Status netem = Run({"tc", "qdisc", "add", "dev", link.host_veth, "root", "netem", "delay", us});
+    if (!netem.ok() && netem.message().find("qdisc kind is unknown") != std::string::npos) {
+      return Status::InvalidArgument(
+          "--delay needs the kernel's netem queueing discipline, which this kernel lacks "
+          "(CONFIG_NET_SCH_NETEM is off): " +
+          netem.message());
+    }
+    FARPOOL_RETURN_IF_ERROR(netem);
+    FARPOOL_RETURN_IF_ERROR(Run({"ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev",
+                                 link.peer_veth, "root", "netem", "delay", us}));
+  }
+  return Status::Ok();
+}
+
+void TearDownNamespace(const NetNames::Link& link) {
+  Status a = Run({"ip", "netns", "del", link.ns});
+  Status b = Run({"ip", "link", "del", link.host_veth});
   (void)a;  // may not exist (a partial Up); removal is best effort by design
   (void)b;
 }
 
+// The network names of the running `--netns` cluster in `dir`: the network `cluster up` took
+// is the second octet of its servers' addresses.
+Result<NetNames> NamesOfRunning(const std::string& dir, const ClusterConfig& config) {
+  NetNames names = NamesFor(dir);
+  unsigned a = 0, net = 0;
+  if (config.servers.empty() || config.servers[0].netns.empty() ||
+      std::sscanf(config.servers[0].host.c_str(), "%u.%u.", &a, &net) != 2 || a != 10) {
+    return Status::InvalidArgument(
+        ClusterFile(dir) + " is not a cluster of `cluster up --netns` (server 0 at " +
+        (config.servers.empty() ? "none" : config.servers[0].host) + ")");
+  }
+  names.net = static_cast<int>(net);
+  return names;
+}
+
 void TearDownNetwork(const NetNames& n, int servers) {
-  for (int i = 0; i < servers; ++i) TearDownNamespace(n, i);
+  for (int i = 0; i < servers; ++i) TearDownNamespace(n.Server(i));
   Status c = Run({"ip", "link", "del", n.Bridge()});
   (void)c;
 }
@@ -508,17 +533,11 @@ Result<uint16_t> ClusterAdd(const LocalClusterOptions& o) {
   NetNames names = NamesFor(o.dir);
   std::string host = "127.0.0.1";
   if (netns) {
-    // The network `cluster up` took: the second octet of its servers' addresses.
-    unsigned a = 0, net = 0;
-    if (std::sscanf(config.servers[0].host.c_str(), "%u.%u.", &a, &net) != 2 || a != 10) {
-      return Status::InvalidArgument("server 0's address " + config.servers[0].host +
-                                     " is not in a network of `cluster up --netns`");
-    }
-    names.net = static_cast<int>(net);
+    FARPOOL_ASSIGN_OR_RETURN(names, NamesOfRunning(o.dir, config));
     host = names.ServerIp(index);
-    Status net_made = AddNamespace(names, index, std::chrono::nanoseconds(0));
+    Status net_made = AddNamespace(names, names.Server(index), std::chrono::nanoseconds(0));
     if (!net_made.ok()) {
-      TearDownNamespace(names, index);
+      TearDownNamespace(names.Server(index));
       return net_made.WithContext("adding a network namespace (needs root)");
     }
   }
@@ -537,7 +556,7 @@ Result<uint16_t> ClusterAdd(const LocalClusterOptions& o) {
   if (pid < 0) return Status::IoError(std::string("fork: ") + strerror(errno));
   auto fail = [&](const Status& s) {
     StopProcesses({pid});
-    if (netns) TearDownNamespace(names, index);
+    if (netns) TearDownNamespace(names.Server(index));
     return s;
   };
   auto port = WaitReady(base + ".ready", pid, "server " + std::to_string(id), base + ".log",
@@ -765,6 +784,26 @@ Status ClusterDown(const std::string& dir) {
     fs::remove(fs::path(dir) / ("server-" + std::to_string(i) + ".ready"), ec);
   }
   return Status::Ok();
+}
+
+Result<std::string> AddClientNamespace(const std::string& dir, int k) {
+  if (k < 0 || k > 250) return Status::InvalidArgument("client namespace " + std::to_string(k));
+  FARPOOL_ASSIGN_OR_RETURN(ClusterConfig config, ClusterConfig::Load(ClusterFile(dir)));
+  FARPOOL_ASSIGN_OR_RETURN(NetNames names, NamesOfRunning(dir, config));
+  const NetNames::Link link = names.Client(k);
+  Status made = AddNamespace(names, link, std::chrono::nanoseconds(0));
+  if (!made.ok()) {
+    TearDownNamespace(link);
+    return made.WithContext("adding client namespace " + link.ns + " (needs root)");
+  }
+  return link.ns;
+}
+
+void RemoveClientNamespace(const std::string& dir, int k) {
+  auto config = ClusterConfig::Load(ClusterFile(dir));
+  if (!config.ok()) return;  // nothing was added to a cluster that is not there
+  auto names = NamesOfRunning(dir, *config);
+  if (names.ok()) TearDownNamespace(names->Client(k));
 }
 
 std::string PoolClusterFile(const std::string& dir, const std::string& name) {

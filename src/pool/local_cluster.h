@@ -119,6 +119,15 @@ Result<EtcdView> ClusterEtcdStatus(const std::string& dir);
 // started with its own etcd (not --etcd) and that member is not running.
 Status RestartClusterEtcd(const std::string& dir, bool die_with_parent = false);
 
+// A "client host" of the running `--netns` cluster in `dir`: network namespace fp<tag>c<k>
+// (k in 0..250) with its own address on the cluster's bridge (10.<net>.255.<k + 1>), from which
+// a process reaches the servers and etcd over the bridge as from another machine. Returns the
+// namespace's name (`ip netns exec NAME` runs a process there). Needs root. RemoveClientNamespace
+// deletes it (best effort; the caller stops its processes first); ClusterDown does not know about
+// it.
+Result<std::string> AddClientNamespace(const std::string& dir, int k);
+void RemoveClientNamespace(const std::string& dir, int k);
+
 std::string ClusterFile(const std::string& dir);
 // DIR/cluster.secret: the cluster secret of the cluster in DIR (transport/auth.h).
 inline constexpr const char* kSecretFileName = "cluster.secret";

@@ -31,6 +31,29 @@ Result<TestClient> ConnectTestClient(const TestCluster& cluster,
   return TestClient{std::move(config), std::move(pool)};
 }
 
+TestClientHost::TestClientHost(const TestCluster& cluster, int k) : dir_(cluster.dir()), k_(k) {
+  auto made = AddClientNamespace(dir_, k_);
+  if (made.ok()) {
+    netns_ = *made;
+  } else {
+    status_ = made.status();
+  }
+}
+
+TestClientHost::~TestClientHost() {
+  if (status_.ok()) RemoveClientNamespace(dir_, k_);
+}
+
+std::vector<std::string> TestClientHost::Argv() const {
+  return {"ip", "netns", "exec", netns_, "env", "-u", "UCX_NET_DEVICES"};
+}
+
+std::string TestClientHost::Prefix() const {
+  std::string prefix;
+  for (const std::string& a : Argv()) prefix += a + " ";
+  return prefix;
+}
+
 TestCluster::~TestCluster() {
   if (status_.ok()) {
     Status s = ClusterDown(dir_);

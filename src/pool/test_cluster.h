@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "farpool/pool.h"
 #include "pool/local_cluster.h"
@@ -27,6 +28,36 @@ class TestCluster {
 
  private:
   std::string dir_;
+  Status status_;
+};
+
+// A "client host" of a `netns` TestCluster (AddClientNamespace): a network namespace of its own
+// on the cluster's bridge, removed when this goes out of scope (declare it after the cluster,
+// and stop the processes started in it first). Needs root; check status() before use.
+class TestClientHost {
+ public:
+  TestClientHost(const TestCluster& cluster, int k);
+  ~TestClientHost();
+  TestClientHost(const TestClientHost&) = delete;
+  TestClientHost& operator=(const TestClientHost&) = delete;
+
+  const Status& status() const { return status_; }
+  const std::string& netns() const { return netns_; }
+  // The shell prefix that runs a command on this host: `ip netns exec` (which execs it in
+  // place, in a mount namespace of its own whose /sys shows the namespace's interfaces, as
+  // UCX needs; so a FUSE mount made there is seen only by processes that enter that mount
+  // namespace, `nsenter -t PID -m`), without this process's UCX_NET_DEVICES (the namespace
+  // has only its own link and lo). The mount namespace begins as a copy of ours, other
+  // mounts included: keep what runs there short-lived (docs/files.md, "Copies of the mount").
+  std::string Prefix() const;
+  // The same as an argv prefix, for exec. Both end in `env ...`, so NAME=VALUE assignments for
+  // the command alone may follow.
+  std::vector<std::string> Argv() const;
+
+ private:
+  std::string dir_;
+  int k_;
+  std::string netns_;
   Status status_;
 };
 

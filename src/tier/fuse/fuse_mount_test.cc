@@ -8,7 +8,9 @@
 // appends, truncates and holes, data integrity under concurrent writers (fio --verify), unmount
 // with open files, a SIGKILLed daemon (the next mount reclaims the lease, acknowledged changes are
 // there), a second concurrent mount refused naming the holder, a full pool (ENOSPC, the file intact
-// up to the last successful fsync), a lost server (EIO, no hang).
+// up to the last successful fsync), a lost server (EIO, no hang; one of two: EIO for its extents
+// only), the errnos of long paths, rename flags and special files, `--foreground`, and a mount
+// from another host (a client network namespace) seeing the same files.
 #include "tier/fuse/fuse_mount.h"
 
 #include <dirent.h>
@@ -27,6 +29,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -38,6 +41,9 @@
 #include <string>
 #include <vector>
 
+#include "common/process.h"
+#include "files/file_store.h"
+#include "files/layout.h"
 #include "pool/test_cluster.h"
 
 namespace farpool {
@@ -121,14 +127,32 @@ class FuseMountTest : public ::testing::Test {
     delete cluster_;
     cluster_ = nullptr;
   }
-  static TestCluster* Start(int servers, uint64_t memory) {
+  static TestCluster* Start(int servers, uint64_t memory, Fabric transport = Fabric::kAuto) {
     LocalClusterOptions o;
     o.servers = servers;
     o.memory = memory;
     o.chunk_size = 1ull << 20;
+    o.transport = transport;
     o.progress = ProgressMode::kEvent;  // a shared 2-core machine
     auto* c = new TestCluster(o);
     EXPECT_TRUE(c->status().ok()) << c->status().ToString();
+    return c;
+  }
+  // A cluster over TCP with each server in a network namespace of its own (replicas 0).
+  // REQUIRES: root.
+  static std::unique_ptr<TestCluster> StartNetns(int servers, uint64_t memory) {
+    LocalClusterOptions o;
+    o.servers = servers;
+    o.memory = memory;
+    o.chunk_size = 1ull << 20;
+    o.transport = Fabric::kTcp;
+    o.progress = ProgressMode::kEvent;
+    o.netns = true;
+    // This process reaches the suite's servers over loopback only (SetUpTestSuite); the new
+    // cluster's readiness check must reach its namespaces.
+    unsetenv("UCX_NET_DEVICES");
+    auto c = std::make_unique<TestCluster>(o);
+    setenv("UCX_NET_DEVICES", "lo", 1);
     return c;
   }
 
@@ -149,6 +173,10 @@ class FuseMountTest : public ::testing::Test {
       kill(daemon, SIGTERM);
       if (!AwaitExit(daemon, 30000)) kill(daemon, SIGKILL);
     }
+    for (const pid_t daemon : foreign_daemons_) {
+      kill(daemon, SIGTERM);
+      if (!AwaitExit(daemon, 30000)) kill(daemon, SIGKILL);
+    }
     if (HasFailure()) {
       for (const std::string& m : mounts_) {
         std::fprintf(stderr, "--- daemon log of %s:\n%s\n", m.c_str(), ReadAll(m + ".log").c_str());
@@ -163,16 +191,17 @@ class FuseMountTest : public ::testing::Test {
     mkdir(d.c_str(), 0755);
     return d;
   }
+  // `farpool mount`, its command line after `prefix` (e.g. `env -u UCX_NET_DEVICES `).
   Outcome MountAt(const std::string& point, const std::string& fs, TestCluster& cluster,
-                  const std::string& flags = "") {
+                  const std::string& flags = "", const std::string& prefix = "") {
     mounts_.insert(point);
-    return Shell(std::string(FARPOOL_BINARY) + " mount --cluster " + cluster.cluster_file() +
+    return Shell(prefix + FARPOOL_BINARY + " mount --cluster " + cluster.cluster_file() +
                  " --name " + fs + " --log " + point + ".log " + flags + " " + point);
   }
   // Mounts this test's filesystem at `point` on the suite's cluster; asserts success.
   void Mount(const std::string& point, TestCluster* cluster = nullptr,
-             const std::string& flags = "") {
-    Outcome r = MountAt(point, name_, cluster != nullptr ? *cluster : *cluster_, flags);
+             const std::string& flags = "", const std::string& prefix = "") {
+    Outcome r = MountAt(point, name_, cluster != nullptr ? *cluster : *cluster_, flags, prefix);
     ASSERT_EQ(r.code, 0) << r.output;
   }
   void Unmount(const std::string& point) {
@@ -184,6 +213,8 @@ class FuseMountTest : public ::testing::Test {
   static TestCluster* cluster_;
   std::string name_, dir_;
   std::set<std::string> mounts_;
+  // Daemons whose mounts are in other mount namespaces: ended in teardown.
+  std::vector<pid_t> foreign_daemons_;
 };
 TestCluster* FuseMountTest::cluster_ = nullptr;
 
@@ -531,20 +562,9 @@ TEST_F(FuseMountTest, ANetnsClusterStartedLaterHoldsNoCopyOfTheMount) {
   Mount(m);
   const pid_t daemon = DaemonOf(m);
   ASSERT_GT(daemon, 0);
-  LocalClusterOptions o;
-  o.servers = 1;
-  o.memory = 16ull << 20;
-  o.chunk_size = 1ull << 20;
-  o.transport = Fabric::kTcp;
-  o.progress = ProgressMode::kEvent;
-  o.netns = true;
-  // This process reaches the suite's servers over loopback only (SetUpTestSuite); the new
-  // cluster's readiness check must reach its namespace.
-  unsetenv("UCX_NET_DEVICES");
-  TestCluster other(o);
-  setenv("UCX_NET_DEVICES", "lo", 1);
-  ASSERT_TRUE(other.status().ok()) << other.status().ToString();
-  const auto config = other.config();
+  const std::unique_ptr<TestCluster> other = StartNetns(1, 16ull << 20);
+  ASSERT_TRUE(other->status().ok()) << other->status().ToString();
+  const auto config = other->config();
   ASSERT_TRUE(config.ok()) << config.status().ToString();
   const std::string theirs =
       ReadAll("/proc/" + std::to_string(config->servers[0].pid) + "/mountinfo");
@@ -743,6 +763,213 @@ TEST_F(FuseMountTest, LostServerIsEioNotAHang) {
   }
   close(fd);
   EXPECT_EQ(err, EIO) << strerror(err);
+}
+
+// The errnos of names, paths, flags and node types the filesystem does not take: a path longer
+// than PATH_MAX is the kernel's ENAMETOOLONG (it never reaches FUSE); a component of 256 bytes
+// reaches the daemon (FUSE passes names up to 1024), which refuses it in a rename too, while
+// 255 works; renameat2(RENAME_EXCHANGE) is EINVAL and changes nothing; mknod of a FIFO, a
+// socket or a character device is EPERM (mknod of a regular file creates it); symlink is
+// ENOSYS and link EPERM.
+TEST_F(FuseMountTest, ErrnosOfLongPathsExchangeAndSpecialFiles) {
+  const std::string m = NewDir("m");
+  Mount(m);
+  WriteAll(m + "/a", "aaa");
+  WriteAll(m + "/b", "bbb");
+
+  std::string deep = m;
+  while (deep.size() <= PATH_MAX) deep += "/" + std::string(200, 'd');
+  EXPECT_EQ(open(deep.c_str(), O_CREAT | O_WRONLY, 0644), -1);
+  EXPECT_EQ(errno, ENAMETOOLONG);
+
+  const std::string longest = m + "/" + std::string(255, 'r');
+  const std::string too_long = m + "/" + std::string(256, 'r');
+  EXPECT_EQ(rename((m + "/a").c_str(), too_long.c_str()), -1);
+  EXPECT_EQ(errno, ENAMETOOLONG);
+  ASSERT_EQ(rename((m + "/a").c_str(), longest.c_str()), 0) << strerror(errno);
+  EXPECT_EQ(ReadAll(longest), "aaa");
+
+  EXPECT_EQ(syscall(SYS_renameat2, AT_FDCWD, longest.c_str(), AT_FDCWD, (m + "/b").c_str(),
+                    RENAME_EXCHANGE),
+            -1);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(ReadAll(longest), "aaa");
+  EXPECT_EQ(ReadAll(m + "/b"), "bbb");
+
+  EXPECT_EQ(mkfifo((m + "/fifo").c_str(), 0644), -1);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_EQ(mknod((m + "/sock").c_str(), S_IFSOCK | 0644, 0), -1);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_EQ(mknod((m + "/null").c_str(), S_IFCHR | 0644, makedev(1, 3)), -1);
+  EXPECT_EQ(errno, EPERM);
+  for (const char* leaf : {"/fifo", "/sock", "/null"}) {
+    EXPECT_NE(access((m + leaf).c_str(), F_OK), 0) << leaf << " exists";
+  }
+  // No links of either kind (docs/files.md, "Errors").
+  EXPECT_EQ(symlink("b", (m + "/symlink").c_str()), -1);
+  EXPECT_EQ(errno, ENOSYS);
+  EXPECT_EQ(link((m + "/b").c_str(), (m + "/hardlink").c_str()), -1);
+  EXPECT_EQ(errno, EPERM);
+  ASSERT_EQ(mknod((m + "/plain").c_str(), S_IFREG | 0644, 0), 0) << strerror(errno);
+  struct stat st;
+  ASSERT_EQ(stat((m + "/plain").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  Unmount(m);
+}
+
+// One server of two lost with `--replicas 0`, over TCP: a read of a file's extent on the dead
+// server is EIO (once the pool gives the server up: at most PoolOptions::op_timeout, 5 s, or
+// its heartbeats' failure_timeout, 2 s, plus a 1 s hello; the time is printed, ctest's timeout
+// guards against a hang), while the extents on the live server (and the store's image, where
+// the mount's lease is renewed) still read. Where each extent lives is read from the pool: an
+// inode's number is its header's address, the header maps the extents.
+TEST_F(FuseMountTest, OneServerOfTwoLostIsEioForItsExtentsOnly) {
+  std::unique_ptr<TestCluster> half(Start(2, 64ull << 20, Fabric::kTcp));
+  ASSERT_TRUE(half->status().ok());
+  const std::string m = NewDir("m");
+  Mount(m, half.get());
+  constexpr uint64_t kExtent = files::kExtentSize;
+  constexpr int kExtents = 8;  // all mapped from the header; striped over the servers
+  const auto data = Pattern(kExtents * kExtent, 6);
+  WriteAll(m + "/f", std::string(data.begin(), data.end()));
+  const int fd = open((m + "/f").c_str(), O_RDONLY | O_DIRECT);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  void* raw = nullptr;
+  ASSERT_EQ(posix_memalign(&raw, 4096, kExtent), 0);
+  std::unique_ptr<unsigned char, decltype(&free)> buf(static_cast<unsigned char*>(raw), free);
+  // The daemon loads every extent's address.
+  for (int i = 0; i < kExtents; ++i) {
+    ASSERT_EQ(pread(fd, buf.get(), kExtent, i * kExtent), static_cast<ssize_t>(kExtent));
+  }
+
+  auto client = ConnectTestClient(*half);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  auto store = files::FileStore::Open(*client->pool);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  struct stat st;
+  ASSERT_EQ(fstat(fd, &st), 0);
+  files::FileHeader header;
+  ASSERT_TRUE(client->pool->Read(GlobalAddress::FromRaw(st.st_ino), &header, sizeof(header)).ok());
+  ASSERT_EQ(header.size, kExtents * kExtent);
+  const uint16_t keeper = (*store)->image().server();
+  std::vector<bool> lost(kExtents);
+  std::set<uint16_t> servers;
+  for (int i = 0; i < kExtents; ++i) {
+    const uint16_t on = GlobalAddress::FromRaw(header.direct[i]).server();
+    lost[i] = on != keeper;
+    servers.insert(on);
+  }
+  ASSERT_EQ(servers.size(), 2u) << "the file's extents should span both servers";
+  store->reset();
+  client->pool.reset();
+
+  auto all = ClusterStatus(half->dir());
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  pid_t victim = 0;
+  for (const ServerStatus& server : *all) {
+    if (server.address.id != keeper) victim = static_cast<pid_t>(server.stats.pid);
+  }
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  AwaitExit(victim);
+  for (int i = 0; i < kExtents; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    const ssize_t n = pread(fd, buf.get(), kExtent, i * kExtent);
+    const int err = n < 0 ? errno : 0;
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    std::printf("extent %d on the %s server: %s after %.0f ms\n", i, lost[i] ? "dead" : "live",
+                n < 0 ? strerror(err) : "read", ms);
+    if (lost[i]) {
+      EXPECT_EQ(n, -1) << "extent " << i;
+      EXPECT_EQ(err, EIO) << "extent " << i << ": " << strerror(err);
+    } else {
+      ASSERT_EQ(n, static_cast<ssize_t>(kExtent)) << "extent " << i << ": " << strerror(err);
+      EXPECT_EQ(std::memcmp(buf.get(), data.data() + i * kExtent, kExtent), 0) << "extent " << i;
+    }
+  }
+  close(fd);
+}
+
+// A mount from another host sees the same files: the cluster over TCP with its servers in
+// network namespaces; a mount on this host (the test's namespaces) writes files and is
+// unmounted; a mount from host B (a client namespace, TestClientHost: its daemon's mount is in
+// the mount namespace `ip netns exec` made, entered with `nsenter -t DAEMON -m`) reads every
+// byte back; while B's is live, a mount of the same filesystem here is refused naming B's
+// daemon (docs/files.md, "One mount at a time").
+TEST_F(FuseMountTest, AMountFromAnotherHostSeesTheSameFiles) {
+  if (geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+  const std::unique_ptr<TestCluster> net = StartNetns(2, 64ull << 20);
+  ASSERT_TRUE(net->status().ok()) << net->status().ToString();
+  TestClientHost host_b(*net, 0);
+  ASSERT_TRUE(host_b.status().ok()) << host_b.status().ToString();
+  const std::string here = "env -u UCX_NET_DEVICES ";  // this process's is lo only
+  const std::string m_a = NewDir("a"), m_b = NewDir("b"), refs = NewDir("refs");
+  Mount(m_a, net.get(), "", here);
+  const std::vector<size_t> sizes = {0, 1, 4096, 300000, 3 << 20};
+  std::string compare = "cmp " + refs + "/inner " + m_b + "/d/inner";
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const auto bytes = Pattern(sizes[i], 50 + i);
+    const std::string f = "/f" + std::to_string(i);
+    WriteAll(m_a + f, std::string(bytes.begin(), bytes.end()));
+    WriteAll(refs + f, std::string(bytes.begin(), bytes.end()));
+    compare += " && cmp " + refs + f + " " + m_b + f;
+  }
+  ASSERT_EQ(mkdir((m_a + "/d").c_str(), 0750), 0) << strerror(errno);
+  WriteAll(m_a + "/d/inner", "inside");
+  WriteAll(refs + "/inner", "inside");
+  Unmount(m_a);
+
+  Outcome r = Shell(host_b.Prefix() + FARPOOL_BINARY + " mount --cluster " + net->cluster_file() +
+                    " --name " + name_ + " --log " + m_b + ".log " + m_b);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const size_t at = r.output.find("daemon pid ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const pid_t daemon_b = static_cast<pid_t>(std::atol(r.output.c_str() + at + 11));
+  ASSERT_GT(daemon_b, 0) << r.output;
+  foreign_daemons_.push_back(daemon_b);
+  const std::string in_b = "nsenter -t " + std::to_string(daemon_b) + " -m ";
+  r = Shell(in_b + "sh -c '" + compare + "'");
+  EXPECT_EQ(r.code, 0) << "host B reads other bytes: " << r.output;
+
+  r = MountAt(m_a, name_, *net, "", here);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("is mounted by"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("pid " + std::to_string(daemon_b)), std::string::npos) << r.output;
+  EXPECT_EQ(DaemonOf(m_a), 0);
+
+  r = Shell(in_b + FARPOOL_BINARY + " umount " + m_b);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(AwaitExit(daemon_b, 60000)) << "host B's daemon did not end after umount";
+}
+
+// `farpool mount --foreground` stays attached: the process it started is the daemon (no fork),
+// serves until SIGTERM, then unmounts and exits 0, leaving the mount point free.
+TEST_F(FuseMountTest, ForegroundMountIsTheDaemonAndSigtermUnmounts) {
+  const std::string m = NewDir("m");
+  mounts_.insert(m);
+  const pid_t child =
+      SpawnDetached({FARPOOL_BINARY, "mount", "--foreground", "--cluster", cluster_->cluster_file(),
+                     "--name", name_, "--log", m + ".log", m},
+                    m + ".out");
+  ASSERT_GT(child, 0) << strerror(errno);
+  int status = 0;
+  pid_t ended = 0;
+  while (DaemonOf(m) == 0 && (ended = waitpid(child, &status, WNOHANG)) == 0) usleep(20000);
+  ASSERT_EQ(ended, 0) << "exited before mounting: " << ReadAll(m + ".out");
+  EXPECT_EQ(DaemonOf(m), child) << "the mount is served by another process";
+  WriteAll(m + "/f", "foreground");
+  EXPECT_EQ(ReadAll(m + "/f"), "foreground");
+  EXPECT_EQ(waitpid(child, &status, WNOHANG), 0) << "the foreground mount returned";
+  ASSERT_EQ(kill(child, SIGTERM), 0);
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadAll(m + ".out");
+  EXPECT_EQ(DaemonOf(m), 0) << m << " is still mounted";
+  EXPECT_EQ(rmdir(m.c_str()), 0) << "the mount point is not free: " << strerror(errno);
+  mkdir(m.c_str(), 0755);
+  Mount(m);
+  EXPECT_EQ(ReadAll(m + "/f"), "foreground");
+  Unmount(m);
 }
 
 }  // namespace
