@@ -367,7 +367,7 @@ TEST(Replication, APartitionedPrimaryIsFencedAndTheClientsFollowTheData) {
       EXPECT_FALSE(w.ok()) << "the fenced old primary acknowledged a write";
       std::fprintf(stderr, "a write to the old primary after the cut: %s\n", w.ToString().c_str());
       auto cas = CasAt(**stale, a->offset(), before, stale_swap);
-      EXPECT_FALSE(cas.ok()) << "the fenced old primary swapped its stale copy (previous "
+      EXPECT_FALSE(cas.ok()) << "the fenced old primary served a CAS (previous "
                              << (cas.ok() ? *cas : 0) << ")";
       std::fprintf(stderr, "a CAS at the old primary after the cut: %s\n",
                    cas.status().ToString().c_str());
