@@ -316,6 +316,12 @@ TEST(Cli, ClusterUpStatusBenchDownLeavesNoProcessBehind) {
   EXPECT_TRUE(doc["all_up"].get<bool>());
   std::vector<int> pids;
   for (auto& s : doc["servers"]) pids.push_back(s["pid"].get<int>());
+  // The defaults with three servers: a backup of every region, and two mirror slots each, so
+  // that re-replication has room after a failure (docs/pool.md "Re-replication by default").
+  auto view = ClusterEtcdStatus(dir);
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  EXPECT_EQ(view->map.replicas, 1);
+  for (const coord::MapServer& m : view->map.servers) EXPECT_EQ(m.slots, 2u) << "server " << m.id;
 
   CommandResult bench =
       Farpool("bench ops --cluster " + dir +

@@ -24,7 +24,7 @@ struct ClusterArgs {
   bool netns = false;
   int replicas = -1;  // unset: 1 with at least 2 servers, else 0
   bool forward_copies = false;
-  int mirror_slots = 1;
+  int mirror_slots = -1;  // unset: DefaultMirrorSlots (up), server 0's (add)
   int drain_id = -1;
   std::string delay;
   std::string etcd;
@@ -256,10 +256,11 @@ Command RegisterCluster(CLI::App& app) {
                  "else 0. Over shm or auto without --netns the backup shares its primary's pages "
                  "(one copy's memory once started); else it keeps a copy (twice the memory)");
   up->add_option("--mirror-slots", args->mirror_slots,
-                 "With --replicas 1: copies each server can keep (default 1, the ring's); each "
-                 "takes --memory on its server only once it holds a copy (never with shared "
-                 "pages). More give re-replication room to restore two copies after a failure "
-                 "(docs/pool.md, Re-replication)");
+                 "With --replicas 1: copies each server can keep: the ring's, and room for "
+                 "re-replication to restore two copies of every region after a failure "
+                 "(docs/pool.md, Re-replication). Default 2 with --servers 3 or more, else 1. "
+                 "Each takes --memory on its server only once it holds a copy (never with "
+                 "shared pages)");
   up->add_flag("--forward-copies", args->forward_copies,
                "With --replicas 1 over --transport shm or auto without --netns: backups keep "
                "copies that every change is forwarded to, instead of sharing their primaries' "
@@ -276,7 +277,8 @@ Command RegisterCluster(CLI::App& app) {
   add->add_option("--chunk-size", args->chunk_size, "Lease granularity");
   add->add_option("--progress", args->progress, "The server's progress: busy or event");
   add->add_option("--mirror-slots", args->mirror_slots,
-                  "Replicated clusters: copies of other regions it can keep (default 1)");
+                  "Replicated clusters: copies of other regions it can keep (default: as "
+                  "many as server 0)");
   CLI::App* drain = sub->add_subcommand(
       "drain", "Move server ID's data to its backup while clients run, then stop it");
   drain->add_option("--dir", args->dir, "Cluster directory")->required();

@@ -358,6 +358,11 @@ bool SharesPages(const LocalClusterOptions& o) {
 
 }  // namespace
 
+int DefaultMirrorSlots(int servers, int replicas) {
+  if (replicas == 0) return 0;
+  return servers >= 3 ? 2 : 1;
+}
+
 std::string ClusterFile(const std::string& dir) {
   return (fs::path(dir) / "cluster.json").string();
 }
@@ -378,11 +383,13 @@ Status ClusterUp(const LocalClusterOptions& o) {
                                    ": 0, or 1 with at least 2 servers (more copies are not built "
                                    "yet)");
   }
-  if (replicas > 0 && (o.mirror_slots < 1 || o.mirror_slots > 64)) {
-    return Status::InvalidArgument("--mirror-slots " + std::to_string(o.mirror_slots) +
+  const int slots = replicas == 0         ? 0
+                    : o.mirror_slots >= 0 ? o.mirror_slots
+                                          : DefaultMirrorSlots(o.servers, replicas);
+  if (replicas > 0 && (slots < 1 || slots > 64)) {
+    return Status::InvalidArgument("--mirror-slots " + std::to_string(slots) +
                                    ": from 1 to 64 with --replicas 1");
   }
-  const int slots = replicas > 0 ? o.mirror_slots : 0;
   if (o.delay.count() > 0 && !o.netns) {
     return Status::InvalidArgument(
         "--delay needs --netns (the delay is put on each server's link)");
@@ -392,7 +399,9 @@ Status ClusterUp(const LocalClusterOptions& o) {
   // mirror.h): with forwarded copies the ring's slot at once, with shared pages none (the
   // backup maps its primary's pages). Refuse up front what the host cannot give, instead of
   // letting the servers eat the machine's memory until the OOM killer steps in. Further slots
-  // are for re-replication after a failure and check for themselves when they take a copy.
+  // are for re-replication after a failure and check for themselves when they take a copy; on
+  // this host one failure's re-replication fills two of them while the dead server's own part
+  // and ring copy are gone, so the count below covers that state too.
   const bool copies = slots > 0 && !SharesPages(o);
   uint64_t total = 0;
   if (__builtin_mul_overflow(o.memory, static_cast<uint64_t>(o.servers) * (copies ? 2 : 1),
@@ -547,7 +556,11 @@ Result<uint16_t> ClusterAdd(const LocalClusterOptions& o) {
   std::vector<std::string> argv =
       ServerArgv(o, netns ? names.Namespace(index) : "", host + (netns ? ":7000" : ":0"), id,
                  base + ".ready", fs::absolute(SecretFile(o.dir)).string(), config.etcd);
-  const uint32_t slots = map.replicas > 0 ? static_cast<uint32_t>(o.mirror_slots) : 0;
+  // Unless told, as many slots as server 0 (as --memory): the cluster's choice of room.
+  const uint32_t slots = map.replicas == 0     ? 0
+                         : o.mirror_slots >= 0 ? static_cast<uint32_t>(o.mirror_slots)
+                         : map.servers.empty() ? 1
+                                               : std::max(map.servers[0].slots, 1u);
   if (map.replicas > 0) {
     argv.insert(argv.end(), {"--replicated", "--mirror-slots", std::to_string(slots)});
     if (config.shared_pages) argv.push_back("--shared-pages");

@@ -50,8 +50,9 @@ struct LocalClusterOptions {
   int replicas = 0;
   // With replicas: each server's mirror slots (ServerOptions::mirror_slots), each as large as
   // --memory. Slot 0 keeps the ring predecessor's copy; more give re-replication room to
-  // restore a backup after a failure (docs/pool.md "Re-replication").
-  int mirror_slots = 1;
+  // restore a backup after a failure (docs/pool.md "Re-replication"). -1: DefaultMirrorSlots
+  // for ClusterUp; for ClusterAdd, as many as the cluster's server 0 has.
+  int mirror_slots = -1;
   // With replicas 1, transport shm or auto, and no network namespaces (every server and client
   // on this host), the backups share their primaries' pages (ClusterConfig::shared_pages,
   // docs/pool.md "Shared-pages backups") unless this asks for forwarded copies instead.
@@ -66,6 +67,14 @@ struct LocalClusterOptions {
   // `farpool cluster up`, whose servers outlive the command.
   bool die_with_parent = false;
 };
+
+// The mirror slots each server of a cluster of `servers` with `replicas` gets unless told
+// (docs/pool.md "Re-replication by default"): 0 without replicas; 2 with replicas and at least
+// 3 servers, so that after one failure re-replication finds a free slot for both regions left
+// with one copy (the dead server's own and its predecessor's) on the survivors; else 1 (with two
+// servers no survivor may keep a copy of its own region). A slot commits memory only once it
+// holds a copy (pool/server/mirror.h), so the second one costs address space until then.
+int DefaultMirrorSlots(int servers, int replicas);
 
 Status ClusterUp(const LocalClusterOptions& options);
 // `farpool cluster add`: starts one more server for the running cluster in options.dir (same

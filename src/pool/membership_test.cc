@@ -32,7 +32,7 @@ namespace {
 using namespace std::chrono_literals;
 
 LocalClusterOptions Options(int servers, int replicas, bool netns = false) {
-  LocalClusterOptions o;
+  LocalClusterOptions o;  // mirror slots: DefaultMirrorSlots unless a test sets them
   o.servers = servers;
   o.memory = 32 << 20;
   o.transport = Fabric::kTcp;
@@ -162,12 +162,21 @@ TEST(Membership, AServerWhoseLeaseWasLostRegistersAgain) {
 
 // etcd is not on the data path: with etcd's member killed, clients read and write as before;
 // once it is back, every server holds a live lease again (its keepalive resumes, or it
-// registers anew if the lease lapsed meanwhile).
-TEST(Membership, ServersServeWhileEtcdIsDownAndRegisterAgainAfterItReturns) {
-  TestCluster cluster(Options(2, 1));
+// registers anew if the lease lapsed meanwhile). On loopback, and with the servers in network
+// namespaces of their own (etcd on the bridge's root-side address, reached through each
+// namespace's default route, as a member on another host would be).
+class EtcdDown : public ::testing::TestWithParam<bool> {};
+
+TEST_P(EtcdDown, ServersServeWhileEtcdIsDownAndRegisterAgainAfterItReturns) {
+  const bool netns = GetParam();
+  if (netns && geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+  TestCluster cluster(Options(2, 1, netns));
   ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
   auto config = cluster.config();
   ASSERT_TRUE(config.ok());
+  // With namespaces etcd listens on the bridge's address, the servers' gateway.
+  EXPECT_EQ(config->etcd.endpoints[0].rfind(netns ? "http://10." : "http://127.0.0.1:", 0), 0u)
+      << config->etcd.endpoints[0];
   auto pool = Pool::Connect(*config, PoolOptions{});
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
   std::vector<GlobalAddress> objects;
@@ -204,8 +213,14 @@ TEST(Membership, ServersServeWhileEtcdIsDownAndRegisterAgainAfterItReturns) {
   });
   EXPECT_TRUE(Contains(view.alive, 0) && Contains(view.alive, 1));
   EXPECT_EQ(view.map.epoch, 1);
-  // Their leases are kept alive, not leftovers that etcd restored and will expire: a TTL later
-  // they are still there.
+  // Their leases are kept alive, not leftovers that etcd restored and will expire: twice the
+  // TTL later (long past the restored leases' expiry had nobody kept them alive) the keys are
+  // there, kept alive or registered anew. A server that gave up on etcd fails here.
+  std::this_thread::sleep_for(4s);
+  view = WaitForView(cluster.dir(), [](const EtcdView& v) {
+    return Contains(v.alive, 0) && Contains(v.alive, 1);
+  });
+  EXPECT_TRUE(Contains(view.alive, 0) && Contains(view.alive, 1)) << "a lease lapsed for good";
   auto [etcd, keys] = EtcdOf(cluster);
   ASSERT_TRUE(etcd);
   for (uint16_t s = 0; s < 2; ++s) {
@@ -215,6 +230,12 @@ TEST(Membership, ServersServeWhileEtcdIsDownAndRegisterAgainAfterItReturns) {
     EXPECT_TRUE(kept.ok()) << "server " << s << ": " << kept.status().ToString();
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Membership, EtcdDown, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "ServersInNetworkNamespaces"
+                                                         : "Loopback");
+                         });
 
 TEST(Membership, AnUnreachableEtcdIsAnErrorThatNamesItsUrl) {
   auto port = coord::FreePort("127.0.0.1");
@@ -457,7 +478,9 @@ int Coordinator(const std::string& dir) {
 // its backup and moves the epoch; the client follows the map; no acknowledged write is lost.
 void KillAPrimary(bool netns) {
   constexpr int kServers = 3;
-  TestCluster cluster(Options(kServers, 1, netns));
+  LocalClusterOptions o = Options(kServers, 1, netns);
+  o.mirror_slots = 1;  // no re-replication: the map below is the failover's alone
+  TestCluster cluster(o);
   ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
   FailoverSetup setup;
   ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
@@ -490,7 +513,9 @@ TEST(CoordinatorFailover, ServersInNetworkNamespaces) { KillAPrimary(true); }
 // one over; then a later failure of another server is handled by the new coordinator.
 TEST(CoordinatorFailover, AnotherCoordinatorIsElectedAndHandlesLaterFailures) {
   constexpr int kServers = 4;
-  TestCluster cluster(Options(kServers, 1));
+  LocalClusterOptions o = Options(kServers, 1);
+  o.mirror_slots = 1;  // no re-replication: the epochs below count failovers
+  TestCluster cluster(o);
   ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
   FailoverSetup setup;
   ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
@@ -521,13 +546,13 @@ TEST(CoordinatorFailover, AnotherCoordinatorIsElectedAndHandlesLaterFailures) {
   EXPECT_EQ(view.map.Find(victim)->served_by, (victim + 1) % kServers);
 }
 
-// Re-replication (docs/pool.md "Re-replication"), servers in network namespaces over TCP, two
-// mirror slots each: SIGKILL of a primary under a writing client; the coordinator fails it
-// over, then restores a backup for both regions left with one copy (the one whose backup died,
-// and the dead server's own, now served from a promoted slot) while the client writes on; then
-// SIGKILL of the server that took the first one over: every region moves to the last server
-// (the first one a second time, from its new backup), and no acknowledged write is lost: not
-// the bytes written before the first failure (copied), nor those written after the copies
+// Re-replication (docs/pool.md "Re-replication"), servers in network namespaces over TCP, with
+// the default mirror slots (two each with three servers): SIGKILL of a primary under a writing
+// client; the coordinator fails it over, then restores a backup for both regions left with one copy
+// (the one whose backup died, and the dead server's own, now served from a promoted slot) while the
+// client writes on; then SIGKILL of the server that took the first one over: every region moves to
+// the last server (the first one a second time, from its new backup), and no acknowledged write is
+// lost: not the bytes written before the first failure (copied), nor those written after the copies
 // (forwarded).
 // SIGKILL of the coordinator, which is also the backup of another server's region: the server
 // whose mirror saw it go finds its port refusing connections and revokes its lease, so another
@@ -538,7 +563,9 @@ TEST(CoordinatorFailover, AnotherCoordinatorIsElectedAndHandlesLaterFailures) {
 // acknowledged", then "its backup has not answered").
 TEST(CoordinatorFailover, AKilledCoordinatorIsReplacedBeforeItsPrimaryStopsServing) {
   constexpr int kServers = 3;
-  TestCluster cluster(Options(kServers, 1, /*netns=*/true));
+  LocalClusterOptions o = Options(kServers, 1, /*netns=*/true);
+  o.mirror_slots = 1;  // no re-replication: the map below is the failover's alone
+  TestCluster cluster(o);
   ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
   FailoverSetup setup;
   ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
@@ -566,10 +593,16 @@ TEST(CoordinatorFailover, AKilledCoordinatorIsReplacedBeforeItsPrimaryStopsServi
 
 TEST(ReReplication, EveryRegionGetsABackupAgainAndSurvivesASecondFailure) {
   constexpr int kServers = 3;
-  LocalClusterOptions o = Options(kServers, 1, /*netns=*/true);
-  o.mirror_slots = 2;
-  TestCluster cluster(o);
+  // The default mirror slots (`cluster up` without --mirror-slots): room enough for this.
+  TestCluster cluster(Options(kServers, 1, /*netns=*/true));
   ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  {
+    auto initial = ClusterEtcdStatus(cluster.dir());
+    ASSERT_TRUE(initial.ok()) << initial.status().ToString();
+    for (const coord::MapServer& m : initial->map.servers) {
+      EXPECT_EQ(m.slots, 2u) << "server " << m.id << ": the default with 3 servers";
+    }
+  }
   FailoverSetup setup;
   ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
   // A pattern of several slices' worth on every server, written before any failure.
@@ -712,11 +745,13 @@ TEST(ReReplication, ASlowCopyNeverStarvesTheCopyingServersLease) {
   writer.CheckIntact();
 }
 
-// Without a free mirror slot (one slot each, the default) nothing is re-replicated: the map
-// keeps the region with one copy, and the coordinator says why.
+// Without a free mirror slot (one slot each, `--mirror-slots 1`) nothing is re-replicated: the
+// map keeps the region with one copy, and the coordinator says why.
 TEST(ReReplication, WithoutAFreeSlotTheRegionKeepsOneCopy) {
   constexpr int kServers = 3;
-  TestCluster cluster(Options(kServers, 1));
+  LocalClusterOptions o = Options(kServers, 1);
+  o.mirror_slots = 1;
+  TestCluster cluster(o);
   ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
   FailoverSetup setup;
   ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
@@ -951,7 +986,9 @@ TEST(ClusterAdd, AServerThatDoesNotAnswerYetIsEnteredOnceItDoes) {
 // there, and when that region's server dies too the added server takes it over.
 TEST(ClusterAdd, AnAddedServerIsWhereAStrandedRegionGetsItsBackup) {
   constexpr int kServers = 3;
-  TestCluster cluster(Options(kServers, 1));
+  LocalClusterOptions o = Options(kServers, 1);
+  o.mirror_slots = 1;  // no room on the survivors: the region is stranded with one copy
+  TestCluster cluster(o);
   ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
   const int coordinator = Coordinator(cluster.dir());
   ASSERT_GE(coordinator, 0) << "no coordinator elected";

@@ -22,6 +22,7 @@
 #include "common/process.h"
 #include "farpool/pool.h"
 #include "pool/control_client.h"
+#include "pool/memory_ops.h"
 #include "pool/test_cluster.h"
 #include "transport/auth.h"
 #include "transport/wire.h"
@@ -227,6 +228,44 @@ std::string Output(const std::string& command) {
   return out;
 }
 
+// A client that still has the map of epoch 1 sends a write of `value` to `offset` (WriteAt) or
+// a compare-and-swap there (CasAt: the previous value) straight to a server, as one batch on a
+// connection of its own.
+Status WriteAt(control::Connection& c, uint64_t offset, uint64_t value) {
+  memory_ops::RequestBuilder b;
+  b.Write(offset, &value, 8);
+  return c
+      .Call(
+          [&](uint64_t id) {
+            return wire::Encode(
+                id, wire::BatchRequest{b.op_count(), static_cast<uint32_t>(b.bytes().size())},
+                b.bytes());
+          },
+          wire::Opcode::kBatchReply)
+      .status();
+}
+Result<uint64_t> CasAt(control::Connection& c, uint64_t offset, uint64_t expected,
+                       uint64_t desired) {
+  memory_ops::RequestBuilder b;
+  b.CompareAndSwap(offset, expected, desired);
+  FARPOOL_ASSIGN_OR_RETURN(
+      control::Reply reply,
+      c.Call(
+          [&](uint64_t id) {
+            return wire::Encode(
+                id, wire::BatchRequest{b.op_count(), static_cast<uint32_t>(b.bytes().size())},
+                b.bytes());
+          },
+          wire::Opcode::kBatchReply));
+  if (reply.message.tail.size() != 8) {
+    return Status::Protocol("a CAS's reply of " + std::to_string(reply.message.tail.size()) +
+                            " bytes");
+  }
+  uint64_t previous = 0;
+  std::memcpy(&previous, reply.message.tail.data(), 8);
+  return previous;
+}
+
 // Sets every link but lo of network namespace `ns` up or down: cuts a server off.
 void SetLinks(const std::string& ns, bool up) {
   std::istringstream links(Output("ip -n " + ns + " -o link show"));
@@ -247,7 +286,11 @@ void SetLinks(const std::string& ns, bool up) {
 // and goes on with the acknowledged bytes; when the link comes back, a client that was idle
 // through the cut reads the new value (never the old primary's stale copy), the old primary
 // learns it was fenced (its backup refuses its renewal) and ends, and a new client that
-// connects then finds the data at the backup.
+// connects then finds the data at the backup. Fencing is proven by a write: once the map's
+// epoch has moved, a client that still has the old map sends a write and a compare-and-swap
+// (expecting the old primary's stale value) straight to the old primary as soon as its link is
+// back; both are refused (or the old primary is gone), and the new primary's bytes are
+// unchanged. The same requests were served before the cut.
 TEST(Replication, APartitionedPrimaryIsFencedAndTheClientsFollowTheData) {
   LocalClusterOptions o = Replicated(Fabric::kTcp);
   o.netns = true;
@@ -272,6 +315,18 @@ TEST(Replication, APartitionedPrimaryIsFencedAndTheClientsFollowTheData) {
   uint64_t seen = 0;
   ASSERT_TRUE((*reader)->Read(*a, &seen, 8).ok());
   ASSERT_EQ(seen, before);
+  // The old map's client: its requests are served while server 1 is the primary.
+  auto secret = transport::ClusterSecret::Read(config->secret_file);
+  ASSERT_TRUE(secret.ok()) << secret.status().ToString();
+  {
+    auto stale = Open(*config, config->servers[1], 0, *secret);
+    ASSERT_TRUE(stale.ok()) << stale.status().ToString();
+    Status w = WriteAt(**stale, a->offset(), before);
+    ASSERT_TRUE(w.ok()) << w.ToString();
+    auto cas = CasAt(**stale, a->offset(), before, before);
+    ASSERT_TRUE(cas.ok()) << cas.status().ToString();
+    ASSERT_EQ(*cas, before);
+  }
 
   SetLinks(config->servers[1].netns, false);
   Status wrote = Status::Unavailable("not tried");
@@ -293,7 +348,33 @@ TEST(Replication, APartitionedPrimaryIsFencedAndTheClientsFollowTheData) {
   ASSERT_TRUE((*pool)->Read(*a, &got, 8).ok());
   EXPECT_EQ(got, after);
 
+  auto moved = ClusterEtcdStatus(cluster.dir());
+  ASSERT_TRUE(moved.ok()) << moved.status().ToString();
+  EXPECT_GE(moved->map.epoch, 2) << "the failover moved the epoch";
+  EXPECT_EQ(moved->map.Find(1)->served_by, 2) << "server 1's region is served by its backup";
+
   SetLinks(config->servers[1].netns, true);
+  {
+    // At once, before the old primary may have learnt it was fenced: refused, whether by its
+    // lapsed serving lease, by the fence, or because it is gone.
+    const uint64_t stale_write = 0x3333, stale_swap = 0x4444;
+    auto stale = Open(*config, config->servers[1], 0, *secret);
+    if (!stale.ok()) {
+      std::fprintf(stderr, "the old primary after the cut: %s\n",
+                   stale.status().ToString().c_str());
+    } else {
+      Status w = WriteAt(**stale, a->offset(), stale_write);
+      EXPECT_FALSE(w.ok()) << "the fenced old primary acknowledged a write";
+      std::fprintf(stderr, "a write to the old primary after the cut: %s\n", w.ToString().c_str());
+      auto cas = CasAt(**stale, a->offset(), before, stale_swap);
+      EXPECT_FALSE(cas.ok()) << "the fenced old primary served a CAS (previous "
+                             << (cas.ok() ? *cas : 0) << ")";
+      std::fprintf(stderr, "a CAS at the old primary after the cut: %s\n",
+                   cas.status().ToString().c_str());
+    }
+    ASSERT_TRUE((*pool)->Read(*a, &got, 8).ok());
+    EXPECT_EQ(got, after) << "the new primary's bytes changed";
+  }
   // Until the old primary has learnt it was fenced it refuses (it has not heard from its
   // backup for longer than its lease); then its process ends and the reader follows the data.
   Status read = Status::Unavailable("not tried");
