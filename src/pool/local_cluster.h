@@ -45,8 +45,8 @@ struct LocalClusterOptions {
   Fabric transport = Fabric::kAuto;  // written to cluster.json for clients
   ProgressMode progress = ProgressMode::kBusy;
   bool netns = false;
-  // Backups of every byte: 0 or 1 (ClusterConfig::replicas). Not yet 1 by default (docs/pool.md,
-  // "Shared-pages backups": what making it the default takes).
+  // Backups of every byte: 0 or 1 (ClusterConfig::replicas). 0 here, for the tests that build
+  // clusters with this struct; `farpool cluster up` passes 1 by default with >= 2 servers.
   int replicas = 0;
   // With replicas: each server's mirror slots (ServerOptions::mirror_slots), each as large as
   // --memory. Slot 0 keeps the ring predecessor's copy; more give re-replication room to
