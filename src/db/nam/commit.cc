@@ -1019,9 +1019,12 @@ Status CommitRun::Decide() {
     EncodeCell(it.cell.data(), layout, /*stamp=*/0, it.new_seq,
                WithChainLength(it.w->deleted ? kFlagDeleted : 0, length), chain,
                it.w->payload.data());
-    LogEntry e{it.record.raw(), it.spill.raw(), it.new_seq,
-               static_cast<uint32_t>(layout.cell_offset(it.new_seq)),
-               static_cast<uint32_t>(layout.cell_size())};
+    LogEntry e{.record = it.record.raw(),
+               .spill = it.spill.raw(),
+               .new_seq = it.new_seq,
+               .key = it.w->key,
+               .cell_offset = static_cast<uint32_t>(layout.cell_offset(it.new_seq)),
+               .cell_size = static_cast<uint32_t>(layout.cell_size())};
     const size_t at = log.size();
     log.resize(at + sizeof(e) + it.cell.size() + it.spill_image.size());
     std::memcpy(log.data() + at, &e, sizeof(e));

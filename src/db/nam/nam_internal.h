@@ -84,7 +84,7 @@ namespace farpool::db {
 
 // ---------------------------------------------------------------- layouts in memory
 
-inline constexpr uint64_t kMagic = 0x4650444200000006ULL;  // "FPDB" v6
+inline constexpr uint64_t kMagic = 0x4650444200000007ULL;  // "FPDB" v7
 // An announcement (a lower bound of a session's snapshot, in the announcement array) with this
 // bit set protects only records, not versions: its session reads no version older than the
 // newest (NamSession::PostSnapshot, versions = false). The LWM counts it (bit cleared); the
@@ -205,14 +205,18 @@ inline uint64_t LogEpoch(uint64_t state) { return (state >> 2) & kOwnerEpochMask
 inline uint64_t LogChecksum(const LogHeader& h, const unsigned char* entries) {
   return Checksum(&h, 32) ^ Mix64(Checksum(entries, h.bytes));
 }
+// An entry names its record by address, key and version: the address alone may name memory
+// freed and reused since by another key's record (recovery.cc rolls an entry only into a
+// record that holds `key` at `new_seq` or the version before it).
 struct LogEntry {
   uint64_t record;
   uint64_t spill;  // address of the spilled old version, 0 if none
   uint64_t new_seq;
+  int64_t key;  // the key the record holds (its header's second word)
   uint32_t cell_offset;
   uint32_t cell_size;
 };
-static_assert(sizeof(LogEntry) == 32);
+static_assert(sizeof(LogEntry) == 40);
 // After the entries the log lists the addresses (8 bytes each) of the committing session's
 // stamp words on the servers of its records. The third round of a commit writes the stamp
 // into the word on each server, then installs and unlocks there (behind a fence): a record
@@ -507,8 +511,9 @@ class NamSession final : public Session, public LockOwner {
   // Nonzero: the log's state word, to be CASed to 0.
   uint64_t log_to_clear_ = 0;
   // The records that log names (raw addresses; meaningful only while log_to_clear_ != 0). A
-  // record freed and reused since (another key's, or a new record of ours) must not be locked
-  // in the round that clears the log: recovery would roll the log into it (NamTxn::NewPending).
+  // record freed and reused since as a new record of ours must not be locked in the round that
+  // clears the log: if it is the same key's, recovery would roll the log into it
+  // (NamTxn::NewPending; a record of another key it passes by, recovery.cc).
   std::vector<uint64_t> logged_records_;
   Status ClearLog();
   // This session's stamp word on `server` (StampWordImage; allocated there with the memory's

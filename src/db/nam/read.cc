@@ -608,8 +608,9 @@ Status NamTxn::LockAtLookup(std::span<KeyRead> keys, uint64_t mine, LockIntent i
   }
   // No lock of this session while its last commit's log is whole (NamSession::log_to_clear_),
   // but a lock may share the round that clears it: log recovery matches the plain word only,
-  // never a read-lock word, and rolls a log into a record only while the record has not moved
-  // past that log's version (recovery.cc), so the two need no order.
+  // never a read-lock word, and rolls a log into a record only while the record holds the
+  // entry's key and has not moved past that log's version (recovery.cc), so the two need no
+  // order.
   if (has_snapshot_ && s_.log_to_clear_ != 0) FARPOOL_RETURN_IF_ERROR(s_.ClearLog());
   if (intent == LockIntent::kUpdate) FARPOOL_RETURN_IF_ERROR(NewPending(keys, mine));
   // The CASes and the inserts' stores follow a passed check.
@@ -743,7 +744,9 @@ Status NamTxn::NewPending(std::span<const KeyRead> keys, uint64_t mine) {
     ins.record = *fresh;
     // A record the uncleared log names (freed and reused since) would be taken locked in the
     // round that clears the log, unordered with the clear: if the clear did not land, recovery
-    // would roll that log into our new record. Such a rare insert is left to the commit.
+    // would roll that log into our new record if the log's entry names this key (deleted,
+    // removed and inserted again), whose first version it is. Such a rare insert is left to
+    // the commit.
     const bool logged =
         s_.log_to_clear_ != 0 && std::find(s_.logged_records_.begin(), s_.logged_records_.end(),
                                            ins.record.raw()) != s_.logged_records_.end();

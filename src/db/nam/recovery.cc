@@ -24,9 +24,16 @@
 //     round, before its log is written. So recovery of a log (matching the plain word only)
 //     never touches a record locked at read, and BreakRecordLock restores it like the lock of
 //     an undecided commit: its cells are as they were when it was locked.
-//   - A finished commit's log stays whole until the session's next round trip clears it, and
-//     the session takes no lock before that (NamSession::log_to_clear_): recovery of a whole
-//     log finds none of its records locked by the writer's word, or only those of that commit.
+//   - A finished commit's log stays whole until the session's next round trip clears it
+//     (NamSession::log_to_clear_). The only locks of the session that may come before the
+//     clear lands are taken in that very round (a locking read with LockIntent::kUpdate: the
+//     plain word), unordered with the clear: so recovery of a whole log may find a record it
+//     names locked by the writer's word for a later transaction. That record either moved past
+//     the log's version (skipped: BreakRecordLock restores it) or is memory freed and reused
+//     since: a log entry names the record's address, key and version, and is rolled only into
+//     a record that holds that key at that version or the one before. (Records do not name
+//     their table: a record of the same key, reused at the same version, is the one case
+//     this cannot tell apart; docs/database.md "Update intent".)
 //   - Before anyone fences a slot, the process that may write for it (the owner word's tag:
 //     the session's, or a recoverer's) is evicted from every memory server (Pool::Evict:
 //     killed if it maps the memory, disconnected otherwise): a process stopped between a lease
@@ -195,10 +202,13 @@ Status NamDatabase::RecoverLog(const Access& access, uint32_t slot, int64_t dead
       // and released here, others committed since, and the writer locked it again, with this
       // log still whole (a lock in the round that clears it, read.cc LockAtLookup). That lock
       // is undecided: BreakRecordLock restores it, nothing of this log goes in.
-      // Likewise a record not at this log's version nor the one before it (never the case
-      // for a record the commit locked: it holds new_seq - 1 until installed, new_seq after):
-      // a record freed and reused since, locked again by the writer in that round.
-      // (An empty record counts as seq 0, the one before a first version's 1.)
+      // Likewise a record of another key, or not at this log's version nor the one before it
+      // (never the case for a record the commit locked: it holds the entry's key, and
+      // new_seq - 1 until installed, new_seq after): memory freed and reused since, locked
+      // again by the writer in that round, possibly by another key's record that happens to
+      // hold that very version. (An empty record counts as seq 0, the one before a first
+      // version's 1.)
+      if (img.key != p.e.key) continue;
       if (img.newest_seq() > p.e.new_seq || img.newest_seq() + 1 < p.e.new_seq) continue;
       if (stamp == 0) {
         // Did the writer install this one? Then its stamp is the commit's.
