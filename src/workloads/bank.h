@@ -2,8 +2,9 @@
 //
 // Schema: one hash table `accounts` keyed by account number 0..accounts-1, one int64 column
 // `balance`, every account loaded with kBankInitialBalance.
-// Transaction: read two accounts (one MultiGet) and move an amount from one to the other (2
-// reads, 2 writes; the same account twice is no change).
+// Transaction: read two accounts for update (one MultiGetForUpdate, LockIntent::kUpdate: on
+// the pool engines the commit then needs no lock round, 3 round trips in all) and move an
+// amount from one to the other (2 reads, 2 writes; the same account twice is no change).
 // Invariant (VerifyBank): the total of all balances is accounts · kBankInitialBalance.
 //
 // Thread-safety: stateless; use one Session per thread.
