@@ -42,6 +42,8 @@ from farpool.harness.peers import log
 SYSTEMS = ["pool", "sharded", "pool-tcp", "sharded-tcp"]
 ROWS = 10000  # customers and items (tpcw), accounts (bank)
 WORKLOADS = {"tpcw": "TPC-W buy transactions/s", "bank": "bank transfers/s"}
+TITLES = {"tpcw": "TPC-W buy: pool vs sharded, shm and TCP (cf. NAM-DB Fig. 4)",
+          "bank": "Bank transfer: pool vs sharded, shm and TCP"}
 
 
 def command(workload: str, seconds: float, system: str, clients: int) -> list[str]:
@@ -96,8 +98,7 @@ def main(argv=None) -> int:
           f"{WORKLOADS[w]} (verified): the median of {args.repeat} runs per point, run "
           f"round-robin (for each client count every system once, then again).\n\n"
           + tpcb.table(med, notes, clients))
-    title = (f"{'TPC-W buy' if w == 'tpcw' else 'Bank transfer'}: pool vs sharded, shm and TCP "
-             f"(servers in network namespaces; cf. NAM-DB Fig. 4)")
+    title = TITLES[w]
     out = Path(args.out)
     peers.publish(out, w, rows, md,
                   lambda path: tpcb.plot(med, path, title, WORKLOADS[w], logscale=False))
