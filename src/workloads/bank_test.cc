@@ -2,10 +2,10 @@
 // transfer, counted per transaction (TxnCounters::round_trips), not timed; the invariant after
 // the run. The counts are the protocol's dependency depth, the same on every fabric.
 //
-// Both accounts are read for update with LockIntent::kUpdate: one round finds, locks (the
-// plain lock word) and reads them with the snapshot's counter, then the commit's decision and
-// its install: 3, under snapshot isolation as under read committed. A plain MultiGet took 1-2
-// rounds and the commit 3 (its lock round included): 4-5.
+// Both accounts are read for update with LockIntent::kUpdate (`bench txn --for-update`): one round
+// finds, locks (the plain lock word) and reads them with the snapshot's counter, then the commit's
+// decision and its install: 3, under snapshot isolation as under read committed. A plain MultiGet
+// took 1-2 rounds and the commit 3 (its lock round included): 4-5.
 #include "workloads/bank.h"
 
 #include <gtest/gtest.h>
@@ -38,7 +38,7 @@ class BankTest : public testing::TestWithParam<std::string> {
       const int64_t from = (i * 7919) % kAccounts, to = (i * 104729 + 1) % kAccounts;
       const TxnCounters before = (*session)->counters();
       EXPECT_OK(RunTransaction(**session, TransactionOptions{isolation}, [&](Transaction& txn) {
-        return BankTransfer(txn, **accounts, from, to, 1 + i % 100);
+        return BankTransfer(txn, **accounts, from, to, 1 + i % 100, /*for_update=*/true);
       }));
       const TxnCounters after = (*session)->counters();
       EXPECT_EQ(after.aborts, before.aborts) << "one client: nothing to conflict with";

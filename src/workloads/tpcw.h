@@ -10,15 +10,16 @@
 // Sizes: `customers` customers (each with 1..5 cart lines of uniform items), `items` items.
 //
 // The transaction (one per operation, retried on Aborted): pick a uniform customer; read it
-// and its cart lines for update (one MultiGetForUpdate with LockIntent::kUpdate, with the keys
-// of all 5 possible lines); write the customer's order count + 1, the order and its order
-// lines (oid unique per flow) with the prices still 0; read the cart's items for update (one
-// MultiGetForUpdate, kUpdate); for each line take `qty` from its item's stock (when the stock would
-// fall below 10, restock it by 1000 as TPC-W does and count the restock), write it back; write the
-// order lines again with the items' prices and the order with its total. 2 + 2·lines reads, 2 +
-// 2·lines writes; items are spread over every server/partition, so most transactions are
-// distributed. On the pool engines: 2 rounds of lookup-lock-reads (the new rows inserted, locked,
-// in the second) and the commit's 2 (no lock round): 4.
+// and its cart lines (one MultiGet, with the keys of all 5 possible lines); write the
+// customer's order count + 1, the order and its order lines (oid unique per flow) with the
+// prices still 0; read the cart's items (one MultiGet); for each line take `qty` from its
+// item's stock (when the stock would fall below 10, restock it by 1000 as TPC-W does and count
+// the restock), write it back; write the order lines again with the items' prices and the
+// order with its total. 2 + 2·lines reads, 2 + 2·lines writes; items are spread over every
+// server/partition, so most transactions are distributed. `for_update` (--for-update): both
+// reads are MultiGetForUpdate with LockIntent::kUpdate; on the pool engines that is 2 rounds of
+// lookup-lock-reads (the new rows inserted, locked, in the second) and the commit's 2 (no lock
+// round): 4 round trips, against 6-7.
 //
 // Run: `flows` threads, one session each, warm-up then `seconds`; tps, p50/p99 latency of a
 // committed transaction including its retries, abort rate, and per committed transaction the
@@ -51,6 +52,8 @@ struct TpcwOptions {
   double warmup_seconds = 0.3;
   uint64_t seed = 42;
   bool verify = false;
+  // Read the rows the buy writes for update (LockIntent::kUpdate; see TpcwBuy).
+  bool for_update = false;
 };
 
 Result<nlohmann::json> RunTpcwBench(const TpcwOptions& options);
@@ -62,8 +65,10 @@ struct TpcwTables {
 // Creates and loads the tables: options.customers customers with their carts (seeded by
 // options.seed), options.items items. AlreadyExists if they exist.
 Status LoadTpcw(Database& db, const TpcwOptions& options, TpcwTables* tables);
-// One buy of customer `cid` as order `oid` (unique in the database) inside `txn`.
-Status TpcwBuy(Transaction& txn, const TpcwTables& tables, int64_t cid, int64_t oid);
+// One buy of customer `cid` as order `oid` (unique in the database) inside `txn`;
+// `for_update`: its reads lock what it writes (TpcwOptions::for_update).
+Status TpcwBuy(Transaction& txn, const TpcwTables& tables, int64_t cid, int64_t oid,
+               bool for_update);
 // The --verify checks, after orders_per_flow[f] orders with oids (f << 32) | 0..n-1 of each
 // flow f; Internal naming what does not add up.
 Status VerifyTpcw(Database& db, const TpcwOptions& options, const TpcwTables& tables,

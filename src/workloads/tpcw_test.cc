@@ -39,8 +39,9 @@ class TpcwTest : public testing::TestWithParam<std::string> {
     for (int i = 0; i < count; ++i) {
       const int64_t cid = (int64_t(i) * 7919) % int64_t(o.customers);
       const TxnCounters before = (*session)->counters();
-      EXPECT_OK(RunTransaction(**session, TransactionOptions{isolation},
-                               [&](Transaction& txn) { return TpcwBuy(txn, tables, cid, i); }));
+      EXPECT_OK(RunTransaction(**session, TransactionOptions{isolation}, [&](Transaction& txn) {
+        return TpcwBuy(txn, tables, cid, i, /*for_update=*/true);
+      }));
       const TxnCounters after = (*session)->counters();
       EXPECT_EQ(after.aborts, before.aborts) << "one client: nothing to conflict with";
       ++histogram[after.round_trips - before.round_trips];

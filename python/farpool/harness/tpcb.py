@@ -80,6 +80,7 @@ LABELS = {"pool": "farpool pool (shm)", "local": "farpool local", "sharded": "fa
 # (numerator, denominator) of the ratio columns, shown when both were measured.
 RATIOS = [("pool", "sharded"), ("pool", "postgresql-ram"), ("pool", "postgresql-default"),
           ("pool-tcp", "postgresql-tcp"), ("pool-tcp", "sharded-tcp"),
+          ("pool-tcp-fu", "sharded-tcp"),
           ("pool-rc", "postgresql-ram"), ("pool-tcp-rc", "postgresql-tcp"),
           ("pool-tcp-rc", "pool-tcp"), ("pool-tcp-fu", "postgresql-tcp")]
 PG_ROUND_TRIPS = 7  # statements of pgbench's tpcb-like script, each waited for

@@ -15,17 +15,22 @@ Systems (peers.farpool_point sets them up, as for bench/experiments/tpcb):
   pool-tcp     2 memory servers over TCP, each in its own network namespace, event progress
   sharded-tcp  2 `farpool shard --transport tcp --progress event` partition servers, each in
                its own namespace
+  pool-tcp-fu  pool-tcp with --for-update: the rows a transaction writes read for update with
+               the update intent, so the commit skips its lock round (bank 3 round trips, TPC-W
+               buy 4); not the default over shm, where it costs latency (docs/experiments.md)
 
 Every point runs with --verify (stock taken == the order lines' quantities; money conserved).
 The points run round-robin (for each client count every system once, then again, --repeat
 times); the .md shows the median tps and its range, p50/p99, abort rate, round trips per
-committed transaction, the ratios pool / sharded and pool-tcp / sharded-tcp, and the load
+committed transaction, the ratios pool / sharded, pool-tcp / sharded-tcp and
+pool-tcp-fu / sharded-tcp, and the load
 average at start and end. `--binary NAME=PATH` (twice or more) runs every system once per
 binary in the same round-robin, with the ratio of the second binary over the first (an A/B).
 
 Output: bench/results/W.jsonl, W.md, W.png (linear), W_log.png (log-log), W the workload.
 Usage: bench/experiments/tpcw [--workload tpcw|bank] [--clients 1,2,4,8,16] [--seconds S]
-                              [--repeat R] [--systems pool,sharded,pool-tcp,sharded-tcp]
+                              [--repeat R]
+                              [--systems pool,sharded,pool-tcp,sharded-tcp,pool-tcp-fu]
                               [--binary NAME=PATH ...]
 """
 
@@ -39,7 +44,7 @@ from pathlib import Path
 from farpool.harness import peers, tpcb
 from farpool.harness.peers import log
 
-SYSTEMS = ["pool", "sharded", "pool-tcp", "sharded-tcp"]
+SYSTEMS = ["pool", "sharded", "pool-tcp", "sharded-tcp", "pool-tcp-fu"]
 ROWS = 10000  # customers and items (tpcw), accounts (bank)
 WORKLOADS = {"tpcw": "TPC-W buy transactions/s", "bank": "bank transfers/s"}
 TITLES = {"tpcw": "TPC-W buy: pool vs sharded, shm and TCP (cf. NAM-DB Fig. 4)",
@@ -54,7 +59,8 @@ def command(workload: str, seconds: float, system: str, clients: int) -> list[st
     else:
         cmd = ["txn", "--workload", "bank", "--threads", str(clients), "--accounts", str(ROWS)]
     return [str(peers.farpool_bin()), "bench", *cmd, "--engine", engine, "--seconds",
-            str(seconds), "--warmup", "0.5", "--verify", "--json"]
+            str(seconds), "--warmup", "0.5", "--verify", "--json",
+            *(["--for-update"] if system.endswith("-fu") else [])]
 
 
 def main(argv=None) -> int:

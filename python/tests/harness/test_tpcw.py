@@ -17,6 +17,7 @@ def test_each_workload_runs_its_benchmark_on_the_systems_engine():
     buy = tpcw.command("tpcw", 1.5, "pool-tcp", 8)
     assert buy[1:3] == ["bench", "tpcw"] and buy[buy.index("--flows") + 1] == "8"
     assert buy[buy.index("--engine") + 1] == "pool" and "--json" in buy
+    assert "--for-update" not in buy and "--for-update" in tpcw.command("bank", 1, "pool-tcp-fu", 1)
 
 
 @pytest.mark.skipif(not peers.farpool_bin().exists(), reason="no farpool binary (build it first)")
@@ -34,5 +35,8 @@ def test_one_client_on_every_system_is_verified_and_written(tmp_path, workload):
     md = (tmp_path / f"{workload}.md").read_text()
     assert "| pool / sharded |" in md
     if "pool-tcp" in systems:
-        assert "| pool-tcp / sharded-tcp |" in md and "its own netns" in md
+        assert "| pool-tcp / sharded-tcp | pool-tcp-fu / sharded-tcp |" in md
+        assert "its own netns" in md
+        (fu,) = [r for r in got if r["system"] == "pool-tcp-fu"]
+        assert fu["round_trips_per_txn"] < (3.5 if workload == "bank" else 4.9), fu
     assert (tmp_path / f"{workload}.png").exists() and (tmp_path / f"{workload}_log.png").exists()
