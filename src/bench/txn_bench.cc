@@ -96,6 +96,8 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
   FARPOOL_ASSIGN_OR_RETURN(Tables tables, OpenTables(db, o.workload));
   FARPOOL_ASSIGN_OR_RETURN(const Isolation isolation, ParseIsolation(o.isolation));
   const TransactionOptions txn_options{isolation};
+  // Rows a transaction writes are read for update (LockIntent::kUpdate for bank, tpcb's intent).
+  const bool lock_at_read = o.for_update || isolation == Isolation::kReadCommitted;
   const int cid = std::max(0, o.client_id);
   std::vector<ThreadStats> stats(o.threads);
   std::vector<std::thread> threads;
@@ -137,7 +139,8 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
           r = RunTransaction(
               *current, txn_options,
               [&](Transaction& txn) {
-                return workloads::BankTransfer(txn, *tables.accounts, from, to, amount);
+                return workloads::BankTransfer(txn, *tables.accounts, from, to, amount,
+                                               lock_at_read);
               },
               kAttempts);
         } else {
@@ -151,7 +154,7 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
                                    ? -1
                                    : p.history_key - int64_t(o.history_keep);
           p.mtime_ms = static_cast<int64_t>(WallMs());
-          p.lock_at_read = o.for_update || txn_options.isolation == Isolation::kReadCommitted;
+          p.lock_at_read = lock_at_read;
           r = RunTransaction(
               *current, txn_options,
               [&](Transaction& txn) { return workloads::TpcbTransaction(txn, tables.tpcb, p); },
@@ -423,7 +426,7 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
   r["threads"] = o.threads;
   r["seconds"] = o.seconds;
   r["isolation"] = o.isolation;
-  if (o.workload == "tpcb") r["for_update"] = o.for_update || o.isolation == "rc";
+  r["for_update"] = o.for_update || o.isolation == "rc";
   if (o.workload == "bank")
     r["accounts"] = o.accounts;
   else

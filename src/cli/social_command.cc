@@ -107,6 +107,8 @@ Command RegisterTpcwBench(CLI::App& bench) {
   c->add_option("--items", a->o.items, "Items");
   c->add_option("--flows", a->o.flows, "Clients (threads, one session each)");
   c->add_flag("--verify", a->o.verify, "Check stock against order lines afterwards");
+  c->add_flag("--for-update", a->o.for_update,
+              "Read the customer, its cart and the items for update (LockIntent::kUpdate)");
   return {c, [a] { return RunTpcw(*a); }};
 }
 

@@ -49,10 +49,11 @@ Command RegisterTxnBench(CLI::App& bench) {
   txn->add_option("--history-keep", a->o.history_keep,
                   "tpcb: keep the last N history rows per thread (delete older; 0: keep all)");
   txn->add_option("--isolation", a->o.isolation,
-                  "si (snapshot isolation, default) or rc (read committed; tpcb reads its rows "
-                  "for update)");
+                  "si (snapshot isolation, default) or rc (read committed; bank and tpcb read "
+                  "their rows for update)");
   txn->add_flag("--for-update", a->o.for_update,
-                "tpcb: read the three rows for update under si too (always under rc)");
+                "bank, tpcb: read the rows a transaction writes for update (LockIntent::kUpdate) "
+                "under si too (always under rc)");
   txn->add_flag("--verify", a->o.verify, "Check the workload's invariant at the end");
   txn->add_option("--timeline-ms", a->o.timeline_ms,
                   "Also count commits per this many ms of wall time (JSON timeline)");

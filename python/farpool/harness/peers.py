@@ -22,6 +22,7 @@ All of them load the same data: the CSV files of `farpool bench social --export 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import os
@@ -497,6 +498,50 @@ class ShardCluster:
             stop_processes(self.procs)
             self.procs = []
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def engine_of(system: str) -> str:
+    """The farpool engine (`--engine`) of an experiment's system name: its first part
+    (pool-tcp-rc -> pool, sharded-tcp -> sharded, local -> local)."""
+    return system.split("-")[0]
+
+
+def farpool_point(system: str, cmd: list[str], log=print) -> tuple[dict, str, str]:
+    """Runs the farpool benchmark `cmd` (`farpool bench ... --engine ENGINE --json`, without
+    --cluster) once on servers made for this run and removed right after, as `system` says:
+      pool, pool-*        2 memory servers over shared memory (`cluster up`, 1 GiB each)
+      pool-tcp, pool-tcp-*  2 memory servers over TCP, each in its own network namespace, event
+                          progress (TcpCluster; plain loopback TCP if namespaces fail)
+      sharded-tcp         2 `farpool shard --transport tcp --progress event` partition servers,
+                          each in its own namespace (ShardCluster; loopback if namespaces fail)
+      local, sharded      none: the engine runs in the benchmark's process (sharded: in-process
+                          partition servers)
+    The systems of tpcb and tpcw, set up in one place. Only one set of our namespaces exists at
+    a time (with another bridge of ours present `cluster up --netns` mostly fails).
+    Returns (the benchmark's JSON, how its servers were reached, why it fell back to loopback:
+    '' when it did not). Raises RuntimeError if the benchmark or the servers fail."""
+    if system == "pool-tcp" or system.startswith("pool-tcp-"):
+        cluster = TcpCluster(2, "1GiB", log=log)
+        with cluster as path:
+            network = ("TCP, 2 memory servers each in its own netns, event"
+                       if cluster.how == "tcp, netns" else "TCP over loopback, event")
+            return run_json(cmd + ["--cluster", path]), network, cluster.failure
+    if system == "sharded-tcp":
+        with contextlib.ExitStack() as point:
+            try:
+                ns = point.enter_context(Netns(2))
+                network, note = "TCP, 2 partitions each in its own netns, event", ""
+            except RuntimeError as e:
+                log(f"   namespaces unavailable ({e}); sharded over TCP loopback")
+                network, note = "TCP over loopback, event", \
+                    f"netns failed ({str(e)[:120]}); TCP over loopback"
+                ns = None
+            path = point.enter_context(ShardCluster(2, "tcp", "event", ns))
+            return run_json(cmd + ["--cluster", path]), network, note
+    if engine_of(system) == "pool":
+        with Cluster(2, "1GiB", "shm") as path:
+            return run_json(cmd + ["--cluster", path]), "shm", ""
+    return run_json(cmd), "in-process", ""
 
 
 # ------------------------------------------------------------------ the SQL schema

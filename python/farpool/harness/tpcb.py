@@ -78,8 +78,9 @@ LABELS = {"pool": "farpool pool (shm)", "local": "farpool local", "sharded": "fa
           "pool-tcp-rc": "farpool pool (tcp, read committed)",
           "pool-tcp-fu": "farpool pool (tcp, SI, rows read for update)"}
 # (numerator, denominator) of the ratio columns, shown when both were measured.
-RATIOS = [("pool", "postgresql-ram"), ("pool", "postgresql-default"),
+RATIOS = [("pool", "sharded"), ("pool", "postgresql-ram"), ("pool", "postgresql-default"),
           ("pool-tcp", "postgresql-tcp"), ("pool-tcp", "sharded-tcp"),
+          ("pool-tcp-fu", "sharded-tcp"),
           ("pool-rc", "postgresql-ram"), ("pool-tcp-rc", "postgresql-tcp"),
           ("pool-tcp-rc", "pool-tcp"), ("pool-tcp-fu", "postgresql-tcp")]
 PG_ROUND_TRIPS = 7  # statements of pgbench's tpcb-like script, each waited for
@@ -87,20 +88,14 @@ METRICS = ["tps", "p50_us", "p99_us", "abort_rate", "round_trips_per_txn", "mess
            "reads_per_txn", "writes_per_txn", "cas_per_txn"]
 
 
-def farpool_tpcb(engine: str, scale: int, clients: int, seconds: float,
-                 cluster: str | None = None, isolation: str = "si",
-                 for_update: bool = False) -> dict:
-    cmd = [str(peers.farpool_bin()), "bench", "txn", "--engine", engine, "--workload", "tpcb",
-           "--scale", str(scale), "--threads", str(clients), "--seconds", str(seconds),
-           "--warmup", "0.5", "--verify", "--json", "--isolation", isolation]
-    if for_update:
-        cmd.append("--for-update")
-    if cluster:
-        return peers.run_json(cmd + ["--cluster", cluster])
-    if engine == "pool":
-        with peers.Cluster(2, "1GiB", "shm") as c:
-            return peers.run_json(cmd + ["--cluster", c])
-    return peers.run_json(cmd)
+def tpcb_command(system: str, clients: int, scale: int, seconds: float) -> list[str]:
+    """`farpool bench txn --workload tpcb` for one point of a farpool system (its engine, and
+    read committed for *-rc, rows read for update for *-fu)."""
+    cmd = [str(peers.farpool_bin()), "bench", "txn", "--engine", peers.engine_of(system),
+           "--workload", "tpcb", "--scale", str(scale), "--threads", str(clients), "--seconds",
+           str(seconds), "--warmup", "0.5", "--verify", "--json", "--isolation",
+           "rc" if system.endswith("-rc") else "si"]
+    return cmd + (["--for-update"] if system.endswith("-fu") else [])
 
 
 def pgbench_run(pg: peers.Postgres, scale: int, clients: int, seconds: float) -> dict:
@@ -131,16 +126,20 @@ def pgbench_run(pg: peers.Postgres, scale: int, clients: int, seconds: float) ->
 
 
 class Systems:
-    """Runs one point of a system. The shm PostgreSQL servers are started (and loaded) once and
+    """Runs one point of a system: a farpool one by `command` on peers.farpool_point's set-up
+    (tpcw.py passes its own workload's command), PostgreSQL by pgbench. The shm PostgreSQL servers are started (and loaded) once and
     kept; everything of a network system is made for its point and removed right after: its
     namespaces, its servers, PostgreSQL's too (initdb + `pgbench -i` per point). Only one set of
     namespaces exists at a time: with another bridge of ours present, `cluster up --netns`
     mostly fails ("server 0 does not answer"; see docs/experiments.md). close() (or leaving
     the `with`) stops and removes what is left, also after a failure or SIGTERM."""
 
-    def __init__(self, scale: int, seconds: float):
+    def __init__(self, scale: int, seconds: float, command=None):
         self.scale = scale
         self.seconds = seconds
+        # (system, clients) -> the farpool benchmark command of a point (peers.farpool_point).
+        self.command = command or (lambda system, clients: tpcb_command(system, clients, scale,
+                                                                         seconds))
         self.stack = contextlib.ExitStack()
         self.pg: dict[str, peers.Postgres] = {}
         self.network: dict[str, str] = {}  # system -> how it was reached
@@ -173,45 +172,16 @@ class Systems:
             self._pgbench_init(pg)
             return pgbench_run(pg, self.scale, clients, self.seconds)
 
-    def _pool_tcp(self, clients: int, system: str = "pool-tcp") -> dict:
-        cluster = peers.TcpCluster(2, "1GiB", log=log)
-        with cluster as path:
-            if cluster.failure:
-                self.notes[system] = cluster.failure
-            self.network[system] = ("TCP, 2 memory servers each in its own netns, event"
-                                    if cluster.how == "tcp, netns" else "TCP over loopback, event")
-            return farpool_tpcb("pool", self.scale, clients, self.seconds, path,
-                                isolation="rc" if system.endswith("-rc") else "si",
-                                for_update=system.endswith("-fu"))
-
-    def _sharded_tcp(self, clients: int) -> dict:
-        with contextlib.ExitStack() as point:
-            try:
-                ns = point.enter_context(peers.Netns(2))
-                self.network["sharded-tcp"] = "TCP, 2 partitions each in its own netns, event"
-            except RuntimeError as e:
-                log(f"   namespaces unavailable ({e}); sharded over TCP loopback")
-                self.notes["sharded-tcp"] = f"netns failed ({str(e)[:120]}); TCP over loopback"
-                self.network["sharded-tcp"] = "TCP over loopback, event"
-                ns = None
-            path = point.enter_context(peers.ShardCluster(2, "tcp", "event", ns))
-            return farpool_tpcb("sharded", self.scale, clients, self.seconds, path)
-
     def run(self, system: str, clients: int) -> dict:
         """One point: the metrics of `system` at `clients` clients."""
         if system == "postgresql-tcp":
             return self._postgresql_tcp(clients)
         if system.startswith("postgresql"):
             return pgbench_run(self._postgres(system), self.scale, clients, self.seconds)
-        if system in ("pool-tcp", "pool-tcp-rc", "pool-tcp-fu"):
-            r = self._pool_tcp(clients, system)
-        elif system == "sharded-tcp":
-            r = self._sharded_tcp(clients)
-        else:
-            self.network.setdefault(system, "shm" if system != "local" else "in-process")
-            engine = system.removesuffix("-rc")
-            r = farpool_tpcb(engine, self.scale, clients, self.seconds,
-                             isolation="rc" if system.endswith("-rc") else "si")
+        r, self.network[system], note = peers.farpool_point(system, self.command(system, clients),
+                                                            log)
+        if note:
+            self.notes[system] = note
         return {k: r[k] for k in METRICS if k in r}
 
 
@@ -254,11 +224,15 @@ def with_binaries(systems, binaries):
     return runs
 
 
-def measure(systems, scale, clients, seconds, repeat=1, binaries=None):
+def measure(systems, scale, clients, seconds, repeat=1, binaries=None, command=None,
+            experiment="tpcb", fields=None):
     """Round-robin: for each client count, every system once (once per binary of `binaries`,
-    [(name, path)]), `repeat` times. Returns the raw rows (one per run) and the notes."""
+    [(name, path)]), `repeat` times. `command` (Systems) runs another farpool workload than
+    TPC-B; each row is marked `experiment` and carries `fields` (default: the scale). Returns
+    the raw rows (one per run) and the notes."""
     rows = []
-    with Systems(scale, seconds) as sy:
+    fields = {"scale": scale} if fields is None else fields
+    with Systems(scale, seconds, command) as sy:
         if "sharded" in systems or "sharded-tcp" in systems:
             why = peers.sharded_available()
             if why:
@@ -283,8 +257,8 @@ def measure(systems, scale, clients, seconds, repeat=1, binaries=None):
                     log(f"== {LABELS[key]} {n} clients, run {rep + 1}/{repeat}: "
                         f"{r['tps']:,.0f} tps, abort rate {r['abort_rate']:.3f}"
                         + (f", {rt:.2f} round trips/txn" if rt is not None else ""))
-                    rows.append({"experiment": "tpcb", "system": key, "clients": n,
-                                 "scale": scale, "rep": rep, "seconds": seconds,
+                    rows.append({"experiment": experiment, "system": key, "clients": n,
+                                 **fields, "rep": rep, "seconds": seconds,
                                  "network": sy.network.get(system, ""), **r,
                                  **({"binary": path} if path else {})})
         notes = dict(sy.notes)
@@ -346,7 +320,9 @@ def table(med, notes, clients) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(med, path, title):
+def plot(med, path, title, ylabel="TPC-B transactions/s", logscale=True):
+    """Throughput per client count of every system in `med` (median, bars: the range), on
+    log-log axes or linear ones."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -359,10 +335,11 @@ def plot(med, path, title):
             y = [p[1] for p in pts]
             err = [[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]]
             ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=LABELS[s])
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    if logscale:
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
     ax.set_xlabel("clients")
-    ax.set_ylabel("TPC-B transactions/s (median, bars: range; log)")
+    ax.set_ylabel(f"{ylabel} (median, bars: range{'; log' if logscale else ''})")
     ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
