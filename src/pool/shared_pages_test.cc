@@ -27,7 +27,9 @@
 
 #include "common/process.h"
 #include "farpool/pool.h"
+#include "pool/control_client.h"
 #include "pool/test_cluster.h"
+#include "transport/auth.h"
 #include "transport/ucx.h"
 #include "transport/wire.h"
 
@@ -813,6 +815,110 @@ TEST(SharedPages, MirrorSlotsCommitNoMemoryUntilTheyHoldACopy) {
       EXPECT_LE(held.all, 6 * region + overhead);
     }
   }
+}
+
+// A control connection to server `address`'s mirror port with the cluster's secret, as a
+// primary's link or the coordinator opens it.
+Result<std::unique_ptr<control::Connection>> OpenMirror(const ServerAddress& address,
+                                                        const transport::ClusterSecret& secret) {
+  wire::HelloRequest hello{};
+  hello.client_pid = static_cast<uint64_t>(getpid());
+  hello.client_nonce = 0x5eed0002;
+  control::Connection::Options o{"server " + std::to_string(address.id),
+                                 address.host,
+                                 address.port,
+                                 &secret,
+                                 Fabric::kTcp,
+                                 3000ms};
+  FARPOOL_ASSIGN_OR_RETURN(auto main_port, control::Connection::Open(o, hello));
+  o.port = main_port->hello().mirror_port;
+  return control::Connection::Open(o, hello);
+}
+
+// The memory of server `pid`'s mirror slots (st_blocks of its slots' memfd) once it is
+// `expected`, or what it was after 30 s (the server acts on its loop, after the reply).
+uint64_t SlotMemoryOnce(pid_t pid, uint64_t expected) {
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  uint64_t held = SharedMemoryHeld({pid}).slots;
+  while (held != expected && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+    held = SharedMemoryHeld({pid}).slots;
+  }
+  return held;
+}
+
+// A forward that a slot refuses leaves it as it found it (docs/pool.md "Mirror slots cost
+// nothing until they hold a copy"): three servers x 64 MiB with forwarded copies and two slots;
+// forwards from an authenticated peer that the slots refuse (server 0 is not slot 1's primary,
+// which is free, nor slot 0's, which keeps server 1's copy): server 2 holds the ring slot's
+// memory, no more (the free slot gave back what the refused forward committed), and no less
+// (the ring's copy keeps its memory).
+TEST(SharedPages, AForwardTheSlotRefusesLeavesItsMemoryAsItWas) {
+  LocalClusterOptions o = SharedPagesCluster();
+  o.mirror_slots = 2;
+  o.forward_copies = true;
+  TestCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  auto secret = transport::ClusterSecret::Read(config->secret_file);
+  ASSERT_TRUE(secret.ok()) << secret.status().ToString();
+  const ServerAddress& s2 = config->servers[2];
+  const pid_t pid = static_cast<pid_t>(s2.pid);
+  const uint64_t ring = SharedMemoryHeld({pid}).slots;
+  ASSERT_GE(ring, o.memory) << "the ring's slot 0 holds server 1's copy";
+  auto mirror = OpenMirror(s2, *secret);
+  ASSERT_TRUE(mirror.ok()) << mirror.status().ToString();
+  for (uint16_t slot : {1, 0}) {
+    SCOPED_TRACE("slot " + std::to_string(slot));
+    const wire::ReplicateRequest forward{0, slot, 0, 0, 0};
+    Status refused = (*mirror)
+                         ->Call([&](uint64_t id) { return wire::Encode(id, forward); },
+                                wire::Opcode::kReplicateReply)
+                         .status();
+    EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused.ToString();
+    EXPECT_NE(refused.message().find("not from its primary"), std::string::npos)
+        << refused.message();
+    EXPECT_EQ(SharedMemoryHeld({pid}).slots, ring) << "server 2's slots after the refusal";
+  }
+}
+
+// A slot whose copy its primary gives up frees its memory (docs/pool.md, same section): three
+// servers x 64 MiB with forwarded copies; server 0 is told its backup, server 1, is gone (a
+// DegradeRequest, as the coordinator sends when it fails server 1 over): it serves on with one
+// copy and tells server 1 it gives the copy up, and server 1's slot memory goes back to the
+// host (st_blocks of its slots' file: 64 MiB, then 0), while server 2 keeps server 1's copy.
+TEST(SharedPages, ASlotWhoseCopyIsGivenUpGivesItsMemoryBack) {
+  LocalClusterOptions o = SharedPagesCluster();
+  o.mirror_slots = 2;
+  o.forward_copies = true;
+  TestCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto client = ConnectTestClient(cluster);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  const ClusterConfig& config = client->config;
+  auto secret = transport::ClusterSecret::Read(config.secret_file);
+  ASSERT_TRUE(secret.ok()) << secret.status().ToString();
+  const pid_t backup = static_cast<pid_t>(config.servers[1].pid);
+  const pid_t other = static_cast<pid_t>(config.servers[2].pid);
+  const uint64_t ring = SharedMemoryHeld({other}).slots;
+  ASSERT_GE(ring, o.memory) << "server 2's slot 0: server 1's copy";
+  ASSERT_EQ(SharedMemoryHeld({backup}).slots, ring) << "server 1's slot 0: server 0's copy";
+  auto mirror = OpenMirror(config.servers[0], *secret);
+  ASSERT_TRUE(mirror.ok()) << mirror.status().ToString();
+  const wire::DegradeRequest gone{1, {}};
+  Status told =
+      (*mirror)
+          ->Call([&](uint64_t id) { return wire::Encode(id, gone); }, wire::Opcode::kDegradeReply)
+          .status();
+  ASSERT_TRUE(told.ok()) << told.ToString();
+  EXPECT_EQ(SlotMemoryOnce(backup, 0), 0u) << "server 1 keeps the memory of a copy given up";
+  EXPECT_EQ(SharedMemoryHeld({other}).slots, ring) << "server 2's copy of server 1";
+  // Server 0 serves on (one copy).
+  auto a = client->pool->Alloc(4096, Placement::OnServer(0));
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  const uint64_t v = 11;
+  EXPECT_TRUE(client->pool->Write(*a, &v, 8).ok());
 }
 
 }  // namespace

@@ -505,8 +505,9 @@ Result<std::unique_ptr<MemoryRegion>> MemoryRegion::Allocate(Context& context, u
       return Status::OutOfMemory("reserving " + std::to_string(size + reserve_after) +
                                  " bytes of address space: " + std::strerror(errno));
     }
-    // Owned from here: the destructor unmaps the whole reservation.
-    region->data_ = static_cast<std::byte*>(at);
+    // Owned from here: every return below leaves it to the destructor (the whole reservation
+    // until UCX has mapped the region over its start, then the tail).
+    region->unmap_ = {static_cast<std::byte*>(at), size + reserve_after};
     region->size_ = size;
     region->reserved_ = reserve_after;
     params.address = at;
@@ -520,12 +521,18 @@ Result<std::unique_ptr<MemoryRegion>> MemoryRegion::Allocate(Context& context, u
   ucp_mem_attr_t attr{};
   attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
   st = ucp_mem_query(region->memh_, &attr);
-  if (st != UCS_OK) return UcxStatus(st, "querying the allocated region");
+  if (st != UCS_OK) {
+    // UCP_MEM_MAP_FIXED succeeded: the region's part is UCX's mapping, unmapped with memh_.
+    if (reserve_after > 0) region->unmap_ = {region->unmap_.data() + size, reserve_after};
+    return UcxStatus(st, "querying the allocated region");
+  }
   if (reserve_after > 0 && attr.address != params.address) {
+    // UCX's mapping is elsewhere (unmapped with memh_): the whole reservation is still ours.
     return Status::Internal("UCX allocated the region at " +
                             std::to_string(reinterpret_cast<uintptr_t>(attr.address)) +
                             ", not at the reserved address");
   }
+  if (reserve_after > 0) region->unmap_ = {region->unmap_.data() + size, reserve_after};
   region->data_ = static_cast<std::byte*>(attr.address);
   region->size_ = size;
 
@@ -545,15 +552,8 @@ MemoryRegion::~MemoryRegion() {
     ucs_status_t st = ucp_mem_unmap(context_.get(), memh_);
     (void)st;  // process teardown; the mapping is released with the process anyway
   }
-  // The tail of the reservation, whatever the owner mapped over it; the region's part too if
-  // UCX never mapped the region over it (UCX unmapped the region above otherwise).
-  if (reserved_ > 0) {
-    if (memh_ == nullptr) {
-      munmap(data_, size_ + reserved_);
-    } else {
-      munmap(data_ + size_, reserved_);
-    }
-  }
+  // What of the reservation UCX does not own (see unmap_), whatever the owner mapped over it.
+  if (!unmap_.empty()) munmap(unmap_.data(), unmap_.size());
 }
 
 // ---------------------------------------------------------------- RemoteKey

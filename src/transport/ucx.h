@@ -233,6 +233,10 @@ class MemoryRegion {
   std::byte* data_ = nullptr;
   uint64_t size_ = 0;
   uint64_t reserved_ = 0;  // bytes of address space reserved after the region
+  // The reserved address space this region unmaps itself when destroyed: all of it until UCX
+  // has mapped the region over its start (every error path of Allocate before that), then the
+  // tail only (UCX unmaps its own mapping with memh_). Empty without a reservation.
+  std::span<std::byte> unmap_;
   std::unique_ptr<std::byte[]> packed_rkey_;
   size_t rkey_size_ = 0;
 };

@@ -56,7 +56,8 @@ inline constexpr uint32_t kMagic = 0x31575046;  // "FPW1"
 // 9: shared-pages backups (ReplicateRequest's shared file and kReplicateShare,
 //    kHelloSharedPages).
 // 10: MovedFileRequest/Reply (a client that connects after a failover maps the moved region).
-inline constexpr uint16_t kVersion = 10;
+// 11: kReplicateDetach (a primary gives its backup slot's copy up; the slot frees its memory).
+inline constexpr uint16_t kVersion = 11;
 // Batches: the operations of a request, the read data and atomic results of a reply. Small
 // enough to go eagerly in one UCX active message, large enough for a commit's worth of
 // records; a client splits larger batches into several messages.
@@ -356,12 +357,16 @@ static_assert(sizeof(BackupReply) == 8);
 // file over the slot instead of keeping a copy (pool/server/shared_pages.h): process
 // `share_pid` (started at `share_start_time`) holds it open as descriptor `share_fd`, inode
 // `share_inode`. Its forwards then carry lease changes only.
+//
+// kReplicateDetach (no operations): the primary gives the slot's copy up (it degraded, or
+// abandoned a copy under way): the slot holds nobody's copy from then on and gives its memory
+// back. Admitted as any forward (the slot's primary, in order, not promoted).
 struct ReplicateRequest {
   uint16_t primary_id;
   uint16_t slot;
   uint32_t op_count;
   uint32_t ops_size;  // tail length
-  uint32_t flags;     // kReplicateAttach, kReplicateShare
+  uint32_t flags;     // kReplicateAttach, kReplicateShare, kReplicateDetach
   uint64_t share_pid;
   uint64_t share_start_time;
   uint64_t share_inode;
@@ -370,6 +375,7 @@ struct ReplicateRequest {
 };
 inline constexpr uint32_t kReplicateAttach = 1;
 inline constexpr uint32_t kReplicateShare = 2;
+inline constexpr uint32_t kReplicateDetach = 4;
 static_assert(sizeof(ReplicateRequest) == 48);
 struct ReplicateReply {
   uint64_t bytes_applied;

@@ -59,6 +59,12 @@ TEST(Wire, EveryMessageRoundTrips) {
   const auto ask = Encode(15, MovedFileRequest{1, {}});
   EXPECT_TRUE(Decode(ask).ok());
   EXPECT_EQ(OpcodeName(Opcode::kMovingReply), "MovingReply");
+  // A primary gives its backup slot's copy up (fuzz seed replicate_detach).
+  const auto detach = Encode(5, ReplicateRequest{0, 1, 0, 0, kReplicateDetach});
+  auto dm = Decode(detach);
+  ASSERT_TRUE(dm.ok()) << dm.status().ToString();
+  EXPECT_EQ(dm->As<ReplicateRequest>().flags, kReplicateDetach);
+  EXPECT_EQ(dm->As<ReplicateRequest>().slot, 1);
 
   // The challenge-response: nonces and proofs travel whole.
   ChallengeReply challenge{};

@@ -67,6 +67,13 @@ Result<std::unique_ptr<BackupLink>> BackupLink::Connect(const Target& backup, ui
   return link;
 }
 
+Status BackupLink::Detach() {
+  pending_ = Pending{};
+  wire::ReplicateRequest detach{primary_id_, slot_, 0, 0, wire::kReplicateDetach};
+  return mirror_->Send(wire::Encode(mirror_->NextId(), detach))
+      .WithContext("telling " + name_ + " that its copy is given up");
+}
+
 namespace {
 
 // Sorted and merged: a word written by several requests or rounds goes once.

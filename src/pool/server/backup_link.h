@@ -125,6 +125,12 @@ class BackupLink {
   Status Forward(const std::byte* region, std::span<const memory_ops::Range> changed,
                  std::span<const LeaseChange> leases, const std::function<bool()>& give_up);
 
+  // Tells the backup that this server gives the slot's copy up (wire::kReplicateDetach: the
+  // slot frees itself and gives its memory back), after every forward sent before; pending ones
+  // are never sent. Not waited for: the caller closes the link next, and the close delivers what
+  // was sent (a backup that is gone frees nothing, nor needs to). No forward may follow.
+  Status Detach();
+
   const std::string& name() const { return name_; }
   int id() const { return id_; }
   uint16_t slot() const { return slot_; }

@@ -9,10 +9,12 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <fstream>
 #include <future>
 #include <map>
 #include <optional>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -161,6 +163,10 @@ class MemoryServer::Impl : public transport::AmHandler {
   Status ForwardSlotLinks(const std::vector<memory_ops::Range>& changed);
   // Gives the copy up (the new backup failed): one copy, as before it began.
   void AbandonCopy(const Status& why);
+  // Closes `link` to a backup whose copy this server gives up (degraded, or a copy abandoned),
+  // telling the backup first, so that its slot gives the memory back (BackupLink::Detach). Not
+  // for a drain's hand-over: there the backups keep the copies and promote them.
+  void GiveUp(std::unique_ptr<BackupLink> link);
   Result<wire::BackupReply> ConfigureBackup(const wire::BackupRequest& request);
   // The reply, or empty if the batch waits (answered later through TakeLate).
   Result<std::vector<std::byte>> ExecuteBatch(uint64_t id, const wire::BatchRequest& request,
@@ -773,10 +779,17 @@ Result<wire::MovedFileReply> MemoryServer::Impl::MovedFile(uint16_t primary_id,
                               0,         chunks_.region_size()};
 }
 
+void MemoryServer::Impl::GiveUp(std::unique_ptr<BackupLink> link) {
+  if (Status told = link->Detach(); !told.ok()) {
+    // Its slot keeps the stale copy's memory until another primary attaches it.
+    std::fprintf(stderr, "%s: %s\n", Name().c_str(), told.message().c_str());
+  }
+}
+
 void MemoryServer::Impl::Degrade() {
   std::fprintf(stderr, "%s: %s is gone (a client says so): one copy from now on\n", Name().c_str(),
                backup_->name().c_str());
-  backup_.reset();
+  GiveUp(std::move(backup_));
   copy_.reset();
   degraded_ = true;
   ReleaseHeld();
@@ -791,7 +804,7 @@ void MemoryServer::Impl::ReleaseHeld() {
 void MemoryServer::Impl::AbandonCopy(const Status& why) {
   std::fprintf(stderr, "%s: copying its region to %s failed, one copy as before: %s\n",
                Name().c_str(), backup_->name().c_str(), why.message().c_str());
-  backup_.reset();
+  GiveUp(std::move(backup_));
   copy_.reset();
   ReleaseHeld();  // none while copying; the rounds stand with one copy, as the map says
 }
@@ -881,14 +894,32 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureSlotBackup(
   // above 10, and meanwhile the loop renewed nothing: its own backup's lease lapsed and clients
   // got "its backup has not answered" (docs/pool.md "Drain over shared pages").
   BackupLink::Target target{request.backup_id, host, request.port, request.slot};
-  connecting_[request.region] = PendingSlotLink{
-      request.backup_id, request.slot, Clock::now(),
-      std::async(std::launch::async,
-                 [target, region = request.region, size, secret = auth_->secret(),
-                  fabric = options_.fabric, timeout = options_.backup_timeout, share] {
-                   return BackupLink::Connect(target, region, size, secret, fabric, timeout,
-                                              share ? &*share : nullptr);
-                 })};
+  auto connect = [target, region = request.region, size, secret = auth_->secret(),
+                  fabric = options_.fabric, timeout = options_.backup_timeout,
+                  share]() -> Result<std::unique_ptr<BackupLink>> {
+    // Whatever the connection throws (an allocation, a thread of UCX's) is its failure, not
+    // the server's end: InstallSlotLinks says why and the coordinator asks again.
+    try {
+      return BackupLink::Connect(target, region, size, secret, fabric, timeout,
+                                 share ? &*share : nullptr);
+    } catch (const std::exception& e) {
+      return Status::Internal("connecting to backup server " + std::to_string(target.id) + ": " +
+                              e.what());
+    }
+  };
+  std::future<Result<std::unique_ptr<BackupLink>>> link;
+  try {
+    link = std::async(std::launch::async, std::move(connect));
+  } catch (const std::system_error& e) {
+    // No thread to connect on (the process or the host is at its limit): refused, not ended;
+    // the coordinator asks again next tick.
+    return Status::Unavailable(Name() + ": cannot start a thread to connect to server " +
+                               std::to_string(request.backup_id) + " for server " +
+                               std::to_string(request.region) + "'s region: " + e.what() +
+                               "; ask again");
+  }
+  connecting_[request.region] =
+      PendingSlotLink{request.backup_id, request.slot, Clock::now(), std::move(link)};
   return wire::BackupReply{size};
 }
 
@@ -951,6 +982,7 @@ void MemoryServer::Impl::TickSlotLinks() {
     } else if (l.copy || DeclaredGone(*l.link)) {
       std::fprintf(stderr, "%s: %s has one copy again: %s\n", Name().c_str(), what.c_str(),
                    done.message().c_str());
+      GiveUp(std::move(l.link));
       it = slot_links_.erase(it);
     } else {
       ++it;  // a renewal that failed: MayServe stops serving when the lease runs out
@@ -983,6 +1015,7 @@ Status MemoryServer::Impl::ForwardSlotLinks(const std::vector<memory_ops::Range>
       // The map promises one copy of the region (copying), or its backup was declared gone.
       std::fprintf(stderr, "%s: server %u's region has one copy again: %s\n", Name().c_str(),
                    it->first, forwarded.message().c_str());
+      GiveUp(std::move(l.link));
       it = slot_links_.erase(it);
     } else {
       if (first.ok()) first = forwarded;

@@ -50,7 +50,9 @@
 // backup that refuses them (it took this server's data over: fenced) makes this server refuse
 // every later request (and call ServerOptions::on_fenced); one that does not answer fails the
 // changes of the rounds outstanding (applied here, not acknowledged) until a DegradeRequest says
-// the backup is gone.
+// the backup is gone. A server that gives a backup's copy up (degraded, or a re-replication's
+// copy abandoned) tells that backup first (BackupLink::Detach), whose slot then frees its
+// memory; a drain's hand-over does not (the backups promote their copies).
 //
 // Shared pages (ServerOptions::shared_pages): the backups map this server's region itself, so
 // a round's changed bytes are not forwarded (KeepChanges keeps none), only its lease changes,

@@ -204,6 +204,44 @@ Status Mirror::Commit(uint32_t index) {
   return Status::Ok();
 }
 
+Status Mirror::Decommit(uint32_t index, const std::string& why) {
+  Slot& slot = slots_[index];
+  if (!slot.committed) return Status::Ok();
+  const std::string named = name_ + " slot " + std::to_string(index);
+  // The hole gives the file's pages back to the host; the mapping reads zeros from then on.
+  if (fallocate(slot_file_.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                static_cast<off_t>(index * size_), static_cast<off_t>(size_)) != 0) {
+    // It stays committed (a later copy does not allocate it twice).
+    return Status::Internal(named + ": giving its " + FormatSize(size_) + " back after " + why +
+                            ": " + std::strerror(errno));
+  }
+  slot.committed = false;
+  std::fprintf(stderr, "%s: gave its %s back (%s)\n", named.c_str(), FormatSize(size_).c_str(),
+               why.c_str());
+  return Status::Ok();
+}
+
+Status Mirror::Vacate(Slot& slot, const std::string& why) {
+  const uint32_t index = static_cast<uint32_t>(&slot - slots_.data());
+  const std::string named = name_ + " slot " + std::to_string(index);
+  std::fprintf(stderr, "%s: no longer the copy of server %d: %s\n", named.c_str(), slot.primary,
+               why.c_str());
+  // Nobody's copy from here on, whatever else fails: no forward or promotion reaches it.
+  slot.primary = -1;
+  slot.book = ChunkAllocator(size_, slot.book.chunk_size());
+  slot.primary_tag = 0;
+  if (slot.adopted != nullptr) {
+    // Its own range of the slots' file back over it (empty: Adopt punched it), so that the
+    // primary's pages are no longer held here.
+    slot.adopted.reset();
+    if (mmap(memory_ + index * size_, size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+             slot_file_.fd, static_cast<off_t>(index * size_)) == MAP_FAILED) {
+      return Status::Internal(named + ": unmapping the pages it shared: " + std::strerror(errno));
+    }
+  }
+  return Decommit(index, why);
+}
+
 Status Mirror::Reserve(uint32_t index) {
   std::lock_guard lock(mu_);
   if (index >= slots_.size()) {
@@ -317,6 +355,35 @@ std::vector<std::byte> Mirror::Handle(std::span<const std::byte> bytes, transpor
   return wire::EncodeError(transport::RequestIdOf(bytes).value_or(0), reply.status());
 }
 
+Result<std::vector<std::byte>> Mirror::Apply(const wire::Message& m,
+                                             const wire::ReplicateRequest& req, bool attach,
+                                             uint64_t id, const transport::Peer* from) {
+  FARPOOL_ASSIGN_OR_RETURN(Slot * slot, AdmitForward(req.primary_id, req.slot, attach, id, from));
+  if (attach && (req.flags & wire::kReplicateShare) != 0) {
+    FARPOOL_RETURN_IF_ERROR(Adopt(*slot, req));
+  } else if (attach && slot->adopted != nullptr) {
+    return Status::InvalidArgument(name_ + " slot " + std::to_string(req.slot) +
+                                   " shares a region's pages: it takes no copy");
+  }
+  if (slot->adopted != nullptr && req.op_count > 0) {
+    return Status::Protocol(name_ + " slot " + std::to_string(req.slot) + " shares server " +
+                            std::to_string(req.primary_id) +
+                            "'s pages: a forward of bytes would write older bytes over them");
+  }
+  std::vector<memory_ops::Range> written;
+  memory_ops::Region region{memory_ + req.slot * size_,
+                            size_,
+                            [](uint64_t, uint64_t) { return true; },
+                            req.primary_id,
+                            &written,
+                            /*writes_only=*/true};
+  FARPOOL_RETURN_IF_ERROR(
+      memory_ops::Execute(req.op_count, m.tail, region).status().WithContext(name_));
+  uint64_t applied = 0;
+  for (const memory_ops::Range& r : written) applied += r.size;
+  return wire::Encode(id, wire::ReplicateReply{applied});
+}
+
 Result<std::vector<std::byte>> Mirror::Answer(std::span<const std::byte> bytes,
                                               transport::Peer* from) {
   FARPOOL_ASSIGN_OR_RETURN(wire::Message m, wire::Decode(bytes));
@@ -350,36 +417,30 @@ Result<std::vector<std::byte>> Mirror::Answer(std::span<const std::byte> bytes,
       const auto req = m.As<wire::ReplicateRequest>();
       std::lock_guard lock(mu_);
       const bool attach = (req.flags & wire::kReplicateAttach) != 0;
+      if ((req.flags & wire::kReplicateDetach) != 0) {
+        FARPOOL_ASSIGN_OR_RETURN(Slot * slot,
+                                 AdmitForward(req.primary_id, req.slot, false, id, from));
+        FARPOOL_RETURN_IF_ERROR(
+            Vacate(*slot, "server " + std::to_string(req.primary_id) + " gave its copy up"));
+        return wire::Encode(id, wire::ReplicateReply{0});
+      }
       // Bytes go into a slot only once it has its memory (a copy's first forward, its attach);
-      // refused before the slot becomes the primary's copy if the host cannot give it.
+      // refused before the slot becomes the primary's copy if the host cannot give it. A
+      // forward refused after this request committed it gives the memory back: the slot holds
+      // no copy it needs it for (and held none before, so nothing is lost but what this
+      // forward wrote, which its primary sends again).
+      const bool fresh = req.slot < slots_.size() && !slots_[req.slot].committed;
       if ((req.flags & wire::kReplicateShare) == 0 && req.slot < slots_.size()) {
         FARPOOL_RETURN_IF_ERROR(Commit(req.slot));
       }
-      FARPOOL_ASSIGN_OR_RETURN(Slot * slot,
-                               AdmitForward(req.primary_id, req.slot, attach, id, from));
-      if (attach && (req.flags & wire::kReplicateShare) != 0) {
-        FARPOOL_RETURN_IF_ERROR(Adopt(*slot, req));
-      } else if (attach && slot->adopted != nullptr) {
-        return Status::InvalidArgument(name_ + " slot " + std::to_string(req.slot) +
-                                       " shares a region's pages: it takes no copy");
+      auto applied = Apply(m, req, attach, id, from);
+      if (!applied.ok() && fresh) {
+        if (Status back = Decommit(req.slot, "a refused forward"); !back.ok()) {
+          return Status(applied.status().code(),
+                        applied.status().message() + "; and " + back.message());
+        }
       }
-      if (slot->adopted != nullptr && req.op_count > 0) {
-        return Status::Protocol(name_ + " slot " + std::to_string(req.slot) + " shares server " +
-                                std::to_string(req.primary_id) +
-                                "'s pages: a forward of bytes would write older bytes over them");
-      }
-      std::vector<memory_ops::Range> written;
-      memory_ops::Region region{memory_ + req.slot * size_,
-                                size_,
-                                [](uint64_t, uint64_t) { return true; },
-                                req.primary_id,
-                                &written,
-                                /*writes_only=*/true};
-      FARPOOL_RETURN_IF_ERROR(
-          memory_ops::Execute(req.op_count, m.tail, region).status().WithContext(name_));
-      uint64_t applied = 0;
-      for (const memory_ops::Range& r : written) applied += r.size;
-      return wire::Encode(id, wire::ReplicateReply{applied});
+      return applied;
     }
     case wire::Opcode::kMirrorLeaseRequest: {
       const auto req = m.As<wire::MirrorLeaseRequest>();

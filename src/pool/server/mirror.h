@@ -60,7 +60,10 @@
 // or the promotion with the reason, and is never written past what it committed. A slot that
 // shares its primary's pages never commits any; the ring's slot 0 of a server that keeps
 // forwarded copies commits at start (Reserve: allocating a large slot can take longer than a
-// forward may wait for its acknowledgement).
+// forward may wait for its acknowledgement). Memory goes back to the host (a hole punched in
+// the file, Decommit) when a forward that committed it is refused (the slot holds no copy it
+// needs it for), and when the slot's primary gives its copy up (wire::kReplicateDetach: the
+// primary degraded, or abandoned a copy under way): the slot is then free (Vacate).
 //
 // Thread-safety: the forwards run on the mirror's loop, everything else on the server's
 // progress thread; the slots (lease books, owners, promoted flags) are guarded by one mutex,
@@ -174,6 +177,17 @@ class Mirror : public transport::AmHandler {
   // Allocates the memory of slot `index` in the slots' file unless it has it or shares pages:
   // OutOfMemory with the reason if the host cannot give it. REQUIRES: mu_ held.
   Status Commit(uint32_t index);
+  // Gives slot `index`'s memory back to the host (a hole punched in the slots' file) if it has
+  // any; `why` for the log. REQUIRES: mu_ held.
+  Status Decommit(uint32_t index, const std::string& why);
+  // `slot` holds nobody's copy from now on (its primary gave the copy up, wire::
+  // kReplicateDetach): its book emptied, pages it shared unmapped, its memory given back.
+  // REQUIRES: mu_ held.
+  Status Vacate(Slot& slot, const std::string& why);
+  // A ReplicateRequest's admission and writes (the slot has its memory unless it shares
+  // pages). REQUIRES: mu_ held.
+  Result<std::vector<std::byte>> Apply(const wire::Message& m, const wire::ReplicateRequest& req,
+                                       bool attach, uint64_t id, const transport::Peer* from);
   // Maps the file `req` names over `slot` (shared pages). REQUIRES: mu_ held.
   Status Adopt(Slot& slot, const wire::ReplicateRequest& req);
   // Shared pages, at promotion, once the primary is dead: releases the bucket lock of an
