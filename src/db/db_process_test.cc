@@ -836,11 +836,7 @@ TEST_P(DbProcessTest, SlowRenewalConnectIsNotEvicted) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, DbProcessTest, ::testing::Values("pool", "pool-tcp", "sharded"),
-                         [](const auto& p) {
-                           std::string name = p.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+                         EngineParamName);
 
 }  // namespace
 }  // namespace farpool::db

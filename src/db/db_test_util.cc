@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
@@ -10,6 +11,19 @@
 #include "farpool/cluster.h"
 
 namespace farpool::db {
+
+std::string EngineParamName(const testing::TestParamInfo<std::string>& p) {
+  std::string name = p.param;
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
+}
+
+std::string ShowRoundTrips(const std::map<uint64_t, int>& histogram) {
+  std::string s;
+  for (const auto& [trips, n] : histogram)
+    s += std::to_string(n) + " x " + std::to_string(trips) + ", ";
+  return s;
+}
 
 uint64_t TestSeed() {
   if (const char* s = std::getenv("FARPOOL_SEED")) return std::strtoull(s, nullptr, 10);

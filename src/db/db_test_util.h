@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -31,6 +32,13 @@
   } while (0)
 
 namespace farpool::db {
+
+// The gtest name of an engine parameter ("pool-tcp" -> "pool_tcp": names take letters, digits
+// and _ only), for INSTANTIATE_TEST_SUITE_P over engine names.
+std::string EngineParamName(const testing::TestParamInfo<std::string>& p);
+
+// A histogram of round trips per transaction as "count x trips, ..." for failure messages.
+std::string ShowRoundTrips(const std::map<uint64_t, int>& histogram);
 
 // A seed for randomized tests: FARPOOL_SEED from the environment, else a fresh one. Tests print
 // it (SCOPED_TRACE) so a failure can be replayed with FARPOOL_SEED=<seed>.

@@ -126,12 +126,6 @@ class ForUpdateTest : public testing::TestWithParam<std::string> {
   const Table* table_ = nullptr;
 };
 
-std::string ParamName(const testing::TestParamInfo<std::string>& p) {
-  std::string name = p.param;
-  std::replace(name.begin(), name.end(), '-', '_');
-  return name;
-}
-
 TEST_P(ForUpdateTest, ReadCommittedLockingIncrementsLoseNothing) {
   if (!nam()) GTEST_SKIP() << "sharded offers snapshot isolation only";
   ConcurrentIncrements(kRc, /*lock_at_read=*/true, 4, 150);
@@ -710,7 +704,7 @@ TEST_P(ForUpdateTest, ShardedRefusesReadCommitted) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, ForUpdateTest,
-                         testing::Values("local", "pool", "pool-tcp", "sharded"), ParamName);
+                         testing::Values("local", "pool", "pool-tcp", "sharded"), EngineParamName);
 
 }  // namespace
 }  // namespace farpool::db

@@ -19,12 +19,6 @@
 namespace farpool::db {
 namespace {
 
-std::string ParamName(const testing::TestParamInfo<std::string>& p) {
-  std::string name = p.param;
-  std::replace(name.begin(), name.end(), '-', '_');  // gtest names: letters, digits, _
-  return name;
-}
-
 class TxnTest : public testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -1362,8 +1356,9 @@ void TxnTest::ScansSeeWholeCommitsUnderConcurrentWriters() {
   EXPECT_GT(commits.load(), 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, TxnTest, testing::Values("local", "pool", "sharded"), ParamName);
-INSTANTIATE_TEST_SUITE_P(Engines, ScanGuessTest, testing::Values("pool-tcp"), ParamName);
+INSTANTIATE_TEST_SUITE_P(Engines, TxnTest, testing::Values("local", "pool", "sharded"),
+                         EngineParamName);
+INSTANTIATE_TEST_SUITE_P(Engines, ScanGuessTest, testing::Values("pool-tcp"), EngineParamName);
 
 }  // namespace
 }  // namespace farpool::db

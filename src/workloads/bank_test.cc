@@ -47,11 +47,6 @@ class BankTest : public testing::TestWithParam<std::string> {
     EXPECT_OK(VerifyBank(**session, **accounts, kAccounts));
     return histogram;
   }
-  static std::string Show(const std::map<uint64_t, int>& h) {
-    std::string s;
-    for (const auto& [rt, n] : h) s += std::to_string(n) + " x " + std::to_string(rt) + ", ";
-    return s;
-  }
 };
 
 // As in tpcb_test, a few transfers pay a round trip or more besides (the session's set-up, a
@@ -60,23 +55,21 @@ class BankTest : public testing::TestWithParam<std::string> {
 TEST_P(BankTest, SnapshotIsolationTransferIsThreeRoundTrips) {
   constexpr int kTxns = 200;
   const std::map<uint64_t, int> h = RoundTrips(Isolation::kSnapshot, kTxns);
-  EXPECT_GE(h.count(3) ? h.at(3) : 0, kTxns * 90 / 100) << "round trips per txn: " << Show(h);
-  EXPECT_TRUE(h.empty() || h.begin()->first == 3) << Show(h);
+  EXPECT_GE(h.count(3) ? h.at(3) : 0, kTxns * 90 / 100)
+      << "round trips per txn: " << db::ShowRoundTrips(h);
+  EXPECT_TRUE(h.empty() || h.begin()->first == 3) << db::ShowRoundTrips(h);
 }
 
 TEST_P(BankTest, ReadCommittedTransferIsThreeRoundTrips) {
   constexpr int kTxns = 200;
   const std::map<uint64_t, int> h = RoundTrips(Isolation::kReadCommitted, kTxns);
-  EXPECT_GE(h.count(3) ? h.at(3) : 0, kTxns * 90 / 100) << "round trips per txn: " << Show(h);
-  EXPECT_TRUE(h.empty() || h.begin()->first == 3) << Show(h);
+  EXPECT_GE(h.count(3) ? h.at(3) : 0, kTxns * 90 / 100)
+      << "round trips per txn: " << db::ShowRoundTrips(h);
+  EXPECT_TRUE(h.empty() || h.begin()->first == 3) << db::ShowRoundTrips(h);
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, BankTest, testing::Values("local", "pool", "pool-tcp"),
-                         [](const testing::TestParamInfo<std::string>& p) {
-                           std::string name = p.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+                         db::EngineParamName);
 
 }  // namespace
 }  // namespace farpool::workloads

@@ -64,11 +64,6 @@ class TpcbTest : public testing::TestWithParam<std::string> {
     EXPECT_OK(VerifyTpcb(**session, *tables, kScale));
     return histogram;
   }
-  static std::string Show(const std::map<uint64_t, int>& h) {
-    std::string s;
-    for (const auto& [rt, n] : h) s += std::to_string(n) + " x " + std::to_string(rt) + ", ";
-    return s;
-  }
   static int Above(const std::map<uint64_t, int>& h, uint64_t bound) {
     int n = 0;
     for (const auto& [rt, count] : h) n += rt > bound ? count : 0;
@@ -84,8 +79,9 @@ class TpcbTest : public testing::TestWithParam<std::string> {
 TEST_P(TpcbTest, ReadCommittedIsThreeRoundTrips) {
   constexpr int kTxns = 200;
   const std::map<uint64_t, int> h = RoundTrips(/*read_committed=*/true, kTxns);
-  EXPECT_GE(h.count(3) ? h.at(3) : 0, kTxns * 90 / 100) << "round trips per txn: " << Show(h);
-  EXPECT_TRUE(h.empty() || h.begin()->first == 3) << Show(h);
+  EXPECT_GE(h.count(3) ? h.at(3) : 0, kTxns * 90 / 100)
+      << "round trips per txn: " << db::ShowRoundTrips(h);
+  EXPECT_TRUE(h.empty() || h.begin()->first == 3) << db::ShowRoundTrips(h);
 }
 
 // The rows locked with LockIntent::kRead: the commit changes their read-lock words in a lock
@@ -94,15 +90,16 @@ TEST_P(TpcbTest, ReadCommittedWithReadIntentIsFourRoundTrips) {
   constexpr int kTxns = 200;
   const std::map<uint64_t, int> h =
       RoundTrips(/*read_committed=*/true, kTxns, /*for_update=*/true, LockIntent::kRead);
-  EXPECT_GE(h.count(4) ? h.at(4) : 0, kTxns * 90 / 100) << "round trips per txn: " << Show(h);
-  EXPECT_TRUE(h.empty() || h.begin()->first == 4) << Show(h);
+  EXPECT_GE(h.count(4) ? h.at(4) : 0, kTxns * 90 / 100)
+      << "round trips per txn: " << db::ShowRoundTrips(h);
+  EXPECT_TRUE(h.empty() || h.begin()->first == 4) << db::ShowRoundTrips(h);
 }
 
 TEST_P(TpcbTest, SnapshotIsolationIsAtMostFiveRoundTrips) {
   constexpr int kTxns = 200;
   const std::map<uint64_t, int> h = RoundTrips(/*read_committed=*/false, kTxns);
-  EXPECT_LE(Above(h, 5), kTxns * 5 / 100) << "round trips per txn: " << Show(h);
-  EXPECT_TRUE(h.empty() || h.begin()->first >= 4) << Show(h);
+  EXPECT_LE(Above(h, 5), kTxns * 5 / 100) << "round trips per txn: " << db::ShowRoundTrips(h);
+  EXPECT_TRUE(h.empty() || h.begin()->first >= 4) << db::ShowRoundTrips(h);
 }
 
 // SI with the rows read for update (`bench txn --for-update`): the first round locks them and
@@ -111,16 +108,13 @@ TEST_P(TpcbTest, SnapshotIsolationWithRowsReadForUpdateIsThreeRoundTrips) {
   constexpr int kTxns = 200;
   const std::map<uint64_t, int> h =
       RoundTrips(/*read_committed=*/false, kTxns, /*for_update=*/true);
-  EXPECT_GE(h.count(3) ? h.at(3) : 0, kTxns * 90 / 100) << "round trips per txn: " << Show(h);
-  EXPECT_TRUE(h.empty() || h.begin()->first == 3) << Show(h);
+  EXPECT_GE(h.count(3) ? h.at(3) : 0, kTxns * 90 / 100)
+      << "round trips per txn: " << db::ShowRoundTrips(h);
+  EXPECT_TRUE(h.empty() || h.begin()->first == 3) << db::ShowRoundTrips(h);
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, TpcbTest, testing::Values("local", "pool", "pool-tcp"),
-                         [](const testing::TestParamInfo<std::string>& p) {
-                           std::string name = p.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+                         db::EngineParamName);
 
 }  // namespace
 }  // namespace farpool::workloads

@@ -49,11 +49,6 @@ class TpcwTest : public testing::TestWithParam<std::string> {
     EXPECT_OK(VerifyTpcw((*t)->db(), o, tables, {uint64_t(count)}));
     return histogram;
   }
-  static std::string Show(const std::map<uint64_t, int>& h) {
-    std::string s;
-    for (const auto& [rt, n] : h) s += std::to_string(n) + " x " + std::to_string(rt) + ", ";
-    return s;
-  }
 };
 
 // As in tpcb_test, some buys pay more round trips besides: the session's set-up, a lease
@@ -63,16 +58,13 @@ class TpcwTest : public testing::TestWithParam<std::string> {
 TEST_P(TpcwTest, SnapshotIsolationBuyIsFourRoundTrips) {
   constexpr int kTxns = 200;
   const std::map<uint64_t, int> h = RoundTrips(Isolation::kSnapshot, kTxns);
-  EXPECT_GE(h.count(4) ? h.at(4) : 0, kTxns * 85 / 100) << "round trips per txn: " << Show(h);
-  EXPECT_TRUE(h.empty() || h.begin()->first == 4) << Show(h);
+  EXPECT_GE(h.count(4) ? h.at(4) : 0, kTxns * 85 / 100)
+      << "round trips per txn: " << db::ShowRoundTrips(h);
+  EXPECT_TRUE(h.empty() || h.begin()->first == 4) << db::ShowRoundTrips(h);
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, TpcwTest, testing::Values("local", "pool", "pool-tcp"),
-                         [](const testing::TestParamInfo<std::string>& p) {
-                           std::string name = p.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+                         db::EngineParamName);
 
 }  // namespace
 }  // namespace farpool::workloads

@@ -77,11 +77,7 @@ TEST_P(SocialEngineTest, QueriesMatchTheGenerator) {
 // pool-tcp: the queries' projections and batches as messages the memory servers execute.
 INSTANTIATE_TEST_SUITE_P(Engines, SocialEngineTest,
                          ::testing::Values("local", "pool", "pool-tcp", "sharded"),
-                         [](const auto& p) {
-                           std::string name = p.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+                         db::EngineParamName);
 
 // Several compute processes on one pool: one loads (--load-only), the others --attach.
 TEST(SocialBenchTest, AttachRunsOnTheLoadedNetwork) {
