@@ -428,6 +428,27 @@ class DbProcessTest : public ::testing::TestWithParam<std::string> {
     ASSERT_TRUE(db.ok()) << db.status().ToString();
     db_ = std::move(*db);
   }
+  // The dead worker's (slot's) last commit log made whole again, as if the clear that shared
+  // the round of its last locking read had not landed (the state word back to the log's
+  // decided state), then recovered: recovery of a whole log beside the worker's later locks.
+  // `logged`: how many records the log names (`what` says which).
+  void RecoverWithTheLogWhole(int64_t slot, uint64_t logged, const char* what) {
+    auto& nam = static_cast<NamDatabase&>(*db_);
+    OpCount count;
+    Access access(nam.memory(), count);
+    uint64_t owner = 0, log = 0;
+    const GlobalAddress slot_addr = nam.SlotAddr(static_cast<uint32_t>(slot));
+    ASSERT_TRUE(access.Read(slot_addr, &owner, 8).ok());
+    ASSERT_TRUE(access.Read(slot_addr + kSlotLog, &log, 8).ok());
+    LogHeader h;
+    ASSERT_TRUE(access.Read(GlobalAddress::FromRaw(log), &h, sizeof(h)).ok());
+    ASSERT_EQ(h.state, 0u) << "the worker's locking read cleared its log";
+    ASSERT_EQ(h.count, logged) << what;
+    const uint64_t whole = LogState(OwnerEpoch(owner), h.number);
+    ASSERT_TRUE(access.Write(GlobalAddress::FromRaw(log), &whole, 8).ok());
+    ASSERT_TRUE(db_->RecoverExpired().ok());
+  }
+
   void StartPoolCluster() {
     LocalClusterOptions o = ShmTestCluster(FARPOOL_BINARY);
     if (GetParam() == "pool-tcp") o.transport = Fabric::kTcp;
@@ -595,21 +616,8 @@ TEST_P(DbProcessTest, UpdateIntentLockBesideAWholeLogSurvivesSigkill) {
                 FARPOOL_ASSIGN_OR_RETURN(slot, GetInt(txn, **t, 3));
                 return Status::Ok();
               }).ok());
-  auto& nam = static_cast<NamDatabase&>(*db_);
-  OpCount count;
-  Access access(nam.memory(), count);
-  uint64_t owner = 0, log = 0;
   ASSERT_GE(slot, 0);
-  const GlobalAddress slot_addr = nam.SlotAddr(static_cast<uint32_t>(slot));
-  ASSERT_TRUE(access.Read(slot_addr, &owner, 8).ok());
-  ASSERT_TRUE(access.Read(slot_addr + kSlotLog, &log, 8).ok());
-  LogHeader h;
-  ASSERT_TRUE(access.Read(GlobalAddress::FromRaw(log), &h, sizeof(h)).ok());
-  ASSERT_EQ(h.state, 0u) << "the worker's locking read cleared its log";
-  ASSERT_EQ(h.count, 2u) << "the log of keys 1 and 2";
-  const uint64_t whole = LogState(OwnerEpoch(owner), h.number);
-  ASSERT_TRUE(access.Write(GlobalAddress::FromRaw(log), &whole, 8).ok());
-  ASSERT_TRUE(db_->RecoverExpired().ok());
+  ASSERT_NO_FATAL_FAILURE(RecoverWithTheLogWhole(slot, 2, "the log of keys 1 and 2"));
   EXPECT_EQ(*db_->CountLocked(**t), 0u);
   int64_t v1 = -1, v2 = -1;
   Status read = RunTransaction(**session, [&](Transaction& txn) -> Status {
@@ -657,20 +665,7 @@ TEST_P(DbProcessTest, ReusedRecordOfAnotherKeyIsNotRolledIntoBySigkill) {
               }).ok());
   ASSERT_GE(slot, 0);
   ASSERT_GE(reused, 1000) << "the worker found no new key in the freed record";
-  auto& nam = static_cast<NamDatabase&>(*db_);
-  OpCount count;
-  Access access(nam.memory(), count);
-  uint64_t owner = 0, log = 0;
-  const GlobalAddress slot_addr = nam.SlotAddr(static_cast<uint32_t>(slot));
-  ASSERT_TRUE(access.Read(slot_addr, &owner, 8).ok());
-  ASSERT_TRUE(access.Read(slot_addr + kSlotLog, &log, 8).ok());
-  LogHeader h;
-  ASSERT_TRUE(access.Read(GlobalAddress::FromRaw(log), &h, sizeof(h)).ok());
-  ASSERT_EQ(h.state, 0u) << "the worker's locking read cleared its log";
-  ASSERT_EQ(h.count, 2u) << "the log of keys 11 and 12";
-  const uint64_t whole = LogState(OwnerEpoch(owner), h.number);
-  ASSERT_TRUE(access.Write(GlobalAddress::FromRaw(log), &whole, 8).ok());
-  ASSERT_TRUE(db_->RecoverExpired().ok());
+  ASSERT_NO_FATAL_FAILURE(RecoverWithTheLogWhole(slot, 2, "the log of keys 11 and 12"));
   EXPECT_EQ(*db_->CountLocked(**t), 0u);
   int64_t mine = -1, v12 = -1;
   Status gone;

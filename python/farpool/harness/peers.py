@@ -930,3 +930,15 @@ def systems_arg(ap: argparse.ArgumentParser, text: str, valid: list[str]) -> lis
     if unknown:
         ap.error(f"unknown system(s) {', '.join(unknown)}; expected some of {', '.join(valid)}")
     return systems
+
+
+def binaries_arg(ap: argparse.ArgumentParser, given: list[str]) -> list[tuple[str, str]]:
+    """--binary NAME=PATH values (A/B runs of the farpool systems) as (name, absolute path);
+    an argument error for one that does not name an executable."""
+    binaries = []
+    for b in given:
+        name, _, path = b.partition("=")
+        if not name or not path or not os.access(path, os.X_OK):
+            ap.error(f"--binary {b}: expected NAME=PATH of an executable")
+        binaries.append((name, os.path.abspath(path)))
+    return binaries

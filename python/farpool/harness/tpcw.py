@@ -76,12 +76,7 @@ def main(argv=None) -> int:
     ap.add_argument("--binary", action="append", default=[], metavar="NAME=PATH",
                     help="run every system with this binary too (A/B in one run)")
     args = ap.parse_args(argv)
-    binaries = []
-    for b in args.binary:
-        name, _, path = b.partition("=")
-        if not name or not path or not os.access(path, os.X_OK):
-            ap.error(f"--binary {b}: expected NAME=PATH of an executable")
-        binaries.append((name, os.path.abspath(path)))
+    binaries = peers.binaries_arg(ap, args.binary)
     clients = [int(c) for c in args.clients.split(",")]
     systems = peers.systems_arg(ap, args.systems, SYSTEMS)
     w = args.workload
