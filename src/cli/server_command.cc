@@ -148,14 +148,16 @@ int RunServer(const ServerArgs& a) {
   }
   // Registered before it says it is ready: a server that `cluster up` counts in has its key.
   // In a replicated cluster every server campaigns to be the coordinator, which decides
-  // failovers (pool/server/coordinator.h).
+  // failovers (pool/server/coordinator.h); without replicas every server with mirror slots
+  // does, for the hand-over of a drain (docs/pool.md "Drain without replicas").
+  const bool coordinates = a.replicated || o.mirror_slots > 0;
   std::unique_ptr<Coordinator> coordinator;  // outlives the membership thread that runs it
   std::unique_ptr<coord::Membership> membership;
   if (!etcd_endpoints.empty()) {
     coord::Membership::Options mo{etcd_endpoints, a.etcd_prefix, static_cast<uint16_t>(a.id),
                                   o.host + ":" + std::to_string((*server)->port()),
                                   (*server)->mirror_port()};
-    if (a.replicated) {
+    if (coordinates) {
       auto c = Coordinator::Create(static_cast<uint16_t>(a.id), a.secret_file);
       if (!c.ok()) return Fail(c.status().message());
       coordinator = std::move(*c);
@@ -196,7 +198,9 @@ int RunServer(const ServerArgs& a) {
   std::fflush(stdout);
   // A drain hands the regions over before the server leaves (docs/pool.md "cluster drain"):
   // refusals the clients resend elsewhere instead of requests cut off in flight.
-  const bool drain = sig == SIGUSR1 && a.replicated && membership != nullptr;
+  // Without replicas MemoryServer::Drain refuses unless `cluster drain` copied the region to a
+  // backup first; the server then stops as on SIGTERM.
+  const bool drain = sig == SIGUSR1 && coordinates && membership != nullptr;
   Status handed = drain ? (*server)->Drain(kHandOverTimeout) : Status::Ok();
   if (!handed.ok()) std::printf("farpool server %d: %s\n", a.id, handed.message().c_str());
   membership.reset();  // leaves etcd first: the cluster sees it gone at once

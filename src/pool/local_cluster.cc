@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -341,7 +342,7 @@ coord::ClusterMap InitialMap(const ClusterConfig& config, int mirror_slots) {
     m.memory = s.memory;
     m.served_by = s.id;
     m.backup = config.replicas > 0 ? config.servers[config.BackupOf(i)].id : -1;
-    m.slots = config.replicas > 0 ? static_cast<uint32_t>(mirror_slots) : 0;
+    m.slots = static_cast<uint32_t>(mirror_slots);
     map.servers.push_back(m);
   }
   return map;
@@ -359,7 +360,7 @@ bool SharesPages(const LocalClusterOptions& o) {
 }  // namespace
 
 int DefaultMirrorSlots(int servers, int replicas) {
-  if (replicas == 0) return 0;
+  if (replicas == 0) return servers >= 2 ? 1 : 0;
   return servers >= 3 ? 2 : 1;
 }
 
@@ -383,12 +384,10 @@ Status ClusterUp(const LocalClusterOptions& o) {
                                    ": 0, or 1 with at least 2 servers (more copies are not built "
                                    "yet)");
   }
-  const int slots = replicas == 0         ? 0
-                    : o.mirror_slots >= 0 ? o.mirror_slots
-                                          : DefaultMirrorSlots(o.servers, replicas);
-  if (replicas > 0 && (slots < 1 || slots > 64)) {
+  const int slots = o.mirror_slots >= 0 ? o.mirror_slots : DefaultMirrorSlots(o.servers, replicas);
+  if ((replicas > 0 && slots < 1) || slots < 0 || slots > 64) {
     return Status::InvalidArgument("--mirror-slots " + std::to_string(slots) +
-                                   ": from 1 to 64 with --replicas 1");
+                                   ": from 1 to 64 with --replicas 1, 0 to 64 without");
   }
   if (o.delay.count() > 0 && !o.netns) {
     return Status::InvalidArgument(
@@ -402,7 +401,7 @@ Status ClusterUp(const LocalClusterOptions& o) {
   // are for re-replication after a failure and check for themselves when they take a copy; on
   // this host one failure's re-replication fills two of them while the dead server's own part
   // and ring copy are gone, so the count below covers that state too.
-  const bool copies = slots > 0 && !SharesPages(o);
+  const bool copies = replicas > 0 && !SharesPages(o);
   uint64_t total = 0;
   if (__builtin_mul_overflow(o.memory, static_cast<uint64_t>(o.servers) * (copies ? 2 : 1),
                              &total)) {
@@ -477,6 +476,9 @@ Status ClusterUp(const LocalClusterOptions& o) {
       argv.insert(argv.end(), {"--mirror-of", std::to_string(primary), "--replicated",
                                "--mirror-slots", std::to_string(slots)});
       if (config.shared_pages) argv.push_back("--shared-pages");
+    } else if (slots > 0) {
+      // Without replicas the slots are for drains (ClusterDrain): free, address space only.
+      argv.insert(argv.end(), {"--mirror-slots", std::to_string(slots)});
     }
     pid_t pid = SpawnDetached(argv, log, o.die_with_parent);
     if (pid < 0) return fail(Status::IoError(std::string("fork: ") + strerror(errno)));
@@ -557,13 +559,16 @@ Result<uint16_t> ClusterAdd(const LocalClusterOptions& o) {
       ServerArgv(o, netns ? names.Namespace(index) : "", host + (netns ? ":7000" : ":0"), id,
                  base + ".ready", fs::absolute(SecretFile(o.dir)).string(), config.etcd);
   // Unless told, as many slots as server 0 (as --memory): the cluster's choice of room.
-  const uint32_t slots = map.replicas == 0     ? 0
-                         : o.mirror_slots >= 0 ? static_cast<uint32_t>(o.mirror_slots)
+  // Without replicas at least one slot too: an added server is where a drained one's region
+  // goes (`cluster add` + `cluster drain` replaces a machine).
+  const uint32_t slots = o.mirror_slots >= 0   ? static_cast<uint32_t>(o.mirror_slots)
                          : map.servers.empty() ? 1
                                                : std::max(map.servers[0].slots, 1u);
   if (map.replicas > 0) {
     argv.insert(argv.end(), {"--replicated", "--mirror-slots", std::to_string(slots)});
     if (config.shared_pages) argv.push_back("--shared-pages");
+  } else if (slots > 0) {
+    argv.insert(argv.end(), {"--mirror-slots", std::to_string(slots)});
   }
   const pid_t pid = SpawnDetached(argv, base + ".log", o.die_with_parent);
   if (pid < 0) return Status::IoError(std::string("fork: ") + strerror(errno));
@@ -618,6 +623,164 @@ Result<uint16_t> ClusterAdd(const LocalClusterOptions& o) {
   return id;
 }
 
+namespace {
+
+// One control connection from the cluster tool to `to` on `port` (its main or its mirror's).
+Result<std::unique_ptr<control::Connection>> ToolConnection(
+    const coord::MapServer& to, uint16_t port, const transport::ClusterSecret& secret) {
+  FARPOOL_ASSIGN_OR_RETURN(auto hp, ParseHostPort(to.address));
+  wire::HelloRequest hello{};
+  hello.client_pid = static_cast<uint64_t>(getpid());
+  hello.client_nonce = (static_cast<uint64_t>(getpid()) << 32) | 0xd7a1;  // tag nonzero
+  control::Connection::Options co;
+  co.name = "server " + std::to_string(to.id) + " (" + hp.first + ":" + std::to_string(port) + ")";
+  co.host = hp.first;
+  co.port = port;
+  co.secret = &secret;
+  co.fabric = Fabric::kTcp;
+  co.timeout = std::chrono::milliseconds(2000);
+  return control::Connection::Open(co, hello);
+}
+
+// A drain without replicas, its first half (docs/pool.md "Drain without replicas"): picks a
+// target (a live server serving its own region, as large, with a free mirror slot; the most
+// free slots, then the lowest id), has server `id` copy its region there while it serves
+// (BackupRequest: re-replication's attach and copy, every change forwarded meanwhile), and once
+// the copy is whole records the target as the region's backup in the map (epoch + 1). On any
+// failure the server is told to give the copy up (DegradeRequest on its mirror port) and the
+// map is not changed: the region stays where it was, with one copy, as before.
+Status CopyForDrain(const std::string& dir, const ClusterConfig& config, const EtcdView& view,
+                    uint16_t id, Clock::time_point deadline) {
+  const coord::ClusterMap& map = view.map;
+  const coord::MapServer& entry = *map.Find(id);
+  const std::string name = "server " + std::to_string(id);
+  auto alive = [&](uint16_t s) {
+    return std::find(view.alive.begin(), view.alive.end(), s) != view.alive.end();
+  };
+  if (config.transport != Fabric::kTcp) {
+    return Status::InvalidArgument(
+        "draining " + name +
+        " without replicas needs a cluster over --transport tcp: over shm its clients store "
+        "into its mapped region without the server, so a copy could miss their writes");
+  }
+  for (const coord::MapServer& r : map.servers) {
+    if (r.id != id && r.served_by == id) {
+      return Status::InvalidArgument(name + " serves server " + std::to_string(r.id) +
+                                     "'s region from a mirror slot (an earlier drain): moving "
+                                     "that one again is not built");
+    }
+  }
+  const coord::MapServer* target = nullptr;
+  int slot = 0;
+  int most = 0;
+  std::string seen;
+  for (const coord::MapServer& t : map.servers) {
+    if (t.id == id || t.served_by != t.id || !alive(t.id)) continue;
+    const std::vector<int> used = map.SlotsInUse(t.id);
+    const int free = static_cast<int>(t.slots) - static_cast<int>(used.size());
+    seen += (seen.empty() ? "" : ", ") + std::to_string(t.id) + ": " + std::to_string(free) +
+            " of " + std::to_string(t.slots) + " free" +
+            (t.memory < entry.memory ? ", smaller" : "");
+    if (t.memory < entry.memory || free <= most) continue;
+    most = free;
+    target = &t;
+    slot = 0;
+    while (std::find(used.begin(), used.end(), slot) != used.end()) ++slot;
+  }
+  if (target == nullptr) {
+    return Status::ResourceExhausted(
+        "draining " + name + ": no live server has a free mirror slot of " +
+        FormatSize(entry.memory) + " for its region (live servers' slots: " +
+        (seen.empty() ? "none" : seen) + "); `cluster add` one, then drain");
+  }
+  // The target's slot commits its memory when the copy attaches (mirror.h, "Memory"); on this
+  // host that is this check's memory.
+  Status fits = CheckFitsInAvailableMemory(
+      entry.memory, "a copy of " + name + "'s region for server " + std::to_string(target->id));
+  if (!fits.ok()) {
+    return Status::ResourceExhausted("draining " + name + ": " + fits.message());
+  }
+  FARPOOL_ASSIGN_OR_RETURN(transport::ClusterSecret secret,
+                           transport::ClusterSecret::Read(SecretFile(dir)));
+  FARPOOL_ASSIGN_OR_RETURN(auto to, ParseHostPort(target->address));
+  wire::BackupRequest request{};
+  request.backup_id = target->id;
+  request.port = to.second;
+  request.slot = static_cast<uint16_t>(slot);
+  request.region = id;
+  if (to.first.size() >= sizeof(request.host)) {
+    return Status::InvalidArgument("host name too long: " + to.first);
+  }
+  std::memcpy(request.host, to.first.data(), to.first.size());
+  const std::string copying = "draining " + name + ": copying its region (" +
+                              FormatSize(entry.memory) + ") to server " +
+                              std::to_string(target->id) + " slot " + std::to_string(slot);
+  // Gives the copy up at the server (it forwards to the target no more and the target's slot
+  // frees its memory); the region stays where it was.
+  auto give_up = [&](const Status& why) {
+    auto mirror = view.mirror_ports.find(id);
+    if (mirror != view.mirror_ports.end() && mirror->second != 0) {
+      auto c = ToolConnection(entry, mirror->second, secret);
+      if (c.ok()) {
+        Status told = (*c)->Call(
+                              [&](uint64_t rid) {
+                                return wire::Encode(rid, wire::DegradeRequest{target->id, {}});
+                              },
+                              wire::Opcode::kDegradeReply)
+                          .status();
+        (void)told;  // a server that is gone forwards nothing either
+      }
+    }
+    return why.WithContext(copying + " failed; the region stays on " + name + ", one copy");
+  };
+  FARPOOL_ASSIGN_OR_RETURN(auto at, ParseHostPort(entry.address));
+  FARPOOL_ASSIGN_OR_RETURN(auto c, ToolConnection(entry, at.second, secret));
+  for (;;) {
+    auto reply = c->Call([&](uint64_t rid) { return wire::Encode(rid, request); },
+                         wire::Opcode::kBackupReply);
+    if (!reply.ok() && reply.status().code() != StatusCode::kAborted) {
+      return give_up(reply.status());
+    }
+    if (reply.ok() && reply->message.As<wire::BackupReply>().remaining == 0) break;
+    auto now = ClusterEtcdStatus(dir);
+    if (now.ok() &&
+        std::find(now->alive.begin(), now->alive.end(), target->id) == now->alive.end()) {
+      return give_up(Status::Unavailable("server " + std::to_string(target->id) +
+                                         " left etcd (its lease lapsed: it died)"));
+    }
+    if (now.ok() && std::find(now->alive.begin(), now->alive.end(), id) == now->alive.end()) {
+      return give_up(Status::Unavailable(name + " left etcd"));
+    }
+    if (Clock::now() > deadline) return give_up(Status::TimedOut("the copy was not whole in time"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  // Whole: the map names the target as the region's backup, so that the coordinator promotes
+  // it when the server hands over (epoch + 1, a txn on the map's revision).
+  FARPOOL_ASSIGN_OR_RETURN(auto etcd, coord::EtcdClient::Create({config.etcd.endpoints}));
+  const coord::MapKeys keys{config.etcd.prefix};
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    FARPOOL_ASSIGN_OR_RETURN(auto kv, etcd->Get(keys.Map()));
+    if (!kv) return give_up(Status::NotFound("no cluster map at " + keys.Map()));
+    FARPOOL_ASSIGN_OR_RETURN(coord::ClusterMap next,
+                             coord::ClusterMap::Parse(kv->value, keys.Map()));
+    for (coord::MapServer& m : next.servers) {
+      if (m.id == id) {
+        m.backup = target->id;
+        m.backup_slot = slot;
+      }
+    }
+    ++next.epoch;
+    auto written =
+        etcd->PutIf({{keys.Map(), coord::Compare::Target::kModRevision, kv->mod_revision}},
+                    keys.Map(), next.ToJson());
+    if (!written.ok()) return give_up(written.status().WithContext("writing the cluster map"));
+    if (written->succeeded) return Status::Ok();
+  }
+  return give_up(Status::Aborted("the cluster map kept changing"));
+}
+
+}  // namespace
+
 Status ClusterDrain(const std::string& dir, uint16_t id, std::chrono::milliseconds timeout) {
   FARPOOL_ASSIGN_OR_RETURN(ClusterConfig config, ClusterConfig::Load(ClusterFile(dir)));
   FARPOOL_ASSIGN_OR_RETURN(EtcdView view, ClusterEtcdStatus(dir));
@@ -645,12 +808,10 @@ Status ClusterDrain(const std::string& dir, uint16_t id, std::chrono::millisecon
       std::any_of(view.alive.begin(), view.alive.end(), [&](uint16_t s) { return s != id; });
   if (!others)
     return Status::InvalidArgument(name + " is the last server: its data has nowhere to go");
+  const auto deadline = Clock::now() + timeout;
   if (map.replicas == 0) {
-    return Status::InvalidArgument(
-        "draining a cluster without replicas (a copy to a target first) "
-        "is not built yet: start it with --replicas 1");
-  }
-  if (!alive(entry->backup)) {
+    FARPOOL_RETURN_IF_ERROR(CopyForDrain(dir, config, view, id, deadline));
+  } else if (!alive(entry->backup)) {
     return Status::InvalidArgument(name +
                                    "'s region has no live backup (it runs with one copy): "
                                    "draining it would lose the region; wait for "
@@ -667,7 +828,6 @@ Status ClusterDrain(const std::string& dir, uint16_t id, std::chrono::millisecon
   // (the clients resend them to the new holder), closes its links to its backups once they
   // have every change, leaves etcd (its lease revoked); the coordinator promotes its backup at
   // once and moves the epoch; the server stops once the map shows the move.
-  const auto deadline = Clock::now() + timeout;
   if (kill(static_cast<pid_t>(server->pid), SIGUSR1) != 0) {
     return Status::IoError("cannot signal " + name + " (pid " + std::to_string(server->pid) +
                            "): " + strerror(errno));
@@ -735,8 +895,14 @@ Result<EtcdView> ClusterEtcdStatus(const std::string& dir) {
           view.map, coord::ClusterMap::Parse(kv.value, "etcd " + view.endpoints + " " + kv.key));
       have_map = true;
     } else if (kv.key.starts_with(keys.AlivePrefix())) {
-      view.alive.push_back(
-          static_cast<uint16_t>(std::stoul(kv.key.substr(keys.AlivePrefix().size()))));
+      const auto alive_id =
+          static_cast<uint16_t>(std::stoul(kv.key.substr(keys.AlivePrefix().size())));
+      view.alive.push_back(alive_id);
+      auto value = nlohmann::json::parse(kv.value, nullptr, /*allow_exceptions=*/false);
+      if (value.is_object() && value.contains("mirror_port") &&
+          value["mirror_port"].is_number_unsigned()) {
+        view.mirror_ports[alive_id] = value["mirror_port"].get<uint16_t>();
+      }
     } else if (kv.key == keys.Coordinator()) {
       view.coordinator = std::stoi(kv.value);
     }

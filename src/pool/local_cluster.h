@@ -26,6 +26,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -91,13 +92,20 @@ Result<uint16_t> ClusterAdd(const LocalClusterOptions& options);
 // `farpool cluster drain ID` (docs/pool.md "cluster drain"), replicated clusters: a planned
 // failover. Checks first, changing nothing if any fails (InvalidArgument naming why): ID is a
 // live server of the cluster serving its own region, not the last one, whose backup is alive,
-// and every region it serves from a slot has a live backup too. Then drains it (SIGUSR1: it
+// and every region it serves from a slot has a live backup too. Without replicas (docs/pool.md
+// "Drain without replicas") the backup is made first: a transport tcp cluster (InvalidArgument
+// else), ID serving no other region, a live server with a free mirror slot as large
+// (ResourceExhausted naming the slots seen else) and the host's memory for the copy
+// (ResourceExhausted); ID copies its region there while it serves, the map names the target as
+// its backup, and the hand-over below follows. A copy that fails (the target or ID dies, the
+// timeout) is given up, the map unchanged, and the drain fails with the reason: the region stays
+// on ID, whose acknowledged changes are all there. Then drains it (SIGUSR1: it
 // refuses requests unexecuted, which the clients resend to the new holder, hands its regions
 // over to their backups, leaves etcd, and stops once the map shows the move:
 // MemoryServer::Drain), and returns once the map has its region served by its backup and its
 // process has ended (TimedOut after `timeout`).
 // The regions it kept copies of are degraded, and get new copies where slots are free
-// (re-replication). InvalidArgument without replicas (not built yet).
+// (re-replication).
 Status ClusterDrain(const std::string& dir, uint16_t id, std::chrono::milliseconds timeout);
 Status ClusterDown(const std::string& dir);
 
@@ -117,7 +125,8 @@ struct EtcdView {
   std::string prefix;
   coord::ClusterMap map;
   std::vector<uint16_t> alive;  // ids whose alive key exists (their lease is kept alive)
-  int coordinator = -1;         // id of the elected coordinator, -1: none
+  std::map<uint16_t, uint16_t> mirror_ports;  // by id, from the alive keys (0: none)
+  int coordinator = -1;                       // id of the elected coordinator, -1: none
 };
 // Reads it; NotFound if the cluster has no etcd; Unavailable naming the endpoints if etcd does
 // not answer.

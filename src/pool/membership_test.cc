@@ -1162,6 +1162,174 @@ TEST(ClusterDrain, BadInputIsRefusedAndChangesNothing) {
   EXPECT_EQ(ClusterEtcdStatus(cluster.dir()).value().map.epoch, epoch);
 }
 
+// Drain without replicas (docs/pool.md "Drain without replicas"): servers in network
+// namespaces over TCP, `--replicas 0` with the default slot each (one, free).
+
+// A pattern of `size` bytes that depends on `seed`.
+std::vector<uint8_t> Pattern(size_t size, uint8_t seed) {
+  std::vector<uint8_t> bytes(size);
+  for (size_t i = 0; i < size; ++i) bytes[i] = static_cast<uint8_t>(i * 131 + (i >> 12) + seed);
+  return bytes;
+}
+
+// While two threads write their own objects on every server and two read every object, a
+// server holding a 2 MiB pattern and those objects is drained: its region is copied to a
+// survivor's free slot, handed over, and its process ends. No read or write fails, every
+// acknowledged write and the pattern read back (through the running client and a new one),
+// and the map has the region served by the survivor from that slot. With the copy's pieces
+// emptied (CopyStep sending nothing) the pattern does not read back.
+TEST(DrainWithoutReplicas, TheRegionMovesToASurvivorsSlotWhileClientsReadAndWrite) {
+  constexpr int kServers = 3;
+  TestCluster cluster(Options(kServers, 0, /*netns=*/true));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  EtcdView before = ClusterEtcdStatus(cluster.dir()).value();
+  for (const coord::MapServer& m : before.map.servers) {
+    EXPECT_EQ(m.slots, 1u) << "server " << m.id << ": DefaultMirrorSlots without replicas";
+    EXPECT_EQ(m.backup, -1);
+  }
+  PoolOptions po;
+  po.op_timeout = 5000ms;
+  auto connected = Pool::Connect(*config, po);
+  ASSERT_TRUE(connected.ok()) << connected.status().ToString();
+  Pool& pool = **connected;
+  const int coordinator = Coordinator(cluster.dir());
+  ASSERT_GE(coordinator, 0) << "no coordinator elected";
+  const int victim = (coordinator + 1) % kServers;
+  const std::vector<uint8_t> pattern = Pattern(2 << 20, 17);
+  auto at = pool.Alloc(pattern.size(), Placement::OnServer(static_cast<uint16_t>(victim)));
+  ASSERT_TRUE(at.ok()) << at.status().ToString();
+  ASSERT_TRUE(pool.Write(*at, pattern.data(), pattern.size()).ok());
+  std::vector<GlobalAddress> objects[2], all;
+  for (int w = 0; w < 2; ++w) {
+    for (int s = 0; s < kServers; ++s) {
+      auto a = pool.Alloc(64, Placement::OnServer(static_cast<uint16_t>(s)));
+      ASSERT_TRUE(a.ok()) << a.status().ToString();
+      objects[w].push_back(*a);
+      all.push_back(*a);
+    }
+  }
+  Writer writer0(pool, objects[0]), writer1(pool, objects[1]);
+  Reader reader0(pool, all), reader1(pool, all);
+  ASSERT_TRUE(writer0.AcknowledgedEverywhere(20));
+  ASSERT_TRUE(writer1.AcknowledgedEverywhere(20));
+  Status drained = ClusterDrain(cluster.dir(), static_cast<uint16_t>(victim), 60000ms);
+  ASSERT_TRUE(drained.ok()) << drained.ToString();
+  EXPECT_FALSE(ProcessRunning(static_cast<pid_t>(config->servers[victim].pid)));
+  EXPECT_TRUE(writer0.AcknowledgedEverywhere(20)) << "the client did not follow the drain";
+  EXPECT_TRUE(writer1.AcknowledgedEverywhere(20)) << "the client did not follow the drain";
+  reader0.Stop();
+  reader1.Stop();
+  writer0.Stop();
+  writer1.Stop();
+  std::printf("drain of server %d without replicas: failed: %llu reads, %llu writes\n", victim,
+              static_cast<unsigned long long>(reader0.failures() + reader1.failures()),
+              static_cast<unsigned long long>(writer0.failures() + writer1.failures()));
+  EXPECT_EQ(reader0.failures() + reader1.failures(), 0u)
+      << reader0.first_error() << " / " << reader1.first_error();
+  EXPECT_EQ(writer0.failures() + writer1.failures(), 0u)
+      << writer0.last_error() << " / " << writer1.last_error();
+  writer0.CheckIntact();
+  writer1.CheckIntact();
+  EtcdView view = ClusterEtcdStatus(cluster.dir()).value();
+  const coord::MapServer* moved = view.map.Find(static_cast<uint16_t>(victim));
+  ASSERT_NE(moved, nullptr);
+  EXPECT_NE(moved->served_by, victim);
+  EXPECT_EQ(moved->served_slot, 0) << "the survivor's free slot";
+  EXPECT_EQ(moved->backup, -1) << "one copy, as before the drain";
+  EXPECT_FALSE(Contains(view.alive, static_cast<uint16_t>(victim)));
+  std::vector<uint8_t> back(pattern.size());
+  ASSERT_TRUE(pool.Read(*at, back.data(), back.size()).ok());
+  EXPECT_TRUE(back == pattern) << "the running client reads another pattern";
+  // A client that connects after the drain finds the region where the map says.
+  auto fresh = ConnectTestClient(cluster);
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  std::vector<uint8_t> again(pattern.size());
+  Status read = fresh->pool->Read(*at, again.data(), again.size());
+  ASSERT_TRUE(read.ok()) << read.ToString();
+  EXPECT_TRUE(again == pattern) << "a new client reads another pattern";
+  uint64_t value = 0;
+  Status object = fresh->pool->Read(objects[0][victim], &value, 8);
+  ASSERT_TRUE(object.ok()) << object.ToString();
+  EXPECT_GT(value, 0u);
+}
+
+// Checks first, nothing changed: an unknown id; no survivor with a free slot (`--mirror-slots
+// 0`); the last server. Each refused with its reason; the epoch and the servers stay.
+TEST(DrainWithoutReplicas, RefusedWithoutAFreeSlotAndChangesNothing) {
+  LocalClusterOptions o = Options(2, 0);
+  o.mirror_slots = 0;
+  TestCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  Status unknown = ClusterDrain(cluster.dir(), 9, 30000ms);
+  EXPECT_EQ(unknown.code(), StatusCode::kInvalidArgument) << unknown.ToString();
+  Status full = ClusterDrain(cluster.dir(), 1, 30000ms);
+  EXPECT_EQ(full.code(), StatusCode::kResourceExhausted) << full.ToString();
+  EXPECT_NE(full.message().find("no live server has a free mirror slot"), std::string::npos)
+      << full.message();
+  EXPECT_NE(full.message().find("0: 0 of 0 free"), std::string::npos) << full.message();
+  EtcdView view = ClusterEtcdStatus(cluster.dir()).value();
+  EXPECT_EQ(view.map.epoch, 1);
+  EXPECT_EQ(view.map.Find(1)->served_by, 1);
+  EXPECT_TRUE(Contains(view.alive, 1));
+  EXPECT_TRUE(ProcessRunning(static_cast<pid_t>(config->servers[1].pid)));
+}
+
+// The target dies mid-copy: server 1's link is slowed to 12 Mbit/s so that copying its 16 MiB
+// takes ~11 s, and server 0, the target, is SIGKILLed 2 s into it. The drain fails saying why,
+// the copy is given up, the map is unchanged, and a client writing to server 1 throughout sees
+// no error and loses nothing.
+TEST(DrainWithoutReplicas, ATargetKilledMidCopyFailsTheDrainAndLosesNothing) {
+  LocalClusterOptions o = Options(2, 0, /*netns=*/true);
+  o.memory = 16 << 20;
+  TestCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  PoolOptions po;
+  po.op_timeout = 5000ms;
+  auto connected = Pool::Connect(*config, po);
+  ASSERT_TRUE(connected.ok()) << connected.status().ToString();
+  Pool& pool = **connected;
+  std::vector<GlobalAddress> objects;
+  for (int k = 0; k < 2; ++k) {
+    auto a = pool.Alloc(64, Placement::OnServer(1));
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    objects.push_back(*a);
+  }
+  Writer writer(pool, objects);
+  ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
+  ASSERT_NO_FATAL_FAILURE(LimitEgress(config->servers[1].netns, "12mbit"));
+  Status drained;
+  std::thread drain([&] { drained = ClusterDrain(cluster.dir(), 1, 60000ms); });
+  const std::string log = cluster.dir() + "/server-1.log";
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (Output("cat " + log).find("copying its region") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+  }
+  std::this_thread::sleep_for(2s);
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[0].pid), SIGKILL), 0);
+  drain.join();
+  std::printf("the drain: %s\n", drained.ToString().c_str());
+  EXPECT_FALSE(drained.ok());
+  EXPECT_NE(drained.message().find("the region stays on server 1"), std::string::npos)
+      << drained.ToString();
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "server 1 stopped serving after the drain";
+  writer.Stop();
+  EXPECT_EQ(writer.failures(), 0u) << writer.last_error();
+  writer.CheckIntact();
+  EtcdView view = ClusterEtcdStatus(cluster.dir()).value();
+  EXPECT_EQ(view.map.Find(1)->served_by, 1);
+  EXPECT_EQ(view.map.Find(1)->backup, -1);
+  EXPECT_TRUE(ProcessRunning(static_cast<pid_t>(config->servers[1].pid)));
+  EXPECT_NE(Output("cat " + log).find("copying its region to backup server 0"), std::string::npos)
+      << "server 1 did not give the copy up";
+}
+
 // Fencing by epoch: a server that finds in the map that its region is served by another (as
 // after a failover decided while it was cut off) stops serving and exits, on its own.
 TEST(Membership, AServerThatTheMapMovedAwayShutsItselfDown) {

@@ -58,7 +58,11 @@
 //     because their server had failed: a read changes nothing, so running it again is safe.
 //     A write, CAS, fetch-and-add or insert whose request may have reached a server that then
 //     failed is never resent: its outcome is unknown and it returns Unavailable ("may or may not
-//     have taken effect").
+//     have taken effect"). Without replicas the same holds for a drain (docs/pool.md "Drain
+//     without replicas"): every Pool whose cluster file names an etcd watches the map, a
+//     MovingReply waits for the map's move, and a client connecting after a drain finds the
+//     region where the map says; a crashed server's region, which has nowhere to go, fails
+//     as before.
 //   - Access control: with a cluster secret (ClusterConfig::secret_file) every connection,
 //     the monitor's and WhyLost's included, opens with the challenge-response of
 //     transport/auth.h (Handshake): a ChallengeRequest, then the hello with our proof; the
@@ -446,6 +450,9 @@ class Pool::Impl {
   // Where leases of server `index` go: itself (mirror 0), or, failed over, the promoted
   // mirror slot of the server that serves it (mirror: 1 + its id).
   std::pair<size_t, uint32_t> ControlTarget(size_t index) const;
+  // Whether a failed server's regions can move (replicated, or a drain the map shows): what a
+  // batch resends after a failure (Batch::Drain).
+  bool RegionsMove() const { return cluster_.replicas > 0 || etcd_ != nullptr; }
 
   PoolOptions options_;
   Fabric fabric_ = Fabric::kAuto;
@@ -512,8 +519,10 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
   if (!cluster.secret_file.empty()) {
     FARPOOL_ASSIGN_OR_RETURN(secret_, transport::ClusterSecret::Read(cluster.secret_file));
   }
-  if (cluster.replicas > 0 && !cluster.etcd.endpoints.empty()) {
-    // Short calls: the watcher and a failover must not hang on a partitioned etcd.
+  if (!cluster.etcd.endpoints.empty()) {
+    // Short calls: the watcher and a failover must not hang on a partitioned etcd. Without
+    // replicas too: a drain moves a region there as well (docs/pool.md "Drain without
+    // replicas").
     FARPOOL_ASSIGN_OR_RETURN(
         etcd_, coord::EtcdClient::Create({cluster.etcd.endpoints, std::chrono::milliseconds(500)}));
   }
@@ -541,7 +550,7 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
   FARPOOL_ASSIGN_OR_RETURN(ThreadContext * tc, Local());
   for (size_t i = 0; i < count(); ++i) {
     ServerState& s = *servers_[i];
-    if (s.failed && cluster_.replicas > 0 && s.moved_to.load() < 0 && Outage(s)) {
+    if (s.failed && (cluster_.replicas > 0 || etcd_) && s.moved_to.load() < 0 && Outage(s)) {
       FailOver(i);  // down at connect: its backup's hello (its mirror) is known only now
     }
     if (s.failed && s.moved_to.load() >= 0) {
@@ -837,7 +846,10 @@ void Pool::Impl::MarkFailed(size_t index, const std::string& reason, StatusCode 
     if (s.failed.load()) return;
     s.failure = reason;
     s.failure_code = code;
-    if (cluster_.replicas > 0 && code == StatusCode::kUnavailable) s.failing_over.store(true);
+    // Without replicas only a drain moves a region (FailOver follows the map to it).
+    if ((cluster_.replicas > 0 || s.draining.load()) && code == StatusCode::kUnavailable) {
+      s.failing_over.store(true);
+    }
     s.failed.store(true);
   }
   if (s.failing_over.load()) {
@@ -1007,6 +1019,15 @@ Status Pool::Impl::Join(const coord::MapServer& m) {
 
 void Pool::Impl::FailOver(size_t index) {
   ServerState& s = *servers_[index];
+  if (etcd_ && cluster_.replicas == 0 && !s.draining.load()) {
+    // Without replicas a region moves only by a drain (`cluster drain`), which this client did
+    // not see: the map has the move already (a client connecting after it), or it never comes.
+    auto kv = etcd_->Get(coord::MapKeys{cluster_.etcd.prefix}.Map());
+    if (!kv.ok() || !kv->has_value()) return;
+    auto map = coord::ClusterMap::Parse((*kv)->value, cluster_.etcd.prefix);
+    if (map.ok()) FollowMap(*map);
+    return;
+  }
   if (etcd_) {
     // The map may have moved the backup since `cluster up` (re-replication): it decides.
     auto decided = AwaitMapDecision(index);
@@ -1022,6 +1043,7 @@ void Pool::Impl::FailOver(size_t index) {
                  "its ring backup directly\n",
                  s.name.c_str(), decided.status().message().c_str());
   }
+  if (cluster_.replicas == 0) return;  // no ring backup to ask
   // The first stage's fallback: the ring backup, which mirrors it in its slot 0.
   const size_t b = cluster_.BackupOf(index);
   ServerState& backup = *servers_[b];
@@ -2475,10 +2497,10 @@ Status Batch::Drain(int resends) {
   auto note = [&first](const Status& s) {
     if (first.ok() && !s.ok()) first = s;
   };
-  // What is posted again once this round is done (see the file comment): only in a replicated
-  // cluster, where a failed server's regions move to another.
+  // What is posted again once this round is done (see the file comment): only in a cluster
+  // where a failed server's regions move to another (replicated, or drained: the map says).
   std::vector<Replay> again;
-  const bool resend = pool_.cluster_.replicas > 0 && resends > 0;
+  const bool resend = pool_.RegionsMove() && resends > 0;
   auto moved = [&](size_t index) {
     return pool_.servers_[index]->failed.load(std::memory_order_relaxed);
   };

@@ -114,9 +114,12 @@ class MemoryServer::Impl : public transport::AmHandler {
   // Keeps this batch's changes (from `before` in changed_) for the backup if replicated, else
   // drops them (they served only to wake waiters).
   void KeepChanges(size_t before);
-  // Whether the bytes a round changed go to the backups: replicated, unless they share this
-  // server's pages (then only lease changes do).
-  bool ForwardsBytes() const { return options_.replicated && !options_.shared_pages; }
+  // Whether the bytes a round changed go to the backups: replicated (or, without replicas,
+  // while a drain copies the region: backup_), unless they share this server's pages (then only
+  // lease changes do).
+  bool ForwardsBytes() const {
+    return (options_.replicated || backup_ != nullptr) && !options_.shared_pages;
+  }
   // Ok if a request that changes the region or the leases may run now (replication).
   Status MayChange() const;
   // Ok while the lease from the backup holds (replicated, not degraded): see mirror.h.
@@ -288,6 +291,9 @@ class MemoryServer::Impl : public transport::AmHandler {
   // links to the backups are closed with nothing unacknowledged.
   std::atomic<bool> moving_{false};
   std::atomic<bool> handed_over_{false};
+  // Whether a backup holds the whole region (set by the progress thread), for Drain's check
+  // on a server started without replicas: without one, a drain would lose the region.
+  std::atomic<bool> whole_backup_{false};
   std::vector<memory_ops::Range> changed_;
   std::vector<LeaseChange> lease_changes_;
   std::vector<uint64_t> round_;
@@ -792,6 +798,7 @@ void MemoryServer::Impl::Degrade() {
   GiveUp(std::move(backup_));
   copy_.reset();
   degraded_ = true;
+  whole_backup_.store(false);
   ReleaseHeld();
 }
 
@@ -806,6 +813,7 @@ void MemoryServer::Impl::AbandonCopy(const Status& why) {
                Name().c_str(), backup_->name().c_str(), why.message().c_str());
   GiveUp(std::move(backup_));
   copy_.reset();
+  whole_backup_.store(false);
   ReleaseHeld();  // none while copying; the rounds stand with one copy, as the map says
 }
 
@@ -859,6 +867,7 @@ void MemoryServer::Impl::CopySlice() {
   if (copy_->next < size) return;
   copy_.reset();
   degraded_ = false;
+  whole_backup_.store(true);
 }
 
 Result<wire::BackupReply> MemoryServer::Impl::ConfigureSlotBackup(
@@ -1077,6 +1086,7 @@ void MemoryServer::Impl::HandOver() {
                Name().c_str());
   backup_.reset();
   copy_.reset();
+  whole_backup_.store(false);
   // A slot link still connecting is waited for and closed (else its backup, seeing a primary
   // connected, would refuse to promote until that lease ran out).
   connecting_.clear();
@@ -1085,8 +1095,11 @@ void MemoryServer::Impl::HandOver() {
 }
 
 Status MemoryServer::Impl::Drain(std::chrono::milliseconds timeout) {
-  if (!options_.replicated) {
-    return Status::InvalidArgument(Name() + ": not replicated: no backup can take its region over");
+  if (!options_.replicated && !whole_backup_.load()) {
+    return Status::InvalidArgument(
+        Name() +
+        ": not replicated and no backup holds its whole region (`cluster "
+        "drain` copies it to one first): nothing can take it over");
   }
   moving_.store(true);
   am_->Wake();
@@ -1121,8 +1134,12 @@ Status MemoryServer::Impl::MayChange() const {
 }
 
 Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(const wire::BackupRequest& request) {
-  if (!options_.replicated) {
-    return Status::InvalidArgument(Name() + ": started without replication (--replicas)");
+  // Without replicas a backup is named only to drain this server (docs/pool.md "Drain without
+  // replicas"): its own region is copied, the regions it serves from slots are not.
+  if (!options_.replicated && request.region != options_.id) {
+    return Status::InvalidArgument(Name() +
+                                   ": started without replication (--replicas): only its own "
+                                   "region gets a backup, to drain it");
   }
   if (request.backup_id == options_.id) {
     return Status::InvalidArgument(Name() + ": cannot be its own backup");
@@ -1164,12 +1181,16 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(const wire::Backup
     backup_ = std::move(link);
     last_ack_ = backup_->acknowledged_sent();
     degraded_ = false;
+    whole_backup_.store(true);
     return wire::BackupReply{0};
   }
   std::fprintf(stderr, "%s: copying its region (%s) to %s slot %u\n", Name().c_str(),
                FormatSize(size).c_str(), link->name().c_str(), request.slot);
   backup_ = std::move(link);
   copy_ = Copy{};
+  // Without replicas the server promises one copy until the copy is whole, as a replicated
+  // one after a degrade: nothing held, no serving lease (MayServe), a failure abandons it.
+  if (!options_.replicated) degraded_ = true;
   return wire::BackupReply{size};
 }
 
