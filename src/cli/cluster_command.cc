@@ -138,7 +138,10 @@ int Drain(const ClusterArgs& a) {
     return Fail("cluster drain: ID must be from 0 to 65535");
   Status s = ClusterDrain(a.dir, static_cast<uint16_t>(a.drain_id), std::chrono::seconds(30));
   if (!s.ok()) return Fail("cluster drain: " + s.message());
-  std::printf("cluster drain: server %d stopped; its region is served by its backup\n", a.drain_id);
+  std::printf(
+      "cluster drain: server %d stopped; its region is served by the server that kept its "
+      "copy (cluster status shows where)\n",
+      a.drain_id);
   return 0;
 }
 
@@ -259,8 +262,9 @@ Command RegisterCluster(CLI::App& app) {
                  "With --replicas 1: copies each server can keep: the ring's, and room for "
                  "re-replication to restore two copies of every region after a failure "
                  "(docs/pool.md, Re-replication). Default 2 with --servers 3 or more, else 1. "
-                 "Each takes --memory on its server only once it holds a copy (never with "
-                 "shared pages)");
+                 "With --replicas 0: room for a drained server's region (`cluster drain`); "
+                 "default 1 with --servers 2 or more, else 0. Each takes --memory on its server "
+                 "only once it holds a copy (never with shared pages)");
   up->add_flag("--forward-copies", args->forward_copies,
                "With --replicas 1 over --transport shm or auto without --netns: backups keep "
                "copies that every change is forwarded to, instead of sharing their primaries' "
@@ -277,10 +281,12 @@ Command RegisterCluster(CLI::App& app) {
   add->add_option("--chunk-size", args->chunk_size, "Lease granularity");
   add->add_option("--progress", args->progress, "The server's progress: busy or event");
   add->add_option("--mirror-slots", args->mirror_slots,
-                  "Replicated clusters: copies of other regions it can keep (default: as "
-                  "many as server 0)");
+                  "Copies of other regions it can keep: re-replication's, or a drained "
+                  "server's region (default: as many as server 0, at least 1)");
   CLI::App* drain = sub->add_subcommand(
-      "drain", "Move server ID's data to its backup while clients run, then stop it");
+      "drain",
+      "Move server ID's data to its backup while clients run, then stop it; without replicas "
+      "its region is first copied to a free mirror slot of another server (--transport tcp)");
   drain->add_option("--dir", args->dir, "Cluster directory")->required();
   drain->add_option("ID", args->drain_id, "The server to drain")->required();
   CLI::App* status = sub->add_subcommand("status", "Show every server's state");

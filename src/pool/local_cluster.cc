@@ -650,7 +650,7 @@ Result<std::unique_ptr<control::Connection>> ToolConnection(
 // failure the server is told to give the copy up (DegradeRequest on its mirror port) and the
 // map is not changed: the region stays where it was, with one copy, as before.
 Status CopyForDrain(const std::string& dir, const ClusterConfig& config, const EtcdView& view,
-                    uint16_t id, Clock::time_point deadline) {
+                    uint16_t id, std::chrono::milliseconds timeout) {
   const coord::ClusterMap& map = view.map;
   const coord::MapServer& entry = *map.Find(id);
   const std::string name = "server " + std::to_string(id);
@@ -735,6 +735,9 @@ Status CopyForDrain(const std::string& dir, const ClusterConfig& config, const E
   };
   FARPOOL_ASSIGN_OR_RETURN(auto at, ParseHostPort(entry.address));
   FARPOOL_ASSIGN_OR_RETURN(auto c, ToolConnection(entry, at.second, secret));
+  // The copy runs at up to 40 MiB/s (memory_server.h, kCopySlice per tick) and slower under
+  // load: `timeout` plus a second per 8 MiB.
+  const auto deadline = Clock::now() + timeout + std::chrono::seconds(entry.memory / (8ull << 20));
   for (;;) {
     auto reply = c->Call([&](uint64_t rid) { return wire::Encode(rid, request); },
                          wire::Opcode::kBackupReply);
@@ -808,9 +811,8 @@ Status ClusterDrain(const std::string& dir, uint16_t id, std::chrono::millisecon
       std::any_of(view.alive.begin(), view.alive.end(), [&](uint16_t s) { return s != id; });
   if (!others)
     return Status::InvalidArgument(name + " is the last server: its data has nowhere to go");
-  const auto deadline = Clock::now() + timeout;
   if (map.replicas == 0) {
-    FARPOOL_RETURN_IF_ERROR(CopyForDrain(dir, config, view, id, deadline));
+    FARPOOL_RETURN_IF_ERROR(CopyForDrain(dir, config, view, id, timeout));
   } else if (!alive(entry->backup)) {
     return Status::InvalidArgument(name +
                                    "'s region has no live backup (it runs with one copy): "
@@ -828,6 +830,7 @@ Status ClusterDrain(const std::string& dir, uint16_t id, std::chrono::millisecon
   // (the clients resend them to the new holder), closes its links to its backups once they
   // have every change, leaves etcd (its lease revoked); the coordinator promotes its backup at
   // once and moves the epoch; the server stops once the map shows the move.
+  const auto deadline = Clock::now() + timeout;
   if (kill(static_cast<pid_t>(server->pid), SIGUSR1) != 0) {
     return Status::IoError("cannot signal " + name + " (pid " + std::to_string(server->pid) +
                            "): " + strerror(errno));

@@ -70,7 +70,9 @@ struct LocalClusterOptions {
 };
 
 // The mirror slots each server of a cluster of `servers` with `replicas` gets unless told
-// (docs/pool.md "Re-replication by default"): 0 without replicas; 2 with replicas and at least
+// (docs/pool.md "Re-replication by default"): without replicas 1 from two servers on, room for
+// a drained server's region (ClusterDrain; docs/pool.md "Drain without replicas"), else 0; 2
+// with replicas and at least
 // 3 servers, so that after one failure re-replication finds a free slot for both regions left
 // with one copy (the dead server's own and its predecessor's) on the survivors; else 1 (with two
 // servers no survivor may keep a copy of its own region). A slot commits memory only once it
@@ -97,14 +99,14 @@ Result<uint16_t> ClusterAdd(const LocalClusterOptions& options);
 // else), ID serving no other region, a live server with a free mirror slot as large
 // (ResourceExhausted naming the slots seen else) and the host's memory for the copy
 // (ResourceExhausted); ID copies its region there while it serves, the map names the target as
-// its backup, and the hand-over below follows. A copy that fails (the target or ID dies, the
-// timeout) is given up, the map unchanged, and the drain fails with the reason: the region stays
-// on ID, whose acknowledged changes are all there. Then drains it (SIGUSR1: it
-// refuses requests unexecuted, which the clients resend to the new holder, hands its regions
-// over to their backups, leaves etcd, and stops once the map shows the move:
-// MemoryServer::Drain), and returns once the map has its region served by its backup and its
-// process has ended (TimedOut after `timeout`).
-// The regions it kept copies of are degraded, and get new copies where slots are free
+// its backup, and the hand-over below follows (the copy may take `timeout` plus a second per
+// 8 MiB of the region, the hand-over `timeout` again). A copy that fails (the target or ID
+// dies, its time is up) is given up, the map unchanged, and the drain fails with the reason: the
+// region stays on ID, whose acknowledged changes are all there. Then drains it (SIGUSR1: it refuses
+// requests unexecuted, which the clients resend to the new holder, hands its regions over to their
+// backups, leaves etcd, and stops once the map shows the move: MemoryServer::Drain), and returns
+// once the map has its region served by its backup and its process has ended (TimedOut after
+// `timeout`). The regions it kept copies of are degraded, and get new copies where slots are free
 // (re-replication).
 Status ClusterDrain(const std::string& dir, uint16_t id, std::chrono::milliseconds timeout);
 Status ClusterDown(const std::string& dir);

@@ -129,6 +129,12 @@
 //     a replicated server forwards what a batch changed before it stopped with that round, and
 //     a round whose forward failed fails the batches that stopped in it (error reply).
 //
+// Without replicas (ServerOptions::replicated false; docs/pool.md "Drain without replicas"): a
+// BackupRequest for its own region is taken too, to drain it: the copy above (or, with nothing
+// leased, the root area alone), one copy promised until it is whole, and from then on every
+// round forwarded and its replies held as when replicated. Until then nothing is forwarded:
+// ForwardsBytes is false while there is no backup, so replicas 0 pays nothing for it.
+//
 // Drain (docs/pool.md "cluster drain"): Drain() makes the server refuse every batch, lease
 // and release with a MovingReply, executed not at all, then, on the progress thread's tick, once
 // no reply is held for a backup, no forward is unacknowledged and no waiter is left, closes its
@@ -236,8 +242,9 @@ class MemoryServer {
   // answered, the links to the backups are closed (nothing unacknowledged: each backup may then
   // take its region over at once). Returns Ok then; TimedOut if that did not happen within
   // `timeout`. The server goes on
-  // answering (hellos, stats, MovingReplies) until Stop(). REQUIRES: replicated
-  // (InvalidArgument otherwise); called from the owning thread, before Stop().
+  // answering (hellos, stats, MovingReplies) until Stop(). REQUIRES: replicated, or a backup
+  // holds the whole region (a drain without replicas; InvalidArgument otherwise, changing
+  // nothing); called from the owning thread, before Stop().
   Status Drain(std::chrono::milliseconds timeout);
 
  private:
