@@ -41,16 +41,18 @@
 //     1 s more (a server that answers that hello was only slow and stays in use); from then on
 //     every call that touches it fails fast with Unavailable, calls to other servers go on. It
 //     is not reconnected: connect a new Pool.
-//   - Servers added to the cluster (`farpool cluster add`; a cluster with an etcd and
-//     replicas): the Pool learns them from the cluster map while it runs (the map watcher, every
-//     250 ms), says hello (same secret and pool rules as at Connect) and only then enters them:
-//     from then on server_ids(), Geometry(), striped and by-key placement and addresses of
+//   - Servers added to the cluster (`farpool cluster add`; a cluster with an etcd, with or
+//     without replicas): the Pool learns them from the cluster map while it runs (the map watcher,
+//     every 250 ms), says hello (same secret and pool rules as at Connect) and only then enters
+//     them: from then on server_ids(), Geometry(), striped and by-key placement and addresses of
 //     theirs include them. A server the map names that does not answer is not entered and is
 //     tried again later; nothing is placed on it meanwhile. Each thread connects to a learned
 //     server on its first use of it (one hello). At most 1024 servers per Pool.
 //   - Planned moves (`farpool cluster drain`): a server being drained refuses requests without
 //     executing them; the Pool follows the map to the region's new server and sends them again
-//     there, so callers see no error. Also resent there, in a replicated cluster: reads (and
+//     there, so callers see no error (without replicas too, once `cluster drain` has copied the
+//     region to another server: docs/pool.md "Drain without replicas"). Also resent there, in
+//     a replicated cluster or one with an etcd: reads (and
 //     lookup-reads) cut by a server's failure, and operations that had not left when their
 //     server failed. Never resent: a write, compare-and-swap, fetch-and-add or insert that may
 //     have reached a server that then failed (its outcome is unknown: Unavailable, "may or may
