@@ -126,6 +126,10 @@ struct PoolOptions {
   // A server that answers no heartbeat for this long is suspected, and declared failed unless
   // it answers a hello on a fresh connection within 1 s more.
   std::chrono::milliseconds failure_timeout{2000};
+  // A replicated cluster with an etcd: the Pool watches the cluster map (each change arrives
+  // as soon as etcd has it) and also reads it whole this often, a safety net for a watch that
+  // hangs unnoticed (docs/pool.md "Watching the map").
+  std::chrono::milliseconds map_poll{5000};
 };
 
 // A server's region: [root area (wire::kRootAreaSize = 4 KiB) | chunk 0 | chunk 1 | ...].
@@ -161,11 +165,14 @@ struct ServerStats {
 // showed it alive (a slow server or a stalled connection, not declared failed). resent:
 // operations (and leases, releases) sent again to a region's new server: refused unexecuted by
 // a server being drained, or, in a replicated cluster, reads cut by a failure (see Pool).
+// maps_watched, maps_polled: cluster maps of a new epoch the map follower learned from its
+// etcd watch, and from its safety-net read (PoolOptions::map_poll).
 struct OpCounters {
   uint64_t reads = 0, writes = 0, cas = 0, faa = 0, bytes_read = 0, bytes_written = 0;
   uint64_t round_trips = 0, messages = 0;
   uint64_t suspicions_cleared = 0;
   uint64_t resent = 0;
+  uint64_t maps_watched = 0, maps_polled = 0;
 };
 
 class Batch;
