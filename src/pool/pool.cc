@@ -531,6 +531,13 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
     // Short calls: the watcher and a failover must not hang on a partitioned etcd.
     FARPOOL_ASSIGN_OR_RETURN(
         etcd_, coord::EtcdClient::Create({cluster.etcd.endpoints, std::chrono::milliseconds(500)}));
+    // Before anything can fail a server over (AwaitMapDecision waits on its maps).
+    coord::EtcdWatch::Options wo;
+    wo.endpoints = cluster.etcd.endpoints;
+    wo.key = coord::MapKeys{cluster.etcd.prefix}.Map();
+    wo.timeout = std::chrono::milliseconds(500);
+    wo.on_update = [this](const coord::EtcdWatch::Update& u) { MapWatched(u); };
+    FARPOOL_ASSIGN_OR_RETURN(map_watch_, coord::EtcdWatch::Start(std::move(wo)));
   }
   if (cluster.servers.size() > kMaxServers) {
     return Status::InvalidArgument("the cluster has " + std::to_string(cluster.servers.size()) +
@@ -589,15 +596,7 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
         return ReleaseOn(index, offset, size);
       });
   monitor_ = std::thread([this] { Monitor(); });
-  if (etcd_) {
-    coord::EtcdWatch::Options wo;
-    wo.endpoints = cluster_.etcd.endpoints;
-    wo.key = coord::MapKeys{cluster_.etcd.prefix}.Map();
-    wo.timeout = std::chrono::milliseconds(500);
-    wo.on_update = [this](const coord::EtcdWatch::Update& u) { MapWatched(u); };
-    FARPOOL_ASSIGN_OR_RETURN(map_watch_, coord::EtcdWatch::Start(std::move(wo)));
-    map_watcher_ = std::thread([this] { WatchMap(); });
-  }
+  if (etcd_) map_watcher_ = std::thread([this] { WatchMap(); });
   return Status::Ok();
 }
 
