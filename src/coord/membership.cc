@@ -110,7 +110,6 @@ void Membership::Watched(const EtcdWatch::Update& u) {
 }
 
 Membership::~Membership() {
-  watch_.reset();  // its thread calls Watched
   if (thread_.joinable()) {
     {
       std::lock_guard lock(mu_);
@@ -119,6 +118,8 @@ Membership::~Membership() {
     cv_.notify_all();
     thread_.join();
   }
+  // After the thread (it asks the watch whether it is up), before the members Watched uses.
+  watch_.reset();
   if (lease_ != 0 && registered_) {
     Status s = etcd_->RevokeLease(lease_);
     (void)s;  // leaving anyway: the lease then lapses within its TTL

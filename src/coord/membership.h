@@ -120,7 +120,7 @@ class Membership {
   std::atomic<bool> coordinator_held_{false};
   std::atomic<uint64_t> coordinator_changes_{1};
   uint64_t coordinator_checked_ = 0;  // owned by the thread: coordinator_changes_ last read
-  std::unique_ptr<EtcdWatch> watch_;  // destroyed first (its thread calls into this object)
+  std::unique_ptr<EtcdWatch> watch_;  // reset by the destructor (its thread calls Watched)
   std::thread thread_;
 };
 

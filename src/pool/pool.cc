@@ -701,13 +701,14 @@ Pool::Impl::~Impl() {
     if (it != g_live_tags.end()) g_live_tags.erase(it);
   }
   stop_monitor_.store(true);
-  map_watch_.reset();  // before the state its thread hands maps to
   {
     std::lock_guard lock(map_mu_);  // the watcher between its check and its wait sees the stop
   }
   map_cv_.notify_all();
   if (monitor_.joinable()) monitor_.join();
   if (map_watcher_.joinable()) map_watcher_.join();
+  // After the threads that ask it (AwaitMapDecision), before the state it hands maps to.
+  map_watch_.reset();
   if (allocator_) {
     Status s = allocator_->Trim();
     (void)s;  // servers that are gone keep nothing for us to release
