@@ -507,6 +507,8 @@ class Pool::Impl {
   std::condition_variable map_cv_;
   int64_t watched_revision_ = 0;  // guarded by map_mu_
   std::string watched_map_;       // guarded by map_mu_
+  // Declared after what its thread touches (destroyed first, after the destructor's body, whose
+  // goodbyes may still fail a server over and ask it).
   std::unique_ptr<coord::EtcdWatch> map_watch_;
 };
 
@@ -707,8 +709,6 @@ Pool::Impl::~Impl() {
   map_cv_.notify_all();
   if (monitor_.joinable()) monitor_.join();
   if (map_watcher_.joinable()) map_watcher_.join();
-  // After the threads that ask it (AwaitMapDecision), before the state it hands maps to.
-  map_watch_.reset();
   if (allocator_) {
     Status s = allocator_->Trim();
     (void)s;  // servers that are gone keep nothing for us to release
@@ -906,7 +906,8 @@ Result<std::pair<size_t, int>> Pool::Impl::AwaitMapDecision(size_t index) {
     std::string value;
     {
       std::unique_lock lock(map_mu_);
-      const auto wait = map_watch_->up() ? 10 * kMapReadWhileDown : kMapReadWhileDown;
+      const bool watched = map_watch_ != nullptr && map_watch_->up();  // null: Init failed
+      const auto wait = watched ? 10 * kMapReadWhileDown : kMapReadWhileDown;
       if (map_cv_.wait_for(lock, wait, [&] { return watched_revision_ != seen; })) {
         seen = watched_revision_;
         value = watched_map_;
