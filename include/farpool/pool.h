@@ -42,8 +42,8 @@
 //     every call that touches it fails fast with Unavailable, calls to other servers go on. It
 //     is not reconnected: connect a new Pool.
 //   - Servers added to the cluster (`farpool cluster add`; a cluster with an etcd, with or
-//     without replicas): the Pool learns them from the cluster map while it runs (the map watcher,
-//     every 250 ms), says hello (same secret and pool rules as at Connect) and only then enters
+//     without replicas): the Pool learns them from the cluster map while it runs (the map follower,
+//     fed by an etcd watch of the map), says hello (same secret and pool rules as at Connect) and only then enters
 //     them: from then on server_ids(), Geometry(), striped and by-key placement and addresses of
 //     theirs include them. A server the map names that does not answer is not entered and is
 //     tried again later; nothing is placed on it meanwhile. Each thread connects to a learned
@@ -128,6 +128,10 @@ struct PoolOptions {
   // A server that answers no heartbeat for this long is suspected, and declared failed unless
   // it answers a hello on a fresh connection within 1 s more.
   std::chrono::milliseconds failure_timeout{2000};
+  // A replicated cluster with an etcd: the Pool watches the cluster map (each change arrives
+  // as soon as etcd has it) and also reads it whole this often, a safety net for a watch that
+  // hangs unnoticed (docs/pool.md "Watching the map").
+  std::chrono::milliseconds map_poll{5000};
 };
 
 // A server's region: [root area (wire::kRootAreaSize = 4 KiB) | chunk 0 | chunk 1 | ...].
@@ -163,11 +167,14 @@ struct ServerStats {
 // showed it alive (a slow server or a stalled connection, not declared failed). resent:
 // operations (and leases, releases) sent again to a region's new server: refused unexecuted by
 // a server being drained, or, in a replicated cluster, reads cut by a failure (see Pool).
+// maps_watched, maps_polled: cluster maps of a new epoch the map follower learned from its
+// etcd watch, and from its safety-net read (PoolOptions::map_poll).
 struct OpCounters {
   uint64_t reads = 0, writes = 0, cas = 0, faa = 0, bytes_read = 0, bytes_written = 0;
   uint64_t round_trips = 0, messages = 0;
   uint64_t suspicions_cleared = 0;
   uint64_t resent = 0;
+  uint64_t maps_watched = 0, maps_polled = 0;
 };
 
 class Batch;

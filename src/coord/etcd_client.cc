@@ -3,6 +3,7 @@
 #include <curl/curl.h>
 
 #include <charconv>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 namespace farpool::coord {
@@ -38,6 +39,33 @@ Status FromGrpc(int code, std::string message) {
     default:
       return Status::Internal(std::move(message));
   }
+}
+
+// A watch stream's bytes as curl hands them over: cut into objects, each given to `on_object`;
+// the first failure (a malformed stream, or what on_object returns) ends the stream.
+struct StreamState {
+  JsonStreamSplitter splitter;
+  std::function<Status(std::string_view object)> on_object;
+  Status ended;
+  bool done = false;
+};
+
+size_t OnStreamBytes(char* data, size_t size, size_t n, void* p) {
+  auto* state = static_cast<StreamState*>(p);
+  if (state->done) return size * n;  // the loop ends the transfer at its next turn
+  state->splitter.Append(std::string_view(data, size * n));
+  while (true) {
+    auto object = state->splitter.Next();
+    Status s = object.ok() ? Status::Ok() : object.status();
+    if (s.ok() && !object->has_value()) break;
+    if (s.ok()) s = state->on_object(**object);
+    if (!s.ok()) {
+      state->ended = std::move(s);
+      state->done = true;
+      break;
+    }
+  }
+  return size * n;
 }
 
 Json KeyField(std::string_view key) { return Base64Encode(key); }
@@ -153,13 +181,18 @@ Result<std::string> EtcdClient::Call(std::string_view path, const std::string& b
   return Status::Unavailable("etcd unreachable (" + std::string(path) + "): " + failures);
 }
 
-Result<std::optional<KeyValue>> EtcdClient::Get(std::string_view key) {
+Result<RangeAnswer> EtcdClient::GetAt(std::string_view key) {
   FARPOOL_ASSIGN_OR_RETURN(std::string body,
                            Call("/v3/kv/range", Json{{"key", KeyField(key)}}.dump()));
   auto answer = ParseRange(body);
   if (!answer.ok()) return answer.status().WithContext("etcd " + EndpointList());
-  if (answer->kvs.empty()) return std::optional<KeyValue>();
-  return std::optional<KeyValue>(std::move(answer->kvs.front()));
+  return answer;
+}
+
+Result<std::optional<KeyValue>> EtcdClient::Get(std::string_view key) {
+  FARPOOL_ASSIGN_OR_RETURN(RangeAnswer answer, GetAt(key));
+  if (answer.kvs.empty()) return std::optional<KeyValue>();
+  return std::optional<KeyValue>(std::move(answer.kvs.front()));
 }
 
 Result<RangeAnswer> EtcdClient::GetPrefix(std::string_view prefix) {
@@ -202,6 +235,10 @@ Result<TxnAnswer> EtcdClient::PutIf(const std::vector<Compare>& compares, std::s
   return ParseTxn(body);
 }
 
+Status EtcdClient::Compact(int64_t revision) {
+  return Call("/v3/kv/compaction", Json{{"revision", std::to_string(revision)}}.dump()).status();
+}
+
 Result<LeaseAnswer> EtcdClient::GrantLease(std::chrono::milliseconds ttl) {
   const int64_t seconds = std::max<int64_t>(1, (ttl.count() + 999) / 1000);
   FARPOOL_ASSIGN_OR_RETURN(std::string body,
@@ -222,6 +259,166 @@ Result<LeaseAnswer> EtcdClient::KeepAlive(int64_t id) {
 
 Status EtcdClient::RevokeLease(int64_t id) {
   return Call("/v3/lease/revoke", Json{{"ID", std::to_string(id)}}.dump()).status();
+}
+
+// ------------------------------------------------------------------------------ EtcdWatch
+
+Result<std::unique_ptr<EtcdWatch>> EtcdWatch::Start(Options options) {
+  if (!options.on_update) return Status::InvalidArgument("etcd watch: no on_update given");
+  std::unique_ptr<EtcdWatch> w(new EtcdWatch(std::move(options)));
+  FARPOOL_ASSIGN_OR_RETURN(w->client_,
+                           EtcdClient::Create({w->options_.endpoints, w->options_.timeout}));
+  // The endpoints as the client checked and normalized them.
+  FARPOOL_ASSIGN_OR_RETURN(w->endpoints_, ParseEndpoints(w->client_->EndpointList()));
+  w->multi_ = curl_multi_init();
+  if (w->multi_ == nullptr) return Status::Internal("libcurl: curl_multi_init failed");
+  w->thread_ = std::thread([p = w.get()] { p->Run(); });
+  return w;
+}
+
+EtcdWatch::EtcdWatch(Options options) : options_(std::move(options)) {}
+
+EtcdWatch::~EtcdWatch() {
+  stop_.store(true);
+  {
+    std::lock_guard lock(mu_);  // a Pause between its check and its wait sees stop_
+  }
+  cv_.notify_all();
+  if (multi_ != nullptr) curl_multi_wakeup(static_cast<CURLM*>(multi_));
+  if (thread_.joinable()) thread_.join();
+  if (multi_ != nullptr) curl_multi_cleanup(static_cast<CURLM*>(multi_));
+}
+
+bool EtcdWatch::Pause(std::chrono::milliseconds d) {
+  std::unique_lock lock(mu_);
+  return !cv_.wait_for(lock, d, [&] { return stop_.load(); });
+}
+
+Result<int64_t> EtcdWatch::Snapshot() {
+  auto range = options_.prefix ? client_->GetPrefix(options_.key) : client_->GetAt(options_.key);
+  if (!range.ok()) return range.status();
+  Update u;
+  u.snapshot = true;
+  u.revision = range->revision;
+  u.kvs = std::move(range->kvs);
+  options_.on_update(u);
+  snapshots_.fetch_add(1, std::memory_order_relaxed);
+  revision_.store(u.revision, std::memory_order_relaxed);
+  return u.revision;
+}
+
+void EtcdWatch::Run() {
+  const std::vector<std::string>& endpoints = endpoints_;
+  int64_t next = options_.start_revision;
+  size_t endpoint = 0;
+  while (!stop_.load() && !endpoints.empty()) {
+    if (next == 0) {
+      auto read = Snapshot();
+      if (!read.ok()) {
+        if (!Pause(options_.retry)) break;
+        continue;
+      }
+      next = *read + 1;
+    }
+    Status s = Stream(endpoints[endpoint], &next);
+    if (stop_.load()) break;
+    if (s.code() == StatusCode::kNotFound) {
+      next = 0;  // compacted: read whole, at once
+      continue;
+    }
+    endpoint = (endpoint + 1) % endpoints.size();
+    if (!Pause(options_.retry)) break;
+  }
+}
+
+Status EtcdWatch::Stream(const std::string& endpoint, int64_t* next) {
+  CURLM* multi = static_cast<CURLM*>(multi_);
+  CURL* curl = curl_easy_init();
+  if (curl == nullptr) return Status::Internal("libcurl: curl_easy_init failed");
+  const std::string url = endpoint + "/v3/watch";
+  const std::string body = WatchCreateRequest(
+      options_.key, options_.prefix ? PrefixEnd(options_.key) : std::string(), *next);
+  const std::string where = "etcd " + endpoint + ": watch of " + options_.key;
+  StreamState state;
+  state.on_object = [&](std::string_view object) -> Status {
+    auto r = ParseWatchResponse(object);
+    if (!r.ok()) return r.status().WithContext(where);
+    if (r->canceled) {
+      if (r->compact_revision > 0) {
+        return Status::NotFound(where + ": revision " + std::to_string(*next) +
+                                " was compacted (at " + std::to_string(r->compact_revision) + ")");
+      }
+      return Status::Unavailable(where + ": canceled by etcd: " + r->cancel_reason);
+    }
+    if (r->created) {
+      streams_.fetch_add(1, std::memory_order_relaxed);
+      up_.store(true, std::memory_order_release);
+      return Status::Ok();
+    }
+    if (r->events.empty()) {  // progress: everything up to r->revision was sent
+      *next = std::max(*next, r->revision + 1);
+      return Status::Ok();
+    }
+    Update u;
+    for (WatchEvent& e : r->events) {
+      if (e.kv.mod_revision >= *next) u.events.push_back(std::move(e));  // not seen before
+    }
+    if (u.events.empty()) return Status::Ok();
+    u.revision = u.events.back().kv.mod_revision;
+    options_.on_update(u);
+    *next = u.revision + 1;
+    revision_.store(u.revision, std::memory_order_relaxed);
+    return Status::Ok();
+  };
+  char error[CURL_ERROR_SIZE] = {0};
+  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(curl, CURLOPT_POST, 1L);
+  curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body.c_str());
+  curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE, static_cast<long>(body.size()));
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, OnStreamBytes);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &state);
+  curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, error);
+  curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(options_.timeout.count()));
+  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(curl, CURLOPT_NOPROXY, "*");
+  // A dead peer that never closed the connection (see the header): found within ~5 s.
+  curl_easy_setopt(curl, CURLOPT_TCP_KEEPALIVE, 1L);
+  curl_easy_setopt(curl, CURLOPT_TCP_KEEPIDLE, 2L);
+  curl_easy_setopt(curl, CURLOPT_TCP_KEEPINTVL, 1L);
+  curl_multi_add_handle(multi, curl);
+  Status result;
+  while (true) {
+    int running = 0;
+    const CURLMcode mc = curl_multi_perform(multi, &running);
+    if (mc != CURLM_OK) {
+      result = Status::Internal(where + ": libcurl: " + curl_multi_strerror(mc));
+      break;
+    }
+    if (state.done) {
+      result = std::move(state.ended);
+      break;
+    }
+    if (stop_.load()) break;
+    if (running == 0) {
+      CURLcode rc = CURLE_OK;
+      int left = 0;
+      while (CURLMsg* m = curl_multi_info_read(multi, &left)) {
+        if (m->msg == CURLMSG_DONE) rc = m->data.result;
+      }
+      long http = 0;
+      curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &http);
+      result = Status::Unavailable(
+          where + ": stream ended: " +
+          (rc != CURLE_OK ? std::string(error[0] != '\0' ? error : curl_easy_strerror(rc))
+                          : "HTTP " + std::to_string(http) + ", closed by etcd"));
+      break;
+    }
+    curl_multi_poll(multi, nullptr, 0, 1000, nullptr);
+  }
+  up_.store(false, std::memory_order_release);
+  curl_multi_remove_handle(multi, curl);
+  curl_easy_cleanup(curl);
+  return result;
 }
 
 }  // namespace farpool::coord

@@ -2,9 +2,14 @@
 #include "coord/etcd_client.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
 
+#include <algorithm>
+#include <condition_variable>
 #include <filesystem>
+#include <functional>
+#include <mutex>
 #include <thread>
 
 #include "common/process.h"
@@ -167,6 +172,151 @@ TEST_F(EtcdClientTest, AnUnreachableEndpointIsNamedAndTheNextOneIsTried) {
   auto both = EtcdClient::Create({{dead, etcd_->endpoint}, std::chrono::milliseconds(500)});
   ASSERT_TRUE(both.ok());
   EXPECT_TRUE((*both)->Put(prefix_ + "k", "v").ok());
+}
+
+// What a watch hands its owner, gathered for a test thread to wait on.
+class Recorder {
+ public:
+  void Add(const EtcdWatch::Update& u) {
+    std::lock_guard lock(mu_);
+    if (u.snapshot) {
+      log_.push_back("snapshot@" + std::to_string(u.revision) + ":" + std::to_string(u.kvs.size()));
+    }
+    for (const WatchEvent& e : u.events) {
+      log_.push_back((e.type == WatchEvent::Type::kPut ? "put " : "delete ") + e.kv.key +
+                     (e.type == WatchEvent::Type::kPut ? "=" + e.kv.value : ""));
+    }
+    cv_.notify_all();
+  }
+  // Waits until `line` was recorded; the 30 s only bound a broken run.
+  bool WaitFor(const std::string& line) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(30),
+                        [&] { return std::find(log_.begin(), log_.end(), line) != log_.end(); });
+  }
+  std::vector<std::string> log() {
+    std::lock_guard lock(mu_);
+    return log_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::string> log_;
+};
+
+bool Eventually(const std::function<bool()>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+// A watch on a prefix sees its keys whole first, then a put and a delete. Its etcd is then
+// killed; restarted on another client port (so the watch cannot reach it) it takes a put made
+// while the watch is down; restarted on the watch's port, the watch resumes from the last
+// revision it delivered and hands over that put, then one made after; nothing twice.
+TEST(EtcdWatchTest, SeesPutsAndDeletesAndResumesAfterEtcdRestarts) {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "farpool-etcd-XXXXXX").string();
+  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+  const std::string dir = tmpl;
+  EtcdProcessOptions o;
+  o.data_dir = dir + "/data";
+  o.log = dir + "/etcd.log";
+  o.die_with_parent = true;
+  auto etcd = StartEtcd(o);
+  ASSERT_TRUE(etcd.ok()) << etcd.status().message();
+  std::vector<pid_t> pids = {etcd->pid};
+  auto client = EtcdClient::Create({{etcd->endpoint}});
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->Put("/w/before", "0").ok());
+  ASSERT_TRUE((*client)->Put("/x/outside", "0").ok());
+
+  Recorder seen;
+  EtcdWatch::Options wo;
+  wo.endpoints = {etcd->endpoint};
+  wo.key = "/w/";
+  wo.prefix = true;
+  wo.retry = std::chrono::milliseconds(50);
+  wo.on_update = [&](const EtcdWatch::Update& u) { seen.Add(u); };
+  auto watch = EtcdWatch::Start(wo);
+  ASSERT_TRUE(watch.ok()) << watch.status().message();
+  ASSERT_TRUE(Eventually([&] { return (*watch)->up(); }));
+  ASSERT_TRUE((*client)->Put("/w/a", "1").ok());
+  ASSERT_TRUE((*client)->Put("/x/outside", "1").ok());
+  ASSERT_TRUE((*client)->Delete("/w/a").ok());
+  ASSERT_TRUE(seen.WaitFor("delete /w/a"));
+
+  ASSERT_EQ(kill(etcd->pid, SIGKILL), 0);
+  StopProcesses({etcd->pid});  // reaps it
+  ASSERT_TRUE(Eventually([&] { return !(*watch)->up(); }));
+  EtcdProcessOptions elsewhere = o;
+  elsewhere.peer_port = etcd->peer_port;
+  auto other_port = StartEtcd(elsewhere);
+  ASSERT_TRUE(other_port.ok()) << other_port.status().message();
+  pids.push_back(other_port->pid);
+  auto there = EtcdClient::Create({{other_port->endpoint}});
+  ASSERT_TRUE(there.ok());
+  ASSERT_TRUE((*there)->Put("/w/while-down", "2").ok());
+  StopProcesses({other_port->pid});
+  EXPECT_FALSE((*watch)->up());
+
+  EtcdProcessOptions same = o;
+  same.client_port = etcd->client_port;
+  same.peer_port = etcd->peer_port;
+  auto back = StartEtcd(same);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  pids.push_back(back->pid);
+  ASSERT_TRUE(seen.WaitFor("put /w/while-down=2"));
+  ASSERT_TRUE((*client)->Put("/w/after", "3").ok());
+  ASSERT_TRUE(seen.WaitFor("put /w/after=3"));
+  EXPECT_EQ(seen.log(), (std::vector<std::string>{"snapshot@3:1", "put /w/a=1", "delete /w/a",
+                                                  "put /w/while-down=2", "put /w/after=3"}));
+  EXPECT_GE((*watch)->streams(), 2u);
+  EXPECT_EQ((*watch)->snapshots(), 1u) << "resumed by a snapshot, not from its revision";
+  watch->reset();  // returns at once, with etcd up (a stream open)
+  StopProcesses(pids);
+  std::filesystem::remove_all(dir);
+}
+
+// A watch whose revision etcd has compacted away reads the keys whole again and goes on.
+TEST_F(EtcdClientTest, AWatchFromACompactedRevisionReadsTheKeysWholeAgain) {
+  ASSERT_TRUE(client_->Put(prefix_ + "a", "1").ok());
+  auto first = client_->Put(prefix_ + "a", "2");
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(client_->Put(prefix_ + "a", "3").ok());
+  ASSERT_TRUE(client_->Compact(*first + 1).ok());
+  Recorder seen;
+  EtcdWatch::Options wo;
+  wo.endpoints = {etcd_->endpoint};
+  wo.key = prefix_ + "a";
+  wo.start_revision = *first;
+  wo.on_update = [&](const EtcdWatch::Update& u) { seen.Add(u); };
+  auto watch = EtcdWatch::Start(wo);
+  ASSERT_TRUE(watch.ok()) << watch.status().message();
+  ASSERT_TRUE(Eventually([&] { return (*watch)->snapshots() == 1; }));
+  ASSERT_TRUE(client_->Put(prefix_ + "a", "4").ok());
+  ASSERT_TRUE(seen.WaitFor("put " + prefix_ + "a=4"));
+  const auto log = seen.log();
+  ASSERT_EQ(log.size(), 2u);
+  EXPECT_EQ(log[0].substr(0, 9), "snapshot@");
+}
+
+// A watch on an etcd that never answers is destroyed at once.
+TEST(EtcdWatchTest, AWatchOnAnUnreachableEtcdStopsAtOnce) {
+  auto port = FreePort("127.0.0.1");
+  ASSERT_TRUE(port.ok());
+  EtcdWatch::Options wo;
+  wo.endpoints = {"http://127.0.0.1:" + std::to_string(*port)};
+  wo.key = "k";
+  wo.retry = std::chrono::hours(1);
+  wo.on_update = [](const EtcdWatch::Update&) {};
+  auto watch = EtcdWatch::Start(wo);
+  ASSERT_TRUE(watch.ok());
+  EXPECT_FALSE((*watch)->up());
+  EXPECT_FALSE(EtcdWatch::Start({}).ok());  // no endpoint, no on_update
 }
 
 TEST(EtcdEndpoints, ParsesAListAndRejectsWhatIsNotHttpHostPort) {

@@ -232,4 +232,110 @@ Result<LeaseAnswer> ParseLeaseKeepAlive(std::string_view body) {
   return a;
 }
 
+std::string WatchCreateRequest(std::string_view key, std::string_view range_end,
+                               int64_t start_revision) {
+  Json create = {{"key", Base64Encode(key)}};
+  if (!range_end.empty()) create["range_end"] = Base64Encode(range_end);
+  if (start_revision > 0) create["start_revision"] = std::to_string(start_revision);
+  return Json{{"create_request", create}}.dump();
+}
+
+Result<WatchResponse> ParseWatchResponse(std::string_view object) {
+  constexpr std::string_view kWhat = "watch response";
+  FARPOOL_ASSIGN_OR_RETURN(Json doc, ParseJson(object, kWhat));
+  if (auto error = doc.find("error"); error != doc.end()) {
+    std::string message =
+        error->is_object() && error->contains("message") && (*error)["message"].is_string()
+            ? (*error)["message"].get<std::string>()
+            : error->dump();
+    return Status::Unavailable("etcd ended the watch stream: " + message);
+  }
+  auto result = doc.find("result");
+  if (result == doc.end() || !result->is_object()) {
+    return Status::Protocol(std::string(kWhat) + ": no result");
+  }
+  WatchResponse r;
+  if (auto header = result->find("header"); header != result->end()) {
+    if (!header->is_object()) return Status::Protocol(std::string(kWhat) + ": bad header");
+    FARPOOL_ASSIGN_OR_RETURN(r.revision, Int64Field(*header, "revision", kWhat));
+  }
+  for (auto [name, flag] : {std::pair{"created", &r.created}, {"canceled", &r.canceled}}) {
+    if (auto f = result->find(name); f != result->end()) {
+      if (!f->is_boolean()) {
+        return Status::Protocol(std::string(kWhat) + ": " + name + " is not a boolean");
+      }
+      *flag = f->get<bool>();
+    }
+  }
+  FARPOOL_ASSIGN_OR_RETURN(r.compact_revision, Int64Field(*result, "compact_revision", kWhat));
+  if (auto reason = result->find("cancel_reason"); reason != result->end() && reason->is_string()) {
+    r.cancel_reason = reason->get<std::string>();
+  }
+  auto events = result->find("events");
+  if (events == result->end()) return r;
+  if (!events->is_array()) return Status::Protocol(std::string(kWhat) + ": events not an array");
+  for (const Json& e : *events) {
+    if (!e.is_object()) return Status::Protocol(std::string(kWhat) + ": an event not an object");
+    WatchEvent event;
+    if (auto type = e.find("type"); type != e.end()) {
+      if (*type == "DELETE") {
+        event.type = WatchEvent::Type::kDelete;
+      } else if (*type != "PUT") {
+        return Status::Protocol(std::string(kWhat) + ": event type " + type->dump());
+      }
+    }
+    auto kv = e.find("kv");
+    if (kv == e.end() || !kv->is_object()) {
+      return Status::Protocol(std::string(kWhat) + ": an event without kv");
+    }
+    FARPOOL_ASSIGN_OR_RETURN(auto kvs, ParseKvs(Json{{"kvs", Json::array({*kv})}}, kWhat));
+    event.kv = std::move(kvs.front());
+    r.events.push_back(std::move(event));
+  }
+  return r;
+}
+
+Result<std::optional<std::string>> JsonStreamSplitter::Next() {
+  while (scanned_ < buffer_.size()) {
+    const char c = buffer_[scanned_++];
+    if (in_string_) {
+      if (escaped_) {
+        escaped_ = false;
+      } else if (c == '\\') {
+        escaped_ = true;
+      } else if (c == '"') {
+        in_string_ = false;
+      }
+      continue;
+    }
+    if (depth_ == 0) {
+      if (c == ' ' || c == '\n' || c == '\r' || c == '\t') {
+        buffer_.erase(0, scanned_);  // between objects: dropped
+        scanned_ = 0;
+        continue;
+      }
+      if (c != '{') {
+        return Status::Protocol("watch stream: '" + std::string(1, c) + "' outside a JSON object");
+      }
+    }
+    if (c == '"') {
+      in_string_ = true;
+    } else if (c == '{') {
+      ++depth_;
+    } else if (c == '}') {
+      if (--depth_ == 0) {
+        std::string object = buffer_.substr(0, scanned_);
+        buffer_.erase(0, scanned_);
+        scanned_ = 0;
+        return std::optional<std::string>(std::move(object));
+      }
+    }
+  }
+  if (buffer_.size() > kMaxObject) {
+    return Status::Protocol("watch stream: an object larger than " + std::to_string(kMaxObject) +
+                            " bytes");
+  }
+  return std::optional<std::string>();
+}
+
 }  // namespace farpool::coord

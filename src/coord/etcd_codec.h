@@ -79,4 +79,60 @@ struct LeaseAnswer {
 Result<LeaseAnswer> ParseLeaseGrant(std::string_view body);
 Result<LeaseAnswer> ParseLeaseKeepAlive(std::string_view body);
 
+// Watches (POST /v3/watch with {"create_request": {...}}): the gateway answers with a stream of
+// JSON objects, one per WatchResponse, each {"result": {...}} (separated by newlines, but cut
+// into HTTP chunks wherever the transport likes), or {"error": ...} when the stream fails.
+// The request: `key` alone, or every key in [key, range_end) (PrefixEnd for a prefix); events
+// from `start_revision` on (0: from the next write).
+std::string WatchCreateRequest(std::string_view key, std::string_view range_end,
+                               int64_t start_revision);
+
+struct WatchEvent {
+  enum class Type { kPut, kDelete };
+  Type type = Type::kPut;  // PUT is the zero value: the gateway omits "type" for it
+  KeyValue kv;             // a delete carries the key and its mod_revision only
+};
+
+// One WatchResponse. What it is:
+//   - created: the watch is set up (header.revision: the store's revision then; events from
+//     start_revision may still follow, so it says nothing about what was seen);
+//   - canceled: the stream ends; compact_revision > 0 when start_revision was compacted away
+//     (the watcher must read the keys whole and watch from after that read);
+//   - events: in revision order, each with its mod_revision;
+//   - none of those: a progress notification (every event up to header.revision was sent).
+struct WatchResponse {
+  int64_t revision = 0;  // header.revision (absent on a cancel: 0)
+  bool created = false;
+  bool canceled = false;
+  int64_t compact_revision = 0;
+  std::string cancel_reason;
+  std::vector<WatchEvent> events;
+};
+// One object of the stream. {"error": ...} becomes Unavailable naming etcd's message (the
+// stream broke: the watcher starts another); anything that is not a watch response, Protocol.
+Result<WatchResponse> ParseWatchResponse(std::string_view object);
+
+// Cuts a watch stream into its JSON objects, whatever the chunks: bytes go in as they come,
+// whole objects come out. Scans each byte once (braces outside strings, escapes in them).
+// Thread-safety: none (one per stream).
+class JsonStreamSplitter {
+ public:
+  void Append(std::string_view bytes) { buffer_.append(bytes); }
+  // The next whole object, if one has arrived; what lies between objects (newlines, spaces)
+  // is skipped. Protocol if the stream holds something that is not an object (a stray
+  // closing brace, text outside braces) or an object larger than kMaxObject.
+  Result<std::optional<std::string>> Next();
+  // Bytes received and not yet returned as an object.
+  size_t pending() const { return buffer_.size(); }
+
+  static constexpr size_t kMaxObject = 64 << 20;
+
+ private:
+  std::string buffer_;
+  size_t scanned_ = 0;  // bytes of buffer_ scanned (the state below is theirs)
+  int depth_ = 0;
+  bool in_string_ = false;
+  bool escaped_ = false;
+};
+
 }  // namespace farpool::coord

@@ -117,6 +117,134 @@ TEST(Gateway, ErrorsCarryEtcdsMessageAndCode) {
   EXPECT_FALSE(ParseGatewayError("<html>").has_value());
 }
 
+// Responses as etcd 3.4's gateway streams them (captured from a real one).
+constexpr std::string_view kCreated =
+    R"({"result":{"header":{"cluster_id":"1","revision":"2","raft_term":"2"},"created":true}})";
+constexpr std::string_view kPut =
+    R"({"result":{"header":{"revision":"3"},"events":[{"kv":{"key":"YQ==","create_revision":"2",)"
+    R"("mod_revision":"3","version":"2","value":"e30="}}]}})";
+constexpr std::string_view kDelete =
+    R"({"result":{"header":{"revision":"4"},"events":[{"type":"DELETE","kv":{"key":"YQ==",)"
+    R"("mod_revision":"4"}}]}})";
+constexpr std::string_view kCompacted =
+    R"({"result":{"header":{"cluster_id":"1","raft_term":"2"},"canceled":true,)"
+    R"("compact_revision":"3"}})";
+
+TEST(Watch, ParsesCreatedPutDeleteCompactedAndProgress) {
+  auto created = ParseWatchResponse(kCreated);
+  ASSERT_TRUE(created.ok()) << created.status().message();
+  EXPECT_TRUE(created->created);
+  EXPECT_FALSE(created->canceled);
+  EXPECT_EQ(created->revision, 2);
+  EXPECT_TRUE(created->events.empty());
+
+  auto put = ParseWatchResponse(kPut);
+  ASSERT_TRUE(put.ok()) << put.status().message();
+  ASSERT_EQ(put->events.size(), 1u);
+  EXPECT_EQ(put->events[0].type, WatchEvent::Type::kPut);
+  EXPECT_EQ(put->events[0].kv.key, "a");
+  EXPECT_EQ(put->events[0].kv.value, "{}");
+  EXPECT_EQ(put->events[0].kv.mod_revision, 3);
+
+  auto del = ParseWatchResponse(kDelete);
+  ASSERT_TRUE(del.ok()) << del.status().message();
+  ASSERT_EQ(del->events.size(), 1u);
+  EXPECT_EQ(del->events[0].type, WatchEvent::Type::kDelete);
+  EXPECT_EQ(del->events[0].kv.key, "a");
+  EXPECT_EQ(del->events[0].kv.mod_revision, 4);
+
+  auto compacted = ParseWatchResponse(kCompacted);
+  ASSERT_TRUE(compacted.ok()) << compacted.status().message();
+  EXPECT_TRUE(compacted->canceled);
+  EXPECT_EQ(compacted->compact_revision, 3);
+  EXPECT_EQ(compacted->revision, 0);
+
+  auto progress = ParseWatchResponse(R"({"result":{"header":{"revision":"9"}}})");
+  ASSERT_TRUE(progress.ok());
+  EXPECT_FALSE(progress->created || progress->canceled);
+  EXPECT_TRUE(progress->events.empty());
+  EXPECT_EQ(progress->revision, 9);
+
+  auto canceled = ParseWatchResponse(
+      R"({"result":{"header":{"revision":"5"},"canceled":true,"cancel_reason":"no leader"}})");
+  ASSERT_TRUE(canceled.ok());
+  EXPECT_TRUE(canceled->canceled);
+  EXPECT_EQ(canceled->compact_revision, 0);
+  EXPECT_EQ(canceled->cancel_reason, "no leader");
+}
+
+TEST(Watch, AStreamErrorIsUnavailableAndMalformedResponsesAreRejected) {
+  auto error = ParseWatchResponse(
+      R"({"error":{"grpc_code":14,"http_code":503,"message":"etcdserver: no leader"}})");
+  ASSERT_FALSE(error.ok());
+  EXPECT_EQ(error.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(error.status().message().find("no leader"), std::string::npos);
+  for (const char* bad :
+       {"{}", "[]", "nope", R"({"result":[]})", R"({"result":{"created":"yes"}})",
+        R"({"result":{"events":{}}})", R"({"result":{"events":[{"type":"PUT"}]}})",
+        R"({"result":{"events":[{"type":"MOVE","kv":{"key":"YQ=="}}]}})",
+        R"({"result":{"events":[{"kv":{"key":"!!"}}]}})",
+        R"({"result":{"header":{"revision":"x"}}})"}) {
+    EXPECT_FALSE(ParseWatchResponse(bad).ok()) << bad;
+  }
+}
+
+TEST(Watch, TheRequestNamesKeyRangeAndStartInTheGatewaysForm) {
+  EXPECT_EQ(WatchCreateRequest("a", "", 0), R"({"create_request":{"key":"YQ=="}})");
+  EXPECT_EQ(WatchCreateRequest("a/", PrefixEnd("a/"), 12),
+            R"({"create_request":{"key":"YS8=","range_end":"YTA=","start_revision":"12"}})");
+}
+
+// Every way of cutting a stream of four responses into chunks yields the same four objects:
+// partial chunks, several objects in one chunk, braces and quotes inside strings.
+TEST(Watch, TheSplitterFindsWholeObjectsWhateverTheChunks) {
+  const std::string tricky = R"({"result":{"cancel_reason":"a \"}{\" \\","canceled":true}})";
+  const std::vector<std::string> objects = {std::string(kCreated), std::string(kPut), tricky,
+                                            std::string(kDelete)};
+  std::string stream;
+  for (const std::string& o : objects) stream += o + "\n";
+  const uint32_t seed = std::random_device()();
+  std::mt19937 rng(seed);
+  for (int round = 0; round < 200; ++round) {
+    JsonStreamSplitter splitter;
+    std::vector<std::string> out;
+    for (size_t at = 0; at < stream.size();) {
+      const size_t n =
+          round == 0 ? stream.size() : std::min<size_t>(1 + rng() % 40, stream.size() - at);
+      splitter.Append(std::string_view(stream).substr(at, n));
+      at += n;
+      while (true) {
+        auto next = splitter.Next();
+        ASSERT_TRUE(next.ok()) << "seed " << seed << ": " << next.status().message();
+        if (!next->has_value()) break;
+        out.push_back(**next);
+      }
+    }
+    ASSERT_EQ(out, objects) << "seed " << seed << " round " << round;
+    EXPECT_EQ(splitter.pending(), 0u);
+    auto parsed = ParseWatchResponse(out[2]);
+    ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+    EXPECT_EQ(parsed->cancel_reason, "a \"}{\" \\");
+  }
+  // A partial object stays pending until its end arrives.
+  JsonStreamSplitter partial;
+  partial.Append(kPut.substr(0, 10));
+  auto none = partial.Next();
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  EXPECT_EQ(partial.pending(), 10u);
+}
+
+TEST(Watch, TheSplitterRejectsWhatIsNotAStreamOfObjects) {
+  for (const char* bad : {"}", "x{}", "{}]", "[{}]"}) {
+    JsonStreamSplitter splitter;
+    splitter.Append(bad);
+    Status failed;
+    for (int i = 0; i < 3 && failed.ok(); ++i) failed = splitter.Next().status();
+    EXPECT_EQ(failed.code(), StatusCode::kProtocol) << bad;
+  }
+}
+
 TEST(ClusterMapJson, RoundTrips) {
   ClusterMap map;
   map.epoch = 3;

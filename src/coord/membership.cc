@@ -59,8 +59,54 @@ Result<std::unique_ptr<Membership>> Membership::Start(const Options& options) {
     return s.WithContext("server " + std::to_string(options.id) + ": registering in etcd (" +
                          m->etcd_->EndpointList() + ")");
   }
+  if (options.on_map || options.coordinate) {
+    EtcdWatch::Options wo;
+    wo.endpoints = options.endpoints;
+    wo.key = m->keys_.prefix;
+    wo.prefix = true;
+    wo.timeout = options.ttl / 4;
+    wo.on_update = [p = m.get()](const EtcdWatch::Update& u) { p->Watched(u); };
+    FARPOOL_ASSIGN_OR_RETURN(m->watch_, EtcdWatch::Start(std::move(wo)));
+  }
   m->thread_ = std::thread([p = m.get()] { p->Run(); });
   return m;
+}
+
+void Membership::Watched(const EtcdWatch::Update& u) {
+  const std::string map_key = keys_.Map();
+  const std::string* map = nullptr;
+  bool wake = false;
+  auto saw = [&](const KeyValue& kv, bool put) {
+    if (kv.key == map_key) {
+      map = put ? &kv.value : nullptr;
+      wake = true;
+    } else if (kv.key == keys_.Coordinator()) {
+      coordinator_held_.store(put);
+      coordinator_changes_.fetch_add(1);
+      wake = true;
+    } else if (kv.key.compare(0, keys_.AlivePrefix().size(), keys_.AlivePrefix()) == 0) {
+      wake = wake || !put;  // a server gone
+    } else if (kv.key.compare(0, keys_.SuspectPrefix().size(), keys_.SuspectPrefix()) == 0) {
+      wake = wake || put;  // a client lost a server
+    }
+  };
+  if (u.snapshot) {
+    coordinator_held_.store(false);
+    coordinator_changes_.fetch_add(1);
+    wake = true;
+  }
+  for (const KeyValue& kv : u.kvs) saw(kv, true);
+  for (const WatchEvent& e : u.events) saw(e.kv, e.type == WatchEvent::Type::kPut);
+  if (map != nullptr && options_.on_map) {
+    auto parsed = ClusterMap::Parse(*map, map_key);
+    if (parsed.ok()) options_.on_map(*parsed);
+  }
+  if (!wake || !options_.coordinate) return;
+  {
+    std::lock_guard lock(mu_);
+    woken_ = true;
+  }
+  cv_.notify_all();
 }
 
 Membership::~Membership() {
@@ -72,6 +118,8 @@ Membership::~Membership() {
     cv_.notify_all();
     thread_.join();
   }
+  // After the thread (it asks the watch whether it is up), before the members Watched uses.
+  watch_.reset();
   if (lease_ != 0 && registered_) {
     Status s = etcd_->RevokeLease(lease_);
     (void)s;  // leaving anyway: the lease then lapses within its TTL
@@ -115,7 +163,12 @@ void Membership::CheckClosedPeers() {
 
 void Membership::Elect() {
   const std::string me = std::to_string(options_.id);
+  const bool watched = watch_ != nullptr && watch_->up();
   if (coordinator_) {
+    // Read again only when the watch shows the key changed (or cannot say).
+    const uint64_t changes = coordinator_changes_.load();
+    if (watched && changes == coordinator_checked_) return;
+    coordinator_checked_ = changes;
     auto key = etcd_->Get(keys_.Coordinator());
     if (!key.ok()) return;  // unknown: keep the role until etcd says otherwise or the lease ends
     if (key->has_value() && (*key)->value == me && (*key)->lease == lease_) return;
@@ -123,6 +176,7 @@ void Membership::Elect() {
     std::printf("farpool server %u: no longer the coordinator\n", options_.id);
     return;
   }
+  if (watched && coordinator_held_.load()) return;  // held: a campaign would lose
   auto won = etcd_->PutIf({{keys_.Coordinator(), Compare::Target::kCreateRevision, 0}},
                           keys_.Coordinator(), me, lease_);
   if (won.ok() && won->succeeded) {
@@ -137,13 +191,17 @@ void Membership::Run() {
       std::min<std::chrono::milliseconds>(std::chrono::milliseconds(100), options_.ttl / 4);
   auto next_keepalive = std::chrono::steady_clock::now() + options_.ttl / 4;
   std::unique_lock lock(mu_);
-  while (!cv_.wait_for(lock, tick, [&] { return stop_; })) {
+  while (true) {
+    cv_.wait_for(lock, tick, [&] { return stop_ || woken_; });
+    if (stop_) break;
+    woken_ = false;
     lock.unlock();
     CheckClosedPeers();
     if (std::chrono::steady_clock::now() >= next_keepalive || !registered_) {
       next_keepalive = std::chrono::steady_clock::now() + options_.ttl / 4;
       KeepAliveOnce();
-      if (registered_ && options_.on_map) ReadMap();
+      // The watch hands maps over as they change; read here only while it is down.
+      if (registered_ && options_.on_map && !watch_->up()) ReadMap();
     }
     if (registered_ && options_.coordinate) {
       Elect();

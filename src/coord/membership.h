@@ -25,6 +25,14 @@
 // backup to find its primary's connection closed or its serving lease lapsed (pool/server/
 // mirror.h), and a live server whose lease was revoked registers again at its next keepalive.
 //
+// Watching the cluster's keys (branch `etcdwatch`): with on_map or coordinate set, Start also
+// opens an EtcdWatch on the whole prefix. A put of the map is handed to on_map at once (fencing
+// by epoch no longer waits for the next keepalive; the map is read after a keepalive only while
+// the watch is down). A server that is not the coordinator campaigns only while the watch does
+// not show the coordinator key held (it did so every tick). The coordinator reads its key again
+// only when the watch shows a change of it (or is down), and a change of an alive key, a
+// suspicion or the map wakes the thread for a tick at once instead of at the next 100 ms.
+//
 // Start fails, naming the etcd endpoints and etcd's reason, if the first registration fails:
 // a server that cannot register would look dead to the cluster.
 //
@@ -80,6 +88,8 @@ class Membership {
   bool registered() const { return registered_.load(std::memory_order_relaxed); }
   // Whether this server holds the coordinator key (as of its last tick).
   bool coordinator() const { return coordinator_.load(std::memory_order_relaxed); }
+  // The watch of the cluster's keys; nullptr without on_map and coordinate.
+  const EtcdWatch* watch() const { return watch_.get(); }
 
  private:
   explicit Membership(const Options& options);
@@ -89,6 +99,9 @@ class Membership {
   // The peers Options::closed reports: their leases revoked if their ports refuse.
   void CheckClosedPeers();
   void ReadMap();
+  // What the watch delivers (on its thread): the map to on_map, the coordinator key's state,
+  // and a wake-up of the thread.
+  void Watched(const EtcdWatch::Update& u);
   // One election step: campaigns if nobody holds the key; checks that the key is still ours.
   void Elect();
 
@@ -100,7 +113,14 @@ class Membership {
   std::atomic<bool> coordinator_{false};
   std::mutex mu_;
   std::condition_variable cv_;
-  bool stop_ = false;  // guarded by mu_
+  bool stop_ = false;   // guarded by mu_
+  bool woken_ = false;  // guarded by mu_: the watch saw a change; tick now
+  // From the watch: whether the coordinator key exists, and changes of it not yet checked
+  // (by the coordinator). Valid while watch_->up().
+  std::atomic<bool> coordinator_held_{false};
+  std::atomic<uint64_t> coordinator_changes_{1};
+  uint64_t coordinator_checked_ = 0;  // owned by the thread: coordinator_changes_ last read
+  std::unique_ptr<EtcdWatch> watch_;  // reset by the destructor (its thread calls Watched)
   std::thread thread_;
 };
 

@@ -14,27 +14,6 @@
 
 namespace farpool {
 
-Result<std::pair<std::string, uint16_t>> ParseHostPort(std::string_view text) {
-  auto bad = [&](std::string_view why) {
-    return Status::InvalidArgument("invalid address '" + std::string(text) +
-                                   "': " + std::string(why) + " (expected HOST:PORT)");
-  };
-  size_t colon = text.rfind(':');
-  if (colon == std::string_view::npos || colon == 0) return bad("no host or port");
-  std::string_view host = text.substr(0, colon);
-  std::string_view port_text = text.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  unsigned port = 0;
-  auto [ptr, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-  if (port_text.empty() || ec != std::errc() || ptr != port_text.data() + port_text.size() ||
-      port > 65535) {
-    return bad("port is not a number from 0 to 65535");
-  }
-  return std::pair{std::string(host), static_cast<uint16_t>(port)};
-}
-
 Result<ClusterConfig> ClusterConfig::Parse(std::string_view json, std::string_view origin) {
   const std::string where(origin);
   nlohmann::json doc;

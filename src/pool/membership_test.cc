@@ -914,6 +914,62 @@ TEST(ClusterAdd, ARunningPoolLearnsTheAddedServerAndPlacesChunksThere) {
   EXPECT_EQ(writer.failures(), 0u) << writer.last_error();
 }
 
+// A running Pool learns a change of the map from its etcd watch alone (branch `etcdwatch`):
+// with the safety-net read made an hour apart, the server that `cluster add` enters reaches the
+// Pool only if the watch delivers the new map; the counter says it came by the watch. Then
+// etcd is restarted (RestartClusterEtcd) and a second add, after the watch resumed, arrives the
+// same way.
+TEST(MapWatch, ARunningPoolLearnsAddedServersFromTheWatchAloneAcrossAnEtcdRestart) {
+  LocalClusterOptions o = Options(2, 1);
+  o.mirror_slots = 2;
+  TestCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  PoolOptions po;
+  po.map_poll = std::chrono::hours(1);
+  auto connected = Pool::Connect(*config, po);
+  ASSERT_TRUE(connected.ok()) << connected.status().ToString();
+  Pool& pool = **connected;
+  auto learns = [&](uint16_t id) {
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (!Contains(pool.server_ids(), id) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(20ms);
+    }
+    return Contains(pool.server_ids(), id);
+  };
+  const OpCounters before = pool.counters();
+  auto id = AddServer(o, cluster);
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  ASSERT_TRUE(learns(*id)) << "the running Pool did not learn server " << *id;
+  const OpCounters after = pool.counters();
+  EXPECT_GT(after.maps_watched, before.maps_watched);
+  EXPECT_EQ(after.maps_polled, 0u);
+
+  ASSERT_EQ(kill(static_cast<pid_t>(config->etcd.pid), SIGKILL), 0);
+  while (ProcessRunning(static_cast<pid_t>(config->etcd.pid))) std::this_thread::sleep_for(10ms);
+  Status restarted = RestartClusterEtcd(cluster.dir(), /*die_with_parent=*/true);
+  ASSERT_TRUE(restarted.ok()) << restarted.ToString();
+  auto second = AddServer(o, cluster);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  ASSERT_TRUE(learns(*second)) << "the running Pool did not learn server " << *second
+                               << " after etcd restarted";
+  EXPECT_GT(pool.counters().maps_watched, after.maps_watched);
+  EXPECT_EQ(pool.counters().maps_polled, 0u);
+  // Changes are refused until the coordinator names its backup (re-replication).
+  EtcdView view = WaitForView(cluster.dir(), [&](const EtcdView& v) {
+    return v.map.Find(*second) != nullptr && v.map.Find(*second)->backup >= 0;
+  });
+  ASSERT_GE(view.map.Find(*second)->backup, 0);
+  auto object = pool.Alloc(64, Placement::OnServer(*second));
+  ASSERT_TRUE(object.ok()) << object.status().ToString();
+  const uint64_t value = 42;
+  uint64_t back = 0;
+  ASSERT_TRUE(pool.Write(*object, &value, 8).ok());
+  ASSERT_TRUE(pool.Read(*object, &back, 8).ok());
+  EXPECT_EQ(back, value);
+}
+
 // A server the map names that does not answer yet (here: nothing listens on its port) neither
 // fails nor stalls a running Pool: it is not entered, nothing is placed on it, the writes to
 // the other servers go on; once a server listens there the Pool enters it and uses it.

@@ -32,9 +32,12 @@
 //   - Failover on etcd (docs/pool.md "Membership on etcd"): in a replicated cluster whose file
 //     names an etcd, the client does not decide failovers. A server it finds gone is reported
 //     to the coordinator (MapKeys::Suspect) and the client waits for the cluster map to name
-//     the server that serves its region (AwaitMapDecision); a map watcher thread polls the
-//     map's epoch every 250 ms and re-routes by it (FollowMap) a server that this client has
-//     not found gone itself (a partitioned old primary it still reaches, say). If etcd does
+//     the server that serves its region (AwaitMapDecision); a map watcher thread re-routes by
+//     the map's epoch (FollowMap) a server that this client has not found gone itself (a
+//     partitioned old primary it still reaches, say). It learns each new map from an etcd
+//     watch on the map's key (coord::EtcdWatch, branch `etcdwatch`: as soon as etcd has it, a
+//     stream per Pool, resumed from its revision when it breaks) and reads the map whole every
+//     PoolOptions::map_poll as well (a safety net). If etcd does
 //     not answer or no decision comes within kCoordinatorWait, the client falls back to
 //     asking the backup itself (the race of the first stage, kept safe by the backup's fence).
 //     In a shared-pages cluster a region that this client maps stays mapped after it moved: the
@@ -79,6 +82,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -160,8 +164,8 @@ constexpr auto kReplySleep = std::chrono::milliseconds(10);
 // backup itself: a coordinator that died with the server is replaced after its lease (2 s) and
 // a tick, and the backup promotes at most kServeLease + margin (~1.2 s) after the loss.
 constexpr auto kCoordinatorWait = std::chrono::milliseconds(8000);
-// How often the map watcher reads the map's epoch.
-constexpr auto kMapPoll = std::chrono::milliseconds(250);
+// While the map's watch is down, how often a failing-over client reads the map itself.
+constexpr auto kMapReadWhileDown = std::chrono::milliseconds(20);
 // The server table's capacity: servers a Pool can know, those learned from the map included.
 constexpr size_t kMaxServers = 1024;
 // How long the watcher waits for a hello of a server it learns from the map (it must not block
@@ -378,6 +382,8 @@ class Pool::Impl {
   // client does not know).
   std::optional<std::pair<size_t, int>> ServedBy(const coord::ClusterMap& map, size_t index) const;
   void WatchMap();
+  // The map's watch hands over a new map (on its own thread).
+  void MapWatched(const coord::EtcdWatch::Update& u);
   // The index of the server that serves failed server `s`'s data, or -1 (waits for a
   // FailOver in progress).
   int MovedTo(const ServerState& s) const;
@@ -485,6 +491,8 @@ class Pool::Impl {
   std::mutex contexts_mu_;
   std::map<std::thread::id, std::unique_ptr<ThreadContext>> contexts_;
   std::atomic<uint64_t> suspicions_cleared_{0};  // OpCounters::suspicions_cleared
+  std::atomic<uint64_t> maps_watched_{0};        // OpCounters::maps_watched
+  std::atomic<uint64_t> maps_polled_{0};         // OpCounters::maps_polled
 
  private:
   Result<std::unique_ptr<ThreadContext>> CreateThreadContext();
@@ -500,6 +508,15 @@ class Pool::Impl {
   std::unique_ptr<coord::EtcdClient> etcd_;
   std::thread map_watcher_;
   std::atomic<int64_t> map_epoch_{0};  // the last epoch followed
+  // The newest map the watch delivered (its mod revision; 0: none yet), for the watcher and
+  // AwaitMapDecision, which wait on map_cv_ for it to change.
+  std::mutex map_mu_;
+  std::condition_variable map_cv_;
+  int64_t watched_revision_ = 0;  // guarded by map_mu_
+  std::string watched_map_;       // guarded by map_mu_
+  // Declared after what its thread touches (destroyed first, after the destructor's body, whose
+  // goodbyes may still fail a server over and ask it).
+  std::unique_ptr<coord::EtcdWatch> map_watch_;
 };
 
 // ------------------------------------------------------------------ connection management
@@ -525,6 +542,13 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
     // replicas").
     FARPOOL_ASSIGN_OR_RETURN(
         etcd_, coord::EtcdClient::Create({cluster.etcd.endpoints, std::chrono::milliseconds(500)}));
+    // Before anything can fail a server over (AwaitMapDecision waits on its maps).
+    coord::EtcdWatch::Options wo;
+    wo.endpoints = cluster.etcd.endpoints;
+    wo.key = coord::MapKeys{cluster.etcd.prefix}.Map();
+    wo.timeout = std::chrono::milliseconds(500);
+    wo.on_update = [this](const coord::EtcdWatch::Update& u) { MapWatched(u); };
+    FARPOOL_ASSIGN_OR_RETURN(map_watch_, coord::EtcdWatch::Start(std::move(wo)));
   }
   if (cluster.servers.size() > kMaxServers) {
     return Status::InvalidArgument("the cluster has " + std::to_string(cluster.servers.size()) +
@@ -688,6 +712,10 @@ Pool::Impl::~Impl() {
     if (it != g_live_tags.end()) g_live_tags.erase(it);
   }
   stop_monitor_.store(true);
+  {
+    std::lock_guard lock(map_mu_);  // the watcher between its check and its wait sees the stop
+  }
+  map_cv_.notify_all();
   if (monitor_.joinable()) monitor_.join();
   if (map_watcher_.joinable()) map_watcher_.join();
   if (allocator_) {
@@ -883,16 +911,31 @@ Result<std::pair<size_t, int>> Pool::Impl::AwaitMapDecision(size_t index) {
   FARPOOL_RETURN_IF_ERROR(
       etcd_->Put(keys.Suspect(s.address.id), std::to_string(getpid())).status());
   const auto deadline = Clock::now() + kCoordinatorWait;
+  int64_t seen = -1;  // the watched map's revision last looked at
   while (true) {
-    FARPOOL_ASSIGN_OR_RETURN(auto kv, etcd_->Get(keys.Map()));
-    if (!kv) return Status::NotFound("no cluster map at " + keys.Map());
-    FARPOOL_ASSIGN_OR_RETURN(auto map, coord::ClusterMap::Parse(kv->value, keys.Map()));
+    // The map as the watch delivers it; read from etcd when the watch brings nothing new
+    // within kMapPoll's share (it may be down).
+    std::string value;
+    {
+      std::unique_lock lock(map_mu_);
+      const bool watched = map_watch_ != nullptr && map_watch_->up();  // null: Init failed
+      const auto wait = watched ? 10 * kMapReadWhileDown : kMapReadWhileDown;
+      if (map_cv_.wait_for(lock, wait, [&] { return watched_revision_ != seen; })) {
+        seen = watched_revision_;
+        value = watched_map_;
+      }
+    }
+    if (value.empty()) {
+      FARPOOL_ASSIGN_OR_RETURN(auto kv, etcd_->Get(keys.Map()));
+      if (!kv) return Status::NotFound("no cluster map at " + keys.Map());
+      value = std::move(kv->value);
+    }
+    FARPOOL_ASSIGN_OR_RETURN(auto map, coord::ClusterMap::Parse(value, keys.Map()));
     if (auto b = ServedBy(map, index)) return *b;
     if (Clock::now() > deadline) {
       return Status::TimedOut("the coordinator did not fail it over within " +
                               std::to_string(kCoordinatorWait.count()) + " ms");
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
 
@@ -924,23 +967,65 @@ void Pool::Impl::FollowMap(const coord::ClusterMap& map) {
   map_epoch_.store(map.epoch);
 }
 
+void Pool::Impl::MapWatched(const coord::EtcdWatch::Update& u) {
+  // The map's key only: a snapshot has it or nothing; of several events, the last put counts.
+  const coord::KeyValue* latest = nullptr;
+  for (const coord::KeyValue& kv : u.kvs) latest = &kv;
+  for (const coord::WatchEvent& e : u.events) {
+    if (e.type == coord::WatchEvent::Type::kPut) latest = &e.kv;
+  }
+  if (latest == nullptr) return;  // deleted (the cluster is going down), or not written yet
+  {
+    std::lock_guard lock(map_mu_);
+    watched_revision_ = latest->mod_revision;
+    watched_map_ = latest->value;
+  }
+  map_cv_.notify_all();
+}
+
 void Pool::Impl::WatchMap() {
   const coord::MapKeys keys{cluster_.etcd.prefix};
+  int64_t followed = 0;  // the watched map's revision last followed
+  // The watch's first snapshot brings the map; the safety net reads it from then on.
+  auto next_poll = Clock::now() + options_.map_poll;
+  std::optional<coord::ClusterMap> last;  // for servers whose join is to be tried again
   while (!stop_monitor_.load()) {
-    auto kv = etcd_->Get(keys.Map());
-    // etcd unreachable: keep the map we have (failures found meanwhile fall back to the
-    // client-driven failover).
-    if (kv.ok() && kv->has_value()) {
-      auto map = coord::ClusterMap::Parse((*kv)->value, keys.Map());
-      if (map.ok()) {
-        LearnServers(*map);  // first: a region may have moved to a server new to us
-        FollowMap(*map);
+    // Woken by a new watched map, the next safety-net read, or a join to try again (those
+    // due already were tried by the last LearnServers).
+    auto wake = next_poll;
+    const auto now = Clock::now();
+    for (const auto& [id, b] : join_after_) {
+      if (b.next > now) wake = std::min(wake, b.next);
+    }
+    std::string value;
+    bool watched = false;
+    {
+      std::unique_lock lock(map_mu_);
+      map_cv_.wait_until(lock, wake,
+                         [&] { return stop_monitor_.load() || watched_revision_ != followed; });
+      if (stop_monitor_.load()) break;
+      if (watched_revision_ != followed) {
+        followed = watched_revision_;
+        value = watched_map_;
+        watched = true;
       }
     }
-    for (auto slept = std::chrono::milliseconds(0); slept < kMapPoll && !stop_monitor_.load();
-         slept += std::chrono::milliseconds(10)) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (!watched && Clock::now() >= next_poll) {
+      next_poll = Clock::now() + options_.map_poll;
+      auto kv = etcd_->Get(keys.Map());
+      // etcd unreachable: keep the map we have (failures found meanwhile fall back to the
+      // client-driven failover).
+      if (kv.ok() && kv->has_value()) value = std::move((*kv)->value);
     }
+    if (!value.empty()) {
+      auto map = coord::ClusterMap::Parse(value, keys.Map());
+      if (!map.ok()) continue;
+      if (map->epoch > map_epoch_.load()) (watched ? maps_watched_ : maps_polled_).fetch_add(1);
+      last = std::move(*map);
+    }
+    if (!last) continue;
+    LearnServers(*last);  // first: a region may have moved to a server new to us
+    FollowMap(*last);
   }
 }
 
@@ -1821,6 +1906,8 @@ OpCounters Pool::counters() const {
     c.resent += tc->resent.load(std::memory_order_relaxed);
   }
   c.suspicions_cleared = impl_->suspicions_cleared_.load(std::memory_order_relaxed);
+  c.maps_watched = impl_->maps_watched_.load(std::memory_order_relaxed);
+  c.maps_polled = impl_->maps_polled_.load(std::memory_order_relaxed);
   return c;
 }
 
