@@ -68,16 +68,17 @@ struct ClusterConfig {
   // cluster's default pool. With a pool, secret_file holds the pool's credential
   // (`farpool cluster pool add` writes both), not the cluster secret.
   std::string pool;
-  // Copies of every byte (docs/pool.md "Replication"): 0, or 1 with at least 2 servers: the
-  // backup of servers[i] is servers[(i + 1) % n], which mirrors it and takes its data over
-  // when a client finds it gone.
+  // Backups of every byte (docs/pool.md "Replication", "Replication with f backups"): 0 to
+  // servers - 1; the backups of servers[i] are servers[(i + 1) % n] .. servers[(i + f) % n]
+  // (the ring), the first live one of which takes its data over when it is gone.
   int replicas = 0;
   // With replicas 1, how a backup holds its primary's data (docs/pool.md "Shared-pages
   // backups"): false: a copy that the primary forwards every change to; true: the primary's own
   // pages (every server on one host, shared memory), only lease changes forwarded.
   bool shared_pages = false;
-  // The index in `servers` of the backup of servers[index] (replicas 1).
-  size_t BackupOf(size_t index) const { return (index + 1) % servers.size(); }
+  // The index in `servers` of the backup number `k` (0: the first) of servers[index]; it keeps
+  // the copy in its mirror slot k. REQUIRES: k < replicas.
+  size_t BackupOf(size_t index, size_t k = 0) const { return (index + 1 + k) % servers.size(); }
   EtcdConfig etcd;
 
   // The secret_file of a loaded config is an absolute path (or relative to the working

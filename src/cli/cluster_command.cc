@@ -79,7 +79,10 @@ int Up(const ClusterArgs& a) {
   std::printf("cluster up: %d servers x %s in %s (transport %s, progress %s%s%s)\n", a.servers,
               FormatSize(o.memory).c_str(), ClusterFile(a.dir).c_str(), a.transport.c_str(),
               progress_name.c_str(), a.netns ? ", network namespaces" : "",
-              o.replicas > 0 ? ", 1 backup of every byte" : "");
+              o.replicas == 0 ? ""
+              : o.replicas == 1
+                  ? ", 1 backup of every byte"
+                  : (", " + std::to_string(o.replicas) + " backups of every byte").c_str());
   std::printf("cluster up: cluster secret in %s (mode 0600; clients find it through %s)\n",
               SecretFile(a.dir).c_str(), ClusterFile(a.dir).c_str());
   auto config = ClusterConfig::Load(ClusterFile(a.dir));
@@ -254,17 +257,19 @@ Command RegisterCluster(CLI::App& app) {
                  "more cores than there are servers, else event");
   up->add_flag("--netns", args->netns, "Each server in its own network namespace (root)");
   up->add_option("--replicas", args->replicas,
-                 "Backups of every byte: 0 or 1 (each server's region mirrored on the next "
-                 "server, which takes it over when it dies); default 1 with --servers 2 or more, "
-                 "else 0. Over shm or auto without --netns the backup shares its primary's pages "
+                 "Backups of every byte: 0 to --servers - 1 (each server's region mirrored on "
+                 "the next f servers, the first live one of which takes it over when it dies); "
+                 "default 1 with --servers 2 or more, else 0. With 1 Over shm or auto without "
+                 "--netns the backup shares its primary's pages "
                  "(one copy's memory once started); else it keeps a copy (twice the memory)");
   up->add_option("--mirror-slots", args->mirror_slots,
-                 "With --replicas 1: copies each server can keep: the ring's, and room for "
-                 "re-replication to restore two copies of every region after a failure "
-                 "(docs/pool.md, Re-replication). Default 2 with --servers 3 or more, else 1. "
-                 "With --replicas 0: room for a drained server's region (`cluster drain`); "
-                 "default 1 with --servers 2 or more, else 0. Each takes --memory on its server "
-                 "only once it holds a copy (never with shared pages)");
+                 "With --replicas f: copies each server can keep: the ring's f, and room for "
+                 "re-replication to restore a backup after a failure "
+                 "(docs/pool.md, Re-replication). Default f + 1 with --servers f + 2 or more, "
+                 "else f. With --replicas 0: room for a drained server's region "
+                 "(`cluster drain`); default 1 with --servers 2 or more, else 0. "
+                 "Each takes --memory on its server only once it holds a copy (never with "
+                 "shared pages)");
   up->add_flag("--forward-copies", args->forward_copies,
                "With --replicas 1 over --transport shm or auto without --netns: backups keep "
                "copies that every change is forwarded to, instead of sharing their primaries' "

@@ -1,5 +1,6 @@
 #include "coord/cluster_map.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -13,11 +14,33 @@ const MapServer* ClusterMap::Find(uint16_t id) const {
   return nullptr;
 }
 
+std::vector<MapServer::Backup> MapServer::Backups() const {
+  std::vector<Backup> all;
+  if (backup < 0) return all;
+  all.push_back({static_cast<uint16_t>(backup), backup_slot});
+  all.insert(all.end(), more_backups.begin(), more_backups.end());
+  return all;
+}
+
+bool MapServer::DropBackup(uint16_t id) {
+  std::vector<Backup> all = Backups();
+  const auto gone =
+      std::remove_if(all.begin(), all.end(), [&](const Backup& b) { return b.id == id; });
+  if (gone == all.end()) return false;
+  all.erase(gone, all.end());
+  backup = all.empty() ? -1 : all.front().id;
+  backup_slot = all.empty() ? 0 : all.front().slot;
+  more_backups.assign(all.empty() ? all.end() : all.begin() + 1, all.end());
+  return true;
+}
+
 std::vector<int> ClusterMap::SlotsInUse(uint16_t id) const {
   std::vector<int> used;
   for (const MapServer& s : servers) {
     if (s.served_by == id && s.served_slot >= 0) used.push_back(s.served_slot);
-    if (s.backup == id) used.push_back(s.backup_slot);
+    for (const MapServer::Backup& b : s.Backups()) {
+      if (b.id == id) used.push_back(b.slot);
+    }
   }
   return used;
 }
@@ -34,6 +57,13 @@ std::string ClusterMap::ToJson() const {
                               {"served_slot", s.served_slot},
                               {"backup_slot", s.backup_slot},
                               {"slots", s.slots}});
+    if (!s.more_backups.empty()) {
+      nlohmann::json more = nlohmann::json::array();
+      for (const MapServer::Backup& b : s.more_backups) {
+        more.push_back({{"id", b.id}, {"slot", b.slot}});
+      }
+      doc["servers"].back()["more_backups"] = std::move(more);
+    }
   }
   return doc.dump();
 }
@@ -51,8 +81,8 @@ Result<ClusterMap> ClusterMap::Parse(std::string_view json, std::string_view ori
   }
   map.epoch = doc["epoch"].get<int64_t>();
   if (!doc.contains("replicas") || !doc["replicas"].is_number_integer() || doc["replicas"] < 0 ||
-      doc["replicas"] > 1) {
-    return bad("replicas", "expected 0 or 1");
+      doc["replicas"] > 64) {
+    return bad("replicas", "expected 0 to 64");
   }
   map.replicas = doc["replicas"].get<int>();
   if (!doc.contains("servers") || !doc["servers"].is_array()) {
@@ -102,10 +132,28 @@ Result<ClusterMap> ClusterMap::Parse(std::string_view json, std::string_view ori
     int slots = static_cast<int>(s.slots);
     FARPOOL_RETURN_IF_ERROR(slot("slots", 0, &slots));
     s.slots = static_cast<uint32_t>(slots);
+    if (j.contains("more_backups")) {
+      const auto& more = j["more_backups"];
+      if (!more.is_array() || s.backup < 0) {
+        return bad(name + ".more_backups", "expected an array, with a backup");
+      }
+      for (size_t k = 0; k < more.size(); ++k) {
+        const std::string field = name + ".more_backups[" + std::to_string(k) + "]";
+        if (!more[k].is_object() || !more[k].contains("id") || !is_id(more[k]["id"]) ||
+            !more[k].contains("slot") || !more[k]["slot"].is_number_integer() ||
+            more[k]["slot"] < 0 || more[k]["slot"] > 64) {
+          return bad(field, "expected {\"id\": a server id, \"slot\": 0 to 64}");
+        }
+        s.more_backups.push_back({more[k]["id"].get<uint16_t>(), more[k]["slot"].get<int>()});
+      }
+    }
     map.servers.push_back(std::move(s));
   }
   for (const MapServer& s : map.servers) {
-    if (map.Find(s.served_by) == nullptr || (s.backup >= 0 && map.Find(s.backup) == nullptr)) {
+    const std::vector<MapServer::Backup> backups = s.Backups();
+    if (map.Find(s.served_by) == nullptr ||
+        std::any_of(backups.begin(), backups.end(),
+                    [&](const MapServer::Backup& b) { return map.Find(b.id) == nullptr; })) {
       return bad("server " + std::to_string(s.id), "names a server that is not in the map");
     }
   }

@@ -32,8 +32,8 @@ struct MapServer {
   // Which server serves this server's region now: its own id until it fails over to its
   // backup, then the backup's id.
   uint16_t served_by = 0;
-  // The server that keeps a copy of this region (replicas 1), or -1: none (replicas 0, or the
-  // backup took the region over and it has one copy left).
+  // The server that keeps a copy of this region (its first backup), or -1: none (replicas 0,
+  // or every backup took a region over or was lost, and it has one copy left).
   int backup = -1;
   // Where the region lives at served_by: -1 its own part, else mirror slot k (at
   // (1 + k) x served_by's own region size in served_by's region); and the mirror slot of
@@ -42,6 +42,21 @@ struct MapServer {
   int backup_slot = 0;
   // How many mirror slots this server has (ServerOptions::mirror_slots).
   uint32_t slots = 0;
+  // The further backups of this region (replicas f >= 2), in ring order after `backup`: the
+  // server and its mirror slot that keep a copy too (docs/pool.md "Replication with f
+  // backups"). The region's server forwards every round to `backup` and to each of these. Empty
+  // unless `backup` >= 0.
+  struct Backup {
+    uint16_t id = 0;
+    int slot = 0;
+    bool operator==(const Backup&) const = default;
+  };
+  std::vector<Backup> more_backups;
+  // `backup` and then `more_backups`, in the order a failover tries them.
+  std::vector<Backup> Backups() const;
+  // Takes server `id` out of the backups (the first further one becomes `backup` if it was
+  // that one). Returns whether it was one.
+  bool DropBackup(uint16_t id);
 };
 
 struct ClusterMap {

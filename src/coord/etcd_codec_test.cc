@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 
 #include "coord/cluster_map.h"
@@ -256,6 +257,39 @@ TEST(ClusterMapJson, RoundTrips) {
   EXPECT_EQ(back->Find(0)->served_by, 1);
   EXPECT_EQ(back->Find(1)->backup, 0);
   EXPECT_EQ(back->Find(2), nullptr);
+}
+
+// --replicas 2: the further backups round-trip, count in SlotsInUse, and DropBackup moves the
+// next one up when the first goes.
+TEST(ClusterMapJson, KeepsEveryBackupInRingOrder) {
+  ClusterMap map;
+  map.replicas = 2;
+  for (uint16_t i = 0; i < 4; ++i) {
+    MapServer s{i, "10.1.0.2:700" + std::to_string(i), 1 << 20, i, (i + 1) % 4, -1, 0, 3};
+    s.more_backups = {{static_cast<uint16_t>((i + 2) % 4), 1}};
+    map.servers.push_back(s);
+  }
+  auto back = ClusterMap::Parse(map.ToJson(), "test");
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->ToJson(), map.ToJson());
+  const std::vector<MapServer::Backup> want = {{2, 0}, {3, 1}};
+  EXPECT_EQ(back->Find(1)->Backups(), want);
+  std::vector<int> used = back->SlotsInUse(3);
+  std::sort(used.begin(), used.end());
+  EXPECT_EQ(used, (std::vector<int>{0, 1}));  // server 2's first backup, server 1's second
+  MapServer region1 = *back->Find(1);
+  EXPECT_TRUE(region1.DropBackup(2));
+  EXPECT_EQ(region1.backup, 3);
+  EXPECT_EQ(region1.backup_slot, 1);
+  EXPECT_TRUE(region1.more_backups.empty());
+  EXPECT_FALSE(region1.DropBackup(0));
+  EXPECT_TRUE(region1.DropBackup(3));
+  EXPECT_EQ(region1.backup, -1);
+  EXPECT_FALSE(ClusterMap::Parse(
+                   R"({"epoch":1,"replicas":2,"servers":[{"id":0,"address":"a:1","served_by":0,)"
+                   R"("backup":-1,"more_backups":[{"id":0,"slot":1}]}]})",
+                   "m")
+                   .ok());  // further backups without a first
 }
 
 TEST(ClusterMapJson, RejectsBadMapsNamingTheField) {

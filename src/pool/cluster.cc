@@ -56,15 +56,17 @@ Result<ClusterConfig> ClusterConfig::Parse(std::string_view json, std::string_vi
     return field_error("servers", "expected a non-empty array");
   }
   if (doc.contains("replicas")) {
-    if (!doc["replicas"].is_number_unsigned() || doc["replicas"].get<uint64_t>() > 1 ||
-        (doc["replicas"].get<uint64_t>() == 1 && doc["servers"].size() < 2)) {
-      return field_error("replicas", "expected 0, or 1 with at least 2 servers");
+    if (!doc["replicas"].is_number_unsigned() ||
+        (doc["replicas"].get<uint64_t>() > 0 &&
+         doc["replicas"].get<uint64_t>() >= doc["servers"].size())) {
+      return field_error("replicas", "expected 0 to one less than the servers (" +
+                                         std::to_string(doc["servers"].size()) + ")");
     }
     config.replicas = doc["replicas"].get<int>();
   }
   if (doc.contains("shared_pages")) {
     if (!doc["shared_pages"].is_boolean() ||
-        (doc["shared_pages"].get<bool>() && config.replicas == 0)) {
+        (doc["shared_pages"].get<bool>() && config.replicas != 1)) {
       return field_error("shared_pages", "expected true or false (true only with replicas 1)");
     }
     config.shared_pages = doc["shared_pages"].get<bool>();

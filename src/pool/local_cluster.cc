@@ -212,47 +212,57 @@ void TearDownNetwork(const NetNames& n, int servers) {
   (void)c;
 }
 
-// Tells every server of `config` which server is its backup (ClusterConfig::BackupOf): until
-// then a replicated server refuses every change.
+// Names backup number `k` of server `i` of `config` (its slot k keeps the copy).
+Status NameBackup(const ClusterConfig& config, const transport::ClusterSecret& secret, size_t i,
+                  int k) {
+  const ServerAddress& s = config.servers[i];
+  const ServerAddress& backup = config.servers[config.BackupOf(i, static_cast<size_t>(k))];
+  wire::HelloRequest hello{};
+  hello.client_pid = static_cast<uint64_t>(getpid());
+  hello.client_nonce = (static_cast<uint64_t>(getpid()) << 32) | 0x7001;  // tag nonzero
+  control::Connection::Options co;
+  co.name = "server " + std::to_string(s.id) + " (" + s.Endpoint() + ")";
+  co.host = s.host;
+  co.port = s.port;
+  co.secret = &secret;
+  co.fabric = Fabric::kTcp;
+  co.timeout = std::chrono::milliseconds(5000);
+  FARPOOL_ASSIGN_OR_RETURN(auto c, control::Connection::Open(co, hello));
+  wire::BackupRequest request{};
+  request.backup_id = backup.id;
+  request.port = backup.port;
+  request.region = s.id;
+  request.slot = static_cast<uint16_t>(k);
+  if (backup.host.size() >= sizeof(request.host)) {
+    return Status::InvalidArgument("host name too long: " + backup.host);
+  }
+  std::memcpy(request.host, backup.host.data(), backup.host.size());
+  // The server connects to its backup within its backup_timeout (1 s): on a loaded host (two
+  // busy loops beside a test, load 20) that failed now and then ("backup server 2: sending a
+  // message: no completion before the deadline"). Nothing is leased yet, so naming the backup
+  // again is safe (the attach makes the slot a fresh copy): up to kNameAttempts times.
+  constexpr int kNameAttempts = 5;
+  Status named;
+  int attempt = 0;
+  do {
+    if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ++attempt;
+    named =
+        c->Call([&](uint64_t id) { return wire::Encode(id, request); }, wire::Opcode::kBackupReply)
+            .status();
+  } while (attempt < kNameAttempts &&
+           (named.code() == StatusCode::kTimedOut || named.code() == StatusCode::kUnavailable));
+  return named.WithContext("attempt " + std::to_string(attempt));
+}
+
+// Tells every server of `config` which servers are its backups (ClusterConfig::BackupOf, in
+// ring order; backup k keeps the copy in its slot k): until the first is named a replicated
+// server refuses every change, and it forwards each round to every one named.
 Status NameBackups(const ClusterConfig& config, const transport::ClusterSecret& secret) {
   for (size_t i = 0; i < config.servers.size(); ++i) {
-    const ServerAddress& s = config.servers[i];
-    const ServerAddress& backup = config.servers[config.BackupOf(i)];
-    wire::HelloRequest hello{};
-    hello.client_pid = static_cast<uint64_t>(getpid());
-    hello.client_nonce = (static_cast<uint64_t>(getpid()) << 32) | 0x7001;  // tag nonzero
-    control::Connection::Options co;
-    co.name = "server " + std::to_string(s.id) + " (" + s.Endpoint() + ")";
-    co.host = s.host;
-    co.port = s.port;
-    co.secret = &secret;
-    co.fabric = Fabric::kTcp;
-    co.timeout = std::chrono::milliseconds(5000);
-    FARPOOL_ASSIGN_OR_RETURN(auto c, control::Connection::Open(co, hello));
-    wire::BackupRequest request{};
-    request.backup_id = backup.id;
-    request.port = backup.port;
-    request.region = s.id;
-    if (backup.host.size() >= sizeof(request.host)) {
-      return Status::InvalidArgument("host name too long: " + backup.host);
+    for (int k = 0; k < config.replicas; ++k) {
+      FARPOOL_RETURN_IF_ERROR(NameBackup(config, secret, i, k));
     }
-    std::memcpy(request.host, backup.host.data(), backup.host.size());
-    // The server connects to its backup within its backup_timeout (1 s): on a loaded host (two
-    // busy loops beside a test, load 20) that failed now and then ("backup server 2: sending a
-    // message: no completion before the deadline"). Nothing is leased yet, so naming the backup
-    // again is safe (the attach makes the slot a fresh copy): up to kNameAttempts times.
-    constexpr int kNameAttempts = 5;
-    Status named;
-    int attempt = 0;
-    do {
-      if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      ++attempt;
-      named = c->Call([&](uint64_t id) { return wire::Encode(id, request); },
-                      wire::Opcode::kBackupReply)
-                  .status();
-    } while (attempt < kNameAttempts &&
-             (named.code() == StatusCode::kTimedOut || named.code() == StatusCode::kUnavailable));
-    if (!named.ok()) return named.WithContext("attempt " + std::to_string(attempt));
   }
   return Status::Ok();
 }
@@ -342,6 +352,9 @@ coord::ClusterMap InitialMap(const ClusterConfig& config, int mirror_slots) {
     m.memory = s.memory;
     m.served_by = s.id;
     m.backup = config.replicas > 0 ? config.servers[config.BackupOf(i)].id : -1;
+    for (int k = 1; k < config.replicas; ++k) {
+      m.more_backups.push_back({config.servers[config.BackupOf(i, static_cast<size_t>(k))].id, k});
+    }
     m.slots = static_cast<uint32_t>(mirror_slots);
     map.servers.push_back(m);
   }
@@ -354,14 +367,14 @@ coord::ClusterMap InitialMap(const ClusterConfig& config, int mirror_slots) {
 // kAllocPriority). Over tcp the region may be no such file, and --netns stands for servers on
 // hosts of their own: forwarded copies there (docs/pool.md "Shared-pages backups").
 bool SharesPages(const LocalClusterOptions& o) {
-  return o.replicas > 0 && o.transport != Fabric::kTcp && !o.netns && !o.forward_copies;
+  return o.replicas == 1 && o.transport != Fabric::kTcp && !o.netns && !o.forward_copies;
 }
 
 }  // namespace
 
 int DefaultMirrorSlots(int servers, int replicas) {
   if (replicas == 0) return servers >= 2 ? 1 : 0;
-  return servers >= 3 ? 2 : 1;
+  return servers >= replicas + 2 ? replicas + 1 : replicas;
 }
 
 std::string ClusterFile(const std::string& dir) {
@@ -378,16 +391,18 @@ Status ClusterUp(const LocalClusterOptions& o) {
                                    std::to_string(o.servers));
   }
   const int replicas = o.replicas;
-  if (replicas < 0 || replicas > 1 || (replicas == 1 && o.servers < 2)) {
-    return Status::InvalidArgument("--replicas " + std::to_string(replicas) + " with --servers " +
-                                   std::to_string(o.servers) +
-                                   ": 0, or 1 with at least 2 servers (more copies are not built "
-                                   "yet)");
+  if (replicas < 0 || (replicas > 0 && replicas >= o.servers)) {
+    return Status::InvalidArgument(
+        "--replicas " + std::to_string(replicas) + " with --servers " + std::to_string(o.servers) +
+        ": from 0 to " + std::to_string(o.servers - 1) +
+        " (each backup of a region is on another server than the region's own, so there can be "
+        "at most one fewer than the servers)");
   }
   const int slots = o.mirror_slots >= 0 ? o.mirror_slots : DefaultMirrorSlots(o.servers, replicas);
-  if ((replicas > 0 && slots < 1) || slots < 0 || slots > 64) {
-    return Status::InvalidArgument("--mirror-slots " + std::to_string(slots) +
-                                   ": from 1 to 64 with --replicas 1, 0 to 64 without");
+  if (slots < replicas || slots < 0 || slots > 64) {
+    return Status::InvalidArgument("--mirror-slots " + std::to_string(slots) + ": from " +
+                                   std::to_string(replicas) + " (one per backup a server keeps) " +
+                                   "to 64 with --replicas " + std::to_string(replicas));
   }
   if (o.delay.count() > 0 && !o.netns) {
     return Status::InvalidArgument(
@@ -403,14 +418,15 @@ Status ClusterUp(const LocalClusterOptions& o) {
   // and ring copy are gone, so the count below covers that state too.
   const bool copies = replicas > 0 && !SharesPages(o);
   uint64_t total = 0;
-  if (__builtin_mul_overflow(o.memory, static_cast<uint64_t>(o.servers) * (copies ? 2 : 1),
-                             &total)) {
+  const uint64_t parts = copies ? 1 + static_cast<uint64_t>(replicas) : 1;
+  if (__builtin_mul_overflow(o.memory, static_cast<uint64_t>(o.servers) * parts, &total)) {
     total = ~0ull;
   }
   FARPOOL_RETURN_IF_ERROR(CheckFitsInAvailableMemory(
-      total, "--servers " + std::to_string(o.servers) + " x --memory " + FormatSize(o.memory) +
-                 (copies ? " x 2 (own part and the backup's copy)" : "") + " (" +
-                 FormatSize(total) + " in all)"));
+      total,
+      "--servers " + std::to_string(o.servers) + " x --memory " + FormatSize(o.memory) +
+          (copies ? " x " + std::to_string(parts) + " (own part and the backups' copies)" : "") +
+          " (" + FormatSize(total) + " in all)"));
   std::error_code ec;
   fs::create_directories(o.dir, ec);
   if (ec) return Status::IoError("cannot create " + o.dir + ": " + ec.message());

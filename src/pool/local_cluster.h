@@ -46,16 +46,17 @@ struct LocalClusterOptions {
   Fabric transport = Fabric::kAuto;  // written to cluster.json for clients
   ProgressMode progress = ProgressMode::kBusy;
   bool netns = false;
-  // Backups of every byte: 0 or 1 (ClusterConfig::replicas). 0 here, for the tests that build
-  // clusters with this struct; `farpool cluster up` passes 1 by default with >= 2 servers.
+  // Backups of every byte: 0 to servers - 1 (ClusterConfig::replicas). 0 here, for the tests that
+  // build clusters with this struct; `farpool cluster up` passes 1 by default with >= 2 servers.
   int replicas = 0;
   // With replicas: each server's mirror slots (ServerOptions::mirror_slots), each as large as
-  // --memory. Slot 0 keeps the ring predecessor's copy; more give re-replication room to
+  // --memory. Slot k < replicas keeps the copy of the server k + 1 places before it on the
+  // ring; more give re-replication room to
   // restore a backup after a failure (docs/pool.md "Re-replication"). -1: DefaultMirrorSlots
   // for ClusterUp; for ClusterAdd, as many as the cluster's server 0 has.
   int mirror_slots = -1;
-  // With replicas 1, transport shm or auto, and no network namespaces (every server and client
-  // on this host), the backups share their primaries' pages (ClusterConfig::shared_pages,
+  // With replicas 1 (exactly), transport shm or auto, and no network namespaces (every server and
+  // client on this host), the backups share their primaries' pages (ClusterConfig::shared_pages,
   // docs/pool.md "Shared-pages backups") unless this asks for forwarded copies instead.
   bool forward_copies = false;
   std::chrono::nanoseconds delay{0};  // requires netns
@@ -70,13 +71,13 @@ struct LocalClusterOptions {
 };
 
 // The mirror slots each server of a cluster of `servers` with `replicas` gets unless told
-// (docs/pool.md "Re-replication by default"): without replicas 1 from two servers on, room for
-// a drained server's region (ClusterDrain; docs/pool.md "Drain without replicas"), else 0; 2
-// with replicas and at least
-// 3 servers, so that after one failure re-replication finds a free slot for both regions left
-// with one copy (the dead server's own and its predecessor's) on the survivors; else 1 (with two
-// servers no survivor may keep a copy of its own region). A slot commits memory only once it
-// holds a copy (pool/server/mirror.h), so the second one costs address space until then.
+// (docs/pool.md "Re-replication by default"): without replicas, 1 from two servers on (room for
+// a drained server's region: ClusterDrain, docs/pool.md "Drain without replicas"), else 0; with
+// f replicas, the f the ring's copies need and a spare when there are at least f + 2 servers, so
+// that after one failure re-replication finds a free slot for the regions left with fewer copies
+// on the survivors; else f (with f + 1 servers no survivor may keep a copy of a region it
+// serves). A slot commits memory only once it holds a copy (pool/server/mirror.h), so the spare
+// costs address space until then.
 int DefaultMirrorSlots(int servers, int replicas);
 
 Status ClusterUp(const LocalClusterOptions& options);

@@ -1129,10 +1129,16 @@ void Pool::Impl::FailOver(size_t index) {
                  s.name.c_str(), decided.status().message().c_str());
   }
   if (cluster_.replicas == 0) return;  // no ring backup to ask
-  // The first stage's fallback: the ring backup, which mirrors it in its slot 0.
-  const size_t b = cluster_.BackupOf(index);
+  // The first stage's fallback: the first ring backup not known to have failed (backup k
+  // mirrors it in its slot k, ClusterConfig::BackupOf).
+  size_t k = 0;
+  while (k + 1 < static_cast<size_t>(cluster_.replicas) &&
+         servers_[cluster_.BackupOf(index, k)]->failed.load()) {
+    ++k;
+  }
+  const size_t b = cluster_.BackupOf(index, k);
   ServerState& backup = *servers_[b];
-  if (backup.failed.load() || backup.mirror_of != s.address.id) {
+  if (backup.failed.load() || (k == 0 && backup.mirror_of != s.address.id)) {
     if (backup.region_size == 0) return;  // not said hello yet (Connect): Init tries again
     std::fprintf(stderr, "farpool: %s is gone and cannot fail over: %s\n", s.name.c_str(),
                  backup.failed.load() ? "its backup is gone too" : "its backup does not mirror it");
@@ -1167,13 +1173,17 @@ void Pool::Impl::FailOver(size_t index) {
                  promoted.message().c_str());
     return;
   }
-  s.moved_slot.store(0);
+  s.moved_slot.store(static_cast<int>(k));
   s.moved_to.store(static_cast<int>(b));
   std::fprintf(stderr, "farpool: %s is gone; %s has taken its data over\n", s.name.c_str(),
                backup.name.c_str());
   // The server whose backup it was keeps one copy from now on (until re-replication exists).
   for (size_t a = 0; a < count(); ++a) {
-    if (cluster_.BackupOf(a) != index || a == index || servers_[a]->failed.load()) continue;
+    bool backed_up = false;
+    for (size_t j = 0; j < static_cast<size_t>(cluster_.replicas); ++j) {
+      backed_up = backed_up || cluster_.BackupOf(a, j) == index;
+    }
+    if (!backed_up || a == index || servers_[a]->failed.load()) continue;
     // On its mirror's port: its own loop may be waiting for the dead backup.
     Status degraded = ask(*servers_[a], servers_[a]->mirror_port, wire::Opcode::kDegradeReply, 1,
                           [&](uint64_t id) {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/process.h"
+#include "coord/cluster_map.h"
 #include "farpool/pool.h"
 #include "pool/control_client.h"
 #include "pool/memory_ops.h"
@@ -69,6 +70,13 @@ struct Param {
   // The only server whose objects and counter the clients change; -1: every server. With the
   // victim its backup, the kill is a backup's under writes: the primary must go on alone.
   int target = -1;
+  int servers = kServers;
+  int replicas = 1;
+  // A second victim (-1: none), SIGKILLed at the same moment as the first (`together`), or
+  // once the first's failover and re-replication are done (every region served by a live
+  // server with a backup again, in etcd's map).
+  int second = -1;
+  bool together = true;
 };
 
 class ReplicationTest : public ::testing::TestWithParam<Param> {};
@@ -84,16 +92,18 @@ TEST_P(ReplicationTest, EveryAcknowledgedChangeSurvivesTheKillOfItsServer) {
   const Param p = GetParam();
   LocalClusterOptions options = Replicated(p.fabric);
   options.netns = p.netns;
+  options.servers = p.servers;
+  options.replicas = p.replicas;
   TestCluster cluster(options);
   ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
   auto client = ConnectTestClient(cluster);
   ASSERT_TRUE(client.ok()) << client.status().ToString();
-  ASSERT_EQ(client->config.replicas, 1);
+  ASSERT_EQ(client->config.replicas, p.replicas);
   Pool& pl = *client->pool;
 
   std::vector<GlobalAddress> counters;
   std::vector<ObjectLog> objects;
-  for (int s = 0; s < kServers; ++s) {
+  for (int s = 0; s < p.servers; ++s) {
     if (p.target >= 0 && s != p.target) continue;
     auto c = pl.Alloc(8, Placement::OnServer(static_cast<uint16_t>(s)));
     ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -106,6 +116,7 @@ TEST_P(ReplicationTest, EveryAcknowledgedChangeSurvivesTheKillOfItsServer) {
       objects.push_back({*a, 0, {}});
     }
   }
+  // Set once every victim is killed: the threads count their operations from then on.
   std::atomic<bool> killed{false};
   std::vector<std::vector<uint64_t>> acked_adds(kThreads, std::vector<uint64_t>(counters.size()));
   std::vector<std::vector<uint64_t>> unknown_adds(kThreads, std::vector<uint64_t>(counters.size()));
@@ -116,7 +127,7 @@ TEST_P(ReplicationTest, EveryAcknowledgedChangeSurvivesTheKillOfItsServer) {
     threads.emplace_back([&, t] {
       std::mt19937_64 rng(1000 + t);
       int after_kill = 0;
-      const auto give_up = std::chrono::steady_clock::now() + 60s;
+      const auto give_up = std::chrono::steady_clock::now() + 90s;
       while (after_kill < 200 && std::chrono::steady_clock::now() < give_up) {
         // Thread t owns the objects i with i % kThreads == t.
         const size_t i = (rng() % (objects.size() / kThreads)) * kThreads + t;
@@ -149,7 +160,27 @@ TEST_P(ReplicationTest, EveryAcknowledgedChangeSurvivesTheKillOfItsServer) {
     });
   }
   std::this_thread::sleep_for(1s);
-  ASSERT_EQ(kill(static_cast<pid_t>(client->config.servers[p.victim].pid), SIGKILL), 0);
+  auto kill_server = [&](int id) {
+    return kill(static_cast<pid_t>(client->config.servers[id].pid), SIGKILL);
+  };
+  ASSERT_EQ(kill_server(p.victim), 0);
+  if (p.second >= 0 && p.together) ASSERT_EQ(kill_server(p.second), 0);
+  if (p.second >= 0 && !p.together) {
+    // The failover, then re-replication: every region served by a live server, with a backup.
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    bool recovered = false;
+    while (!recovered && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(50ms);
+      auto view = ClusterEtcdStatus(cluster.dir());
+      if (!view.ok()) continue;
+      recovered = std::all_of(
+          view->map.servers.begin(), view->map.servers.end(), [&](const coord::MapServer& m) {
+            return m.served_by != p.victim && m.backup >= 0 && m.backup != p.victim;
+          });
+    }
+    ASSERT_TRUE(recovered) << "the first victim's failover and re-replication did not finish";
+    ASSERT_EQ(kill_server(p.second), 0);
+  }
   killed = true;
   for (auto& th : threads) th.join();
 
@@ -159,7 +190,7 @@ TEST_P(ReplicationTest, EveryAcknowledgedChangeSurvivesTheKillOfItsServer) {
     EXPECT_EQ(unclear[t], "") << "a failure that is not a clear Unavailable or TimedOut";
   }
   // Only operations in flight at the kill may fail: a handful, not the run.
-  EXPECT_LE(all_failures, 20u) << first_error[0] << " / " << first_error[1];
+  EXPECT_LE(all_failures, p.second >= 0 ? 40u : 20u) << first_error[0] << " / " << first_error[1];
   for (const ObjectLog& o : objects) {
     std::vector<uint8_t> got(kObjectSize);
     ASSERT_TRUE(pl.Read(o.address, got.data(), kObjectSize).ok()) << o.address.ToString();
@@ -179,8 +210,9 @@ TEST_P(ReplicationTest, EveryAcknowledgedChangeSurvivesTheKillOfItsServer) {
     EXPECT_GE(value, acked) << "server " << s << "'s counter lost acknowledged additions";
     EXPECT_LE(value, acked + unknown) << "server " << s << "'s counter gained additions";
   }
-  // The dead server's addresses now go to its backup.
+  // The dead servers' addresses now go to their backups.
   EXPECT_FALSE(pl.Stats(static_cast<uint16_t>(p.victim)).ok());
+  if (p.second >= 0) EXPECT_FALSE(pl.Stats(static_cast<uint16_t>(p.second)).ok());
   if (p.target >= 0 && p.target != p.victim) {
     EXPECT_TRUE(pl.Stats(static_cast<uint16_t>(p.target)).ok())
         << "server " << p.target << " lost its backup, not its data: it serves on";
@@ -191,11 +223,22 @@ INSTANTIATE_TEST_SUITE_P(Victims, ReplicationTest,
                          ::testing::Values(Param{Fabric::kTcp, 0}, Param{Fabric::kTcp, 1},
                                            Param{Fabric::kTcp, 2}, Param{Fabric::kShm, 1},
                                            // server 2 is server 1's backup
-                                           Param{Fabric::kTcp, 2, true, 1}),
+                                           Param{Fabric::kTcp, 2, true, 1},
+                                           // --replicas 2 over 4 servers: server 1 and its
+                                           // first backup at once (the second backup, server
+                                           // 3, takes region 1 over), and one after the other
+                                           Param{Fabric::kTcp, 1, true, -1, 4, 2, 2, true},
+                                           Param{Fabric::kTcp, 1, true, -1, 4, 2, 2, false}),
                          [](const ::testing::TestParamInfo<Param>& info) {
                            const Param& p = info.param;
-                           return std::string(FabricName(p.fabric)) + (p.netns ? "_netns" : "") +
-                                  "_server" + std::to_string(p.victim) +
+                           std::string name = std::string(FabricName(p.fabric)) +
+                                              (p.netns ? "_netns" : "") + "_server" +
+                                              std::to_string(p.victim);
+                           if (p.second >= 0) {
+                             name += (p.together ? "_and_" : "_then_") + std::to_string(p.second) +
+                                     "_replicas" + std::to_string(p.replicas);
+                           }
+                           return name +
                                   (p.target >= 0 ? "_backup_of_" + std::to_string(p.target) : "");
                          });
 
@@ -752,7 +795,8 @@ TEST(Replication, AStalledBackupGetsEveryHeldReplyAnsweredNotHung) {
 }
 
 TEST(Replication, ClusterUpRefusesCopiesItCannotPlace) {
-  for (auto [servers, replicas] : {std::pair{1, 1}, std::pair{3, 2}, std::pair{2, -1}}) {
+  for (auto [servers, replicas] :
+       {std::pair{1, 1}, std::pair{3, 3}, std::pair{4, 5}, std::pair{2, -1}}) {
     LocalClusterOptions o = Replicated(Fabric::kTcp);
     o.servers = servers;
     o.replicas = replicas;
@@ -761,6 +805,11 @@ TEST(Replication, ClusterUpRefusesCopiesItCannotPlace) {
         << servers << " servers, replicas " << replicas;
     EXPECT_NE(cluster.status().message().find("--replicas"), std::string::npos)
         << cluster.status().message();
+    if (servers == 3 && replicas == 3) {
+      EXPECT_NE(cluster.status().message().find("at most one fewer than the servers"),
+                std::string::npos)
+          << cluster.status().message();
+    }
   }
 }
 

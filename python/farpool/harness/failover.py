@@ -297,6 +297,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(peers.ROOT / "bench" / "results"))
     ap.add_argument("--window", type=float, default=2.0, help="each budget's measured window")
     ap.add_argument("--name", default="failover", help="the results' file names")
+    ap.add_argument("--replicas", default="0,1",
+                    help="the cost part's --replicas settings, interleaved in this order")
     ap.add_argument("--forward-copies", action="store_true",
                     help="also shm replicas 1 with forwarded copies (the A/B for shared pages)")
     args = ap.parse_args(argv)
@@ -309,7 +311,7 @@ def main(argv=None) -> int:
         for fabric in fabrics:
             if "cost" in parts:
                 for workload in ("tpcb", "bank"):
-                    setups = [(0, False), (1, False)]
+                    setups = [(int(n), False) for n in args.replicas.split(",")]
                     if fabric == "shm" and args.forward_copies:
                         setups.append((1, True))
                     for replicas, copies in setups:

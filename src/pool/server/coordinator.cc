@@ -170,15 +170,27 @@ bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys) {
   for (const coord::MapServer& s : map->servers) {
     const uint16_t x = s.served_by;
     if (alive.contains(x) && !suspected.contains(x)) continue;
-    const coord::MapServer* backup =
-        s.backup >= 0 && alive.contains(static_cast<uint16_t>(s.backup))
-            ? map->Find(static_cast<uint16_t>(s.backup))
-            : nullptr;
-    // The servers that served a region whose backup it was: they go on alone.
+    // The first live backup in ring order takes the region over (its copy has every
+    // acknowledged byte: a reply waited for every backup in the map); the others give their
+    // copies up (the map drops them, and re-replication restores a backup).
+    const coord::MapServer* backup = nullptr;
+    int backup_slot = 0;
+    for (const coord::MapServer::Backup& b : s.Backups()) {
+      if (!alive.contains(b.id)) continue;
+      backup = map->Find(b.id);
+      backup_slot = b.slot;
+      break;
+    }
+    // The servers that served a region whose backup it was: they stop forwarding to it (the
+    // other backups of their regions stay).
     std::vector<const coord::MapServer*> predecessors;
     for (const coord::MapServer& p : map->servers) {
       const coord::MapServer* by = map->Find(p.served_by);
-      if (p.backup == x && p.served_by != x && alive.contains(p.served_by) &&
+      const std::vector<coord::MapServer::Backup> backups = p.Backups();
+      const bool backed_up_by_x =
+          std::any_of(backups.begin(), backups.end(),
+                      [&](const coord::MapServer::Backup& b) { return b.id == x; });
+      if (backed_up_by_x && p.served_by != x && alive.contains(p.served_by) &&
           std::find(predecessors.begin(), predecessors.end(), by) == predecessors.end()) {
         predecessors.push_back(by);
       }
@@ -201,10 +213,11 @@ bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys) {
     for (coord::MapServer& m : next.servers) {
       if (m.id == s.id && backup != nullptr) {
         m.served_by = backup->id;
-        m.served_slot = s.backup_slot;
+        m.served_slot = backup_slot;
         m.backup = -1;
-      } else if (m.backup == x) {
-        m.backup = -1;
+        m.more_backups.clear();
+      } else {
+        m.DropBackup(x);
       }
     }
     auto written =

@@ -8,10 +8,13 @@
 // never asks a server's main loop, which may be blocked waiting for a dead backup. A region
 // whose server (its own, or the one that took it over) is either not alive (its lease lapsed)
 // or suspected, and which has a live backup, is a candidate. For the first candidate it asks
-// the backup to take the region over (PromoteRequest on the backup's mirror port) and every
-// server that serves a region whose backup the lost server was to stop forwarding to it
-// (DegradeRequest), then writes the new map — the region served by the backup from its slot,
-// no backup left for those regions, epoch + 1 — by a txn on the map's mod_revision. A
+// its first live backup in ring order (MapServer::Backups) to take the region over
+// (PromoteRequest on the backup's mirror port) and every server that serves a region whose
+// backup the lost server was to stop forwarding to it (DegradeRequest), then writes the new
+// map — the region served by that backup from its slot with no backups (the region's other
+// backups give their copies up), the lost server dropped from every other region's backups,
+// epoch + 1 — by a txn on the map's mod_revision. Several lost servers are failed over one per
+// tick. A
 // suspicion is deleted once its server serves nothing. Clients follow the epoch (pool.cc,
 // Pool's monitor).
 //
@@ -28,8 +31,8 @@
 // primary's connection has closed or the primary's serving lease from it has lapsed
 // (pool/server/mirror.h), and answers "not yet" (Aborted) otherwise; the coordinator then
 // tries again next tick, and a false suspicion of a live server never takes effect. A map
-// write that loses its txn (the map changed meanwhile) is retried from the new map. One
-// failure at a time (replicas 1): a candidate whose backup is not alive is left alone.
+// write that loses its txn (the map changed meanwhile) is retried from the new map. A
+// candidate none of whose backups is alive has lost its region (more failures than replicas).
 //
 // Connections kept open (decision, branch `failfast`): each ask used to open a connection of its
 // own (a UCX context and worker, the challenge, the hello): 350 ms per ask on the loaded 2-core

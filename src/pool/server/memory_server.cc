@@ -13,7 +13,9 @@
 #include <fstream>
 #include <future>
 #include <map>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
@@ -137,7 +139,17 @@ class MemoryServer::Impl : public transport::AmHandler {
   void Degrade();
   bool DeclaredGone() const { return backup_ != nullptr && DeclaredGone(*backup_); }
   bool DeclaredGone(const BackupLink& link) const {
-    return backup_gone_.load() >= 0 && backup_gone_.load() == link.id();
+    std::lock_guard lock(gone_mu_);
+    return gone_.contains(link.id());
+  }
+  void MarkGone(int id) {
+    std::lock_guard lock(gone_mu_);
+    gone_.insert(id);
+  }
+  // A server named as a backup (again): a verdict about it from before is stale.
+  void Unmark(int id) {
+    std::lock_guard lock(gone_mu_);
+    gone_.erase(id);
   }
   // Takes the own link's acknowledgements and failures, and releases the held replies they
   // settle. A failure while copying abandons the copy instead.
@@ -171,6 +183,10 @@ class MemoryServer::Impl : public transport::AmHandler {
   // for a drain's hand-over: there the backups keep the copies and promote them.
   void GiveUp(std::unique_ptr<BackupLink> link);
   Result<wire::BackupReply> ConfigureBackup(const wire::BackupRequest& request);
+  // A further backup of the own part (replicas f >= 2; `cluster up` names them once the first
+  // is named, before anything is leased): a link in slot_links_ under this server's id, the
+  // root area forwarded at once. REQUIRES: backup_ != nullptr, nothing leased, not degraded.
+  Result<wire::BackupReply> AddBackup(const wire::BackupRequest& request);
   // The reply, or empty if the batch waits (answered later through TakeLate).
   Result<std::vector<std::byte>> ExecuteBatch(uint64_t id, const wire::BatchRequest& request,
                                               std::span<const std::byte> ops,
@@ -262,7 +278,10 @@ class MemoryServer::Impl : public transport::AmHandler {
   std::optional<Copy> copy_;
   // Regions this server serves from promoted mirror slots that have a backup again (or are
   // being copied to one), by region id: the same as backup_/copy_/last_ack_ for the own part,
-  // with the slot's place in the region and the round's lease changes in its book.
+  // with the slot's place in the region and the round's lease changes in its book. Under this
+  // server's own id, base 0: the own part's further backups (replicas f >= 2, docs/pool.md
+  // "Replication with f backups"), forwarded to like the slots' (waited for in Settle), their
+  // lease changes lease_changes_.
   struct SlotLink {
     std::unique_ptr<BackupLink> link;
     uint64_t base = 0;  // where the slot starts in region_
@@ -270,7 +289,7 @@ class MemoryServer::Impl : public transport::AmHandler {
     Clock::time_point last_ack{};
     std::vector<LeaseChange> leases;
   };
-  std::map<uint16_t, SlotLink> slot_links_;
+  std::multimap<uint16_t, SlotLink> slot_links_;
   // Slot links being connected off the progress thread (ConfigureSlotBackup), by region:
   // installed in slot_links_ by TickSlotLinks once connected.
   struct PendingSlotLink {
@@ -280,8 +299,10 @@ class MemoryServer::Impl : public transport::AmHandler {
     std::future<Result<std::unique_ptr<BackupLink>>> link;
   };
   std::map<uint16_t, PendingSlotLink> connecting_;
-  // A DegradeRequest's backup id, set on the mirror's loop (-1: none).
-  std::atomic<int> backup_gone_{-1};
+  // The backup ids of DegradeRequests, set on the mirror's loop: the links to them are given
+  // up. A server named as a backup again is taken out (Unmark).
+  mutable std::mutex gone_mu_;
+  std::set<int> gone_;
   // When the latest forward or renewal the backup acknowledged was sent (the primary's
   // serving lease).
   Clock::time_point last_ack_{};
@@ -393,7 +414,7 @@ Status MemoryServer::Impl::Init() {
         options_.mirror_of, slots, region_->tail(), chunks_.region_size(), chunks_.chunk_size(),
         *auth_,
         [this](uint16_t backup) {
-          backup_gone_.store(backup);
+          MarkGone(backup);
           am_->Wake();  // held replies wait for this
         },
         options_.on_primary_closed);
@@ -793,8 +814,10 @@ void MemoryServer::Impl::GiveUp(std::unique_ptr<BackupLink> link) {
 }
 
 void MemoryServer::Impl::Degrade() {
-  std::fprintf(stderr, "%s: %s is gone (a client says so): one copy from now on\n", Name().c_str(),
-               backup_->name().c_str());
+  std::fprintf(stderr,
+               "%s: %s is gone (a client says so): its own region is forwarded to its other "
+               "backups only, if any\n",
+               Name().c_str(), backup_->name().c_str());
   GiveUp(std::move(backup_));
   copy_.reset();
   degraded_ = true;
@@ -956,10 +979,11 @@ void MemoryServer::Impl::InstallSlotLinks() {
                    p->second.slot, static_cast<long long>(took.count()));
       // A verdict about this very server from before is stale now; one about another (our
       // own backup, declared gone while this link connected) stands.
-      int gone = (*link)->id();
-      backup_gone_.compare_exchange_strong(gone, -1);
-      slot_links_[region] = SlotLink{
-          std::move(*link), chunks_.region_size() + *slot * size, Copy{}, Clock::now(), {}};
+      Unmark((*link)->id());
+      slot_links_.emplace(
+          region,
+          SlotLink{
+              std::move(*link), chunks_.region_size() + *slot * size, Copy{}, Clock::now(), {}});
     }
     p = connecting_.erase(p);
   }
@@ -989,8 +1013,8 @@ void MemoryServer::Impl::TickSlotLinks() {
       l.last_ack = std::max(l.last_ack, l.link->acknowledged_sent());
       ++it;
     } else if (l.copy || DeclaredGone(*l.link)) {
-      std::fprintf(stderr, "%s: %s has one copy again: %s\n", Name().c_str(), what.c_str(),
-                   done.message().c_str());
+      std::fprintf(stderr, "%s: %s is no longer forwarded to %s: %s\n", Name().c_str(),
+                   what.c_str(), l.link->name().c_str(), done.message().c_str());
       GiveUp(std::move(l.link));
       it = slot_links_.erase(it);
     } else {
@@ -1000,10 +1024,13 @@ void MemoryServer::Impl::TickSlotLinks() {
 }
 
 Status MemoryServer::Impl::ForwardSlotLinks(const std::vector<memory_ops::Range>& changed) {
-  const uint64_t size = mirror_ ? mirror_->size() : 0;
   Status first = Status::Ok();
   for (auto it = slot_links_.begin(); it != slot_links_.end();) {
     SlotLink& l = it->second;
+    // The own part's further backups take its changes and its lease changes.
+    const bool own = it->first == options_.id;
+    const uint64_t size = own ? chunks_.region_size() : mirror_ ? mirror_->size() : 0;
+    if (own) l.leases = lease_changes_;
     std::vector<memory_ops::Range> local;
     for (const memory_ops::Range& r : changed) {
       if (r.offset >= l.base && r.offset < l.base + size)
@@ -1022,8 +1049,8 @@ Status MemoryServer::Impl::ForwardSlotLinks(const std::vector<memory_ops::Range>
       ++it;
     } else if (l.copy || DeclaredGone(*l.link)) {
       // The map promises one copy of the region (copying), or its backup was declared gone.
-      std::fprintf(stderr, "%s: server %u's region has one copy again: %s\n", Name().c_str(),
-                   it->first, forwarded.message().c_str());
+      std::fprintf(stderr, "%s: server %u's region is no longer forwarded to %s: %s\n",
+                   Name().c_str(), it->first, l.link->name().c_str(), forwarded.message().c_str());
       GiveUp(std::move(l.link));
       it = slot_links_.erase(it);
     } else {
@@ -1149,13 +1176,20 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(const wire::Backup
   if (backup_ != nullptr && backup_->id() == request.backup_id && backup_->slot() == request.slot) {
     return wire::BackupReply{copy_ ? size - copy_->next : 0};  // progress
   }
+  for (auto [it, end] = slot_links_.equal_range(options_.id); it != end; ++it) {
+    if (it->second.link->id() == request.backup_id && it->second.link->slot() == request.slot) {
+      return wire::BackupReply{0};  // a further backup named already (asked again)
+    }
+  }
   // The copy starts equal when nothing is leased yet and nothing was acknowledged with one copy:
   // the root area, all a client may have touched, is sent once. Otherwise the region is copied.
   const bool fresh = chunks_.leased() == 0 && !degraded_;
-  if (backup_ != nullptr && (fresh || !degraded_)) {
+  if (backup_ != nullptr && fresh) return AddBackup(request);
+  if (backup_ != nullptr && !degraded_) {
     return Status::InvalidArgument(Name() + ": it forwards to " + backup_->name() +
-                                   " already; a new backup is named only once that one is "
-                                   "declared gone (DegradeRequest)");
+                                   " already; a new first backup is named only once that one is "
+                                   "declared gone (DegradeRequest), and further backups only "
+                                   "while nothing is leased (`cluster up`)");
   }
   const std::string host(request.host, strnlen(request.host, sizeof(request.host)));
   // backup_ is replaced only when no reply is held for it: its tickets number them (see the
@@ -1170,7 +1204,7 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(const wire::Backup
                           own_file_ ? &*own_file_ : nullptr));
   // A copy under way to another backup (which the map never named) is given up for this one.
   if (backup_ != nullptr) AbandonCopy(Status::Aborted("a new backup was named"));
-  backup_gone_.store(-1);
+  Unmark(request.backup_id);
   last_ack_ = Clock::now();
   if (fresh) {
     // Shared pages: the attach was all (the backup maps these very bytes).
@@ -1192,6 +1226,33 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(const wire::Backup
   // one after a degrade: nothing held, no serving lease (MayServe), a failure abandons it.
   if (!options_.replicated) degraded_ = true;
   return wire::BackupReply{size};
+}
+
+Result<wire::BackupReply> MemoryServer::Impl::AddBackup(const wire::BackupRequest& request) {
+  const bool named = request.backup_id == backup_->id() ||
+                     std::any_of(slot_links_.begin(), slot_links_.end(), [&](const auto& l) {
+                       return l.first == options_.id && l.second.link->id() == request.backup_id;
+                     });
+  if (named) {
+    return Status::InvalidArgument(Name() + ": server " + std::to_string(request.backup_id) +
+                                   " keeps a copy of its region already (in another slot)");
+  }
+  const std::string host(request.host, strnlen(request.host, sizeof(request.host)));
+  FARPOOL_ASSIGN_OR_RETURN(
+      std::unique_ptr<BackupLink> link,
+      BackupLink::Connect({request.backup_id, host, request.port, request.slot}, options_.id,
+                          chunks_.region_size(), auth_->secret(), options_.fabric,
+                          options_.backup_timeout, own_file_ ? &*own_file_ : nullptr));
+  Unmark(request.backup_id);
+  if (!own_file_) {
+    FARPOOL_RETURN_IF_ERROR(
+        link->Forward(region_->data(), {{memory_ops::Range{0, wire::kRootAreaSize}}}, {}, nullptr));
+  }
+  const Clock::time_point acknowledged = link->acknowledged_sent();
+  std::fprintf(stderr, "%s: %s slot %u is a further backup of its region\n", Name().c_str(),
+               link->name().c_str(), request.slot);
+  slot_links_.emplace(options_.id, SlotLink{std::move(link), 0, std::nullopt, acknowledged, {}});
+  return wire::BackupReply{0};
 }
 
 memory_ops::Region MemoryServer::Impl::BatchRegion(uint32_t pool, bool own_part) {

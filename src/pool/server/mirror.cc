@@ -318,6 +318,15 @@ Result<Mirror::Slot*> Mirror::AdmitForward(uint16_t primary_id, uint16_t slot, b
     if (s.primary != primary_id) {
       std::fprintf(stderr, "%s: now the copy of server %u\n", named.c_str(), primary_id);
     }
+    // At most one slot keeps a region's copy (Holding finds it by the primary alone): another
+    // slot that still holds this primary's is a stale copy the map no longer names (a region
+    // whose further backups gave their copies up at a failover, docs/pool.md "Replication with
+    // f backups").
+    for (Slot& other : slots_) {
+      if (&other != &s && other.primary == primary_id && !other.promoted) {
+        FARPOOL_RETURN_IF_ERROR(Vacate(other, "its copy is now in slot " + std::to_string(slot)));
+      }
+    }
     s.primary = primary_id;
     s.book = ChunkAllocator(size_, s.book.chunk_size());
     s.primary_tag = 0;
