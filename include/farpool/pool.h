@@ -43,11 +43,11 @@
 //     is not reconnected: connect a new Pool.
 //   - Servers added to the cluster (`farpool cluster add`; a cluster with an etcd, with or
 //     without replicas): the Pool learns them from the cluster map while it runs (the map follower,
-//     fed by an etcd watch of the map), says hello (same secret and pool rules as at Connect) and only then enters
-//     them: from then on server_ids(), Geometry(), striped and by-key placement and addresses of
-//     theirs include them. A server the map names that does not answer is not entered and is
-//     tried again later; nothing is placed on it meanwhile. Each thread connects to a learned
-//     server on its first use of it (one hello). At most 1024 servers per Pool.
+//     fed by an etcd watch of the map), says hello (same secret and pool rules as at Connect) and
+//     only then enters them: from then on server_ids(), Geometry(), striped and by-key placement
+//     and addresses of theirs include them. A server the map names that does not answer is not
+//     entered and is tried again later; nothing is placed on it meanwhile. Each thread connects to
+//     a learned server on its first use of it (one hello). At most 1024 servers per Pool.
 //   - Planned moves (`farpool cluster drain`): a server being drained refuses requests without
 //     executing them; the Pool follows the map to the region's new server and sends them again
 //     there, so callers see no error (without replicas too, once `cluster drain` has copied the
