@@ -76,6 +76,23 @@ Json PutRequest(std::string_view key, std::string_view value, int64_t lease) {
   return put;
 }
 
+// The options every request to etcd's gateway has: a POST of `body` to `url` (both must
+// outlive the transfer), the answer's bytes to `write(data)`, curl's message to `error`, a
+// connect within `connect_timeout`, no signals (a threaded process), never through a proxy.
+void SetPost(CURL* curl, const std::string& url, const std::string& body, curl_write_callback write,
+             void* data, char* error, std::chrono::milliseconds connect_timeout) {
+  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(curl, CURLOPT_POST, 1L);
+  curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body.c_str());
+  curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE, static_cast<long>(body.size()));
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, write);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, data);
+  curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, error);
+  curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(connect_timeout.count()));
+  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);  // no SIGALRM in a threaded process
+  curl_easy_setopt(curl, CURLOPT_NOPROXY, "*");  // etcd is reached directly, never by proxy
+}
+
 }  // namespace
 
 Result<std::vector<std::string>> ParseEndpoints(std::string_view list) {
@@ -149,17 +166,8 @@ Result<std::string> EtcdClient::Call(std::string_view path, const std::string& b
     std::string answer;
     char error[CURL_ERROR_SIZE] = {0};
     curl_easy_reset(curl);
-    curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
-    curl_easy_setopt(curl, CURLOPT_POST, 1L);
-    curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body.c_str());
-    curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE, static_cast<long>(body.size()));
-    curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, AppendBody);
-    curl_easy_setopt(curl, CURLOPT_WRITEDATA, &answer);
-    curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, error);
+    SetPost(curl, url, body, AppendBody, &answer, error, options_.timeout);
     curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, static_cast<long>(options_.timeout.count()));
-    curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(options_.timeout.count()));
-    curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);  // no SIGALRM in a threaded process
-    curl_easy_setopt(curl, CURLOPT_NOPROXY, "*");  // etcd is reached directly, never by proxy
     const CURLcode rc = curl_easy_perform(curl);
     if (rc != CURLE_OK) {
       failures += std::string(failures.empty() ? "" : "; ") + endpoint + ": " +
@@ -371,16 +379,7 @@ Status EtcdWatch::Stream(const std::string& endpoint, int64_t* next) {
     return Status::Ok();
   };
   char error[CURL_ERROR_SIZE] = {0};
-  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(curl, CURLOPT_POST, 1L);
-  curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body.c_str());
-  curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE, static_cast<long>(body.size()));
-  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, OnStreamBytes);
-  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &state);
-  curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, error);
-  curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(options_.timeout.count()));
-  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(curl, CURLOPT_NOPROXY, "*");
+  SetPost(curl, url, body, OnStreamBytes, &state, error, options_.timeout);
   // A dead peer that never closed the connection (see the header): found within ~5 s.
   curl_easy_setopt(curl, CURLOPT_TCP_KEEPALIVE, 1L);
   curl_easy_setopt(curl, CURLOPT_TCP_KEEPIDLE, 2L);

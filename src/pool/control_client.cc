@@ -1,8 +1,12 @@
 #include "pool/control_client.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <thread>
+
+#include "farpool/cluster.h"
 
 namespace farpool::control {
 
@@ -165,6 +169,25 @@ Result<std::unique_ptr<Connection>> Connection::Open(const Options& options,
                                                     c->next_id_, Clock::now() + options.timeout)));
   c->hello_ = r.message.As<wire::HelloReply>();
   return c;
+}
+
+Result<std::unique_ptr<Connection>> Connection::OpenAsTool(uint16_t id, const std::string& address,
+                                                           uint16_t port,
+                                                           const transport::ClusterSecret* secret,
+                                                           uint32_t tag,
+                                                           std::chrono::milliseconds timeout) {
+  FARPOOL_ASSIGN_OR_RETURN(auto hp, ParseHostPort(address));
+  wire::HelloRequest hello{};
+  hello.client_pid = static_cast<uint64_t>(getpid());
+  hello.client_nonce = (static_cast<uint64_t>(getpid()) << 32) | tag;
+  Options o;
+  o.name = "server " + std::to_string(id) + " (" + hp.first + ":" + std::to_string(port) + ")";
+  o.host = hp.first;
+  o.port = port;
+  o.secret = secret;
+  o.fabric = Fabric::kTcp;
+  o.timeout = timeout;
+  return Open(o, hello);
 }
 
 Connection::~Connection() {

@@ -110,6 +110,15 @@ class Connection {
   };
   static Result<std::unique_ptr<Connection>> Open(const Options& options,
                                                   const wire::HelloRequest& hello);
+  // A connection of the cluster's own tooling (the coordinator, `farpool cluster`) to server
+  // `id` at `address` (HOST:PORT of its control port) on `port` (its control or its mirror's)
+  // over TCP: the hello names this process and `tag` (nonzero, which tool in the server's log).
+  // InvalidArgument for an address that is not HOST:PORT.
+  static Result<std::unique_ptr<Connection>> OpenAsTool(uint16_t id, const std::string& address,
+                                                        uint16_t port,
+                                                        const transport::ClusterSecret* secret,
+                                                        uint32_t tag,
+                                                        std::chrono::milliseconds timeout);
   ~Connection();
 
   // The server's HelloReply (its tail, the packed rkey, is not kept).

@@ -217,17 +217,9 @@ Status NameBackup(const ClusterConfig& config, const transport::ClusterSecret& s
                   int k) {
   const ServerAddress& s = config.servers[i];
   const ServerAddress& backup = config.servers[config.BackupOf(i, static_cast<size_t>(k))];
-  wire::HelloRequest hello{};
-  hello.client_pid = static_cast<uint64_t>(getpid());
-  hello.client_nonce = (static_cast<uint64_t>(getpid()) << 32) | 0x7001;  // tag nonzero
-  control::Connection::Options co;
-  co.name = "server " + std::to_string(s.id) + " (" + s.Endpoint() + ")";
-  co.host = s.host;
-  co.port = s.port;
-  co.secret = &secret;
-  co.fabric = Fabric::kTcp;
-  co.timeout = std::chrono::milliseconds(5000);
-  FARPOOL_ASSIGN_OR_RETURN(auto c, control::Connection::Open(co, hello));
+  FARPOOL_ASSIGN_OR_RETURN(
+      auto c, control::Connection::OpenAsTool(s.id, s.Endpoint(), s.port, &secret, 0x7001,
+                                              std::chrono::milliseconds(5000)));
   wire::BackupRequest request{};
   request.backup_id = backup.id;
   request.port = backup.port;
@@ -644,18 +636,8 @@ namespace {
 // One control connection from the cluster tool to `to` on `port` (its main or its mirror's).
 Result<std::unique_ptr<control::Connection>> ToolConnection(
     const coord::MapServer& to, uint16_t port, const transport::ClusterSecret& secret) {
-  FARPOOL_ASSIGN_OR_RETURN(auto hp, ParseHostPort(to.address));
-  wire::HelloRequest hello{};
-  hello.client_pid = static_cast<uint64_t>(getpid());
-  hello.client_nonce = (static_cast<uint64_t>(getpid()) << 32) | 0xd7a1;  // tag nonzero
-  control::Connection::Options co;
-  co.name = "server " + std::to_string(to.id) + " (" + hp.first + ":" + std::to_string(port) + ")";
-  co.host = hp.first;
-  co.port = port;
-  co.secret = &secret;
-  co.fabric = Fabric::kTcp;
-  co.timeout = std::chrono::milliseconds(2000);
-  return control::Connection::Open(co, hello);
+  return control::Connection::OpenAsTool(to.id, to.address, port, &secret, 0xd7a1,
+                                         std::chrono::milliseconds(2000));
 }
 
 // A drain without replicas, its first half (docs/pool.md "Drain without replicas"): picks a

@@ -164,7 +164,9 @@ TEST_P(ReplicationTest, EveryAcknowledgedChangeSurvivesTheKillOfItsServer) {
     return kill(static_cast<pid_t>(client->config.servers[id].pid), SIGKILL);
   };
   ASSERT_EQ(kill_server(p.victim), 0);
-  if (p.second >= 0 && p.together) ASSERT_EQ(kill_server(p.second), 0);
+  if (p.second >= 0 && p.together) {
+    ASSERT_EQ(kill_server(p.second), 0);
+  }
   if (p.second >= 0 && !p.together) {
     // The failover, then re-replication: every region served by a live server, with a backup.
     const auto deadline = std::chrono::steady_clock::now() + 60s;
@@ -212,7 +214,9 @@ TEST_P(ReplicationTest, EveryAcknowledgedChangeSurvivesTheKillOfItsServer) {
   }
   // The dead servers' addresses now go to their backups.
   EXPECT_FALSE(pl.Stats(static_cast<uint16_t>(p.victim)).ok());
-  if (p.second >= 0) EXPECT_FALSE(pl.Stats(static_cast<uint16_t>(p.second)).ok());
+  if (p.second >= 0) {
+    EXPECT_FALSE(pl.Stats(static_cast<uint16_t>(p.second)).ok());
+  }
   if (p.target >= 0 && p.target != p.victim) {
     EXPECT_TRUE(pl.Stats(static_cast<uint16_t>(p.target)).ok())
         << "server " << p.target << " lost its backup, not its data: it serves on";

@@ -31,18 +31,8 @@ Result<std::unique_ptr<Coordinator>> Coordinator::Create(uint16_t self,
 
 Result<std::unique_ptr<control::Connection>> Coordinator::Open(const coord::MapServer& to,
                                                                uint16_t port) const {
-  FARPOOL_ASSIGN_OR_RETURN(auto hp, ParseHostPort(to.address));
-  wire::HelloRequest hello{};
-  hello.client_pid = static_cast<uint64_t>(getpid());
-  hello.client_nonce = (static_cast<uint64_t>(getpid()) << 32) | 0xc00d;  // tag nonzero
-  control::Connection::Options o;
-  o.name = "server " + std::to_string(to.id) + " (" + hp.first + ":" + std::to_string(port) + ")";
-  o.host = hp.first;
-  o.port = port;
-  o.secret = secret_ ? &*secret_ : nullptr;
-  o.fabric = Fabric::kTcp;
-  o.timeout = kAskTimeout;
-  return control::Connection::Open(o, hello);
+  return control::Connection::OpenAsTool(to.id, to.address, port, secret_ ? &*secret_ : nullptr,
+                                         0xc00d, kAskTimeout);
 }
 
 Result<control::Reply> Coordinator::Ask(const coord::MapServer& to, uint16_t port,
