@@ -220,15 +220,9 @@ Status NameBackup(const ClusterConfig& config, const transport::ClusterSecret& s
   FARPOOL_ASSIGN_OR_RETURN(
       auto c, control::Connection::OpenAsTool(s.id, s.Endpoint(), s.port, &secret, 0x7001,
                                               std::chrono::milliseconds(5000)));
-  wire::BackupRequest request{};
-  request.backup_id = backup.id;
-  request.port = backup.port;
-  request.region = s.id;
-  request.slot = static_cast<uint16_t>(k);
-  if (backup.host.size() >= sizeof(request.host)) {
-    return Status::InvalidArgument("host name too long: " + backup.host);
-  }
-  std::memcpy(request.host, backup.host.data(), backup.host.size());
+  FARPOOL_ASSIGN_OR_RETURN(
+      wire::BackupRequest request,
+      wire::MakeBackupRequest(backup.id, backup.host, backup.port, s.id, static_cast<uint16_t>(k)));
   // The server connects to its backup within its backup_timeout (1 s): on a loaded host (two
   // busy loops beside a test, load 20) that failed now and then ("backup server 2: sending a
   // message: no completion before the deadline"). Nothing is leased yet, so naming the backup
@@ -701,15 +695,9 @@ Status CopyForDrain(const std::string& dir, const ClusterConfig& config, const E
   FARPOOL_ASSIGN_OR_RETURN(transport::ClusterSecret secret,
                            transport::ClusterSecret::Read(SecretFile(dir)));
   FARPOOL_ASSIGN_OR_RETURN(auto to, ParseHostPort(target->address));
-  wire::BackupRequest request{};
-  request.backup_id = target->id;
-  request.port = to.second;
-  request.slot = static_cast<uint16_t>(slot);
-  request.region = id;
-  if (to.first.size() >= sizeof(request.host)) {
-    return Status::InvalidArgument("host name too long: " + to.first);
-  }
-  std::memcpy(request.host, to.first.data(), to.first.size());
+  FARPOOL_ASSIGN_OR_RETURN(
+      wire::BackupRequest request,
+      wire::MakeBackupRequest(target->id, to.first, to.second, id, static_cast<uint16_t>(slot)));
   const std::string copying = "draining " + name + ": copying its region (" +
                               FormatSize(entry.memory) + ") to server " +
                               std::to_string(target->id) + " slot " + std::to_string(slot);

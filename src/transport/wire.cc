@@ -85,6 +85,20 @@ constexpr transport::FrameFormat kFormat{"control", kMagic,
 template <typename Body>
 Opcode OpcodeOf();
 
+Result<BackupRequest> MakeBackupRequest(uint16_t backup_id, std::string_view host, uint16_t port,
+                                        uint16_t region, uint16_t slot) {
+  BackupRequest request{};
+  if (host.size() >= sizeof(request.host)) {
+    return Status::InvalidArgument("host name too long: " + std::string(host));
+  }
+  request.backup_id = backup_id;
+  request.port = port;
+  request.slot = slot;
+  request.region = region;
+  std::memcpy(request.host, host.data(), host.size());
+  return request;
+}
+
 std::string_view OpcodeName(Opcode op) {
   switch (op) {
     case Opcode::kHelloRequest:

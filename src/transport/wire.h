@@ -30,6 +30,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <string_view>
@@ -342,6 +343,14 @@ struct BackupRequest {
   char host[64];  // NUL-terminated
 };
 static_assert(sizeof(BackupRequest) == 72);
+// A BackupRequest naming server `backup_id` at `host`:`port` as the keeper of `region`'s copy
+// in its mirror slot `slot`. InvalidArgument if `host` does not fit.
+Result<BackupRequest> MakeBackupRequest(uint16_t backup_id, std::string_view host, uint16_t port,
+                                        uint16_t region, uint16_t slot);
+// Its host, up to the NUL (or the whole field if a malformed request has none).
+inline std::string_view HostOf(const BackupRequest& request) {
+  return {request.host, strnlen(request.host, sizeof(request.host))};
+}
 struct BackupReply {
   uint64_t remaining;
 };

@@ -243,15 +243,9 @@ Result<uint64_t> Coordinator::AskBackup(const coord::MapServer& primary, uint16_
                                         const coord::MapServer& target, int slot) {
   FARPOOL_ASSIGN_OR_RETURN(auto at, ParseHostPort(primary.address));
   FARPOOL_ASSIGN_OR_RETURN(auto to, ParseHostPort(target.address));
-  wire::BackupRequest request{};
-  request.backup_id = target.id;
-  request.port = to.second;
-  request.slot = static_cast<uint16_t>(slot);
-  request.region = region;
-  if (to.first.size() >= sizeof(request.host)) {
-    return Status::InvalidArgument("host name too long: " + to.first);
-  }
-  std::memcpy(request.host, to.first.data(), to.first.size());
+  FARPOOL_ASSIGN_OR_RETURN(
+      wire::BackupRequest request,
+      wire::MakeBackupRequest(target.id, to.first, to.second, region, static_cast<uint16_t>(slot)));
   FARPOOL_ASSIGN_OR_RETURN(
       auto reply, Ask(
                       primary, at.second, [&](uint64_t id) { return wire::Encode(id, request); },

@@ -914,7 +914,7 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureSlotBackup(
                            std::to_string(p->second.backup_id) + " for server " +
                            std::to_string(request.region) + "'s region; ask again");
   }
-  const std::string host(request.host, strnlen(request.host, sizeof(request.host)));
+  const std::string host(wire::HostOf(request));
   const std::optional<SharedFile> share =
       options_.shared_pages ? mirror_->SharedFileOf(request.region) : std::nullopt;
   if (options_.shared_pages && !share) {
@@ -1191,7 +1191,7 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(const wire::Backup
                                    "declared gone (DegradeRequest), and further backups only "
                                    "while nothing is leased (`cluster up`)");
   }
-  const std::string host(request.host, strnlen(request.host, sizeof(request.host)));
+  const std::string host(wire::HostOf(request));
   // backup_ is replaced only when no reply is held for it: its tickets number them (see the
   // header). None are held after a DegradeRequest (which released them) or while copying.
   if (!held_.empty()) {
@@ -1237,7 +1237,7 @@ Result<wire::BackupReply> MemoryServer::Impl::AddBackup(const wire::BackupReques
     return Status::InvalidArgument(Name() + ": server " + std::to_string(request.backup_id) +
                                    " keeps a copy of its region already (in another slot)");
   }
-  const std::string host(request.host, strnlen(request.host, sizeof(request.host)));
+  const std::string host(wire::HostOf(request));
   FARPOOL_ASSIGN_OR_RETURN(
       std::unique_ptr<BackupLink> link,
       BackupLink::Connect({request.backup_id, host, request.port, request.slot}, options_.id,
