@@ -1302,7 +1302,8 @@ void TxnTest::ScansSeeWholeCommitsUnderConcurrentWriters() {
     index_ranges.push_back({ix, b * kBlock, (b + 1) * kBlock - 1, 0, b % 2 == 0});
   }
   std::string bad;
-  for (int i = 0; (i < kReads || commits.load() < kCommits) && bad.empty(); ++i) {
+  for (int i = 0; (i < kReads || commits.load() < static_cast<uint64_t>(kCommits)) && bad.empty();
+       ++i) {
     Status st = RunTransaction(*reader, [&](Transaction& txn) -> Status {
       std::map<int64_t, int64_t> first, again, joined;
       const ColumnSet cols = i % 3 == 2 ? ColumnSet::None() : ColumnSet::All();
