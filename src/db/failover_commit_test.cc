@@ -23,7 +23,6 @@
 //     the whole test, no record is locked once the workload is done (the workers then need no
 //     recovery either: a lock left behind would have made their transfers abort until the
 //     lease lapsed, so each must commit again after the kill) and the total is conserved.
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -55,26 +54,6 @@ constexpr int64_t kMoverAccounts = 64;    // on every server ((2/3)^64: one is n
 constexpr int64_t kInitial = 1000;
 constexpr int64_t kMoved = 7;
 constexpr int kCommitsAfterKill = 50;  // each worker's, after the kill
-
-// Whether every thread of process `pid` is stopped (state T in /proc/PID/task/*/stat).
-bool AllThreadsStopped(pid_t pid) {
-  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return false;
-  bool all = true;
-  while (dirent* e = readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    std::ifstream stat(dir + "/" + e->d_name + "/stat");
-    std::string line;
-    std::getline(stat, line);
-    const size_t paren = line.rfind(')');
-    if (paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] != 'T') {
-      all = false;
-    }
-  }
-  closedir(d);
-  return all;
-}
 
 struct Param {
   Fabric fabric;
@@ -334,7 +313,9 @@ TEST(RecyclerFailoverTest, AnOpenWhoseCasOutcomeIsUnknownLeavesNoReleasedChunkNa
   auto second = recycler.Alloc(session.access_, session, kSize, Placement::OnServer(0));
   ASSERT_TRUE(second.ok()) << second.status().ToString();
   EXPECT_EQ(second->server(), 0);
-  if (first.ok()) EXPECT_NE(*second, *first);
+  if (first.ok()) {
+    EXPECT_NE(*second, *first);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuts, FailoverCommitTest,
