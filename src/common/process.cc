@@ -1,5 +1,6 @@
 #include "common/process.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -62,6 +63,25 @@ bool ProcessRunning(pid_t pid) {
   std::string content((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
   const size_t close = content.rfind(')');
   return close == std::string::npos || close + 2 >= content.size() || content[close + 2] != 'Z';
+}
+
+bool AllThreadsStopped(pid_t pid) {
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return false;
+  bool all = true;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream stat(dir + "/" + e->d_name + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t paren = line.rfind(')');
+    if (paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] != 'T') {
+      all = false;
+    }
+  }
+  closedir(d);
+  return all;
 }
 
 int PidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }

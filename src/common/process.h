@@ -41,6 +41,10 @@ void DetachFromTerminal();
 // running).
 bool ProcessRunning(pid_t pid);
 
+// Whether every thread of process `pid` is stopped (state T in /proc/PID/task/*/stat): a
+// SIGSTOP has taken effect, and the process answers nothing until SIGCONT.
+bool AllThreadsStopped(pid_t pid);
+
 // SIGTERM to each, SIGKILL to those still running after `grace`; returns when none runs.
 void StopProcesses(const std::vector<pid_t>& pids,
                    std::chrono::milliseconds grace = std::chrono::seconds(5));

@@ -1,6 +1,8 @@
 // Commits cut by a failover settle themselves (docs/database.md, "Commit"; docs/pool.md,
 // "Replication"): real `farpool server` processes with --replicas 1, one of them stopped in
-// the middle of a commit and then SIGKILLed, while other sessions transfer money.
+// the middle of a commit and then SIGKILLed, while other sessions transfer money. And a slab
+// chunk's open cut by a stalled backup leaves no released chunk named (RecyclerFailoverTest,
+// below).
 //
 // How the cut is made certain: the victim is the server of the committing session's log (a
 // white-box pick), and a fault site of the committing thread ("locked": the next round writes
@@ -21,7 +23,6 @@
 //     the whole test, no record is locked once the workload is done (the workers then need no
 //     recovery either: a lock left behind would have made their transfers abort until the
 //     lease lapsed, so each must commit again after the kill) and the total is conserved.
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -53,26 +54,6 @@ constexpr int64_t kMoverAccounts = 64;    // on every server ((2/3)^64: one is n
 constexpr int64_t kInitial = 1000;
 constexpr int64_t kMoved = 7;
 constexpr int kCommitsAfterKill = 50;  // each worker's, after the kill
-
-// Whether every thread of process `pid` is stopped (state T in /proc/PID/task/*/stat).
-bool AllThreadsStopped(pid_t pid) {
-  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return false;
-  bool all = true;
-  while (dirent* e = readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    std::ifstream stat(dir + "/" + e->d_name + "/stat");
-    std::string line;
-    std::getline(stat, line);
-    const size_t paren = line.rfind(')');
-    if (paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] != 'T') {
-      all = false;
-    }
-  }
-  closedir(d);
-  return all;
-}
 
 struct Param {
   Fabric fabric;
@@ -255,6 +236,86 @@ TEST_P(FailoverCommitTest, ACutCommitSettlesItselfAndLeavesNothingLocked) {
 
   std::fprintf(stderr, "cut commit: %s; workers' commits cut and settled: %llu\n",
                outcome.ToString().c_str(), static_cast<unsigned long long>(cut));
+}
+
+// The database's allocator opens a slab chunk (Recycler::Publish: lease it, write its bitmap,
+// CAS its directory word open) on server 0 while server 0's backup (server 1, the ring of
+// `cluster up`) is SIGSTOPped at the fault site "recycler.opening", right before the CAS: the
+// CAS lands on server 0, its forward is not acknowledged within backup_timeout, and its reply
+// is "applied here but not acknowledged" (Unavailable). The backup is continued at
+// "recycler.open-failed", before the allocator decides what the failure means. It must not give
+// the chunk back while its word may say open: the next reservation of that class on server 0
+// would read the released chunk's bitmap and be refused ("not inside the root area or a leased
+// chunk": issue 11's failover run). Deterministic: the backup stays stopped until the CAS has
+// failed, and server 0's backup_timeout (1 s) is below the clients' failure_timeout (2 s), so
+// server 0 is neither degraded nor server 1 failed over first.
+TEST(RecyclerFailoverTest, AnOpenWhoseCasOutcomeIsUnknownLeavesNoReleasedChunkNamed) {
+  LocalClusterOptions co;
+  co.servers = kServers;
+  co.memory = 128 << 20;
+  co.transport = Fabric::kTcp;
+  co.progress = ProgressMode::kEvent;
+  co.replicas = 1;
+  TestCluster cluster(co);
+  ASSERT_OK(cluster.status());
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  pid_t backup = 0;  // server 0's backup
+  for (const auto& server : config->servers) {
+    if (server.id == 1) backup = static_cast<pid_t>(server.pid);
+  }
+  ASSERT_NE(backup, 0);
+
+  std::atomic<std::thread::id> opener;
+  std::atomic<bool> armed{false};
+  bool stopped = false, continued = false;
+  auto hooks = std::make_shared<TestingHooks>();
+  hooks->commit_hook = [&](std::string_view point) {
+    if (std::this_thread::get_id() != opener.load()) return;
+    if (point == "recycler.opening" && armed.exchange(false)) {
+      ASSERT_EQ(kill(backup, SIGSTOP), 0);
+      for (int i = 0; i < 5000 && !AllThreadsStopped(backup); ++i) std::this_thread::sleep_for(1ms);
+      ASSERT_TRUE(AllThreadsStopped(backup)) << "the backup did not stop";
+      stopped = true;
+    } else if (point == "recycler.open-failed" && stopped && !continued) {
+      ASSERT_EQ(kill(backup, SIGCONT), 0);
+      continued = true;
+    }
+  };
+  DatabaseOptions o;
+  o.engine = Engine::kPool;
+  o.cluster_file = cluster.cluster_file();
+  o.lease = 30s;
+  o.testing = hooks;
+  auto db = Database::Open(o);
+  ASSERT_TRUE(db.ok()) << db.status().ToString();
+  auto opened = (*db)->NewSession();
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  auto& session = dynamic_cast<NamSession&>(**opened);
+  Recycler& recycler = session.db_.recycler();
+  // A class nothing else allocates: its first object opens a new slab chunk on server 0.
+  constexpr uint64_t kSize = 512 << 10;
+
+  opener = std::this_thread::get_id();
+  armed = true;
+  auto first = recycler.Alloc(session.access_, session, kSize, Placement::OnServer(0));
+  opener = std::thread::id();
+  if (stopped && !continued) kill(backup, SIGCONT);
+  ASSERT_TRUE(stopped) << "the fault site recycler.opening was never reached: "
+                       << first.status().ToString();
+  ASSERT_TRUE(continued) << "the open's CAS was not cut by the stopped backup: "
+                         << first.status().ToString();
+  // The CAS landed on server 0 (its reply was held, not refused): the word read again says so.
+  EXPECT_TRUE(first.ok()) << "an open that landed is published: " << first.status().ToString();
+
+  // The next object of the class comes from that chunk (its word is open, with room): its
+  // bitmap is read and claimed on server 0, which must still lease the chunk.
+  auto second = recycler.Alloc(session.access_, session, kSize, Placement::OnServer(0));
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(second->server(), 0);
+  if (first.ok()) {
+    EXPECT_NE(*second, *first);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuts, FailoverCommitTest,

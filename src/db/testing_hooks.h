@@ -31,7 +31,9 @@ struct TestingHooks {
   // them ("slots.read": the maintenance thread's passes and CollectGarbage's), and right after a
   // session slot is claimed, before the session is set up ("session.claimed"), and on the
   // lease renewal thread right before its first memory operation, which connects it to the
-  // memory servers ("renewals.connect").
+  // memory servers ("renewals.connect"), and in the allocator's opening of a slab chunk right
+  // before the CAS that opens its directory word ("recycler.opening") and when that CAS failed,
+  // before the word is read again to learn whether it landed ("recycler.open-failed").
   // Tests kill or stop the process there, or commit from another
   // session to make a race happen.
   std::function<void(std::string_view point)> commit_hook;

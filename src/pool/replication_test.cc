@@ -553,6 +553,98 @@ TEST(Replication, PoolsStayIsolatedAcrossAFailover) {
   EXPECT_EQ(stats->pool_refused, 2u);
 }
 
+// A pool's root area is leased at the pool's first hello on a server and forwarded like any
+// lease; a later hello only shows it. Here the first hello's lease change is still waiting to
+// be sent when its forwards fail: server 1's backup, server 2, is SIGSTOPped, two writes to
+// server 1's root area (each a round, each a forward, the stats call after each a barrier that
+// the round has run) fill BackupLink::kMaxInFlight, so the hello's round joins the pending
+// forward; at the first forward's deadline every forward outstanding fails and the hello is
+// answered "applied here but not acknowledged". After SIGCONT a client of the pool connects,
+// is shown the root, writes its root area and reads it back. Server 1 is then SIGKILLed: the
+// backup, which serves its data now, must have the root in its book, or the client's read of
+// its own root area is refused ("not inside the root area or a leased chunk"). Holds because
+// a failed forward's root leases go again with its bytes and a later hello's reply waits for
+// them (backup_link.h).
+TEST(Replication, APoolRootWhoseForwardFailedReachesTheBackupBeforeAHelloShowsIt) {
+  constexpr int kPrimary = 1, kBackup = 2;
+  TestCluster cluster(Replicated(Fabric::kTcp));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  ASSERT_TRUE(AddPool(cluster.dir(), "p").ok());
+  auto cluster_config = cluster.config();
+  ASSERT_TRUE(cluster_config.ok()) << cluster_config.status().ToString();
+  auto config = ClusterConfig::Load(PoolClusterFile(cluster.dir(), "p"));
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  const auto backup = static_cast<pid_t>(config->servers[kBackup].pid);
+  {
+    auto secret = transport::ClusterSecret::Read(cluster_config->secret_file);
+    ASSERT_TRUE(secret.ok()) << secret.status().ToString();
+    const transport::ClusterSecret pool_key = secret->DerivePool("p");
+    const ServerAddress& s1 = config->servers[kPrimary];
+    wire::HelloRequest hello{};
+    hello.client_pid = static_cast<uint64_t>(getpid());
+    hello.client_nonce = 0x5eed00b1;
+    control::Connection::Options co{"server 1", s1.host, s1.port, &*secret, Fabric::kTcp, 10000ms};
+    auto writer = control::Connection::Open(co, hello);  // the default pool's client
+    ASSERT_TRUE(writer.ok()) << writer.status().ToString();
+    co.secret = &pool_key;
+    hello.client_nonce = 0x5eed00b3;
+    std::memcpy(hello.pool, "p", 1);
+
+    ASSERT_EQ(kill(backup, SIGSTOP), 0);
+    for (int i = 0; i < 5000 && !AllThreadsStopped(backup); ++i) std::this_thread::sleep_for(1ms);
+    ASSERT_TRUE(AllThreadsStopped(backup)) << "the backup did not stop";
+    for (uint64_t v = 1; v <= 2; ++v) {
+      memory_ops::RequestBuilder write;
+      write.Write(wire::kRootReserved, &v, 8);
+      const uint64_t id = (*writer)->NextId();
+      ASSERT_TRUE(
+          (*writer)
+              ->Send(wire::Encode(
+                  id,
+                  wire::BatchRequest{write.op_count(), static_cast<uint32_t>(write.bytes().size())},
+                  write.bytes()))
+              .ok());
+      auto stats = (*writer)->Call([](uint64_t i) { return wire::Encode(i, wire::StatsRequest{}); },
+                                   wire::Opcode::kStatsReply);
+      ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+    }
+    auto first = control::Connection::Open(co, hello);
+    ASSERT_EQ(kill(backup, SIGCONT), 0);
+    ASSERT_FALSE(first.ok()) << "the root's forward was not cut by the stopped backup";
+    EXPECT_NE(first.status().message().find("applied here but not acknowledged"), std::string::npos)
+        << first.status().ToString();
+  }
+  // Server 1 serves again once its backup has answered: connect until it does.
+  PoolOptions po;
+  po.transport = Fabric::kTcp;
+  po.op_timeout = 10000ms;
+  Result<std::unique_ptr<Pool>> pool = Status::Unavailable("not tried");
+  for (int i = 0; i < 100 && !pool.ok(); ++i) {
+    pool = Pool::Connect(*config, po);
+    if (!pool.ok()) {
+      ASSERT_EQ(pool.status().code(), StatusCode::kUnavailable) << pool.status().ToString();
+      std::this_thread::sleep_for(50ms);
+    }
+  }
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  const GlobalAddress root = (*pool)->RootArea(kPrimary);
+  const uint64_t kValue = 0x2007;
+  ASSERT_TRUE((*pool)->Write(root, &kValue, 8).ok());
+
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[kPrimary].pid), SIGKILL), 0);
+  // Reads fail (Unavailable) until the client follows the data to the backup.
+  uint64_t got = 0;
+  Status read = Status::Unavailable("not tried");
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while ((read.code() == StatusCode::kUnavailable || read.code() == StatusCode::kTimedOut) &&
+         std::chrono::steady_clock::now() < deadline) {
+    read = (*pool)->Read(root, &got, 8);
+    if (!read.ok()) std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_TRUE(read.ok()) << "the pool's root area after the failover: " << read.ToString();
+  EXPECT_EQ(got, kValue);
+}
+
 TEST(Replication, AHealthyPrimaryIsNotTakenOverNorAreMisdirectedRequestsServed) {
   TestCluster cluster(Replicated(Fabric::kTcp));
   ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();

@@ -270,17 +270,12 @@ Status Recycler::OpenChunk(const Access& access, LockOwner& owner, size_t si, in
   const Slab slab = SlabOf(sv.chunk_size, c);
   const uint64_t take = std::min(Want(c), slab.slots);
   FARPOOL_ASSIGN_OR_RETURN(GlobalAddress base, memory_.LeaseRun(sv.id, sv.chunk_size));
-  auto published = Publish(access, owner, si, c, base, take);
-  if (!published.ok()) {
-    // Nobody else knows the chunk yet: it is ours to give back.
-    (void)memory_.ReleaseRun(base, sv.chunk_size);
-    return published.status();
-  }
+  FARPOOL_ASSIGN_OR_RETURN(uint64_t published, Publish(access, owner, si, c, base, take));
   ++stats_.chunks_opened;
   Cache& cache = caches_[si * kClasses + c];
   cache.has_hint = true;
   cache.hint_chunk = (base.offset() - RegionGeometry::kRootAreaSize) / sv.chunk_size;
-  cache.hint_word = *published;
+  cache.hint_word = published;
   for (uint64_t i = 0; i < take; ++i) {
     cache.objects.push_back((base + slab.bitmap_bytes + i * ClassBytes(c)).raw());
   }
@@ -298,19 +293,55 @@ Result<uint64_t> Recycler::Publish(const Access& access, LockOwner& owner, size_
   auto set = [&](uint64_t i) { bits[i / 64] |= uint64_t{1} << (i % 64); };
   for (uint64_t i = 0; i < take; ++i) set(i);
   for (uint64_t i = slab.slots; i < bits.size() * 64; ++i) set(i);
-  FARPOOL_RETURN_IF_ERROR(owner.CheckLease());
-  FARPOOL_RETURN_IF_ERROR(access.Write(base, bits.data(), slab.bitmap_bytes));
+  // Until the open CAS is sent nobody else can know the chunk: a failure gives it back.
+  auto give_back = [&](const Status& why) {
+    (void)memory_.ReleaseRun(base, sv.chunk_size);
+    return why;
+  };
+  if (Status s = owner.CheckLease(); !s.ok()) return give_back(s);
+  if (Status s = access.Write(base, bits.data(), slab.bitmap_bytes); !s.ok()) return give_back(s);
   // Publish over whatever the word says (the server leased the chunk to us, so nobody holds
-  // it; a word still open is stale, left by an open whose CAS failed on the transport after it
-  // landed): the next generation, open, our count. A stale reservation fails its CAS.
+  // it; a word still open is stale, left by an earlier version that gave a chunk back after its
+  // open CAS failed on the transport but had landed): the next generation, open, our count. A
+  // stale reservation fails its CAS.
   const GlobalAddress entry = sv.dir + chunk * 8;
   uint64_t word = 0;
-  FARPOOL_RETURN_IF_ERROR(access.Read(entry, &word, 8));
+  if (Status s = access.Read(entry, &word, 8); !s.ok()) return give_back(s);
   for (;;) {
     const uint64_t open = Entry(kOpen, c, EntryGen(word) + 1, take);
-    FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(entry, word, open));
-    if (prev == word) return open;
-    word = prev;
+    owner.FaultPoint("recycler.opening");
+    auto prev = access.Cas(entry, word, open);
+    if (prev.ok() && *prev == word) return open;
+    if (prev.ok()) {
+      word = *prev;
+      continue;
+    }
+    // Its outcome may be unknown: only we write the next generation into this word (we hold
+    // the chunk's lease), and reservers and withdrawals keep a word's generation, so the word
+    // read again says whether the CAS landed. A failure of the memory under that read too (a
+    // failover under way; a primary not serving until its backup answers again) is waited out
+    // as a commit's round is (CommitRun::Retrying): a read changes nothing.
+    owner.FaultPoint("recycler.open-failed");
+    uint64_t now = 0;
+    auto memory_failure = [](const Status& x) {
+      return x.code() == StatusCode::kUnavailable || x.code() == StatusCode::kTimedOut;
+    };
+    Status s = access.Read(entry, &now, 8);
+    if (memory_failure(s) && access.memory().replicated()) {
+      LockWait wait(kSettleOpenNs, 1'000'000, 100'000'000);
+      while (memory_failure(s) && wait.Pause()) s = access.Read(entry, &now, 8);
+    }
+    if (!s.ok()) {
+      return prev.status().WithContext(
+          "opening slab chunk " + base.ToString() +
+          " (the outcome is unknown and the word could not be read again: the chunk stays "
+          "leased; " +
+          s.ToString() + ")");
+    }
+    if (EntryState(now) == kOpen && EntryClass(now) == c && EntryGen(now) == EntryGen(open)) {
+      return now;  // landed: our counts are in it
+    }
+    return give_back(prev.status());
   }
 }
 
@@ -390,11 +421,7 @@ Status Recycler::ReserveChunk(const Access& access, LockOwner& owner, uint16_t s
   }
   const Slab slab = SlabOf(sv.chunk_size, c);
   FARPOOL_ASSIGN_OR_RETURN(GlobalAddress base, memory_.LeaseRun(sv.id, sv.chunk_size));
-  auto published = Publish(access, owner, si, c, base, slab.slots);
-  if (!published.ok()) {
-    (void)memory_.ReleaseRun(base, sv.chunk_size);  // nobody else knows the chunk yet
-    return published.status();
-  }
+  FARPOOL_RETURN_IF_ERROR(Publish(access, owner, si, c, base, slab.slots).status());
   for (uint64_t i = 0; i < slab.slots; ++i)
     objects->push_back(base + slab.bitmap_bytes + i * ClassBytes(c));
   std::lock_guard<std::mutex> l(mu_);

@@ -408,7 +408,14 @@ class Recycler {
   // Leases a new chunk for class c, opens it with `Want(c)` objects reserved for the cache.
   Status OpenChunk(const Access& access, LockOwner& owner, size_t si, int c);
   // Writes the bitmap of the chunk leased at `base` (`take` slots ours) and opens its word;
-  // returns the word written.
+  // returns the word written. On an error the chunk goes back to its server (ReleaseRun)
+  // unless the directory may name it: an open CAS whose outcome is unknown (Unavailable,
+  // TimedOut: a failover, or a primary whose backup did not acknowledge the change) is settled
+  // by reading the word again. Landed (the next generation, open): published, the counts are
+  // ours, Ok. Not landed: released, the error. That read failing too (for kSettleOpenNs while
+  // the memory fails, under mu_: the process allocates nothing meanwhile): the chunk stays leased
+  // (a leak of one chunk, never a released chunk that an open word names, whose bitmap the
+  // next reserver would read from a server that refuses it).
   Result<uint64_t> Publish(const Access& access, LockOwner& owner, size_t si, int c,
                            GlobalAddress base, uint64_t take);
   // Gives `objects` (of class c on server si, all held by this process) back to their chunks,
@@ -417,6 +424,8 @@ class Recycler {
                 std::span<const uint64_t> objects);
 
   static constexpr int64_t kScanRetryNs = 10'000'000;
+  // How long Publish tries to read a word again after an open of unknown outcome.
+  static constexpr int64_t kSettleOpenNs = 5'000'000'000;
   Memory& memory_;
   const std::vector<Server> servers_;
   mutable std::mutex mu_;      // guards caches_ and stats_

@@ -125,6 +125,9 @@ void BackupLink::SendPending() {
   f.ranges = Merged(std::move(pending_.ranges));
   const std::vector<LeaseChange> leases = std::move(pending_.leases);
   pending_ = Pending{};
+  for (const LeaseChange& l : leases) {
+    if (l.kind == wire::kMirrorLeaseRoot) f.roots.push_back(l);
+  }
   std::vector<std::vector<std::byte>> messages;
   memory_ops::RequestBuilder request;
   std::vector<std::byte> bytes;
@@ -206,13 +209,20 @@ void BackupLink::Poll() {
 void BackupLink::Fail(const Status& why) {
   failures_.push_back({settled_ + 1, posted_, why});
   std::vector<memory_ops::Range> again = std::move(pending_.ranges);
-  for (Flight& f : in_flight_) again.insert(again.end(), f.ranges.begin(), f.ranges.end());
+  std::vector<LeaseChange> roots;  // resent: a later hello shows a root that exists here
+  for (const LeaseChange& l : pending_.leases) {
+    if (l.kind == wire::kMirrorLeaseRoot) roots.push_back(l);
+  }
+  for (Flight& f : in_flight_) {
+    again.insert(again.end(), f.ranges.begin(), f.ranges.end());
+    roots.insert(roots.end(), f.roots.begin(), f.roots.end());
+  }
   in_flight_.clear();
   pending_ = Pending{};
   first_live_id_ = mirror_->NextId();  // replies still to come for the failed ones: dropped
   settled_ = posted_;                  // settled: failed
-  if (why.code() != StatusCode::kPermissionDenied && !again.empty()) {
-    Post(region_, again, {}, nullptr);
+  if (why.code() != StatusCode::kPermissionDenied && (!again.empty() || !roots.empty())) {
+    Post(region_, again, roots, nullptr);
   }
 }
 

@@ -27,7 +27,13 @@
 // connection is lost: the caller has until then to learn that the backup was declared gone) fails
 // every forward outstanding then; the byte ranges they carried are posted again at once as a new
 // forward (unless fenced), so a backup that was only slow converges and no reply released
-// after it can have observed a byte the backup lacks; their lease changes are not resent.
+// after it can have observed a byte the backup lacks. Of their lease changes only the pools'
+// root leases (wire::kMirrorLeaseRoot) go again with them: a root is leased once and never
+// released, so a later hello shows it without changing anything (MemoryServer), and the
+// mirror takes a root it has already as a no-op (ChunkAllocator::LeaseAt). Leases and releases
+// are not resent: a lease whose forward failed was answered with an error, so no client
+// holds its offset; a lost release leaves the chunk leased on the backup (docs/pool.md
+// "Pipelined forwards", Failures).
 //
 // Thread-safety: one thread (the primary's progress thread).
 #pragma once
@@ -143,6 +149,7 @@ class BackupLink {
     std::vector<wire::Opcode> expected;
     size_t replied = 0;  // how many of them the backup has answered
     std::vector<memory_ops::Range> ranges;
+    std::vector<LeaseChange> roots;  // its pools' root leases (resent if it fails)
     Clock::time_point sent;
     Clock::time_point deadline;
   };

@@ -40,6 +40,7 @@ Result<uint64_t> ChunkAllocator::Lease(uint64_t size, uint32_t owner) {
 }
 
 Status ChunkAllocator::LeaseAt(uint64_t offset, uint64_t size, uint32_t owner, bool root) {
+  if (root && size == chunk_size_ && RootOf(owner) == offset) return Status::Ok();
   if (root && (size != chunk_size_ || owner == 0 || roots_.count(owner) != 0)) {
     return Status::InvalidArgument("cannot lease a root area of " + std::to_string(size) +
                                    " bytes to pool id " + std::to_string(owner) +

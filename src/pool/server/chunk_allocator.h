@@ -36,8 +36,10 @@ class ChunkAllocator {
   // is large enough.
   Result<uint64_t> Lease(uint64_t size, uint32_t owner);
   // Leases exactly [offset, offset + size) to `owner`, as its root area if `root` (a backup
-  // mirroring its primary's book). Errors: InvalidArgument unless it is a run of whole chunks
-  // that is free (and, for a root, one chunk, `owner` nonzero and without a root yet).
+  // mirroring its primary's book). A root that `owner` has there already is Ok, nothing
+  // changed (a primary resends its root leases after a failed forward: backup_link.h).
+  // Errors: InvalidArgument unless it is a run of whole chunks that is free (and, for a root,
+  // one chunk, `owner` nonzero and without another root).
   Status LeaseAt(uint64_t offset, uint64_t size, uint32_t owner, bool root);
   // The root area of pool `owner` (REQUIRES: owner != 0): its offset, leased now (one chunk)
   // if it has none yet (`created` says so). Errors: those of Lease.

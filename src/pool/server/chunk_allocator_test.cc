@@ -134,6 +134,11 @@ TEST(ChunkAllocator, EveryLeaseIsItsPoolsOnly) {
   EXPECT_EQ(mirror.Check(*theirs, 8, kA), Access::kOtherPool);
   EXPECT_EQ(mirror.RootOf(kA), *root);
   EXPECT_FALSE(mirror.LeaseAt(*mine, kChunk, kA, true).ok()) << "a second root";
+  const uint64_t leased = mirror.leased();
+  EXPECT_TRUE(mirror.LeaseAt(*root, kChunk, kA, true).ok()) << "the same root again: resent";
+  EXPECT_EQ(mirror.leased(), leased) << "a root resent changes nothing";
+  EXPECT_FALSE(mirror.LeaseAt(*root, kChunk, kB, true).ok()) << "another pool's root";
+  EXPECT_FALSE(mirror.LeaseAt(*root, kChunk, kA, false).ok()) << "an ordinary lease of it";
 }
 
 }  // namespace
