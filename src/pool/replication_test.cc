@@ -14,7 +14,9 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -74,10 +76,42 @@ struct Param {
   int replicas = 1;
   // A second victim (-1: none), SIGKILLed at the same moment as the first (`together`), or
   // once the first's failover and re-replication are done (every region served by a live
-  // server with a backup again, in etcd's map).
+  // server with f = replicas backups again, in etcd's map).
   int second = -1;
   bool together = true;
+  // A third victim (-1: none), SIGKILLed at the same moment as the second.
+  int third = -1;
 };
+
+// What the test saw wrong in one of etcd's maps (empty: nothing): a region whose backups name
+// its own server or one server twice, or a server named (serving a region or as a backup)
+// after a map of an earlier epoch had dropped it while it was dead (`dead`: the servers
+// killed so far; `dropped`: those seen dropped, kept across calls).
+std::string MapFault(const coord::ClusterMap& map, const std::set<uint16_t>& dead,
+                     std::set<uint16_t>* dropped) {
+  std::set<uint16_t> named;
+  for (const coord::MapServer& m : map.servers) {
+    named.insert(m.served_by);
+    std::set<uint16_t> seen{m.served_by};
+    for (const coord::MapServer::Backup& b : m.Backups()) {
+      named.insert(b.id);
+      if (!seen.insert(b.id).second) {
+        return "epoch " + std::to_string(map.epoch) + ": server " + std::to_string(m.id) +
+               "'s region names server " + std::to_string(b.id) + " twice: " + map.ToJson();
+      }
+    }
+  }
+  for (uint16_t d : *dropped) {
+    if (named.contains(d)) {
+      return "epoch " + std::to_string(map.epoch) + " names server " + std::to_string(d) +
+             ", dead and dropped before: " + map.ToJson();
+    }
+  }
+  for (uint16_t d : dead) {
+    if (!named.contains(d)) dropped->insert(d);
+  }
+  return "";
+}
 
 class ReplicationTest : public ::testing::TestWithParam<Param> {};
 
@@ -159,8 +193,34 @@ TEST_P(ReplicationTest, EveryAcknowledgedChangeSurvivesTheKillOfItsServer) {
       }
     });
   }
+  // Every map etcd holds while the test runs is checked (MapFault), the last one after the
+  // threads are done.
+  std::mutex dead_mu;
+  std::set<uint16_t> dead;
+  std::atomic<bool> done{false};
+  std::set<uint16_t> dropped;
+  std::string map_fault;
+  int64_t maps_seen = 0;
+  auto check_map = [&] {
+    auto view = ClusterEtcdStatus(cluster.dir());
+    if (!view.ok()) return;
+    ++maps_seen;
+    std::lock_guard lock(dead_mu);
+    if (map_fault.empty()) map_fault = MapFault(view->map, dead, &dropped);
+  };
+  std::thread map_checker([&] {
+    while (!done) {
+      check_map();
+      std::this_thread::sleep_for(50ms);
+    }
+    check_map();
+  });
   std::this_thread::sleep_for(1s);
   auto kill_server = [&](int id) {
+    {
+      std::lock_guard lock(dead_mu);
+      dead.insert(static_cast<uint16_t>(id));
+    }
     return kill(static_cast<pid_t>(client->config.servers[id].pid), SIGKILL);
   };
   ASSERT_EQ(kill_server(p.victim), 0);
@@ -168,23 +228,36 @@ TEST_P(ReplicationTest, EveryAcknowledgedChangeSurvivesTheKillOfItsServer) {
     ASSERT_EQ(kill_server(p.second), 0);
   }
   if (p.second >= 0 && !p.together) {
-    // The failover, then re-replication: every region served by a live server, with a backup.
-    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    // The failover, then re-replication: every region served by a live server, with f
+    // backups, none of them the victim.
+    const auto deadline = std::chrono::steady_clock::now() + 90s;
     bool recovered = false;
+    std::string last;
     while (!recovered && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(50ms);
       auto view = ClusterEtcdStatus(cluster.dir());
       if (!view.ok()) continue;
+      last = view->map.ToJson();
       recovered = std::all_of(
           view->map.servers.begin(), view->map.servers.end(), [&](const coord::MapServer& m) {
-            return m.served_by != p.victim && m.backup >= 0 && m.backup != p.victim;
+            const std::vector<coord::MapServer::Backup> backups = m.Backups();
+            return m.served_by != p.victim && static_cast<int>(backups.size()) >= p.replicas &&
+                   std::none_of(backups.begin(), backups.end(),
+                                [&](const auto& b) { return b.id == p.victim; });
           });
     }
-    ASSERT_TRUE(recovered) << "the first victim's failover and re-replication did not finish";
+    ASSERT_TRUE(recovered) << "the first victim's failover and re-replication to "
+                           << p.replicas << " backups did not finish; the map: " << last;
     ASSERT_EQ(kill_server(p.second), 0);
+    if (p.third >= 0) {
+      ASSERT_EQ(kill_server(p.third), 0);
+    }
   }
   killed = true;
   for (auto& th : threads) th.join();
+  done = true;
+  map_checker.join();
+  EXPECT_EQ(map_fault, "") << "after " << maps_seen << " maps";
 
   uint64_t all_failures = 0;
   for (int t = 0; t < kThreads; ++t) {
@@ -217,6 +290,9 @@ TEST_P(ReplicationTest, EveryAcknowledgedChangeSurvivesTheKillOfItsServer) {
   if (p.second >= 0) {
     EXPECT_FALSE(pl.Stats(static_cast<uint16_t>(p.second)).ok());
   }
+  if (p.third >= 0) {
+    EXPECT_FALSE(pl.Stats(static_cast<uint16_t>(p.third)).ok());
+  }
   if (p.target >= 0 && p.target != p.victim) {
     EXPECT_TRUE(pl.Stats(static_cast<uint16_t>(p.target)).ok())
         << "server " << p.target << " lost its backup, not its data: it serves on";
@@ -232,7 +308,13 @@ INSTANTIATE_TEST_SUITE_P(Victims, ReplicationTest,
                                            // first backup at once (the second backup, server
                                            // 3, takes region 1 over), and one after the other
                                            Param{Fabric::kTcp, 1, true, -1, 4, 2, 2, true},
-                                           Param{Fabric::kTcp, 1, true, -1, 4, 2, 2, false}),
+                                           Param{Fabric::kTcp, 1, true, -1, 4, 2, 2, false},
+                                           // --replicas 2 over 5 servers: server 1, then once
+                                           // every region has 2 backups again, servers 2 and 3
+                                           // at once: region 1, served by 2, lives on at its
+                                           // second restored backup only (with one restored
+                                           // backup, 3, it would be lost)
+                                           Param{Fabric::kTcp, 1, true, -1, 5, 2, 2, false, 3}),
                          [](const ::testing::TestParamInfo<Param>& info) {
                            const Param& p = info.param;
                            std::string name = std::string(FabricName(p.fabric)) +
@@ -240,6 +322,7 @@ INSTANTIATE_TEST_SUITE_P(Victims, ReplicationTest,
                                               std::to_string(p.victim);
                            if (p.second >= 0) {
                              name += (p.together ? "_and_" : "_then_") + std::to_string(p.second) +
+                                     (p.third >= 0 ? "_and_" + std::to_string(p.third) : "") +
                                      "_replicas" + std::to_string(p.replicas);
                            }
                            return name +
