@@ -246,8 +246,8 @@ TEST_P(ReplicationTest, EveryAcknowledgedChangeSurvivesTheKillOfItsServer) {
                                 [&](const auto& b) { return b.id == p.victim; });
           });
     }
-    ASSERT_TRUE(recovered) << "the first victim's failover and re-replication to "
-                           << p.replicas << " backups did not finish; the map: " << last;
+    ASSERT_TRUE(recovered) << "the first victim's failover and re-replication to " << p.replicas
+                           << " backups did not finish; the map: " << last;
     ASSERT_EQ(kill_server(p.second), 0);
     if (p.third >= 0) {
       ASSERT_EQ(kill_server(p.third), 0);

@@ -270,8 +270,8 @@ bool Coordinator::ReReplicate(coord::EtcdClient& etcd, const coord::MapKeys& key
       continue;
     }
     auto keeps_copy = [&](uint16_t id) {
-      return id == r.served_by || std::any_of(backups.begin(), backups.end(),
-                                              [&](const auto& b) { return b.id == id; });
+      return id == r.served_by ||
+             std::any_of(backups.begin(), backups.end(), [&](const auto& b) { return b.id == id; });
     };
     auto chosen = copying_.find(r.id);
     const coord::MapServer* target =

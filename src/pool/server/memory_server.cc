@@ -1005,7 +1005,8 @@ void MemoryServer::Impl::TickSlotLinks() {
     SlotLink& l = it->second;
     // The own part's further backups (its changes and its lease book) beside promoted slots'.
     const bool own = it->first == options_.id;
-    const std::string what = own ? "its region" : "server " + std::to_string(it->first) + "'s region";
+    const std::string what =
+        own ? "its region" : "server " + std::to_string(it->first) + "'s region";
     Status done = Status::Ok();
     if (DeclaredGone(*l.link)) {
       done = Status::Unavailable(l.link->name() + " is gone (a client says so)");
