@@ -300,7 +300,7 @@ bool Coordinator::ReReplicate(coord::EtcdClient& etcd, const coord::MapKeys& key
       if (target == nullptr) {
         LogOnce("server " + std::to_string(r.id) + "'s region has " +
                 std::to_string(backups.size() + 1) + " of " + std::to_string(map.replicas + 1) +
-                " copies and no live server without one has a free mirror slot for another");
+                " copies and no live server has a free mirror slot for another (keeping none yet)");
         copying_.erase(r.id);
         continue;
       }
