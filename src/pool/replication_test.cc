@@ -84,31 +84,32 @@ struct Param {
 };
 
 // What the test saw wrong in one of etcd's maps (empty: nothing): a region whose backups name
-// its own server or one server twice, or a server named (serving a region or as a backup)
-// after a map of an earlier epoch had dropped it while it was dead (`dead`: the servers
-// killed so far; `dropped`: those seen dropped, kept across calls).
+// its own server or one server twice, or a dead server named as a backup (or serving) in a map
+// where it serves no region any more (every region it served failed over) or in any later one
+// (`dead`: the servers killed so far; `failed_over`: those seen so, kept across calls).
 std::string MapFault(const coord::ClusterMap& map, const std::set<uint16_t>& dead,
-                     std::set<uint16_t>* dropped) {
-  std::set<uint16_t> named;
+                     std::set<uint16_t>* failed_over) {
+  for (uint16_t d : dead) {
+    if (std::none_of(map.servers.begin(), map.servers.end(),
+                     [&](const coord::MapServer& m) { return m.served_by == d; })) {
+      failed_over->insert(d);
+    }
+  }
   for (const coord::MapServer& m : map.servers) {
-    named.insert(m.served_by);
     std::set<uint16_t> seen{m.served_by};
     for (const coord::MapServer::Backup& b : m.Backups()) {
-      named.insert(b.id);
       if (!seen.insert(b.id).second) {
         return "epoch " + std::to_string(map.epoch) + ": server " + std::to_string(m.id) +
                "'s region names server " + std::to_string(b.id) + " twice: " + map.ToJson();
       }
     }
-  }
-  for (uint16_t d : *dropped) {
-    if (named.contains(d)) {
-      return "epoch " + std::to_string(map.epoch) + " names server " + std::to_string(d) +
-             ", dead and dropped before: " + map.ToJson();
+    for (uint16_t id : seen) {
+      if (failed_over->contains(id)) {
+        return "epoch " + std::to_string(map.epoch) + ": server " + std::to_string(m.id) +
+               "'s region names server " + std::to_string(id) +
+               ", dead and failed over: " + map.ToJson();
+      }
     }
-  }
-  for (uint16_t d : dead) {
-    if (!named.contains(d)) dropped->insert(d);
   }
   return "";
 }
@@ -198,7 +199,7 @@ TEST_P(ReplicationTest, EveryAcknowledgedChangeSurvivesTheKillOfItsServer) {
   std::mutex dead_mu;
   std::set<uint16_t> dead;
   std::atomic<bool> done{false};
-  std::set<uint16_t> dropped;
+  std::set<uint16_t> failed_over;
   std::string map_fault;
   int64_t maps_seen = 0;
   auto check_map = [&] {
@@ -206,7 +207,7 @@ TEST_P(ReplicationTest, EveryAcknowledgedChangeSurvivesTheKillOfItsServer) {
     if (!view.ok()) return;
     ++maps_seen;
     std::lock_guard lock(dead_mu);
-    if (map_fault.empty()) map_fault = MapFault(view->map, dead, &dropped);
+    if (map_fault.empty()) map_fault = MapFault(view->map, dead, &failed_over);
   };
   std::thread map_checker([&] {
     while (!done) {
