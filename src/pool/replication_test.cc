@@ -153,6 +153,9 @@ TEST_P(ReplicationTest, EveryAcknowledgedChangeSurvivesTheKillOfItsServer) {
   }
   // Set once every victim is killed: the threads count their operations from then on.
   std::atomic<bool> killed{false};
+  // Set when an assertion ends the test early: the threads stop (else their std::thread would
+  // end the process, leaving the cluster's namespaces behind).
+  std::atomic<bool> stop{false};
   std::vector<std::vector<uint64_t>> acked_adds(kThreads, std::vector<uint64_t>(counters.size()));
   std::vector<std::vector<uint64_t>> unknown_adds(kThreads, std::vector<uint64_t>(counters.size()));
   std::vector<uint64_t> failures(kThreads);
@@ -163,7 +166,7 @@ TEST_P(ReplicationTest, EveryAcknowledgedChangeSurvivesTheKillOfItsServer) {
       std::mt19937_64 rng(1000 + t);
       int after_kill = 0;
       const auto give_up = std::chrono::steady_clock::now() + 90s;
-      while (after_kill < 200 && std::chrono::steady_clock::now() < give_up) {
+      while (after_kill < 200 && !stop && std::chrono::steady_clock::now() < give_up) {
         // Thread t owns the objects i with i % kThreads == t.
         const size_t i = (rng() % (objects.size() / kThreads)) * kThreads + t;
         const int server = static_cast<int>(rng() % counters.size());
@@ -216,6 +219,20 @@ TEST_P(ReplicationTest, EveryAcknowledgedChangeSurvivesTheKillOfItsServer) {
     }
     check_map();
   });
+  struct JoinAll {
+    std::atomic<bool>& stop;
+    std::atomic<bool>& done;
+    std::vector<std::thread>& threads;
+    std::thread& checker;
+    ~JoinAll() {
+      stop = true;
+      done = true;
+      for (auto& th : threads) {
+        if (th.joinable()) th.join();
+      }
+      if (checker.joinable()) checker.join();
+    }
+  } join_all{stop, done, threads, map_checker};
   std::this_thread::sleep_for(1s);
   auto kill_server = [&](int id) {
     {
