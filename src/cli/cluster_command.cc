@@ -157,7 +157,10 @@ int ShowStatus(const ClusterArgs& a) {
   if (etcd.ok()) {
     nlohmann::json placement = nlohmann::json::array();
     for (const coord::MapServer& m : etcd->map.servers) {
-      placement.push_back({{"id", m.id}, {"served_by", m.served_by}, {"backup", m.backup}});
+      nlohmann::json backups = nlohmann::json::array();
+      for (const coord::MapServer::Backup& b : m.Backups()) backups.push_back(b.id);
+      placement.push_back(
+          {{"id", m.id}, {"served_by", m.served_by}, {"backup", m.backup}, {"backups", backups}});
     }
     etcd_json = {{"endpoints", etcd->endpoints},     {"prefix", etcd->prefix},
                  {"epoch", etcd->map.epoch},         {"alive", etcd->alive},
@@ -217,14 +220,16 @@ int ShowStatus(const ClusterArgs& a) {
       for (uint16_t id : etcd->alive) alive += " " + std::to_string(id);
       for (const coord::MapServer& m : etcd->map.servers) {
         placement += " " + std::to_string(m.id) + "->" + std::to_string(m.served_by);
-        if (m.backup >= 0) placement += "+" + std::to_string(m.backup);
+        for (const coord::MapServer::Backup& b : m.Backups()) {
+          placement += "+" + std::to_string(b.id);
+        }
       }
       std::printf("etcd %s (%s): epoch %lld, coordinator %s, alive by lease:%s\n",
                   etcd->endpoints.c_str(), etcd->prefix.c_str(),
                   static_cast<long long>(etcd->map.epoch),
                   etcd->coordinator >= 0 ? std::to_string(etcd->coordinator).c_str() : "none",
                   alive.empty() ? " none" : alive.c_str());
-      std::printf("placement (region->served by+backup):%s\n", placement.c_str());
+      std::printf("placement (region->served by+backups):%s\n", placement.c_str());
     } else if (etcd.status().code() != StatusCode::kNotFound) {
       std::printf("etcd: %s\n", etcd.status().message().c_str());
     }

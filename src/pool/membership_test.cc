@@ -1086,6 +1086,57 @@ TEST(ClusterAdd, AnAddedServerIsWhereAStrandedRegionGetsItsBackup) {
   EXPECT_EQ(view.map.Find(second)->served_by, *id);
 }
 
+// Whether every region of `v`'s map is served by a server other than `gone`, with `f` backups,
+// none of them `gone` or its own server.
+bool EveryRegionHasBackups(const EtcdView& v, int f, int gone) {
+  return std::all_of(v.map.servers.begin(), v.map.servers.end(), [&](const coord::MapServer& m) {
+    const std::vector<coord::MapServer::Backup> backups = m.Backups();
+    return m.served_by != gone && static_cast<int>(backups.size()) == f &&
+           std::none_of(backups.begin(), backups.end(),
+                        [&](const auto& b) { return b.id == gone || b.id == m.served_by; });
+  });
+}
+
+// With --replicas 2 an added server gets two backups (docs/pool.md "Replication with f
+// backups"): re-replication names them one after the other, in ring order after it, in the
+// free slots. Then it and its first backup are SIGKILLed at once under a writing client: its
+// second backup takes its region over and no acknowledged write is lost.
+TEST(ClusterAdd, WithTwoReplicasTheAddedServerGetsTwoBackups) {
+  constexpr int kServers = 3;
+  LocalClusterOptions o = Options(kServers, 2, /*netns=*/true);
+  o.mirror_slots = 3;  // two for the ring's copies, one free for the added server's
+  TestCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto id = AddServer(o, cluster);
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  ASSERT_EQ(*id, kServers);
+  EtcdView view = WaitForView(cluster.dir(), [&](const EtcdView& v) {
+    const coord::MapServer* m = v.map.Find(kServers);
+    return m != nullptr && m->Backups().size() == 2;
+  });
+  const coord::MapServer* added = view.map.Find(kServers);
+  ASSERT_NE(added, nullptr);
+  const std::vector<coord::MapServer::Backup> backups = added->Backups();
+  ASSERT_EQ(backups.size(), 2u) << view.map.ToJson();
+  EXPECT_EQ(backups[0].id, 0) << "ring order after the added server";
+  EXPECT_EQ(backups[1].id, 1) << view.map.ToJson();
+  EXPECT_TRUE(EveryRegionHasBackups(view, 2, -1)) << view.map.ToJson();
+
+  FailoverSetup setup;
+  ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers + 1, &setup));
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  Writer writer(*setup.pool, setup.objects);
+  ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[kServers].pid), SIGKILL), 0);
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[backups[0].id].pid), SIGKILL), 0);
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failovers";
+  writer.Stop();
+  writer.CheckIntact();
+  view = ClusterEtcdStatus(cluster.dir()).value();
+  EXPECT_EQ(view.map.Find(kServers)->served_by, backups[1].id) << view.map.ToJson();
+}
+
 // `cluster drain` (docs/pool.md "cluster drain") under a writing client: the drained server's
 // region moves to its backup (a planned failover), its process ends, no server keeps anything
 // on it afterwards (the region it kept a copy of gets a new one in a free slot), and no
@@ -1125,6 +1176,48 @@ TEST(ClusterDrain, ADrainedServersRegionMovesToItsBackupUnderWritesAndItsProcess
   std::printf(
       "writes that failed during the drain (outcome unknown, retried by the writer): %llu\n",
       static_cast<unsigned long long>(writer.failures()));
+}
+
+// A drain with --replicas 2 (4 servers, the default slots: 3): the region moves to its first
+// backup, and re-replication restores two backups to every region (the drained one's and
+// those the drained server backed up) on the three survivors, none of them the drained server.
+// Every region then has a copy on every survivor, so two of them SIGKILLed at once under the
+// writer lose nothing: the third serves every region.
+TEST(ClusterDrain, WithTwoReplicasEveryRegionHasTwoBackupsAgain) {
+  constexpr int kServers = 4;
+  LocalClusterOptions o = Options(kServers, 2);
+  TestCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  FailoverSetup setup;
+  ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
+  const int coordinator = Coordinator(cluster.dir());
+  ASSERT_GE(coordinator, 0) << "no coordinator elected";
+  const int victim = (coordinator + 1) % kServers;
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  Writer writer(*setup.pool, setup.objects);
+  ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
+  Status drained = ClusterDrain(cluster.dir(), static_cast<uint16_t>(victim), 30000ms);
+  ASSERT_TRUE(drained.ok()) << drained.ToString();
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the drain";
+  EtcdView view = WaitForView(
+      cluster.dir(), [&](const EtcdView& v) { return EveryRegionHasBackups(v, 2, victim); });
+  ASSERT_TRUE(EveryRegionHasBackups(view, 2, victim)) << view.map.ToJson();
+  const int spared = (victim + 3) % kServers;
+  for (int k : {1, 2}) {
+    const int id = (victim + k) % kServers;
+    ASSERT_EQ(kill(static_cast<pid_t>(config->servers[id].pid), SIGKILL), 0);
+  }
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failovers";
+  writer.Stop();
+  writer.CheckIntact();
+  view = WaitForView(cluster.dir(), [&](const EtcdView& v) {
+    return std::all_of(v.map.servers.begin(), v.map.servers.end(),
+                       [&](const coord::MapServer& m) { return m.served_by == spared; });
+  });
+  for (const coord::MapServer& m : view.map.servers) {
+    EXPECT_EQ(m.served_by, spared) << view.map.ToJson();
+  }
 }
 
 // The planned move seen by clients (docs/pool.md "cluster drain"): while two threads write

@@ -14,7 +14,9 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -74,10 +76,43 @@ struct Param {
   int replicas = 1;
   // A second victim (-1: none), SIGKILLed at the same moment as the first (`together`), or
   // once the first's failover and re-replication are done (every region served by a live
-  // server with a backup again, in etcd's map).
+  // server with f = replicas backups again, in etcd's map).
   int second = -1;
   bool together = true;
+  // A third victim (-1: none), SIGKILLed at the same moment as the second.
+  int third = -1;
 };
+
+// What the test saw wrong in one of etcd's maps (empty: nothing): a region whose backups name
+// its own server or one server twice, or a dead server named as a backup (or serving) in a map
+// where it serves no region any more (every region it served failed over) or in any later one
+// (`dead`: the servers killed so far; `failed_over`: those seen so, kept across calls).
+std::string MapFault(const coord::ClusterMap& map, const std::set<uint16_t>& dead,
+                     std::set<uint16_t>* failed_over) {
+  for (uint16_t d : dead) {
+    if (std::none_of(map.servers.begin(), map.servers.end(),
+                     [&](const coord::MapServer& m) { return m.served_by == d; })) {
+      failed_over->insert(d);
+    }
+  }
+  for (const coord::MapServer& m : map.servers) {
+    std::set<uint16_t> seen{m.served_by};
+    for (const coord::MapServer::Backup& b : m.Backups()) {
+      if (!seen.insert(b.id).second) {
+        return "epoch " + std::to_string(map.epoch) + ": server " + std::to_string(m.id) +
+               "'s region names server " + std::to_string(b.id) + " twice: " + map.ToJson();
+      }
+    }
+    for (uint16_t id : seen) {
+      if (failed_over->contains(id)) {
+        return "epoch " + std::to_string(map.epoch) + ": server " + std::to_string(m.id) +
+               "'s region names server " + std::to_string(id) +
+               ", dead and failed over: " + map.ToJson();
+      }
+    }
+  }
+  return "";
+}
 
 class ReplicationTest : public ::testing::TestWithParam<Param> {};
 
@@ -118,6 +153,9 @@ TEST_P(ReplicationTest, EveryAcknowledgedChangeSurvivesTheKillOfItsServer) {
   }
   // Set once every victim is killed: the threads count their operations from then on.
   std::atomic<bool> killed{false};
+  // Set when an assertion ends the test early: the threads stop (else their std::thread would
+  // end the process, leaving the cluster's namespaces behind).
+  std::atomic<bool> stop{false};
   std::vector<std::vector<uint64_t>> acked_adds(kThreads, std::vector<uint64_t>(counters.size()));
   std::vector<std::vector<uint64_t>> unknown_adds(kThreads, std::vector<uint64_t>(counters.size()));
   std::vector<uint64_t> failures(kThreads);
@@ -128,7 +166,7 @@ TEST_P(ReplicationTest, EveryAcknowledgedChangeSurvivesTheKillOfItsServer) {
       std::mt19937_64 rng(1000 + t);
       int after_kill = 0;
       const auto give_up = std::chrono::steady_clock::now() + 90s;
-      while (after_kill < 200 && std::chrono::steady_clock::now() < give_up) {
+      while (after_kill < 200 && !stop && std::chrono::steady_clock::now() < give_up) {
         // Thread t owns the objects i with i % kThreads == t.
         const size_t i = (rng() % (objects.size() / kThreads)) * kThreads + t;
         const int server = static_cast<int>(rng() % counters.size());
@@ -159,8 +197,48 @@ TEST_P(ReplicationTest, EveryAcknowledgedChangeSurvivesTheKillOfItsServer) {
       }
     });
   }
+  // Every map etcd holds while the test runs is checked (MapFault), the last one after the
+  // threads are done.
+  std::mutex dead_mu;
+  std::set<uint16_t> dead;
+  std::atomic<bool> done{false};
+  std::set<uint16_t> failed_over;
+  std::string map_fault;
+  int64_t maps_seen = 0;
+  auto check_map = [&] {
+    auto view = ClusterEtcdStatus(cluster.dir());
+    if (!view.ok()) return;
+    ++maps_seen;
+    std::lock_guard lock(dead_mu);
+    if (map_fault.empty()) map_fault = MapFault(view->map, dead, &failed_over);
+  };
+  std::thread map_checker([&] {
+    while (!done) {
+      check_map();
+      std::this_thread::sleep_for(50ms);
+    }
+    check_map();
+  });
+  struct JoinAll {
+    std::atomic<bool>& stop;
+    std::atomic<bool>& done;
+    std::vector<std::thread>& threads;
+    std::thread& checker;
+    ~JoinAll() {
+      stop = true;
+      done = true;
+      for (auto& th : threads) {
+        if (th.joinable()) th.join();
+      }
+      if (checker.joinable()) checker.join();
+    }
+  } join_all{stop, done, threads, map_checker};
   std::this_thread::sleep_for(1s);
   auto kill_server = [&](int id) {
+    {
+      std::lock_guard lock(dead_mu);
+      dead.insert(static_cast<uint16_t>(id));
+    }
     return kill(static_cast<pid_t>(client->config.servers[id].pid), SIGKILL);
   };
   ASSERT_EQ(kill_server(p.victim), 0);
@@ -168,23 +246,36 @@ TEST_P(ReplicationTest, EveryAcknowledgedChangeSurvivesTheKillOfItsServer) {
     ASSERT_EQ(kill_server(p.second), 0);
   }
   if (p.second >= 0 && !p.together) {
-    // The failover, then re-replication: every region served by a live server, with a backup.
-    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    // The failover, then re-replication: every region served by a live server, with f
+    // backups, none of them the victim.
+    const auto deadline = std::chrono::steady_clock::now() + 90s;
     bool recovered = false;
+    std::string last;
     while (!recovered && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(50ms);
       auto view = ClusterEtcdStatus(cluster.dir());
       if (!view.ok()) continue;
+      last = view->map.ToJson();
       recovered = std::all_of(
           view->map.servers.begin(), view->map.servers.end(), [&](const coord::MapServer& m) {
-            return m.served_by != p.victim && m.backup >= 0 && m.backup != p.victim;
+            const std::vector<coord::MapServer::Backup> backups = m.Backups();
+            return m.served_by != p.victim && static_cast<int>(backups.size()) >= p.replicas &&
+                   std::none_of(backups.begin(), backups.end(),
+                                [&](const auto& b) { return b.id == p.victim; });
           });
     }
-    ASSERT_TRUE(recovered) << "the first victim's failover and re-replication did not finish";
+    ASSERT_TRUE(recovered) << "the first victim's failover and re-replication to " << p.replicas
+                           << " backups did not finish; the map: " << last;
     ASSERT_EQ(kill_server(p.second), 0);
+    if (p.third >= 0) {
+      ASSERT_EQ(kill_server(p.third), 0);
+    }
   }
   killed = true;
   for (auto& th : threads) th.join();
+  done = true;
+  map_checker.join();
+  EXPECT_EQ(map_fault, "") << "after " << maps_seen << " maps";
 
   uint64_t all_failures = 0;
   for (int t = 0; t < kThreads; ++t) {
@@ -217,6 +308,9 @@ TEST_P(ReplicationTest, EveryAcknowledgedChangeSurvivesTheKillOfItsServer) {
   if (p.second >= 0) {
     EXPECT_FALSE(pl.Stats(static_cast<uint16_t>(p.second)).ok());
   }
+  if (p.third >= 0) {
+    EXPECT_FALSE(pl.Stats(static_cast<uint16_t>(p.third)).ok());
+  }
   if (p.target >= 0 && p.target != p.victim) {
     EXPECT_TRUE(pl.Stats(static_cast<uint16_t>(p.target)).ok())
         << "server " << p.target << " lost its backup, not its data: it serves on";
@@ -232,7 +326,13 @@ INSTANTIATE_TEST_SUITE_P(Victims, ReplicationTest,
                                            // first backup at once (the second backup, server
                                            // 3, takes region 1 over), and one after the other
                                            Param{Fabric::kTcp, 1, true, -1, 4, 2, 2, true},
-                                           Param{Fabric::kTcp, 1, true, -1, 4, 2, 2, false}),
+                                           Param{Fabric::kTcp, 1, true, -1, 4, 2, 2, false},
+                                           // --replicas 2 over 5 servers: server 1, then once
+                                           // every region has 2 backups again, servers 2 and 3
+                                           // at once: region 1, served by 2, lives on at its
+                                           // second restored backup only (with one restored
+                                           // backup, 3, it would be lost)
+                                           Param{Fabric::kTcp, 1, true, -1, 5, 2, 2, false, 3}),
                          [](const ::testing::TestParamInfo<Param>& info) {
                            const Param& p = info.param;
                            std::string name = std::string(FabricName(p.fabric)) +
@@ -240,6 +340,7 @@ INSTANTIATE_TEST_SUITE_P(Victims, ReplicationTest,
                                               std::to_string(p.victim);
                            if (p.second >= 0) {
                              name += (p.together ? "_and_" : "_then_") + std::to_string(p.second) +
+                                     (p.third >= 0 ? "_and_" + std::to_string(p.third) : "") +
                                      "_replicas" + std::to_string(p.replicas);
                            }
                            return name +

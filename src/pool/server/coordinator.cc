@@ -259,40 +259,48 @@ bool Coordinator::ReReplicate(coord::EtcdClient& etcd, const coord::MapKeys& key
                               const std::set<uint16_t>& suspected) {
   if (map.replicas == 0) return false;
   auto healthy = [&](uint16_t id) { return alive.contains(id) && !suspected.contains(id); };
-  for (const coord::MapServer& r : map.servers) {
-    // A region served with one copy, by its own server or from a promoted slot.
-    if (r.backup >= 0 || !healthy(r.served_by)) {
+  const size_t n = map.servers.size();
+  for (size_t i = 0; i < n; ++i) {
+    const coord::MapServer& r = map.servers[i];
+    const std::vector<coord::MapServer::Backup> backups = r.Backups();
+    // A region served with fewer than f backups (f = replicas), by its own server or from a
+    // promoted slot: one more copy at a time (see the header).
+    if (static_cast<int>(backups.size()) >= map.replicas || !healthy(r.served_by)) {
       copying_.erase(r.id);
       continue;
     }
+    auto keeps_copy = [&](uint16_t id) {
+      return id == r.served_by ||
+             std::any_of(backups.begin(), backups.end(), [&](const auto& b) { return b.id == id; });
+    };
     auto chosen = copying_.find(r.id);
     const coord::MapServer* target =
         chosen == copying_.end() ? nullptr : map.Find(chosen->second.first);
     int slot = chosen == copying_.end() ? 0 : chosen->second.second;
-    if (target == nullptr || !healthy(target->id)) {
-      // The server with the most free slots (then the lowest id); its slots hold the region.
+    if (target == nullptr || !healthy(target->id) || keeps_copy(target->id)) {
+      // The first server in ring order after the region's own with a free slot; it keeps no
+      // copy of the region yet and serves its own region (not drained, not failed over).
       target = nullptr;
-      int most = 0;
-      for (const coord::MapServer& t : map.servers) {
-        if (t.id == r.id || t.id == r.served_by || t.served_by != t.id || !healthy(t.id) ||
+      for (size_t k = 1; k < n && target == nullptr; ++k) {
+        const coord::MapServer& t = map.servers[(i + k) % n];
+        if (t.id == r.id || keeps_copy(t.id) || t.served_by != t.id || !healthy(t.id) ||
             t.memory < r.memory) {
           continue;
         }
         // The map's, and those that copies under way for other regions are filling.
         std::vector<int> used = map.SlotsInUse(t.id);
-        for (const auto& [region, chosen] : copying_) {
-          if (region != r.id && chosen.first == t.id) used.push_back(chosen.second);
+        for (const auto& [region, under_way] : copying_) {
+          if (region != r.id && under_way.first == t.id) used.push_back(under_way.second);
         }
-        const int free = static_cast<int>(t.slots) - static_cast<int>(used.size());
-        if (free <= most) continue;
-        most = free;
+        if (static_cast<int>(t.slots) <= static_cast<int>(used.size())) continue;
         target = &t;
         slot = 0;
         while (std::find(used.begin(), used.end(), slot) != used.end()) ++slot;
       }
       if (target == nullptr) {
-        LogOnce("server " + std::to_string(r.id) +
-                "'s region has one copy and no live server has a free mirror slot for another");
+        LogOnce("server " + std::to_string(r.id) + "'s region has " +
+                std::to_string(backups.size() + 1) + " of " + std::to_string(map.replicas + 1) +
+                " copies and no live server has a free mirror slot for another (keeping none yet)");
         copying_.erase(r.id);
         continue;
       }
@@ -308,18 +316,22 @@ bool Coordinator::ReReplicate(coord::EtcdClient& etcd, const coord::MapKeys& key
     coord::ClusterMap next = map;
     next.epoch = map.epoch + 1;
     for (coord::MapServer& m : next.servers) {
-      if (m.id == r.id) {
+      if (m.id != r.id) continue;
+      if (m.backup < 0) {
         m.backup = target->id;
         m.backup_slot = slot;
+      } else {
+        m.more_backups.push_back({target->id, slot});
       }
     }
     auto written = etcd.PutIf({{keys.Map(), coord::Compare::Target::kModRevision, map_revision}},
                               keys.Map(), next.ToJson());
     if (!written.ok() || !written->succeeded) return false;  // read again next tick
     std::printf(
-        "farpool coordinator %u: server %u's region has two copies again: its backup is server "
-        "%u, slot %d (epoch %lld)\n",
-        self_, r.id, target->id, slot, static_cast<long long>(next.epoch));
+        "farpool coordinator %u: server %u's region has %zu of %d copies again: server %u, slot "
+        "%d keeps one (epoch %lld)\n",
+        self_, r.id, backups.size() + 2, map.replicas + 1, target->id, slot,
+        static_cast<long long>(next.epoch));
     std::fflush(stdout);
     copying_.erase(r.id);
     return true;

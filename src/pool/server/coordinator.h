@@ -18,14 +18,19 @@
 // suspicion is deleted once its server serves nothing. Clients follow the epoch (pool.cc,
 // Pool's monitor).
 //
-// Re-replication (docs/pool.md "Re-replication"): in a round without a failover, every region
-// served with no backup (its backup failed, or it is served from a promoted slot) gets one
-// where a live server has a free mirror slot (MapServer::slots minus ClusterMap::SlotsInUse):
-// the coordinator names that server and slot to the server that serves the region
-// (BackupRequest on its main port), which copies the region in slices while it serves; each
-// tick asks again, and once the answer says the copy is complete the map records the backup
-// (epoch + 1) by a txn as above. A target that dies meanwhile is replaced by another at the
-// next tick (the server gives the old copy up).
+// Re-replication (docs/pool.md "Re-replication", "Replication with f backups"): in a round
+// without a failover, every region served with fewer than f = replicas backups (a backup
+// failed, or it is served from a promoted slot) gets one more where a live server that keeps
+// no copy of it has a free mirror slot (MapServer::slots minus ClusterMap::SlotsInUse), the
+// first such in ring order after the region's own server: the coordinator names that server
+// and slot to the server that serves the region (BackupRequest on its main port), which copies
+// the region in slices while it serves; each tick asks again, and once the answer says the
+// copy is complete the map records the backup (`backup`, else appended to `more_backups`;
+// epoch + 1) by a txn as above. One copy per region at a time (several regions copy at once):
+// a primary connects one link per region at a time (ConfigureSlotBackup), and a region's copy
+// that finishes first is a backup sooner than two that share the primary's loop. A target
+// that dies meanwhile is replaced by another at the next tick (the server gives the old copy
+// up).
 //
 // Safety does not rest on the coordinator's judgement: the backup promotes only when its
 // primary's connection has closed or the primary's serving lease from it has lapsed
@@ -113,7 +118,7 @@ class Coordinator {
   std::string last_error_;  // not repeated in the log every tick
   // The connections kept open, by (server id, port).
   std::map<std::pair<uint16_t, uint16_t>, std::unique_ptr<control::Connection>> open_;
-  // Re-replications under way: region -> (target server, slot).
+  // Re-replications under way, one per region: region -> (target server, slot).
   std::map<uint16_t, std::pair<uint16_t, int>> copying_;
 };
 

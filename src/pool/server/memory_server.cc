@@ -183,10 +183,13 @@ class MemoryServer::Impl : public transport::AmHandler {
   // for a drain's hand-over: there the backups keep the copies and promote them.
   void GiveUp(std::unique_ptr<BackupLink> link);
   Result<wire::BackupReply> ConfigureBackup(const wire::BackupRequest& request);
-  // A further backup of the own part (replicas f >= 2; `cluster up` names them once the first
-  // is named, before anything is leased): a link in slot_links_ under this server's id, the
-  // root area forwarded at once. REQUIRES: backup_ != nullptr, nothing leased, not degraded.
-  Result<wire::BackupReply> AddBackup(const wire::BackupRequest& request);
+  // A further backup of the own part (replicas f >= 2): a link in slot_links_ under this
+  // server's id. Named by `cluster up` before anything is leased, the root area is forwarded at
+  // once; named by re-replication (`copy`), the region is copied to it in slices first, as to a
+  // first backup. REQUIRES: backup_ != nullptr, not degraded, `request`'s server not a backup.
+  Result<wire::BackupReply> AddBackup(const wire::BackupRequest& request, bool copy);
+  // Whether server `backup_id` keeps a copy of the own part (the first backup or a further one).
+  bool KeepsCopy(uint16_t backup_id) const;
   // The reply, or empty if the batch waits (answered later through TakeLate).
   Result<std::vector<std::byte>> ExecuteBatch(uint64_t id, const wire::BatchRequest& request,
                                               std::span<const std::byte> ops,
@@ -871,7 +874,7 @@ Status MemoryServer::Impl::CopyStep(BackupLink& link, Copy& copy, const std::byt
   }
   if (copy.next < size) return Status::Ok();
   // With the wall clock (ms since the epoch), to line the copy up with a client's timeline.
-  std::fprintf(stderr, "%s: %s (%s) is copied to %s in %lld ms (done at %lld): two copies again\n",
+  std::fprintf(stderr, "%s: %s (%s) is copied to %s in %lld ms (done at %lld): a copy more\n",
                Name().c_str(), what.c_str(), FormatSize(size).c_str(), link.name().c_str(),
                static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                           Clock::now() - copy.started)
@@ -901,10 +904,16 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureSlotBackup(
                                    std::to_string(request.region) + "'s region");
   }
   const uint64_t size = mirror_->size();
-  auto it = slot_links_.find(request.region);
-  if (it != slot_links_.end() && it->second.link->id() == request.backup_id &&
-      it->second.link->slot() == request.slot) {
-    return wire::BackupReply{it->second.copy ? size - it->second.copy->next : 0};  // progress
+  // A region served from a slot may have several backups (replicas f >= 2), one link each.
+  for (auto [it, end] = slot_links_.equal_range(request.region); it != end; ++it) {
+    const SlotLink& l = it->second;
+    if (l.link->id() != request.backup_id) continue;
+    if (l.link->slot() == request.slot) {
+      return wire::BackupReply{l.copy ? size - l.copy->next : 0};  // progress
+    }
+    return Status::InvalidArgument(Name() + ": server " + std::to_string(request.backup_id) +
+                                   " keeps a copy of server " + std::to_string(request.region) +
+                                   "'s region already (in another slot)");
   }
   if (auto p = connecting_.find(request.region); p != connecting_.end()) {
     if (p->second.backup_id == request.backup_id && p->second.slot == request.slot) {
@@ -994,14 +1003,18 @@ void MemoryServer::Impl::TickSlotLinks() {
   const uint64_t size = mirror_ ? mirror_->size() : 0;
   for (auto it = slot_links_.begin(); it != slot_links_.end();) {
     SlotLink& l = it->second;
-    const std::string what = "server " + std::to_string(it->first) + "'s region";
+    // The own part's further backups (its changes and its lease book) beside promoted slots'.
+    const bool own = it->first == options_.id;
+    const std::string what =
+        own ? "its region" : "server " + std::to_string(it->first) + "'s region";
     Status done = Status::Ok();
     if (DeclaredGone(*l.link)) {
       done = Status::Unavailable(l.link->name() + " is gone (a client says so)");
     } else if (l.copy) {
-      done = CopyStep(*l.link, *l.copy, region_->data() + l.base, size, mirror_->Leases(it->first),
-                      what);
-      if (done.ok() && l.copy->next == size) l.copy.reset();
+      const uint64_t whole = own ? chunks_.region_size() : size;
+      done = CopyStep(*l.link, *l.copy, region_->data() + l.base, whole,
+                      own ? chunks_.leases() : mirror_->Leases(it->first), what);
+      if (done.ok() && l.copy->next == whole) l.copy.reset();
     } else if (Clock::now() - l.last_ack >= kServeLease / 4) {
       done = l.link->Forward(region_->data() + l.base, {}, {},
                              [this, &l] { return DeclaredGone(*l.link); });
@@ -1177,20 +1190,19 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(const wire::Backup
     return wire::BackupReply{copy_ ? size - copy_->next : 0};  // progress
   }
   for (auto [it, end] = slot_links_.equal_range(options_.id); it != end; ++it) {
-    if (it->second.link->id() == request.backup_id && it->second.link->slot() == request.slot) {
-      return wire::BackupReply{0};  // a further backup named already (asked again)
+    const SlotLink& l = it->second;
+    if (l.link->id() == request.backup_id && l.link->slot() == request.slot) {
+      return wire::BackupReply{l.copy ? size - l.copy->next : 0};  // a further backup's progress
     }
+  }
+  if (KeepsCopy(request.backup_id)) {
+    return Status::InvalidArgument(Name() + ": server " + std::to_string(request.backup_id) +
+                                   " keeps a copy of its region already (in another slot)");
   }
   // The copy starts equal when nothing is leased yet and nothing was acknowledged with one copy:
   // the root area, all a client may have touched, is sent once. Otherwise the region is copied.
   const bool fresh = chunks_.leased() == 0 && !degraded_;
-  if (backup_ != nullptr && fresh) return AddBackup(request);
-  if (backup_ != nullptr && !degraded_) {
-    return Status::InvalidArgument(Name() + ": it forwards to " + backup_->name() +
-                                   " already; a new first backup is named only once that one is "
-                                   "declared gone (DegradeRequest), and further backups only "
-                                   "while nothing is leased (`cluster up`)");
-  }
+  if (backup_ != nullptr && !degraded_) return AddBackup(request, /*copy=*/!fresh);
   const std::string host(wire::HostOf(request));
   // backup_ is replaced only when no reply is held for it: its tickets number them (see the
   // header). None are held after a DegradeRequest (which released them) or while copying.
@@ -1228,22 +1240,24 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(const wire::Backup
   return wire::BackupReply{size};
 }
 
-Result<wire::BackupReply> MemoryServer::Impl::AddBackup(const wire::BackupRequest& request) {
-  const bool named = request.backup_id == backup_->id() ||
-                     std::any_of(slot_links_.begin(), slot_links_.end(), [&](const auto& l) {
-                       return l.first == options_.id && l.second.link->id() == request.backup_id;
-                     });
-  if (named) {
-    return Status::InvalidArgument(Name() + ": server " + std::to_string(request.backup_id) +
-                                   " keeps a copy of its region already (in another slot)");
-  }
+Result<wire::BackupReply> MemoryServer::Impl::AddBackup(const wire::BackupRequest& request,
+                                                        bool copy) {
   const std::string host(wire::HostOf(request));
+  const uint64_t size = chunks_.region_size();
   FARPOOL_ASSIGN_OR_RETURN(
       std::unique_ptr<BackupLink> link,
-      BackupLink::Connect({request.backup_id, host, request.port, request.slot}, options_.id,
-                          chunks_.region_size(), auth_->secret(), options_.fabric,
-                          options_.backup_timeout, own_file_ ? &*own_file_ : nullptr));
+      BackupLink::Connect({request.backup_id, host, request.port, request.slot}, options_.id, size,
+                          auth_->secret(), options_.fabric, options_.backup_timeout,
+                          own_file_ ? &*own_file_ : nullptr));
   Unmark(request.backup_id);
+  if (copy) {
+    // Counts for nothing (MayServe, Settle's failures) until whole: the copy goes in slices
+    // (TickSlotLinks), every round's changes after them on the same link.
+    std::fprintf(stderr, "%s: copying its region (%s) to %s slot %u, a further backup\n",
+                 Name().c_str(), FormatSize(size).c_str(), link->name().c_str(), request.slot);
+    slot_links_.emplace(options_.id, SlotLink{std::move(link), 0, Copy{}, Clock::now(), {}});
+    return wire::BackupReply{size};
+  }
   if (!own_file_) {
     FARPOOL_RETURN_IF_ERROR(
         link->Forward(region_->data(), {{memory_ops::Range{0, wire::kRootAreaSize}}}, {}, nullptr));
@@ -1253,6 +1267,12 @@ Result<wire::BackupReply> MemoryServer::Impl::AddBackup(const wire::BackupReques
                link->name().c_str(), request.slot);
   slot_links_.emplace(options_.id, SlotLink{std::move(link), 0, std::nullopt, acknowledged, {}});
   return wire::BackupReply{0};
+}
+
+bool MemoryServer::Impl::KeepsCopy(uint16_t backup_id) const {
+  if (backup_ != nullptr && backup_->id() == backup_id) return true;
+  auto [it, end] = slot_links_.equal_range(options_.id);
+  return std::any_of(it, end, [&](const auto& l) { return l.second.link->id() == backup_id; });
 }
 
 memory_ops::Region MemoryServer::Impl::BatchRegion(uint32_t pool, bool own_part) {

@@ -55,12 +55,16 @@
 // memory; a drain's hand-over does not (the backups promote their copies).
 //
 // Further backups (replicas f >= 2, docs/pool.md "Replication with f backups"): BackupRequests
-// that name another backup of the own region while nothing is leased add one link each, kept
-// with the slot links under this server's own id: each round's own-part changes and lease
-// changes go to every one of them, waited for in Settle after the first backup's forward was
-// posted, so a reply leaves only once every live backup has every change it may show. The
-// serving lease needs fresh contact with every backup; a DegradeRequest removes the one it
-// names (the set of gone backups), the others stay.
+// that name another backup of the own region add one link each, kept with the slot links under
+// this server's own id: each round's own-part changes and lease changes go to every one of
+// them, waited for in Settle after the first backup's forward was posted, so a reply leaves
+// only once every live backup has every change it may show. Named while nothing is leased
+// (`cluster up`), a link starts with the root area; named later (re-replication to f copies),
+// the region is copied to it in slices first, and until the copy is whole the link counts for
+// nothing (serving lease, failed rounds) and a failure gives the copy up. A region served from
+// a promoted slot takes several links the same way. A server that keeps a copy of the region
+// already is refused. The serving lease needs fresh contact with every whole backup; a
+// DegradeRequest removes the one it names (the set of gone backups), the others stay.
 //
 // Shared pages (ServerOptions::shared_pages): the backups map this server's region itself, so
 // a round's changed bytes are not forwarded (KeepChanges keeps none), only its lease changes,
