@@ -41,6 +41,7 @@ struct ServerArgs {
   bool shared_pages = false;
   std::string etcd;
   std::string etcd_prefix;
+  int lease_ttl_ms = 2000;
 };
 
 // A drain (SIGUSR1): how long the server may take to release the replies it holds for its
@@ -101,6 +102,7 @@ int RunServer(const ServerArgs& a) {
       return Fail("--etcd needs --etcd-prefix, a key prefix ending with '/'");
     }
   }
+  if (a.lease_ttl_ms < 1000) return Fail("--lease-ttl-ms must be at least 1000");
 
   BlockTerminationSignals();  // before any thread starts: they are taken by the wait below
   // Also before any thread: it forks. Whatever kills this server, the janitor then removes its
@@ -157,13 +159,13 @@ int RunServer(const ServerArgs& a) {
     coord::Membership::Options mo{etcd_endpoints, a.etcd_prefix, static_cast<uint16_t>(a.id),
                                   o.host + ":" + std::to_string((*server)->port()),
                                   (*server)->mirror_port()};
+    mo.ttl = std::chrono::milliseconds(a.lease_ttl_ms);
     if (coordinates) {
       auto c = Coordinator::Create(static_cast<uint16_t>(a.id), a.secret_file);
       if (!c.ok()) return Fail(c.status().message());
       coordinator = std::move(*c);
-      mo.coordinate = [c = coordinator.get()](coord::EtcdClient& etcd, const coord::MapKeys& keys) {
-        c->Tick(etcd, keys);
-      };
+      mo.coordinate = [c = coordinator.get()](coord::EtcdClient& etcd, const coord::MapKeys& keys,
+                                              int64_t term) { c->Tick(etcd, keys, term); };
     }
     // Fencing by epoch: a server whose region the map has moved to another (the coordinator
     // failed it over while it was cut off) serves nothing more and shuts down.
@@ -258,6 +260,10 @@ Command RegisterServer(CLI::App& app) {
                   "etcd endpoints (http://HOST:PORT,...): register there under a lease, as the "
                   "cluster's membership (docs/pool.md, Membership on etcd)");
   sub->add_option("--etcd-prefix", args->etcd_prefix, "The cluster's key prefix in etcd");
+  sub->add_option("--lease-ttl-ms", args->lease_ttl_ms,
+                  "The TTL of its etcd lease (default 2000): how long after its death etcd "
+                  "deletes its keys unless a peer found it gone first. Longer ones are for tests "
+                  "(docs/pool.md, Dead peers)");
   return {sub, [args] { return RunServer(*args); }};
 }
 
