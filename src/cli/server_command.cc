@@ -137,6 +137,10 @@ int RunServer(const ServerArgs& a) {
     std::lock_guard lock(closed_mu);
     closed.push_back(id);
   };
+  // And whether a connection of the coordinator's closed (Membership::Options::
+  // coordinator_closed).
+  static std::atomic<bool> coordinator_closed{false};
+  o.on_coordinator_closed = [] { coordinator_closed = true; };
   auto server = MemoryServer::Start(o);
   if (!server.ok()) return Fail(server.status().message());
   std::printf("farpool server %d listening on %s:%u, donating %s (progress %s, transport %s)\n",
@@ -183,6 +187,7 @@ int RunServer(const ServerArgs& a) {
       std::lock_guard lock(closed_mu);
       return std::exchange(closed, {});
     };
+    mo.coordinator_closed = [] { return coordinator_closed.exchange(false); };
     auto m = coord::Membership::Start(mo);
     if (!m.ok()) return Fail(m.status().message());
     membership = std::move(*m);
@@ -263,7 +268,7 @@ Command RegisterServer(CLI::App& app) {
   sub->add_option("--lease-ttl-ms", args->lease_ttl_ms,
                   "The TTL of its etcd lease (default 2000): how long after its death etcd "
                   "deletes its keys unless a peer found it gone first. Longer ones are for tests "
-                  "(docs/pool.md, Dead peers)");
+                  "(docs/pool.md, The coordinator's death)");
   return {sub, [args] { return RunServer(*args); }};
 }
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -148,6 +149,17 @@ void Membership::CheckClosedPeers() {
   const auto now = std::chrono::steady_clock::now();
   for (uint16_t id : options_.closed()) {
     if (id != options_.id) suspects_.insert_or_assign(id, now + options_.ttl);
+  }
+  if (options_.coordinator_closed && options_.coordinator_closed() && !coordinator_) {
+    auto key = etcd_->Get(keys_.Coordinator());
+    if (key.ok() && key->has_value()) {
+      const auto& held = (*key)->value;
+      uint16_t id = 0;
+      if (std::from_chars(held.data(), held.data() + held.size(), id).ec == std::errc() &&
+          id != options_.id) {
+        suspects_.insert_or_assign(id, now + options_.ttl);
+      }
+    }
   }
   for (auto it = suspects_.begin(); it != suspects_.end();) {
     const uint16_t id = it->first;

@@ -32,7 +32,11 @@
 // read EOF 2 ms after the SIGKILL, the port refused from 72 ms on; branch `coordkill`), so a
 // single probe at the close found the port still accepting: the peer stays suspect and is
 // probed again every kProbeInterval until its port refuses, its alive key goes, or the TTL
-// since the close has passed (by then its lease has lapsed if it is dead).
+// since the close has passed (by then its lease has lapsed if it is dead). Not only the
+// primary's connection: every server whose connection from the coordinator closed
+// (Options::coordinator_closed; the coordinator keeps one to every mirror) probes the server
+// the coordinator key names, so that the coordinator's death is acted on also without replicas
+// or when its backups died with it.
 //
 // Watching the cluster's keys (branch `etcdwatch`): with on_map or coordinate set, Start also
 // opens an EtcdWatch on the whole prefix. A put of the map is handed to on_map at once (fencing
@@ -88,6 +92,10 @@ class Membership {
     // more: its lease is revoked, so that its alive key (and the coordinator key, if it held
     // that) goes at once instead of after the TTL. See "Dead peers". Empty: none are checked.
     std::function<std::vector<uint16_t>()> closed;
+    // Whether a connection of the coordinator's to this server closed since the last call
+    // (taken each tick): the server the coordinator key names is then checked as those of
+    // `closed` are (not by the coordinator itself). Empty: never.
+    std::function<bool()> coordinator_closed;
   };
   static Result<std::unique_ptr<Membership>> Start(const Options& options);
   ~Membership();

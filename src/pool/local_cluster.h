@@ -69,8 +69,8 @@ struct LocalClusterOptions {
   // `farpool cluster up`, whose servers outlive the command.
   bool die_with_parent = false;
   // The servers' etcd lease TTL (`farpool server --lease-ttl-ms`); 0: the server's default
-  // (2 s). Tests set a long one to show that a failover came from a revocation (docs/pool.md
-  // "Dead peers"), not from a lapsed lease.
+  // (2 s). Tests set a long one to show that a failover came from a revocation
+  // (coord/membership.h "Dead peers"), not from a lapsed lease.
   std::chrono::milliseconds lease_ttl{0};
 };
 

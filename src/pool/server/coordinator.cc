@@ -32,7 +32,7 @@ Result<std::unique_ptr<Coordinator>> Coordinator::Create(uint16_t self,
 Result<std::unique_ptr<control::Connection>> Coordinator::Open(const coord::MapServer& to,
                                                                uint16_t port) const {
   return control::Connection::OpenAsTool(to.id, to.address, port, secret_ ? &*secret_ : nullptr,
-                                         0xc00d, kAskTimeout);
+                                         kConnectionTag, kAskTimeout);
 }
 
 Result<control::Reply> Coordinator::Ask(const coord::MapServer& to, uint16_t port,

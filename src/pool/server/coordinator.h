@@ -71,6 +71,12 @@ namespace farpool {
 
 class Coordinator {
  public:
+  // The process tag of the coordinator's connections (the low 32 bits of their hellos'
+  // client_nonce): a server whose connection with this tag closes has lost the coordinator's
+  // connection, and has its membership probe the coordinator (Mirror's on_coordinator_closed,
+  // coord/membership.h "Dead peers"). A client whose random tag is the same only causes probes.
+  static constexpr uint32_t kConnectionTag = 0xc00d;
+
   // `secret_file` empty: the servers have no secret.
   static Result<std::unique_ptr<Coordinator>> Create(uint16_t self, const std::string& secret_file);
 
