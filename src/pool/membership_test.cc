@@ -563,7 +563,7 @@ std::string SurvivorLogs(const TestCluster& cluster, int servers, int victim) {
 // survivor the coordinator's connection to its mirror) and probed its port until it refused. A
 // server as `cluster up` starts it (512 MiB, two mirror slots) closes its listening port tens of ms
 // after its connections, so a single probe at the close mostly found the port still accepting and
-// nothing was revoked: with the probe not repeated this test failed in 2 of 3 runs (the view still
+// nothing was revoked: with the probe not repeated this test failed in 3 of 3 runs (the view still
 // named the dead server the coordinator after 30 s). docs/pool.md "The coordinator's death, and its
 // term".
 TEST(CoordinatorFailover, AKilledCoordinatorsLeaseIsRevokedNotWaitedFor) {
