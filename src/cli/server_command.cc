@@ -131,16 +131,23 @@ int RunServer(const ServerArgs& a) {
   };
   // Primaries whose connection to this server's mirror closed (the mirror's loop reports them),
   // for the membership to check whether they are gone (coord::Membership::Options::closed).
+  // Each report wakes the membership's thread (it checks them at once, not at its next tick).
   static std::mutex closed_mu;
-  static std::vector<uint16_t> closed;  // guarded by closed_mu
+  static std::vector<uint16_t> closed;          // guarded by closed_mu
+  static coord::Membership* to_wake = nullptr;  // guarded by closed_mu: while it runs
   o.on_primary_closed = [](uint16_t id) {
     std::lock_guard lock(closed_mu);
     closed.push_back(id);
+    if (to_wake != nullptr) to_wake->Wake();
   };
   // And whether a connection of the coordinator's closed (Membership::Options::
   // coordinator_closed).
   static std::atomic<bool> coordinator_closed{false};
-  o.on_coordinator_closed = [] { coordinator_closed = true; };
+  o.on_coordinator_closed = [] {
+    coordinator_closed = true;
+    std::lock_guard lock(closed_mu);
+    if (to_wake != nullptr) to_wake->Wake();
+  };
   auto server = MemoryServer::Start(o);
   if (!server.ok()) return Fail(server.status().message());
   std::printf("farpool server %d listening on %s:%u, donating %s (progress %s, transport %s)\n",
@@ -159,6 +166,13 @@ int RunServer(const ServerArgs& a) {
   const bool coordinates = a.replicated || o.mirror_slots > 0;
   std::unique_ptr<Coordinator> coordinator;  // outlives the membership thread that runs it
   std::unique_ptr<coord::Membership> membership;
+  // Before the membership goes, however this function returns: the reports above stop waking it.
+  struct StopWaking {
+    ~StopWaking() {
+      std::lock_guard lock(closed_mu);
+      to_wake = nullptr;
+    }
+  } stop_waking;
   if (!etcd_endpoints.empty()) {
     coord::Membership::Options mo{etcd_endpoints, a.etcd_prefix, static_cast<uint16_t>(a.id),
                                   o.host + ":" + std::to_string((*server)->port()),
@@ -191,6 +205,10 @@ int RunServer(const ServerArgs& a) {
     auto m = coord::Membership::Start(mo);
     if (!m.ok()) return Fail(m.status().message());
     membership = std::move(*m);
+    {
+      std::lock_guard lock(closed_mu);
+      to_wake = membership.get();
+    }
     std::printf("farpool server %d: registered in etcd %s under %s\n", a.id, a.etcd.c_str(),
                 a.etcd_prefix.c_str());
   }
@@ -210,6 +228,10 @@ int RunServer(const ServerArgs& a) {
   const bool drain = sig == SIGUSR1 && coordinates && membership != nullptr;
   Status handed = drain ? (*server)->Drain(kHandOverTimeout) : Status::Ok();
   if (!handed.ok()) std::printf("farpool server %d: %s\n", a.id, handed.message().c_str());
+  {
+    std::lock_guard lock(closed_mu);
+    to_wake = nullptr;
+  }
   membership.reset();  // leaves etcd first: the cluster sees it gone at once
   if (drain && handed.ok()) {
     Status moved = AwaitMovedAway(etcd_endpoints, a.etcd_prefix, static_cast<uint16_t>(a.id));

@@ -110,6 +110,14 @@ void Membership::Watched(const EtcdWatch::Update& u) {
   cv_.notify_all();
 }
 
+void Membership::Wake() {
+  {
+    std::lock_guard lock(mu_);
+    woken_ = true;
+  }
+  cv_.notify_all();
+}
+
 Membership::~Membership() {
   if (thread_.joinable()) {
     {

@@ -49,7 +49,8 @@
 // Start fails, naming the etcd endpoints and etcd's reason, if the first registration fails:
 // a server that cannot register would look dead to the cluster.
 //
-// Thread-safety: Start and the destructor from one owning thread; registered() from any.
+// Thread-safety: Start and the destructor from one owning thread; registered(), coordinator()
+// and Wake() from any.
 #pragma once
 
 #include <atomic>
@@ -108,6 +109,11 @@ class Membership {
   bool coordinator() const { return coordinator_.load(std::memory_order_relaxed); }
   // The watch of the cluster's keys; nullptr without on_map and coordinate.
   const EtcdWatch* watch() const { return watch_.get(); }
+  // Has the thread tick now rather than at the next 100 ms: a peer's connection closed (what
+  // Options::closed or coordinator_closed will report). Any thread, also under the lock those
+  // take: Wake takes only the thread's own mutex, which the thread never holds while it calls
+  // them.
+  void Wake();
 
  private:
   explicit Membership(const Options& options);
