@@ -41,6 +41,7 @@ struct ServerArgs {
   bool shared_pages = false;
   std::string etcd;
   std::string etcd_prefix;
+  int lease_ttl_ms = 2000;
 };
 
 // A drain (SIGUSR1): how long the server may take to release the replies it holds for its
@@ -101,6 +102,7 @@ int RunServer(const ServerArgs& a) {
       return Fail("--etcd needs --etcd-prefix, a key prefix ending with '/'");
     }
   }
+  if (a.lease_ttl_ms < 1000) return Fail("--lease-ttl-ms must be at least 1000");
 
   BlockTerminationSignals();  // before any thread starts: they are taken by the wait below
   // Also before any thread: it forks. Whatever kills this server, the janitor then removes its
@@ -129,11 +131,22 @@ int RunServer(const ServerArgs& a) {
   };
   // Primaries whose connection to this server's mirror closed (the mirror's loop reports them),
   // for the membership to check whether they are gone (coord::Membership::Options::closed).
+  // Each report wakes the membership's thread (it checks them at once, not at its next tick).
   static std::mutex closed_mu;
-  static std::vector<uint16_t> closed;  // guarded by closed_mu
+  static std::vector<uint16_t> closed;          // guarded by closed_mu
+  static coord::Membership* to_wake = nullptr;  // guarded by closed_mu: while it runs
   o.on_primary_closed = [](uint16_t id) {
     std::lock_guard lock(closed_mu);
     closed.push_back(id);
+    if (to_wake != nullptr) to_wake->Wake();
+  };
+  // And whether a connection of the coordinator's closed (Membership::Options::
+  // coordinator_closed).
+  static std::atomic<bool> coordinator_closed{false};
+  o.on_coordinator_closed = [] {
+    coordinator_closed = true;
+    std::lock_guard lock(closed_mu);
+    if (to_wake != nullptr) to_wake->Wake();
   };
   auto server = MemoryServer::Start(o);
   if (!server.ok()) return Fail(server.status().message());
@@ -153,17 +166,24 @@ int RunServer(const ServerArgs& a) {
   const bool coordinates = a.replicated || o.mirror_slots > 0;
   std::unique_ptr<Coordinator> coordinator;  // outlives the membership thread that runs it
   std::unique_ptr<coord::Membership> membership;
+  // Before the membership goes, however this function returns: the reports above stop waking it.
+  struct StopWaking {
+    ~StopWaking() {
+      std::lock_guard lock(closed_mu);
+      to_wake = nullptr;
+    }
+  } stop_waking;
   if (!etcd_endpoints.empty()) {
     coord::Membership::Options mo{etcd_endpoints, a.etcd_prefix, static_cast<uint16_t>(a.id),
                                   o.host + ":" + std::to_string((*server)->port()),
                                   (*server)->mirror_port()};
+    mo.ttl = std::chrono::milliseconds(a.lease_ttl_ms);
     if (coordinates) {
       auto c = Coordinator::Create(static_cast<uint16_t>(a.id), a.secret_file);
       if (!c.ok()) return Fail(c.status().message());
       coordinator = std::move(*c);
-      mo.coordinate = [c = coordinator.get()](coord::EtcdClient& etcd, const coord::MapKeys& keys) {
-        c->Tick(etcd, keys);
-      };
+      mo.coordinate = [c = coordinator.get()](coord::EtcdClient& etcd, const coord::MapKeys& keys,
+                                              int64_t term) { c->Tick(etcd, keys, term); };
     }
     // Fencing by epoch: a server whose region the map has moved to another (the coordinator
     // failed it over while it was cut off) serves nothing more and shuts down.
@@ -181,9 +201,14 @@ int RunServer(const ServerArgs& a) {
       std::lock_guard lock(closed_mu);
       return std::exchange(closed, {});
     };
+    mo.coordinator_closed = [] { return coordinator_closed.exchange(false); };
     auto m = coord::Membership::Start(mo);
     if (!m.ok()) return Fail(m.status().message());
     membership = std::move(*m);
+    {
+      std::lock_guard lock(closed_mu);
+      to_wake = membership.get();
+    }
     std::printf("farpool server %d: registered in etcd %s under %s\n", a.id, a.etcd.c_str(),
                 a.etcd_prefix.c_str());
   }
@@ -203,6 +228,10 @@ int RunServer(const ServerArgs& a) {
   const bool drain = sig == SIGUSR1 && coordinates && membership != nullptr;
   Status handed = drain ? (*server)->Drain(kHandOverTimeout) : Status::Ok();
   if (!handed.ok()) std::printf("farpool server %d: %s\n", a.id, handed.message().c_str());
+  {
+    std::lock_guard lock(closed_mu);
+    to_wake = nullptr;
+  }
   membership.reset();  // leaves etcd first: the cluster sees it gone at once
   if (drain && handed.ok()) {
     Status moved = AwaitMovedAway(etcd_endpoints, a.etcd_prefix, static_cast<uint16_t>(a.id));
@@ -258,6 +287,10 @@ Command RegisterServer(CLI::App& app) {
                   "etcd endpoints (http://HOST:PORT,...): register there under a lease, as the "
                   "cluster's membership (docs/pool.md, Membership on etcd)");
   sub->add_option("--etcd-prefix", args->etcd_prefix, "The cluster's key prefix in etcd");
+  sub->add_option("--lease-ttl-ms", args->lease_ttl_ms,
+                  "The TTL of its etcd lease (default 2000): how long after its death etcd "
+                  "deletes its keys unless a peer found it gone first. Longer ones are for tests "
+                  "(docs/pool.md, The coordinator's death)");
   return {sub, [args] { return RunServer(*args); }};
 }
 

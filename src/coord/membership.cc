@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -109,6 +110,14 @@ void Membership::Watched(const EtcdWatch::Update& u) {
   cv_.notify_all();
 }
 
+void Membership::Wake() {
+  {
+    std::lock_guard lock(mu_);
+    woken_ = true;
+  }
+  cv_.notify_all();
+}
+
 Membership::~Membership() {
   if (thread_.joinable()) {
     {
@@ -145,19 +154,52 @@ Status Membership::Register() {
 
 void Membership::CheckClosedPeers() {
   if (!options_.closed) return;
+  const auto now = std::chrono::steady_clock::now();
   for (uint16_t id : options_.closed()) {
-    if (id == options_.id) continue;
+    if (id != options_.id) suspects_.insert_or_assign(id, now + options_.ttl);
+  }
+  if (options_.coordinator_closed && options_.coordinator_closed() && !coordinator_) {
+    auto key = etcd_->Get(keys_.Coordinator());
+    if (key.ok() && key->has_value()) {
+      const auto& held = (*key)->value;
+      uint16_t id = 0;
+      if (std::from_chars(held.data(), held.data() + held.size(), id).ec == std::errc() &&
+          id != options_.id) {
+        suspects_.insert_or_assign(id, now + options_.ttl);
+      }
+    }
+  }
+  for (auto it = suspects_.begin(); it != suspects_.end();) {
+    const uint16_t id = it->first;
+    if (now > it->second) {  // its lease has lapsed by now if it is dead
+      it = suspects_.erase(it);
+      continue;
+    }
     auto kv = etcd_->Get(keys_.Alive(id));
-    if (!kv.ok() || !kv->has_value() || (*kv)->lease == 0) continue;  // gone already, or unknown
+    if (!kv.ok()) {  // etcd unreachable: ask again at the next probe
+      ++it;
+      continue;
+    }
+    if (!kv->has_value() || (*kv)->lease == 0) {  // gone already, or unknown
+      it = suspects_.erase(it);
+      continue;
+    }
     auto value = nlohmann::json::parse((*kv)->value, nullptr, /*allow_exceptions=*/false);
-    if (!value.is_object() || !value.contains("address") || !value["address"].is_string()) continue;
+    if (!value.is_object() || !value.contains("address") || !value["address"].is_string()) {
+      it = suspects_.erase(it);
+      continue;
+    }
     const std::string address = value["address"].get<std::string>();
-    if (!Refused(address, std::chrono::milliseconds(300))) continue;
+    if (!Refused(address, std::chrono::milliseconds(300))) {  // alive, or not dead yet
+      ++it;
+      continue;
+    }
     Status revoked = etcd_->RevokeLease((*kv)->lease);
     std::printf("farpool server %u: server %u's connection closed and %s refuses connections: %s\n",
                 options_.id, id, address.c_str(),
                 revoked.ok() ? "its lease revoked (it is gone)"
                              : ("revoking its lease: " + revoked.message()).c_str());
+    it = suspects_.erase(it);
   }
 }
 
@@ -171,7 +213,10 @@ void Membership::Elect() {
     coordinator_checked_ = changes;
     auto key = etcd_->Get(keys_.Coordinator());
     if (!key.ok()) return;  // unknown: keep the role until etcd says otherwise or the lease ends
-    if (key->has_value() && (*key)->value == me && (*key)->lease == lease_) return;
+    if (key->has_value() && (*key)->value == me && (*key)->lease == lease_ &&
+        (*key)->create_revision == term_) {
+      return;
+    }
     coordinator_ = false;
     std::printf("farpool server %u: no longer the coordinator\n", options_.id);
     return;
@@ -180,32 +225,42 @@ void Membership::Elect() {
   auto won = etcd_->PutIf({{keys_.Coordinator(), Compare::Target::kCreateRevision, 0}},
                           keys_.Coordinator(), me, lease_);
   if (won.ok() && won->succeeded) {
+    term_ = won->revision;  // the put's revision: the key's create_revision
     coordinator_ = true;
     std::printf("farpool server %u: elected coordinator\n", options_.id);
   }
 }
 
 void Membership::Run() {
-  // Ticks every 100 ms (the coordinator's pace); keepalives every ttl/4.
+  // Ticks every 100 ms (the coordinator's pace); keepalives every ttl/4; between ticks, the
+  // suspects are probed every kProbeInterval.
   const auto tick =
       std::min<std::chrono::milliseconds>(std::chrono::milliseconds(100), options_.ttl / 4);
+  auto next_tick = std::chrono::steady_clock::now() + tick;
   auto next_keepalive = std::chrono::steady_clock::now() + options_.ttl / 4;
   std::unique_lock lock(mu_);
   while (true) {
-    cv_.wait_for(lock, tick, [&] { return stop_ || woken_; });
+    const auto wake_at =
+        suspects_.empty() ? next_tick
+                          : std::min(next_tick, std::chrono::steady_clock::now() + kProbeInterval);
+    cv_.wait_until(lock, wake_at, [&] { return stop_ || woken_; });
     if (stop_) break;
+    const bool ticks = woken_ || std::chrono::steady_clock::now() >= next_tick;
     woken_ = false;
     lock.unlock();
     CheckClosedPeers();
-    if (std::chrono::steady_clock::now() >= next_keepalive || !registered_) {
-      next_keepalive = std::chrono::steady_clock::now() + options_.ttl / 4;
-      KeepAliveOnce();
-      // The watch hands maps over as they change; read here only while it is down.
-      if (registered_ && options_.on_map && !watch_->up()) ReadMap();
-    }
-    if (registered_ && options_.coordinate) {
-      Elect();
-      if (coordinator_) options_.coordinate(*etcd_, keys_);
+    if (ticks) {
+      next_tick = std::chrono::steady_clock::now() + tick;
+      if (std::chrono::steady_clock::now() >= next_keepalive || !registered_) {
+        next_keepalive = std::chrono::steady_clock::now() + options_.ttl / 4;
+        KeepAliveOnce();
+        // The watch hands maps over as they change; read here only while it is down.
+        if (registered_ && options_.on_map && !watch_->up()) ReadMap();
+      }
+      if (registered_ && options_.coordinate) {
+        Elect();
+        if (coordinator_) options_.coordinate(*etcd_, keys_, term_);
+      }
     }
     std::fflush(stdout);
     lock.lock();

@@ -14,8 +14,12 @@
 // (create_revision == 0); one wins, the others find the key taken and try again every tick, so
 // when the coordinator dies (its lease lapses and the key with it) or leaves (revoked) the next
 // tick elects another. While this server holds the key, `coordinate` runs every tick (100 ms)
-// on this thread: the coordinator's duties (pool/server/coordinator.h). A coordinator that
-// lost its lease stops at its next tick (the key names it no more).
+// on this thread: the coordinator's duties (pool/server/coordinator.h), handed the key's
+// create_revision (its term: a later election creates the key anew, at a higher revision), on
+// which the coordinator makes every map write conditional. A coordinator that lost its lease
+// stops at its next tick (the key names it no more); one that does not know it yet (cut off
+// from etcd, or between ticks) has its map writes refused by etcd once the key is gone or held
+// by another (docs/pool.md "The coordinator's term").
 //
 // Dead peers (branch `failfast`): a SIGKILLed server's key lapsed only after the TTL (2 s), and
 // when it was the coordinator nothing was decided until then, while the primary whose backup it
@@ -24,6 +28,15 @@
 // revocation is safe whatever it is based on: it only removes keys; a failover still needs the
 // backup to find its primary's connection closed or its serving lease lapsed (pool/server/
 // mirror.h), and a live server whose lease was revoked registers again at its next keepalive.
+// A killed process's connections close before its listening port does (measured: the peers
+// read EOF 2 ms after the SIGKILL, the port refused from 72 ms on; branch `coordkill`), so a
+// single probe at the close found the port still accepting: the peer stays suspect and is
+// probed again every kProbeInterval until its port refuses, its alive key goes, or the TTL
+// since the close has passed (by then its lease has lapsed if it is dead). Not only the
+// primary's connection: every server whose connection from the coordinator closed
+// (Options::coordinator_closed; the coordinator keeps one to every mirror) probes the server
+// the coordinator key names, so that the coordinator's death is acted on also without replicas
+// or when its backups died with it.
 //
 // Watching the cluster's keys (branch `etcdwatch`): with on_map or coordinate set, Start also
 // opens an EtcdWatch on the whole prefix. A put of the map is handed to on_map at once (fencing
@@ -36,7 +49,8 @@
 // Start fails, naming the etcd endpoints and etcd's reason, if the first registration fails:
 // a server that cannot register would look dead to the cluster.
 //
-// Thread-safety: Start and the destructor from one owning thread; registered() from any.
+// Thread-safety: Start and the destructor from one owning thread; registered(), coordinator()
+// and Wake() from any.
 #pragma once
 
 #include <atomic>
@@ -44,6 +58,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -65,19 +80,23 @@ class Membership {
     std::string address;       // HOST:PORT the server listens on
     uint16_t mirror_port = 0;  // its mirror's loop (replication), 0: none
     std::chrono::milliseconds ttl{2000};
-    // The coordinator's work, run each tick while this server is the coordinator; empty: this
-    // server does not campaign.
-    std::function<void(EtcdClient& etcd, const MapKeys& keys)> coordinate;
+    // The coordinator's work, run each tick while this server is the coordinator, with the
+    // coordinator key's create_revision (`term`); empty: this server does not campaign.
+    std::function<void(EtcdClient& etcd, const MapKeys& keys, int64_t term)> coordinate;
     // Called with the cluster map after every keepalive that reached etcd (every ttl/4) and
     // after a re-registration: how a server learns that the map moved its region away
     // (fencing by epoch). Empty: the map is not read.
     std::function<void(const ClusterMap& map)> on_map;
     // The servers whose connection to this one closed since the last call (taken each tick).
-    // For each, the thread tries a TCP connection to the address of its alive key; if that is
-    // refused, no process listens there any more: its lease is revoked, so that its alive key
-    // (and the coordinator key, if it held that) goes at once instead of after the TTL. See
-    // "Dead peers". Empty: none are checked.
+    // For each, the thread tries a TCP connection to the address of its alive key, again every
+    // kProbeInterval for up to the TTL; once that is refused, no process listens there any
+    // more: its lease is revoked, so that its alive key (and the coordinator key, if it held
+    // that) goes at once instead of after the TTL. See "Dead peers". Empty: none are checked.
     std::function<std::vector<uint16_t>()> closed;
+    // Whether a connection of the coordinator's to this server closed since the last call
+    // (taken each tick): the server the coordinator key names is then checked as those of
+    // `closed` are (not by the coordinator itself). Empty: never.
+    std::function<bool()> coordinator_closed;
   };
   static Result<std::unique_ptr<Membership>> Start(const Options& options);
   ~Membership();
@@ -90,13 +109,20 @@ class Membership {
   bool coordinator() const { return coordinator_.load(std::memory_order_relaxed); }
   // The watch of the cluster's keys; nullptr without on_map and coordinate.
   const EtcdWatch* watch() const { return watch_.get(); }
+  // Has the thread tick now rather than at the next 100 ms: a peer's connection closed (what
+  // Options::closed or coordinator_closed will report). Any thread, also under the lock those
+  // take: Wake takes only the thread's own mutex, which the thread never holds while it calls
+  // them.
+  void Wake();
 
  private:
   explicit Membership(const Options& options);
   Status Register();  // a new lease and the key under it
   void Run();
   void KeepAliveOnce();
-  // The peers Options::closed reports: their leases revoked if their ports refuse.
+  // Takes the peers Options::closed reports as suspects, probes each suspect once: its lease
+  // is revoked if its port refuses; it stays suspect while its port accepts, its alive key
+  // exists and its deadline has not passed.
   void CheckClosedPeers();
   void ReadMap();
   // What the watch delivers (on its thread): the map to on_map, the coordinator key's state,
@@ -108,7 +134,13 @@ class Membership {
   const Options options_;
   const MapKeys keys_;
   std::unique_ptr<EtcdClient> etcd_;
+  // How often a suspect (see "Dead peers") is probed while its port still accepts.
+  static constexpr std::chrono::milliseconds kProbeInterval{20};
+
   int64_t lease_ = 0;  // owned by the thread after Start
+  int64_t term_ = 0;   // owned by the thread: the coordinator key's create_revision while held
+  // Peers whose connection closed and whose port has not refused yet: id -> probe until.
+  std::map<uint16_t, std::chrono::steady_clock::time_point> suspects_;  // owned by the thread
   std::atomic<bool> registered_{false};
   std::atomic<bool> coordinator_{false};
   std::mutex mu_;

@@ -321,6 +321,9 @@ std::vector<std::string> ServerArgv(const LocalClusterOptions& o, const std::str
                            "--secret-file", secret_file,
                            "--etcd",        endpoints,
                            "--etcd-prefix", etcd.prefix});
+  if (o.lease_ttl.count() > 0) {
+    argv.insert(argv.end(), {"--lease-ttl-ms", std::to_string(o.lease_ttl.count())});
+  }
   return argv;
 }
 

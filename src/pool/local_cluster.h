@@ -68,6 +68,10 @@ struct LocalClusterOptions {
   // die_with_parent): for tests, so that a killed test leaves no server behind. Off for
   // `farpool cluster up`, whose servers outlive the command.
   bool die_with_parent = false;
+  // The servers' etcd lease TTL (`farpool server --lease-ttl-ms`); 0: the server's default
+  // (2 s). Tests set a long one to show that a failover came from a revocation
+  // (coord/membership.h "Dead peers"), not from a lapsed lease.
+  std::chrono::milliseconds lease_ttl{0};
 };
 
 // The mirror slots each server of a cluster of `servers` with `replicas` gets unless told

@@ -7,10 +7,11 @@
             network namespace, event progress). --forward-copies adds shm replicas 1 with
             forwarded copies (`cluster up --forward-copies`: every change a message), the design
             before shared pages, in the same run
-  failover  TPC-B, 8 threads, --replicas 1, --timeline-ms 10: server 1 SIGKILLed --kill-at
-            seconds into the run; the gap from the kill to the next commit, the throughput
-            before and after, whether the invariant holds (--verify), commits the kill cut
-            that their sessions settled themselves (commits_cut), sessions restarted
+  failover  TPC-B, 8 threads, --replicas 1, --timeline-ms 10: the --victim server (1, or the
+            one elected coordinator) SIGKILLed --kill-at seconds into the run; the gap from the
+            kill to the next commit, the throughput before and after, whether the invariant
+            holds (--verify), commits the kill cut that their sessions settled themselves
+            (commits_cut), sessions restarted
   budget    where the CPU of a transaction goes, replicas 0 against 1 (TPC-B and bank, tcp in
             network namespaces): `perf stat --per-thread` on every server and client process for
             --window seconds in the middle of a `bench txn` run, divided by the transactions
@@ -19,12 +20,16 @@
             requests and its backup link), its mirror's loop (fp-mirror: the forwards it backs
             up), the servers' other threads, and the client process
 
+--binaries LABEL=PATH,... runs every part once per binary in each repeat, interleaved in that
+order (an A/B of two builds: FARPOOL_BIN per run); the rows and tables name the binary.
+
 Output: bench/results/failover.jsonl (every run), failover.md (tables), failover.png (the
 commit timelines around the kill).
 
 Usage: bench/experiments/failover [--fabrics shm,tcp] [--seconds 3] [--run 8] [--kill-at 3]
                                   [--repeat 2] [--parts cost,failover,budget] [--window 2]
                                   [--forward-copies] [--name failover]
+                                  [--victim 1|coordinator] [--binaries LABEL=PATH,...]
 """
 
 from __future__ import annotations
@@ -152,10 +157,29 @@ def _ppid(pid: int) -> int:
         return 0
 
 
-def failover(fabric: str, run: float, kill_at: float, copies: bool = False) -> dict:
+def coordinator_of(path: str) -> int:
+    """The id of the server elected coordinator of the cluster at `path` (cluster.json), as
+    `farpool cluster status` reads it from etcd; waits up to 10 s for an election."""
+    deadline = time.time() + 10
+    while True:
+        out = subprocess.run([str(peers.farpool_bin()), "cluster", "status", "--dir",
+                              os.path.dirname(path), "--json"], capture_output=True, text=True)
+        if out.returncode == 0:
+            coordinator = json.loads(out.stdout).get("etcd", {}).get("coordinator", -1)
+            if coordinator >= 0:
+                return coordinator
+        if time.time() > deadline:
+            raise RuntimeError(f"no coordinator elected: {out.stderr.strip()[-300:]}")
+        time.sleep(0.1)
+
+
+def failover(fabric: str, run: float, kill_at: float, copies: bool = False,
+             victim: str = "1") -> dict:
     with cluster(fabric, 1, copies) as path:
         shared = json.load(open(path)).get("shared_pages", False)
-        victim = json.load(open(path))["servers"][1]["pid"]
+        victim_id = coordinator_of(path) if victim == "coordinator" else int(victim)
+        coordinator = victim_id if victim == "coordinator" else coordinator_of(path)
+        victim_pid = json.load(open(path))["servers"][victim_id]["pid"]
         cmd = bench_args(path, "tpcb", run) + ["--timeline-ms", "10", "--warmup", "0.5"]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         first = proc.stderr.readline()  # "bench txn: loaded in ...; running ...": the run starts
@@ -164,7 +188,7 @@ def failover(fabric: str, run: float, kill_at: float, copies: bool = False) -> d
             raise RuntimeError(f"bench txn did not start: {first.strip()}")
         time.sleep(kill_at)
         kill_ms = time.time() * 1000
-        os.kill(victim, signal.SIGKILL)
+        os.kill(victim_pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=600)
         err = first + err
         if proc.returncode != 0:
@@ -185,6 +209,7 @@ def failover(fabric: str, run: float, kill_at: float, copies: bool = False) -> d
              setup=fabric + (", forwarded copies" if copies else
                              ", shared pages" if shared else ""),
              kill_offset_ms=kill_ms - t["start_unix_ms"], bucket_ms=width,
+             victim=victim_id, victim_was_coordinator=victim_id == coordinator,
              timeline=commits,
              first_commit_after_kill_ms=(None if after is None else
                                          after * width - (kill_ms - t["start_unix_ms"])),
@@ -214,19 +239,44 @@ def table(rows: list[dict]) -> str:
                 f"{med(r0, 'abort_rate'):.3f} / {med(r1, 'abort_rate'):.3f} | "
                 f"{med(r0, 'round_trips_per_txn'):.2f} / {med(r1, 'round_trips_per_txn'):.2f} | "
                 f"{'ok' if all(r['verify'] == 'ok' for r in r0 + r1) else 'FAILED'} |")
-    lines += ["", "| fabric | first commit after the kill (ms) | longest stall in the 3 s after (ms) "
+    lines += ["", "| binary | fabric | victim | first commit after the kill (ms) "
+              "| longest stall in the 3 s after (ms) "
               "| tps the second before | tps 1–2 s after | longest wait of a committed txn (ms) "
-              "| commits cut and settled | sessions restarted | verify |", "|---" * 9 + "|"]
+              "| commits cut and settled | sessions restarted | verify |", "|---" * 11 + "|"]
     for r in rows:
         if r["part"] != "failover":
             continue
         gap = r["first_commit_after_kill_ms"]
-        lines.append(f"| {r.get('setup', r['fabric'])} | {'none' if gap is None else f'{gap:.0f}'} | "
+        victim = (f"{r['victim']}{' (coordinator)' if r['victim_was_coordinator'] else ''}"
+                  if "victim" in r else "1")
+        lines.append(f"| {r.get('binary', '')} | {r.get('setup', r['fabric'])} | {victim} | "
+                     f"{'none' if gap is None else f'{gap:.0f}'} | "
                      f"{r['longest_stall_after_kill_ms']} | "
                      f"{r['tps_before'] or 0:,.0f} | {r['tps_after'] or 0:,.0f} | "
                      f"{r['max_us'] / 1000:,.0f} | {r.get('commits_cut', 0)} | "
                      f"{r['session_restarts']} | {r['verify']} |")
     return "\n".join(lines) + "\n"
+
+
+def failover_summary(rows: list[dict]) -> str:
+    """Per binary and setup: the median and range of the first commit after the kill and of
+    the longest stall, and the runs whose --verify held."""
+    rows = [r for r in rows if r["part"] == "failover"]
+    lines = []
+    for key in sorted({(r.get("binary", ""), r.get("setup", r["fabric"])) for r in rows}):
+        rs = [r for r in rows if (r.get("binary", ""), r.get("setup", r["fabric"])) == key]
+        gaps = [r["first_commit_after_kill_ms"] for r in rs
+                if r["first_commit_after_kill_ms"] is not None]
+        stalls = [r["longest_stall_after_kill_ms"] for r in rs]
+        name = " ".join(k for k in key if k)
+        lines.append(
+            f"{name}: first commit after the kill median "
+            f"{statistics.median(gaps) if gaps else float('nan'):.0f} ms, range "
+            f"{min(gaps, default=float('nan')):.0f}-{max(gaps, default=float('nan')):.0f} ms; "
+            f"longest stall median {statistics.median(stalls):.0f} ms, range "
+            f"{min(stalls)}-{max(stalls)} ms; {len(rs)} runs ({len(rs) - len(gaps)} with no "
+            f"commit after), verify ok in {sum(r['verify'] == 'ok' for r in rs)}\n")
+    return "\n".join(lines) + ("\n" if lines else "")
 
 
 def budget_table(rows: list[dict]) -> str:
@@ -274,10 +324,14 @@ def plot(rows: list[dict], path: Path) -> None:
         w = r["bucket_ms"]
         x = [(b * w - r["kill_offset_ms"]) / 1000 for b in range(len(r["timeline"]))]
         y = [c * 1000 / w for c in r["timeline"]]
-        ax.plot(x, y, lw=0.8, label=f"{r.get('setup', r['fabric'])} (first commit +"
+        ax.plot(x, y, lw=0.8, label=f"{r.get('binary', '')} {r.get('setup', r['fabric'])} "
+                f"(first commit +"
                 f"{r['first_commit_after_kill_ms'] or float('nan'):.0f} ms)")
     ax.axvline(0, color="red", ls="--", lw=1)
-    ax.text(0.02, 0.95, "SIGKILL of server 1", transform=ax.get_xaxis_transform(), color="red")
+    victims = {"the coordinator" if r.get("victim_was_coordinator") else f"server {r.get('victim', 1)}"
+               for r in rows if r["part"] == "failover"}
+    ax.text(0.02, 0.95, "SIGKILL of " + " / ".join(sorted(victims)),
+            transform=ax.get_xaxis_transform(), color="red")
     ax.set_xlabel("seconds from the kill")
     ax.set_ylabel("TPC-B commits/s (10 ms buckets)")
     ax.set_title(f"TPC-B, {THREADS} threads, {SERVERS} servers, replicas 1: a server dies")
@@ -301,13 +355,23 @@ def main(argv=None) -> int:
                     help="the cost part's --replicas settings, interleaved in this order")
     ap.add_argument("--forward-copies", action="store_true",
                     help="also shm replicas 1 with forwarded copies (the A/B for shared pages)")
+    ap.add_argument("--victim", default="1",
+                    help="the failover's victim: a server id, or 'coordinator' (the server "
+                         "elected coordinator when the run starts)")
+    ap.add_argument("--binaries", default="",
+                    help="LABEL=PATH,...: every part once per binary in each repeat, "
+                         "interleaved (FARPOOL_BIN per run); empty: this build's")
     args = ap.parse_args(argv)
+    binaries = [tuple(b.split("=", 1)) for b in args.binaries.split(",") if b] or [("", None)]
     peers.stop_on_sigterm()
     fabrics = args.fabrics.split(",")
     parts = args.parts.split(",")
     load_start = os.getloadavg()
     rows = []
-    for rep in range(args.repeat):
+    for rep, (label, binary) in ((r, b) for r in range(args.repeat) for b in binaries):
+        if binary is not None:
+            os.environ["FARPOOL_BIN"] = binary
+        tag = {"rep": rep} | ({"binary": label} if label else {})
         for fabric in fabrics:
             if "cost" in parts:
                 for workload in ("tpcb", "bank"):
@@ -318,27 +382,31 @@ def main(argv=None) -> int:
                         log(f"rep {rep}: cost {fabric} {workload} replicas {replicas}"
                             f"{' (forwarded copies)' if copies else ''}")
                         rows.append(cost(fabric, workload, replicas, args.seconds, copies)
-                                    | {"rep": rep})
+                                    | tag)
             if "budget" in parts:
                 for workload in ("tpcb", "bank"):
                     for replicas in (0, 1):
                         log(f"rep {rep}: budget {fabric} {workload} replicas {replicas}")
                         rows.append(budget(fabric, workload, replicas, args.seconds, args.window)
-                                    | {"rep": rep})
+                                    | tag)
             if "failover" in parts:
                 for copies in ([False, True] if fabric == "shm" and args.forward_copies
                                else [False]):
-                    log(f"rep {rep}: failover {fabric}{' (forwarded copies)' if copies else ''}")
-                    rows.append(failover(fabric, args.run, args.kill_at, copies) | {"rep": rep})
+                    log(f"rep {rep}: {label + ': ' if label else ''}failover {fabric}"
+                        f"{' (forwarded copies)' if copies else ''}, victim {args.victim}")
+                    rows.append(failover(fabric, args.run, args.kill_at, copies, args.victim)
+                                | tag | {"load": os.getloadavg()})
     load_end = os.getloadavg()
     cmd = (f"bench/experiments/failover --fabrics {args.fabrics} --seconds {args.seconds:g} "
            f"--run {args.run:g} --kill-at {args.kill_at:g} --repeat {args.repeat} --parts "
            f"{args.parts}" + (f" --window {args.window:g}" if "budget" in parts else "") +
            (" --forward-copies" if args.forward_copies else "") +
+           (f" --victim {args.victim}" if args.victim != "1" else "") +
+           (f" --binaries {args.binaries}" if args.binaries else "") +
            (f" --name {args.name}" if args.name != "failover" else ""))
     md = (peers.measured(rows[0], cmd, loads=(load_start, load_end)) + f" {SERVERS} memory "
           f"servers, {THREADS} client threads; cost: medians of {args.repeat} interleaved runs."
-          "\n\n" + table(rows) + "\n" + budget_table(rows))
+          "\n\n" + table(rows) + "\n" + failover_summary(rows) + budget_table(rows))
     peers.publish(args.out, args.name, rows, md,
                   (lambda path: plot(rows, path)) if "failover" in parts else None)
     return 0

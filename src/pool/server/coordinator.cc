@@ -32,7 +32,7 @@ Result<std::unique_ptr<Coordinator>> Coordinator::Create(uint16_t self,
 Result<std::unique_ptr<control::Connection>> Coordinator::Open(const coord::MapServer& to,
                                                                uint16_t port) const {
   return control::Connection::OpenAsTool(to.id, to.address, port, secret_ ? &*secret_ : nullptr,
-                                         0xc00d, kAskTimeout);
+                                         kConnectionTag, kAskTimeout);
 }
 
 Result<control::Reply> Coordinator::Ask(const coord::MapServer& to, uint16_t port,
@@ -118,7 +118,18 @@ Status Coordinator::FailOver(const std::map<uint16_t, uint16_t>& mirror_ports, u
   return Status::Ok();
 }
 
-bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys) {
+Result<bool> Coordinator::WriteMap(coord::EtcdClient& etcd, const coord::MapKeys& keys,
+                                   int64_t map_revision, const coord::ClusterMap& next) {
+  FARPOOL_ASSIGN_OR_RETURN(
+      coord::TxnAnswer written,
+      etcd.PutIf({{keys.Map(), coord::Compare::Target::kModRevision, map_revision},
+                  {keys.Coordinator(), coord::Compare::Target::kCreateRevision, term_}},
+                 keys.Map(), next.ToJson()));
+  return written.succeeded;
+}
+
+bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys, int64_t term) {
+  term_ = term;
   auto log_once = [&](const std::string& message) { LogOnce(message); };
   auto all = etcd.GetPrefix(keys.prefix);
   if (!all.ok()) return log_once(all.status().message()), false;
@@ -210,12 +221,12 @@ bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys) {
         m.DropBackup(x);
       }
     }
-    auto written =
-        etcd.PutIf({{keys.Map(), coord::Compare::Target::kModRevision, map_kv->mod_revision}},
-                   keys.Map(), next.ToJson());
-    if (!written.ok() || !written->succeeded) {
+    auto written = WriteMap(etcd, keys, map_kv->mod_revision, next);
+    if (!written.ok() || !*written) {
       log_once("writing the map of epoch " + std::to_string(next.epoch) + ": " +
-               (written.ok() ? "the map changed meanwhile" : written.status().message()));
+               (written.ok() ? "the map changed meanwhile, or this server's term as the "
+                               "coordinator ended"
+                             : written.status().message()));
       return false;  // read again next tick (the promote is idempotent)
     }
     last_error_.clear();  // the suspicion of `x` goes once it serves nothing (above)
@@ -324,9 +335,8 @@ bool Coordinator::ReReplicate(coord::EtcdClient& etcd, const coord::MapKeys& key
         m.more_backups.push_back({target->id, slot});
       }
     }
-    auto written = etcd.PutIf({{keys.Map(), coord::Compare::Target::kModRevision, map_revision}},
-                              keys.Map(), next.ToJson());
-    if (!written.ok() || !written->succeeded) return false;  // read again next tick
+    auto written = WriteMap(etcd, keys, map_revision, next);
+    if (!written.ok() || !*written) return false;  // read again next tick
     std::printf(
         "farpool coordinator %u: server %u's region has %zu of %d copies again: server %u, slot "
         "%d keeps one (epoch %lld)\n",

@@ -38,6 +38,10 @@
 // tries again next tick, and a false suspicion of a live server never takes effect. A map
 // write that loses its txn (the map changed meanwhile) is retried from the new map. A
 // candidate none of whose backups is alive has lost its region (more failures than replicas).
+// Every map write also compares the coordinator key's create_revision with the term Tick is
+// handed (coord/membership.h): a coordinator whose key lapsed or was revoked while it went on
+// (cut off from etcd, or deposed between two ticks) has its write refused once another server
+// holds the key, or nobody does (docs/pool.md "The coordinator's term").
 //
 // Connections kept open (decision, branch `failfast`): each ask used to open a connection of its
 // own (a UCX context and worker, the challenge, the hello): 350 ms per ask on the loaded 2-core
@@ -72,12 +76,19 @@ namespace farpool {
 
 class Coordinator {
  public:
+  // The process tag of the coordinator's connections (the low 32 bits of their hellos'
+  // client_nonce): a server whose connection with this tag closes has lost the coordinator's
+  // connection, and has its membership probe the coordinator (Mirror's on_coordinator_closed,
+  // coord/membership.h "Dead peers"). A client whose random tag is the same only causes probes.
+  static constexpr uint32_t kConnectionTag = 0xc00d;
+
   // `secret_file` empty: the servers have no secret.
   static Result<std::unique_ptr<Coordinator>> Create(uint16_t self, const std::string& secret_file);
 
   // One round; errors are logged and retried next round, not returned (the coordinator keeps
-  // coordinating). Returns whether a failover completed this round.
-  bool Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys);
+  // coordinating). Returns whether a failover completed this round. `term`: the
+  // create_revision of the coordinator key this server holds (Membership's election).
+  bool Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys, int64_t term);
 
  private:
   explicit Coordinator(uint16_t self) : self_(self) {}
@@ -98,6 +109,10 @@ class Coordinator {
   Status FailOver(const std::map<uint16_t, uint16_t>& mirror_ports, uint16_t region, uint16_t dead,
                   const coord::MapServer* backup,
                   const std::vector<const coord::MapServer*>& predecessors);
+  // Writes `next` as the map if the map is still at `map_revision` and the coordinator key
+  // still has this coordinator's term_: whether it was written.
+  Result<bool> WriteMap(coord::EtcdClient& etcd, const coord::MapKeys& keys, int64_t map_revision,
+                        const coord::ClusterMap& next);
   // One round of re-replication (see the header); whether the map changed.
   bool ReReplicate(coord::EtcdClient& etcd, const coord::MapKeys& keys,
                    const coord::ClusterMap& map, int64_t map_revision,
@@ -116,6 +131,7 @@ class Coordinator {
   const uint16_t self_;
   std::optional<transport::ClusterSecret> secret_;
   std::string last_error_;  // not repeated in the log every tick
+  int64_t term_ = 0;        // Tick's `term`
   // The connections kept open, by (server id, port).
   std::map<std::pair<uint16_t, uint16_t>, std::unique_ptr<control::Connection>> open_;
   // Re-replications under way, one per region: region -> (target server, slot).

@@ -420,7 +420,7 @@ Status MemoryServer::Impl::Init() {
           MarkGone(backup);
           am_->Wake();  // held replies wait for this
         },
-        options_.on_primary_closed);
+        options_.on_primary_closed, options_.on_coordinator_closed);
   }
   if (options_.shared_pages) {
     // The region must be one shared file that a backup on this host can open, and so must

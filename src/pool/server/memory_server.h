@@ -208,8 +208,12 @@ struct ServerOptions {
   std::function<void(const Status&)> on_fenced;
   // Called on the mirror's loop (must not block) when the connection of a primary whose copy
   // this server keeps closes (Mirror: evidence that it is gone, not proof). `farpool server`
-  // has its membership check it (coord::Membership::PeerClosed).
+  // has its membership check it (coord::Membership::Options::closed).
   std::function<void(uint16_t primary_id)> on_primary_closed;
+  // Called on the mirror's loop (must not block) when a connection of the coordinator's to
+  // this server's mirror closes (Mirror: evidence that it is gone, not proof). `farpool
+  // server` has its membership probe the coordinator (coord::Membership::Options::closed).
+  std::function<void()> on_coordinator_closed;
 };
 
 // How many evicted process tags a server remembers (the oldest is forgotten first): 8 bytes each

@@ -13,6 +13,7 @@
 #include "common/host.h"
 #include "common/units.h"
 #include "pool/memory_ops.h"
+#include "pool/server/coordinator.h"
 #include "transport/ucx.h"
 #include "transport/wire.h"
 
@@ -20,12 +21,14 @@ namespace farpool {
 
 Mirror::Mirror(std::optional<uint16_t> first, uint32_t slots, std::byte* memory, uint64_t size,
                uint64_t chunk_size, ServerAuth& auth, std::function<void(uint16_t)> on_degrade,
-               std::function<void(uint16_t)> on_primary_closed)
+               std::function<void(uint16_t)> on_primary_closed,
+               std::function<void()> on_coordinator_closed)
     : memory_(memory),
       size_(size),
       auth_(auth),
       on_degrade_(std::move(on_degrade)),
-      on_primary_closed_(std::move(on_primary_closed)) {
+      on_primary_closed_(std::move(on_primary_closed)),
+      on_coordinator_closed_(std::move(on_coordinator_closed)) {
   for (uint32_t k = 0; k < slots; ++k) slots_.push_back(Slot{-1, ChunkAllocator(size, chunk_size)});
   if (first && !slots_.empty()) slots_[0].primary = *first;
 }
@@ -43,6 +46,7 @@ void Mirror::Closed(const transport::Peer& peer) {
   if (on_primary_closed_) {
     for (uint16_t primary : closed) on_primary_closed_(primary);
   }
+  if (peer.tag == Coordinator::kConnectionTag && on_coordinator_closed_) on_coordinator_closed_();
 }
 
 Mirror::~Mirror() {

@@ -108,10 +108,14 @@ class Mirror : public transport::AmHandler {
   // any thread. `on_primary_closed(primary_id)`: the connection that brought the forwards of a
   // primary whose copy a slot keeps (not promoted) has closed, on the mirror's loop (must not
   // block): evidence that the primary is gone, not proof (it also closes its link when it drains,
-  // gives a copy up, or is degraded).
+  // gives a copy up, or is degraded). `on_coordinator_closed()`: a connection of the
+  // coordinator's (Coordinator::kConnectionTag) has closed, on the mirror's loop (must not
+  // block): evidence that the coordinator is gone, not proof (it closes a connection whose ask
+  // timed out too).
   Mirror(std::optional<uint16_t> first, uint32_t slots, std::byte* memory, uint64_t size,
          uint64_t chunk_size, ServerAuth& auth, std::function<void(uint16_t)> on_degrade,
-         std::function<void(uint16_t)> on_primary_closed);
+         std::function<void(uint16_t)> on_primary_closed,
+         std::function<void()> on_coordinator_closed);
   ~Mirror() override;
 
   // Maps the slots' file over `memory` (nothing committed), listens on `host` (any free port)
@@ -154,7 +158,8 @@ class Mirror : public transport::AmHandler {
 
   std::vector<std::byte> Handle(std::span<const std::byte> bytes, transport::Peer* from) override;
   std::vector<std::byte> Refuse(const Status& reason) override;
-  // Calls on_primary_closed for the slots whose primary's forwards came on `peer`.
+  // Calls on_primary_closed for the slots whose primary's forwards came on `peer`, and
+  // on_coordinator_closed if `peer` was the coordinator's.
   void Closed(const transport::Peer& peer) override;
 
  private:
@@ -217,6 +222,7 @@ class Mirror : public transport::AmHandler {
   ServerAuth& auth_;
   std::function<void(uint16_t)> on_degrade_;
   std::function<void(uint16_t)> on_primary_closed_;
+  std::function<void()> on_coordinator_closed_;
   // The slots' file (a memfd mapped over memory_), as AdoptedPages::Adopt needs it.
   SharedFile slot_file_;
   std::string name_;
