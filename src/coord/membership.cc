@@ -221,10 +221,24 @@ void Membership::Elect() {
     std::printf("farpool server %u: no longer the coordinator\n", options_.id);
     return;
   }
+  if (campaign_unknown_) {
+    // A campaign whose reply was lost may have won: the key under our lease is then ours.
+    auto key = etcd_->Get(keys_.Coordinator());
+    if (!key.ok()) return;
+    campaign_unknown_ = false;
+    if (key->has_value() && (*key)->value == me && (*key)->lease == lease_) {
+      term_ = (*key)->create_revision;
+      coordinator_ = true;
+      std::printf("farpool server %u: elected coordinator\n", options_.id);
+      return;
+    }
+  }
   if (watched && coordinator_held_.load()) return;  // held: a campaign would lose
   auto won = etcd_->PutIf({{keys_.Coordinator(), Compare::Target::kCreateRevision, 0}},
                           keys_.Coordinator(), me, lease_);
-  if (won.ok() && won->succeeded) {
+  if (!won.ok()) {
+    campaign_unknown_ = true;
+  } else if (won->succeeded) {
     term_ = won->revision;  // the put's revision: the key's create_revision
     coordinator_ = true;
     std::printf("farpool server %u: elected coordinator\n", options_.id);

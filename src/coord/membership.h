@@ -139,6 +139,8 @@ class Membership {
 
   int64_t lease_ = 0;  // owned by the thread after Start
   int64_t term_ = 0;   // owned by the thread: the coordinator key's create_revision while held
+  // Owned by the thread: a campaign's reply was lost (it may have won; Elect reads the key).
+  bool campaign_unknown_ = false;
   // Peers whose connection closed and whose port has not refused yet: id -> probe until.
   std::map<uint16_t, std::chrono::steady_clock::time_point> suspects_;  // owned by the thread
   std::atomic<bool> registered_{false};

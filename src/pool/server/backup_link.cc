@@ -221,6 +221,11 @@ void BackupLink::Fail(const Status& why) {
   pending_ = Pending{};
   first_live_id_ = mirror_->NextId();  // replies still to come for the failed ones: dropped
   settled_ = posted_;                  // settled: failed
+  // Roots go again only after a forward that may not have arrived: one the mirror refused
+  // would be refused again, failing every round until the serving lease lapses.
+  if (why.code() != StatusCode::kTimedOut && why.code() != StatusCode::kUnavailable) {
+    roots.clear();
+  }
   if (why.code() != StatusCode::kPermissionDenied && (!again.empty() || !roots.empty())) {
     Post(region_, again, roots, nullptr);
   }

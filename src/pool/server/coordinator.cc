@@ -129,6 +129,9 @@ Result<bool> Coordinator::WriteMap(coord::EtcdClient& etcd, const coord::MapKeys
 }
 
 bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys, int64_t term) {
+  // Copies chosen in another term may name a slot that a coordinator in between gave to
+  // another region: a new term chooses afresh from the map.
+  if (term != term_) copying_.clear();
   term_ = term;
   auto log_once = [&](const std::string& message) { LogOnce(message); };
   auto all = etcd.GetPrefix(keys.prefix);
