@@ -190,6 +190,11 @@ class MemoryServer::Impl : public transport::AmHandler {
   Result<wire::BackupReply> AddBackup(const wire::BackupRequest& request, bool copy);
   // Whether server `backup_id` keeps a copy of the own part (the first backup or a further one).
   bool KeepsCopy(uint16_t backup_id) const;
+  // Gives up the copies of `region` under way in slot_links_ to any (server, slot) but
+  // `request`'s: the coordinator copies a region to one target at a time, so such a copy is
+  // one it chose before (its target suspected since, or chosen by an earlier coordinator) and
+  // the map will not name it. An unfinished copy counts for nothing, so nothing waits on it.
+  void DropOtherCopies(const wire::BackupRequest& request);
   // The reply, or empty if the batch waits (answered later through TakeLate).
   Result<std::vector<std::byte>> ExecuteBatch(uint64_t id, const wire::BatchRequest& request,
                                               std::span<const std::byte> ops,
@@ -904,6 +909,7 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureSlotBackup(
                                    std::to_string(request.region) + "'s region");
   }
   const uint64_t size = mirror_->size();
+  DropOtherCopies(request);
   // A region served from a slot may have several backups (replicas f >= 2), one link each.
   for (auto [it, end] = slot_links_.equal_range(request.region); it != end; ++it) {
     const SlotLink& l = it->second;
@@ -1189,6 +1195,7 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(const wire::Backup
   if (backup_ != nullptr && backup_->id() == request.backup_id && backup_->slot() == request.slot) {
     return wire::BackupReply{copy_ ? size - copy_->next : 0};  // progress
   }
+  DropOtherCopies(request);
   for (auto [it, end] = slot_links_.equal_range(options_.id); it != end; ++it) {
     const SlotLink& l = it->second;
     if (l.link->id() == request.backup_id && l.link->slot() == request.slot) {
@@ -1267,6 +1274,21 @@ Result<wire::BackupReply> MemoryServer::Impl::AddBackup(const wire::BackupReques
                link->name().c_str(), request.slot);
   slot_links_.emplace(options_.id, SlotLink{std::move(link), 0, std::nullopt, acknowledged, {}});
   return wire::BackupReply{0};
+}
+
+void MemoryServer::Impl::DropOtherCopies(const wire::BackupRequest& request) {
+  for (auto [it, end] = slot_links_.equal_range(request.region); it != end;) {
+    SlotLink& l = it->second;
+    if (!l.copy || (l.link->id() == request.backup_id && l.link->slot() == request.slot)) {
+      ++it;
+      continue;
+    }
+    std::fprintf(stderr, "%s: server %u's copy to %s is given up: server %u slot %u was named\n",
+                 Name().c_str(), request.region, l.link->name().c_str(), request.backup_id,
+                 request.slot);
+    GiveUp(std::move(l.link));
+    it = slot_links_.erase(it);
+  }
 }
 
 bool MemoryServer::Impl::KeepsCopy(uint16_t backup_id) const {
