@@ -189,7 +189,7 @@ void BackupLink::Poll() {
     while (f.replied < f.ids.size()) {
       auto r = mirror_->Take(f.ids[f.replied], f.expected[f.replied]);
       if (!r) break;
-      if (!r->ok()) return Fail(r->status());
+      if (!r->ok()) return Fail(r->status(), /*refused=*/true);
       ++f.replied;
     }
     if (f.replied < f.ids.size()) {
@@ -197,7 +197,8 @@ void BackupLink::Poll() {
       return Fail(mirror_->failed()
                       ? Status::Unavailable(name_ + ": connection lost")
                       : Status::TimedOut(name_ + ": a forward was not acknowledged within " +
-                                         std::to_string(mirror_->timeout().count()) + " ms"));
+                                         std::to_string(mirror_->timeout().count()) + " ms"),
+                  /*refused=*/false);
     }
     settled_ = f.ticket;
     acknowledged_sent_ = f.sent;
@@ -206,7 +207,7 @@ void BackupLink::Poll() {
   if (pending_.any && in_flight_.size() < kMaxInFlight) SendPending();
 }
 
-void BackupLink::Fail(const Status& why) {
+void BackupLink::Fail(const Status& why, bool refused) {
   failures_.push_back({settled_ + 1, posted_, why});
   std::vector<memory_ops::Range> again = std::move(pending_.ranges);
   std::vector<LeaseChange> roots;  // resent: a later hello shows a root that exists here
@@ -223,9 +224,7 @@ void BackupLink::Fail(const Status& why) {
   settled_ = posted_;                  // settled: failed
   // Roots go again only after a forward that may not have arrived: one the mirror refused
   // would be refused again, failing every round until the serving lease lapses.
-  if (why.code() != StatusCode::kTimedOut && why.code() != StatusCode::kUnavailable) {
-    roots.clear();
-  }
+  if (refused) roots.clear();
   if (why.code() != StatusCode::kPermissionDenied && (!again.empty() || !roots.empty())) {
     Post(region_, again, roots, nullptr);
   }

@@ -166,8 +166,9 @@ class BackupLink {
   // Sends the pending forward. REQUIRES: pending_.any, fewer than kMaxInFlight in flight.
   void SendPending();
   // Fails every forward outstanding (in flight and pending) for `why`, and posts their ranges
-  // again unless fenced.
-  void Fail(const Status& why);
+  // again unless fenced, and their pools' root leases unless the mirror `refused` a forward
+  // (answered with an error) rather than lost or not answered it.
+  void Fail(const Status& why, bool refused);
   // Sleeps until the link has an event or a millisecond passes (after a short spin).
   void Wait(Clock::time_point spin_until);
 
