@@ -444,34 +444,66 @@ class Reader {
   std::thread thread_;
 };
 
-struct FailoverSetup {
-  std::unique_ptr<Pool> pool;
-  std::vector<GlobalAddress> objects;  // one per server
-};
-
-void Connect(const TestCluster& cluster, int servers, FailoverSetup* out) {
-  auto client = ConnectTestClient(cluster);
-  ASSERT_TRUE(client.ok()) << client.status().ToString();
-  out->pool = std::move(client->pool);
-  for (int s = 0; s < servers; ++s) {
-    auto a = out->pool->Alloc(64, Placement::OnServer(static_cast<uint16_t>(s)));
-    ASSERT_TRUE(a.ok()) << a.status().ToString();
-    out->objects.push_back(*a);
-  }
-}
-
-// Once `writer` is acknowledged on every server, SIGKILLs server `victim` of `cluster`; the
-// writer's client must follow the failover.
-void KillUnderWriter(const TestCluster& cluster, int victim, Writer* writer) {
-  auto config = cluster.config();
-  ASSERT_TRUE(config.ok());
-  ASSERT_TRUE(writer->AcknowledgedEverywhere(20));
-  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[victim].pid), SIGKILL), 0);
-  EXPECT_TRUE(writer->AcknowledgedEverywhere(50)) << "the client did not follow the failover";
-}
-
 int Coordinator(const std::string& dir) {
   return WaitForView(dir, [](const EtcdView& v) { return v.coordinator >= 0; }).coordinator;
+}
+
+// A running cluster as the failover, re-replication and drain tests start it (Start): its
+// server processes, the coordinator they elected, and a client with one 64 B object on each
+// server (Connect).
+struct Running {
+  std::unique_ptr<TestCluster> cluster;
+  int coordinator = -1;
+  std::unique_ptr<Pool> pool;
+  std::vector<GlobalAddress> objects;  // one per server, in id order
+
+  const std::string& dir() const { return cluster->dir(); }
+  // The cluster's file as it is now (with the servers `cluster add` entered since).
+  ClusterConfig Config() const {
+    auto config = cluster->config();
+    EXPECT_TRUE(config.ok()) << config.status().ToString();
+    return config.ok() ? *config : ClusterConfig{};
+  }
+  // Connects the client (replacing any earlier one) and allocates an object on each of the
+  // servers 0 .. servers - 1.
+  void Connect(int servers) {
+    auto client = ConnectTestClient(*cluster);
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    pool = std::move(client->pool);
+    objects.clear();
+    for (int s = 0; s < servers; ++s) {
+      auto a = pool->Alloc(64, Placement::OnServer(static_cast<uint16_t>(s)));
+      ASSERT_TRUE(a.ok()) << a.status().ToString();
+      objects.push_back(*a);
+    }
+  }
+  // SIGKILLs server `id`.
+  void Kill(int id) const {
+    const ClusterConfig config = Config();
+    ASSERT_LT(static_cast<size_t>(id), config.servers.size()) << "no server " << id;
+    const auto pid = static_cast<pid_t>(config.servers[id].pid);
+    ASSERT_GT(pid, 0) << "server " << id << " has no process";
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+  }
+  // Once `writer` is acknowledged on every server, SIGKILLs server `victim`; the writer's
+  // client must follow the failover.
+  void KillUnderWriter(int victim, Writer* writer) const {
+    ASSERT_TRUE(writer->AcknowledgedEverywhere(20));
+    ASSERT_NO_FATAL_FAILURE(Kill(victim));
+    EXPECT_TRUE(writer->AcknowledgedEverywhere(50)) << "the client did not follow the failover";
+  }
+};
+
+// Starts the cluster of `o`, connects the client to its `o.servers` servers unless `connect`
+// is false, and waits for the coordinator's election.
+void Start(const LocalClusterOptions& o, Running* r, bool connect = true) {
+  r->cluster = std::make_unique<TestCluster>(o);
+  ASSERT_TRUE(r->cluster->status().ok()) << r->cluster->status().ToString();
+  if (connect) {
+    ASSERT_NO_FATAL_FAILURE(r->Connect(o.servers));
+  }
+  r->coordinator = Coordinator(r->dir());
+  ASSERT_GE(r->coordinator, 0) << "no coordinator elected";
 }
 
 // SIGKILL of a primary (not the coordinator) under a writing client: the coordinator promotes
@@ -480,25 +512,21 @@ void KillAPrimary(bool netns) {
   constexpr int kServers = 3;
   LocalClusterOptions o = Options(kServers, 1, netns);
   o.mirror_slots = 1;  // no re-replication: the map below is the failover's alone
-  TestCluster cluster(o);
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  FailoverSetup setup;
-  ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
-  const int coordinator = Coordinator(cluster.dir());
-  ASSERT_GE(coordinator, 0) << "no coordinator elected";
-  const int victim = (coordinator + 1) % kServers;
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &r));
+  const int victim = (r.coordinator + 1) % kServers;
   const int backup = (victim + 1) % kServers;
-  Writer writer(*setup.pool, setup.objects);
-  ASSERT_NO_FATAL_FAILURE(KillUnderWriter(cluster, victim, &writer));
+  Writer writer(*r.pool, r.objects);
+  ASSERT_NO_FATAL_FAILURE(r.KillUnderWriter(victim, &writer));
   writer.Stop();
   writer.CheckIntact();
-  EtcdView view = ClusterEtcdStatus(cluster.dir()).value();
+  EtcdView view = ClusterEtcdStatus(r.dir()).value();
   EXPECT_EQ(view.map.epoch, 2);
   EXPECT_EQ(view.map.Find(victim)->served_by, backup);
   EXPECT_EQ(view.map.Find(victim)->backup, -1);
   EXPECT_EQ(view.map.Find((victim + kServers - 1) % kServers)->backup, -1);  // degraded
   // The failover came on the client's report, not after the lease: the key goes later.
-  view = WaitForView(cluster.dir(), [&](const EtcdView& v) { return !Contains(v.alive, victim); });
+  view = WaitForView(r.dir(), [&](const EtcdView& v) { return !Contains(v.alive, victim); });
   EXPECT_FALSE(Contains(view.alive, static_cast<uint16_t>(victim)));
   EXPECT_EQ(view.map.epoch, 2);
 }
@@ -515,18 +543,13 @@ TEST(CoordinatorFailover, AnotherCoordinatorIsElectedAndHandlesLaterFailures) {
   constexpr int kServers = 4;
   LocalClusterOptions o = Options(kServers, 1);
   o.mirror_slots = 1;  // no re-replication: the epochs below count failovers
-  TestCluster cluster(o);
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  FailoverSetup setup;
-  ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
-  const int first = Coordinator(cluster.dir());
-  ASSERT_GE(first, 0) << "no coordinator elected";
-  auto config = cluster.config();
-  ASSERT_TRUE(config.ok());
-  Writer writer(*setup.pool, setup.objects);
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &r));
+  const int first = r.coordinator;
+  Writer writer(*r.pool, r.objects);
   ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
-  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[first].pid), SIGKILL), 0);
-  EtcdView view = WaitForView(cluster.dir(), [&](const EtcdView& v) {
+  ASSERT_NO_FATAL_FAILURE(r.Kill(first));
+  EtcdView view = WaitForView(r.dir(), [&](const EtcdView& v) {
     return v.coordinator >= 0 && v.coordinator != first && v.map.epoch == 2;
   });
   ASSERT_EQ(view.map.epoch, 2);
@@ -537,21 +560,21 @@ TEST(CoordinatorFailover, AnotherCoordinatorIsElectedAndHandlesLaterFailures) {
 
   // A second failure, of a server whose backup is alive and which serves no other region.
   const int victim = (first + 2) % kServers;
-  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[victim].pid), SIGKILL), 0);
+  ASSERT_NO_FATAL_FAILURE(r.Kill(victim));
   EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failover";
   writer.Stop();
   writer.CheckIntact();
-  view = ClusterEtcdStatus(cluster.dir()).value();
+  view = ClusterEtcdStatus(r.dir()).value();
   EXPECT_EQ(view.map.epoch, 3);
   EXPECT_EQ(view.map.Find(victim)->served_by, (victim + 1) % kServers);
 }
 
-// The tails of the logs of `cluster`'s servers but `victim`.
-std::string SurvivorLogs(const TestCluster& cluster, int servers, int victim) {
+// The tails of the logs of `r`'s servers but `victim`.
+std::string SurvivorLogs(const Running& r, int servers, int victim) {
   std::string logs;
   for (int s = 0; s < servers; ++s) {
     if (s == victim) continue;
-    logs += FileTail(cluster.dir() + "/server-" + std::to_string(s) + ".log", 4000);
+    logs += FileTail(r.dir() + "/server-" + std::to_string(s) + ".log", 4000);
   }
   return logs;
 }
@@ -571,22 +594,19 @@ TEST(CoordinatorFailover, AKilledCoordinatorsLeaseIsRevokedNotWaitedFor) {
   LocalClusterOptions o = Options(kServers, 1, /*netns=*/true);
   o.memory = 512ull << 20;  // and two mirror slots each, as `cluster up` starts it
   o.lease_ttl = 60s;        // longer than WaitForView's 30 s
-  TestCluster cluster(o);
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  const int victim = Coordinator(cluster.dir());
-  ASSERT_GE(victim, 0) << "no coordinator elected";
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &r, /*connect=*/false));
+  const int victim = r.coordinator;
   const int backup = (victim + 1) % kServers;
-  auto config = cluster.config();
-  ASSERT_TRUE(config.ok());
-  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[victim].pid), SIGKILL), 0);
-  const EtcdView view = WaitForView(cluster.dir(), [&](const EtcdView& v) {
+  ASSERT_NO_FATAL_FAILURE(r.Kill(victim));
+  const EtcdView view = WaitForView(r.dir(), [&](const EtcdView& v) {
     return v.coordinator >= 0 && v.coordinator != victim && v.map.epoch >= 2;
   });
   EXPECT_NE(view.coordinator, victim) << "the dead coordinator's key is still there";
   EXPECT_FALSE(Contains(view.alive, static_cast<uint16_t>(victim)));
   ASSERT_GE(view.map.epoch, 2);  // re-replication may have moved it on since
   EXPECT_EQ(view.map.Find(victim)->served_by, backup);
-  const std::string logs = SurvivorLogs(cluster, kServers, victim);
+  const std::string logs = SurvivorLogs(r, kServers, victim);
   EXPECT_NE(logs.find("its lease revoked"), std::string::npos) << logs;
 }
 
@@ -599,22 +619,18 @@ TEST(CoordinatorFailover, WithoutReplicasAKilledCoordinatorsLeaseIsRevokedToo) {
   constexpr int kServers = 3;
   LocalClusterOptions o = Options(kServers, 0, /*netns=*/true);
   o.lease_ttl = 60s;  // longer than WaitForView's 30 s
-  TestCluster cluster(o);
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  const int victim = Coordinator(cluster.dir());
-  ASSERT_GE(victim, 0) << "no coordinator elected";
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &r, /*connect=*/false));
+  const int victim = r.coordinator;
   // Time for the coordinator to open its connections to the mirrors (a tick each, 100 ms): not
   // an assertion; too short a wait would fail the test, not pass it.
   std::this_thread::sleep_for(3s);
-  auto config = cluster.config();
-  ASSERT_TRUE(config.ok());
-  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[victim].pid), SIGKILL), 0);
-  const EtcdView view = WaitForView(cluster.dir(), [&](const EtcdView& v) {
-    return v.coordinator >= 0 && v.coordinator != victim;
-  });
+  ASSERT_NO_FATAL_FAILURE(r.Kill(victim));
+  const EtcdView view = WaitForView(
+      r.dir(), [&](const EtcdView& v) { return v.coordinator >= 0 && v.coordinator != victim; });
   EXPECT_NE(view.coordinator, victim) << "the dead coordinator's key is still there";
   EXPECT_FALSE(Contains(view.alive, static_cast<uint16_t>(victim)));
-  const std::string logs = SurvivorLogs(cluster, kServers, victim);
+  const std::string logs = SurvivorLogs(r, kServers, victim);
   EXPECT_NE(logs.find("its lease revoked"), std::string::npos) << logs;
 }
 
@@ -637,15 +653,12 @@ TEST(CoordinatorFailover, AKilledCoordinatorIsReplacedBeforeItsPrimaryStopsServi
   constexpr int kServers = 3;
   LocalClusterOptions o = Options(kServers, 1, /*netns=*/true);
   o.mirror_slots = 1;  // no re-replication: the map below is the failover's alone
-  TestCluster cluster(o);
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  FailoverSetup setup;
-  ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
-  const int victim = Coordinator(cluster.dir());
-  ASSERT_GE(victim, 0) << "no coordinator elected";
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &r));
+  const int victim = r.coordinator;
   const int primary = (victim + kServers - 1) % kServers;  // its backup is the victim
-  Writer writer(*setup.pool, setup.objects);
-  ASSERT_NO_FATAL_FAILURE(KillUnderWriter(cluster, victim, &writer));
+  Writer writer(*r.pool, r.objects);
+  ASSERT_NO_FATAL_FAILURE(r.KillUnderWriter(victim, &writer));
   writer.Stop();
   writer.CheckIntact();
   for (int s = 0; s < kServers; ++s) {
@@ -654,56 +667,50 @@ TEST(CoordinatorFailover, AKilledCoordinatorIsReplacedBeforeItsPrimaryStopsServi
         << "writes to server " << s << (s == primary ? " (the victim's primary)" : "")
         << " failed, the latest: " << writer.last_error();
   }
-  EtcdView view = ClusterEtcdStatus(cluster.dir()).value();
+  EtcdView view = ClusterEtcdStatus(r.dir()).value();
   EXPECT_EQ(view.map.epoch, 2);
   EXPECT_EQ(view.map.Find(victim)->served_by, (victim + 1) % kServers);
   EXPECT_EQ(view.map.Find(primary)->backup, -1) << "degraded";
   // Its backup, or the primary, whose connection from the coordinator closed too: whichever
   // finds the port refusing first.
-  const std::string logs = SurvivorLogs(cluster, kServers, victim);
+  const std::string logs = SurvivorLogs(r, kServers, victim);
   EXPECT_NE(logs.find("its lease revoked"), std::string::npos) << logs;
 }
 
 TEST(ReReplication, EveryRegionGetsABackupAgainAndSurvivesASecondFailure) {
   constexpr int kServers = 3;
   // The default mirror slots (`cluster up` without --mirror-slots): room enough for this.
-  TestCluster cluster(Options(kServers, 1, /*netns=*/true));
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(Options(kServers, 1, /*netns=*/true), &r));
   {
-    auto initial = ClusterEtcdStatus(cluster.dir());
+    auto initial = ClusterEtcdStatus(r.dir());
     ASSERT_TRUE(initial.ok()) << initial.status().ToString();
     for (const coord::MapServer& m : initial->map.servers) {
       EXPECT_EQ(m.slots, 2u) << "server " << m.id << ": the default with 3 servers";
     }
   }
-  FailoverSetup setup;
-  ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
   // A pattern of several slices' worth on every server, written before any failure.
   constexpr uint64_t kBig = 3 * kCopySlice;
   std::vector<GlobalAddress> big;
   std::vector<std::vector<uint8_t>> pattern;
   for (int s = 0; s < kServers; ++s) {
-    auto a = setup.pool->Alloc(kBig, Placement::OnServer(static_cast<uint16_t>(s)));
+    auto a = r.pool->Alloc(kBig, Placement::OnServer(static_cast<uint16_t>(s)));
     ASSERT_TRUE(a.ok()) << a.status().ToString();
     big.push_back(*a);
     std::vector<uint8_t> bytes(kBig);
     for (uint64_t i = 0; i < kBig; ++i) bytes[i] = static_cast<uint8_t>(i * 7 + s * 13 + i / 4096);
-    ASSERT_TRUE(setup.pool->Write(*a, bytes.data(), kBig).ok());
+    ASSERT_TRUE(r.pool->Write(*a, bytes.data(), kBig).ok());
     pattern.push_back(std::move(bytes));
   }
-  const int coordinator = Coordinator(cluster.dir());
-  ASSERT_GE(coordinator, 0) << "no coordinator elected";
   // The ring: the backup of i is i + 1. `first` (not the coordinator) dies: `keeper` serves
   // its region from slot 0; `second` loses its backup (`first`).
-  const int keeper = coordinator;
+  const int keeper = r.coordinator;
   const int first = (keeper + 2) % kServers;
   const int second = (keeper + 1) % kServers;
-  auto config = cluster.config();
-  ASSERT_TRUE(config.ok());
-  Writer writer(*setup.pool, setup.objects);
+  Writer writer(*r.pool, r.objects);
   ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
-  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[first].pid), SIGKILL), 0);
-  EtcdView view = WaitForView(cluster.dir(), [&](const EtcdView& v) {
+  ASSERT_NO_FATAL_FAILURE(r.Kill(first));
+  EtcdView view = WaitForView(r.dir(), [&](const EtcdView& v) {
     return v.map.Find(first)->served_by != first &&
            std::all_of(v.map.servers.begin(), v.map.servers.end(),
                        [](const coord::MapServer& m) { return m.backup >= 0; });
@@ -720,13 +727,13 @@ TEST(ReReplication, EveryRegionGetsABackupAgainAndSurvivesASecondFailure) {
   // New bytes after the copies: they reach the new backups only as forwards.
   for (int s = 0; s < kServers; ++s) {
     for (uint8_t& b : pattern[s]) b ^= 0x5a;
-    ASSERT_TRUE(setup.pool->Write(big[s], pattern[s].data(), kBig).ok()) << "server " << s;
+    ASSERT_TRUE(r.pool->Write(big[s], pattern[s].data(), kBig).ok()) << "server " << s;
   }
 
   // The coordinator dies too: another is elected and moves all three regions to `second`.
-  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[keeper].pid), SIGKILL), 0);
+  ASSERT_NO_FATAL_FAILURE(r.Kill(keeper));
   EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failover";
-  view = WaitForView(cluster.dir(), [&](const EtcdView& v) {
+  view = WaitForView(r.dir(), [&](const EtcdView& v) {
     return std::all_of(v.map.servers.begin(), v.map.servers.end(),
                        [&](const coord::MapServer& m) { return m.served_by == second; });
   });
@@ -735,7 +742,7 @@ TEST(ReReplication, EveryRegionGetsABackupAgainAndSurvivesASecondFailure) {
   writer.CheckIntact();
   for (int s = 0; s < kServers; ++s) {
     std::vector<uint8_t> got(kBig);
-    Status read = setup.pool->Read(big[s], got.data(), kBig);
+    Status read = r.pool->Read(big[s], got.data(), kBig);
     ASSERT_TRUE(read.ok()) << "server " << s << ": " << read.ToString();
     EXPECT_TRUE(got == pattern[s]) << "server " << s << "'s pattern changed";
   }
@@ -785,27 +792,21 @@ TEST(ReReplication, ASlowCopyNeverStarvesTheCopyingServersLease) {
   LocalClusterOptions o = Options(kServers, 1, /*netns=*/true);
   o.memory = 16 << 20;  // 11 s to copy at 1.5 MB/s
   o.mirror_slots = 2;
-  TestCluster cluster(o);
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  FailoverSetup setup;
-  ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
-  const int coordinator = Coordinator(cluster.dir());
-  ASSERT_GE(coordinator, 0) << "no coordinator elected";
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &r));
   // As in EveryRegionGetsABackupAgain...: `keeper` takes `first`'s region over and copies it.
-  const int keeper = coordinator;
+  const int keeper = r.coordinator;
   const int first = (keeper + 2) % kServers;
-  auto config = cluster.config();
-  ASSERT_TRUE(config.ok());
-  Writer writer(*setup.pool, setup.objects);
+  Writer writer(*r.pool, r.objects);
   ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
-  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[first].pid), SIGKILL), 0);
+  ASSERT_NO_FATAL_FAILURE(r.Kill(first));
   // The failover (a write cut by the kill fails: its outcome is unknown), then the slow link.
-  EtcdView view = WaitForView(cluster.dir(), [&](const EtcdView& v) { return v.map.epoch >= 2; });
+  EtcdView view = WaitForView(r.dir(), [&](const EtcdView& v) { return v.map.epoch >= 2; });
   ASSERT_EQ(view.map.Find(first)->served_by, keeper);
   ASSERT_TRUE(writer.AcknowledgedEverywhere(20)) << "the client did not follow the failover";
-  ASSERT_NO_FATAL_FAILURE(LimitEgress(config->servers[keeper].netns, "12mbit"));
+  ASSERT_NO_FATAL_FAILURE(LimitEgress(r.Config().servers[keeper].netns, "12mbit"));
   const uint64_t failed_before = writer.failures();
-  view = WaitForView(cluster.dir(), [&](const EtcdView& v) {
+  view = WaitForView(r.dir(), [&](const EtcdView& v) {
     return std::all_of(v.map.servers.begin(), v.map.servers.end(),
                        [](const coord::MapServer& m) { return m.backup >= 0; });
   });
@@ -824,18 +825,13 @@ TEST(ReReplication, WithoutAFreeSlotTheRegionKeepsOneCopy) {
   constexpr int kServers = 3;
   LocalClusterOptions o = Options(kServers, 1);
   o.mirror_slots = 1;
-  TestCluster cluster(o);
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  FailoverSetup setup;
-  ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
-  const int coordinator = Coordinator(cluster.dir());
-  ASSERT_GE(coordinator, 0) << "no coordinator elected";
-  const int first = (coordinator + 2) % kServers;
-  const int second = (coordinator + 1) % kServers;
-  Writer writer(*setup.pool, setup.objects);
-  ASSERT_NO_FATAL_FAILURE(KillUnderWriter(cluster, first, &writer));
-  const std::string coordinator_log =
-      cluster.dir() + "/server-" + std::to_string(coordinator) + ".log";
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &r));
+  const int first = (r.coordinator + 2) % kServers;
+  const int second = (r.coordinator + 1) % kServers;
+  Writer writer(*r.pool, r.objects);
+  ASSERT_NO_FATAL_FAILURE(r.KillUnderWriter(first, &writer));
+  const std::string coordinator_log = r.dir() + "/server-" + std::to_string(r.coordinator) + ".log";
   const auto deadline = std::chrono::steady_clock::now() + 30s;
   while (FileTail(coordinator_log, 4000).find("no live server has a free mirror slot") ==
              std::string::npos &&
@@ -846,7 +842,7 @@ TEST(ReReplication, WithoutAFreeSlotTheRegionKeepsOneCopy) {
             std::string::npos);
   writer.Stop();
   writer.CheckIntact();
-  EtcdView view = ClusterEtcdStatus(cluster.dir()).value();
+  EtcdView view = ClusterEtcdStatus(r.dir()).value();
   EXPECT_EQ(view.map.epoch, 2) << "the failover only";
   EXPECT_EQ(view.map.Find(second)->backup, -1);
 }
@@ -858,16 +854,15 @@ TEST(ReReplication, WithoutAFreeSlotTheRegionKeepsOneCopy) {
 TEST(ClusterAdd, AnAddedServerJoinsGetsABackupAndTakesNewChunks) {
   LocalClusterOptions o = Options(2, 1, /*netns=*/true);
   o.mirror_slots = 2;
-  TestCluster cluster(o);
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  auto id = AddServer(o, cluster);
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &r, /*connect=*/false));
+  auto id = AddServer(o, *r.cluster);
   ASSERT_TRUE(id.ok()) << id.status().ToString();
   EXPECT_EQ(*id, 2);
-  auto config = cluster.config();
-  ASSERT_TRUE(config.ok());
-  ASSERT_EQ(config->servers.size(), 3u);
-  EXPECT_FALSE(config->servers[2].netns.empty());
-  EtcdView view = WaitForView(cluster.dir(), [&](const EtcdView& v) {
+  const ClusterConfig config = r.Config();
+  ASSERT_EQ(config.servers.size(), 3u);
+  EXPECT_FALSE(config.servers[2].netns.empty());
+  EtcdView view = WaitForView(r.dir(), [&](const EtcdView& v) {
     return v.map.Find(2) != nullptr && v.map.Find(2)->backup >= 0;
   });
   EXPECT_EQ(view.map.epoch, 3) << "joined, then backed up";
@@ -876,17 +871,16 @@ TEST(ClusterAdd, AnAddedServerJoinsGetsABackupAndTakesNewChunks) {
   EXPECT_EQ(view.map.Find(2)->served_by, 2);
   EXPECT_EQ(view.map.Find(2)->backup_slot, 1) << "slot 0 of each holds the ring's copy";
 
-  FailoverSetup setup;
-  ASSERT_NO_FATAL_FAILURE(Connect(cluster, 3, &setup));  // one object on each, server 2's too
+  ASSERT_NO_FATAL_FAILURE(r.Connect(3));  // one object on each, server 2's too
   int on_new = 0;
   for (int i = 0; i < 12; ++i) {
-    auto a = setup.pool->Alloc(4 << 20, Placement::Striped());
+    auto a = r.pool->Alloc(4 << 20, Placement::Striped());
     ASSERT_TRUE(a.ok()) << a.status().ToString();
     on_new += a->server() == 2;
   }
   EXPECT_GT(on_new, 0) << "no striped chunk on the added server";
-  Writer writer(*setup.pool, setup.objects);
-  ASSERT_NO_FATAL_FAILURE(KillUnderWriter(cluster, 2, &writer));
+  Writer writer(*r.pool, r.objects);
+  ASSERT_NO_FATAL_FAILURE(r.KillUnderWriter(2, &writer));
   writer.Stop();
   writer.CheckIntact();
 }
@@ -899,12 +893,10 @@ TEST(ClusterAdd, AnAddedServerJoinsGetsABackupAndTakesNewChunks) {
 TEST(ClusterAdd, ARunningPoolLearnsTheAddedServerAndPlacesChunksThere) {
   LocalClusterOptions o = Options(2, 1, /*netns=*/true);
   o.mirror_slots = 2;
-  TestCluster cluster(o);
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  FailoverSetup setup;
-  ASSERT_NO_FATAL_FAILURE(Connect(cluster, 2, &setup));
-  Pool& pool = *setup.pool;
-  Writer writer(pool, setup.objects);
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &r));
+  Pool& pool = *r.pool;
+  Writer writer(pool, r.objects);
   ASSERT_TRUE(writer.AcknowledgedEverywhere(10));
   // A thread that began before the add and later uses the added server.
   std::mutex mu;
@@ -936,11 +928,11 @@ TEST(ClusterAdd, ARunningPoolLearnsTheAddedServerAndPlacesChunksThere) {
       std::this_thread::sleep_for(1ms);
     }
   });
-  auto id = AddServer(o, cluster);
+  auto id = AddServer(o, *r.cluster);
   ASSERT_TRUE(id.ok()) << id.status().ToString();
   ASSERT_EQ(*id, 2);
   // Changes are refused until the coordinator names its backup (re-replication).
-  EtcdView view = WaitForView(cluster.dir(), [&](const EtcdView& v) {
+  EtcdView view = WaitForView(r.dir(), [&](const EtcdView& v) {
     return v.map.Find(2) != nullptr && v.map.Find(2)->backup >= 0;
   });
   ASSERT_GE(view.map.Find(2)->backup, 0);
@@ -1047,19 +1039,17 @@ TEST(MapWatch, ARunningPoolLearnsAddedServersFromTheWatchAloneAcrossAnEtcdRestar
 // fails nor stalls a running Pool: it is not entered, nothing is placed on it, the writes to
 // the other servers go on; once a server listens there the Pool enters it and uses it.
 TEST(ClusterAdd, AServerThatDoesNotAnswerYetIsEnteredOnceItDoes) {
-  TestCluster cluster(Options(2, 1));
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  FailoverSetup setup;
-  ASSERT_NO_FATAL_FAILURE(Connect(cluster, 2, &setup));
-  Pool& pool = *setup.pool;
-  Writer writer(pool, setup.objects);
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(Options(2, 1), &r));
+  Pool& pool = *r.pool;
+  Writer writer(pool, r.objects);
   ASSERT_TRUE(writer.AcknowledgedEverywhere(10));
   // A free port, closed again: connections to it are refused until the server below listens.
   auto free_port = coord::FreePort("127.0.0.1");
   ASSERT_TRUE(free_port.ok()) << free_port.status().ToString();
   const uint16_t port = *free_port;
   constexpr uint16_t kId = 7;
-  auto [etcd, keys] = EtcdOf(cluster);
+  auto [etcd, keys] = EtcdOf(*r.cluster);
   ASSERT_TRUE(etcd);
   auto kv = etcd->Get(keys.Map());
   ASSERT_TRUE(kv.ok() && kv->has_value());
@@ -1089,7 +1079,7 @@ TEST(ClusterAdd, AServerThatDoesNotAnswerYetIsEnteredOnceItDoes) {
   so.id = kId;
   so.progress = ProgressMode::kEvent;
   so.fabric = Fabric::kTcp;
-  so.secret_file = SecretFile(cluster.dir());
+  so.secret_file = SecretFile(r.dir());
   auto server = MemoryServer::Start(so);
   ASSERT_TRUE(server.ok()) << server.status().ToString();
   const auto deadline = std::chrono::steady_clock::now() + 60s;
@@ -1106,7 +1096,7 @@ TEST(ClusterAdd, AServerThatDoesNotAnswerYetIsEnteredOnceItDoes) {
   writer.Stop();
   writer.CheckIntact();
   EXPECT_EQ(writer.failures(), 0u) << writer.last_error();
-  setup.pool.reset();  // says goodbye to the server before it stops
+  r.pool.reset();  // says goodbye to the server before it stops
   (*server)->Stop();
 }
 
@@ -1117,45 +1107,37 @@ TEST(ClusterAdd, AnAddedServerIsWhereAStrandedRegionGetsItsBackup) {
   constexpr int kServers = 3;
   LocalClusterOptions o = Options(kServers, 1);
   o.mirror_slots = 1;  // no room on the survivors: the region is stranded with one copy
-  TestCluster cluster(o);
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  const int coordinator = Coordinator(cluster.dir());
-  ASSERT_GE(coordinator, 0) << "no coordinator elected";
-  const int first = (coordinator + 2) % kServers;
-  const int second = (coordinator + 1) % kServers;  // loses its backup, `first`
-  auto config = cluster.config();
-  ASSERT_TRUE(config.ok());
-  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[first].pid), SIGKILL), 0);
-  EtcdView view = WaitForView(cluster.dir(), [&](const EtcdView& v) { return v.map.epoch == 2; });
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &r, /*connect=*/false));
+  const int first = (r.coordinator + 2) % kServers;
+  const int second = (r.coordinator + 1) % kServers;  // loses its backup, `first`
+  ASSERT_NO_FATAL_FAILURE(r.Kill(first));
+  EtcdView view = WaitForView(r.dir(), [&](const EtcdView& v) { return v.map.epoch == 2; });
   ASSERT_EQ(view.map.Find(second)->backup, -1);
   LocalClusterOptions add = Options(kServers, 1);
   add.mirror_slots = 2;  // for both regions left with one copy (the dead server's own too)
-  auto id = AddServer(add, cluster);
+  auto id = AddServer(add, *r.cluster);
   ASSERT_TRUE(id.ok()) << id.status().ToString();
-  view = WaitForView(cluster.dir(),
-                     [&](const EtcdView& v) { return v.map.Find(second)->backup == *id; });
+  view = WaitForView(r.dir(), [&](const EtcdView& v) { return v.map.Find(second)->backup == *id; });
   EXPECT_EQ(view.map.Find(second)->backup, *id);
   EXPECT_EQ(view.map.Find(*id)->backup, -1) << "no room left for the added server's own copy";
 
   // A client of the grown cluster writes to `second` (and the others) and sees it die.
-  FailoverSetup setup;
-  auto grown = cluster.config();
-  ASSERT_TRUE(grown.ok());
   PoolOptions po;
   po.op_timeout = 5000ms;
-  auto pool = Pool::Connect(*grown, po);
+  auto pool = Pool::Connect(r.Config(), po);
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
-  setup.pool = std::move(*pool);
-  for (int s : {coordinator, second}) {
-    auto a = setup.pool->Alloc(64, Placement::OnServer(static_cast<uint16_t>(s)));
+  std::vector<GlobalAddress> objects;
+  for (int s : {r.coordinator, second}) {
+    auto a = (*pool)->Alloc(64, Placement::OnServer(static_cast<uint16_t>(s)));
     ASSERT_TRUE(a.ok()) << a.status().ToString();
-    setup.objects.push_back(*a);
+    objects.push_back(*a);
   }
-  Writer writer(*setup.pool, setup.objects);
-  ASSERT_NO_FATAL_FAILURE(KillUnderWriter(cluster, second, &writer));
+  Writer writer(**pool, objects);
+  ASSERT_NO_FATAL_FAILURE(r.KillUnderWriter(second, &writer));
   writer.Stop();
   writer.CheckIntact();
-  view = ClusterEtcdStatus(cluster.dir()).value();
+  view = ClusterEtcdStatus(r.dir()).value();
   EXPECT_EQ(view.map.Find(second)->served_by, *id);
 }
 
@@ -1178,12 +1160,12 @@ TEST(ClusterAdd, WithTwoReplicasTheAddedServerGetsTwoBackups) {
   constexpr int kServers = 3;
   LocalClusterOptions o = Options(kServers, 2, /*netns=*/true);
   o.mirror_slots = 3;  // two for the ring's copies, one free for the added server's
-  TestCluster cluster(o);
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  auto id = AddServer(o, cluster);
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &r, /*connect=*/false));
+  auto id = AddServer(o, *r.cluster);
   ASSERT_TRUE(id.ok()) << id.status().ToString();
   ASSERT_EQ(*id, kServers);
-  EtcdView view = WaitForView(cluster.dir(), [&](const EtcdView& v) {
+  EtcdView view = WaitForView(r.dir(), [&](const EtcdView& v) {
     const coord::MapServer* m = v.map.Find(kServers);
     return m != nullptr && m->Backups().size() == 2;
   });
@@ -1195,18 +1177,15 @@ TEST(ClusterAdd, WithTwoReplicasTheAddedServerGetsTwoBackups) {
   EXPECT_EQ(backups[1].id, 1) << view.map.ToJson();
   EXPECT_TRUE(EveryRegionHasBackups(view, 2, -1)) << view.map.ToJson();
 
-  FailoverSetup setup;
-  ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers + 1, &setup));
-  auto config = cluster.config();
-  ASSERT_TRUE(config.ok());
-  Writer writer(*setup.pool, setup.objects);
+  ASSERT_NO_FATAL_FAILURE(r.Connect(kServers + 1));
+  Writer writer(*r.pool, r.objects);
   ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
-  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[kServers].pid), SIGKILL), 0);
-  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[backups[0].id].pid), SIGKILL), 0);
+  ASSERT_NO_FATAL_FAILURE(r.Kill(kServers));
+  ASSERT_NO_FATAL_FAILURE(r.Kill(backups[0].id));
   EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failovers";
   writer.Stop();
   writer.CheckIntact();
-  view = ClusterEtcdStatus(cluster.dir()).value();
+  view = ClusterEtcdStatus(r.dir()).value();
   EXPECT_EQ(view.map.Find(kServers)->served_by, backups[1].id) << view.map.ToJson();
 }
 
@@ -1218,22 +1197,16 @@ TEST(ClusterDrain, ADrainedServersRegionMovesToItsBackupUnderWritesAndItsProcess
   constexpr int kServers = 3;
   LocalClusterOptions o = Options(kServers, 1);
   o.mirror_slots = 2;
-  TestCluster cluster(o);
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  FailoverSetup setup;
-  ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
-  const int coordinator = Coordinator(cluster.dir());
-  ASSERT_GE(coordinator, 0) << "no coordinator elected";
-  const int victim = (coordinator + 1) % kServers;
-  auto config = cluster.config();
-  ASSERT_TRUE(config.ok());
-  Writer writer(*setup.pool, setup.objects);
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &r));
+  const int victim = (r.coordinator + 1) % kServers;
+  Writer writer(*r.pool, r.objects);
   ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
-  Status drained = ClusterDrain(cluster.dir(), static_cast<uint16_t>(victim), 30000ms);
+  Status drained = ClusterDrain(r.dir(), static_cast<uint16_t>(victim), 30000ms);
   ASSERT_TRUE(drained.ok()) << drained.ToString();
-  EXPECT_FALSE(ProcessRunning(static_cast<pid_t>(config->servers[victim].pid)));
+  EXPECT_FALSE(ProcessRunning(static_cast<pid_t>(r.Config().servers[victim].pid)));
   EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the drain";
-  EtcdView view = WaitForView(cluster.dir(), [&](const EtcdView& v) {
+  EtcdView view = WaitForView(r.dir(), [&](const EtcdView& v) {
     return std::none_of(v.map.servers.begin(), v.map.servers.end(), [&](const auto& m) {
       return m.served_by == victim || m.backup == victim || (m.served_by == m.id && m.backup < 0);
     });
@@ -1258,33 +1231,23 @@ TEST(ClusterDrain, ADrainedServersRegionMovesToItsBackupUnderWritesAndItsProcess
 // writer lose nothing: the third serves every region.
 TEST(ClusterDrain, WithTwoReplicasEveryRegionHasTwoBackupsAgain) {
   constexpr int kServers = 4;
-  LocalClusterOptions o = Options(kServers, 2);
-  TestCluster cluster(o);
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  FailoverSetup setup;
-  ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
-  const int coordinator = Coordinator(cluster.dir());
-  ASSERT_GE(coordinator, 0) << "no coordinator elected";
-  const int victim = (coordinator + 1) % kServers;
-  auto config = cluster.config();
-  ASSERT_TRUE(config.ok());
-  Writer writer(*setup.pool, setup.objects);
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(Options(kServers, 2), &r));
+  const int victim = (r.coordinator + 1) % kServers;
+  Writer writer(*r.pool, r.objects);
   ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
-  Status drained = ClusterDrain(cluster.dir(), static_cast<uint16_t>(victim), 30000ms);
+  Status drained = ClusterDrain(r.dir(), static_cast<uint16_t>(victim), 30000ms);
   ASSERT_TRUE(drained.ok()) << drained.ToString();
   EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the drain";
-  EtcdView view = WaitForView(
-      cluster.dir(), [&](const EtcdView& v) { return EveryRegionHasBackups(v, 2, victim); });
+  EtcdView view =
+      WaitForView(r.dir(), [&](const EtcdView& v) { return EveryRegionHasBackups(v, 2, victim); });
   ASSERT_TRUE(EveryRegionHasBackups(view, 2, victim)) << view.map.ToJson();
   const int spared = (victim + 3) % kServers;
-  for (int k : {1, 2}) {
-    const int id = (victim + k) % kServers;
-    ASSERT_EQ(kill(static_cast<pid_t>(config->servers[id].pid), SIGKILL), 0);
-  }
+  for (int k : {1, 2}) ASSERT_NO_FATAL_FAILURE(r.Kill((victim + k) % kServers));
   EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failovers";
   writer.Stop();
   writer.CheckIntact();
-  view = WaitForView(cluster.dir(), [&](const EtcdView& v) {
+  view = WaitForView(r.dir(), [&](const EtcdView& v) {
     return std::all_of(v.map.servers.begin(), v.map.servers.end(),
                        [&](const coord::MapServer& m) { return m.served_by == spared; });
   });
@@ -1302,13 +1265,12 @@ TEST(ClusterDrain, ReadersAndWritersSeeNoErrorWhileTheRegionMoves) {
   constexpr int kServers = 3;
   LocalClusterOptions o = Options(kServers, 1);
   o.mirror_slots = 2;
-  TestCluster cluster(o);
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  auto config = cluster.config();
-  ASSERT_TRUE(config.ok());
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &r, /*connect=*/false));
+  const ClusterConfig config = r.Config();
   PoolOptions po;
   po.op_timeout = 5000ms;
-  auto connected = Pool::Connect(*config, po);
+  auto connected = Pool::Connect(config, po);
   ASSERT_TRUE(connected.ok()) << connected.status().ToString();
   Pool& pool = **connected;
   std::vector<GlobalAddress> objects[2], all;
@@ -1322,17 +1284,15 @@ TEST(ClusterDrain, ReadersAndWritersSeeNoErrorWhileTheRegionMoves) {
       }
     }
   }
-  const int coordinator = Coordinator(cluster.dir());
-  ASSERT_GE(coordinator, 0) << "no coordinator elected";
-  const int victim = (coordinator + 1) % kServers;
+  const int victim = (r.coordinator + 1) % kServers;
   Writer writer0(pool, objects[0]), writer1(pool, objects[1]);
   Reader reader0(pool, all), reader1(pool, all);
   ASSERT_TRUE(writer0.AcknowledgedEverywhere(20));
   ASSERT_TRUE(writer1.AcknowledgedEverywhere(20));
   const uint64_t resent_before = pool.counters().resent;
-  Status drained = ClusterDrain(cluster.dir(), static_cast<uint16_t>(victim), 30000ms);
+  Status drained = ClusterDrain(r.dir(), static_cast<uint16_t>(victim), 30000ms);
   ASSERT_TRUE(drained.ok()) << drained.ToString();
-  EXPECT_FALSE(ProcessRunning(static_cast<pid_t>(config->servers[victim].pid)));
+  EXPECT_FALSE(ProcessRunning(static_cast<pid_t>(config.servers[victim].pid)));
   EXPECT_TRUE(writer0.AcknowledgedEverywhere(20)) << "the client did not follow the drain";
   EXPECT_TRUE(writer1.AcknowledgedEverywhere(20)) << "the client did not follow the drain";
   const uint64_t batches = reader0.batches() + reader1.batches();
@@ -1402,23 +1362,20 @@ std::vector<uint8_t> Pattern(size_t size, uint8_t seed) {
 // emptied (CopyStep sending nothing) the pattern does not read back.
 TEST(DrainWithoutReplicas, TheRegionMovesToASurvivorsSlotWhileClientsReadAndWrite) {
   constexpr int kServers = 3;
-  TestCluster cluster(Options(kServers, 0, /*netns=*/true));
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  auto config = cluster.config();
-  ASSERT_TRUE(config.ok());
-  EtcdView before = ClusterEtcdStatus(cluster.dir()).value();
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(Options(kServers, 0, /*netns=*/true), &r, /*connect=*/false));
+  const ClusterConfig config = r.Config();
+  EtcdView before = ClusterEtcdStatus(r.dir()).value();
   for (const coord::MapServer& m : before.map.servers) {
     EXPECT_EQ(m.slots, 1u) << "server " << m.id << ": DefaultMirrorSlots without replicas";
     EXPECT_EQ(m.backup, -1);
   }
   PoolOptions po;
   po.op_timeout = 5000ms;
-  auto connected = Pool::Connect(*config, po);
+  auto connected = Pool::Connect(config, po);
   ASSERT_TRUE(connected.ok()) << connected.status().ToString();
   Pool& pool = **connected;
-  const int coordinator = Coordinator(cluster.dir());
-  ASSERT_GE(coordinator, 0) << "no coordinator elected";
-  const int victim = (coordinator + 1) % kServers;
+  const int victim = (r.coordinator + 1) % kServers;
   const std::vector<uint8_t> pattern = Pattern(2 << 20, 17);
   auto at = pool.Alloc(pattern.size(), Placement::OnServer(static_cast<uint16_t>(victim)));
   ASSERT_TRUE(at.ok()) << at.status().ToString();
@@ -1436,9 +1393,9 @@ TEST(DrainWithoutReplicas, TheRegionMovesToASurvivorsSlotWhileClientsReadAndWrit
   Reader reader0(pool, all), reader1(pool, all);
   ASSERT_TRUE(writer0.AcknowledgedEverywhere(20));
   ASSERT_TRUE(writer1.AcknowledgedEverywhere(20));
-  Status drained = ClusterDrain(cluster.dir(), static_cast<uint16_t>(victim), 60000ms);
+  Status drained = ClusterDrain(r.dir(), static_cast<uint16_t>(victim), 60000ms);
   ASSERT_TRUE(drained.ok()) << drained.ToString();
-  EXPECT_FALSE(ProcessRunning(static_cast<pid_t>(config->servers[victim].pid)));
+  EXPECT_FALSE(ProcessRunning(static_cast<pid_t>(config.servers[victim].pid)));
   EXPECT_TRUE(writer0.AcknowledgedEverywhere(20)) << "the client did not follow the drain";
   EXPECT_TRUE(writer1.AcknowledgedEverywhere(20)) << "the client did not follow the drain";
   reader0.Stop();
@@ -1454,7 +1411,7 @@ TEST(DrainWithoutReplicas, TheRegionMovesToASurvivorsSlotWhileClientsReadAndWrit
       << writer0.last_error() << " / " << writer1.last_error();
   writer0.CheckIntact();
   writer1.CheckIntact();
-  EtcdView view = ClusterEtcdStatus(cluster.dir()).value();
+  EtcdView view = ClusterEtcdStatus(r.dir()).value();
   const coord::MapServer* moved = view.map.Find(static_cast<uint16_t>(victim));
   ASSERT_NE(moved, nullptr);
   EXPECT_NE(moved->served_by, victim);
@@ -1465,7 +1422,7 @@ TEST(DrainWithoutReplicas, TheRegionMovesToASurvivorsSlotWhileClientsReadAndWrit
   ASSERT_TRUE(pool.Read(*at, back.data(), back.size()).ok());
   EXPECT_TRUE(back == pattern) << "the running client reads another pattern";
   // A client that connects after the drain finds the region where the map says.
-  auto fresh = ConnectTestClient(cluster);
+  auto fresh = ConnectTestClient(*r.cluster);
   ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
   std::vector<uint8_t> again(pattern.size());
   Status read = fresh->pool->Read(*at, again.data(), again.size());
