@@ -21,7 +21,9 @@
             up), the servers' other threads, and the client process
 
 --binaries LABEL=PATH,... runs every part once per binary in each repeat, interleaved in that
-order (an A/B of two builds: FARPOOL_BIN per run); the rows and tables name the binary.
+order (an A/B of two builds: FARPOOL_BIN per run); the rows and tables name the binary, each
+binary's cost and budget figures are kept apart, and the ratio replicas 1 / 0 is also given per
+repeat (the pair of cost runs that ran back to back). Every row records the load average.
 
 Output: bench/results/failover.jsonl (every run), failover.md (tables), failover.png (the
 commit timelines around the kill).
@@ -279,6 +281,32 @@ def failover_summary(rows: list[dict]) -> str:
     return "\n".join(lines) + ("\n" if lines else "")
 
 
+def ratio_pairs(rows: list[dict]) -> str:
+    """Per binary (an A/B of --binaries), fabric and workload: the ratio replicas 1 / replicas 0
+    of each repeat's pair of cost runs (the two ran back to back, so the load they met is as
+    alike as it gets on a shared host), their median and range."""
+    rows = [r for r in rows if r["part"] == "cost" and r["replicas"] in (0, 1)]
+    lines = []
+    for binary in sorted({r.get("binary", "") for r in rows}):
+        for fabric in sorted({r["fabric"] for r in rows}):
+            for w in ("tpcb", "bank"):
+                ratios = []
+                for rep in sorted({r["rep"] for r in rows}):
+                    pair = {r["replicas"]: r["tps"] for r in rows
+                            if r.get("binary", "") == binary and r["fabric"] == fabric
+                            and r["workload"] == w and r["rep"] == rep}
+                    if 0 in pair and 1 in pair and pair[0] > 0:
+                        ratios.append(pair[1] / pair[0])
+                if ratios:
+                    lines.append(f"| {binary} | {fabric} | {w} | "
+                                 f"{statistics.median(ratios):.2f}x | "
+                                 + ", ".join(f"{x:.2f}" for x in sorted(ratios)) + " |")
+    if not lines:
+        return ""
+    return ("| binary | fabric | workload | ratio 1 / 0, median of the pairs | per pair |\n"
+            + "|---" * 5 + "|\n" + "\n".join(lines) + "\n")
+
+
 def budget_table(rows: list[dict]) -> str:
     """Per transaction, medians over the runs: each role's CPU, context switches, system calls,
     sends (sendmsg + sendto), receives (recvmsg + recvfrom) and sleeps (poll + epoll_wait)."""
@@ -294,10 +322,13 @@ def budget_table(rows: list[dict]) -> str:
                "recv": lambda c: c.get("recvmsg", 0) + c.get("recvfrom", 0),
                "poll": lambda c: c.get("poll", 0) + c.get("epoll_wait", 0),
                "futex": lambda c: c.get("futex", 0)}
-    for w in ("tpcb", "bank"):
-        by = {n: [r for r in rows if r["workload"] == w and r["replicas"] == n] for n in (0, 1)}
+    for b, w in ((b, w) for b in sorted({r.get("binary", "") for r in rows})
+                 for w in ("tpcb", "bank")):
+        by = {n: [r for r in rows if r["workload"] == w and r["replicas"] == n
+                  and r.get("binary", "") == b] for n in (0, 1)}
         if not by[0] or not by[1]:
             continue
+        w = f"{b}: {w}" if b else w
         for role in ("serve", "mirror", "other", "client", "all"):
             def med(n, m):
                 vals = []
@@ -382,13 +413,13 @@ def main(argv=None) -> int:
                         log(f"rep {rep}: cost {fabric} {workload} replicas {replicas}"
                             f"{' (forwarded copies)' if copies else ''}")
                         rows.append(cost(fabric, workload, replicas, args.seconds, copies)
-                                    | tag)
+                                    | tag | {"load": os.getloadavg()})
             if "budget" in parts:
                 for workload in ("tpcb", "bank"):
                     for replicas in (0, 1):
                         log(f"rep {rep}: budget {fabric} {workload} replicas {replicas}")
                         rows.append(budget(fabric, workload, replicas, args.seconds, args.window)
-                                    | tag)
+                                    | tag | {"load": os.getloadavg()})
             if "failover" in parts:
                 for copies in ([False, True] if fabric == "shm" and args.forward_copies
                                else [False]):
@@ -406,7 +437,10 @@ def main(argv=None) -> int:
            (f" --name {args.name}" if args.name != "failover" else ""))
     md = (peers.measured(rows[0], cmd, loads=(load_start, load_end)) + f" {SERVERS} memory "
           f"servers, {THREADS} client threads; cost: medians of {args.repeat} interleaved runs."
-          "\n\n" + table(rows) + "\n" + failover_summary(rows) + budget_table(rows))
+          "\n\n" + "".join((f"Binary {b}:\n\n" if b else "")
+                           + table([r for r in rows if r.get("binary", "") == b]) + "\n"
+                           for b in sorted({r.get("binary", "") for r in rows}))
+          + ratio_pairs(rows) + "\n" + failover_summary(rows) + budget_table(rows))
     peers.publish(args.out, args.name, rows, md,
                   (lambda path: plot(rows, path)) if "failover" in parts else None)
     return 0
