@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <span>
+#include <vector>
 
 #include "db/shard_server.h"
 #include "db/shard_wire.h"
@@ -16,7 +17,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace farpool::db::shard;
   const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(data), size);
   static PartitionState partition(0);
-  if (!Decode(partition.Handle(bytes)).ok()) std::abort();
+  const std::vector<std::byte> reply = partition.Handle(bytes);
+  if (!Decode(reply).ok()) std::abort();
 
   auto m = Decode(bytes);
   if (!m.ok()) return 0;
