@@ -1749,5 +1749,65 @@ TEST(ReReplication, ACopyInAnotherSlotOfTheTargetIsNamedWhereItIs) {
   EXPECT_EQ(view.map.Find(victim)->served_slot, kEarlierSlot) << view.map.ToJson();
 }
 
+// A read waits for every live backup, not only the first (docs/pool.md "Re-replication's loose
+// ends"): --replicas 2 on 3 servers, a client's object on `primary`. Its further backup
+// `second` is made to refuse the primary's forwards (its slot is detached, as a coordinator
+// detaches a copy the map dropped), so a write fails ("not acknowledged") though applied at the
+// primary and its first backup. A read of the object right after changes nothing, and must not
+// show that write while `second`, which the map still names, lacks it: it fails instead (or, if
+// the primary's lease from `second` has lapsed by then, is refused). Before, it waited for the
+// first backup's forwards only and returned the new value.
+TEST(ReReplication, AReadWaitsForEveryBackupNotOnlyTheFirst) {
+  constexpr int kServers = 3;
+  LocalClusterOptions o = Options(kServers, 2, /*netns=*/true);
+  o.mirror_slots = 2;
+  TestCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  FailoverSetup setup;
+  ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  EtcdView view = ClusterEtcdStatus(cluster.dir()).value();
+  const int primary = 0;
+  const std::vector<coord::MapServer::Backup> backups = view.map.Find(primary)->Backups();
+  ASSERT_EQ(backups.size(), 2u) << view.map.ToJson();
+  const GlobalAddress object = setup.objects[primary];
+  uint64_t before = 0x1111;
+  ASSERT_TRUE(setup.pool->Write(object, &before, 8).ok());
+
+  auto secret = transport::ClusterSecret::Read(cluster.dir() + "/" + kSecretFileName);
+  ASSERT_TRUE(secret.ok()) << secret.status().ToString();
+  const ServerAddress& second = config->servers[backups[1].id];
+  auto main_port = control::Connection::OpenAsTool(second.id, second.Endpoint(), second.port,
+                                                   &*secret, 0x7003, 5s);
+  ASSERT_TRUE(main_port.ok()) << main_port.status().ToString();
+  auto mirror = control::Connection::OpenAsTool(
+      second.id, second.Endpoint(), (*main_port)->hello().mirror_port, &*secret, 0x7003, 5s);
+  ASSERT_TRUE(mirror.ok()) << mirror.status().ToString();
+  const wire::ReplicateRequest detach{static_cast<uint16_t>(primary),
+                                      static_cast<uint16_t>(backups[1].slot),
+                                      0,
+                                      0,
+                                      wire::kReplicateDetach,
+                                      0,
+                                      0,
+                                      0,
+                                      0,
+                                      0};
+  auto detached = (*mirror)->Call([&](uint64_t id) { return wire::Encode(id, detach); },
+                                  wire::Opcode::kReplicateReply);
+  ASSERT_TRUE(detached.ok()) << detached.status().ToString();
+
+  uint64_t after = 0x2222;
+  Status written = setup.pool->Write(object, &after, 8);
+  ASSERT_FALSE(written.ok()) << "a write acknowledged though a backup refused it";
+  uint64_t value = 0;
+  Status read = setup.pool->Read(object, &value, 8);
+  EXPECT_FALSE(read.ok() && value == after)
+      << "a read showed a change that server " << second.id << ", a backup in the map, lacks";
+  std::printf("the write: %s\nthe read: %s (%#llx)\n", written.ToString().c_str(),
+              read.ToString().c_str(), static_cast<unsigned long long>(value));
+}
+
 }  // namespace
 }  // namespace farpool

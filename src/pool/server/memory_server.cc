@@ -1609,7 +1609,10 @@ void MemoryServer::Impl::Settle(std::span<std::vector<std::byte>> replies,
       }
     }
   }
-  if (promised && !slot_links_.empty()) {
+  // A round that only read waits too, for a link with a failed forward's ranges posted again
+  // (ForwardSlotLinks sends nothing to a link that has settled everything).
+  const bool observed = std::find(observes_.begin(), observes_.end(), true) != observes_.end();
+  if ((promised || observed) && !slot_links_.empty()) {
     Status forwarded = ForwardSlotLinks(changed_);
     if (!forwarded.ok()) {
       const bool fenced = forwarded.code() == StatusCode::kPermissionDenied;
@@ -1619,8 +1622,14 @@ void MemoryServer::Impl::Settle(std::span<std::vector<std::byte>> replies,
                                       : "its backup does not answer") +
                               " (" + forwarded.message() + ")");
       if (fenced) Fence(forwarded);
+      // The replies that changed something, and those that may show a change (a read may
+      // have seen what the backup lacks).
       for (size_t i = 0; i < replies.size() && i < round_.size(); ++i) {
-        if (round_[i] != 0) replies[i] = wire::EncodeError(round_[i], why);
+        const bool observes = i < observes_.size() && observes_[i] && !replies[i].empty();
+        const uint64_t id = round_[i] != 0 ? round_[i]
+                            : observes     ? transport::RequestIdOf(replies[i]).value_or(0)
+                                           : 0;
+        if (round_[i] != 0 || observes) replies[i] = wire::EncodeError(id, why);
       }
       // Batches that changed the region in this round and then stopped to wait: their reply
       // (the next round's) would promise those changes too.
