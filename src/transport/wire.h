@@ -374,8 +374,9 @@ static_assert(sizeof(BackupReply) == 16);
 // `share_inode`. Its forwards then carry lease changes only.
 //
 // kReplicateDetach (no operations): the primary gives the slot's copy up (it degraded, or
-// abandoned a copy under way): the slot holds nobody's copy from then on and gives its memory
-// back. Admitted as any forward (the slot's primary, in order, not promoted).
+// abandoned a copy under way), or the coordinator does, for a copy the map of a failover no
+// longer names (Coordinator::DropCopies): the slot holds nobody's copy from then on and gives
+// its memory back. Admitted as any forward (the slot's primary, in order, not promoted).
 struct ReplicateRequest {
   uint16_t primary_id;
   uint16_t slot;
