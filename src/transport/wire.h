@@ -58,7 +58,8 @@ inline constexpr uint32_t kMagic = 0x31575046;  // "FPW1"
 //    kHelloSharedPages).
 // 10: MovedFileRequest/Reply (a client that connects after a failover maps the moved region).
 // 11: kReplicateDetach (a primary gives its backup slot's copy up; the slot frees its memory).
-inline constexpr uint16_t kVersion = 11;
+// 12: BackupReply::slot (the slot of the copy the reply is about, which the coordinator names).
+inline constexpr uint16_t kVersion = 12;
 // Batches: the operations of a request, the read data and atomic results of a reply. Small
 // enough to go eagerly in one UCX active message, large enough for a commit's worth of
 // records; a client splits larger batches into several messages.
@@ -333,7 +334,8 @@ static_assert(sizeof(GoodbyeReply) == 8);
 // docs/pool.md "Re-replication") the primary first copies its region and lease book in
 // slices while it serves, and `remaining` says how many bytes are left to copy (0: the copy is
 // complete and every change since is forwarded). Asking again with the same backup and slot
-// reports progress.
+// reports progress. A primary that keeps a copy on `backup_id` already, in another slot (a copy
+// an earlier coordinator chose), reports on that copy instead: BackupReply::slot names it.
 struct BackupRequest {
   uint16_t backup_id;
   uint16_t port;
@@ -353,8 +355,12 @@ inline std::string_view HostOf(const BackupRequest& request) {
 }
 struct BackupReply {
   uint64_t remaining;
+  // The backup's slot that holds (or is being filled with) the copy: the request's, or the one
+  // this primary's copy on that server is in already.
+  uint16_t slot;
+  uint16_t reserved[3];
 };
-static_assert(sizeof(BackupReply) == 8);
+static_assert(sizeof(BackupReply) == 16);
 
 // Primary -> backup: writes (memory_ops kWrite operations, offsets in the primary's region) to
 // apply to the mirror. Refused once the backup has taken the primary's data over (promoted).
@@ -368,8 +374,9 @@ static_assert(sizeof(BackupReply) == 8);
 // `share_inode`. Its forwards then carry lease changes only.
 //
 // kReplicateDetach (no operations): the primary gives the slot's copy up (it degraded, or
-// abandoned a copy under way): the slot holds nobody's copy from then on and gives its memory
-// back. Admitted as any forward (the slot's primary, in order, not promoted).
+// abandoned a copy under way), or the coordinator does, for a copy the map of a failover no
+// longer names (Coordinator::DropCopies): the slot holds nobody's copy from then on and gives
+// its memory back. Admitted as any forward (the slot's primary, in order, not promoted).
 struct ReplicateRequest {
   uint16_t primary_id;
   uint16_t slot;

@@ -79,31 +79,22 @@ void Coordinator::OpenAhead(const coord::ClusterMap& map,
   }
 }
 
-Status Coordinator::FailOver(const std::map<uint16_t, uint16_t>& mirror_ports, uint16_t region,
-                             uint16_t dead, const coord::MapServer* backup,
-                             const std::vector<const coord::MapServer*>& predecessors) {
-  // Asks `to` on its mirror port: the loop that takes promotes and degrades even while the
-  // main loop waits for a dead backup.
-  auto ask_mirror = [&](const coord::MapServer& to, const control::Encoder& encode,
-                        wire::Opcode expected) -> Status {
-    auto port = mirror_ports.find(to.id);
-    if (port == mirror_ports.end() || port->second == 0) {
-      return Status::InvalidArgument("server " + std::to_string(to.id) + " (" + to.address +
-                                     ") registered no mirror port");
-    }
-    return Ask(to, port->second, encode, expected).status();
-  };
-  if (backup != nullptr) {
-    FARPOOL_RETURN_IF_ERROR(ask_mirror(
-        *backup,
-        [&](uint64_t id) {
-          return wire::Encode(id, wire::PromoteRequest{region, {}});
-        },
-        wire::Opcode::kPromoteReply));
+Status Coordinator::AskMirror(const std::map<uint16_t, uint16_t>& mirror_ports,
+                              const coord::MapServer& to, const control::Encoder& encode,
+                              wire::Opcode expected) {
+  auto port = mirror_ports.find(to.id);
+  if (port == mirror_ports.end() || port->second == 0) {
+    return Status::InvalidArgument("server " + std::to_string(to.id) + " (" + to.address +
+                                   ") registered no mirror port");
   }
+  return Ask(to, port->second, encode, expected).status();
+}
+
+void Coordinator::Degrade(const std::map<uint16_t, uint16_t>& mirror_ports, uint16_t dead,
+                          const std::vector<const coord::MapServer*>& predecessors) {
   for (const coord::MapServer* predecessor : predecessors) {
-    Status degraded = ask_mirror(
-        *predecessor,
+    Status degraded = AskMirror(
+        mirror_ports, *predecessor,
         [&](uint64_t id) {
           return wire::Encode(id, wire::DegradeRequest{dead, {}});
         },
@@ -115,7 +106,28 @@ Status Coordinator::FailOver(const std::map<uint16_t, uint16_t>& mirror_ports, u
                   self_, predecessor->id, dead, degraded.message().c_str());
     }
   }
-  return Status::Ok();
+}
+
+void Coordinator::DropCopies(const std::map<uint16_t, uint16_t>& mirror_ports,
+                             const coord::ClusterMap& map, uint16_t region,
+                             const std::vector<coord::MapServer::Backup>& dropped) {
+  for (const coord::MapServer::Backup& b : dropped) {
+    const coord::MapServer* keeper = map.Find(b.id);
+    if (keeper == nullptr) continue;
+    // As the region's primary would give it up (wire::kReplicateDetach): the slot frees itself
+    // if it still holds that region's copy, unpromoted; else it refuses, and nothing changes.
+    const wire::ReplicateRequest detach{
+        region, static_cast<uint16_t>(b.slot), 0, 0, wire::kReplicateDetach, 0, 0, 0, 0, 0};
+    Status told = AskMirror(
+        mirror_ports, *keeper, [&](uint64_t id) { return wire::Encode(id, detach); },
+        wire::Opcode::kReplicateReply);
+    std::printf(
+        "farpool coordinator %u: server %u slot %d keeps no copy of server %u's region "
+        "any more%s%s\n",
+        self_, b.id, b.slot, region, told.ok() ? "" : ": ",
+        told.ok() ? "" : told.message().c_str());
+  }
+  std::fflush(stdout);
 }
 
 Result<bool> Coordinator::WriteMap(coord::EtcdClient& etcd, const coord::MapKeys& keys,
@@ -206,16 +218,29 @@ bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys, int6
       // lapsed (no promote checks here that it is gone: a suspicion alone is not enough).
       if (predecessors.empty() || alive.contains(x)) continue;
     }
-    Status done = FailOver(mirror_ports, s.id, x, backup, predecessors);
-    if (done.code() == StatusCode::kAborted) continue;  // "not yet": it may be alive; next tick
-    if (!done.ok()) {
-      log_once("failing server " + std::to_string(s.id) + "'s region over: " + done.message());
-      continue;
+    if (backup != nullptr) {
+      Status promoted = AskMirror(
+          mirror_ports, *backup,
+          [&](uint64_t id) {
+            return wire::Encode(id, wire::PromoteRequest{s.id, {}});
+          },
+          wire::Opcode::kPromoteReply);
+      if (promoted.code() == StatusCode::kAborted) continue;  // "not yet": it may be alive
+      if (!promoted.ok()) {
+        log_once("failing server " + std::to_string(s.id) +
+                 "'s region over: " + promoted.message());
+        continue;
+      }
     }
     coord::ClusterMap next = *map;
     next.epoch = map->epoch + 1;
+    // The region's other live backups, whose copies the new map no longer names.
+    std::vector<coord::MapServer::Backup> dropped;
     for (coord::MapServer& m : next.servers) {
       if (m.id == s.id && backup != nullptr) {
+        for (const coord::MapServer::Backup& b : m.Backups()) {
+          if (b.id != backup->id && alive.contains(b.id)) dropped.push_back(b);
+        }
         m.served_by = backup->id;
         m.served_slot = backup_slot;
         m.backup = -1;
@@ -233,6 +258,10 @@ bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys, int6
       return false;  // read again next tick (the promote is idempotent)
     }
     last_error_.clear();  // the suspicion of `x` goes once it serves nothing (above)
+    // Only once the map no longer names `x` as their backup: a refused write (the term ended)
+    // leaves the servers forwarding to every backup the map names.
+    Degrade(mirror_ports, x, predecessors);
+    DropCopies(mirror_ports, next, s.id, dropped);
     if (backup != nullptr) {
       std::printf(
           "farpool coordinator %u: server %u is gone; server %u serves its region (server %u's, "
@@ -253,8 +282,8 @@ bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys, int6
   return changed;
 }
 
-Result<uint64_t> Coordinator::AskBackup(const coord::MapServer& primary, uint16_t region,
-                                        const coord::MapServer& target, int slot) {
+Result<wire::BackupReply> Coordinator::AskBackup(const coord::MapServer& primary, uint16_t region,
+                                                 const coord::MapServer& target, int slot) {
   FARPOOL_ASSIGN_OR_RETURN(auto at, ParseHostPort(primary.address));
   FARPOOL_ASSIGN_OR_RETURN(auto to, ParseHostPort(target.address));
   FARPOOL_ASSIGN_OR_RETURN(
@@ -264,7 +293,7 @@ Result<uint64_t> Coordinator::AskBackup(const coord::MapServer& primary, uint16_
       auto reply, Ask(
                       primary, at.second, [&](uint64_t id) { return wire::Encode(id, request); },
                       wire::Opcode::kBackupReply));
-  return reply.message.As<wire::BackupReply>().remaining;
+  return reply.message.As<wire::BackupReply>();
 }
 
 bool Coordinator::ReReplicate(coord::EtcdClient& etcd, const coord::MapKeys& keys,
@@ -320,13 +349,31 @@ bool Coordinator::ReReplicate(coord::EtcdClient& etcd, const coord::MapKeys& key
       }
       copying_[r.id] = {target->id, slot};
     }
-    auto remaining = AskBackup(*map.Find(r.served_by), r.id, *target, slot);
-    if (!remaining.ok()) {
+    auto answer = AskBackup(*map.Find(r.served_by), r.id, *target, slot);
+    if (!answer.ok()) {
       LogOnce("re-replicating server " + std::to_string(r.id) + "'s region to server " +
-              std::to_string(target->id) + ": " + remaining.status().message());
+              std::to_string(target->id) + ": " + answer.status().message());
       continue;
     }
-    if (*remaining > 0) continue;  // copying; asked again next tick
+    if (answer->slot != slot) {
+      // The server copies to (or has copied to) another slot of that target already: a copy an
+      // earlier coordinator chose. Named as it is, so that the map names the very copies the
+      // server forwards to, unless the map or a copy under way gives that slot to another
+      // region (then the server's forwards into it are refused, and it gives the copy up).
+      std::vector<int> used = map.SlotsInUse(target->id);
+      for (const auto& [region, under_way] : copying_) {
+        if (region != r.id && under_way.first == target->id) used.push_back(under_way.second);
+      }
+      if (std::find(used.begin(), used.end(), answer->slot) != used.end()) {
+        LogOnce("re-replicating server " + std::to_string(r.id) + "'s region: its copy on server " +
+                std::to_string(target->id) + " is in slot " + std::to_string(answer->slot) +
+                ", which holds another region's");
+        continue;
+      }
+      slot = answer->slot;
+      copying_[r.id] = {target->id, slot};
+    }
+    if (answer->remaining > 0) continue;  // copying; asked again next tick
     coord::ClusterMap next = map;
     next.epoch = map.epoch + 1;
     for (coord::MapServer& m : next.servers) {

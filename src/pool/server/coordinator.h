@@ -9,11 +9,12 @@
 // whose server (its own, or the one that took it over) is either not alive (its lease lapsed)
 // or suspected, and which has a live backup, is a candidate. For the first candidate it asks
 // its first live backup in ring order (MapServer::Backups) to take the region over
-// (PromoteRequest on the backup's mirror port) and every server that serves a region whose
-// backup the lost server was to stop forwarding to it (DegradeRequest), then writes the new
-// map — the region served by that backup from its slot with no backups (the region's other
-// backups give their copies up), the lost server dropped from every other region's backups,
-// epoch + 1 — by a txn on the map's mod_revision. Several lost servers are failed over one per
+// (PromoteRequest on the backup's mirror port), then writes the new map — the region served by
+// that backup from its slot with no backups, the lost server dropped from every other region's
+// backups, epoch + 1 — by a txn on the map's mod_revision, and only once that write succeeded
+// tells every server that serves a region whose backup the lost server was to stop forwarding
+// to it (DegradeRequest), and the region's other live backups to give their copies up
+// (DropCopies: their slots' memory goes back). Several lost servers are failed over one per
 // tick. A
 // suspicion is deleted once its server serves nothing. Clients follow the epoch (pool.cc,
 // Pool's monitor).
@@ -102,13 +103,21 @@ class Coordinator {
   // Opens the connection to one live server's mirror port that is not open yet, and closes
   // (at once, CloseNow) the connections to servers no longer alive.
   void OpenAhead(const coord::ClusterMap& map, const std::map<uint16_t, uint16_t>& mirror_ports);
-  // Promote + Degrade; OK, Aborted ("not yet") or the failure.
-  // `mirror_ports`: by server id, from the alive keys.
-  // Promotes server `region`'s region at `backup` (nullptr: none left, the region is lost) and
-  // tells `predecessors` that their backup, server `dead`, is gone.
-  Status FailOver(const std::map<uint16_t, uint16_t>& mirror_ports, uint16_t region, uint16_t dead,
-                  const coord::MapServer* backup,
-                  const std::vector<const coord::MapServer*>& predecessors);
+  // One request to server `to` on its mirror port (`mirror_ports`: by server id, from the
+  // alive keys): the loop that takes promotes, degrades and detaches even while the server's
+  // main loop waits for a dead backup. OK, Aborted ("not yet", a promote) or the failure.
+  Status AskMirror(const std::map<uint16_t, uint16_t>& mirror_ports, const coord::MapServer& to,
+                   const control::Encoder& encode, wire::Opcode expected);
+  // Tells `predecessors` that their backup, server `dead`, is gone (DegradeRequest); a failure
+  // is logged (the clients' fallback tells them too).
+  void Degrade(const std::map<uint16_t, uint16_t>& mirror_ports, uint16_t dead,
+               const std::vector<const coord::MapServer*>& predecessors);
+  // Tells the live servers of `dropped`, copies of server `region`'s region that `map` (just
+  // written) no longer names, to give their slots up (a ReplicateRequest with
+  // wire::kReplicateDetach, as the region's primary sends one): their memory goes back at once.
+  // A slot that holds another copy by then, or was promoted, refuses it (logged, harmless).
+  void DropCopies(const std::map<uint16_t, uint16_t>& mirror_ports, const coord::ClusterMap& map,
+                  uint16_t region, const std::vector<coord::MapServer::Backup>& dropped);
   // Writes `next` as the map if the map is still at `map_revision` and the coordinator key
   // still has this coordinator's term_: whether it was written.
   Result<bool> WriteMap(coord::EtcdClient& etcd, const coord::MapKeys& keys, int64_t map_revision,
@@ -118,9 +127,10 @@ class Coordinator {
                    const coord::ClusterMap& map, int64_t map_revision,
                    const std::set<uint16_t>& alive, const std::set<uint16_t>& suspected);
   // A BackupRequest naming `target`'s `slot` for server `region`'s region to `primary`, the
-  // server that serves it: the bytes it has left to copy.
-  Result<uint64_t> AskBackup(const coord::MapServer& primary, uint16_t region,
-                             const coord::MapServer& target, int slot);
+  // server that serves it: the bytes it has left to copy, and the slot of `target` its copy is
+  // in (another than `slot` if it keeps one there already).
+  Result<wire::BackupReply> AskBackup(const coord::MapServer& primary, uint16_t region,
+                                      const coord::MapServer& target, int slot);
   void LogOnce(const std::string& message) {
     if (message == last_error_) return;
     last_error_ = message;

@@ -188,13 +188,18 @@ class MemoryServer::Impl : public transport::AmHandler {
   // once; named by re-replication (`copy`), the region is copied to it in slices first, as to a
   // first backup. REQUIRES: backup_ != nullptr, not degraded, `request`'s server not a backup.
   Result<wire::BackupReply> AddBackup(const wire::BackupRequest& request, bool copy);
-  // Whether server `backup_id` keeps a copy of the own part (the first backup or a further one).
-  bool KeepsCopy(uint16_t backup_id) const;
-  // Gives up the copies of `region` under way in slot_links_ to any (server, slot) but
-  // `request`'s: the coordinator copies a region to one target at a time, so such a copy is
-  // one it chose before (its target suspected since, or chosen by an earlier coordinator) and
-  // the map will not name it. An unfinished copy counts for nothing, so nothing waits on it.
+  // Gives up the copies of `request.region` to servers other than `request`'s that the map
+  // cannot name: those under way, and those whole but never reported whole (no BackupReply
+  // with remaining 0 said so, so no map names them). The coordinator copies a region to one
+  // target at a time, so such a copy is one it chose before (its target suspected since, or
+  // chosen by an earlier coordinator) and switched away from. Nothing waits on them: a copy
+  // counts for nothing until whole, and a whole one not in the map promises nothing the map
+  // does (its held replies go, as after a degrade). A copy on `request`'s server in another
+  // slot is kept: the reply reports on it (BackupReply::slot).
   void DropOtherCopies(const wire::BackupRequest& request);
+  // The BackupReply about a copy on `link`, `remaining` bytes left: marks it `reported` once
+  // whole.
+  static wire::BackupReply Report(const BackupLink& link, uint64_t remaining, bool* reported);
   // The reply, or empty if the batch waits (answered later through TakeLate).
   Result<std::vector<std::byte>> ExecuteBatch(uint64_t id, const wire::BatchRequest& request,
                                               std::span<const std::byte> ops,
@@ -282,6 +287,10 @@ class MemoryServer::Impl : public transport::AmHandler {
   // and this round's changes and which of its replies wait for them (request ids by position;
   // 0: the reply promises nothing).
   std::unique_ptr<BackupLink> backup_;
+  // Whether a BackupReply said backup_'s copy is whole (remaining 0): only then may the map
+  // name it (the coordinator writes it after that reply), so a whole copy not reported yet is
+  // one the map does not name (DropOtherCopies).
+  bool backup_reported_ = false;
   bool degraded_ = false;
   std::optional<Copy> copy_;
   // Regions this server serves from promoted mirror slots that have a backup again (or are
@@ -296,6 +305,7 @@ class MemoryServer::Impl : public transport::AmHandler {
     std::optional<Copy> copy;
     Clock::time_point last_ack{};
     std::vector<LeaseChange> leases;
+    bool reported = false;  // as backup_reported_
   };
   std::multimap<uint16_t, SlotLink> slot_links_;
   // Slot links being connected off the progress thread (ConfigureSlotBackup), by region:
@@ -911,19 +921,16 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureSlotBackup(
   const uint64_t size = mirror_->size();
   DropOtherCopies(request);
   // A region served from a slot may have several backups (replicas f >= 2), one link each.
+  // Progress of the copy on that server, in the request's slot or in the one it is in already.
   for (auto [it, end] = slot_links_.equal_range(request.region); it != end; ++it) {
-    const SlotLink& l = it->second;
-    if (l.link->id() != request.backup_id) continue;
-    if (l.link->slot() == request.slot) {
-      return wire::BackupReply{l.copy ? size - l.copy->next : 0};  // progress
+    SlotLink& l = it->second;
+    if (l.link->id() == request.backup_id) {
+      return Report(*l.link, l.copy ? size - l.copy->next : 0, &l.reported);
     }
-    return Status::InvalidArgument(Name() + ": server " + std::to_string(request.backup_id) +
-                                   " keeps a copy of server " + std::to_string(request.region) +
-                                   "'s region already (in another slot)");
   }
   if (auto p = connecting_.find(request.region); p != connecting_.end()) {
-    if (p->second.backup_id == request.backup_id && p->second.slot == request.slot) {
-      return wire::BackupReply{size};  // still connecting: nothing copied yet
+    if (p->second.backup_id == request.backup_id) {
+      return wire::BackupReply{size, p->second.slot, {}};  // connecting: nothing copied yet
     }
     return Status::Aborted(Name() + ": still connecting to server " +
                            std::to_string(p->second.backup_id) + " for server " +
@@ -967,7 +974,7 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureSlotBackup(
   }
   connecting_[request.region] =
       PendingSlotLink{request.backup_id, request.slot, Clock::now(), std::move(link)};
-  return wire::BackupReply{size};
+  return wire::BackupReply{size, request.slot, {}};
 }
 
 void MemoryServer::Impl::InstallSlotLinks() {
@@ -1056,8 +1063,12 @@ Status MemoryServer::Impl::ForwardSlotLinks(const std::vector<memory_ops::Range>
         local.push_back({r.offset - l.base, r.size});
     }
     if (l.copy && !l.copy->book_sent) l.leases.clear();  // the book goes whole with a slice
+    // A round that changed nothing here still waits for what the link has not settled: the
+    // ranges of a forward that failed are posted again (BackupLink::Fail), and a reply of this
+    // round may show them (docs/pool.md "Re-replication's loose ends"). Nothing to wait for
+    // costs nothing.
     Status forwarded = Status::Ok();
-    if (!local.empty() || !l.leases.empty()) {
+    if (!local.empty() || !l.leases.empty() || l.link->posted() > l.link->settled()) {
       forwarded = l.link->Forward(region_->data() + l.base, local, l.leases,
                                   [this, &l] { return DeclaredGone(*l.link); });
     }
@@ -1192,20 +1203,18 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(const wire::Backup
   }
   if (request.region != options_.id) return ConfigureSlotBackup(request);
   const uint64_t size = chunks_.region_size();
-  if (backup_ != nullptr && backup_->id() == request.backup_id && backup_->slot() == request.slot) {
-    return wire::BackupReply{copy_ ? size - copy_->next : 0};  // progress
+  // Progress of the copy on that server (the first backup or a further one), in the request's
+  // slot or in the one it is in already.
+  if (backup_ != nullptr && backup_->id() == request.backup_id) {
+    return Report(*backup_, copy_ ? size - copy_->next : 0, &backup_reported_);
   }
-  DropOtherCopies(request);
   for (auto [it, end] = slot_links_.equal_range(options_.id); it != end; ++it) {
-    const SlotLink& l = it->second;
-    if (l.link->id() == request.backup_id && l.link->slot() == request.slot) {
-      return wire::BackupReply{l.copy ? size - l.copy->next : 0};  // a further backup's progress
+    SlotLink& l = it->second;
+    if (l.link->id() == request.backup_id) {
+      return Report(*l.link, l.copy ? size - l.copy->next : 0, &l.reported);
     }
   }
-  if (KeepsCopy(request.backup_id)) {
-    return Status::InvalidArgument(Name() + ": server " + std::to_string(request.backup_id) +
-                                   " keeps a copy of its region already (in another slot)");
-  }
+  DropOtherCopies(request);
   // The copy starts equal when nothing is leased yet and nothing was acknowledged with one copy:
   // the root area, all a client may have touched, is sent once. Otherwise the region is copied.
   const bool fresh = chunks_.leased() == 0 && !degraded_;
@@ -1232,19 +1241,21 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(const wire::Backup
           region_->data(), {{memory_ops::Range{0, wire::kRootAreaSize}}}, {}, nullptr));
     }
     backup_ = std::move(link);
+    backup_reported_ = true;
     last_ack_ = backup_->acknowledged_sent();
     degraded_ = false;
     whole_backup_.store(true);
-    return wire::BackupReply{0};
+    return wire::BackupReply{0, request.slot, {}};
   }
   std::fprintf(stderr, "%s: copying its region (%s) to %s slot %u\n", Name().c_str(),
                FormatSize(size).c_str(), link->name().c_str(), request.slot);
   backup_ = std::move(link);
+  backup_reported_ = false;
   copy_ = Copy{};
   // Without replicas the server promises one copy until the copy is whole, as a replicated
   // one after a degrade: nothing held, no serving lease (MayServe), a failure abandons it.
   if (!options_.replicated) degraded_ = true;
-  return wire::BackupReply{size};
+  return wire::BackupReply{size, request.slot, {}};
 }
 
 Result<wire::BackupReply> MemoryServer::Impl::AddBackup(const wire::BackupRequest& request,
@@ -1263,7 +1274,7 @@ Result<wire::BackupReply> MemoryServer::Impl::AddBackup(const wire::BackupReques
     std::fprintf(stderr, "%s: copying its region (%s) to %s slot %u, a further backup\n",
                  Name().c_str(), FormatSize(size).c_str(), link->name().c_str(), request.slot);
     slot_links_.emplace(options_.id, SlotLink{std::move(link), 0, Copy{}, Clock::now(), {}});
-    return wire::BackupReply{size};
+    return wire::BackupReply{size, request.slot, {}};
   }
   if (!own_file_) {
     FARPOOL_RETURN_IF_ERROR(
@@ -1272,29 +1283,40 @@ Result<wire::BackupReply> MemoryServer::Impl::AddBackup(const wire::BackupReques
   const Clock::time_point acknowledged = link->acknowledged_sent();
   std::fprintf(stderr, "%s: %s slot %u is a further backup of its region\n", Name().c_str(),
                link->name().c_str(), request.slot);
-  slot_links_.emplace(options_.id, SlotLink{std::move(link), 0, std::nullopt, acknowledged, {}});
-  return wire::BackupReply{0};
+  slot_links_.emplace(options_.id,
+                      SlotLink{std::move(link), 0, std::nullopt, acknowledged, {}, true});
+  return wire::BackupReply{0, request.slot, {}};
 }
 
 void MemoryServer::Impl::DropOtherCopies(const wire::BackupRequest& request) {
   for (auto [it, end] = slot_links_.equal_range(request.region); it != end;) {
     SlotLink& l = it->second;
-    if (!l.copy || (l.link->id() == request.backup_id && l.link->slot() == request.slot)) {
+    if ((!l.copy && l.reported) || l.link->id() == request.backup_id) {
       ++it;
       continue;
     }
-    std::fprintf(stderr, "%s: server %u's copy to %s is given up: server %u slot %u was named\n",
-                 Name().c_str(), request.region, l.link->name().c_str(), request.backup_id,
-                 request.slot);
+    std::fprintf(stderr, "%s: server %u's %s copy to %s is given up: server %u slot %u was named\n",
+                 Name().c_str(), request.region, l.copy ? "unfinished" : "unreported",
+                 l.link->name().c_str(), request.backup_id, request.slot);
     GiveUp(std::move(l.link));
     it = slot_links_.erase(it);
   }
+  // The first backup, whole and not reported: as if degraded (one copy, as the map says).
+  if (request.region == options_.id && backup_ != nullptr && !copy_ && !backup_reported_ &&
+      backup_->id() != request.backup_id) {
+    std::fprintf(stderr, "%s: its unreported copy to %s is given up: server %u slot %u was named\n",
+                 Name().c_str(), backup_->name().c_str(), request.backup_id, request.slot);
+    GiveUp(std::move(backup_));
+    degraded_ = true;
+    whole_backup_.store(false);
+    ReleaseHeld();
+  }
 }
 
-bool MemoryServer::Impl::KeepsCopy(uint16_t backup_id) const {
-  if (backup_ != nullptr && backup_->id() == backup_id) return true;
-  auto [it, end] = slot_links_.equal_range(options_.id);
-  return std::any_of(it, end, [&](const auto& l) { return l.second.link->id() == backup_id; });
+wire::BackupReply MemoryServer::Impl::Report(const BackupLink& link, uint64_t remaining,
+                                             bool* reported) {
+  if (remaining == 0) *reported = true;
+  return wire::BackupReply{remaining, link.slot(), {}};
 }
 
 memory_ops::Region MemoryServer::Impl::BatchRegion(uint32_t pool, bool own_part) {
@@ -1587,7 +1609,10 @@ void MemoryServer::Impl::Settle(std::span<std::vector<std::byte>> replies,
       }
     }
   }
-  if (promised && !slot_links_.empty()) {
+  // A round that only read waits too, for a link with a failed forward's ranges posted again
+  // (ForwardSlotLinks sends nothing to a link that has settled everything).
+  const bool observed = std::find(observes_.begin(), observes_.end(), true) != observes_.end();
+  if ((promised || observed) && !slot_links_.empty()) {
     Status forwarded = ForwardSlotLinks(changed_);
     if (!forwarded.ok()) {
       const bool fenced = forwarded.code() == StatusCode::kPermissionDenied;
@@ -1597,8 +1622,14 @@ void MemoryServer::Impl::Settle(std::span<std::vector<std::byte>> replies,
                                       : "its backup does not answer") +
                               " (" + forwarded.message() + ")");
       if (fenced) Fence(forwarded);
+      // The replies that changed something, and those that may show a change (a read may
+      // have seen what the backup lacks).
       for (size_t i = 0; i < replies.size() && i < round_.size(); ++i) {
-        if (round_[i] != 0) replies[i] = wire::EncodeError(round_[i], why);
+        const bool observes = i < observes_.size() && observes_[i] && !replies[i].empty();
+        const uint64_t id = round_[i] != 0 ? round_[i]
+                            : observes     ? transport::RequestIdOf(replies[i]).value_or(0)
+                                           : 0;
+        if (round_[i] != 0 || observes) replies[i] = wire::EncodeError(id, why);
       }
       // Batches that changed the region in this round and then stopped to wait: their reply
       // (the next round's) would promise those changes too.

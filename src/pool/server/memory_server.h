@@ -62,8 +62,10 @@
 // (`cluster up`), a link starts with the root area; named later (re-replication to f copies),
 // the region is copied to it in slices first, and until the copy is whole the link counts for
 // nothing (serving lease, failed rounds) and a failure gives the copy up. A region served from
-// a promoted slot takes several links the same way. A server that keeps a copy of the region
-// already is refused. The serving lease needs fresh contact with every whole backup; a
+// a promoted slot takes several links the same way. A BackupRequest naming a server that keeps
+// a copy of the region already, in another slot, reports on that copy (BackupReply::slot), and
+// one naming another server gives up the region's copies the map cannot name (under way, or
+// whole but not yet reported whole: DropOtherCopies). The serving lease needs fresh contact with every whole backup; a
 // DegradeRequest removes the one it names (the set of gone backups), the others stay.
 //
 // Shared pages (ServerOptions::shared_pages): the backups map this server's region itself, so
