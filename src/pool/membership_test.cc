@@ -1577,31 +1577,26 @@ TEST(ReReplication, ACopyTheMapNoLongerNamesGivesItsMemoryBack) {
   constexpr int kServers = 3;
   LocalClusterOptions o = Options(kServers, 2, /*netns=*/true);
   o.mirror_slots = 2;
-  TestCluster cluster(o);
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  FailoverSetup setup;
-  ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
-  const int coordinator = Coordinator(cluster.dir());
-  ASSERT_GE(coordinator, 0) << "no coordinator elected";
-  const int victim = (coordinator + 2) % kServers;
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &r));
+  const int victim = (r.coordinator + 2) % kServers;
   const int keeper = (victim + 1) % kServers;  // the coordinator
   const int stale = (victim + 2) % kServers;
-  auto config = cluster.config();
-  ASSERT_TRUE(config.ok());
-  EtcdView view = ClusterEtcdStatus(cluster.dir()).value();
+  const ClusterConfig config = r.Config();
+  EtcdView view = ClusterEtcdStatus(r.dir()).value();
   const std::vector<coord::MapServer::Backup> backups = view.map.Find(victim)->Backups();
   ASSERT_EQ(backups.size(), 2u) << view.map.ToJson();
   ASSERT_EQ(backups[1].id, stale) << view.map.ToJson();
   const int stale_slot = backups[1].slot;
-  const pid_t stale_pid = static_cast<pid_t>(config->servers[stale].pid);
+  const pid_t stale_pid = static_cast<pid_t>(config.servers[stale].pid);
   ASSERT_EQ(SlotsHeld(stale_pid, o.memory), 2) << "both slots hold copies";
 
-  auto [etcd, keys] = EtcdOf(cluster);
+  auto [etcd, keys] = EtcdOf(*r.cluster);
   ASSERT_TRUE(etcd);
   ASSERT_TRUE(etcd->Put(keys.Suspect(static_cast<uint16_t>(stale)), "test").ok());
-  Writer writer(*setup.pool, setup.objects);
-  ASSERT_NO_FATAL_FAILURE(KillUnderWriter(cluster, victim, &writer));
-  view = WaitForView(cluster.dir(),
+  Writer writer(*r.pool, r.objects);
+  ASSERT_NO_FATAL_FAILURE(r.KillUnderWriter(victim, &writer));
+  view = WaitForView(r.dir(),
                      [&](const EtcdView& v) { return v.map.Find(victim)->served_by == keeper; });
   ASSERT_EQ(view.map.Find(victim)->served_by, keeper) << view.map.ToJson();
   ASSERT_TRUE(view.map.Find(victim)->Backups().empty()) << view.map.ToJson();
@@ -1615,15 +1610,15 @@ TEST(ReReplication, ACopyTheMapNoLongerNamesGivesItsMemoryBack) {
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(50ms);
   }
-  view = ClusterEtcdStatus(cluster.dir()).value();
+  view = ClusterEtcdStatus(r.dir()).value();
   for (int id : {keeper, stale}) {
-    EXPECT_EQ(SlotsHeld(static_cast<pid_t>(config->servers[id].pid), o.memory), expected(view, id))
+    EXPECT_EQ(SlotsHeld(static_cast<pid_t>(config.servers[id].pid), o.memory), expected(view, id))
         << "server " << id << "'s slots hold memory the map does not name: " << view.map.ToJson();
   }
 
   // The slot is free for the next copy: re-replication puts the region's there.
   ASSERT_TRUE(etcd->Delete(keys.Suspect(static_cast<uint16_t>(stale))).ok());
-  view = WaitForView(cluster.dir(),
+  view = WaitForView(r.dir(),
                      [&](const EtcdView& v) { return !v.map.Find(victim)->Backups().empty(); });
   const std::vector<coord::MapServer::Backup> now = view.map.Find(victim)->Backups();
   ASSERT_EQ(now.size(), 1u) << view.map.ToJson();
@@ -1647,32 +1642,27 @@ TEST(ReReplication, ACopyInAnotherSlotOfTheTargetIsNamedWhereItIs) {
   constexpr int kServers = 3;
   LocalClusterOptions o = Options(kServers, 1, /*netns=*/true);
   o.mirror_slots = 3;
-  TestCluster cluster(o);
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  FailoverSetup setup;
-  ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
-  const int coordinator = Coordinator(cluster.dir());
-  ASSERT_GE(coordinator, 0) << "no coordinator elected";
-  const int victim = (coordinator + 2) % kServers;
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &r));
+  const int victim = (r.coordinator + 2) % kServers;
   const int keeper = (victim + 1) % kServers;  // the coordinator
   const int target = (victim + 2) % kServers;
   constexpr uint16_t kEarlierSlot = 2;
-  auto config = cluster.config();
-  ASSERT_TRUE(config.ok());
-  auto [etcd, keys] = EtcdOf(cluster);
+  const ClusterConfig config = r.Config();
+  auto [etcd, keys] = EtcdOf(*r.cluster);
   ASSERT_TRUE(etcd);
   ASSERT_TRUE(etcd->Put(keys.Suspect(static_cast<uint16_t>(target)), "test").ok());
-  Writer writer(*setup.pool, setup.objects);
-  ASSERT_NO_FATAL_FAILURE(KillUnderWriter(cluster, victim, &writer));
+  Writer writer(*r.pool, r.objects);
+  ASSERT_NO_FATAL_FAILURE(r.KillUnderWriter(victim, &writer));
   EtcdView view = WaitForView(
-      cluster.dir(), [&](const EtcdView& v) { return v.map.Find(victim)->served_by == keeper; });
+      r.dir(), [&](const EtcdView& v) { return v.map.Find(victim)->served_by == keeper; });
   ASSERT_EQ(view.map.Find(victim)->served_by, keeper) << view.map.ToJson();
   ASSERT_TRUE(view.map.Find(victim)->Backups().empty()) << view.map.ToJson();
 
-  auto secret = transport::ClusterSecret::Read(cluster.dir() + "/" + kSecretFileName);
+  auto secret = transport::ClusterSecret::Read(r.dir() + "/" + kSecretFileName);
   ASSERT_TRUE(secret.ok()) << secret.status().ToString();
-  const ServerAddress& k = config->servers[keeper];
-  const ServerAddress& t = config->servers[target];
+  const ServerAddress& k = config.servers[keeper];
+  const ServerAddress& t = config.servers[target];
   auto tool = control::Connection::OpenAsTool(k.id, k.Endpoint(), k.port, &*secret, 0x7002, 5s);
   ASSERT_TRUE(tool.ok()) << tool.status().ToString();
   auto request =
@@ -1689,19 +1679,17 @@ TEST(ReReplication, ACopyInAnotherSlotOfTheTargetIsNamedWhereItIs) {
   ASSERT_EQ(remaining, 0u) << "the copy to server " << target << "'s slot 2 did not complete";
 
   ASSERT_TRUE(etcd->Delete(keys.Suspect(static_cast<uint16_t>(target))).ok());
-  view = WaitForView(cluster.dir(),
+  view = WaitForView(r.dir(),
                      [&](const EtcdView& v) { return !v.map.Find(victim)->Backups().empty(); });
   const std::vector<coord::MapServer::Backup> backups = view.map.Find(victim)->Backups();
   ASSERT_EQ(backups.size(), 1u) << "the coordinator never named the copy: " << view.map.ToJson();
   EXPECT_EQ(backups[0].id, target) << view.map.ToJson();
   EXPECT_EQ(backups[0].slot, kEarlierSlot) << view.map.ToJson();
 
-  ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
-  ASSERT_EQ(kill(static_cast<pid_t>(k.pid), SIGKILL), 0);
-  EXPECT_TRUE(writer.AcknowledgedEverywhere(50)) << "the client did not follow the failover";
+  ASSERT_NO_FATAL_FAILURE(r.KillUnderWriter(keeper, &writer));
   writer.Stop();
   writer.CheckIntact();
-  view = ClusterEtcdStatus(cluster.dir()).value();
+  view = ClusterEtcdStatus(r.dir()).value();
   EXPECT_EQ(view.map.Find(victim)->served_by, target) << view.map.ToJson();
   EXPECT_EQ(view.map.Find(victim)->served_slot, kEarlierSlot) << view.map.ToJson();
 }
@@ -1718,23 +1706,20 @@ TEST(ReReplication, AReadWaitsForEveryBackupNotOnlyTheFirst) {
   constexpr int kServers = 3;
   LocalClusterOptions o = Options(kServers, 2, /*netns=*/true);
   o.mirror_slots = 2;
-  TestCluster cluster(o);
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
-  FailoverSetup setup;
-  ASSERT_NO_FATAL_FAILURE(Connect(cluster, kServers, &setup));
-  auto config = cluster.config();
-  ASSERT_TRUE(config.ok());
-  EtcdView view = ClusterEtcdStatus(cluster.dir()).value();
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &r));
+  const ClusterConfig config = r.Config();
+  EtcdView view = ClusterEtcdStatus(r.dir()).value();
   const int primary = 0;
   const std::vector<coord::MapServer::Backup> backups = view.map.Find(primary)->Backups();
   ASSERT_EQ(backups.size(), 2u) << view.map.ToJson();
-  const GlobalAddress object = setup.objects[primary];
+  const GlobalAddress object = r.objects[primary];
   uint64_t before = 0x1111;
-  ASSERT_TRUE(setup.pool->Write(object, &before, 8).ok());
+  ASSERT_TRUE(r.pool->Write(object, &before, 8).ok());
 
-  auto secret = transport::ClusterSecret::Read(cluster.dir() + "/" + kSecretFileName);
+  auto secret = transport::ClusterSecret::Read(r.dir() + "/" + kSecretFileName);
   ASSERT_TRUE(secret.ok()) << secret.status().ToString();
-  const ServerAddress& second = config->servers[backups[1].id];
+  const ServerAddress& second = config.servers[backups[1].id];
   auto main_port = control::Connection::OpenAsTool(second.id, second.Endpoint(), second.port,
                                                    &*secret, 0x7003, 5s);
   ASSERT_TRUE(main_port.ok()) << main_port.status().ToString();
@@ -1756,10 +1741,10 @@ TEST(ReReplication, AReadWaitsForEveryBackupNotOnlyTheFirst) {
   ASSERT_TRUE(detached.ok()) << detached.status().ToString();
 
   uint64_t after = 0x2222;
-  Status written = setup.pool->Write(object, &after, 8);
+  Status written = r.pool->Write(object, &after, 8);
   ASSERT_FALSE(written.ok()) << "a write acknowledged though a backup refused it";
   uint64_t value = 0;
-  Status read = setup.pool->Read(object, &value, 8);
+  Status read = r.pool->Read(object, &value, 8);
   EXPECT_FALSE(read.ok() && value == after)
       << "a read showed a change that server " << second.id << ", a backup in the map, lacks";
   std::printf("the write: %s\nthe read: %s (%#llx)\n", written.ToString().c_str(),
