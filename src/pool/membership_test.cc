@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -1694,14 +1695,33 @@ TEST(ReReplication, ACopyInAnotherSlotOfTheTargetIsNamedWhereItIs) {
   EXPECT_EQ(view.map.Find(victim)->served_slot, kEarlierSlot) << view.map.ToJson();
 }
 
+// A connection of the cluster's tooling to server `s`'s mirror port, as a coordinator's.
+struct MirrorTool {
+  std::optional<transport::ClusterSecret> secret;  // the connection keeps a pointer to it
+  std::unique_ptr<control::Connection> connection;
+};
+void OpenMirrorTool(const Running& r, const ServerAddress& s, MirrorTool* out) {
+  auto secret = transport::ClusterSecret::Read(r.dir() + "/" + kSecretFileName);
+  ASSERT_TRUE(secret.ok()) << secret.status().ToString();
+  out->secret = std::move(*secret);
+  auto main_port =
+      control::Connection::OpenAsTool(s.id, s.Endpoint(), s.port, &*out->secret, 0x7003, 5s);
+  ASSERT_TRUE(main_port.ok()) << main_port.status().ToString();
+  auto mirror = control::Connection::OpenAsTool(
+      s.id, s.Endpoint(), (*main_port)->hello().mirror_port, &*out->secret, 0x7003, 5s);
+  ASSERT_TRUE(mirror.ok()) << mirror.status().ToString();
+  out->connection = std::move(*mirror);
+}
+
 // A read waits for every live backup, not only the first (docs/pool.md "Re-replication's loose
-// ends"): --replicas 2 on 3 servers, a client's object on `primary`. Its further backup
-// `second` is made to refuse the primary's forwards (its slot is detached, as a coordinator
-// detaches a copy the map dropped), so a write fails ("not acknowledged") though applied at the
-// primary and its first backup. A read of the object right after changes nothing, and must not
-// show that write while `second`, which the map still names, lacks it: it fails instead (or, if
-// the primary's lease from `second` has lapsed by then, is refused). Before, it waited for the
-// first backup's forwards only and returned the new value.
+// ends"): --replicas 2 on 3 servers, a client's object on `primary`. Its further backup `second`
+// is made to refuse the primary's forwards at once (the test attaches its slot for another
+// server, as a copy of another region would take a slot: forwards from `primary` are then "not
+// from its primary"), so a write fails ("not acknowledged") though applied at the primary and
+// its first backup. A read of the object right after changes nothing, and must not show that
+// write while `second`, which the map still names, lacks it: it fails instead (or, if the
+// primary's lease from `second` has lapsed by then, is refused). Before, it waited for the first
+// backup's forwards only and returned the new value.
 TEST(ReReplication, AReadWaitsForEveryBackupNotOnlyTheFirst) {
   constexpr int kServers = 3;
   LocalClusterOptions o = Options(kServers, 2, /*netns=*/true);
@@ -1717,29 +1737,23 @@ TEST(ReReplication, AReadWaitsForEveryBackupNotOnlyTheFirst) {
   uint64_t before = 0x1111;
   ASSERT_TRUE(r.pool->Write(object, &before, 8).ok());
 
-  auto secret = transport::ClusterSecret::Read(r.dir() + "/" + kSecretFileName);
-  ASSERT_TRUE(secret.ok()) << secret.status().ToString();
   const ServerAddress& second = config.servers[backups[1].id];
-  auto main_port = control::Connection::OpenAsTool(second.id, second.Endpoint(), second.port,
-                                                   &*secret, 0x7003, 5s);
-  ASSERT_TRUE(main_port.ok()) << main_port.status().ToString();
-  auto mirror = control::Connection::OpenAsTool(
-      second.id, second.Endpoint(), (*main_port)->hello().mirror_port, &*secret, 0x7003, 5s);
-  ASSERT_TRUE(mirror.ok()) << mirror.status().ToString();
-  const wire::ReplicateRequest detach{static_cast<uint16_t>(primary),
+  MirrorTool mirror;
+  ASSERT_NO_FATAL_FAILURE(OpenMirrorTool(r, second, &mirror));
+  constexpr uint16_t kAnotherServer = 9;
+  const wire::ReplicateRequest attach{kAnotherServer,
                                       static_cast<uint16_t>(backups[1].slot),
                                       0,
                                       0,
-                                      wire::kReplicateDetach,
+                                      wire::kReplicateAttach,
                                       0,
                                       0,
                                       0,
                                       0,
                                       0};
-  auto detached = (*mirror)->Call([&](uint64_t id) { return wire::Encode(id, detach); },
-                                  wire::Opcode::kReplicateReply);
-  ASSERT_TRUE(detached.ok()) << detached.status().ToString();
-
+  auto attached = mirror.connection->Call([&](uint64_t id) { return wire::Encode(id, attach); },
+                                          wire::Opcode::kReplicateReply);
+  ASSERT_TRUE(attached.ok()) << attached.status().ToString();
   uint64_t after = 0x2222;
   Status written = r.pool->Write(object, &after, 8);
   ASSERT_FALSE(written.ok()) << "a write acknowledged though a backup refused it";
@@ -1749,6 +1763,42 @@ TEST(ReReplication, AReadWaitsForEveryBackupNotOnlyTheFirst) {
       << "a read showed a change that server " << second.id << ", a backup in the map, lacks";
   std::printf("the write: %s\nthe read: %s (%#llx)\n", written.ToString().c_str(),
               read.ToString().c_str(), static_cast<unsigned long long>(value));
+}
+
+// A detach of a slot whose primary still feeds it is refused unless it comes on that primary's
+// connection (docs/pool.md "Re-replication's loose ends"): a coordinator that drops a copy
+// after its failover may have been deposed meanwhile, and a newer one may have named that very
+// slot for the region again. Here a tool (as such a late coordinator) sends server 1's mirror
+// the detach of server 0's copy while server 0 writes on: it is refused, and the writes go on
+// acknowledged. With the detach accepted from any connection, the slot is emptied and every
+// later forward of server 0 is refused ("not from its primary").
+TEST(ReReplication, ALateDetachOfACopyItsPrimaryStillFeedsIsRefused) {
+  constexpr int kServers = 3;
+  LocalClusterOptions o = Options(kServers, 1, /*netns=*/true);
+  o.mirror_slots = 1;
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &r));
+  const ClusterConfig config = r.Config();
+  const EtcdView view = ClusterEtcdStatus(r.dir()).value();
+  const std::vector<coord::MapServer::Backup> backups = view.map.Find(0)->Backups();
+  ASSERT_EQ(backups.size(), 1u) << view.map.ToJson();
+  Writer writer(*r.pool, r.objects);
+  ASSERT_TRUE(writer.AcknowledgedEverywhere(10));
+  MirrorTool mirror;
+  ASSERT_NO_FATAL_FAILURE(OpenMirrorTool(r, config.servers[backups[0].id], &mirror));
+  const wire::ReplicateRequest detach{
+      0, static_cast<uint16_t>(backups[0].slot), 0, 0, wire::kReplicateDetach, 0, 0, 0, 0, 0};
+  auto detached = mirror.connection->Call([&](uint64_t id) { return wire::Encode(id, detach); },
+                                          wire::Opcode::kReplicateReply);
+  EXPECT_FALSE(detached.ok()) << "a detach from another connection emptied a fed slot";
+  if (!detached.ok()) {
+    EXPECT_NE(detached.status().message().find("still fed by its primary"), std::string::npos)
+        << detached.status().ToString();
+  }
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(20)) << "writes stopped: " << writer.last_error();
+  writer.Stop();
+  EXPECT_EQ(writer.failures(), 0u) << writer.last_error();
+  writer.CheckIntact();
 }
 
 }  // namespace

@@ -115,7 +115,8 @@ void Coordinator::DropCopies(const std::map<uint16_t, uint16_t>& mirror_ports,
     const coord::MapServer* keeper = map.Find(b.id);
     if (keeper == nullptr) continue;
     // As the region's primary would give it up (wire::kReplicateDetach): the slot frees itself
-    // if it still holds that region's copy, unpromoted; else it refuses, and nothing changes.
+    // if it still holds that region's copy, unpromoted, and no connection feeds it any more
+    // (its primary is the dead server); else it refuses, and nothing changes.
     const wire::ReplicateRequest detach{
         region, static_cast<uint16_t>(b.slot), 0, 0, wire::kReplicateDetach, 0, 0, 0, 0, 0};
     Status told = AskMirror(

@@ -115,7 +115,9 @@ class Coordinator {
   // Tells the live servers of `dropped`, copies of server `region`'s region that `map` (just
   // written) no longer names, to give their slots up (a ReplicateRequest with
   // wire::kReplicateDetach, as the region's primary sends one): their memory goes back at once.
-  // A slot that holds another copy by then, or was promoted, refuses it (logged, harmless).
+  // A slot that holds another copy by then, was promoted, or is still fed by a live connection
+  // (a copy a newer coordinator named there again: this one may be deposed by then) refuses it
+  // (logged, harmless; the memory stays until the slot is attached again).
   void DropCopies(const std::map<uint16_t, uint16_t>& mirror_ports, const coord::ClusterMap& map,
                   uint16_t region, const std::vector<coord::MapServer::Backup>& dropped);
   // Writes `next` as the map if the map is still at `map_revision` and the coordinator key

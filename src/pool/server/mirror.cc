@@ -37,10 +37,11 @@ void Mirror::Closed(const transport::Peer& peer) {
   std::vector<uint16_t> closed;
   {
     std::lock_guard lock(mu_);
-    for (const Slot& s : slots_) {
+    for (Slot& s : slots_) {
       if (s.primary >= 0 && !s.promoted && s.forward_connection == peer.id) {
         closed.push_back(static_cast<uint16_t>(s.primary));
       }
+      if (s.forward_connection == peer.id) s.forward_connection = 0;  // nobody feeds it now
     }
   }
   if (on_primary_closed_) {
@@ -431,6 +432,19 @@ Result<std::vector<std::byte>> Mirror::Answer(std::span<const std::byte> bytes,
       std::lock_guard lock(mu_);
       const bool attach = (req.flags & wire::kReplicateAttach) != 0;
       if ((req.flags & wire::kReplicateDetach) != 0) {
+        // From the connection that feeds the slot (its primary gives the copy up), or once that
+        // has closed (a coordinator drops a dead primary's copy that its map no longer names).
+        // Not from anyone else while a primary feeds it: that may be a deposed coordinator,
+        // late, after a newer one named this very slot for the region again (docs/pool.md
+        // "Re-replication's loose ends").
+        if (from != nullptr && req.slot < slots_.size() &&
+            slots_[req.slot].forward_connection != 0 &&
+            slots_[req.slot].forward_connection != from->id) {
+          return Status::Aborted(name_ + " slot " + std::to_string(req.slot) + ": server " +
+                                 std::to_string(req.primary_id) +
+                                 "'s copy is still fed by its primary: only that connection "
+                                 "gives it up while open");
+        }
         FARPOOL_ASSIGN_OR_RETURN(Slot * slot,
                                  AdmitForward(req.primary_id, req.slot, false, id, from));
         FARPOOL_RETURN_IF_ERROR(

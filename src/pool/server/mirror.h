@@ -171,7 +171,8 @@ class Mirror : public transport::AmHandler {
     // and when it last forwarded or renewed.
     uint64_t primary_tag = 0;
     std::chrono::steady_clock::time_point last_contact{};
-    // The mirror's loop only: the connection of the latest forward (Peer::id) and its request id.
+    // The mirror's loop only: the connection of the latest forward (Peer::id; 0 once it has
+    // closed) and its request id.
     uint64_t forward_connection = 0;
     uint64_t forward_id = 0;
     // Shared pages: the primary's region mapped over the slot, and its process (for the kill).
