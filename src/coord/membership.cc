@@ -55,6 +55,11 @@ Result<std::unique_ptr<Membership>> Membership::Start(const Options& options) {
   std::unique_ptr<Membership> m(new Membership(options));
   // Each call must end well within the TTL, or one slow call would let the lease lapse.
   FARPOOL_ASSIGN_OR_RETURN(m->etcd_, EtcdClient::Create({options.endpoints, options.ttl / 4}));
+  const bool probes = options.closed || options.coordinator_closed;
+  if (probes) {
+    FARPOOL_ASSIGN_OR_RETURN(m->probe_etcd_,
+                             EtcdClient::Create({options.endpoints, options.ttl / 4}));
+  }
   Status s = m->Register();
   if (!s.ok()) {
     return s.WithContext("server " + std::to_string(options.id) + ": registering in etcd (" +
@@ -70,6 +75,7 @@ Result<std::unique_ptr<Membership>> Membership::Start(const Options& options) {
     FARPOOL_ASSIGN_OR_RETURN(m->watch_, EtcdWatch::Start(std::move(wo)));
   }
   m->thread_ = std::thread([p = m.get()] { p->Run(); });
+  if (probes) m->prober_ = std::thread([p = m.get()] { p->Probe(); });
   return m;
 }
 
@@ -113,20 +119,20 @@ void Membership::Watched(const EtcdWatch::Update& u) {
 void Membership::Wake() {
   {
     std::lock_guard lock(mu_);
-    woken_ = true;
+    probe_woken_ = true;
   }
-  cv_.notify_all();
+  probe_cv_.notify_all();
 }
 
 Membership::~Membership() {
-  if (thread_.joinable()) {
-    {
-      std::lock_guard lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
   }
+  cv_.notify_all();
+  probe_cv_.notify_all();
+  if (prober_.joinable()) prober_.join();
+  if (thread_.joinable()) thread_.join();
   // After the thread (it asks the watch whether it is up), before the members Watched uses.
   watch_.reset();
   if (lease_ != 0 && registered_) {
@@ -152,14 +158,31 @@ Status Membership::Register() {
   return Status::Ok();
 }
 
+void Membership::Probe() {
+  const auto tick =
+      std::min<std::chrono::milliseconds>(std::chrono::milliseconds(100), options_.ttl / 4);
+  std::unique_lock lock(mu_);
+  while (true) {
+    probe_cv_.wait_for(lock, suspects_.empty() ? tick : kProbeInterval,
+                       [&] { return stop_ || probe_woken_; });
+    if (stop_) break;
+    probe_woken_ = false;
+    lock.unlock();
+    CheckClosedPeers();
+    std::fflush(stdout);
+    lock.lock();
+  }
+}
+
 void Membership::CheckClosedPeers() {
-  if (!options_.closed) return;
   const auto now = std::chrono::steady_clock::now();
-  for (uint16_t id : options_.closed()) {
-    if (id != options_.id) suspects_.insert_or_assign(id, now + options_.ttl);
+  if (options_.closed) {
+    for (uint16_t id : options_.closed()) {
+      if (id != options_.id) suspects_.insert_or_assign(id, now + options_.ttl);
+    }
   }
   if (options_.coordinator_closed && options_.coordinator_closed() && !coordinator_) {
-    auto key = etcd_->Get(keys_.Coordinator());
+    auto key = probe_etcd_->Get(keys_.Coordinator());
     if (key.ok() && key->has_value()) {
       const auto& held = (*key)->value;
       uint16_t id = 0;
@@ -175,7 +198,7 @@ void Membership::CheckClosedPeers() {
       it = suspects_.erase(it);
       continue;
     }
-    auto kv = etcd_->Get(keys_.Alive(id));
+    auto kv = probe_etcd_->Get(keys_.Alive(id));
     if (!kv.ok()) {  // etcd unreachable: ask again at the next probe
       ++it;
       continue;
@@ -190,11 +213,11 @@ void Membership::CheckClosedPeers() {
       continue;
     }
     const std::string address = value["address"].get<std::string>();
-    if (!Refused(address, std::chrono::milliseconds(300))) {  // alive, or not dead yet
+    if (!Refused(address, kProbeTimeout)) {  // alive, or not dead yet
       ++it;
       continue;
     }
-    Status revoked = etcd_->RevokeLease((*kv)->lease);
+    Status revoked = probe_etcd_->RevokeLease((*kv)->lease);
     std::printf("farpool server %u: server %u's connection closed and %s refuses connections: %s\n",
                 options_.id, id, address.c_str(),
                 revoked.ok() ? "its lease revoked (it is gone)"
@@ -246,35 +269,26 @@ void Membership::Elect() {
 }
 
 void Membership::Run() {
-  // Ticks every 100 ms (the coordinator's pace); keepalives every ttl/4; between ticks, the
-  // suspects are probed every kProbeInterval.
+  // Ticks every 100 ms (the coordinator's pace), or at once when woken; keepalives every
+  // ttl/4.
   const auto tick =
       std::min<std::chrono::milliseconds>(std::chrono::milliseconds(100), options_.ttl / 4);
-  auto next_tick = std::chrono::steady_clock::now() + tick;
   auto next_keepalive = std::chrono::steady_clock::now() + options_.ttl / 4;
   std::unique_lock lock(mu_);
   while (true) {
-    const auto wake_at =
-        suspects_.empty() ? next_tick
-                          : std::min(next_tick, std::chrono::steady_clock::now() + kProbeInterval);
-    cv_.wait_until(lock, wake_at, [&] { return stop_ || woken_; });
+    cv_.wait_for(lock, tick, [&] { return stop_ || woken_; });
     if (stop_) break;
-    const bool ticks = woken_ || std::chrono::steady_clock::now() >= next_tick;
     woken_ = false;
     lock.unlock();
-    CheckClosedPeers();
-    if (ticks) {
-      next_tick = std::chrono::steady_clock::now() + tick;
-      if (std::chrono::steady_clock::now() >= next_keepalive || !registered_) {
-        next_keepalive = std::chrono::steady_clock::now() + options_.ttl / 4;
-        KeepAliveOnce();
-        // The watch hands maps over as they change; read here only while it is down.
-        if (registered_ && options_.on_map && !watch_->up()) ReadMap();
-      }
-      if (registered_ && options_.coordinate) {
-        Elect();
-        if (coordinator_) options_.coordinate(*etcd_, keys_, term_);
-      }
+    if (std::chrono::steady_clock::now() >= next_keepalive || !registered_) {
+      next_keepalive = std::chrono::steady_clock::now() + options_.ttl / 4;
+      KeepAliveOnce();
+      // The watch hands maps over as they change; read here only while it is down.
+      if (registered_ && options_.on_map && !watch_->up()) ReadMap();
+    }
+    if (registered_ && options_.coordinate) {
+      Elect();
+      if (coordinator_) options_.coordinate(*etcd_, keys_, term_);
     }
     std::fflush(stdout);
     lock.lock();

@@ -38,6 +38,11 @@
 // the coordinator key names, so that the coordinator's death is acted on also without replicas
 // or when its backups died with it.
 //
+// The probes run on a thread of their own (branch `coordload2`), with a client of etcd of their
+// own: a probe waits up to kProbeTimeout for a peer that drops packets (a cut link), and
+// several such suspects probed on the membership thread, as before, held back its keepalives
+// past the TTL (this server's own lease lapsed) and its elections.
+//
 // Watching the cluster's keys (branch `etcdwatch`): with on_map or coordinate set, Start also
 // opens an EtcdWatch on the whole prefix. A put of the map is handed to on_map at once (fencing
 // by epoch no longer waits for the next keepalive; the map is read after a keepalive only while
@@ -50,7 +55,8 @@
 // a server that cannot register would look dead to the cluster.
 //
 // Thread-safety: Start and the destructor from one owning thread; registered(), coordinator()
-// and Wake() from any.
+// and Wake() from any. Two threads: the membership thread (keepalives, elections, the
+// coordinator's ticks) and the prober (the suspects), each with its own EtcdClient.
 #pragma once
 
 #include <atomic>
@@ -87,15 +93,17 @@ class Membership {
     // after a re-registration: how a server learns that the map moved its region away
     // (fencing by epoch). Empty: the map is not read.
     std::function<void(const ClusterMap& map)> on_map;
-    // The servers whose connection to this one closed since the last call (taken each tick).
-    // For each, the thread tries a TCP connection to the address of its alive key, again every
-    // kProbeInterval for up to the TTL; once that is refused, no process listens there any
-    // more: its lease is revoked, so that its alive key (and the coordinator key, if it held
-    // that) goes at once instead of after the TTL. See "Dead peers". Empty: none are checked.
+    // The servers whose connection to this one closed since the last call (taken by the
+    // prober, at each Wake and every tick). For each, the prober tries a TCP connection to the
+    // address of its alive key, again every kProbeInterval for up to the TTL; once that is
+    // refused, no process listens there any more: its lease is revoked, so that its alive key
+    // (and the coordinator key, if it held that) goes at once instead of after the TTL. See
+    // "Dead peers". Empty: none are checked.
     std::function<std::vector<uint16_t>()> closed;
     // Whether a connection of the coordinator's to this server closed since the last call
-    // (taken each tick): the server the coordinator key names is then checked as those of
-    // `closed` are (not by the coordinator itself). Empty: never.
+    // (taken by the prober, as `closed`): the server the coordinator key names is then checked
+    // as those of `closed` are (not by the coordinator itself). Empty: never. With neither
+    // `closed` nor this, no prober runs.
     std::function<bool()> coordinator_closed;
   };
   static Result<std::unique_ptr<Membership>> Start(const Options& options);
@@ -109,10 +117,9 @@ class Membership {
   bool coordinator() const { return coordinator_.load(std::memory_order_relaxed); }
   // The watch of the cluster's keys; nullptr without on_map and coordinate.
   const EtcdWatch* watch() const { return watch_.get(); }
-  // Has the thread tick now rather than at the next 100 ms: a peer's connection closed (what
-  // Options::closed or coordinator_closed will report). Any thread, also under the lock those
-  // take: Wake takes only the thread's own mutex, which the thread never holds while it calls
-  // them.
+  // Has the prober take Options::closed and coordinator_closed now rather than at the next
+  // 100 ms: a peer's connection closed. Any thread, also under the lock those take: Wake takes
+  // only mu_, which the prober never holds while it calls them.
   void Wake();
 
  private:
@@ -120,9 +127,13 @@ class Membership {
   Status Register();  // a new lease and the key under it
   void Run();
   void KeepAliveOnce();
-  // Takes the peers Options::closed reports as suspects, probes each suspect once: its lease
+  // The prober's loop: CheckClosedPeers at each Wake, every kProbeInterval while there are
+  // suspects, else every tick.
+  void Probe();
+  // Takes the peers Options::closed reports as suspects (and the coordinator, if
+  // coordinator_closed says its connection closed), probes each suspect once: its lease
   // is revoked if its port refuses; it stays suspect while its port accepts, its alive key
-  // exists and its deadline has not passed.
+  // exists and its deadline has not passed. On the prober only.
   void CheckClosedPeers();
   void ReadMap();
   // What the watch delivers (on its thread): the map to on_map, the coordinator key's state,
@@ -133,22 +144,27 @@ class Membership {
 
   const Options options_;
   const MapKeys keys_;
-  std::unique_ptr<EtcdClient> etcd_;
+  std::unique_ptr<EtcdClient> etcd_;        // the membership thread's
+  std::unique_ptr<EtcdClient> probe_etcd_;  // the prober's
   // How often a suspect (see "Dead peers") is probed while its port still accepts.
   static constexpr std::chrono::milliseconds kProbeInterval{20};
+  // How long one probe waits for the refusal.
+  static constexpr std::chrono::milliseconds kProbeTimeout{300};
 
   int64_t lease_ = 0;  // owned by the thread after Start
   int64_t term_ = 0;   // owned by the thread: the coordinator key's create_revision while held
   // Owned by the thread: a campaign's reply was lost (it may have won; Elect reads the key).
   bool campaign_unknown_ = false;
   // Peers whose connection closed and whose port has not refused yet: id -> probe until.
-  std::map<uint16_t, std::chrono::steady_clock::time_point> suspects_;  // owned by the thread
+  std::map<uint16_t, std::chrono::steady_clock::time_point> suspects_;  // owned by the prober
   std::atomic<bool> registered_{false};
   std::atomic<bool> coordinator_{false};
   std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;   // guarded by mu_
-  bool woken_ = false;  // guarded by mu_: the watch saw a change; tick now
+  std::condition_variable cv_;        // the membership thread's
+  std::condition_variable probe_cv_;  // the prober's
+  bool stop_ = false;                 // guarded by mu_
+  bool woken_ = false;                // guarded by mu_: the watch saw a change; tick now
+  bool probe_woken_ = false;          // guarded by mu_: a peer's connection closed; take it now
   // From the watch: whether the coordinator key exists, and changes of it not yet checked
   // (by the coordinator). Valid while watch_->up().
   std::atomic<bool> coordinator_held_{false};
@@ -156,6 +172,7 @@ class Membership {
   uint64_t coordinator_checked_ = 0;  // owned by the thread: coordinator_changes_ last read
   std::unique_ptr<EtcdWatch> watch_;  // reset by the destructor (its thread calls Watched)
   std::thread thread_;
+  std::thread prober_;  // with Options::closed or coordinator_closed only
 };
 
 }  // namespace farpool::coord

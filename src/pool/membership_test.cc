@@ -4,6 +4,8 @@
 // a key is present exactly while its server lives and reaches etcd (a SIGKILLed server's key
 // goes, a server whose lease was lost registers again); etcd is not on the data path (the
 // servers serve while it is down); an unreachable etcd is an error that names its URL.
+#include "coord/membership.h"
+
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -1799,6 +1801,86 @@ TEST(ReReplication, ALateDetachOfACopyItsPrimaryStillFeedsIsRefused) {
   writer.Stop();
   EXPECT_EQ(writer.failures(), 0u) << writer.last_error();
   writer.CheckIntact();
+}
+
+// A server's probes of suspects (coord/membership.h "Dead peers") never hold back its own
+// keepalives. Twelve peers whose link is cut (`ip link set down` in their network namespace:
+// their address drops what it is sent, so each probe waits its full 300 ms for a refusal that
+// never comes) are reported closed at once to a server whose lease is 2 s; its alive key must
+// keep the lease it was registered with for three TTLs (a lapse shows as the key gone or
+// registered again under another lease). With the probes on the membership thread (before
+// `coordload`) one pass over the twelve took 3.6 s and the lease lapsed.
+TEST(Membership, ProbesOfPeersWhoseLinkIsCutNeverCostTheServerItsLease) {
+  const std::string tag = std::to_string(getpid() % 10000);
+  const std::string dir = "/tmp/membership_test-probes-" + tag;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  coord::EtcdProcessOptions eo;
+  eo.data_dir = dir + "/etcd";
+  eo.log = dir + "/etcd.log";
+  eo.die_with_parent = true;
+  auto etcd = coord::StartEtcd(eo);
+  ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
+  struct Cleanup {
+    pid_t etcd;
+    std::string ns, veth, dir;
+    ~Cleanup() {
+      kill(etcd, SIGKILL);
+      Output("ip link del " + veth + "; ip netns del " + ns);
+      std::filesystem::remove_all(dir);
+    }
+  } cleanup{etcd->pid, "fpprobe" + tag, "fpprobe" + tag + "h", dir};
+  // The peers' namespace: its end of a veth pair has their address, and is cut.
+  const std::string net = "10.254." + std::to_string(getpid() % 250) + ".";
+  const std::string& ns = cleanup.ns;
+  for (const std::string& cmd : {
+           "ip netns add " + ns,
+           "ip link add " + cleanup.veth + " type veth peer name fpprobe" + tag + "p",
+           "ip link set fpprobe" + tag + "p netns " + ns,
+           "ip addr add " + net + "1/30 dev " + cleanup.veth,
+           "ip link set " + cleanup.veth + " up",
+           "ip -n " + ns + " addr add " + net + "2/30 dev fpprobe" + tag + "p",
+           "ip -n " + ns + " link set fpprobe" + tag + "p up",
+           "ip -n " + ns + " link set fpprobe" + tag + "p down",
+       }) {
+    ASSERT_EQ(Output(cmd), "") << cmd;
+  }
+  auto client = coord::EtcdClient::Create({{etcd->endpoint}});
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  const coord::MapKeys keys{"/probes"};
+  auto peers_lease = (*client)->GrantLease(60s);
+  ASSERT_TRUE(peers_lease.ok()) << peers_lease.status().ToString();
+  std::vector<uint16_t> peers;
+  for (uint16_t id = 100; id < 112; ++id) {
+    const std::string value = "{\"id\":" + std::to_string(id) + ",\"address\":\"" + net +
+                              "2:" + std::to_string(7000 + id) + "\",\"mirror_port\":0}";
+    ASSERT_TRUE((*client)->Put(keys.Alive(id), value, peers_lease->id).ok());
+    peers.push_back(id);
+  }
+  coord::Membership::Options mo;
+  mo.endpoints = {etcd->endpoint};
+  mo.prefix = keys.prefix;
+  mo.id = 1;
+  mo.address = "127.0.0.1:1";
+  mo.ttl = 2s;
+  std::atomic<bool> reported{false};
+  mo.closed = [&] { return reported.exchange(true) ? std::vector<uint16_t>{} : peers; };
+  auto membership = coord::Membership::Start(mo);
+  ASSERT_TRUE(membership.ok()) << membership.status().ToString();
+  (*membership)->Wake();
+  auto registered = (*client)->Get(keys.Alive(1));
+  ASSERT_TRUE(registered.ok() && registered->has_value());
+  const int64_t lease = (*registered)->lease;
+  const auto until = std::chrono::steady_clock::now() + 3 * mo.ttl;
+  while (std::chrono::steady_clock::now() < until) {
+    auto kv = (*client)->Get(keys.Alive(1));
+    ASSERT_TRUE(kv.ok()) << kv.status().ToString();
+    ASSERT_TRUE(kv->has_value()) << "the server's alive key lapsed while it probed its peers";
+    ASSERT_EQ((*kv)->lease, lease) << "the server's lease lapsed and it registered again";
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_TRUE(reported.load());
+  EXPECT_TRUE((*membership)->registered());
 }
 
 }  // namespace

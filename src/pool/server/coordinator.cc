@@ -144,7 +144,10 @@ Result<bool> Coordinator::WriteMap(coord::EtcdClient& etcd, const coord::MapKeys
 bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys, int64_t term) {
   // Copies chosen in another term may name a slot that a coordinator in between gave to
   // another region: a new term chooses afresh from the map.
-  if (term != term_) copying_.clear();
+  if (term != term_) {
+    copying_.clear();
+    failing_.clear();
+  }
   term_ = term;
   auto log_once = [&](const std::string& message) { LogOnce(message); };
   auto all = etcd.GetPrefix(keys.prefix);
@@ -173,6 +176,9 @@ bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys, int6
   if (!map_kv) return log_once("no cluster map at " + keys.Map()), false;
   auto map = coord::ClusterMap::Parse(map_kv->value, keys.Map());
   if (!map.ok()) return log_once(map.status().message()), false;
+  std::erase_if(failing_, [&](const auto& f) {
+    return alive.contains(f.first) && !suspected.contains(f.first);
+  });
   auto serves = [&](uint16_t x) {
     return std::any_of(map->servers.begin(), map->servers.end(),
                        [&](const coord::MapServer& r) { return r.served_by == x; });
@@ -219,6 +225,8 @@ bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys, int6
       // lapsed (no promote checks here that it is gone: a suspicion alone is not enough).
       if (predecessors.empty() || alive.contains(x)) continue;
     }
+    auto& [first_tried, not_yet] =
+        failing_.try_emplace(x, std::chrono::steady_clock::now(), 0).first->second;
     if (backup != nullptr) {
       Status promoted = AskMirror(
           mirror_ports, *backup,
@@ -226,7 +234,10 @@ bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys, int6
             return wire::Encode(id, wire::PromoteRequest{s.id, {}});
           },
           wire::Opcode::kPromoteReply);
-      if (promoted.code() == StatusCode::kAborted) continue;  // "not yet": it may be alive
+      if (promoted.code() == StatusCode::kAborted) {  // "not yet": it may be alive; next tick
+        ++not_yet;
+        continue;
+      }
       if (!promoted.ok()) {
         log_once("failing server " + std::to_string(s.id) +
                  "'s region over: " + promoted.message());
@@ -259,6 +270,11 @@ bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys, int6
       return false;  // read again next tick (the promote is idempotent)
     }
     last_error_.clear();  // the suspicion of `x` goes once it serves nothing (above)
+    const long long took = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::steady_clock::now() - first_tried)
+                               .count();
+    const int refusals = not_yet;
+    failing_.erase(x);
     // Only once the map no longer names `x` as their backup: a refused write (the term ended)
     // leaves the servers forwarding to every backup the map names.
     Degrade(mirror_ports, x, predecessors);
@@ -266,8 +282,8 @@ bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys, int6
     if (backup != nullptr) {
       std::printf(
           "farpool coordinator %u: server %u is gone; server %u serves its region (server %u's, "
-          "epoch %lld)\n",
-          self_, x, backup->id, s.id, static_cast<long long>(next.epoch));
+          "epoch %lld; %lld ms after this coordinator first found it gone, %d \"not yet\")\n",
+          self_, x, backup->id, s.id, static_cast<long long>(next.epoch), took, refusals);
     } else {
       std::printf(
           "farpool coordinator %u: server %u is gone with server %u's region; the servers it "

@@ -57,6 +57,7 @@
 // Thread-safety: Tick from one thread (the membership thread).
 #pragma once
 
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -148,6 +149,9 @@ class Coordinator {
   std::map<std::pair<uint16_t, uint16_t>, std::unique_ptr<control::Connection>> open_;
   // Re-replications under way, one per region: region -> (target server, slot).
   std::map<uint16_t, std::pair<uint16_t, int>> copying_;
+  // Lost servers whose failover has not landed yet: when this coordinator first tried it, and
+  // how many "not yet" its backup answered since (for the log line of the failover).
+  std::map<uint16_t, std::pair<std::chrono::steady_clock::time_point, int>> failing_;
 };
 
 }  // namespace farpool
