@@ -3,6 +3,8 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -101,8 +103,23 @@ Status AmServer::Impl::Init() {
   Context::Options copts;
   copts.fabric = options_.fabric;
   copts.wakeup = options_.progress == ProgressMode::kEvent;
-  FARPOOL_ASSIGN_OR_RETURN(context_, Context::Create(copts));
-  FARPOOL_ASSIGN_OR_RETURN(worker_, Worker::Create(*context_, copts.wakeup));
+  // The worker opens the interfaces the context listed at its creation; one removed in between
+  // (a veth of another cluster's network namespace being deleted: the kernel removes them
+  // asynchronously) fails it with "No such device". A new context lists them again.
+  for (int attempt = 1;; ++attempt) {
+    FARPOOL_ASSIGN_OR_RETURN(context_, Context::Create(copts));
+    auto worker = Worker::Create(*context_, copts.wakeup);
+    if (worker.ok()) {
+      worker_ = std::move(*worker);
+      break;
+    }
+    constexpr int kAttempts = 5;
+    if (worker.status().code() != StatusCode::kUnavailable || attempt == kAttempts) {
+      return worker.status();
+    }
+    context_.reset();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 * attempt));
+  }
   FARPOOL_RETURN_IF_ERROR(worker_->SetAmHandler(options_.am_id, &OnMessage, this));
   if (options_.region_size > 0) {
     FARPOOL_ASSIGN_OR_RETURN(region_, MemoryRegion::Allocate(*context_, options_.region_size,

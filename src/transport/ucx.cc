@@ -127,6 +127,7 @@ Status UcxStatus(ucs_status_t status, std::string_view what) {
     case UCS_ERR_CANCELED:
     case UCS_ERR_NOT_CONNECTED:
     case UCS_ERR_IO_ERROR:
+    case UCS_ERR_NO_DEVICE:  // e.g. an interface removed since the context listed it
       return Status::Unavailable(std::move(m));
     case UCS_ERR_TIMED_OUT:
       return Status::TimedOut(std::move(m));
