@@ -493,6 +493,15 @@ struct Running {
     ASSERT_GT(pid, 0) << "server " << id << " has no process";
     ASSERT_EQ(kill(pid, SIGKILL), 0);
   }
+  // Reports server `id` suspected in etcd's keys (as a Pool that lost it does), or withdraws
+  // the report: the coordinator copies nothing to a suspected server.
+  void Suspect(int id, bool suspected) const {
+    auto [etcd, keys] = EtcdOf(*cluster);
+    ASSERT_TRUE(etcd);
+    const std::string key = keys.Suspect(static_cast<uint16_t>(id));
+    const Status done = suspected ? etcd->Put(key, "test").status() : etcd->Delete(key);
+    ASSERT_TRUE(done.ok()) << done.ToString();
+  }
   // Once `writer` is acknowledged on every server, SIGKILLs server `victim`; the writer's
   // client must follow the failover.
   void KillUnderWriter(int victim, Writer* writer) const {
@@ -1594,9 +1603,7 @@ TEST(ReReplication, ACopyTheMapNoLongerNamesGivesItsMemoryBack) {
   const pid_t stale_pid = static_cast<pid_t>(config.servers[stale].pid);
   ASSERT_EQ(SlotsHeld(stale_pid, o.memory), 2) << "both slots hold copies";
 
-  auto [etcd, keys] = EtcdOf(*r.cluster);
-  ASSERT_TRUE(etcd);
-  ASSERT_TRUE(etcd->Put(keys.Suspect(static_cast<uint16_t>(stale)), "test").ok());
+  ASSERT_NO_FATAL_FAILURE(r.Suspect(stale, true));
   Writer writer(*r.pool, r.objects);
   ASSERT_NO_FATAL_FAILURE(r.KillUnderWriter(victim, &writer));
   view = WaitForView(r.dir(),
@@ -1620,7 +1627,7 @@ TEST(ReReplication, ACopyTheMapNoLongerNamesGivesItsMemoryBack) {
   }
 
   // The slot is free for the next copy: re-replication puts the region's there.
-  ASSERT_TRUE(etcd->Delete(keys.Suspect(static_cast<uint16_t>(stale))).ok());
+  ASSERT_NO_FATAL_FAILURE(r.Suspect(stale, false));
   view = WaitForView(r.dir(),
                      [&](const EtcdView& v) { return !v.map.Find(victim)->Backups().empty(); });
   const std::vector<coord::MapServer::Backup> now = view.map.Find(victim)->Backups();
@@ -1652,9 +1659,7 @@ TEST(ReReplication, ACopyInAnotherSlotOfTheTargetIsNamedWhereItIs) {
   const int target = (victim + 2) % kServers;
   constexpr uint16_t kEarlierSlot = 2;
   const ClusterConfig config = r.Config();
-  auto [etcd, keys] = EtcdOf(*r.cluster);
-  ASSERT_TRUE(etcd);
-  ASSERT_TRUE(etcd->Put(keys.Suspect(static_cast<uint16_t>(target)), "test").ok());
+  ASSERT_NO_FATAL_FAILURE(r.Suspect(target, true));
   Writer writer(*r.pool, r.objects);
   ASSERT_NO_FATAL_FAILURE(r.KillUnderWriter(victim, &writer));
   EtcdView view = WaitForView(
@@ -1681,7 +1686,7 @@ TEST(ReReplication, ACopyInAnotherSlotOfTheTargetIsNamedWhereItIs) {
   }
   ASSERT_EQ(remaining, 0u) << "the copy to server " << target << "'s slot 2 did not complete";
 
-  ASSERT_TRUE(etcd->Delete(keys.Suspect(static_cast<uint16_t>(target))).ok());
+  ASSERT_NO_FATAL_FAILURE(r.Suspect(target, false));
   view = WaitForView(r.dir(),
                      [&](const EtcdView& v) { return !v.map.Find(victim)->Backups().empty(); });
   const std::vector<coord::MapServer::Backup> backups = view.map.Find(victim)->Backups();
