@@ -65,8 +65,9 @@
 // a promoted slot takes several links the same way. A BackupRequest naming a server that keeps
 // a copy of the region already, in another slot, reports on that copy (BackupReply::slot), and
 // one naming another server gives up the region's copies the map cannot name (under way, or
-// whole but not yet reported whole: DropOtherCopies). The serving lease needs fresh contact with every whole backup; a
-// DegradeRequest removes the one it names (the set of gone backups), the others stay.
+// whole but not yet reported whole: DropOtherCopies). The serving lease needs fresh contact with
+// every whole backup; a DegradeRequest removes the one it names (the set of gone backups), the
+// others stay.
 //
 // Shared pages (ServerOptions::shared_pages): the backups map this server's region itself, so
 // a round's changed bytes are not forwarded (KeepChanges keeps none), only its lease changes,
