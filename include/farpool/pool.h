@@ -46,7 +46,9 @@
 //     fed by an etcd watch of the map), says hello (same secret and pool rules as at Connect) and
 //     only then enters them: from then on server_ids(), Geometry(), striped and by-key placement
 //     and addresses of theirs include them. A server the map names that does not answer is not
-//     entered and is tried again later; nothing is placed on it meanwhile. Each thread connects to
+//     entered and is tried again later; nothing is placed on it meanwhile. In a replicated
+//     cluster a server is entered only once the map names a backup of its own region (until
+//     then it refuses every change; a new session would fail on it). Each thread connects to
 //     a learned server on its first use of it (one hello). At most 1024 servers per Pool.
 //   - Planned moves (`farpool cluster drain`): a server being drained refuses requests without
 //     executing them; the Pool follows the map to the region's new server and sends them again

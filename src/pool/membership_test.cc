@@ -1158,6 +1158,51 @@ TEST(ClusterAdd, AnAddedServerIsWhereAStrandedRegionGetsItsBackup) {
   EXPECT_EQ(view.map.Find(second)->served_by, *id);
 }
 
+// A running Pool does not enter an added server whose own region has no backup (found in the
+// network soak: after a failover's re-replication took the survivors' free slots, the server
+// `cluster add` started next stayed without one): it refuses every lease and batch, so striped
+// chunks and a new session's stamp word placed there would fail. The Pool learns the map that
+// names it (maps_watched/maps_polled) and, one join deadline (1 s) later, still has not
+// entered it; striped allocations all succeed on the others.
+TEST(ClusterAdd, ARunningPoolDoesNotEnterAnAddedServerWithoutABackup) {
+  constexpr int kServers = 3;
+  LocalClusterOptions o = Options(kServers, 1);
+  o.mirror_slots = 1;  // no room on the survivors: two regions are left with one copy
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &r));
+  const int first = (r.coordinator + 2) % kServers;
+  const int second = (r.coordinator + 1) % kServers;
+  Writer writer(*r.pool, r.objects);
+  ASSERT_NO_FATAL_FAILURE(r.KillUnderWriter(first, &writer));
+  writer.Stop();
+  writer.CheckIntact();
+  LocalClusterOptions add = Options(kServers, 1);
+  add.mirror_slots = 2;  // both stranded copies come here; its own region has no room
+  const OpCounters before = r.pool->counters();
+  auto id = AddServer(add, *r.cluster);
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  EtcdView view = WaitForView(r.dir(), [&](const EtcdView& v) {
+    const coord::MapServer* f = v.map.Find(static_cast<uint16_t>(first));
+    return v.map.Find(second)->backup == *id && f != nullptr && f->backup == *id;
+  });
+  ASSERT_EQ(view.map.Find(second)->backup, *id);
+  ASSERT_EQ(view.map.Find(*id)->backup, -1) << "no room left for the added server's own copy";
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  auto maps = [&] { return r.pool->counters().maps_watched + r.pool->counters().maps_polled; };
+  const uint64_t maps_before = before.maps_watched + before.maps_polled;
+  while (maps() < maps_before + 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_GE(maps(), maps_before + 1) << "the Pool did not learn the map that names the server";
+  std::this_thread::sleep_for(1500ms);  // past the join's deadline (kJoinTimeout, 1 s)
+  EXPECT_FALSE(Contains(r.pool->server_ids(), *id)) << "entered without a backup";
+  for (int i = 0; i < 12; ++i) {
+    auto a = r.pool->Alloc(4 << 20, Placement::Striped());
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    EXPECT_NE(a->server(), *id);
+  }
+}
+
 // Whether every region of `v`'s map is served by a server other than `gone`, with `f` backups,
 // none of them `gone` or its own server.
 bool EveryRegionHasBackups(const EtcdView& v, int f, int gone) {

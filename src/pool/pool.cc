@@ -44,7 +44,9 @@
 //     server that serves it maps the same file (KeepsMapping), so its operations stay loads,
 //     stores and CPU atomics; only its leases go to the new server (ControlTarget).
 //   - Servers added to the cluster (`farpool cluster add`, docs/pool.md "cluster add"): the map
-//     watcher also learns servers the map names and this Pool does not know (LearnServers).
+//     watcher also learns servers the map names and this Pool does not know (LearnServers);
+//     in a replicated cluster only once the map names a backup of the server's own region (it
+//     refuses every change until then).
 //     The server table has a fixed capacity (kMaxServers): a new server's state is built, its
 //     hello answered (on the watcher's own context) and its allocator geometry added before
 //     index_of_[id] and then count_ are published with release stores, so a thread that finds
@@ -1038,6 +1040,11 @@ void Pool::Impl::LearnServers(const coord::ClusterMap& map) {
                      [&](const coord::MapServer& r) { return r.served_by == m.id; })) {
       continue;
     }
+    // In a replicated cluster a server whose own region has no backup yet (just added, and
+    // re-replication has not named one, or has no free slot for one) refuses every lease and
+    // batch: entered, it would be where striped chunks and every new session's stamp word go,
+    // and those would fail. Learned once the map names its backup.
+    if (map.replicas > 0 && m.served_by == m.id && m.Backups().empty()) continue;
     JoinBackoff& b = join_after_[m.id];
     if (Clock::now() < b.next) continue;
     Status joined = Join(m);
