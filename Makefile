@@ -11,17 +11,22 @@
 #                   (bench/results/python_client.*)
 #   make soak       bank + TPC-B at full speed for SOAK_SECONDS (600): pool memory must stay
 #                   bounded after the warm-up, invariants must hold (bench/results/soak.jsonl)
+#   make soak-net   the same over TCP, every server in its own network namespace (root), 3
+#                   servers with --replicas 1 (etcd, coordinator, backups); every process's
+#                   private memory bounded too; SOAK_FAULTS=K adds a server and SIGKILLs one
+#                   every K s (bench/results/soak_net.jsonl)
 #   make format / make lint
 BUILD ?= build
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 SOAK_SECONDS ?= 600
+SOAK_FAULTS ?= 0
 # Python runs from the repository's virtual environment, which `make setup` creates (Debian 12's
 # system python3 refuses `pip install`; see scripts/setup.sh). `. .venv/bin/activate` for a shell.
 VENV := $(CURDIR)/.venv
 PY ?= $(VENV)/bin/python
 
-.PHONY: setup build demo test test-cpp test-python test-asan test-tsan fuzz soak format lint bench-ops bench-python clean
+.PHONY: setup build demo test test-cpp test-python test-asan test-tsan fuzz soak soak-net format lint bench-ops bench-python clean
 
 setup:
 	./scripts/setup.sh
@@ -78,6 +83,11 @@ fuzz: setup
 
 soak: build
 	FARPOOL_BIN=$(BUILD)/farpool PYTHONPATH=python $(PY) -m farpool.harness.soak --seconds $(SOAK_SECONDS)
+
+soak-net: build
+	FARPOOL_BIN=$(BUILD)/farpool PYTHONPATH=python $(PY) -m farpool.harness.soak --seconds $(SOAK_SECONDS) \
+	  --transport tcp --netns --servers 3 --replicas 1 --faults $(SOAK_FAULTS) \
+	  --out bench/results/soak_net.jsonl
 
 format:
 	clang-format -i $$(git ls-files '*.cc' '*.h')

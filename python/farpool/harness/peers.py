@@ -76,8 +76,9 @@ class Cluster:
 
     def __init__(self, servers: int = 2, memory: str = "1GiB", transport: str = "shm",
                  netns: bool = False, progress: str | None = None, replicas: int = 0,
-                 extra: tuple[str, ...] = ()):
-        self.dir = tempfile.mkdtemp(prefix=f"farpool-{transport}-")
+                 extra: tuple[str, ...] = (), parent: str | None = None):
+        # The cluster's directory: a new one under `parent` (default: the temporary directory).
+        self.dir = tempfile.mkdtemp(prefix=f"farpool-{transport}-", dir=parent)
         self.args = ["--servers", str(servers), "--memory", memory, "--transport", transport,
                      "--progress", progress or ("event" if transport == "shm" else "busy"),
                      "--replicas", str(replicas)]

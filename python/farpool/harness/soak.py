@@ -1,31 +1,57 @@
-"""Soak: the database at full speed for a long time must not grow the pool without bound.
+"""Soak: the database at full speed for a long time must not grow the pool or any process.
 
 For each workload (bank, then tpcb) on a fresh local cluster of SERVERS servers × MEMORY (by
-default 2 × 256 MiB = a 512 MiB pool, shm), `farpool bench txn --verify` runs CLIENTS client
-processes × THREADS threads for SECONDS/len(workloads) seconds, while this script samples the
-pool memory in use — `leased`, summed over the servers, from `farpool cluster status --json` —
-every INTERVAL seconds and prints it.
+default 2 × 256 MiB = a 512 MiB pool over shm, no replicas; `--transport tcp --netns
+--replicas 1 --servers 3` is the network case: every server in its own network namespace,
+etcd membership, a coordinator, forwards to backups), `farpool bench txn --verify` runs CLIENTS
+client processes × THREADS threads for SECONDS/len(workloads) seconds, while this script
+samples every INTERVAL seconds and prints:
+  * the pool memory in use — `leased`, summed over the servers that answer, from `farpool
+    cluster status --json`;
+  * the memory of every process of the run, from /proc/PID/status: each memory server, the
+    cluster's etcd and the bench's processes (the parent and its client processes). VmRSS is
+    everything resident: a server's region, mirror slots and shared pages (RssShmem) count as
+    they are touched, so they grow while the pool fills and when a re-replication fills a slot;
+    etcd's database file is mapped (RssFile). What is judged is RssAnon, the private memory: the
+    heap, stacks, UCX's buffers — where a leak shows. The size of etcd's database file
+    (member/snap/db) is sampled too.
+With --faults K (replicas 1 or more), every K seconds from the end of the warm-up `farpool
+cluster add` starts a server (room for re-replication) and then one memory server is SIGKILLed
+— in turn a primary that is not the coordinator, then the elected coordinator — each step once
+every region has its backups again (re-replication done; a second loss before that loses data
+by design). See `Faults`.
 
 Pass, per workload:
-  * memory: let W be the memory in use at the end of the warm-up (the first WARMUP fraction of
-    the workload's wall time, 20 % by default, loading included). Every later sample must be
-    ≤ 1.1 × W + one chunk (4 MiB) per client process per server. An engine without version
-    garbage collection fails here: every commit leaves an old version behind, and the pool
-    fills (the bench then fails with OutOfMemory, also a failure, reported with the timeline).
+  * pool memory: let W be the memory in use at the end of the warm-up (the first WARMUP
+    fraction of the workload's wall time, 20 % by default, loading included). Every later
+    sample must be ≤ 1.1 × W + one chunk (4 MiB) per client process per server. An engine
+    without version garbage collection fails here: every commit leaves an old version behind,
+    and the pool fills (the bench then fails with OutOfMemory, also a failure, reported with the
+    timeline).
+  * process memory: every process sampled both at the end of the warm-up and after it (a
+    killed server until its death; a replacement started later is reported, not judged) must
+    keep its RssAnon ≤ 1.25 × its value at the end of the warm-up + 32 MiB. A leak of 2 KB per
+    transaction at 100 tps crosses it within 3 minutes even for a 100 MiB process; etcd's
+    database file must stay ≤ 1.25 × + 16 MiB likewise. The verdict names the process.
   * invariant: the bench's --verify at the end (bank: the total is conserved; tpcb:
     sum(accounts) == sum(tellers) == sum(branches)). TPC-B runs with --history-keep
     HISTORY_KEEP (each thread deletes its history row of HISTORY_KEEP transactions earlier), so
     its live data stays the same size: deleted rows must be reclaimed too.
+  * the bench exits 0: with faults too (a failover is the client's to ride out).
   * reported, not judged: throughput, abort rate, p50/p99 and the longest wait of any committed
-    transaction (max_us).
+    transaction (max_us); the kills and additions with their times.
   * the bench finishes: within its seconds + max(60 s, its seconds), else it is killed (hung
     or livelocked): failure.
 
-Output: one JSON line per workload appended to bench/results/soak.jsonl (git sha, host, options,
-the memory timeline, the bound, the verdict); exit status 1 if any workload failed.
+Output: one JSON line per workload appended to OUT (bench/results/soak.jsonl by default: git
+sha, host, load average, options, the memory timelines, the bounds, the verdict); exit status 1
+if any workload failed.
 
   python3 -m farpool.harness.soak --seconds 600          # make soak (SOAK_SECONDS overrides)
-  python3 -m farpool.harness.soak --seconds 60           # the suite's short variant
+  python3 -m farpool.harness.soak --seconds 1200 --transport tcp --netns --servers 3 \
+      --replicas 1 --out bench/results/soak_net.jsonl    # make soak-net
+  ... --faults 45                                        # make soak-net SOAK_FAULTS=45
+  python3 -m farpool.harness.soak --seconds 60           # the suite's short variants
 """
 
 from __future__ import annotations
@@ -37,19 +63,72 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from farpool.harness.peers import ROOT, Cluster, farpool_bin, log, stamp, write_jsonl
 
 CHUNK = 4 << 20  # the servers' chunk size (LocalClusterOptions::chunk_size default)
+MIB = 1 << 20
+PROCESS_GROWTH = 1.25  # a process's RssAnon bound: PROCESS_GROWTH × at warm-up end + PROCESS_SLACK
+PROCESS_SLACK = 32 * MIB
+ETCD_DB_SLACK = 16 * MIB  # etcd's database file: PROCESS_GROWTH × + ETCD_DB_SLACK
 
 
-def pool_in_use(cluster_dir: str) -> int:
+def cluster_status(cluster_dir: str) -> dict:
+    """`farpool cluster status --json`: it exits 1 when a server is down (a killed one), and
+    still prints every server's state."""
     out = subprocess.run([str(farpool_bin()), "cluster", "status", "--dir", cluster_dir,
                           "--json"], capture_output=True, text=True, timeout=60)
-    if out.returncode != 0:
-        raise RuntimeError(f"cluster status: {out.stderr.strip()}")
-    return int(json.loads(out.stdout)["leased"])
+    try:
+        return json.loads(out.stdout)
+    except ValueError:
+        raise RuntimeError(f"cluster status ({out.returncode}): {out.stderr.strip()[-300:]}")
+
+
+def pool_in_use(status: dict) -> int:
+    return sum(int(s["leased"]) for s in status["servers"] if s["up"])
+
+
+def proc_memory(pid: int) -> dict | None:
+    """VmRSS, RssAnon, RssFile and RssShmem of `pid` in bytes; None if it is gone."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+                    out[key] = int(value.split()[0]) * 1024
+    except OSError:
+        return None
+    return out if "RssAnon" in out else None  # a zombie has no memory lines
+
+
+def process_group(pgid: int) -> list[int]:
+    """The processes of process group `pgid` (the bench and its client processes)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[2]) == pgid:
+            pids.append(int(entry))
+    return pids
+
+
+def run_processes(cluster_file: str, bench_pid: int) -> dict[str, int]:
+    """label -> pid of every process of the run: "server N" (cluster.json, rewritten by
+    `cluster add`), "etcd", "bench" and "client PID" (its client processes)."""
+    config = json.loads(Path(cluster_file).read_text())
+    procs = {f"server {s['id']}": int(s["pid"]) for s in config["servers"] if s.get("pid")}
+    if config.get("etcd", {}).get("pid", 0) > 0:
+        procs["etcd"] = int(config["etcd"]["pid"])
+    for pid in process_group(bench_pid):
+        procs["bench" if pid == bench_pid else f"client {pid}"] = pid
+    return procs
 
 
 def judge_memory(timeline: list[tuple[float, int]], wall: float, warmup: float, clients: int,
@@ -75,14 +154,143 @@ def judge_memory(timeline: list[tuple[float, int]], wall: float, warmup: float, 
     return out
 
 
+def judge_growth(name: str, what: str, timeline: list[tuple[float, int]], warm_end: float,
+                 slack: int) -> dict:
+    """One process's (or file's) bound: every sample after `warm_end` seconds must be ≤
+    PROCESS_GROWTH × the last sample at or before it + `slack`. A series without both (a process
+    started after the warm-up, or gone before its end) is reported, not judged: judged False."""
+    warm = [m for t, m in timeline if t <= warm_end]
+    later = [m for t, m in timeline if t > warm_end]
+    if not warm or not later:
+        return {"judged": False, "peak": max((m for _, m in timeline), default=0)}
+    base = warm[-1]
+    bound = int(PROCESS_GROWTH * base + slack)
+    peak = max(later)
+    out = {"judged": True, "at_warmup_end": base, "bound": bound, "peak_after_warmup": peak}
+    if peak > bound:
+        out["failure"] = (f"{name}: {what} grew after the warm-up: peak {peak / MIB:.1f} MiB > "
+                          f"bound {bound / MIB:.1f} MiB ({PROCESS_GROWTH} × {base / MIB:.1f} MiB "
+                          f"at t={warm_end:.0f}s + {slack // MIB} MiB)")
+    return out
+
+
+def etcd_metrics(endpoint: str) -> dict | None:
+    """etcd's own figures from its /metrics: db_size (etcd_mvcc_db_total_size_in_bytes, its
+    database file as allocated), db_in_use, revision (one per write: the coordinator's map
+    writes, servers' registrations) and keys; None if it does not answer."""
+    names = {"etcd_mvcc_db_total_size_in_bytes": "db_size",
+             "etcd_mvcc_db_total_size_in_use_in_bytes": "db_in_use",
+             "etcd_debugging_mvcc_current_revision": "revision",
+             "etcd_debugging_mvcc_keys_total": "keys"}
+    try:
+        with urllib.request.urlopen(endpoint + "/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except (OSError, ValueError):
+        return None
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in names:
+            out[names[name]] = int(float(value))
+    return out if "db_size" in out else None
+
+
+class Faults:
+    """The fault schedule of --faults: every `every` seconds from `start`, `cluster add` a
+    server, then SIGKILL one — in turn a primary other than the coordinator, and the elected
+    coordinator. Each step waits until every region has `replicas` live backups (the added
+    server's own region included): with f backups the cluster is built to lose f servers
+    between re-replications, not more. The server comes first so that re-replication has room
+    at once: added after the kill, it found the survivors' free slots taken by the failover's
+    re-replication and its own region stayed without a backup (no server but itself had room).
+    Each kill leaves the dead server's region served from a slot for good (a region never moves
+    back to a server's own part), so the copies to keep grow by two per kill while the live
+    servers stay 3: the k-th added server gets 2 × (k + 2) mirror slots (a slot costs memory
+    only once it holds a copy). Runs from the sampling loop (`tick`), one step at a time."""
+
+    def __init__(self, cluster_dir: str, cluster_file: str, every: float, start: float,
+                 replicas: int):
+        self.dir, self.file, self.every, self.replicas = cluster_dir, cluster_file, every, replicas
+        self.next_at = start
+        self.events: list[dict] = []
+        self.kills = 0
+        self.added: dict | None = None  # the event of the server added for the next kill
+        self.waited_since: float | None = None
+
+    def protected(self, status: dict) -> str | None:
+        """None if every region is served by a live server and has `replicas` live backups;
+        else what is missing."""
+        etcd = status.get("etcd", {})
+        alive = set(etcd.get("alive", []))
+        for r in etcd.get("placement", []):
+            backups = [b for b in r["backups"] if b in alive]
+            if r["served_by"] not in alive or len(backups) < self.replicas:
+                return (f"region {r['id']} served by {r['served_by']}, live backups "
+                        f"{backups} (alive {sorted(alive)})")
+        return None if etcd.get("placement") else f"no placement in etcd: {etcd}"
+
+    def tick(self, t: float, status: dict) -> None:
+        if t < self.next_at:
+            return
+        if self.added is None:
+            slots = 2 * (self.kills + 2)
+            added = subprocess.run([str(farpool_bin()), "cluster", "add", "--dir", self.dir,
+                                    "--mirror-slots", str(slots)],
+                                   capture_output=True, text=True, timeout=120)
+            self.added = {"t_add": round(t, 1), "mirror_slots": slots,
+                          "add": added.stdout.strip() if added.returncode == 0 else
+                          f"failed ({added.returncode}): {added.stderr.strip()[-300:]}"}
+            log(f"soak faults: t={t:6.1f}s {self.added['add']}")
+            return
+        missing = self.protected(status)
+        if missing:
+            if self.waited_since is None:
+                self.waited_since = t
+                log(f"soak faults: t={t:6.1f}s kill deferred until re-replication: {missing}")
+            return
+        coordinator = status["etcd"].get("coordinator", -1)
+        alive = set(status["etcd"]["alive"])
+        pids = {s["id"]: s["pid"] for s in json.loads(Path(self.file).read_text())["servers"]}
+        if self.kills % 2 == 1 and coordinator in alive:
+            victim, role = coordinator, "coordinator"
+        else:
+            primaries = [r["id"] for r in status["etcd"]["placement"] if r["served_by"] == r["id"]
+                         and r["id"] in alive and r["id"] != coordinator]
+            if not primaries:
+                return
+            victim, role = primaries[self.kills % len(primaries)], "primary"
+        event = self.added | {"t": round(t, 1), "killed": victim, "role": role,
+                              "waited_for_rereplication_s": round(t - self.waited_since, 1)
+                              if self.waited_since is not None else 0.0}
+        os.kill(pids[victim], signal.SIGKILL)
+        log(f"soak faults: t={t:6.1f}s SIGKILL server {victim} ({role}, pid {pids[victim]})")
+        self.events.append(event)
+        self.kills += 1
+        self.added = None
+        self.waited_since = None
+        self.next_at = t + self.every
+
+
 def soak_one(workload: str, seconds: float, args: argparse.Namespace) -> dict:
     row = {"bench": "soak", "workload": workload, "engine": "pool", "seconds": seconds,
            "servers": args.servers, "memory_per_server": args.memory, "clients": args.clients,
            "threads": args.threads, "interval_s": args.interval,
-           "warmup_fraction": args.warmup, "seed": args.seed}
+           "warmup_fraction": args.warmup, "seed": args.seed, "transport": args.transport,
+           "netns": args.netns, "replicas": args.replicas, "faults_every_s": args.faults,
+           "loadavg_start": os.getloadavg()}
     timeline: list[tuple[float, int]] = []
-    with Cluster(servers=args.servers, memory=args.memory, transport="shm") as cluster_file:
+    rss: dict[str, list[tuple[float, dict]]] = {}
+    etcd_db: list[tuple[float, int]] = []
+    etcd_revisions: list[tuple[float, int, int]] = []  # (t, revision, keys)
+    max_servers = args.servers
+    faults = None
+    cluster = Cluster(servers=args.servers, memory=args.memory, transport=args.transport,
+                      netns=args.netns, replicas=args.replicas, parent=args.dir,
+                      progress="event" if args.transport != "shm" else None)
+    with cluster as cluster_file:
         cluster_dir = str(Path(cluster_file).parent)
+        etcd_endpoint = json.loads(Path(cluster_file).read_text())["etcd"]["endpoints"][0]
+        row["how"] = f"{args.transport}{', netns' if args.netns else ''}, replicas {args.replicas}"
         cmd = [str(farpool_bin()), "bench", "txn", "--cluster", cluster_file, "--engine", "pool",
                "--workload", workload, "--clients", str(args.clients), "--threads",
                str(args.threads), "--seconds", str(seconds), "--warmup", "0", "--seed",
@@ -100,20 +308,39 @@ def soak_one(workload: str, seconds: float, args: argparse.Namespace) -> dict:
         # on a loaded host, docs/pool.md "Failure detection").
         bench = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  process_group=0)
+        if args.faults:
+            faults = Faults(cluster_dir, cluster_file, args.faults, args.warmup * seconds,
+                            args.replicas)
         limit = start + seconds + max(60.0, seconds)
         while bench.poll() is None:
             now = time.monotonic()
+            t = round(now - start, 1)
             if now > limit:
                 os.killpg(bench.pid, signal.SIGKILL)
                 row["error"] = (f"bench did not finish within {seconds + max(60.0, seconds):.0f} s "
                                 "(hung or livelocked): killed")
                 break
+            for name, pid in run_processes(cluster_file, bench.pid).items():
+                m = proc_memory(pid)
+                if m is not None:
+                    rss.setdefault(name, []).append((t, m | {"pid": pid}))
+            if (etcd := etcd_metrics(etcd_endpoint)) is not None:
+                etcd_db.append((t, etcd["db_size"]))
+                etcd_revisions.append((t, etcd["revision"], etcd["keys"]))
             try:
-                used = pool_in_use(cluster_dir)
-                timeline.append((round(now - start, 1), used))
-                log(f"soak {workload}: t={now - start:6.1f}s pool in use {used / 2**20:8.1f} MiB")
+                status = cluster_status(cluster_dir)
+                used = pool_in_use(status)
+                max_servers = max(max_servers, sum(s["up"] for s in status["servers"]))
+                timeline.append((t, used))
+                anon = {n: s[-1][1]["RssAnon"] for n, s in rss.items() if s[-1][0] == t}
+                log(f"soak {workload}: t={t:6.1f}s pool in use {used / MIB:8.1f} MiB; RssAnon "
+                    + ", ".join(f"{n} {a / MIB:.0f}" for n, a in sorted(anon.items()))
+                    + (f" MiB; etcd db {etcd['db_size'] / MIB:.2f} MiB, revision "
+                       f"{etcd['revision']}" if etcd else " MiB; etcd does not answer"))
+                if faults is not None:
+                    faults.tick(t, status)
             except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError) as e:
-                log(f"soak {workload}: t={now - start:6.1f}s cluster status failed: {e}")
+                log(f"soak {workload}: t={t:6.1f}s cluster status failed: {e}")
             deadline = time.monotonic() + args.interval
             while bench.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -126,11 +353,18 @@ def soak_one(workload: str, seconds: float, args: argparse.Namespace) -> dict:
         out, err = bench.communicate()
         wall = time.monotonic() - start
         try:
-            timeline.append((round(wall, 1), pool_in_use(cluster_dir)))
+            timeline.append((round(wall, 1), pool_in_use(cluster_status(cluster_dir))))
         except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError):
             pass
     row["wall_s"] = round(wall, 1)
+    row["loadavg_end"] = os.getloadavg()
     row["timeline"] = timeline
+    row["etcd_db_timeline"] = etcd_db
+    row["etcd_revision_timeline"] = etcd_revisions
+    row["rss_timelines"] = {n: [(t, m["pid"], m["VmRSS"], m["RssAnon"], m["RssShmem"])
+                                for t, m in s] for n, s in rss.items()}
+    if faults is not None:
+        row["faults"] = faults.events
     if bench.returncode != 0 and "error" not in row:
         row["error"] = f"bench exited {bench.returncode}: {err.strip()[-800:]}"
     elif "error" not in row:
@@ -139,10 +373,30 @@ def soak_one(workload: str, seconds: float, args: argparse.Namespace) -> dict:
                                                 "p50_us", "p99_us", "max_us", "verify")})
     failures = [row["error"]] if "error" in row else []
     # The warm-up is a fraction of the planned run, even when the bench died early.
-    verdict = judge_memory(timeline, max(wall, seconds), args.warmup, args.clients, args.servers)
+    planned = max(wall, seconds)
+    verdict = judge_memory(timeline, planned, args.warmup, args.clients, max_servers)
     row.update({k: v for k, v in verdict.items() if k != "failure"})
     if verdict.get("failure"):
         failures.append(verdict["failure"])
+    warm_end = args.warmup * planned
+    row["processes"] = {}
+    for name, series in sorted(rss.items()):
+        v = judge_growth(f"{name} (pid {series[-1][1]['pid']})", "private memory (RssAnon)",
+                         [(t, m["RssAnon"]) for t, m in series], warm_end, PROCESS_SLACK)
+        row["processes"][name] = {k: v[k] for k in v if k != "failure"}
+        if v.get("failure"):
+            failures.append(v["failure"])
+    v = judge_growth("etcd", "its database (etcd_mvcc_db_total_size_in_bytes)", etcd_db,
+                     warm_end, ETCD_DB_SLACK)
+    row["etcd_db"] = {k: v[k] for k in v if k != "failure"}
+    if v.get("failure"):
+        failures.append(v["failure"])
+    if faults is not None:
+        if faults.kills == 0:
+            failures.append(f"--faults {args.faults}: no server was killed in {wall:.0f} s")
+        adds = faults.events + ([faults.added] if faults.added else [])
+        failures += [f"cluster add at t={e['t_add']}s: {e['add']}"
+                     for e in adds if e["add"].startswith("failed")]
     if row.get("verify") not in (None, "ok"):
         failures.append(f"invariant: {row['verify']}")
     row["ok"] = not failures
@@ -156,6 +410,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workloads", default="bank,tpcb")
     p.add_argument("--servers", type=int, default=2)
     p.add_argument("--memory", default="256MiB", help="per server")
+    p.add_argument("--transport", choices=("shm", "tcp"), default="shm")
+    p.add_argument("--netns", action="store_true",
+                   help="every server in its own network namespace (root; with --transport tcp)")
+    p.add_argument("--replicas", type=int, default=0, help="backups of every byte")
+    p.add_argument("--faults", type=float, default=0,
+                   help="every this many seconds after the warm-up, SIGKILL a server and add one "
+                        "(needs --replicas 1 or more)")
     p.add_argument("--clients", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--accounts", type=int, default=10000, help="bank")
@@ -164,8 +425,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=3.0, help="seconds between samples")
     p.add_argument("--warmup", type=float, default=0.2, help="fraction of each run")
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--dir", default=None,
+                   help="where the clusters' directories go (default: the temporary directory)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "soak.jsonl"))
     args = p.parse_args(argv)
+    if args.faults and args.replicas < 1:
+        p.error("--faults needs --replicas 1 or more: without a backup a killed server's data is lost")
     workloads = [w for w in args.workloads.split(",") if w]
     rows = [soak_one(w, args.seconds / len(workloads), args) for w in workloads]
     stamp(rows)
@@ -173,8 +438,12 @@ def main(argv: list[str] | None = None) -> int:
     ok = True
     for r in rows:
         if r["ok"]:
-            log(f"soak {r['workload']}: ok (peak {r['peak_after_warmup'] / 2**20:.1f} MiB ≤ bound "
-                f"{r['bound'] / 2**20:.1f} MiB; verify {r.get('verify')})")
+            judged = {n: v for n, v in r["processes"].items() if v["judged"]}
+            log(f"soak {r['workload']}: ok (pool peak {r['peak_after_warmup'] / MIB:.1f} MiB ≤ "
+                f"bound {r['bound'] / MIB:.1f} MiB; RssAnon peak/bound MiB: "
+                + ", ".join(f"{n} {v['peak_after_warmup'] / MIB:.0f}/{v['bound'] / MIB:.0f}"
+                            for n, v in judged.items())
+                + f"; {len(r.get('faults', []))} kills; verify {r.get('verify')})")
             continue
         ok = False
         log(f"SOAK FAILED: {r['workload']}:")

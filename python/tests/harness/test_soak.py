@@ -1,10 +1,16 @@
-"""The soak: its memory bound on made-up timelines, and a 60-second run on a real cluster.
+"""The soak: its memory bounds on made-up timelines, a 60-second run on a real cluster over
+shm, and a 75-second run over TCP in network namespaces with replicas, a server added and
+SIGKILLed every 10 s.
 
-The real run needs the farpool binary ($FARPOOL_BIN, else build/farpool). It fails on an
-engine without version garbage collection: the pool fills (see farpool.harness.soak).
+The real runs need the farpool binary ($FARPOOL_BIN, else build/farpool). The first fails on an
+engine without version garbage collection: the pool fills (see farpool.harness.soak); the
+network one on a process whose private memory grows (a leak of 4 KB per batch a server
+executes made it fail: "server 1 (pid ...): private memory (RssAnon) grew after the warm-up")
+and on a kill that loses a write (the bench's verify, or its error).
 """
 
 import json
+import os
 
 import pytest
 
@@ -29,6 +35,16 @@ def test_growth_after_warmup_fails_and_says_how_much():
     assert v["peak_after_warmup"] == 400 * MIB
 
 
+def test_process_growth_after_warmup_fails_and_names_it():
+    flat = [(t, 20 * MIB) for t in range(0, 61, 3)]
+    assert "failure" not in soak.judge_growth("etcd", "x", flat, 12.0, soak.PROCESS_SLACK)
+    leak = [(t, (20 + t) * MIB) for t in range(0, 61, 3)]
+    v = soak.judge_growth("server 1 (pid 7)", "private memory", leak, 12.0, soak.PROCESS_SLACK)
+    assert v["failure"].startswith("server 1 (pid 7): private memory grew after the warm-up")
+    # A process that started after the warm-up (a server added by --faults) is not judged.
+    assert not soak.judge_growth("server 3", "x", leak[5:], 12.0, soak.PROCESS_SLACK)["judged"]
+
+
 def test_no_sample_after_warmup_fails():
     assert "no memory sample after the warm-up" in soak.judge_memory([(0.0, 1)], 60.0, 0.2, 1,
                                                                       2)["failure"]
@@ -45,3 +61,25 @@ def test_soak_60_seconds(tmp_path):
     assert all(r["git_sha"] and r["host"] for r in rows)
     failures = {r["workload"]: r["failures"] for r in rows if not r["ok"]}
     assert rc == 0 and not failures, f"soak failed: {failures}"
+
+
+@pytest.mark.skipif(not farpool_bin().exists(), reason="no farpool binary (build it first)")
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+def test_soak_network_with_kills(tmp_path):
+    out = tmp_path / "soak_net.jsonl"
+    # Bank for 50 s over TCP, every server in its own network namespace, 3 servers, replicas 1;
+    # from t = 15 s (the warm-up) every 10 s a server is added and then one SIGKILLed (a
+    # primary, then the coordinator), each once every region has its backup again.
+    rc = soak.main(["--seconds", "50", "--workloads", "bank", "--transport", "tcp", "--netns",
+                    "--servers", "3", "--replicas", "1", "--memory", "64MiB", "--faults", "10",
+                    "--interval", "2", "--warmup", "0.3", "--dir", str(tmp_path),
+                    "--out", str(out)])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["ok"] and rc == 0, f"soak failed: {row['failures']}"
+    assert len(row["faults"]) >= 1, "no server was killed"
+    assert row["verify"] == "ok"
+    judged = {n for n, v in row["processes"].items() if v["judged"]}
+    assert {"etcd", "bench"} <= judged and any(n.startswith("server ") for n in judged) and \
+        any(n.startswith("client ") for n in judged), judged
