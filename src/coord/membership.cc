@@ -61,6 +61,11 @@ Result<std::unique_ptr<Membership>> Membership::Start(const Options& options) {
                              EtcdClient::Create({options.endpoints, options.ttl / 4}));
   }
   Status s = m->Register();
+  const auto give_up = std::chrono::steady_clock::now() + options.first_registration;
+  while (s.code() == StatusCode::kUnavailable && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(options.ttl / 8);
+    s = m->Register();
+  }
   if (!s.ok()) {
     return s.WithContext("server " + std::to_string(options.id) + ": registering in etcd (" +
                          m->etcd_->EndpointList() + ")");

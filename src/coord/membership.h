@@ -52,7 +52,11 @@
 // suspicion or the map wakes the thread for a tick at once instead of at the next 100 ms.
 //
 // Start fails, naming the etcd endpoints and etcd's reason, if the first registration fails:
-// a server that cannot register would look dead to the cluster.
+// a server that cannot register would look dead to the cluster. etcd unreachable (Unavailable)
+// is tried again every ttl/8 for up to Options::first_registration: a server that `cluster add`
+// starts in a network namespace made just before it found etcd's address unreachable for over
+// 500 ms (ttl/4, a call's limit) in 2 of 3 adds under load (the network soak, docs/database.md),
+// and the add failed.
 //
 // Thread-safety: Start and the destructor from one owning thread; registered(), coordinator()
 // and Wake() from any. Two threads: the membership thread (keepalives, elections, the
@@ -86,6 +90,8 @@ class Membership {
     std::string address;       // HOST:PORT the server listens on
     uint16_t mirror_port = 0;  // its mirror's loop (replication), 0: none
     std::chrono::milliseconds ttl{2000};
+    // How long Start tries the first registration while etcd is unreachable.
+    std::chrono::milliseconds first_registration{10000};
     // The coordinator's work, run each tick while this server is the coordinator, with the
     // coordinator key's create_revision (`term`); empty: this server does not campaign.
     std::function<void(EtcdClient& etcd, const MapKeys& keys, int64_t term)> coordinate;
