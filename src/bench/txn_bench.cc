@@ -11,6 +11,7 @@
 #include <random>
 #include <span>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "bench/run_context.h"
@@ -117,6 +118,10 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
       const uint64_t na =
           o.workload == "bank" ? o.accounts : workloads::kTpcbAccountsPerBranch * o.scale;
       uint64_t history_seq = 0;
+      // History keys of transactions that ended Unavailable: whether their row exists is not
+      // known here (TpcbTxn::drop_may_be_absent). At most one per session restart.
+      std::unordered_set<int64_t> uncertain_history;
+      int64_t history_key = -1;  // of the TPC-B transaction last run
       while (WallMs() < start_ms) std::this_thread::sleep_for(std::chrono::microseconds(200));
       const auto begin = Clock::now();
       const auto measure_from = begin + std::chrono::duration<double>(o.warmup_seconds);
@@ -153,6 +158,8 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
           p.drop_history_key = o.history_keep == 0 || history_seq <= o.history_keep
                                    ? -1
                                    : p.history_key - int64_t(o.history_keep);
+          p.drop_may_be_absent = uncertain_history.erase(p.drop_history_key) > 0;
+          history_key = p.history_key;
           p.mtime_ms = static_cast<int64_t>(WallMs());
           p.lock_at_read = lock_at_read;
           r = RunTransaction(
@@ -169,6 +176,7 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
           // thread goes on with a new session (docs/pool.md, Replication).
           std::fprintf(stderr, "bench txn: thread %d opens a new session after: %s\n", th,
                        r.ToString().c_str());
+          if (history_key >= 0) uncertain_history.insert(history_key);
           retired = Sum(retired, current->counters());
           std::this_thread::sleep_for(std::chrono::milliseconds(5));  // let the failover land
           auto fresh = db.NewSession();

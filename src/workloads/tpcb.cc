@@ -98,7 +98,10 @@ Status TpcbTransaction(Transaction& txn, const TpcbTables& t, const TpcbTxn& p) 
   FARPOOL_RETURN_IF_ERROR(txn.Put(*t.accounts, p.aid, rows[0]));
   FARPOOL_RETURN_IF_ERROR(txn.Put(*t.tellers, p.tid, rows[1]));
   FARPOOL_RETURN_IF_ERROR(txn.Put(*t.branches, p.bid, rows[2]));
-  return p.drop_history_key < 0 ? Status::Ok() : txn.Delete(*t.history, p.drop_history_key);
+  if (p.drop_history_key < 0) return Status::Ok();
+  Status dropped = txn.Delete(*t.history, p.drop_history_key);
+  if (dropped.code() == StatusCode::kNotFound && p.drop_may_be_absent) return Status::Ok();
+  return dropped;
 }
 
 Status VerifyTpcb(Session& session, const TpcbTables& t, int scale) {

@@ -46,7 +46,11 @@ struct TpcbTxn {
   int64_t delta = 0;
   int64_t history_key = 0;        // unique per transaction
   int64_t drop_history_key = -1;  // a history row to delete, or -1
-  int64_t mtime_ms = 0;           // stored in the history row
+  // The row to delete may be absent: the transaction that was to insert it ended Unavailable
+  // (cut by a failover: not committed, or settled later by recovery either way). Its absence
+  // is then no error.
+  bool drop_may_be_absent = false;
+  int64_t mtime_ms = 0;  // stored in the history row
   // Read the account, teller and branch for update (Transaction::MultiGetForUpdate): under
   // read committed (what pgbench runs) a hot branch row is then updated by one transaction
   // after another instead of aborting all but one of those that overlap.
