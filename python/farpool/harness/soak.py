@@ -292,7 +292,9 @@ def soak_one(workload: str, seconds: float, args: argparse.Namespace) -> dict:
                       progress="event" if args.transport != "shm" else None)
     with cluster as cluster_file:
         cluster_dir = str(Path(cluster_file).parent)
-        etcd_endpoint = json.loads(Path(cluster_file).read_text())["etcd"]["endpoints"][0]
+        # The cluster's etcd, if its file names one.
+        etcd_endpoint = (json.loads(Path(cluster_file).read_text()).get("etcd", {})
+                         .get("endpoints") or [None])[0]
         row["how"] = f"{args.transport}{', netns' if args.netns else ''}, replicas {args.replicas}"
         cmd = [str(farpool_bin()), "bench", "txn", "--cluster", cluster_file, "--engine", "pool",
                "--workload", workload, "--clients", str(args.clients), "--threads",
@@ -327,7 +329,8 @@ def soak_one(workload: str, seconds: float, args: argparse.Namespace) -> dict:
                 m = proc_memory(pid)
                 if m is not None:
                     rss.setdefault(name, []).append((t, m | {"pid": pid}))
-            if (etcd := etcd_metrics(etcd_endpoint)) is not None:
+            etcd = etcd_metrics(etcd_endpoint) if etcd_endpoint else None
+            if etcd is not None:
                 etcd_db.append((t, etcd["db_size"]))
                 etcd_revisions.append((t, etcd["revision"], etcd["keys"]))
             try:
