@@ -220,9 +220,16 @@ Status NameBackup(const ClusterConfig& config, const transport::ClusterSecret& s
   FARPOOL_ASSIGN_OR_RETURN(
       auto c, control::Connection::OpenAsTool(s.id, s.Endpoint(), s.port, &secret, 0x7001,
                                               std::chrono::milliseconds(5000)));
-  FARPOOL_ASSIGN_OR_RETURN(
-      wire::BackupRequest request,
-      wire::MakeBackupRequest(backup.id, backup.host, backup.port, s.id, static_cast<uint16_t>(k)));
+  // Every ring backup, as the map that follows names them: a request for one never gives up
+  // another (term 0: no coordinator has spoken to the servers yet).
+  std::vector<wire::MapBackup> ring;
+  for (int b = 0; b < config.replicas; ++b) {
+    ring.push_back(
+        {config.servers[config.BackupOf(i, static_cast<size_t>(b))].id, static_cast<uint16_t>(b)});
+  }
+  FARPOOL_ASSIGN_OR_RETURN(wire::BackupRequest request,
+                           wire::MakeBackupRequest(backup.id, backup.host, backup.port, s.id,
+                                                   static_cast<uint16_t>(k), 0, ring));
   // The server connects to its backup within its backup_timeout (1 s): on a loaded host (two
   // busy loops beside a test, load 20) that failed now and then ("backup server 2: sending a
   // message: no completion before the deadline"). Nothing is leased yet, so naming the backup
@@ -233,9 +240,9 @@ Status NameBackup(const ClusterConfig& config, const transport::ClusterSecret& s
   do {
     if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     ++attempt;
-    named =
-        c->Call([&](uint64_t id) { return wire::Encode(id, request); }, wire::Opcode::kBackupReply)
-            .status();
+    named = c->Call([&](uint64_t id) { return wire::EncodeBackupRequest(id, request, ring); },
+                    wire::Opcode::kBackupReply)
+                .status();
   } while (attempt < kNameAttempts &&
            (named.code() == StatusCode::kTimedOut || named.code() == StatusCode::kUnavailable));
   return named.WithContext("attempt " + std::to_string(attempt));
@@ -698,9 +705,15 @@ Status CopyForDrain(const std::string& dir, const ClusterConfig& config, const E
   FARPOOL_ASSIGN_OR_RETURN(transport::ClusterSecret secret,
                            transport::ClusterSecret::Read(SecretFile(dir)));
   FARPOOL_ASSIGN_OR_RETURN(auto to, ParseHostPort(target->address));
-  FARPOOL_ASSIGN_OR_RETURN(
-      wire::BackupRequest request,
-      wire::MakeBackupRequest(target->id, to.first, to.second, id, static_cast<uint16_t>(slot)));
+  // The map's backups of the region (none without replicas), term 0: a tool's request, which a
+  // server that a coordinator has spoken to refuses (without replicas none does).
+  std::vector<wire::MapBackup> named;
+  for (const coord::MapServer::Backup& b : entry.Backups()) {
+    named.push_back({b.id, static_cast<uint16_t>(b.slot)});
+  }
+  FARPOOL_ASSIGN_OR_RETURN(wire::BackupRequest request,
+                           wire::MakeBackupRequest(target->id, to.first, to.second, id,
+                                                   static_cast<uint16_t>(slot), 0, named));
   const std::string copying = "draining " + name + ": copying its region (" +
                               FormatSize(entry.memory) + ") to server " +
                               std::to_string(target->id) + " slot " + std::to_string(slot);
@@ -728,8 +741,9 @@ Status CopyForDrain(const std::string& dir, const ClusterConfig& config, const E
   // load: `timeout` plus a second per 8 MiB.
   const auto deadline = Clock::now() + timeout + std::chrono::seconds(entry.memory / (8ull << 20));
   for (;;) {
-    auto reply = c->Call([&](uint64_t rid) { return wire::Encode(rid, request); },
-                         wire::Opcode::kBackupReply);
+    auto reply =
+        c->Call([&](uint64_t rid) { return wire::EncodeBackupRequest(rid, request, named); },
+                wire::Opcode::kBackupReply);
     if (!reply.ok() && reply.status().code() != StatusCode::kAborted) {
       return give_up(reply.status());
     }

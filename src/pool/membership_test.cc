@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -1724,6 +1725,65 @@ TEST(ReReplication, ACopyTheMapNoLongerNamesGivesItsMemoryBack) {
   writer.CheckIntact();
 }
 
+// The term of the coordinator now (its key's create_revision; 0 if none holds it).
+int64_t CoordinatorTerm(const Running& r) {
+  auto [etcd, keys] = EtcdOf(*r.cluster);
+  if (!etcd) return 0;
+  auto kv = etcd->Get(keys.Coordinator());
+  EXPECT_TRUE(kv.ok()) << kv.status().ToString();
+  return kv.ok() && *kv ? (*kv)->create_revision : 0;
+}
+
+// One BackupRequest to server `primary` on a tool connection, as a coordinator of `term` would
+// send it: copy server `region`'s region to server `target`'s `slot`, the map's backups of the
+// region being `named`.
+Result<wire::BackupReply> AskBackupAsTool(const Running& r, int primary, int region, int target,
+                                          uint16_t slot, int64_t term,
+                                          const std::vector<wire::MapBackup>& named) {
+  const ClusterConfig config = r.Config();
+  FARPOOL_ASSIGN_OR_RETURN(auto secret,
+                           transport::ClusterSecret::Read(r.dir() + "/" + kSecretFileName));
+  const ServerAddress& p = config.servers[primary];
+  const ServerAddress& t = config.servers[target];
+  FARPOOL_ASSIGN_OR_RETURN(
+      auto tool, control::Connection::OpenAsTool(p.id, p.Endpoint(), p.port, &secret, 0x7002, 5s));
+  FARPOOL_ASSIGN_OR_RETURN(
+      auto request, wire::MakeBackupRequest(t.id, t.host, t.port, static_cast<uint16_t>(region),
+                                            slot, term, named));
+  FARPOOL_ASSIGN_OR_RETURN(
+      auto reply,
+      tool->Call([&](uint64_t id) { return wire::EncodeBackupRequest(id, request, named); },
+                 wire::Opcode::kBackupReply));
+  return reply.message.As<wire::BackupReply>();
+}
+
+// The region's backups in etcd's map, as a BackupRequest carries them.
+std::vector<wire::MapBackup> MapBackupsNow(const Running& r, int region) {
+  const EtcdView view = ClusterEtcdStatus(r.dir()).value();
+  std::vector<wire::MapBackup> named;
+  for (const coord::MapServer::Backup& b :
+       view.map.Find(static_cast<uint16_t>(region))->Backups()) {
+    named.push_back({b.id, static_cast<uint16_t>(b.slot)});
+  }
+  return named;
+}
+
+// Asks server `primary`, as the coordinator of the current term would before a map write that
+// then fails, to copy server `region`'s region to server `target`'s `slot` (the request carrying
+// the region's backups in etcd's map), and again until the copy is whole: whether it was within
+// 30 s.
+bool CopyAsACoordinator(const Running& r, int primary, int region, int target, uint16_t slot) {
+  const std::vector<wire::MapBackup> named = MapBackupsNow(r, region);
+  const int64_t term = CoordinatorTerm(r);
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto reply = AskBackupAsTool(r, primary, region, target, slot, term, named);
+    if (reply.ok() && reply->remaining == 0) return true;
+    std::this_thread::sleep_for(100ms);
+  }
+  return false;
+}
+
 // A copy that an earlier coordinator chose in another slot of the target is named where it is
 // (docs/pool.md "Re-replication's loose ends"), not refused every tick. 3 servers, --replicas 1,
 // three slots each; `target` is reported suspected, so that after the SIGKILL of `victim` the
@@ -1742,7 +1802,6 @@ TEST(ReReplication, ACopyInAnotherSlotOfTheTargetIsNamedWhereItIs) {
   const int keeper = (victim + 1) % kServers;  // the coordinator
   const int target = (victim + 2) % kServers;
   constexpr uint16_t kEarlierSlot = 2;
-  const ClusterConfig config = r.Config();
   ASSERT_NO_FATAL_FAILURE(r.Suspect(target, true));
   Writer writer(*r.pool, r.objects);
   ASSERT_NO_FATAL_FAILURE(r.KillUnderWriter(victim, &writer));
@@ -1751,24 +1810,8 @@ TEST(ReReplication, ACopyInAnotherSlotOfTheTargetIsNamedWhereItIs) {
   ASSERT_EQ(view.map.Find(victim)->served_by, keeper) << view.map.ToJson();
   ASSERT_TRUE(view.map.Find(victim)->Backups().empty()) << view.map.ToJson();
 
-  auto secret = transport::ClusterSecret::Read(r.dir() + "/" + kSecretFileName);
-  ASSERT_TRUE(secret.ok()) << secret.status().ToString();
-  const ServerAddress& k = config.servers[keeper];
-  const ServerAddress& t = config.servers[target];
-  auto tool = control::Connection::OpenAsTool(k.id, k.Endpoint(), k.port, &*secret, 0x7002, 5s);
-  ASSERT_TRUE(tool.ok()) << tool.status().ToString();
-  auto request =
-      wire::MakeBackupRequest(t.id, t.host, t.port, static_cast<uint16_t>(victim), kEarlierSlot);
-  ASSERT_TRUE(request.ok()) << request.status().ToString();
-  uint64_t remaining = 1;
-  const auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (remaining > 0 && std::chrono::steady_clock::now() < deadline) {
-    auto reply = (*tool)->Call([&](uint64_t id) { return wire::Encode(id, *request); },
-                               wire::Opcode::kBackupReply);
-    if (reply.ok()) remaining = reply->message.As<wire::BackupReply>().remaining;
-    if (remaining > 0) std::this_thread::sleep_for(100ms);
-  }
-  ASSERT_EQ(remaining, 0u) << "the copy to server " << target << "'s slot 2 did not complete";
+  ASSERT_TRUE(CopyAsACoordinator(r, keeper, victim, target, kEarlierSlot))
+      << "the copy to server " << target << "'s slot 2 did not complete";
 
   ASSERT_NO_FATAL_FAILURE(r.Suspect(target, false));
   view = WaitForView(r.dir(),
@@ -1890,6 +1933,220 @@ TEST(ReReplication, ALateDetachOfACopyItsPrimaryStillFeedsIsRefused) {
   writer.Stop();
   EXPECT_EQ(writer.failures(), 0u) << writer.last_error();
   writer.CheckIntact();
+}
+
+// A whole copy that no map names is given up at the coordinator's next request (docs/pool.md
+// "The map's backups in the request"), so that its server's death costs its primary nothing.
+// 4 servers, --replicas 1; `stray` and `later` are reported suspected, so that after the
+// SIGKILL of `victim` the coordinator finds no target for `primary`'s region (whose backup the
+// victim was). A tool, as a coordinator whose map write then failed (or whose reply was lost),
+// has `primary` copy its region to `stray` until whole. Once `later`'s suspicion goes, the
+// coordinator copies the region there, and its request, which carries the map's backups (none),
+// makes `primary` give the copy on `stray` up. Then `stray` is SIGKILLed under a writer:
+// `primary`'s writes stay acknowledged. Before, the copy on `stray` was kept (reported whole)
+// and forwarded to; nobody degraded `primary` when `stray` died (the map names no copy there),
+// so its writes failed until its serving lease lapsed and it served nothing.
+TEST(ReReplication, AWholeCopyNoMapNamesIsGivenUpAtTheNextRequest) {
+  constexpr int kServers = 4;
+  LocalClusterOptions o = Options(kServers, 1, /*netns=*/true);
+  o.mirror_slots = 2;
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &r));
+  const int primary = r.coordinator;
+  const int victim = (primary + 1) % kServers;
+  const int later = (primary + 2) % kServers;  // takes the victim's region over
+  const int stray = (primary + 3) % kServers;
+  ASSERT_NO_FATAL_FAILURE(r.Suspect(later, true));
+  ASSERT_NO_FATAL_FAILURE(r.Suspect(stray, true));
+  Writer writer(*r.pool, r.objects);
+  ASSERT_NO_FATAL_FAILURE(r.KillUnderWriter(victim, &writer));
+  EtcdView view = WaitForView(r.dir(), [&](const EtcdView& v) {
+    return v.map.Find(victim)->served_by == later && v.map.Find(primary)->Backups().empty();
+  });
+  ASSERT_EQ(view.map.Find(victim)->served_by, later) << view.map.ToJson();
+  ASSERT_TRUE(view.map.Find(primary)->Backups().empty()) << view.map.ToJson();
+  // The slot of `stray` that the map leaves free (slot 0 keeps `later`'s region).
+  const std::vector<int> used = view.map.SlotsInUse(static_cast<uint16_t>(stray));
+  uint16_t slot = 0;
+  while (std::find(used.begin(), used.end(), slot) != used.end()) ++slot;
+  ASSERT_TRUE(CopyAsACoordinator(r, primary, primary, stray, slot))
+      << "the copy to server " << stray << " did not complete";
+
+  ASSERT_NO_FATAL_FAILURE(r.Suspect(later, false));
+  view = WaitForView(r.dir(),
+                     [&](const EtcdView& v) { return !v.map.Find(primary)->Backups().empty(); });
+  const std::vector<coord::MapServer::Backup> backups = view.map.Find(primary)->Backups();
+  ASSERT_EQ(backups.size(), 1u) << view.map.ToJson();
+  EXPECT_EQ(backups[0].id, later) << view.map.ToJson();
+  // A deposed coordinator (an older term) with the map it read before: refused, so it cannot
+  // make `primary` give up the copy the map names now.
+  auto deposed = AskBackupAsTool(r, primary, primary, stray, slot, CoordinatorTerm(r) - 1, {});
+  ASSERT_FALSE(deposed.ok()) << "a request of an older term was admitted";
+  EXPECT_EQ(deposed.status().code(), StatusCode::kPermissionDenied) << deposed.status().ToString();
+
+  const uint64_t failed_before = writer.failures(static_cast<size_t>(primary));
+  ASSERT_NO_FATAL_FAILURE(r.KillUnderWriter(stray, &writer));
+  EXPECT_EQ(writer.failures(static_cast<size_t>(primary)), failed_before)
+      << "server " << primary
+      << "'s writes failed after the death of a copy no map names: " << writer.last_error();
+  writer.Stop();
+  writer.CheckIntact();
+}
+
+// A whole copy that no map names is given up even when no server has room for another copy
+// (docs/pool.md "The map's backups in the request"): the coordinator sends the region's server
+// the map's backups alone once per map epoch. 3 servers, --replicas 1; `stray` is suspected;
+// after the SIGKILL of `victim` nobody has room for `primary`'s region (whose backup the victim
+// was), and a tool, as a coordinator whose map write failed, has `primary` copy it to `stray`
+// until whole. Then `stray` is SIGKILLed under a writer of `primary`'s object: the failover
+// moves the epoch, the coordinator tells `primary` the map's backups (none), and `primary` gives
+// the dead copy up: its writes are acknowledged again. Before, nobody told it, and every write
+// failed ("applied here but not acknowledged", then its serving lease lapsed).
+TEST(ReReplication, AWholeCopyNoMapNamesIsGivenUpWithNoRoomForAnother) {
+  constexpr int kServers = 3;
+  LocalClusterOptions o = Options(kServers, 1, /*netns=*/true);
+  o.mirror_slots = 2;
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &r));
+  const int primary = r.coordinator;
+  const int victim = (primary + 1) % kServers;
+  const int stray = (primary + 2) % kServers;  // takes the victim's region over
+  ASSERT_NO_FATAL_FAILURE(r.Suspect(stray, true));
+  Writer writer(*r.pool, {r.objects[primary]});
+  ASSERT_NO_FATAL_FAILURE(r.KillUnderWriter(victim, &writer));
+  EtcdView view = WaitForView(r.dir(), [&](const EtcdView& v) {
+    return v.map.Find(victim)->served_by == stray && v.map.Find(primary)->Backups().empty();
+  });
+  ASSERT_EQ(view.map.Find(victim)->served_by, stray) << view.map.ToJson();
+  ASSERT_TRUE(view.map.Find(primary)->Backups().empty()) << view.map.ToJson();
+  const std::vector<int> used = view.map.SlotsInUse(static_cast<uint16_t>(stray));
+  uint16_t slot = 0;
+  while (std::find(used.begin(), used.end(), slot) != used.end()) ++slot;
+  ASSERT_TRUE(CopyAsACoordinator(r, primary, primary, stray, slot))
+      << "the copy to server " << stray << " did not complete";
+
+  ASSERT_NO_FATAL_FAILURE(r.KillUnderWriter(stray, &writer));
+  writer.Stop();
+  writer.CheckIntact();
+}
+
+// A copy whose slot the backup has given to another primary since is copied anew, not named
+// (docs/pool.md "The map's backups in the request"). As in ACopyInAnotherSlotOfTheTargetIs
+// NamedWhereItIs, a tool has `keeper` copy `victim`'s region (which it serves since the victim's
+// SIGKILL) to the suspected `target`'s slot 2; then the test attaches that slot for another
+// server, as a copy of another region chosen by a coordinator of another term would, and writes
+// to the region once (the forward is refused: "not from its primary"). Once the suspicion goes
+// the coordinator asks for slot 1: `keeper` gives the refused link up and copies the region
+// there, and the map names slot 1; the keeper is SIGKILLed under a writer and the target serves
+// the region from slot 1, nothing acknowledged lost. Before, the reply named slot 2, whole, and
+// the map named a slot that held another server's copy.
+TEST(ReReplication, ACopyWhoseSlotWasTakenIsMadeAnewNotNamed) {
+  constexpr int kServers = 3;
+  LocalClusterOptions o = Options(kServers, 1, /*netns=*/true);
+  o.mirror_slots = 3;
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &r));
+  const int victim = (r.coordinator + 2) % kServers;
+  const int keeper = (victim + 1) % kServers;  // the coordinator
+  const int target = (victim + 2) % kServers;
+  constexpr uint16_t kTakenSlot = 2;
+  ASSERT_NO_FATAL_FAILURE(r.Suspect(target, true));
+  {
+    Writer writer(*r.pool, r.objects);
+    ASSERT_NO_FATAL_FAILURE(r.KillUnderWriter(victim, &writer));
+  }
+  EtcdView view = WaitForView(
+      r.dir(), [&](const EtcdView& v) { return v.map.Find(victim)->served_by == keeper; });
+  ASSERT_EQ(view.map.Find(victim)->served_by, keeper) << view.map.ToJson();
+  ASSERT_TRUE(CopyAsACoordinator(r, keeper, victim, target, kTakenSlot))
+      << "the copy to server " << target << "'s slot 2 did not complete";
+
+  MirrorTool mirror;
+  ASSERT_NO_FATAL_FAILURE(OpenMirrorTool(r, r.Config().servers[target], &mirror));
+  constexpr uint16_t kAnotherServer = 9;
+  const wire::ReplicateRequest attach{
+      kAnotherServer, kTakenSlot, 0, 0, wire::kReplicateAttach, 0, 0, 0, 0, 0};
+  auto attached = mirror.connection->Call([&](uint64_t id) { return wire::Encode(id, attach); },
+                                          wire::Opcode::kReplicateReply);
+  ASSERT_TRUE(attached.ok()) << attached.status().ToString();
+  uint64_t value = 0x2222;
+  Status written = r.pool->Write(r.objects[victim], &value, 8);
+  EXPECT_FALSE(written.ok()) << "a write acknowledged though its backup's slot is another's";
+
+  ASSERT_NO_FATAL_FAILURE(r.Suspect(target, false));
+  view = WaitForView(r.dir(),
+                     [&](const EtcdView& v) { return !v.map.Find(victim)->Backups().empty(); });
+  const std::vector<coord::MapServer::Backup> backups = view.map.Find(victim)->Backups();
+  ASSERT_EQ(backups.size(), 1u) << view.map.ToJson();
+  EXPECT_EQ(backups[0].id, target) << view.map.ToJson();
+  EXPECT_NE(backups[0].slot, kTakenSlot)
+      << "the map names a slot that holds another server's copy: " << view.map.ToJson();
+
+  Writer writer(*r.pool, r.objects);
+  ASSERT_NO_FATAL_FAILURE(r.KillUnderWriter(keeper, &writer));
+  writer.Stop();
+  writer.CheckIntact();
+  view = ClusterEtcdStatus(r.dir()).value();
+  EXPECT_EQ(view.map.Find(victim)->served_by, target) << view.map.ToJson();
+}
+
+// Whether every thread of process `pid` is stopped (a SIGSTOP has taken effect), within 5 s.
+bool WaitUntilStopped(pid_t pid) {
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  while (std::chrono::steady_clock::now() < deadline) {
+    bool all = true;
+    for (const auto& task : std::filesystem::directory_iterator(tasks)) {
+      std::ifstream in(task.path() / "stat");
+      std::string stat;
+      std::getline(in, stat);
+      const size_t close = stat.rfind(')');  // the state follows the command's parenthesis
+      all = all && close != std::string::npos && close + 2 < stat.size() &&
+            (stat[close + 2] == 'T' || stat[close + 2] == 't');
+    }
+    if (all) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return false;
+}
+
+// A read that the primary's serving lease refused stays that refusal when a further backup's
+// forward fails in its round (docs/pool.md "The map's backups in the request", 3): --replicas 2
+// on 3 servers whose etcd leases outlast the test (a stopped server stays in the map). The
+// further backup of `primary` is stopped (SIGSTOP): a write fails after the forward's 1 s
+// timeout, by when the primary's lease from that backup has lapsed; the read right after is
+// refused by the lease ("has not answered"), unexecuted, and its round waits for the failed
+// forward's ranges again, which fail again. Before, that failure overwrote the refusal with
+// "applied here but not acknowledged", an unknown outcome for a read that never ran.
+TEST(ReReplication, AReadTheLeaseRefusedStaysRefusedWhenAForwardFails) {
+  constexpr int kServers = 3;
+  LocalClusterOptions o = Options(kServers, 2, /*netns=*/true);
+  o.mirror_slots = 2;
+  o.lease_ttl = 60s;
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &r));
+  const EtcdView view = ClusterEtcdStatus(r.dir()).value();
+  const int primary = 0;
+  const std::vector<coord::MapServer::Backup> backups = view.map.Find(primary)->Backups();
+  ASSERT_EQ(backups.size(), 2u) << view.map.ToJson();
+  const GlobalAddress object = r.objects[primary];
+  uint64_t before = 0x1111;
+  ASSERT_TRUE(r.pool->Write(object, &before, 8).ok());
+  const auto stopped = static_cast<pid_t>(r.Config().servers[backups[1].id].pid);
+  ASSERT_EQ(kill(stopped, SIGSTOP), 0);
+  // The signal takes effect as each thread next runs: the write must not meet one still going.
+  ASSERT_TRUE(WaitUntilStopped(stopped)) << "server " << backups[1].id << " did not stop";
+  uint64_t after = 0x2222;
+  Status written = r.pool->Write(object, &after, 8);
+  uint64_t value = 0;
+  Status read = r.pool->Read(object, &value, 8);
+  ASSERT_EQ(kill(stopped, SIGCONT), 0);
+  std::printf("the write: %s\nthe read: %s\n", written.ToString().c_str(), read.ToString().c_str());
+  EXPECT_FALSE(written.ok()) << "a write acknowledged though a backup was stopped";
+  ASSERT_FALSE(read.ok()) << "a read served though the primary's lease had lapsed";
+  EXPECT_EQ(read.message().find("applied here but not acknowledged"), std::string::npos)
+      << read.ToString();
+  EXPECT_NE(read.message().find("has not answered"), std::string::npos) << read.ToString();
 }
 
 // A server's probes of suspects (coord/membership.h "Dead peers") never hold back its own

@@ -44,7 +44,7 @@ std::optional<BodyLayout> LayoutOf(uint16_t opcode) {
     case Opcode::kChallengeReply:
       return FixedBody(sizeof(ChallengeReply));
     case Opcode::kBackupRequest:
-      return FixedBody(sizeof(BackupRequest));
+      return DeclaredTail(sizeof(BackupRequest), offsetof(BackupRequest, backups_size));
     case Opcode::kBackupReply:
       return FixedBody(sizeof(BackupReply));
     case Opcode::kReplicateRequest:
@@ -86,17 +86,41 @@ template <typename Body>
 Opcode OpcodeOf();
 
 Result<BackupRequest> MakeBackupRequest(uint16_t backup_id, std::string_view host, uint16_t port,
-                                        uint16_t region, uint16_t slot) {
+                                        uint16_t region, uint16_t slot, int64_t term,
+                                        std::span<const MapBackup> backups) {
   BackupRequest request{};
   if (host.size() >= sizeof(request.host)) {
     return Status::InvalidArgument("host name too long: " + std::string(host));
+  }
+  if (backups.size_bytes() > transport::kMaxDeclaredTail) {
+    return Status::InvalidArgument("a BackupRequest carries at most " +
+                                   std::to_string(transport::kMaxDeclaredTail / sizeof(MapBackup)) +
+                                   " backups of a region, not " + std::to_string(backups.size()));
   }
   request.backup_id = backup_id;
   request.port = port;
   request.slot = slot;
   request.region = region;
   std::memcpy(request.host, host.data(), host.size());
+  request.term = term;
+  request.backups_size = static_cast<uint32_t>(backups.size_bytes());
   return request;
+}
+
+std::vector<std::byte> EncodeBackupRequest(uint64_t request_id, const BackupRequest& request,
+                                           std::span<const MapBackup> backups) {
+  return Encode(request_id, request, std::as_bytes(backups));
+}
+
+Result<std::vector<MapBackup>> MapBackupsOf(const transport::Frame& request) {
+  if (request.tail.size() % sizeof(MapBackup) != 0) {
+    return Status::InvalidArgument(
+        "BackupRequest: its map's backups take " + std::to_string(request.tail.size()) +
+        " bytes, not a multiple of " + std::to_string(sizeof(MapBackup)));
+  }
+  std::vector<MapBackup> backups(request.tail.size() / sizeof(MapBackup));
+  if (!backups.empty()) std::memcpy(backups.data(), request.tail.data(), request.tail.size());
+  return backups;
 }
 
 std::string_view OpcodeName(Opcode op) {

@@ -59,7 +59,9 @@ inline constexpr uint32_t kMagic = 0x31575046;  // "FPW1"
 // 10: MovedFileRequest/Reply (a client that connects after a failover maps the moved region).
 // 11: kReplicateDetach (a primary gives its backup slot's copy up; the slot frees its memory).
 // 12: BackupReply::slot (the slot of the copy the reply is about, which the coordinator names).
-inline constexpr uint16_t kVersion = 12;
+// 13: BackupRequest::term and its tail of the map's backups (MapBackup): a primary gives up the
+//     copies the map does not name and refuses a deposed coordinator's requests.
+inline constexpr uint16_t kVersion = 13;
 // Batches: the operations of a request, the read data and atomic results of a reply. Small
 // enough to go eagerly in one UCX active message, large enough for a commit's worth of
 // records; a client splits larger batches into several messages.
@@ -335,7 +337,19 @@ static_assert(sizeof(GoodbyeReply) == 8);
 // slices while it serves, and `remaining` says how many bytes are left to copy (0: the copy is
 // complete and every change since is forwarded). Asking again with the same backup and slot
 // reports progress. A primary that keeps a copy on `backup_id` already, in another slot (a copy
-// an earlier coordinator chose), reports on that copy instead: BackupReply::slot names it.
+// an earlier coordinator chose), reports on that copy instead: BackupReply::slot names it,
+// unless that slot refused its forwards as another primary's (then the copy is made anew).
+//
+// The tail lists the region's backups in the cluster map the sender read (MapBackup, in the
+// map's order; `backups_size` bytes): the primary gives up every copy of the region on a
+// server the map does not name, other than `backup_id`'s (a copy under way, or whole but
+// unnamed: a reply the coordinator lost, a map write that failed), and never one the map
+// names. `backup_id` kNoBackup names no target: the primary only gives up what the map does not
+// name (the coordinator's request for a region below its copies that no server has room for)
+// and replies {0, 0}. `term`: the coordinator's term (coord/membership.h, the create_revision of
+// its key); 0 from the cluster's tools (cluster up, drain). The primary remembers the highest term
+// it has been sent and refuses a request of a lower one (a deposed coordinator's, read from an
+// older map) with PermissionDenied (docs/pool.md "The map's backups in the request").
 struct BackupRequest {
   uint16_t backup_id;
   uint16_t port;
@@ -343,12 +357,31 @@ struct BackupRequest {
   // Whose region: the primary's own id, or a region it serves from a promoted mirror slot.
   uint16_t region;
   char host[64];  // NUL-terminated
+  int64_t term;
+  uint32_t backups_size;  // tail bytes: a multiple of sizeof(MapBackup)
+  uint32_t reserved;
 };
-static_assert(sizeof(BackupRequest) == 72);
+static_assert(sizeof(BackupRequest) == 88);
+inline constexpr uint16_t kNoBackup = 0xffff;  // BackupRequest::backup_id: no target
+// One backup of the request's region in the map: its server and slot.
+struct MapBackup {
+  uint16_t id;
+  uint16_t slot;
+};
+static_assert(sizeof(MapBackup) == 4);
 // A BackupRequest naming server `backup_id` at `host`:`port` as the keeper of `region`'s copy
-// in its mirror slot `slot`. InvalidArgument if `host` does not fit.
+// in its mirror slot `slot`, sent in `term` with `backups` (the tail to encode with it: the
+// map's backups of the region). InvalidArgument if `host` does not fit or the backups do not
+// fit a tail.
 Result<BackupRequest> MakeBackupRequest(uint16_t backup_id, std::string_view host, uint16_t port,
-                                        uint16_t region, uint16_t slot);
+                                        uint16_t region, uint16_t slot, int64_t term,
+                                        std::span<const MapBackup> backups);
+// The encoded request with its tail.
+std::vector<std::byte> EncodeBackupRequest(uint64_t request_id, const BackupRequest& request,
+                                           std::span<const MapBackup> backups);
+// The map's backups a decoded BackupRequest carries; InvalidArgument if its tail is not a
+// whole number of them.
+Result<std::vector<MapBackup>> MapBackupsOf(const transport::Frame& request);
 // Its host, up to the NUL (or the whole field if a malformed request has none).
 inline std::string_view HostOf(const BackupRequest& request) {
   return {request.host, strnlen(request.host, sizeof(request.host))};

@@ -15,5 +15,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (sizeof(farpool::transport::FrameHeader) + m->body.size() + m->tail.size() != size)
     std::abort();
   if (m->opcode == Opcode::kErrorReply) (void)DecodeError(*m);
+  if (m->opcode == Opcode::kBackupRequest) (void)MapBackupsOf(*m);
   return 0;
 }

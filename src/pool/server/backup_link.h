@@ -137,6 +137,12 @@ class BackupLink {
   // was sent (a backup that is gone frees nothing, nor needs to). No forward may follow.
   Status Detach();
 
+  // Whether the backup refused a forward as not into this primary's copy (InvalidArgument: the
+  // slot holds another primary's copy since, was emptied, or does not exist): no later forward
+  // on this link can succeed, and the copy it was is gone (docs/pool.md "The map's backups in
+  // the request").
+  bool misplaced() const { return misplaced_; }
+
   const std::string& name() const { return name_; }
   int id() const { return id_; }
   uint16_t slot() const { return slot_; }
@@ -185,6 +191,7 @@ class BackupLink {
   Pending pending_;
   std::vector<Failure> failures_;
   uint64_t first_live_id_ = 0;  // replies to requests below it are dropped (their forward failed)
+  bool misplaced_ = false;
 };
 
 }  // namespace farpool

@@ -147,6 +147,7 @@ bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys, int6
   if (term != term_) {
     copying_.clear();
     failing_.clear();
+    told_.clear();
   }
   term_ = term;
   auto log_once = [&](const std::string& message) { LogOnce(message); };
@@ -299,16 +300,26 @@ bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys, int6
   return changed;
 }
 
-Result<wire::BackupReply> Coordinator::AskBackup(const coord::MapServer& primary, uint16_t region,
-                                                 const coord::MapServer& target, int slot) {
+Result<wire::BackupReply> Coordinator::AskBackup(const coord::MapServer& primary,
+                                                 const coord::MapServer& region,
+                                                 const coord::MapServer* target, int slot) {
   FARPOOL_ASSIGN_OR_RETURN(auto at, ParseHostPort(primary.address));
-  FARPOOL_ASSIGN_OR_RETURN(auto to, ParseHostPort(target.address));
+  std::pair<std::string, uint16_t> to{"", 0};
+  if (target != nullptr) {
+    FARPOOL_ASSIGN_OR_RETURN(to, ParseHostPort(target->address));
+  }
+  std::vector<wire::MapBackup> named;
+  for (const coord::MapServer::Backup& b : region.Backups()) {
+    named.push_back({b.id, static_cast<uint16_t>(b.slot)});
+  }
   FARPOOL_ASSIGN_OR_RETURN(
       wire::BackupRequest request,
-      wire::MakeBackupRequest(target.id, to.first, to.second, region, static_cast<uint16_t>(slot)));
+      wire::MakeBackupRequest(target != nullptr ? target->id : wire::kNoBackup, to.first, to.second,
+                              region.id, static_cast<uint16_t>(slot), term_, named));
   FARPOOL_ASSIGN_OR_RETURN(
       auto reply, Ask(
-                      primary, at.second, [&](uint64_t id) { return wire::Encode(id, request); },
+                      primary, at.second,
+                      [&](uint64_t id) { return wire::EncodeBackupRequest(id, request, named); },
                       wire::Opcode::kBackupReply));
   return reply.message.As<wire::BackupReply>();
 }
@@ -362,11 +373,18 @@ bool Coordinator::ReReplicate(coord::EtcdClient& etcd, const coord::MapKeys& key
                 std::to_string(backups.size() + 1) + " of " + std::to_string(map.replicas + 1) +
                 " copies and no live server has a free mirror slot for another (keeping none yet)");
         copying_.erase(r.id);
+        // Once per map epoch its server hears the map's backups all the same: it gives up a
+        // copy the map does not name (a reply lost, a map write that failed), whose server's
+        // death would otherwise fail its every round, since nobody degrades it.
+        auto& epoch = told_[r.id];
+        if (epoch != map.epoch && AskBackup(*map.Find(r.served_by), r, nullptr, 0).ok()) {
+          epoch = map.epoch;
+        }
         continue;
       }
       copying_[r.id] = {target->id, slot};
     }
-    auto answer = AskBackup(*map.Find(r.served_by), r.id, *target, slot);
+    auto answer = AskBackup(*map.Find(r.served_by), r, target, slot);
     if (!answer.ok()) {
       LogOnce("re-replicating server " + std::to_string(r.id) + "'s region to server " +
               std::to_string(target->id) + ": " + answer.status().message());

@@ -27,7 +27,12 @@
 // and slot to the server that serves the region (BackupRequest on its main port), which copies
 // the region in slices while it serves; each tick asks again, and once the answer says the
 // copy is complete the map records the backup (`backup`, else appended to `more_backups`;
-// epoch + 1) by a txn as above. One copy per region at a time (several regions copy at once):
+// epoch + 1) by a txn as above. Every BackupRequest carries the coordinator's term and the
+// region's backups in the map it read: the server gives up the region's copies that neither the
+// request nor the map names (a reply this coordinator lost, an earlier term's choice) and refuses
+// a request of a term older than one it was sent before; a region below f copies that no server
+// has room for gets such a request without a target once per map epoch (docs/pool.md "The map's
+// backups in the request"). One copy per region at a time (several regions copy at once):
 // a primary connects one link per region at a time (ConfigureSlotBackup), and a region's copy
 // that finishes first is a backup sooner than two that share the primary's loop. A target
 // that dies meanwhile is replaced by another at the next tick (the server gives the old copy
@@ -129,11 +134,15 @@ class Coordinator {
   bool ReReplicate(coord::EtcdClient& etcd, const coord::MapKeys& keys,
                    const coord::ClusterMap& map, int64_t map_revision,
                    const std::set<uint16_t>& alive, const std::set<uint16_t>& suspected);
-  // A BackupRequest naming `target`'s `slot` for server `region`'s region to `primary`, the
-  // server that serves it: the bytes it has left to copy, and the slot of `target` its copy is
-  // in (another than `slot` if it keeps one there already).
-  Result<wire::BackupReply> AskBackup(const coord::MapServer& primary, uint16_t region,
-                                      const coord::MapServer& target, int slot);
+  // A BackupRequest naming `target`'s `slot` for `region` (its map entry) to `primary`, the
+  // server that serves it, in term_ and with the region's backups in the map: the bytes it has
+  // left to copy, and the slot of `target` its copy is in (another than `slot` if it keeps one
+  // there already). The primary gives up the region's copies that neither names, and refuses
+  // the request if it has been sent a later term's. `target` nullptr: names none
+  // (wire::kNoBackup), the primary only gives up.
+  Result<wire::BackupReply> AskBackup(const coord::MapServer& primary,
+                                      const coord::MapServer& region,
+                                      const coord::MapServer* target, int slot);
   void LogOnce(const std::string& message) {
     if (message == last_error_) return;
     last_error_ = message;
@@ -149,6 +158,9 @@ class Coordinator {
   std::map<std::pair<uint16_t, uint16_t>, std::unique_ptr<control::Connection>> open_;
   // Re-replications under way, one per region: region -> (target server, slot).
   std::map<uint16_t, std::pair<uint16_t, int>> copying_;
+  // Regions below their copies with no target, by region: the map epoch at which their server
+  // was last sent the map's backups alone (AskBackup without a target), in this term.
+  std::map<uint16_t, int64_t> told_;
   // Lost servers whose failover has not landed yet: when this coordinator first tried it, and
   // how many "not yet" its backup answered since (for the log line of the failover).
   std::map<uint16_t, std::pair<std::chrono::steady_clock::time_point, int>> failing_;

@@ -60,6 +60,15 @@ std::string TagName(uint64_t tag) {
   return buf;
 }
 
+// Whether `reply` is an ErrorReply: it shows no memory (a request refused, or one that failed
+// before it could read anything).
+bool IsErrorReply(std::span<const std::byte> reply) {
+  transport::FrameHeader header;
+  if (reply.size() < sizeof(header)) return false;
+  std::memcpy(&header, reply.data(), sizeof(header));
+  return header.opcode == static_cast<uint16_t>(wire::Opcode::kErrorReply);
+}
+
 }  // namespace
 
 // The control-message handler of the server's AmServer; runs on its progress thread.
@@ -167,8 +176,10 @@ class MemoryServer::Impl : public transport::AmHandler {
   // when the copy is complete (copy.next == size).
   Status CopyStep(BackupLink& link, Copy& copy, const std::byte* base, uint64_t size,
                   const std::map<uint64_t, ChunkAllocator::Held>& book, const std::string& what);
-  // A backup for region `request.region`, which this server serves from a promoted slot.
-  Result<wire::BackupReply> ConfigureSlotBackup(const wire::BackupRequest& request);
+  // A backup for region `request.region`, which this server serves from a promoted slot;
+  // `named`: the map's backups of the region (the request's tail).
+  Result<wire::BackupReply> ConfigureSlotBackup(const wire::BackupRequest& request,
+                                                std::span<const wire::MapBackup> named);
   // Tick and Settle for the slot links (blocking forwards, see the header): copies, renewals,
   // forwards of `changed` (offsets in region_). Returns Ok, or the failure that fails the round.
   void TickSlotLinks();
@@ -182,24 +193,32 @@ class MemoryServer::Impl : public transport::AmHandler {
   // telling the backup first, so that its slot gives the memory back (BackupLink::Detach). Not
   // for a drain's hand-over: there the backups keep the copies and promote them.
   void GiveUp(std::unique_ptr<BackupLink> link);
-  Result<wire::BackupReply> ConfigureBackup(const wire::BackupRequest& request);
+  // A BackupRequest (see wire.h): refused if of an older term than one seen before; gives up
+  // the region's copies the map does not name (DropOtherCopies), then names the request's or
+  // reports on the copy there.
+  Result<wire::BackupReply> ConfigureBackup(const wire::BackupRequest& request,
+                                            std::span<const wire::MapBackup> named);
   // A further backup of the own part (replicas f >= 2): a link in slot_links_ under this
   // server's id. Named by `cluster up` before anything is leased, the root area is forwarded at
   // once; named by re-replication (`copy`), the region is copied to it in slices first, as to a
   // first backup. REQUIRES: backup_ != nullptr, not degraded, `request`'s server not a backup.
   Result<wire::BackupReply> AddBackup(const wire::BackupRequest& request, bool copy);
-  // Gives up the copies of `request.region` to servers other than `request`'s that the map
-  // cannot name: those under way, and those whole but never reported whole (no BackupReply
-  // with remaining 0 said so, so no map names them). The coordinator copies a region to one
-  // target at a time, so such a copy is one it chose before (its target suspected since, or
-  // chosen by an earlier coordinator) and switched away from. Nothing waits on them: a copy
-  // counts for nothing until whole, and a whole one not in the map promises nothing the map
-  // does (its held replies go, as after a degrade). A copy on `request`'s server in another
-  // slot is kept: the reply reports on it (BackupReply::slot).
-  void DropOtherCopies(const wire::BackupRequest& request);
-  // The BackupReply about a copy on `link`, `remaining` bytes left: marks it `reported` once
-  // whole.
-  static wire::BackupReply Report(const BackupLink& link, uint64_t remaining, bool* reported);
+  // Gives up the copies of `request.region` on servers that neither `named` (the map's
+  // backups of the region, as the request's sender read the map) nor the request names: copies
+  // under way to a target the coordinator switched away from, and whole ones no map names (a
+  // reply the coordinator lost, a map write that failed). A whole one not in the map promises
+  // nothing the map does: its held replies go, as after a degrade. A copy the map names is never
+  // given up here, and a copy on `request`'s server, in any slot, is the one the reply is about.
+  // Also gives up the copy on `request`'s server if that backup refused a forward as another
+  // primary's slot (BackupLink::misplaced): it is copied anew into the request's slot.
+  void DropOtherCopies(const wire::BackupRequest& request, std::span<const wire::MapBackup> named);
+  // The own part's first link given up (the map does not name it, or its slot is another's):
+  // one copy, as the map says, until a backup is named again.
+  void DropFirstLink();
+  // The BackupReply about a copy on `link`, `remaining` bytes left.
+  static wire::BackupReply Report(const BackupLink& link, uint64_t remaining) {
+    return wire::BackupReply{remaining, link.slot(), {}};
+  }
   // The reply, or empty if the batch waits (answered later through TakeLate).
   Result<std::vector<std::byte>> ExecuteBatch(uint64_t id, const wire::BatchRequest& request,
                                               std::span<const std::byte> ops,
@@ -287,11 +306,10 @@ class MemoryServer::Impl : public transport::AmHandler {
   // and this round's changes and which of its replies wait for them (request ids by position;
   // 0: the reply promises nothing).
   std::unique_ptr<BackupLink> backup_;
-  // Whether a BackupReply said backup_'s copy is whole (remaining 0): only then may the map
-  // name it (the coordinator writes it after that reply), so a whole copy not reported yet is
-  // one the map does not name (DropOtherCopies).
-  bool backup_reported_ = false;
   bool degraded_ = false;
+  // The highest BackupRequest::term this server has been sent: a request of a lower one comes
+  // from a deposed coordinator, which read an older map (ConfigureBackup refuses it).
+  int64_t highest_term_ = 0;
   std::optional<Copy> copy_;
   // Regions this server serves from promoted mirror slots that have a backup again (or are
   // being copied to one), by region id: the same as backup_/copy_/last_ack_ for the own part,
@@ -305,7 +323,6 @@ class MemoryServer::Impl : public transport::AmHandler {
     std::optional<Copy> copy;
     Clock::time_point last_ack{};
     std::vector<LeaseChange> leases;
-    bool reported = false;  // as backup_reported_
   };
   std::multimap<uint16_t, SlotLink> slot_links_;
   // Slot links being connected off the progress thread (ConfigureSlotBackup), by region:
@@ -767,7 +784,9 @@ Result<std::vector<std::byte>> MemoryServer::Impl::Answer(const wire::Message& m
       if (from != nullptr && from->pool != 0) {
         return PoolRefused(from, "BackupRequest refused: the cluster's tools name backups");
       }
-      FARPOOL_ASSIGN_OR_RETURN(wire::BackupReply r, ConfigureBackup(m.As<wire::BackupRequest>()));
+      FARPOOL_ASSIGN_OR_RETURN(std::vector<wire::MapBackup> named, wire::MapBackupsOf(m));
+      FARPOOL_ASSIGN_OR_RETURN(wire::BackupReply r,
+                               ConfigureBackup(m.As<wire::BackupRequest>(), named));
       return wire::Encode(id, r);
     }
     case wire::Opcode::kHelloReply:
@@ -912,20 +931,20 @@ void MemoryServer::Impl::CopySlice() {
 }
 
 Result<wire::BackupReply> MemoryServer::Impl::ConfigureSlotBackup(
-    const wire::BackupRequest& request) {
+    const wire::BackupRequest& request, std::span<const wire::MapBackup> named) {
   const auto slot = mirror_ ? mirror_->PromotedSlot(request.region) : std::nullopt;
   if (!slot) {
     return Status::InvalidArgument(Name() + ": it does not serve server " +
                                    std::to_string(request.region) + "'s region");
   }
   const uint64_t size = mirror_->size();
-  DropOtherCopies(request);
+  DropOtherCopies(request, named);
   // A region served from a slot may have several backups (replicas f >= 2), one link each.
   // Progress of the copy on that server, in the request's slot or in the one it is in already.
   for (auto [it, end] = slot_links_.equal_range(request.region); it != end; ++it) {
     SlotLink& l = it->second;
     if (l.link->id() == request.backup_id) {
-      return Report(*l.link, l.copy ? size - l.copy->next : 0, &l.reported);
+      return Report(*l.link, l.copy ? size - l.copy->next : 0);
     }
   }
   if (auto p = connecting_.find(request.region); p != connecting_.end()) {
@@ -1190,7 +1209,26 @@ Status MemoryServer::Impl::MayChange() const {
                              "one copy");
 }
 
-Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(const wire::BackupRequest& request) {
+Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(
+    const wire::BackupRequest& request, std::span<const wire::MapBackup> named) {
+  // A deposed coordinator's request was built from a map older than one a later term's request
+  // carried: its backups may lack a copy the map names now (docs/pool.md "The map's backups in
+  // the request").
+  if (request.term < highest_term_) {
+    return Status::PermissionDenied(Name() + ": a BackupRequest of term " +
+                                    std::to_string(request.term) + ", after one of term " +
+                                    std::to_string(highest_term_) +
+                                    ": from a coordinator deposed since (or a tool), refused");
+  }
+  highest_term_ = request.term;
+  if (request.backup_id == wire::kNoBackup) {
+    if (request.region != options_.id && !(mirror_ && mirror_->PromotedSlot(request.region))) {
+      return Status::InvalidArgument(Name() + ": it does not serve server " +
+                                     std::to_string(request.region) + "'s region");
+    }
+    DropOtherCopies(request, named);
+    return wire::BackupReply{0, 0, {}};
+  }
   // Without replicas a backup is named only to drain this server (docs/pool.md "Drain without
   // replicas"): its own region is copied, the regions it serves from slots are not.
   if (!options_.replicated && request.region != options_.id) {
@@ -1201,20 +1239,18 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(const wire::Backup
   if (request.backup_id == options_.id) {
     return Status::InvalidArgument(Name() + ": cannot be its own backup");
   }
-  if (request.region != options_.id) return ConfigureSlotBackup(request);
+  if (request.region != options_.id) return ConfigureSlotBackup(request, named);
   const uint64_t size = chunks_.region_size();
+  DropOtherCopies(request, named);
   // Progress of the copy on that server (the first backup or a further one), in the request's
   // slot or in the one it is in already.
   if (backup_ != nullptr && backup_->id() == request.backup_id) {
-    return Report(*backup_, copy_ ? size - copy_->next : 0, &backup_reported_);
+    return Report(*backup_, copy_ ? size - copy_->next : 0);
   }
   for (auto [it, end] = slot_links_.equal_range(options_.id); it != end; ++it) {
     SlotLink& l = it->second;
-    if (l.link->id() == request.backup_id) {
-      return Report(*l.link, l.copy ? size - l.copy->next : 0, &l.reported);
-    }
+    if (l.link->id() == request.backup_id) return Report(*l.link, l.copy ? size - l.copy->next : 0);
   }
-  DropOtherCopies(request);
   // The copy starts equal when nothing is leased yet and nothing was acknowledged with one copy:
   // the root area, all a client may have touched, is sent once. Otherwise the region is copied.
   const bool fresh = chunks_.leased() == 0 && !degraded_;
@@ -1241,7 +1277,6 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(const wire::Backup
           region_->data(), {{memory_ops::Range{0, wire::kRootAreaSize}}}, {}, nullptr));
     }
     backup_ = std::move(link);
-    backup_reported_ = true;
     last_ack_ = backup_->acknowledged_sent();
     degraded_ = false;
     whole_backup_.store(true);
@@ -1250,7 +1285,6 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(const wire::Backup
   std::fprintf(stderr, "%s: copying its region (%s) to %s slot %u\n", Name().c_str(),
                FormatSize(size).c_str(), link->name().c_str(), request.slot);
   backup_ = std::move(link);
-  backup_reported_ = false;
   copy_ = Copy{};
   // Without replicas the server promises one copy until the copy is whole, as a replicated
   // one after a degrade: nothing held, no serving lease (MayServe), a failure abandons it.
@@ -1283,40 +1317,54 @@ Result<wire::BackupReply> MemoryServer::Impl::AddBackup(const wire::BackupReques
   const Clock::time_point acknowledged = link->acknowledged_sent();
   std::fprintf(stderr, "%s: %s slot %u is a further backup of its region\n", Name().c_str(),
                link->name().c_str(), request.slot);
-  slot_links_.emplace(options_.id,
-                      SlotLink{std::move(link), 0, std::nullopt, acknowledged, {}, true});
+  slot_links_.emplace(options_.id, SlotLink{std::move(link), 0, std::nullopt, acknowledged, {}});
   return wire::BackupReply{0, request.slot, {}};
 }
 
-void MemoryServer::Impl::DropOtherCopies(const wire::BackupRequest& request) {
+void MemoryServer::Impl::DropOtherCopies(const wire::BackupRequest& request,
+                                         std::span<const wire::MapBackup> named) {
+  const std::string asked = request.backup_id == wire::kNoBackup
+                                ? "the map's backups only were named"
+                                : "server " + std::to_string(request.backup_id) + " slot " +
+                                      std::to_string(request.slot) + " was named";
+  auto in_map = [&](int id) {
+    return std::any_of(named.begin(), named.end(),
+                       [&](const wire::MapBackup& b) { return b.id == id; });
+  };
+  // Why a link goes: nullptr if it stays.
+  auto verdict = [&](const BackupLink& link, bool copying) -> const char* {
+    if (link.id() == request.backup_id) {
+      return link.misplaced() ? "its slot refused a forward as another primary's" : nullptr;
+    }
+    if (in_map(link.id())) return nullptr;
+    return copying ? "an unfinished copy the map does not name" : "a copy the map does not name";
+  };
   for (auto [it, end] = slot_links_.equal_range(request.region); it != end;) {
     SlotLink& l = it->second;
-    if ((!l.copy && l.reported) || l.link->id() == request.backup_id) {
+    const char* why = verdict(*l.link, l.copy.has_value());
+    if (why == nullptr) {
       ++it;
       continue;
     }
-    std::fprintf(stderr, "%s: server %u's %s copy to %s is given up: server %u slot %u was named\n",
-                 Name().c_str(), request.region, l.copy ? "unfinished" : "unreported",
-                 l.link->name().c_str(), request.backup_id, request.slot);
+    std::fprintf(stderr, "%s: server %u's copy to %s is given up (%s): %s\n", Name().c_str(),
+                 request.region, l.link->name().c_str(), why, asked.c_str());
     GiveUp(std::move(l.link));
     it = slot_links_.erase(it);
   }
-  // The first backup, whole and not reported: as if degraded (one copy, as the map says).
-  if (request.region == options_.id && backup_ != nullptr && !copy_ && !backup_reported_ &&
-      backup_->id() != request.backup_id) {
-    std::fprintf(stderr, "%s: its unreported copy to %s is given up: server %u slot %u was named\n",
-                 Name().c_str(), backup_->name().c_str(), request.backup_id, request.slot);
-    GiveUp(std::move(backup_));
-    degraded_ = true;
-    whole_backup_.store(false);
-    ReleaseHeld();
+  if (request.region != options_.id || backup_ == nullptr) return;
+  if (const char* why = verdict(*backup_, copy_.has_value()); why != nullptr) {
+    std::fprintf(stderr, "%s: its copy to %s is given up (%s): %s\n", Name().c_str(),
+                 backup_->name().c_str(), why, asked.c_str());
+    DropFirstLink();
   }
 }
 
-wire::BackupReply MemoryServer::Impl::Report(const BackupLink& link, uint64_t remaining,
-                                             bool* reported) {
-  if (remaining == 0) *reported = true;
-  return wire::BackupReply{remaining, link.slot(), {}};
+void MemoryServer::Impl::DropFirstLink() {
+  GiveUp(std::move(backup_));
+  copy_.reset();
+  degraded_ = true;
+  whole_backup_.store(false);
+  ReleaseHeld();
 }
 
 memory_ops::Region MemoryServer::Impl::BatchRegion(uint32_t pool, bool own_part) {
@@ -1623,9 +1671,11 @@ void MemoryServer::Impl::Settle(std::span<std::vector<std::byte>> replies,
                               " (" + forwarded.message() + ")");
       if (fenced) Fence(forwarded);
       // The replies that changed something, and those that may show a change (a read may
-      // have seen what the backup lacks).
+      // have seen what the backup lacks). A refusal that changed nothing (MayServe's, say)
+      // showed nothing: it stays the definite answer it is.
       for (size_t i = 0; i < replies.size() && i < round_.size(); ++i) {
-        const bool observes = i < observes_.size() && observes_[i] && !replies[i].empty();
+        const bool observes = i < observes_.size() && observes_[i] && !replies[i].empty() &&
+                              !IsErrorReply(replies[i]);
         const uint64_t id = round_[i] != 0 ? round_[i]
                             : observes     ? transport::RequestIdOf(replies[i]).value_or(0)
                                            : 0;

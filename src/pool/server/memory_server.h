@@ -63,10 +63,12 @@
 // the region is copied to it in slices first, and until the copy is whole the link counts for
 // nothing (serving lease, failed rounds) and a failure gives the copy up. A region served from
 // a promoted slot takes several links the same way. A BackupRequest naming a server that keeps
-// a copy of the region already, in another slot, reports on that copy (BackupReply::slot), and
-// one naming another server gives up the region's copies the map cannot name (under way, or
-// whole but not yet reported whole: DropOtherCopies). The serving lease needs fresh contact with
-// every whole backup; a DegradeRequest removes the one it names (the set of gone backups), the
+// a copy of the region already, in another slot, reports on that copy (BackupReply::slot) unless
+// that slot refused a forward as another primary's (then the copy is made anew), and every
+// request gives up the region's copies on servers that neither it nor the map's backups it
+// carries name (DropOtherCopies); one of an older coordinator term than a request before it is
+// refused (docs/pool.md "The map's backups in the request"). The serving lease needs fresh contact
+// with every whole backup; a DegradeRequest removes the one it names (the set of gone backups), the
 // others stay.
 //
 // Shared pages (ServerOptions::shared_pages): the backups map this server's region itself, so
