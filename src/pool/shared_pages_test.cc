@@ -876,7 +876,7 @@ TEST(SharedPages, AForwardTheSlotRefusesLeavesItsMemoryAsItWas) {
                          ->Call([&](uint64_t id) { return wire::Encode(id, forward); },
                                 wire::Opcode::kReplicateReply)
                          .status();
-    EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused.ToString();
+    EXPECT_EQ(refused.code(), StatusCode::kNotFound) << refused.ToString();
     EXPECT_NE(refused.message().find("not from its primary"), std::string::npos)
         << refused.message();
     EXPECT_EQ(SharedMemoryHeld({pid}).slots, ring) << "server 2's slots after the refusal";

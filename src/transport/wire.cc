@@ -107,8 +107,9 @@ Result<BackupRequest> MakeBackupRequest(uint16_t backup_id, std::string_view hos
   return request;
 }
 
-std::vector<std::byte> EncodeBackupRequest(uint64_t request_id, const BackupRequest& request,
+std::vector<std::byte> EncodeBackupRequest(uint64_t request_id, BackupRequest request,
                                            std::span<const MapBackup> backups) {
+  request.backups_size = static_cast<uint32_t>(backups.size_bytes());  // the tail sent
   return Encode(request_id, request, std::as_bytes(backups));
 }
 

@@ -376,8 +376,8 @@ static_assert(sizeof(MapBackup) == 4);
 Result<BackupRequest> MakeBackupRequest(uint16_t backup_id, std::string_view host, uint16_t port,
                                         uint16_t region, uint16_t slot, int64_t term,
                                         std::span<const MapBackup> backups);
-// The encoded request with its tail.
-std::vector<std::byte> EncodeBackupRequest(uint64_t request_id, const BackupRequest& request,
+// The encoded request with `backups` as its tail (backups_size set from it).
+std::vector<std::byte> EncodeBackupRequest(uint64_t request_id, BackupRequest request,
                                            std::span<const MapBackup> backups);
 // The map's backups a decoded BackupRequest carries; InvalidArgument if its tail is not a
 // whole number of them.

@@ -209,7 +209,7 @@ void BackupLink::Poll() {
 
 void BackupLink::Fail(const Status& why, bool refused) {
   failures_.push_back({settled_ + 1, posted_, why});
-  if (refused && why.code() == StatusCode::kInvalidArgument) misplaced_ = true;
+  if (refused && why.code() == StatusCode::kNotFound) misplaced_ = true;
   std::vector<memory_ops::Range> again = std::move(pending_.ranges);
   std::vector<LeaseChange> roots;  // resent: a later hello shows a root that exists here
   for (const LeaseChange& l : pending_.leases) {

@@ -137,8 +137,9 @@ class BackupLink {
   // was sent (a backup that is gone frees nothing, nor needs to). No forward may follow.
   Status Detach();
 
-  // Whether the backup refused a forward as not into this primary's copy (InvalidArgument: the
-  // slot holds another primary's copy since, was emptied, or does not exist): no later forward
+  // Whether the backup refused a forward as not into this primary's copy (NotFound, from
+  // Mirror::AdmitForward: the slot holds another primary's copy since, was emptied, or does not
+  // exist; the lease book's refusals are InvalidArgument and do not count): no later forward
   // on this link can succeed, and the copy it was is gone (docs/pool.md "The map's backups in
   // the request").
   bool misplaced() const { return misplaced_; }

@@ -377,8 +377,14 @@ bool Coordinator::ReReplicate(coord::EtcdClient& etcd, const coord::MapKeys& key
         // copy the map does not name (a reply lost, a map write that failed), whose server's
         // death would otherwise fail its every round, since nobody degrades it.
         auto& epoch = told_[r.id];
-        if (epoch != map.epoch && AskBackup(*map.Find(r.served_by), r, nullptr, 0).ok()) {
-          epoch = map.epoch;
+        if (epoch != map.epoch) {
+          auto told = AskBackup(*map.Find(r.served_by), r, nullptr, 0);
+          if (told.ok()) {
+            epoch = map.epoch;
+          } else {
+            LogOnce("telling server " + std::to_string(r.served_by) + " the map's backups of " +
+                    "server " + std::to_string(r.id) + "'s region: " + told.status().message());
+          }
         }
         continue;
       }

@@ -60,13 +60,15 @@ std::string TagName(uint64_t tag) {
   return buf;
 }
 
-// Whether `reply` is an ErrorReply: it shows no memory (a request refused, or one that failed
-// before it could read anything).
-bool IsErrorReply(std::span<const std::byte> reply) {
+// Whether `reply` refused its request: an ErrorReply (refused, or failed before it could read
+// anything) or a MovingReply (refused unexecuted while this server hands its region over). Such a
+// reply shows no memory.
+bool IsRefusal(std::span<const std::byte> reply) {
   transport::FrameHeader header;
   if (reply.size() < sizeof(header)) return false;
   std::memcpy(&header, reply.data(), sizeof(header));
-  return header.opcode == static_cast<uint16_t>(wire::Opcode::kErrorReply);
+  return header.opcode == static_cast<uint16_t>(wire::Opcode::kErrorReply) ||
+         header.opcode == static_cast<uint16_t>(wire::Opcode::kMovingReply);
 }
 
 }  // namespace
@@ -1333,10 +1335,10 @@ void MemoryServer::Impl::DropOtherCopies(const wire::BackupRequest& request,
   };
   // Why a link goes: nullptr if it stays.
   auto verdict = [&](const BackupLink& link, bool copying) -> const char* {
+    if (in_map(link.id())) return nullptr;
     if (link.id() == request.backup_id) {
       return link.misplaced() ? "its slot refused a forward as another primary's" : nullptr;
     }
-    if (in_map(link.id())) return nullptr;
     return copying ? "an unfinished copy the map does not name" : "a copy the map does not name";
   };
   for (auto [it, end] = slot_links_.equal_range(request.region); it != end;) {
@@ -1671,11 +1673,11 @@ void MemoryServer::Impl::Settle(std::span<std::vector<std::byte>> replies,
                               " (" + forwarded.message() + ")");
       if (fenced) Fence(forwarded);
       // The replies that changed something, and those that may show a change (a read may
-      // have seen what the backup lacks). A refusal that changed nothing (MayServe's, say)
-      // showed nothing: it stays the definite answer it is.
+      // have seen what the backup lacks). A refusal that changed nothing (MayServe's, or a
+      // drain's MovingReply) showed nothing: it stays the definite answer it is.
       for (size_t i = 0; i < replies.size() && i < round_.size(); ++i) {
-        const bool observes = i < observes_.size() && observes_[i] && !replies[i].empty() &&
-                              !IsErrorReply(replies[i]);
+        const bool observes =
+            i < observes_.size() && observes_[i] && !replies[i].empty() && !IsRefusal(replies[i]);
         const uint64_t id = round_[i] != 0 ? round_[i]
                             : observes     ? transport::RequestIdOf(replies[i]).value_or(0)
                                            : 0;

@@ -313,8 +313,7 @@ Result<Mirror::Slot*> Mirror::AdmitForward(uint16_t primary_id, uint16_t slot, b
                                            uint64_t id, const transport::Peer* from) {
   const std::string named = name_ + " slot " + std::to_string(slot);
   if (slot >= slots_.size()) {
-    return Status::InvalidArgument(named + ": no such slot (" + std::to_string(slots_.size()) +
-                                   " slots)");
+    return Status::NotFound(named + ": no such slot (" + std::to_string(slots_.size()) + " slots)");
   }
   Slot& s = slots_[slot];
   if (attach && !s.promoted) {
@@ -339,8 +338,8 @@ Result<Mirror::Slot*> Mirror::AdmitForward(uint16_t primary_id, uint16_t slot, b
     s.forward_id = 0;
   }
   if (s.primary != primary_id) {
-    return Status::InvalidArgument(named + ": a forward from server " + std::to_string(primary_id) +
-                                   ", not from its primary");
+    return Status::NotFound(named + ": a forward from server " + std::to_string(primary_id) +
+                            ", not from its primary");
   }
   if (s.promoted) {
     return Status::PermissionDenied(

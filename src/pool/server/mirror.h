@@ -204,7 +204,9 @@ class Mirror : public transport::AmHandler {
   // A forward (writes or a lease change) from `primary_id` into `slot`, request `id`: attaches
   // the slot if `attach`; refused unless the slot holds that primary's copy, has not taken over,
   // and the forward comes in the order sent (Order, above); else it counts as the primary's
-  // contact (its lease). REQUIRES: mu_ held.
+  // contact (its lease). A slot that does not exist or holds no copy of `primary_id` is refused
+  // NotFound, which tells the primary that its link is misplaced (BackupLink::misplaced).
+  // REQUIRES: mu_ held.
   Result<Slot*> AdmitForward(uint16_t primary_id, uint16_t slot, bool attach, uint64_t id,
                              const transport::Peer* from);
   // The slot that holds `primary_id`'s copy, or nullptr. REQUIRES: mu_ held.
