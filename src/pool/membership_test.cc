@@ -2144,6 +2144,15 @@ TEST(ReReplication, AReadTheLeaseRefusedStaysRefusedWhenAForwardFails) {
   std::printf("the write: %s\nthe read: %s\n", written.ToString().c_str(), read.ToString().c_str());
   EXPECT_FALSE(written.ok()) << "a write acknowledged though a backup was stopped";
   ASSERT_FALSE(read.ok()) << "a read served though the primary's lease had lapsed";
+  // The primary's loop waits up to 1 s for the stopped backup's forward; a probe of it then
+  // (the client reports it suspected after the failed write) may find it gone, and the region
+  // move before the read, which then runs at its new server, whose forward to the stopped
+  // backup fails too: there "not acknowledged" is the right answer (seen once in CI at load).
+  if (read.message().rfind("server " + std::to_string(primary) + " (", 0) != 0) {
+    GTEST_SKIP() << "the region moved before the read, which ran at another server: the case "
+                    "(a refusal by the primary's lease) was not reached: "
+                 << read.ToString();
+  }
   EXPECT_EQ(read.message().find("applied here but not acknowledged"), std::string::npos)
       << read.ToString();
   EXPECT_NE(read.message().find("has not answered"), std::string::npos) << read.ToString();
