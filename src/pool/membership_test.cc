@@ -1935,6 +1935,25 @@ TEST(ReReplication, ALateDetachOfACopyItsPrimaryStillFeedsIsRefused) {
   writer.CheckIntact();
 }
 
+// The shared first step of the tests below: SIGKILL of `victim` under `writer`; once the map has
+// moved its region to `mover` and left `primary`'s region without a backup, a tool, as a
+// coordinator whose map write then failed, has `primary` copy its region to a slot of `stray`
+// that the map leaves free, until whole. Sets *slot to that slot.
+void KillAndCopyUnnamed(Running& r, Writer* writer, int primary, int victim, int mover, int stray,
+                        uint16_t* slot) {
+  ASSERT_NO_FATAL_FAILURE(r.KillUnderWriter(victim, writer));
+  const EtcdView view = WaitForView(r.dir(), [&](const EtcdView& v) {
+    return v.map.Find(victim)->served_by == mover && v.map.Find(primary)->Backups().empty();
+  });
+  ASSERT_EQ(view.map.Find(victim)->served_by, mover) << view.map.ToJson();
+  ASSERT_TRUE(view.map.Find(primary)->Backups().empty()) << view.map.ToJson();
+  const std::vector<int> used = view.map.SlotsInUse(static_cast<uint16_t>(stray));
+  *slot = 0;
+  while (std::find(used.begin(), used.end(), *slot) != used.end()) ++*slot;
+  ASSERT_TRUE(CopyAsACoordinator(r, primary, primary, stray, *slot))
+      << "the copy to server " << stray << " did not complete";
+}
+
 // A whole copy that no map names is given up at the coordinator's next request (docs/pool.md
 // "The map's backups in the request"), so that its server's death costs its primary nothing.
 // 4 servers, --replicas 1; `stray` and `later` are reported suspected, so that after the
@@ -1959,22 +1978,12 @@ TEST(ReReplication, AWholeCopyNoMapNamesIsGivenUpAtTheNextRequest) {
   ASSERT_NO_FATAL_FAILURE(r.Suspect(later, true));
   ASSERT_NO_FATAL_FAILURE(r.Suspect(stray, true));
   Writer writer(*r.pool, r.objects);
-  ASSERT_NO_FATAL_FAILURE(r.KillUnderWriter(victim, &writer));
-  EtcdView view = WaitForView(r.dir(), [&](const EtcdView& v) {
-    return v.map.Find(victim)->served_by == later && v.map.Find(primary)->Backups().empty();
-  });
-  ASSERT_EQ(view.map.Find(victim)->served_by, later) << view.map.ToJson();
-  ASSERT_TRUE(view.map.Find(primary)->Backups().empty()) << view.map.ToJson();
-  // The slot of `stray` that the map leaves free (slot 0 keeps `later`'s region).
-  const std::vector<int> used = view.map.SlotsInUse(static_cast<uint16_t>(stray));
   uint16_t slot = 0;
-  while (std::find(used.begin(), used.end(), slot) != used.end()) ++slot;
-  ASSERT_TRUE(CopyAsACoordinator(r, primary, primary, stray, slot))
-      << "the copy to server " << stray << " did not complete";
+  ASSERT_NO_FATAL_FAILURE(KillAndCopyUnnamed(r, &writer, primary, victim, later, stray, &slot));
 
   ASSERT_NO_FATAL_FAILURE(r.Suspect(later, false));
-  view = WaitForView(r.dir(),
-                     [&](const EtcdView& v) { return !v.map.Find(primary)->Backups().empty(); });
+  const EtcdView view = WaitForView(
+      r.dir(), [&](const EtcdView& v) { return !v.map.Find(primary)->Backups().empty(); });
   const std::vector<coord::MapServer::Backup> backups = view.map.Find(primary)->Backups();
   ASSERT_EQ(backups.size(), 1u) << view.map.ToJson();
   EXPECT_EQ(backups[0].id, later) << view.map.ToJson();
@@ -2013,17 +2022,8 @@ TEST(ReReplication, AWholeCopyNoMapNamesIsGivenUpWithNoRoomForAnother) {
   const int stray = (primary + 2) % kServers;  // takes the victim's region over
   ASSERT_NO_FATAL_FAILURE(r.Suspect(stray, true));
   Writer writer(*r.pool, {r.objects[primary]});
-  ASSERT_NO_FATAL_FAILURE(r.KillUnderWriter(victim, &writer));
-  EtcdView view = WaitForView(r.dir(), [&](const EtcdView& v) {
-    return v.map.Find(victim)->served_by == stray && v.map.Find(primary)->Backups().empty();
-  });
-  ASSERT_EQ(view.map.Find(victim)->served_by, stray) << view.map.ToJson();
-  ASSERT_TRUE(view.map.Find(primary)->Backups().empty()) << view.map.ToJson();
-  const std::vector<int> used = view.map.SlotsInUse(static_cast<uint16_t>(stray));
   uint16_t slot = 0;
-  while (std::find(used.begin(), used.end(), slot) != used.end()) ++slot;
-  ASSERT_TRUE(CopyAsACoordinator(r, primary, primary, stray, slot))
-      << "the copy to server " << stray << " did not complete";
+  ASSERT_NO_FATAL_FAILURE(KillAndCopyUnnamed(r, &writer, primary, victim, stray, stray, &slot));
 
   ASSERT_NO_FATAL_FAILURE(r.KillUnderWriter(stray, &writer));
   writer.Stop();
