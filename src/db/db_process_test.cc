@@ -339,14 +339,24 @@ std::chrono::milliseconds EvictingStall() { return WorkerOptions().lease * 5 / 4
 
 // A live worker: writes its key in one transaction after another until the file
 // FARPOOL_DIR/stop appears, having created FARPOOL_DIR/ready after its first commit. With
-// FARPOOL_STALL_AT=<fault site> it stalls there once for EvictingStall().
+// FARPOOL_STALL_AT=<fault site> it stalls there once for EvictingStall(): at the first pass,
+// or with FARPOOL_STALL_WHEN=<file> at the first pass once that file exists; with
+// FARPOOL_STALL_SAID=<file> it creates that file as the stall begins. FARPOOL_PAUSE_MS: the
+// pause between two commits (default 5).
 Status LiveWorker(uint64_t, int id) {
   DatabaseOptions o = WorkerOptions();
   const std::string stall_at = Env("FARPOOL_STALL_AT");
+  const std::string stall_when = Env("FARPOOL_STALL_WHEN");
+  const std::string stall_said = Env("FARPOOL_STALL_SAID");
+  const std::string pause = Env("FARPOOL_PAUSE_MS");
   std::atomic<bool> stalled{false};
   if (!stall_at.empty()) {
     o.testing = std::make_shared<TestingHooks>(TestingHooks{.commit_hook = [&](std::string_view p) {
-      if (p == stall_at && !stalled.exchange(true)) std::this_thread::sleep_for(EvictingStall());
+      if (p != stall_at || stalled) return;
+      if (!stall_when.empty() && !std::filesystem::exists(stall_when)) return;
+      if (stalled.exchange(true)) return;
+      if (!stall_said.empty()) std::ofstream(stall_said).put('1');
+      std::this_thread::sleep_for(EvictingStall());
     }});
   }
   FARPOOL_ASSIGN_OR_RETURN(auto db, Database::Open(o));
@@ -357,7 +367,7 @@ Status LiveWorker(uint64_t, int id) {
     FARPOOL_RETURN_IF_ERROR(RunTransaction(
         *session, [&](Transaction& txn) { return PutInt(txn, *t, id, i); }, 100000));
     if (i == 0) std::ofstream(dir + "/ready").put('1');
-    std::this_thread::sleep_for(5ms);
+    std::this_thread::sleep_for(std::chrono::milliseconds(pause.empty() ? 5 : std::stoi(pause)));
   }
   return Status::Ok();
 }
@@ -828,6 +838,82 @@ TEST_P(DbProcessTest, SlowRenewalConnectIsNotEvicted) {
   auto t = db_->CreateTable("counters", Schema{{"v", ColumnType::kInt64}});
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   RunLiveWorker(cluster_file_, {{"FARPOOL_STALL_AT", "renewals.connect"}}, [] {});
+}
+
+// Every process's lease renewals held up at once for EvictingStall() (hook "renewal.sent",
+// the worker's and the parent's): in real life a primary whose backup died, which takes no
+// write until a client or the coordinator says the backup is gone (seconds over TCP under
+// load) while it still answers reads. The memory took nobody's renewal, so the worker's
+// silence proves nothing: it must not be evicted. Judged by reads alone, the parent saw the
+// worker's owner word unchanged for lease + margin and evicted it (the network soak with
+// kills, 2026-11-29: a live client cut off after a server's kill).
+TEST_P(DbProcessTest, AStallOfEveryRenewalEvictsNoLiveProcess) {
+  if (GetParam() == "sharded") GTEST_SKIP() << "sharded has no session slots";
+  auto t = db_->CreateTable("counters", Schema{{"v", ColumnType::kInt64}});
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  // The parent judges through a handle whose renewals stall too (db_'s would not: closed).
+  db_.reset();
+  std::atomic<bool> armed{false}, stalled{false};
+  DatabaseOptions o = WorkerOptions();
+  o.cluster_file = cluster_file_;
+  o.testing = std::make_shared<TestingHooks>(TestingHooks{.commit_hook = [&](std::string_view p) {
+    if (p == "renewal.sent" && armed.exchange(false)) {
+      std::this_thread::sleep_for(EvictingStall());
+      stalled = true;
+    }
+  }});
+  auto observer = Database::Open(o);
+  ASSERT_TRUE(observer.ok()) << observer.status().ToString();
+  const std::string dir = MakeTempDir("farpool-stall");
+  const std::string go = dir + "/go";
+  RunLiveWorker(cluster_file_, {{"FARPOOL_STALL_AT", "renewal.sent"}, {"FARPOOL_STALL_WHEN", go}},
+                [&] {
+                  std::ofstream(go).put('1');
+                  armed = true;  // both stall at their next renewal, within lease/4 + lease/8
+                  while (!stalled) std::this_thread::sleep_for(10ms);
+                  std::this_thread::sleep_for(WorkerOptions().lease);  // passes after the stall
+                });
+  db_ = std::move(*observer);
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+// A worker whose first snapshot's announcement write is held up for EvictingStall() (hook
+// "snapshot.announcing", the session's announcement mutex held; in real life a write to a
+// region a failover holds up, seconds over TCP): its renewals must go on meanwhile, so it is
+// not evicted. The renewal took the same mutex and waited behind the write: every slot of the
+// process went unrenewed, and others evicted the live process (the network soak with kills,
+// 2026-11-29).
+TEST_P(DbProcessTest, AHeldUpAnnouncementDelaysNoRenewal) {
+  if (GetParam() == "sharded") GTEST_SKIP() << "sharded has no session slots";
+  auto t = db_->CreateTable("counters", Schema{{"v", ColumnType::kInt64}});
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  RunLiveWorker(cluster_file_, {{"FARPOOL_STALL_AT", "snapshot.announcing"}}, [] {});
+}
+
+// A worker whose write that marks its idle session idle (hook "idle.marking") is held up for
+// EvictingStall(), as a failover holds up a write: its renewals must go on meanwhile, so it is
+// not evicted. The renewal thread marked sessions idle itself, between renewals: every slot of
+// the process went unrenewed behind the write, and others evicted the live process (the
+// network soak with kills, 2026-11-29). The worker pauses 200 ms between commits, so that its
+// session goes idle (after 50 ms); the test waits until the stall has begun.
+TEST_P(DbProcessTest, AHeldUpIdleMarkDelaysNoRenewal) {
+  if (GetParam() == "sharded") GTEST_SKIP() << "sharded has no session slots";
+  auto t = db_->CreateTable("counters", Schema{{"v", ColumnType::kInt64}});
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const std::string dir = MakeTempDir("farpool-idle");
+  const std::string said = dir + "/stalled";
+  RunLiveWorker(cluster_file_,
+                {{"FARPOOL_STALL_AT", "idle.marking"},
+                 {"FARPOOL_STALL_SAID", said},
+                 {"FARPOOL_PAUSE_MS", "200"}},
+                [&] {
+                  Status began = testing::WaitForFile(said, 60s);
+                  EXPECT_TRUE(began.ok()) << "the idle mark never stalled: " << began.ToString();
+                  std::this_thread::sleep_for(EvictingStall() + WorkerOptions().lease);
+                });
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, DbProcessTest, ::testing::Values("pool", "pool-tcp", "sharded"),

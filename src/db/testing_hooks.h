@@ -31,7 +31,12 @@ struct TestingHooks {
   // them ("slots.read": the maintenance thread's passes and CollectGarbage's), and right after a
   // session slot is claimed, before the session is set up ("session.claimed"), and on the
   // lease renewal thread right before its first memory operation, which connects it to the
-  // memory servers ("renewals.connect"), and in the allocator's opening of a slab chunk right
+  // memory servers ("renewals.connect"), and in every lease renewal between the time it counts
+  // as sent and its CAS ("renewal.sent": a stall there is a renewal the memory is slow to
+  // take), and in a snapshot's announcement from idle right before its write, the session's
+  // announcement mutex held ("snapshot.announcing": a stall there is a write a failover holds
+  // up), and right before the write that marks an idle session idle ("idle.marking"), and in
+  // the allocator's opening of a slab chunk right
   // before the CAS that opens its directory word ("recycler.opening") and when that CAS failed,
   // before the word is read again to learn whether it landed ("recycler.open-failed").
   // Tests kill or stop the process there, or commit from another

@@ -1620,9 +1620,16 @@ Status Pool::Evict(uint32_t tag, std::chrono::milliseconds timeout) {
   }
   FARPOOL_ASSIGN_OR_RETURN(ThreadContext * tc, impl_->Local());
   const auto deadline = Clock::now() + timeout;
-  // The servers never wait for a killed process to exit: ask each again until it has.
-  std::vector<size_t> pending(impl_->count());
-  for (size_t i = 0; i < pending.size(); ++i) pending[i] = i;
+  // The servers never wait for a killed process to exit: ask each again until it has. A server
+  // whose region the cluster map moved to its backup is skipped: it is gone, or cut off and
+  // serving nothing since before the move (docs/pool.md "How the epoch fences a partitioned
+  // old primary"), and the server that serves the region now is asked like any other. Asked,
+  // it failed every eviction after a failover: the fencer retried for ever and never fenced.
+  std::vector<size_t> pending;
+  for (size_t i = 0; i < impl_->count(); ++i) {
+    const ServerState& s = *impl_->servers_[i];
+    if (!(s.failed.load() && s.moved_to.load() >= 0)) pending.push_back(i);
+  }
   for (;;) {
     std::vector<size_t> left;
     for (size_t index : pending) {

@@ -654,6 +654,38 @@ TEST(Replication, PoolsStayIsolatedAcrossAFailover) {
   EXPECT_EQ(stats->pool_refused, 2u);
 }
 
+// An eviction after a failover: the dead server is not asked (it serves nothing; the server
+// that took its region over is asked like every other), so it succeeds. Asked, the dead server
+// failed every eviction with Unavailable: a database fencing a stalled session's slot retried
+// it every pass for ever and never fenced (the network soak with kills, 2026-11-29).
+TEST(Replication, AnEvictionAfterAFailoverGoesThrough) {
+  TestCluster cluster(Replicated(Fabric::kTcp));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  PoolOptions po;
+  po.op_timeout = 5000ms;
+  auto pool = Pool::Connect(*config, po);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  auto a = (*pool)->Alloc(64, Placement::OnServer(1));
+  ASSERT_TRUE(a.ok());
+  const uint64_t v = 0xe1c7;
+  ASSERT_TRUE((*pool)->Write(*a, &v, 8).ok());
+  constexpr uint32_t kStalled = 0x5eed0e1c;  // a process no server has seen: Ok at each
+  ASSERT_TRUE((*pool)->Evict(kStalled).ok());
+
+  ASSERT_EQ(kill(static_cast<pid_t>(config->servers[1].pid), SIGKILL), 0);
+  Status wrote = Status::Unavailable("not tried");
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (!wrote.ok() && std::chrono::steady_clock::now() < deadline) {
+    wrote = (*pool)->Write(*a, &v, 8);  // fails until the client follows the data
+    if (!wrote.ok()) std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_TRUE(wrote.ok()) << wrote.ToString();
+  Status evicted = (*pool)->Evict(kStalled);
+  EXPECT_TRUE(evicted.ok()) << evicted.ToString();
+}
+
 // A pool's root area is leased at the pool's first hello on a server and forwarded like any
 // lease; a later hello only shows it. Here the first hello's lease change is still waiting to
 // be sent when its forwards fail: server 1's backup, server 2, is SIGSTOPped, two writes to

@@ -48,7 +48,8 @@ Pass, per workload:
 
 Output: one JSON line per workload appended to OUT (bench/results/soak.jsonl by default: git
 sha, host, load average, options, the memory timelines, the bounds, the verdict); exit status 1
-if any workload failed.
+if any workload failed. A failed workload keeps its cluster's logs (server-N.log, etcd.log) and
+the bench's stderr in DIR/soak-WORKLOAD-PID-logs (DIR: --dir, else the temporary directory).
 
   python3 -m farpool.harness.soak --seconds 600          # make soak (SOAK_SECONDS overrides)
   python3 -m farpool.harness.soak --seconds 1200 --transport tcp --netns --servers 3 \
@@ -62,9 +63,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -362,6 +365,13 @@ def soak_one(workload: str, seconds: float, args: argparse.Namespace) -> dict:
             timeline.append((round(wall, 1), pool_in_use(cluster_status(cluster_dir))))
         except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError):
             pass
+        # The cluster's directory goes with it: its logs (servers, etcd) and the bench's stderr
+        # are kept for whoever reads a failure (removed again below if the run passed).
+        logs = Path(args.dir or tempfile.gettempdir()) / f"soak-{workload}-{os.getpid()}-logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        for f in Path(cluster_dir).glob("*.log"):
+            shutil.copy(f, logs / f.name)
+        (logs / "bench.stderr").write_text(err)
     row["wall_s"] = round(wall, 1)
     row["loadavg_end"] = os.getloadavg()
     row["timeline"] = timeline
@@ -412,6 +422,10 @@ def soak_one(workload: str, seconds: float, args: argparse.Namespace) -> dict:
         failures.append(f"invariant: {row['verify']}")
     row["ok"] = not failures
     row["failures"] = failures
+    if failures:
+        row["logs"] = str(logs)
+    else:
+        shutil.rmtree(logs, ignore_errors=True)
     return row
 
 
@@ -462,6 +476,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"  {f}")
         log("  pool memory in use (t s: MiB): " +
             ", ".join(f"{t:.0f}: {m / 2**20:.0f}" for t, m in r["timeline"]))
+        log(f"  the servers', etcd's and the bench's logs: {r['logs']}")
     log(f"soak: results appended to {args.out}")
     return 0 if ok else 1
 

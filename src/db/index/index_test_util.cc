@@ -38,7 +38,12 @@ Status KillableMemory::Write(GlobalAddress destination, const void* source, uint
 Result<uint64_t> KillableMemory::CompareAndSwap(GlobalAddress address, uint64_t expected,
                                                 uint64_t desired) {
   if (killed_) return Dead();
-  return inner_.CompareAndSwap(address, expected, desired);
+  Result<uint64_t> r = inner_.CompareAndSwap(address, expected, desired);
+  if (r.ok() && lose_reply_at_.load() == address.raw() && lose_skip_.fetch_sub(1) == 0) {
+    lose_reply_at_ = 0;
+    return Status::Unavailable("test: the reply of this compare-and-swap was lost");
+  }
+  return r;
 }
 Result<uint64_t> KillableMemory::FetchAdd(GlobalAddress address, uint64_t delta) {
   if (killed_) return Dead();

@@ -23,11 +23,19 @@ namespace farpool::db {
 uint64_t IndexTestSeed();
 
 // Forwards to another Memory until Kill(); afterwards every operation fails with Unavailable
-// and touches nothing. Counts the objects allocated through it and not freed yet.
+// and touches nothing. Counts the objects allocated through it and not freed yet. Can lose the
+// reply of one compare-and-swap (LoseCasReply).
 class KillableMemory final : public Memory {
  public:
   explicit KillableMemory(Memory& inner) : inner_(inner) {}
   void Kill() { killed_ = true; }
+  // The CompareAndSwap at `address` after the next `skip` ones there is applied and then
+  // reported Unavailable, as a failover that cut its reply leaves it: its outcome unknown to
+  // the caller. REQUIRES: no other call of it is pending.
+  void LoseCasReply(GlobalAddress address, int skip = 0) {
+    lose_skip_ = skip;
+    lose_reply_at_ = address.raw();
+  }
   int64_t live_objects() const { return live_; }
 
   Status Read(GlobalAddress source, void* destination, uint64_t size) override;
@@ -61,6 +69,8 @@ class KillableMemory final : public Memory {
   Status Dead() const { return Status::Unavailable("test: this owner's process was killed"); }
   Memory& inner_;
   std::atomic<bool> killed_{false};
+  std::atomic<uint64_t> lose_reply_at_{0};  // raw address; 0: none
+  std::atomic<int> lose_skip_{0};
   std::atomic<int64_t> live_{0};
 };
 

@@ -440,8 +440,13 @@ class Recycler {
 struct SlotLease {
   uint32_t slot = 0;
   uint64_t epoch = 0;
-  std::mutex mu;                        // guards owner, announced, open; serialises renewals
+  // Guards `owner` and serialises renewals. Held across nothing but a renewal's CAS: the
+  // announcement (`mu`) is written under its own mutex, and a renewal waiting behind a write
+  // that a failover held up for seconds left every slot of the process unrenewed, and others
+  // evicted the live process (the network soak with kills, 2026-11-29).
+  std::mutex renew_mu;
   uint64_t owner = 0;                   // the owner word we last wrote
+  std::mutex mu;                        // guards announced, open, idle_since
   uint64_t announced = 0;               // what the slot's announcement word holds (0: idle)
   int open = 0;                         // transactions running (their oldest snapshot is
                                         // what `announced` protects)
@@ -540,6 +545,9 @@ class NamSession final : public Session, public LockOwner {
   mutable TxnCounters counters_;
 
  private:
+  // Frees the slot at close (the last log cleared or rolled forward first); false if it could
+  // not, and the slot may still be ours (the destructor gives it up: NamDatabase::GaveUp).
+  bool FreeSlot();
   static uint64_t CacheKey(const NamTable& t, int64_t key);
   std::unordered_map<uint64_t, GlobalAddress> cache_;  // (table, key) -> record
   uint64_t cache_epoch_ = 0;                           // removal epoch the cache is valid for
@@ -971,7 +979,34 @@ class NamDatabase final : public Database {
   // measured to the time of the call instead, a caller slowed between its read and this call
   // (ScanSlots fencing an earlier slot of the same pass, a preempted thread) counted its own
   // delay as the owner's silence and evicted live processes (db_process_test, under load).
+  //
+  // The silence counts only while the memory of the slots took this process's own renewals
+  // in time: not from before the end of an own renewal that failed or took longer than
+  // SlowRenewalNs(), and not at all while one has been in flight for longer than that. A
+  // primary that waits for its dead backup (until a client or the coordinator says it is
+  // gone) answers reads but no write for seconds, so nobody's renewal lands; judged by reads
+  // alone, every process was evicted by the first to look (the network soak with kills,
+  // 2026-11-29; DbProcessTest.AStallOfEveryRenewalEvictsNoLiveProcess). A process that
+  // really stalled is still judged by everyone whose renewals go through.
   bool ObservedExpired(uint32_t slot, uint64_t owner, int64_t read_at);
+  // A session of this process gave its slot up without freeing it (abandoned after a failure
+  // of the memory, or closed when it could not free it): `owner` is its owner word as last
+  // written. Nothing of this process writes for it any more (the session is fenced locally),
+  // so the maintenance thread fences and recovers it at its next pass (TakeOverGivenUp), as
+  // recovery of a dead session would, without waiting for its lease and without an eviction.
+  // Left to others, they fenced it after lease + margin, and evicted this live process first
+  // (the network soak with kills, 2026-11-29: every failover that cut a commit did so).
+  void GaveUp(uint32_t slot, uint64_t owner);
+  // Fences and recovers the slots given up (GaveUp) whose word in `slots` (read by ScanSlots)
+  // is still ours; returns the slots dealt with (fenced now, or someone else's by now).
+  std::set<uint32_t> TakeOverGivenUp(const Access& access, const std::vector<SlotImage>& slots);
+  // A renewal's CAS is out since `sent` / came back (`failed`: with an error, not a
+  // refusal); for ObservedExpired.
+  void RenewalSent(int64_t sent);
+  void RenewalDone(int64_t sent, bool failed);
+  // A renewal that takes longer than this eats into the slack of every other process's
+  // (renewed every lease/4, judged after lease + margin unchanged).
+  int64_t SlowRenewalNs() const { return lease_ns() / 4; }
   Result<bool> HolderDead(const Access& access, uint64_t word);
   // Renews `lease` now (CAS on its owner word); fences it locally if that fails.
   Status Renew(const Access& access, SlotLease& lease);
@@ -1047,8 +1082,8 @@ class NamDatabase final : public Database {
   Result<std::unique_ptr<NamTable>> MakeTable(uint32_t id, const TableDesc& d) const;
   Status LockDdl(NamSession& me);
   Status UnlockDdl(NamSession& me);
-  // The background threads (sessions.cc). The renewal thread renews leases and marks idle
-  // sessions idle; the maintenance thread computes the LWM, fences expired slots, frees
+  // The background threads (sessions.cc). The renewal thread renews leases; the maintenance
+  // thread marks idle sessions idle, computes the LWM, fences expired slots, frees
   // retired chains, deleted records and dropped tables. Each runs `pass` every `period` until
   // `*stop` (under stop_mu_).
   void RunEvery(std::chrono::milliseconds period, const bool* stop,
@@ -1061,7 +1096,15 @@ class NamDatabase final : public Database {
   Status StartRenewals();
   void StartMaintenance();
   void StopThread(bool* stop, std::thread& thread);
+  // Renews every lease of this process that is due (the renewal thread), and nothing else: a
+  // renewal never waits behind another memory operation. RenewAll used to mark idle sessions
+  // idle too, and an announcement write that a failover held up for seconds left every slot
+  // of the process unrenewed: others evicted the live process (the network soak with kills,
+  // 2026-11-29).
   Status RenewAll(const Access& access);
+  // Marks the sessions of this process idle for kIdleAfterNs idle (their announcement
+  // withdrawn: the LWM may pass them); on the maintenance thread.
+  void MarkIdle(const Access& access);
   Status ScanSlots(const Access& access);
   Status ReclaimRetired(const Access& access);
   // The recycler's caches that were not allocated from since the last pass go back to their
@@ -1092,19 +1135,24 @@ class NamDatabase final : public Database {
   std::mutex system_mu_;  // guards system_ (the pointer; the session is safe to share)
   std::shared_ptr<NamSession> system_;
 
-  std::mutex mu_;  // guards tables_, by_id_, leases_, recovering_here_, dropped_
+  std::mutex mu_;  // guards tables_, by_id_, leases_, recovering_here_, given_up_, dropped_
   std::map<std::string, std::unique_ptr<NamTable>> tables_;
   std::unordered_map<uint32_t, NamTable*> by_id_;
   std::vector<std::shared_ptr<SlotLease>> leases_;
   std::multiset<uint32_t> recovering_here_;         // slots threads of this process recover
+  std::map<uint32_t, uint64_t> given_up_;           // slot -> owner word as last written (GaveUp)
   std::vector<std::unique_ptr<NamTable>> dropped_;  // kept for handles still held
 
   std::mutex observe_mu_;  // guards observed_
   struct Observed {
     uint64_t owner = 0;
     int64_t since = 0;
+    bool evicting_said = false;  // EvictWriterOf logged its eviction of this owner's process
   };
   std::vector<Observed> observed_;
+  std::mutex renewal_health_mu_;               // guards the two below (after observe_mu_, if both)
+  std::multiset<int64_t> renewals_in_flight_;  // send times of this process's renewals out
+  int64_t renewal_trouble_at_ = 0;             // the end of the latest that failed or was slow
 
   std::mutex retire_mu_;  // guards retired_, drop_queue_, removals_, unlinked_, sweep_at_
   // Serialises ReclaimRetired (the maintenance thread, CollectGarbage, the destructor): its

@@ -47,7 +47,9 @@
 //     slot whose lease holds, so the two never run on one log at once. A recoverer that gives up
 //     says so (tag 0); one that stalls is fenced in turn (and evicted) after its recovering word
 //     stays unchanged for lease + margin; the next one redoes the same idempotent work.
+#include <cstdio>
 #include <cstring>
+#include <utility>
 
 #include "db/nam/nam_internal.h"
 
@@ -77,6 +79,17 @@ Result<bool> NamDatabase::EvictWriterOf(uint32_t slot, uint64_t owner) {
     }
     return true;
   }
+  {
+    // Final for a process that still runs: worth a line (once per owner word: an eviction
+    // that fails is tried again every pass) for whoever finds it cut off.
+    std::lock_guard<std::mutex> l(observe_mu_);
+    if (!std::exchange(observed_[slot].evicting_said, true)) {
+      std::fprintf(stderr,
+                   "farpool: session slot %u of process tag 0x%08x went unrenewed past its lease "
+                   "(%llu ms + margin): evicting that process before fencing the slot\n",
+                   slot, tag, static_cast<unsigned long long>(root_.lease_ms));
+    }
+  }
   Status s = memory_.Evict(tag);
   if (s.code() == StatusCode::kInvalidArgument) return false;  // another Pool of this process
   FARPOOL_RETURN_IF_ERROR(s.WithContext("fencing session slot " + std::to_string(slot) +
@@ -102,8 +115,16 @@ Result<bool> NamDatabase::FenceAndRecover(const Access& access, uint32_t slot, u
   bool fenced = false;
   uint64_t done = 0;
   auto recover = [&]() -> Status {
-    FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(SlotAddr(slot), owner, recovering));
-    if (prev != owner) return Status::Ok();
+    Result<uint64_t> fence = access.Cas(SlotAddr(slot), owner, recovering);
+    if (!fence.ok()) {
+      // Outcome unknown (a failover cut the reply): if it landed, the slot is given up below
+      // (tag 0), or a later pass would find it recovering under this process's tag, unchanged,
+      // and evict this live process.
+      uint64_t word = 0;
+      fenced = access.Read(SlotAddr(slot), &word, 8).ok() && word == recovering;
+      return fence.status();
+    }
+    if (*fence != owner) return Status::Ok();
     fenced = true;
     const int64_t deadline = fenced_at + lease_ns() - margin_ns();
     FARPOOL_RETURN_IF_ERROR(RecoverLog(access, slot, deadline));
@@ -123,8 +144,17 @@ Result<bool> NamDatabase::FenceAndRecover(const Access& access, uint32_t slot, u
       FARPOOL_RETURN_IF_ERROR(access.Write(AnnounceAddr(slot), &idle, 8));
     }
     done = OwnerWord(next, final_state, final_state == kSlotActive ? me : 0);
-    FARPOOL_ASSIGN_OR_RETURN(prev, access.Cas(SlotAddr(slot), recovering, done));
-    if (prev != recovering) done = 0;
+    Result<uint64_t> finished = access.Cas(SlotAddr(slot), recovering, done);
+    if (!finished.ok()) {
+      // Outcome unknown (a failover cut the reply): the word says. Landed but taken for
+      // failed, a claim left an active slot of this process that nobody renews, and lease +
+      // margin later another process evicted this live one.
+      uint64_t word = 0;
+      if (access.Read(SlotAddr(slot), &word, 8).ok() && word == done) return Status::Ok();
+      done = 0;
+      return finished.status();
+    }
+    if (*finished != recovering) done = 0;
     return Status::Ok();
   };
   s = recover();

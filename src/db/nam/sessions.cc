@@ -22,17 +22,52 @@ bool NamDatabase::ObservedExpired(uint32_t slot, uint64_t owner, int64_t read_at
     o = {owner, now};
     return false;
   }
-  return read_at - o.since > lease_ns() + margin_ns();
+  // Silence counts only while the slots' memory took this process's own renewals in time.
+  int64_t from = o.since;
+  {
+    std::lock_guard<std::mutex> h(renewal_health_mu_);
+    if (!renewals_in_flight_.empty() && now - *renewals_in_flight_.begin() > SlowRenewalNs()) {
+      return false;
+    }
+    from = std::max(from, renewal_trouble_at_);
+  }
+  return read_at - from > lease_ns() + margin_ns();
+}
+
+void NamDatabase::RenewalSent(int64_t sent) {
+  std::lock_guard<std::mutex> h(renewal_health_mu_);
+  renewals_in_flight_.insert(sent);
+}
+
+void NamDatabase::RenewalDone(int64_t sent, bool failed) {
+  const int64_t now = MonoNs();
+  std::lock_guard<std::mutex> h(renewal_health_mu_);
+  renewals_in_flight_.erase(renewals_in_flight_.find(sent));
+  if (failed || now - sent > SlowRenewalNs()) {
+    renewal_trouble_at_ = std::max(renewal_trouble_at_, now);
+  }
 }
 
 Status NamDatabase::Renew(const Access& access, SlotLease& lease) {
-  std::lock_guard<std::mutex> l(lease.mu);
+  std::lock_guard<std::mutex> l(lease.renew_mu);
   if (lease.fenced) {
     return Status::Unavailable("session slot " + std::to_string(lease.slot) + " was fenced");
   }
   const int64_t sent = MonoNs();
-  const uint64_t next = OwnerRenewed(lease.owner);
-  FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access.Cas(SlotAddr(lease.slot), lease.owner, next));
+  uint64_t next = OwnerRenewed(lease.owner);
+  RenewalSent(sent);
+  Hook("renewal.sent");
+  Result<uint64_t> cas = access.Cas(SlotAddr(lease.slot), lease.owner, next);
+  if (cas.ok() && *cas == next) {
+    // The word this renewal writes is there already: an earlier renewal whose reply was lost
+    // (a failover cut it) landed. Nobody else writes our epoch's words, so the slot is ours;
+    // renewed again from that word, so that the trusted window counts from a send of now.
+    lease.owner = next;
+    next = OwnerRenewed(next);
+    cas = access.Cas(SlotAddr(lease.slot), lease.owner, next);
+  }
+  RenewalDone(sent, !cas.ok());
+  FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, std::move(cas));
   if (prev != lease.owner) {
     lease.fenced = true;
     lease.valid_until = 0;
@@ -243,6 +278,7 @@ Status NamDatabase::StartRenewals() {
 void NamDatabase::StartMaintenance() {
   maintenance_ = std::thread([this] {
     RunEvery(kGcPeriod, &stop_maintenance_, [this] {
+      MarkIdle(access_);
       (void)ScanSlots(access_);
       (void)ReclaimRetired(access_);
       (void)SweepOrphans(access_);
@@ -264,11 +300,20 @@ Status NamDatabase::RenewAll(const Access& access) {
     // Renew every lease/4 (the trusted window is lease - margin from the last renewal).
     if (lease->valid_until.load() - now < lease_ns() - margin_ns() - lease_ns() / 4) {
       Status s = Renew(access, *lease);
-      if (!s.ok()) {
-        if (first.ok()) first = s;
-        continue;
-      }
+      if (!s.ok() && first.ok()) first = s;
     }
+  }
+  return first;
+}
+
+void NamDatabase::MarkIdle(const Access& access) {
+  std::vector<std::shared_ptr<SlotLease>> leases;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    leases = leases_;
+  }
+  const int64_t now = MonoNs();
+  for (auto& lease : leases) {
     // The announcement word is the slot owner's: written only while our lease is certainly
     // valid (a fenced or closed session's slot may belong to someone else by now).
     std::unique_lock<std::mutex> l(lease->mu, std::try_to_lock);
@@ -278,10 +323,37 @@ Status NamDatabase::RenewAll(const Access& access) {
       // the synchronous path.
       lease->announced = 0;
       const uint64_t idle = 0;
+      Hook("idle.marking");
       (void)access.Write(AnnounceAddr(lease->slot), &idle, 8);
     }
   }
-  return first;
+}
+
+void NamDatabase::GaveUp(uint32_t slot, uint64_t owner) {
+  std::lock_guard<std::mutex> l(mu_);
+  given_up_[slot] = owner;
+}
+
+std::set<uint32_t> NamDatabase::TakeOverGivenUp(const Access& access,
+                                                const std::vector<SlotImage>& slots) {
+  std::map<uint32_t, uint64_t> given_up;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    given_up = given_up_;
+  }
+  std::set<uint32_t> done;
+  for (const auto& [slot, owner] : given_up) {
+    const uint64_t word = slots[slot].owner;
+    // Ours still, as last written (or renewed once more by a renewal whose reply was lost).
+    const bool ours = word == owner || word == OwnerRenewed(owner);
+    auto fenced = ours ? FenceAndRecover(access, slot, word, kSlotFree) : Result<bool>(true);
+    if (!fenced.ok()) continue;  // tried again at the next pass
+    done.insert(slot);
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = given_up_.find(slot);
+    if (it != given_up_.end() && it->second == owner) given_up_.erase(it);
+  }
+  return done;
 }
 
 Status NamDatabase::ScanSlots(const Access& access) {
@@ -312,9 +384,10 @@ Status NamDatabase::ScanSlots(const Access& access) {
   Hook("slots.read");
   uint64_t lwm = counter;
   uint64_t live = 0;
+  const std::set<uint32_t> given_up = TakeOverGivenUp(access, slots);
   for (uint32_t s = 0; s < n; ++s) {
     const uint64_t st = OwnerState(slots[s].owner);
-    if (st == kSlotFree) continue;
+    if (st == kSlotFree || given_up.count(s)) continue;
     if (!mine.count(s) && ObservedExpired(s, slots[s].owner, read_at)) {
       auto fenced = FenceAndRecover(access, s, slots[s].owner, kSlotFree);
       if (fenced.ok() && *fenced) continue;
@@ -370,34 +443,41 @@ NamSession::~NamSession() {
   // From here on nothing of ours writes to the slot but this destructor (the renewal thread
   // may hold a copy of the lease: it sees it fenced).
   const bool valid = CheckLease().ok();
+  uint64_t owner;
   {
-    std::lock_guard<std::mutex> l(lease_->mu);
+    std::lock_guard<std::mutex> l(lease_->renew_mu);  // no renewal of it runs after this
     lease_->fenced = true;
+    owner = lease_->owner;
   }
-  if (!valid) return;  // others recover the slot after its lease runs out
+  // Not freed (an error, a lapsed lease): this process fences and recovers it itself.
+  if (!valid || !FreeSlot()) db_.GaveUp(lease_->slot, owner);
+}
+
+bool NamSession::FreeSlot() {
   // The last commit's log, finished but whole (see log_to_clear_), is cleared; a decided
-  // commit left unfinished (an error after the decision) is finished first; if that fails,
-  // the slot is left to expire and be recovered by someone else.
+  // commit left unfinished (an error after the decision) is finished first.
   if (log_to_clear_ != 0) {
-    if (MonoNs() >= lease_->valid_until.load()) return;
+    if (MonoNs() >= lease_->valid_until.load()) return false;
     auto prev = access_.Cas(log_, log_to_clear_, 0);
-    if (!prev.ok() || *prev != log_to_clear_) return;
+    if (!prev.ok() || *prev != log_to_clear_) return false;
   }
   LogHeader h;
-  if (!access_.Read(log_, &h, 8).ok()) return;
+  if (!access_.Read(log_, &h, 8).ok()) return false;
   if (LogDecided(h.state) &&
       !db_.RecoverLog(access_, lease_->slot, lease_->valid_until.load()).ok()) {
-    return;
+    return false;
   }
-  if (MonoNs() >= lease_->valid_until.load()) return;
+  if (MonoNs() >= lease_->valid_until.load()) return false;
   // No log names the stamp words any more.
   for (const auto& [server, word] : stamp_words_) (void)access_.Free(word);
   const uint64_t idle = 0;
   (void)access_.Write(db_.AnnounceAddr(lease_->slot), &idle, 8);
-  std::lock_guard<std::mutex> l(lease_->mu);
+  std::lock_guard<std::mutex> l(lease_->renew_mu);
   auto prev = access_.Cas(db_.SlotAddr(lease_->slot), lease_->owner,
                           OwnerWord(lease_->epoch, kSlotFree, 0));
-  (void)prev;  // a failed CAS means we were fenced: the slot is someone else's now
+  // Another word: we were fenced, the slot is someone else's now. An error: it may still be
+  // ours (the outcome is unknown).
+  return prev.ok();
 }
 
 const TxnCounters& NamSession::counters() const {
@@ -457,8 +537,15 @@ Status NamSession::FreeObject(const Access& access, GlobalAddress address, uint6
 }
 
 void NamSession::Abandon() {
-  lease_->fenced = true;
+  uint64_t owner;
+  {
+    std::lock_guard<std::mutex> l(lease_->renew_mu);
+    if (lease_->fenced) return;  // fenced by another, or given up already
+    lease_->fenced = true;
+    owner = lease_->owner;
+  }
   lease_->valid_until = 0;
+  db_.GaveUp(lease_->slot, owner);
 }
 
 uint64_t NamSession::CacheKey(const NamTable& t, int64_t key) {
@@ -489,7 +576,7 @@ void NamSession::RememberRecord(const NamTable& t, int64_t key, GlobalAddress re
 Status NamSession::PostSnapshot(Access::Batch& batch, SnapshotRead* read, bool versions) {
   // The announcement word is the slot owner's: a session fenced since Begin (its slot may have
   // a new owner by now) must not write it. A clock read, right before the write (Renew, if it
-  // is due, takes l.mu itself).
+  // is due, takes l.renew_mu itself).
   FARPOOL_RETURN_IF_ERROR(CheckLease());
   SlotLease& l = *lease_;
   std::lock_guard<std::mutex> g(l.mu);
@@ -502,6 +589,7 @@ Status NamSession::PostSnapshot(Access::Batch& batch, SnapshotRead* read, bool v
   if ((l.open == 0 && l.announced == 0) || upgrade) {
     // From idle: the bound must be visible before the counter is read.
     const uint64_t bound = l.open == 0 ? read->floor : l.announced & ~kAnnounceRecordsOnly;
+    FaultPoint("snapshot.announcing");
     Status s = access_.Write(db_.AnnounceAddr(l.slot), &bound, 8);
     if (!s.ok()) {
       if (l.open == 0) l.idle_since = MonoNs();

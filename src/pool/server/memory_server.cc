@@ -536,9 +536,17 @@ Result<wire::EvictReply> MemoryServer::Impl::Evict(uint64_t tag, const transport
           from, "EvictRequest for " + TagName(tag) + " refused: not a process of this pool here");
     }
   }
+  const bool first = !IsEvicted(tag);
   RefuseTag(tag);
   wire::EvictReply reply{};
   reply.connections_closed = static_cast<uint32_t>(am_->CloseConnections(tag, from));
+  if (first) {
+    // Rare and final for the process evicted: worth a line for whoever finds it cut off.
+    std::fprintf(
+        stderr, "%s: evicted process tag %s at the request of %s (%u connections closed)\n",
+        Name().c_str(), TagName(tag).c_str(),
+        from == nullptr ? "this server" : TagName(from->tag).c_str(), reply.connections_closed);
+  }
   auto it = pins_.find(tag);
   if (it == pins_.end()) return reply;  // not mapped here (or gone): closing was all
   ProcessPin& pin = it->second;
