@@ -865,11 +865,16 @@ TEST_P(DbProcessTest, AStallOfEveryRenewalEvictsNoLiveProcess) {
   auto observer = Database::Open(o);
   ASSERT_TRUE(observer.ok()) << observer.status().ToString();
   const std::string dir = MakeTempDir("farpool-stall");
-  const std::string go = dir + "/go";
-  RunLiveWorker(cluster_file_, {{"FARPOOL_STALL_AT", "renewal.sent"}, {"FARPOOL_STALL_WHEN", go}},
+  const std::string go = dir + "/go", said = dir + "/stalled";
+  RunLiveWorker(cluster_file_,
+                {{"FARPOOL_STALL_AT", "renewal.sent"},
+                 {"FARPOOL_STALL_WHEN", go},
+                 {"FARPOOL_STALL_SAID", said}},
                 [&] {
                   std::ofstream(go).put('1');
                   armed = true;  // both stall at their next renewal, within lease/4 + lease/8
+                  Status began = testing::WaitForFile(said, 60s);
+                  EXPECT_TRUE(began.ok()) << "the worker's renewal never stalled";
                   while (!stalled) std::this_thread::sleep_for(10ms);
                   std::this_thread::sleep_for(WorkerOptions().lease);  // passes after the stall
                 });

@@ -54,7 +54,8 @@
 // backup, then returns Aborted: rolled back, retry). An error after it (the outcome is
 // decided) is settled by the session itself, still under its lease: it rolls its own log
 // forward with recovery's code (RecoverLog) and returns Ok. Only if that fails too is the
-// session abandoned: it stops renewing and others roll its log forward after its lease.
+// session abandoned: it stops renewing, and recovery rolls its log forward (NamDatabase::
+// GaveUp: its own process's at once, or others' after its lease).
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -1153,9 +1154,11 @@ void CommitRun::Reclaim() {
 
 Status CommitRun::Abandon(const Status& why) {
   s_.Abandon();
-  return Status::Unavailable("commit decided but not finished (" + why.message() +
-                             "); the session stops and recovery finishes the commit after its "
-                             "lease");
+  return Status::Unavailable(
+      "commit decided but not finished (" + why.message() +
+      "); the session stops and recovery finishes the commit (this process's "
+      "own, at its next maintenance pass, on replicated or mapped "
+      "memory; else after the lease)");
 }
 
 Status CommitRun::RolledBack(const Status& why) {

@@ -1007,6 +1007,9 @@ class NamDatabase final : public Database {
   // A renewal that takes longer than this eats into the slack of every other process's
   // (renewed every lease/4, judged after lease + margin unchanged).
   int64_t SlowRenewalNs() const { return lease_ns() / 4; }
+  // ObservedExpired judges a word unchanged for this many times lease + margin whatever its
+  // own renewals saw (a failover of the coordinator took up to 8 s here).
+  static constexpr int64_t kMaxSilenceDeferral = 4;
   Result<bool> HolderDead(const Access& access, uint64_t word);
   // Renews `lease` now (CAS on its owner word); fences it locally if that fails.
   Status Renew(const Access& access, SlotLease& lease);

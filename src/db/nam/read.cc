@@ -659,8 +659,8 @@ Status NamTxn::LockAtLookup(std::span<KeyRead> keys, uint64_t mine, LockIntent i
   bool cache_cleared = false;
   if (!waited.ok() && std::find(posted_at.begin(), posted_at.end(), 1) != posted_at.end()) {
     // A lock may have been taken from a word we never learned: no release could restore it.
-    // The session stops; its locks are broken after its lease (BreakRecordLock restores the
-    // newest version's word), as after a failed waiting compare-and-swap in LockKeys.
+    // The session stops; its locks are broken once its slot is fenced (GaveUp; BreakRecordLock
+    // restores the newest version's word), as after a failed waiting compare-and-swap in LockKeys.
     s_.Abandon();
   }
   if (taking) FARPOOL_RETURN_IF_ERROR(FinishSnapshot(snap, waited, &cache_cleared));
@@ -961,8 +961,8 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys, LockIntent intent) {
         }
         if (failed && i == waiter) {
           // It may have been taken from a word we do not know, so no release could restore
-          // it: the session stops, and its lock is broken after its lease (BreakRecordLock
-          // restores the newest version's word).
+          // it: the session stops, and its lock is broken once its slot is fenced (GaveUp;
+          // BreakRecordLock restores the newest version's word).
           s_.Abandon();
           continue;
         }
@@ -1114,8 +1114,8 @@ void NamTxn::ReleaseHeld() {
   Access::Batch b(s_.access_);
   size_t i = 0;
   for (const auto& [key, h] : held_) (void)b.Cas(h.record, h.word, h.expected, &prev[i++]);
-  // Some may still be ours: stop the session, so that others judge it dead after its lease
-  // and break them (as CommitRun::ReleaseLocks).
+  // Some may still be ours: stop the session, so that its slot is fenced (GaveUp) and they
+  // are broken (as CommitRun::ReleaseLocks).
   if (!b.Wait().ok()) s_.Abandon();
   held_.clear();
 }

@@ -108,7 +108,10 @@ Result<bool> NamDatabase::FenceAndRecover(const Access& access, uint32_t slot, u
   const uint64_t recovering = OwnerWord(next, kSlotRecovering, me);
   const int64_t fenced_at = MonoNs();
   {
+    // One thread of this process at a time: two would fence with the same word, and one whose
+    // reply was lost would take the other's fence for its own.
     std::lock_guard<std::mutex> l(mu_);
+    if (recovering_here_.count(slot)) return false;
     recovering_here_.insert(slot);
   }
   Status s;
@@ -121,7 +124,9 @@ Result<bool> NamDatabase::FenceAndRecover(const Access& access, uint32_t slot, u
       // (tag 0), or a later pass would find it recovering under this process's tag, unchanged,
       // and evict this live process.
       uint64_t word = 0;
-      fenced = access.Read(SlotAddr(slot), &word, 8).ok() && word == recovering;
+      const bool read = access.Read(SlotAddr(slot), &word, 8).ok();
+      fenced = read && word == recovering;
+      if (!read) GaveUp(slot, recovering);  // a later pass looks again
       return fence.status();
     }
     if (*fence != owner) return Status::Ok();
@@ -150,7 +155,9 @@ Result<bool> NamDatabase::FenceAndRecover(const Access& access, uint32_t slot, u
       // failed, a claim left an active slot of this process that nobody renews, and lease +
       // margin later another process evicted this live one.
       uint64_t word = 0;
-      if (access.Read(SlotAddr(slot), &word, 8).ok() && word == done) return Status::Ok();
+      const bool read = access.Read(SlotAddr(slot), &word, 8).ok();
+      if (read && word == done) return Status::Ok();
+      if (!read) GaveUp(slot, recovering);  // a later pass looks again (and finds it either way)
       done = 0;
       return finished.status();
     }

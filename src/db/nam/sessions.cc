@@ -22,6 +22,10 @@ bool NamDatabase::ObservedExpired(uint32_t slot, uint64_t owner, int64_t read_at
     o = {owner, now};
     return false;
   }
+  const int64_t expiry = lease_ns() + margin_ns();
+  // However troubled the memory, a word unchanged this long is judged (a dead process's locks
+  // must not wait for ever on an observer whose renewals are always slow).
+  if (read_at - o.since > kMaxSilenceDeferral * expiry) return true;
   // Silence counts only while the slots' memory took this process's own renewals in time.
   int64_t from = o.since;
   {
@@ -31,7 +35,7 @@ bool NamDatabase::ObservedExpired(uint32_t slot, uint64_t owner, int64_t read_at
     }
     from = std::max(from, renewal_trouble_at_);
   }
-  return read_at - from > lease_ns() + margin_ns();
+  return read_at - from > expiry;
 }
 
 void NamDatabase::RenewalSent(int64_t sent) {
@@ -173,7 +177,14 @@ Result<std::shared_ptr<SlotLease>> NamDatabase::ClaimSlot(const Access& access, 
     };
     Status ready = set_up();
     if (!ready.ok()) {
-      Unregister(lease.get());  // left to expire and be recovered, as a dead session's
+      // Given up: this process fences and recovers it itself (left to expire, others would
+      // evict this live process first).
+      Unregister(lease.get());
+      {
+        std::lock_guard<std::mutex> l(lease->renew_mu);
+        lease->fenced = true;
+      }
+      GaveUp(s, lease->owner);
       return ready;
     }
     return lease;
@@ -330,6 +341,12 @@ void NamDatabase::MarkIdle(const Access& access) {
 }
 
 void NamDatabase::GaveUp(uint32_t slot, uint64_t owner) {
+  // Over messages without replicas a failed operation may be one a live server has not
+  // executed yet (a timeout), which could land after the take-over: only an eviction shuts it
+  // out. There the slot is left to expire, and whoever fences it evicts this process first.
+  // With replicas the failures that abandon sessions are failovers (the old server dead, or
+  // serving nothing since before the move); on mapped memory an operation is a CPU access.
+  if (!memory_.replicated() && !memory_.mapped()) return;
   std::lock_guard<std::mutex> l(mu_);
   given_up_[slot] = owner;
 }
@@ -341,19 +358,24 @@ std::set<uint32_t> NamDatabase::TakeOverGivenUp(const Access& access,
     std::lock_guard<std::mutex> l(mu_);
     given_up = given_up_;
   }
-  std::set<uint32_t> done;
+  std::set<uint32_t> taken;
   for (const auto& [slot, owner] : given_up) {
     const uint64_t word = slots[slot].owner;
-    // Ours still, as last written (or renewed once more by a renewal whose reply was lost).
-    const bool ours = word == owner || word == OwnerRenewed(owner);
-    auto fenced = ours ? FenceAndRecover(access, slot, word, kSlotFree) : Result<bool>(true);
-    if (!fenced.ok()) continue;  // tried again at the next pass
-    done.insert(slot);
+    // Ours still, as last written (or renewed once more by a renewal whose reply was lost, or
+    // fenced by a CAS of ours whose reply was lost: recovering under our tag).
+    const bool ours =
+        word == owner || word == OwnerRenewed(owner) ||
+        (OwnerState(word) == kSlotRecovering && OwnerTag(word) == memory_.process_tag());
+    if (ours) {
+      auto fenced = FenceAndRecover(access, slot, word, kSlotFree);
+      if (!fenced.ok()) continue;  // tried again at the next pass
+      if (*fenced) taken.insert(slot);
+    }
     std::lock_guard<std::mutex> l(mu_);
     auto it = given_up_.find(slot);
     if (it != given_up_.end() && it->second == owner) given_up_.erase(it);
   }
-  return done;
+  return taken;
 }
 
 Status NamDatabase::ScanSlots(const Access& access) {
@@ -444,11 +466,13 @@ NamSession::~NamSession() {
   // may hold a copy of the lease: it sees it fenced).
   const bool valid = CheckLease().ok();
   uint64_t owner;
+  bool fenced_before;  // abandoned (given up then), or fenced by another
   {
     std::lock_guard<std::mutex> l(lease_->renew_mu);  // no renewal of it runs after this
-    lease_->fenced = true;
+    fenced_before = lease_->fenced.exchange(true);
     owner = lease_->owner;
   }
+  if (fenced_before) return;
   // Not freed (an error, a lapsed lease): this process fences and recovers it itself.
   if (!valid || !FreeSlot()) db_.GaveUp(lease_->slot, owner);
 }
@@ -475,9 +499,9 @@ bool NamSession::FreeSlot() {
   std::lock_guard<std::mutex> l(lease_->renew_mu);
   auto prev = access_.Cas(db_.SlotAddr(lease_->slot), lease_->owner,
                           OwnerWord(lease_->epoch, kSlotFree, 0));
-  // Another word: we were fenced, the slot is someone else's now. An error: it may still be
-  // ours (the outcome is unknown).
-  return prev.ok();
+  // Another word: fenced, the slot is someone else's now (GaveUp finds it so), or renewed by
+  // a renewal whose reply was lost (still ours). An error: the outcome is unknown.
+  return prev.ok() && *prev == lease_->owner;
 }
 
 const TxnCounters& NamSession::counters() const {
