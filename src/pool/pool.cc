@@ -1625,16 +1625,10 @@ Status Pool::Evict(uint32_t tag, std::chrono::milliseconds timeout) {
   // serving nothing since before the move (docs/pool.md "How the epoch fences a partitioned
   // old primary"), and the server that serves the region now is asked like any other. Asked,
   // it failed every eviction after a failover: the fencer retried for ever and never fenced.
-  // (Unless it took another's region over that the map has not moved on yet: it may serve it.)
   std::vector<size_t> pending;
   for (size_t i = 0; i < impl_->count(); ++i) {
     const ServerState& s = *impl_->servers_[i];
-    const bool moved = s.failed.load() && s.moved_to.load() >= 0;
-    bool serves_another = false;
-    for (size_t j = 0; j < impl_->count(); ++j) {
-      serves_another |= j != i && impl_->servers_[j]->moved_to.load() == static_cast<int>(i);
-    }
-    if (!moved || serves_another) pending.push_back(i);
+    if (!(s.failed.load() && s.moved_to.load() >= 0)) pending.push_back(i);
   }
   for (;;) {
     std::vector<size_t> left;

@@ -996,10 +996,13 @@ class NamDatabase final : public Database {
   // recovery of a dead session would, without waiting for its lease and without an eviction.
   // Left to others, they fenced it after lease + margin, and evicted this live process first
   // (the network soak with kills, 2026-11-29: every failover that cut a commit did so).
-  void GaveUp(uint32_t slot, uint64_t owner);
+  // `replace`: false keeps an entry the slot has already (FenceAndRecover's own calls).
+  void GaveUp(uint32_t slot, uint64_t owner, bool replace = true);
   // Fences and recovers the slots given up (GaveUp) whose word in `slots` (read by ScanSlots)
   // is still ours; returns the slots dealt with (fenced now, or someone else's by now).
-  std::set<uint32_t> TakeOverGivenUp(const Access& access, const std::vector<SlotImage>& slots);
+  // `read_at`: when `slots` was read (entries given up since wait for the next pass).
+  std::set<uint32_t> TakeOverGivenUp(const Access& access, const std::vector<SlotImage>& slots,
+                                     int64_t read_at);
   // A renewal's CAS is out since `sent` / came back (`failed`: with an error, not a
   // refusal); for ObservedExpired.
   void RenewalSent(int64_t sent);
@@ -1010,6 +1013,7 @@ class NamDatabase final : public Database {
   // ObservedExpired judges a word unchanged for this many times lease + margin whatever its
   // own renewals saw (a failover of the coordinator took up to 8 s here).
   static constexpr int64_t kMaxSilenceDeferral = 4;
+  static constexpr int64_t kMinSilenceCapNs = 30'000'000'000;  // and at least this
   Result<bool> HolderDead(const Access& access, uint64_t word);
   // Renews `lease` now (CAS on its owner word); fences it locally if that fails.
   Status Renew(const Access& access, SlotLease& lease);
@@ -1142,8 +1146,12 @@ class NamDatabase final : public Database {
   std::map<std::string, std::unique_ptr<NamTable>> tables_;
   std::unordered_map<uint32_t, NamTable*> by_id_;
   std::vector<std::shared_ptr<SlotLease>> leases_;
-  std::multiset<uint32_t> recovering_here_;         // slots threads of this process recover
-  std::map<uint32_t, uint64_t> given_up_;           // slot -> owner word as last written (GaveUp)
+  std::multiset<uint32_t> recovering_here_;  // slots threads of this process recover
+  struct GivenUp {
+    uint64_t owner;  // the owner word as last written
+    int64_t at;      // MonoNs() when given up
+  };
+  std::map<uint32_t, GivenUp> given_up_;            // by slot (GaveUp)
   std::vector<std::unique_ptr<NamTable>> dropped_;  // kept for handles still held
 
   std::mutex observe_mu_;  // guards observed_

@@ -126,7 +126,7 @@ Result<bool> NamDatabase::FenceAndRecover(const Access& access, uint32_t slot, u
       uint64_t word = 0;
       const bool read = access.Read(SlotAddr(slot), &word, 8).ok();
       fenced = read && word == recovering;
-      if (!read) GaveUp(slot, recovering);  // a later pass looks again
+      if (!read) GaveUp(slot, recovering, /*replace=*/false);  // a later pass looks again
       return fence.status();
     }
     if (*fence != owner) return Status::Ok();
@@ -157,7 +157,9 @@ Result<bool> NamDatabase::FenceAndRecover(const Access& access, uint32_t slot, u
       uint64_t word = 0;
       const bool read = access.Read(SlotAddr(slot), &word, 8).ok();
       if (read && word == done) return Status::Ok();
-      if (!read) GaveUp(slot, recovering);  // a later pass looks again (and finds it either way)
+      // A later pass looks again: at an active word of ours (the claim landed), or at our
+      // fence (the give-up below may fail too).
+      if (!read) GaveUp(slot, final_state == kSlotActive ? done : recovering, /*replace=*/false);
       done = 0;
       return finished.status();
     }
@@ -168,7 +170,8 @@ Result<bool> NamDatabase::FenceAndRecover(const Access& access, uint32_t slot, u
   if (fenced && done == 0) {
     // Given up (an error, the deadline) or taken over: say so in the word, so that the next
     // recoverer need not evict this live process (a CAS: a no-op if someone took over).
-    (void)access.Cas(SlotAddr(slot), recovering, OwnerWord(next, kSlotRecovering, 0));
+    auto given = access.Cas(SlotAddr(slot), recovering, OwnerWord(next, kSlotRecovering, 0));
+    if (!given.ok()) GaveUp(slot, recovering, /*replace=*/false);  // still ours, maybe
   }
   {
     std::lock_guard<std::mutex> l(mu_);

@@ -23,9 +23,6 @@ bool NamDatabase::ObservedExpired(uint32_t slot, uint64_t owner, int64_t read_at
     return false;
   }
   const int64_t expiry = lease_ns() + margin_ns();
-  // However troubled the memory, a word unchanged this long is judged (a dead process's locks
-  // must not wait for ever on an observer whose renewals are always slow).
-  if (read_at - o.since > kMaxSilenceDeferral * expiry) return true;
   // Silence counts only while the slots' memory took this process's own renewals in time.
   int64_t from = o.since;
   {
@@ -35,7 +32,10 @@ bool NamDatabase::ObservedExpired(uint32_t slot, uint64_t owner, int64_t read_at
     }
     from = std::max(from, renewal_trouble_at_);
   }
-  return read_at - from > expiry;
+  // However troubled the memory was, a word unchanged this long is judged (a dead process's
+  // locks must not wait for ever on an observer whose renewals are often slow).
+  const int64_t cap = std::max<int64_t>(kMaxSilenceDeferral * expiry, kMinSilenceCapNs);
+  return read_at - from > expiry || read_at - o.since > cap;
 }
 
 void NamDatabase::RenewalSent(int64_t sent) {
@@ -340,7 +340,7 @@ void NamDatabase::MarkIdle(const Access& access) {
   }
 }
 
-void NamDatabase::GaveUp(uint32_t slot, uint64_t owner) {
+void NamDatabase::GaveUp(uint32_t slot, uint64_t owner, bool replace) {
   // Over messages without replicas a failed operation may be one a live server has not
   // executed yet (a timeout), which could land after the take-over: only an eviction shuts it
   // out. There the slot is left to expire, and whoever fences it evicts this process first.
@@ -348,18 +348,28 @@ void NamDatabase::GaveUp(uint32_t slot, uint64_t owner) {
   // serving nothing since before the move); on mapped memory an operation is a CPU access.
   if (!memory_.replicated() && !memory_.mapped()) return;
   std::lock_guard<std::mutex> l(mu_);
-  given_up_[slot] = owner;
+  const GivenUp entry{owner, MonoNs()};
+  if (replace) {
+    given_up_[slot] = entry;
+  } else {
+    given_up_.try_emplace(slot, entry);
+  }
 }
 
 std::set<uint32_t> NamDatabase::TakeOverGivenUp(const Access& access,
-                                                const std::vector<SlotImage>& slots) {
-  std::map<uint32_t, uint64_t> given_up;
+                                                const std::vector<SlotImage>& slots,
+                                                int64_t read_at) {
+  std::map<uint32_t, GivenUp> given_up;
   {
     std::lock_guard<std::mutex> l(mu_);
     given_up = given_up_;
   }
   std::set<uint32_t> taken;
-  for (const auto& [slot, owner] : given_up) {
+  for (const auto& [slot, entry] : given_up) {
+    // Given up after the slots were read: `slots` may show a word from before (judged at the
+    // next pass).
+    if (entry.at >= read_at) continue;
+    const uint64_t owner = entry.owner;
     const uint64_t word = slots[slot].owner;
     // Ours still, as last written (or renewed once more by a renewal whose reply was lost, or
     // fenced by a CAS of ours whose reply was lost: recovering under our tag).
@@ -372,8 +382,10 @@ std::set<uint32_t> NamDatabase::TakeOverGivenUp(const Access& access,
       if (*fenced) taken.insert(slot);
     }
     std::lock_guard<std::mutex> l(mu_);
+    // A thread of ours recovering it may still give it up again (its tag-0 CAS may fail).
+    if (recovering_here_.count(slot)) continue;
     auto it = given_up_.find(slot);
-    if (it != given_up_.end() && it->second == owner) given_up_.erase(it);
+    if (it != given_up_.end() && it->second.owner == owner) given_up_.erase(it);
   }
   return taken;
 }
@@ -406,7 +418,7 @@ Status NamDatabase::ScanSlots(const Access& access) {
   Hook("slots.read");
   uint64_t lwm = counter;
   uint64_t live = 0;
-  const std::set<uint32_t> given_up = TakeOverGivenUp(access, slots);
+  const std::set<uint32_t> given_up = TakeOverGivenUp(access, slots, read_at);
   for (uint32_t s = 0; s < n; ++s) {
     const uint64_t st = OwnerState(slots[s].owner);
     if (st == kSlotFree || given_up.count(s)) continue;
