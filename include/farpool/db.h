@@ -189,7 +189,8 @@ enum class RoundTripCause : uint8_t {
   kCommitWait,  // the commit's lock round retried while another holds a record
   kDecide,      // the commit's stamp and log
   kFinish,      // the commit's install and release
-  kVersionGc,   // a hot record's version chain trimmed under the commit's lock
+  kVersionGc,   // a hot record's version chain trimmed under the commit's lock, or the
+                // snapshot announcements read again to decide what to keep
   kRelease,     // locks given back by an abort, a rollback or a failed round
   kAllocator,   // the memory recycler reserving or returning objects in line
   kCount

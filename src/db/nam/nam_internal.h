@@ -730,8 +730,9 @@ class NamTxn final : public Transaction {
   // is retried at once with the word seen; a lock held by another is waited for (LockWait,
   // lowest address first, without holding higher ones meanwhile), then Aborted. The locked
   // records go into held_ (and reads_) and each KeyRead gets the version it returns (see
-  // db.h: SI's snapshot is taken again if this was the first read and a locked version is
-  // newer; otherwise Aborted).
+  // db.h: if this was SI's first read and a locked version is newer than the snapshot, the
+  // snapshot moves up to the newest version locked, without a round trip; otherwise Aborted).
+  // A snapshot taken here is announced records-only (records_only_).
   // With LockIntent::kUpdate the locks carry the session's plain lock word, and the first
   // round also inserts the transaction's pending new keys and reads what the commit's lock
   // round would (PrepareCommit).

@@ -18,9 +18,10 @@
 // freed); round 2 CASes each lock word from the word the copy showed to our read-lock word and,
 // behind a fence, reads the record: one message per server. Locks go into held_ as they are
 // taken, so every way the transaction ends releases them (Finish, or the commit). Read
-// committed: each other read call takes a snapshot of its own (FreshSnapshotForRead); its
-// locking reads announce records-only (NamSession::PostSnapshot), since they read no version
-// but the one they lock.
+// committed: each other read call takes a snapshot of its own (FreshSnapshotForRead). A locking
+// read that takes the snapshot announces records-only (NamSession::PostSnapshot), since it
+// reads no version but the one it locks; under SI too, until a read of versions takes a
+// snapshot of its own (NamTxn::records_only_).
 #include <algorithm>
 #include <climits>
 #include <cstring>
