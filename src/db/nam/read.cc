@@ -18,9 +18,10 @@
 // freed); round 2 CASes each lock word from the word the copy showed to our read-lock word and,
 // behind a fence, reads the record: one message per server. Locks go into held_ as they are
 // taken, so every way the transaction ends releases them (Finish, or the commit). Read
-// committed: each other read call takes a snapshot of its own (FreshSnapshotForRead); its
-// locking reads announce records-only (NamSession::PostSnapshot), since they read no version
-// but the one they lock.
+// committed: each other read call takes a snapshot of its own (FreshSnapshotForRead). A locking
+// read that takes the snapshot announces records-only (NamSession::PostSnapshot), since it
+// reads no version but the one it locks; under SI too, until a read of versions takes a
+// snapshot of its own (NamTxn::records_only_).
 #include <algorithm>
 #include <climits>
 #include <cstring>
@@ -82,11 +83,14 @@ Status NamTxn::RecopyLocked(std::span<const LockedCopy> copies) {
   }
   if (recopies.empty()) return Status::Ok();
   s_.counters_.read_lock_waits += recopies.size();
+  RoundTripScope cause(RoundTripCause::kReadWait);
   return ReadAfterRelease(recopies, kServerWaitSliceUs);
 }
 
 Status NamTxn::SettleRecord(const NamTable& t, GlobalAddress record, int64_t key,
                             RecordImage* image, bool* key_ok) {
+  // The caller read the first copy: every round trip here is a wait (or a check of a holder).
+  RoundTripScope cause(RoundTripCause::kReadWait);
   const auto& layout = t.layout_;
   int64_t start = 0, next_check = 0;  // set at the first inconsistent copy
   std::vector<unsigned char> previous;
@@ -257,6 +261,7 @@ Status NamTxn::TakeSnapshot() {
 Status NamTxn::ReadKeys(std::span<KeyRead> keys, GuessedRecords* guessed) {
   const bool first = !has_snapshot_;
   for (int retake = 0;; ++retake) {
+    RoundTripScope cause(retake == 0 ? RoundTripScope::current() : RoundTripCause::kRetake);
     FARPOOL_RETURN_IF_ERROR(ReadKeysOnce(keys, guessed));
     // The first read returns nothing until here, so the snapshot it took may be taken again:
     // if a key it read got a newer version than the snapshot (a commit that took its stamp
@@ -311,8 +316,8 @@ Status NamTxn::FindRecords(std::span<KeyRead> keys, bool copies) {
     {
       Access::Batch b(s_.access_);
       // Read committed's locking reads read no versions (only what they lock).
-      Status posted =
-          taking ? s_.PostSnapshot(b, &snap, /*versions=*/!(copies && rc_)) : Status::Ok();
+      Status posted = taking ? s_.PostSnapshot(b, &snap, /*versions=*/!copies) : Status::Ok();
+      records_only_ = records_only_ || (taking && copies);
       if (taking && !posted.ok()) return posted;
       const uint16_t counter_server = s_.db_.RootField(kRootCounter).server();
       bool fenced = false;
@@ -480,6 +485,7 @@ Status NamTxn::ReadHeld(const HeldLock& h, KeyRead* k) {
 // MultiGet of one key, without its vectors (the most common read).
 Status NamTxn::Get(const Table& table, int64_t key, Row* row, ColumnSet columns) {
   if (finished_) return Status::InvalidArgument("transaction already finished");
+  RoundTripScope cause(RoundTripCause::kRead);
   const auto& t = static_cast<const NamTable&>(table);
   Status own;
   if (ReadOwnWrite(t, key, row, &own)) {
@@ -528,6 +534,7 @@ Status NamTxn::ReadMany(std::span<const TableKey> keys, std::optional<LockIntent
                         GuessedRecords* guessed) {
   const bool for_update = lock.has_value();
   if (finished_) return Status::InvalidArgument("transaction already finished");
+  RoundTripScope cause(RoundTripCause::kRead);
   rows->assign(keys.size(), Row());
   statuses->assign(keys.size(), Status::Ok());
   // reads: keys to read (or lock); from_held: keys locked earlier, answered from their copy.
@@ -624,11 +631,12 @@ Status NamTxn::LockAtLookup(std::span<KeyRead> keys, uint64_t mine, LockIntent i
   Status posted, waited;
   {
     Access::Batch b(s_.access_);
-    // Read committed's locking reads read no versions (only what they lock). No record needs
-    // to follow the counter here: each is locked at its newest version and read behind the
+    // Locking reads read no versions (only what they lock: NamTxn::records_only_). No record
+    // needs to follow the counter here: each is locked at its newest version and read behind the
     // lock, and LockKeys' checks (SI: a version newer than the snapshot) come after.
     if (taking) {
-      if (Status s = s_.PostSnapshot(b, &snap, /*versions=*/!rc_); !s.ok()) {
+      records_only_ = true;
+      if (Status s = s_.PostSnapshot(b, &snap, /*versions=*/false); !s.ok()) {
         (void)FinishPrepare(false, mine);
         return s;
       }
@@ -699,6 +707,7 @@ Status NamTxn::LockAtLookup(std::span<KeyRead> keys, uint64_t mine, LockIntent i
     k.held_at_lookup = true;
   }
   if (!wrong.empty()) {
+    RoundTripScope cause(RoundTripCause::kRelease);
     std::vector<uint64_t> prev(wrong.size());
     Access::Batch b(s_.access_);
     for (size_t i = 0; i < wrong.size(); ++i) {
@@ -817,7 +826,8 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys, LockIntent intent) {
   const bool first = !has_snapshot_;
   const uint64_t mine =
       intent == LockIntent::kUpdate ? s_.lock_word() : ReadLockWord(s_.lock_word());
-  bool retake = false;  // SI, first read: a locked version is newer than the snapshot
+  // SI, first read: the newest stamp of the versions locked that are newer than the snapshot.
+  uint64_t newest_locked = 0;
   // Round 1: lookups, locks of the free records and copies, in one operation per key.
   FARPOOL_RETURN_IF_ERROR(LockAtLookup(keys, mine, intent));
   for (int attempt = 0;; ++attempt) {
@@ -850,7 +860,8 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys, LockIntent intent) {
       KeyRead* k;
       uint64_t expected = 0, prev = 0;
       bool locked = false, tried = false;
-      bool copy_held = false;  // its copy showed another's lock
+      bool copy_held = false;   // its copy showed another's lock
+      bool given_back = false;  // released while a record below it was waited for
     };
     std::vector<Want> want;
     for (KeyRead& k : keys) {
@@ -915,6 +926,18 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys, LockIntent intent) {
           if (want[i].locked && !released) waiter = want.size();
         }
       }
+      // What the round is for (TxnCounters::round_trips_by_cause): a wait for a held record, a
+      // record given back taken again, or else a plain attempt.
+      RoundTripCause why = RoundTripCause::kLockCas;
+      for (size_t i : which) {
+        const Want& w = want[i];
+        if (i == waiter || (w.tried && IsLocked(w.prev) && w.prev != kRemovedLock)) {
+          why = RoundTripCause::kLockWait;
+        } else if (w.given_back && why == RoundTripCause::kLockCas) {
+          why = RoundTripCause::kRelock;
+        }
+      }
+      RoundTripScope cause(why);
       WaitCasResult waited_cas;
       std::vector<uint64_t> released_prev(release.size());
       Status posted;
@@ -943,6 +966,7 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys, LockIntent intent) {
         for (size_t i : release) {  // on an error they stay in held_: Finish releases them
           want[i].locked = false;
           want[i].tried = false;
+          want[i].given_back = true;
           held_.erase({want[i].k->t->id_, want[i].k->key});
         }
       }
@@ -1025,6 +1049,7 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys, LockIntent intent) {
         for (size_t i = j + 1; i < want.size(); ++i) {
           if (want[i].locked) above.push_back(i);
         }
+        RoundTripScope cause(RoundTripCause::kLockWait);
         if (wait.CheckDue()) {
           // A dead holder finishes nothing: break its lock (restored to its newest version).
           auto dead = s_.HolderDead(w.prev);
@@ -1046,6 +1071,7 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys, LockIntent intent) {
           continue;
         }
         if (!above.empty()) {
+          RoundTripScope give_back(RoundTripCause::kRelock);
           Access::Batch b(s_.access_);
           std::vector<uint64_t> prev(above.size());
           for (size_t a = 0; a < above.size(); ++a) {
@@ -1057,6 +1083,7 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys, LockIntent intent) {
           for (size_t i : above) {
             want[i].locked = false;
             want[i].tried = false;
+            want[i].given_back = true;
             held_.erase({want[i].k->t->id_, want[i].k->key});
           }
         }
@@ -1094,17 +1121,51 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys, LockIntent intent) {
                                  "' has a version newer than the snapshot (could not serialize "
                                  "its locking read)");
         }
-        retake = true;
+        newest_locked = std::max(newest_locked, img.cells[img.newest].stamp);
       }
     }
     if (std::all_of(keys.begin(), keys.end(), [](const KeyRead& k) { return k.done; })) break;
   }
-  if (retake) {
-    // The first read: the snapshot is taken again now that the locks are ours, so it sees the
-    // versions they hold (their commits finished before our CASes landed).
-    s_.EndTransaction();
-    has_snapshot_ = false;
-    FARPOOL_RETURN_IF_ERROR(TakeSnapshot());
+  if (!rc_ && (first || records_only_)) {
+    // SI, and the transaction has read nothing but records it holds locked: a key found absent
+    // has nothing locked for it, so the argument below does not cover it; and a records-only
+    // snapshot would let a later read of versions take a snapshot of its own, past an insert
+    // of that key (its absence and the insert's other writes both seen: read skew; found at
+    // the merge's review). So the snapshot is taken again now, announced with its versions,
+    // and the absent keys are read in it (plain reads, which follow the counter): one that
+    // has appeared since its lookup aborts the transaction (a retry locks it), else the
+    // absence holds in the snapshot. The records we hold are at their newest in it too.
+    std::vector<KeyRead> absent;
+    for (const KeyRead& k : keys) {
+      if (k.record.is_null()) absent.push_back(KeyRead{.t = k.t, .key = k.key});
+    }
+    if (!absent.empty()) {
+      RoundTripScope cause(RoundTripCause::kRetake);
+      s_.EndTransaction();
+      has_snapshot_ = false;
+      records_only_ = false;
+      FARPOOL_RETURN_IF_ERROR(TakeSnapshot());
+      FARPOOL_RETURN_IF_ERROR(ReadKeys(absent, nullptr));
+      for (const KeyRead& k : absent) {
+        if (k.found) {
+          return Status::Aborted("key " + std::to_string(k.key) + " of '" + k.t->name_ +
+                                 "' was inserted while the locking read that found it absent "
+                                 "ran (its absence cannot be kept in the snapshot)");
+        }
+      }
+      return Status::Ok();
+    }
+  }
+  if (newest_locked > snapshot_) {
+    // The first read: nothing it read has reached the caller, and every record it read is
+    // locked by us at its newest version, so the snapshot moves up to the newest stamp among
+    // them, without a round trip (docs/database.md, "SI's snapshot moves up to the versions
+    // it locked"): every commit with a stamp up to it took that stamp before the commit that
+    // holds it did, so it had locked its records before, and each of our later reads meets its
+    // lock or its version, as for a snapshot read from the counter; the records we locked hold
+    // no version past it. The announcement stays (a lower bound of the snapshot, as before),
+    // so the descriptors read with the locks stay proof (CommitPrep: snapshot_gen_ unchanged).
+    snapshot_ = newest_locked;
   }
   return Status::Ok();
 }
@@ -1140,6 +1201,7 @@ Status NamTxn::Put(const Table& table, int64_t key, const Row& row) {
 
 Status NamTxn::Delete(const Table& table, int64_t key) {
   if (finished_) return Status::InvalidArgument("transaction already finished");
+  RoundTripScope cause(RoundTripCause::kRead);
   const auto& t = static_cast<const NamTable&>(table);
   auto w = writes_.find({t.id_, key});
   bool exists;
@@ -1361,6 +1423,7 @@ Status NotOrdered(const NamTable& t) {
 Status NamTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bool reverse,
                     ColumnSet columns, const std::function<bool(int64_t, const Row&)>& visit) {
   if (finished_) return Status::InvalidArgument("transaction already finished");
+  RoundTripScope cause(RoundTripCause::kRead);
   const auto& t = static_cast<const NamTable&>(table);
   if (!t.btree_) return NotOrdered(t);
   FreshSnapshotForRead();
@@ -1415,6 +1478,7 @@ Status NamTxn::ScanOne(const NamTable& t, int64_t lo, int64_t hi, size_t limit, 
 Status NamTxn::ScanMany(std::span<const ScanRange> ranges,
                         const std::function<bool(size_t, int64_t, const Row&)>& visit) {
   if (finished_) return Status::InvalidArgument("transaction already finished");
+  RoundTripScope cause(RoundTripCause::kRead);
   auto table = [&](size_t i) -> const NamTable& {
     return static_cast<const NamTable&>(*ranges[i].table);
   };
@@ -1432,6 +1496,7 @@ Status NamTxn::ScanThenGet(std::span<const ScanRange> ranges, const Table& targe
                            const std::function<bool(size_t range, int64_t key, const Status& status,
                                                     const Row& row)>& visit) {
   if (finished_) return Status::InvalidArgument("transaction already finished");
+  RoundTripScope cause(RoundTripCause::kRead);
   std::vector<ScanRange> keys_only(ranges.begin(), ranges.end());
   for (ScanRange& r : keys_only) {
     if (!static_cast<const NamTable&>(*r.table).btree_) {
