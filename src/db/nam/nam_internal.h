@@ -812,14 +812,13 @@ class NamTxn final : public Transaction {
   Status ReadHeld(const HeldLock& h, KeyRead* k);
   // Read committed: each read call takes a snapshot of its own (the previous one ends). Either
   // level: a snapshot taken by a locking read announced records-only, so a read that reads
-  // versions ends it and takes one of its own (records_only_).
-  void FreshSnapshotForRead() {
-    if ((rc_ || records_only_) && has_snapshot_) {
-      s_.EndTransaction();
-      has_snapshot_ = false;
-    }
-    records_only_ = false;
-  }
+  // versions ends it and takes one of its own (records_only_). SI: the keys in absent_ are read
+  // in that snapshot first (its counter read in a round of its own, then their lookups);
+  // Aborted if one of them exists there.
+  Status FreshSnapshotForRead();
+  // Reads `absent` (keys a locking read found absent) in the snapshot taken: Aborted if one
+  // has a version there.
+  Status CheckStillAbsent(std::span<KeyRead> absent);
   static constexpr int kSnapshotRetakes = 2;
   // Get from the transaction's own writes: true if it has written `key` (the answer is then in
   // *row and *status).
@@ -924,6 +923,9 @@ class NamTxn final : public Transaction {
   // read of versions first takes a snapshot of its own (FreshSnapshotForRead): a counter read
   // after an ordinary announcement; the records held locked are still at their newest then.
   bool records_only_ = false;
+  // SI: keys that locking reads found absent while records_only_ (their absence holds in the
+  // snapshot, LockKeys): a read of versions takes a later snapshot, and reads them in it first.
+  std::vector<std::pair<const NamTable*, int64_t>> absent_;
   std::map<Key, WriteEntry> writes_;
   std::map<Key, ReadEntry> reads_;
   // Locked by locking reads; a commit takes over those it writes (CommitRun::Lock) and

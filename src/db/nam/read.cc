@@ -499,7 +499,7 @@ Status NamTxn::Get(const Table& table, int64_t key, Row* row, ColumnSet columns)
   if (h != held_.end()) {
     FARPOOL_RETURN_IF_ERROR(ReadHeld(h->second, &k));
   } else {
-    FreshSnapshotForRead();
+    FARPOOL_RETURN_IF_ERROR(FreshSnapshotForRead());
     FARPOOL_RETURN_IF_ERROR(ReadKeys(std::span<KeyRead>(&k, 1)));
   }
   if (k.found) {
@@ -579,7 +579,7 @@ Status NamTxn::ReadMany(std::span<const TableKey> keys, std::optional<LockIntent
       aborted_ = aborted_ || locked.code() == StatusCode::kAborted;
       FARPOOL_RETURN_IF_ERROR(locked);
     } else {
-      if (guessed == nullptr) FreshSnapshotForRead();
+      if (guessed == nullptr) FARPOOL_RETURN_IF_ERROR(FreshSnapshotForRead());
       FARPOOL_RETURN_IF_ERROR(ReadKeys(reads, guessed));
     }
   }
@@ -828,6 +828,8 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys, LockIntent intent) {
       intent == LockIntent::kUpdate ? s_.lock_word() : ReadLockWord(s_.lock_word());
   // SI, first read: the newest stamp of the versions locked that are newer than the snapshot.
   uint64_t newest_locked = 0;
+  // A record was locked in a round after the lookups of LockAtLookup (see the end).
+  bool relocked = false;
   // Round 1: lookups, locks of the free records and copies, in one operation per key.
   FARPOOL_RETURN_IF_ERROR(LockAtLookup(keys, mine, intent));
   for (int attempt = 0;; ++attempt) {
@@ -918,6 +920,7 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys, LockIntent intent) {
     auto lock = [&](const std::vector<size_t>& which,
                     const std::vector<size_t>& release = {}) -> Status {
       FARPOOL_RETURN_IF_ERROR(s_.CheckLease());  // the CASes follow a passed check
+      relocked = relocked || !which.empty();
       size_t waiter = want.size();
       if (server_waits && !which.empty()) {
         waiter = which.back();  // `which` ascends
@@ -1126,36 +1129,33 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys, LockIntent intent) {
     }
     if (std::all_of(keys.begin(), keys.end(), [](const KeyRead& k) { return k.done; })) break;
   }
-  if (!rc_ && (first || records_only_)) {
-    // SI, and the transaction has read nothing but records it holds locked: a key found absent
-    // has nothing locked for it, so the argument below does not cover it; and a records-only
-    // snapshot would let a later read of versions take a snapshot of its own, past an insert
-    // of that key (its absence and the insert's other writes both seen: read skew; found at
-    // the merge's review). So the snapshot is taken again now, announced with its versions,
-    // and the absent keys are read in it (plain reads, which follow the counter): one that
-    // has appeared since its lookup aborts the transaction (a retry locks it), else the
-    // absence holds in the snapshot. The records we hold are at their newest in it too.
-    std::vector<KeyRead> absent;
+  std::vector<KeyRead> absent;
+  if (!rc_ && records_only_) {
     for (const KeyRead& k : keys) {
       if (k.record.is_null()) absent.push_back(KeyRead{.t = k.t, .key = k.key});
     }
-    if (!absent.empty()) {
-      RoundTripScope cause(RoundTripCause::kRetake);
-      s_.EndTransaction();
-      has_snapshot_ = false;
-      records_only_ = false;
-      FARPOOL_RETURN_IF_ERROR(TakeSnapshot());
-      FARPOOL_RETURN_IF_ERROR(ReadKeys(absent, nullptr));
-      for (const KeyRead& k : absent) {
-        if (k.found) {
-          return Status::Aborted("key " + std::to_string(k.key) + " of '" + k.t->name_ +
-                                 "' was inserted while the locking read that found it absent "
-                                 "ran (its absence cannot be kept in the snapshot)");
-        }
-      }
-      return Status::Ok();
-    }
   }
+  if (!absent.empty() && first && (relocked || newest_locked > snapshot_)) {
+    // SI's first read found a key absent, and a record was locked after that lookup (a wait, a
+    // word that moved on) or at a version newer than the counter read: a commit that inserted
+    // the key after our lookup and wrote a record we locked would be seen in part (read skew;
+    // found at the merge's review). So the snapshot is taken again now, announced with its
+    // versions, and the absent keys are read in it (their lookups follow its counter read):
+    // one that has appeared since aborts the transaction (a retry locks it), else its absence
+    // holds in the snapshot, as do the records we hold (at their newest).
+    RoundTripScope cause(RoundTripCause::kRetake);
+    s_.EndTransaction();
+    has_snapshot_ = false;
+    records_only_ = false;
+    FARPOOL_RETURN_IF_ERROR(TakeSnapshot());
+    return CheckStillAbsent(absent);
+  }
+  // Otherwise the absence holds in the snapshot (docs/database.md, "Keys found absent"): the
+  // first read's lookups shared the round of its counter read and of every lock it took, as a
+  // plain first read's do, and a later read's lookups follow every commit the snapshot holds.
+  // A read of versions takes a snapshot of its own, later (records_only_), and reads these
+  // keys in it first (FreshSnapshotForRead).
+  for (const KeyRead& k : absent) absent_.push_back({k.t, k.key});
   if (newest_locked > snapshot_) {
     // The first read: nothing it read has reached the caller, and every record it read is
     // locked by us at its newest version, so the snapshot moves up to the newest stamp among
@@ -1168,6 +1168,35 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys, LockIntent intent) {
     snapshot_ = newest_locked;
   }
   return Status::Ok();
+}
+
+Status NamTxn::CheckStillAbsent(std::span<KeyRead> absent) {
+  FARPOOL_RETURN_IF_ERROR(ReadKeys(absent, nullptr));
+  for (const KeyRead& k : absent) {
+    if (k.found) {
+      return Status::Aborted("key " + std::to_string(k.key) + " of '" + k.t->name_ +
+                             "' was inserted after a locking read found it absent (its absence "
+                             "cannot be kept in the snapshot)");
+    }
+  }
+  return Status::Ok();
+}
+
+Status NamTxn::FreshSnapshotForRead() {
+  if ((rc_ || records_only_) && has_snapshot_) {
+    s_.EndTransaction();
+    has_snapshot_ = false;
+  }
+  records_only_ = false;
+  if (absent_.empty()) return Status::Ok();
+  // SI: keys that locking reads found absent in the records-only snapshot are read in this
+  // one before anything else (its counter read first, so that their lookups follow it).
+  std::vector<KeyRead> absent;
+  for (const auto& [t, key] : absent_) absent.push_back(KeyRead{.t = t, .key = key});
+  absent_.clear();
+  RoundTripScope cause(RoundTripCause::kRetake);
+  FARPOOL_RETURN_IF_ERROR(TakeSnapshot());
+  return CheckStillAbsent(absent);
 }
 
 void NamTxn::ReleaseHeld() {
@@ -1216,7 +1245,7 @@ Status NamTxn::Delete(const Table& table, int64_t key) {
     KeyRead read;
     read.t = &t;
     read.key = key;
-    FreshSnapshotForRead();
+    FARPOOL_RETURN_IF_ERROR(FreshSnapshotForRead());
     FARPOOL_RETURN_IF_ERROR(ReadKeys(std::span<KeyRead>(&read, 1)));
     exists = read.found;
   }
@@ -1426,7 +1455,7 @@ Status NamTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bo
   RoundTripScope cause(RoundTripCause::kRead);
   const auto& t = static_cast<const NamTable&>(table);
   if (!t.btree_) return NotOrdered(t);
-  FreshSnapshotForRead();
+  FARPOOL_RETURN_IF_ERROR(FreshSnapshotForRead());
   return ScanOne(t, lo, hi, limit, reverse, columns, visit);
 }
 
@@ -1485,7 +1514,7 @@ Status NamTxn::ScanMany(std::span<const ScanRange> ranges,
   for (size_t i = 0; i < ranges.size(); ++i) {
     if (!table(i).btree_) return NotOrdered(table(i));
   }
-  FreshSnapshotForRead();
+  FARPOOL_RETURN_IF_ERROR(FreshSnapshotForRead());
   GuessedRecords guessed;
   return ScanRanges(ranges, nullptr, &guessed, visit);
 }
@@ -1504,7 +1533,7 @@ Status NamTxn::ScanThenGet(std::span<const ScanRange> ranges, const Table& targe
     }
     r.columns = ColumnSet::None();
   }
-  FreshSnapshotForRead();
+  FARPOOL_RETURN_IF_ERROR(FreshSnapshotForRead());
   // The scan, with the target records its guessed entries name in its first round; then the
   // targets as MultiGet reads them, in the scan's snapshot, taking those copies instead of
   // reads where the scan's entries and the lookups agree with them.
