@@ -328,14 +328,17 @@ class Transaction {
   // transactions that lock the same keys in different orders do not deadlock, one of them
   // aborts. Within one call the records are locked in address order (and a waiter holds none
   // above the one it waits for). A key without a row is NotFound in *statuses, as MultiGet; it
-  // is locked only if it has a record (a deleted row's). Plain reads of other transactions do
-  // not wait for these locks (unless taken with LockIntent::kUpdate). A later
-  // Get/MultiGet/Scan/Delete of a locked key in the same transaction reads the locked version (Get
-  // and MultiGet without a round trip). The pool engines lock every key in one round trip (lock and
-  // read together, one message per server), after the round trip that finds the records; the other
-  // engines read without locking (their commit validates what was read). `intent` (LockIntent):
-  // whether the transaction will write every key it locks; the two forms without it lock with
-  // kRead. REQUIRES: as Get / MultiGet.
+  // is locked only if it has a record (a deleted row's). Under kSnapshot its absence is of the
+  // snapshot, as every other read: where the pool engines cannot place it there at once they
+  // read the key again (a first read that locked after its lookup, at once; else before a later
+  // plain read leaves the records-only snapshot), Aborted if it was inserted meanwhile. Plain
+  // reads of other transactions do not wait for these locks (unless taken with
+  // LockIntent::kUpdate). A later Get/MultiGet/Scan/Delete of a locked key in the same
+  // transaction reads the locked version (Get and MultiGet without a round trip). The pool
+  // engines lock every key in one round trip (lock and read together, one message per server),
+  // after the round trip that finds the records; the other engines read without locking (their
+  // commit validates what was read). `intent` (LockIntent): whether the transaction will write
+  // every key it locks; the two forms without it lock with kRead. REQUIRES: as Get / MultiGet.
   virtual Status GetForUpdate(const Table& table, int64_t key, Row* row, LockIntent intent);
   virtual Status MultiGetForUpdate(std::span<const TableKey> keys, std::vector<Row>* rows,
                                    std::vector<Status>* statuses, LockIntent intent);

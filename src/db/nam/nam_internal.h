@@ -732,7 +732,9 @@ class NamTxn final : public Transaction {
   // records go into held_ (and reads_) and each KeyRead gets the version it returns (see
   // db.h: if this was SI's first read and a locked version is newer than the snapshot, the
   // snapshot moves up to the newest version locked, without a round trip; otherwise Aborted).
-  // A snapshot taken here is announced records-only (records_only_).
+  // A snapshot taken here is announced records-only (records_only_). SI, keys found absent:
+  // remembered in absent_ while the snapshot is records-only, or, in a first read that locked a
+  // record after its lookups or past the snapshot, read again in a snapshot taken again (read.cc).
   // With LockIntent::kUpdate the locks carry the session's plain lock word, and the first
   // round also inserts the transaction's pending new keys and reads what the commit's lock
   // round would (PrepareCommit).

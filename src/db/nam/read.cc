@@ -1155,7 +1155,10 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys, LockIntent intent) {
   // plain first read's do, and a later read's lookups follow every commit the snapshot holds.
   // A read of versions takes a snapshot of its own, later (records_only_), and reads these
   // keys in it first (FreshSnapshotForRead).
-  for (const KeyRead& k : absent) absent_.push_back({k.t, k.key});
+  for (const KeyRead& k : absent) {
+    const std::pair<const NamTable*, int64_t> key{k.t, k.key};
+    if (std::find(absent_.begin(), absent_.end(), key) == absent_.end()) absent_.push_back(key);
+  }
   if (newest_locked > snapshot_) {
     // The first read: nothing it read has reached the caller, and every record it read is
     // locked by us at its newest version, so the snapshot moves up to the newest stamp among
