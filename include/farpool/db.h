@@ -55,6 +55,7 @@
 // to one thread at a time. REQUIRES: the Database outlives its Sessions and Tables.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -165,6 +166,39 @@ struct GcStats {
   uint64_t chunks_opened = 0, chunks_released = 0;  // recycler: slab chunks leased, given back
 };
 
+// What a round trip of the pool engines was for (TxnCounters::round_trips_by_cause): each
+// round trip counts under the cause of the step that waited for it, so the causes add up to
+// `round_trips`. The steps of one transaction, in the order they may happen:
+enum class RoundTripCause : uint8_t {
+  kOther,       // none of those below: session set-up, a lease renewed in line, a log clear
+                // or lease check of its own, DDL
+  kRead,        // a read's rounds (Get, MultiGet, Delete, scans): lookups, index walks, copies
+                // of records, the snapshot's counter read, blobs; a locking read's first round
+                // (lookup-lock-read)
+  kReadWait,    // a plain read's copy taken again after it met a commit's lock (a wait at the
+                // memory server per slice, or a poll on mapped memory)
+  kRetake,      // the first read taking its snapshot again (a version newer than it was met)
+  kLockCas,     // a locking read's compare-and-swap rounds after its first that wait for
+                // nothing: records its first round did not lock, words that moved on
+  kLockWait,    // a locking read's rounds that wait for a record held by another (one per
+                // slice of the memory server's wait; one per poll on mapped memory)
+  kRelock,      // a locking read's records above a held one, given back while it waited and
+                // taken again after (the rounds that take them again; on mapped memory also
+                // the give-back's own)
+  kCommitLock,  // the commit's resolve and lock rounds (skipped after update-intent locks)
+  kCommitWait,  // the commit's lock round retried while another holds a record
+  kDecide,      // the commit's stamp and log
+  kFinish,      // the commit's install and release
+  kVersionGc,   // a hot record's version chain trimmed under the commit's lock, or the
+                // snapshot announcements read again to decide what to keep
+  kRelease,     // locks given back by an abort, a rollback or a failed round
+  kAllocator,   // the memory recycler reserving or returning objects in line
+  kCount
+};
+inline constexpr size_t kRoundTripCauses = static_cast<size_t>(RoundTripCause::kCount);
+// "other", "read", "read_wait", "retake", ... (the names bench txn --json reports).
+std::string_view RoundTripCauseName(RoundTripCause cause);
+
 // Counts of memory operations (pool engines) or messages (sharded), for benchmarks and the
 // simulator. Per session.
 struct TxnCounters {
@@ -174,6 +208,10 @@ struct TxnCounters {
   // of operations posted together; sharded, one per round of requests awaited together.
   // Independent of the fabric: this times a fabric's latency is the waiting it implies.
   uint64_t round_trips = 0;
+  // Pool engines: round_trips by what they were for (indexed by RoundTripCause; they add up to
+  // round_trips), and those of transaction attempts that ended aborted (counted by cause too).
+  std::array<uint64_t, kRoundTripCauses> round_trips_by_cause{};
+  uint64_t round_trips_aborted = 0;
   uint64_t commits = 0, aborts = 0;
   // Pool engines: commits that a failure of the memory cut in a round (a server died or failed
   // over to its backup under it) and that the session settled itself at once: finished
@@ -290,14 +328,17 @@ class Transaction {
   // transactions that lock the same keys in different orders do not deadlock, one of them
   // aborts. Within one call the records are locked in address order (and a waiter holds none
   // above the one it waits for). A key without a row is NotFound in *statuses, as MultiGet; it
-  // is locked only if it has a record (a deleted row's). Plain reads of other transactions do
-  // not wait for these locks (unless taken with LockIntent::kUpdate). A later
-  // Get/MultiGet/Scan/Delete of a locked key in the same transaction reads the locked version (Get
-  // and MultiGet without a round trip). The pool engines lock every key in one round trip (lock and
-  // read together, one message per server), after the round trip that finds the records; the other
-  // engines read without locking (their commit validates what was read). `intent` (LockIntent):
-  // whether the transaction will write every key it locks; the two forms without it lock with
-  // kRead. REQUIRES: as Get / MultiGet.
+  // is locked only if it has a record (a deleted row's). Under kSnapshot its absence is of the
+  // snapshot, as every other read: where the pool engines cannot place it there at once they
+  // read the key again (a first read that locked after its lookup, at once; else before a later
+  // plain read leaves the records-only snapshot), Aborted if it was inserted meanwhile. Plain
+  // reads of other transactions do not wait for these locks (unless taken with
+  // LockIntent::kUpdate). A later Get/MultiGet/Scan/Delete of a locked key in the same
+  // transaction reads the locked version (Get and MultiGet without a round trip). The pool
+  // engines lock every key in one round trip (lock and read together, one message per server),
+  // after the round trip that finds the records; the other engines read without locking (their
+  // commit validates what was read). `intent` (LockIntent): whether the transaction will write
+  // every key it locks; the two forms without it lock with kRead. REQUIRES: as Get / MultiGet.
   virtual Status GetForUpdate(const Table& table, int64_t key, Row* row, LockIntent intent);
   virtual Status MultiGetForUpdate(std::span<const TableKey> keys, std::vector<Row>* rows,
                                    std::vector<Status>* statuses, LockIntent intent);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -76,6 +77,9 @@ TxnCounters Sum(const TxnCounters& a, const TxnCounters& b) {
   c.faa = a.faa + b.faa;
   c.messages = a.messages + b.messages;
   c.round_trips = a.round_trips + b.round_trips;
+  for (size_t i = 0; i < kRoundTripCauses; ++i)
+    c.round_trips_by_cause[i] = a.round_trips_by_cause[i] + b.round_trips_by_cause[i];
+  c.round_trips_aborted = a.round_trips_aborted + b.round_trips_aborted;
   c.commits = a.commits + b.commits;
   c.aborts = a.aborts + b.aborts;
   c.commits_cut = a.commits_cut + b.commits_cut;
@@ -223,7 +227,8 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
   for (auto& t : threads) t.join();
   nlohmann::json out;
   uint64_t commits = 0, aborts = 0, reads = 0, writes = 0, cas = 0, faa = 0, messages = 0,
-           round_trips = 0, session_restarts = 0, commits_cut = 0;
+           round_trips = 0, session_restarts = 0, commits_cut = 0, round_trips_aborted = 0;
+  std::array<uint64_t, kRoundTripCauses> by_cause{};
   std::vector<uint32_t> lat;
   uint64_t max_ns = 0;
   std::vector<uint64_t> timeline;
@@ -240,6 +245,9 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
     faa += st.ops_end.faa - st.ops_start.faa;
     messages += st.ops_end.messages - st.ops_start.messages;
     round_trips += st.ops_end.round_trips - st.ops_start.round_trips;
+    for (size_t i = 0; i < kRoundTripCauses; ++i)
+      by_cause[i] += st.ops_end.round_trips_by_cause[i] - st.ops_start.round_trips_by_cause[i];
+    round_trips_aborted += st.ops_end.round_trips_aborted - st.ops_start.round_trips_aborted;
     commits_cut += st.ops_end.commits_cut - st.ops_start.commits_cut;
     lat.insert(lat.end(), st.latency_ns.begin(), st.latency_ns.end());
   }
@@ -255,6 +263,11 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
   out["timeline"] = timeline;
   out["start_unix_ms"] = start_ms;
   out["round_trips"] = round_trips;
+  out["round_trips_aborted"] = round_trips_aborted;
+  nlohmann::json causes = nlohmann::json::object();
+  for (size_t i = 0; i < kRoundTripCauses; ++i)
+    causes[std::string(RoundTripCauseName(static_cast<RoundTripCause>(i)))] = by_cause[i];
+  out["round_trips_by_cause"] = causes;
   out["latency_ns"] = lat;
   out["max_ns"] = max_ns;
   return out;
@@ -353,10 +366,18 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
   std::fprintf(stderr, "bench txn: loaded in %.1f s; running %d x %d threads for %g s\n",
                std::chrono::duration<double>(Clock::now() - load_start).count(), o.clients,
                o.threads, o.warmup_seconds + o.seconds);
-  nlohmann::json merged = {{"commits", 0},    {"aborts", 0},      {"reads", 0},
-                           {"writes", 0},     {"cas", 0},         {"faa", 0},
-                           {"messages", 0},   {"round_trips", 0}, {"session_restarts", 0},
-                           {"commits_cut", 0}};
+  nlohmann::json merged = {{"commits", 0},
+                           {"aborts", 0},
+                           {"reads", 0},
+                           {"writes", 0},
+                           {"cas", 0},
+                           {"faa", 0},
+                           {"messages", 0},
+                           {"round_trips", 0},
+                           {"session_restarts", 0},
+                           {"commits_cut", 0},
+                           {"round_trips_aborted", 0}};
+  std::array<uint64_t, kRoundTripCauses> by_cause{};
   std::vector<uint32_t> lat;
   uint64_t max_ns = 0;
   std::vector<uint64_t> timeline;
@@ -365,9 +386,14 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
     AddInto(timeline, j["timeline"].get<std::vector<uint64_t>>());
     start_unix_ms = j["start_unix_ms"].get<uint64_t>();
     max_ns = std::max(max_ns, j["max_ns"].get<uint64_t>());
-    for (const char* k : {"commits", "aborts", "reads", "writes", "cas", "faa", "messages",
-                          "round_trips", "session_restarts", "commits_cut"}) {
+    for (const char* k :
+         {"commits", "aborts", "reads", "writes", "cas", "faa", "messages", "round_trips",
+          "session_restarts", "commits_cut", "round_trips_aborted"}) {
       merged[k] = merged[k].get<uint64_t>() + j[k].get<uint64_t>();
+    }
+    for (size_t i = 0; i < kRoundTripCauses; ++i) {
+      by_cause[i] += j["round_trips_by_cause"].value(
+          std::string(RoundTripCauseName(static_cast<RoundTripCause>(i))), uint64_t{0});
     }
     auto l = j["latency_ns"].get<std::vector<uint32_t>>();
     lat.insert(lat.end(), l.begin(), l.end());
@@ -455,6 +481,13 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
   r["faa_per_txn"] = merged["faa"].get<uint64_t>() / per;
   r["messages_per_txn"] = merged["messages"].get<uint64_t>() / per;
   r["round_trips_per_txn"] = merged["round_trips"].get<uint64_t>() / per;
+  // The same by what they were for (pool engines; they add up to round_trips_per_txn), and the
+  // part of them spent in attempts that aborted (counted in the causes too).
+  nlohmann::json by = nlohmann::json::object();
+  for (size_t i = 0; i < kRoundTripCauses; ++i)
+    by[std::string(RoundTripCauseName(static_cast<RoundTripCause>(i)))] = by_cause[i] / per;
+  r["round_trips_per_txn_by_cause"] = by;
+  r["round_trips_aborted_per_txn"] = merged["round_trips_aborted"].get<uint64_t>() / per;
   r["seed"] = o.seed;
   if (o.workload == "tpcb") r["history_keep"] = o.history_keep;
   if (o.timeline_ms > 0) {

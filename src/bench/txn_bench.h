@@ -23,9 +23,11 @@
 // transactions, the aborts (each retry of an Aborted transaction counts one), the latency of
 // each committed transaction including its retries, and the memory operations (pool/local)
 // or request messages (sharded) it issued, the round trips they took (round_trips_per_txn:
-// sequential waits on the pool or the partitions, see TxnCounters), and the longest latency of
-// any committed transaction (max_us). Per-transaction counts divide by committed transactions,
-// so they include the work of aborted attempts. Output: one JSON object (TxnBench fields below
+// sequential waits on the pool or the partitions, see TxnCounters; on the pool engines also
+// round_trips_per_txn_by_cause, split by RoundTripCause, and round_trips_aborted_per_txn, the
+// part spent in attempts that aborted), and the longest latency of any committed transaction
+// (max_us). Per-transaction counts divide by committed transactions, so they include the work
+// of aborted attempts. Output: one JSON object (TxnBench fields below
 // plus RunContext(), bench/run_context.h).
 #pragma once
 

@@ -231,6 +231,14 @@ std::string_view IsolationName(Isolation isolation) {
   return isolation == Isolation::kReadCommitted ? "rc" : "si";
 }
 
+std::string_view RoundTripCauseName(RoundTripCause cause) {
+  static constexpr std::array<std::string_view, kRoundTripCauses> kNames = {
+      "other",       "read",        "read_wait", "retake", "lock_cas",   "lock_wait", "relock",
+      "commit_lock", "commit_wait", "decide",    "finish", "version_gc", "release",   "allocator"};
+  const auto i = static_cast<size_t>(cause);
+  return i < kNames.size() ? kNames[i] : "unknown";
+}
+
 // ---------------------------------------------------------------- RunTransaction
 
 Status RunTransaction(Session& session, const std::function<Status(Transaction&)>& body,

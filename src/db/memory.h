@@ -14,12 +14,14 @@
 // Thread-safety: Memory is safe for concurrent use; a MemoryBatch belongs to one thread.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "farpool/address.h"
+#include "farpool/db.h"
 #include "farpool/pool.h"
 #include "farpool/status.h"
 
@@ -36,10 +38,40 @@ namespace farpool::db {
 // completes them. Across a network each round trip costs one network latency, so this count
 // times the fabric's latency is what a transaction waits for (allocation is local but for the
 // occasional chunk lease, which is not counted).
+//
+// `by_cause` splits round_trips by what they were for (RoundTripCause of db.h): the cause the
+// calling thread's innermost RoundTripScope names (kOther outside any).
 struct OpCount {
   std::atomic<uint64_t> reads{0}, writes{0}, cas{0}, faa{0}, round_trips{0};
+  std::array<std::atomic<uint64_t>, kRoundTripCauses> by_cause{};
   static void Bump(std::atomic<uint64_t>& n) { n.fetch_add(1, std::memory_order_relaxed); }
+  // One round trip, under the calling thread's cause.
+  void Trip();
 };
+
+// Names the cause of the round trips the calling thread waits for while it lives (OpCount::
+// by_cause); scopes nest, and the innermost counts. Per thread: a session belongs to one thread
+// at a time, and threads that share the process's system session count each their own cause.
+class RoundTripScope {
+ public:
+  explicit RoundTripScope(RoundTripCause cause) : previous_(current_) { current_ = cause; }
+  ~RoundTripScope() { current_ = previous_; }
+  RoundTripScope(const RoundTripScope&) = delete;
+  RoundTripScope& operator=(const RoundTripScope&) = delete;
+  // Changes the innermost scope's cause (for a step whose cause is known only once it is
+  // posted).
+  static void Set(RoundTripCause cause) { current_ = cause; }
+  static RoundTripCause current() { return current_; }
+
+ private:
+  RoundTripCause previous_;
+  static inline thread_local RoundTripCause current_ = RoundTripCause::kOther;
+};
+
+inline void OpCount::Trip() {
+  Bump(round_trips);
+  Bump(by_cause[static_cast<size_t>(RoundTripScope::current())]);
+}
 
 class MemoryBatch {
  public:
@@ -216,7 +248,7 @@ class Access {
     Status Fence() { return Get().Fence(); }
     Status Wait() {
       if (posted() == 0) return batch_ ? batch_->Wait() : Status::Ok();
-      OpCount::Bump(count_->round_trips);
+      count_->Trip();
       return batch_->Wait();
     }
     size_t posted() const { return batch_ ? batch_->posted() : 0; }
@@ -234,7 +266,7 @@ class Access {
  private:
   void Sync(std::atomic<uint64_t>& op) const {
     OpCount::Bump(op);
-    OpCount::Bump(count_->round_trips);
+    count_->Trip();
   }
   Memory* memory_;
   OpCount* count_;

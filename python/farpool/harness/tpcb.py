@@ -86,6 +86,10 @@ RATIOS = [("pool", "sharded"), ("pool", "postgresql-ram"), ("pool", "postgresql-
 PG_ROUND_TRIPS = 7  # statements of pgbench's tpcb-like script, each waited for
 METRICS = ["tps", "p50_us", "p99_us", "abort_rate", "round_trips_per_txn", "messages_per_txn",
            "reads_per_txn", "writes_per_txn", "cas_per_txn"]
+# Kept per run beside METRICS (pool engines): round trips per committed transaction by cause
+# (TxnCounters::round_trips_by_cause) and those of aborted attempts; a table of their medians.
+CAUSES = "round_trips_per_txn_by_cause"
+EXTRA = [CAUSES, "round_trips_aborted_per_txn"]
 
 
 def tpcb_command(system: str, clients: int, scale: int, seconds: float) -> list[str]:
@@ -182,7 +186,7 @@ class Systems:
                                                             log)
         if note:
             self.notes[system] = note
-        return {k: r[k] for k in METRICS if k in r}
+        return {k: r[k] for k in METRICS + EXTRA if k in r}
 
 
 @contextlib.contextmanager
@@ -279,10 +283,13 @@ def medians(rows) -> list[dict]:
             f"{sum(r['network'] == x for r in runs)}x {x}" for x in nets)
         m = {"system": system, "clients": n, "runs": len(runs), "network": network,
              "tps_min": min(r["tps"] for r in runs), "tps_max": max(r["tps"] for r in runs)}
-        for k in METRICS:
+        for k in METRICS + EXTRA[1:]:
             vals = [r[k] for r in runs if k in r]
             if vals:
                 m[k] = statistics.median(vals)
+        by = [r[CAUSES] for r in runs if CAUSES in r]
+        if by:
+            m[CAUSES] = {c: statistics.median(b.get(c, 0.0) for b in by) for c in by[0]}
         out.append(m)
     return out
 
@@ -315,6 +322,19 @@ def table(med, notes, clients) -> str:
                      f"{m['tps_min']:,.0f}–{m['tps_max']:,.0f} | {f(m, 'p50_us', ',.0f')} | "
                      f"{f(m, 'p99_us', ',.0f')} | {f(m, 'abort_rate', '.3f')} | "
                      f"{rt_cell(m)} | {per_rt(m)} | {m['network']} |")
+    causes = [c for c in next((m[CAUSES] for m in med if CAUSES in m), {})
+              if any(m.get(CAUSES, {}).get(c, 0) >= 0.005 for m in med)]
+    if causes:
+        lines += ["", "Round trips per committed transaction by cause (medians; `bench txn` "
+                  "round_trips_per_txn_by_cause, docs/database.md; *aborted*: the part spent in "
+                  "attempts that aborted):", "",
+                  "| system | clients | " + " | ".join(causes) + " | aborted |",
+                  "|---" * (len(causes) + 3) + "|"]
+        for m in med:
+            if CAUSES in m:
+                lines.append(f"| {m['system']} | {m['clients']} | " + " | ".join(
+                    f"{m[CAUSES].get(c, 0):.2f}" for c in causes) +
+                    f" | {f(m, 'round_trips_aborted_per_txn', '.2f')} |")
     for s, n in notes.items():
         lines.append(f"\n- {LABELS.get(s, s)}: {n}")
     return "\n".join(lines) + "\n"

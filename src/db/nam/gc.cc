@@ -90,6 +90,7 @@ Result<size_t> Recycler::IndexOf(uint16_t id) const {
 
 Result<GlobalAddress> Recycler::Alloc(const Access& access, LockOwner& owner, uint64_t size,
                                       Placement placement) {
+  RoundTripScope cause(RoundTripCause::kAllocator);
   const int c = ClassOf(size);
   FARPOOL_ASSIGN_OR_RETURN(uint16_t first, memory_.ServerFor(placement));
   // A server the pool learned after the database was made (`cluster add`) has no directory
@@ -454,6 +455,7 @@ Status Recycler::FreeMany(const Access& access, LockOwner& owner, uint64_t size,
 
 Status Recycler::Free(const Access& access, LockOwner& owner, GlobalAddress address,
                       uint64_t size) {
+  RoundTripScope cause(RoundTripCause::kAllocator);
   if (address.is_null()) return Status::InvalidArgument("Free of the null address");
   const int c = ClassOf(size);
   FARPOOL_ASSIGN_OR_RETURN(size_t si, IndexOf(address.server()));
@@ -482,6 +484,7 @@ Status Recycler::Free(const Access& access, LockOwner& owner, GlobalAddress addr
 }
 
 Status Recycler::ReturnIdle(const Access& access, LockOwner& owner) {
+  RoundTripScope cause(RoundTripCause::kAllocator);
   std::lock_guard<std::mutex> l(mu_);
   Status first;
   for (size_t i = 0; i < caches_.size(); ++i) {
@@ -498,6 +501,7 @@ Status Recycler::ReturnIdle(const Access& access, LockOwner& owner) {
 }
 
 Status Recycler::Flush(const Access& access, LockOwner& owner) {
+  RoundTripScope cause(RoundTripCause::kAllocator);
   std::lock_guard<std::mutex> l(mu_);
   Status first;
   for (size_t i = 0; i < caches_.size(); ++i) {

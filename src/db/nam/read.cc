@@ -18,9 +18,10 @@
 // freed); round 2 CASes each lock word from the word the copy showed to our read-lock word and,
 // behind a fence, reads the record: one message per server. Locks go into held_ as they are
 // taken, so every way the transaction ends releases them (Finish, or the commit). Read
-// committed: each other read call takes a snapshot of its own (FreshSnapshotForRead); its
-// locking reads announce records-only (NamSession::PostSnapshot), since they read no version
-// but the one they lock.
+// committed: each other read call takes a snapshot of its own (FreshSnapshotForRead). A locking
+// read that takes the snapshot announces records-only (NamSession::PostSnapshot), since it
+// reads no version but the one it locks; under SI too, until a read of versions takes a
+// snapshot of its own (NamTxn::records_only_).
 #include <algorithm>
 #include <climits>
 #include <cstring>
@@ -82,11 +83,14 @@ Status NamTxn::RecopyLocked(std::span<const LockedCopy> copies) {
   }
   if (recopies.empty()) return Status::Ok();
   s_.counters_.read_lock_waits += recopies.size();
+  RoundTripScope cause(RoundTripCause::kReadWait);
   return ReadAfterRelease(recopies, kServerWaitSliceUs);
 }
 
 Status NamTxn::SettleRecord(const NamTable& t, GlobalAddress record, int64_t key,
                             RecordImage* image, bool* key_ok) {
+  // The caller read the first copy: every round trip here is a wait (or a check of a holder).
+  RoundTripScope cause(RoundTripCause::kReadWait);
   const auto& layout = t.layout_;
   int64_t start = 0, next_check = 0;  // set at the first inconsistent copy
   std::vector<unsigned char> previous;
@@ -257,6 +261,7 @@ Status NamTxn::TakeSnapshot() {
 Status NamTxn::ReadKeys(std::span<KeyRead> keys, GuessedRecords* guessed) {
   const bool first = !has_snapshot_;
   for (int retake = 0;; ++retake) {
+    RoundTripScope cause(retake == 0 ? RoundTripScope::current() : RoundTripCause::kRetake);
     FARPOOL_RETURN_IF_ERROR(ReadKeysOnce(keys, guessed));
     // The first read returns nothing until here, so the snapshot it took may be taken again:
     // if a key it read got a newer version than the snapshot (a commit that took its stamp
@@ -311,8 +316,8 @@ Status NamTxn::FindRecords(std::span<KeyRead> keys, bool copies) {
     {
       Access::Batch b(s_.access_);
       // Read committed's locking reads read no versions (only what they lock).
-      Status posted =
-          taking ? s_.PostSnapshot(b, &snap, /*versions=*/!(copies && rc_)) : Status::Ok();
+      Status posted = taking ? s_.PostSnapshot(b, &snap, /*versions=*/!copies) : Status::Ok();
+      records_only_ = records_only_ || (taking && copies);
       if (taking && !posted.ok()) return posted;
       const uint16_t counter_server = s_.db_.RootField(kRootCounter).server();
       bool fenced = false;
@@ -480,6 +485,7 @@ Status NamTxn::ReadHeld(const HeldLock& h, KeyRead* k) {
 // MultiGet of one key, without its vectors (the most common read).
 Status NamTxn::Get(const Table& table, int64_t key, Row* row, ColumnSet columns) {
   if (finished_) return Status::InvalidArgument("transaction already finished");
+  RoundTripScope cause(RoundTripCause::kRead);
   const auto& t = static_cast<const NamTable&>(table);
   Status own;
   if (ReadOwnWrite(t, key, row, &own)) {
@@ -493,7 +499,7 @@ Status NamTxn::Get(const Table& table, int64_t key, Row* row, ColumnSet columns)
   if (h != held_.end()) {
     FARPOOL_RETURN_IF_ERROR(ReadHeld(h->second, &k));
   } else {
-    FreshSnapshotForRead();
+    FARPOOL_RETURN_IF_ERROR(FreshSnapshotForRead());
     FARPOOL_RETURN_IF_ERROR(ReadKeys(std::span<KeyRead>(&k, 1)));
   }
   if (k.found) {
@@ -528,6 +534,7 @@ Status NamTxn::ReadMany(std::span<const TableKey> keys, std::optional<LockIntent
                         GuessedRecords* guessed) {
   const bool for_update = lock.has_value();
   if (finished_) return Status::InvalidArgument("transaction already finished");
+  RoundTripScope cause(RoundTripCause::kRead);
   rows->assign(keys.size(), Row());
   statuses->assign(keys.size(), Status::Ok());
   // reads: keys to read (or lock); from_held: keys locked earlier, answered from their copy.
@@ -572,7 +579,7 @@ Status NamTxn::ReadMany(std::span<const TableKey> keys, std::optional<LockIntent
       aborted_ = aborted_ || locked.code() == StatusCode::kAborted;
       FARPOOL_RETURN_IF_ERROR(locked);
     } else {
-      if (guessed == nullptr) FreshSnapshotForRead();
+      if (guessed == nullptr) FARPOOL_RETURN_IF_ERROR(FreshSnapshotForRead());
       FARPOOL_RETURN_IF_ERROR(ReadKeys(reads, guessed));
     }
   }
@@ -624,11 +631,12 @@ Status NamTxn::LockAtLookup(std::span<KeyRead> keys, uint64_t mine, LockIntent i
   Status posted, waited;
   {
     Access::Batch b(s_.access_);
-    // Read committed's locking reads read no versions (only what they lock). No record needs
-    // to follow the counter here: each is locked at its newest version and read behind the
+    // Locking reads read no versions (only what they lock: NamTxn::records_only_). No record
+    // needs to follow the counter here: each is locked at its newest version and read behind the
     // lock, and LockKeys' checks (SI: a version newer than the snapshot) come after.
     if (taking) {
-      if (Status s = s_.PostSnapshot(b, &snap, /*versions=*/!rc_); !s.ok()) {
+      records_only_ = true;
+      if (Status s = s_.PostSnapshot(b, &snap, /*versions=*/false); !s.ok()) {
         (void)FinishPrepare(false, mine);
         return s;
       }
@@ -699,6 +707,7 @@ Status NamTxn::LockAtLookup(std::span<KeyRead> keys, uint64_t mine, LockIntent i
     k.held_at_lookup = true;
   }
   if (!wrong.empty()) {
+    RoundTripScope cause(RoundTripCause::kRelease);
     std::vector<uint64_t> prev(wrong.size());
     Access::Batch b(s_.access_);
     for (size_t i = 0; i < wrong.size(); ++i) {
@@ -817,7 +826,10 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys, LockIntent intent) {
   const bool first = !has_snapshot_;
   const uint64_t mine =
       intent == LockIntent::kUpdate ? s_.lock_word() : ReadLockWord(s_.lock_word());
-  bool retake = false;  // SI, first read: a locked version is newer than the snapshot
+  // SI, first read: the newest stamp of the versions locked that are newer than the snapshot.
+  uint64_t newest_locked = 0;
+  // A record was locked in a round after the lookups of LockAtLookup (see the end).
+  bool relocked = false;
   // Round 1: lookups, locks of the free records and copies, in one operation per key.
   FARPOOL_RETURN_IF_ERROR(LockAtLookup(keys, mine, intent));
   for (int attempt = 0;; ++attempt) {
@@ -850,7 +862,8 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys, LockIntent intent) {
       KeyRead* k;
       uint64_t expected = 0, prev = 0;
       bool locked = false, tried = false;
-      bool copy_held = false;  // its copy showed another's lock
+      bool copy_held = false;   // its copy showed another's lock
+      bool given_back = false;  // released while a record below it was waited for
     };
     std::vector<Want> want;
     for (KeyRead& k : keys) {
@@ -907,6 +920,7 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys, LockIntent intent) {
     auto lock = [&](const std::vector<size_t>& which,
                     const std::vector<size_t>& release = {}) -> Status {
       FARPOOL_RETURN_IF_ERROR(s_.CheckLease());  // the CASes follow a passed check
+      relocked = relocked || !which.empty();
       size_t waiter = want.size();
       if (server_waits && !which.empty()) {
         waiter = which.back();  // `which` ascends
@@ -915,6 +929,18 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys, LockIntent intent) {
           if (want[i].locked && !released) waiter = want.size();
         }
       }
+      // What the round is for (TxnCounters::round_trips_by_cause): a wait for a held record, a
+      // record given back taken again, or else a plain attempt.
+      RoundTripCause why = RoundTripCause::kLockCas;
+      for (size_t i : which) {
+        const Want& w = want[i];
+        if (i == waiter || (w.tried && IsLocked(w.prev) && w.prev != kRemovedLock)) {
+          why = RoundTripCause::kLockWait;
+        } else if (w.given_back && why == RoundTripCause::kLockCas) {
+          why = RoundTripCause::kRelock;
+        }
+      }
+      RoundTripScope cause(why);
       WaitCasResult waited_cas;
       std::vector<uint64_t> released_prev(release.size());
       Status posted;
@@ -943,6 +969,7 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys, LockIntent intent) {
         for (size_t i : release) {  // on an error they stay in held_: Finish releases them
           want[i].locked = false;
           want[i].tried = false;
+          want[i].given_back = true;
           held_.erase({want[i].k->t->id_, want[i].k->key});
         }
       }
@@ -1025,6 +1052,7 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys, LockIntent intent) {
         for (size_t i = j + 1; i < want.size(); ++i) {
           if (want[i].locked) above.push_back(i);
         }
+        RoundTripScope cause(RoundTripCause::kLockWait);
         if (wait.CheckDue()) {
           // A dead holder finishes nothing: break its lock (restored to its newest version).
           auto dead = s_.HolderDead(w.prev);
@@ -1046,6 +1074,7 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys, LockIntent intent) {
           continue;
         }
         if (!above.empty()) {
+          RoundTripScope give_back(RoundTripCause::kRelock);
           Access::Batch b(s_.access_);
           std::vector<uint64_t> prev(above.size());
           for (size_t a = 0; a < above.size(); ++a) {
@@ -1057,6 +1086,7 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys, LockIntent intent) {
           for (size_t i : above) {
             want[i].locked = false;
             want[i].tried = false;
+            want[i].given_back = true;
             held_.erase({want[i].k->t->id_, want[i].k->key});
           }
         }
@@ -1094,19 +1124,82 @@ Status NamTxn::LockKeys(std::span<KeyRead> keys, LockIntent intent) {
                                  "' has a version newer than the snapshot (could not serialize "
                                  "its locking read)");
         }
-        retake = true;
+        newest_locked = std::max(newest_locked, img.cells[img.newest].stamp);
       }
     }
     if (std::all_of(keys.begin(), keys.end(), [](const KeyRead& k) { return k.done; })) break;
   }
-  if (retake) {
-    // The first read: the snapshot is taken again now that the locks are ours, so it sees the
-    // versions they hold (their commits finished before our CASes landed).
+  std::vector<KeyRead> absent;
+  if (!rc_ && records_only_) {
+    for (const KeyRead& k : keys) {
+      if (k.record.is_null()) absent.push_back(KeyRead{.t = k.t, .key = k.key});
+    }
+  }
+  if (!absent.empty() && first && (relocked || newest_locked > snapshot_)) {
+    // SI's first read found a key absent, and a record was locked after that lookup (a wait, a
+    // word that moved on) or at a version newer than the counter read: a commit that inserted
+    // the key after our lookup and wrote a record we locked would be seen in part (read skew;
+    // found at the merge's review). So the snapshot is taken again now, announced with its
+    // versions, and the absent keys are read in it (their lookups follow its counter read):
+    // one that has appeared since aborts the transaction (a retry locks it), else its absence
+    // holds in the snapshot, as do the records we hold (at their newest).
+    RoundTripScope cause(RoundTripCause::kRetake);
     s_.EndTransaction();
     has_snapshot_ = false;
+    records_only_ = false;
     FARPOOL_RETURN_IF_ERROR(TakeSnapshot());
+    return CheckStillAbsent(absent);
+  }
+  // Otherwise the absence holds in the snapshot (docs/database.md, "Keys found absent"): the
+  // first read's lookups shared the round of its counter read and of every lock it took, as a
+  // plain first read's do, and a later read's lookups follow every commit the snapshot holds.
+  // A read of versions takes a snapshot of its own, later (records_only_), and reads these
+  // keys in it first (FreshSnapshotForRead).
+  for (const KeyRead& k : absent) {
+    const std::pair<const NamTable*, int64_t> key{k.t, k.key};
+    if (std::find(absent_.begin(), absent_.end(), key) == absent_.end()) absent_.push_back(key);
+  }
+  if (newest_locked > snapshot_) {
+    // The first read: nothing it read has reached the caller, and every record it read is
+    // locked by us at its newest version, so the snapshot moves up to the newest stamp among
+    // them, without a round trip (docs/database.md, "SI's snapshot moves up to the versions
+    // it locked"): every commit with a stamp up to it took that stamp before the commit that
+    // holds it did, so it had locked its records before, and each of our later reads meets its
+    // lock or its version, as for a snapshot read from the counter; the records we locked hold
+    // no version past it. The announcement stays (a lower bound of the snapshot, as before),
+    // so the descriptors read with the locks stay proof (CommitPrep: snapshot_gen_ unchanged).
+    snapshot_ = newest_locked;
   }
   return Status::Ok();
+}
+
+Status NamTxn::CheckStillAbsent(std::span<KeyRead> absent) {
+  FARPOOL_RETURN_IF_ERROR(ReadKeys(absent, nullptr));
+  for (const KeyRead& k : absent) {
+    if (k.found) {
+      return Status::Aborted("key " + std::to_string(k.key) + " of '" + k.t->name_ +
+                             "' was inserted after a locking read found it absent (its absence "
+                             "cannot be kept in the snapshot)");
+    }
+  }
+  return Status::Ok();
+}
+
+Status NamTxn::FreshSnapshotForRead() {
+  if ((rc_ || records_only_) && has_snapshot_) {
+    s_.EndTransaction();
+    has_snapshot_ = false;
+  }
+  records_only_ = false;
+  if (absent_.empty()) return Status::Ok();
+  // SI: keys that locking reads found absent in the records-only snapshot are read in this
+  // one before anything else (its counter read first, so that their lookups follow it).
+  std::vector<KeyRead> absent;
+  for (const auto& [t, key] : absent_) absent.push_back(KeyRead{.t = t, .key = key});
+  absent_.clear();
+  RoundTripScope cause(RoundTripCause::kRetake);
+  FARPOOL_RETURN_IF_ERROR(TakeSnapshot());
+  return CheckStillAbsent(absent);
 }
 
 void NamTxn::ReleaseHeld() {
@@ -1140,6 +1233,7 @@ Status NamTxn::Put(const Table& table, int64_t key, const Row& row) {
 
 Status NamTxn::Delete(const Table& table, int64_t key) {
   if (finished_) return Status::InvalidArgument("transaction already finished");
+  RoundTripScope cause(RoundTripCause::kRead);
   const auto& t = static_cast<const NamTable&>(table);
   auto w = writes_.find({t.id_, key});
   bool exists;
@@ -1154,7 +1248,7 @@ Status NamTxn::Delete(const Table& table, int64_t key) {
     KeyRead read;
     read.t = &t;
     read.key = key;
-    FreshSnapshotForRead();
+    FARPOOL_RETURN_IF_ERROR(FreshSnapshotForRead());
     FARPOOL_RETURN_IF_ERROR(ReadKeys(std::span<KeyRead>(&read, 1)));
     exists = read.found;
   }
@@ -1361,9 +1455,10 @@ Status NotOrdered(const NamTable& t) {
 Status NamTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bool reverse,
                     ColumnSet columns, const std::function<bool(int64_t, const Row&)>& visit) {
   if (finished_) return Status::InvalidArgument("transaction already finished");
+  RoundTripScope cause(RoundTripCause::kRead);
   const auto& t = static_cast<const NamTable&>(table);
   if (!t.btree_) return NotOrdered(t);
-  FreshSnapshotForRead();
+  FARPOOL_RETURN_IF_ERROR(FreshSnapshotForRead());
   return ScanOne(t, lo, hi, limit, reverse, columns, visit);
 }
 
@@ -1415,13 +1510,14 @@ Status NamTxn::ScanOne(const NamTable& t, int64_t lo, int64_t hi, size_t limit, 
 Status NamTxn::ScanMany(std::span<const ScanRange> ranges,
                         const std::function<bool(size_t, int64_t, const Row&)>& visit) {
   if (finished_) return Status::InvalidArgument("transaction already finished");
+  RoundTripScope cause(RoundTripCause::kRead);
   auto table = [&](size_t i) -> const NamTable& {
     return static_cast<const NamTable&>(*ranges[i].table);
   };
   for (size_t i = 0; i < ranges.size(); ++i) {
     if (!table(i).btree_) return NotOrdered(table(i));
   }
-  FreshSnapshotForRead();
+  FARPOOL_RETURN_IF_ERROR(FreshSnapshotForRead());
   GuessedRecords guessed;
   return ScanRanges(ranges, nullptr, &guessed, visit);
 }
@@ -1432,6 +1528,7 @@ Status NamTxn::ScanThenGet(std::span<const ScanRange> ranges, const Table& targe
                            const std::function<bool(size_t range, int64_t key, const Status& status,
                                                     const Row& row)>& visit) {
   if (finished_) return Status::InvalidArgument("transaction already finished");
+  RoundTripScope cause(RoundTripCause::kRead);
   std::vector<ScanRange> keys_only(ranges.begin(), ranges.end());
   for (ScanRange& r : keys_only) {
     if (!static_cast<const NamTable&>(*r.table).btree_) {
@@ -1439,7 +1536,7 @@ Status NamTxn::ScanThenGet(std::span<const ScanRange> ranges, const Table& targe
     }
     r.columns = ColumnSet::None();
   }
-  FreshSnapshotForRead();
+  FARPOOL_RETURN_IF_ERROR(FreshSnapshotForRead());
   // The scan, with the target records its guessed entries name in its first round; then the
   // targets as MultiGet reads them, in the scan's snapshot, taking those copies instead of
   // reads where the scan's entries and the lookups agree with them.

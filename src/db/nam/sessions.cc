@@ -90,6 +90,7 @@ Status NamDatabase::CheckLease(const Access& access, SlotLease& lease) {
                                " lost its lease (fenced); open a new session");
   }
   if (MonoNs() < lease.valid_until.load(std::memory_order_relaxed)) return Status::Ok();
+  RoundTripScope cause(RoundTripCause::kOther);  // renewed in line: none of the step's own
   return Renew(access, lease);
 }
 
@@ -522,6 +523,8 @@ const TxnCounters& NamSession::counters() const {
   counters_.cas = count_.cas.load(std::memory_order_relaxed);
   counters_.faa = count_.faa.load(std::memory_order_relaxed);
   counters_.round_trips = count_.round_trips.load(std::memory_order_relaxed);
+  for (size_t i = 0; i < kRoundTripCauses; ++i)
+    counters_.round_trips_by_cause[i] = count_.by_cause[i].load(std::memory_order_relaxed);
   return counters_;
 }
 
@@ -542,6 +545,7 @@ Result<GlobalAddress> NamSession::IndexLogOf(uint64_t word) {
 void NamSession::FaultPoint(std::string_view point) { db_.Hook(point); }
 
 Status NamSession::ClearLog() {
+  RoundTripScope cause(RoundTripCause::kOther);  // a round trip of its own (none took it along)
   FARPOOL_RETURN_IF_ERROR(CheckLease());
   FARPOOL_ASSIGN_OR_RETURN(uint64_t prev, access_.Cas(log_, log_to_clear_, 0));
   const uint64_t expected = log_to_clear_;
