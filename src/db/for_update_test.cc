@@ -692,6 +692,11 @@ TEST_P(ForUpdateTest, ASnapshotLockingReadOfAnAbsentKeyKeepsOneSnapshot) {
             << (three.ok() ? "a commit after the locking read is seen in part: key 3 is " +
                                  std::to_string(*three)
                            : three.status().ToString());
+        // A caller that reads on after the Aborted gets it again, never the commit in part.
+        auto again = GetInt(*txn, *table_, 3);
+        EXPECT_EQ(again.status().code(), StatusCode::kAborted)
+            << (again.ok() ? "read on after Aborted: key 3 is " + std::to_string(*again)
+                           : again.status().ToString());
       } else {
         ASSERT_OK(three.status());
         EXPECT_EQ(*three, before);

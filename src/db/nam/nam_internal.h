@@ -936,6 +936,7 @@ class NamTxn final : public Transaction {
   // SI: keys that locking reads found absent while records_only_ (their absence holds in the
   // snapshot, LockKeys): a read of versions takes a later snapshot, and reads them in it first.
   std::vector<std::pair<const NamTable*, int64_t>> absent_;
+  Status absent_check_;  // of absent_'s keys, once read again: its failure is sticky
   std::map<Key, WriteEntry> writes_;
   std::map<Key, ReadEntry> reads_;
   // Locked by locking reads; a commit takes over those it writes (CommitRun::Lock) and

@@ -1191,15 +1191,23 @@ Status NamTxn::FreshSnapshotForRead() {
     has_snapshot_ = false;
   }
   records_only_ = false;
+  // A check that failed stays failed: a read after it (the caller went on after Aborted)
+  // would see the new snapshot with the absence reported before (read skew).
+  FARPOOL_RETURN_IF_ERROR(absent_check_);
   if (absent_.empty()) return Status::Ok();
   // SI: keys that locking reads found absent in the records-only snapshot are read in this
-  // one before anything else (its counter read first, so that their lookups follow it).
+  // one before anything else (its counter read first, so that their lookups follow it). Keys
+  // this transaction has written or locked since are its own (a read would wait on its lock).
   std::vector<KeyRead> absent;
-  for (const auto& [t, key] : absent_) absent.push_back(KeyRead{.t = t, .key = key});
+  for (const auto& [t, key] : absent_) {
+    const Key k{t->id_, key};
+    if (!writes_.count(k) && !held_.count(k)) absent.push_back(KeyRead{.t = t, .key = key});
+  }
   absent_.clear();
   RoundTripScope cause(RoundTripCause::kRetake);
-  FARPOOL_RETURN_IF_ERROR(TakeSnapshot());
-  return CheckStillAbsent(absent);
+  Status taken = TakeSnapshot();
+  absent_check_ = taken.ok() ? CheckStillAbsent(absent) : taken;
+  return absent_check_;
 }
 
 void NamTxn::ReleaseHeld() {
