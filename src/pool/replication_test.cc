@@ -50,6 +50,23 @@ LocalClusterOptions Replicated(Fabric fabric) {
   return o;
 }
 
+// Writes `value` at `address` until it succeeds (the client follows a killed server's data to
+// its backup) or 30 s pass; every failure on the way is Unavailable or TimedOut. Returns the
+// last status.
+Status WriteUntilFollowed(Pool& pool, GlobalAddress address, uint64_t value) {
+  Status wrote = Status::Unavailable("not tried");
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (!wrote.ok() && std::chrono::steady_clock::now() < deadline) {
+    wrote = pool.Write(address, &value, 8);
+    if (!wrote.ok()) {
+      EXPECT_TRUE(wrote.code() == StatusCode::kUnavailable || wrote.code() == StatusCode::kTimedOut)
+          << wrote.ToString();
+      std::this_thread::sleep_for(50ms);
+    }
+  }
+  return wrote;
+}
+
 std::vector<uint8_t> Pattern(uint64_t seed) {
   std::vector<uint8_t> bytes(kObjectSize);
   std::mt19937_64 rng(seed);
@@ -620,16 +637,7 @@ TEST(Replication, PoolsStayIsolatedAcrossAFailover) {
   ASSERT_EQ(kill(static_cast<pid_t>(config->servers[1].pid), SIGKILL), 0);
   // A's writes fail (Unavailable) until its client follows the data to the backup.
   const uint64_t kA2 = 0xaaa2;
-  Status wrote = Status::Unavailable("not tried");
-  const auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (!wrote.ok() && std::chrono::steady_clock::now() < deadline) {
-    wrote = (*a)->Write(*mine, &kA2, 8);
-    if (!wrote.ok()) {
-      EXPECT_TRUE(wrote.code() == StatusCode::kUnavailable || wrote.code() == StatusCode::kTimedOut)
-          << wrote.ToString();
-      std::this_thread::sleep_for(50ms);
-    }
-  }
+  Status wrote = WriteUntilFollowed(**a, *mine, kA2);
   ASSERT_TRUE(wrote.ok()) << wrote.ToString();
   uint64_t got = 0;
   ASSERT_TRUE((*a)->Read(*mine, &got, 8).ok());
@@ -675,12 +683,7 @@ TEST(Replication, AnEvictionAfterAFailoverGoesThrough) {
   ASSERT_TRUE((*pool)->Evict(kStalled).ok());
 
   ASSERT_EQ(kill(static_cast<pid_t>(config->servers[1].pid), SIGKILL), 0);
-  Status wrote = Status::Unavailable("not tried");
-  const auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (!wrote.ok() && std::chrono::steady_clock::now() < deadline) {
-    wrote = (*pool)->Write(*a, &v, 8);  // fails until the client follows the data
-    if (!wrote.ok()) std::this_thread::sleep_for(50ms);
-  }
+  Status wrote = WriteUntilFollowed(**pool, *a, v);
   ASSERT_TRUE(wrote.ok()) << wrote.ToString();
   Status evicted = (*pool)->Evict(kStalled);
   EXPECT_TRUE(evicted.ok()) << evicted.ToString();

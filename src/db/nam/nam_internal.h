@@ -1032,7 +1032,8 @@ class NamDatabase final : public Database {
   // (renewed every lease/4, judged after lease + margin unchanged).
   int64_t SlowRenewalNs() const { return lease_ns() / 4; }
   // ObservedExpired judges a word unchanged for this many times lease + margin whatever its
-  // own renewals saw (a failover of the coordinator took up to 8 s here).
+  // own renewals saw (clients of the soak with kills waited 8 s for a coordinator's failover
+  // that did not come, and then asked the backup themselves).
   static constexpr int64_t kMaxSilenceDeferral = 4;
   static constexpr int64_t kMinSilenceCapNs = 30'000'000'000;  // and at least this
   Result<bool> HolderDead(const Access& access, uint64_t word);
@@ -1130,6 +1131,8 @@ class NamDatabase final : public Database {
   // of the process unrenewed: others evicted the live process (the network soak with kills,
   // 2026-11-29).
   Status RenewAll(const Access& access);
+  // A copy of leases_ (taken under mu_), for passes over this process's leases.
+  std::vector<std::shared_ptr<SlotLease>> Leases();
   // Marks the sessions of this process idle for kIdleAfterNs idle (their announcement
   // withdrawn: the LWM may pass them); on the maintenance thread.
   void MarkIdle(const Access& access);

@@ -299,12 +299,13 @@ void NamDatabase::StartMaintenance() {
   });
 }
 
+std::vector<std::shared_ptr<SlotLease>> NamDatabase::Leases() {
+  std::lock_guard<std::mutex> l(mu_);
+  return leases_;
+}
+
 Status NamDatabase::RenewAll(const Access& access) {
-  std::vector<std::shared_ptr<SlotLease>> leases;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    leases = leases_;
-  }
+  const std::vector<std::shared_ptr<SlotLease>> leases = Leases();
   const int64_t now = MonoNs();
   Status first;
   for (auto& lease : leases) {
@@ -319,11 +320,7 @@ Status NamDatabase::RenewAll(const Access& access) {
 }
 
 void NamDatabase::MarkIdle(const Access& access) {
-  std::vector<std::shared_ptr<SlotLease>> leases;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    leases = leases_;
-  }
+  const std::vector<std::shared_ptr<SlotLease>> leases = Leases();
   const int64_t now = MonoNs();
   for (auto& lease : leases) {
     // The announcement word is the slot owner's: written only while our lease is certainly
