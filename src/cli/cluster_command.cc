@@ -164,7 +164,8 @@ int ShowStatus(const ClusterArgs& a) {
     }
     etcd_json = {{"endpoints", etcd->endpoints},     {"prefix", etcd->prefix},
                  {"epoch", etcd->map.epoch},         {"alive", etcd->alive},
-                 {"coordinator", etcd->coordinator}, {"placement", placement}};
+                 {"coordinator", etcd->coordinator}, {"placement", placement},
+                 {"suspected", etcd->suspected}};
   } else if (etcd.status().code() != StatusCode::kNotFound) {
     etcd_json = {{"error", etcd.status().message()}};
   }
@@ -230,6 +231,11 @@ int ShowStatus(const ClusterArgs& a) {
                   etcd->coordinator >= 0 ? std::to_string(etcd->coordinator).c_str() : "none",
                   alive.empty() ? " none" : alive.c_str());
       std::printf("placement (region->served by+backups):%s\n", placement.c_str());
+      if (!etcd->suspected.empty()) {
+        std::string suspected;
+        for (uint16_t id : etcd->suspected) suspected += " " + std::to_string(id);
+        std::printf("reported gone by clients, not failed over yet:%s\n", suspected.c_str());
+      }
     } else if (etcd.status().code() != StatusCode::kNotFound) {
       std::printf("etcd: %s\n", etcd.status().message().c_str());
     }

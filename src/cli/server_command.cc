@@ -179,7 +179,7 @@ int RunServer(const ServerArgs& a) {
                                   (*server)->mirror_port()};
     mo.ttl = std::chrono::milliseconds(a.lease_ttl_ms);
     if (coordinates) {
-      auto c = Coordinator::Create(static_cast<uint16_t>(a.id), a.secret_file);
+      auto c = Coordinator::Create(static_cast<uint16_t>(a.id), a.secret_file, mo.ttl);
       if (!c.ok()) return Fail(c.status().message());
       coordinator = std::move(*c);
       mo.coordinate = [c = coordinator.get()](coord::EtcdClient& etcd, const coord::MapKeys& keys,

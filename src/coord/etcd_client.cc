@@ -76,6 +76,19 @@ Json PutRequest(std::string_view key, std::string_view value, int64_t lease) {
   return put;
 }
 
+// A txn's compare list: each of `compares` must hold (EQUAL).
+Json CompareField(const std::vector<Compare>& compares) {
+  Json compare = Json::array();
+  for (const Compare& c : compares) {
+    const bool create = c.target == Compare::Target::kCreateRevision;
+    compare.push_back({{"key", KeyField(c.key)},
+                       {"result", "EQUAL"},
+                       {"target", create ? "CREATE" : "MOD"},
+                       {create ? "create_revision" : "mod_revision", std::to_string(c.revision)}});
+  }
+  return compare;
+}
+
 // The options every request to etcd's gateway has: a POST of `body` to `url` (both must
 // outlive the transfer), the answer's bytes to `write(data)`, curl's message to `error`, a
 // connect within `connect_timeout`, no signals (a threaded process), never through a proxy.
@@ -228,19 +241,19 @@ Status EtcdClient::DeletePrefix(std::string_view prefix) {
 
 Result<TxnAnswer> EtcdClient::PutIf(const std::vector<Compare>& compares, std::string_view key,
                                     std::string_view value, int64_t lease) {
-  Json compare = Json::array();
-  for (const Compare& c : compares) {
-    const bool create = c.target == Compare::Target::kCreateRevision;
-    compare.push_back({{"key", KeyField(c.key)},
-                       {"result", "EQUAL"},
-                       {"target", create ? "CREATE" : "MOD"},
-                       {create ? "create_revision" : "mod_revision", std::to_string(c.revision)}});
-  }
-  Json request = {{"compare", compare},
+  Json request = {{"compare", CompareField(compares)},
                   {"success", Json::array({{{"request_put", PutRequest(key, value, lease)}}})},
                   {"failure", Json::array({{{"request_range", {{"key", KeyField(key)}}}}})}};
   FARPOOL_ASSIGN_OR_RETURN(std::string body, Call("/v3/kv/txn", request.dump()));
   return ParseTxn(body);
+}
+
+Result<bool> EtcdClient::DeleteIf(const std::vector<Compare>& compares, std::string_view key) {
+  Json request = {{"compare", CompareField(compares)},
+                  {"success", Json::array({{{"request_delete_range", {{"key", KeyField(key)}}}}})}};
+  FARPOOL_ASSIGN_OR_RETURN(std::string body, Call("/v3/kv/txn", request.dump()));
+  FARPOOL_ASSIGN_OR_RETURN(TxnAnswer answer, ParseTxn(body));
+  return answer.succeeded;
 }
 
 Status EtcdClient::Compact(int64_t revision) {

@@ -79,6 +79,8 @@ class EtcdClient {
   // (TxnAnswer::kvs: its current value, if any).
   Result<TxnAnswer> PutIf(const std::vector<Compare>& compares, std::string_view key,
                           std::string_view value, int64_t lease = 0);
+  // If every compare holds, deletes `key`; whether they held (false: nothing was deleted).
+  Result<bool> DeleteIf(const std::vector<Compare>& compares, std::string_view key);
 
   // Discards the store's history before `revision` (a watch from there on is then refused).
   Status Compact(int64_t revision);

@@ -92,6 +92,29 @@ TEST_F(EtcdClientTest, OnlyOneCreatorWinsAndTheLoserLearnsTheValue) {
   EXPECT_EQ(second->kvs[0].value, "one");
 }
 
+// A conditional delete on the mod_revision: a key written again since is kept.
+TEST_F(EtcdClientTest, ADeleteIfKeepsAKeyWrittenSince) {
+  const std::string key = prefix_ + "report";
+  ASSERT_TRUE(client_->Put(key, "first").ok());
+  auto seen = client_->Get(key);
+  ASSERT_TRUE(seen.ok() && seen->has_value());
+  ASSERT_TRUE(client_->Put(key, "second").ok());
+  auto stale =
+      client_->DeleteIf({{key, Compare::Target::kModRevision, (*seen)->mod_revision}}, key);
+  ASSERT_TRUE(stale.ok()) << stale.status().message();
+  EXPECT_FALSE(*stale);
+  auto kept = client_->Get(key);
+  ASSERT_TRUE(kept.ok() && kept->has_value()) << "a key written since was deleted";
+  EXPECT_EQ((*kept)->value, "second");
+  auto current =
+      client_->DeleteIf({{key, Compare::Target::kModRevision, (*kept)->mod_revision}}, key);
+  ASSERT_TRUE(current.ok()) << current.status().message();
+  EXPECT_TRUE(*current);
+  auto gone = client_->Get(key);
+  ASSERT_TRUE(gone.ok());
+  EXPECT_FALSE(gone->has_value());
+}
+
 // Threads add to one counter by compare-and-swap on its mod_revision: no increment is lost.
 TEST_F(EtcdClientTest, CompareAndSwapOnModRevisionLosesNoIncrement) {
   const std::string key = prefix_ + "counter";

@@ -911,6 +911,9 @@ Result<EtcdView> ClusterEtcdStatus(const std::string& dir) {
       }
     } else if (kv.key == keys.Coordinator()) {
       view.coordinator = std::stoi(kv.value);
+    } else if (kv.key.starts_with(keys.SuspectPrefix())) {
+      view.suspected.push_back(
+          static_cast<uint16_t>(std::stoul(kv.key.substr(keys.SuspectPrefix().size()))));
     }
   }
   if (!have_map) {

@@ -134,6 +134,7 @@ struct EtcdView {
   std::vector<uint16_t> alive;  // ids whose alive key exists (their lease is kept alive)
   std::map<uint16_t, uint16_t> mirror_ports;  // by id, from the alive keys (0: none)
   int coordinator = -1;                       // id of the elected coordinator, -1: none
+  std::vector<uint16_t> suspected;  // ids that clients reported gone (P/suspect/<id>), standing
 };
 // Reads it; NotFound if the cluster has no etcd; Unavailable naming the endpoints if etcd does
 // not answer.

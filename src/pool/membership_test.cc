@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -494,6 +496,60 @@ int Coordinator(const std::string& dir) {
   return WaitForView(dir, [](const EtcdView& v) { return v.coordinator >= 0; }).coordinator;
 }
 
+// Reports servers suspected in etcd's keys (as a Pool that lost them does) for as long as it is
+// told to: again every 500 ms, as a client that keeps failing to reach them would, since the
+// coordinator drops a report that stood for seconds on a server that kept its registration
+// (pool/server/coordinator.h "False suspicions").
+class SuspicionReporter {
+ public:
+  explicit SuspicionReporter(const TestCluster& cluster) {
+    ClusterEtcd found = EtcdOf(cluster);
+    etcd_ = std::move(found.client);
+    keys_ = found.keys;
+    if (etcd_) thread_ = std::thread([this] { Run(); });
+  }
+  ~SuspicionReporter() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  // Reports `id` now and on, or withdraws its report.
+  void Set(uint16_t id, bool suspected) {
+    ASSERT_TRUE(etcd_) << "no etcd to report to";
+    std::lock_guard lock(mu_);
+    const std::string key = keys_.Suspect(id);
+    const Status done = suspected ? etcd_->Put(key, "test").status() : etcd_->Delete(key);
+    ASSERT_TRUE(done.ok()) << done.ToString();
+    if (suspected) {
+      ids_.insert(id);
+    } else {
+      ids_.erase(id);
+    }
+  }
+
+ private:
+  void Run() {
+    std::unique_lock lock(mu_);
+    while (!cv_.wait_for(lock, 500ms, [&] { return stop_; })) {
+      for (uint16_t id : ids_) {
+        const Status again = etcd_->Put(keys_.Suspect(id), "test").status();
+        EXPECT_TRUE(again.ok()) << again.ToString();
+      }
+    }
+  }
+
+  std::unique_ptr<coord::EtcdClient> etcd_;
+  coord::MapKeys keys_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;       // guarded by mu_
+  std::set<uint16_t> ids_;  // guarded by mu_
+  std::thread thread_;
+};
+
 // A running cluster as the failover, re-replication and drain tests start it (Start): its
 // server processes, the coordinator they elected, and a client with one 64 B object on each
 // server (Connect).
@@ -501,7 +557,8 @@ struct Running {
   std::unique_ptr<TestCluster> cluster;
   int coordinator = -1;
   std::unique_ptr<Pool> pool;
-  std::vector<GlobalAddress> objects;  // one per server, in id order
+  std::vector<GlobalAddress> objects;           // one per server, in id order
+  std::unique_ptr<SuspicionReporter> reporter;  // made by Suspect; stops before the cluster
 
   const std::string& dir() const { return cluster->dir(); }
   // The cluster's file as it is now (with the servers `cluster add` entered since).
@@ -531,14 +588,11 @@ struct Running {
     ASSERT_GT(pid, 0) << "server " << id << " has no process";
     ASSERT_EQ(kill(pid, SIGKILL), 0);
   }
-  // Reports server `id` suspected in etcd's keys (as a Pool that lost it does), or withdraws
+  // Reports server `id` suspected (and keeps reporting it, SuspicionReporter), or withdraws
   // the report: the coordinator copies nothing to a suspected server.
-  void Suspect(int id, bool suspected) const {
-    auto [etcd, keys] = EtcdOf(*cluster);
-    ASSERT_TRUE(etcd);
-    const std::string key = keys.Suspect(static_cast<uint16_t>(id));
-    const Status done = suspected ? etcd->Put(key, "test").status() : etcd->Delete(key);
-    ASSERT_TRUE(done.ok()) << done.ToString();
+  void Suspect(int id, bool suspected) {
+    if (!reporter) reporter = std::make_unique<SuspicionReporter>(*cluster);
+    ASSERT_NO_FATAL_FAILURE(reporter->Set(static_cast<uint16_t>(id), suspected));
   }
   // Once `writer` is acknowledged on every server, SIGKILLs server `victim`; the writer's
   // client must follow the failover.
@@ -591,6 +645,40 @@ TEST(CoordinatorFailover, ASigkilledPrimaryIsFailedOverByTheCoordinatorAndTheCli
 }
 
 TEST(CoordinatorFailover, ServersInNetworkNamespaces) { KillAPrimary(true); }
+
+// A client's report of a live server (seen in the network soak: an evicted client took its
+// closed connections for server 0's death) is dropped once the server has kept its etcd
+// registration for 2 TTLs + kServeLease + margin (pool/server/coordinator.h "False
+// suspicions"). Here the suspect's backup is SIGKILLed right after the report, so the
+// suspect's region has no backup until re-replication copies it again, which it does only for
+// a server nobody suspects. Before, the report stood for ever: the region kept one copy, and
+// the soak's next fault waited for a backup that never came.
+TEST(CoordinatorFailover, AFalseReportOfALiveServerIsDroppedAndItsRegionCopiedAgain) {
+  constexpr int kServers = 3;
+  LocalClusterOptions o = Options(kServers, 1, /*netns=*/true);
+  o.mirror_slots = 2;
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &r));
+  const int suspect = (r.coordinator + 1) % kServers;
+  const int backup = (suspect + 1) % kServers;  // the suspect's backup, not the coordinator
+  Writer writer(*r.pool, r.objects);
+  {
+    auto [etcd, keys] = EtcdOf(*r.cluster);  // one report, as a Pool makes it
+    ASSERT_TRUE(etcd);
+    ASSERT_TRUE(etcd->Put(keys.Suspect(static_cast<uint16_t>(suspect)), "test").ok());
+  }
+  ASSERT_NO_FATAL_FAILURE(r.KillUnderWriter(backup, &writer));
+  const EtcdView view = WaitForView(r.dir(), [&](const EtcdView& v) {
+    return v.suspected.empty() && !v.map.Find(suspect)->Backups().empty();
+  });
+  EXPECT_TRUE(view.suspected.empty()) << "the report of live server " << suspect << " stands";
+  EXPECT_EQ(view.map.Find(suspect)->served_by, suspect) << view.map.ToJson();
+  EXPECT_FALSE(view.map.Find(suspect)->Backups().empty())
+      << "server " << suspect << "'s region was not copied again: " << view.map.ToJson();
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(20));
+  writer.Stop();
+  writer.CheckIntact();
+}
 
 // SIGKILL of the coordinator (a primary too): another server is elected and fails the dead
 // one over; then a later failure of another server is handled by the new coordinator.

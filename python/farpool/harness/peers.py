@@ -94,10 +94,24 @@ class Cluster:
             raise RuntimeError(f"cluster up {' '.join(self.args)}: {out.stderr.strip()}")
         return os.path.join(self.dir, "cluster.json")
 
-    def __exit__(self, *exc):
-        subprocess.run([str(farpool_bin()), "cluster", "down", "--dir", self.dir],
-                       capture_output=True, text=True)
-        shutil.rmtree(self.dir, ignore_errors=True)
+    def __exit__(self, exc_type, *exc):
+        # The directory goes only once `cluster down` stopped what it names: when the command
+        # fails (the binary being rebuilt, say), the servers may run on and their pids are in
+        # cluster.json; the error says so, and is raised unless another is on its way.
+        try:
+            out = subprocess.run([str(farpool_bin()), "cluster", "down", "--dir", self.dir],
+                                 capture_output=True, text=True)
+            failure = out.stderr.strip() if out.returncode != 0 else ""
+        except OSError as e:
+            failure = str(e)
+        if not failure:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            return
+        message = (f"cluster down --dir {self.dir} failed ({failure[-300:]}); its servers may "
+                   f"still run: the directory is kept, run it again")
+        if exc_type is None:
+            raise RuntimeError(message)
+        print(message, file=sys.stderr)
 
 
 class TcpCluster:

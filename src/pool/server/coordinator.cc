@@ -10,6 +10,7 @@
 
 #include "farpool/cluster.h"
 #include "pool/control_client.h"
+#include "pool/server/mirror.h"
 
 namespace farpool {
 namespace {
@@ -20,9 +21,13 @@ constexpr std::chrono::milliseconds kAskTimeout{400};
 
 }  // namespace
 
+Coordinator::Coordinator(uint16_t self, std::chrono::milliseconds lease_ttl)
+    : self_(self), false_suspicion_(2 * lease_ttl + kServeLease + kLeaseMargin) {}
+
 Result<std::unique_ptr<Coordinator>> Coordinator::Create(uint16_t self,
-                                                         const std::string& secret_file) {
-  std::unique_ptr<Coordinator> c(new Coordinator(self));
+                                                         const std::string& secret_file,
+                                                         std::chrono::milliseconds lease_ttl) {
+  std::unique_ptr<Coordinator> c(new Coordinator(self, lease_ttl));
   if (!secret_file.empty()) {
     FARPOOL_ASSIGN_OR_RETURN(c->secret_, transport::ClusterSecret::Read(secret_file));
   }
@@ -148,6 +153,7 @@ bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys, int6
     copying_.clear();
     failing_.clear();
     told_.clear();
+    suspicions_.clear();
   }
   term_ = term;
   auto log_once = [&](const std::string& message) { LogOnce(message); };
@@ -156,6 +162,8 @@ bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys, int6
   std::optional<coord::KeyValue> map_kv;
   std::set<uint16_t> alive, suspected;
   std::map<uint16_t, uint16_t> mirror_ports;
+  std::map<uint16_t, int64_t> registrations;    // alive keys' create_revisions
+  std::map<uint16_t, coord::KeyValue> reports;  // the suspicion keys
   for (const coord::KeyValue& kv : all->kvs) {
     auto id_after = [&](const std::string& prefix) {
       return static_cast<uint16_t>(std::stoul(kv.key.substr(prefix.size())));
@@ -165,18 +173,22 @@ bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys, int6
     } else if (kv.key.starts_with(keys.AlivePrefix())) {
       const uint16_t id = id_after(keys.AlivePrefix());
       alive.insert(id);
+      registrations[id] = kv.create_revision;
       auto value = nlohmann::json::parse(kv.value, nullptr, /*allow_exceptions=*/false);
       if (value.is_object() && value.contains("mirror_port") &&
           value["mirror_port"].is_number_unsigned()) {
         mirror_ports[id] = value["mirror_port"].get<uint16_t>();
       }
     } else if (kv.key.starts_with(keys.SuspectPrefix())) {
-      suspected.insert(id_after(keys.SuspectPrefix()));
+      const uint16_t id = id_after(keys.SuspectPrefix());
+      suspected.insert(id);
+      reports[id] = kv;
     }
   }
   if (!map_kv) return log_once("no cluster map at " + keys.Map()), false;
   auto map = coord::ClusterMap::Parse(map_kv->value, keys.Map());
   if (!map.ok()) return log_once(map.status().message()), false;
+  DropFalseSuspicions(etcd, keys, registrations, reports, &suspected);
   std::erase_if(failing_, [&](const auto& f) {
     return alive.contains(f.first) && !suspected.contains(f.first);
   });
@@ -298,6 +310,47 @@ bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys, int6
   std::erase_if(mirror_ports, [&](const auto& m) { return suspected.contains(m.first); });
   OpenAhead(*map, mirror_ports);
   return changed;
+}
+
+void Coordinator::DropFalseSuspicions(coord::EtcdClient& etcd, const coord::MapKeys& keys,
+                                      const std::map<uint16_t, int64_t>& registrations,
+                                      const std::map<uint16_t, coord::KeyValue>& reports,
+                                      std::set<uint16_t>* suspected) {
+  const auto now = std::chrono::steady_clock::now();
+  std::erase_if(suspicions_, [&](const auto& s) { return !reports.contains(s.first); });
+  for (const auto& [x, report] : reports) {
+    auto registered = registrations.find(x);
+    if (registered == registrations.end()) {
+      suspicions_.erase(x);  // not registered: the failover's to judge, not this
+      continue;
+    }
+    const Suspicion judged{report.mod_revision, registered->second, now};
+    auto [seen, fresh] = suspicions_.try_emplace(x, judged);
+    if (!fresh && (seen->second.report != judged.report ||
+                   seen->second.registration != judged.registration)) {
+      seen->second = judged;  // reported again, or registered anew: the wait starts again
+    }
+    const auto stood = now - seen->second.since;
+    if (stood < false_suspicion_) continue;
+    auto dropped = etcd.DeleteIf(
+        {{keys.Suspect(x), coord::Compare::Target::kModRevision, report.mod_revision}},
+        keys.Suspect(x));
+    if (!dropped.ok()) {
+      LogOnce("dropping the suspicion of server " + std::to_string(x) + ": " +
+              dropped.status().message());
+      continue;
+    }
+    suspicions_.erase(x);
+    if (!*dropped) continue;  // reported again meanwhile: judged afresh next tick
+    suspected->erase(x);
+    std::printf(
+        "farpool coordinator %u: server %u, reported gone by a client (pid %s), has kept its "
+        "etcd registration for %lld ms since: the report was false and is dropped\n",
+        self_, x, report.value.c_str(),
+        static_cast<long long>(
+            std::chrono::duration_cast<std::chrono::milliseconds>(stood).count()));
+    std::fflush(stdout);
+  }
 }
 
 Result<wire::BackupReply> Coordinator::AskBackup(const coord::MapServer& primary,

@@ -19,6 +19,16 @@
 // suspicion is deleted once its server serves nothing. Clients follow the epoch (pool.cc,
 // Pool's monitor).
 //
+// False suspicions (decision, docs/pool.md "Suspicions of live servers"): a client that lost its
+// connections (evicted, or a broken link of its own) reports a server that is alive. Such a
+// suspicion would stand for ever: the server's region is never copied again (a suspected
+// server serves no copy) and gets no copies of others. A dead or stopped server loses its etcd
+// lease within the TTL, and its backup promotes once its serving lease lapses (kServeLease), so
+// a suspicion of a server that has kept one registration (its alive key's create_revision)
+// for 2 TTLs + kServeLease + kLeaseMargin since this coordinator first saw the report (its
+// mod_revision: a client that reports again starts the wait afresh) was false: the
+// coordinator deletes it (a txn on that mod_revision) and logs it with the reporter's pid.
+//
 // Re-replication (docs/pool.md "Re-replication", "Replication with f backups"): in a round
 // without a failover, every region served with fewer than f = replicas backups (a backup
 // failed, or it is served from a promoted slot) gets one more where a live server that keeps
@@ -89,8 +99,10 @@ class Coordinator {
   // coord/membership.h "Dead peers"). A client whose random tag is the same only causes probes.
   static constexpr uint32_t kConnectionTag = 0xc00d;
 
-  // `secret_file` empty: the servers have no secret.
-  static Result<std::unique_ptr<Coordinator>> Create(uint16_t self, const std::string& secret_file);
+  // `secret_file` empty: the servers have no secret. `lease_ttl`: the servers' etcd lease
+  // (coord::Membership::Options::ttl), on which the judgement of suspicions rests.
+  static Result<std::unique_ptr<Coordinator>> Create(uint16_t self, const std::string& secret_file,
+                                                     std::chrono::milliseconds lease_ttl);
 
   // One round; errors are logged and retried next round, not returned (the coordinator keeps
   // coordinating). Returns whether a failover completed this round. `term`: the
@@ -98,7 +110,14 @@ class Coordinator {
   bool Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys, int64_t term);
 
  private:
-  explicit Coordinator(uint16_t self) : self_(self) {}
+  Coordinator(uint16_t self, std::chrono::milliseconds lease_ttl);
+  // Deletes the suspicions (`reports`, by server id) of servers that have kept their
+  // registration (`registrations`: alive keys' create_revisions) for false_suspicion_ since this
+  // coordinator first saw the report (see the header), and takes them out of `suspected`.
+  void DropFalseSuspicions(coord::EtcdClient& etcd, const coord::MapKeys& keys,
+                           const std::map<uint16_t, int64_t>& registrations,
+                           const std::map<uint16_t, coord::KeyValue>& reports,
+                           std::set<uint16_t>* suspected);
   // A connection to server `to` on `port`, the hello said.
   Result<std::unique_ptr<control::Connection>> Open(const coord::MapServer& to,
                                                     uint16_t port) const;
@@ -151,6 +170,8 @@ class Coordinator {
   }
 
   const uint16_t self_;
+  // How long a suspicion of a server that keeps its registration stands (see the header).
+  const std::chrono::milliseconds false_suspicion_;
   std::optional<transport::ClusterSecret> secret_;
   std::string last_error_;  // not repeated in the log every tick
   int64_t term_ = 0;        // Tick's `term`
@@ -164,6 +185,14 @@ class Coordinator {
   // Lost servers whose failover has not landed yet: when this coordinator first tried it, and
   // how many "not yet" its backup answered since (for the log line of the failover).
   std::map<uint16_t, std::pair<std::chrono::steady_clock::time_point, int>> failing_;
+  // The suspicions of registered servers, by server id: the report's mod_revision and the
+  // registration's create_revision this coordinator judges, and when it first saw them.
+  struct Suspicion {
+    int64_t report = 0;
+    int64_t registration = 0;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::map<uint16_t, Suspicion> suspicions_;
 };
 
 }  // namespace farpool
