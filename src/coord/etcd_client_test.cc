@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -179,6 +180,21 @@ TEST_F(EtcdClientTest, EtcdsErrorsNameTheEndpointAndTheCall) {
   EXPECT_EQ(put.status().code(), StatusCode::kNotFound);
   EXPECT_EQ(put.status().message(),
             "etcd " + etcd_->endpoint + ": /v3/kv/put: etcdserver: requested lease not found");
+}
+
+// FreePort's ports lie below the kernel's ephemeral range, from which outgoing connections take
+// their local ports, so a member restarted on its ports finds them free (a restart on a port
+// from that range failed with "address already in use" under load).
+TEST(FreePortTest, PortsLieBelowTheEphemeralRange) {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0;
+  ASSERT_TRUE(range >> low) << "no ip_local_port_range";
+  for (int i = 0; i < 50; ++i) {
+    auto port = FreePort("127.0.0.1");
+    ASSERT_TRUE(port.ok()) << port.status().ToString();
+    EXPECT_LT(*port, low);
+    EXPECT_GE(*port, 1024);
+  }
 }
 
 TEST_F(EtcdClientTest, AnUnreachableEndpointIsNamedAndTheNextOneIsTried) {

@@ -5,7 +5,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -14,23 +17,51 @@
 
 namespace farpool::coord {
 
+namespace {
+
+// The first port of the kernel's ephemeral range (net.ipv4.ip_local_port_range), from which
+// outgoing connections take their local ports; 32768 (Linux's default) if it cannot be read.
+uint16_t EphemeralLow() {
+  std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+  unsigned low = 32768, high = 60999;
+  if (f != nullptr) {
+    if (std::fscanf(f, "%u %u", &low, &high) != 2) low = 32768;
+    std::fclose(f);
+  }
+  return static_cast<uint16_t>(std::clamp(low, 1025u, 65535u));
+}
+
+}  // namespace
+
 Result<uint16_t> FreePort(const std::string& host) {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
     return Status::InvalidArgument("etcd: '" + host + "' is not an IPv4 address");
   }
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return Status::IoError(std::string("socket: ") + strerror(errno));
-  socklen_t len = sizeof(addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    const int e = errno;
+  // Below the ephemeral range: a port there is taken only by a bind, never as the local port of
+  // some process's outgoing connection, so the member restarts on it (RestartClusterEtcd; a
+  // restart failed with "address already in use" while clients connected elsewhere).
+  const uint16_t high = EphemeralLow();
+  const uint16_t low = static_cast<uint16_t>(std::max(1024, high / 2));
+  const uint16_t span = static_cast<uint16_t>(high - low);
+  const uint16_t start = static_cast<uint16_t>(
+      (static_cast<uint32_t>(getpid()) * 2654435761u +
+       static_cast<uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count())) %
+      span);
+  int last_error = EADDRINUSE;
+  for (uint16_t i = 0; i < span; ++i) {
+    addr.sin_port = htons(static_cast<uint16_t>(low + (start + i) % span));
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return Status::IoError(std::string("socket: ") + strerror(errno));
+    const bool bound = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    last_error = errno;
     close(fd);
-    return Status::IoError("etcd: no free port on " + host + ": " + strerror(e));
+    if (bound) return ntohs(addr.sin_port);
+    if (last_error != EADDRINUSE) break;
   }
-  close(fd);
-  return ntohs(addr.sin_port);
+  return Status::IoError("etcd: no free port on " + host + " in " + std::to_string(low) + "-" +
+                         std::to_string(high - 1) + ": " + strerror(last_error));
 }
 
 Result<EtcdProcess> StartEtcd(const EtcdProcessOptions& o) {

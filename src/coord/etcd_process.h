@@ -41,8 +41,10 @@ struct EtcdProcess {
 
 Result<EtcdProcess> StartEtcd(const EtcdProcessOptions& options);
 
-// A TCP port that nothing listens on at `host` now (bound, read, closed: another process may
-// take it before the caller does; etcd then fails to start and says so in its log).
+// A TCP port that nothing is bound to at `host` now, below the kernel's ephemeral range
+// (bound, closed: another process may bind it before the caller does; etcd then fails to start
+// and says so in its log), so that no outgoing connection takes it as its local port and a
+// restarted member finds it free.
 Result<uint16_t> FreePort(const std::string& host);
 
 }  // namespace farpool::coord
