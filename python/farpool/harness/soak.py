@@ -55,7 +55,8 @@ Pass, per workload:
 Output: one JSON line per workload appended to OUT (bench/results/soak.jsonl by default: git
 sha, host, load average, options, the memory timelines, the bounds, the verdict); exit status 1
 if any workload failed. A failed workload keeps its cluster's logs (server-N.log, etcd.log) and
-the bench's stderr in DIR/soak-WORKLOAD-PID-logs (DIR: --dir, else the temporary directory).
+the bench's stderr in DIR/soak-WORKLOAD-PID-logs (DIR: --dir, else the temporary directory);
+with --keep-logs one that passed too.
 
   python3 -m farpool.harness.soak --seconds 600          # make soak (SOAK_SECONDS overrides)
   python3 -m farpool.harness.soak --seconds 1200 --transport tcp --netns --servers 3 \
@@ -464,6 +465,7 @@ def soak_one(workload: str, seconds: float, args: argparse.Namespace) -> dict:
            "threads": args.threads, "interval_s": args.interval,
            "warmup_fraction": args.warmup, "seed": args.seed, "transport": args.transport,
            "netns": args.netns, "replicas": args.replicas, "faults_every_s": args.faults,
+           "fault_kinds": args.fault_kinds if args.faults else None,
            "binary": str(farpool_bin()), "loadavg_start": os.getloadavg()}
     timeline: list[tuple[float, int]] = []
     rss: dict[str, list[tuple[float, dict]]] = {}
@@ -471,9 +473,16 @@ def soak_one(workload: str, seconds: float, args: argparse.Namespace) -> dict:
     etcd_revisions: list[tuple[float, int, int]] = []  # (t, revision, keys)
     max_servers = args.servers
     faults = None
+    # With f ≥ 2 backups the first servers need room beyond `cluster up`'s f + 1 slots: a region
+    # of an added server needs f backups on f *other* servers, and re-replication, greedy,
+    # filled the first servers' slots with the failed-over regions' copies, so the added
+    # server's region kept 1 of 2 backups and every later fault waited for good (see Faults).
+    extra = (("--mirror-slots", str(2 * (args.replicas + 1)))
+             if args.faults and args.replicas >= 2 else ())
+    row["cluster_up_extra"] = list(extra)
     cluster = Cluster(servers=args.servers, memory=args.memory, transport=args.transport,
                       netns=args.netns, replicas=args.replicas, parent=args.dir,
-                      progress="event" if args.transport != "shm" else None)
+                      progress="event" if args.transport != "shm" else None, extra=extra)
     with cluster as cluster_file:
         cluster_dir = str(Path(cluster_file).parent)
         # The cluster's etcd, if its file names one.
@@ -624,7 +633,7 @@ def soak_one(workload: str, seconds: float, args: argparse.Namespace) -> dict:
         failures.append(f"invariant: {row['verify']}")
     row["ok"] = not failures
     row["failures"] = failures
-    if failures:
+    if failures or args.keep_logs:
         row["logs"] = str(logs)
     else:
         shutil.rmtree(logs, ignore_errors=True)
@@ -657,6 +666,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--dir", default=None,
                    help="where the clusters' directories go (default: the temporary directory)")
+    p.add_argument("--keep-logs", action="store_true",
+                   help="keep the logs of a workload that passed too (what became of a fault's "
+                        "victims is in the servers' and the bench's logs)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "soak.jsonl"))
     args = p.parse_args(argv)
     if args.faults and args.replicas < 1:
