@@ -197,6 +197,9 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
             current = owned.get();
             continue;
           }
+          // Why the thread ends is the new session's failure (a server this process took for
+          // gone and nobody failed over), not only the transaction's that led to it.
+          r = fresh.status().WithContext("opening a new session after \"" + r.ToString() + "\"");
         }
         if (!r.ok()) {
           st.status = r;

@@ -84,3 +84,28 @@ def test_soak_network_with_kills(tmp_path):
     judged = {n for n, v in row["processes"].items() if v["judged"]}
     assert {"etcd", "bench"} <= judged and any(n.startswith("server ") for n in judged) and \
         any(n.startswith("client ") for n in judged), judged
+
+
+@pytest.mark.skipif(not farpool_bin().exists(), reason="no farpool binary (build it first)")
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+def test_soak_network_with_stops_and_etcd(tmp_path):
+    out = tmp_path / "soak_faults.jsonl"
+    # As above, with the other kinds of fault in turn from t = 15 s: a primary SIGSTOPped for
+    # 1.5-4 s, a client process SIGSTOPped past its session lease, etcd SIGKILLed and started
+    # again, then (time permitting) the coordinator stopped (docs/pool.md "Soak with more kinds
+    # of fault"): the clients but the stopped one finish, the invariant holds.
+    rc = soak.main(["--seconds", "50", "--workloads", "bank", "--transport", "tcp", "--netns",
+                    "--servers", "3", "--replicas", "1", "--memory", "64MiB", "--faults", "10",
+                    "--fault-kinds", "stop,client-stop,etcd", "--clients", "3",
+                    "--interval", "2", "--warmup", "0.3", "--dir", str(tmp_path),
+                    "--out", str(out)])
+    row = json.loads(out.read_text().splitlines()[-1])
+    assert row["ok"] and rc == 0, f"soak failed: {row['failures']}"
+    kinds = [e["kind"] for e in row["faults"]]
+    assert kinds[:3] == ["stop", "client-stop", "etcd"], row["faults"]
+    assert row["verify"] == "ok"
+    stopped = row["faults"][1]
+    # The stopped client was fenced and said so (or nobody needed to fence it); no other failed.
+    assert stopped["outcome"] == "finished" or stopped["outcome"].startswith("failed"), stopped
+    assert {c["pid"] for c in row.get("clients_failed") or []} <= {stopped["pid"]}
+    assert row["faults"][2]["restart"].startswith("cluster restart-etcd"), row["faults"][2]
