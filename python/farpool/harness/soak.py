@@ -262,8 +262,9 @@ class Faults:
     Each failover leaves the lost server's region served from a slot for good (a region never
     moves back to a server's own part), so the copies to keep grow by f + 1 per server fault
     while the live servers stay as many: the k-th added server gets (f + 1) × (k + 2) mirror
-    slots (a slot costs memory only once it holds a copy). Runs from the sampling loop (`tick`), one step at
-    a time; SIGCONTs and etcd's restart run on timers (`_Later`), or at `finish`."""
+    slots (a slot costs memory only once it holds a copy). Runs from the sampling loop
+    (`tick`), one step at a time; SIGCONTs and etcd's restart run on timers (`_Later`), or at
+    `finish`."""
 
     def __init__(self, cluster_dir: str, cluster_file: str, every: float, start: float,
                  replicas: int, kinds: list[str], seed: int, bench_pid: int):
