@@ -307,11 +307,6 @@ Command RegisterCluster(CLI::App& app) {
       "its region is first copied to a free mirror slot of another server (--transport tcp)");
   drain->add_option("--dir", args->dir, "Cluster directory")->required();
   drain->add_option("ID", args->drain_id, "The server to drain")->required();
-  CLI::App* restart_etcd = sub->add_subcommand(
-      "restart-etcd",
-      "Start the cluster's own etcd again on its data directory and ports, after it died "
-      "(the soak's etcd fault); the servers' keepalives resume");
-  restart_etcd->add_option("--dir", args->dir, "Cluster directory")->required();
   CLI::App* status = sub->add_subcommand("status", "Show every server's state");
   status->add_option("--dir", args->dir, "Cluster directory")->required();
   status->add_flag("--json", args->json, "Print JSON");
@@ -326,6 +321,11 @@ Command RegisterCluster(CLI::App& app) {
   pool_add->add_option("--dir", args->dir, "Cluster directory")->required();
   pool_add->add_option("name", args->pool, "The pool's name (letters, digits, '-', '_')")
       ->required();
+  CLI::App* restart_etcd = sub->add_subcommand(
+      "restart-etcd",
+      "Start the cluster's own etcd again on its data directory and ports, after it died "
+      "(the soak's etcd fault); the servers' keepalives resume");
+  restart_etcd->add_option("--dir", args->dir, "Cluster directory")->required();
   return {sub, [args, up, add, add_memory, drain, restart_etcd, status, down, pool_add] {
             if (up->parsed()) return Up(*args);
             if (add->parsed()) return Add(*args, add_memory->count() > 0);
@@ -334,7 +334,7 @@ Command RegisterCluster(CLI::App& app) {
             if (status->parsed()) return ShowStatus(*args);
             if (down->parsed()) return Down(*args);
             if (pool_add->parsed()) return AddPoolCommand(*args);
-            return Fail("cluster: expected up, add, drain, restart-etcd, status, down or pool add");
+            return Fail("cluster: expected up, add, drain, status, down, pool add or restart-etcd");
           }};
 }
 
