@@ -14,6 +14,8 @@ before branch `soakfaults` (FAILMAIN)."""
 
 import json
 import os
+import subprocess
+import time
 
 import pytest
 
@@ -51,6 +53,32 @@ def test_process_growth_after_warmup_fails_and_names_it():
 def test_no_sample_after_warmup_fails():
     assert "no memory sample after the warm-up" in soak.judge_memory([(0.0, 1)], 60.0, 0.2, 1,
                                                                       2)["failure"]
+
+
+def test_client_stop_leaves_a_client_never_stopped(tmp_path):
+    # A process group like the bench's: a parent and two client processes. The first
+    # client-stop stops one of them (and resumes it at finish); the second finds one client
+    # never stopped and skips (None): a bench whose every client was fenced reports nothing.
+    # (It stopped the second client too when the rule counted clients not stopped at all:
+    # the exploratory run with 2 clients ended "every client process failed".)
+    bench = subprocess.Popen(["bash", "-c", "sleep 60 & sleep 60 & wait"], process_group=0)
+    try:
+        while len(soak.process_group(bench.pid)) < 3:
+            time.sleep(0.01)
+        faults = soak.Faults(str(tmp_path), str(tmp_path / "cluster.json"), 10, 0, 1,
+                             ["client-stop"], 1, bench.pid)
+        first = {"kind": "client-stop"}
+        assert faults._client_stop(first) is True
+        assert first["pid"] in soak.process_group(bench.pid) and first["pid"] != bench.pid
+        faults.events.append(first)
+        second = {"kind": "client-stop"}
+        assert faults._client_stop(second) is None, second
+        assert "1 client processes stopped, 1 never" in second["what"]
+        faults.finish()
+        assert first["t_cont"] >= 0
+    finally:
+        os.killpg(bench.pid, 9)
+        bench.wait()
 
 
 @pytest.mark.skipif(not farpool_bin().exists(), reason="no farpool binary (build it first)")
