@@ -120,8 +120,18 @@ def proc_memory(pid: int) -> dict | None:
     return out if "RssAnon" in out else None  # a zombie has no memory lines
 
 
+def proc_state(pid: int) -> str | None:
+    """The state letter of `pid` from /proc/PID/stat (R, S, D, T stopped, Z zombie, ...); None
+    if it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def process_group(pgid: int) -> list[int]:
-    """The processes of process group `pgid` (the bench and its client processes)."""
+    """The processes of process group `pgid` (the bench and its client processes), zombies
+    included (a client that failed stays one until the bench reaps it at the end)."""
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -215,6 +225,7 @@ FAULT_KINDS = ("kill", "stop", "client-stop", "etcd")
 SERVER_STOP_S = (1.5, 4.0)  # past a server's etcd lease (2 s) and serving lease (1 s)
 CLIENT_STOP_S = (5.0, 8.0)  # past the database's session lease (2 s) + margin (0.5 s), with room
 #                             for the others' maintenance pass to judge it (docs/database.md)
+STOP_CONFIRM_S = 2.0  # a SIGSTOPped process must show state T within this
 ETCD_DOWN_S = 2.0  # etcd dead this long before it is started again on its data
 
 
@@ -326,6 +337,8 @@ class Faults:
             self.turn += 1
             return
         if not done:
+            if "what" in event:
+                log(f"soak faults: t={t:6.1f}s {kind} not done, tried again: {event['what']}")
             return
         log(f"soak faults: t={t:6.1f}s {event['what']}")
         self.turn += 1
@@ -350,33 +363,48 @@ class Faults:
             victim, role = primaries[self.server_faults % len(primaries)], "primary"
         pid = pids[victim]
         event |= {"server": victim, "pid": pid, "role": role}
-        self.server_faults += 1
         if event["kind"] == "kill":
             os.kill(pid, signal.SIGKILL)
             event["what"] = f"SIGKILL server {victim} ({role}, pid {pid})"
-        else:
-            self._stop(event, pid, SERVER_STOP_S, f"server {victim} ({role}, pid {pid})")
+        elif not self._stop(event, pid, SERVER_STOP_S, f"server {victim} ({role}, pid {pid})"):
+            return False
+        self.server_faults += 1
         return True
 
     def _client_stop(self, event: dict) -> bool | None:
-        """A client process not stopped before, as long as another one never stopped remains
-        (its threads carry the run on: a bench whose every client failed reports nothing);
-        None when there is none."""
+        """A live client process not stopped before, as long as another live one never stopped
+        remains (its threads carry the run on: a bench whose every client failed reports
+        nothing); None when there is none. Live: not a zombie (a client that failed stays one
+        until the end, and SIGSTOP on it would "succeed" while its own failure passed as the
+        stop's victim) nor stopped. False (tried again at the next tick) if it did not stop."""
         stopped = {e["pid"] for e in self.events if e["kind"] == "client-stop"}
         clients = sorted(p for p in process_group(self.bench_pid)
-                         if p != self.bench_pid and p not in stopped)
+                         if p != self.bench_pid and p not in stopped
+                         and proc_state(p) not in (None, "Z", "T"))
         if len(clients) < 2:
-            event["what"] = f"{len(stopped)} client processes stopped, {len(clients)} never"
+            event["what"] = (f"{len(stopped)} client processes stopped, {len(clients)} live "
+                             "ones never")
             return None
         pid = self.rng.choice(clients)
         event["pid"] = pid
-        self._stop(event, pid, CLIENT_STOP_S, f"client process {pid}")
-        return True
+        return self._stop(event, pid, CLIENT_STOP_S, f"client process {pid}")
 
-    def _stop(self, event: dict, pid: int, span: tuple[float, float], name: str) -> None:
-        """SIGSTOP `pid` now, SIGCONT after a random time in `span`."""
+    def _stop(self, event: dict, pid: int, span: tuple[float, float], name: str) -> bool:
+        """SIGSTOP `pid` now, SIGCONT after a random time in `span`. False if it is not stopped
+        (state T) within STOP_CONFIRM_S of the signal (it exited, or became a zombie): then
+        no stop happened (a SIGCONT goes after it in case it stops late)."""
         stop_s = round(self.rng.uniform(*span), 2)
         os.kill(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + STOP_CONFIRM_S
+        while proc_state(pid) != "T":
+            if time.monotonic() > deadline:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+                event["what"] = f"SIGSTOP {name}: not stopped (state {proc_state(pid)})"
+                return False
+            time.sleep(0.01)
         event |= {"stop_s": stop_s, "what": f"SIGSTOP {name} for {stop_s} s"}
 
         def resume() -> None:
@@ -387,6 +415,7 @@ class Faults:
             event["t_cont"] = self.now()
             log(f"soak faults: t={event['t_cont']:6.1f}s SIGCONT {name}")
         self.later.append(_Later(stop_s, resume))
+        return True
 
     def _etcd(self, event: dict) -> bool:
         pid = int(json.loads(Path(self.file).read_text()).get("etcd", {}).get("pid", 0))

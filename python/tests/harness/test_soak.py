@@ -15,6 +15,7 @@ before branch `soakfaults` (FAILMAIN)."""
 import json
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -73,9 +74,72 @@ def test_client_stop_leaves_a_client_never_stopped(tmp_path):
         faults.events.append(first)
         second = {"kind": "client-stop"}
         assert faults._client_stop(second) is None, second
-        assert "1 client processes stopped, 1 never" in second["what"]
+        assert "1 client processes stopped, 1 live ones never" in second["what"]
         faults.finish()
         assert first["t_cont"] >= 0
+    finally:
+        os.killpg(bench.pid, 9)
+        bench.wait()
+
+
+# A parent that never reaps its children, like the bench until its clients end: the first
+# child exits at once (a zombie, like a client that failed early), the others sleep.
+_PARENT_OF_A_ZOMBIE = """
+import os, sys, time
+for i in range(int(sys.argv[1])):
+    if os.fork() == 0:
+        if i > 0:
+            time.sleep(60)
+        os._exit(3)
+time.sleep(60)
+"""
+
+
+def _group_with_a_zombie(live: int) -> subprocess.Popen:
+    bench = subprocess.Popen([sys.executable, "-c", _PARENT_OF_A_ZOMBIE, str(live + 1)],
+                             process_group=0)
+    while sorted(soak.proc_state(p) == "Z" for p in soak.process_group(bench.pid)
+                 if p != bench.pid) != [False] * live + [True]:
+        time.sleep(0.01)
+    return bench
+
+
+def test_client_stop_skips_a_failed_client(tmp_path):
+    # One live client and one that failed (a zombie): no client-stop, since stopping the live
+    # one would leave none to carry the run, and the zombie is no victim — SIGSTOP on it
+    # "succeeds" and does nothing, and judge then took its own failure for the stop's. (It
+    # stopped one of the two when zombies counted as clients; _stop on the zombie returned
+    # without saying it did not stop.)
+    bench = _group_with_a_zombie(1)
+    try:
+        zombie = next(p for p in soak.process_group(bench.pid) if soak.proc_state(p) == "Z")
+        faults = soak.Faults(str(tmp_path), str(tmp_path / "cluster.json"), 10, 0, 1,
+                             ["client-stop"], 1, bench.pid)
+        event = {"kind": "client-stop"}
+        assert faults._client_stop(event) is None, event
+        assert "0 client processes stopped, 1 live ones never" in event["what"]
+        event = {"kind": "client-stop"}
+        assert faults._stop(event, zombie, soak.CLIENT_STOP_S, "the zombie") is False, event
+        assert "not stopped (state Z)" in event["what"] and not faults.later
+    finally:
+        os.killpg(bench.pid, 9)
+        bench.wait()
+
+
+def test_client_stop_stops_a_live_client(tmp_path):
+    # Two live clients and a zombie: whichever the seed picks, it is a live one and it is
+    # stopped (state T) until finish() resumes it.
+    bench = _group_with_a_zombie(2)
+    try:
+        faults = soak.Faults(str(tmp_path), str(tmp_path / "cluster.json"), 10, 0, 1,
+                             ["client-stop"], 1, bench.pid)
+        for seed in range(8):
+            faults.rng.seed(seed)
+            event = {"kind": "client-stop"}
+            assert faults._client_stop(event) is True, event
+            assert soak.proc_state(event["pid"]) == "T"
+            faults.finish()
+            assert soak.proc_state(event["pid"]) != "T"
     finally:
         os.killpg(bench.pid, 9)
         bench.wait()
