@@ -231,21 +231,32 @@ ETCD_DOWN_S = 2.0  # etcd dead this long before it is started again on its data
 
 class _Later:
     """`fn` run once, `delay` seconds from now on a timer thread, or at once by `now()` (the
-    run ended first): a SIGCONT or etcd's restart must happen even if the bench ended early."""
+    run ended first): a SIGCONT or etcd's restart must happen even if the bench ended early.
+    Thread-safe; `now()` returns once `fn` has returned, whoever runs it (an etcd restart the
+    timer began must be over before the cluster goes down, and its result judged)."""
 
     def __init__(self, delay: float, fn):
-        self._fn, self._lock, self._done = fn, threading.Lock(), False
+        self._fn, self._lock, self._started = fn, threading.Lock(), False
+        self._ran = threading.Event()
         self._timer = threading.Timer(delay, self.now)
         self._timer.daemon = True
         self._timer.start()
 
+    @property
+    def pending(self) -> bool:
+        """`fn` has not returned yet."""
+        return not self._ran.is_set()
+
     def now(self) -> None:
         with self._lock:
-            if self._done:
-                return
-            self._done = True
-        self._timer.cancel()
-        self._fn()
+            first, self._started = not self._started, True
+        if first:
+            self._timer.cancel()
+            try:
+                self._fn()
+            finally:
+                self._ran.set()
+        self._ran.wait()
 
 
 class Faults:
@@ -428,17 +439,21 @@ class Faults:
             # It must be gone before it is started again on the same data and ports.
             while proc_memory(pid) is not None:
                 time.sleep(0.05)
-            out = subprocess.run([str(farpool_bin()), "cluster", "restart-etcd", "--dir",
-                                  self.dir], capture_output=True, text=True, timeout=60)
+            try:
+                out = subprocess.run([str(farpool_bin()), "cluster", "restart-etcd", "--dir",
+                                      self.dir], capture_output=True, text=True, timeout=60)
+                event["restart"] = (out.stdout.strip() if out.returncode == 0 else
+                                    f"failed ({out.returncode}): {out.stderr.strip()[-300:]}")
+            except subprocess.TimeoutExpired:
+                event["restart"] = "failed: cluster restart-etcd did not finish within 60 s"
             event["t_restart"] = self.now()
-            event["restart"] = (out.stdout.strip() if out.returncode == 0 else
-                                f"failed ({out.returncode}): {out.stderr.strip()[-300:]}")
             log(f"soak faults: t={event['t_restart']:6.1f}s {event['restart']}")
         self.later.append(_Later(ETCD_DOWN_S, restart))
         return True
 
     def finish(self) -> None:
-        """Runs the SIGCONTs and etcd's restart still pending (the bench ended first)."""
+        """Runs the SIGCONTs and etcd's restart still pending (the bench ended first), and
+        waits for those a timer already runs."""
         for later in self.later:
             later.now()
 

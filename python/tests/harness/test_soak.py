@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -143,6 +144,30 @@ def test_client_stop_stops_a_live_client(tmp_path):
     finally:
         os.killpg(bench.pid, 9)
         bench.wait()
+
+
+def test_later_now_waits_for_the_timer_running_it():
+    # finish() while the timer thread is inside the callback (an etcd restart takes up to
+    # 60 s) must return only once it has returned: judge reads its result, and the cluster
+    # goes down after it. (now() returned at once when the timer had begun: the thread below
+    # was done while the callback still waited at the gate.)
+    started, gate, ran = threading.Event(), threading.Event(), []
+
+    def fn():
+        started.set()
+        gate.wait()
+        ran.append(1)
+    later = soak._Later(0, fn)
+    started.wait()
+    finisher = threading.Thread(target=later.now)
+    finisher.start()
+    finisher.join(0.5)
+    assert finisher.is_alive() and later.pending
+    gate.set()
+    finisher.join()
+    assert ran == [1] and not later.pending
+    later.now()  # once only
+    assert ran == [1]
 
 
 @pytest.mark.skipif(not farpool_bin().exists(), reason="no farpool binary (build it first)")
