@@ -225,6 +225,10 @@ FAULT_KINDS = ("kill", "stop", "client-stop", "etcd")
 SERVER_STOP_S = (1.5, 4.0)  # past a server's etcd lease (2 s) and serving lease (1 s)
 CLIENT_STOP_S = (5.0, 8.0)  # past the database's session lease (2 s) + margin (0.5 s), with room
 #                             for the others' maintenance pass to judge it (docs/database.md)
+# A stopped server resumed (at the end of the run, at the latest) fences itself within its etcd
+# lease (2 s) + kServeLease (1 s, src/pool/server/mirror.h) after the failover: judge waits
+# twice that for it to exit (or for its region to be its own again) before it fails it.
+SERVER_FENCE_S = 2 * (2.0 + 1.0)
 STOP_CONFIRM_S = 2.0  # a SIGSTOPped process must show state T within this
 ETCD_DOWN_S = 2.0  # etcd dead this long before it is started again on its data
 
@@ -457,39 +461,60 @@ class Faults:
         for later in self.later:
             later.now()
 
+    def _placement(self) -> tuple[dict[int, int] | None, str]:
+        """region -> the server serving it, from `cluster status`; None if it cannot tell."""
+        try:
+            placement = cluster_status(self.dir).get("etcd", {}).get("placement", [])
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            return None, f"cluster status failed: {e}"
+        if not placement:
+            return None, "cluster status has no placement"
+        return {r["id"]: r["served_by"] for r in placement}, ""
+
+    def _judge_stopped(self, server: dict, e: dict, deadline: float) -> list[str]:
+        """A stopped server must have exited (fenced itself) or serve its own region; one
+        resumed late (at finish) gets until `deadline` to get there. Sets e["outcome"]."""
+        sid, pid = server["id"], int(server["pid"])
+        while True:
+            running = proc_memory(pid) is not None
+            placement, why = self._placement() if running else (None, "")
+            moved = placement is not None and placement.get(sid, sid) != sid
+            if not running or (placement is not None and not moved) or \
+                    time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        if not running:
+            e["outcome"] = "exited (fenced itself)"
+        elif moved:
+            e["outcome"] = "runs on, its region moved away"
+            return [f"server {sid} (pid {pid}) was stopped at t={e['t']}s, failed over (its "
+                    f"region is served by {placement[sid]}), and still runs (waited up to "
+                    f"{SERVER_FENCE_S:.0f} s after the run): not fenced"]
+        else:
+            e["outcome"] = "runs on, serving its region"
+        return []
+
     def judge(self, failed_clients: dict[int, dict] | None) -> list[str]:
         """The end of a run with faults: what became of every process, each outcome in its
         event; returns the failures. A server no fault was aimed at must still run; a stopped
         server either exited (it fenced itself once resumed) or runs on serving its own region
-        (its stop was shorter than the failover); a stopped client process either failed (it
-        was fenced: `bench txn` lists it in clients_failed, pid -> entry in `failed_clients`)
-        or finished (nobody needed to fence it); no other client may fail; an etcd restart
-        must have succeeded. `failed_clients` None: the bench reported nothing (its failure
+        (its stop was shorter than the failover), within SERVER_FENCE_S for one resumed at
+        `finish`; a stopped client process either failed (it was fenced: `bench txn` lists it
+        in clients_failed, pid -> entry in `failed_clients`) or finished (nobody needed to
+        fence it); no other client may fail; an etcd restart must have succeeded. `failed_clients` None: the bench reported nothing (its failure
         is the run's)."""
         failures = []
         config = json.loads(Path(self.file).read_text())
-        try:
-            placement = {r["id"]: r["served_by"] for r in
-                         cluster_status(self.dir).get("etcd", {}).get("placement", [])}
-        except (RuntimeError, subprocess.TimeoutExpired):
-            placement = {}
         victims = {e["server"]: e for e in self.events if "server" in e}
+        deadline = time.monotonic() + SERVER_FENCE_S
         for s in config["servers"]:
-            running = s.get("pid") and proc_memory(int(s["pid"])) is not None
             e = victims.get(s["id"])
             if e is None:
-                if not running:
+                if not s.get("pid") or proc_memory(int(s["pid"])) is None:
                     failures.append(f"server {s['id']} (pid {s.get('pid')}) is gone, but no "
                                     "fault was aimed at it")
             elif e["kind"] == "stop":
-                moved = placement.get(s["id"], s["id"]) != s["id"]
-                e["outcome"] = ("exited (fenced itself)" if not running else
-                                "runs on, its region moved away" if moved else
-                                "runs on, serving its region")
-                if running and moved:
-                    failures.append(f"server {s['id']} (pid {s['pid']}) was stopped at "
-                                    f"t={e['t']}s, failed over (its region is served by "
-                                    f"{placement[s['id']]}), and still runs: not fenced")
+                failures += self._judge_stopped(s, e, deadline)
         stopped = {e["pid"] for e in self.events if e["kind"] == "client-stop"}
         for e in self.events:
             if e["kind"] == "client-stop":
