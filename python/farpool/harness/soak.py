@@ -462,7 +462,8 @@ class Faults:
             later.now()
 
     def _placement(self) -> tuple[dict[int, int] | None, str]:
-        """region -> the server serving it, from `cluster status`; None if it cannot tell."""
+        """region -> the server serving it, from `cluster status`; None and why if it cannot
+        tell."""
         try:
             placement = cluster_status(self.dir).get("etcd", {}).get("placement", [])
         except (RuntimeError, subprocess.TimeoutExpired) as e:
@@ -485,6 +486,10 @@ class Faults:
             time.sleep(0.2)
         if not running:
             e["outcome"] = "exited (fenced itself)"
+        elif placement is None:
+            e["outcome"] = f"runs on; cannot judge: {why}"
+            return [f"cannot judge stopped server {sid} (pid {pid}, stopped at t={e['t']}s): "
+                    f"{why}"]
         elif moved:
             e["outcome"] = "runs on, its region moved away"
             return [f"server {sid} (pid {pid}) was stopped at t={e['t']}s, failed over (its "

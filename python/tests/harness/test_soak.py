@@ -171,6 +171,28 @@ def test_later_now_waits_for_the_timer_running_it():
 
 
 @pytest.mark.skipif(not farpool_bin().exists(), reason="no farpool binary (build it first)")
+def test_stopped_server_not_judged_without_placement(tmp_path):
+    # A stopped server that still runs while `cluster status` cannot say who serves its region
+    # (here: no cluster in the directory) is a failure saying so, not "serving its region".
+    # (It passed as serving its region when a failed status counted as an empty placement.)
+    server = subprocess.Popen(["sleep", "60"])
+    try:
+        (tmp_path / "cluster.json").write_text(json.dumps(
+            {"servers": [{"id": 0, "pid": server.pid}]}))
+        faults = soak.Faults(str(tmp_path / "nothing"), str(tmp_path / "cluster.json"), 10, 0,
+                             1, ["stop"], 1, os.getpid())
+        faults.events.append({"kind": "stop", "t": 12.0, "server": 0, "pid": server.pid})
+        failures = faults.judge({})
+        assert len(failures) == 1 and failures[0].startswith(
+            f"cannot judge stopped server 0 (pid {server.pid}, stopped at t=12.0s): "
+            "cluster status failed"), failures
+        assert faults.events[0]["outcome"].startswith("runs on; cannot judge"), faults.events
+    finally:
+        server.kill()
+        server.wait()
+
+
+@pytest.mark.skipif(not farpool_bin().exists(), reason="no farpool binary (build it first)")
 def test_soak_60_seconds(tmp_path):
     out = tmp_path / "soak.jsonl"
     # 30 s per workload: the first half is warm-up (TPC-B's history window and the recyclers'
