@@ -345,8 +345,12 @@ class Faults:
         event = (self.added or {}) | {"t": round(t, 1), "kind": kind,
                                       "waited_for_rereplication_s": round(t - self.waited_since, 1)
                                       if self.waited_since is not None else 0.0}
-        done = (self._server(event, status) if server_fault else
-                self._client_stop(event) if kind == "client-stop" else self._etcd(event))
+        try:
+            done = (self._server(event, status) if server_fault else
+                    self._client_stop(event) if kind == "client-stop" else self._etcd(event))
+        except OSError as e:  # the victim exited under us (ProcessLookupError): next tick
+            log(f"soak faults: t={t:6.1f}s {kind} not done, tried again: {e}")
+            return
         if done is None:  # this kind has no victim left: the next kind's turn
             log(f"soak faults: t={t:6.1f}s {kind} skipped: {event['what']}")
             self.turn += 1
@@ -506,8 +510,8 @@ class Faults:
         (its stop was shorter than the failover), within SERVER_FENCE_S for one resumed at
         `finish`; a stopped client process either failed (it was fenced: `bench txn` lists it
         in clients_failed, pid -> entry in `failed_clients`) or finished (nobody needed to
-        fence it); no other client may fail; an etcd restart must have succeeded. `failed_clients` None: the bench reported nothing (its failure
-        is the run's)."""
+        fence it); no other client may fail; an etcd restart must have succeeded.
+        `failed_clients` None: the bench reported nothing (its failure is the run's)."""
         failures = []
         config = json.loads(Path(self.file).read_text())
         victims = {e["server"]: e for e in self.events if "server" in e}
@@ -581,55 +585,61 @@ def soak_one(workload: str, seconds: float, args: argparse.Namespace) -> dict:
         # on a loaded host, docs/pool.md "Failure detection").
         bench = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  process_group=0)
-        if args.faults:
-            faults = Faults(cluster_dir, cluster_file, args.faults, args.warmup * seconds,
-                            args.replicas, args.fault_kinds.split(","), args.seed, bench.pid)
-        limit = start + seconds + max(60.0, seconds)
-        while bench.poll() is None:
-            now = time.monotonic()
-            t = round(now - start, 1)
-            if now > limit:
-                os.killpg(bench.pid, signal.SIGKILL)
-                row["error"] = (f"bench did not finish within {seconds + max(60.0, seconds):.0f} s "
-                                "(hung or livelocked): killed")
-                break
-            for name, pid in run_processes(cluster_file, bench.pid).items():
-                m = proc_memory(pid)
-                if m is not None:
-                    # A process started again under the same name (etcd after the etcd fault)
-                    # is a series of its own.
-                    if rss.get(name) and rss[name][0][1]["pid"] != pid:
-                        name = f"{name} (pid {pid})"
-                    rss.setdefault(name, []).append((t, m | {"pid": pid}))
-            etcd = etcd_metrics(etcd_endpoint) if etcd_endpoint else None
-            if etcd is not None:
-                etcd_db.append((t, etcd["db_size"]))
-                etcd_revisions.append((t, etcd["revision"], etcd["keys"]))
-            try:
-                status = cluster_status(cluster_dir)
-                used = pool_in_use(status)
-                max_servers = max(max_servers, sum(s["up"] for s in status["servers"]))
-                timeline.append((t, used))
-                anon = {n: s[-1][1]["RssAnon"] for n, s in rss.items() if s[-1][0] == t}
-                log(f"soak {workload}: t={t:6.1f}s pool in use {used / MIB:8.1f} MiB; RssAnon "
-                    + ", ".join(f"{n} {a / MIB:.0f}" for n, a in sorted(anon.items()))
-                    + (f" MiB; etcd db {etcd['db_size'] / MIB:.2f} MiB, revision "
-                       f"{etcd['revision']}" if etcd else " MiB; etcd does not answer"))
-                if faults is not None:
-                    faults.tick(t, status)
-            except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError) as e:
-                log(f"soak {workload}: t={t:6.1f}s cluster status failed: {e}")
-            deadline = time.monotonic() + args.interval
-            while bench.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.1)
-        if faults is not None:
-            faults.finish()
-        # Client processes the bench leaves behind (it died, or was evicted) hold its pipes
-        # open: they go with it, or communicate() would wait for them.
         try:
-            os.killpg(bench.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+            if args.faults:
+                faults = Faults(cluster_dir, cluster_file, args.faults, args.warmup * seconds,
+                                args.replicas, args.fault_kinds.split(","), args.seed, bench.pid)
+            limit = start + seconds + max(60.0, seconds)
+            while bench.poll() is None:
+                now = time.monotonic()
+                t = round(now - start, 1)
+                if now > limit:
+                    os.killpg(bench.pid, signal.SIGKILL)
+                    row["error"] = (f"bench did not finish within "
+                                    f"{seconds + max(60.0, seconds):.0f} s (hung or livelocked): "
+                                    "killed")
+                    break
+                for name, pid in run_processes(cluster_file, bench.pid).items():
+                    m = proc_memory(pid)
+                    if m is not None:
+                        # A process started again under the same name (etcd after the etcd
+                        # fault) is a series of its own.
+                        if rss.get(name) and rss[name][0][1]["pid"] != pid:
+                            name = f"{name} (pid {pid})"
+                        rss.setdefault(name, []).append((t, m | {"pid": pid}))
+                etcd = etcd_metrics(etcd_endpoint) if etcd_endpoint else None
+                if etcd is not None:
+                    etcd_db.append((t, etcd["db_size"]))
+                    etcd_revisions.append((t, etcd["revision"], etcd["keys"]))
+                try:
+                    status = cluster_status(cluster_dir)
+                    used = pool_in_use(status)
+                    max_servers = max(max_servers, sum(s["up"] for s in status["servers"]))
+                    timeline.append((t, used))
+                    anon = {n: s[-1][1]["RssAnon"] for n, s in rss.items() if s[-1][0] == t}
+                    log(f"soak {workload}: t={t:6.1f}s pool in use {used / MIB:8.1f} MiB; "
+                        "RssAnon "
+                        + ", ".join(f"{n} {a / MIB:.0f}" for n, a in sorted(anon.items()))
+                        + (f" MiB; etcd db {etcd['db_size'] / MIB:.2f} MiB, revision "
+                           f"{etcd['revision']}" if etcd else " MiB; etcd does not answer"))
+                    if faults is not None:
+                        faults.tick(t, status)
+                except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError) as e:
+                    log(f"soak {workload}: t={t:6.1f}s cluster status failed: {e}")
+                deadline = time.monotonic() + args.interval
+                while bench.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.1)
+        finally:
+            # Also on an exception: no process stopped or etcd left dead, and no bench left
+            # running, when the cluster goes down. Client processes the bench leaves behind (it
+            # died, or was evicted) hold its pipes open: they go with it, or communicate()
+            # would wait for them.
+            if faults is not None:
+                faults.finish()
+            try:
+                os.killpg(bench.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         out, err = bench.communicate()
         wall = time.monotonic() - start
         # Its JSON, also when it exits 1 only because client processes failed (clients_failed).
