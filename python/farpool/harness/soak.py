@@ -322,7 +322,10 @@ class Faults:
         return round(time.monotonic() - self.start_time, 1)
 
     def tick(self, t: float, status: dict) -> None:
-        if t < self.next_at:
+        """One step of the schedule at `t` s of the run (`status`: `cluster status --json`).
+        Nothing starts (no fault, no `cluster add`) while a SIGCONT or an etcd restart is
+        pending: faults do not overlap."""
+        if t < self.next_at or any(later.pending for later in self.later):
             return
         kind = self.kinds[self.turn % len(self.kinds)]
         server_fault = kind in ("kill", "stop")

@@ -170,6 +170,26 @@ def test_later_now_waits_for_the_timer_running_it():
     assert ran == [1]
 
 
+def test_no_fault_while_a_stop_is_pending(tmp_path):
+    # Faults due back to back (every 0 s): the second waits until the first one's SIGCONT has
+    # run. (It stopped a second client while the first was still stopped.)
+    bench = _group_with_a_zombie(3)
+    status = {"etcd": {"alive": [0], "placement": [{"id": 0, "served_by": 0, "backups": []}]}}
+    try:
+        faults = soak.Faults(str(tmp_path), str(tmp_path / "cluster.json"), 0, 0, 0,
+                             ["client-stop"], 1, bench.pid)
+        faults.tick(0.0, status)
+        faults.tick(0.1, status)
+        assert len(faults.events) == 1 and faults.later[0].pending, faults.events
+        faults.finish()
+        faults.tick(0.2, status)
+        assert len(faults.events) == 2, faults.events
+        faults.finish()
+    finally:
+        os.killpg(bench.pid, 9)
+        bench.wait()
+
+
 @pytest.mark.skipif(not farpool_bin().exists(), reason="no farpool binary (build it first)")
 def test_stopped_server_not_judged_without_placement(tmp_path):
     # A stopped server that still runs while `cluster status` cannot say who serves its region
