@@ -524,6 +524,9 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
   if (o.verify) {
     Status v = Verify(*db, o).WithContext("verify");
     r["verify"] = v.ok() ? "ok" : v.ToString();
+    // No JSON then: the failed client processes are named in the status (they may be why).
+    if (!v.ok() && !clients_failed.empty())
+      return v.WithContext("client processes failed " + clients_failed.dump());
     if (!v.ok()) return v;
   }
   return r;

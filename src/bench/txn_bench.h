@@ -35,7 +35,9 @@
 // pid, how it ended and its error go into clients_failed, the counts are the other clients',
 // and --verify still checks the invariant over what they and recovery left; `farpool bench
 // txn` then prints the JSON and exits 1 naming the failed clients (the soak's client-stop
-// fault expects exactly its stopped client there). Every client failing is an error.
+// fault expects exactly its stopped client there). If --verify fails too, the error is the
+// verify status with the failed clients named in it ("client processes failed [...]: verify:
+// ..."), and no JSON. Every client failing is an error.
 #pragma once
 
 #include <cstdint>
