@@ -222,7 +222,8 @@ def etcd_metrics(endpoint: str) -> dict | None:
 
 
 FAULT_KINDS = ("kill", "stop", "client-stop", "etcd")
-SERVER_STOP_S = (1.5, 4.0)  # past a server's etcd lease (2 s) and serving lease (1 s)
+SERVER_STOP_S = (1.5, 4.0)  # from within a server's etcd lease (2 s) to past it and its serving
+#                            lease (1 s): both outcomes of `judge` are drawn
 CLIENT_STOP_S = (5.0, 8.0)  # past the database's session lease (2 s) + margin (0.5 s), with room
 #                             for the others' maintenance pass to judge it (docs/database.md)
 # A stopped server resumed (at the end of the run, at the latest) fences itself within its etcd
@@ -270,7 +271,7 @@ class Faults:
         coordinator, and the elected coordinator (the order of the server faults, kill and
         stop together).
       * stop: as kill, but SIGSTOP the server for a random SERVER_STOP_S and then SIGCONT:
-        longer than its etcd lease and its serving lease, so it is failed over and, resumed,
+        once longer than its etcd lease and its serving lease it is failed over and, resumed,
         must fence itself (shut down: its region is served by another) rather than serve a
         stale copy. A stop shorter than the failover may find it still serving: either is fine,
         judged at the end (`judge`).
