@@ -14,13 +14,15 @@
 #   make soak-net   the same over TCP, every server in its own network namespace (root), 3
 #                   servers with --replicas 1 (etcd, coordinator, backups); every process's
 #                   private memory bounded too; SOAK_FAULTS=K adds a server and SIGKILLs one
-#                   every K s (bench/results/soak_net.jsonl)
+#                   every K s; SOAK_FAULT_KINDS=kill,stop,client-stop,etcd takes those kinds
+#                   of fault in turn instead (bench/results/soak_net.jsonl)
 #   make format / make lint
 BUILD ?= build
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 SOAK_SECONDS ?= 600
 SOAK_FAULTS ?= 0
+SOAK_FAULT_KINDS ?= kill
 # Python runs from the repository's virtual environment, which `make setup` creates (Debian 12's
 # system python3 refuses `pip install`; see scripts/setup.sh). `. .venv/bin/activate` for a shell.
 VENV := $(CURDIR)/.venv
@@ -87,6 +89,7 @@ soak: build
 soak-net: build
 	FARPOOL_BIN=$(BUILD)/farpool PYTHONPATH=python $(PY) -m farpool.harness.soak --seconds $(SOAK_SECONDS) \
 	  --transport tcp --netns --servers 3 --replicas 1 --faults $(SOAK_FAULTS) \
+	  --fault-kinds $(SOAK_FAULT_KINDS) \
 	  --out bench/results/soak_net.jsonl
 
 format:

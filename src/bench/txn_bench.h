@@ -29,6 +29,15 @@
 // (max_us). Per-transaction counts divide by committed transactions, so they include the work
 // of aborted attempts. Output: one JSON object (TxnBench fields below
 // plus RunContext(), bench/run_context.h).
+//
+// A client process that fails (a process stalled past its session lease is fenced: the others
+// evict it and recover its sessions, and it ends on the refusals) does not end the run: its
+// pid, how it ended and its error go into clients_failed, the counts are the other clients',
+// and --verify still checks the invariant over what they and recovery left; `farpool bench
+// txn` then prints the JSON and exits 1 naming the failed clients (the soak's client-stop
+// fault expects exactly its stopped client there). If --verify fails too, the error is the
+// verify status with the failed clients named in it ("client processes failed [...]: verify:
+// ..."), and no JSON. Every client failing is an error.
 #pragma once
 
 #include <cstdint>

@@ -412,5 +412,39 @@ TEST(Cli, StatusReportsADeadServerAndFails) {
   EXPECT_NE(status.output.find("DOWN"), std::string::npos) << status.output;
 }
 
+// `cluster restart-etcd` (the soak's etcd fault): refused while the cluster's etcd runs, naming
+// it; after its SIGKILL it starts it again on the same data and port, records the new pid, and
+// `cluster status` answers from etcd again (the map and every server's lease: status exits 0
+// only then), the servers having served on meanwhile.
+TEST(Cli, RestartEtcdStartsTheClustersEtcdAgainOnItsData) {
+  LocalClusterOptions o;
+  o.servers = 2;
+  o.memory = 32 << 20;
+  o.progress = ProgressMode::kEvent;
+  o.replicas = 1;
+  TestCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  const auto etcd = static_cast<pid_t>(cluster.config()->etcd.pid);
+  ASSERT_GT(etcd, 0) << "the cluster started no etcd of its own";
+  ExpectFailure("cluster restart-etcd --dir " + cluster.dir(),
+                "the cluster's etcd (pid " + std::to_string(etcd) + ") is still running");
+  ASSERT_EQ(kill(etcd, SIGKILL), 0);
+  while (ProcessRunning(etcd)) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CommandResult restarted = Farpool("cluster restart-etcd --dir " + cluster.dir());
+  ASSERT_EQ(restarted.exit_code, 0) << restarted.output;
+  const auto again = static_cast<pid_t>(cluster.config()->etcd.pid);
+  EXPECT_NE(again, etcd);
+  EXPECT_TRUE(ProcessRunning(again));
+  // The servers' keepalives resume within their retry interval; the deadline only bounds a
+  // broken run.
+  CommandResult status;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  do {
+    status = Farpool("cluster status --dir " + cluster.dir());
+  } while (status.exit_code != 0 && std::chrono::steady_clock::now() < deadline);
+  EXPECT_EQ(status.exit_code, 0) << status.output;
+  EXPECT_NE(status.output.find("alive by lease: 0 1"), std::string::npos) << status.output;
+}  // ~TestCluster: `cluster down` stops the etcd that cluster.json names now
+
 }  // namespace
 }  // namespace farpool

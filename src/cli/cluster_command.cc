@@ -148,6 +148,14 @@ int Drain(const ClusterArgs& a) {
   return 0;
 }
 
+int RestartEtcd(const ClusterArgs& a) {
+  Status s = RestartClusterEtcd(a.dir);
+  if (!s.ok()) return Fail("cluster restart-etcd: " + s.message());
+  std::printf("cluster restart-etcd: the cluster's etcd runs again on its data in %s\n",
+              a.dir.c_str());
+  return 0;
+}
+
 int ShowStatus(const ClusterArgs& a) {
   auto status = ClusterStatus(a.dir);
   if (!status.ok()) return Fail("cluster status: " + status.status().message());
@@ -319,14 +327,20 @@ Command RegisterCluster(CLI::App& app) {
   pool_add->add_option("--dir", args->dir, "Cluster directory")->required();
   pool_add->add_option("name", args->pool, "The pool's name (letters, digits, '-', '_')")
       ->required();
-  return {sub, [args, up, add, add_memory, drain, status, down, pool_add] {
+  CLI::App* restart_etcd = sub->add_subcommand(
+      "restart-etcd",
+      "Start the cluster's own etcd again on its data directory and ports, after it died "
+      "(the soak's etcd fault); the servers' keepalives resume");
+  restart_etcd->add_option("--dir", args->dir, "Cluster directory")->required();
+  return {sub, [args, up, add, add_memory, drain, restart_etcd, status, down, pool_add] {
             if (up->parsed()) return Up(*args);
             if (add->parsed()) return Add(*args, add_memory->count() > 0);
             if (drain->parsed()) return Drain(*args);
+            if (restart_etcd->parsed()) return RestartEtcd(*args);
             if (status->parsed()) return ShowStatus(*args);
             if (down->parsed()) return Down(*args);
             if (pool_add->parsed()) return AddPoolCommand(*args);
-            return Fail("cluster: expected up, add, drain, status, down or pool add");
+            return Fail("cluster: expected up, add, drain, status, down, pool add or restart-etcd");
           }};
 }
 

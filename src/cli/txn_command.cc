@@ -1,6 +1,7 @@
 // `farpool bench txn`: see src/bench/txn_bench.h (and src/workloads/bank.h, tpcb.h).
 #include <cstdio>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "bench/txn_bench.h"
 #include "cli/commands.h"
@@ -17,7 +18,12 @@ int RunTxn(TxnArgs& a) {
   if (!engine.ok()) return Fail("bench txn: " + engine.status().message());
   a.o.engine = *engine;
   auto r = RunTxnBench(a.o);
-  if (!r.ok()) return Fail("bench txn: " + r.status().message());
+  if (!r.ok()) {
+    // A client process tells its parent why, on the pipe its result would have taken.
+    if (a.o.client_id >= 0)
+      std::printf("%s\n", nlohmann::json{{"error", r.status().ToString()}}.dump().c_str());
+    return Fail("bench txn: " + r.status().message());
+  }
   if (a.json || a.o.client_id >= 0) {
     std::printf("%s\n", r->dump().c_str());
   } else {
@@ -39,6 +45,10 @@ int RunTxn(TxnArgs& a) {
                    "they wait instead (docs/database.md \"Locking reads and read committed\")\n",
                    100 * j["abort_rate"].get<double>());
     }
+  }
+  if (r->contains("clients_failed")) {
+    // Reported and verified around, but a run with a failed client is no clean run.
+    return Fail("bench txn: client processes failed: " + (*r)["clients_failed"].dump());
   }
   return 0;
 }

@@ -15,11 +15,14 @@ samples every INTERVAL seconds and prints:
     etcd's database file is mapped (RssFile). What is judged is RssAnon, the private memory: the
     heap, stacks, UCX's buffers — where a leak shows. The size of etcd's database file
     (member/snap/db) is sampled too.
-With --faults K (replicas 1 or more), every K seconds from the end of the warm-up `farpool
-cluster add` starts a server (room for re-replication) and then one memory server is SIGKILLed
-— in turn a primary that is not the coordinator, then the elected coordinator — each step once
-every region has its backups again (re-replication done; a second loss before that loses data
-by design). See `Faults`.
+With --faults K (replicas 1 or more), every K seconds from the end of the warm-up one fault,
+the kinds of --fault-kinds (default kill) in turn: kill (`farpool cluster add` starts a server,
+room for re-replication, then one memory server is SIGKILLed — in turn a primary that is not
+the coordinator, then the elected coordinator), stop (the same, but SIGSTOP for 1.5-4 s, then
+SIGCONT), client-stop (a bench client process SIGSTOPped past its session lease) and etcd
+(etcd SIGKILLed and started again on its data 2 s later) — each step once every region has its
+backups again (re-replication done; a second loss before that loses data by design). What
+became of each victim is judged at the end: see `Faults`.
 
 Pass, per workload:
   * pool memory: let W be the memory in use at the end of the warm-up (the first WARMUP
@@ -40,7 +43,10 @@ Pass, per workload:
     sum(accounts) == sum(tellers) == sum(branches)). TPC-B runs with --history-keep
     HISTORY_KEEP (each thread deletes its history row of HISTORY_KEEP transactions earlier), so
     its live data stays the same size: deleted rows must be reclaimed too.
-  * the bench exits 0: with faults too (a failover is the client's to ride out).
+  * the bench exits 0: with faults too (a failover is the client's to ride out). A client
+    process the bench reports failed (clients_failed) must be one that a client-stop stopped;
+    a server no fault was aimed at must still run at the end, and a stopped one must have
+    exited or still serve its own region (`Faults.judge`).
   * reported, not judged: throughput, abort rate, p50/p99 and the longest wait of any committed
     transaction (max_us); the kills and additions with their times.
   * the bench finishes: within its seconds + max(60 s, its seconds), else it is killed (hung
@@ -49,12 +55,14 @@ Pass, per workload:
 Output: one JSON line per workload appended to OUT (bench/results/soak.jsonl by default: git
 sha, host, load average, options, the memory timelines, the bounds, the verdict); exit status 1
 if any workload failed. A failed workload keeps its cluster's logs (server-N.log, etcd.log) and
-the bench's stderr in DIR/soak-WORKLOAD-PID-logs (DIR: --dir, else the temporary directory).
+the bench's stderr in DIR/soak-WORKLOAD-PID-logs (DIR: --dir, else the temporary directory);
+with --keep-logs one that passed too.
 
   python3 -m farpool.harness.soak --seconds 600          # make soak (SOAK_SECONDS overrides)
   python3 -m farpool.harness.soak --seconds 1200 --transport tcp --netns --servers 3 \
       --replicas 1 --out bench/results/soak_net.jsonl    # make soak-net
   ... --faults 45                                        # make soak-net SOAK_FAULTS=45
+  ... --faults 10 --fault-kinds kill,stop,client-stop,etcd   # every kind in turn
   python3 -m farpool.harness.soak --seconds 60           # the suite's short variants
 """
 
@@ -63,11 +71,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -110,8 +120,18 @@ def proc_memory(pid: int) -> dict | None:
     return out if "RssAnon" in out else None  # a zombie has no memory lines
 
 
+def proc_state(pid: int) -> str | None:
+    """The state letter of `pid` from /proc/PID/stat (R, S, D, T stopped, Z zombie, ...); None
+    if it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def process_group(pgid: int) -> list[int]:
-    """The processes of process group `pgid` (the bench and its client processes)."""
+    """The processes of process group `pgid` (the bench and its client processes), zombies
+    included (a client that failed stays one until the bench reaps it at the end)."""
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -201,27 +221,91 @@ def etcd_metrics(endpoint: str) -> dict | None:
     return out if "db_size" in out else None
 
 
+FAULT_KINDS = ("kill", "stop", "client-stop", "etcd")
+SERVER_STOP_S = (1.5, 4.0)  # from within a server's etcd lease (2 s) to past it and its serving
+#                            lease (1 s): both outcomes of `judge` are drawn
+CLIENT_STOP_S = (5.0, 8.0)  # past the database's session lease (2 s) + margin (0.5 s), with room
+#                             for the others' maintenance pass to judge it (docs/database.md)
+# A stopped server resumed (at the end of the run, at the latest) fences itself within its etcd
+# lease (2 s) + kServeLease (1 s, src/pool/server/mirror.h) after the failover: judge waits
+# twice that for it to exit (or for its region to be its own again) before it fails it.
+SERVER_FENCE_S = 2 * (2.0 + 1.0)
+STOP_CONFIRM_S = 2.0  # a SIGSTOPped process must show state T within this
+ETCD_DOWN_S = 2.0  # etcd dead this long before it is started again on its data
+
+
+class _Later:
+    """`fn` run once, `delay` seconds from now on a timer thread, or at once by `now()` (the
+    run ended first): a SIGCONT or etcd's restart must happen even if the bench ended early.
+    Thread-safe; `now()` returns once `fn` has returned, whoever runs it (an etcd restart the
+    timer began must be over before the cluster goes down, and its result judged)."""
+
+    def __init__(self, delay: float, fn):
+        self._fn, self._lock, self._started = fn, threading.Lock(), False
+        self._ran = threading.Event()
+        self._timer = threading.Timer(delay, self.now)
+        self._timer.daemon = True
+        self._timer.start()
+
+    @property
+    def pending(self) -> bool:
+        """`fn` has not returned yet."""
+        return not self._ran.is_set()
+
+    def now(self) -> None:
+        with self._lock:
+            first, self._started = not self._started, True
+        if first:
+            self._timer.cancel()
+            try:
+                self._fn()
+            finally:
+                self._ran.set()
+        self._ran.wait()
+
+
 class Faults:
-    """The fault schedule of --faults: every `every` seconds from `start`, `cluster add` a
-    server, then SIGKILL one — in turn a primary other than the coordinator, and the elected
-    coordinator. Each step waits until every region has `replicas` live backups (the added
-    server's own region included): with f backups the cluster is built to lose f servers
-    between re-replications, not more. The server comes first so that re-replication has room
-    at once: added after the kill, it found the survivors' free slots taken by the failover's
+    """The fault schedule of --faults: every `every` seconds from `start` one fault, the kinds
+    of --fault-kinds in turn (`kinds`, from FAULT_KINDS):
+      * kill: `cluster add` a server, then SIGKILL one — in turn a primary other than the
+        coordinator, and the elected coordinator (the order of the server faults, kill and
+        stop together).
+      * stop: as kill, but SIGSTOP the server for a random SERVER_STOP_S and then SIGCONT:
+        once longer than its etcd lease and its serving lease it is failed over and, resumed,
+        must fence itself (shut down: its region is served by another) rather than serve a
+        stale copy. A stop shorter than the failover may find it still serving: either is fine,
+        judged at the end (`judge`).
+      * client-stop: SIGSTOP one of the bench's client processes for a random CLIENT_STOP_S,
+        past the database's session lease: the others fence it (evict it, recover its
+        sessions) and go on; resumed, it finds itself evicted and exits saying so (`bench txn`
+        lists it in clients_failed), or, if nobody needed to fence it, goes on.
+      * etcd: SIGKILL the cluster's etcd and start it again on its data after ETCD_DOWN_S
+        (`cluster restart-etcd`): the servers serve on and their keepalives resume.
+    Each fault waits until every region has `replicas` live backups (the added server's own
+    region included): with f backups the cluster is built to lose f servers between
+    re-replications, not more. The server comes first so that re-replication has room at once:
+    added after the kill, it found the survivors' free slots taken by the failover's
     re-replication and its own region stayed without a backup (no server but itself had room).
-    Each kill leaves the dead server's region served from a slot for good (a region never moves
-    back to a server's own part), so the copies to keep grow by two per kill while the live
-    servers stay 3: the k-th added server gets 2 × (k + 2) mirror slots (a slot costs memory
-    only once it holds a copy). Runs from the sampling loop (`tick`), one step at a time."""
+    Each failover leaves the lost server's region served from a slot for good (a region never
+    moves back to a server's own part), so the copies to keep grow by f + 1 per server fault
+    while the live servers stay as many: the k-th added server gets (f + 1) × (k + 2) mirror
+    slots (a slot costs memory only once it holds a copy). Runs from the sampling loop
+    (`tick`), one step at a time; SIGCONTs and etcd's restart run on timers (`_Later`), or at
+    `finish`."""
 
     def __init__(self, cluster_dir: str, cluster_file: str, every: float, start: float,
-                 replicas: int):
+                 replicas: int, kinds: list[str], seed: int, bench_pid: int):
         self.dir, self.file, self.every, self.replicas = cluster_dir, cluster_file, every, replicas
+        self.kinds, self.bench_pid = kinds, bench_pid
+        self.rng = random.Random(seed)
         self.next_at = start
         self.events: list[dict] = []
-        self.kills = 0
-        self.added: dict | None = None  # the event of the server added for the next kill
+        self.turn = 0  # of the kinds
+        self.server_faults = 0  # kills and stops: their victims alternate primary, coordinator
+        self.added: dict | None = None  # the event of the server added for the next server fault
         self.waited_since: float | None = None
+        self.later: list[_Later] = []
+        self.start_time = time.monotonic()
 
     def protected(self, status: dict) -> str | None:
         """None if every region is served by a live server and has `replicas` live backups;
@@ -235,11 +319,19 @@ class Faults:
                         f"{backups} (alive {sorted(alive)})")
         return None if etcd.get("placement") else f"no placement in etcd: {etcd}"
 
+    def now(self) -> float:
+        return round(time.monotonic() - self.start_time, 1)
+
     def tick(self, t: float, status: dict) -> None:
-        if t < self.next_at:
+        """One step of the schedule at `t` s of the run (`status`: `cluster status --json`).
+        Nothing starts (no fault, no `cluster add`) while a SIGCONT or an etcd restart is
+        pending: faults do not overlap."""
+        if t < self.next_at or any(later.pending for later in self.later):
             return
-        if self.added is None:
-            slots = 2 * (self.kills + 2)
+        kind = self.kinds[self.turn % len(self.kinds)]
+        server_fault = kind in ("kill", "stop")
+        if server_fault and self.added is None:
+            slots = (self.replicas + 1) * (self.server_faults + 2)
             added = subprocess.run([str(farpool_bin()), "cluster", "add", "--dir", self.dir,
                                     "--mirror-slots", str(slots)],
                                    capture_output=True, text=True, timeout=120)
@@ -252,29 +344,202 @@ class Faults:
         if missing:
             if self.waited_since is None:
                 self.waited_since = t
-                log(f"soak faults: t={t:6.1f}s kill deferred until re-replication: {missing}")
+                log(f"soak faults: t={t:6.1f}s {kind} deferred until re-replication: {missing}")
             return
+        event = (self.added or {}) | {"t": round(t, 1), "kind": kind,
+                                      "waited_for_rereplication_s": round(t - self.waited_since, 1)
+                                      if self.waited_since is not None else 0.0}
+        try:
+            done = (self._server(event, status) if server_fault else
+                    self._client_stop(event) if kind == "client-stop" else self._etcd(event))
+        except OSError as e:  # the victim exited under us (ProcessLookupError): next tick
+            log(f"soak faults: t={t:6.1f}s {kind} not done, tried again: {e}")
+            return
+        if done is None:  # this kind has no victim left: the next kind's turn
+            log(f"soak faults: t={t:6.1f}s {kind} skipped: {event['what']}")
+            self.turn += 1
+            return
+        if not done:
+            if "what" in event:
+                log(f"soak faults: t={t:6.1f}s {kind} not done, tried again: {event['what']}")
+            return
+        log(f"soak faults: t={t:6.1f}s {event['what']}")
+        self.turn += 1
+        self.events.append(event)
+        self.added = None
+        self.waited_since = None
+        self.next_at = t + self.every
+
+    def _server(self, event: dict, status: dict) -> bool:
+        """kill or stop (event["kind"]) of a primary other than the coordinator, or of the
+        coordinator, in turn."""
         coordinator = status["etcd"].get("coordinator", -1)
         alive = set(status["etcd"]["alive"])
         pids = {s["id"]: s["pid"] for s in json.loads(Path(self.file).read_text())["servers"]}
-        if self.kills % 2 == 1 and coordinator in alive:
+        if self.server_faults % 2 == 1 and coordinator in alive:
             victim, role = coordinator, "coordinator"
         else:
             primaries = [r["id"] for r in status["etcd"]["placement"] if r["served_by"] == r["id"]
                          and r["id"] in alive and r["id"] != coordinator]
             if not primaries:
-                return
-            victim, role = primaries[self.kills % len(primaries)], "primary"
-        event = self.added | {"t": round(t, 1), "killed": victim, "role": role,
-                              "waited_for_rereplication_s": round(t - self.waited_since, 1)
-                              if self.waited_since is not None else 0.0}
-        os.kill(pids[victim], signal.SIGKILL)
-        log(f"soak faults: t={t:6.1f}s SIGKILL server {victim} ({role}, pid {pids[victim]})")
-        self.events.append(event)
-        self.kills += 1
-        self.added = None
-        self.waited_since = None
-        self.next_at = t + self.every
+                return False
+            victim, role = primaries[self.server_faults % len(primaries)], "primary"
+        pid = pids[victim]
+        event |= {"server": victim, "pid": pid, "role": role}
+        if event["kind"] == "kill":
+            os.kill(pid, signal.SIGKILL)
+            event["what"] = f"SIGKILL server {victim} ({role}, pid {pid})"
+        elif not self._stop(event, pid, SERVER_STOP_S, f"server {victim} ({role}, pid {pid})"):
+            return False
+        self.server_faults += 1
+        return True
+
+    def _client_stop(self, event: dict) -> bool | None:
+        """A live client process not stopped before, as long as another live one never stopped
+        remains (its threads carry the run on: a bench whose every client failed reports
+        nothing); None when there is none. Live: not a zombie (a client that failed stays one
+        until the end, and SIGSTOP on it would "succeed" while its own failure passed as the
+        stop's victim) nor stopped. False (tried again at the next tick) if it did not stop."""
+        stopped = {e["pid"] for e in self.events if e["kind"] == "client-stop"}
+        clients = sorted(p for p in process_group(self.bench_pid)
+                         if p != self.bench_pid and p not in stopped
+                         and proc_state(p) not in (None, "Z", "T"))
+        if len(clients) < 2:
+            event["what"] = (f"{len(stopped)} client processes stopped, {len(clients)} live "
+                             "ones never")
+            return None
+        pid = self.rng.choice(clients)
+        event["pid"] = pid
+        return self._stop(event, pid, CLIENT_STOP_S, f"client process {pid}")
+
+    def _stop(self, event: dict, pid: int, span: tuple[float, float], name: str) -> bool:
+        """SIGSTOP `pid` now, SIGCONT after a random time in `span`. False if it is not stopped
+        (state T) within STOP_CONFIRM_S of the signal (it exited, or became a zombie): then
+        no stop happened (a SIGCONT goes after it in case it stops late)."""
+        stop_s = round(self.rng.uniform(*span), 2)
+        os.kill(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + STOP_CONFIRM_S
+        while proc_state(pid) != "T":
+            if time.monotonic() > deadline:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+                event["what"] = f"SIGSTOP {name}: not stopped (state {proc_state(pid)})"
+                return False
+            time.sleep(0.01)
+        event |= {"stop_s": stop_s, "what": f"SIGSTOP {name} for {stop_s} s"}
+
+        def resume() -> None:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            event["t_cont"] = self.now()
+            log(f"soak faults: t={event['t_cont']:6.1f}s SIGCONT {name}")
+        self.later.append(_Later(stop_s, resume))
+        return True
+
+    def _etcd(self, event: dict) -> bool:
+        pid = int(json.loads(Path(self.file).read_text()).get("etcd", {}).get("pid", 0))
+        if pid <= 0:
+            return False
+        os.kill(pid, signal.SIGKILL)
+        event |= {"pid": pid, "what": f"SIGKILL etcd (pid {pid}); restarted in {ETCD_DOWN_S} s"}
+
+        def restart() -> None:
+            # It must be gone before it is started again on the same data and ports.
+            while proc_memory(pid) is not None:
+                time.sleep(0.05)
+            try:
+                out = subprocess.run([str(farpool_bin()), "cluster", "restart-etcd", "--dir",
+                                      self.dir], capture_output=True, text=True, timeout=60)
+                event["restart"] = (out.stdout.strip() if out.returncode == 0 else
+                                    f"failed ({out.returncode}): {out.stderr.strip()[-300:]}")
+            except subprocess.TimeoutExpired:
+                event["restart"] = "failed: cluster restart-etcd did not finish within 60 s"
+            event["t_restart"] = self.now()
+            log(f"soak faults: t={event['t_restart']:6.1f}s {event['restart']}")
+        self.later.append(_Later(ETCD_DOWN_S, restart))
+        return True
+
+    def finish(self) -> None:
+        """Runs the SIGCONTs and etcd's restart still pending (the bench ended first), and
+        waits for those a timer already runs."""
+        for later in self.later:
+            later.now()
+
+    def _placement(self) -> tuple[dict[int, int] | None, str]:
+        """region -> the server serving it, from `cluster status`; None and why if it cannot
+        tell."""
+        try:
+            placement = cluster_status(self.dir).get("etcd", {}).get("placement", [])
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            return None, f"cluster status failed: {e}"
+        if not placement:
+            return None, "cluster status has no placement"
+        return {r["id"]: r["served_by"] for r in placement}, ""
+
+    def _judge_stopped(self, server: dict, e: dict, deadline: float) -> list[str]:
+        """A stopped server must have exited (fenced itself) or serve its own region; one
+        resumed late (at finish) gets until `deadline` to get there. Sets e["outcome"]."""
+        sid, pid = server["id"], int(server["pid"])
+        while True:
+            running = proc_memory(pid) is not None
+            placement, why = self._placement() if running else (None, "")
+            moved = placement is not None and placement.get(sid, sid) != sid
+            if not running or (placement is not None and not moved) or \
+                    time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        if not running:
+            e["outcome"] = "exited (fenced itself)"
+        elif placement is None:
+            e["outcome"] = f"runs on; cannot judge: {why}"
+            return [f"cannot judge stopped server {sid} (pid {pid}, stopped at t={e['t']}s): "
+                    f"{why}"]
+        elif moved:
+            e["outcome"] = "runs on, its region moved away"
+            return [f"server {sid} (pid {pid}) was stopped at t={e['t']}s, failed over (its "
+                    f"region is served by {placement[sid]}), and still runs (waited up to "
+                    f"{SERVER_FENCE_S:.0f} s after the run): not fenced"]
+        else:
+            e["outcome"] = "runs on, serving its region"
+        return []
+
+    def judge(self, failed_clients: dict[int, dict] | None) -> list[str]:
+        """The end of a run with faults: what became of every process, each outcome in its
+        event; returns the failures. A server no fault was aimed at must still run; a stopped
+        server either exited (it fenced itself once resumed) or runs on serving its own region
+        (its stop was shorter than the failover), within SERVER_FENCE_S for one resumed at
+        `finish`; a stopped client process either failed (it was fenced: `bench txn` lists it
+        in clients_failed, pid -> entry in `failed_clients`) or finished (nobody needed to
+        fence it); no other client may fail; an etcd restart must have succeeded.
+        `failed_clients` None: the bench reported nothing (its failure is the run's)."""
+        failures = []
+        config = json.loads(Path(self.file).read_text())
+        victims = {e["server"]: e for e in self.events if "server" in e}
+        deadline = time.monotonic() + SERVER_FENCE_S
+        for s in config["servers"]:
+            e = victims.get(s["id"])
+            if e is None:
+                if not s.get("pid") or proc_memory(int(s["pid"])) is None:
+                    failures.append(f"server {s['id']} (pid {s.get('pid')}) is gone, but no "
+                                    "fault was aimed at it")
+            elif e["kind"] == "stop":
+                failures += self._judge_stopped(s, e, deadline)
+        stopped = {e["pid"] for e in self.events if e["kind"] == "client-stop"}
+        for e in self.events:
+            if e["kind"] == "client-stop":
+                c = (failed_clients or {}).get(e["pid"])
+                e["outcome"] = (f"failed ({c['how']}): {c['error']}" if c else
+                                "finished" if failed_clients is not None else "unknown")
+            if e["kind"] == "etcd" and not e.get("restart", "").startswith("cluster restart"):
+                failures.append(f"etcd killed at t={e['t']}s: restart {e.get('restart')}")
+        failures += [f"client process {pid} failed ({c['how']}), but no fault stopped it: "
+                     f"{c['error']}" for pid, c in (failed_clients or {}).items()
+                     if pid not in stopped]
+        return failures
 
 
 def soak_one(workload: str, seconds: float, args: argparse.Namespace) -> dict:
@@ -283,6 +548,7 @@ def soak_one(workload: str, seconds: float, args: argparse.Namespace) -> dict:
            "threads": args.threads, "interval_s": args.interval,
            "warmup_fraction": args.warmup, "seed": args.seed, "transport": args.transport,
            "netns": args.netns, "replicas": args.replicas, "faults_every_s": args.faults,
+           "fault_kinds": args.fault_kinds if args.faults else None,
            "binary": str(farpool_bin()), "loadavg_start": os.getloadavg()}
     timeline: list[tuple[float, int]] = []
     rss: dict[str, list[tuple[float, dict]]] = {}
@@ -290,9 +556,16 @@ def soak_one(workload: str, seconds: float, args: argparse.Namespace) -> dict:
     etcd_revisions: list[tuple[float, int, int]] = []  # (t, revision, keys)
     max_servers = args.servers
     faults = None
+    # With f ≥ 2 backups the first servers need room beyond `cluster up`'s f + 1 slots: a region
+    # of an added server needs f backups on f *other* servers, and re-replication, greedy,
+    # filled the first servers' slots with the failed-over regions' copies, so the added
+    # server's region kept 1 of 2 backups and every later fault waited for good (see Faults).
+    extra = (("--mirror-slots", str(2 * (args.replicas + 1)))
+             if args.faults and args.replicas >= 2 else ())
+    row["cluster_up_extra"] = list(extra)
     cluster = Cluster(servers=args.servers, memory=args.memory, transport=args.transport,
                       netns=args.netns, replicas=args.replicas, parent=args.dir,
-                      progress="event" if args.transport != "shm" else None)
+                      progress="event" if args.transport != "shm" else None, extra=extra)
     with cluster as cluster_file:
         cluster_dir = str(Path(cluster_file).parent)
         # The cluster's etcd, if its file names one.
@@ -316,51 +589,78 @@ def soak_one(workload: str, seconds: float, args: argparse.Namespace) -> dict:
         # on a loaded host, docs/pool.md "Failure detection").
         bench = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  process_group=0)
-        if args.faults:
-            faults = Faults(cluster_dir, cluster_file, args.faults, args.warmup * seconds,
-                            args.replicas)
-        limit = start + seconds + max(60.0, seconds)
-        while bench.poll() is None:
-            now = time.monotonic()
-            t = round(now - start, 1)
-            if now > limit:
-                os.killpg(bench.pid, signal.SIGKILL)
-                row["error"] = (f"bench did not finish within {seconds + max(60.0, seconds):.0f} s "
-                                "(hung or livelocked): killed")
-                break
-            for name, pid in run_processes(cluster_file, bench.pid).items():
-                m = proc_memory(pid)
-                if m is not None:
-                    rss.setdefault(name, []).append((t, m | {"pid": pid}))
-            etcd = etcd_metrics(etcd_endpoint) if etcd_endpoint else None
-            if etcd is not None:
-                etcd_db.append((t, etcd["db_size"]))
-                etcd_revisions.append((t, etcd["revision"], etcd["keys"]))
-            try:
-                status = cluster_status(cluster_dir)
-                used = pool_in_use(status)
-                max_servers = max(max_servers, sum(s["up"] for s in status["servers"]))
-                timeline.append((t, used))
-                anon = {n: s[-1][1]["RssAnon"] for n, s in rss.items() if s[-1][0] == t}
-                log(f"soak {workload}: t={t:6.1f}s pool in use {used / MIB:8.1f} MiB; RssAnon "
-                    + ", ".join(f"{n} {a / MIB:.0f}" for n, a in sorted(anon.items()))
-                    + (f" MiB; etcd db {etcd['db_size'] / MIB:.2f} MiB, revision "
-                       f"{etcd['revision']}" if etcd else " MiB; etcd does not answer"))
-                if faults is not None:
-                    faults.tick(t, status)
-            except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError) as e:
-                log(f"soak {workload}: t={t:6.1f}s cluster status failed: {e}")
-            deadline = time.monotonic() + args.interval
-            while bench.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.1)
-        # Client processes the bench leaves behind (it died, or was evicted) hold its pipes
-        # open: they go with it, or communicate() would wait for them.
         try:
-            os.killpg(bench.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+            if args.faults:
+                faults = Faults(cluster_dir, cluster_file, args.faults, args.warmup * seconds,
+                                args.replicas, args.fault_kinds.split(","), args.seed, bench.pid)
+            limit = start + seconds + max(60.0, seconds)
+            while bench.poll() is None:
+                now = time.monotonic()
+                t = round(now - start, 1)
+                if now > limit:
+                    os.killpg(bench.pid, signal.SIGKILL)
+                    row["error"] = (f"bench did not finish within "
+                                    f"{seconds + max(60.0, seconds):.0f} s (hung or livelocked): "
+                                    "killed")
+                    break
+                for name, pid in run_processes(cluster_file, bench.pid).items():
+                    m = proc_memory(pid)
+                    if m is not None:
+                        # A process started again under the same name (etcd after the etcd
+                        # fault) is a series of its own.
+                        if rss.get(name) and rss[name][0][1]["pid"] != pid:
+                            name = f"{name} (pid {pid})"
+                        rss.setdefault(name, []).append((t, m | {"pid": pid}))
+                etcd = etcd_metrics(etcd_endpoint) if etcd_endpoint else None
+                if etcd is not None:
+                    etcd_db.append((t, etcd["db_size"]))
+                    etcd_revisions.append((t, etcd["revision"], etcd["keys"]))
+                try:
+                    status = cluster_status(cluster_dir)
+                    used = pool_in_use(status)
+                    max_servers = max(max_servers, sum(s["up"] for s in status["servers"]))
+                    timeline.append((t, used))
+                    anon = {n: s[-1][1]["RssAnon"] for n, s in rss.items() if s[-1][0] == t}
+                    log(f"soak {workload}: t={t:6.1f}s pool in use {used / MIB:8.1f} MiB; "
+                        "RssAnon "
+                        + ", ".join(f"{n} {a / MIB:.0f}" for n, a in sorted(anon.items()))
+                        + (f" MiB; etcd db {etcd['db_size'] / MIB:.2f} MiB, revision "
+                           f"{etcd['revision']}" if etcd else " MiB; etcd does not answer"))
+                    if faults is not None:
+                        faults.tick(t, status)
+                except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError) as e:
+                    log(f"soak {workload}: t={t:6.1f}s cluster status failed: {e}")
+                deadline = time.monotonic() + args.interval
+                while bench.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.1)
+        finally:
+            # Also on an exception: no process stopped or etcd left dead, and no bench left
+            # running, when the cluster goes down. Client processes the bench leaves behind (it
+            # died, or was evicted) hold its pipes open: they go with it, or communicate()
+            # would wait for them.
+            if faults is not None:
+                faults.finish()
+            try:
+                os.killpg(bench.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         out, err = bench.communicate()
         wall = time.monotonic() - start
+        # Its JSON, also when it exits 1 only because client processes failed (clients_failed).
+        result = None
+        if "error" not in row:
+            try:
+                result = json.loads(out.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                pass
+            if bench.returncode != 0 and not (result or {}).get("clients_failed"):
+                result = None
+        # What became of the faults' victims and of everyone else, while the cluster runs.
+        failed_clients = (None if result is None else
+                          {int(c["pid"]): c for c in result.get("clients_failed", [])})
+        fault_failures = (faults.judge(failed_clients) if faults is not None else
+                          [f"client process {pid} failed: {c}" for pid, c in
+                           (failed_clients or {}).items()])
         try:
             timeline.append((round(wall, 1), pool_in_use(cluster_status(cluster_dir))))
         except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError):
@@ -381,13 +681,13 @@ def soak_one(workload: str, seconds: float, args: argparse.Namespace) -> dict:
                                 for t, m in s] for n, s in rss.items()}
     if faults is not None:
         row["faults"] = faults.events
-    if bench.returncode != 0 and "error" not in row:
+    if result is None and "error" not in row:
         row["error"] = f"bench exited {bench.returncode}: {err.strip()[-800:]}"
-    elif "error" not in row:
-        result = json.loads(out.strip().splitlines()[-1])
+    elif result is not None:
         row.update({k: result.get(k) for k in ("tps", "commits", "aborts", "abort_rate",
-                                                "p50_us", "p99_us", "max_us", "verify")})
-    failures = [row["error"]] if "error" in row else []
+                                                "p50_us", "p99_us", "max_us", "verify",
+                                                "session_restarts", "clients_failed")})
+    failures = ([row["error"]] if "error" in row else []) + fault_failures
     # The warm-up is a fraction of the planned run, even when the bench died early.
     planned = max(wall, seconds)
     verdict = judge_memory(timeline, planned, args.warmup, args.clients, max_servers)
@@ -413,16 +713,16 @@ def soak_one(workload: str, seconds: float, args: argparse.Namespace) -> dict:
     if v.get("failure"):
         failures.append(v["failure"])
     if faults is not None:
-        if faults.kills == 0:
-            failures.append(f"--faults {args.faults}: no server was killed in {wall:.0f} s")
+        if not faults.events:
+            failures.append(f"--faults {args.faults}: no fault in {wall:.0f} s")
         adds = faults.events + ([faults.added] if faults.added else [])
         failures += [f"cluster add at t={e['t_add']}s: {e['add']}"
-                     for e in adds if e["add"].startswith("failed")]
+                     for e in adds if e.get("add", "").startswith("failed")]
     if row.get("verify") not in (None, "ok"):
         failures.append(f"invariant: {row['verify']}")
     row["ok"] = not failures
     row["failures"] = failures
-    if failures:
+    if failures or args.keep_logs:
         row["logs"] = str(logs)
     else:
         shutil.rmtree(logs, ignore_errors=True)
@@ -440,8 +740,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="every server in its own network namespace (root; with --transport tcp)")
     p.add_argument("--replicas", type=int, default=0, help="backups of every byte")
     p.add_argument("--faults", type=float, default=0,
-                   help="every this many seconds after the warm-up, SIGKILL a server and add one "
+                   help="every this many seconds after the warm-up, a fault of --fault-kinds "
                         "(needs --replicas 1 or more)")
+    p.add_argument("--fault-kinds", default="kill",
+                   help="with --faults, the faults to take turns, a comma list of "
+                        + ", ".join(FAULT_KINDS) + " (see Faults)")
     p.add_argument("--clients", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--accounts", type=int, default=10000, help="bank")
@@ -452,10 +755,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--dir", default=None,
                    help="where the clusters' directories go (default: the temporary directory)")
+    p.add_argument("--keep-logs", action="store_true",
+                   help="keep the logs of a workload that passed too (what became of a fault's "
+                        "victims is in the servers' and the bench's logs)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "soak.jsonl"))
     args = p.parse_args(argv)
     if args.faults and args.replicas < 1:
         p.error("--faults needs --replicas 1 or more: without a backup a killed server's data is lost")
+    unknown = set(args.fault_kinds.split(",")) - set(FAULT_KINDS)
+    if unknown:
+        p.error(f"--fault-kinds: unknown {sorted(unknown)}: choose from {', '.join(FAULT_KINDS)}")
     workloads = [w for w in args.workloads.split(",") if w]
     rows = [soak_one(w, args.seconds / len(workloads), args) for w in workloads]
     stamp(rows)
@@ -468,7 +777,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"bound {r['bound'] / MIB:.1f} MiB; RssAnon peak/bound MiB: "
                 + ", ".join(f"{n} {v['peak_after_warmup'] / MIB:.0f}/{v['bound'] / MIB:.0f}"
                             for n, v in judged.items())
-                + f"; {len(r.get('faults', []))} kills; verify {r.get('verify')})")
+                + f"; {len(r.get('faults', []))} faults; verify {r.get('verify')})")
             continue
         ok = False
         log(f"SOAK FAILED: {r['workload']}:")

@@ -8,10 +8,16 @@ network one fails on a process whose private memory grows (checked with servers 
 4 KB per executed batch: "server 2 (pid 2917): private memory (RssAnon) grew after the warm-up:
 peak 1327.7 MiB > bound 256.0 MiB"), and on a kill that loses writes (checked with a mirror that
 acknowledged every 50th forward without applying it: the bench failed on "index entry of key
-7989 in table 'accounts' names a record of another key")."""
+7989 in table 'accounts' names a record of another key"). The last one (50 s, a server stopped,
+a client process stopped past its lease, etcd killed and restarted) fails with main's binary
+before branch `soakfaults` (FAILMAIN)."""
 
 import json
 import os
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 
@@ -51,6 +57,161 @@ def test_no_sample_after_warmup_fails():
                                                                       2)["failure"]
 
 
+def test_client_stop_leaves_a_client_never_stopped(tmp_path):
+    # A process group like the bench's: a parent and two client processes. The first
+    # client-stop stops one of them (and resumes it at finish); the second finds one client
+    # never stopped and skips (None): a bench whose every client was fenced reports nothing.
+    # (It stopped the second client too when the rule counted clients not stopped at all:
+    # the exploratory run with 2 clients ended "every client process failed".)
+    bench = subprocess.Popen(["bash", "-c", "sleep 60 & sleep 60 & wait"], process_group=0)
+    try:
+        while len(soak.process_group(bench.pid)) < 3:
+            time.sleep(0.01)
+        faults = soak.Faults(str(tmp_path), str(tmp_path / "cluster.json"), 10, 0, 1,
+                             ["client-stop"], 1, bench.pid)
+        first = {"kind": "client-stop"}
+        assert faults._client_stop(first) is True
+        assert first["pid"] in soak.process_group(bench.pid) and first["pid"] != bench.pid
+        faults.events.append(first)
+        second = {"kind": "client-stop"}
+        assert faults._client_stop(second) is None, second
+        assert "1 client processes stopped, 1 live ones never" in second["what"]
+        faults.finish()
+        assert first["t_cont"] >= 0
+    finally:
+        os.killpg(bench.pid, 9)
+        bench.wait()
+
+
+# A parent that never reaps its children, like the bench until its clients end: the first
+# child exits at once (a zombie, like a client that failed early), the others sleep.
+_PARENT_OF_A_ZOMBIE = """
+import os, sys, time
+for i in range(int(sys.argv[1])):
+    if os.fork() == 0:
+        if i > 0:
+            time.sleep(60)
+        os._exit(3)
+time.sleep(60)
+"""
+
+
+def _group_with_a_zombie(live: int) -> subprocess.Popen:
+    bench = subprocess.Popen([sys.executable, "-c", _PARENT_OF_A_ZOMBIE, str(live + 1)],
+                             process_group=0)
+    while sorted(soak.proc_state(p) == "Z" for p in soak.process_group(bench.pid)
+                 if p != bench.pid) != [False] * live + [True]:
+        time.sleep(0.01)
+    return bench
+
+
+def test_client_stop_skips_a_failed_client(tmp_path):
+    # One live client and one that failed (a zombie): no client-stop, since stopping the live
+    # one would leave none to carry the run, and the zombie is no victim — SIGSTOP on it
+    # "succeeds" and does nothing, and judge then took its own failure for the stop's. (It
+    # stopped one of the two when zombies counted as clients; _stop on the zombie returned
+    # without saying it did not stop.)
+    bench = _group_with_a_zombie(1)
+    try:
+        zombie = next(p for p in soak.process_group(bench.pid) if soak.proc_state(p) == "Z")
+        faults = soak.Faults(str(tmp_path), str(tmp_path / "cluster.json"), 10, 0, 1,
+                             ["client-stop"], 1, bench.pid)
+        event = {"kind": "client-stop"}
+        assert faults._client_stop(event) is None, event
+        assert "0 client processes stopped, 1 live ones never" in event["what"]
+        event = {"kind": "client-stop"}
+        assert faults._stop(event, zombie, soak.CLIENT_STOP_S, "the zombie") is False, event
+        assert "not stopped (state Z)" in event["what"] and not faults.later
+    finally:
+        os.killpg(bench.pid, 9)
+        bench.wait()
+
+
+def test_client_stop_stops_a_live_client(tmp_path):
+    # Two live clients and a zombie: whichever the seed picks, it is a live one and it is
+    # stopped (state T) until finish() resumes it.
+    bench = _group_with_a_zombie(2)
+    try:
+        faults = soak.Faults(str(tmp_path), str(tmp_path / "cluster.json"), 10, 0, 1,
+                             ["client-stop"], 1, bench.pid)
+        for seed in range(8):
+            faults.rng.seed(seed)
+            event = {"kind": "client-stop"}
+            assert faults._client_stop(event) is True, event
+            assert soak.proc_state(event["pid"]) == "T"
+            faults.finish()
+            assert soak.proc_state(event["pid"]) != "T"
+    finally:
+        os.killpg(bench.pid, 9)
+        bench.wait()
+
+
+def test_later_now_waits_for_the_timer_running_it():
+    # finish() while the timer thread is inside the callback (an etcd restart takes up to
+    # 60 s) must return only once it has returned: judge reads its result, and the cluster
+    # goes down after it. (now() returned at once when the timer had begun: the thread below
+    # was done while the callback still waited at the gate.)
+    started, gate, ran = threading.Event(), threading.Event(), []
+
+    def fn():
+        started.set()
+        gate.wait()
+        ran.append(1)
+    later = soak._Later(0, fn)
+    started.wait()
+    finisher = threading.Thread(target=later.now)
+    finisher.start()
+    finisher.join(0.5)
+    assert finisher.is_alive() and later.pending
+    gate.set()
+    finisher.join()
+    assert ran == [1] and not later.pending
+    later.now()  # once only
+    assert ran == [1]
+
+
+def test_no_fault_while_a_stop_is_pending(tmp_path):
+    # Faults due back to back (every 0 s): the second waits until the first one's SIGCONT has
+    # run. (It stopped a second client while the first was still stopped.)
+    bench = _group_with_a_zombie(3)
+    status = {"etcd": {"alive": [0], "placement": [{"id": 0, "served_by": 0, "backups": []}]}}
+    try:
+        faults = soak.Faults(str(tmp_path), str(tmp_path / "cluster.json"), 0, 0, 0,
+                             ["client-stop"], 1, bench.pid)
+        faults.tick(0.0, status)
+        faults.tick(0.1, status)
+        assert len(faults.events) == 1 and faults.later[0].pending, faults.events
+        faults.finish()
+        faults.tick(0.2, status)
+        assert len(faults.events) == 2, faults.events
+        faults.finish()
+    finally:
+        os.killpg(bench.pid, 9)
+        bench.wait()
+
+
+@pytest.mark.skipif(not farpool_bin().exists(), reason="no farpool binary (build it first)")
+def test_stopped_server_not_judged_without_placement(tmp_path):
+    # A stopped server that still runs while `cluster status` cannot say who serves its region
+    # (here: no cluster in the directory) is a failure saying so, not "serving its region".
+    # (It passed as serving its region when a failed status counted as an empty placement.)
+    server = subprocess.Popen(["sleep", "60"])
+    try:
+        (tmp_path / "cluster.json").write_text(json.dumps(
+            {"servers": [{"id": 0, "pid": server.pid}]}))
+        faults = soak.Faults(str(tmp_path / "nothing"), str(tmp_path / "cluster.json"), 10, 0,
+                             1, ["stop"], 1, os.getpid())
+        faults.events.append({"kind": "stop", "t": 12.0, "server": 0, "pid": server.pid})
+        failures = faults.judge({})
+        assert len(failures) == 1 and failures[0].startswith(
+            f"cannot judge stopped server 0 (pid {server.pid}, stopped at t=12.0s): "
+            "cluster status failed"), failures
+        assert faults.events[0]["outcome"].startswith("runs on; cannot judge"), faults.events
+    finally:
+        server.kill()
+        server.wait()
+
+
 @pytest.mark.skipif(not farpool_bin().exists(), reason="no farpool binary (build it first)")
 def test_soak_60_seconds(tmp_path):
     out = tmp_path / "soak.jsonl"
@@ -84,3 +245,28 @@ def test_soak_network_with_kills(tmp_path):
     judged = {n for n, v in row["processes"].items() if v["judged"]}
     assert {"etcd", "bench"} <= judged and any(n.startswith("server ") for n in judged) and \
         any(n.startswith("client ") for n in judged), judged
+
+
+@pytest.mark.skipif(not farpool_bin().exists(), reason="no farpool binary (build it first)")
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+def test_soak_network_with_stops_and_etcd(tmp_path):
+    out = tmp_path / "soak_faults.jsonl"
+    # As above, with the other kinds of fault in turn from t = 15 s: a primary SIGSTOPped for
+    # 1.5-4 s, a client process SIGSTOPped past its session lease, etcd SIGKILLed and started
+    # again, then (time permitting) the coordinator stopped (docs/pool.md "Soak with more kinds
+    # of fault"): the clients but the stopped one finish, the invariant holds.
+    rc = soak.main(["--seconds", "50", "--workloads", "bank", "--transport", "tcp", "--netns",
+                    "--servers", "3", "--replicas", "1", "--memory", "64MiB", "--faults", "10",
+                    "--fault-kinds", "stop,client-stop,etcd", "--clients", "3",
+                    "--interval", "2", "--warmup", "0.3", "--dir", str(tmp_path),
+                    "--out", str(out)])
+    row = json.loads(out.read_text().splitlines()[-1])
+    assert row["ok"] and rc == 0, f"soak failed: {row['failures']}"
+    kinds = [e["kind"] for e in row["faults"]]
+    assert kinds[:3] == ["stop", "client-stop", "etcd"], row["faults"]
+    assert row["verify"] == "ok"
+    stopped = row["faults"][1]
+    # The stopped client was fenced and said so (or nobody needed to fence it); no other failed.
+    assert stopped["outcome"] == "finished" or stopped["outcome"].startswith("failed"), stopped
+    assert {c["pid"] for c in row.get("clients_failed") or []} <= {stopped["pid"]}
+    assert row["faults"][2]["restart"].startswith("cluster restart-etcd"), row["faults"][2]
