@@ -189,6 +189,7 @@ TEST(FreePortTest, PortsLieBelowTheEphemeralRange) {
   std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
   int low = 0;
   ASSERT_TRUE(range >> low) << "no ip_local_port_range";
+  if (low - std::max(1024, low / 2) < 1000) GTEST_SKIP() << "no room below port " << low;
   for (int i = 0; i < 50; ++i) {
     auto port = FreePort("127.0.0.1");
     ASSERT_TRUE(port.ok()) << port.status().ToString();

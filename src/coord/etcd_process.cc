@@ -39,29 +39,43 @@ Result<uint16_t> FreePort(const std::string& host) {
   if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
     return Status::InvalidArgument("etcd: '" + host + "' is not an IPv4 address");
   }
+  // Binds `port` (0: any) and lets it go: the port bound, or 0 with errno set.
+  auto try_port = [&](uint16_t port) -> Result<uint16_t> {
+    addr.sin_port = htons(port);
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return Status::IoError(std::string("socket: ") + strerror(errno));
+    socklen_t len = sizeof(addr);
+    const bool bound = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                       getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+    const int e = errno;
+    close(fd);
+    errno = e;
+    return bound ? ntohs(addr.sin_port) : uint16_t{0};
+  };
   // Below the ephemeral range: a port there is taken only by a bind, never as the local port of
   // some process's outgoing connection, so the member restarts on it (RestartClusterEtcd; a
-  // restart failed with "address already in use" while clients connected elsewhere).
+  // restart failed with "address already in use" while clients connected elsewhere). A host
+  // whose range starts near 1024 leaves no room below it: any free port there.
   const uint16_t high = EphemeralLow();
   const uint16_t low = static_cast<uint16_t>(std::max(1024, high / 2));
   const uint16_t span = static_cast<uint16_t>(high - low);
+  const bool below = span >= 1000;
   const uint16_t start = static_cast<uint16_t>(
       (static_cast<uint32_t>(getpid()) * 2654435761u +
        static_cast<uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count())) %
-      span);
+      std::max<uint16_t>(span, 1));
   int last_error = EADDRINUSE;
-  for (uint16_t i = 0; i < span; ++i) {
-    addr.sin_port = htons(static_cast<uint16_t>(low + (start + i) % span));
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return Status::IoError(std::string("socket: ") + strerror(errno));
-    const bool bound = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  for (uint16_t i = 0; i < (below ? span : 1); ++i) {
+    FARPOOL_ASSIGN_OR_RETURN(uint16_t port,
+                             try_port(below ? static_cast<uint16_t>(low + (start + i) % span) : 0));
+    if (port != 0) return port;
     last_error = errno;
-    close(fd);
-    if (bound) return ntohs(addr.sin_port);
     if (last_error != EADDRINUSE) break;
   }
-  return Status::IoError("etcd: no free port on " + host + " in " + std::to_string(low) + "-" +
-                         std::to_string(high - 1) + ": " + strerror(last_error));
+  return Status::IoError(
+      "etcd: no free port on " + host +
+      (below ? " in " + std::to_string(low) + "-" + std::to_string(high - 1) : std::string()) +
+      ": " + strerror(last_error));
 }
 
 Result<EtcdProcess> StartEtcd(const EtcdProcessOptions& o) {
@@ -71,7 +85,9 @@ Result<EtcdProcess> StartEtcd(const EtcdProcessOptions& o) {
     FARPOOL_ASSIGN_OR_RETURN(p.client_port, FreePort(o.host));
   }
   p.peer_port = o.peer_port;
-  if (p.peer_port == 0) {
+  // Both ports were free when chosen, so they may be the same one: chosen again then.
+  for (int i = 0; p.peer_port == 0 || (o.peer_port == 0 && p.peer_port == p.client_port); ++i) {
+    if (i == 8) return Status::IoError("etcd: no second free port for its peer URL");
     FARPOOL_ASSIGN_OR_RETURN(p.peer_port, FreePort("127.0.0.1"));
   }
   p.endpoint = "http://" + o.host + ":" + std::to_string(p.client_port);

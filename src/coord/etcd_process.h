@@ -44,7 +44,7 @@ Result<EtcdProcess> StartEtcd(const EtcdProcessOptions& options);
 // A TCP port that nothing is bound to at `host` now, below the kernel's ephemeral range
 // (bound, closed: another process may bind it before the caller does; etcd then fails to start
 // and says so in its log), so that no outgoing connection takes it as its local port and a
-// restarted member finds it free.
+// restarted member finds it free (any free port on a host whose range starts below ~3000).
 Result<uint16_t> FreePort(const std::string& host);
 
 }  // namespace farpool::coord

@@ -512,9 +512,13 @@ Status ShardedTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit
 }
 
 Status ShardedTxn::Commit() {
-  FARPOOL_RETURN_IF_ERROR(Usable());
+  if (finished_) return Status::InvalidArgument("transaction already finished");
   finished_ = true;
-  if (aborted_) return Usable();  // Aborted: nothing is committed
+  if (aborted_) {
+    return Status::Aborted(
+        "an earlier call of this transaction returned Aborted: nothing is "
+        "committed");
+  }
   Client& c = *s_.client_;
   if (writes_.empty()) {
     ++s_.counters_.commits;

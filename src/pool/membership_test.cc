@@ -680,6 +680,33 @@ TEST(CoordinatorFailover, AFalseReportOfALiveServerIsDroppedAndItsRegionCopiedAg
   writer.CheckIntact();
 }
 
+// The same with the suspect's backup alive: the backup answers "not yet" to every promote, and
+// once it still does at the end of the wait the report is dropped; nothing moves (the map's
+// epoch stays 1) and the client's writes are acknowledged throughout.
+TEST(CoordinatorFailover, AFalseReportOfAServerWhoseBackupRefusesIsDroppedAndNothingMoves) {
+  constexpr int kServers = 3;
+  LocalClusterOptions o = Options(kServers, 1, /*netns=*/true);
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &r));
+  const int suspect = (r.coordinator + 1) % kServers;
+  Writer writer(*r.pool, r.objects);
+  ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
+  {
+    auto [etcd, keys] = EtcdOf(*r.cluster);
+    ASSERT_TRUE(etcd);
+    ASSERT_TRUE(etcd->Put(keys.Suspect(static_cast<uint16_t>(suspect)), "test").ok());
+  }
+  ASSERT_FALSE(ClusterEtcdStatus(r.dir()).value().suspected.empty());
+  const EtcdView view =
+      WaitForView(r.dir(), [&](const EtcdView& v) { return v.suspected.empty(); });
+  EXPECT_TRUE(view.suspected.empty()) << "the report of live server " << suspect << " stands";
+  EXPECT_EQ(view.map.epoch, 1) << view.map.ToJson();
+  EXPECT_EQ(view.map.Find(suspect)->served_by, suspect) << view.map.ToJson();
+  EXPECT_TRUE(writer.AcknowledgedEverywhere(20));
+  writer.Stop();
+  writer.CheckIntact();
+}
+
 // SIGKILL of the coordinator (a primary too): another server is elected and fails the dead
 // one over; then a later failure of another server is handled by the new coordinator.
 TEST(CoordinatorFailover, AnotherCoordinatorIsElectedAndHandlesLaterFailures) {

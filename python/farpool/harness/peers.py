@@ -101,7 +101,7 @@ class Cluster:
         try:
             out = subprocess.run([str(farpool_bin()), "cluster", "down", "--dir", self.dir],
                                  capture_output=True, text=True)
-            failure = out.stderr.strip() if out.returncode != 0 else ""
+            failure = (out.stderr.strip() or f"exit {out.returncode}") if out.returncode else ""
         except OSError as e:
             failure = str(e)
         if not failure:

@@ -188,7 +188,13 @@ bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys, int6
   if (!map_kv) return log_once("no cluster map at " + keys.Map()), false;
   auto map = coord::ClusterMap::Parse(map_kv->value, keys.Map());
   if (!map.ok()) return log_once(map.status().message()), false;
-  DropFalseSuspicions(etcd, keys, registrations, reports, &suspected);
+  std::set<uint16_t> backed;  // servers that serve a region with a live backup
+  for (const coord::MapServer& r : map->servers) {
+    for (const coord::MapServer::Backup& b : r.Backups()) {
+      if (alive.contains(b.id)) backed.insert(r.served_by);
+    }
+  }
+  DropFalseSuspicions(etcd, keys, registrations, reports, backed, &suspected);
   std::erase_if(failing_, [&](const auto& f) {
     return alive.contains(f.first) && !suspected.contains(f.first);
   });
@@ -238,8 +244,8 @@ bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys, int6
       // lapsed (no promote checks here that it is gone: a suspicion alone is not enough).
       if (predecessors.empty() || alive.contains(x)) continue;
     }
-    auto& [first_tried, not_yet] =
-        failing_.try_emplace(x, std::chrono::steady_clock::now(), 0).first->second;
+    Failing& failing =
+        failing_.try_emplace(x, Failing{std::chrono::steady_clock::now()}).first->second;
     if (backup != nullptr) {
       Status promoted = AskMirror(
           mirror_ports, *backup,
@@ -248,7 +254,8 @@ bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys, int6
           },
           wire::Opcode::kPromoteReply);
       if (promoted.code() == StatusCode::kAborted) {  // "not yet": it may be alive; next tick
-        ++not_yet;
+        ++failing.not_yet;
+        failing.last_not_yet = std::chrono::steady_clock::now();
         continue;
       }
       if (!promoted.ok()) {
@@ -256,6 +263,7 @@ bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys, int6
                  "'s region over: " + promoted.message());
         continue;
       }
+      failing.promoted = true;  // until the map names the backup (the next tick asks again)
     }
     coord::ClusterMap next = *map;
     next.epoch = map->epoch + 1;
@@ -284,9 +292,9 @@ bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys, int6
     }
     last_error_.clear();  // the suspicion of `x` goes once it serves nothing (above)
     const long long took = std::chrono::duration_cast<std::chrono::milliseconds>(
-                               std::chrono::steady_clock::now() - first_tried)
+                               std::chrono::steady_clock::now() - failing.first_tried)
                                .count();
-    const int refusals = not_yet;
+    const int refusals = failing.not_yet;
     failing_.erase(x);
     // Only once the map no longer names `x` as their backup: a refused write (the term ended)
     // leaves the servers forwarding to every backup the map names.
@@ -315,6 +323,7 @@ bool Coordinator::Tick(coord::EtcdClient& etcd, const coord::MapKeys& keys, int6
 void Coordinator::DropFalseSuspicions(coord::EtcdClient& etcd, const coord::MapKeys& keys,
                                       const std::map<uint16_t, int64_t>& registrations,
                                       const std::map<uint16_t, coord::KeyValue>& reports,
+                                      const std::set<uint16_t>& backed,
                                       std::set<uint16_t>* suspected) {
   const auto now = std::chrono::steady_clock::now();
   std::erase_if(suspicions_, [&](const auto& s) { return !reports.contains(s.first); });
@@ -332,6 +341,14 @@ void Coordinator::DropFalseSuspicions(coord::EtcdClient& etcd, const coord::MapK
     }
     const auto stood = now - seen->second.since;
     if (stood < false_suspicion_) continue;
+    if (backed.contains(x)) {
+      // Its backup decides: it must have refused for the whole wait, and taken nothing over.
+      auto failing = failing_.find(x);
+      if (failing == failing_.end() || failing->second.promoted || !failing->second.last_not_yet ||
+          *failing->second.last_not_yet - seen->second.since < false_suspicion_) {
+        continue;
+      }
+    }
     auto dropped = etcd.DeleteIf(
         {{keys.Suspect(x), coord::Compare::Target::kModRevision, report.mod_revision}},
         keys.Suspect(x));

@@ -26,8 +26,12 @@
 // lease within the TTL, and its backup promotes once its serving lease lapses (kServeLease), so
 // a suspicion of a server that has kept one registration (its alive key's create_revision)
 // for 2 TTLs + kServeLease + kLeaseMargin since this coordinator first saw the report (its
-// mod_revision: a client that reports again starts the wait afresh) was false: the
-// coordinator deletes it (a txn on that mod_revision) and logs it with the reporter's pid.
+// mod_revision: a client that reports again starts the wait afresh) was false, provided that
+// the backup that decides agrees: where the server serves a region with a live backup, that
+// backup must still have answered "not yet" to a promote at the end of the wait (a wait that
+// the coordinator spent cut off from etcd, or asking nobody, proves nothing), and no promote may
+// have been taken whose map write has not landed. Then the coordinator deletes it (a txn on
+// that mod_revision) and logs it with the reporter's pid.
 //
 // Re-replication (docs/pool.md "Re-replication", "Replication with f backups"): in a round
 // without a failover, every region served with fewer than f = replicas backups (a backup
@@ -113,11 +117,13 @@ class Coordinator {
   Coordinator(uint16_t self, std::chrono::milliseconds lease_ttl);
   // Deletes the suspicions (`reports`, by server id) of servers that have kept their
   // registration (`registrations`: alive keys' create_revisions) for false_suspicion_ since this
-  // coordinator first saw the report (see the header), and takes them out of `suspected`.
+  // coordinator first saw the report and (if they serve a region that has a live backup, the
+  // set `backed`) whose backup still answered "not yet" to a promote that long after, with no
+  // promote taken (see the header); takes them out of `suspected`.
   void DropFalseSuspicions(coord::EtcdClient& etcd, const coord::MapKeys& keys,
                            const std::map<uint16_t, int64_t>& registrations,
                            const std::map<uint16_t, coord::KeyValue>& reports,
-                           std::set<uint16_t>* suspected);
+                           const std::set<uint16_t>& backed, std::set<uint16_t>* suspected);
   // A connection to server `to` on `port`, the hello said.
   Result<std::unique_ptr<control::Connection>> Open(const coord::MapServer& to,
                                                     uint16_t port) const;
@@ -182,9 +188,17 @@ class Coordinator {
   // Regions below their copies with no target, by region: the map epoch at which their server
   // was last sent the map's backups alone (AskBackup without a target), in this term.
   std::map<uint16_t, int64_t> told_;
-  // Lost servers whose failover has not landed yet: when this coordinator first tried it, and
-  // how many "not yet" its backup answered since (for the log line of the failover).
-  std::map<uint16_t, std::pair<std::chrono::steady_clock::time_point, int>> failing_;
+  // Lost servers whose failover has not landed yet: when this coordinator first tried it, how
+  // many "not yet" its backups answered since (for the log line of the failover), when the
+  // latest came, and whether a backup took a region over (a promote that was answered OK and
+  // whose map write has not landed yet).
+  struct Failing {
+    std::chrono::steady_clock::time_point first_tried;
+    int not_yet = 0;
+    std::optional<std::chrono::steady_clock::time_point> last_not_yet;
+    bool promoted = false;
+  };
+  std::map<uint16_t, Failing> failing_;
   // The suspicions of registered servers, by server id: the report's mod_revision and the
   // registration's create_revision this coordinator judges, and when it first saw them.
   struct Suspicion {
