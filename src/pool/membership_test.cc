@@ -588,6 +588,14 @@ struct Running {
     ASSERT_GT(pid, 0) << "server " << id << " has no process";
     ASSERT_EQ(kill(pid, SIGKILL), 0);
   }
+  // Reports server `id` gone once, as a Pool that lost it does (the coordinator judges the
+  // report: pool/server/coordinator.h "False suspicions").
+  void ReportOnce(int id) const {
+    auto [etcd, keys] = EtcdOf(*cluster);
+    ASSERT_TRUE(etcd);
+    const Status put = etcd->Put(keys.Suspect(static_cast<uint16_t>(id)), "test").status();
+    ASSERT_TRUE(put.ok()) << put.ToString();
+  }
   // Reports server `id` suspected (and keeps reporting it, SuspicionReporter), or withdraws
   // the report: the coordinator copies nothing to a suspected server.
   void Suspect(int id, bool suspected) {
@@ -662,11 +670,7 @@ TEST(CoordinatorFailover, AFalseReportOfALiveServerIsDroppedAndItsRegionCopiedAg
   const int suspect = (r.coordinator + 1) % kServers;
   const int backup = (suspect + 1) % kServers;  // the suspect's backup, not the coordinator
   Writer writer(*r.pool, r.objects);
-  {
-    auto [etcd, keys] = EtcdOf(*r.cluster);  // one report, as a Pool makes it
-    ASSERT_TRUE(etcd);
-    ASSERT_TRUE(etcd->Put(keys.Suspect(static_cast<uint16_t>(suspect)), "test").ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(r.ReportOnce(suspect));
   ASSERT_NO_FATAL_FAILURE(r.KillUnderWriter(backup, &writer));
   const EtcdView view = WaitForView(r.dir(), [&](const EtcdView& v) {
     return v.suspected.empty() && !v.map.Find(suspect)->Backups().empty();
@@ -691,11 +695,7 @@ TEST(CoordinatorFailover, AFalseReportOfAServerWhoseBackupRefusesIsDroppedAndNot
   const int suspect = (r.coordinator + 1) % kServers;
   Writer writer(*r.pool, r.objects);
   ASSERT_TRUE(writer.AcknowledgedEverywhere(20));
-  {
-    auto [etcd, keys] = EtcdOf(*r.cluster);
-    ASSERT_TRUE(etcd);
-    ASSERT_TRUE(etcd->Put(keys.Suspect(static_cast<uint16_t>(suspect)), "test").ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(r.ReportOnce(suspect));
   ASSERT_FALSE(ClusterEtcdStatus(r.dir()).value().suspected.empty());
   const EtcdView view =
       WaitForView(r.dir(), [&](const EtcdView& v) { return v.suspected.empty(); });

@@ -225,18 +225,23 @@ def test_soak_60_seconds(tmp_path):
     assert rc == 0 and not failures, f"soak failed: {failures}"
 
 
-@pytest.mark.skipif(not farpool_bin().exists(), reason="no farpool binary (build it first)")
-@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
-def test_soak_network_with_kills(tmp_path):
+def network_soak(tmp_path, *extra: str) -> tuple[int, list[dict]]:
+    """Bank for 50 s over TCP, every server in its own network namespace, 3 servers, replicas 1,
+    a fault every 10 s from t = 15 s (the warm-up), each once every region has its backup
+    again; `extra` arguments after these. Returns the soak's exit code and its rows."""
     out = tmp_path / "soak_net.jsonl"
-    # Bank for 50 s over TCP, every server in its own network namespace, 3 servers, replicas 1;
-    # from t = 15 s (the warm-up) every 10 s a server is added and then one SIGKILLed (a
-    # primary, then the coordinator), each once every region has its backup again.
     rc = soak.main(["--seconds", "50", "--workloads", "bank", "--transport", "tcp", "--netns",
                     "--servers", "3", "--replicas", "1", "--memory", "64MiB", "--faults", "10",
                     "--interval", "2", "--warmup", "0.3", "--dir", str(tmp_path),
-                    "--out", str(out)])
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
+                    "--out", str(out), *extra])
+    return rc, [json.loads(line) for line in out.read_text().splitlines()]
+
+
+@pytest.mark.skipif(not farpool_bin().exists(), reason="no farpool binary (build it first)")
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+def test_soak_network_with_kills(tmp_path):
+    # Each fault: a server added, then one SIGKILLed (a primary, then the coordinator).
+    rc, rows = network_soak(tmp_path)
     assert len(rows) == 1
     row = rows[0]
     assert row["ok"] and rc == 0, f"soak failed: {row['failures']}"
@@ -250,17 +255,12 @@ def test_soak_network_with_kills(tmp_path):
 @pytest.mark.skipif(not farpool_bin().exists(), reason="no farpool binary (build it first)")
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 def test_soak_network_with_stops_and_etcd(tmp_path):
-    out = tmp_path / "soak_faults.jsonl"
-    # As above, with the other kinds of fault in turn from t = 15 s: a primary SIGSTOPped for
-    # 1.5-4 s, a client process SIGSTOPped past its session lease, etcd SIGKILLed and started
-    # again, then (time permitting) the coordinator stopped (docs/pool.md "Soak with more kinds
-    # of fault"): the clients but the stopped one finish, the invariant holds.
-    rc = soak.main(["--seconds", "50", "--workloads", "bank", "--transport", "tcp", "--netns",
-                    "--servers", "3", "--replicas", "1", "--memory", "64MiB", "--faults", "10",
-                    "--fault-kinds", "stop,client-stop,etcd", "--clients", "3",
-                    "--interval", "2", "--warmup", "0.3", "--dir", str(tmp_path),
-                    "--out", str(out)])
-    row = json.loads(out.read_text().splitlines()[-1])
+    # The other kinds of fault in turn: a primary SIGSTOPped for 1.5-4 s, a client process
+    # SIGSTOPped past its session lease, etcd SIGKILLed and started again, then (time
+    # permitting) the coordinator stopped (docs/pool.md "Soak with more kinds of fault"): the
+    # clients but the stopped one finish, the invariant holds.
+    rc, rows = network_soak(tmp_path, "--fault-kinds", "stop,client-stop,etcd", "--clients", "3")
+    row = rows[-1]
     assert row["ok"] and rc == 0, f"soak failed: {row['failures']}"
     kinds = [e["kind"] for e in row["faults"]]
     assert kinds[:3] == ["stop", "client-stop", "etcd"], row["faults"]
