@@ -156,21 +156,9 @@ class ShardedTxn final : public Transaction {
   Result<std::optional<std::string>> ReadCommitted(const Table& t, int64_t key);
   // After a kBusy answer: resolves an expired holder or backs off. Aborted after waiting long.
   Status WaitForLock(size_t p, const ReadItem& busy, int attempt, Clock::time_point since);
-  // Aborted: the transaction is aborted (Usable refuses every later call, Commit commits
-  // nothing), counted once.
   Status Conflict(const std::string& what) {
-    if (!aborted_) ++s_.counters_.aborts;
-    aborted_ = true;
+    ++s_.counters_.aborts;
     return Status::Aborted(what);
-  }
-  // Ok, or why no call may be made (include/farpool/db.h, Transaction).
-  Status Usable() const {
-    if (finished_) return Status::InvalidArgument("transaction already finished");
-    if (aborted_) {
-      return Status::Aborted(
-          "an earlier call of this transaction returned Aborted: it can only be rolled back");
-    }
-    return Status::Ok();
   }
   void Hook(std::string_view point) { TestingHook(s_.db_.options(), point); }
 
@@ -178,7 +166,6 @@ class ShardedTxn final : public Transaction {
   std::optional<uint64_t> read_ts_;
   std::map<Key, WriteEntry> writes_;
   bool finished_ = false;
-  bool aborted_ = false;  // a call returned Aborted (Conflict)
 };
 
 // ================================================================ database
@@ -404,7 +391,7 @@ Result<std::optional<std::string>> ShardedTxn::ReadCommitted(const Table& t, int
 }
 
 Status ShardedTxn::Get(const Table& table, int64_t key, Row* row, ColumnSet columns) {
-  FARPOOL_RETURN_IF_ERROR(Usable());
+  if (finished_) return Status::InvalidArgument("transaction already finished");
   const std::string* value;
   std::optional<std::string> committed;
   auto w = writes_.find({table.id(), key});
@@ -424,7 +411,7 @@ Status ShardedTxn::Get(const Table& table, int64_t key, Row* row, ColumnSet colu
 }
 
 Status ShardedTxn::Put(const Table& table, int64_t key, const Row& row) {
-  FARPOOL_RETURN_IF_ERROR(Usable());
+  if (finished_) return Status::InvalidArgument("transaction already finished");
   if (row.schema() == nullptr || RowAccess::payload(row).size() != table.schema().PayloadSize()) {
     return Status::InvalidArgument("row does not match the schema of '" + table.name() + "'");
   }
@@ -438,7 +425,7 @@ Status ShardedTxn::Put(const Table& table, int64_t key, const Row& row) {
 }
 
 Status ShardedTxn::Delete(const Table& table, int64_t key) {
-  FARPOOL_RETURN_IF_ERROR(Usable());
+  if (finished_) return Status::InvalidArgument("transaction already finished");
   auto w = writes_.find({table.id(), key});
   if (w != writes_.end()) {
     if (w->second.deleted) return Status::NotFound("key " + std::to_string(key) + " deleted");
@@ -452,7 +439,7 @@ Status ShardedTxn::Delete(const Table& table, int64_t key) {
 
 Status ShardedTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bool reverse,
                         ColumnSet columns, const std::function<bool(int64_t, const Row&)>& visit) {
-  FARPOOL_RETURN_IF_ERROR(Usable());
+  if (finished_) return Status::InvalidArgument("transaction already finished");
   if (!table.ordered()) {
     return Status::InvalidArgument("table '" + table.name() + "' is not ordered (no scans)");
   }
@@ -514,11 +501,6 @@ Status ShardedTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit
 Status ShardedTxn::Commit() {
   if (finished_) return Status::InvalidArgument("transaction already finished");
   finished_ = true;
-  if (aborted_) {
-    return Status::Aborted(
-        "an earlier call of this transaction returned Aborted: nothing is "
-        "committed");
-  }
   Client& c = *s_.client_;
   if (writes_.empty()) {
     ++s_.counters_.commits;
