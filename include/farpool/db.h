@@ -295,6 +295,11 @@ enum class LockIntent : uint8_t {
   kUpdate,
 };
 
+// A call that returns Aborted aborts the transaction, as an error does in PostgreSQL's
+// transaction block: every later call returns Aborted too, and Commit commits nothing (it
+// returns Aborted and finishes the transaction); only Rollback (or the destructor) ends it
+// otherwise. A write buffered before the abort is never installed, so a caller that reads on
+// or commits after an Aborted cannot write past a conflict the abort reported.
 class Transaction {
  public:
   virtual ~Transaction() = default;

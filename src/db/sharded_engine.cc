@@ -156,9 +156,21 @@ class ShardedTxn final : public Transaction {
   Result<std::optional<std::string>> ReadCommitted(const Table& t, int64_t key);
   // After a kBusy answer: resolves an expired holder or backs off. Aborted after waiting long.
   Status WaitForLock(size_t p, const ReadItem& busy, int attempt, Clock::time_point since);
+  // Aborted: the transaction is aborted (Usable refuses every later call, Commit commits
+  // nothing), counted once.
   Status Conflict(const std::string& what) {
-    ++s_.counters_.aborts;
+    if (!aborted_) ++s_.counters_.aborts;
+    aborted_ = true;
     return Status::Aborted(what);
+  }
+  // Ok, or why no call may be made (include/farpool/db.h, Transaction).
+  Status Usable() const {
+    if (finished_) return Status::InvalidArgument("transaction already finished");
+    if (aborted_) {
+      return Status::Aborted(
+          "an earlier call of this transaction returned Aborted: it can only be rolled back");
+    }
+    return Status::Ok();
   }
   void Hook(std::string_view point) { TestingHook(s_.db_.options(), point); }
 
@@ -166,6 +178,7 @@ class ShardedTxn final : public Transaction {
   std::optional<uint64_t> read_ts_;
   std::map<Key, WriteEntry> writes_;
   bool finished_ = false;
+  bool aborted_ = false;  // a call returned Aborted (Conflict)
 };
 
 // ================================================================ database
@@ -391,7 +404,7 @@ Result<std::optional<std::string>> ShardedTxn::ReadCommitted(const Table& t, int
 }
 
 Status ShardedTxn::Get(const Table& table, int64_t key, Row* row, ColumnSet columns) {
-  if (finished_) return Status::InvalidArgument("transaction already finished");
+  FARPOOL_RETURN_IF_ERROR(Usable());
   const std::string* value;
   std::optional<std::string> committed;
   auto w = writes_.find({table.id(), key});
@@ -411,7 +424,7 @@ Status ShardedTxn::Get(const Table& table, int64_t key, Row* row, ColumnSet colu
 }
 
 Status ShardedTxn::Put(const Table& table, int64_t key, const Row& row) {
-  if (finished_) return Status::InvalidArgument("transaction already finished");
+  FARPOOL_RETURN_IF_ERROR(Usable());
   if (row.schema() == nullptr || RowAccess::payload(row).size() != table.schema().PayloadSize()) {
     return Status::InvalidArgument("row does not match the schema of '" + table.name() + "'");
   }
@@ -425,7 +438,7 @@ Status ShardedTxn::Put(const Table& table, int64_t key, const Row& row) {
 }
 
 Status ShardedTxn::Delete(const Table& table, int64_t key) {
-  if (finished_) return Status::InvalidArgument("transaction already finished");
+  FARPOOL_RETURN_IF_ERROR(Usable());
   auto w = writes_.find({table.id(), key});
   if (w != writes_.end()) {
     if (w->second.deleted) return Status::NotFound("key " + std::to_string(key) + " deleted");
@@ -439,7 +452,7 @@ Status ShardedTxn::Delete(const Table& table, int64_t key) {
 
 Status ShardedTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bool reverse,
                         ColumnSet columns, const std::function<bool(int64_t, const Row&)>& visit) {
-  if (finished_) return Status::InvalidArgument("transaction already finished");
+  FARPOOL_RETURN_IF_ERROR(Usable());
   if (!table.ordered()) {
     return Status::InvalidArgument("table '" + table.name() + "' is not ordered (no scans)");
   }
@@ -501,6 +514,11 @@ Status ShardedTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit
 Status ShardedTxn::Commit() {
   if (finished_) return Status::InvalidArgument("transaction already finished");
   finished_ = true;
+  if (aborted_) {
+    return Status::Aborted(
+        "an earlier call of this transaction returned Aborted: nothing is "
+        "committed");
+  }
   Client& c = *s_.client_;
   if (writes_.empty()) {
     ++s_.counters_.commits;

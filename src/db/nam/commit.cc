@@ -1275,6 +1275,7 @@ Status CommitRun::Run() {
 
 Status NamTxn::Commit() {
   if (finished_) return Status::InvalidArgument("transaction already finished");
+  if (aborted_) return Finish(Usable());  // Aborted: nothing is committed
   if (writes_.empty()) return Finish(s_.CheckLease());
   CommitRun run(*this);
   return Finish(run.Run());

@@ -703,6 +703,26 @@ class NamTxn final : public Transaction {
  private:
   friend class CommitRun;
   using Key = std::pair<uint32_t, int64_t>;
+  // Ok, or why no call may be made: InvalidArgument once finished, Aborted once a call returned
+  // Aborted (as in PostgreSQL's failed transaction block, only Rollback ends it; Commit then
+  // commits nothing and returns Aborted).
+  Status Usable() const;
+  // `s`, the outcome of a public call: an Aborted aborts the transaction (aborted_).
+  Status Outcome(Status s) {
+    if (s.code() == StatusCode::kAborted) aborted_ = true;
+    return s;
+  }
+  // The bodies of Get, Delete, Scan, ScanMany and ScanThenGet (which keep their Outcome).
+  Status GetOne(const Table& table, int64_t key, Row* row, ColumnSet columns);
+  Status DeleteOne(const Table& table, int64_t key);
+  Status ScanTable(const Table& table, int64_t lo, int64_t hi, size_t limit, bool reverse,
+                   ColumnSet columns, const std::function<bool(int64_t, const Row&)>& visit);
+  Status ScanManyRanges(std::span<const ScanRange> ranges,
+                        const std::function<bool(size_t, int64_t, const Row&)>& visit);
+  Status ScanThenGetRows(std::span<const ScanRange> ranges, const Table& target, ColumnSet columns,
+                         const std::function<int64_t(size_t range, int64_t key)>& target_key,
+                         const std::function<bool(size_t range, int64_t key, const Status& status,
+                                                  const Row& row)>& visit);
   // Record copies read ahead (GuessRound), by address: each is taken (moved out) by the first
   // entry or key that names its address, as its first copy if it holds that key's record
   // (TakeGuess).
@@ -944,8 +964,8 @@ class NamTxn final : public Transaction {
   std::map<Key, HeldLock> held_;
   std::vector<std::pair<GlobalAddress, uint64_t>> blobs_;  // allocated here, freed unless decided
   bool decided_ = false;
-  // A locking read returned Aborted: the transaction counts as aborted however it ends (the
-  // caller rolls it back).
+  // A call returned Aborted: the transaction is aborted (Usable refuses every later call,
+  // Commit commits nothing) and counts as aborted however it ends.
   bool aborted_ = false;
   bool finished_ = false;
 };

@@ -483,8 +483,8 @@ Status NamTxn::ReadHeld(const HeldLock& h, KeyRead* k) {
 }
 
 // MultiGet of one key, without its vectors (the most common read).
-Status NamTxn::Get(const Table& table, int64_t key, Row* row, ColumnSet columns) {
-  if (finished_) return Status::InvalidArgument("transaction already finished");
+Status NamTxn::GetOne(const Table& table, int64_t key, Row* row, ColumnSet columns) {
+  FARPOOL_RETURN_IF_ERROR(Usable());
   RoundTripScope cause(RoundTripCause::kRead);
   const auto& t = static_cast<const NamTable&>(table);
   Status own;
@@ -514,26 +514,61 @@ Status NamTxn::GetForUpdate(const Table& table, int64_t key, Row* row, LockInten
   std::vector<Row> rows;
   std::vector<Status> statuses;
   const TableKey k{&table, key};
-  FARPOOL_RETURN_IF_ERROR(ReadMany(std::span<const TableKey>(&k, 1), intent, &rows, &statuses));
+  FARPOOL_RETURN_IF_ERROR(
+      Outcome(ReadMany(std::span<const TableKey>(&k, 1), intent, &rows, &statuses)));
   *row = std::move(rows[0]);
   return statuses[0];
 }
 
+// The other public calls: their bodies, with the outcome kept (Outcome).
+Status NamTxn::Get(const Table& table, int64_t key, Row* row, ColumnSet columns) {
+  return Outcome(GetOne(table, key, row, columns));
+}
+
 Status NamTxn::MultiGet(std::span<const TableKey> keys, std::vector<Row>* rows,
                         std::vector<Status>* statuses) {
-  return ReadMany(keys, std::nullopt, rows, statuses);
+  return Outcome(ReadMany(keys, std::nullopt, rows, statuses));
 }
 
 Status NamTxn::MultiGetForUpdate(std::span<const TableKey> keys, std::vector<Row>* rows,
                                  std::vector<Status>* statuses, LockIntent intent) {
-  return ReadMany(keys, intent, rows, statuses);
+  return Outcome(ReadMany(keys, intent, rows, statuses));
+}
+
+Status NamTxn::Delete(const Table& table, int64_t key) { return Outcome(DeleteOne(table, key)); }
+
+Status NamTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bool reverse,
+                    ColumnSet columns, const std::function<bool(int64_t, const Row&)>& visit) {
+  return Outcome(ScanTable(table, lo, hi, limit, reverse, columns, visit));
+}
+
+Status NamTxn::ScanMany(std::span<const ScanRange> ranges,
+                        const std::function<bool(size_t, int64_t, const Row&)>& visit) {
+  return Outcome(ScanManyRanges(ranges, visit));
+}
+
+Status NamTxn::ScanThenGet(std::span<const ScanRange> ranges, const Table& target,
+                           ColumnSet columns,
+                           const std::function<int64_t(size_t range, int64_t key)>& target_key,
+                           const std::function<bool(size_t range, int64_t key, const Status& status,
+                                                    const Row& row)>& visit) {
+  return Outcome(ScanThenGetRows(ranges, target, columns, target_key, visit));
+}
+
+Status NamTxn::Usable() const {
+  if (finished_) return Status::InvalidArgument("transaction already finished");
+  if (aborted_) {
+    return Status::Aborted(
+        "an earlier call of this transaction returned Aborted: it can only be rolled back");
+  }
+  return Status::Ok();
 }
 
 Status NamTxn::ReadMany(std::span<const TableKey> keys, std::optional<LockIntent> lock,
                         std::vector<Row>* rows, std::vector<Status>* statuses,
                         GuessedRecords* guessed) {
   const bool for_update = lock.has_value();
-  if (finished_) return Status::InvalidArgument("transaction already finished");
+  FARPOOL_RETURN_IF_ERROR(Usable());
   RoundTripScope cause(RoundTripCause::kRead);
   rows->assign(keys.size(), Row());
   statuses->assign(keys.size(), Status::Ok());
@@ -575,9 +610,7 @@ Status NamTxn::ReadMany(std::span<const TableKey> keys, std::optional<LockIntent
   }
   if (!reads.empty()) {
     if (for_update) {
-      Status locked = LockKeys(reads, *lock);
-      aborted_ = aborted_ || locked.code() == StatusCode::kAborted;
-      FARPOOL_RETURN_IF_ERROR(locked);
+      FARPOOL_RETURN_IF_ERROR(LockKeys(reads, *lock));
     } else {
       if (guessed == nullptr) FARPOOL_RETURN_IF_ERROR(FreshSnapshotForRead());
       FARPOOL_RETURN_IF_ERROR(ReadKeys(reads, guessed));
@@ -1222,7 +1255,7 @@ void NamTxn::ReleaseHeld() {
 }
 
 Status NamTxn::Put(const Table& table, int64_t key, const Row& row) {
-  if (finished_) return Status::InvalidArgument("transaction already finished");
+  FARPOOL_RETURN_IF_ERROR(Usable());
   const auto& t = static_cast<const NamTable&>(table);
   if (RowAccess::payload(row).size() != t.schema_.PayloadSize()) {
     return Status::InvalidArgument("row does not match the schema of table '" + t.name_ + "'");
@@ -1239,8 +1272,8 @@ Status NamTxn::Put(const Table& table, int64_t key, const Row& row) {
   return Status::Ok();
 }
 
-Status NamTxn::Delete(const Table& table, int64_t key) {
-  if (finished_) return Status::InvalidArgument("transaction already finished");
+Status NamTxn::DeleteOne(const Table& table, int64_t key) {
+  FARPOOL_RETURN_IF_ERROR(Usable());
   RoundTripScope cause(RoundTripCause::kRead);
   const auto& t = static_cast<const NamTable&>(table);
   auto w = writes_.find({t.id_, key});
@@ -1460,9 +1493,9 @@ Status NotOrdered(const NamTable& t) {
 }
 }  // namespace
 
-Status NamTxn::Scan(const Table& table, int64_t lo, int64_t hi, size_t limit, bool reverse,
-                    ColumnSet columns, const std::function<bool(int64_t, const Row&)>& visit) {
-  if (finished_) return Status::InvalidArgument("transaction already finished");
+Status NamTxn::ScanTable(const Table& table, int64_t lo, int64_t hi, size_t limit, bool reverse,
+                         ColumnSet columns, const std::function<bool(int64_t, const Row&)>& visit) {
+  FARPOOL_RETURN_IF_ERROR(Usable());
   RoundTripScope cause(RoundTripCause::kRead);
   const auto& t = static_cast<const NamTable&>(table);
   if (!t.btree_) return NotOrdered(t);
@@ -1515,9 +1548,9 @@ Status NamTxn::ScanOne(const NamTable& t, int64_t lo, int64_t hi, size_t limit, 
   return Status::Ok();
 }
 
-Status NamTxn::ScanMany(std::span<const ScanRange> ranges,
-                        const std::function<bool(size_t, int64_t, const Row&)>& visit) {
-  if (finished_) return Status::InvalidArgument("transaction already finished");
+Status NamTxn::ScanManyRanges(std::span<const ScanRange> ranges,
+                              const std::function<bool(size_t, int64_t, const Row&)>& visit) {
+  FARPOOL_RETURN_IF_ERROR(Usable());
   RoundTripScope cause(RoundTripCause::kRead);
   auto table = [&](size_t i) -> const NamTable& {
     return static_cast<const NamTable&>(*ranges[i].table);
@@ -1530,12 +1563,12 @@ Status NamTxn::ScanMany(std::span<const ScanRange> ranges,
   return ScanRanges(ranges, nullptr, &guessed, visit);
 }
 
-Status NamTxn::ScanThenGet(std::span<const ScanRange> ranges, const Table& target,
-                           ColumnSet columns,
-                           const std::function<int64_t(size_t range, int64_t key)>& target_key,
-                           const std::function<bool(size_t range, int64_t key, const Status& status,
-                                                    const Row& row)>& visit) {
-  if (finished_) return Status::InvalidArgument("transaction already finished");
+Status NamTxn::ScanThenGetRows(
+    std::span<const ScanRange> ranges, const Table& target, ColumnSet columns,
+    const std::function<int64_t(size_t range, int64_t key)>& target_key,
+    const std::function<bool(size_t range, int64_t key, const Status& status, const Row& row)>&
+        visit) {
+  FARPOOL_RETURN_IF_ERROR(Usable());
   RoundTripScope cause(RoundTripCause::kRead);
   std::vector<ScanRange> keys_only(ranges.begin(), ranges.end());
   for (ScanRange& r : keys_only) {
