@@ -2014,6 +2014,95 @@ TEST(ReReplication, AReadWaitsForEveryBackupNotOnlyTheFirst) {
               read.ToString().c_str(), static_cast<unsigned long long>(value));
 }
 
+// A stopped further backup never stalls its primary (docs/pool.md "Pipelined forwards to
+// further backups"): --replicas 2 on 4 servers, servers in network namespaces over TCP, three
+// client threads writing to every server. `stopped` (not the coordinator) is SIGSTOPped for
+// 3 s, longer than its etcd lease (2 s); it is the further backup of `primary`, whose first
+// backup is another live server. The primary posts its forwards there without waiting, so its
+// loop goes on serving: its writes fail or are refused ("has not answered") until the
+// coordinator, having failed the stopped server over, degrades its copy, but every request is
+// answered. The judge is a client's own failure detector, a second Pool with a failure timeout
+// of 1 s that only watches (heartbeats every 250 ms; silence for 1 s and a fresh hello
+// unanswered for 1 s more make it report the server gone, P/suspect/<id>): no server but the
+// stopped one is ever reported (etcd polled throughout), the map still has the primary serve
+// its own region afterwards, the writers' client writes to every server again (a Pool never
+// takes a failure verdict back), and no acknowledged write is lost. Then the re-replication
+// that follows (each region back to 3 copies) connects to the new backups off the loops
+// (StartConnect): a connection whose UCX wireup met a failed lane took ~1 s on the loop.
+// With blocking forwards to further backups the primary's loop stood still for the whole stop
+// (3 s: each round and each renewal waited backup_timeout, 1 s, for the stopped backup).
+TEST(ReReplication, AStoppedFurtherBackupNeverStallsItsPrimary) {
+  constexpr int kServers = 4;
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(Options(kServers, 2, /*netns=*/true), &r));
+  const int stopped = (r.coordinator + 1) % kServers;
+  const int primary = (stopped + kServers - 2) % kServers;
+  {
+    const EtcdView view = ClusterEtcdStatus(r.dir()).value();
+    const std::vector<coord::MapServer::Backup> backups = view.map.Find(primary)->Backups();
+    ASSERT_EQ(backups.size(), 2u) << view.map.ToJson();
+    ASSERT_EQ(backups[1].id, stopped) << "not the primary's further backup: " << view.map.ToJson();
+  }
+  const auto pid = static_cast<pid_t>(r.Config().servers[stopped].pid);
+  ASSERT_GT(pid, 0);
+  PoolOptions watching_options;
+  watching_options.failure_timeout = 1s;
+  auto watching = Pool::Connect(r.Config(), watching_options);
+  ASSERT_TRUE(watching.ok()) << watching.status().ToString();
+  // Three writers, each with an object of its own on every server.
+  std::vector<std::unique_ptr<Writer>> writers;
+  for (int w = 0; w < 3; ++w) {
+    std::vector<GlobalAddress> objects = r.objects;
+    if (w > 0) {
+      for (int s = 0; s < kServers; ++s) {
+        auto a = r.pool->Alloc(64, Placement::OnServer(static_cast<uint16_t>(s)));
+        ASSERT_TRUE(a.ok()) << a.status().ToString();
+        objects[s] = *a;
+      }
+    }
+    writers.push_back(std::make_unique<Writer>(*r.pool, objects));
+  }
+  for (auto& w : writers) ASSERT_TRUE(w->AcknowledgedEverywhere(20));
+  // Every server a client reported gone, from the stop until the end.
+  std::set<uint16_t> reported;
+  std::atomic<bool> polling{true};
+  std::thread poller([&] {
+    while (polling) {
+      if (auto view = ClusterEtcdStatus(r.dir()); view.ok()) {
+        reported.insert(view->suspected.begin(), view->suspected.end());
+      }
+      std::this_thread::sleep_for(100ms);
+    }
+  });
+  ASSERT_EQ(kill(pid, SIGSTOP), 0);
+  std::this_thread::sleep_for(3s);
+  ASSERT_EQ(kill(pid, SIGCONT), 0);
+  // The stopped server failed over and every region back to three copies.
+  const EtcdView view = WaitForView(r.dir(), [&](const EtcdView& v) {
+    return v.map.Find(stopped)->served_by != stopped &&
+           std::all_of(v.map.servers.begin(), v.map.servers.end(),
+                       [](const coord::MapServer& m) { return m.Backups().size() == 2; });
+  });
+  EXPECT_NE(view.map.Find(stopped)->served_by, stopped) << view.map.ToJson();
+  EXPECT_EQ(view.map.Find(primary)->served_by, primary)
+      << "the primary was failed over: " << view.map.ToJson();
+  // The stopped server's objects included: the client follows its failover.
+  for (auto& w : writers) {
+    EXPECT_TRUE(w->AcknowledgedEverywhere(20))
+        << "the client does not write to every server again, the latest error: " << w->last_error();
+  }
+  polling = false;
+  poller.join();
+  for (uint16_t id : reported) {
+    EXPECT_EQ(id, stopped) << "a client reported server " << id << " gone; only " << stopped
+                           << " was stopped";
+  }
+  for (auto& w : writers) {
+    w->Stop();
+    w->CheckIntact();
+  }
+}
+
 // A detach of a slot whose primary still feeds it is refused unless it comes on that primary's
 // connection (docs/pool.md "Re-replication's loose ends"): a coordinator that drops a copy
 // after its failover may have been deposed meanwhile, and a newer one may have named that very

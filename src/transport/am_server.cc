@@ -91,6 +91,7 @@ class AmServer::Impl {
   std::vector<uint64_t> reply_connections_;  // Peer::id, 0: none
   std::vector<std::vector<std::byte>> replies_;
   std::vector<LateReply> settled_;  // AmHandler::TakeSettled's
+  std::vector<Worker*> side_;       // AmHandler::SideWorkers', for the next sleep
   bool reap_ = false;               // an endpoint failed since the last ReapFailed
   // Asked to close by the handler of the current message (CloseConnections).
   std::vector<ucp_ep_h> to_close_;
@@ -281,8 +282,9 @@ void AmServer::Impl::Run(AmHandler& handler, const std::atomic<bool>& stop) {
       if (auto wake = handler_->WakeAt()) {
         wait = std::min(wait, std::chrono::ceil<std::chrono::milliseconds>(*wake - now));
       }
-      Status s =
-          worker_->Wait(std::max(wait, std::chrono::milliseconds(0)), handler_->SideWorker());
+      side_.clear();
+      handler_->SideWorkers(&side_);
+      Status s = worker_->Wait(std::max(wait, std::chrono::milliseconds(0)), side_);
       (void)s;  // a failed wait only means we poll again sooner
       woke = true;
     }

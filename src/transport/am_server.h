@@ -27,7 +27,7 @@
 //   5. closes and forgets the endpoints that failed (reap), telling the handler (Closed);
 //   6. every kTickPeriod, calls AmHandler::Tick (an event-mode loop wakes up for it), and an
 //      event-mode loop also wakes up by AmHandler::WakeAt and for events on the handler's
-//      AmHandler::SideWorker (a primary's link to its backup: an acknowledgement).
+//      AmHandler::SideWorkers (a primary's links to its backups: an acknowledgement).
 // A message that arrives by rendezvous (larger than the eager limit) is refused unread: the
 // sender gets AmHandler::Refuse's error reply. Every farpool sender posts eagerly (PostAm,
 // Endpoint::SendAm), so only a foreign or broken sender meets this.
@@ -137,9 +137,9 @@ class AmHandler {
   // Appends the replies that Settle took out and that may go now; called on every iteration of
   // the loop, after Settle. They are posted as they are (to connections still open).
   virtual void TakeSettled(std::vector<LateReply>* out) { (void)out; }
-  // A worker of the handler's own, created with wakeup, whose events must wake an event-mode
-  // loop (the handler progresses it itself, from TakeSettled); null: none.
-  virtual Worker* SideWorker() { return nullptr; }
+  // Appends the workers of the handler's own, created with wakeup, whose events must wake an
+  // event-mode loop now (the handler progresses them itself, from TakeSettled); none: nothing.
+  virtual void SideWorkers(std::vector<Worker*>* out) { (void)out; }
   // Called at least every kTickPeriod, busy or idle, between rounds (a primary memory server
   // renews its lease with its backup there). May block briefly.
   virtual void Tick() {}

@@ -236,19 +236,19 @@ Status Worker::SetAmHandler(unsigned id, ucp_am_recv_callback_t callback, void* 
   return Status::Ok();
 }
 
-Status Worker::Wait(std::chrono::milliseconds timeout, Worker* also) {
-  pollfd pfd[2];
-  nfds_t n = 0;
-  for (Worker* w : {this, also}) {
-    if (w == nullptr) continue;
+Status Worker::Wait(std::chrono::milliseconds timeout, std::span<Worker* const> also) {
+  std::vector<pollfd> pfd;
+  pfd.reserve(1 + also.size());
+  for (size_t i = 0; i <= also.size(); ++i) {
+    Worker* w = i == 0 ? this : also[i - 1];
     if (w->event_fd_ < 0)
       return Status::Internal("Worker::Wait on a worker created without wakeup");
     ucs_status_t st = ucp_worker_arm(w->worker_);
     if (st == UCS_ERR_BUSY) return Status::Ok();  // events pending: go progress them
     if (st != UCS_OK) return UcxStatus(st, "arming UCX worker");
-    pfd[n++] = {w->event_fd_, POLLIN, 0};
+    pfd.push_back({w->event_fd_, POLLIN, 0});
   }
-  int rc = ::poll(pfd, n, static_cast<int>(timeout.count()));
+  int rc = ::poll(pfd.data(), pfd.size(), static_cast<int>(timeout.count()));
   if (rc < 0 && errno != EINTR) return Status::IoError(std::string("poll: ") + strerror(errno));
   return Status::Ok();
 }

@@ -97,9 +97,9 @@ class Worker {
   // Registers the handler of active message `id`. `callback` runs inside Progress().
   Status SetAmHandler(unsigned id, ucp_am_recv_callback_t callback, void* arg);
 
-  // Event-driven wait (REQUIRES: created with wakeup, `also` too): returns when there is work
-  // for Progress() of this worker or of `also` (if not null), or after `timeout`.
-  Status Wait(std::chrono::milliseconds timeout, Worker* also = nullptr);
+  // Event-driven wait (REQUIRES: created with wakeup, every worker of `also` too): returns when
+  // there is work for Progress() of this worker or of one of `also`, or after `timeout`.
+  Status Wait(std::chrono::milliseconds timeout, std::span<Worker* const> also = {});
   // Ends a Wait of this worker now or the next one (ucp_worker_signal). Any thread.
   void Signal();
 

@@ -120,6 +120,9 @@ class BackupLink {
   std::chrono::steady_clock::time_point acknowledged_sent() const { return acknowledged_sent_; }
   // The failures since the last call, oldest first.
   std::vector<Failure> TakeFailures() { return std::exchange(failures_, {}); }
+  // Whether failures wait to be taken: a failed forward counts as settled (settled()), so
+  // until TakeFailures a caller cannot tell it from an acknowledged one by the tickets alone.
+  bool failing() const { return !failures_.empty(); }
   // Its events (an acknowledgement) are what the primary's loop waits for.
   transport::Worker& worker() { return mirror_->worker(); }
 

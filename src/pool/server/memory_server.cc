@@ -71,6 +71,16 @@ bool IsRefusal(std::span<const std::byte> reply) {
          header.opcode == static_cast<uint16_t>(wire::Opcode::kMovingReply);
 }
 
+// A held reply's or a waiter's promise about a slot link (MemoryServer::Impl::SlotLink::serial):
+// that link has acknowledged forward `ticket` and every one before it.
+struct SlotPromise {
+  uint64_t serial;
+  uint64_t ticket;
+};
+// What names backup_, the own part's first link, where a link's serial is asked for (slot links
+// count from kOwnLink + 1).
+constexpr uint64_t kOwnLink = 0;
+
 }  // namespace
 
 // The control-message handler of the server's AmServer; runs on its progress thread.
@@ -105,10 +115,13 @@ class MemoryServer::Impl : public transport::AmHandler {
               std::span<const uint64_t> connections) override;
   // Takes the backup's acknowledgements and failures: the held replies they release.
   void TakeSettled(std::vector<transport::LateReply>* out) override;
-  // The own link's worker while a forward is in flight (BackupLink::in_flight): arming an idle
-  // one would cost a system call per sleep for nothing.
-  transport::Worker* SideWorker() override {
-    return backup_ != nullptr && backup_->in_flight() ? &backup_->worker() : nullptr;
+  // The links' workers with a forward in flight (BackupLink::in_flight): arming an idle one
+  // would cost a system call per sleep for nothing.
+  void SideWorkers(std::vector<transport::Worker*>* out) override {
+    if (backup_ != nullptr && backup_->in_flight()) out->push_back(&backup_->worker());
+    for (auto& [region, l] : slot_links_) {
+      if (l.link->in_flight()) out->push_back(&l.link->worker());
+    }
   }
   // Waiting compare-and-swaps (see the header).
   void TakeLate(std::vector<transport::LateReply>* out) override;
@@ -122,6 +135,16 @@ class MemoryServer::Impl : public transport::AmHandler {
     uint64_t next = 0;
     bool book_sent = false;
     Clock::time_point started = Clock::now();
+  };
+  // A link to a backup being connected (connecting_): a promoted slot's (kSlot), or the own
+  // part's first backup (kFirst, becomes backup_) or a further one (kFurther).
+  struct PendingLink {
+    enum Role { kSlot, kFirst, kFurther };
+    uint16_t backup_id = 0;
+    uint16_t slot = 0;
+    Role role = kSlot;
+    Clock::time_point began;
+    std::future<Result<std::unique_ptr<BackupLink>>> link;
   };
   Result<std::vector<std::byte>> Answer(const wire::Message& m, transport::Peer* from);
   // Keeps this batch's changes (from `before` in changed_) for the backup if replicated, else
@@ -162,15 +185,20 @@ class MemoryServer::Impl : public transport::AmHandler {
     std::lock_guard lock(gone_mu_);
     gone_.erase(id);
   }
-  // Takes the own link's acknowledgements and failures, and releases the held replies they
+  // Takes every link's acknowledgements and failures, and releases the held replies they
   // settle. A failure while copying abandons the copy instead.
   void Pump();
-  // Forwards [from, through] failed for `why`: their held replies and the waiters that changed
-  // the region in their rounds are answered with an error.
-  void FailForwards(const BackupLink::Failure& failure);
-  // Every held reply goes as it is (the backup_ they wait for is dropped, and the rounds stand
-  // with one copy).
-  void ReleaseHeld();
+  void PumpOwnLink();
+  // The slot links' part of Pump: gives up those declared gone, and a copying one that failed.
+  void PumpSlotLinks();
+  // Releases the held replies at the front whose promises are all kept (see Held).
+  void ReleaseSettled();
+  // Forwards [from, through] of link `serial` (kOwnLink: backup_) failed for `why`: the held
+  // replies that wait for one of them and the waiters that changed the region in their rounds
+  // are answered with an error.
+  void FailForwards(uint64_t serial, const BackupLink::Failure& failure);
+  // backup_ is dropped: what replies and waiters waited for on it stands with the copies left.
+  void ForgetOwnPromises();
   // Re-replication: the next slice of the copy to a new backup (see the header).
   void CopySlice();
   // The next slice of `copy` of [base, base + size) to `link` (pieces of kCopyPiece while the
@@ -182,13 +210,26 @@ class MemoryServer::Impl : public transport::AmHandler {
   // `named`: the map's backups of the region (the request's tail).
   Result<wire::BackupReply> ConfigureSlotBackup(const wire::BackupRequest& request,
                                                 std::span<const wire::MapBackup> named);
-  // Tick and Settle for the slot links (blocking forwards, see the header): copies, renewals,
-  // forwards of `changed` (offsets in region_). Returns Ok, or the failure that fails the round.
+  // Tick for the slot links: a slice of each copy (blocking, as the own part's), a renewal
+  // posted where due.
   void TickSlotLinks();
-  // Moves the slot links whose connection is done from connecting_ to slot_links_ (or drops
-  // one that failed, saying why).
-  void InstallSlotLinks();
-  Status ForwardSlotLinks(const std::vector<memory_ops::Range>& changed);
+  // Connects to `request`'s backup for its region (`size` bytes; `share`: its pages, shared
+  // pages) on a thread of its own, into connecting_ as `role`. Ok, or why it could not begin.
+  Status StartConnect(const wire::BackupRequest& request, uint64_t size,
+                      std::optional<SharedFile> share, PendingLink::Role role);
+  // Installs the links whose connection is done: a slot link in slot_links_, the own part's as
+  // InstallOwnLink says; drops one that failed, saying why.
+  void InstallLinks();
+  // The own part's link to a backup named after leases exist (re-replication, a drain's copy),
+  // connected: becomes backup_ (kFirst) or a further backup's slot link (kFurther), its copy
+  // begun, if what held when its connection began holds still; else given up.
+  void InstallOwnLink(const PendingLink& pending, Result<std::unique_ptr<BackupLink>> link,
+                      std::chrono::milliseconds took);
+  // Settle for the slot links: posts this round's changes in each link's part of `changed`
+  // (offsets in region_) and its lease changes, without waiting (pipelined, see the header).
+  void PostSlotLinks(const std::vector<memory_ops::Range>& changed);
+  // The slot link numbered `serial`, or null once it is given up.
+  const BackupLink* SlotLinkOf(uint64_t serial) const;
   // Gives the copy up (the new backup failed): one copy, as before it began.
   void AbandonCopy(const Status& why);
   // Closes `link` to a backup whose copy this server gives up (degraded, or a copy abandoned),
@@ -201,8 +242,9 @@ class MemoryServer::Impl : public transport::AmHandler {
   Result<wire::BackupReply> ConfigureBackup(const wire::BackupRequest& request,
                                             std::span<const wire::MapBackup> named);
   // A further backup of the own part (replicas f >= 2): a link in slot_links_ under this
-  // server's id. Named by `cluster up` before anything is leased, the root area is forwarded at
-  // once; named by re-replication (`copy`), the region is copied to it in slices first, as to a
+  // server's id. Named by `cluster up` before anything is leased, it is connected here and the
+  // root area is forwarded at once; named by re-replication (`copy`), it is connected off the
+  // loop (StartConnect, InstallOwnLink) and the region copied to it in slices first, as to a
   // first backup. REQUIRES: backup_ != nullptr, not degraded, `request`'s server not a backup.
   Result<wire::BackupReply> AddBackup(const wire::BackupRequest& request, bool copy);
   // Gives up the copies of `request.region` on servers that neither `named` (the map's
@@ -251,8 +293,9 @@ class MemoryServer::Impl : public transport::AmHandler {
     std::string pool_name;
     uint64_t word = 0;  // the offset waited for
     Clock::time_point deadline;
-    bool stopped_dirty = false;  // changed the region in the round it stopped in
-    uint64_t dirty_ticket = 0;   // the forward of such a round (0: none)
+    bool stopped_dirty = false;            // changed the region in the round it stopped in
+    uint64_t dirty_ticket = 0;             // the own link's forward of such a round (0: none)
+    std::vector<SlotPromise> dirty_slots;  // the slot links' (the latest per link)
   };
   // Parks a stopped batch at the back of its word's queue.
   void Park(Waiter w);
@@ -321,21 +364,17 @@ class MemoryServer::Impl : public transport::AmHandler {
   // lease changes lease_changes_.
   struct SlotLink {
     std::unique_ptr<BackupLink> link;
-    uint64_t base = 0;  // where the slot starts in region_
+    uint64_t serial = 0;  // names it in held replies' promises, never reused (next_serial_)
+    uint64_t base = 0;    // where the slot starts in region_
     std::optional<Copy> copy;
     Clock::time_point last_ack{};
     std::vector<LeaseChange> leases;
   };
   std::multimap<uint16_t, SlotLink> slot_links_;
-  // Slot links being connected off the progress thread (ConfigureSlotBackup), by region:
-  // installed in slot_links_ by TickSlotLinks once connected.
-  struct PendingSlotLink {
-    uint16_t backup_id = 0;
-    uint16_t slot = 0;
-    Clock::time_point began;
-    std::future<Result<std::unique_ptr<BackupLink>>> link;
-  };
-  std::map<uint16_t, PendingSlotLink> connecting_;
+  uint64_t next_serial_ = kOwnLink + 1;
+  // Links being connected off the progress thread (StartConnect), by region: installed by
+  // TickSlotLinks (InstallLinks) once connected. At most one per region at a time.
+  std::map<uint16_t, PendingLink> connecting_;
   // The backup ids of DegradeRequests, set on the mirror's loop: the links to them are given
   // up. A server named as a backup again is taken out (Unmark).
   mutable std::mutex gone_mu_;
@@ -358,11 +397,14 @@ class MemoryServer::Impl : public transport::AmHandler {
   // By position, as round_: whether the reply may show memory or leases (a batch's, a lease's,
   // a release's), and so must wait for the forwards before it.
   std::vector<bool> observes_;
-  // Replies held back until the backup has acknowledged forward `ticket` and every one before
-  // it (header: "Pipelined forwards"), in the order of their rounds (so tickets never
-  // decrease); and those released, for TakeSettled.
+  // Replies held back until every link has acknowledged what was posted to it by the end of
+  // their round (header: "Pipelined forwards"): backup_ forward `ticket` (0: nothing) and every
+  // one before it, each slot link of `slots` its ticket. In the order of their rounds, so each
+  // link's tickets never decrease along held_ and the front is the first to go; a link given up
+  // keeps no promise. Released ones wait in released_ for TakeSettled.
   struct Held {
     uint64_t ticket;
+    std::vector<SlotPromise> slots;  // empty (no allocation) unless slot links are behind
     transport::LateReply reply;
   };
   std::deque<Held> held_;
@@ -869,13 +911,13 @@ void MemoryServer::Impl::Degrade() {
   copy_.reset();
   degraded_ = true;
   whole_backup_.store(false);
-  ReleaseHeld();
+  ForgetOwnPromises();
 }
 
-void MemoryServer::Impl::ReleaseHeld() {
-  for (Held& h : held_) released_.push_back(std::move(h.reply));
-  held_.clear();
+void MemoryServer::Impl::ForgetOwnPromises() {
+  for (Held& h : held_) h.ticket = 0;
   for (auto& [number, w] : waiters_) w.dirty_ticket = 0;
+  ReleaseSettled();
 }
 
 void MemoryServer::Impl::AbandonCopy(const Status& why) {
@@ -884,7 +926,7 @@ void MemoryServer::Impl::AbandonCopy(const Status& why) {
   GiveUp(std::move(backup_));
   copy_.reset();
   whole_backup_.store(false);
-  ReleaseHeld();  // none while copying; the rounds stand with one copy, as the map says
+  ForgetOwnPromises();  // none while copying; the rounds stand with one copy, as the map says
 }
 
 Status MemoryServer::Impl::CopyStep(BackupLink& link, Copy& copy, const std::byte* base,
@@ -965,23 +1007,31 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureSlotBackup(
                            std::to_string(p->second.backup_id) + " for server " +
                            std::to_string(request.region) + "'s region; ask again");
   }
-  const std::string host(wire::HostOf(request));
   const std::optional<SharedFile> share =
       options_.shared_pages ? mirror_->SharedFileOf(request.region) : std::nullopt;
   if (options_.shared_pages && !share) {
     return Status::InvalidArgument(Name() + ": server " + std::to_string(request.region) +
                                    "'s region is a copy here, not its shared pages");
   }
+  FARPOOL_RETURN_IF_ERROR(StartConnect(request, size, share, PendingLink::kSlot));
+  return wire::BackupReply{size, request.slot, {}};
+}
+
+Status MemoryServer::Impl::StartConnect(const wire::BackupRequest& request, uint64_t size,
+                                        std::optional<SharedFile> share, PendingLink::Role role) {
   // Connected on a thread of its own, not this loop: two connections (each a UCX context and
   // worker, a challenge and a hello) and the attach took more than the serving lease at load
   // above 10, and meanwhile the loop renewed nothing: its own backup's lease lapsed and clients
-  // got "its backup has not answered" (docs/pool.md "Drain over shared pages").
-  BackupLink::Target target{request.backup_id, host, request.port, request.slot};
+  // got "its backup has not answered" (docs/pool.md "Drain over shared pages"); a connection
+  // whose UCX wireup met a lane that failed took ~1 s even unloaded ("Pipelined forwards to
+  // further backups").
+  BackupLink::Target target{request.backup_id, std::string(wire::HostOf(request)), request.port,
+                            request.slot};
   auto connect = [target, region = request.region, size, secret = auth_->secret(),
                   fabric = options_.fabric, timeout = options_.backup_timeout,
                   share]() -> Result<std::unique_ptr<BackupLink>> {
     // Whatever the connection throws (an allocation, a thread of UCX's) is its failure, not
-    // the server's end: InstallSlotLinks says why and the coordinator asks again.
+    // the server's end: InstallLinks says why and the coordinator asks again.
     try {
       return BackupLink::Connect(target, region, size, secret, fabric, timeout,
                                  share ? &*share : nullptr);
@@ -1002,11 +1052,11 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureSlotBackup(
                                "; ask again");
   }
   connecting_[request.region] =
-      PendingSlotLink{request.backup_id, request.slot, Clock::now(), std::move(link)};
-  return wire::BackupReply{size, request.slot, {}};
+      PendingLink{request.backup_id, request.slot, role, Clock::now(), std::move(link)};
+  return Status::Ok();
 }
 
-void MemoryServer::Impl::InstallSlotLinks() {
+void MemoryServer::Impl::InstallLinks() {
   for (auto p = connecting_.begin(); p != connecting_.end();) {
     if (p->second.link.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
       ++p;
@@ -1016,6 +1066,11 @@ void MemoryServer::Impl::InstallSlotLinks() {
     auto link = p->second.link.get();
     const auto took =
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - p->second.began);
+    if (p->second.role != PendingLink::kSlot) {
+      InstallOwnLink(p->second, std::move(link), took);
+      p = connecting_.erase(p);
+      continue;
+    }
     const auto slot = mirror_->PromotedSlot(region);
     if (!link.ok() || !slot) {
       // The coordinator asks again (a BackupRequest finds neither a link nor a connection).
@@ -1031,59 +1086,105 @@ void MemoryServer::Impl::InstallSlotLinks() {
       // A verdict about this very server from before is stale now; one about another (our
       // own backup, declared gone while this link connected) stands.
       Unmark((*link)->id());
-      slot_links_.emplace(
-          region,
-          SlotLink{
-              std::move(*link), chunks_.region_size() + *slot * size, Copy{}, Clock::now(), {}});
+      slot_links_.emplace(region, SlotLink{std::move(*link),
+                                           next_serial_++,
+                                           chunks_.region_size() + *slot * size,
+                                           Copy{},
+                                           Clock::now(),
+                                           {}});
     }
     p = connecting_.erase(p);
   }
 }
 
+void MemoryServer::Impl::InstallOwnLink(const PendingLink& pending,
+                                        Result<std::unique_ptr<BackupLink>> link,
+                                        std::chrono::milliseconds took) {
+  const bool first = pending.role == PendingLink::kFirst;
+  // What ConfigureBackup found when it began the connection must still hold: one copy and no
+  // reply held for the own link (first), or a first backup that is whole (further); a backup
+  // declared gone since (a drain's tool gave the copy up) is not copied to.
+  Status stale = Status::Ok();
+  if (!link.ok()) {
+    stale = link.status();
+  } else if (DeclaredGone(**link)) {
+    stale = Status::Aborted("declared gone while connecting");
+  } else if (first && ((backup_ != nullptr && !degraded_) ||
+                       std::any_of(held_.begin(), held_.end(),
+                                   [](const Held& h) { return h.ticket != 0; }))) {
+    stale = Status::Aborted("a first backup was named meanwhile");
+  } else if (!first && (backup_ == nullptr || degraded_)) {
+    stale = Status::Aborted("its first backup was lost meanwhile");
+  }
+  if (!stale.ok()) {
+    // The coordinator asks again (a BackupRequest finds neither a link nor a connection).
+    std::fprintf(stderr, "%s: no backup server %u for its region after %lld ms: %s\n",
+                 Name().c_str(), pending.backup_id, static_cast<long long>(took.count()),
+                 stale.message().c_str());
+    if (link.ok()) GiveUp(std::move(*link));
+    return;
+  }
+  const uint64_t size = chunks_.region_size();
+  std::fprintf(stderr, "%s: copying its region (%s) to %s slot %u%s (connected in %lld ms)\n",
+               Name().c_str(), FormatSize(size).c_str(), (*link)->name().c_str(), pending.slot,
+               first ? "" : ", a further backup", static_cast<long long>(took.count()));
+  if (!first) {
+    // Counts for nothing (MayServe, held replies) until whole: the copy goes in slices
+    // (TickSlotLinks), every round's changes after them on the same link.
+    slot_links_.emplace(options_.id,
+                        SlotLink{std::move(*link), next_serial_++, 0, Copy{}, Clock::now(), {}});
+    return;
+  }
+  // A copy under way to another backup (which the map never named) is given up for this one.
+  if (backup_ != nullptr) AbandonCopy(Status::Aborted("a new backup was named"));
+  backup_ = std::move(*link);
+  copy_ = Copy{};
+  last_ack_ = Clock::now();
+  // Without replicas the server promises one copy until the copy is whole, as a replicated
+  // one after a degrade: nothing held, no serving lease (MayServe), a failure abandons it.
+  if (!options_.replicated) degraded_ = true;
+}
+
 void MemoryServer::Impl::TickSlotLinks() {
-  InstallSlotLinks();
+  InstallLinks();
   const uint64_t size = mirror_ ? mirror_->size() : 0;
   for (auto it = slot_links_.begin(); it != slot_links_.end();) {
     SlotLink& l = it->second;
     // The own part's further backups (its changes and its lease book) beside promoted slots'.
     const bool own = it->first == options_.id;
-    const std::string what =
-        own ? "its region" : "server " + std::to_string(it->first) + "'s region";
-    Status done = Status::Ok();
-    if (DeclaredGone(*l.link)) {
-      done = Status::Unavailable(l.link->name() + " is gone (a client says so)");
-    } else if (l.copy) {
+    if (l.copy) {
+      const std::string what =
+          own ? "its region" : "server " + std::to_string(it->first) + "'s region";
       const uint64_t whole = own ? chunks_.region_size() : size;
-      done = CopyStep(*l.link, *l.copy, region_->data() + l.base, whole,
-                      own ? chunks_.leases() : mirror_->Leases(it->first), what);
-      if (done.ok() && l.copy->next == whole) l.copy.reset();
-    } else if (Clock::now() - l.last_ack >= kServeLease / 4) {
-      done = l.link->Forward(region_->data() + l.base, {}, {},
-                             [this, &l] { return DeclaredGone(*l.link); });
-      if (done.code() == StatusCode::kPermissionDenied) Fence(done);
-    }
-    l.link->TakeFailures();  // Forward returned them (blocking: nothing held for a slot link)
-    if (done.ok()) {
-      // The serving lease counts from when the latest acknowledged forward was sent.
+      Status done = DeclaredGone(*l.link)
+                        ? Status::Unavailable(l.link->name() + " is gone (a client says so)")
+                        : CopyStep(*l.link, *l.copy, region_->data() + l.base, whole,
+                                   own ? chunks_.leases() : mirror_->Leases(it->first), what);
+      // Forward returned them; nothing is held for a copying link.
+      l.link->TakeFailures();
+      if (!done.ok()) {
+        std::fprintf(stderr, "%s: %s is no longer forwarded to %s: %s\n", Name().c_str(),
+                     what.c_str(), l.link->name().c_str(), done.message().c_str());
+        GiveUp(std::move(l.link));
+        it = slot_links_.erase(it);
+        continue;
+      }
+      if (l.copy->next == whole) l.copy.reset();
       l.last_ack = std::max(l.last_ack, l.link->acknowledged_sent());
-      ++it;
-    } else if (l.copy || DeclaredGone(*l.link)) {
-      std::fprintf(stderr, "%s: %s is no longer forwarded to %s: %s\n", Name().c_str(),
-                   what.c_str(), l.link->name().c_str(), done.message().c_str());
-      GiveUp(std::move(l.link));
-      it = slot_links_.erase(it);
-    } else {
-      ++it;  // a renewal that failed: MayServe stops serving when the lease runs out
+    } else if (Clock::now() - l.last_ack >= kServeLease / 4 &&
+               l.link->posted() == l.link->settled()) {
+      // Renew: an empty forward, acknowledged (or refused: fenced) in a later Pump; a forward
+      // in flight renews the lease when acknowledged.
+      l.link->Post(region_->data() + l.base, {}, {}, [this, &l] { return DeclaredGone(*l.link); });
     }
+    ++it;
   }
 }
 
-Status MemoryServer::Impl::ForwardSlotLinks(const std::vector<memory_ops::Range>& changed) {
-  Status first = Status::Ok();
-  for (auto it = slot_links_.begin(); it != slot_links_.end();) {
-    SlotLink& l = it->second;
+void MemoryServer::Impl::PostSlotLinks(const std::vector<memory_ops::Range>& changed) {
+  for (auto& [region, l] : slot_links_) {
     // The own part's further backups take its changes and its lease changes.
-    const bool own = it->first == options_.id;
+    const bool own = region == options_.id;
     const uint64_t size = own ? chunks_.region_size() : mirror_ ? mirror_->size() : 0;
     if (own) l.leases = lease_changes_;
     std::vector<memory_ops::Range> local;
@@ -1092,32 +1193,29 @@ Status MemoryServer::Impl::ForwardSlotLinks(const std::vector<memory_ops::Range>
         local.push_back({r.offset - l.base, r.size});
     }
     if (l.copy && !l.copy->book_sent) l.leases.clear();  // the book goes whole with a slice
-    // A round that changed nothing here still waits for what the link has not settled: the
-    // ranges of a forward that failed are posted again (BackupLink::Fail), and a reply of this
-    // round may show them (docs/pool.md "Re-replication's loose ends"). Nothing to wait for
-    // costs nothing.
-    Status forwarded = Status::Ok();
-    if (!local.empty() || !l.leases.empty() || l.link->posted() > l.link->settled()) {
-      forwarded = l.link->Forward(region_->data() + l.base, local, l.leases,
-                                  [this, &l] { return DeclaredGone(*l.link); });
-    }
+    if (local.empty() && l.leases.empty()) continue;
+    const uint64_t ticket = l.link->Post(region_->data() + l.base, local, l.leases,
+                                         [this, &l] { return DeclaredGone(*l.link); });
     l.leases.clear();
-    l.link->TakeFailures();  // Forward returned them
-    if (forwarded.ok()) {
-      l.last_ack = std::max(l.last_ack, l.link->acknowledged_sent());
-      ++it;
-    } else if (l.copy || DeclaredGone(*l.link)) {
-      // The map promises one copy of the region (copying), or its backup was declared gone.
-      std::fprintf(stderr, "%s: server %u's region is no longer forwarded to %s: %s\n",
-                   Name().c_str(), it->first, l.link->name().c_str(), forwarded.message().c_str());
-      GiveUp(std::move(l.link));
-      it = slot_links_.erase(it);
-    } else {
-      if (first.ok()) first = forwarded;
-      ++it;
+    if (l.copy) continue;  // it promises nothing until whole
+    for (auto& [number, w] : waiters_) {
+      if (!w.stopped_dirty) continue;
+      auto p = std::find_if(w.dirty_slots.begin(), w.dirty_slots.end(),
+                            [&](const SlotPromise& d) { return d.serial == l.serial; });
+      if (p == w.dirty_slots.end()) {
+        w.dirty_slots.push_back({l.serial, ticket});
+      } else {
+        p->ticket = ticket;
+      }
     }
   }
-  return first;
+}
+
+const BackupLink* MemoryServer::Impl::SlotLinkOf(uint64_t serial) const {
+  for (const auto& [region, l] : slot_links_) {
+    if (l.serial == serial) return l.link.get();
+  }
+  return nullptr;
 }
 
 Status MemoryServer::Impl::MayServe() const {
@@ -1162,7 +1260,10 @@ void MemoryServer::Impl::HandOver() {
   // Held replies wait for the backup, waiters may still change words: both finish first (each
   // is bounded: backup_timeout, the waiter's wait).
   if (!held_.empty() || !waiters_.empty() || !late_.empty() ||
-      (backup_ != nullptr && backup_->posted() > backup_->settled())) {
+      (backup_ != nullptr && backup_->posted() > backup_->settled()) ||
+      std::any_of(slot_links_.begin(), slot_links_.end(), [](const auto& l) {
+        return l.second.link->posted() > l.second.link->settled();
+      })) {
     return;
   }
   // Nothing unacknowledged: the backups have every change. Closing the links lets each backup
@@ -1261,65 +1362,63 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(
     SlotLink& l = it->second;
     if (l.link->id() == request.backup_id) return Report(*l.link, l.copy ? size - l.copy->next : 0);
   }
+  if (auto p = connecting_.find(options_.id); p != connecting_.end()) {
+    if (p->second.backup_id == request.backup_id) {
+      return wire::BackupReply{size, p->second.slot, {}};  // connecting: nothing copied yet
+    }
+    return Status::Aborted(Name() + ": still connecting to server " +
+                           std::to_string(p->second.backup_id) + " for its region; ask again");
+  }
   // The copy starts equal when nothing is leased yet and nothing was acknowledged with one copy:
-  // the root area, all a client may have touched, is sent once. Otherwise the region is copied.
+  // the root area, all a client may have touched, is sent once. Otherwise the region is copied,
+  // after a connection made off this loop (StartConnect, installed by InstallOwnLink).
   const bool fresh = chunks_.leased() == 0 && !degraded_;
   if (backup_ != nullptr && !degraded_) return AddBackup(request, /*copy=*/!fresh);
-  const std::string host(wire::HostOf(request));
   // backup_ is replaced only when no reply is held for it: its tickets number them (see the
   // header). None are held after a DegradeRequest (which released them) or while copying.
-  if (!held_.empty()) {
+  if (std::any_of(held_.begin(), held_.end(), [](const Held& h) { return h.ticket != 0; })) {
     return Status::Aborted(Name() + ": replies still wait for " + backup_->name() + "; ask again");
   }
+  // A verdict about the server from before is stale: it is named now.
+  Unmark(request.backup_id);
+  if (!fresh) {
+    FARPOOL_RETURN_IF_ERROR(StartConnect(request, size, own_file_, PendingLink::kFirst));
+    return wire::BackupReply{size, request.slot, {}};
+  }
+  // Fresh (`cluster up` names it before any client is served: MayChange): connected here.
+  const std::string host(wire::HostOf(request));
   FARPOOL_ASSIGN_OR_RETURN(
       std::unique_ptr<BackupLink> link,
       BackupLink::Connect({request.backup_id, host, request.port, request.slot}, options_.id, size,
                           auth_->secret(), options_.fabric, options_.backup_timeout,
                           own_file_ ? &*own_file_ : nullptr));
-  // A copy under way to another backup (which the map never named) is given up for this one.
-  if (backup_ != nullptr) AbandonCopy(Status::Aborted("a new backup was named"));
-  Unmark(request.backup_id);
-  last_ack_ = Clock::now();
-  if (fresh) {
-    // Shared pages: the attach was all (the backup maps these very bytes).
-    if (!own_file_) {
-      FARPOOL_RETURN_IF_ERROR(link->Forward(
-          region_->data(), {{memory_ops::Range{0, wire::kRootAreaSize}}}, {}, nullptr));
-    }
-    backup_ = std::move(link);
-    last_ack_ = backup_->acknowledged_sent();
-    degraded_ = false;
-    whole_backup_.store(true);
-    return wire::BackupReply{0, request.slot, {}};
+  // Shared pages: the attach was all (the backup maps these very bytes).
+  if (!own_file_) {
+    FARPOOL_RETURN_IF_ERROR(
+        link->Forward(region_->data(), {{memory_ops::Range{0, wire::kRootAreaSize}}}, {}, nullptr));
   }
-  std::fprintf(stderr, "%s: copying its region (%s) to %s slot %u\n", Name().c_str(),
-               FormatSize(size).c_str(), link->name().c_str(), request.slot);
   backup_ = std::move(link);
-  copy_ = Copy{};
-  // Without replicas the server promises one copy until the copy is whole, as a replicated
-  // one after a degrade: nothing held, no serving lease (MayServe), a failure abandons it.
-  if (!options_.replicated) degraded_ = true;
-  return wire::BackupReply{size, request.slot, {}};
+  last_ack_ = backup_->acknowledged_sent();
+  degraded_ = false;
+  whole_backup_.store(true);
+  return wire::BackupReply{0, request.slot, {}};
 }
 
 Result<wire::BackupReply> MemoryServer::Impl::AddBackup(const wire::BackupRequest& request,
                                                         bool copy) {
-  const std::string host(wire::HostOf(request));
   const uint64_t size = chunks_.region_size();
+  Unmark(request.backup_id);
+  if (copy) {
+    FARPOOL_RETURN_IF_ERROR(StartConnect(request, size, own_file_, PendingLink::kFurther));
+    return wire::BackupReply{size, request.slot, {}};
+  }
+  // Fresh (`cluster up`, before anything is leased): connected here, the root area sent.
+  const std::string host(wire::HostOf(request));
   FARPOOL_ASSIGN_OR_RETURN(
       std::unique_ptr<BackupLink> link,
       BackupLink::Connect({request.backup_id, host, request.port, request.slot}, options_.id, size,
                           auth_->secret(), options_.fabric, options_.backup_timeout,
                           own_file_ ? &*own_file_ : nullptr));
-  Unmark(request.backup_id);
-  if (copy) {
-    // Counts for nothing (MayServe, Settle's failures) until whole: the copy goes in slices
-    // (TickSlotLinks), every round's changes after them on the same link.
-    std::fprintf(stderr, "%s: copying its region (%s) to %s slot %u, a further backup\n",
-                 Name().c_str(), FormatSize(size).c_str(), link->name().c_str(), request.slot);
-    slot_links_.emplace(options_.id, SlotLink{std::move(link), 0, Copy{}, Clock::now(), {}});
-    return wire::BackupReply{size, request.slot, {}};
-  }
   if (!own_file_) {
     FARPOOL_RETURN_IF_ERROR(
         link->Forward(region_->data(), {{memory_ops::Range{0, wire::kRootAreaSize}}}, {}, nullptr));
@@ -1327,7 +1426,8 @@ Result<wire::BackupReply> MemoryServer::Impl::AddBackup(const wire::BackupReques
   const Clock::time_point acknowledged = link->acknowledged_sent();
   std::fprintf(stderr, "%s: %s slot %u is a further backup of its region\n", Name().c_str(),
                link->name().c_str(), request.slot);
-  slot_links_.emplace(options_.id, SlotLink{std::move(link), 0, std::nullopt, acknowledged, {}});
+  slot_links_.emplace(options_.id,
+                      SlotLink{std::move(link), next_serial_++, 0, std::nullopt, acknowledged, {}});
   return wire::BackupReply{0, request.slot, {}};
 }
 
@@ -1374,7 +1474,7 @@ void MemoryServer::Impl::DropFirstLink() {
   copy_.reset();
   degraded_ = true;
   whole_backup_.store(false);
-  ReleaseHeld();
+  ForgetOwnPromises();
 }
 
 memory_ops::Region MemoryServer::Impl::BatchRegion(uint32_t pool, bool own_part) {
@@ -1644,8 +1744,8 @@ void MemoryServer::Impl::Settle(std::span<std::vector<std::byte>> replies,
   const bool promised = stopped_dirty_ || std::any_of(round_.begin(), round_.end(),
                                                       [](uint64_t id) { return id != 0; });
   if (DeclaredGone()) Degrade();
-  // The own part's changes are posted to its backup (pipelined); those in promoted slots go to
-  // theirs, waited for (ForwardSlotLinks), meanwhile the own forward is on its way.
+  // The own part's changes are posted to its backup, those in promoted slots (and the own
+  // part's again, for its further backups) to the slot links: all pipelined.
   if (backup_ != nullptr && promised) {
     const uint64_t own = chunks_.region_size();
     std::vector<memory_ops::Range> mine;
@@ -1667,56 +1767,33 @@ void MemoryServer::Impl::Settle(std::span<std::vector<std::byte>> replies,
       }
     }
   }
-  // A round that only read waits too, for a link with a failed forward's ranges posted again
-  // (ForwardSlotLinks sends nothing to a link that has settled everything).
-  const bool observed = std::find(observes_.begin(), observes_.end(), true) != observes_.end();
-  if ((promised || observed) && !slot_links_.empty()) {
-    Status forwarded = ForwardSlotLinks(changed_);
-    if (!forwarded.ok()) {
-      const bool fenced = forwarded.code() == StatusCode::kPermissionDenied;
-      Status why =
-          Status::Unavailable(Name() + ": the change was applied here but not acknowledged: " +
-                              (fenced ? "this server has been failed over; retry at the backup"
-                                      : "its backup does not answer") +
-                              " (" + forwarded.message() + ")");
-      if (fenced) Fence(forwarded);
-      // The replies that changed something, and those that may show a change (a read may
-      // have seen what the backup lacks). A refusal that changed nothing (MayServe's, or a
-      // drain's MovingReply) showed nothing: it stays the definite answer it is.
-      for (size_t i = 0; i < replies.size() && i < round_.size(); ++i) {
-        const bool observes =
-            i < observes_.size() && observes_[i] && !replies[i].empty() && !IsRefusal(replies[i]);
-        const uint64_t id = round_[i] != 0 ? round_[i]
-                            : observes     ? transport::RequestIdOf(replies[i]).value_or(0)
-                                           : 0;
-        if (round_[i] != 0 || observes) replies[i] = wire::EncodeError(id, why);
-      }
-      // Batches that changed the region in this round and then stopped to wait: their reply
-      // (the next round's) would promise those changes too.
-      std::vector<uint64_t> failed;
-      for (const auto& [number, w] : waiters_) {
-        if (w.stopped_dirty) failed.push_back(number);
-      }
-      for (uint64_t number : failed) {
-        Answer(number, wire::EncodeError(waiters_.at(number).request_id, why), false);
-      }
-    }
-  }
+  if (promised) PostSlotLinks(changed_);
   if (DeclaredGone()) Degrade();  // the rounds stand with one copy, as every later one
-  if (backup_ != nullptr) {
-    // Every reply that may show memory waits for every forward posted so far: it may have
-    // observed any change applied before it. Replies promise nothing more than that. While
-    // copying, the server promises one copy: nothing is held.
-    const uint64_t ticket = backup_->posted();
-    for (size_t i = 0; i < replies.size() && !copy_; ++i) {
+  // Every reply that may show memory waits for every forward posted so far, on every link that
+  // promises a copy: it may have observed any change applied before it. Replies promise nothing
+  // more than that. A link with a failure not taken yet holds them too: the failure may be of
+  // a forward the link counts as settled (BackupLink::Fail), and FailForwards answers them.
+  // While copying, a link promises nothing (the map's one copy fewer): nothing waits for it.
+  auto behind = [](const BackupLink& link) {
+    return link.settled() < link.posted() || link.failing();
+  };
+  const uint64_t ticket = backup_ != nullptr && !copy_ && behind(*backup_) ? backup_->posted() : 0;
+  std::vector<SlotPromise> slots;
+  for (const auto& [region, l] : slot_links_) {
+    if (!l.copy && behind(*l.link)) slots.push_back({l.serial, l.link->posted()});
+  }
+  if (ticket != 0 || !slots.empty()) {
+    for (size_t i = 0; i < replies.size(); ++i) {
+      // A refusal (MayServe's, a drain's MovingReply) showed nothing: it goes as the definite
+      // answer it is.
       const bool observes = i < observes_.size() && observes_[i];
-      if (!observes || replies[i].empty() || backup_->settled() >= ticket) continue;
-      held_.push_back({ticket, {connections[i], std::move(replies[i])}});
+      if (!observes || replies[i].empty() || IsRefusal(replies[i])) continue;
+      held_.push_back({ticket, slots, {connections[i], std::move(replies[i])}});
       replies[i].clear();  // posted later, by TakeSettled
     }
-    // No Pump here: the loop calls TakeSettled right after Settle, which pumps (one progress
-    // of the link's worker per round, not two).
   }
+  // No Pump here: the loop calls TakeSettled right after Settle, which pumps (one progress of
+  // each link's worker per round, not two).
   for (auto& [number, w] : waiters_) w.stopped_dirty = false;
   stopped_dirty_ = false;
   changed_.clear();
@@ -1733,43 +1810,95 @@ void MemoryServer::Impl::TakeSettled(std::vector<transport::LateReply>* out) {
 }
 
 void MemoryServer::Impl::Pump() {
+  PumpOwnLink();
+  PumpSlotLinks();
+  ReleaseSettled();
+}
+
+void MemoryServer::Impl::PumpOwnLink() {
   if (backup_ == nullptr) return;
   backup_->Poll();
   std::vector<BackupLink::Failure> failures = backup_->TakeFailures();
   if (!failures.empty() && copy_) return AbandonCopy(failures.front().why);  // one copy promised
-  for (const BackupLink::Failure& f : failures) FailForwards(f);
+  for (const BackupLink::Failure& f : failures) FailForwards(kOwnLink, f);
   if (backup_->acknowledged_sent() > last_ack_) last_ack_ = backup_->acknowledged_sent();
-  while (!held_.empty() && held_.front().ticket <= backup_->settled()) {
+}
+
+void MemoryServer::Impl::PumpSlotLinks() {
+  for (auto it = slot_links_.begin(); it != slot_links_.end();) {
+    SlotLink& l = it->second;
+    Status dropped = Status::Ok();
+    if (DeclaredGone(*l.link)) {
+      // The rounds it has not acknowledged stand with the copies left (ReleaseSettled).
+      dropped = Status::Unavailable(l.link->name() + " is gone (a client says so)");
+    } else {
+      l.link->Poll();
+      std::vector<BackupLink::Failure> failures = l.link->TakeFailures();
+      if (!failures.empty() && l.copy) {
+        dropped = failures.front().why;  // the map promises one copy fewer: the copy is given up
+      } else {
+        for (const BackupLink::Failure& f : failures) FailForwards(l.serial, f);
+        // The serving lease counts from when the latest acknowledged forward was sent.
+        l.last_ack = std::max(l.last_ack, l.link->acknowledged_sent());
+      }
+    }
+    if (dropped.ok()) {
+      ++it;
+      continue;
+    }
+    std::fprintf(stderr, "%s: %s is no longer forwarded to %s: %s\n", Name().c_str(),
+                 it->first == options_.id
+                     ? "its region"
+                     : ("server " + std::to_string(it->first) + "'s region").c_str(),
+                 l.link->name().c_str(), dropped.message().c_str());
+    GiveUp(std::move(l.link));
+    it = slot_links_.erase(it);
+  }
+}
+
+void MemoryServer::Impl::ReleaseSettled() {
+  auto kept = [this](const Held& h) {
+    if (h.ticket != 0 && backup_ != nullptr && backup_->settled() < h.ticket) return false;
+    return std::all_of(h.slots.begin(), h.slots.end(), [this](const SlotPromise& p) {
+      const BackupLink* link = SlotLinkOf(p.serial);
+      return link == nullptr || link->settled() >= p.ticket;
+    });
+  };
+  while (!held_.empty() && kept(held_.front())) {
     released_.push_back(std::move(held_.front().reply));
     held_.pop_front();
   }
 }
 
-void MemoryServer::Impl::FailForwards(const BackupLink::Failure& failure) {
+void MemoryServer::Impl::FailForwards(uint64_t serial, const BackupLink::Failure& failure) {
   const bool fenced = failure.why.code() == StatusCode::kPermissionDenied;
   Status why = Status::Unavailable(Name() + ": the change was applied here but not acknowledged: " +
                                    (fenced ? "this server has been failed over; retry at the backup"
                                            : "its backup does not answer") +
                                    " (" + failure.why.message() + ")");
   if (fenced) Fence(failure.why);
-  // Held replies settle in ticket order: those before the failed forwards were acknowledged
-  // (in the same Poll, maybe), the failed forwards' get the error.
-  while (!held_.empty() && held_.front().ticket < failure.from) {
-    released_.push_back(std::move(held_.front().reply));
-    held_.pop_front();
-  }
-  while (!held_.empty() && held_.front().ticket <= failure.through) {
-    transport::LateReply r = std::move(held_.front().reply);
-    held_.pop_front();
-    r.bytes = wire::EncodeError(transport::RequestIdOf(r.bytes).value_or(0), why);
-    released_.push_back(std::move(r));
+  // Whether a promise on this link (its ticket there: 0 for none) is one of the failed ones.
+  auto failed_on = [&](uint64_t own, const std::vector<SlotPromise>& slots) {
+    uint64_t ticket = own;
+    if (serial != kOwnLink) {
+      auto p = std::find_if(slots.begin(), slots.end(),
+                            [&](const SlotPromise& d) { return d.serial == serial; });
+      ticket = p == slots.end() ? 0 : p->ticket;
+    }
+    return ticket >= failure.from && ticket <= failure.through;  // from >= 1
+  };
+  // Their replies go as errors, in their place (ReleaseSettled): they promise nothing now.
+  for (Held& h : held_) {
+    if (!failed_on(h.ticket, h.slots)) continue;
+    h.reply.bytes = wire::EncodeError(transport::RequestIdOf(h.reply.bytes).value_or(0), why);
+    h.ticket = 0;
+    h.slots.clear();
   }
   // Batches that changed the region in a failed round and then stopped to wait: their reply
   // would promise those changes too.
   std::vector<uint64_t> failed;
   for (const auto& [number, w] : waiters_) {
-    if (w.dirty_ticket >= failure.from && w.dirty_ticket <= failure.through)
-      failed.push_back(number);
+    if (failed_on(w.dirty_ticket, w.dirty_slots)) failed.push_back(number);
   }
   for (uint64_t number : failed) {
     Answer(number, wire::EncodeError(waiters_.at(number).request_id, why), false);

@@ -89,7 +89,7 @@
 // order posted; so when the reply leaves, every change it may show is on the backup, and a
 // failover (which serves the backup's copy) cannot take back anything a client saw, read or
 // acknowledged. Held replies leave in order (tickets never decrease): on an acknowledgement
-// (the loop also sleeps on the link's worker, AmHandler::SideWorker, while a forward is in
+// (the loop also sleeps on the links' workers, AmHandler::SideWorkers, while a forward is in
 // flight: a held reply waits for a forward posted and not settled, which is in flight or
 // pending behind one that is), with one copy when the
 // backup is declared gone (DegradeRequest: released as they are), or as errors when their
@@ -101,32 +101,38 @@
 // may see a change not yet on the backup (docs/pool.md).
 //
 // Re-replication (docs/pool.md "Re-replication"): a BackupRequest that names a backup after
-// leases exist (the server has run with one copy since its backup was declared gone) attaches
-// the new backup's slot and copies the region and the lease book to it in slices of at most
-// kCopySlice bytes (pieces of kCopyPiece, for kCopyBudget), one slice per AmHandler tick, on
-// the progress thread, which meanwhile
-// serves and posts every change to the new backup as well. A slice goes through the same link
-// as the rounds' forwards (BackupLink::Forward: posted after every forward before it, then
-// waited for), and the link keeps the order posted, so a slice (the bytes as they are when it is
-// sent) never overtakes a later change. Until the copy is complete the server promises one
-// copy (the map's): it holds no reply for the copying backup, and a forward to it that fails
-// (a slice, or a round's) abandons the copy, the rounds standing as acknowledged. The last
-// slice's Forward returns once the backup has acknowledged it and every forward before it, so
-// when the copy completes nothing posted is unacknowledged, and from then on replies are held
-// as above. Repeating the BackupRequest reports the bytes left (BackupReply::remaining); 0 once
-// complete, from which on the backup is the full guarantee (the coordinator writes it into the
-// map then). backup_ is replaced only when no reply is held (held replies are numbered by its
-// tickets): after a DegradeRequest (which releases them) or while copying (none held).
+// leases exist (the server has run with one copy since its backup was declared gone) connects
+// to the new backup on a thread of its own (answering "all of it remains" meanwhile: the loop
+// never waits for a connection), then attaches the new backup's slot and copies the region and the
+// lease book to it in slices of at most kCopySlice bytes (pieces of kCopyPiece, for kCopyBudget),
+// one slice per AmHandler tick, on the progress thread, which meanwhile serves and posts every
+// change to the new backup as well. A slice goes through the same link as the rounds' forwards
+// (BackupLink::Forward: posted after every forward before it, then waited for), and the link keeps
+// the order posted, so a slice (the bytes as they are when it is sent) never overtakes a later
+// change. Until the copy is complete the server promises one copy (the map's): it holds no reply
+// for the copying backup, and a forward to it that fails (a slice, or a round's) abandons the copy,
+// the rounds standing as acknowledged. The last slice's Forward returns once the backup has
+// acknowledged it and every forward before it, so when the copy completes nothing posted is
+// unacknowledged, and from then on replies are held as above. Repeating the BackupRequest reports
+// the bytes left (BackupReply::remaining); 0 once complete, from which on the backup is the full
+// guarantee (the coordinator writes it into the map then). backup_ is replaced only when no reply
+// is held (held replies are numbered by its tickets): after a DegradeRequest (which releases them)
+// or while copying (none held).
 //
 // A BackupRequest for a region the server serves from a promoted mirror slot
 // (BackupRequest::region) does the same for that slot through a slot link of its own: the
 // slot's bytes and mirrored lease book copied, the slot's changes, leases and releases
-// forwarded there, its acknowledgements counted in the serving lease. Slot links are not
-// pipelined: Settle forwards a round's slot changes with a blocking BackupLink::Forward (after
-// posting the own part's, so the two overlap) before any reply of the round leaves or is held,
-// so a reply that may show a slot's change leaves only once that slot's backup has it; a reply
-// held for the own link is thus released only when every link that carries a change it may show
-// has acknowledged it.
+// forwarded there, its acknowledgements counted in the serving lease. The own part's further
+// backups (replicas f >= 2) are slot links too, under the server's own id. Slot links are
+// pipelined like the own link (docs/pool.md "Pipelined forwards to further backups"): Settle
+// posts a round's changes to each and a held reply carries, besides the own link's ticket, the
+// ticket of every slot link that had not settled all it was posted by the end of its round; it
+// leaves once every one of those links has acknowledged that ticket (or was given up: declared
+// gone, the rounds standing with the copies left), and a failure of one of its forwards answers
+// it with the error instead. So a reply that may show a change leaves only once every link
+// that carries it has it, and the loop never waits for a backup that does not answer: a stopped
+// further backup costs its primary the refusals of MayServe once its lease lapses, not its
+// loop. Only a copy's slices (CopyStep) and Post's back-pressure still wait on the loop.
 //
 // Waiting compare-and-swaps (memory_ops kWaitCompareAndSwap; docs/pool.md "Waiting
 // compare-and-swap"): a batch whose wait-compare-and-swap finds its word held stops there and
