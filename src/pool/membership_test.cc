@@ -2074,15 +2074,27 @@ TEST(ReReplication, AStoppedFurtherBackupNeverStallsItsPrimary) {
       std::this_thread::sleep_for(100ms);
     }
   });
+  // Joined on every way out, a failed assertion's included.
+  auto stop_polling = [&] {
+    polling = false;
+    if (poller.joinable()) poller.join();
+  };
+  struct Finally {
+    std::function<void()> f;
+    ~Finally() { f(); }
+  } joined{stop_polling};
   ASSERT_EQ(kill(pid, SIGSTOP), 0);
   std::this_thread::sleep_for(3s);
   ASSERT_EQ(kill(pid, SIGCONT), 0);
   // The stopped server failed over and every region back to three copies.
   const EtcdView view = WaitForView(r.dir(), [&](const EtcdView& v) {
-    return v.map.Find(stopped)->served_by != stopped &&
+    const coord::MapServer* m = v.map.Find(stopped);
+    return m != nullptr && m->served_by != stopped &&
            std::all_of(v.map.servers.begin(), v.map.servers.end(),
-                       [](const coord::MapServer& m) { return m.Backups().size() == 2; });
+                       [](const coord::MapServer& s) { return s.Backups().size() == 2; });
   });
+  ASSERT_NE(view.map.Find(stopped), nullptr) << "no map: " << view.map.ToJson();
+  ASSERT_NE(view.map.Find(primary), nullptr) << view.map.ToJson();
   EXPECT_NE(view.map.Find(stopped)->served_by, stopped) << view.map.ToJson();
   EXPECT_EQ(view.map.Find(primary)->served_by, primary)
       << "the primary was failed over: " << view.map.ToJson();
@@ -2091,8 +2103,7 @@ TEST(ReReplication, AStoppedFurtherBackupNeverStallsItsPrimary) {
     EXPECT_TRUE(w->AcknowledgedEverywhere(20))
         << "the client does not write to every server again, the latest error: " << w->last_error();
   }
-  polling = false;
-  poller.join();
+  stop_polling();
   for (uint16_t id : reported) {
     EXPECT_EQ(id, stopped) << "a client reported server " << id << " gone; only " << stopped
                            << " was stopped";

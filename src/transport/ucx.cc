@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
@@ -237,8 +238,11 @@ Status Worker::SetAmHandler(unsigned id, ucp_am_recv_callback_t callback, void* 
 }
 
 Status Worker::Wait(std::chrono::milliseconds timeout, std::span<Worker* const> also) {
-  std::vector<pollfd> pfd;
-  pfd.reserve(1 + also.size());
+  // On the stack for the usual few (a server's loop sleeps on its links too: every sleep).
+  constexpr size_t kOnStack = 8;
+  std::array<pollfd, kOnStack> stack;
+  std::vector<pollfd> heap(also.size() + 1 > kOnStack ? also.size() + 1 : 0);
+  pollfd* pfd = heap.empty() ? stack.data() : heap.data();
   for (size_t i = 0; i <= also.size(); ++i) {
     Worker* w = i == 0 ? this : also[i - 1];
     if (w->event_fd_ < 0)
@@ -246,9 +250,9 @@ Status Worker::Wait(std::chrono::milliseconds timeout, std::span<Worker* const> 
     ucs_status_t st = ucp_worker_arm(w->worker_);
     if (st == UCS_ERR_BUSY) return Status::Ok();  // events pending: go progress them
     if (st != UCS_OK) return UcxStatus(st, "arming UCX worker");
-    pfd.push_back({w->event_fd_, POLLIN, 0});
+    pfd[i] = {w->event_fd_, POLLIN, 0};
   }
-  int rc = ::poll(pfd.data(), pfd.size(), static_cast<int>(timeout.count()));
+  int rc = ::poll(pfd, also.size() + 1, static_cast<int>(timeout.count()));
   if (rc < 0 && errno != EINTR) return Status::IoError(std::string("poll: ") + strerror(errno));
   return Status::Ok();
 }

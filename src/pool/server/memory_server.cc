@@ -12,6 +12,7 @@
 #include <exception>
 #include <fstream>
 #include <future>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -143,6 +144,7 @@ class MemoryServer::Impl : public transport::AmHandler {
     uint16_t backup_id = 0;
     uint16_t slot = 0;
     Role role = kSlot;
+    uint64_t marks = 0;  // GoneMarks() when it began (Unmark)
     Clock::time_point began;
     std::future<Result<std::unique_ptr<BackupLink>>> link;
   };
@@ -178,12 +180,23 @@ class MemoryServer::Impl : public transport::AmHandler {
   }
   void MarkGone(int id) {
     std::lock_guard lock(gone_mu_);
-    gone_.insert(id);
+    gone_[id] = ++gone_marks_;
   }
-  // A server named as a backup (again): a verdict about it from before is stale.
-  void Unmark(int id) {
+  // How many verdicts were given so far: what a connection begun now compares with.
+  uint64_t GoneMarks() const {
     std::lock_guard lock(gone_mu_);
-    gone_.erase(id);
+    return gone_marks_;
+  }
+  // A server named as a backup (again), connected: a verdict about it from before the
+  // connection began (`marks`, GoneMarks then) is stale and taken out. False, and the verdict
+  // kept, if one came while connecting: the link is not to be used.
+  bool Unmark(int id, uint64_t marks = std::numeric_limits<uint64_t>::max()) {
+    std::lock_guard lock(gone_mu_);
+    auto it = gone_.find(id);
+    if (it == gone_.end()) return true;
+    if (it->second > marks) return false;
+    gone_.erase(it);
+    return true;
   }
   // Takes every link's acknowledgements and failures, and releases the held replies they
   // settle. A failure while copying abandons the copy instead.
@@ -378,7 +391,8 @@ class MemoryServer::Impl : public transport::AmHandler {
   // The backup ids of DegradeRequests, set on the mirror's loop: the links to them are given
   // up. A server named as a backup again is taken out (Unmark).
   mutable std::mutex gone_mu_;
-  std::set<int> gone_;
+  std::map<int, uint64_t> gone_;  // by server id: the verdict's number (gone_marks_ then)
+  uint64_t gone_marks_ = 0;
   // When the latest forward or renewal the backup acknowledged was sent (the primary's
   // serving lease).
   Clock::time_point last_ack_{};
@@ -1027,6 +1041,7 @@ Status MemoryServer::Impl::StartConnect(const wire::BackupRequest& request, uint
   // further backups").
   BackupLink::Target target{request.backup_id, std::string(wire::HostOf(request)), request.port,
                             request.slot};
+  const uint64_t marks = GoneMarks();
   auto connect = [target, region = request.region, size, secret = auth_->secret(),
                   fabric = options_.fabric, timeout = options_.backup_timeout,
                   share]() -> Result<std::unique_ptr<BackupLink>> {
@@ -1052,7 +1067,7 @@ Status MemoryServer::Impl::StartConnect(const wire::BackupRequest& request, uint
                                "; ask again");
   }
   connecting_[request.region] =
-      PendingLink{request.backup_id, request.slot, role, Clock::now(), std::move(link)};
+      PendingLink{request.backup_id, request.slot, role, marks, Clock::now(), std::move(link)};
   return Status::Ok();
 }
 
@@ -1072,6 +1087,12 @@ void MemoryServer::Impl::InstallLinks() {
       continue;
     }
     const auto slot = mirror_->PromotedSlot(region);
+    // A verdict about this very server from before is stale now (Unmark); one that came while
+    // this link connected stands, and so does one about another (our own backup).
+    if (link.ok() && slot && !Unmark((*link)->id(), p->second.marks)) {
+      link = Status::Aborted("declared gone while connecting");
+      // (the link's destructor closes it; its backup's slot is attached and stays so)
+    }
     if (!link.ok() || !slot) {
       // The coordinator asks again (a BackupRequest finds neither a link nor a connection).
       std::fprintf(stderr, "%s: no backup for server %u's region after %lld ms: %s\n",
@@ -1083,9 +1104,6 @@ void MemoryServer::Impl::InstallLinks() {
                    "%s: copying server %u's region (%s) to %s slot %u (connected in %lld ms)\n",
                    Name().c_str(), region, FormatSize(size).c_str(), (*link)->name().c_str(),
                    p->second.slot, static_cast<long long>(took.count()));
-      // A verdict about this very server from before is stale now; one about another (our
-      // own backup, declared gone while this link connected) stands.
-      Unmark((*link)->id());
       slot_links_.emplace(region, SlotLink{std::move(*link),
                                            next_serial_++,
                                            chunks_.region_size() + *slot * size,
@@ -1103,11 +1121,12 @@ void MemoryServer::Impl::InstallOwnLink(const PendingLink& pending,
   const bool first = pending.role == PendingLink::kFirst;
   // What ConfigureBackup found when it began the connection must still hold: one copy and no
   // reply held for the own link (first), or a first backup that is whole (further); a backup
-  // declared gone since (a drain's tool gave the copy up) is not copied to.
+  // declared gone since (a drain's tool gave the copy up) is not copied to, and a verdict about
+  // it from before is stale (Unmark).
   Status stale = Status::Ok();
   if (!link.ok()) {
     stale = link.status();
-  } else if (DeclaredGone(**link)) {
+  } else if (!Unmark((*link)->id(), pending.marks)) {
     stale = Status::Aborted("declared gone while connecting");
   } else if (first && ((backup_ != nullptr && !degraded_) ||
                        std::any_of(held_.begin(), held_.end(),
@@ -1197,7 +1216,7 @@ void MemoryServer::Impl::PostSlotLinks(const std::vector<memory_ops::Range>& cha
     const uint64_t ticket = l.link->Post(region_->data() + l.base, local, l.leases,
                                          [this, &l] { return DeclaredGone(*l.link); });
     l.leases.clear();
-    if (l.copy) continue;  // it promises nothing until whole
+    if (l.copy || !stopped_dirty_) continue;  // a copy promises nothing until whole
     for (auto& [number, w] : waiters_) {
       if (!w.stopped_dirty) continue;
       auto p = std::find_if(w.dirty_slots.begin(), w.dirty_slots.end(),
@@ -1379,8 +1398,6 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(
   if (std::any_of(held_.begin(), held_.end(), [](const Held& h) { return h.ticket != 0; })) {
     return Status::Aborted(Name() + ": replies still wait for " + backup_->name() + "; ask again");
   }
-  // A verdict about the server from before is stale: it is named now.
-  Unmark(request.backup_id);
   if (!fresh) {
     FARPOOL_RETURN_IF_ERROR(StartConnect(request, size, own_file_, PendingLink::kFirst));
     return wire::BackupReply{size, request.slot, {}};
@@ -1392,6 +1409,7 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(
       BackupLink::Connect({request.backup_id, host, request.port, request.slot}, options_.id, size,
                           auth_->secret(), options_.fabric, options_.backup_timeout,
                           own_file_ ? &*own_file_ : nullptr));
+  Unmark(request.backup_id);  // named and connected: a verdict from before is stale
   // Shared pages: the attach was all (the backup maps these very bytes).
   if (!own_file_) {
     FARPOOL_RETURN_IF_ERROR(
@@ -1407,7 +1425,6 @@ Result<wire::BackupReply> MemoryServer::Impl::ConfigureBackup(
 Result<wire::BackupReply> MemoryServer::Impl::AddBackup(const wire::BackupRequest& request,
                                                         bool copy) {
   const uint64_t size = chunks_.region_size();
-  Unmark(request.backup_id);
   if (copy) {
     FARPOOL_RETURN_IF_ERROR(StartConnect(request, size, own_file_, PendingLink::kFurther));
     return wire::BackupReply{size, request.slot, {}};
@@ -1419,6 +1436,7 @@ Result<wire::BackupReply> MemoryServer::Impl::AddBackup(const wire::BackupReques
       BackupLink::Connect({request.backup_id, host, request.port, request.slot}, options_.id, size,
                           auth_->secret(), options_.fabric, options_.backup_timeout,
                           own_file_ ? &*own_file_ : nullptr));
+  Unmark(request.backup_id);  // named and connected: a verdict from before is stale
   if (!own_file_) {
     FARPOOL_RETURN_IF_ERROR(
         link->Forward(region_->data(), {{memory_ops::Range{0, wire::kRootAreaSize}}}, {}, nullptr));
@@ -1858,10 +1876,15 @@ void MemoryServer::Impl::PumpSlotLinks() {
 
 void MemoryServer::Impl::ReleaseSettled() {
   auto kept = [this](const Held& h) {
-    if (h.ticket != 0 && backup_ != nullptr && backup_->settled() < h.ticket) return false;
+    // A link with failures not taken yet counts its failed tickets as settled (BackupLink::
+    // failing): its promises wait for FailForwards.
+    if (h.ticket != 0 && backup_ != nullptr &&
+        (backup_->failing() || backup_->settled() < h.ticket)) {
+      return false;
+    }
     return std::all_of(h.slots.begin(), h.slots.end(), [this](const SlotPromise& p) {
       const BackupLink* link = SlotLinkOf(p.serial);
-      return link == nullptr || link->settled() >= p.ticket;
+      return link == nullptr || (!link->failing() && link->settled() >= p.ticket);
     });
   };
   while (!held_.empty() && kept(held_.front())) {
