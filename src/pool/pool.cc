@@ -26,9 +26,16 @@
 //     with an error.
 //   - Eviction: the hello carries this Pool's process tag (the low 32 bits of its nonce) and
 //     what pins the process (pid, start time, boot id). A region is mapped only if the server
-//     says it pinned us (kHelloMayMap): then an eviction can kill us. A connection that fails
-//     is explained by a fresh hello (WhyLost): a server that evicted us refuses it, and the
-//     server is marked failed with its words ("evicted by server N: ...").
+//     says it pinned us (kHelloMayMap): then an eviction can kill us. A connection that fails,
+//     or a request that times out, is explained by a fresh hello (WhyLost): a server that
+//     evicted us refuses it with StatusCode::kEvicted ("evicted by server N: ..."), as it
+//     refuses every later hello and request of ours. An eviction is of the process tag, by
+//     every server (Pool::Evict), so the first such refusal, from any server on any path (an
+//     operation, a hello, the monitor, a reply), is the whole Pool's verdict (Evicted): every
+//     server is marked failed with the eviction's words and code, and nothing is failed over,
+//     reported to etcd as suspected or waited for: those servers are alive, it is we who are
+//     fenced off. A failover already under way stops at its next step. The verdict is final:
+//     the tag never comes back (a new Pool::Connect gets a new one).
 //   - Failover on etcd (docs/pool.md "Membership on etcd"): in a replicated cluster whose file
 //     names an etcd, the client does not decide failovers. A server it finds gone is reported
 //     to the coordinator (MapKeys::Suspect) and the client waits for the cluster map to name
@@ -218,7 +225,9 @@ struct ServerState {
   // from it are still awaited (AwaitReply), not abandoned as a dead server's are.
   std::atomic<bool> draining{false};
   mutable std::mutex mu;
-  std::string failure;                                 // guarded by mu
+  std::string failure;  // guarded by mu
+  // kUnavailable: an outage (what fails over); a refusal keeps its code: kPermissionDenied
+  // (the secret), kEvicted (this process is fenced off: Pool::Impl::Evicted).
   StatusCode failure_code = StatusCode::kUnavailable;  // guarded by mu
 
   Status Failure() const {
@@ -366,9 +375,25 @@ class Pool::Impl {
   void LearnServers(const coord::ClusterMap& map);
   Status Join(const coord::MapServer& m);
   // Marks server `index` failed (once; later calls change nothing). In a replicated cluster an
-  // outage (not a refusal) then fails it over to its backup (FailOver).
+  // outage (not a refusal) then fails it over to its backup (FailOver), unless this Pool is
+  // evicted. A `code` of kEvicted is the eviction of the whole Pool (Evicted).
   void MarkFailed(size_t index, const std::string& reason,
                   StatusCode code = StatusCode::kUnavailable);
+  // The same for a Status: its message, and its code if it is a refusal (RefusalCode).
+  void MarkFailed(size_t index, const Status& why) {
+    MarkFailed(index, why.message(), RefusalCode(why));
+  }
+  // The code a failure of server `index` keeps: a refusal's (kPermissionDenied: a secret that
+  // does not match; kEvicted: we are fenced off), else kUnavailable (an outage).
+  static StatusCode RefusalCode(const Status& why) {
+    return why.code() == StatusCode::kPermissionDenied || why.code() == StatusCode::kEvicted
+               ? why.code()
+               : StatusCode::kUnavailable;
+  }
+  // A server refused this Pool's process tag as evicted (`refusal`, its words; `index`, that
+  // server, or -1 for one not entered yet): the Pool is evicted (evicted_), and every server
+  // it knows is marked failed with kEvicted, none failed over (see the file comment). Once.
+  void Evicted(int index, const std::string& refusal);
   // Replication (docs/pool.md "Replication"): asks the backup of failed server `index` to take
   // its data over and the server whose backup it was to stop forwarding to it; on success its
   // addresses go to the backup from then on (ServerState::moved_to).
@@ -379,6 +404,11 @@ class Pool::Impl {
   Result<std::pair<size_t, int>> AwaitMapDecision(size_t index);
   // Re-routes every server that `map` says another serves (see the file comment).
   void FollowMap(const coord::ClusterMap& map);
+  // A request to server `index` got no reply within its deadline (`what` timed out): marks the
+  // server failed, with the refusal of a fresh hello if it refuses us (WhyLost): a process
+  // stopped past its deadlines and evicted meanwhile wakes to requests timed out, which no
+  // outage explains.
+  void TimedOut(size_t index, const std::string& what);
   // Where `map` says server `index`'s region is served now, if elsewhere: that server's index
   // and its mirror slot that holds the region; nullopt: still at `index` (or a server this
   // client does not know).
@@ -434,14 +464,14 @@ class Pool::Impl {
   // nothing answered. Any thread.
   struct Probe {
     enum Kind { kTakesUs, kRefuses, kNoAnswer } kind = kNoAnswer;
-    std::string refusal;
+    Status refusal;  // kRefuses: the server's error reply (its code: kEvicted, say)
   };
   Probe ProbeServer(size_t index);
   // Why server `index` dropped a connection of ours: the refusal of a ProbeServer, else
-  // "connection lost".
-  std::string WhyLost(size_t index) {
+  // Unavailable "connection lost".
+  Status WhyLost(size_t index) {
     Probe p = ProbeServer(index);
-    return p.kind == Probe::kRefuses ? p.refusal : "connection lost";
+    return p.kind == Probe::kRefuses ? p.refusal : Status::Unavailable("connection lost");
   }
   // This Pool's hello; asks to be pinned (kHelloWantsMap) if `map`.
   wire::HelloRequest HelloFor(bool map) const;
@@ -506,6 +536,8 @@ class Pool::Impl {
 
   std::thread monitor_;
   std::atomic<bool> stop_monitor_{false};
+  // Set once by Evicted, before it marks the servers failed; never cleared.
+  std::atomic<bool> evicted_{false};
   // Replicated clusters with an etcd: the map's client and watcher.
   std::unique_ptr<coord::EtcdClient> etcd_;
   std::thread map_watcher_;
@@ -782,10 +814,8 @@ void Pool::Impl::HelloFailed(size_t index, const Status& hello) {
   std::string_view reason = hello.message();
   const std::string prefix = servers_[index]->name + ": ";
   if (reason.substr(0, prefix.size()) == prefix) reason.remove_prefix(prefix.size());
-  // A refusal is no outage: it keeps its code (PermissionDenied), so callers can tell.
-  MarkFailed(
-      index, "connect failed: " + std::string(reason),
-      hello.code() == StatusCode::kPermissionDenied ? hello.code() : StatusCode::kUnavailable);
+  // A refusal is no outage: it keeps its code (PermissionDenied, Evicted), so callers can tell.
+  MarkFailed(index, "connect failed: " + std::string(reason), RefusalCode(hello));
 }
 
 void Pool::Impl::ConnectPeer(ThreadContext& tc, size_t index) {
@@ -870,14 +900,17 @@ Result<ThreadContext*> Pool::Impl::Local() {
 }
 
 void Pool::Impl::MarkFailed(size_t index, const std::string& reason, StatusCode code) {
+  if (code == StatusCode::kEvicted) return Evicted(static_cast<int>(index), reason);
   ServerState& s = *servers_[index];
   {
     std::lock_guard lock(s.mu);
     if (s.failed.load()) return;
     s.failure = reason;
     s.failure_code = code;
-    // Without replicas only a drain moves a region (FailOver follows the map to it).
-    if ((cluster_.replicas > 0 || s.draining.load()) && code == StatusCode::kUnavailable) {
+    // Without replicas only a drain moves a region (FailOver follows the map to it). An
+    // evicted Pool moves nothing: whatever failed, no server will take it any more.
+    if ((cluster_.replicas > 0 || s.draining.load()) && code == StatusCode::kUnavailable &&
+        !evicted_.load()) {
       s.failing_over.store(true);
     }
     s.failed.store(true);
@@ -886,6 +919,25 @@ void Pool::Impl::MarkFailed(size_t index, const std::string& reason, StatusCode 
     FailOver(index);
     s.failing_over.store(false);
   }
+}
+
+void Pool::Impl::Evicted(int index, const std::string& refusal) {
+  if (evicted_.exchange(true)) return;
+  std::fprintf(stderr, "farpool: this process (tag %s) is evicted from the pool: %s\n",
+               TagName(tag()).c_str(), refusal.c_str());
+  // Every server's verdict, the refusing server's in its own words. A server failed before
+  // (an outage, a failover under way) gets them too: nothing of the pool answers us any more,
+  // and the eviction is what a caller must act on.
+  for (size_t i = 0; i < count(); ++i) {
+    ServerState& s = *servers_[i];
+    std::lock_guard lock(s.mu);
+    s.failure = static_cast<int>(i) == index ? refusal : "this process is evicted: " + refusal;
+    s.failure_code = StatusCode::kEvicted;
+    s.failed.store(true);
+  }
+  // AwaitMapDecision waits on the map: it gives up on the news.
+  { std::lock_guard lock(map_mu_); }
+  map_cv_.notify_all();
 }
 
 int Pool::Impl::MovedTo(const ServerState& s) const {
@@ -910,6 +962,9 @@ std::optional<std::pair<size_t, int>> Pool::Impl::ServedBy(const coord::ClusterM
 Result<std::pair<size_t, int>> Pool::Impl::AwaitMapDecision(size_t index) {
   const ServerState& s = *servers_[index];
   const coord::MapKeys keys{cluster_.etcd.prefix};
+  // An evicted Pool reports no server: it is refused by live ones.
+  const auto evicted = [&] { return Status::Evicted("this process is evicted: no failover"); };
+  if (evicted_.load()) return evicted();
   FARPOOL_RETURN_IF_ERROR(
       etcd_->Put(keys.Suspect(s.address.id), std::to_string(getpid())).status());
   const auto deadline = Clock::now() + kCoordinatorWait;
@@ -922,11 +977,13 @@ Result<std::pair<size_t, int>> Pool::Impl::AwaitMapDecision(size_t index) {
       std::unique_lock lock(map_mu_);
       const bool watched = map_watch_ != nullptr && map_watch_->up();  // null: Init failed
       const auto wait = watched ? 10 * kMapReadWhileDown : kMapReadWhileDown;
-      if (map_cv_.wait_for(lock, wait, [&] { return watched_revision_ != seen; })) {
+      if (map_cv_.wait_for(lock, wait,
+                           [&] { return watched_revision_ != seen || evicted_.load(); })) {
         seen = watched_revision_;
         value = watched_map_;
       }
     }
+    if (evicted_.load()) return evicted();
     if (value.empty()) {
       FARPOOL_ASSIGN_OR_RETURN(auto kv, etcd_->Get(keys.Map()));
       if (!kv) return Status::NotFound("no cluster map at " + keys.Map());
@@ -1096,7 +1153,11 @@ Status Pool::Impl::Join(const coord::MapServer& m) {
   auto hello = Handshake(index, map_,
                          AskOn(index, *tc->worker, tc->box, *peer.ep, tc->next_request_id,
                                Clock::now() + kJoinTimeout));
-  if (!hello.ok()) return fail(hello.status());
+  if (!hello.ok()) {
+    // An eviction is every server's, a new one's too (Evicted: the Pool's verdict).
+    if (hello.status().code() == StatusCode::kEvicted) Evicted(-1, hello.status().message());
+    return fail(hello.status());
+  }
   Status recorded = Record(*tc, index, *hello);
   if (recorded.ok()) recorded = Adopt(*tc, index);
   if (!recorded.ok()) return fail(recorded);
@@ -1111,6 +1172,7 @@ Status Pool::Impl::Join(const coord::MapServer& m) {
 
 void Pool::Impl::FailOver(size_t index) {
   ServerState& s = *servers_[index];
+  if (evicted_.load()) return;  // see the file comment, "Eviction"
   if (etcd_ && cluster_.replicas == 0 && !s.draining.load()) {
     // Without replicas a region moves only by a drain (`cluster drain`), which this client did
     // not see: the map has the move already (a client connecting after it), or it never comes.
@@ -1130,12 +1192,13 @@ void Pool::Impl::FailOver(size_t index) {
                    s.name.c_str(), servers_[decided->first]->name.c_str());
       return;
     }
+    if (evicted_.load()) return;
     std::fprintf(stderr,
                  "farpool: %s is gone and etcd's coordinator did not fail it over (%s): asking "
                  "its ring backup directly\n",
                  s.name.c_str(), decided.status().message().c_str());
   }
-  if (cluster_.replicas == 0) return;  // no ring backup to ask
+  if (cluster_.replicas == 0 || evicted_.load()) return;  // no ring backup to ask
   // The first stage's fallback: the first ring backup not known to have failed (backup k
   // mirrors it in its slot k, ClusterConfig::BackupOf).
   size_t k = 0;
@@ -1220,6 +1283,13 @@ Status Pool::Impl::ConnectionLost(ThreadContext& tc, size_t index) {
   return s.Failure();
 }
 
+void Pool::Impl::TimedOut(size_t index, const std::string& what) {
+  if (servers_[index]->failed.load()) return;
+  Probe p = ProbeServer(index);
+  if (p.kind == Probe::kRefuses) return MarkFailed(index, p.refusal);
+  MarkFailed(index, what);
+}
+
 Pool::Impl::Probe Pool::Impl::ProbeServer(size_t index) {
   const ServerState& s = *servers_[index];
   const auto deadline =
@@ -1245,7 +1315,7 @@ Pool::Impl::Probe Pool::Impl::ProbeServer(size_t index) {
     if (hello.ok()) {
       why = Probe{Probe::kTakesUs, {}};
     } else if (hello.status().code() != StatusCode::kTimedOut && !(*ep)->failed()) {
-      why = Probe{Probe::kRefuses, hello.status().message()};  // evicted us, or we refuse it
+      why = Probe{Probe::kRefuses, hello.status()};  // evicted us, or we refuse it
     }
     if (!why && (*ep)->failed()) ++refused;
     ep->reset();  // gracefully (forced if it failed), before its worker
@@ -1289,7 +1359,12 @@ Result<Pool::Impl::Reply> Pool::Impl::Call(
     return Status::Unavailable(s.name + ": " + std::string(wire::OpcodeName(expected)) +
                                " refused unexecuted: the server is being drained");
   }
-  return control::TakeReply(s.name, std::move(bytes), expected);
+  auto reply = control::TakeReply(s.name, std::move(bytes), expected);
+  // A refusal of our tag (a request the server answered before it closed the connection).
+  if (!reply.ok() && reply.status().code() == StatusCode::kEvicted) {
+    MarkFailed(index, reply.status());
+  }
+  return reply;
 }
 
 void Pool::Impl::Moving(size_t index) {
@@ -1388,10 +1463,7 @@ void Pool::Impl::Monitor() {
       std::string_view reason = hello.status().message();
       const std::string prefix = servers_[i]->name + ": ";
       if (reason.substr(0, prefix.size()) == prefix) reason.remove_prefix(prefix.size());
-      MarkFailed(i, std::string(reason),
-                 hello.status().code() == StatusCode::kPermissionDenied
-                     ? StatusCode::kPermissionDenied
-                     : StatusCode::kUnavailable);
+      MarkFailed(i, std::string(reason), RefusalCode(hello.status()));
     }
   };
   watch_new();
@@ -1408,7 +1480,7 @@ void Pool::Impl::Monitor() {
         // Heartbeats and the hello fail only if the server refuses us (evicted).
         auto m = wire::Decode(bytes);
         if (m.ok() && m->opcode == wire::Opcode::kErrorReply) {
-          MarkFailed(it->second, wire::DecodeError(*m).message());
+          MarkFailed(it->second, wire::DecodeError(*m));
         }
         in_flight.erase(it);
       }
@@ -1450,10 +1522,12 @@ void Pool::Impl::Monitor() {
             ++suspicions_cleared_;
             continue;
           }
-          MarkFailed(i, p.kind == Probe::kRefuses
-                            ? p.refusal
-                            : "no answer to heartbeats for " + std::to_string(timeout.count()) +
-                                  " ms, nor to a hello on a fresh connection");
+          if (p.kind == Probe::kRefuses) {
+            MarkFailed(i, p.refusal);
+            continue;
+          }
+          MarkFailed(i, "no answer to heartbeats for " + std::to_string(timeout.count()) +
+                            " ms, nor to a hello on a fresh connection");
           continue;
         }
         const uint64_t id = next_id++;
@@ -1530,10 +1604,11 @@ Status Pool::Impl::Complete(ThreadContext& tc, size_t index, ucs_status_ptr_t re
     if (!s.failed.load() && tc.peers[index].ep && tc.peers[index].ep->failed()) {
       MarkFailed(index, WhyLost(index));
     }
-    MarkFailed(index, st.code() == StatusCode::kTimedOut
-                          ? std::string(what) + " timed out after " +
-                                std::to_string(options_.op_timeout.count()) + " ms"
-                          : st.message());
+    if (st.code() == StatusCode::kTimedOut) {
+      TimedOut(index, std::string(what) + " timed out after " +
+                          std::to_string(options_.op_timeout.count()) + " ms");
+    }
+    MarkFailed(index, st.message());
     // Completes every request still pending on the endpoint, with an error.
     if (tc.peers[index].ep) tc.peers[index].ep->ForceClose();
     if (pending) tc.worker->FinishAbandoned(request);
@@ -2500,8 +2575,11 @@ Status Pool::Impl::FinishBatch(ThreadContext& tc, size_t index, uint64_t request
   // The server is gone or stuck: no later call may wait on it again.
   // (A lost connection is marked by AwaitReply.)
   if (arrived.code() == StatusCode::kTimedOut && !s.failed.load()) {
-    MarkFailed(index,
-               "batch timed out after " + std::to_string(options_.op_timeout.count()) + " ms");
+    TimedOut(index, "batch timed out after " + std::to_string(options_.op_timeout.count()) + " ms");
+  }
+  // A refusal of our tag in the reply (sent before the server closed the connection).
+  if (arrived.ok() && landing.status.code() == StatusCode::kEvicted) {
+    MarkFailed(index, landing.status);
   }
   return arrived.ok() ? landing.status : arrived;
 }

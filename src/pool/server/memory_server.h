@@ -17,7 +17,8 @@
 // exited. The server never waits for it. Pins live until their process exits (checked at each
 // hello and eviction) or its Pool says goodbye (GoodbyeRequest, its own tag only: the pin is
 // dropped and the tag refused from then on, without a kill), at most one open pidfd per live
-// pinned client process. Evicted tags are
+// pinned client process. Every later hello or request on a refused tag gets an ErrorReply of
+// StatusCode::kEvicted ("evicted by server N: ..."). Evicted tags are
 // remembered up to kMaxEvictedTags, the oldest forgotten first.
 //
 // Access control (transport/auth.h, docs/pool.md "Access control"): with a cluster secret
