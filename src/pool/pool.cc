@@ -27,15 +27,16 @@
 //   - Eviction: the hello carries this Pool's process tag (the low 32 bits of its nonce) and
 //     what pins the process (pid, start time, boot id). A region is mapped only if the server
 //     says it pinned us (kHelloMayMap): then an eviction can kill us. A connection that fails,
-//     or a request that times out, is explained by a fresh hello (WhyLost): a server that
-//     evicted us refuses it with StatusCode::kEvicted ("evicted by server N: ..."), as it
-//     refuses every later hello and request of ours. An eviction is of the process tag, by
-//     every server (Pool::Evict), so the first such refusal, from any server on any path (an
-//     operation, a hello, the monitor, a reply), is the whole Pool's verdict (Evicted): every
-//     server is marked failed with the eviction's words and code, and nothing is failed over,
-//     reported to etcd as suspected or waited for: those servers are alive, it is we who are
-//     fenced off. A failover already under way stops at its next step. The verdict is final:
-//     the tag never comes back (a new Pool::Connect gets a new one).
+//     or a request that times out or fails unexplained, is explained by a fresh hello (AskWhy,
+//     one per server at a time): a server that evicted us refuses it with StatusCode::kEvicted
+//     ("evicted by server N: ..."), as it refuses every later hello and request of ours. An
+//     eviction is of the process tag, by every server (Pool::Evict), so the first such
+//     refusal, from any server on any path (an operation, a hello, the monitor, a reply), is
+//     the whole Pool's verdict (Evicted): every server is marked failed with the eviction's
+//     words and code (one the map watcher was entering meanwhile too; it enters none after),
+//     and nothing is failed over, reported to etcd as suspected or waited for: those servers
+//     are alive, it is we who are fenced off. A failover already under way stops at its next
+//     step. The verdict is final: the tag never comes back (a new Pool::Connect gets a new one).
 //   - Failover on etcd (docs/pool.md "Membership on etcd"): in a replicated cluster whose file
 //     names an etcd, the client does not decide failovers. A server it finds gone is reported
 //     to the coordinator (MapKeys::Suspect) and the client waits for the cluster map to name
@@ -76,7 +77,7 @@
 //     region where the map says; a crashed server's region, which has nowhere to go, fails
 //     as before.
 //   - Access control: with a cluster secret (ClusterConfig::secret_file) every connection,
-//     the monitor's and WhyLost's included, opens with the challenge-response of
+//     the monitor's and ProbeServer's included, opens with the challenge-response of
 //     transport/auth.h (Handshake): a ChallengeRequest, then the hello with our proof; the
 //     server's hello reply must carry its proof, else we refuse the server. A refusal either
 //     way fails Connect with PermissionDenied ("authentication failed: ...").
@@ -224,6 +225,9 @@ struct ServerState {
   // alive, and answers every request it received (results or refusals), so replies awaited
   // from it are still awaited (AwaitReply), not abandoned as a dead server's are.
   std::atomic<bool> draining{false};
+  // A thread asks it why it failed a request (Pool::Impl::AskWhy): the others wait for that
+  // answer instead of asking too.
+  std::atomic<bool> probing{false};
   mutable std::mutex mu;
   std::string failure;  // guarded by mu
   // kUnavailable: an outage (what fails over); a refusal keeps its code: kPermissionDenied
@@ -329,7 +333,8 @@ class Pool::Impl {
   // Sends a control request built by `encode(request_id)` to server `index` and waits for
   // the reply of opcode `expected` (an ErrorReply becomes its Status). A MovingReply (the
   // server is being drained and did not execute it) marks the server failed, sets `*moving`
-  // if given, and returns Unavailable.
+  // if given, and returns Unavailable. No reply within `timeout`: TimedOut, unless the server,
+  // asked why (AskWhy; not for a goodbye), refuses us: then its Failure (Evicted, say).
   Result<Reply> Call(ThreadContext& tc, size_t index,
                      const std::function<std::vector<std::byte>(uint64_t)>& encode,
                      wire::Opcode expected, std::chrono::milliseconds timeout,
@@ -394,6 +399,8 @@ class Pool::Impl {
   // server, or -1 for one not entered yet): the Pool is evicted (evicted_), and every server
   // it knows is marked failed with kEvicted, none failed over (see the file comment). Once.
   void Evicted(int index, const std::string& refusal);
+  // Marks server `index` failed for good with kEvicted and `why` (Evicted; Join).
+  void MarkEvicted(size_t index, const std::string& why);
   // Replication (docs/pool.md "Replication"): asks the backup of failed server `index` to take
   // its data over and the server whose backup it was to stop forwarding to it; on success its
   // addresses go to the backup from then on (ServerState::moved_to).
@@ -404,11 +411,20 @@ class Pool::Impl {
   Result<std::pair<size_t, int>> AwaitMapDecision(size_t index);
   // Re-routes every server that `map` says another serves (see the file comment).
   void FollowMap(const coord::ClusterMap& map);
-  // A request to server `index` got no reply within its deadline (`what` timed out): marks the
-  // server failed, with the refusal of a fresh hello if it refuses us (WhyLost): a process
-  // stopped past its deadlines and evicted meanwhile wakes to requests timed out, which no
-  // outage explains.
-  void TimedOut(size_t index, const std::string& what);
+  // Server `index` failed a request of ours (no reply within its deadline, a lost connection):
+  // asks it why with a fresh hello (ProbeServer) and, if it refuses us, marks it failed with
+  // the refusal (an eviction: Evicted). A process stopped past its deadlines and evicted
+  // meanwhile wakes to requests timed out or cut off, which no outage explains. One probe per
+  // server at a time: each creates and destroys a UCX worker, and every thread whose request
+  // failed would ask at once; the others wait for its answer (bounded), or for the server
+  // failed. Returns at once if it is failed already. Any thread.
+  void AskWhy(size_t index);
+  // The same, then marks the server failed with `what` if the answer did not (an outage: no
+  // later call may wait on it again).
+  void Lost(size_t index, const std::string& what) {
+    AskWhy(index);
+    MarkFailed(index, what);
+  }
   // Where `map` says server `index`'s region is served now, if elsewhere: that server's index
   // and its mirror slot that holds the region; nullopt: still at `index` (or a server this
   // client does not know).
@@ -451,13 +467,13 @@ class Pool::Impl {
     return control::Handshake(servers_[index]->name, secret_ ? &*secret_ : nullptr, HelloFor(map),
                               ask);
   }
-  // An Ask on a connection that is no thread context's (the monitor's, WhyLost's).
+  // An Ask on a connection that is no thread context's (the monitor's, ProbeServer's).
   Ask AskOn(size_t index, Worker& worker, control::ReplyBox& box, Endpoint& ep, uint64_t& next_id,
             Clock::time_point deadline) const {
     return control::AskOn(servers_[index]->name, worker, box, ep, next_id, deadline);
   }
-  // A connection of `tc` to server `index` failed: marks the server failed with the reason
-  // WhyLost finds (unless it already is) and returns its Failure().
+  // A connection of `tc` to server `index` failed: marks the server failed (Lost: a refusal,
+  // else "connection lost") and returns its Failure().
   Status ConnectionLost(ThreadContext& tc, size_t index);
   // What a hello on a fresh connection of its own (own worker) learns of server `index`
   // within kProbeTimeout: it takes us, it refuses us (`refusal`: its words, e.g. evicted), or
@@ -467,12 +483,6 @@ class Pool::Impl {
     Status refusal;  // kRefuses: the server's error reply (its code: kEvicted, say)
   };
   Probe ProbeServer(size_t index);
-  // Why server `index` dropped a connection of ours: the refusal of a ProbeServer, else
-  // Unavailable "connection lost".
-  Status WhyLost(size_t index) {
-    Probe p = ProbeServer(index);
-    return p.kind == Probe::kRefuses ? p.refusal : Status::Unavailable("connection lost");
-  }
   // This Pool's hello; asks to be pinned (kHelloWantsMap) if `map`.
   wire::HelloRequest HelloFor(bool map) const;
   uint32_t tag() const { return static_cast<uint32_t>(nonce_); }
@@ -536,8 +546,13 @@ class Pool::Impl {
 
   std::thread monitor_;
   std::atomic<bool> stop_monitor_{false};
-  // Set once by Evicted, before it marks the servers failed; never cleared.
+  // Set once by Evicted (under eviction_mu_, after eviction_), before it marks the servers
+  // failed; never cleared. Its store and count_'s in Join are sequentially consistent: of
+  // Evicted's loop over count() and Join's check of evicted_ after it publishes a server, one
+  // sees the other, so no server stays unmarked.
   std::atomic<bool> evicted_{false};
+  std::mutex eviction_mu_;
+  std::string eviction_;  // the first refusal's words; guarded by eviction_mu_
   // Replicated clusters with an etcd: the map's client and watcher.
   std::unique_ptr<coord::EtcdClient> etcd_;
   std::thread map_watcher_;
@@ -922,22 +937,31 @@ void Pool::Impl::MarkFailed(size_t index, const std::string& reason, StatusCode 
 }
 
 void Pool::Impl::Evicted(int index, const std::string& refusal) {
-  if (evicted_.exchange(true)) return;
+  {
+    std::lock_guard lock(eviction_mu_);
+    if (evicted_.load()) return;
+    eviction_ = refusal;
+    evicted_.store(true);
+  }
   std::fprintf(stderr, "farpool: this process (tag %s) is evicted from the pool: %s\n",
                TagName(tag()).c_str(), refusal.c_str());
   // Every server's verdict, the refusing server's in its own words. A server failed before
   // (an outage, a failover under way) gets them too: nothing of the pool answers us any more,
   // and the eviction is what a caller must act on.
-  for (size_t i = 0; i < count(); ++i) {
-    ServerState& s = *servers_[i];
-    std::lock_guard lock(s.mu);
-    s.failure = static_cast<int>(i) == index ? refusal : "this process is evicted: " + refusal;
-    s.failure_code = StatusCode::kEvicted;
-    s.failed.store(true);
+  for (size_t i = 0; i < count_.load(); ++i) {
+    MarkEvicted(i, static_cast<int>(i) == index ? refusal : "this process is evicted: " + refusal);
   }
   // AwaitMapDecision waits on the map: it gives up on the news.
   { std::lock_guard lock(map_mu_); }
   map_cv_.notify_all();
+}
+
+void Pool::Impl::MarkEvicted(size_t index, const std::string& why) {
+  ServerState& s = *servers_[index];
+  std::lock_guard lock(s.mu);
+  s.failure = why;
+  s.failure_code = StatusCode::kEvicted;
+  s.failed.store(true);
 }
 
 int Pool::Impl::MovedTo(const ServerState& s) const {
@@ -1089,6 +1113,7 @@ void Pool::Impl::WatchMap() {
 }
 
 void Pool::Impl::LearnServers(const coord::ClusterMap& map) {
+  if (evicted_.load()) return;  // every server refuses us: nothing to enter
   for (const coord::MapServer& m : map.servers) {
     if (IndexOf(m.id).ok()) continue;
     // A server that serves no region (drained, or failed over before we saw it) has nothing
@@ -1166,7 +1191,13 @@ Status Pool::Impl::Join(const coord::MapServer& m) {
   if (!at.ok()) return fail(at.status());
   if (*at != index) return fail(Status::Internal("the allocator's server table is out of step"));
   index_of_[a.id].store(static_cast<uint16_t>(index + 1), std::memory_order_release);
-  count_.store(index + 1, std::memory_order_release);
+  count_.store(index + 1);  // sequentially consistent: see evicted_
+  // Evicted meanwhile (another thread's verdict, whose loop may have missed this server): it
+  // refuses us too.
+  if (evicted_.load()) {
+    std::lock_guard lock(eviction_mu_);
+    MarkEvicted(index, "this process is evicted: " + eviction_);
+  }
   return Status::Ok();
 }
 
@@ -1215,20 +1246,27 @@ void Pool::Impl::FailOver(size_t index) {
     return;
   }
   // One connection per server asked, opened once: opening one creates a UCX context and
-  // worker, which holds every other thread's progress back meanwhile (transport/ucx.h).
+  // worker, which holds every other thread's progress back meanwhile (transport/ucx.h). Not
+  // once this Pool is evicted, checked at every attempt: the verdict may come from another
+  // thread meanwhile, or from the server asked (it is the Pool's, Evicted).
   auto ask = [&](ServerState& to, uint16_t port, wire::Opcode expected, int attempts,
                  const control::Encoder& encode) -> Status {
+    const auto evicted = [&] {
+      return Status::Evicted(to.name + ": this process is evicted: no failover");
+    };
+    if (evicted_.load()) return evicted();
     control::Connection::Options o{to.name, to.address.host,
                                    port,    secret_ ? &*secret_ : nullptr,
                                    fabric_, options_.connect_timeout};
     auto c = control::Connection::Open(o, HelloFor(false));
-    if (!c.ok()) return c.status();
-    Status st;
-    for (int attempt = 0; attempt < attempts; ++attempt) {
+    Status st = c.status();
+    for (int attempt = 0; c.ok() && attempt < attempts; ++attempt) {
+      if (evicted_.load()) return evicted();
       st = (*c)->Call(encode, expected).status();
       if (st.code() != StatusCode::kAborted) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(25));
     }
+    if (st.code() == StatusCode::kEvicted) Evicted(-1, st.message());
     return st;
   };
   // On the backup's mirror port; "not yet" (Aborted) while the dead server's lease to serve
@@ -1239,6 +1277,7 @@ void Pool::Impl::FailOver(size_t index) {
         return wire::Encode(id, wire::PromoteRequest{s.address.id, {}});
       });
   if (!promoted.ok()) {
+    if (promoted.code() == StatusCode::kEvicted) return;  // no failure of the failover
     std::fprintf(stderr, "farpool: %s is gone; failing it over failed: %s\n", s.name.c_str(),
                  promoted.message().c_str());
     return;
@@ -1259,6 +1298,7 @@ void Pool::Impl::FailOver(size_t index) {
                           [&](uint64_t id) {
                             return wire::Encode(id, wire::DegradeRequest{s.address.id, {}});
                           });
+    if (degraded.code() == StatusCode::kEvicted) return;
     if (!degraded.ok()) {
       std::fprintf(stderr, "farpool: telling %s that its backup is gone failed: %s\n",
                    servers_[a]->name.c_str(), degraded.message().c_str());
@@ -1278,16 +1318,26 @@ wire::HelloRequest Pool::Impl::HelloFor(bool map) const {
 }
 
 Status Pool::Impl::ConnectionLost(ThreadContext& tc, size_t index) {
-  ServerState& s = *servers_[index];
-  if (!s.failed.load()) MarkFailed(index, WhyLost(index));
-  return s.Failure();
+  Lost(index, "connection lost");
+  return servers_[index]->Failure();
 }
 
-void Pool::Impl::TimedOut(size_t index, const std::string& what) {
-  if (servers_[index]->failed.load()) return;
+void Pool::Impl::AskWhy(size_t index) {
+  ServerState& s = *servers_[index];
+  if (s.failed.load()) return;
+  if (s.probing.exchange(true)) {
+    // Another thread asks already: its answer is ours. A probe ends by its deadline (at most
+    // kProbeTimeout) and the close of its endpoint (at most 2 s, transport/ucx.h); a refusal
+    // marks the server failed before `probing` is cleared.
+    const auto limit = Clock::now() + kProbeTimeout + std::chrono::seconds(3);
+    while (s.probing.load() && !s.failed.load() && Clock::now() < limit) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return;
+  }
   Probe p = ProbeServer(index);
-  if (p.kind == Probe::kRefuses) return MarkFailed(index, p.refusal);
-  MarkFailed(index, what);
+  if (p.kind == Probe::kRefuses) MarkFailed(index, p.refusal);
+  s.probing.store(false);
 }
 
 Pool::Impl::Probe Pool::Impl::ProbeServer(size_t index) {
@@ -1349,7 +1399,15 @@ Result<Pool::Impl::Reply> Pool::Impl::Call(
   Status sent = ep->SendAm(transport::kControlAm, request, true, deadline, abandon);
   if (!sent.ok() && ep->failed()) return ConnectionLost(tc, index);
   if (!sent.ok()) return sent.WithContext(s.name);
-  FARPOOL_RETURN_IF_ERROR(AwaitReply(tc, index, id, expected, deadline, timeout));
+  Status arrived = AwaitReply(tc, index, id, expected, deadline, timeout);
+  if (arrived.code() == StatusCode::kTimedOut && expected != wire::Opcode::kGoodbyeReply) {
+    // A server that evicted this process (stopped past the deadline meanwhile) says so to a
+    // fresh hello: the timeout is that refusal. Else it stays a timeout, the caller's to judge.
+    // (Not for a goodbye: best effort, at close.)
+    AskWhy(index);
+    if (s.failed.load() && !s.draining.load()) return s.Failure();
+  }
+  FARPOOL_RETURN_IF_ERROR(arrived);
   auto it = tc.box.replies.find(id);
   std::vector<std::byte> bytes = std::move(it->second);
   tc.box.replies.erase(it);
@@ -1463,7 +1521,11 @@ void Pool::Impl::Monitor() {
       std::string_view reason = hello.status().message();
       const std::string prefix = servers_[i]->name + ": ";
       if (reason.substr(0, prefix.size()) == prefix) reason.remove_prefix(prefix.size());
-      MarkFailed(i, std::string(reason), RefusalCode(hello.status()));
+      if (hello.status().code() == StatusCode::kTimedOut) {
+        Lost(i, std::string(reason));  // unanswered: asked why first, as any request
+      } else {
+        MarkFailed(i, std::string(reason), RefusalCode(hello.status()));
+      }
     }
   };
   watch_new();
@@ -1491,7 +1553,7 @@ void Pool::Impl::Monitor() {
     // round: the failover waits for it. (Elsewhere not: each probe creates and destroys a UCX
     // worker, and churn of them raced UCX 1.13's async handlers at teardown.)
     for (size_t i = 0; i < watch.size() && cluster_.replicas > 0; ++i) {
-      if (!servers_[i]->failed && watch[i].ep && watch[i].ep->failed()) MarkFailed(i, WhyLost(i));
+      if (!servers_[i]->failed && watch[i].ep && watch[i].ep->failed()) Lost(i, "connection lost");
     }
     if (now >= next_round) {
       if (now - last_round > timeout) {
@@ -1509,7 +1571,7 @@ void Pool::Impl::Monitor() {
           continue;
         }
         if (w.ep->failed()) {
-          MarkFailed(i, WhyLost(i));
+          Lost(i, "connection lost");
           continue;
         }
         if (now - w.last_answer > timeout) {
@@ -1534,7 +1596,7 @@ void Pool::Impl::Monitor() {
         in_flight[id] = i;
         Status s = transport::PostAm(w.ep->get(), transport::kControlAm,
                                      wire::Encode(id, wire::StatsRequest{0}), true);
-        if (!s.ok()) MarkFailed(i, s.message());
+        if (!s.ok()) Lost(i, "posting a heartbeat: " + s.message());
       }
     }
     Status s = (*worker)->Wait(std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -1600,15 +1662,12 @@ Status Pool::Impl::Complete(ThreadContext& tc, size_t index, ucs_status_ptr_t re
       [&] { return s.failed.load(std::memory_order_relaxed); }, what, &pending);
   if (st.ok()) return st;
   if (st.code() == StatusCode::kTimedOut || st.code() == StatusCode::kUnavailable) {
-    // The server is gone, stuck, or evicted us: no later call may wait on it again.
-    if (!s.failed.load() && tc.peers[index].ep && tc.peers[index].ep->failed()) {
-      MarkFailed(index, WhyLost(index));
-    }
-    if (st.code() == StatusCode::kTimedOut) {
-      TimedOut(index, std::string(what) + " timed out after " +
-                          std::to_string(options_.op_timeout.count()) + " ms");
-    }
-    MarkFailed(index, st.message());
+    // The server is gone, stuck, or evicted us: no later call may wait on it again. (Abandoned
+    // because another thread marked it failed: Lost does nothing.)
+    Lost(index, st.code() == StatusCode::kTimedOut
+                    ? std::string(what) + " timed out after " +
+                          std::to_string(options_.op_timeout.count()) + " ms"
+                    : st.message());
     // Completes every request still pending on the endpoint, with an error.
     if (tc.peers[index].ep) tc.peers[index].ep->ForceClose();
     if (pending) tc.worker->FinishAbandoned(request);
@@ -2563,7 +2622,9 @@ Status Pool::Impl::SendBatch(ThreadContext& tc, size_t index, uint64_t request_i
   Bump(tc.messages);
   if (!sent.ok() && ep->failed()) return ConnectionLost(tc, index);
   if (sent.ok()) return sent;  // no context string to build: this runs for every message
-  MarkFailed(index, "sending a batch: " + sent.message());
+  Lost(index, "sending a batch: " + sent.message());
+  // Asked why: a refusal (it evicted us) is the answer, not the send's error.
+  if (Status f = s.Failure(); f.code() == StatusCode::kEvicted) return f.WithContext("batch");
   return sent.WithContext(s.name + ": batch");
 }
 
@@ -2575,7 +2636,9 @@ Status Pool::Impl::FinishBatch(ThreadContext& tc, size_t index, uint64_t request
   // The server is gone or stuck: no later call may wait on it again.
   // (A lost connection is marked by AwaitReply.)
   if (arrived.code() == StatusCode::kTimedOut && !s.failed.load()) {
-    TimedOut(index, "batch timed out after " + std::to_string(options_.op_timeout.count()) + " ms");
+    Lost(index, "batch timed out after " + std::to_string(options_.op_timeout.count()) + " ms");
+    // Asked why: a refusal (it evicted us) is the answer, not the timeout.
+    if (Status f = s.Failure(); f.code() == StatusCode::kEvicted) return f;
   }
   // A refusal of our tag in the reply (sent before the server closed the connection).
   if (arrived.ok() && landing.status.code() == StatusCode::kEvicted) {
