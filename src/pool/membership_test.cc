@@ -822,8 +822,10 @@ TEST(CoordinatorFailover, AnEvictedClientFailsFastAndReportsNoServerGone) {
     ASSERT_TRUE(r.pool->Read(r.objects[s], &back, 8).ok()) << "server " << s;
     EXPECT_EQ(back, v) << "server " << s;
   }
-  // Every put up to now delivered (the evicted Pool's monitor and map watcher included, which
-  // met the eviction too): none is a suspicion, and the map did not move.
+  // The evicted Pool closed (its monitor and map watcher joined, which met the eviction too),
+  // so nothing of it can put a key after the marker; every put up to the marker delivered:
+  // none is a suspicion, and the map did not move.
+  victim->pool.reset();
   ASSERT_TRUE(puts.Settle()) << "the watch of etcd delivered no marker";
   EXPECT_TRUE(puts.With(puts.keys().SuspectPrefix()).empty())
       << "the evicted client reported a live server gone: "
@@ -831,7 +833,9 @@ TEST(CoordinatorFailover, AnEvictedClientFailsFastAndReportsNoServerGone) {
   const EtcdView view = ClusterEtcdStatus(r.dir()).value();
   EXPECT_EQ(view.map.epoch, 1) << view.map.ToJson();
   for (int s = 0; s < kServers; ++s) {
-    EXPECT_EQ(view.map.Find(static_cast<uint16_t>(s))->served_by, s) << view.map.ToJson();
+    const coord::MapServer* m = view.map.Find(static_cast<uint16_t>(s));
+    ASSERT_NE(m, nullptr) << "server " << s << " is not in the map: " << view.map.ToJson();
+    EXPECT_EQ(m->served_by, s) << view.map.ToJson();
     EXPECT_TRUE(Contains(view.alive, static_cast<uint16_t>(s))) << "server " << s;
   }
 }
