@@ -412,7 +412,10 @@ class Transaction {
 
 // A compute thread's context: NAM engines give it a session slot (lease, GC announcement) and
 // a commit log in the pool. Once fenced (Begin or Commit returned Unavailable), a session stays
-// unusable; the process opens a new one. Thread-safety: one thread at a time.
+// unusable; the process opens a new one. A process fenced off the pool itself (others took it
+// for stalled and evicted it: Pool::Evict) gets Evicted from any call that reaches the pool,
+// for good: no session of that Database can go on, only a Database opened again (a new pool
+// connection). Thread-safety: one thread at a time.
 class Session {
  public:
   virtual ~Session() = default;

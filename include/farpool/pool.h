@@ -40,7 +40,8 @@
 //     for PoolOptions::failure_timeout and then a hello on a fresh connection unanswered for
 //     1 s more (a server that answers that hello was only slow and stays in use); from then on
 //     every call that touches it fails fast with Unavailable, calls to other servers go on. It
-//     is not reconnected: connect a new Pool.
+//     is not reconnected: connect a new Pool. (A server that refuses this process because it
+//     was evicted is no failed server: see "Eviction" below, code Evicted.)
 //   - Servers added to the cluster (`farpool cluster add`; a cluster with an etcd, with or
 //     without replicas): the Pool learns them from the cluster map while it runs (the map follower,
 //     fed by an etcd watch of the map), says hello (same secret and pool rules as at Connect) and
@@ -321,11 +322,19 @@ class Pool {
   // Eviction: the fence the memory servers enforce (docs/pool.md). A process evicted from every
   // server can no longer reach pool memory: one that maps a server's region has been killed
   // (SIGKILL) and has exited; any other has had every connection closed and is refused from
-  // then on (its next operations fail with Unavailable, "evicted by server N: ..."). A server
-  // lets a process map its region only if it could pin it for such a kill (same boot, a pidfd,
-  // a matching start time, permission to signal it); otherwise the Pool falls back to messages
-  // or one-sided access as if direct access were off, and transport shm fails to connect,
-  // saying why.
+  // then on. A server lets a process map its region only if it could pin it for such a kill
+  // (same boot, a pidfd, a matching start time, permission to signal it); otherwise the Pool
+  // falls back to messages or one-sided access as if direct access were off, and transport shm
+  // fails to connect, saying why.
+  // The evicted Pool: the first refusal of its tag by any server (StatusCode::kEvicted on the
+  // wire, on its next operation, hello or heartbeat; a request cut off by the eviction or timed
+  // out meanwhile asks the server why with a fresh hello) is the whole Pool's verdict, since an
+  // eviction is of the process tag, by every server. From then on every call that touches a
+  // server fails fast with Evicted and the eviction's words ("server 1 (...): this process is
+  // evicted: evicted by server 0 (...): process tag 0x... is fenced off this server ..."), and
+  // the Pool takes none of the servers for failed: it fails nothing over, reports no server to
+  // the coordinator (etcd's suspect keys) and waits for no failover. Final: open a new Pool
+  // (a new tag) if the application may go on, e.g. after its database sessions were fenced.
 
   // This process's identity on every server of the pool: nonzero, the same on every server and
   // for every thread, different for every Pool::Connect (32 bits of the client nonce sent in

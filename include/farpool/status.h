@@ -4,7 +4,9 @@
 // component and the reason, e.g.
 //   "server 3 (10.0.0.3:7000): lease refused: pool full (0 B of 4 GiB free)".
 // `Aborted` is reserved for retryable conflicts (a transaction lost a race) and is distinct
-// from failures, so callers can retry the one and report the other.
+// from failures, so callers can retry the one and report the other. `Evicted` is distinct
+// from `Unavailable`: the servers fenced this process off (it was taken for stalled), which
+// says nothing about their health and is not undone; a new Pool::Connect gets a new identity.
 //
 // Thread-safety: values; safe to copy between threads.
 #pragma once
@@ -31,10 +33,12 @@ enum class StatusCode : uint8_t {
   kAlreadyExists,      // a thing to be created exclusively exists (a table, a file)
   kResourceExhausted,  // a fixed-size table is full (session slots, catalog, name table)
   kPermissionDenied,   // the peer did not prove it belongs to the cluster (its secret)
+  kEvicted,            // this process was evicted (Pool::Evict): every server refuses it for
+                       // good; no outage of the server that says so
 };
 // The largest code; codes travel on the wire as numbers (transport/frame.h), so new codes are
 // appended and existing numbers never change.
-inline constexpr StatusCode kLastStatusCode = StatusCode::kPermissionDenied;
+inline constexpr StatusCode kLastStatusCode = StatusCode::kEvicted;
 
 std::string_view StatusCodeName(StatusCode code);
 
@@ -62,6 +66,7 @@ class [[nodiscard]] Status {
   static Status ResourceExhausted(std::string m) {
     return {StatusCode::kResourceExhausted, std::move(m)};
   }
+  static Status Evicted(std::string m) { return {StatusCode::kEvicted, std::move(m)}; }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }

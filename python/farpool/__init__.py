@@ -12,9 +12,9 @@ when one of its names is first used, so `farpool.sim` and `farpool.harness` neve
 build. The exceptions (`farpool.Error` and one subclass per status code) are plain Python.
 """
 from farpool._build import native_dir as _native_dir
-from farpool.errors import (Aborted, AlreadyExists, Closed, Error, Internal, InvalidArgument,
-                            IoError, NotFound, OutOfMemory, PermissionDenied, Protocol,
-                            ResourceExhausted, TimedOut, Unavailable)
+from farpool.errors import (Aborted, AlreadyExists, Closed, Error, Evicted, Internal,
+                            InvalidArgument, IoError, NotFound, OutOfMemory, PermissionDenied,
+                            Protocol, ResourceExhausted, TimedOut, Unavailable)
 
 __path__.append(str(_native_dir()))  # noqa: F821 (`__path__` is set for packages)
 
@@ -24,7 +24,7 @@ _CLIENT = ("Pool", "Batch", "Database", "Session", "Transaction", "Table", "Loca
 
 __all__ = ["Error", "InvalidArgument", "NotFound", "OutOfMemory", "Unavailable", "TimedOut",
            "Protocol", "Aborted", "IoError", "Internal", "AlreadyExists", "ResourceExhausted",
-           "PermissionDenied", "Closed", *_CLIENT]
+           "PermissionDenied", "Evicted", "Closed", *_CLIENT]
 
 
 def __getattr__(name: str):

@@ -39,7 +39,7 @@ class OutOfMemory(Error):
 
 
 class Unavailable(Error):
-    """A server is unreachable, dead or shut down, or this process was evicted."""
+    """A server is unreachable, dead or shut down."""
 
     code = "Unavailable"
 
@@ -94,6 +94,14 @@ class PermissionDenied(Error, PermissionError):
     code = "PermissionDenied"
 
 
+class Evicted(Unavailable):
+    """This process was evicted from the pool (another process fenced it off, taking it for
+    stalled): every server refuses it for good; open a new Pool (or Database). A subclass of
+    Unavailable, which it was reported as before it had a code of its own."""
+
+    code = "Evicted"
+
+
 class Closed(Error, ValueError):
     """A Pool or Database was used after its close() (not a C++ status code: the client's
     own)."""
@@ -103,7 +111,7 @@ class Closed(Error, ValueError):
 
 _BY_CODE = {c.code: c for c in (InvalidArgument, NotFound, OutOfMemory, Unavailable, TimedOut,
                                 Protocol, Aborted, IoError, Internal, AlreadyExists,
-                                ResourceExhausted, PermissionDenied)}
+                                ResourceExhausted, PermissionDenied, Evicted)}
 
 
 def from_status(code: str, message: str) -> Error:

@@ -177,7 +177,8 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
           // A server failed over to its backup under the transaction's reads (replicas 1; a
           // commit it cut has settled itself: committed, or Aborted and retried), or the session
           // could not settle its commit and stopped (recovery finishes it after its lease). The
-          // thread goes on with a new session (docs/pool.md, Replication).
+          // thread goes on with a new session (docs/pool.md, Replication). Not after Evicted:
+          // others fenced this process off the pool for good, and the client ends with it.
           std::fprintf(stderr, "bench txn: thread %d opens a new session after: %s\n", th,
                        r.ToString().c_str());
           if (history_key >= 0) uncertain_history.insert(history_key);

@@ -30,6 +30,8 @@ std::string_view StatusCodeName(StatusCode code) {
       return "ResourceExhausted";
     case StatusCode::kPermissionDenied:
       return "PermissionDenied";
+    case StatusCode::kEvicted:
+      return "Evicted";
   }
   return "Unknown";
 }

@@ -15,14 +15,16 @@
 //                            one worker (FARPOOL_WORKER=ddl) is SIGSTOPped while the parent
 //                            fences its slots, its system session's included, which evicts
 //                            it: the servers close its connections. After SIGCONT its old
-//                            session says Unavailable, and a database it opens again runs
+//                            session says Unavailable (fenced) or Evicted (its pool
+//                            connection is refused), and a database it opens again runs
 //                            CreateTable, DropTable and transactions.
 //   SigstopBetweenLockAndTrim{Deep,Shallow}, SigstopBetweenTrimCheckAndCut (TCP)
 //                            deterministic: a worker stops itself (SIGSTOP) in a commit after
 //                            locking a record whose version chain it will trim; the
 //                            parent fences (evicts) it, rewrites the record, cuts and frees
 //                            the chain, then continues it. The commit must return
-//                            Unavailable and nothing it issues may reach the pool any more.
+//                            Unavailable or Evicted and nothing it issues may reach the pool
+//                            any more.
 //   WallClockStepsInOneWorker
 //                            one worker runs under libfaketime (FAKETIME_TIMESTAMP_FILE,
 //                            FAKETIME_NO_CACHE=1, DONT_FAKE_MONOTONIC=1): its wall clock
@@ -34,9 +36,10 @@
 // The TCP tests are the ones whose stopped worker must go on after it was fenced: over TCP an
 // evicted process is disconnected, on shared memory it is killed. A session that gets
 // Unavailable from Begin/Commit (fenced) is dropped and the worker opens a new one (or a new
-// database) and goes on. After the run: the bank total is conserved (auditors saw it in every
-// snapshot), the ring is one ring, no record stays locked after RecoverExpired, every record
-// takes a write, and every worker finished within kDeadline (stragglers are killed: failure).
+// database) and goes on; Evicted (the process was fenced off the pool) drops the database too.
+// After the run: the bank total is conserved (auditors saw it in every snapshot), the ring is one
+// ring, no record stays locked after RecoverExpired, every record takes a write, and every worker
+// finished within kDeadline (stragglers are killed: failure).
 //
 // Seeds: FARPOOL_SEED (printed).
 #include <gtest/gtest.h>
@@ -150,7 +153,8 @@ Status MixedWorker(uint64_t seed, int id) {
       Status& result = results[th];
       Connection c;
       // Runs `body` to commit. A fenced session (Unavailable) is replaced by a new one; if no
-      // new session can be had (the pool connection itself gave up on a server), the database
+      // new session can be had (the pool connection itself gave up on a server), or the
+      // process was evicted (Evicted: its pool connection is refused for good), the database
       // is opened again. The transaction then runs again as a new one: a transfer or Cycle
       // step may run twice, and both invariants hold either way.
       auto run = [&](const std::function<Status(Transaction&)>& body) -> Status {
@@ -164,10 +168,10 @@ Status MixedWorker(uint64_t seed, int id) {
             continue;
           }
           Status s = RunTransaction(*c.session, body, kMaxAttempts);
-          if (s.code() != StatusCode::kUnavailable) return s;
+          if (s.code() != StatusCode::kUnavailable && s.code() != StatusCode::kEvicted) return s;
           last = s;
           ++fenced;
-          c.Drop(/*database=*/false);
+          c.Drop(/*database=*/s.code() == StatusCode::kEvicted);
         }
         return last.WithContext("still unavailable after " + std::to_string(kReconnects) +
                                 " new sessions");
@@ -222,7 +226,7 @@ Status DdlWorker(uint64_t /*seed*/, int id) {
   std::ofstream(Env("FARPOOL_READY_FILE")) << "ready\n";
   FARPOOL_RETURN_IF_ERROR(testing::WaitForFile(Env("FARPOOL_RESUMED_FILE"), 60s));
   Status stale = transfer(*session);
-  if (stale.code() != StatusCode::kUnavailable) {
+  if (stale.code() != StatusCode::kUnavailable && stale.code() != StatusCode::kEvicted) {
     return Status::Internal("the session outlived a stop past its lease (" + stale.ToString() +
                             "): the parent did not fence this process, the test proves nothing");
   }
@@ -289,14 +293,15 @@ Status StalledTrimWorker(uint64_t, int) {
   FARPOOL_ASSIGN_OR_RETURN(int64_t v, GetInt(*txn, *accounts, 0));
   FARPOOL_RETURN_IF_ERROR(PutInt(*txn, *accounts, 0, v));
   Status s = txn->Commit();
-  if (s.code() != StatusCode::kUnavailable) {
+  if (s.code() != StatusCode::kUnavailable && s.code() != StatusCode::kEvicted) {
     return Status::Internal("the commit that outlived its lease returned " + s.ToString() +
-                            ", not Unavailable (fenced)");
+                            ", not Unavailable (fenced) or Evicted");
   }
   // Evicted: nothing this process issues reaches the pool, so it can neither cut nor free the
   // chain that is no longer its own.
   auto r = db->CollectGarbage();
-  if (r.ok() || r.status().code() != StatusCode::kUnavailable) {
+  if (r.ok() || (r.status().code() != StatusCode::kUnavailable &&
+                 r.status().code() != StatusCode::kEvicted)) {
     return Status::Internal("the fenced process still works on the pool (collection: " +
                             r.status().ToString() + "): it was not evicted");
   }

@@ -89,8 +89,13 @@ DatabaseOptions Options() {
 
 // ------------------------------------------------------------------ worker
 
+bool Fenced(const Status& s) {
+  return s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kEvicted;
+}
+
 // One attempt: random reads and appends, recorded whatever its outcome.
-// Unavailable (the session was fenced, or the pool connection gave up on a server) sets
+// Unavailable (the session was fenced, or the pool connection gave up on a server) or Evicted
+// (the process was fenced off the pool; on shared memory it is being killed) sets
 // *unavailable (with the reason): the caller replaces the session. Before Commit the attempt counts
 // as aborted (nothing was installed); from Commit its outcome is unknown. `committing` gets
 // the attempt (outcome unknown) right before Commit: a process killed in Commit (evicted by a
@@ -105,7 +110,7 @@ Result<Txn> Attempt(Session& session, const Table& t, std::mt19937_64& rng, uint
   rec.begin_ns = MonotonicNs();
   auto begun = session.Begin();
   if (!begun.ok()) {
-    if (begun.status().code() != StatusCode::kUnavailable) return begun.status();
+    if (!Fenced(begun.status())) return begun.status();
     *unavailable = begun.status();
     rec.outcome = Outcome::kAborted;
     return rec;
@@ -173,11 +178,11 @@ Result<Txn> Attempt(Session& session, const Table& t, std::mt19937_64& rng, uint
     rec.outcome = s.ok()                             ? Outcome::kCommitted
                   : s.code() == StatusCode::kAborted ? Outcome::kAborted
                                                      : Outcome::kUnknown;
-    if (s.code() == StatusCode::kUnavailable) *unavailable = s;
+    if (Fenced(s)) *unavailable = s;
   } else {
     txn->Rollback();
-    if (s.code() == StatusCode::kUnavailable) *unavailable = s;
-    if (s.code() != StatusCode::kAborted && s.code() != StatusCode::kUnavailable)
+    if (Fenced(s)) *unavailable = s;
+    if (s.code() != StatusCode::kAborted && !Fenced(s))
       return s.WithContext("transaction " + std::to_string(txn_id));
     rec.outcome = Outcome::kAborted;
   }

@@ -707,6 +707,139 @@ TEST(CoordinatorFailover, AFalseReportOfAServerWhoseBackupRefusesIsDroppedAndNot
   writer.CheckIntact();
 }
 
+// Every key put under a cluster's prefix from its start on (an etcd watch of the prefix), and
+// a way to know that the watch has delivered everything put up to now (Settle: a marker key,
+// which the watch delivers after every earlier put).
+class PutRecorder {
+ public:
+  explicit PutRecorder(const TestCluster& cluster) : etcd_(EtcdOf(cluster)) {
+    auto config = cluster.config();
+    EXPECT_TRUE(config.ok() && etcd_.client);
+    if (!config.ok() || !etcd_.client) return;
+    coord::EtcdWatch::Options o;
+    o.endpoints = config->etcd.endpoints;
+    o.key = etcd_.keys.prefix;
+    o.prefix = true;
+    o.on_update = [this](const coord::EtcdWatch::Update& u) {
+      std::lock_guard lock(mu_);
+      for (const coord::KeyValue& kv : u.kvs) keys_.push_back(kv.key);
+      for (const coord::WatchEvent& e : u.events) {
+        if (e.type == coord::WatchEvent::Type::kPut) keys_.push_back(e.kv.key);
+      }
+      ++updates_;
+      cv_.notify_all();
+    };
+    auto watch = coord::EtcdWatch::Start(std::move(o));
+    EXPECT_TRUE(watch.ok()) << watch.status().ToString();
+    if (watch.ok()) watch_ = std::move(*watch);
+  }
+  // Waits for the first delivery (the snapshot: the watch runs); false after 30 s.
+  bool Started() {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, 30s, [&] { return updates_ > 0; });
+  }
+  // Puts a marker key and waits until the watch has delivered it; false after 30 s.
+  bool Settle() {
+    const std::string marker = etcd_.keys.prefix + "test/settled-" + std::to_string(++markers_);
+    if (!etcd_.client || !etcd_.client->Put(marker, "1").ok()) return false;
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(
+        lock, 30s, [&] { return std::find(keys_.begin(), keys_.end(), marker) != keys_.end(); });
+  }
+  // The keys put so far that start with `prefix`.
+  std::vector<std::string> With(const std::string& prefix) {
+    std::lock_guard lock(mu_);
+    std::vector<std::string> out;
+    for (const std::string& k : keys_) {
+      if (k.starts_with(prefix)) out.push_back(k);
+    }
+    return out;
+  }
+  const coord::MapKeys& keys() const { return etcd_.keys; }
+
+ private:
+  ClusterEtcd etcd_;
+  int markers_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::string> keys_;            // guarded by mu_
+  int updates_ = 0;                          // guarded by mu_
+  std::unique_ptr<coord::EtcdWatch> watch_;  // last: stopped before what it writes to
+};
+
+// A client process evicted in a replicated cluster on etcd (as a database fences a process
+// stalled past its lease; the fault soak's client-stop) takes the refusal of its tag for its own
+// fence, not for the servers' death: every later call of it fails with Evicted and the
+// eviction's words, it reports no server gone (no P/suspect/<id> is ever put: every put under
+// the prefix is watched, up to a marker after its calls) and nothing is failed over (the map's
+// epoch stays 1, every region at its own server); the evicting client goes on. Before, the
+// evicted Pool took each server for gone in turn: it put P/suspect/<id> for it, waited 8 s
+// (kCoordinatorWait) for a failover that never came and asked its backup itself, and its calls
+// failed with Unavailable (docs/pool.md "Soak with more kinds of fault", finding 2).
+TEST(CoordinatorFailover, AnEvictedClientFailsFastAndReportsNoServerGone) {
+  constexpr int kServers = 3;
+  LocalClusterOptions o = Options(kServers, 1);
+  Running r;
+  ASSERT_NO_FATAL_FAILURE(Start(o, &r));
+  PutRecorder puts(*r.cluster);
+  ASSERT_TRUE(puts.Started()) << "the watch of etcd did not start";
+  auto victim = ConnectTestClient(*r.cluster);
+  ASSERT_TRUE(victim.ok()) << victim.status().ToString();
+  Pool& evicted = *victim->pool;
+  std::vector<GlobalAddress> mine;
+  for (int s = 0; s < kServers; ++s) {
+    auto a = evicted.Alloc(64, Placement::OnServer(static_cast<uint16_t>(s)));
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    const uint64_t v = 1;
+    ASSERT_TRUE(evicted.Write(*a, &v, 8).ok());
+    mine.push_back(*a);
+  }
+
+  const Status done = r.pool->Evict(evicted.process_tag());
+  ASSERT_TRUE(done.ok()) << done.ToString();
+
+  // Every server, then a new object: each fails with the eviction, and names it.
+  auto expect_evicted = [](const Status& s, const std::string& what) {
+    EXPECT_EQ(s.code(), StatusCode::kEvicted) << what << ": " << s.ToString();
+    EXPECT_NE(s.message().find("evicted by server "), std::string::npos)
+        << what << ": " << s.ToString();
+  };
+  for (int s = 0; s < kServers; ++s) {
+    uint64_t back = 0;
+    expect_evicted(evicted.Read(mine[s], &back, 8), "a read on server " + std::to_string(s));
+    const uint64_t v = 2;
+    expect_evicted(evicted.Write(mine[s], &v, 8), "a write on server " + std::to_string(s));
+    expect_evicted(evicted.Stats(static_cast<uint16_t>(s)).status(),
+                   "stats of server " + std::to_string(s));
+  }
+  expect_evicted(evicted.Alloc(64).status(), "an allocation");
+
+  // The evicting client goes on, on every server.
+  for (int s = 0; s < kServers; ++s) {
+    const uint64_t v = 100 + s;
+    ASSERT_TRUE(r.pool->Write(r.objects[s], &v, 8).ok()) << "server " << s;
+    uint64_t back = 0;
+    ASSERT_TRUE(r.pool->Read(r.objects[s], &back, 8).ok()) << "server " << s;
+    EXPECT_EQ(back, v) << "server " << s;
+  }
+  // The evicted Pool closed (its monitor and map watcher joined, which met the eviction too),
+  // so nothing of it can put a key after the marker; every put up to the marker delivered:
+  // none is a suspicion, and the map did not move.
+  victim->pool.reset();
+  ASSERT_TRUE(puts.Settle()) << "the watch of etcd delivered no marker";
+  EXPECT_TRUE(puts.With(puts.keys().SuspectPrefix()).empty())
+      << "the evicted client reported a live server gone: "
+      << puts.With(puts.keys().SuspectPrefix()).front();
+  const EtcdView view = ClusterEtcdStatus(r.dir()).value();
+  EXPECT_EQ(view.map.epoch, 1) << view.map.ToJson();
+  for (int s = 0; s < kServers; ++s) {
+    const coord::MapServer* m = view.map.Find(static_cast<uint16_t>(s));
+    ASSERT_NE(m, nullptr) << "server " << s << " is not in the map: " << view.map.ToJson();
+    EXPECT_EQ(m->served_by, s) << view.map.ToJson();
+    EXPECT_TRUE(Contains(view.alive, static_cast<uint16_t>(s))) << "server " << s;
+  }
+}
+
 // SIGKILL of the coordinator (a primary too): another server is elected and fails the dead
 // one over; then a later failure of another server is handled by the new coordinator.
 TEST(CoordinatorFailover, AnotherCoordinatorIsElectedAndHandlesLaterFailures) {

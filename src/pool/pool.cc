@@ -26,9 +26,17 @@
 //     with an error.
 //   - Eviction: the hello carries this Pool's process tag (the low 32 bits of its nonce) and
 //     what pins the process (pid, start time, boot id). A region is mapped only if the server
-//     says it pinned us (kHelloMayMap): then an eviction can kill us. A connection that fails
-//     is explained by a fresh hello (WhyLost): a server that evicted us refuses it, and the
-//     server is marked failed with its words ("evicted by server N: ...").
+//     says it pinned us (kHelloMayMap): then an eviction can kill us. A connection that fails,
+//     or a request that times out or fails unexplained, is explained by a fresh hello (AskWhy,
+//     one per server at a time): a server that evicted us refuses it with StatusCode::kEvicted
+//     ("evicted by server N: ..."), as it refuses every later hello and request of ours. An
+//     eviction is of the process tag, by every server (Pool::Evict), so the first such
+//     refusal, from any server on any path (an operation, a hello, the monitor, a reply), is
+//     the whole Pool's verdict (Evicted): every server is marked failed with the eviction's
+//     words and code (one the map watcher was entering meanwhile too; it enters none after),
+//     and nothing is failed over, reported to etcd as suspected or waited for: those servers
+//     are alive, it is we who are fenced off. A failover already under way stops at its next
+//     step. The verdict is final: the tag never comes back (a new Pool::Connect gets a new one).
 //   - Failover on etcd (docs/pool.md "Membership on etcd"): in a replicated cluster whose file
 //     names an etcd, the client does not decide failovers. A server it finds gone is reported
 //     to the coordinator (MapKeys::Suspect) and the client waits for the cluster map to name
@@ -69,7 +77,7 @@
 //     region where the map says; a crashed server's region, which has nowhere to go, fails
 //     as before.
 //   - Access control: with a cluster secret (ClusterConfig::secret_file) every connection,
-//     the monitor's and WhyLost's included, opens with the challenge-response of
+//     the monitor's and ProbeServer's included, opens with the challenge-response of
 //     transport/auth.h (Handshake): a ChallengeRequest, then the hello with our proof; the
 //     server's hello reply must carry its proof, else we refuse the server. A refusal either
 //     way fails Connect with PermissionDenied ("authentication failed: ...").
@@ -217,8 +225,13 @@ struct ServerState {
   // alive, and answers every request it received (results or refusals), so replies awaited
   // from it are still awaited (AwaitReply), not abandoned as a dead server's are.
   std::atomic<bool> draining{false};
+  // A thread asks it why it failed a request (Pool::Impl::AskWhy): the others wait for that
+  // answer instead of asking too.
+  std::atomic<bool> probing{false};
   mutable std::mutex mu;
-  std::string failure;                                 // guarded by mu
+  std::string failure;  // guarded by mu
+  // kUnavailable: an outage (what fails over); a refusal keeps its code: kPermissionDenied
+  // (the secret), kEvicted (this process is fenced off: Pool::Impl::Evicted).
   StatusCode failure_code = StatusCode::kUnavailable;  // guarded by mu
 
   Status Failure() const {
@@ -320,7 +333,8 @@ class Pool::Impl {
   // Sends a control request built by `encode(request_id)` to server `index` and waits for
   // the reply of opcode `expected` (an ErrorReply becomes its Status). A MovingReply (the
   // server is being drained and did not execute it) marks the server failed, sets `*moving`
-  // if given, and returns Unavailable.
+  // if given, and returns Unavailable. No reply within `timeout`: TimedOut, unless the server,
+  // asked why (AskWhy; not for a goodbye), refuses us: then its Failure (Evicted, say).
   Result<Reply> Call(ThreadContext& tc, size_t index,
                      const std::function<std::vector<std::byte>(uint64_t)>& encode,
                      wire::Opcode expected, std::chrono::milliseconds timeout,
@@ -366,9 +380,27 @@ class Pool::Impl {
   void LearnServers(const coord::ClusterMap& map);
   Status Join(const coord::MapServer& m);
   // Marks server `index` failed (once; later calls change nothing). In a replicated cluster an
-  // outage (not a refusal) then fails it over to its backup (FailOver).
+  // outage (not a refusal) then fails it over to its backup (FailOver), unless this Pool is
+  // evicted. A `code` of kEvicted is the eviction of the whole Pool (Evicted).
   void MarkFailed(size_t index, const std::string& reason,
                   StatusCode code = StatusCode::kUnavailable);
+  // The same for a Status: its message, and its code if it is a refusal (RefusalCode).
+  void MarkFailed(size_t index, const Status& why) {
+    MarkFailed(index, why.message(), RefusalCode(why));
+  }
+  // The code a failure of server `index` keeps: a refusal's (kPermissionDenied: a secret that
+  // does not match; kEvicted: we are fenced off), else kUnavailable (an outage).
+  static StatusCode RefusalCode(const Status& why) {
+    return why.code() == StatusCode::kPermissionDenied || why.code() == StatusCode::kEvicted
+               ? why.code()
+               : StatusCode::kUnavailable;
+  }
+  // A server refused this Pool's process tag as evicted (`refusal`, its words; `index`, that
+  // server, or -1 for one not entered yet): the Pool is evicted (evicted_), and every server
+  // it knows is marked failed with kEvicted, none failed over (see the file comment). Once.
+  void Evicted(int index, const std::string& refusal);
+  // Marks server `index` failed for good with kEvicted and `why` (Evicted; Join).
+  void MarkEvicted(size_t index, const std::string& why);
   // Replication (docs/pool.md "Replication"): asks the backup of failed server `index` to take
   // its data over and the server whose backup it was to stop forwarding to it; on success its
   // addresses go to the backup from then on (ServerState::moved_to).
@@ -379,6 +411,20 @@ class Pool::Impl {
   Result<std::pair<size_t, int>> AwaitMapDecision(size_t index);
   // Re-routes every server that `map` says another serves (see the file comment).
   void FollowMap(const coord::ClusterMap& map);
+  // Server `index` failed a request of ours (no reply within its deadline, a lost connection):
+  // asks it why with a fresh hello (ProbeServer) and, if it refuses us, marks it failed with
+  // the refusal (an eviction: Evicted). A process stopped past its deadlines and evicted
+  // meanwhile wakes to requests timed out or cut off, which no outage explains. One probe per
+  // server at a time: each creates and destroys a UCX worker, and every thread whose request
+  // failed would ask at once; the others wait for its answer (bounded), or for the server
+  // failed. Returns at once if it is failed already. Any thread.
+  void AskWhy(size_t index);
+  // The same, then marks the server failed with `what` if the answer did not (an outage: no
+  // later call may wait on it again).
+  void Lost(size_t index, const std::string& what) {
+    AskWhy(index);
+    MarkFailed(index, what);
+  }
   // Where `map` says server `index`'s region is served now, if elsewhere: that server's index
   // and its mirror slot that holds the region; nullopt: still at `index` (or a server this
   // client does not know).
@@ -421,28 +467,22 @@ class Pool::Impl {
     return control::Handshake(servers_[index]->name, secret_ ? &*secret_ : nullptr, HelloFor(map),
                               ask);
   }
-  // An Ask on a connection that is no thread context's (the monitor's, WhyLost's).
+  // An Ask on a connection that is no thread context's (the monitor's, ProbeServer's).
   Ask AskOn(size_t index, Worker& worker, control::ReplyBox& box, Endpoint& ep, uint64_t& next_id,
             Clock::time_point deadline) const {
     return control::AskOn(servers_[index]->name, worker, box, ep, next_id, deadline);
   }
-  // A connection of `tc` to server `index` failed: marks the server failed with the reason
-  // WhyLost finds (unless it already is) and returns its Failure().
+  // A connection of `tc` to server `index` failed: marks the server failed (Lost: a refusal,
+  // else "connection lost") and returns its Failure().
   Status ConnectionLost(ThreadContext& tc, size_t index);
   // What a hello on a fresh connection of its own (own worker) learns of server `index`
   // within kProbeTimeout: it takes us, it refuses us (`refusal`: its words, e.g. evicted), or
   // nothing answered. Any thread.
   struct Probe {
     enum Kind { kTakesUs, kRefuses, kNoAnswer } kind = kNoAnswer;
-    std::string refusal;
+    Status refusal;  // kRefuses: the server's error reply (its code: kEvicted, say)
   };
   Probe ProbeServer(size_t index);
-  // Why server `index` dropped a connection of ours: the refusal of a ProbeServer, else
-  // "connection lost".
-  std::string WhyLost(size_t index) {
-    Probe p = ProbeServer(index);
-    return p.kind == Probe::kRefuses ? p.refusal : "connection lost";
-  }
   // This Pool's hello; asks to be pinned (kHelloWantsMap) if `map`.
   wire::HelloRequest HelloFor(bool map) const;
   uint32_t tag() const { return static_cast<uint32_t>(nonce_); }
@@ -506,6 +546,13 @@ class Pool::Impl {
 
   std::thread monitor_;
   std::atomic<bool> stop_monitor_{false};
+  // Set once by Evicted (under eviction_mu_, after eviction_), before it marks the servers
+  // failed; never cleared. Its store and count_'s in Join are sequentially consistent: of
+  // Evicted's loop over count() and Join's check of evicted_ after it publishes a server, one
+  // sees the other, so no server stays unmarked.
+  std::atomic<bool> evicted_{false};
+  std::mutex eviction_mu_;
+  std::string eviction_;  // the first refusal's words; guarded by eviction_mu_
   // Replicated clusters with an etcd: the map's client and watcher.
   std::unique_ptr<coord::EtcdClient> etcd_;
   std::thread map_watcher_;
@@ -782,10 +829,8 @@ void Pool::Impl::HelloFailed(size_t index, const Status& hello) {
   std::string_view reason = hello.message();
   const std::string prefix = servers_[index]->name + ": ";
   if (reason.substr(0, prefix.size()) == prefix) reason.remove_prefix(prefix.size());
-  // A refusal is no outage: it keeps its code (PermissionDenied), so callers can tell.
-  MarkFailed(
-      index, "connect failed: " + std::string(reason),
-      hello.code() == StatusCode::kPermissionDenied ? hello.code() : StatusCode::kUnavailable);
+  // A refusal is no outage: it keeps its code (PermissionDenied, Evicted), so callers can tell.
+  MarkFailed(index, "connect failed: " + std::string(reason), RefusalCode(hello));
 }
 
 void Pool::Impl::ConnectPeer(ThreadContext& tc, size_t index) {
@@ -870,14 +915,17 @@ Result<ThreadContext*> Pool::Impl::Local() {
 }
 
 void Pool::Impl::MarkFailed(size_t index, const std::string& reason, StatusCode code) {
+  if (code == StatusCode::kEvicted) return Evicted(static_cast<int>(index), reason);
   ServerState& s = *servers_[index];
   {
     std::lock_guard lock(s.mu);
     if (s.failed.load()) return;
     s.failure = reason;
     s.failure_code = code;
-    // Without replicas only a drain moves a region (FailOver follows the map to it).
-    if ((cluster_.replicas > 0 || s.draining.load()) && code == StatusCode::kUnavailable) {
+    // Without replicas only a drain moves a region (FailOver follows the map to it). An
+    // evicted Pool moves nothing: whatever failed, no server will take it any more.
+    if ((cluster_.replicas > 0 || s.draining.load()) && code == StatusCode::kUnavailable &&
+        !evicted_.load()) {
       s.failing_over.store(true);
     }
     s.failed.store(true);
@@ -886,6 +934,34 @@ void Pool::Impl::MarkFailed(size_t index, const std::string& reason, StatusCode 
     FailOver(index);
     s.failing_over.store(false);
   }
+}
+
+void Pool::Impl::Evicted(int index, const std::string& refusal) {
+  {
+    std::lock_guard lock(eviction_mu_);
+    if (evicted_.load()) return;
+    eviction_ = refusal;
+    evicted_.store(true);
+  }
+  std::fprintf(stderr, "farpool: this process (tag %s) is evicted from the pool: %s\n",
+               TagName(tag()).c_str(), refusal.c_str());
+  // Every server's verdict, the refusing server's in its own words. A server failed before
+  // (an outage, a failover under way) gets them too: nothing of the pool answers us any more,
+  // and the eviction is what a caller must act on.
+  for (size_t i = 0; i < count_.load(); ++i) {
+    MarkEvicted(i, static_cast<int>(i) == index ? refusal : "this process is evicted: " + refusal);
+  }
+  // AwaitMapDecision waits on the map: it gives up on the news.
+  { std::lock_guard lock(map_mu_); }
+  map_cv_.notify_all();
+}
+
+void Pool::Impl::MarkEvicted(size_t index, const std::string& why) {
+  ServerState& s = *servers_[index];
+  std::lock_guard lock(s.mu);
+  s.failure = why;
+  s.failure_code = StatusCode::kEvicted;
+  s.failed.store(true);
 }
 
 int Pool::Impl::MovedTo(const ServerState& s) const {
@@ -910,6 +986,9 @@ std::optional<std::pair<size_t, int>> Pool::Impl::ServedBy(const coord::ClusterM
 Result<std::pair<size_t, int>> Pool::Impl::AwaitMapDecision(size_t index) {
   const ServerState& s = *servers_[index];
   const coord::MapKeys keys{cluster_.etcd.prefix};
+  // An evicted Pool reports no server: it is refused by live ones.
+  const auto evicted = [&] { return Status::Evicted("this process is evicted: no failover"); };
+  if (evicted_.load()) return evicted();
   FARPOOL_RETURN_IF_ERROR(
       etcd_->Put(keys.Suspect(s.address.id), std::to_string(getpid())).status());
   const auto deadline = Clock::now() + kCoordinatorWait;
@@ -922,11 +1001,13 @@ Result<std::pair<size_t, int>> Pool::Impl::AwaitMapDecision(size_t index) {
       std::unique_lock lock(map_mu_);
       const bool watched = map_watch_ != nullptr && map_watch_->up();  // null: Init failed
       const auto wait = watched ? 10 * kMapReadWhileDown : kMapReadWhileDown;
-      if (map_cv_.wait_for(lock, wait, [&] { return watched_revision_ != seen; })) {
+      if (map_cv_.wait_for(lock, wait,
+                           [&] { return watched_revision_ != seen || evicted_.load(); })) {
         seen = watched_revision_;
         value = watched_map_;
       }
     }
+    if (evicted_.load()) return evicted();
     if (value.empty()) {
       FARPOOL_ASSIGN_OR_RETURN(auto kv, etcd_->Get(keys.Map()));
       if (!kv) return Status::NotFound("no cluster map at " + keys.Map());
@@ -1032,6 +1113,7 @@ void Pool::Impl::WatchMap() {
 }
 
 void Pool::Impl::LearnServers(const coord::ClusterMap& map) {
+  if (evicted_.load()) return;  // every server refuses us: nothing to enter
   for (const coord::MapServer& m : map.servers) {
     if (IndexOf(m.id).ok()) continue;
     // A server that serves no region (drained, or failed over before we saw it) has nothing
@@ -1096,7 +1178,11 @@ Status Pool::Impl::Join(const coord::MapServer& m) {
   auto hello = Handshake(index, map_,
                          AskOn(index, *tc->worker, tc->box, *peer.ep, tc->next_request_id,
                                Clock::now() + kJoinTimeout));
-  if (!hello.ok()) return fail(hello.status());
+  if (!hello.ok()) {
+    // An eviction is every server's, a new one's too (Evicted: the Pool's verdict).
+    if (hello.status().code() == StatusCode::kEvicted) Evicted(-1, hello.status().message());
+    return fail(hello.status());
+  }
   Status recorded = Record(*tc, index, *hello);
   if (recorded.ok()) recorded = Adopt(*tc, index);
   if (!recorded.ok()) return fail(recorded);
@@ -1105,12 +1191,19 @@ Status Pool::Impl::Join(const coord::MapServer& m) {
   if (!at.ok()) return fail(at.status());
   if (*at != index) return fail(Status::Internal("the allocator's server table is out of step"));
   index_of_[a.id].store(static_cast<uint16_t>(index + 1), std::memory_order_release);
-  count_.store(index + 1, std::memory_order_release);
+  count_.store(index + 1);  // sequentially consistent: see evicted_
+  // Evicted meanwhile (another thread's verdict, whose loop may have missed this server): it
+  // refuses us too.
+  if (evicted_.load()) {
+    std::lock_guard lock(eviction_mu_);
+    MarkEvicted(index, "this process is evicted: " + eviction_);
+  }
   return Status::Ok();
 }
 
 void Pool::Impl::FailOver(size_t index) {
   ServerState& s = *servers_[index];
+  if (evicted_.load()) return;  // see the file comment, "Eviction"
   if (etcd_ && cluster_.replicas == 0 && !s.draining.load()) {
     // Without replicas a region moves only by a drain (`cluster drain`), which this client did
     // not see: the map has the move already (a client connecting after it), or it never comes.
@@ -1130,12 +1223,13 @@ void Pool::Impl::FailOver(size_t index) {
                    s.name.c_str(), servers_[decided->first]->name.c_str());
       return;
     }
+    if (evicted_.load()) return;
     std::fprintf(stderr,
                  "farpool: %s is gone and etcd's coordinator did not fail it over (%s): asking "
                  "its ring backup directly\n",
                  s.name.c_str(), decided.status().message().c_str());
   }
-  if (cluster_.replicas == 0) return;  // no ring backup to ask
+  if (cluster_.replicas == 0 || evicted_.load()) return;  // no ring backup to ask
   // The first stage's fallback: the first ring backup not known to have failed (backup k
   // mirrors it in its slot k, ClusterConfig::BackupOf).
   size_t k = 0;
@@ -1152,20 +1246,27 @@ void Pool::Impl::FailOver(size_t index) {
     return;
   }
   // One connection per server asked, opened once: opening one creates a UCX context and
-  // worker, which holds every other thread's progress back meanwhile (transport/ucx.h).
+  // worker, which holds every other thread's progress back meanwhile (transport/ucx.h). Not
+  // once this Pool is evicted, checked at every attempt: the verdict may come from another
+  // thread meanwhile, or from the server asked (it is the Pool's, Evicted).
   auto ask = [&](ServerState& to, uint16_t port, wire::Opcode expected, int attempts,
                  const control::Encoder& encode) -> Status {
+    const auto evicted = [&] {
+      return Status::Evicted(to.name + ": this process is evicted: no failover");
+    };
+    if (evicted_.load()) return evicted();
     control::Connection::Options o{to.name, to.address.host,
                                    port,    secret_ ? &*secret_ : nullptr,
                                    fabric_, options_.connect_timeout};
     auto c = control::Connection::Open(o, HelloFor(false));
-    if (!c.ok()) return c.status();
-    Status st;
-    for (int attempt = 0; attempt < attempts; ++attempt) {
+    Status st = c.status();
+    for (int attempt = 0; c.ok() && attempt < attempts; ++attempt) {
+      if (evicted_.load()) return evicted();
       st = (*c)->Call(encode, expected).status();
       if (st.code() != StatusCode::kAborted) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(25));
     }
+    if (st.code() == StatusCode::kEvicted) Evicted(-1, st.message());
     return st;
   };
   // On the backup's mirror port; "not yet" (Aborted) while the dead server's lease to serve
@@ -1176,6 +1277,7 @@ void Pool::Impl::FailOver(size_t index) {
         return wire::Encode(id, wire::PromoteRequest{s.address.id, {}});
       });
   if (!promoted.ok()) {
+    if (promoted.code() == StatusCode::kEvicted) return;  // no failure of the failover
     std::fprintf(stderr, "farpool: %s is gone; failing it over failed: %s\n", s.name.c_str(),
                  promoted.message().c_str());
     return;
@@ -1196,6 +1298,7 @@ void Pool::Impl::FailOver(size_t index) {
                           [&](uint64_t id) {
                             return wire::Encode(id, wire::DegradeRequest{s.address.id, {}});
                           });
+    if (degraded.code() == StatusCode::kEvicted) return;
     if (!degraded.ok()) {
       std::fprintf(stderr, "farpool: telling %s that its backup is gone failed: %s\n",
                    servers_[a]->name.c_str(), degraded.message().c_str());
@@ -1215,9 +1318,26 @@ wire::HelloRequest Pool::Impl::HelloFor(bool map) const {
 }
 
 Status Pool::Impl::ConnectionLost(ThreadContext& tc, size_t index) {
+  Lost(index, "connection lost");
+  return servers_[index]->Failure();
+}
+
+void Pool::Impl::AskWhy(size_t index) {
   ServerState& s = *servers_[index];
-  if (!s.failed.load()) MarkFailed(index, WhyLost(index));
-  return s.Failure();
+  if (s.failed.load()) return;
+  if (s.probing.exchange(true)) {
+    // Another thread asks already: its answer is ours. A probe ends by its deadline (at most
+    // kProbeTimeout) and the close of its endpoint (at most 2 s, transport/ucx.h); a refusal
+    // marks the server failed before `probing` is cleared.
+    const auto limit = Clock::now() + kProbeTimeout + std::chrono::seconds(3);
+    while (s.probing.load() && !s.failed.load() && Clock::now() < limit) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return;
+  }
+  Probe p = ProbeServer(index);
+  if (p.kind == Probe::kRefuses) MarkFailed(index, p.refusal);
+  s.probing.store(false);
 }
 
 Pool::Impl::Probe Pool::Impl::ProbeServer(size_t index) {
@@ -1245,7 +1365,7 @@ Pool::Impl::Probe Pool::Impl::ProbeServer(size_t index) {
     if (hello.ok()) {
       why = Probe{Probe::kTakesUs, {}};
     } else if (hello.status().code() != StatusCode::kTimedOut && !(*ep)->failed()) {
-      why = Probe{Probe::kRefuses, hello.status().message()};  // evicted us, or we refuse it
+      why = Probe{Probe::kRefuses, hello.status()};  // evicted us, or we refuse it
     }
     if (!why && (*ep)->failed()) ++refused;
     ep->reset();  // gracefully (forced if it failed), before its worker
@@ -1279,7 +1399,15 @@ Result<Pool::Impl::Reply> Pool::Impl::Call(
   Status sent = ep->SendAm(transport::kControlAm, request, true, deadline, abandon);
   if (!sent.ok() && ep->failed()) return ConnectionLost(tc, index);
   if (!sent.ok()) return sent.WithContext(s.name);
-  FARPOOL_RETURN_IF_ERROR(AwaitReply(tc, index, id, expected, deadline, timeout));
+  Status arrived = AwaitReply(tc, index, id, expected, deadline, timeout);
+  if (arrived.code() == StatusCode::kTimedOut && expected != wire::Opcode::kGoodbyeReply) {
+    // A server that evicted this process (stopped past the deadline meanwhile) says so to a
+    // fresh hello: the timeout is that refusal. Else it stays a timeout, the caller's to judge.
+    // (Not for a goodbye: best effort, at close.)
+    AskWhy(index);
+    if (s.failed.load() && !s.draining.load()) return s.Failure();
+  }
+  FARPOOL_RETURN_IF_ERROR(arrived);
   auto it = tc.box.replies.find(id);
   std::vector<std::byte> bytes = std::move(it->second);
   tc.box.replies.erase(it);
@@ -1289,7 +1417,12 @@ Result<Pool::Impl::Reply> Pool::Impl::Call(
     return Status::Unavailable(s.name + ": " + std::string(wire::OpcodeName(expected)) +
                                " refused unexecuted: the server is being drained");
   }
-  return control::TakeReply(s.name, std::move(bytes), expected);
+  auto reply = control::TakeReply(s.name, std::move(bytes), expected);
+  // A refusal of our tag (a request the server answered before it closed the connection).
+  if (!reply.ok() && reply.status().code() == StatusCode::kEvicted) {
+    MarkFailed(index, reply.status());
+  }
+  return reply;
 }
 
 void Pool::Impl::Moving(size_t index) {
@@ -1388,10 +1521,11 @@ void Pool::Impl::Monitor() {
       std::string_view reason = hello.status().message();
       const std::string prefix = servers_[i]->name + ": ";
       if (reason.substr(0, prefix.size()) == prefix) reason.remove_prefix(prefix.size());
-      MarkFailed(i, std::string(reason),
-                 hello.status().code() == StatusCode::kPermissionDenied
-                     ? StatusCode::kPermissionDenied
-                     : StatusCode::kUnavailable);
+      if (hello.status().code() == StatusCode::kTimedOut) {
+        Lost(i, std::string(reason));  // unanswered: asked why first, as any request
+      } else {
+        MarkFailed(i, std::string(reason), RefusalCode(hello.status()));
+      }
     }
   };
   watch_new();
@@ -1408,7 +1542,7 @@ void Pool::Impl::Monitor() {
         // Heartbeats and the hello fail only if the server refuses us (evicted).
         auto m = wire::Decode(bytes);
         if (m.ok() && m->opcode == wire::Opcode::kErrorReply) {
-          MarkFailed(it->second, wire::DecodeError(*m).message());
+          MarkFailed(it->second, wire::DecodeError(*m));
         }
         in_flight.erase(it);
       }
@@ -1419,7 +1553,7 @@ void Pool::Impl::Monitor() {
     // round: the failover waits for it. (Elsewhere not: each probe creates and destroys a UCX
     // worker, and churn of them raced UCX 1.13's async handlers at teardown.)
     for (size_t i = 0; i < watch.size() && cluster_.replicas > 0; ++i) {
-      if (!servers_[i]->failed && watch[i].ep && watch[i].ep->failed()) MarkFailed(i, WhyLost(i));
+      if (!servers_[i]->failed && watch[i].ep && watch[i].ep->failed()) Lost(i, "connection lost");
     }
     if (now >= next_round) {
       if (now - last_round > timeout) {
@@ -1437,7 +1571,7 @@ void Pool::Impl::Monitor() {
           continue;
         }
         if (w.ep->failed()) {
-          MarkFailed(i, WhyLost(i));
+          Lost(i, "connection lost");
           continue;
         }
         if (now - w.last_answer > timeout) {
@@ -1450,17 +1584,19 @@ void Pool::Impl::Monitor() {
             ++suspicions_cleared_;
             continue;
           }
-          MarkFailed(i, p.kind == Probe::kRefuses
-                            ? p.refusal
-                            : "no answer to heartbeats for " + std::to_string(timeout.count()) +
-                                  " ms, nor to a hello on a fresh connection");
+          if (p.kind == Probe::kRefuses) {
+            MarkFailed(i, p.refusal);
+            continue;
+          }
+          MarkFailed(i, "no answer to heartbeats for " + std::to_string(timeout.count()) +
+                            " ms, nor to a hello on a fresh connection");
           continue;
         }
         const uint64_t id = next_id++;
         in_flight[id] = i;
         Status s = transport::PostAm(w.ep->get(), transport::kControlAm,
                                      wire::Encode(id, wire::StatsRequest{0}), true);
-        if (!s.ok()) MarkFailed(i, s.message());
+        if (!s.ok()) Lost(i, "posting a heartbeat: " + s.message());
       }
     }
     Status s = (*worker)->Wait(std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -1526,14 +1662,12 @@ Status Pool::Impl::Complete(ThreadContext& tc, size_t index, ucs_status_ptr_t re
       [&] { return s.failed.load(std::memory_order_relaxed); }, what, &pending);
   if (st.ok()) return st;
   if (st.code() == StatusCode::kTimedOut || st.code() == StatusCode::kUnavailable) {
-    // The server is gone, stuck, or evicted us: no later call may wait on it again.
-    if (!s.failed.load() && tc.peers[index].ep && tc.peers[index].ep->failed()) {
-      MarkFailed(index, WhyLost(index));
-    }
-    MarkFailed(index, st.code() == StatusCode::kTimedOut
-                          ? std::string(what) + " timed out after " +
-                                std::to_string(options_.op_timeout.count()) + " ms"
-                          : st.message());
+    // The server is gone, stuck, or evicted us: no later call may wait on it again. (Abandoned
+    // because another thread marked it failed: Lost does nothing.)
+    Lost(index, st.code() == StatusCode::kTimedOut
+                    ? std::string(what) + " timed out after " +
+                          std::to_string(options_.op_timeout.count()) + " ms"
+                    : st.message());
     // Completes every request still pending on the endpoint, with an error.
     if (tc.peers[index].ep) tc.peers[index].ep->ForceClose();
     if (pending) tc.worker->FinishAbandoned(request);
@@ -2488,7 +2622,9 @@ Status Pool::Impl::SendBatch(ThreadContext& tc, size_t index, uint64_t request_i
   Bump(tc.messages);
   if (!sent.ok() && ep->failed()) return ConnectionLost(tc, index);
   if (sent.ok()) return sent;  // no context string to build: this runs for every message
-  MarkFailed(index, "sending a batch: " + sent.message());
+  Lost(index, "sending a batch: " + sent.message());
+  // Asked why: a refusal (it evicted us) is the answer, not the send's error.
+  if (Status f = s.Failure(); f.code() == StatusCode::kEvicted) return f.WithContext("batch");
   return sent.WithContext(s.name + ": batch");
 }
 
@@ -2500,8 +2636,13 @@ Status Pool::Impl::FinishBatch(ThreadContext& tc, size_t index, uint64_t request
   // The server is gone or stuck: no later call may wait on it again.
   // (A lost connection is marked by AwaitReply.)
   if (arrived.code() == StatusCode::kTimedOut && !s.failed.load()) {
-    MarkFailed(index,
-               "batch timed out after " + std::to_string(options_.op_timeout.count()) + " ms");
+    Lost(index, "batch timed out after " + std::to_string(options_.op_timeout.count()) + " ms");
+    // Asked why: a refusal (it evicted us) is the answer, not the timeout.
+    if (Status f = s.Failure(); f.code() == StatusCode::kEvicted) return f;
+  }
+  // A refusal of our tag in the reply (sent before the server closed the connection).
+  if (arrived.ok() && landing.status.code() == StatusCode::kEvicted) {
+    MarkFailed(index, landing.status);
   }
   return arrived.ok() ? landing.status : arrived;
 }

@@ -766,12 +766,12 @@ TEST(Eviction, MessagesClientIsCutOffAndRefused) {
   ASSERT_TRUE(st.ok()) << st.status().ToString();
   EXPECT_EQ(st->clients, 1u) << "the victim's connections are closed";
 
-  // The victim's next operations fail with the reason, never hang.
+  // The victim's next operations fail with the reason and its code, never hang.
   const auto started = std::chrono::steady_clock::now();
   Status r = victim->Read(*a, &v, 8);
-  EXPECT_EQ(r.code(), StatusCode::kUnavailable) << r.ToString();
+  EXPECT_EQ(r.code(), StatusCode::kEvicted) << r.ToString();
   EXPECT_NE(r.message().find("evicted by server 0"), std::string::npos) << r.message();
-  EXPECT_EQ(victim->Write(*a, &v, 8).code(), StatusCode::kUnavailable);
+  EXPECT_EQ(victim->Write(*a, &v, 8).code(), StatusCode::kEvicted);
   EXPECT_LT(std::chrono::steady_clock::now() - started, 30s);
 
   // A hello carrying the evicted tag is refused.
@@ -785,7 +785,7 @@ TEST(Eviction, MessagesClientIsCutOffAndRefused) {
   ASSERT_TRUE(refused.ok()) << refused.status().ToString();
   ASSERT_EQ(refused->opcode, wire::Opcode::kErrorReply);
   Status why = wire::DecodeError(*refused);
-  EXPECT_EQ(why.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(why.code(), StatusCode::kEvicted);
   EXPECT_NE(why.message().find("evicted by server 0"), std::string::npos) << why.message();
   // ... and so is everything else on that connection.
   auto stats = raw.Ask(wire::Encode(2, wire::StatsRequest{0}));

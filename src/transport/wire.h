@@ -61,7 +61,9 @@ inline constexpr uint32_t kMagic = 0x31575046;  // "FPW1"
 // 12: BackupReply::slot (the slot of the copy the reply is about, which the coordinator names).
 // 13: BackupRequest::term and its tail of the map's backups (MapBackup): a primary gives up the
 //     copies the map does not name and refuses a deposed coordinator's requests.
-inline constexpr uint16_t kVersion = 13;
+// 14: StatusCode::kEvicted in ErrorReply: a server refuses an evicted (or departed) process
+//     tag with it, not with Unavailable, so the client tells its fence from an outage.
+inline constexpr uint16_t kVersion = 14;
 // Batches: the operations of a request, the read data and atomic results of a reply. Small
 // enough to go eagerly in one UCX active message, large enough for a commit's worth of
 // records; a client splits larger batches into several messages.

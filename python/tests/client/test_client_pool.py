@@ -129,6 +129,15 @@ def test_errors_are_exceptions_with_the_reason(pool):
     assert b.wait() == []
 
 
+def test_an_evicted_status_is_evicted_and_still_unavailable():
+    """The C++ code Evicted (this process was fenced off the pool) has its own class, which
+    callers that caught Unavailable for it before still catch."""
+    e = farpool.errors.from_status("Evicted", "server 0 (...): evicted by server 0 (...): ...")
+    assert type(e) is farpool.Evicted and e.code == "Evicted"
+    assert isinstance(e, farpool.Unavailable) and "evicted by server 0" in str(e)
+    assert type(farpool.errors.from_status("Unavailable", "gone")) is farpool.Unavailable
+
+
 def test_connect_names_what_is_wrong(tmp_path):
     with pytest.raises(farpool.Error, match="nothing.json"):
         farpool.Pool.connect(str(tmp_path / "nothing.json"))

@@ -158,6 +158,7 @@ class CommitRun {
   void Reclaim();
   Status Abort(std::string conflict) { return Status::Aborted(std::move(conflict)); }
   // The session cannot finish a decided commit: stop it, recovery finishes the commit.
+  // Unavailable, or Evicted if `why` is (this process is fenced off the pool).
   Status Abandon(const Status& why);
   // A round of the commit failed before its decision with `why` and the locks were released
   // (ReleaseLocks; or nothing was locked). If `why` is the memory's failure (a server died or
@@ -1185,11 +1186,13 @@ void CommitRun::Reclaim() {
 
 Status CommitRun::Abandon(const Status& why) {
   s_.Abandon();
-  return Status::Unavailable(
+  // Evicted stays Evicted: the caller must open the Database again, not only a new session.
+  return Status(
+      why.code() == StatusCode::kEvicted ? StatusCode::kEvicted : StatusCode::kUnavailable,
       "commit decided but not finished (" + why.message() +
-      "); the session stops and recovery finishes the commit (this process's "
-      "own, at its next maintenance pass, on replicated or mapped "
-      "memory; else after the lease)");
+          "); the session stops and recovery finishes the commit (this process's "
+          "own, at its next maintenance pass, on replicated or mapped "
+          "memory; else after the lease)");
 }
 
 Status CommitRun::RolledBack(const Status& why) {
@@ -1226,7 +1229,9 @@ Status CommitRun::Settle(const Status& why) {
   if (s.ok()) s = s_.CheckLease();
   if (!s.ok()) {
     if (s_.lease_->fenced) return s;  // fenced: recovery finishes (or finished) the commit
-    return Abandon(why.WithContext("settling the commit failed too (" + s.message() + ")"));
+    Status cause = why.WithContext("settling the commit failed too (" + s.message() + ")");
+    if (s.code() == StatusCode::kEvicted) cause = Status::Evicted(cause.message());
+    return Abandon(cause);
   }
   ++s_.counters_.commits_cut;
   Reclaim();

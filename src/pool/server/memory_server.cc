@@ -340,10 +340,12 @@ class MemoryServer::Impl : public transport::AmHandler {
   // Remembers `tag` as refused (bounded: the oldest is forgotten first).
   void RefuseTag(uint64_t tag);
   bool IsEvicted(uint64_t tag) const { return evicted_.count(tag) != 0; }
+  // Evicted, not Unavailable: the client must not take it for this server's outage (and
+  // report it, fail it over) but for its own fence, final on every server (pool.cc, "Eviction").
   Status Evicted(uint64_t tag) const {
-    return Status::Unavailable("evicted by " + Name() + ": process tag " + TagName(tag) +
-                               " is fenced off this server (Pool::Evict, or its Pool closed and "
-                               "said goodbye); its connections are closed and refused");
+    return Status::Evicted("evicted by " + Name() + ": process tag " + TagName(tag) +
+                           " is fenced off this server (Pool::Evict, or its Pool closed and "
+                           "said goodbye); its connections are closed and refused");
   }
 
   // A client process that may map the region: what an eviction kills.

@@ -17,8 +17,12 @@
 // exited. The server never waits for it. Pins live until their process exits (checked at each
 // hello and eviction) or its Pool says goodbye (GoodbyeRequest, its own tag only: the pin is
 // dropped and the tag refused from then on, without a kill), at most one open pidfd per live
-// pinned client process. Evicted tags are
-// remembered up to kMaxEvictedTags, the oldest forgotten first.
+// pinned client process. From then on this server's own port answers a hello that carries a
+// refused tag, and every request on a connection whose hello carried it, with an ErrorReply
+// of StatusCode::kEvicted ("evicted by server N: ..."); a waiting compare-and-swap of the tag
+// is dropped unanswered (its connection is closed), and the mirror's port (mirror.h: promote,
+// degrade, ...) does not check refused tags. Evicted tags are remembered up to
+// kMaxEvictedTags, the oldest forgotten first.
 //
 // Access control (transport/auth.h, docs/pool.md "Access control"): with a cluster secret
 // (ServerOptions::secret_file) a connection executes nothing until it has authenticated: a

@@ -44,6 +44,8 @@ int PoolFs::Fail(const Status& s) const {
       return EINVAL;
     case StatusCode::kPermissionDenied:
       return EACCES;
+    case StatusCode::kEvicted:  // fenced off the pool (a mount went ahead): remount
+      return ESHUTDOWN;
     default:
       return EIO;
   }

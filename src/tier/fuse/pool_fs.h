@@ -25,8 +25,9 @@
 //     that leaks them (they are not reachable from the root; there is no fsck yet).
 //
 // Errors: each call returns 0 or an errno for the kernel. Pool failures are EIO (ENOSPC when
-// the pool is full) and their reasons (Status messages naming the file and the server) go to
-// stderr, the daemon's log; a mount that lost its lease answers EIO to every change.
+// the pool is full; ESHUTDOWN once the pool evicted this process) and their reasons (Status
+// messages naming the file and the server) go to stderr, the daemon's log; a mount that lost
+// its lease answers EIO to every change.
 //
 // Thread-safety: safe for concurrent use (the FUSE loop is multithreaded). Namespace changes
 // are serialised by one mutex; reads and writes of different files run in parallel.
