@@ -418,12 +418,13 @@ class Pool::Impl {
   // server at a time: each creates and destroys a UCX worker, and every thread whose request
   // failed would ask at once; the others wait for its answer (bounded), or for the server
   // failed. Returns at once if it is failed already. Any thread.
-  void AskWhy(size_t index);
-  // The same, then marks the server failed with `what` if the answer did not (an outage: no
-  // later call may wait on it again).
-  void Lost(size_t index, const std::string& what) {
-    AskWhy(index);
-    MarkFailed(index, what);
+  // Returns whether the server is failed now, or (`wait` false: the monitor, which must keep
+  // heartbeating the others, does not wait) another thread's probe under way will decide.
+  bool AskWhy(size_t index, bool wait = true);
+  // The same, then marks the server failed with `what` if nobody did and no probe under way
+  // will (an outage: no later call may wait on it again).
+  void Lost(size_t index, const std::string& what, bool wait = true) {
+    if (!AskWhy(index, wait)) MarkFailed(index, what);
   }
   // Where `map` says server `index`'s region is served now, if elsewhere: that server's index
   // and its mirror slot that holds the region; nullopt: still at `index` (or a server this
@@ -939,7 +940,12 @@ void Pool::Impl::MarkFailed(size_t index, const std::string& reason, StatusCode 
 void Pool::Impl::Evicted(int index, const std::string& refusal) {
   {
     std::lock_guard lock(eviction_mu_);
-    if (evicted_.load()) return;
+    if (evicted_.load()) {
+      // Another thread's verdict marks every server; this one's words too, now, so that its
+      // caller never meets the server unmarked (and marks an outage).
+      if (index >= 0) MarkEvicted(static_cast<size_t>(index), refusal);
+      return;
+    }
     eviction_ = refusal;
     evicted_.store(true);
   }
@@ -1322,22 +1328,31 @@ Status Pool::Impl::ConnectionLost(ThreadContext& tc, size_t index) {
   return servers_[index]->Failure();
 }
 
-void Pool::Impl::AskWhy(size_t index) {
+bool Pool::Impl::AskWhy(size_t index, bool wait) {
   ServerState& s = *servers_[index];
-  if (s.failed.load()) return;
+  if (s.failed.load()) return true;
   if (s.probing.exchange(true)) {
-    // Another thread asks already: its answer is ours. A probe ends by its deadline (at most
-    // kProbeTimeout) and the close of its endpoint (at most 2 s, transport/ucx.h); a refusal
-    // marks the server failed before `probing` is cleared.
+    // Another thread asks already: its answer is ours, and so is the verdict if it has none
+    // in time. A probe ends by its deadline (at most kProbeTimeout) and the close of its
+    // endpoint (at most 2 s, transport/ucx.h); a refusal marks the server failed before
+    // `probing` is cleared.
     const auto limit = Clock::now() + kProbeTimeout + std::chrono::seconds(3);
-    while (s.probing.load() && !s.failed.load() && Clock::now() < limit) {
+    while (wait && s.probing.load() && !s.failed.load() && Clock::now() < limit) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    return;
+    return s.failed.load() || (!wait && s.probing.load());
   }
+  struct Clear {
+    std::atomic<bool>& flag;
+    ~Clear() { flag.store(false); }
+  } clear{s.probing};
   Probe p = ProbeServer(index);
-  if (p.kind == Probe::kRefuses) MarkFailed(index, p.refusal);
-  s.probing.store(false);
+  // Only a refusal that is a verdict on this process (an eviction, a secret that does not
+  // match) is marked here; any other is the caller's to judge (a Call's timeout stays one).
+  if (p.kind == Probe::kRefuses && RefusalCode(p.refusal) != StatusCode::kUnavailable) {
+    MarkFailed(index, p.refusal);
+  }
+  return s.failed.load();
 }
 
 Pool::Impl::Probe Pool::Impl::ProbeServer(size_t index) {
@@ -1443,6 +1458,8 @@ Status Pool::Impl::AwaitReply(ThreadContext& tc, size_t index, uint64_t id, wire
     }
     const auto now = Clock::now();
     if (now > deadline) {
+      // The last progress may have delivered it: a reply that came is no timeout.
+      if (tc.box.Arrived(id)) return Status::Ok();
       return Status::TimedOut(s.name + ": no " + std::string(wire::OpcodeName(expected)) +
                               " within " + std::to_string(timeout.count()) + " ms");
     }
@@ -1522,7 +1539,7 @@ void Pool::Impl::Monitor() {
       const std::string prefix = servers_[i]->name + ": ";
       if (reason.substr(0, prefix.size()) == prefix) reason.remove_prefix(prefix.size());
       if (hello.status().code() == StatusCode::kTimedOut) {
-        Lost(i, std::string(reason));  // unanswered: asked why first, as any request
+        Lost(i, std::string(reason), /*wait=*/false);  // unanswered: asked why first
       } else {
         MarkFailed(i, std::string(reason), RefusalCode(hello.status()));
       }
@@ -1553,7 +1570,9 @@ void Pool::Impl::Monitor() {
     // round: the failover waits for it. (Elsewhere not: each probe creates and destroys a UCX
     // worker, and churn of them raced UCX 1.13's async handlers at teardown.)
     for (size_t i = 0; i < watch.size() && cluster_.replicas > 0; ++i) {
-      if (!servers_[i]->failed && watch[i].ep && watch[i].ep->failed()) Lost(i, "connection lost");
+      if (!servers_[i]->failed && watch[i].ep && watch[i].ep->failed()) {
+        Lost(i, "connection lost", /*wait=*/false);
+      }
     }
     if (now >= next_round) {
       if (now - last_round > timeout) {
@@ -1571,7 +1590,7 @@ void Pool::Impl::Monitor() {
           continue;
         }
         if (w.ep->failed()) {
-          Lost(i, "connection lost");
+          Lost(i, "connection lost", /*wait=*/false);
           continue;
         }
         if (now - w.last_answer > timeout) {
@@ -1596,7 +1615,7 @@ void Pool::Impl::Monitor() {
         in_flight[id] = i;
         Status s = transport::PostAm(w.ep->get(), transport::kControlAm,
                                      wire::Encode(id, wire::StatsRequest{0}), true);
-        if (!s.ok()) Lost(i, "posting a heartbeat: " + s.message());
+        if (!s.ok()) Lost(i, "posting a heartbeat: " + s.message(), /*wait=*/false);
       }
     }
     Status s = (*worker)->Wait(std::chrono::duration_cast<std::chrono::milliseconds>(

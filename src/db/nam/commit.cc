@@ -1115,7 +1115,9 @@ Status CommitRun::Decide() {
     });
     if (!undone.ok()) {
       txn_.decided_ = true;  // unknown: recovery decides by the log's checksum
-      return Abandon(s.WithContext("writing the commit log"));
+      // The cause an eviction if either step met one (Abandon keeps Evicted).
+      const Status& cause = undone.code() == StatusCode::kEvicted ? undone : s;
+      return Abandon(cause.WithContext("writing the commit log"));
     }
     return s;
   }
@@ -1190,9 +1192,12 @@ Status CommitRun::Abandon(const Status& why) {
   return Status(
       why.code() == StatusCode::kEvicted ? StatusCode::kEvicted : StatusCode::kUnavailable,
       "commit decided but not finished (" + why.message() +
-          "); the session stops and recovery finishes the commit (this process's "
-          "own, at its next maintenance pass, on replicated or mapped "
-          "memory; else after the lease)");
+          "); the session stops and recovery finishes the commit (" +
+          (why.code() == StatusCode::kEvicted
+               ? std::string("another process's: this one is evicted")
+               : std::string("this process's own, at its next maintenance pass, on replicated "
+                             "or mapped memory; else after the lease")) +
+          ")");
 }
 
 Status CommitRun::RolledBack(const Status& why) {
