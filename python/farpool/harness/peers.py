@@ -77,7 +77,10 @@ class Cluster:
     def __init__(self, servers: int = 2, memory: str = "1GiB", transport: str = "shm",
                  netns: bool = False, progress: str | None = None, replicas: int = 0,
                  extra: tuple[str, ...] = (), parent: str | None = None):
-        # The cluster's directory: a new one under `parent` (default: the temporary directory).
+        # The cluster's directory: a new one under `parent` (default: the temporary directory),
+        # which is made if missing (`soak.py --dir D` failed with FileNotFoundError otherwise).
+        if parent is not None:
+            os.makedirs(parent, exist_ok=True)
         self.dir = tempfile.mkdtemp(prefix=f"farpool-{transport}-", dir=parent)
         self.args = ["--servers", str(servers), "--memory", memory, "--transport", transport,
                      "--progress", progress or ("event" if transport == "shm" else "busy"),

@@ -33,3 +33,10 @@ def test_a_cluster_whose_down_fails_is_kept_and_said(tmp_path, monkeypatch):
         cluster.__exit__(None, None, None)
     assert not os.path.exists(cluster.dir)
     assert not running(pid), f"server pid {pid} runs after cluster down"
+
+
+def test_a_cluster_under_a_parent_not_made_yet_makes_it(tmp_path):
+    parent = tmp_path / "runs" / "soak"
+    cluster = peers.Cluster(servers=1, memory="16MiB", parent=str(parent))
+    assert os.path.isdir(cluster.dir)
+    assert os.path.dirname(cluster.dir) == str(parent)
