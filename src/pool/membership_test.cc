@@ -492,6 +492,37 @@ class Reader {
   std::thread thread_;
 };
 
+// Every server a client reported gone (P/suspect/<id>) while it runs: polls etcd's view every
+// 100 ms (a report stands for seconds: the coordinator drops a false one after 5.2 s).
+class ReportWatcher {
+ public:
+  explicit ReportWatcher(std::string dir) : dir_(std::move(dir)) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~ReportWatcher() { Stop(); }
+  // Stops polling; the servers reported meanwhile.
+  std::set<uint16_t> Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    return reported_;
+  }
+
+ private:
+  void Run() {
+    while (!stop_) {
+      if (auto view = ClusterEtcdStatus(dir_); view.ok()) {
+        reported_.insert(view->suspected.begin(), view->suspected.end());
+      }
+      std::this_thread::sleep_for(100ms);
+    }
+  }
+
+  const std::string dir_;
+  std::set<uint16_t> reported_;  // written by thread_ until Stop joins it
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
 int Coordinator(const std::string& dir) {
   return WaitForView(dir, [](const EtcdView& v) { return v.coordinator >= 0; }).coordinator;
 }
@@ -2197,25 +2228,7 @@ TEST(ReReplication, AStoppedFurtherBackupNeverStallsItsPrimary) {
   }
   for (auto& w : writers) ASSERT_TRUE(w->AcknowledgedEverywhere(20));
   // Every server a client reported gone, from the stop until the end.
-  std::set<uint16_t> reported;
-  std::atomic<bool> polling{true};
-  std::thread poller([&] {
-    while (polling) {
-      if (auto view = ClusterEtcdStatus(r.dir()); view.ok()) {
-        reported.insert(view->suspected.begin(), view->suspected.end());
-      }
-      std::this_thread::sleep_for(100ms);
-    }
-  });
-  // Joined on every way out, a failed assertion's included.
-  auto stop_polling = [&] {
-    polling = false;
-    if (poller.joinable()) poller.join();
-  };
-  struct Finally {
-    std::function<void()> f;
-    ~Finally() { f(); }
-  } joined{stop_polling};
+  ReportWatcher watcher(r.dir());
   ASSERT_EQ(kill(pid, SIGSTOP), 0);
   std::this_thread::sleep_for(3s);
   ASSERT_EQ(kill(pid, SIGCONT), 0);
@@ -2236,8 +2249,7 @@ TEST(ReReplication, AStoppedFurtherBackupNeverStallsItsPrimary) {
     EXPECT_TRUE(w->AcknowledgedEverywhere(20))
         << "the client does not write to every server again, the latest error: " << w->last_error();
   }
-  stop_polling();
-  for (uint16_t id : reported) {
+  for (uint16_t id : watcher.Stop()) {
     EXPECT_EQ(id, stopped) << "a client reported server " << id << " gone; only " << stopped
                            << " was stopped";
   }

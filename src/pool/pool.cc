@@ -412,19 +412,22 @@ class Pool::Impl {
   // Re-routes every server that `map` says another serves (see the file comment).
   void FollowMap(const coord::ClusterMap& map);
   // Server `index` failed a request of ours (no reply within its deadline, a lost connection):
-  // asks it why with a fresh hello (ProbeServer) and, if it refuses us, marks it failed with
-  // the refusal (an eviction: Evicted). A process stopped past its deadlines and evicted
-  // meanwhile wakes to requests timed out or cut off, which no outage explains. One probe per
-  // server at a time: each creates and destroys a UCX worker, and every thread whose request
-  // failed would ask at once; the others wait for its answer (bounded), or for the server
-  // failed. Returns at once if it is failed already. Any thread.
-  // Returns whether the server is failed now, or (`wait` false: the monitor, which must keep
-  // heartbeating the others, does not wait) another thread's probe under way will decide.
-  bool AskWhy(size_t index, bool wait = true);
-  // The same, then marks the server failed with `what` if nobody did and no probe under way
-  // will (an outage: no later call may wait on it again).
+  // asks it why with a fresh hello (ProbeServer). A refusal that is a verdict on this process
+  // (RefusalCode: an eviction, a secret that does not match) marks it failed with it; any
+  // other refusal is left in `*refusal` (if given) for the caller to judge. A process stopped
+  // past its deadlines and evicted meanwhile wakes to requests timed out or cut off, which no
+  // outage explains. One probe per server at a time: each creates and destroys a UCX worker,
+  // and every thread whose request failed would ask at once; the others wait for its answer
+  // (bounded) or the server failed, except with `wait` false (the monitor, which must keep
+  // heartbeating the others). Returns whether the server is failed now, or another thread's
+  // probe still under way will decide (`wait` false). Any thread.
+  bool AskWhy(size_t index, bool wait = true, Status* refusal = nullptr);
+  // The same, then marks the server failed (an outage: no later call may wait on it again)
+  // if nobody did and no probe under way will, with the server's refusal if it gave one,
+  // else `what`.
   void Lost(size_t index, const std::string& what, bool wait = true) {
-    if (!AskWhy(index, wait)) MarkFailed(index, what);
+    Status refusal;
+    if (!AskWhy(index, wait, &refusal)) MarkFailed(index, refusal.ok() ? what : refusal.message());
   }
   // Where `map` says server `index`'s region is served now, if elsewhere: that server's index
   // and its mirror slot that holds the region; nullopt: still at `index` (or a server this
@@ -1328,7 +1331,7 @@ Status Pool::Impl::ConnectionLost(ThreadContext& tc, size_t index) {
   return servers_[index]->Failure();
 }
 
-bool Pool::Impl::AskWhy(size_t index, bool wait) {
+bool Pool::Impl::AskWhy(size_t index, bool wait, Status* refusal) {
   ServerState& s = *servers_[index];
   if (s.failed.load()) return true;
   if (s.probing.exchange(true)) {
@@ -1347,10 +1350,14 @@ bool Pool::Impl::AskWhy(size_t index, bool wait) {
     ~Clear() { flag.store(false); }
   } clear{s.probing};
   Probe p = ProbeServer(index);
-  // Only a refusal that is a verdict on this process (an eviction, a secret that does not
-  // match) is marked here; any other is the caller's to judge (a Call's timeout stays one).
-  if (p.kind == Probe::kRefuses && RefusalCode(p.refusal) != StatusCode::kUnavailable) {
-    MarkFailed(index, p.refusal);
+  if (p.kind == Probe::kRefuses) {
+    // A verdict on this process is marked here; any other is the caller's (a Call's timeout
+    // stays one).
+    if (RefusalCode(p.refusal) != StatusCode::kUnavailable) {
+      MarkFailed(index, p.refusal);
+    } else if (refusal != nullptr) {
+      *refusal = p.refusal;
+    }
   }
   return s.failed.load();
 }
