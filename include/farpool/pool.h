@@ -62,7 +62,9 @@
 //     not have taken effect"). OpCounters::resent counts what was sent again.
 //
 // Thread-safety: a Pool is safe for concurrent use by any number of threads. Each thread gets
-// its own UCX worker and endpoints on first use (one worker per thread, no shared queue).
+// its own UCX worker on its first call, and its own endpoint to a server (one hello round trip)
+// on its first use of that server (one worker per thread, no shared queue): a thread never
+// waits on a server it does not use.
 // A Batch belongs to the thread that created it. REQUIRES: the Pool outlives every thread's
 // use of it and every Batch.
 #pragma once

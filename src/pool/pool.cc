@@ -370,6 +370,10 @@ class Pool::Impl {
   Result<Endpoint*> PeerOf(ThreadContext& tc, size_t index);
   // Connects `tc` to server `index` and says hello; a failure marks the server failed.
   void ConnectPeer(ThreadContext& tc, size_t index);
+  // Connects `tc` to every server not failed (their endpoints first, then a hello each): Init's,
+  // whose first hellos learn the regions. Other threads connect per server on first use, so
+  // that a thread never waits for a server it does not use (a stopped one, say).
+  void ConnectEvery(ThreadContext& tc);
   // Marks server `index` failed for a hello that failed (a refusal keeps its code).
   void HelloFailed(size_t index, const Status& hello);
   // After the first hello of server `index` on `tc` (Init, or LearnServers): its remote key,
@@ -494,9 +498,9 @@ class Pool::Impl {
   // Lease and release runs of whole chunks on server `index` (the allocator's and the shared
   // leases' one round trip to the server).
   Result<uint64_t> LeaseOn(size_t index, uint64_t size);
-  // At close, after the regions are unmapped: a GoodbyeRequest to every live server, on `tc`
-  // (any thread's context: nothing else uses the Pool any more).
-  void SayGoodbye(ThreadContext& tc);
+  // At close, after the regions are unmapped: a GoodbyeRequest to every live server, each on
+  // some thread's connection to it (nothing else uses the Pool any more).
+  void SayGoodbye();
   static constexpr std::chrono::milliseconds kGoodbyeTimeout{1000};
   Status ReleaseOn(size_t index, uint64_t offset, uint64_t size);
   // Where leases of server `index` go: itself (mirror 0), or, failed over, the promoted
@@ -550,6 +554,10 @@ class Pool::Impl {
 
   std::thread monitor_;
   std::atomic<bool> stop_monitor_{false};
+  // The monitor's worker while it sleeps on it between rounds (failure_timeout / 4, seconds):
+  // ~Impl signals it so that close does not wait out the sleep.
+  std::mutex monitor_mu_;
+  Worker* monitor_worker_ = nullptr;
   // Set once by Evicted (under eviction_mu_, after eviction_), before it marks the servers
   // failed; never cleared. Its store and count_'s in Join are sequentially consistent: of
   // Evicted's loop over count() and Join's check of evicted_ after it publishes a server, one
@@ -625,6 +633,7 @@ Status Pool::Impl::Init(const ClusterConfig& cluster, const PoolOptions& options
 
   // The connecting thread's context learns every region (and, with direct access, maps it).
   FARPOOL_ASSIGN_OR_RETURN(ThreadContext * tc, Local());
+  ConnectEvery(*tc);
   for (size_t i = 0; i < count(); ++i) {
     ServerState& s = *servers_[i];
     if (s.failed && (cluster_.replicas > 0 || etcd_) && s.moved_to.load() < 0 && Outage(s)) {
@@ -766,6 +775,10 @@ Pool::Impl::~Impl() {
   }
   stop_monitor_.store(true);
   {
+    std::lock_guard lock(monitor_mu_);  // a monitor past its check of the stop wakes at once
+    if (monitor_worker_ != nullptr) monitor_worker_->Signal();
+  }
+  {
     std::lock_guard lock(map_mu_);  // the watcher between its check and its wait sees the stop
   }
   map_cv_.notify_all();
@@ -786,7 +799,7 @@ Pool::Impl::~Impl() {
     if (s.mapped_moved > 0) munmap(s.direct, s.mapped_moved);
     s.direct = nullptr;
   }
-  if (!contexts_.empty()) SayGoodbye(*contexts_.begin()->second);
+  SayGoodbye();
   for (auto& [id, tc] : contexts_) {
     for (auto& p : tc->peers) p.ep.reset();
   }
@@ -794,13 +807,19 @@ Pool::Impl::~Impl() {
   context_.reset();
 }
 
-void Pool::Impl::SayGoodbye(ThreadContext& tc) {
+void Pool::Impl::SayGoodbye() {
   for (size_t i = 0; i < count(); ++i) {
-    if (servers_[i]->failed || i >= tc.peers.size() || tc.peers[i].ep == nullptr) continue;
-    // Best effort: a server that does not answer keeps a pin that it drops when we exit.
-    (void)Call(
-        tc, i, [&](uint64_t id) { return wire::Encode(id, wire::GoodbyeRequest{tag()}); },
-        wire::Opcode::kGoodbyeReply, kGoodbyeTimeout);
+    if (servers_[i]->failed) continue;
+    // On any thread's connection to it (threads connect lazily; the hello that pinned us was
+    // Init's or LearnServers', whose contexts stay): none, and we never said hello.
+    for (auto& [thread, tc] : contexts_) {
+      if (i >= tc->peers.size() || tc->peers[i].ep == nullptr) continue;
+      // Best effort: a server that does not answer keeps a pin that it drops when we exit.
+      (void)Call(
+          *tc, i, [&](uint64_t id) { return wire::Encode(id, wire::GoodbyeRequest{tag()}); },
+          wire::Opcode::kGoodbyeReply, kGoodbyeTimeout);
+      break;
+    }
   }
 }
 
@@ -809,24 +828,28 @@ Result<std::unique_ptr<ThreadContext>> Pool::Impl::CreateThreadContext() {
   FARPOOL_ASSIGN_OR_RETURN(tc->worker, Worker::Create(*context_, true));  // AwaitReply sleeps
   FARPOOL_RETURN_IF_ERROR(
       tc->worker->SetAmHandler(transport::kControlAm, &control::ReplyBox::OnMessage, &tc->box));
-  const size_t n = count();  // servers learned later are connected on first use (PeerOf)
-  tc->peers.resize(n);
+  return tc;  // no endpoint yet: each is made on the thread's first use of its server (PeerOf)
+}
+
+void Pool::Impl::ConnectEvery(ThreadContext& tc) {
+  const size_t n = count();
+  tc.peers.resize(n);
+  // Every endpoint first, so that their wireups overlap; then a hello each.
   for (size_t i = 0; i < n; ++i) {
     ServerState& s = *servers_[i];
     if (s.failed) continue;
-    auto ep = Endpoint::Connect(*tc->worker, s.address.host, s.address.port, nullptr);
+    auto ep = Endpoint::Connect(*tc.worker, s.address.host, s.address.port, nullptr);
     if (!ep.ok()) {
       MarkFailed(i, ep.status().message());
       continue;
     }
-    tc->peers[i].ep = std::move(*ep);
+    tc.peers[i].ep = std::move(*ep);
   }
   for (size_t i = 0; i < n; ++i) {
     if (servers_[i]->failed) continue;
-    Status hello = Hello(*tc, i, options_.connect_timeout);
+    Status hello = Hello(tc, i, options_.connect_timeout);
     if (!hello.ok()) HelloFailed(i, hello);
   }
-  return tc;
 }
 
 void Pool::Impl::HelloFailed(size_t index, const Status& hello) {
@@ -907,9 +930,8 @@ Result<ThreadContext*> Pool::Impl::Local() {
       return cache.context;
     }
   }
-  // Connecting costs round trips to every server (a hello each, with the challenge): not under
-  // contexts_mu_, or every other thread's first call (the database's lease renewals among
-  // them) would wait for all of them, seconds on a loaded host.
+  // Creating a UCX worker is not free on a loaded host: not under contexts_mu_, or every other
+  // thread's first call (the database's lease renewals among them) would wait for it.
   FARPOOL_ASSIGN_OR_RETURN(std::unique_ptr<ThreadContext> created, CreateThreadContext());
   std::lock_guard lock(contexts_mu_);
   auto& slot = contexts_[me];
@@ -1511,6 +1533,10 @@ void Pool::Impl::Monitor() {
   control::ReplyBox box;
   if (!(*worker)->SetAmHandler(transport::kControlAm, &control::ReplyBox::OnMessage, &box).ok())
     return;
+  {
+    std::lock_guard lock(monitor_mu_);
+    monitor_worker_ = worker->get();
+  }
   const auto timeout = options_.failure_timeout;
   const auto interval = std::max(std::chrono::milliseconds(20), timeout / 4);
   struct Watch {
@@ -1632,6 +1658,8 @@ void Pool::Impl::Monitor() {
   for (Watch& w : watch) {
     if (w.ep) w.ep->ForceClose();
   }
+  std::lock_guard lock(monitor_mu_);
+  monitor_worker_ = nullptr;
 }
 
 // ------------------------------------------------------------------ data path

@@ -554,6 +554,47 @@ TEST(StoppedServer, WaitingBatchesFailOnceTheMonitorDeclaresItFailed) {
   kill(server1, SIGCONT);
 }
 
+// A thread's first call connects it only to the servers that call uses: a stopped server it
+// never touched neither holds it up nor gets marked failed by it. Before, a thread's first
+// call connected to every server; its hello to the stopped one timed out after
+// connect_timeout, which marked that server failed for the whole Pool (it stayed failed once
+// resumed). The monitor's verdict is out of the picture: its failure timeout is long.
+TEST(StoppedServer, ANewThreadNeitherWaitsForNorFailsAServerItDoesNotUse) {
+  TestCluster cluster(Options(2, 64 << 20, Fabric::kTcp));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  PoolOptions po;
+  po.connect_timeout = 1s;
+  po.failure_timeout = 120s;
+  auto pool = Connect(cluster, Fabric::kTcp, po);
+  ASSERT_TRUE(pool);
+  auto on0 = *pool->Alloc(64, Placement::OnServer(0));
+  auto on1 = *pool->Alloc(64, Placement::OnServer(1));
+  uint64_t v = 11;
+  ASSERT_TRUE(pool->Write(on1, &v, 8).ok());
+  const auto server1 = static_cast<pid_t>(cluster.config()->servers[1].pid);
+  ASSERT_EQ(kill(server1, SIGSTOP), 0);
+  Status write0, read0;
+  uint64_t got0 = 0;
+  std::thread fresh([&] {  // a thread that has not used the Pool yet: server 0 only
+    const uint64_t w = 22;
+    write0 = pool->Write(on0, &w, 8);
+    read0 = pool->Read(on0, &got0, 8);
+  });
+  fresh.join();
+  ASSERT_EQ(kill(server1, SIGCONT), 0);
+  EXPECT_TRUE(write0.ok()) << write0.ToString();
+  EXPECT_TRUE(read0.ok()) << read0.ToString();
+  EXPECT_EQ(got0, 22u);
+  // Server 1 is in use again, for this thread and for a new one (which connects to it now).
+  uint64_t got1 = 0;
+  Status read1 = pool->Read(on1, &got1, 8);
+  EXPECT_TRUE(read1.ok()) << "server 1 was taken for failed: " << read1.ToString();
+  EXPECT_EQ(got1, 11u);
+  std::thread later([&] { read1 = pool->Read(on1, &got1, 8); });
+  later.join();
+  EXPECT_TRUE(read1.ok()) << read1.ToString();
+}
+
 // A client killed with SIGKILL: the server notices its connections drop, keeps the leases
 // (data outlives its writer: see pool/server/chunk_allocator.h) and keeps serving everyone else.
 TEST_P(ProcessTest, KilledClientIsDroppedAndTheServerKeepsServing) {

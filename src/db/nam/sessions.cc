@@ -264,9 +264,10 @@ void NamDatabase::StopThread(bool* stop, std::thread& thread) {
 // and a lease that cannot be renewed simply runs out, which every user of it checks.
 //
 // The thread connects first, and Open claims no slot before it has: a thread's first memory
-// operation on a Pool sets up its connections (a UCX worker, an endpoint and a hello round trip
-// per server; include/farpool/pool.h), even on mapped memory where the operation itself is a
-// CPU instruction. Done lazily, that set-up was the first renewal, lease/4 after the claim,
+// operation on a Pool, and its first on each server, set up its connections (a UCX worker, then
+// an endpoint and a hello round trip per server; include/farpool/pool.h), even on mapped memory
+// where the operation itself is a CPU instruction. So it reads a slot word: every renewal goes
+// to the slots' server. Done lazily, that set-up was the first renewal, lease/4 after the claim,
 // and under load it took up to 5 s (2 cores, load 7-14, 2026-11-28: p50 0.6 s, p90 1.8 s) while
 // others judged the slot expired after lease + margin (2.5 s at the default lease) and evicted
 // the live process (SiHistoryTest.ListAppendHistoryWithLockingReads...; its sessions' own
@@ -281,7 +282,7 @@ Status NamDatabase::StartRenewals() {
   renewals_ = std::thread([this, renew_period, connected = std::move(connected)]() mutable {
     Hook("renewals.connect");
     uint64_t word;
-    connected.set_value(access_.Read(RootField(kRootCounter), &word, 8));
+    connected.set_value(access_.Read(SlotAddr(0), &word, 8));
     RunEvery(renew_period, &stop_renewals_, [this] { (void)RenewAll(access_); });
   });
   return ready.get().WithContext("connecting the lease renewal thread");
