@@ -173,13 +173,16 @@ struct ServerStats {
 // operations (and leases, releases) sent again to a region's new server: refused unexecuted by
 // a server being drained, or, in a replicated cluster, reads cut by a failure (see Pool).
 // maps_watched, maps_polled: cluster maps of a new epoch the map follower learned from its
-// etcd watch, and from its safety-net read (PoolOptions::map_poll).
+// etcd watch, and from its safety-net read (PoolOptions::map_poll). connects: connections the
+// threads opened to servers and said hello on (a thread's first use of a server, Connect's and
+// ConnectThread's hellos to every server; not the monitor's nor a probe's).
 struct OpCounters {
   uint64_t reads = 0, writes = 0, cas = 0, faa = 0, bytes_read = 0, bytes_written = 0;
   uint64_t round_trips = 0, messages = 0;
   uint64_t suspicions_cleared = 0;
   uint64_t resent = 0;
   uint64_t maps_watched = 0, maps_polled = 0;
+  uint64_t connects = 0;
 };
 
 class Batch;
@@ -317,6 +320,14 @@ class Pool {
   Result<uint64_t> CompareAndSwap(GlobalAddress address, uint64_t expected, uint64_t desired);
   // Atomically: previous = *address; *address += delta. Returns previous.
   Result<uint64_t> FetchAdd(GlobalAddress address, uint64_t delta);
+
+  // Connects the calling thread to every server it has not used yet (an endpoint and a hello
+  // each), as its first use of each would. For a thread whose later calls have deadlines (a
+  // lease's renewals): none of them then waits for a connection set-up, also once a failover
+  // moves a region to a server the thread had not used. A server that does not answer its hello
+  // within PoolOptions::connect_timeout is marked failed, as on a first use; the error is that
+  // of the thread's context only (a UCX worker it could not make).
+  Status ConnectThread();
 
   Result<ServerStats> Stats(uint16_t id);
   OpCounters counters() const;

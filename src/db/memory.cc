@@ -111,6 +111,7 @@ class PoolMemory final : public Memory {
   Status Evict(uint32_t tag) override { return pool_.Evict(tag); }
   bool mapped() const override { return mapped_; }
   bool replicated() const override { return pool_.replicated(); }
+  Status ConnectThread() override { return pool_.ConnectThread(); }
 
  private:
   Pool& pool_;

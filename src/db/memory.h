@@ -148,6 +148,9 @@ class Memory {
   virtual bool mapped() const = 0;
   // Pool::replicated: a failure of a server may pass (failover to its backup).
   virtual bool replicated() const = 0;
+  // Pool::ConnectThread: the calling thread connected to every memory server now, for a
+  // thread whose later calls have deadlines. Local memory has nothing to connect.
+  virtual Status ConnectThread() { return Status::Ok(); }
 };
 
 // REQUIRES: `pool` outlives the PoolMemory.

@@ -39,15 +39,16 @@ Result<std::unique_ptr<LeaseTable>> LeaseTable::Attach(FileStore& store, SweepFn
       new LeaseTable(store, std::move(sweep), NewToken(store.pool().process_tag())));
   LeaseTable& t = *table;
   Pool& pool = store.pool();
-  // The renewal thread connects before a slot is claimed: a thread's first memory operation on
-  // a Pool sets up its connections (include/farpool/pool.h), which under load took seconds
+  // The renewal thread connects before a slot is claimed: a thread's first use of a Pool and of
+  // each server sets up its connections (include/farpool/pool.h), which under load took seconds
   // (docs/database.md, "Leases and fencing": the same cause evicted live database workers).
   // Done lazily it was the first renewal, and observers judged the fresh slot dead meanwhile.
+  // It connects to every server (Pool::ConnectThread): also the one a failover moves the
+  // slots to.
   std::promise<Status> connected;
   std::future<Status> ready = connected.get_future();
   t.renewal_ = std::thread([&t, connected = std::move(connected)]() mutable {
-    uint64_t owner = 0;
-    connected.set_value(t.store_.pool().Read(t.Slot(0), &owner, 8));
+    connected.set_value(t.store_.pool().ConnectThread());
     t.Renew();
   });
   FARPOOL_RETURN_IF_ERROR(ready.get().WithContext("connecting the lease renewal thread"));

@@ -3,8 +3,10 @@
 // How it works:
 //   - Connect() creates one UCX context, connects the calling thread to every server (hello:
 //     region base, size, chunk size, packed remote key) and starts a monitor thread.
-//   - Every thread that uses the Pool gets a ThreadContext on first use: its own worker, one
-//     endpoint and unpacked remote key per server (one worker per thread, no shared queue).
+//   - Every thread that uses the Pool gets a ThreadContext on first use: its own worker (one
+//     worker per thread, no shared queue), and an endpoint, a hello and the unpacked remote key
+//     of a server on its first use of that server (PeerOf), so that a thread never waits for a
+//     server it does not use. Pool::ConnectThread connects it to every server at once.
 //   - If a region can be mapped into this process (shared memory, same host) its local address
 //     is kept in ServerState::direct and reads, writes and atomics on it are loads, stores and
 //     CPU atomics: no UCX call, no server CPU. Otherwise, over TCP (RemoteAccess::kMessages),
@@ -270,7 +272,7 @@ struct ThreadContext {
   bool alone_busy = false;
   // Written by the owning thread only; read by counters() from any thread.
   std::atomic<uint64_t> reads{0}, writes{0}, cas{0}, faa{0}, bytes_read{0}, bytes_written{0};
-  std::atomic<uint64_t> round_trips{0}, messages{0}, resent{0};
+  std::atomic<uint64_t> round_trips{0}, messages{0}, resent{0}, connects{0};
 };
 
 // Where part of a batch message's reply goes: one per read or atomic, in request order.
@@ -330,11 +332,19 @@ class Pool::Impl {
   // cluster it then goes as a message, never mapped or one-sided).
   Result<Target> Resolve(GlobalAddress address, uint64_t size, const char* op, bool atomic,
                          bool changes);
+  // Resolve, and then (memory not mapped) this thread's connection to the target's server,
+  // made now if this is its first use of it (PeerOf: a hello). A server that fails on the way
+  // (its hello unanswered or refused) and whose region moves is resolved again, to where it
+  // went: nothing was sent, so any operation may go there.
+  Result<Target> Aim(ThreadContext& tc, GlobalAddress address, uint64_t size, const char* op,
+                     bool atomic, bool changes);
   // Sends a control request built by `encode(request_id)` to server `index` and waits for
   // the reply of opcode `expected` (an ErrorReply becomes its Status). A MovingReply (the
   // server is being drained and did not execute it) marks the server failed, sets `*moving`
-  // if given, and returns Unavailable. No reply within `timeout`: TimedOut, unless the server,
-  // asked why (AskWhy; not for a goodbye), refuses us: then its Failure (Evicted, say).
+  // if given, and returns Unavailable; so does a server that failed while this thread
+  // connected to it (its first use of it: the request never left), with its failure. No reply
+  // within `timeout`: TimedOut, unless the server, asked why (AskWhy; not for a goodbye), refuses
+  // us: then its Failure (Evicted, say).
   Result<Reply> Call(ThreadContext& tc, size_t index,
                      const std::function<std::vector<std::byte>(uint64_t)>& encode,
                      wire::Opcode expected, std::chrono::milliseconds timeout,
@@ -366,13 +376,14 @@ class Pool::Impl {
   // The servers this Pool knows (published; see the file comment).
   size_t count() const { return count_.load(std::memory_order_acquire); }
   // The calling thread's endpoint to server `index`, connected (and hello said) now if this
-  // thread has not talked to it yet (a server learned from the map after the thread began).
+  // thread has not talked to it yet (its first use of it; Batches go through Aim).
   Result<Endpoint*> PeerOf(ThreadContext& tc, size_t index);
   // Connects `tc` to server `index` and says hello; a failure marks the server failed.
   void ConnectPeer(ThreadContext& tc, size_t index);
-  // Connects `tc` to every server not failed (their endpoints first, then a hello each): Init's,
-  // whose first hellos learn the regions. Other threads connect per server on first use, so
-  // that a thread never waits for a server it does not use (a stopped one, say).
+  // Connects `tc` to every server not failed that it has no endpoint to (their endpoints first,
+  // then a hello each): Init's, whose first hellos learn the regions, and Pool::ConnectThread.
+  // Other threads connect per server on first use, so that a thread never waits for a server
+  // it does not use (a stopped one, say).
   void ConnectEvery(ThreadContext& tc);
   // Marks server `index` failed for a hello that failed (a refusal keeps its code).
   void HelloFailed(size_t index, const Status& hello);
@@ -813,7 +824,8 @@ void Pool::Impl::SayGoodbye() {
     // On any thread's connection to it (threads connect lazily; the hello that pinned us was
     // Init's or LearnServers', whose contexts stay): none, and we never said hello.
     for (auto& [thread, tc] : contexts_) {
-      if (i >= tc->peers.size() || tc->peers[i].ep == nullptr) continue;
+      // Not on a connection UCX found broken: its Call would take the server for lost.
+      if (i >= tc->peers.size() || !tc->peers[i].ep || tc->peers[i].ep->failed()) continue;
       // Best effort: a server that does not answer keeps a pin that it drops when we exit.
       (void)Call(
           *tc, i, [&](uint64_t id) { return wire::Encode(id, wire::GoodbyeRequest{tag()}); },
@@ -833,19 +845,21 @@ Result<std::unique_ptr<ThreadContext>> Pool::Impl::CreateThreadContext() {
 
 void Pool::Impl::ConnectEvery(ThreadContext& tc) {
   const size_t n = count();
-  tc.peers.resize(n);
+  if (tc.peers.size() < n) tc.peers.resize(n);
   // Every endpoint first, so that their wireups overlap; then a hello each.
+  std::vector<size_t> fresh;
   for (size_t i = 0; i < n; ++i) {
     ServerState& s = *servers_[i];
-    if (s.failed) continue;
+    if (s.failed || tc.peers[i].ep) continue;
     auto ep = Endpoint::Connect(*tc.worker, s.address.host, s.address.port, nullptr);
     if (!ep.ok()) {
       MarkFailed(i, ep.status().message());
       continue;
     }
     tc.peers[i].ep = std::move(*ep);
+    fresh.push_back(i);
   }
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i : fresh) {
     if (servers_[i]->failed) continue;
     Status hello = Hello(tc, i, options_.connect_timeout);
     if (!hello.ok()) HelloFailed(i, hello);
@@ -873,8 +887,8 @@ void Pool::Impl::ConnectPeer(ThreadContext& tc, size_t index) {
 Result<Endpoint*> Pool::Impl::PeerOf(ThreadContext& tc, size_t index) {
   if (index < tc.peers.size() && tc.peers[index].ep) return tc.peers[index].ep.get();
   ServerState& s = *servers_[index];
-  // No endpoint and not failed: this thread has not talked to the server yet (one the map
-  // added after the thread's context was made; a failed connection attempt marks it failed).
+  // No endpoint and not failed: this thread has not talked to the server yet (a failed
+  // connection attempt marks it failed).
   if (!s.failed.load()) ConnectPeer(tc, index);
   if (s.failed.load()) return s.Failure();
   return tc.peers[index].ep.get();
@@ -885,6 +899,7 @@ Status Pool::Impl::Hello(ThreadContext& tc, size_t index, std::chrono::milliseco
       Reply r, Handshake(index, map_, [&](const Encoder& encode, wire::Opcode expected) {
         return Call(tc, index, encode, expected, timeout);
       }));
+  Bump(tc.connects);
   return Record(tc, index, r);
 }
 
@@ -1434,7 +1449,13 @@ Result<Pool::Impl::Reply> Pool::Impl::Call(
     wire::Opcode expected, std::chrono::milliseconds timeout, bool* moving) {
   ServerState& s = *servers_[index];
   if (s.failed) return s.Failure();
-  FARPOOL_ASSIGN_OR_RETURN(Endpoint * ep, PeerOf(tc, index));
+  auto peer = PeerOf(tc, index);
+  if (!peer.ok()) {
+    // It failed while this thread connected to it (its first use of it): nothing was sent.
+    if (moving != nullptr) *moving = true;
+    return peer.status();
+  }
+  Endpoint* ep = *peer;
   if (ep->failed()) return ConnectionLost(tc, index);
   const uint64_t id = tc.next_request_id++;
   const auto deadline = Clock::now() + timeout;
@@ -1705,6 +1726,20 @@ Result<Pool::Impl::Target> Pool::Impl::Resolve(GlobalAddress address, uint64_t s
   const bool bypass = changes && cluster_.replicas > 0 && !shared;
   return Target{index, s.region_base + offset, s.direct && !bypass ? s.direct + offset : nullptr,
                 s.messages || bypass};
+}
+
+Result<Pool::Impl::Target> Pool::Impl::Aim(ThreadContext& tc, GlobalAddress address, uint64_t size,
+                                           const char* op, bool atomic, bool changes) {
+  for (int tries = 0;; ++tries) {
+    FARPOOL_ASSIGN_OR_RETURN(Target t, Resolve(address, size, op, atomic, changes));
+    if (t.direct != nullptr) return t;
+    auto ep = PeerOf(tc, t.index);
+    if (ep.ok()) return t;
+    const ServerState& s = *servers_[t.index];
+    if (tries == kMaxResends || !RegionsMove() || !s.failed.load() || MovedTo(s) < 0) {
+      return ep.status();
+    }
+  }
 }
 
 Status Pool::Impl::Complete(ThreadContext& tc, size_t index, ucs_status_ptr_t request,
@@ -2098,6 +2133,12 @@ Result<uint64_t> Pool::FetchAdd(GlobalAddress address, uint64_t delta) {
   return DirectFetchAdd(t.direct, delta);
 }
 
+Status Pool::ConnectThread() {
+  FARPOOL_ASSIGN_OR_RETURN(ThreadContext * tc, impl_->Local());
+  impl_->ConnectEvery(*tc);
+  return Status::Ok();
+}
+
 Result<ServerStats> Pool::Stats(uint16_t id) {
   FARPOOL_ASSIGN_OR_RETURN(size_t index, impl_->IndexOf(id));
   return impl_->Stats(index);
@@ -2116,6 +2157,7 @@ OpCounters Pool::counters() const {
     c.round_trips += tc->round_trips.load(std::memory_order_relaxed);
     c.messages += tc->messages.load(std::memory_order_relaxed);
     c.resent += tc->resent.load(std::memory_order_relaxed);
+    c.connects += tc->connects.load(std::memory_order_relaxed);
   }
   c.suspicions_cleared = impl_->suspicions_cleared_.load(std::memory_order_relaxed);
   c.maps_watched = impl_->maps_watched_.load(std::memory_order_relaxed);
@@ -2286,7 +2328,8 @@ bool InMessage(bool messages, uint64_t size) {
 
 Status Batch::Read(GlobalAddress source, void* destination, uint64_t size) {
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
-  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Resolve(source, size, "read", false, false));
+  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
+                           pool_.Aim(*state_->tc, source, size, "read", false, false));
   if (t.direct == nullptr) FARPOOL_RETURN_IF_ERROR(Route(t.index));
   if (t.direct == nullptr && t.messages && !InMessage(t.messages, size) &&
       pool_.servers_[t.index]->keyless) {
@@ -2330,7 +2373,7 @@ Status Batch::Read(GlobalAddress source, void* destination, uint64_t size) {
 Status Batch::Write(GlobalAddress destination, const void* source, uint64_t size) {
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
-                           pool_.Resolve(destination, size, "write", false, true));
+                           pool_.Aim(*state_->tc, destination, size, "write", false, true));
   if (t.direct == nullptr) FARPOOL_RETURN_IF_ERROR(Route(t.index));
   if (t.direct == nullptr && t.messages && !InMessage(t.messages, size)) {
     // Pieces in messages, all sent at Wait: over TCP a one-sided put is emulated by the
@@ -2385,7 +2428,8 @@ Status Batch::Atomic(GlobalAddress address, bool cas, uint64_t operand, uint64_t
                      uint64_t* previous) {
   FARPOOL_RETURN_IF_ERROR(state_->context_error);
   const char* what = cas ? "compare-and-swap" : "fetch-and-add";
-  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Resolve(address, 8, what, true, true));
+  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
+                           pool_.Aim(*state_->tc, address, 8, what, true, true));
   if (t.direct == nullptr) FARPOOL_RETURN_IF_ERROR(Route(t.index));
   const auto kind = cas ? memory_ops::OpKind::kCompareAndSwap : memory_ops::OpKind::kFetchAdd;
   if (t.direct == nullptr && t.messages) {
@@ -2440,7 +2484,7 @@ Status Batch::WaitCompareAndSwap(GlobalAddress address, uint64_t expected, uint6
     return Status::InvalidArgument("wait-compare-and-swap at " + address.ToString() + ": " + why);
   }
   FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
-                           pool_.Resolve(address, 8, "wait-compare-and-swap", true, true));
+                           pool_.Aim(*state_->tc, address, 8, "wait-compare-and-swap", true, true));
   if (t.direct == nullptr) FARPOOL_RETURN_IF_ERROR(Route(t.index));
   if (t.direct != nullptr) {
     const memory_ops::WaitAttempt a = memory_ops::AttemptWaitCompareAndSwap(
@@ -2491,8 +2535,8 @@ Status Batch::LookupRead(GlobalAddress bucket, const LookupSpec& spec, uint64_t 
                                    std::to_string(record_size) + " bytes (at most " +
                                    std::to_string(memory_ops::kMaxInlineBytes) + ")");
   }
-  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
-                           pool_.Resolve(bucket, spec.bucket_size, "lookup-read", true, false));
+  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Aim(*state_->tc, bucket, spec.bucket_size,
+                                                           "lookup-read", true, false));
   if (t.direct == nullptr) FARPOOL_RETURN_IF_ERROR(Route(t.index));
   if (t.direct == nullptr && t.messages) {
     FARPOOL_RETURN_IF_ERROR(
@@ -2555,8 +2599,8 @@ Status Batch::LookupLockRead(GlobalAddress bucket, const LookupSpec& spec, uint6
   if (!why.empty()) {
     return Status::InvalidArgument("lookup-lock-read at " + bucket.ToString() + ": " + why);
   }
-  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
-                           pool_.Resolve(bucket, spec.bucket_size, "lookup-lock-read", true, true));
+  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Aim(*state_->tc, bucket, spec.bucket_size,
+                                                           "lookup-lock-read", true, true));
   if (t.direct == nullptr) FARPOOL_RETURN_IF_ERROR(Route(t.index));
   *result = LockReadResult{};
   if (t.direct == nullptr && !t.messages) {
@@ -2617,8 +2661,8 @@ Status Batch::InsertIfAbsent(GlobalAddress bucket, const LookupSpec& spec, uint3
   if (why.empty() && value == 0) why = "value is zero";
   if (!why.empty())
     return Status::InvalidArgument("insert-if-absent at " + bucket.ToString() + ": " + why);
-  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t,
-                           pool_.Resolve(bucket, spec.bucket_size, "insert-if-absent", true, true));
+  FARPOOL_ASSIGN_OR_RETURN(Pool::Impl::Target t, pool_.Aim(*state_->tc, bucket, spec.bucket_size,
+                                                           "insert-if-absent", true, true));
   if (t.direct == nullptr) FARPOOL_RETURN_IF_ERROR(Route(t.index));
   if (t.direct == nullptr && !t.messages) {
     // One-sided: no single step does it; the caller inserts with its own operations.

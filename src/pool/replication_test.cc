@@ -689,6 +689,37 @@ TEST(Replication, AnEvictionAfterAFailoverGoesThrough) {
   EXPECT_TRUE(evicted.ok()) << evicted.ToString();
 }
 
+// A thread's first use of a server is its hello to it (Pool::Impl::PeerOf). A new thread's first
+// read of a stopped primary's object: the hello goes unanswered, the server is failed (the
+// coordinator fails it over once its etcd lease lapses), and the read, which never left, goes
+// to the backup and returns the value written before the stop. Resolving the target once,
+// before that hello, failed the read instead ("failed over ... may or may not have taken
+// effect"); the monitor is out of the picture (its failure timeout is long).
+TEST(Replication, ANewThreadsFirstReadOfAStoppedPrimaryGoesToItsBackup) {
+  TestCluster cluster(Replicated(Fabric::kTcp));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
+  auto config = cluster.config();
+  ASSERT_TRUE(config.ok());
+  PoolOptions po;
+  po.connect_timeout = 2000ms;
+  po.failure_timeout = 120s;
+  auto pool = Pool::Connect(*config, po);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  auto a = (*pool)->Alloc(64, Placement::OnServer(1));
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  const uint64_t v = 0x5709ed;
+  ASSERT_TRUE((*pool)->Write(*a, &v, 8).ok());
+  const auto server1 = static_cast<pid_t>(config->servers[1].pid);
+  ASSERT_EQ(kill(server1, SIGSTOP), 0);
+  Status read;
+  uint64_t got = 0;
+  std::thread fresh([&] { read = (*pool)->Read(*a, &got, 8); });
+  fresh.join();
+  kill(server1, SIGCONT);  // it finds its region served by its backup and exits
+  EXPECT_TRUE(read.ok()) << read.ToString();
+  EXPECT_EQ(got, v);
+}
+
 // A pool's root area is leased at the pool's first hello on a server and forwarded like any
 // lease; a later hello only shows it. Here the first hello's lease change is still waiting to
 // be sent when its forwards fail: server 1's backup, server 2, is SIGSTOPped, two writes to

@@ -1139,9 +1139,9 @@ class NamDatabase final : public Database {
                 const std::function<void()>& pass);
   // The renewal thread starts before the system session is claimed (a claimed slot is renewed
   // from the start), the maintenance thread once Open is done. StartRenewals returns once the
-  // renewal thread has connected to the slots' server (its first operation: a slot word), so
-  // that no renewal of a claimed slot ever waits for a connection set-up; an error if it could
-  // not (the thread runs on: the destructor stops it).
+  // renewal thread has connected to every memory server (Memory::ConnectThread), so that no
+  // renewal of a claimed slot waits for a connection set-up, also after a failover moved the
+  // slots; an error if it could not (the thread runs on: the destructor stops it).
   Status StartRenewals();
   void StartMaintenance();
   void StopThread(bool* stop, std::thread& thread);

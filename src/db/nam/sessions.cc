@@ -266,13 +266,14 @@ void NamDatabase::StopThread(bool* stop, std::thread& thread) {
 // The thread connects first, and Open claims no slot before it has: a thread's first memory
 // operation on a Pool, and its first on each server, set up its connections (a UCX worker, then
 // an endpoint and a hello round trip per server; include/farpool/pool.h), even on mapped memory
-// where the operation itself is a CPU instruction. So it reads a slot word: every renewal goes
-// to the slots' server. Done lazily, that set-up was the first renewal, lease/4 after the claim,
-// and under load it took up to 5 s (2 cores, load 7-14, 2026-11-28: p50 0.6 s, p90 1.8 s) while
-// others judged the slot expired after lease + margin (2.5 s at the default lease) and evicted
-// the live process (SiHistoryTest.ListAppendHistoryWithLockingReads...; its sessions' own
-// lease checks waited for the renewal under SlotLease::mu meanwhile).
-// DbProcessTest.SlowRenewalConnectIsNotEvicted replays it (hook "renewals.connect").
+// where the operation itself is a CPU instruction. So it connects to every server at once
+// (Memory::ConnectThread): the slots' server, and whichever takes the slots over in a failover.
+// Done lazily, that set-up was the first renewal, lease/4 after the claim, and under load it took
+// up to 5 s (2 cores, load 7-14, 2026-11-28: p50 0.6 s, p90 1.8 s) while others judged the slot
+// expired after lease + margin (2.5 s at the default lease) and evicted the live process
+// (SiHistoryTest.ListAppendHistoryWithLockingReads...; its sessions' own lease checks waited for
+// the renewal under SlotLease::mu meanwhile). DbProcessTest.SlowRenewalConnectIsNotEvicted replays
+// it (hook "renewals.connect").
 Status NamDatabase::StartRenewals() {
   // Renewals are due every lease/4; looking 8 times per lease keeps them on time.
   const auto renew_period = std::clamp(std::chrono::milliseconds(root_.lease_ms / 8),
@@ -281,8 +282,7 @@ Status NamDatabase::StartRenewals() {
   std::future<Status> ready = connected.get_future();
   renewals_ = std::thread([this, renew_period, connected = std::move(connected)]() mutable {
     Hook("renewals.connect");
-    uint64_t word;
-    connected.set_value(access_.Read(SlotAddr(0), &word, 8));
+    connected.set_value(memory_.ConnectThread());
     RunEvery(renew_period, &stop_renewals_, [this] { (void)RenewAll(access_); });
   });
   return ready.get().WithContext("connecting the lease renewal thread");
