@@ -312,6 +312,35 @@ def test_wall_clock_steps_realtime_only_and_cleans_up(tmp_path):
     assert not clock.file.exists()
 
 
+@pytest.mark.skipif(not farpool_bin().exists(), reason="no farpool binary (build it first)")
+@pytest.mark.skipif(soak.libfaketime() is None, reason="no libfaketime (Debian: faketime)")
+def test_bench_timeline_ignores_wall_clock_steps(tmp_path):
+    # The soak judges "commits go on after a step" from `bench txn --timeline-ms`: its buckets
+    # must not move with the wall clock. Local engine, one process, stepped +1 h, back to the
+    # host's time, then -1 h while it runs: every commit is in a bucket of the run's length.
+    # (With the timeline on the wall clock, main's a092ccd: the +1 h step put commits 3,600 s
+    # of buckets later, and after the step back behind the start they fell out of it.)
+    with soak.WallClock(soak.libfaketime(), str(tmp_path)) as clock:
+        bench = subprocess.Popen(
+            [str(farpool_bin()), "bench", "txn", "--engine", "local", "--workload", "bank",
+             "--threads", "2", "--seconds", "3", "--warmup", "0", "--timeline-ms", "100",
+             "--json"], env=clock.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        clock.pids.add(bench.pid)
+        while "loaded" not in bench.stderr.readline():
+            assert bench.poll() is None, bench.stderr.read()
+        for offset in (3600, 0, -3600):
+            time.sleep(0.6)
+            clock.step(offset)
+        out, err = bench.communicate()
+    assert bench.returncode == 0, err
+    result = json.loads(out.strip().splitlines()[-1])
+    commits, timeline = result["commits"], result["timeline"]["commits"]
+    assert commits > 0 and len(timeline) <= 3000 // 100 + 2, (commits, len(timeline))
+    # Commits of the run's last transactions (ended after its end) are in the timeline only.
+    assert commits <= sum(timeline) <= commits + 2, (commits, sum(timeline))
+
+
 def test_wall_clock_removes_only_its_processes_files(tmp_path):
     # libfaketime names its files by the pid of the first preloaded process of a chain and
     # leaves them when that process dies unclean (SIGKILL, or as a Python process sometimes
