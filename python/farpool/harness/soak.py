@@ -248,6 +248,7 @@ CLIENT_STOP_S = (5.0, 8.0)  # past the database's session lease (2 s) + margin (
 SERVER_FENCE_S = 2 * (2.0 + 1.0)
 STOP_CONFIRM_S = 2.0  # a SIGSTOPped process must show state T within this
 ETCD_DOWN_S = 2.0  # etcd dead this long before it is started again on its data
+ADD_TIMEOUT_S = 120.0  # a `cluster add` not done by then is killed and counted failed
 
 
 # The wall-clock offsets of successive clock steps, in seconds: forward an hour, back to the
@@ -277,11 +278,14 @@ class WallClock:
     REALTIME, gettimeofday and time() moved by the offset, MONOTONIC and BOOTTIME not
     (docs/pool.md "Clock steps"). The host's clock is never touched.
     libfaketime leaves a shared-memory segment and a semaphore in /dev/shm named by the pid of
-    the first preloaded process of a chain (its children use the same) unless that process
-    exits cleanly (a killed one never does; Python processes sometimes left them too): leaving
-    the `with` block removes those of every pid the caller added to `pids`, and the offset file
-    (in `directory`, else the temporary directory). Not thread-safe; used by the sampling loop
-    only."""
+    the first preloaded process of a chain unless that process exits cleanly (a killed one never
+    does; Python processes sometimes left them too). Only that process creates them: its
+    children inherit FAKETIME_SHARED and use its segment. So the caller adds to `pids` the pids
+    of the processes it started under the clock (the chain owners), nobody's below them; leaving
+    the `with` block removes their files, except those of a pid that runs at that moment (pids
+    are reused, and other libfaketime users may run on the host: such a file is no longer
+    ours to know), and the offset file (in `directory`, else the temporary directory). Not
+    thread-safe; used by the sampling loop only."""
 
     def __init__(self, lib: str, directory: str | None = None, shm: str = "/dev/shm"):
         if directory is not None:
@@ -317,9 +321,12 @@ class WallClock:
         self.offset = offset
 
     def cleanup(self) -> list[str]:
-        """Removes libfaketime's /dev/shm files of the processes in `pids`; returns their names."""
+        """Removes libfaketime's /dev/shm files of the processes in `pids` that no longer run (a
+        zombie is ours still, not reused); returns their names."""
         removed = []
         for pid in sorted(self.pids):
+            if proc_state(pid) not in (None, "Z"):
+                continue
             for name in (f"faketime_shm_{pid}", f"sem.faketime_sem_{pid}"):
                 try:
                     (self.shm / name).unlink()
@@ -378,11 +385,14 @@ class Faults:
         (`cluster restart-etcd`): the servers serve on and their keepalives resume.
       * clock-step: step the wall clock of the bench's processes and of the clock server
         (`clock`, `clock_server`: a server added under it before the bench, never a kill's or
-        stop's victim) to the next of CLOCK_OFFSETS_S. Nothing may change: until the next
-        action of the schedule (its "window") the map keeps its epoch, every server that was
-        alive stays alive and none is suspected (`cluster status` at every sample), the clock
-        server runs on serving its own region, no client fails, and commits go on after the
-        step (the bench's timeline).
+        stop's victim, not even when it is the coordinator: then that turn's victim is a
+        primary) to the next of CLOCK_OFFSETS_S; none once `bench_seconds` (the bench's
+        measured seconds, counted from its start: they end later) are over. Nothing may
+        change: until the next action of the schedule (its "window") the map keeps its epoch,
+        no server that was alive misses from etcd's alive keys and none is suspected at any
+        sample that could read etcd (`cluster status`), the clock server runs on serving its
+        own region, no client fails, and commits go on after the step and are going on at the
+        window's end (the bench's timeline): see `_judge_clock_step`.
     Each fault waits until every region has `replicas` live backups (the added server's own
     region included): with f backups the cluster is built to lose f servers between
     re-replications, not more. The server comes first so that re-replication has room at once:
@@ -397,9 +407,10 @@ class Faults:
 
     def __init__(self, cluster_dir: str, cluster_file: str, every: float, start: float,
                  replicas: int, kinds: list[str], seed: int, bench_pid: int,
-                 clock: WallClock | None = None, clock_server: int | None = None):
+                 clock: WallClock | None = None, clock_server: int | None = None,
+                 bench_seconds: float | None = None):
         self.dir, self.file, self.every, self.replicas = cluster_dir, cluster_file, every, replicas
-        self.kinds, self.bench_pid = kinds, bench_pid
+        self.kinds, self.bench_pid, self.bench_seconds = kinds, bench_pid, bench_seconds
         self.clock, self.clock_server = clock, clock_server
         self.clock_steps = 0
         self.clock_window: dict | None = None  # the last clock step's event, until the next action
@@ -441,12 +452,8 @@ class Faults:
         if server_fault and self.added is None:
             self._close_clock_window()
             slots = (self.replicas + 1) * (self.server_faults + 2)
-            added = subprocess.run([str(farpool_bin()), "cluster", "add", "--dir", self.dir,
-                                    "--mirror-slots", str(slots)],
-                                   capture_output=True, text=True, timeout=120)
-            self.added = {"t_add": round(t, 1), "mirror_slots": slots,
-                          "add": added.stdout.strip() if added.returncode == 0 else
-                          f"failed ({added.returncode}): {added.stderr.strip()[-300:]}"}
+            _, said = cluster_add(self.dir, ["--mirror-slots", str(slots)])
+            self.added = {"t_add": round(t, 1), "mirror_slots": slots, "add": said}
             log(f"soak faults: t={t:6.1f}s {self.added['add']}")
             return
         missing = self.protected(status)
@@ -462,7 +469,7 @@ class Faults:
         try:
             done = (self._server(event, status) if server_fault else
                     self._client_stop(event) if kind == "client-stop" else
-                    self._clock_step(event, status) if kind == "clock-step" else
+                    self._clock_step(event, status, t) if kind == "clock-step" else
                     self._etcd(event))
         except OSError as e:  # the victim exited under us (ProcessLookupError): next tick
             log(f"soak faults: t={t:6.1f}s {kind} not done, tried again: {e}")
@@ -484,19 +491,25 @@ class Faults:
 
     def _server(self, event: dict, status: dict) -> bool:
         """kill or stop (event["kind"]) of a primary other than the coordinator, or of the
-        coordinator, in turn."""
+        coordinator, in turn. Never the clock server, whose clock steps are judged on it: every
+        server campaigns, so it can be the coordinator (after a coordinator's kill); the
+        coordinator's turn then takes a primary instead, and its event says so."""
         coordinator = status["etcd"].get("coordinator", -1)
         alive = set(status["etcd"]["alive"])
         pids = {s["id"]: s["pid"] for s in json.loads(Path(self.file).read_text())["servers"]}
-        if self.server_faults % 2 == 1 and coordinator in alive and \
-                coordinator != self.clock_server:
+        coordinator_turn = self.server_faults % 2 == 1 and coordinator in alive
+        if coordinator_turn and coordinator != self.clock_server:
             victim, role = coordinator, "coordinator"
         else:
+            if coordinator_turn:
+                event["spared"] = f"the coordinator {coordinator} is the clock server"
             primaries = [r["id"] for r in status["etcd"]["placement"] if r["served_by"] == r["id"]
                          and r["id"] in alive and r["id"] not in (coordinator, self.clock_server)]
             if not primaries:
                 return False
             victim, role = primaries[self.server_faults % len(primaries)], "primary"
+            if coordinator_turn:
+                role += f" (the coordinator {coordinator} is the clock server)"
         pid = pids[victim]
         event |= {"server": victim, "pid": pid, "role": role}
         if event["kind"] == "kill":
@@ -553,23 +566,33 @@ class Faults:
         self.later.append(_Later(stop_s, resume))
         return True
 
-    def _clock_step(self, event: dict, status: dict) -> bool:
+    def _clock_step(self, event: dict, status: dict, t: float) -> bool | None:
         """The wall clock of the bench's processes and the clock server to the next offset of
-        CLOCK_OFFSETS_S; the event opens a window watched until the schedule's next action."""
+        CLOCK_OFFSETS_S; the event opens a window watched until the schedule's next action.
+        None (skipped) once the bench's measured seconds are over: nothing would be left to
+        judge. False (tried again) if `status` could not read etcd: the window's judging starts
+        from the map and the live servers at the step."""
+        if self.bench_seconds is not None and t >= self.bench_seconds:
+            event["what"] = f"the bench's {self.bench_seconds:g} measured seconds are over"
+            return None
+        etcd = status.get("etcd", {})
+        if "error" in etcd or "epoch" not in etcd:
+            event["what"] = f"cluster status could not read etcd: {etcd.get('error', etcd)}"
+            return False
         offset = CLOCK_OFFSETS_S[self.clock_steps % len(CLOCK_OFFSETS_S)]
         step = offset - self.clock.offset
-        etcd = status["etcd"]
         # The step reaches only processes that have libfaketime mapped: the clock server and
         # every live process of the bench must (judged: a step nobody saw proves nothing).
         pids = {int(s["id"]): int(s["pid"]) for s in json.loads(Path(self.file).read_text())
                 ["servers"]}
-        watched = {f"server {self.clock_server}": pids.get(self.clock_server, 0)} | {
+        watched = ({f"server {self.clock_server}": pids.get(self.clock_server, 0)}
+                   if self.clock_server is not None else {}) | {
             f"bench process {p}": p for p in process_group(self.bench_pid)}
         mapped = {name: maps_file(pid, self.clock.lib) for name, pid in watched.items()}
         event["under_clock"] = sorted(n for n, m in mapped.items() if m)
         event["not_under_clock"] = sorted(n for n, m in mapped.items() if m is False)
         event |= {"offset_s": offset, "step_s": step, "wall_ms": int(time.time() * 1000),
-                  "epoch": etcd.get("epoch"), "alive": sorted(etcd.get("alive", [])),
+                  "epoch": etcd["epoch"], "alive": sorted(etcd.get("alive", [])),
                   "suspected": sorted(etcd.get("suspected", [])),
                   "what": f"wall clock of the bench's processes and server {self.clock_server} "
                           f"stepped {step:+d} s (now the host's {offset:+d} s)"}
@@ -585,12 +608,20 @@ class Faults:
             self.clock_window = None
 
     def watch_clock_window(self, status: dict) -> None:
-        """One sample of the open clock step's window: what the map, etcd's alive keys and the
-        standing suspicions became (judged in `judge`)."""
+        """One sample of the open clock step's window (judged in `_judge_clock_step`): the
+        epochs seen, the servers alive at the step that were missing from etcd's alive keys and
+        the servers suspected, each over every sample (a server that lost its lease and
+        registered again between two samples is missing from one). A sample that could not
+        read etcd says nothing of them: counted apart, not read as nobody alive."""
         etcd = status.get("etcd", {})
         e = self.clock_window
-        e["epoch_end"] = etcd.get("epoch")
-        e["alive_end"] = sorted(etcd.get("alive", []))
+        if "error" in etcd or "epoch" not in etcd:
+            e["samples_unreadable"] = e.get("samples_unreadable", 0) + 1
+            return
+        e["samples"] = e.get("samples", 0) + 1
+        e["epochs_in_window"] = sorted(set(e.get("epochs_in_window", [])) | {etcd["epoch"]})
+        e["lost_in_window"] = sorted(set(e.get("lost_in_window", []))
+                                     | (set(e["alive"]) - set(etcd.get("alive", []))))
         e["suspected_in_window"] = sorted(set(e.get("suspected_in_window", []))
                                           | set(etcd.get("suspected", [])))
 
@@ -663,45 +694,74 @@ class Faults:
 
     def _judge_clock_step(self, e: dict, timeline: dict | None) -> list[str]:
         """A clock step changed nothing in its window (until the next action, or the judging):
-        the map's epoch, the live servers, no suspicion, and commits after it in the bench's
-        `timeline` (its JSON "timeline": start_unix_ms, bucket_ms, commits). Sets e["outcome"]."""
+        at every sample that read etcd the map's epoch was the step's, every server alive at the
+        step was alive, none was suspected (no readable sample: a failure, nothing was seen);
+        and from the bench's `timeline` (its JSON "timeline": start_unix_ms, bucket_ms, commits)
+        the whole buckets after the step and before both the window's end and the end of the
+        bench's measured seconds: some commits in them, and some in the last of them (commits
+        had resumed, not stalled for most of the window). A step with no such bucket (taken in
+        the last bucket of the run, or just before the next action) is "not judged" on its
+        commits, never a pass. Sets e["outcome"]."""
         failures = []
         what = f"clock step {e['step_s']:+d} s at t={e['t']}s"
         if e.get("not_under_clock") or not e.get("under_clock"):
             failures.append(f"{what}: libfaketime is not mapped in "
                             f"{', '.join(e.get('not_under_clock') or ['any process'])}: the "
                             "step did not reach them")
-        if e.get("epoch_end") != e["epoch"]:
+        if not e.get("samples"):
+            failures.append(f"{what}: no sample of its window could read etcd "
+                            f"({e.get('samples_unreadable', 0)} could not): the map, the live "
+                            "servers and the suspicions were not seen")
+        if set(e.get("epochs_in_window", [e["epoch"]])) != {e["epoch"]}:
             failures.append(f"{what}: the cluster map changed in its window: epoch {e['epoch']} "
-                            f"-> {e.get('epoch_end')}")
-        if set(e["alive"]) - set(e.get("alive_end", e["alive"])):
-            failures.append(f"{what}: servers {sorted(set(e['alive']) - set(e['alive_end']))} "
-                            f"lost their etcd lease in its window")
+                            f"-> {[x for x in e['epochs_in_window'] if x != e['epoch']]}")
+        if e.get("lost_in_window"):
+            failures.append(f"{what}: servers {e['lost_in_window']} lost their etcd lease in "
+                            "its window")
         if e.get("suspected_in_window"):
             failures.append(f"{what}: servers {e['suspected_in_window']} were reported gone in "
                             "its window")
+        judged = False
         if timeline is None:
             e["commits_after"] = None
             failures.append(f"{what}: the bench reported no timeline: cannot tell whether "
                             "commits went on")
         else:
-            # The buckets wholly after the step and before the window's end.
             bucket, start = timeline["bucket_ms"], timeline["start_unix_ms"]
             commits = timeline["commits"]
-            first = (e["wall_ms"] - start) // bucket + 1
+            # Whole buckets only: the first wholly after the step (none before the bench's
+            # start: a negative index would count from the end), the last wholly before the
+            # window's end and within the measured seconds (the bucket after them holds only
+            # the commits of transactions that ended late).
+            first = max(0, (e["wall_ms"] - start) // bucket + 1)
             end_ms = e.get("window_end_ms", int(time.time() * 1000))
             last = min(len(commits), (end_ms - start) // bucket)
-            after = commits[first:last]
+            if self.bench_seconds is not None:
+                last = min(last, int(self.bench_seconds * 1000) // bucket)
+            after = commits[first:last] if last > first else []
             before = commits[max(0, first - 1 - len(after)):max(0, first - 1)]
             e["commits_after"] = sum(after)
+            e["buckets_after"] = len(after)
             e["tps_before"] = round(sum(before) * 1000 / (bucket * len(before))) if before else None
             e["tps_after"] = round(sum(after) * 1000 / (bucket * len(after))) if after else None
+            judged = bool(after)
             if after and not sum(after):
                 failures.append(f"{what}: no commit in the {len(after) * bucket / 1000:.0f} s "
                                 "after it")
-        e["outcome"] = "; ".join(failures) if failures else (
-            f"nothing changed: epoch {e['epoch']}, servers {e['alive']} alive, none suspected, "
-            f"{e['commits_after']} commits after it")
+            elif after and not after[-1]:
+                stalled = next(i for i in range(len(after)) if not any(after[i:]))
+                failures.append(f"{what}: commits had not resumed by its window's end: none in "
+                                f"its last {(len(after) - stalled) * bucket / 1000:.0f} s of "
+                                f"{len(after) * bucket / 1000:.0f}")
+        if failures:
+            e["outcome"] = "; ".join(failures)
+        elif not judged:
+            e["outcome"] = (f"not judged: no whole bucket after it (commits); epoch {e['epoch']}, "
+                            f"servers {e['alive']} alive, none suspected")
+        else:
+            e["outcome"] = (f"nothing changed: epoch {e['epoch']}, servers {e['alive']} alive, "
+                            f"none suspected, {e['commits_after']} commits after it, some in its "
+                            "last whole bucket")
         return failures
 
     def judge(self, failed_clients: dict[int, dict] | None,
@@ -726,8 +786,11 @@ class Faults:
         for e in self.events:
             if e["kind"] == "clock-step":
                 failures += self._judge_clock_step(e, timeline)
-        if self.clock_server is not None and any(e["kind"] == "clock-step"
-                                                 for e in self.events):
+        if self.clock_server is None and any(e["kind"] == "clock-step" for e in self.events):
+            failures.append("clock steps without a clock server (its `cluster add` failed): "
+                            "only the bench's processes were stepped")
+        elif self.clock_server is not None and any(e["kind"] == "clock-step"
+                                                   for e in self.events):
             placement, why = self._placement()
             if placement is None:
                 failures.append(f"cannot judge clock server {self.clock_server}: {why}")
@@ -759,21 +822,39 @@ class Faults:
         return failures
 
 
-def add_clock_server(cluster_dir: str, cluster_file: str, clock: WallClock) -> dict:
-    """`farpool cluster add` run under `clock`, so that the server it starts (which inherits its
-    environment, through `ip netns exec` too) is; returns its id, pid and what the command
-    said. Raises RuntimeError if it failed."""
-    add = subprocess.Popen([str(farpool_bin()), "cluster", "add", "--dir", cluster_dir],
+def cluster_add(cluster_dir: str, extra: list[str],
+                clock: WallClock | None = None) -> tuple[bool, str]:
+    """`farpool cluster add --dir cluster_dir EXTRA`, under `clock` if given (the server it
+    starts inherits its environment, through `ip netns exec` too; the command is the chain's
+    first preloaded process, so its pid goes to clock.pids at once). Returns whether it
+    succeeded and what it said: its output, or "failed (...)" with the reason. One that has not
+    finished within ADD_TIMEOUT_S is killed and failed (the run goes on without the server)."""
+    add = subprocess.Popen([str(farpool_bin()), "cluster", "add", "--dir", cluster_dir, *extra],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           env=clock.env())
-    clock.pids.add(add.pid)
-    out, err = add.communicate(timeout=120)
+                           env=clock.env() if clock is not None else None)
+    if clock is not None:
+        clock.pids.add(add.pid)
+    try:
+        out, err = add.communicate(timeout=ADD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        add.kill()
+        _, err = add.communicate()
+        return False, (f"failed: cluster add did not finish within {ADD_TIMEOUT_S:g} s, "
+                       f"killed: {err.strip()[-300:]}")
     if add.returncode != 0:
-        raise RuntimeError(f"cluster add under the stepped clock failed ({add.returncode}): "
-                           f"{err.strip()[-300:]}")
+        return False, f"failed ({add.returncode}): {err.strip()[-300:]}"
+    return True, out.strip()
+
+
+def add_clock_server(cluster_dir: str, cluster_file: str, clock: WallClock) -> dict:
+    """A server added under `clock` (`cluster_add`): its id, pid and what the command said;
+    {"add": "failed ..."} if it was not added (the run goes on, its clock steps judged failed
+    for want of a clock server)."""
+    ok, said = cluster_add(cluster_dir, [], clock)
+    if not ok:
+        return {"add": said}
     server = json.loads(Path(cluster_file).read_text())["servers"][-1]
-    clock.pids.add(int(server["pid"]))
-    return {"id": server["id"], "pid": int(server["pid"]), "add": out.strip()}
+    return {"id": server["id"], "pid": int(server["pid"]), "add": said}
 
 
 def soak_one(workload: str, seconds: float, args: argparse.Namespace) -> dict:
@@ -810,7 +891,9 @@ def soak_one(workload: str, seconds: float, args: argparse.Namespace) -> dict:
         if clock is not None:
             row["clock_server"] = add_clock_server(cluster_dir, cluster_file, clock)
             log(f"soak {workload}: server {row['clock_server']['id']} (pid "
-                f"{row['clock_server']['pid']}) runs under the stepped wall clock")
+                f"{row['clock_server']['pid']}) runs under the stepped wall clock"
+                if "id" in row["clock_server"] else
+                f"soak {workload}: no clock server: {row['clock_server']['add']}")
         # The cluster's etcd, if its file names one.
         etcd_endpoint = (json.loads(Path(cluster_file).read_text()).get("etcd", {})
                          .get("endpoints") or [None])[0]
@@ -834,11 +917,13 @@ def soak_one(workload: str, seconds: float, args: argparse.Namespace) -> dict:
         # on a loaded host, docs/pool.md "Failure detection").
         bench = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  process_group=0, env=clock.env() if clock else None)
+        if clock is not None:
+            clock.pids.add(bench.pid)  # the chain's first process: its /dev/shm files
         try:
             if args.faults:
                 faults = Faults(cluster_dir, cluster_file, args.faults, args.warmup * seconds,
                                 args.replicas, args.fault_kinds.split(","), args.seed, bench.pid,
-                                clock, row.get("clock_server", {}).get("id"))
+                                clock, row.get("clock_server", {}).get("id"), seconds)
             limit = start + seconds + max(60.0, seconds)
             while bench.poll() is None:
                 now = time.monotonic()
@@ -850,8 +935,6 @@ def soak_one(workload: str, seconds: float, args: argparse.Namespace) -> dict:
                                     "killed")
                     break
                 for name, pid in run_processes(cluster_file, bench.pid).items():
-                    if clock is not None:
-                        clock.pids.add(pid)  # its /dev/shm files, if it was under the clock
                     m = proc_memory(pid)
                     if m is not None:
                         # A process started again under the same name (etcd after the etcd
