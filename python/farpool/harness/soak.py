@@ -387,7 +387,8 @@ class Faults:
         (`clock`, `clock_server`: a server added under it before the bench, never a kill's or
         stop's victim, not even when it is the coordinator: then that turn's victim is a
         primary) to the next of CLOCK_OFFSETS_S; none once `bench_seconds` (the bench's
-        measured seconds, counted from its start: they end later) are over. Nothing may
+        measured seconds, counted here from its process's start: they really end later, after
+        its load and common start) are over. Nothing may
         change: until the next action of the schedule (its "window") the map keeps its epoch,
         no server that was alive misses from etcd's alive keys and none is suspected at any
         sample that could read etcd (`cluster status`), the clock server runs on serving its
