@@ -14,8 +14,8 @@
 #   make soak-net   the same over TCP, every server in its own network namespace (root), 3
 #                   servers with --replicas 1 (etcd, coordinator, backups); every process's
 #                   private memory bounded too; SOAK_FAULTS=K adds a server and SIGKILLs one
-#                   every K s; SOAK_FAULT_KINDS=kill,stop,client-stop,etcd takes those kinds
-#                   of fault in turn instead (bench/results/soak_net.jsonl)
+#                   every K s; SOAK_FAULT_KINDS=kill,stop,client-stop,etcd,clock-step takes
+#                   those kinds of fault in turn instead (bench/results/soak_net.jsonl)
 #   make format / make lint
 BUILD ?= build
 JOBS ?= $(shell nproc)

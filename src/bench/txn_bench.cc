@@ -30,6 +30,15 @@ uint64_t WallMs() {
   return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1000000;
 }
 
+// The common start and the timeline are on the steady clock (CLOCK_MONOTONIC: one clock for
+// every process of this host, where the bench forks its client processes): a step of the wall
+// clock moved them (a client whose clock stepped back an hour before the start waited an hour;
+// after a step back every commit fell outside the timeline, after a step forward an hour later).
+uint64_t SteadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
 // A benchmark counts aborts rather than giving up: retry (practically) forever.
 constexpr int kAttempts = 1 << 30;
 
@@ -96,7 +105,8 @@ struct ThreadStats {
   Status status;
 };
 
-// Runs this process's threads; returns raw stats as JSON (merged by the parent).
+// Runs this process's threads from `start_ms` (SteadyMs()) on; returns raw stats as JSON
+// (merged by the parent).
 Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_t start_ms) {
   FARPOOL_ASSIGN_OR_RETURN(Tables tables, OpenTables(db, o.workload));
   FARPOOL_ASSIGN_OR_RETURN(const Isolation isolation, ParseIsolation(o.isolation));
@@ -126,7 +136,7 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
       // known here (TpcbTxn::drop_may_be_absent). At most one per session restart.
       std::unordered_set<int64_t> uncertain_history;
       int64_t history_key = -1;  // of the TPC-B transaction last run
-      while (WallMs() < start_ms) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      while (SteadyMs() < start_ms) std::this_thread::sleep_for(std::chrono::microseconds(200));
       const auto begin = Clock::now();
       const auto measure_from = begin + std::chrono::duration<double>(o.warmup_seconds);
       const auto until = measure_from + std::chrono::duration<double>(o.seconds);
@@ -207,7 +217,7 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
           return;
         }
         if (o.timeline_ms > 0) {
-          const uint64_t bucket = (WallMs() - start_ms) / o.timeline_ms;
+          const uint64_t bucket = (SteadyMs() - start_ms) / o.timeline_ms;
           if (bucket < (1u << 20)) {
             if (st.timeline.size() <= bucket) st.timeline.resize(bucket + 1);
             ++st.timeline[bucket];
@@ -265,7 +275,6 @@ Result<nlohmann::json> RunClient(Database& db, const TxnBenchOptions& o, uint64_
   out["session_restarts"] = session_restarts;
   out["commits_cut"] = commits_cut;
   out["timeline"] = timeline;
-  out["start_unix_ms"] = start_ms;
   out["round_trips"] = round_trips;
   out["round_trips_aborted"] = round_trips_aborted;
   nlohmann::json causes = nlohmann::json::object();
@@ -385,10 +394,10 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
   std::vector<uint32_t> lat;
   uint64_t max_ns = 0;
   std::vector<uint64_t> timeline;
-  uint64_t start_unix_ms = 0;
+  // The common start on the wall clock, to line the timeline up with other logs.
+  uint64_t start_unix_ms = WallMs();
   auto absorb = [&](const nlohmann::json& j) {
     AddInto(timeline, j["timeline"].get<std::vector<uint64_t>>());
-    start_unix_ms = j["start_unix_ms"].get<uint64_t>();
     max_ns = std::max(max_ns, j["max_ns"].get<uint64_t>());
     for (const char* k :
          {"commits", "aborts", "reads", "writes", "cas", "faa", "messages", "round_trips",
@@ -406,10 +415,11 @@ Result<nlohmann::json> RunTxnBench(const TxnBenchOptions& o) {
   // invariant still verified over what the others and recovery left (see txn_bench.h).
   nlohmann::json clients_failed = nlohmann::json::array();
   if (o.clients == 1) {
-    FARPOOL_ASSIGN_OR_RETURN(auto j, RunClient(*db, o, WallMs()));
+    FARPOOL_ASSIGN_OR_RETURN(auto j, RunClient(*db, o, SteadyMs()));
     absorb(j);
   } else {
-    const uint64_t start_ms = WallMs() + 1500;
+    const uint64_t start_ms = SteadyMs() + 1500;
+    start_unix_ms = WallMs() + 1500;
     struct Child {
       pid_t pid;
       FILE* out;

@@ -65,10 +65,13 @@ struct TxnBenchOptions {
   bool for_update = false;
   uint64_t seed = 42;
   bool verify = false;
-  // > 0: also count commits per `timeline_ms` milliseconds of wall time from the common start
-  // (JSON "timeline": start_unix_ms, bucket_ms, commits[]), e.g. to see a failover's gap.
+  // > 0: also count commits per `timeline_ms` milliseconds from the common start, measured on
+  // the steady clock (JSON "timeline": start_unix_ms, the start on the wall clock to line it up
+  // with logs; bucket_ms; commits[]), e.g. to see a failover's gap. A wall-clock step moves
+  // nothing in it.
   uint64_t timeline_ms = 0;
-  // Internal: set in client processes started by the benchmark.
+  // Internal: set in client processes started by the benchmark. start_at_ms: the common start
+  // on the steady clock (CLOCK_MONOTONIC ms, shared by the processes of this host).
   int client_id = -1;
   uint64_t start_at_ms = 0;
 };

@@ -75,9 +75,10 @@ Command RegisterTxnBench(CLI::App& bench) {
                 "under si too (always under rc)");
   txn->add_flag("--verify", a->o.verify, "Check the workload's invariant at the end");
   txn->add_option("--timeline-ms", a->o.timeline_ms,
-                  "Also count commits per this many ms of wall time (JSON timeline)");
+                  "Also count commits per this many ms from the common start (JSON timeline)");
   txn->add_option("--client-id", a->o.client_id, "(internal) client process number")->group("");
-  txn->add_option("--start-at", a->o.start_at_ms, "(internal) common start time")->group("");
+  txn->add_option("--start-at", a->o.start_at_ms, "(internal) common start, steady clock ms")
+      ->group("");
   return {txn, [a] { return RunTxn(*a); }};
 }
 
