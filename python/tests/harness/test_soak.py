@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from farpool.harness import soak
+from farpool.harness import soak, soak_faults, soak_probes
 from farpool.harness.peers import farpool_bin
 
 MIB = 1 << 20
@@ -69,13 +69,13 @@ def test_client_stop_leaves_a_client_never_stopped(tmp_path):
     # the exploratory run with 2 clients ended "every client process failed".)
     bench = subprocess.Popen(["bash", "-c", "sleep 60 & sleep 60 & wait"], process_group=0)
     try:
-        while len(soak.process_group(bench.pid)) < 3:
+        while len(soak_probes.process_group(bench.pid)) < 3:
             time.sleep(0.01)
-        faults = soak.Faults(str(tmp_path), str(tmp_path / "cluster.json"), 10, 0, 1,
-                             ["client-stop"], 1, bench.pid)
+        faults = soak_faults.Faults(str(tmp_path), str(tmp_path / "cluster.json"), 10, 0, 1,
+                                    ["client-stop"], 1, bench.pid)
         first = {"kind": "client-stop"}
         assert faults._client_stop(first) is True
-        assert first["pid"] in soak.process_group(bench.pid) and first["pid"] != bench.pid
+        assert first["pid"] in soak_probes.process_group(bench.pid) and first["pid"] != bench.pid
         faults.events.append(first)
         second = {"kind": "client-stop"}
         assert faults._client_stop(second) is None, second
@@ -103,7 +103,7 @@ time.sleep(60)
 def _group_with_a_zombie(live: int) -> subprocess.Popen:
     bench = subprocess.Popen([sys.executable, "-c", _PARENT_OF_A_ZOMBIE, str(live + 1)],
                              process_group=0)
-    while sorted(soak.proc_state(p) == "Z" for p in soak.process_group(bench.pid)
+    while sorted(soak_probes.proc_state(p) == "Z" for p in soak_probes.process_group(bench.pid)
                  if p != bench.pid) != [False] * live + [True]:
         time.sleep(0.01)
     return bench
@@ -117,14 +117,15 @@ def test_client_stop_skips_a_failed_client(tmp_path):
     # without saying it did not stop.)
     bench = _group_with_a_zombie(1)
     try:
-        zombie = next(p for p in soak.process_group(bench.pid) if soak.proc_state(p) == "Z")
-        faults = soak.Faults(str(tmp_path), str(tmp_path / "cluster.json"), 10, 0, 1,
-                             ["client-stop"], 1, bench.pid)
+        zombie = next(p for p in soak_probes.process_group(bench.pid)
+                      if soak_probes.proc_state(p) == "Z")
+        faults = soak_faults.Faults(str(tmp_path), str(tmp_path / "cluster.json"), 10, 0, 1,
+                                    ["client-stop"], 1, bench.pid)
         event = {"kind": "client-stop"}
         assert faults._client_stop(event) is None, event
         assert "0 client processes stopped, 1 live ones never" in event["what"]
         event = {"kind": "client-stop"}
-        assert faults._stop(event, zombie, soak.CLIENT_STOP_S, "the zombie") is False, event
+        assert faults._stop(event, zombie, soak_faults.CLIENT_STOP_S, "the zombie") is False, event
         assert "not stopped (state Z)" in event["what"] and not faults.later
     finally:
         os.killpg(bench.pid, 9)
@@ -136,15 +137,15 @@ def test_client_stop_stops_a_live_client(tmp_path):
     # stopped (state T) until finish() resumes it.
     bench = _group_with_a_zombie(2)
     try:
-        faults = soak.Faults(str(tmp_path), str(tmp_path / "cluster.json"), 10, 0, 1,
-                             ["client-stop"], 1, bench.pid)
+        faults = soak_faults.Faults(str(tmp_path), str(tmp_path / "cluster.json"), 10, 0, 1,
+                                    ["client-stop"], 1, bench.pid)
         for seed in range(8):
             faults.rng.seed(seed)
             event = {"kind": "client-stop"}
             assert faults._client_stop(event) is True, event
-            assert soak.proc_state(event["pid"]) == "T"
+            assert soak_probes.proc_state(event["pid"]) == "T"
             faults.finish()
-            assert soak.proc_state(event["pid"]) != "T"
+            assert soak_probes.proc_state(event["pid"]) != "T"
     finally:
         os.killpg(bench.pid, 9)
         bench.wait()
@@ -161,7 +162,7 @@ def test_later_now_waits_for_the_timer_running_it():
         started.set()
         gate.wait()
         ran.append(1)
-    later = soak._Later(0, fn)
+    later = soak_faults._Later(0, fn)
     started.wait()
     finisher = threading.Thread(target=later.now)
     finisher.start()
@@ -180,8 +181,8 @@ def test_no_fault_while_a_stop_is_pending(tmp_path):
     bench = _group_with_a_zombie(3)
     status = {"etcd": {"alive": [0], "placement": [{"id": 0, "served_by": 0, "backups": []}]}}
     try:
-        faults = soak.Faults(str(tmp_path), str(tmp_path / "cluster.json"), 0, 0, 0,
-                             ["client-stop"], 1, bench.pid)
+        faults = soak_faults.Faults(str(tmp_path), str(tmp_path / "cluster.json"), 0, 0, 0,
+                                    ["client-stop"], 1, bench.pid)
         faults.tick(0.0, status)
         faults.tick(0.1, status)
         assert len(faults.events) == 1 and faults.later[0].pending, faults.events
@@ -203,8 +204,8 @@ def test_stopped_server_not_judged_without_placement(tmp_path):
     try:
         (tmp_path / "cluster.json").write_text(json.dumps(
             {"servers": [{"id": 0, "pid": server.pid}]}))
-        faults = soak.Faults(str(tmp_path / "nothing"), str(tmp_path / "cluster.json"), 10, 0,
-                             1, ["stop"], 1, os.getpid())
+        faults = soak_faults.Faults(str(tmp_path / "nothing"), str(tmp_path / "cluster.json"),
+                                    10, 0, 1, ["stop"], 1, os.getpid())
         faults.events.append({"kind": "stop", "t": 12.0, "server": 0, "pid": server.pid})
         failures = faults.judge({})
         assert len(failures) == 1 and failures[0].startswith(
@@ -290,13 +291,13 @@ def _clocks(env=None) -> dict:
     return json.loads(out.stdout)
 
 
-@pytest.mark.skipif(soak.libfaketime() is None, reason="no libfaketime (Debian: faketime)")
+@pytest.mark.skipif(soak_faults.libfaketime() is None, reason="no libfaketime (Debian: faketime)")
 def test_wall_clock_steps_realtime_only_and_cleans_up(tmp_path):
     # What the clock-step fault rests on: under the preload CLOCK_REALTIME moves by the offset,
     # CLOCK_MONOTONIC and CLOCK_BOOTTIME (the lease clock) do not (with libfaketime's own
     # default they would: it fakes every clock, the monotonic ones to the faked wall time).
     # Whatever libfaketime left in /dev/shm for them is gone after the `with`.
-    with soak.WallClock(soak.libfaketime(), str(tmp_path)) as clock:
+    with soak_faults.WallClock(soak_faults.libfaketime(), str(tmp_path)) as clock:
         for offset in (3600, -3600):
             clock.step(offset)
             proc = subprocess.Popen([sys.executable, "-c", _CLOCKS], env=clock.env(),
@@ -322,13 +323,13 @@ for _ in sys.stdin:
 """
 
 
-@pytest.mark.skipif(soak.libfaketime() is None, reason="no libfaketime (Debian: faketime)")
+@pytest.mark.skipif(soak_faults.libfaketime() is None, reason="no libfaketime (Debian: faketime)")
 def test_wall_clock_step_reaches_a_running_process(tmp_path):
     # The soak steps processes that are running (the clock server, the bench): the offset file
     # changed under one process must move its CLOCK_REALTIME by the step at its next reading,
     # and its CLOCK_MONOTONIC and CLOCK_BOOTTIME not at all. Each reading is compared with this
     # process's own clocks read just before and after it (no bound on how long that takes).
-    with soak.WallClock(soak.libfaketime(), str(tmp_path)) as clock:
+    with soak_faults.WallClock(soak_faults.libfaketime(), str(tmp_path)) as clock:
         child = subprocess.Popen([sys.executable, "-c", _CLOCKS_PER_LINE], env=clock.env(),
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         clock.pids.add(child.pid)
@@ -353,7 +354,7 @@ def test_wall_clock_step_reaches_a_running_process(tmp_path):
 
 
 @pytest.mark.skipif(not farpool_bin().exists(), reason="no farpool binary (build it first)")
-@pytest.mark.skipif(soak.libfaketime() is None, reason="no libfaketime (Debian: faketime)")
+@pytest.mark.skipif(soak_faults.libfaketime() is None, reason="no libfaketime (Debian: faketime)")
 def test_bench_timeline_ignores_wall_clock_steps(tmp_path):
     # The soak judges "commits go on after a step" from `bench txn --timeline-ms`: its buckets
     # must not move with the wall clock. Local engine, one process, stepped +1 h, back to the
@@ -362,7 +363,7 @@ def test_bench_timeline_ignores_wall_clock_steps(tmp_path):
     # late on a loaded host fall after them). (With the timeline on the wall clock, main's
     # a092ccd: the +1 h step put commits 3,600 s of buckets later, and after the step back
     # behind the start they fell out of it.)
-    with soak.WallClock(soak.libfaketime(), str(tmp_path)) as clock:
+    with soak_faults.WallClock(soak_faults.libfaketime(), str(tmp_path)) as clock:
         started = time.monotonic()
         bench = subprocess.Popen(
             [str(farpool_bin()), "bench", "txn", "--engine", "local", "--workload", "bank",
@@ -404,7 +405,7 @@ def test_wall_clock_removes_only_its_processes_files(tmp_path):
     for pid in (ours, other, running):
         (shm / f"faketime_shm_{pid}").touch()
         (shm / f"sem.faketime_sem_{pid}").touch()
-    with soak.WallClock("/nonexistent/libfaketime.so", str(tmp_path), str(shm)) as clock:
+    with soak_faults.WallClock("/nonexistent/libfaketime.so", str(tmp_path), str(shm)) as clock:
         clock.pids |= {ours, running, never}
         assert clock.file.read_text() == "+0\n"
         env = clock.env()
@@ -424,13 +425,13 @@ def _mapped_library() -> str:
 
 
 def _clock_faults(tmp_path, kinds=("clock-step",), every=0,
-                  lib="/nonexistent/libfaketime.so", bench_seconds=None) -> soak.Faults:
+                  lib="/nonexistent/libfaketime.so", bench_seconds=None) -> soak_faults.Faults:
     # Four servers, this process standing for each (the clock server is 3); no bench.
     (tmp_path / "cluster.json").write_text(json.dumps({"servers": [
         {"id": i, "pid": os.getpid()} for i in range(4)]}))
-    clock = soak.WallClock(lib, str(tmp_path))
-    return soak.Faults(str(tmp_path), str(tmp_path / "cluster.json"), every, 0, 1, list(kinds), 1,
-                       2 ** 22 + 1, clock, 3, bench_seconds)
+    clock = soak_faults.WallClock(lib, str(tmp_path))
+    return soak_faults.Faults(str(tmp_path), str(tmp_path / "cluster.json"), every, 0, 1,
+                              list(kinds), 1, 2 ** 22 + 1, clock, 3, bench_seconds)
 
 
 def _status(epoch: int, alive=(0, 1, 2, 3), suspected=()) -> dict:
@@ -591,9 +592,9 @@ def test_cluster_add_that_hangs_is_killed_and_failed(tmp_path, monkeypatch):
     # Both adds (a kill's server, the clock server) go through `cluster_add`: one that hangs is
     # killed and recorded failed, the soak goes on; a failed one says why.
     pid_file = _fake_farpool(tmp_path, monkeypatch, "echo adding >&2\nexec sleep 600")
-    monkeypatch.setattr(soak, "ADD_TIMEOUT_S", 0.5)
-    with soak.WallClock("/nonexistent/libfaketime.so", str(tmp_path)) as clock:
-        server = soak.add_clock_server(str(tmp_path), str(tmp_path / "cluster.json"), clock)
+    monkeypatch.setattr(soak_faults, "ADD_TIMEOUT_S", 0.5)
+    with soak_faults.WallClock("/nonexistent/libfaketime.so", str(tmp_path)) as clock:
+        server = soak_faults.add_clock_server(str(tmp_path), str(tmp_path / "cluster.json"), clock)
         pid = int(pid_file.read_text())
         assert proc_state_gone(pid), pid
         assert clock.pids == {pid}, clock.pids
@@ -606,11 +607,11 @@ def test_cluster_add_that_hangs_is_killed_and_failed(tmp_path, monkeypatch):
     assert proc_state_gone(int(pid_file.read_text()))
     faults.clock.__exit__(None, None, None)
     _fake_farpool(tmp_path, monkeypatch, "echo 'no room: 3 servers' >&2\nexit 3")
-    assert soak.cluster_add(str(tmp_path), []) == (False, "failed (3): no room: 3 servers")
+    assert soak_faults.cluster_add(str(tmp_path), []) == (False, "failed (3): no room: 3 servers")
 
 
 def proc_state_gone(pid: int) -> bool:
-    return soak.proc_state(pid) is None
+    return soak_probes.proc_state(pid) is None
 
 
 def test_server_faults_spare_the_clock_server(tmp_path):
@@ -667,7 +668,7 @@ def test_soak_network_replicas2_with_stops(tmp_path):
 
 @pytest.mark.skipif(not farpool_bin().exists(), reason="no farpool binary (build it first)")
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
-@pytest.mark.skipif(soak.libfaketime() is None, reason="no libfaketime (Debian: faketime)")
+@pytest.mark.skipif(soak_faults.libfaketime() is None, reason="no libfaketime (Debian: faketime)")
 def test_soak_network_with_clock_steps(tmp_path):
     # The bench's processes and an added server under libfaketime, their wall clock stepped
     # +1 h, -1 h, -1 h, +1 h (one step every 10 s): nothing may change — no client fails or
