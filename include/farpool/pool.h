@@ -321,12 +321,14 @@ class Pool {
   // Atomically: previous = *address; *address += delta. Returns previous.
   Result<uint64_t> FetchAdd(GlobalAddress address, uint64_t delta);
 
-  // Connects the calling thread to every server it has not used yet (an endpoint and a hello
-  // each), as its first use of each would. For a thread whose later calls have deadlines (a
-  // lease's renewals): none of them then waits for a connection set-up, also once a failover
-  // moves a region to a server the thread had not used. A server that does not answer its hello
-  // within PoolOptions::connect_timeout is marked failed, as on a first use; the error is that
-  // of the thread's context only (a UCX worker it could not make).
+  // Connects the calling thread to every server this Pool knows and the thread has not used
+  // yet (endpoints made together, then a hello each, one after another), as its first use of
+  // each would. For a thread whose later calls have deadlines (a lease's renewals): none of
+  // them then waits for a connection set-up, also once a failover moves a region to another
+  // of these servers. Servers the Pool learns later (`cluster add`) are connected on first use.
+  // A server that does not answer its hello within PoolOptions::connect_timeout is marked
+  // failed, as on a first use (so a stopped server delays the call by that much); the error
+  // is that of the thread's context only (a UCX worker it could not make).
   Status ConnectThread();
 
   Result<ServerStats> Stats(uint16_t id);

@@ -395,6 +395,7 @@ class LocalMemory final : public Memory {
   }
   bool mapped() const override { return true; }
   bool replicated() const override { return false; }
+  Status ConnectThread() override { return Status::Ok(); }
 
  private:
   struct Region {

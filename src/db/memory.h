@@ -149,8 +149,8 @@ class Memory {
   // Pool::replicated: a failure of a server may pass (failover to its backup).
   virtual bool replicated() const = 0;
   // Pool::ConnectThread: the calling thread connected to every memory server now, for a
-  // thread whose later calls have deadlines. Local memory has nothing to connect.
-  virtual Status ConnectThread() { return Status::Ok(); }
+  // thread whose later calls have deadlines (local memory has nothing to connect).
+  virtual Status ConnectThread() = 0;
 };
 
 // REQUIRES: `pool` outlives the PoolMemory.

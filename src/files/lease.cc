@@ -43,8 +43,8 @@ Result<std::unique_ptr<LeaseTable>> LeaseTable::Attach(FileStore& store, SweepFn
   // each server sets up its connections (include/farpool/pool.h), which under load took seconds
   // (docs/database.md, "Leases and fencing": the same cause evicted live database workers).
   // Done lazily it was the first renewal, and observers judged the fresh slot dead meanwhile.
-  // It connects to every server (Pool::ConnectThread): also the one a failover moves the
-  // slots to.
+  // It connects to every server the Pool knows (Pool::ConnectThread): also the one of them a
+  // failover moves the slots to.
   std::promise<Status> connected;
   std::future<Status> ready = connected.get_future();
   t.renewal_ = std::thread([&t, connected = std::move(connected)]() mutable {

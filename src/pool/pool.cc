@@ -341,8 +341,8 @@ class Pool::Impl {
   // Sends a control request built by `encode(request_id)` to server `index` and waits for
   // the reply of opcode `expected` (an ErrorReply becomes its Status). A MovingReply (the
   // server is being drained and did not execute it) marks the server failed, sets `*moving`
-  // if given, and returns Unavailable; so does a server that failed while this thread
-  // connected to it (its first use of it: the request never left), with its failure. No reply
+  // if given, and returns Unavailable; so does a server that failed before the request left
+  // (while this thread connected to it, say) and whose region moved, with its failure. No reply
   // within `timeout`: TimedOut, unless the server, asked why (AskWhy; not for a goodbye), refuses
   // us: then its Failure (Evicted, say).
   Result<Reply> Call(ThreadContext& tc, size_t index,
@@ -380,6 +380,11 @@ class Pool::Impl {
   Result<Endpoint*> PeerOf(ThreadContext& tc, size_t index);
   // Connects `tc` to server `index` and says hello; a failure marks the server failed.
   void ConnectPeer(ThreadContext& tc, size_t index);
+  // Connects the calling thread to where leases and releases of server `index` go
+  // (ControlTarget), if it has not yet: before the allocator's lock, under which LeaseOn and
+  // ReleaseOn run, so that no other thread's Alloc or Free (nor the map watcher's AddServer)
+  // waits for this thread's connection set-up. A failure is left to the lease to report.
+  void ConnectFor(size_t index);
   // Connects `tc` to every server not failed that it has no endpoint to (their endpoints first,
   // then a hello each): Init's, whose first hellos learn the regions, and Pool::ConnectThread.
   // Other threads connect per server on first use, so that a thread never waits for a server
@@ -882,6 +887,11 @@ void Pool::Impl::ConnectPeer(ThreadContext& tc, size_t index) {
   tc.peers[index].ep = std::move(*ep);
   Status hello = Hello(tc, index, options_.connect_timeout);
   if (!hello.ok()) HelloFailed(index, hello);
+}
+
+void Pool::Impl::ConnectFor(size_t index) {
+  auto tc = Local();
+  if (tc.ok()) (void)PeerOf(**tc, ControlTarget(index).first);  // nothing for a failed one
 }
 
 Result<Endpoint*> Pool::Impl::PeerOf(ThreadContext& tc, size_t index) {
@@ -1448,13 +1458,15 @@ Result<Pool::Impl::Reply> Pool::Impl::Call(
     ThreadContext& tc, size_t index, const std::function<std::vector<std::byte>(uint64_t)>& encode,
     wire::Opcode expected, std::chrono::milliseconds timeout, bool* moving) {
   ServerState& s = *servers_[index];
-  if (s.failed) return s.Failure();
+  // Failed before the request left (while this thread connected to it, its first use of it,
+  // or meanwhile by another thread): where its region moved, it may go again.
+  auto unsent = [&] {
+    if (moving != nullptr && RegionsMove() && MovedTo(s) >= 0) *moving = true;
+    return s.Failure();
+  };
+  if (s.failed) return unsent();
   auto peer = PeerOf(tc, index);
-  if (!peer.ok()) {
-    // It failed while this thread connected to it (its first use of it): nothing was sent.
-    if (moving != nullptr) *moving = true;
-    return peer.status();
-  }
+  if (!peer.ok()) return s.failed ? unsent() : peer.status();
   Endpoint* ep = *peer;
   if (ep->failed()) return ConnectionLost(tc, index);
   const uint64_t id = tc.next_request_id++;
@@ -1954,6 +1966,7 @@ Result<GlobalAddress> Pool::Alloc(uint64_t size, Placement placement) {
     // A failed-over server's data lives on at its backup: objects still come from the chunks
     // this Pool leased there before; a new chunk cannot be leased (LeaseOn fails).
     if (s.failed && im.MovedTo(s) < 0) return s.Failure();
+    im.ConnectFor(index);
     auto offset = im.allocator_->Allocate(index, size);
     if (!offset.ok()) {
       if (offset.status().message().rfind("server ", 0) == 0) return offset.status();
@@ -2002,11 +2015,16 @@ Status Pool::Free(GlobalAddress address) {
   if (address.is_null()) return Status::InvalidArgument("Free of the null address");
   FARPOOL_ASSIGN_OR_RETURN(size_t index, impl_->IndexOf(address.server()));
   const ServerState& s = *impl_->servers_[index];
+  impl_->ConnectFor(index);
   return impl_->allocator_->Free(index, address.offset())
       .WithContext(s.name + ": Free(" + address.ToString() + ")");
 }
 
-Status Pool::Trim() { return impl_->allocator_->Trim(); }
+Status Pool::Trim() {
+  // Its releases go to every server, under the allocator's lock: no connection set-up there.
+  if (auto tc = impl_->Local(); tc.ok()) impl_->ConnectEvery(**tc);
+  return impl_->allocator_->Trim();
+}
 
 static_assert(RegionGeometry::kRootAreaSize == wire::kRootAreaSize);
 

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <map>
 #include <mutex>
 #include <random>
@@ -689,35 +690,50 @@ TEST(Replication, AnEvictionAfterAFailoverGoesThrough) {
   EXPECT_TRUE(evicted.ok()) << evicted.ToString();
 }
 
-// A thread's first use of a server is its hello to it (Pool::Impl::PeerOf). A new thread's first
-// read of a stopped primary's object: the hello goes unanswered, the server is failed (the
-// coordinator fails it over once its etcd lease lapses), and the read, which never left, goes
-// to the backup and returns the value written before the stop. Resolving the target once,
-// before that hello, failed the read instead ("failed over ... may or may not have taken
-// effect"); the monitor is out of the picture (its failure timeout is long).
+// A thread's first use of a server is its hello to it (Pool::Impl::PeerOf). A thread that has
+// used server 0 only reads a stopped primary's object: the hello goes unanswered, the server
+// is failed (the coordinator fails it over once its etcd lease lapses), and the read, which
+// never left, goes to the backup and returns the value written before the stop. Resolving the
+// target once, before that hello, failed the read instead ("failed over ... may or may not
+// have taken effect"); the monitor is out of the picture (its failure timeout is long). The
+// thread makes its UCX worker before the stop, so that the read meets server 1 still named
+// in the map (a slow start would find the region moved already and prove nothing).
 TEST(Replication, ANewThreadsFirstReadOfAStoppedPrimaryGoesToItsBackup) {
   TestCluster cluster(Replicated(Fabric::kTcp));
   ASSERT_TRUE(cluster.status().ok()) << cluster.status().ToString();
   auto config = cluster.config();
   ASSERT_TRUE(config.ok());
   PoolOptions po;
-  po.connect_timeout = 2000ms;
+  po.connect_timeout = 3000ms;  // the hellos that must succeed get room on a loaded host
   po.failure_timeout = 120s;
   auto pool = Pool::Connect(*config, po);
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
-  auto a = (*pool)->Alloc(64, Placement::OnServer(1));
-  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  auto on0 = (*pool)->Alloc(64, Placement::OnServer(0));
+  auto on1 = (*pool)->Alloc(64, Placement::OnServer(1));
+  ASSERT_TRUE(on0.ok() && on1.ok()) << on0.status().ToString() << on1.status().ToString();
   const uint64_t v = 0x5709ed;
-  ASSERT_TRUE((*pool)->Write(*a, &v, 8).ok());
+  ASSERT_TRUE((*pool)->Write(*on1, &v, 8).ok());
   const auto server1 = static_cast<pid_t>(config->servers[1].pid);
-  ASSERT_EQ(kill(server1, SIGSTOP), 0);
+  std::promise<void> stopped;
+  std::promise<Status> warmed;
   Status read;
-  uint64_t got = 0;
-  std::thread fresh([&] { read = (*pool)->Read(*a, &got, 8); });
+  uint64_t got = 0, connects_before = 0;
+  std::thread fresh([&] {
+    uint64_t word = 0;
+    warmed.set_value((*pool)->Read(*on0, &word, 8));  // its worker, and server 0 only
+    stopped.get_future().wait();
+    connects_before = (*pool)->counters().connects;
+    read = (*pool)->Read(*on1, &got, 8);
+  });
+  const Status warm = warmed.get_future().get();
+  ASSERT_EQ(kill(server1, SIGSTOP), 0);
+  stopped.set_value();
   fresh.join();
   kill(server1, SIGCONT);  // it finds its region served by its backup and exits
+  ASSERT_TRUE(warm.ok()) << warm.ToString();
   EXPECT_TRUE(read.ok()) << read.ToString();
   EXPECT_EQ(got, v);
+  EXPECT_EQ((*pool)->counters().connects - connects_before, 1u) << "the backup's hello";
 }
 
 // A pool's root area is leased at the pool's first hello on a server and forwarded like any

@@ -64,6 +64,7 @@ class KillableMemory final : public Memory {
   Status Evict(uint32_t tag) override { return inner_.Evict(tag); }
   bool mapped() const override { return inner_.mapped(); }
   bool replicated() const override { return inner_.replicated(); }
+  Status ConnectThread() override { return inner_.ConnectThread(); }
 
  private:
   Status Dead() const { return Status::Unavailable("test: this owner's process was killed"); }

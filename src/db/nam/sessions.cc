@@ -267,7 +267,8 @@ void NamDatabase::StopThread(bool* stop, std::thread& thread) {
 // operation on a Pool, and its first on each server, set up its connections (a UCX worker, then
 // an endpoint and a hello round trip per server; include/farpool/pool.h), even on mapped memory
 // where the operation itself is a CPU instruction. So it connects to every server at once
-// (Memory::ConnectThread): the slots' server, and whichever takes the slots over in a failover.
+// (Memory::ConnectThread): the slots' server, and whichever of the servers the pool knows takes
+// the slots over in a failover.
 // Done lazily, that set-up was the first renewal, lease/4 after the claim, and under load it took
 // up to 5 s (2 cores, load 7-14, 2026-11-28: p50 0.6 s, p90 1.8 s) while others judged the slot
 // expired after lease + margin (2.5 s at the default lease) and evicted the live process
